@@ -1,0 +1,148 @@
+"""Command line: ``python -m netrl --server | --worker | --trainer | --demo``.
+
+Loads config.json once, applies the flags, sets up logging (role and pid on every line), maps SIGINT and SIGTERM
+to a stop event, and runs the role. Exit codes: 0 done, 1 runtime error, 2 invalid config or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from netrl import __version__
+from netrl.config import Config, describe_fields, load_config
+from netrl.errors import ConfigError, NetrlError
+
+log = logging.getLogger("netrl")
+
+ROLES = ("server", "worker", "trainer", "demo")
+
+
+def _parser() -> argparse.ArgumentParser:
+    keys = "\n".join(f"  {k:<44} {d:<12} {h}" for k, d, h in describe_fields())
+    p = argparse.ArgumentParser(
+        prog="python -m netrl",
+        description="netrl: distributed real-time RL. Run --server where the others can reach it, --worker on "
+                    "each robot or game PC, --trainer on the GPU box, or --demo for all three on localhost.",
+        epilog=f"config.json keys (key, default, meaning):\n{keys}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    role = p.add_mutually_exclusive_group(required=True)
+    role.add_argument("--server", action="store_const", const="server", dest="role",
+                      help="relay samples from workers to the trainer and weights back")
+    role.add_argument("--worker", action="store_const", const="worker", dest="role",
+                      help="run the policy in the env and send samples")
+    role.add_argument("--trainer", action="store_const", const="trainer", dest="role",
+                      help="train on received samples and publish weights")
+    role.add_argument("--demo", action="store_const", const="demo", dest="role",
+                      help="start a server, a trainer and a worker on localhost with Pendulum-v1")
+    p.add_argument("--config", default="config.json", help="path of the config file (default: ./config.json)")
+    p.add_argument("--server-ip", help="address workers and the trainer connect to (network.server_ip)")
+    p.add_argument("--bind-ip", help="interface the server binds, e.g. 0.0.0.0 (server.bind_ip)")
+    p.add_argument("--trainer-port", type=int, help="server port for the trainer (network.trainer_port)")
+    p.add_argument("--worker-port", type=int, help="server port for workers (network.worker_port)")
+    p.add_argument("--run-name", help="run name; outputs go to <weights_folder>/<run_name>/ (run_name)")
+    p.add_argument("--worker-id", help="this worker's name in logs and status (worker.worker_id)")
+    p.add_argument("--wandb", choices=["offline", "online", "disabled"], help="wandb mode (wandb.mode)")
+    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="logging level (default INFO)")
+    p.add_argument("--version", action="version", version=f"netrl {__version__}")
+    return p
+
+
+_FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
+              "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
+              "wandb": "wandb.mode", "epochs": "trainer.epochs"}
+
+
+def setup_logging(role: str, level: str) -> None:
+    """One handler on the root logger, with role and pid in every line (only ever called here)."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [{role} %(process)d] %(name)s: %(message)s",
+                                           "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("wandb", "urllib3", "git"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM sets ``stop`` for a clean shutdown; a second SIGINT interrupts at once."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def configure_torch(cfg: Config) -> None:
+    """Every process that runs torch uses ``torch_threads`` threads (1 by default: 2 cores, 2 busy processes)."""
+    import torch
+
+    torch.set_num_threads(cfg.torch_threads)
+    if cfg.seed is not None:
+        torch.manual_seed(cfg.seed)
+
+
+def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json") -> None:
+    if role == "server":  # the server never imports torch: it only moves bytes
+        from netrl.server import Server
+
+        Server.from_config(cfg).run(stop)
+        return
+    if role == "demo":
+        from netrl.launch import run_demo
+
+        run_demo(cfg, config_path, stop)
+        return
+    configure_torch(cfg)
+    from netrl.pipelines import make_pipeline
+
+    pipeline = make_pipeline(cfg)
+    if role == "worker":
+        from netrl.worker import RolloutWorker
+
+        RolloutWorker.from_config(cfg, pipeline).run(cfg.worker.test_episode_interval, stop=stop)
+    else:
+        from netrl.trainer import Trainer
+
+        Trainer.from_config(cfg, pipeline).run(stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    overrides = {key: getattr(args, flag) for flag, key in _FLAG_KEYS.items() if getattr(args, flag) is not None}
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"netrl: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(args.role, args.log_level)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    try:
+        run_role(args.role, cfg, stop, args.config)
+    except NetrlError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 1
+    log.info("%s exited cleanly (pid %d)", args.role, os.getpid())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

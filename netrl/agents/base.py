@@ -1,0 +1,63 @@
+"""The TrainingAgent interface (tmrl's name and meaning) and the Batch it trains on.
+
+Calling sequence, as the Trainer drives it::
+
+    agent = MyTrainingAgent(observation_space, action_space, device)
+    for each training step:
+        metrics = agent.train(memory.sample())     # Batch of tensors on `device` -> {"loss_actor": 0.3, ...}
+    actor = agent.get_actor()                       # an ActorModule; its state_dict is sent to the workers
+    agent.state_dict() / agent.load_state_dict(d)   # checkpoints: tensors only, loaded with weights_only=True
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, NamedTuple
+
+import gymnasium
+import torch
+
+from netrl.actor import ActorModule
+
+__all__ = ["Batch", "TrainingAgent"]
+
+
+class Batch(NamedTuple):
+    """A batch of transitions, collated on the training device. Unpacks like tmrl's ``o, a, r, o2, d, t``.
+
+    ``terminated`` stops bootstrapping; ``truncated`` (time limit or ``max_samples_per_episode``) does not.
+    ``weight`` is a per-transition loss weight (1 unless stale samples are down-weighted).
+    """
+
+    obs: Any
+    act: torch.Tensor
+    rew: torch.Tensor
+    next_obs: Any
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    weight: torch.Tensor | None = None
+
+
+class TrainingAgent(ABC):
+    """An RL algorithm. Subclasses take at least ``observation_space``, ``action_space`` and ``device``."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str) -> None:
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.device = device
+
+    @abstractmethod
+    def train(self, batch: Batch) -> dict[str, float]:
+        """Run one training step and return the metrics to log, e.g. ``{"loss_actor": 0.3}``."""
+
+    @abstractmethod
+    def get_actor(self) -> ActorModule:
+        """The current actor; the Trainer publishes its ``state_dict`` to the workers."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume training: nested dicts of tensors and plain numbers only."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement state_dict(); it cannot checkpoint")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict(); it cannot resume")

@@ -1,0 +1,231 @@
+"""Soft Actor-Critic with twin Q networks and automatic entropy tuning, in one file.
+
+Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018), https://arxiv.org/abs/1812.05905.
+Read :meth:`SACAgent.train` against Algorithm 1 of the paper. Deviations, all common practice:
+
+* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU);
+* only the critics have target copies (as in SB3 and CleanRL);
+* the policy, entropy coefficient and targets are updated every step.
+
+``truncated`` never stops bootstrapping: a time limit is not a terminal state.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from netrl.actor import ActorModule
+from netrl.agents.base import Batch, TrainingAgent
+
+__all__ = ["MLPActor", "MLPActorCritic", "SACAgent", "TwinQ", "flat_obs", "obs_dim"]
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+
+def _leaves(obs: Any) -> list[torch.Tensor]:
+    if isinstance(obs, (tuple, list)):
+        return [leaf for o in obs for leaf in _leaves(o)]
+    if isinstance(obs, dict):
+        return [leaf for k in sorted(obs) for leaf in _leaves(obs[k])]
+    return [obs]
+
+
+def flat_obs(obs: Any) -> torch.Tensor:
+    """Concatenate every leaf of a (possibly nested) batch of observations into ``(batch, features)``."""
+    parts = [o.reshape(o.shape[0], -1).float() for o in _leaves(obs)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+
+def obs_dim(space: gymnasium.Space) -> int:
+    """Number of features :func:`flat_obs` produces for one observation of ``space``."""
+    return int(gymnasium.spaces.flatdim(space)) if not isinstance(space, gymnasium.spaces.Box) else int(
+        np.prod(space.shape))
+
+
+def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+class MLPActor(ActorModule):
+    """Squashed Gaussian policy: ``a = low + (tanh(u) + 1) / 2 * (high - low)``, ``u ~ N(mu(s), sigma(s))``."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__(observation_space, action_space)
+        if not isinstance(action_space, gymnasium.spaces.Box):
+            raise ValueError(f"SAC needs a Box action space (got {action_space})")
+        act_dim = int(np.prod(action_space.shape))
+        self.net = mlp([obs_dim(observation_space), *hidden_sizes])
+        self.net.append(nn.ReLU())
+        self.mu = nn.Linear(hidden_sizes[-1], act_dim)
+        self.log_std = nn.Linear(hidden_sizes[-1], act_dim)
+        low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in (action_space.low, action_space.high))
+        self.act_scale: torch.Tensor
+        self.act_bias: torch.Tensor
+        self.register_buffer("act_scale", (high - low) / 2)
+        self.register_buffer("act_bias", (high + low) / 2)
+
+    def features(self, obs: Any) -> torch.Tensor:
+        """Observation encoder; image actors override this with a CNN."""
+        return self.net(flat_obs(obs))
+
+    def forward(self, obs: Any, test: bool = False, with_logprob: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h = self.features(obs)
+        mu = self.mu(h)
+        log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        std = log_std.exp()
+        u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
+        logp = None
+        if with_logprob:
+            logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+            # Change of variables through tanh, in the numerically stable form (Spinning Up, eq. 21 of the paper).
+            logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(self.act_scale).sum()
+        a = torch.tanh(u) * self.act_scale + self.act_bias
+        return a, logp
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        a, _ = self.forward(obs, test=test, with_logprob=False)
+        return a[0].cpu().numpy().reshape(self.action_space.shape)
+
+
+class TwinQ(nn.Module):
+    """Two Q networks evaluated as one batched MLP: weights are stacked along a leading dimension of 2."""
+
+    def __init__(self, in_dim: int, hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        sizes = [in_dim, *hidden_sizes, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in itertools.pairwise(sizes):
+            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation
+            self.weights.append(nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (batch, in_dim) -> Q values (2, batch)."""
+        h = x.unsqueeze(0).expand(2, *x.shape)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = torch.baddbmm(b, h, w)
+            if i < last:
+                h = F.relu(h)
+        return h.squeeze(-1)
+
+
+class MLPActorCritic(nn.Module):
+    """Actor plus twin critic; ``q(obs, act)`` returns both Q estimates, shape (2, batch)."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__()
+        self.actor = MLPActor(observation_space, action_space, hidden_sizes)
+        self.critic = TwinQ(obs_dim(observation_space) + int(np.prod(action_space.shape or ())), hidden_sizes)
+
+    def q(self, obs: Any, act: torch.Tensor, critic: nn.Module | None = None) -> torch.Tensor:
+        return (critic or self.critic)(torch.cat([flat_obs(obs), act.reshape(act.shape[0], -1)], -1))
+
+
+class SACAgent(TrainingAgent):
+    """SAC v2 (automatic entropy tuning) with tmrl's constructor arguments."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
+                 model_cls: Any = MLPActorCritic, gamma: float = 0.99, polyak: float = 0.995, alpha: float = 0.2,
+                 lr_actor: float = 1e-3, lr_critic: float = 1e-3, lr_entropy: float = 1e-3,
+                 learn_entropy_coef: bool = True, target_entropy: float | None = None) -> None:
+        super().__init__(observation_space, action_space, device)
+        self.model = model_cls(observation_space, action_space).to(device)
+        self.critic_target = copy.deepcopy(self.model.critic).requires_grad_(False)
+        self.gamma, self.polyak, self.learn_entropy_coef = gamma, polyak, learn_entropy_coef
+        fused = True if str(device).startswith(("cpu", "cuda")) else None  # fused Adam: a few % faster
+        self.pi_optimizer = torch.optim.Adam(self.model.actor.parameters(), lr=lr_actor, fused=fused)
+        self.q_optimizer = torch.optim.Adam(self.model.critic.parameters(), lr=lr_critic, fused=fused)
+        # Target entropy -dim(A) is the paper's heuristic.
+        act_dim = int(np.prod(action_space.shape or ()))
+        self.target_entropy = -float(act_dim) if target_entropy is None else float(target_entropy)
+        self.log_alpha = torch.tensor([math.log(alpha)], device=device, requires_grad=learn_entropy_coef)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr_entropy)
+        self._q_params = list(self.model.critic.parameters())
+        self._target_params = list(self.critic_target.parameters())
+
+    def get_actor(self) -> ActorModule:
+        return self.model.actor
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        o, a, r, o2, terminated = batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated
+        weight = batch.weight
+        alpha = self.log_alpha.detach().exp()
+
+        # Critic target: soft value of the next state from the *current* policy and the *target* critics.
+        with torch.no_grad():
+            a2, logp_a2 = self.model.actor(o2)
+            q_targ = self.model.q(o2, a2, self.critic_target).min(0).values
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            backup = r + self.gamma * (1.0 - terminated) * (q_targ - alpha * logp_a2)
+
+        q = self.model.q(o, a)  # (2, batch)
+        td = ((q - backup) ** 2).sum(0)
+        loss_q = (td * weight).mean() if weight is not None else td.mean()
+        self.q_optimizer.zero_grad(set_to_none=True)
+        loss_q.backward()
+        self.q_optimizer.step()
+
+        # Policy: maximise min Q - alpha * log pi. Freeze the critics so no gradient is computed for them.
+        for p in self._q_params:
+            p.requires_grad_(False)
+        pi, logp_pi = self.model.actor(o)
+        q_pi = self.model.q(o, pi).min(0).values
+        per_sample = alpha * logp_pi - q_pi
+        loss_pi = (per_sample * weight).mean() if weight is not None else per_sample.mean()
+        self.pi_optimizer.zero_grad(set_to_none=True)
+        loss_pi.backward()
+        self.pi_optimizer.step()
+        for p in self._q_params:
+            p.requires_grad_(True)
+
+        metrics = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(), "entropy_coef": alpha.item()}
+        if self.learn_entropy_coef:
+            # Uses log pi from before this step's policy update, detached: only alpha moves here.
+            loss_alpha = -(self.log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            loss_alpha.backward()
+            self.alpha_optimizer.step()
+            metrics["loss_entropy_coef"] = loss_alpha.item()
+
+        with torch.no_grad():  # target <- polyak * target + (1 - polyak) * online
+            torch._foreach_lerp_(self._target_params, self._q_params, 1.0 - self.polyak)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "pi_optimizer": self.pi_optimizer.state_dict(),
+            "q_optimizer": self.q_optimizer.state_dict(),
+            "alpha_optimizer": self.alpha_optimizer.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.pi_optimizer.load_state_dict(state["pi_optimizer"])
+        self.q_optimizer.load_state_dict(state["q_optimizer"])
+        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])

@@ -1,0 +1,330 @@
+"""Configuration: frozen dataclasses that mirror config.json, loaded once in ``__main__`` and passed down.
+
+Every field carries a one-line ``help`` and, where it matters, a check. :func:`load_config` reports every
+problem at once, with its key path, the value it got and what is allowed::
+
+    invalid config.json (2 problems)
+      trainer.steps must be > 0 (got -3)
+      unknown key "memory.capasity" (did you mean "memory.memory_size"?)
+
+Secrets (CURVE secret keys, the wandb API key) never live here: they come from files or environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from netrl.errors import ConfigError
+
+__all__ = [
+    "AgentConfig",
+    "Config",
+    "EnvConfig",
+    "MemoryConfig",
+    "NetworkConfig",
+    "ServerConfig",
+    "TrainerConfig",
+    "WandbConfig",
+    "WorkerConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "describe_fields",
+    "load_config",
+]
+
+CONFIG_VERSION = 1
+Check = Callable[[Any], "str | None"]
+
+
+def _gt(bound: float) -> Check:
+    return lambda v: None if v > bound else f"must be > {bound}"
+
+
+def _ge(bound: float) -> Check:
+    return lambda v: None if v >= bound else f"must be >= {bound}"
+
+
+def _between(lo: float, hi: float) -> Check:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
+
+
+def _port(v: int) -> str | None:
+    return None if 1 <= v <= 65535 else "must be a TCP port between 1 and 65535"
+
+
+def _nonempty(v: str) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+def _opt(check: Check) -> Check:
+    return lambda v: None if v is None else check(v)
+
+
+def _f(default: Any, help: str, check: Check | None = None) -> Any:
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, "check": check})
+    return field(default=default, metadata={"help": help, "check": check})
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    pipeline: Literal["gym", "drone", "image"] = _f("gym", "ready-made pipeline: gym (any Gymnasium id), drone, image")
+    id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", _nonempty)
+    kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", _nonempty)
+    trainer_port: int = _f(55555, "server port the trainer connects to", _port)
+    worker_port: int = _f(55556, "server port the workers connect to", _port)
+    heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", _gt(0))
+    heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", _ge(2))
+    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", _gt(0))
+    reconnect_max_s: float = _f(8.0, "longest reconnect delay", _gt(0))
+    max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts", _ge(4096))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _nonempty)
+    min_samples_per_server_packet: int = _f(200, "samples the server bundles before sending to the trainer", _ge(1))
+    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", _gt(0))
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)")
+    device: str = _f("cpu", "inference device of the worker's policy", _nonempty)
+    min_samples_per_worker_packet: int = _f(50, "samples the worker gathers before sending a packet", _ge(1))
+    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", _gt(0))
+    max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", _opt(_ge(1)))
+    test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", _ge(0))
+    throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
+    model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", _ge(0))
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    epochs: int = _f(10, "epochs to train; a checkpoint is written after each", _ge(1))
+    rounds: int = _f(10, "rounds per epoch; metrics are logged after each", _ge(1))
+    steps: int = _f(1000, "training steps per round", _ge(1))
+    update_model_interval: int = _f(100, "training steps between weight publications", _ge(1))
+    update_buffer_interval: int = _f(100, "training steps between pulls of new samples into memory", _ge(1))
+    max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", _gt(0))
+    start_training: int = _f(1000, "samples in memory before training starts", _ge(0))
+    worker_lead: int = _f(200, "samples workers may run ahead of the update-to-data ratio", _ge(1))
+    device: str | None = _f(None, "training device (null: cuda if available, else cpu)")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    memory_size: int = _f(1_000_000, "capacity of the replay memory in samples", _ge(1))
+    batch_size: int = _f(256, "transitions per training batch", _ge(1))
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    gamma: float = _f(0.99, "discount factor", _between(0.0, 1.0))
+    polyak: float = _f(0.995, "target network averaging factor", _between(0.0, 1.0))
+    alpha: float = _f(0.2, "initial entropy coefficient", _gt(0))
+    lr_actor: float = _f(1e-3, "actor learning rate", _gt(0))
+    lr_critic: float = _f(1e-3, "critic learning rate", _gt(0))
+    lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", _gt(0))
+    learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
+    target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
+    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics")
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    mode: Literal["offline", "online", "disabled"] = _f("offline", "wandb mode; online needs WANDB_API_KEY")
+    project: str = _f("netrl", "wandb project", _nonempty)
+    entity: str | None = _f(None, "wandb entity (team or user)")
+
+
+@dataclass(frozen=True)
+class Config:
+    config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
+    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _nonempty)
+    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _nonempty)
+    torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _ge(1))
+    seed: int | None = _f(None, "random seed (null: random)")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.weights_folder) / self.run_name
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(json.dumps(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "an object"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return (ok, converted) for a JSON value against a field type."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return value in typing.get_args(tp), value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return True, None
+                continue
+            ok, conv = _convert(value, arg)
+            if ok:
+                return True, conv
+        return False, value
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            return False, value
+        items = [_convert(v, inner) for v in value]
+        return all(ok for ok, _ in items), [conv for _, conv in items]
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value), value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if tp is str:
+        return isinstance(value, str), value
+    return False, value
+
+
+def _build(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+    if not isinstance(data, Mapping):
+        problems.append(f"{path or 'the top level'} must be an object (got {json.dumps(data)})")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            hint = f' (did you mean "{(path + ".") if path else ""}{close[0]}"?)' if close else ""
+            problems.append(f'unknown key "{key_path}"{hint}')
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(typing.cast(type, tp), value, key_path, problems)
+            continue
+        ok, conv = _convert(value, tp)
+        if not ok:
+            problems.append(f"{key_path} must be {_type_name(tp)} (got {json.dumps(value)})")
+            continue
+        check = fields[key].metadata.get("check")
+        message = check(conv) if check else None
+        if message:
+            problems.append(f"{key_path} {message} (got {json.dumps(value)})")
+            continue
+        kwargs[key] = conv
+    return cls(**kwargs)
+
+
+def _cross_checks(cfg: Config) -> list[str]:
+    """Checks that involve more than one field; each message names every field involved."""
+    problems = []
+    if cfg.config_version != CONFIG_VERSION:
+        problems.append(f"config_version {cfg.config_version} is not supported; this netrl reads {CONFIG_VERSION}")
+    if cfg.network.trainer_port == cfg.network.worker_port:
+        problems.append(
+            f"network.trainer_port and network.worker_port must differ (both {cfg.network.trainer_port})"
+        )
+    if cfg.memory.memory_size < cfg.memory.batch_size:
+        problems.append(
+            f"memory.memory_size ({cfg.memory.memory_size}) must be >= memory.batch_size ({cfg.memory.batch_size})"
+        )
+    if cfg.network.reconnect_max_s < cfg.network.reconnect_initial_s:
+        problems.append(
+            f"network.reconnect_max_s ({cfg.network.reconnect_max_s}) must be >= "
+            f"network.reconnect_initial_s ({cfg.network.reconnect_initial_s})"
+        )
+    if any(h < 1 for h in cfg.agent.hidden_sizes) or not cfg.agent.hidden_sizes:
+        problems.append(f"agent.hidden_sizes must be a non-empty list of sizes >= 1 (got {cfg.agent.hidden_sizes})")
+    if cfg.env.pipeline != "gym" and cfg.env.kwargs:
+        problems.append(f'env.kwargs is only used by the "gym" pipeline (env.pipeline is "{cfg.env.pipeline}")')
+    return problems
+
+
+def config_from_dict(data: Any, source: str = "config") -> Config:
+    """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found."""
+    problems: list[str] = []
+    cfg = _build(Config, data, "", problems)
+    if not problems:
+        problems = _cross_checks(cfg)
+    if problems:
+        raise ConfigError(problems, source)
+    return typing.cast(Config, cfg)
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Load config.json, apply ``overrides`` (dotted key -> value, from CLI flags) and validate.
+
+    Raises:
+        ConfigError: the file is missing, is not JSON, or has invalid values (all problems listed).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError([f"{path} does not exist; copy config.json from the netrl repository or pass --config"])
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else node
+        if isinstance(node, dict):
+            node[leaf] = value
+    return config_from_dict(data, path.name)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as JSON-ready data (saved next to checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key path, default, help) for every field, used for the README table and ``--help``."""
+    rows: list[tuple[str, str, str]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe_fields(typing.cast(type, hints[f.name]), key + ".")
+            continue
+        factory = f.default_factory
+        default = factory() if callable(factory) else f.default
+        rows.append((key, json.dumps(default), f.metadata.get("help", "")))
+    return rows

@@ -1,0 +1,110 @@
+"""Starting and stopping netrl roles as separate processes: the demo, the integration tests and the benchmarks.
+
+Children run in their own process group, so a Ctrl+C in the terminal reaches only the launcher, which then sends
+each child exactly one SIGINT and waits for it to stop cleanly (and kills it if it does not).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from netrl.config import Config, config_to_dict
+
+__all__ = ["free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(cfg: Config | dict[str, Any], path: str | Path, **sections: dict[str, Any]) -> Path:
+    """Write ``cfg`` (with ``sections`` merged in, e.g. ``trainer={"epochs": 1}``) as a config.json."""
+    data = config_to_dict(cfg) if isinstance(cfg, Config) else json.loads(json.dumps(cfg))
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def spawn_role(role: str, config_path: str | Path, *extra: str, log_level: str = "INFO",
+               stdout: IO[Any] | int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``python -m netrl --<role>`` in its own process group."""
+    cmd = [sys.executable, "-m", "netrl", f"--{role}", "--config", str(config_path), "--log-level", log_level, *extra]
+    return subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0) -> list[int | None]:
+    """SIGINT every live process once, wait up to ``timeout`` in total, then kill stragglers. Returns exit codes."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d did not stop within %.0f s; killing it", p.pid, timeout)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return [p.returncode for p in procs]
+
+
+def _returns(metrics: Path) -> list[float]:
+    if not metrics.exists():
+        return []
+    with metrics.open(newline="") as f:
+        return [float(r["return_mean"]) for r in csv.DictReader(f) if r.get("return_mean")]
+
+
+def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
+    """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C."""
+    run_dir = cfg.run_dir
+    ports = {"trainer_port": free_port(), "worker_port": free_port()}
+    demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
+                            server={"bind_ip": "127.0.0.1"})
+    metrics = run_dir / "metrics.csv"
+    if metrics.exists():
+        metrics.unlink()
+    log.info("demo: %s on localhost (ports %s); Ctrl+C stops all three. Outputs go to %s/", cfg.env.id,
+             ports, run_dir)
+    server = spawn_role("server", demo_cfg)
+    time.sleep(0.5)
+    trainer = spawn_role("trainer", demo_cfg)
+    worker = spawn_role("worker", demo_cfg, log_level="WARNING")
+    procs = [worker, trainer, server]
+    try:
+        while not stop.is_set() and trainer.poll() is None:
+            if server.poll() is not None or worker.poll() is not None:
+                log.error("a demo process exited early; stopping the others")
+                break
+            stop.wait(0.5)
+    finally:
+        codes = stop_processes(procs)
+    returns = _returns(metrics)
+    if returns:
+        log.info("demo done: mean episode return went from %.0f (first round) to %.0f (last round), best %.0f",
+                 returns[0], returns[-1], max(returns))
+    log.info("policy saved to %s; exit codes worker/trainer/server: %s", run_dir / "policy.pt", codes)

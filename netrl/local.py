@@ -1,0 +1,73 @@
+"""Single-process mode: one RolloutWorker and one TrainingOffline in one thread, with no networking.
+
+The worker steps exactly as many env steps as the training loop asks for, so the update-to-data schedule is the
+same as the networked pipeline's. Used as the baseline in scripts/bench_learning.py and for debugging pipelines.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from netrl.samples import Buffer
+from netrl.training import TrainingOffline
+from netrl.weights import load_weights, state_arrays
+from netrl.worker import RolloutWorker
+
+__all__ = ["LocalSource", "run_local"]
+
+
+class LocalSource:
+    """A :class:`~netrl.training.SampleSource` that runs a local worker on demand."""
+
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        worker.local_packets = []
+        worker.throttle = False
+        self.wanted = 0
+        self.stop = threading.Event()
+        self._episode: Any = None
+
+    def fetch(self) -> list[Buffer]:
+        w = self.worker
+        if w.env is None:
+            w.start()
+        while w.produced < self.wanted:
+            if self._episode is None:
+                self._episode = w.episode_steps(False, self.stop)
+            try:
+                next(self._episode)
+            except StopIteration:
+                self._episode = None
+        w._send_packet()  # hand over whatever was produced, even a partial packet
+        assert w.local_packets is not None
+        out, w.local_packets[:] = list(w.local_packets), []
+        return out
+
+    def wait(self, timeout: float) -> None:
+        """Nothing to wait for: :meth:`fetch` produces samples on demand."""
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        if self.worker.env is None:
+            self.worker.start()
+        load_weights(self.worker.actor, state_arrays(actor))
+        self.worker.version = version
+
+    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
+        self.wanted = wanted
+
+
+def run_local(training: TrainingOffline, worker: RolloutWorker, stop: threading.Event,
+              on_round: Any = None) -> None:
+    """Train ``training`` on samples from ``worker`` in this thread until its epochs are done or ``stop``."""
+    source = LocalSource(worker)
+    training.start(source)
+    try:
+        while training.epoch < training.epochs and not stop.is_set():
+            for stats in training.run_epoch(source, stop):
+                if on_round is not None:
+                    on_round(stats)
+    finally:
+        worker.close()

@@ -1,0 +1,258 @@
+"""Replay memories: tmrl's ``MemoryDataloading`` contract and :class:`ReplayMemory`, a fast default.
+
+A memory receives :class:`~netrl.samples.Buffer` packets through ``append_buffer`` and hands the trainer
+batches through :meth:`MemoryDataloading.sample`. A memory ported from tmrl implements only
+``append_buffer``, ``__len__`` and ``get_transition``; the base class then samples items one by one and collates
+them (tmrl's approach). :class:`ReplayMemory` stores rows in preallocated numpy columns and gathers a whole batch
+with a few fancy-indexing calls, with no per-item Python code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from netrl.agents.base import Batch
+from netrl.samples import Buffer, flatten, row, tree_map, unflatten
+
+__all__ = ["MemoryDataloading", "ReplayMemory", "collate"]
+
+Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
+
+
+def collate(items: list[Any], device: str | torch.device) -> Any:
+    """Stack a list of equally-structured samples (arrays, numbers, tuples, dicts) into tensors on ``device``."""
+    first = items[0]
+    if isinstance(first, (tuple, list)):
+        return type(first)(collate([it[i] for it in items], device) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: collate([it[k] for it in items], device) for k in first}
+    return torch.as_tensor(np.stack([np.asarray(x) for x in items])).to(device)
+
+
+def _to_tensor(x: Any, device: str | torch.device) -> Any:
+    return tree_map(lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True), x)
+
+
+class MemoryDataloading(ABC):
+    """tmrl's replay-memory interface.
+
+    Args:
+        device: device of the tensors in the batches.
+        nb_steps: training steps per round; iterating over the memory yields that many batches.
+        obs_preprocessor: same function as the worker's; applied to observations before training.
+        sample_preprocessor: data augmentation, ``f(obs, act, rew, next_obs, terminated, truncated)`` returning
+            the same tuple; applied to each item (base class) or to each batch (:class:`ReplayMemory`).
+        memory_size: capacity in samples.
+        batch_size: transitions per batch.
+        dataset_path: optional ``.npz`` file of samples to start from (see :meth:`load_dataset`).
+    """
+
+    def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
+                 | None = None, sample_preprocessor: Callable[..., Any] | None = None, memory_size: int = 1_000_000,
+                 batch_size: int = 256, dataset_path: str = "", seed: int | None = None) -> None:
+        self.device = device
+        self.nb_steps = nb_steps
+        self.obs_preprocessor = obs_preprocessor
+        self.sample_preprocessor = sample_preprocessor
+        self.memory_size = memory_size
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(seed)
+        self.data: Any = []  # tmrl memories keep their storage here
+        if dataset_path:
+            self.load_dataset(dataset_path)
+
+    @abstractmethod
+    def append_buffer(self, buffer: Buffer) -> None:
+        """Store a packet of rows (see :mod:`netrl.samples` for their meaning) and trim to ``memory_size``."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of items ``get_transition`` accepts: it is called with ``0 <= item < len(self)``."""
+
+    @abstractmethod
+    def get_transition(self, item: int) -> Transition:
+        """``(last_obs, new_act, rew, new_obs, terminated, truncated, info)`` as the env produced it.
+
+        Do not apply ``obs_preprocessor`` here; :meth:`sample` does.
+        """
+
+    def sample_indices(self) -> np.ndarray:
+        return self.rng.integers(0, len(self), size=self.batch_size)
+
+    def sample(self) -> Batch:
+        """One batch on ``self.device``. This generic version calls ``get_transition`` per item."""
+        items = []
+        for item in self.sample_indices():
+            o, a, r, o2, term, trunc, _info = self.get_transition(int(item))
+            if self.obs_preprocessor is not None:
+                o, o2 = self.obs_preprocessor(o), self.obs_preprocessor(o2)
+            if self.sample_preprocessor is not None:
+                o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
+            items.append((o, a, np.float32(r), o2, np.float32(term), np.float32(trunc)))
+        o, a, r, o2, term, trunc = collate(items, self.device)
+        return Batch(o, a.float(), r.float(), o2, term.float(), trunc.float())
+
+    def __iter__(self) -> Iterator[Batch]:
+        for _ in range(self.nb_steps):
+            yield self.sample()
+
+    def load_dataset(self, path: str) -> None:
+        """Append an ``.npz`` dataset saved by :meth:`ReplayMemory.save_dataset` (arrays only, never pickles)."""
+        with np.load(path, allow_pickle=False) as data:
+            cols = {k: data[k] for k in data.files}
+        leaves = {k: v for k, v in cols.items() if k.startswith(("act", "obs"))}
+        act = unflatten(_spec_from_names([k for k in leaves if k.startswith("act")], "act"), leaves)
+        obs = unflatten(_spec_from_names([k for k in leaves if k.startswith("obs")], "obs"), leaves)
+        self.append_buffer(Buffer(act=act, obs=obs, rew=cols["rew"], terminated=cols["terminated"],
+                                  truncated=cols["truncated"], reset=cols["reset"], context=cols["context"],
+                                  policy_version=cols["policy_version"], worker="dataset"))
+
+
+def _spec_from_names(names: list[str], prefix: str) -> Any:
+    """Rebuild a flat spec from saved leaf names (``obs`` or ``obs/0``, ``obs/1``... one level deep)."""
+    if names == [prefix]:
+        return prefix
+    return sorted(names, key=lambda n: int(n.rsplit("/", 1)[1]) if n.rsplit("/", 1)[1].isdigit() else n)
+
+
+class ReplayMemory(MemoryDataloading):
+    """A preallocated numpy ring buffer of rows with vectorised batch sampling.
+
+    Rows are stored as the worker sent them (observations once, not twice per transition). A transition ends at
+    every row that is neither a ``reset`` nor a ``context`` row; its previous observation is the row before.
+    ``obs_preprocessor`` runs once per row when it is appended; ``sample_preprocessor`` runs once per batch.
+    A batch's tensors share memory with reused buffers and stay valid until the next :meth:`sample` call.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._cols: dict[str, np.ndarray] = {}
+        self._out: dict[str, np.ndarray] = {}
+        self._act_spec: Any = None
+        self._obs_spec: Any = None
+        self._pos = 0  # next physical row to write
+        self._size = 0  # rows stored
+        self._ends = 0  # rows flagged as transition ends among the stored rows
+        self.total_appended = 0
+        super().__init__(*args, **kwargs)
+
+    # -- storage -------------------------------------------------------------------------------------------
+    def _allocate(self, act_leaves: list[tuple[str, np.ndarray]], obs_leaves: list[tuple[str, np.ndarray]]) -> None:
+        cap = self.memory_size
+        for name, arr in act_leaves + obs_leaves:
+            self._cols[name] = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
+        self._cols["rew"] = np.zeros(cap, np.float32)
+        for flag in ("terminated", "truncated", "end"):
+            self._cols[flag] = np.zeros(cap, np.bool_)
+        self._cols["policy_version"] = np.zeros(cap, np.int64)
+
+    def append_buffer(self, buffer: Buffer) -> None:
+        obs = buffer.obs
+        if self.obs_preprocessor is not None:
+            rows = [self.obs_preprocessor(row(obs, i)) for i in range(len(buffer))]
+            obs = _stack_rows(rows)
+        act_spec, act_leaves = flatten(buffer.act, "act")
+        obs_spec, obs_leaves = flatten(obs, "obs")
+        if not self._cols:
+            self._act_spec, self._obs_spec = act_spec, obs_spec
+            self._allocate(act_leaves, obs_leaves)
+        elif (act_spec, obs_spec) != (self._act_spec, self._obs_spec):
+            raise ValueError("a packet's observation/action structure differs from the memory's; "
+                             "every worker must run the same pipeline")
+        n = len(buffer)
+        columns = dict(act_leaves + obs_leaves)
+        columns.update(rew=buffer.rew, terminated=buffer.terminated, truncated=buffer.truncated,
+                       end=buffer.transition_end, policy_version=buffer.policy_version)
+        if n > self.memory_size:  # keep only the newest rows, as the ring would
+            columns = {k: v[n - self.memory_size:] for k, v in columns.items()}
+            n = self.memory_size
+        idx = (self._pos + np.arange(n)) % self.memory_size
+        filled = min(self._size + n, self.memory_size) - self._size  # rows landing in empty slots
+        if n > filled:  # the others replace old rows: forget the transition ends they held
+            self._ends -= int(self._cols["end"][idx[filled:]].sum())
+        for name, col in columns.items():
+            self._cols[name][idx] = col
+        self._ends += int(columns["end"].sum())
+        self._pos = int((self._pos + n) % self.memory_size)
+        self._size = min(self._size + n, self.memory_size)
+        self.total_appended += n
+
+    # -- sampling ------------------------------------------------------------------------------------------
+    def _valid(self, idx: np.ndarray) -> np.ndarray:
+        """Rows where a transition ends and whose previous row is still stored."""
+        oldest = self._pos if self._size == self.memory_size else 0
+        return self._cols["end"][idx] & (idx != oldest)
+
+    def __len__(self) -> int:
+        if not self._cols:
+            return 0
+        oldest = self._pos if self._size == self.memory_size else 0
+        return self._ends - int(self._cols["end"][oldest] and self._size > 0)
+
+    def sample_indices(self) -> np.ndarray:
+        """Physical rows of ``batch_size`` transition ends, uniformly at random (rejection sampling)."""
+        if len(self) == 0:
+            raise RuntimeError("the replay memory holds no complete transition yet")
+        chosen: list[np.ndarray] = []
+        need = self.batch_size
+        while need > 0:
+            draw = self.rng.integers(0, self._size, size=int(need * self._size / len(self) * 1.2) + 8)
+            draw = draw[self._valid(draw)][:need]
+            chosen.append(draw)
+            need -= len(draw)
+        return np.concatenate(chosen)
+
+    def _gather(self, key: str, name: str, idx: np.ndarray) -> np.ndarray:
+        col = self._cols[name]
+        out = self._out.get(key)
+        if out is None or out.shape[0] != len(idx):
+            out = self._out[key] = np.empty((len(idx), *col.shape[1:]), col.dtype)
+        np.take(col, idx, axis=0, out=out)
+        return out
+
+    def sample(self) -> Batch:
+        idx = self.sample_indices()
+        prev = (idx - 1) % self.memory_size
+        leaves_now = {n: self._gather("now:" + n, n, idx) for n in self._cols if n.startswith("obs")}
+        leaves_prev = {n: self._gather("prev:" + n, n, prev) for n in self._cols if n.startswith("obs")}
+        act_leaves = {n: self._gather(n, n, idx) for n in self._cols if n.startswith("act")}
+        o, o2 = unflatten(self._obs_spec, leaves_prev), unflatten(self._obs_spec, leaves_now)
+        a = unflatten(self._act_spec, act_leaves)
+        r = self._gather("rew", "rew", idx)
+        term = self._gather("terminated", "terminated", idx).astype(np.float32)
+        trunc = self._gather("truncated", "truncated", idx).astype(np.float32)
+        if self.sample_preprocessor is not None:
+            o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
+        d = self.device
+        return Batch(_to_tensor(o, d), _to_tensor(a, d), _to_tensor(r, d), _to_tensor(o2, d), _to_tensor(term, d),
+                     _to_tensor(trunc, d))
+
+    def get_transition(self, item: int) -> Transition:
+        """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code)."""
+        logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
+        rows = logical[self._valid(logical)]
+        i = int(rows[item])
+        p = (i - 1) % self.memory_size
+        cols = self._cols
+        obs = {n: c for n, c in cols.items() if n.startswith("obs")}
+        last_obs = unflatten(self._obs_spec, {n: c[p] for n, c in obs.items()})
+        new_obs = unflatten(self._obs_spec, {n: c[i] for n, c in obs.items()})
+        act = unflatten(self._act_spec, {n: c[i] for n, c in cols.items() if n.startswith("act")})
+        return (last_obs, act, float(cols["rew"][i]), new_obs, bool(cols["terminated"][i]),
+                bool(cols["truncated"][i]), {"policy_version": int(cols["policy_version"][i])})
+
+    def policy_versions(self, idx: np.ndarray) -> np.ndarray:
+        return self._cols["policy_version"][idx]
+
+
+def _stack_rows(rows: list[Any]) -> Any:
+    first = rows[0]
+    if isinstance(first, (tuple, list)):
+        return tuple(_stack_rows([r[i] for r in rows]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _stack_rows([r[k] for r in rows]) for k in first}
+    return np.stack([np.asarray(r) for r in rows])

@@ -1,0 +1,89 @@
+"""Where the trainer's round statistics go: the log, a CSV under weights/<run>/, and wandb.
+
+wandb is imported only here, after ``WANDB_MODE`` is set in the environment: its offline mode still tries to
+reach the Internet unless the variable is set before the import. Tests use ``mode="disabled"``.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["CsvLog", "MetricsLogger", "format_round"]
+
+log = logging.getLogger(__name__)
+
+WandbMode = Literal["offline", "online", "disabled"]
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_round(s: dict[str, Any]) -> str:
+    """One compact log line for a round."""
+    losses = " ".join(f"{k.removeprefix('loss_')} {_fmt(s[k], '.3g')}" for k in sorted(s) if k.startswith("loss_"))
+    alpha = f" alpha {_fmt(s['entropy_coef'], '.3g')}" if "entropy_coef" in s else ""
+    return (f"epoch {s['epoch']} round {s['round']} | steps {s['trained_steps']} ({s['steps_per_s']:.0f}/s) | "
+            f"samples {s['samples']} (+{s['round_samples']}) | return {_fmt(s['return_mean'])} over "
+            f"{s['episodes']} eps, test {_fmt(s['test_return_mean'])} | {losses}{alpha} | "
+            f"lag {_fmt(s['lag_min'], 'd')}/{_fmt(s['lag_mean'])}/{_fmt(s['lag_max'], 'd')} | "
+            f"policy v{s['policy_version']} | memory {s['memory_len']}")
+
+
+class CsvLog:
+    """Append rows to a CSV; when a row brings a new column, the file is rewritten with the wider header."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fields: list[str] = []
+        if path.exists():
+            with path.open(newline="") as f:
+                self.fields = next(csv.reader(f), [])
+
+    def write(self, row: dict[str, Any]) -> None:
+        new = [k for k in row if k not in self.fields]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if new:
+            old_rows = []
+            if self.path.exists():
+                with self.path.open(newline="") as f:
+                    old_rows = list(csv.DictReader(f))
+            self.fields += new
+            with self.path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, self.fields)
+                writer.writeheader()
+                writer.writerows(old_rows)
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, self.fields).writerow({k: "" if v is None else v for k, v in row.items()})
+
+
+class MetricsLogger:
+    """Sends each round's statistics to the log, the CSV and wandb. ``close()`` is idempotent."""
+
+    def __init__(self, run_dir: Path, run_name: str, wandb_mode: WandbMode = "offline", project: str = "netrl",
+                 entity: str | None = None, config: dict[str, Any] | None = None) -> None:
+        self.csv = CsvLog(run_dir / "metrics.csv")
+        self._wandb_run: Any = None
+        if wandb_mode != "disabled":
+            os.environ["WANDB_MODE"] = wandb_mode  # must happen before `import wandb`
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
+                                         config=config or {}, mode=wandb_mode, reinit="create_new")
+            log.info("wandb run %s in %s mode", self._wandb_run.id, wandb_mode)
+
+    def log_round(self, stats: dict[str, Any]) -> None:
+        log.info("%s", format_round(stats))
+        self.csv.write(stats)
+        if self._wandb_run is not None:
+            self._wandb_run.log({k: v for k, v in stats.items() if v is not None}, step=stats["trained_steps"])
+
+    def close(self) -> None:
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None

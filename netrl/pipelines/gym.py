@@ -1,0 +1,26 @@
+"""The generic pipeline: any Gymnasium env with Box spaces, an MLP actor and SAC (Pendulum-v1 by default)."""
+
+from __future__ import annotations
+
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.config import Config
+from netrl.envs import GenericGymEnv
+from netrl.memory import ReplayMemory
+from netrl.pipelines import Pipeline
+from netrl.util import partial
+
+__all__ = ["gym_pipeline"]
+
+
+def gym_pipeline(cfg: Config) -> Pipeline:
+    a = cfg.agent
+    hidden = tuple(a.hidden_sizes)
+    return Pipeline(
+        env_cls=partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs)),
+        actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
+        memory_cls=ReplayMemory,
+        training_agent_cls=partial(
+            SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
+            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
+            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+    )

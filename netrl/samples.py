@@ -1,0 +1,238 @@
+"""Samples as columns: what a worker packs, the wire carries and ``MemoryDataloading.append_buffer`` receives.
+
+A worker produces one *row* per env step, tmrl style: ``(act, obs, rew, terminated, truncated, info)``, where
+``act`` is the action that led to ``obs``. After ``reset()`` it adds a row for the first observation, flagged
+``reset`` (its ``act`` and ``rew`` are placeholders). A transition therefore ends at every row that is neither a
+``reset`` row nor a ``context`` row, and starts at the row before it::
+
+    row      k-1        k          k+1 (reset)   k+2
+    obs      o1         o2         o'0           o'1
+    act      a0         a1         -             a'0
+    ->       transition (o1, a1, r, o2, term, trunc) ends at k; none ends at k+1; (o'0, a'0, ...) ends at k+2
+
+A packet that continues an episode starts with ``overlap`` *context* rows copied from the end of the previous
+packet, so every packet is self-contained: a memory never has to stitch rows from two packets together, and
+packets from several workers may arrive interleaved.
+
+Observations and actions may be nested tuples, lists or dicts of arrays (rtgym's Tuple spaces); they travel as
+flat named leaves (``obs/0``, ``obs/1``, ...) plus a small *spec* that rebuilds the nesting. ``info`` stays on the
+worker: put anything the trainer needs into the observation or the sample compressor's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Buffer", "BufferBuilder", "EpisodeStats", "Spec", "flatten", "row", "tree_map", "unflatten"]
+
+Spec = Any  # str (leaf name) | list[Spec] (tuple) | dict[str, Spec]
+MAX_TREE_LEAVES = 64
+MAX_TREE_DEPTH = 8
+
+
+class EpisodeStats(NamedTuple):
+    """One finished episode, reported by the worker that ran it."""
+
+    ret: float
+    length: int
+    test: bool
+    policy_version: int
+
+
+def flatten(tree: Any, prefix: str) -> tuple[Spec, list[tuple[str, Any]]]:
+    """Split a nested tuple/list/dict of leaves into a spec and ``(name, leaf)`` pairs, depth first."""
+    leaves: list[tuple[str, Any]] = []
+
+    def walk(node: Any, name: str, depth: int) -> Spec:
+        if depth > MAX_TREE_DEPTH:
+            raise ValueError(f"{prefix} is nested deeper than {MAX_TREE_DEPTH} levels")
+        if isinstance(node, (tuple, list)):
+            return [walk(child, f"{name}/{i}", depth + 1) for i, child in enumerate(node)]
+        if isinstance(node, dict):
+            return {str(k): walk(node[k], f"{name}/{k}", depth + 1) for k in sorted(node)}
+        leaves.append((name, node))
+        return name
+
+    spec = walk(tree, prefix, 0)
+    if len(leaves) > MAX_TREE_LEAVES:
+        raise ValueError(f"{prefix} has {len(leaves)} leaves; at most {MAX_TREE_LEAVES} are allowed")
+    return spec, leaves
+
+
+def unflatten(spec: Spec, leaves: dict[str, Any]) -> Any:
+    """Inverse of :func:`flatten`: lists in the spec become tuples."""
+    if isinstance(spec, str):
+        return leaves[spec]
+    if isinstance(spec, list):
+        return tuple(unflatten(s, leaves) for s in spec)
+    return {k: unflatten(s, leaves) for k, s in spec.items()}
+
+
+def spec_leaves(spec: Spec) -> list[str]:
+    """Leaf names of a spec, in order. Raises ValueError for anything that is not a valid spec."""
+    names: list[str] = []
+    stack: list[tuple[Any, int]] = [(spec, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH or len(names) > MAX_TREE_LEAVES:
+            raise ValueError(f"spec is deeper than {MAX_TREE_DEPTH} levels or has over {MAX_TREE_LEAVES} leaves")
+        if isinstance(node, str):
+            names.append(node)
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in reversed(node))
+        elif isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in reversed(list(node.values())))
+        else:
+            raise ValueError(f"spec node of type {type(node).__name__} is not a name, list or map")
+    return names
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """Apply ``fn`` to every leaf, keeping tuples, lists and dicts."""
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(tree_map(fn, t) for t in tree)
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def row(tree: Any, i: int) -> Any:
+    """Row ``i`` of every leaf of a tree of column arrays."""
+    return tree_map(lambda col: col[i], tree)
+
+
+@dataclass
+class Buffer:
+    """A packet of consecutive rows from one worker, stored as columns (leading dimension ``n``).
+
+    ``memory`` gives tmrl's per-sample view ``[(act, obs, rew, terminated, truncated, info), ...]`` for
+    memories ported from tmrl; fast memories read the columns directly.
+    """
+
+    act: Any
+    obs: Any
+    rew: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    reset: np.ndarray
+    context: np.ndarray
+    policy_version: np.ndarray
+    worker: str = ""
+    seq: int = 0
+    episodes: list[EpisodeStats] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.rew.shape[0])
+
+    @property
+    def transition_end(self) -> np.ndarray:
+        """True at rows where a transition (previous row -> this row) ends."""
+        return ~(self.reset | self.context)
+
+    @property
+    def memory(self) -> list[tuple[Any, Any, float, bool, bool, dict[str, Any]]]:
+        """tmrl's view: one ``(act, obs, rew, terminated, truncated, info)`` tuple per row (slow path)."""
+        rows = []
+        for i in range(len(self)):
+            act, obs = row(self.act, i), row(self.obs, i)
+            info = {"reset": bool(self.reset[i]), "context": bool(self.context[i])}
+            rows.append((act, obs, float(self.rew[i]), bool(self.terminated[i]), bool(self.truncated[i]), info))
+        return rows
+
+
+class BufferBuilder:
+    """Accumulates rows into preallocated columns and cuts them into self-contained :class:`Buffer` packets.
+
+    Args:
+        capacity: rows per column block; a packet is cut before the block overflows.
+        overlap: rows of history a memory needs before a transition (1 for plain observations, the stack
+            length for memories that rebuild frame stacks).
+    """
+
+    def __init__(self, capacity: int, overlap: int = 1) -> None:
+        if capacity <= overlap:
+            raise ValueError(f"capacity ({capacity}) must exceed overlap ({overlap})")
+        self.capacity = capacity
+        self.overlap = overlap
+        self._act_spec: Spec = None
+        self._obs_spec: Spec = None
+        self._cols: dict[str, np.ndarray] = {}
+        self._n = 0  # rows in the current block, context rows included
+        self._fresh = 0  # rows not sent yet
+        self._episode_open = False
+
+    def __len__(self) -> int:
+        """Rows that have not been sent yet."""
+        return self._fresh
+
+    def _allocate(self, act: Any, obs: Any) -> None:
+        self._act_spec, act_leaves = flatten(act, "act")
+        self._obs_spec, obs_leaves = flatten(obs, "obs")
+        cols: dict[str, np.ndarray] = {}
+        for name, leaf in act_leaves + obs_leaves:
+            arr = np.asarray(leaf)
+            cols[name] = np.empty((self.capacity, *arr.shape), dtype=arr.dtype)
+        cols["rew"] = np.empty(self.capacity, np.float32)
+        for flag in ("terminated", "truncated", "reset", "context"):
+            cols[flag] = np.empty(self.capacity, np.bool_)
+        cols["policy_version"] = np.empty(self.capacity, np.int64)
+        self._cols = cols
+
+    def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, reset: bool,
+            policy_version: int) -> None:
+        """Append one row. Leaves are copied: envs such as rtgym reuse their arrays between steps."""
+        if not self._cols:
+            self._allocate(act, obs)
+        if self._n >= self.capacity:
+            raise RuntimeError("BufferBuilder is full: call cut() before adding more rows")
+        i = self._n
+        cols = self._cols
+        for tree, prefix in ((act, "act"), (obs, "obs")):
+            _, leaves = flatten(tree, prefix)
+            for name, leaf in leaves:
+                if name not in cols:
+                    raise ValueError(f"sample structure changed: new leaf {name!r}; keep observations fixed")
+                cols[name][i] = leaf
+        cols["rew"][i] = rew
+        cols["terminated"][i] = terminated
+        cols["truncated"][i] = truncated
+        cols["reset"][i] = reset
+        cols["context"][i] = False
+        cols["policy_version"][i] = policy_version
+        self._n += 1
+        self._fresh += 1
+        self._episode_open = not (terminated or truncated)
+
+    @property
+    def full(self) -> bool:
+        return self._n >= self.capacity
+
+    def cut(self) -> Buffer | None:
+        """Return the unsent rows as a packet (with context rows in front) and start the next block."""
+        if self._fresh == 0:
+            return None
+        n = self._n
+        cols = {name: col[:n].copy() for name, col in self._cols.items()}
+        leaves = {name: cols[name] for name in cols}
+        buf = Buffer(
+            act=unflatten(self._act_spec, leaves),
+            obs=unflatten(self._obs_spec, leaves),
+            rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
+            reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
+        )
+        # Keep the tail of an unfinished episode as context for the next packet.
+        keep = min(self.overlap, n) if self._episode_open else 0
+        if keep:
+            for col in self._cols.values():
+                col[:keep] = col[n - keep:n]
+            self._cols["context"][:keep] = True
+        self._n = keep
+        self._fresh = 0
+        return buf
+
+    def spec(self) -> tuple[Spec, Spec]:
+        return self._act_spec, self._obs_spec

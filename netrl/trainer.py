@@ -1,0 +1,214 @@
+"""Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
+
+The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread. A network thread
+(:class:`_TrainerNet`) keeps the connection alive while training runs: it receives bundles, checks every
+packet, queues it for the loop, acknowledges it, grants the server credit as the loop consumes bundles (so a slow
+trainer never makes the server's memory grow), and sends weights and pacing progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from netrl.config import Config, NetworkConfig, config_to_dict
+from netrl.errors import NetrlError, ProtocolError
+from netrl.metrics import MetricsLogger, WandbMode
+from netrl.samples import Buffer
+from netrl.training import TrainingOffline
+from netrl.transport import NetThread, new_session
+from netrl.weights import state_arrays, write_weights_file
+from netrl.wire import Message, MsgType, buffer_from_message, decode, encode
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger(__name__)
+
+
+class _TrainerNet(NetThread):
+    """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
+
+    def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int) -> None:
+        super().__init__(net, "trainer", name, session, port)
+        self.credit_window = credit_window
+        self.inbox: collections.deque[tuple[int, list[Buffer]]] = collections.deque()
+        self.new_data = threading.Event()
+        self.granted = 0  # credits granted on the current connection
+        self.received = 0  # bundles received on the current connection
+        self.weights: list[Any] | None = None
+        self.last_progress: list[Any] | None = None
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # -- SampleSource, called from the training thread --------------------------------------------------
+    def fetch(self) -> list[Buffer]:
+        out: list[Buffer] = []
+        while self.inbox:
+            _, bufs = self.inbox.popleft()
+            out += bufs
+        return out
+
+    def wait(self, timeout: float) -> None:
+        self.new_data.wait(timeout)
+        self.new_data.clear()
+        if self.error is not None or self.link.fatal:
+            raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        msg = Message(MsgType.WEIGHTS, self.link.name, policy_version=version,
+                      body={"trained_steps": trained_steps, "session": self.link.session}, arrays=state_arrays(actor))
+        self.command([b"weights", *encode(msg)])
+
+    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
+        msg = Message(MsgType.PROGRESS, self.link.name,
+                      body={"trained_steps": trained_steps, "samples": samples, "wanted": wanted})
+        self.command([b"progress", *encode(msg)])
+
+    # -- network thread ---------------------------------------------------------------------------------
+    def on_ready(self) -> None:
+        self.granted = self.received = 0
+        self._grant()
+        for frames in (self.weights, self.last_progress):
+            if frames is not None:
+                self.link.send(frames)
+
+    def _grant(self) -> None:
+        """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
+        if not self.link.ready:
+            return
+        extra = self.credit_window - (self.granted - self.received) - len(self.inbox)
+        if extra > 0:
+            if self.link.send(encode(Message(MsgType.CREDIT, self.link.name, body={"bundles": extra}))):
+                self.granted += extra
+
+    def on_tick(self) -> None:
+        self._grant()
+
+    def on_command(self, frames: list[Any]) -> None:
+        kind, payload = frames[0].bytes, frames[1:]
+        if kind == b"weights":
+            self.weights = payload
+        else:
+            self.last_progress = payload
+        self.link.send(payload)
+
+    def on_message(self, msg: Message) -> None:
+        if msg.type is not MsgType.BUNDLE:
+            log.debug("ignored a %s message from the server", msg.type.value)
+            return
+        bufs = []
+        for part in msg.parts:
+            try:
+                sample_msg = decode(part, self.link.net.max_message_bytes)
+                if sample_msg.type is not MsgType.SAMPLES:
+                    raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
+                bufs.append(buffer_from_message(sample_msg))
+            except ProtocolError as exc:
+                self.stats["rejected"] += 1
+                log.warning("rejected a sample packet in bundle %d: %s", msg.seq, exc)
+        self.stats["bundles"] += 1
+        self.received += 1
+        self.inbox.append((msg.seq, bufs))
+        self.new_data.set()
+        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
+
+
+class Trainer:
+    """Runs a :class:`TrainingOffline` against the server (tmrl's ``Trainer``).
+
+    Args:
+        training_cls: a callable returning a :class:`TrainingOffline` (usually a ``partial``).
+        server_ip: address of the server.
+        model_path: where the trainer saves its current policy (state_dict + JSON) after every epoch.
+        server_port, network, name: connection settings.
+        run_dir: folder for metrics.csv and wandb files.
+        wandb_mode, wandb_project, wandb_entity: wandb settings ("disabled" turns it off).
+        credit_window: bundles the server may send ahead of the training loop.
+    """
+
+    def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
+                 model_path: str | None = None, *, server_port: int = 55555, network: NetworkConfig | None = None,
+                 name: str = "trainer", run_dir: str | Path = "weights/run", run_name: str = "run",
+                 wandb_mode: WandbMode = "offline", wandb_project: str = "netrl", wandb_entity: str | None = None,
+                 config: dict[str, Any] | None = None, credit_window: int = 8) -> None:
+        self.training_cls = training_cls
+        self.network = network or NetworkConfig()
+        if server_ip is not None:
+            from dataclasses import replace
+
+            self.network = replace(self.network, server_ip=server_ip)
+        self.server_port = server_port
+        self.run_dir = Path(run_dir)
+        self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
+        self.name, self.run_name = name, run_name
+        self.wandb = (wandb_mode, wandb_project, wandb_entity)
+        self.config = config
+        self.credit_window = credit_window
+        self.session = new_session()
+        self.training: TrainingOffline | None = None
+        self.net: _TrainerNet | None = None
+        self.metrics: MetricsLogger | None = None
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg: Config, pipeline: Any) -> Trainer:
+        t, m = cfg.trainer, cfg.memory
+        training_cls = lambda: TrainingOffline(  # noqa: E731
+            env_cls=pipeline.env_cls, memory_cls=pipeline.memory_cls, training_agent_cls=pipeline.training_agent_cls,
+            epochs=t.epochs, rounds=t.rounds, steps=t.steps, update_model_interval=t.update_model_interval,
+            update_buffer_interval=t.update_buffer_interval,
+            max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
+            device=t.device, worker_lead=t.worker_lead, memory_size=m.memory_size, batch_size=m.batch_size,
+            seed=cfg.seed)
+        return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
+                   server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
+                   run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
+                   wandb_entity=cfg.wandb.entity, config=config_to_dict(cfg))
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Train for ``epochs`` epochs or until ``stop`` is set, then close."""
+        stop = stop or threading.Event()
+        try:
+            self.training = training = self.training_cls()
+            training.build()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
+            self.net = net = _TrainerNet(self.network, self.name, self.session, self.server_port, self.credit_window)
+            net.start()
+            training.start(net)
+            log.info("trainer %s started: %d epochs x %d rounds x %d steps on %s", self.name, training.epochs,
+                     training.rounds, training.steps, training.device)
+            while training.epoch < training.epochs and not stop.is_set():
+                for stats in training.run_epoch(net, stop):
+                    self.metrics.log_round(stats)
+                self.save_policy()
+        finally:
+            self.close()
+
+    def save_policy(self) -> None:
+        """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
+        training = self.training
+        if training is None or training.agent is None:
+            return
+        meta = {"version": training.version, "trained_steps": training.total_updates,
+                "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
+                "pid": os.getpid()}
+        write_weights_file(self.model_path, training.agent.get_actor(), meta)
+
+    def close(self) -> None:
+        """Save the policy, disconnect and flush metrics. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.save_policy()
+        if self.net is not None:
+            self.net.halt()
+        if self.metrics is not None:
+            self.metrics.close()
+        log.info("trainer stopped; policy saved to %s", self.model_path)

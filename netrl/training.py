@@ -1,0 +1,240 @@
+"""TrainingOffline: tmrl's training loop (epochs > rounds > steps), independent of how samples arrive.
+
+The loop talks to a :class:`SampleSource`: the networked Trainer's connection to the server, or, for the
+single-process baseline, a local worker. Calling sequence::
+
+    training = TrainingOffline(env_cls, memory_cls, training_agent_cls, epochs=..., rounds=..., steps=...)
+    training.start(source)                      # build memory and agent, publish weights v1
+    for epoch in range(training.epochs):
+        for round_stats in training.run_epoch(source, stop):   # one dict per round, for logging
+            ...
+
+Pacing (the update-to-data ratio): training pauses while ``trained_steps >= max_training_steps_per_env_step *
+samples`` (tmrl's meaning), and the loop tells the source how many samples it wants in total,
+``max(start_training, trained_steps / ratio) + worker_lead``, so throttled workers run no further ahead.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import logging
+import math
+import pstats
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from netrl.agents.base import TrainingAgent
+from netrl.agents.sac import SACAgent
+from netrl.envs import check_spaces
+from netrl.memory import MemoryDataloading, ReplayMemory
+from netrl.samples import Buffer
+
+__all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
+
+log = logging.getLogger(__name__)
+
+
+class SampleSource(Protocol):
+    """Where the training loop gets samples and sends weights."""
+
+    def fetch(self) -> list[Buffer]:
+        """Every packet received since the last call (never blocks)."""
+
+    def wait(self, timeout: float) -> None:
+        """Block until new packets may be available, at most ``timeout`` seconds."""
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        """Send the actor's weights as ``version``."""
+
+    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
+        """Tell the workers' pacing how many samples the trainer wants in total."""
+
+
+@dataclass
+class _RoundStats:
+    started: float = field(default_factory=time.monotonic)
+    metric_sums: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    samples: int = 0
+    returns: list[float] = field(default_factory=list)
+    test_returns: list[float] = field(default_factory=list)
+    lags: list[np.ndarray] = field(default_factory=list)
+    waited_s: float = 0.0
+    train_s: float = 0.0
+
+
+@dataclass(eq=False)
+class TrainingOffline:
+    """The training loop with tmrl's parameters. See the module docstring for the calling sequence."""
+
+    env_cls: Any = None  # callable returning an env (only its spaces are used), or (obs_space, act_space)
+    memory_cls: Callable[..., MemoryDataloading] = ReplayMemory
+    training_agent_cls: Callable[..., TrainingAgent] = SACAgent
+    epochs: int = 10
+    rounds: int = 50
+    steps: int = 2000
+    update_model_interval: int = 100
+    update_buffer_interval: int = 100
+    max_training_steps_per_env_step: float = 1.0
+    sleep_between_buffer_retrieval_attempts: float = 0.1
+    profiling: bool = False
+    agent_scheduler: Callable[[TrainingAgent, int], None] | None = None
+    start_training: int = 0
+    device: str | None = None
+    worker_lead: int = 200
+    memory_size: int = 1_000_000
+    batch_size: int = 256
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.total_updates = 0
+        self.total_samples = 0
+        self.epoch = 0
+        self.version = 0
+        self.memory: MemoryDataloading | None = None
+        self.agent: TrainingAgent | None = None
+        self._last_wanted = -1
+        self._round = _RoundStats()
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def spaces(self) -> tuple[Any, Any]:
+        if isinstance(self.env_cls, tuple):
+            return self.env_cls
+        env = self.env_cls()
+        try:
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
+
+    def build(self) -> None:
+        """Create the memory and the agent (no network, no files)."""
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
+        obs_space, act_space = self.spaces()
+        check_spaces(obs_space, act_space)
+        self.memory = self.memory_cls(device=device, nb_steps=self.steps, memory_size=self.memory_size,
+                                      batch_size=self.batch_size, seed=self.seed)
+        self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
+
+    def start(self, source: SampleSource) -> None:
+        if self.agent is None:
+            self.build()
+        self.publish(source)
+
+    def publish(self, source: SampleSource) -> None:
+        assert self.agent is not None
+        self.version += 1
+        source.publish(self.agent.get_actor(), self.version, self.total_updates)
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def wanted(self) -> int:
+        """Total samples the trainer wants by now: the pacing target for throttled workers."""
+        paced = math.ceil(self.total_updates / self.max_training_steps_per_env_step)
+        return max(self.start_training, paced) + self.worker_lead
+
+    def ingest(self, source: SampleSource) -> int:
+        """Move received packets into the memory; returns the number of new env steps."""
+        assert self.memory is not None
+        new = 0
+        for buf in source.fetch():
+            ends = buf.transition_end
+            steps = int(np.count_nonzero(ends))
+            self.memory.append_buffer(buf)
+            new += steps
+            r = self._round
+            r.samples += steps
+            r.lags.append(self.version - np.maximum(buf.policy_version[ends], 0))
+            for ep in buf.episodes:
+                (r.test_returns if ep.test else r.returns).append(ep.ret)
+        self.total_samples += new
+        return new
+
+    def _report(self, source: SampleSource, force: bool = False) -> None:
+        wanted = self.wanted()
+        if force or wanted - self._last_wanted >= max(1, self.worker_lead // 4):
+            self._last_wanted = wanted
+            source.progress(self.total_updates, self.total_samples, wanted)
+
+    def _ready(self) -> bool:
+        assert self.memory is not None
+        return (self.total_samples >= self.start_training and len(self.memory) > 0
+                and self.total_updates < self.max_training_steps_per_env_step * self.total_samples)
+
+    def run_epoch(self, source: SampleSource, stop: threading.Event) -> Iterator[dict[str, Any]]:
+        """Train one epoch; yields a stats dict after each round. Returns early when ``stop`` is set."""
+        assert self.agent is not None and self.memory is not None
+        if self.agent_scheduler is not None:
+            self.agent_scheduler(self.agent, self.epoch)
+        profiler = cProfile.Profile() if self.profiling else None
+        for rnd in range(self.rounds):
+            self._round = _RoundStats()
+            for step in range(self.steps):
+                if stop.is_set():
+                    return
+                if step % self.update_buffer_interval == 0:
+                    self.ingest(source)
+                self._wait_until_ready(source, stop)
+                if stop.is_set():
+                    return
+                if self.total_updates % self.update_model_interval == 0 and self.total_updates > 0:
+                    self.publish(source)
+                if profiler:
+                    profiler.enable()
+                t0 = time.perf_counter()
+                metrics = self.agent.train(self.memory.sample())
+                self._round.train_s += time.perf_counter() - t0
+                if profiler:
+                    profiler.disable()
+                self.total_updates += 1
+                self._round.steps += 1
+                for k, v in metrics.items():
+                    self._round.metric_sums[k] = self._round.metric_sums.get(k, 0.0) + float(v)
+                self._report(source)
+            yield self._round_summary(rnd)
+        self.epoch += 1
+        if profiler:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(20)
+            log.info("profile of epoch %d:\n%s", self.epoch, out.getvalue())
+
+    def _wait_until_ready(self, source: SampleSource, stop: threading.Event) -> None:
+        if self._ready():
+            return
+        t0 = time.monotonic()
+        self._report(source, force=True)
+        while not self._ready() and not stop.is_set():
+            source.wait(self.sleep_between_buffer_retrieval_attempts)
+            if self.ingest(source):
+                self._report(source, force=True)
+        self._round.waited_s += time.monotonic() - t0
+
+    def _round_summary(self, rnd: int) -> dict[str, Any]:
+        r = self._round
+        wall = time.monotonic() - r.started
+        lags = np.concatenate(r.lags) if r.lags else np.zeros(0)
+        stats: dict[str, Any] = {
+            "epoch": self.epoch, "round": rnd, "trained_steps": self.total_updates, "samples": self.total_samples,
+            "round_samples": r.samples, "memory_len": len(self.memory) if self.memory is not None else 0,
+            "policy_version": self.version, "steps_per_s": r.steps / wall if wall > 0 else 0.0,
+            "samples_per_s": r.samples / wall if wall > 0 else 0.0, "wall_s": wall,
+            "waiting_fraction": r.waited_s / wall if wall > 0 else 0.0,
+            "train_fraction": r.train_s / wall if wall > 0 else 0.0,
+            "episodes": len(r.returns),
+            "return_mean": float(np.mean(r.returns)) if r.returns else None,
+            "return_max": float(np.max(r.returns)) if r.returns else None,
+            "test_return_mean": float(np.mean(r.test_returns)) if r.test_returns else None,
+            "lag_min": int(lags.min()) if lags.size else None, "lag_mean": float(lags.mean()) if lags.size else None,
+            "lag_max": int(lags.max()) if lags.size else None,
+        }
+        for k, total in r.metric_sums.items():
+            stats[k] = total / r.steps if r.steps else None
+        return stats

@@ -1,0 +1,339 @@
+"""ZeroMQ plumbing shared by all roles: sockets, liveness, reconnect back-off and the client link.
+
+The server binds two ROUTER sockets (trainer port, worker port). Each worker and the trainer hold one DEALER
+:class:`ClientLink` to it, which follows the ZeroMQ Guide's Paranoid Pirate pattern:
+
+* the first message on every connection is HELLO (role, protocol and netrl versions, name, session);
+* whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as one;
+* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost: the client closes its socket and
+  reconnects with exponential back-off, then says HELLO again; the server forgets it.
+
+Every socket has ``linger=0``, a maximum message size and high-water marks; every poll has a finite timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from netrl import __version__
+from netrl.config import NetworkConfig
+from netrl.errors import ProtocolError, TransportError, VersionMismatch
+from netrl.wire import Message, MsgType, decode, encode
+
+__all__ = ["Backoff", "ClientLink", "Liveness", "NetThread", "bind", "new_session", "new_socket"]
+
+log = logging.getLogger(__name__)
+
+
+def new_session() -> str:
+    """A random id for one process run: (worker name, session, seq) identifies every sample packet."""
+    return os.urandom(8).hex()
+
+
+def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000) -> zmq.Socket:
+    """A socket with the options every netrl socket needs."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise instead of silently dropping to unknown peers
+    return sock
+
+
+def bind(sock: zmq.Socket, host: str, port: int, config_key: str) -> str:
+    """Bind or raise a :class:`TransportError` that says which setting to change."""
+    endpoint = f"tcp://{host}:{port}"
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        hint = "is another netrl server running?" if exc.errno == zmq.EADDRINUSE else "is the address right?"
+        raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint} change `{config_key}`") from None
+    return endpoint
+
+
+class Liveness:
+    """Paranoid Pirate liveness: a peer is lost when nothing arrived for ``interval * liveness`` seconds."""
+
+    def __init__(self, interval: float, liveness: int) -> None:
+        self.interval = interval
+        self.window = interval * liveness
+        self.last_heard = time.monotonic()
+        self.last_sent = time.monotonic()
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+
+    def sent(self) -> None:
+        self.last_sent = time.monotonic()
+
+    def expired(self, now: float) -> bool:
+        return now - self.last_heard > self.window
+
+    def heartbeat_due(self, now: float) -> bool:
+        return now - self.last_sent >= self.interval
+
+
+class Backoff:
+    """Exponential reconnect delays with jitter: initial, 2x, 4x ... up to ``maximum``."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.delay = initial
+
+    def next(self) -> float:
+        delay = self.delay * random.uniform(0.8, 1.2)
+        self.delay = min(self.delay * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.initial
+
+
+class ClientLink:
+    """A worker's or trainer's connection to the server.
+
+    Calling sequence (from one thread, the link's owner; :class:`NetThread` does this)::
+
+        link = ClientLink(ctx, net, "worker", "robot-1", new_session(), port, on_ready=resend)
+        link.open()
+        while not stop.is_set():
+            poll link.sock (and other sockets) with a finite timeout
+            for msg in link.receive():             # WELCOME/REJECT/HEARTBEAT/BYE are handled inside
+                handle(msg)
+            link.send(encode(...))                 # returns False unless the link is ready
+            link.maintain()                        # heartbeats, liveness, reconnect with back-off
+        link.close()
+    """
+
+    def __init__(self, ctx: zmq.Context, net: NetworkConfig, role: str, name: str, session: str,
+                 port: int, on_ready: Callable[[], None] | None = None) -> None:
+        self.ctx = ctx
+        self.net = net
+        self.role = role
+        self.name = name
+        self.session = session
+        self.endpoint = f"tcp://{net.server_ip}:{port}"
+        self.on_ready = on_ready
+        self.sock: zmq.Socket | None = None
+        self.ready = False
+        self.fatal: str | None = None  # set when the server refused us for good (e.g. version mismatch)
+        self.rejected_messages = 0
+        self._liveness = Liveness(net.heartbeat_interval_s, net.heartbeat_liveness)
+        self._backoff = Backoff(net.reconnect_initial_s, net.reconnect_max_s)
+        self._reconnect_at: float | None = None
+        self._connections = 0
+        self._was_ready = False
+
+    def open(self) -> None:
+        """Create the socket, connect and say HELLO."""
+        self._connections += 1
+        sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes)
+        sock.setsockopt(zmq.ROUTING_ID, f"{self.role}:{self.session}:{self._connections}".encode())
+        sock.connect(self.endpoint)
+        self.sock = sock
+        self.ready = False
+        self._liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
+        self._send_hello()
+
+    def _send_hello(self) -> None:
+        body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session}
+        self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
+
+    def _send_raw(self, frames: Sequence[Any]) -> bool:
+        if self.sock is None:
+            return False
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False  # high-water mark reached: the caller keeps the data and retries later
+        self._liveness.sent()
+        return True
+
+    def send(self, frames: Sequence[Any]) -> bool:
+        """Send a message if the link is ready; False means the caller must keep it and retry."""
+        return self.ready and self._send_raw(frames)
+
+    def maintain(self) -> None:
+        """Heartbeat when idle, notice a silent server, and reconnect once the back-off delay has passed."""
+        now = time.monotonic()
+        if self.sock is None:
+            if self._reconnect_at is not None and now >= self._reconnect_at and self.fatal is None:
+                self._reconnect_at = None
+                self.open()
+            return
+        if self._liveness.expired(now):
+            self._lose(f"no message from the server for {self._liveness.window:.1f} s")
+        elif self._liveness.heartbeat_due(now):
+            self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name)))
+
+    def receive(self) -> list[Message]:
+        """Drain available messages; returns those the role must handle."""
+        out: list[Message] = []
+        while self.sock is not None:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._liveness.heard()
+            try:
+                msg = decode(frames, self.net.max_message_bytes)
+            except VersionMismatch as exc:
+                self._rejected(f"{exc}; install the same netrl version on the server and this {self.role}")
+                continue
+            except ProtocolError as exc:
+                self.rejected_messages += 1
+                log.warning("dropped a malformed message from the server at %s: %s", self.endpoint, exc)
+                continue
+            if msg.type is MsgType.WELCOME:
+                self._welcome(msg)
+            elif msg.type is MsgType.REJECT:
+                self._rejected(msg.body["reason"])
+            elif msg.type is MsgType.BYE:
+                self._lose(f"the server said goodbye ({msg.body.get('reason', 'no reason')})")
+            elif msg.type is not MsgType.HEARTBEAT:
+                out.append(msg)
+        return out
+
+    def _welcome(self, msg: Message) -> None:
+        self.ready = True
+        self._backoff.reset()
+        verb = "reconnected to" if self._was_ready else "connected to"
+        self._was_ready = True
+        log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
+                 msg.body["server_session"])
+        if self.on_ready:
+            self.on_ready()
+
+    def _rejected(self, reason: str) -> None:
+        if reason.startswith("unknown peer"):
+            # The server restarted and forgot us: introduce ourselves again right away.
+            log.info("server at %s does not know this %s any more; saying HELLO again", self.endpoint, self.role)
+            self.ready = False
+            self._send_hello()
+            return
+        log.error("server at %s refused this %s: %s", self.endpoint, self.role, reason)
+        self.fatal = reason
+        self._close_socket()
+
+    def _lose(self, why: str) -> None:
+        delay = self._backoff.next()
+        log.warning("lost the server at %s (%s); reconnecting in %.1f s", self.endpoint, why, delay)
+        self._close_socket()
+        self._reconnect_at = time.monotonic() + delay
+
+    def _close_socket(self) -> None:
+        self.ready = False
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+
+    def close(self, reason: str = "shutting down") -> None:
+        """Say BYE (best effort) and close. Idempotent."""
+        if self.sock is not None and self.ready:
+            self._send_raw(encode(Message(MsgType.BYE, self.name, body={"reason": reason})))
+        self._close_socket()
+        self._reconnect_at = None
+
+
+
+class NetThread(threading.Thread):
+    """A role's network thread: owns a :class:`ClientLink` and an inproc pipe from the role's main thread.
+
+    The main thread never touches the link's socket (ZeroMQ sockets are not thread-safe) and never blocks on
+    the network: it sends commands through :meth:`command` and reads results from whatever thread-safe state the
+    subclass exposes. Subclasses implement :meth:`on_message`, :meth:`on_command` and optionally :meth:`on_tick`
+    and :meth:`on_ready`.
+    """
+
+    POLL_MS = 20
+
+    def __init__(self, net: NetworkConfig, role: str, name: str, session: str, port: int) -> None:
+        super().__init__(name=f"netrl-{role}-net", daemon=True)
+        self.ctx = zmq.Context()
+        self.link = ClientLink(self.ctx, net, role, name, session, port, on_ready=self.on_ready)
+        addr = f"inproc://netrl-{role}-{session}-{id(self)}"
+        self._pipe_in = self.ctx.socket(zmq.PAIR)  # used by the network thread only
+        self._pipe_in.setsockopt(zmq.LINGER, 0)
+        self._pipe_in.setsockopt(zmq.RCVHWM, 0)
+        self._pipe_in.bind(addr)
+        self._pipe_out = self.ctx.socket(zmq.PAIR)  # used by the main thread only
+        self._pipe_out.setsockopt(zmq.LINGER, 0)
+        self._pipe_out.setsockopt(zmq.SNDHWM, 0)  # never blocks the main thread
+        self._pipe_out.connect(addr)
+        self._halt = threading.Event()
+        self.error: BaseException | None = None
+
+    # -- main-thread side ---------------------------------------------------------------------------------
+    def command(self, frames: Sequence[Any]) -> None:
+        """Hand frames to the network thread (zero-copy, never blocks)."""
+        self._pipe_out.send_multipart(frames, copy=False)
+
+    def halt(self, timeout: float = 5.0) -> None:
+        """Stop the thread, wait for it, and free the sockets. Idempotent."""
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout)
+        if not self._pipe_out.closed:
+            self._pipe_out.close(linger=0)
+        if not self.is_alive() and not self.ctx.closed:
+            self.ctx.term()
+
+    # -- network-thread side ------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self.link.open()
+            poller, polled = zmq.Poller(), None
+            poller.register(self._pipe_in, zmq.POLLIN)
+            while not self._halt.is_set() and self.link.fatal is None:
+                if polled is not self.link.sock:  # the link reconnected with a new socket
+                    if polled is not None and polled in dict(poller.sockets):
+                        poller.unregister(polled)
+                    polled = self.link.sock
+                    if polled is not None:
+                        poller.register(polled, zmq.POLLIN)
+                events = dict(poller.poll(self.POLL_MS))
+                if polled is not None and polled in events:
+                    for msg in self.link.receive():
+                        self.on_message(msg)
+                if self._pipe_in in events:
+                    while True:
+                        try:
+                            frames = self._pipe_in.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self.on_command(frames)
+                self.link.maintain()
+                self.on_tick()
+            self.on_exit()
+        except BaseException as exc:  # surfaced to the main thread, which stops the role
+            self.error = exc
+            log.exception("%s network thread failed", self.link.role)
+        finally:
+            self.link.close()
+            self._pipe_in.close(linger=0)
+
+    def on_ready(self) -> None:
+        """Called after every WELCOME (first connect and reconnects)."""
+
+    def on_message(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def on_command(self, frames: list[Any]) -> None:
+        raise NotImplementedError
+
+    def on_tick(self) -> None:
+        """Called after every poll (at least every POLL_MS milliseconds)."""
+
+    def on_exit(self) -> None:
+        """Called once before the link closes on a clean halt (last chance to flush)."""

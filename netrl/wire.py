@@ -1,0 +1,390 @@
+"""The wire format: every message netrl sends, as ZeroMQ multipart frames. Nothing else knows this layout.
+
+::
+
+    frame 0   header, a msgpack map with exactly these keys:
+                {"v": 1,                      protocol version (PROTOCOL_VERSION)
+                 "type": "samples",           one of MsgType
+                 "sender": "worker-a",        the sender's name
+                 "seq": 41,                   per-sender sequence number (sample packets, bundles)
+                 "policy_version": 17,        newest weight version the message relates to
+                 "body": {...},               small type-specific fields, checked against BODY_SCHEMA
+                 "arrays": [{"name": "obs/0", "dtype": "<f4", "shape": [50, 3],
+                             "codec": "none", "nbytes": 600}, ...]}
+    frame 1+  one buffer per entry of "arrays", in order: the raw C-contiguous bytes, or their zstd/lz4
+              compression when "codec" says so ("nbytes" is always the raw size).
+
+A server BUNDLE carries several worker SAMPLES messages unchanged: its header lists how many frames each part
+has (``body.parts``) and the parts' frames follow, so the relay never copies or re-encodes sample data.
+
+:func:`encode` and :func:`decode` are exact inverses. :func:`decode` checks, in this order, the frame count, the
+header size and schema, the protocol version, the body schema of the message type, each array's dtype against
+:data:`ALLOWED_DTYPES`, its shape against its buffer length, and the size limits; anything else raises
+:class:`~netrl.errors.ProtocolError`. Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import lz4.block
+import msgpack
+import numpy as np
+import zstandard
+
+from netrl.errors import MalformedMessage, RoleViolation, VersionMismatch
+from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "PROTOCOL_VERSION",
+    "Codec",
+    "Message",
+    "MsgType",
+    "buffer_from_message",
+    "check_role",
+    "decode",
+    "encode",
+    "encode_bundle",
+    "samples_message",
+    "split_bundle",
+]
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+MAX_ARRAYS = 512
+MAX_DIMS = 8
+MAX_NAME = 256
+MAX_EPISODES_PER_PACKET = 10_000
+ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
+Codec = Literal["none", "zstd", "lz4"]
+_CODECS = ("none", "zstd", "lz4")
+_COMPRESS_MIN_BYTES = 1024
+
+
+class MsgType(str, enum.Enum):
+    HELLO = "hello"  # client -> server: first message on every connection
+    WELCOME = "welcome"  # server -> client: HELLO accepted
+    REJECT = "reject"  # server -> client: refused, with a reason
+    HEARTBEAT = "heartbeat"  # both ways, when nothing else was sent for a heartbeat interval
+    BYE = "bye"  # either side: clean goodbye
+    SAMPLES = "samples"  # worker -> server: a packet of sample rows
+    BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
+    ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs)
+    CREDIT = "credit"  # trainer -> server: how many more bundles it can take
+    WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
+    PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
+    PACE = "pace"  # server -> worker: how many samples it may have produced in total
+
+
+# Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
+_INT = (int,)
+_STR = (str,)
+BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
+    MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
+                    "session": (_STR, True)},
+    MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True)},
+    MsgType.REJECT: {"reason": (_STR, True)},
+    MsgType.HEARTBEAT: {},
+    MsgType.BYE: {"reason": (_STR, False)},
+    MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
+                      "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
+    MsgType.BUNDLE: {"parts": ((list,), True)},
+    MsgType.ACK: {"seqs": ((list,), True)},
+    MsgType.CREDIT: {"bundles": (_INT, True)},
+    MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True)},
+    MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
+    MsgType.PACE: {"allowance": (_INT, True)},
+}
+
+# Which message types each role may send. The server drops anything else and logs a RoleViolation.
+ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
+    "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
+    "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
+                          MsgType.HEARTBEAT, MsgType.BYE}),
+}
+
+
+@dataclass
+class Message:
+    """A decoded (or to-be-encoded) message. ``arrays`` keeps its order on the wire."""
+
+    type: MsgType
+    sender: str = ""
+    seq: int = 0
+    policy_version: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    parts: list[list[Any]] = field(default_factory=list)  # BUNDLE only: the frames of each SAMPLES part
+
+
+class _Compressors:
+    """Reused (de)compressor objects; creating them per message costs more than small payloads."""
+
+    def __init__(self) -> None:
+        self.zstd_c = zstandard.ZstdCompressor(level=1)
+        self.zstd_d = zstandard.ZstdDecompressor()
+
+
+_compressors = _Compressors()
+
+
+def _compress(arr: np.ndarray, codec: Codec) -> tuple[str, Any]:
+    """Compress integer data (images, masks) where it pays; float vectors barely compress and stay raw."""
+    raw = np.ascontiguousarray(arr).data.cast("B")
+    if codec == "none" or arr.dtype.kind == "f" or raw.nbytes < _COMPRESS_MIN_BYTES:
+        return "none", raw
+    packed = _compressors.zstd_c.compress(raw) if codec == "zstd" else lz4.block.compress(raw, store_size=False)
+    if len(packed) > 0.9 * raw.nbytes:
+        return "none", raw
+    return codec, packed
+
+
+def encode(msg: Message, compression: Codec = "none") -> list[Any]:
+    """Turn a message into frames: the msgpack header, then one buffer per array (zero-copy when raw)."""
+    specs = []
+    frames: list[Any] = [b""]
+    for name, arr in msg.arrays.items():
+        arr = np.asarray(arr)
+        codec, payload = _compress(arr, compression)
+        specs.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "codec": codec,
+                      "nbytes": int(arr.nbytes)})
+        frames.append(payload)
+    header = {"v": PROTOCOL_VERSION, "type": msg.type.value, "sender": msg.sender, "seq": int(msg.seq),
+              "policy_version": int(msg.policy_version), "body": msg.body, "arrays": specs}
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    return frames
+
+
+def encode_bundle(sender: str, seq: int, parts: Sequence[Sequence[Any]]) -> list[Any]:
+    """A BUNDLE header followed by the unchanged frames of each SAMPLES part."""
+    header = {"v": PROTOCOL_VERSION, "type": MsgType.BUNDLE.value, "sender": sender, "seq": seq,
+              "policy_version": 0, "body": {"parts": [len(p) for p in parts]}, "arrays": []}
+    frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
+    for part in parts:
+        frames.extend(part)
+    return frames
+
+
+def _buf(frame: Any) -> memoryview:
+    """A zero-copy view of a zmq.Frame, bytes or memoryview."""
+    view = getattr(frame, "buffer", None)
+    return view if view is not None else memoryview(frame)
+
+
+def _check_header(header: Any) -> None:
+    if not isinstance(header, dict):
+        raise MalformedMessage("header is not a map")
+    expected = {"v", "type", "sender", "seq", "policy_version", "body", "arrays"}
+    if set(header) != expected:
+        extra, missing = sorted(set(header) - expected), sorted(expected - set(header))
+        raise MalformedMessage(f"header keys wrong (missing {missing}, unexpected {extra})")
+    for key, types in (("v", _INT), ("type", _STR), ("sender", _STR), ("seq", _INT), ("policy_version", _INT)):
+        value = header[key]
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise MalformedMessage(f"header field {key!r} has the wrong type ({type(value).__name__})")
+    if header["v"] != PROTOCOL_VERSION:
+        body = header["body"] if isinstance(header["body"], dict) else {}
+        theirs = body.get("netrl_version")
+        raise VersionMismatch(header["v"], PROTOCOL_VERSION, f"peer runs netrl {theirs}" if theirs else "")
+    if not 0 <= header["seq"] < 2**63 or not -1 <= header["policy_version"] < 2**63:
+        raise MalformedMessage("header seq or policy_version out of range")
+    if len(header["sender"]) > MAX_NAME:
+        raise MalformedMessage(f"sender name longer than {MAX_NAME} characters")
+    if not isinstance(header["body"], dict) or not isinstance(header["arrays"], list):
+        raise MalformedMessage("header body must be a map and arrays a list")
+
+
+def _check_body(mtype: MsgType, body: dict[str, Any]) -> None:
+    schema = BODY_SCHEMA[mtype]
+    for key, value in body.items():
+        if key not in schema:
+            raise MalformedMessage(f"{mtype.value} body has unexpected field {key!r}")
+        types, _ = schema[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise MalformedMessage(f"{mtype.value} body field {key!r} has the wrong type ({type(value).__name__})")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
+    missing = [k for k, (_, required) in schema.items() if required and k not in body]
+    if missing:
+        raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
+
+
+def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
+    if not isinstance(spec, dict) or set(spec) != {"name", "dtype", "shape", "codec", "nbytes"}:
+        raise MalformedMessage("array entry must have exactly name, dtype, shape, codec, nbytes")
+    name, dtype, shape, codec, nbytes = (spec[k] for k in ("name", "dtype", "shape", "codec", "nbytes"))
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+        raise MalformedMessage("array name must be a non-empty string")
+    if dtype not in ALLOWED_DTYPES:
+        raise MalformedMessage(f"array {name!r} has dtype {dtype!r}, which is not allowed")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)):
+        raise MalformedMessage(f"array {name!r} has an invalid shape {shape!r}")
+    if codec not in _CODECS:
+        raise MalformedMessage(f"array {name!r} has unknown codec {codec!r}")
+    expected = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes != expected:
+        raise MalformedMessage(f"array {name!r} declares {nbytes!r} bytes but shape {shape} needs {expected}")
+    if expected > max_bytes:
+        raise MalformedMessage(f"array {name!r} needs {expected} bytes, over the {max_bytes}-byte limit")
+    data = _buf(frame)
+    if codec != "none":
+        data = memoryview(_decompress(name, codec, data, expected))
+    if data.nbytes != expected:
+        raise MalformedMessage(f"array {name!r}: shape {shape} needs {expected} bytes, frame has {data.nbytes}")
+    return name, np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+
+
+def _decompress(name: str, codec: str, data: memoryview, nbytes: int) -> bytes:
+    try:
+        if codec == "zstd":
+            declared = zstandard.frame_content_size(data)
+            if declared not in (nbytes, -1):
+                raise MalformedMessage(f"array {name!r}: zstd frame declares {declared} bytes, expected {nbytes}")
+            out = _compressors.zstd_d.decompress(data, max_output_size=nbytes)
+        else:
+            out = lz4.block.decompress(data, uncompressed_size=nbytes)
+    except MalformedMessage:
+        raise
+    except Exception as exc:  # every codec failure is a malformed message, never a crash
+        raise MalformedMessage(f"array {name!r}: {codec} data does not decompress ({exc})") from None
+    if len(out) != nbytes:
+        raise MalformedMessage(f"array {name!r}: decompressed to {len(out)} bytes, expected {nbytes}")
+    return out
+
+
+def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20) -> Message:
+    """Parse and validate frames into a :class:`Message`.
+
+    Raises:
+        MalformedMessage: the frames do not follow the layout in this module's docstring.
+        VersionMismatch: the header carries another protocol version.
+    """
+    if not frames:
+        raise MalformedMessage("empty message")
+    head = _buf(frames[0])
+    if head.nbytes > MAX_HEADER_BYTES:
+        raise MalformedMessage(f"header of {head.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    total = sum(_buf(f).nbytes for f in frames)
+    if total > max_bytes:
+        raise MalformedMessage(f"message of {total} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        # The header is already known to be at most MAX_HEADER_BYTES; these caps bound every container in it.
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True, max_str_len=MAX_HEADER_BYTES,
+                                 max_bin_len=0, max_ext_len=0, max_array_len=MAX_EPISODES_PER_PACKET * 4,
+                                 max_map_len=4096)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise MalformedMessage(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
+    _check_header(header)
+    try:
+        mtype = MsgType(header["type"])
+    except ValueError:
+        raise MalformedMessage(f"unknown message type {header['type']!r}") from None
+    body = header["body"]
+    _check_body(mtype, body)
+    msg = Message(mtype, header["sender"], header["seq"], header["policy_version"], body)
+    if mtype is MsgType.BUNDLE:
+        _split_parts(msg, frames)
+        return msg
+    specs = header["arrays"]
+    if len(specs) > MAX_ARRAYS:
+        raise MalformedMessage(f"{len(specs)} arrays exceed the limit of {MAX_ARRAYS}")
+    if len(frames) != 1 + len(specs):
+        raise MalformedMessage(f"header lists {len(specs)} arrays but {len(frames) - 1} data frames follow")
+    for spec, frame in zip(specs, frames[1:], strict=True):
+        name, arr = _array(spec, frame, max_bytes)
+        if name in msg.arrays:
+            raise MalformedMessage(f"array {name!r} appears twice")
+        msg.arrays[name] = arr
+    if mtype is MsgType.SAMPLES:
+        _check_samples(msg)
+    return msg
+
+
+def _split_parts(msg: Message, frames: Sequence[Any]) -> None:
+    counts = msg.body["parts"]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+        raise MalformedMessage("bundle part sizes must be positive integers")
+    if 1 + sum(counts) != len(frames):
+        raise MalformedMessage(f"bundle lists {sum(counts)} part frames but {len(frames) - 1} follow")
+    start = 1
+    for count in counts:
+        msg.parts.append(list(frames[start:start + count]))
+        start += count
+
+
+def split_bundle(msg: Message) -> list[list[Any]]:
+    """The frames of each SAMPLES part of a decoded BUNDLE (decode each with :func:`decode`)."""
+    return msg.parts
+
+
+_SAMPLE_COLUMNS = {"rew": "f", "terminated": "b", "truncated": "b", "reset": "b", "context": "b",
+                   "policy_version": "i"}
+
+
+def _check_samples(msg: Message) -> None:
+    body, arrays = msg.body, msg.arrays
+    n = body["n"]
+    if not 1 <= n <= 1 << 24:
+        raise MalformedMessage(f"samples packet claims {n} rows")
+    for name, kind in _SAMPLE_COLUMNS.items():
+        arr = arrays.get(name)
+        if arr is None or arr.shape != (n,) or arr.dtype.kind != kind:
+            raise MalformedMessage(f"samples column {name!r} must have shape ({n},) and kind {kind!r}")
+    leaves: list[str] = []
+    for key in ("act", "obs"):
+        try:
+            names = spec_leaves(body[key])
+        except ValueError as exc:
+            raise MalformedMessage(f"samples {key} spec is invalid: {exc}") from None
+        if not names or not all(x == key or x.startswith(key + "/") for x in names):
+            raise MalformedMessage(f"samples {key} spec must name leaves {key} or {key}/...")
+        leaves += names
+    if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != set(arrays):
+        raise MalformedMessage("samples arrays do not match the act/obs specs and the sample columns")
+    for name in leaves:
+        if arrays[name].ndim < 1 or arrays[name].shape[0] != n:
+            raise MalformedMessage(f"samples leaf {name!r} must have {n} rows (shape {arrays[name].shape})")
+    episodes = body["episodes"]
+    if len(episodes) > MAX_EPISODES_PER_PACKET or not all(_episode_ok(e) for e in episodes):
+        raise MalformedMessage("samples episodes must be [return, length, test, policy_version] lists")
+
+
+def _episode_ok(e: Any) -> bool:
+    return (isinstance(e, list) and len(e) == 4 and isinstance(e[0], (int, float)) and math.isfinite(e[0])
+            and isinstance(e[1], int) and isinstance(e[2], bool) and isinstance(e[3], int))
+
+
+def samples_message(buf: Buffer, sender: str, session: str, seq: int, produced: int) -> Message:
+    """Pack a :class:`Buffer` into a SAMPLES message."""
+    act_spec, act_leaves = flatten(buf.act, "act")
+    obs_spec, obs_leaves = flatten(buf.obs, "obs")
+    arrays = dict(act_leaves + obs_leaves)
+    arrays.update(rew=buf.rew, terminated=buf.terminated, truncated=buf.truncated, reset=buf.reset,
+                  context=buf.context, policy_version=buf.policy_version)
+    body = {"n": len(buf), "act": act_spec, "obs": obs_spec, "produced": produced, "session": session,
+            "episodes": [[float(e.ret), int(e.length), bool(e.test), int(e.policy_version)] for e in buf.episodes]}
+    version = int(buf.policy_version.max()) if len(buf) else 0
+    return Message(MsgType.SAMPLES, sender, seq, version, body, arrays)
+
+
+def buffer_from_message(msg: Message) -> Buffer:
+    """Rebuild the :class:`Buffer` a worker sent (arrays are zero-copy views of the frames)."""
+    a, b = msg.arrays, msg.body
+    return Buffer(
+        act=unflatten(b["act"], a), obs=unflatten(b["obs"], a), rew=a["rew"], terminated=a["terminated"],
+        truncated=a["truncated"], reset=a["reset"], context=a["context"], policy_version=a["policy_version"],
+        worker=f"{msg.sender}/{b['session']}", seq=msg.seq,
+        episodes=[EpisodeStats(float(e[0]), e[1], e[2], e[3]) for e in b["episodes"]],
+    )
+
+
+def check_role(role: str, msg: Message) -> None:
+    """Raise :class:`RoleViolation` when ``role`` may not send ``msg.type``."""
+    if msg.type not in ALLOWED_FROM.get(role, frozenset()):
+        raise RoleViolation(f"a {role} may not send {msg.type.value} messages")

@@ -1,0 +1,389 @@
+"""RolloutWorker: runs the current policy in an env and sends sample packets to the server, as in tmrl.
+
+Two threads. The *control path* (the thread that calls :meth:`RolloutWorker.run`) only steps the env, computes
+actions and appends rows to preallocated columns. Everything slow happens on the *network thread*
+(:class:`_WorkerNet`): sending packets, receiving and checking weights, loading them into a spare actor and saving
+them to ``model_path``. Between two env steps the control path swaps in the ready actor, a pointer swap, so a
+weight update never delays a real-time step. Every row is tagged with the version of the weights that chose
+its action.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from netrl.config import Config, NetworkConfig
+from netrl.envs import check_spaces
+from netrl.errors import NetrlError
+from netrl.samples import BufferBuilder, EpisodeStats
+from netrl.transport import NetThread, new_session
+from netrl.weights import check_weights, load_weights, read_weights_file, write_weights_file
+from netrl.wire import Codec, Message, MsgType, encode, samples_message
+
+__all__ = ["RolloutWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class _WeightSlot:
+    """Hands a fully loaded actor from the network thread to the control path (double buffering)."""
+
+    def __init__(self, spare: torch.nn.Module) -> None:
+        self._lock = threading.Lock()
+        self._pending: tuple[int, str, torch.nn.Module] | None = None
+        self._spares = [spare]
+
+    def take_module(self) -> torch.nn.Module:
+        """Network thread: a module nobody else uses (a not-yet-swapped pending one is taken back)."""
+        with self._lock:
+            if self._pending is not None:
+                module, self._pending = self._pending[2], None
+                return module
+            return self._spares.pop()
+
+    def put(self, version: int, session: str, module: torch.nn.Module) -> None:
+        with self._lock:
+            self._pending = (version, session, module)
+
+    def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
+        """Control path: the pending actor, if any; ``current`` becomes the next spare."""
+        if self._pending is None:  # cheap check without the lock; the lock below makes it exact
+            return None
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._spares.append(current)
+            return pending
+
+
+class _WorkerNet(NetThread):
+    """The worker's network thread: packets out, weights and pace in."""
+
+    def __init__(self, worker: RolloutWorker, spare: torch.nn.Module) -> None:
+        super().__init__(worker.network, "worker", worker.worker_id, worker.session, worker.server_port)
+        self.w = worker
+        self.slot = _WeightSlot(spare)
+        self.backlog: OrderedDict[int, list[Any]] = OrderedDict()
+        self.version, self.weights_session = worker.version, ""
+        self.allowance = 0
+        self.pace_cond = threading.Condition()
+        self.paced = False  # True once the server sent a PACE
+        self.weights_received = 0
+        self.weights_rejected = 0
+        self.dropped_packets = 0
+
+    def on_ready(self) -> None:
+        self._send_backlog()
+
+    def on_command(self, frames: list[Any]) -> None:
+        seq = int.from_bytes(frames[0].bytes, "little")
+        self.backlog[seq] = frames[1:]
+        while len(self.backlog) > self.w.max_backlog_packets:
+            old_seq, _ = self.backlog.popitem(last=False)
+            self.dropped_packets += 1
+            log.warning("worker backlog full (%d packets): dropped packet %d (%d dropped so far)",
+                        self.w.max_backlog_packets, old_seq, self.dropped_packets)
+        self._send_backlog()
+
+    def _send_backlog(self) -> None:
+        while self.backlog and self.link.ready:
+            seq, frames = next(iter(self.backlog.items()))
+            if not self.link.send(frames):
+                return
+            del self.backlog[seq]
+
+    def on_message(self, msg: Message) -> None:
+        if msg.type is MsgType.WEIGHTS:
+            self._weights(msg)
+        elif msg.type is MsgType.PACE:
+            with self.pace_cond:
+                self.allowance = max(self.allowance, msg.body["allowance"])
+                self.paced = True
+                self.pace_cond.notify_all()
+        else:
+            log.debug("ignored a %s message from the server", msg.type.value)
+
+    def _weights(self, msg: Message) -> None:
+        version, session = msg.policy_version, msg.body["session"]
+        self.link.send(encode(Message(MsgType.ACK, self.w.worker_id, body={"seqs": [version]})))
+        if session == self.weights_session and version <= self.version:
+            return  # already have it (e.g. re-sent after a reconnect)
+        problems = check_weights(self.w.template_actor, msg.arrays)
+        if problems:
+            self.weights_rejected += 1
+            log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
+            return
+        module = self.slot.take_module()
+        load_weights(module, msg.arrays)
+        self.slot.put(version, session, module)
+        self.version, self.weights_session = version, session
+        self.weights_received += 1
+        log.log(logging.INFO if self.weights_received == 1 else logging.DEBUG, "weights v%d ready (%d received)",
+                version, self.weights_received)
+        self.w.save_model(module, version, session)
+
+
+class RolloutWorker:
+    """Collects samples with the current policy and streams them to the server (tmrl's arguments).
+
+    Args:
+        env_cls: a callable returning a Gymnasium env (usually ``partial(GenericGymEnv, id=...)``).
+        actor_module_cls: a callable ``(observation_space, action_space) -> ActorModule``.
+        sample_compressor: ``f(act, obs, rew, terminated, truncated, info)`` returning the same tuple, shrunk for
+            the network; the trainer's memory undoes it.
+        device: inference device.
+        server_ip: address of the server.
+        min_samples_per_worker_packet: rows gathered before a packet is sent.
+        max_samples_per_episode: episodes longer than this are truncated (and bootstrapped, not terminal).
+        model_path: where received weights are saved, and loaded from at start.
+        obs_preprocessor: applied to each observation before ``act``.
+        model_path_history: prefix for the weight history kept when ``model_history > 0``.
+        model_history: also keep every ``model_history``-th received version (0: none).
+        standalone: run without a server (deployment): no samples are sent, weights come from ``model_path``.
+        server_port, worker_id, network: connection settings (see config.json).
+        overlap: rows of context a memory needs before each transition (see :mod:`netrl.samples`).
+        throttle: wait for the trainer's PACE allowance (simulated envs only, never real-time ones).
+        max_packet_delay_s: a partial packet is sent after this long.
+        compression: codec for packets ("zstd", "lz4", "none"); only integer arrays such as images use it.
+    """
+
+    def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
+                 sample_compressor: Callable[..., Any] | None = None, device: str = "cpu",
+                 server_ip: str | None = None, min_samples_per_worker_packet: int = 1,
+                 max_samples_per_episode: float = np.inf, model_path: str | None = None,
+                 obs_preprocessor: Callable[..., Any] | None = None, model_path_history: str | None = None,
+                 model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
+                 worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
+                 throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
+                 max_backlog_packets: int = 10_000, seed: int | None = None) -> None:
+        if min_samples_per_worker_packet < 1:
+            raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
+        self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
+        self.sample_compressor, self.obs_preprocessor = sample_compressor, obs_preprocessor
+        self.device = device
+        self.network = network or NetworkConfig()
+        if server_ip is not None:
+            self.network = dataclasses.replace(self.network, server_ip=server_ip)
+        self.server_port = server_port
+        self.min_samples = min_samples_per_worker_packet
+        self.max_samples_per_episode = max_samples_per_episode
+        self.model_path, self.model_path_history, self.model_history = model_path, model_path_history, model_history
+        self.standalone = standalone
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.session = new_session()
+        self.overlap, self.throttle, self.max_delay = overlap, throttle, max_packet_delay_s
+        self.compression: Codec = compression
+        self.max_backlog_packets = max_backlog_packets
+        self.seed = seed
+        self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
+        self.produced = 0  # env steps recorded for training
+        self.seq = 0
+        self.episodes_done = 0
+        self.env: Any = None
+        self.actor: Any = None
+        self.template_actor: Any = None
+        self.net: _WorkerNet | None = None
+        self._builder = BufferBuilder(self.min_samples + self.overlap + 2, self.overlap)
+        self._pending_episodes: list[EpisodeStats] = []
+        self._first_unsent = 0.0
+        self._saved_versions = 0
+        self._closed = False
+        self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
+        self.episode_log_level = logging.INFO
+
+    @classmethod
+    def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
+        w = cfg.worker
+        return cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
+                   cfg.network.server_ip, w.min_samples_per_worker_packet,
+                   np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
+                   str(cfg.run_dir / "worker_policy.pt"), pipeline.obs_preprocessor,
+                   str(cfg.run_dir / "worker_policy"), w.model_history, server_port=cfg.network.worker_port,
+                   worker_id=w.worker_id, network=cfg.network, overlap=pipeline.overlap,
+                   throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
+                   seed=cfg.seed)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Build the env and actor, load ``model_path`` if present, and connect (unless standalone)."""
+        self.env = self.env_cls()
+        check_spaces(self.env.observation_space, self.env.action_space)
+        log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
+                 self.env.action_space)
+        self.actor = self.actor_module_cls(self.env.observation_space, self.env.action_space).to(self.device)
+        self.actor.eval()
+        self.template_actor = copy.deepcopy(self.actor)
+        if self.model_path and Path(self.model_path).exists():
+            self._load_model_file(self.model_path)
+        if not self.standalone and self.local_packets is None:
+            self.net = _WorkerNet(self, copy.deepcopy(self.actor))
+            self.net.start()
+
+    def _load_model_file(self, path: str) -> None:
+        state, meta = read_weights_file(path)
+        problems = check_weights(self.actor, state)
+        if problems:
+            log.warning("ignoring %s, which does not fit this actor: %s", path, "; ".join(problems[:3]))
+            return
+        load_weights(self.actor, state)
+        self.version = int(meta.get("version", -1))
+        log.info("loaded policy v%d from %s", self.version, path)
+
+    def save_model(self, module: torch.nn.Module, version: int, session: str) -> None:
+        """Network thread: keep the newest weights at ``model_path`` (and every N-th in the history)."""
+        if not self.model_path:
+            return
+        meta = {"version": version, "trainer_session": session, "saved_at": time.time()}
+        write_weights_file(self.model_path, module, meta)
+        self._saved_versions += 1
+        if self.model_history and self.model_path_history and self._saved_versions % self.model_history == 0:
+            write_weights_file(f"{self.model_path_history}_v{version:06d}.pt", module, meta)
+
+    def close(self) -> None:
+        """Send what is left, disconnect and close the env. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.net is not None:
+            self._send_packet()
+            self.net.halt()
+            if self.net.backlog:
+                log.warning("worker %s stopped with %d packets unsent", self.worker_id, len(self.net.backlog))
+        if self.env is not None:
+            self.env.close()
+
+    # -- the control path -----------------------------------------------------------------------------------
+    def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,
+            stop: threading.Event | None = None) -> None:
+        """Run training episodes (plus one test episode after every ``test_episode_interval``) until stopped."""
+        stop = stop or threading.Event()
+        if self.env is None:
+            self.start()
+        try:
+            train_episodes = 0
+            while not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
+                if self.run_episode(test=False, stop=stop) is None:
+                    break
+                train_episodes += 1
+                if test_episode_interval > 0 and train_episodes % test_episode_interval == 0:
+                    self.run_episode(test=True, stop=stop)
+        finally:
+            self.close()
+
+    def run_episode(self, test: bool = False, stop: threading.Event | None = None) -> EpisodeStats | None:
+        """One episode; returns its stats, or None when ``stop`` interrupted it."""
+        steps = self.episode_steps(test, stop or threading.Event())
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
+        """One episode as a generator that yields after every env step (the single-process mode drives it)."""
+        collect = not test and not self.standalone
+        obs, info = self.env.reset(seed=self.seed if self.episodes_done == 0 else None)
+        if collect:
+            self._record(self._default_action(), obs, 0.0, False, False, info, reset=True)
+        ret, length = 0.0, 0
+        while True:
+            if stop.is_set():
+                return None
+            self._check_net()
+            self._swap_weights()
+            if collect and self.throttle:
+                self._wait_for_pace(stop)
+                if stop.is_set():
+                    return None
+            version = self.version  # the version that chooses this action
+            act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
+            obs, rew, terminated, truncated, info = self.env.step(act)
+            length += 1
+            ret += float(rew)
+            if length >= self.max_samples_per_episode and not terminated:
+                truncated = True  # a forced reset is a time limit: the trainer still bootstraps
+            if collect:
+                self._record(act, obs, rew, terminated, truncated, info, reset=False, version=version)
+            if terminated or truncated:
+                break
+            yield
+        self.episodes_done += 1
+        stats = EpisodeStats(ret, length, test, self.version)
+        self._pending_episodes.append(stats)
+        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy v%d)",
+                "test" if test else "training", self.episodes_done, ret, length, self.version)
+        yield
+        return stats
+
+    def _default_action(self) -> Any:
+        default = getattr(self.env, "default_action", None)
+        return np.zeros(self.env.action_space.shape, self.env.action_space.dtype) if default is None else default
+
+    def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
+                reset: bool, version: int = -1) -> None:
+        if self.sample_compressor is not None:
+            act, obs, rew, terminated, truncated, info = self.sample_compressor(act, obs, rew, terminated,
+                                                                                truncated, info)
+        if len(self._builder) == 0:
+            self._first_unsent = time.monotonic()
+        self._builder.add(act, obs, rew, terminated, truncated, reset, version if not reset else self.version)
+        if not reset:
+            self.produced += 1
+        if (len(self._builder) >= self.min_samples or self._builder.full
+                or time.monotonic() - self._first_unsent > self.max_delay):
+            self._send_packet()
+
+    def _send_packet(self) -> None:
+        buf = self._builder.cut()
+        if buf is None:
+            return
+        buf.episodes, self._pending_episodes = self._pending_episodes, []
+        if self.local_packets is not None:  # single-process mode: no network
+            self.local_packets.append(buf)
+            return
+        if self.net is None:
+            return
+        self.seq += 1
+        msg = samples_message(buf, self.worker_id, self.session, self.seq, self.produced)
+        self.net.command([self.seq.to_bytes(8, "little"), *encode(msg, self.compression)])
+
+    def _swap_weights(self) -> None:
+        if self.net is None:
+            return
+        ready = self.net.slot.swap(self.actor)
+        if ready is not None:
+            version, _session, self.actor = ready
+            self.version = version
+
+    def _wait_for_pace(self, stop: threading.Event) -> None:
+        net = self.net
+        if net is None or self.produced < net.allowance:
+            return
+        self._send_packet()  # the trainer may be waiting for exactly these rows
+        waited = time.monotonic()
+        with net.pace_cond:
+            while self.produced >= net.allowance and not stop.is_set():
+                net.pace_cond.wait(0.05)
+                if time.monotonic() - waited > 10 and not net.paced:
+                    log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
+                             self.worker_id)
+                    waited = time.monotonic()
+                self._check_net()
+
+    def _check_net(self) -> None:
+        net = self.net
+        if net is not None and (net.link.fatal or net.error):
+            raise NetrlError(f"worker {self.worker_id} cannot continue: {net.link.fatal or net.error}")

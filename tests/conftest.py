@@ -1,0 +1,77 @@
+"""Shared fixtures: free ports, small configs, and process tracking that fails a test which leaves one behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netrl.config import Config
+from netrl.launch import free_port, spawn_role, stop_processes, write_config
+
+os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
+
+
+def small_config(tmp_path: Path, **sections: Any) -> Path:
+    """A config for fast tests: free ports, short training, wandb disabled, outputs under tmp_path."""
+    base: dict[str, Any] = {
+        "run_name": "test", "weights_folder": str(tmp_path / "weights"), "seed": 1,
+        "network": {"trainer_port": free_port(), "worker_port": free_port(), "heartbeat_interval_s": 0.2,
+                    "heartbeat_liveness": 5, "reconnect_initial_s": 0.1, "reconnect_max_s": 1.0},
+        "server": {"min_samples_per_server_packet": 20, "max_packet_delay_s": 0.02},
+        "worker": {"min_samples_per_worker_packet": 10, "test_episode_interval": 0},
+        "trainer": {"epochs": 1, "rounds": 2, "steps": 60, "update_model_interval": 20,
+                    "update_buffer_interval": 10, "start_training": 100, "worker_lead": 50},
+        "memory": {"memory_size": 10_000, "batch_size": 32},
+        "agent": {"hidden_sizes": [32, 32]},
+        "wandb": {"mode": "disabled"},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values) if isinstance(values, dict) else base.__setitem__(name, values)
+    return write_config(Config(), tmp_path / "config.json", **base)
+
+
+class Procs:
+    """Spawns roles and guarantees none survives the test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}
+
+    def spawn(self, role: str, config: Path, *extra: str, log_level: str = "INFO") -> subprocess.Popen[bytes]:
+        path = self.tmp_path / f"{role}-{len(self.procs)}.log"
+        f = path.open("wb")
+        p = spawn_role(role, config, *extra, log_level=log_level, stdout=f)
+        self.procs.append(p)
+        self.logs[p.pid] = path
+        return p
+
+    def log(self, p: subprocess.Popen[bytes]) -> str:
+        return self.logs[p.pid].read_text(errors="replace")
+
+    def wait_for(self, p: subprocess.Popen[bytes], text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.log(p)
+            if text in out:
+                return out
+            if p.poll() is not None:
+                raise AssertionError(f"pid {p.pid} exited ({p.returncode}) before logging {text!r}:\n{out[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"pid {p.pid} did not log {text!r} within {timeout} s:\n{self.log(p)[-3000:]}")
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    tracker = Procs(tmp_path)
+    yield tracker
+    alive = [p for p in tracker.procs if p.poll() is None]
+    stop_processes(alive, timeout=5)
+    if alive:
+        pytest.fail(f"test left {len(alive)} netrl process(es) running: {[p.args for p in alive]}")

@@ -1,0 +1,130 @@
+"""Config: defaults, the shipped config.json, and the error text for bad configs (all problems at once)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netrl.__main__ import main
+from netrl.config import Config, config_from_dict, config_to_dict, describe_fields, load_config
+from netrl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "config.json")
+    return info.value.problems
+
+
+def test_shipped_config_holds_every_setting_and_loads() -> None:
+    shipped = json.loads((ROOT / "config.json").read_text())
+    cfg = load_config(ROOT / "config.json")
+    assert cfg.network.trainer_port == 55555 and cfg.network.worker_port == 55556  # tmrl's ports
+    assert cfg.env.id == "Pendulum-v1"
+    keys = {k for k, _, _ in describe_fields()}
+    flat = set()
+
+    def walk(d: dict, prefix: str = "") -> None:
+        for k, v in d.items():
+            if isinstance(v, dict) and k != "kwargs":
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat.add(prefix + k)
+
+    walk(shipped)
+    assert flat == keys  # config.json lists every setting, and nothing else
+
+
+def test_defaults_round_trip() -> None:
+    assert config_from_dict(config_to_dict(Config())) == Config()
+
+
+def test_every_problem_is_listed_with_key_value_and_rule() -> None:
+    found = problems({
+        "trainer": {"steps": -3, "max_training_steps_per_env_step": 0},
+        "memory": {"capasity": 10},
+        "network": {"worker_port": 70000, "server_ip": 5},
+        "env": {"pipeline": "atari"},
+        "wandb": {"mode": "loud"},
+        "agent": {"learn_entropy_coef": "yes"},
+    })
+    assert found == [
+        "trainer.steps must be >= 1 (got -3)",
+        "trainer.max_training_steps_per_env_step must be > 0 (got 0)",
+        'unknown key "memory.capasity"',  # nothing close enough to suggest
+        "network.worker_port must be a TCP port between 1 and 65535 (got 70000)",
+        'network.server_ip must be a string (got 5)',
+        'env.pipeline must be "gym" or "drone" or "image" (got "atari")',
+        'wandb.mode must be "offline" or "online" or "disabled" (got "loud")',
+        'agent.learn_entropy_coef must be true or false (got "yes")',
+    ]
+
+
+def test_misspelt_keys_get_a_suggestion() -> None:
+    assert problems({"trainer": {"epoch": 3}, "run_nme": "x"}) == [
+        'unknown key "trainer.epoch" (did you mean "trainer.epochs"?)',
+        'unknown key "run_nme" (did you mean "run_name"?)',
+    ]
+
+
+def test_cross_field_problems_name_both_fields() -> None:
+    assert problems({"network": {"trainer_port": 6000, "worker_port": 6000},
+                     "memory": {"memory_size": 10, "batch_size": 64}}) == [
+        "network.trainer_port and network.worker_port must differ (both 6000)",
+        "memory.memory_size (10) must be >= memory.batch_size (64)",
+    ]
+
+
+def test_types_are_strict() -> None:
+    assert problems({"trainer": {"epochs": 2.5, "start_training": True}, "network": "x"}) == [
+        "trainer.epochs must be an integer (got 2.5)",
+        "trainer.start_training must be an integer (got true)",
+        "network must be an object (got \"x\")",
+    ]
+
+
+def test_error_message_counts_problems() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"trainer": {"steps": 0}, "x": 1}, "config.json")
+    assert str(info.value).splitlines()[0] == "invalid config.json (2 problems)"
+
+
+def test_cli_prints_every_problem_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"trainer": {"steps": -1}, "memry": {}}))
+    assert main(["--trainer", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("netrl: invalid config.json (2 problems)")
+    assert "trainer.steps must be >= 1 (got -1)" in err and 'unknown key "memry" (did you mean "memory"?)' in err
+
+
+def test_cli_reports_missing_and_unparsable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--server", "--config", str(tmp_path / "nope.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert main(["--server", "--config", str(broken)]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err
+
+
+def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(ROOT / "config.json", {"network.server_ip": "10.0.0.2", "run_name": "x",
+                                             "network.worker_port": 6001})
+    assert (cfg.network.server_ip, cfg.run_name, cfg.network.worker_port) == ("10.0.0.2", "x", 6001)
+    assert main(["--worker", "--config", str(ROOT / "config.json"), "--worker-port", "0"]) == 2
+    assert "network.worker_port must be a TCP port" in capsys.readouterr().err
+
+
+def test_help_documents_every_flag_and_key() -> None:
+    out = subprocess.run([sys.executable, "-m", "netrl", "--help"], capture_output=True, text=True, check=True).stdout
+    for flag in ("--server", "--worker", "--trainer", "--demo", "--config", "--server-ip", "--bind-ip",
+                 "--trainer-port", "--worker-port", "--run-name", "--worker-id", "--log-level"):
+        assert flag in out
+    for key, _, _ in describe_fields():
+        assert key in out

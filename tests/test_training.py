@@ -1,0 +1,59 @@
+"""The training loop in single-process mode: pacing holds the update-to-data ratio and learning runs."""
+
+from __future__ import annotations
+
+import threading
+
+import gymnasium
+import numpy as np
+
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.envs import GenericGymEnv
+from netrl.local import run_local
+from netrl.memory import ReplayMemory
+from netrl.training import TrainingOffline
+from netrl.util import partial
+from netrl.worker import RolloutWorker
+
+
+def pendulum_training(**kw: object) -> tuple[TrainingOffline, RolloutWorker]:
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    training = TrainingOffline(env_cls=env_cls, memory_cls=ReplayMemory,
+                               training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic,
+                                                                                      hidden_sizes=(16,))),
+                               epochs=1, rounds=2, steps=50, update_model_interval=10, update_buffer_interval=5,
+                               start_training=64, worker_lead=8, memory_size=1000, batch_size=16, seed=0,
+                               **kw)  # type: ignore[arg-type]
+    worker = RolloutWorker(env_cls, partial(MLPActor, hidden_sizes=(16,)), min_samples_per_worker_packet=4,
+                           max_samples_per_episode=30, seed=0)
+    return training, worker
+
+
+def test_local_training_holds_the_update_to_data_ratio() -> None:
+    training, worker = pendulum_training(max_training_steps_per_env_step=2.0)
+    rounds: list[dict] = []
+    run_local(training, worker, threading.Event(), rounds.append)
+    assert training.total_updates == 100
+    # at most 2 updates per sample, and no more samples than the lead allows beyond that
+    assert training.total_updates <= 2.0 * training.total_samples
+    assert training.total_samples <= max(64, training.total_updates / 2) + 8 + 4
+    assert sum(r["episodes"] for r in rounds) >= 1 and rounds[0]["lag_max"] is not None
+    assert worker.version == training.version  # published weights reached the worker
+    assert np.isfinite(rounds[-1]["loss_critic"])
+
+
+def test_forced_truncation_is_not_terminal() -> None:
+    training, worker = pendulum_training()
+    run_local(training, worker, threading.Event())
+    assert training.memory is not None
+    ends = [training.memory.get_transition(i)[4:6] for i in range(len(training.memory))]
+    assert (False, True) in ends  # max_samples_per_episode=30 truncated, Pendulum never terminates
+    assert not any(term for term, _ in ends)
+
+
+def test_trainer_accepts_spaces_instead_of_an_env() -> None:
+    obs = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+    act = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
+    training = TrainingOffline(env_cls=(obs, act), memory_size=100, batch_size=8)
+    training.build()
+    assert training.agent is not None and training.agent.observation_space == obs

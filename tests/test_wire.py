@@ -1,0 +1,266 @@
+"""The wire format: every message type round-trips, and hostile input only ever raises ProtocolError."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from netrl.errors import MalformedMessage, ProtocolError, RoleViolation, VersionMismatch
+from netrl.samples import Buffer, BufferBuilder, EpisodeStats
+from netrl.wire import (
+    PROTOCOL_VERSION,
+    Message,
+    MsgType,
+    buffer_from_message,
+    check_role,
+    decode,
+    encode,
+    encode_bundle,
+    samples_message,
+)
+
+
+def sample_buffer(n: int = 5, image: bool = False) -> Buffer:
+    rng = np.random.default_rng(0)
+    if image:  # image-like: a flat background with a bright moving square
+        frames = np.full((n, 4, 16, 16), 30, np.uint8)
+        for i in range(n):
+            frames[i, :, i % 12: i % 12 + 4, 5:9] = 220
+    obs = (frames if image
+           else (rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32)))
+    return Buffer(
+        act=rng.normal(size=(n, 2)).astype(np.float32), obs=obs, rew=rng.normal(size=n).astype(np.float32),
+        terminated=np.arange(n) == n - 1, truncated=np.zeros(n, bool), reset=np.arange(n) == 0,
+        context=np.zeros(n, bool), policy_version=np.arange(n, dtype=np.int64),
+        episodes=[EpisodeStats(-12.5, 200, False, 3), EpisodeStats(-1.0, 5, True, 4)],
+    )
+
+
+def samples_frames(n: int = 5, compression: str = "none", image: bool = False) -> list[bytes]:
+    msg = samples_message(sample_buffer(n, image), "w1", "abcd", seq=7, produced=42)
+    return [bytes(f) for f in encode(msg, compression)]  # type: ignore[arg-type]
+
+
+def header(frames: list[bytes]) -> dict:
+    return msgpack.unpackb(frames[0])
+
+
+def with_header(frames: list[bytes], **changes: object) -> list[bytes]:
+    h = header(frames)
+    h.update(changes)
+    return [msgpack.packb(h), *frames[1:]]
+
+
+ALL_MESSAGES = [
+    Message(MsgType.HELLO, "w1", body={"role": "worker", "netrl_version": "0.1.0", "worker_id": "w1", "session": "s"}),
+    Message(MsgType.WELCOME, "server", body={"server_session": "x", "heartbeat_interval_s": 0.5}),
+    Message(MsgType.REJECT, "server", body={"reason": "no"}),
+    Message(MsgType.HEARTBEAT, "w1"),
+    Message(MsgType.BYE, "w1", body={"reason": "bye"}),
+    Message(MsgType.ACK, "trainer", body={"seqs": [1, 2, 3]}),
+    Message(MsgType.CREDIT, "trainer", body={"bundles": 4}),
+    Message(MsgType.WEIGHTS, "trainer", policy_version=9, body={"trained_steps": 100, "session": "t"},
+            arrays={"net.0.weight": np.ones((4, 3), np.float32), "net.0.bias": np.zeros(4, np.float32)}),
+    Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 1, "samples": 2, "wanted": 3}),
+    Message(MsgType.PACE, "server", body={"allowance": 77}),
+]
+
+
+@pytest.mark.parametrize("msg", ALL_MESSAGES, ids=lambda m: m.type.value)
+def test_every_message_type_round_trips(msg: Message) -> None:
+    out = decode(encode(msg))
+    assert (out.type, out.sender, out.seq, out.policy_version, out.body) == (
+        msg.type, msg.sender, msg.seq, msg.policy_version, msg.body)
+    assert list(out.arrays) == list(msg.arrays)
+    for name, arr in msg.arrays.items():
+        np.testing.assert_array_equal(out.arrays[name], arr)
+        assert out.arrays[name].dtype == arr.dtype
+
+
+def test_message_types_are_all_covered() -> None:
+    covered = {m.type for m in ALL_MESSAGES} | {MsgType.SAMPLES, MsgType.BUNDLE}
+    assert covered == set(MsgType)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+@pytest.mark.parametrize("image", [False, True])
+def test_samples_round_trip_exactly(compression: str, image: bool) -> None:
+    buf = sample_buffer(6, image)
+    out = buffer_from_message(decode(samples_frames(6, compression, image)))
+    assert out.worker == "w1/abcd" and out.seq == 7 and len(out) == 6
+    assert out.episodes == buf.episodes
+    for got, want in [(out.act, buf.act), (out.rew, buf.rew), (out.terminated, buf.terminated),
+                      (out.reset, buf.reset), (out.policy_version, buf.policy_version)]:
+        np.testing.assert_array_equal(got, want)
+    if image:
+        np.testing.assert_array_equal(out.obs, buf.obs)
+    else:
+        assert isinstance(out.obs, tuple) and len(out.obs) == 2
+        for got, want in zip(out.obs, buf.obs, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_compression_applies_where_it_pays() -> None:
+    frames = samples_frames(50, "zstd", image=True)
+    specs = {a["name"]: a["codec"] for a in header(frames)["arrays"]}
+    assert specs["obs"] == "zstd"  # integer image data compresses
+    assert len(frames[[a["name"] for a in header(frames)["arrays"]].index("obs") + 1]) < 50 * 4 * 16 * 16 / 4
+    assert specs["rew"] == "none" and specs["act"] == "none"  # float vectors are not worth it
+    noise = Buffer(**{**sample_buffer(50).__dict__, "obs": np.random.default_rng(0).integers(
+        0, 255, (50, 4, 16, 16), dtype=np.uint8)})
+    noisy = encode(samples_message(noise, "w", "s", 1, 1), "zstd")
+    assert {a["name"]: a["codec"] for a in header([bytes(noisy[0])])["arrays"]}["obs"] == "none"  # no gain: raw
+
+
+def test_bundle_carries_parts_unchanged() -> None:
+    parts = [samples_frames(3), samples_frames(4)]
+    msg = decode(encode_bundle("server", 5, parts))
+    assert msg.type is MsgType.BUNDLE and msg.seq == 5
+    assert [len(buffer_from_message(decode(p))) for p in msg.parts] == [3, 4]
+
+
+def test_builder_packets_are_self_contained() -> None:
+    b = BufferBuilder(capacity=10, overlap=1)
+    act = np.zeros(1, np.float32)
+    b.add(act, np.array([0.0], np.float32), 0.0, False, False, True, 0)
+    for i in range(1, 4):
+        b.add(act, np.array([float(i)], np.float32), 1.0, False, False, False, 0)
+    first = b.cut()
+    b.add(act, np.array([4.0], np.float32), 1.0, True, False, False, 0)
+    second = b.cut()
+    assert first is not None and second is not None
+    np.testing.assert_array_equal(first.transition_end, [False, True, True, True])
+    # the second packet repeats the last row as context, so its first transition is (3 -> 4)
+    np.testing.assert_array_equal(second.obs[:, 0], [3.0, 4.0])
+    np.testing.assert_array_equal(second.transition_end, [False, True])
+
+
+# -- hostile input -----------------------------------------------------------------------------------------
+
+
+def test_truncated_frames_are_rejected() -> None:
+    frames = samples_frames()
+    with pytest.raises(MalformedMessage, match="data frames follow"):
+        decode(frames[:-1])
+    with pytest.raises(MalformedMessage, match="bytes"):
+        decode([*frames[:-1], frames[-1][:-3]])
+    with pytest.raises(MalformedMessage):
+        decode([frames[0][: len(frames[0]) // 2], *frames[1:]])
+    with pytest.raises(MalformedMessage, match="empty"):
+        decode([])
+
+
+def test_wrong_version_is_a_version_mismatch_naming_both() -> None:
+    frames = encode(ALL_MESSAGES[0])
+    with pytest.raises(VersionMismatch) as info:
+        decode(with_header([bytes(f) for f in frames], v=PROTOCOL_VERSION + 1))
+    assert f"protocol {PROTOCOL_VERSION + 1}" in str(info.value) and f"protocol {PROTOCOL_VERSION}" in str(info.value)
+    assert "netrl 0.1.0" in str(info.value)
+
+
+def test_disallowed_dtype_is_rejected() -> None:
+    frames = samples_frames()
+    h = header(frames)
+    h["arrays"][0]["dtype"] = "|O"  # object arrays could smuggle anything
+    with pytest.raises(MalformedMessage, match="not allowed"):
+        decode([msgpack.packb(h), *frames[1:]])
+
+
+def test_shape_mismatch_is_rejected() -> None:
+    frames = samples_frames()
+    h = header(frames)
+    h["arrays"][0]["shape"] = [5, 3]
+    h["arrays"][0]["nbytes"] = 60
+    with pytest.raises(MalformedMessage, match="needs 60 bytes"):
+        decode([msgpack.packb(h), *frames[1:]])
+
+
+def test_oversized_message_is_rejected() -> None:
+    frames = samples_frames(100)
+    with pytest.raises(MalformedMessage, match="exceeds"):
+        decode(frames, max_bytes=1000)
+
+
+def test_huge_declared_sizes_are_rejected_before_allocating() -> None:
+    frames = samples_frames()
+    h = header(frames)
+    h["arrays"][0]["shape"] = [2**39, 2**30]
+    with pytest.raises(MalformedMessage):
+        decode([msgpack.packb(h), *frames[1:]])
+    # a zstd frame that claims to inflate to 1 GiB while the header declares a few bytes
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (1 << 20))
+    h = header(frames)
+    h["arrays"][0]["codec"] = "zstd"
+    with pytest.raises(MalformedMessage):
+        decode([msgpack.packb(h), bomb, *frames[2:]])
+
+
+def test_random_bytes_are_rejected() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        frames = [os.urandom(int(rng.integers(0, 64))) for _ in range(int(rng.integers(1, 4)))]
+        with pytest.raises(ProtocolError):
+            decode(frames)
+
+
+@pytest.mark.parametrize("change", [
+    {"type": "launch_missiles"}, {"seq": -1}, {"seq": "7"}, {"sender": "x" * 1000}, {"body": []},
+    {"arrays": {}}, {"policy_version": True}, {"extra": 1},
+])
+def test_bad_header_fields_are_rejected(change: dict) -> None:
+    with pytest.raises(MalformedMessage):
+        decode(with_header(samples_frames(), **change))
+
+
+@pytest.mark.parametrize("body_change", [
+    {"n": 999}, {"n": "5"}, {"act": 5}, {"obs": ["obs/0", "obs/0"]}, {"episodes": [[1.0, 2]]},
+    {"episodes": [[float("nan"), 2, False, 1]]}, {"unexpected": 1}, {"obs": [[[[[[[[[["obs/0"]]]]]]]]]]},
+])
+def test_bad_sample_bodies_are_rejected(body_change: dict) -> None:
+    frames = samples_frames()
+    h = header(frames)
+    h["body"].update(body_change)
+    with pytest.raises(MalformedMessage):
+        decode([msgpack.packb(h), *frames[1:]])
+
+
+def test_deeply_nested_header_does_not_crash() -> None:
+    h = header(samples_frames())
+    h["body"]["obs"] = "PLACEHOLDER"
+    nested = b"\x91" * 100_000 + msgpack.packb("obs/0")  # 100k nested one-element arrays (msgpack won't pack it)
+    raw = msgpack.packb(h).replace(msgpack.packb("PLACEHOLDER"), nested)
+    with pytest.raises(ProtocolError):
+        decode([raw, *samples_frames()[1:]])
+
+
+def test_roles_may_only_send_their_message_types() -> None:
+    check_role("trainer", ALL_MESSAGES[7])  # a trainer may publish weights
+    with pytest.raises(RoleViolation, match="worker may not send weights"):
+        check_role("worker", ALL_MESSAGES[7])
+    with pytest.raises(RoleViolation):
+        check_role("trainer", decode(samples_frames()))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_frames_never_raise_anything_but_protocol_errors(data: st.DataObject) -> None:
+    frames = samples_frames(4, data.draw(st.sampled_from(["none", "zstd"])), image=data.draw(st.booleans()))
+    i = data.draw(st.integers(0, len(frames) - 1))
+    raw = bytearray(frames[i])
+    for _ in range(data.draw(st.integers(1, 8))):
+        if raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    frames[i] = bytes(raw)
+    if data.draw(st.booleans()):
+        frames = frames[: data.draw(st.integers(0, len(frames)))]
+    try:
+        msg = decode(frames)
+    except ProtocolError:
+        return
+    assert msg.type is MsgType.SAMPLES  # a mutation that still decodes must still be a valid packet
