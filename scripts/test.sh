@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the checks CI runs: ruff, mypy and the default test suite (about 2-3 minutes).
+# Extra arguments go to pytest, e.g. scripts/test.sh -m slow for the long learning runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+.venv/bin/ruff check netrl tests scripts
+.venv/bin/mypy
+.venv/bin/python -m pytest "$@"
