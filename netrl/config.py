@@ -96,7 +96,7 @@ class NetworkConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _nonempty)
-    min_samples_per_server_packet: int = _f(200, "samples the server bundles before sending to the trainer", _ge(1))
+    min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", _ge(1))
     max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", _gt(0))
 
 
@@ -104,7 +104,7 @@ class ServerConfig:
 class WorkerConfig:
     worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)")
     device: str = _f("cpu", "inference device of the worker's policy", _nonempty)
-    min_samples_per_worker_packet: int = _f(50, "samples the worker gathers before sending a packet", _ge(1))
+    min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", _ge(1))
     max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", _gt(0))
     max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", _opt(_ge(1)))
     test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", _ge(0))
@@ -114,14 +114,14 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    epochs: int = _f(10, "epochs to train; a checkpoint is written after each", _ge(1))
-    rounds: int = _f(10, "rounds per epoch; metrics are logged after each", _ge(1))
+    epochs: int = _f(3, "epochs to train; a checkpoint is written after each", _ge(1))
+    rounds: int = _f(4, "rounds per epoch; metrics are logged after each", _ge(1))
     steps: int = _f(1000, "training steps per round", _ge(1))
-    update_model_interval: int = _f(100, "training steps between weight publications", _ge(1))
-    update_buffer_interval: int = _f(100, "training steps between pulls of new samples into memory", _ge(1))
+    update_model_interval: int = _f(20, "training steps between weight publications", _ge(1))
+    update_buffer_interval: int = _f(20, "training steps between pulls of new samples into memory", _ge(1))
     max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", _gt(0))
     start_training: int = _f(1000, "samples in memory before training starts", _ge(0))
-    worker_lead: int = _f(200, "samples workers may run ahead of the update-to-data ratio", _ge(1))
+    worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", _ge(1))
     device: str | None = _f(None, "training device (null: cuda if available, else cpu)")
 
 

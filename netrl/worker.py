@@ -28,6 +28,7 @@ import torch
 from netrl.config import Config, NetworkConfig
 from netrl.envs import check_spaces
 from netrl.errors import NetrlError
+from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
 from netrl.transport import NetThread, new_session
 from netrl.weights import check_weights, load_weights, read_weights_file, write_weights_file
@@ -36,6 +37,10 @@ from netrl.wire import Codec, Message, MsgType, encode, samples_message
 __all__ = ["RolloutWorker"]
 
 log = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class _WeightSlot:
@@ -158,6 +163,7 @@ class RolloutWorker:
         throttle: wait for the trainer's PACE allowance (simulated envs only, never real-time ones).
         max_packet_delay_s: a partial packet is sent after this long.
         compression: codec for packets ("zstd", "lz4", "none"); only integer arrays such as images use it.
+        episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
     """
 
     def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
@@ -168,7 +174,8 @@ class RolloutWorker:
                  model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
                  worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
                  throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
-                 max_backlog_packets: int = 10_000, seed: int | None = None) -> None:
+                 max_backlog_packets: int = 10_000, seed: int | None = None,
+                 episode_log: str | None = None) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
@@ -182,12 +189,13 @@ class RolloutWorker:
         self.max_samples_per_episode = max_samples_per_episode
         self.model_path, self.model_path_history, self.model_history = model_path, model_path_history, model_history
         self.standalone = standalone
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.worker_id = worker_id or default_worker_id()
         self.session = new_session()
         self.overlap, self.throttle, self.max_delay = overlap, throttle, max_packet_delay_s
         self.compression: Codec = compression
         self.max_backlog_packets = max_backlog_packets
         self.seed = seed
+        self.episode_log = CsvLog(Path(episode_log)) if episode_log else None
         self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
         self.produced = 0  # env steps recorded for training
         self.seq = 0
@@ -207,14 +215,15 @@ class RolloutWorker:
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
         w = cfg.worker
+        worker_id = w.worker_id or default_worker_id()
         return cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
                    cfg.network.server_ip, w.min_samples_per_worker_packet,
                    np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
                    str(cfg.run_dir / "worker_policy.pt"), pipeline.obs_preprocessor,
                    str(cfg.run_dir / "worker_policy"), w.model_history, server_port=cfg.network.worker_port,
-                   worker_id=w.worker_id, network=cfg.network, overlap=pipeline.overlap,
+                   worker_id=worker_id, network=cfg.network, overlap=pipeline.overlap,
                    throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
-                   seed=cfg.seed)
+                   seed=cfg.seed, episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"))
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -323,6 +332,10 @@ class RolloutWorker:
         self.episodes_done += 1
         stats = EpisodeStats(ret, length, test, self.version)
         self._pending_episodes.append(stats)
+        if self.episode_log is not None:
+            self.episode_log.write({"time": time.time(), "episode": self.episodes_done, "test": int(test),
+                                    "return": ret, "length": length, "env_steps": self.produced,
+                                    "policy_version": self.version})
         log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy v%d)",
                 "test" if test else "training", self.episodes_done, ret, length, self.version)
         yield

@@ -39,6 +39,7 @@ def test_shipped_config_holds_every_setting_and_loads() -> None:
 
     walk(shipped)
     assert flat == keys  # config.json lists every setting, and nothing else
+    assert shipped == config_to_dict(Config())  # and its values are the documented defaults
 
 
 def test_defaults_round_trip() -> None:
@@ -119,6 +120,12 @@ def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pyt
     assert (cfg.network.server_ip, cfg.run_name, cfg.network.worker_port) == ("10.0.0.2", "x", 6001)
     assert main(["--worker", "--config", str(ROOT / "config.json"), "--worker-port", "0"]) == 2
     assert "network.worker_port must be a TCP port" in capsys.readouterr().err
+
+
+def test_readme_config_table_matches_the_defaults() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for key, default, help_text in describe_fields():
+        assert f"| `{key}` | `{default}` | {help_text} |" in readme, f"README config table is stale for {key}"
 
 
 def test_help_documents_every_flag_and_key() -> None:

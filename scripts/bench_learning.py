@@ -1,0 +1,145 @@
+"""Learning speed: the three-process pipeline against the same SAC in one process, in the same run.
+
+Both runs use the same config (Pendulum-v1, 256x256 SAC, batch 256, update-to-data ratio 1, no test episodes)
+and the same worker, memory, agent and training loop; the single-process run replaces the network with
+netrl.local. For each run this prints the env steps and the wall time until the mean return of the last 10
+episodes first reaches -200. Target on a 2-core machine: the pipeline gets there within 10,000 env steps and
+within 1.5x the single-process wall time.
+
+The last line of output is one JSON object:
+{"pipeline": {"steps_to_-200": N, "wall_s": S}, "single": {"steps_to_-200": N, "wall_s": S}}
+
+Usage: .venv/bin/python scripts/bench_learning.py [--max-steps 15000] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch
+
+from netrl.config import Config, config_from_dict, config_to_dict
+from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.local import run_local
+from netrl.pipelines import make_pipeline
+from netrl.trainer import Trainer
+from netrl.worker import RolloutWorker
+
+THRESHOLD = -200.0
+WINDOW = 10
+
+
+def bench_config(tmp: Path, seed: int) -> Config:
+    data = config_to_dict(Config())
+    data.update(run_name="bench", weights_folder=str(tmp), seed=seed)
+    data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["worker"].update(test_episode_interval=0, min_samples_per_worker_packet=20, worker_id="bench")
+    data["server"].update(min_samples_per_server_packet=100)
+    data["trainer"].update(epochs=1000, rounds=1, steps=500, update_model_interval=20, update_buffer_interval=20,
+                           start_training=1000, worker_lead=100, max_training_steps_per_env_step=1.0)
+    data["wandb"]["mode"] = "disabled"
+    return config_from_dict(data)
+
+
+def first_crossing(episodes_csv: Path, t0: float) -> dict[str, Any] | None:
+    """Env steps and wall time when the mean of the last WINDOW training returns first reached THRESHOLD."""
+    if not episodes_csv.exists():
+        return None
+    returns: list[float] = []
+    with episodes_csv.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["test"] == "1":
+                continue
+            returns.append(float(row["return"]))
+            if len(returns) >= WINDOW and sum(returns[-WINDOW:]) / WINDOW >= THRESHOLD:
+                return {"steps_to_-200": int(row["env_steps"]), "wall_s": round(float(row["time"]) - t0, 1)}
+    return None
+
+
+def env_steps(episodes_csv: Path) -> int:
+    if not episodes_csv.exists():
+        return 0
+    with episodes_csv.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return int(rows[-1]["env_steps"]) if rows else 0
+
+
+def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
+    cfg = bench_config(tmp / "pipeline", seed)
+    path = write_config(cfg, tmp / "pipeline.json")
+    episodes = cfg.run_dir / "episodes_bench.csv"
+    logs = (tmp / "pipeline.log").open("wb")
+    t0 = time.time()
+    procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
+             spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+    try:
+        while True:
+            result = first_crossing(episodes, t0)
+            if result or env_steps(episodes) >= max_steps:
+                return result
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a pipeline process exited early; see {tmp / 'pipeline.log'}")
+            time.sleep(0.5)
+    finally:
+        stop_processes(procs)
+
+
+def run_single(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
+    cfg = bench_config(tmp / "single", seed)
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(seed)
+    pipeline = make_pipeline(cfg)
+    episodes = cfg.run_dir / "episodes_bench.csv"
+    stop = threading.Event()
+    t0 = time.time()
+    worker = RolloutWorker.from_config(cfg, pipeline)
+    worker.episode_log_level = logging.DEBUG
+    training = Trainer.from_config(cfg, pipeline).training_cls()
+    result: dict[str, Any] | None = None
+
+    def on_round(_: dict[str, Any]) -> None:
+        nonlocal result
+        result = first_crossing(episodes, t0)
+        if result or worker.produced >= max_steps:
+            stop.set()
+
+    run_local(training, worker, stop, on_round)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-steps", type=int, default=15_000, help="give up after this many env steps")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
+        tmp = Path(d)
+        pipeline = run_pipeline(tmp, args.seed, args.max_steps)
+        single = run_single(tmp, args.seed, args.max_steps)
+    print(f"{'run':<10} {'env steps to -200':>18} {'wall s':>8}")
+    for name, r in (("pipeline", pipeline), ("single", single)):
+        print(f"{name:<10} {r and r['steps_to_-200']!s:>18} {r and r['wall_s']!s:>8}")
+    if pipeline and single:
+        ratio = pipeline["wall_s"] / single["wall_s"]
+        ok = pipeline["steps_to_-200"] <= 10_000 and ratio <= 1.5
+        print(f"pipeline/single wall time: {ratio:.2f}x (target <= 1.5x, pipeline <= 10,000 steps): "
+              f"{'met' if ok else 'NOT met'}")
+    print(json.dumps({"pipeline": pipeline, "single": single}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

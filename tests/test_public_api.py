@@ -1,0 +1,84 @@
+"""The public surface is small and pinned, importing netrl is cheap, and the source never unpickles or evals."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import netrl
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "netrl").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
+
+
+def test_public_names_are_pinned() -> None:
+    assert netrl.__all__ == [
+        "__version__", "ActorModule", "Buffer", "Config", "GenericGymEnv", "MemoryDataloading", "NetrlError",
+        "ReplayMemory", "RolloutWorker", "Server", "Trainer", "TrainingAgent", "TrainingOffline", "load_config",
+        "partial",
+    ]
+    for name in netrl.__all__:
+        assert getattr(netrl, name) is not None
+
+
+def test_import_is_cheap_and_has_no_side_effects() -> None:
+    code = ("import logging, sys, netrl; "
+            "heavy = [m for m in ('torch', 'zmq', 'wandb', 'gymnasium') if m in sys.modules]; "
+            "print(heavy, logging.getLogger().handlers)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] []"
+
+
+def _calls(tree: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def scan(paths: list[Path]) -> list[str]:
+    """Forbidden patterns in ``paths``: pickle-like imports, eval/exec, unsafe torch.load / np.load."""
+    problems = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in {"pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"}:
+                    problems.append(f"{path}:{node.lineno} imports {name}")
+        for call in _calls(tree):
+            func = call.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            owner = getattr(func.value, "id", "") if isinstance(func, ast.Attribute) else ""
+            if name in {"eval", "exec"} and isinstance(func, ast.Name):
+                problems.append(f"{path}:{call.lineno} calls {name}()")
+            if name in {"recv_pyobj", "send_pyobj"}:
+                problems.append(f"{path}:{call.lineno} calls {name} (pickle)")
+            if name == "load" and owner == "torch":
+                weights_only = [k for k in call.keywords if k.arg == "weights_only"]
+                if not weights_only or getattr(weights_only[0].value, "value", None) is not True:
+                    problems.append(f"{path}:{call.lineno} calls torch.load without weights_only=True")
+            if name == "load" and owner == "np":
+                allow = [k for k in call.keywords if k.arg == "allow_pickle"]
+                if not allow or getattr(allow[0].value, "value", True) is not False:
+                    problems.append(f"{path}:{call.lineno} calls np.load without allow_pickle=False")
+    return problems
+
+
+def test_no_pickle_no_eval_and_torch_load_is_always_weights_only() -> None:
+    assert scan(SOURCES) == []
+
+
+def test_the_scan_catches_what_it_looks_for(tmp_path: Path) -> None:
+    """A scan that cannot fail proves nothing: feed it each forbidden pattern."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import pickle\nimport torch, numpy as np\ntorch.load('x')\ntorch.load('x', weights_only=False)\n"
+                   "np.load('y')\neval('1')\nexec('2')\nsock.recv_pyobj()\n")
+    found = "\n".join(scan([bad]))
+    for expected in ("imports pickle", "3 calls torch.load without", "4 calls torch.load without",
+                     "np.load without allow_pickle", "calls eval()", "calls exec()", "recv_pyobj"):
+        assert expected in found
