@@ -1,0 +1,175 @@
+"""The server with fake peers on loopback: relaying, the weights cache, pacing, and bad input."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from netrl.config import NetworkConfig
+from netrl.launch import free_port
+from netrl.server import Server
+from netrl.wire import PROTOCOL_VERSION, Message, MsgType, buffer_from_message, decode, encode, samples_message
+from tests.test_wire import sample_buffer
+
+NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
+
+
+class Peer:
+    """A raw DEALER speaking the wire protocol, for driving the server by hand."""
+
+    def __init__(self, ctx: zmq.Context, port: int, role: str, name: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self.role, self.name, self.session = role, name, os.urandom(4).hex()
+
+    def send(self, msg: Message) -> None:
+        self.sock.send_multipart(encode(msg))
+
+    def hello(self, role: str | None = None) -> Message:
+        self.send(Message(MsgType.HELLO, self.name, body={"role": role or self.role, "netrl_version": "0.1.0",
+                                                          "worker_id": self.name, "session": self.session}))
+        return self.expect(MsgType.WELCOME, MsgType.REJECT)
+
+    def recv(self, timeout: float = 2.0) -> Message | None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        return decode(self.sock.recv_multipart())
+
+    def expect(self, *types: MsgType, timeout: float = 2.0) -> Message:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.recv(deadline - time.monotonic())
+            if msg is not None and msg.type in types:
+                return msg
+        raise AssertionError(f"{self.name} got no {[t.value for t in types]} within {timeout} s")
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Server, zmq.Context]]:
+    srv = Server(min_samples_per_server_packet=5, trainer_port=free_port(), worker_port=free_port(), network=NET,
+                 max_packet_delay_s=0.01)
+    stop = threading.Event()
+    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
+    thread.start()
+    ctx = zmq.Context()
+    yield srv, ctx
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive(), "server did not stop within 5 s"
+    ctx.destroy(0)
+
+
+def weights(version: int, session: str = "t1") -> Message:
+    return Message(MsgType.WEIGHTS, "trainer", policy_version=version, body={"trained_steps": version, "session": session},
+                   arrays={"w": np.full(3, version, np.float32)})
+
+
+def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert trainer.hello().type is MsgType.WELCOME
+    trainer.send(weights(1))
+    trainer.send(weights(2))
+    time.sleep(0.2)
+    worker = Peer(ctx, srv.worker_port, "worker", "late")
+    t0 = time.monotonic()
+    assert worker.hello().type is MsgType.WELCOME
+    got = worker.expect(MsgType.WEIGHTS)
+    assert time.monotonic() - t0 < 1.0
+    assert got.policy_version == 2 and got.arrays["w"][0] == 2  # the newest only
+    trainer.send(weights(3))
+    trainer.send(weights(4))  # v3 is still unacknowledged: v4 replaces it at the server
+    worker.send(Message(MsgType.ACK, "late", body={"seqs": [2]}))
+    assert worker.expect(MsgType.WEIGHTS).policy_version in (3, 4)
+
+
+def test_samples_are_bundled_to_the_trainer_within_its_credit(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker.hello()
+    for seq in range(1, 4):
+        worker.sock.send_multipart(encode(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4)))
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    trainer.hello()
+    seen = []
+    while (msg := trainer.recv(0.3)) is not None:
+        seen.append(msg.type)
+    assert MsgType.BUNDLE not in seen and srv.stats["bundles_out"] == 0  # nothing is sent without credit
+    trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
+    bundle = trainer.expect(MsgType.BUNDLE)
+    parts = [buffer_from_message(decode(p)) for p in bundle.parts]
+    assert [p.seq for p in parts] == [1, 2]  # 4 transitions per packet; a bundle needs >= 5
+    assert all(p.worker == f"w/{worker.session}" for p in parts)
+
+
+def test_pace_splits_the_trainers_wish_between_workers(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    workers = [Peer(ctx, srv.worker_port, "worker", f"w{i}") for i in range(2)]
+    for w in workers:
+        w.hello()
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    trainer.hello()
+    trainer.send(Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 0, "samples": 0, "wanted": 100}))
+    assert [w.expect(MsgType.PACE).body["allowance"] for w in workers] == [50, 50]
+
+
+def test_bad_input_is_counted_and_the_server_keeps_relaying(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    attacker = Peer(ctx, srv.worker_port, "worker", "evil")
+    attacker.sock.send_multipart([os.urandom(40)])  # random bytes before any HELLO
+    attacker.sock.send_multipart([b"", b"", b""])
+    attacker.hello()
+    attacker.send(weights(99))  # a worker may not publish weights
+    frames = encode(samples_message(sample_buffer(5), "evil", attacker.session, 1, 5))
+    header: dict[str, Any] = msgpack.unpackb(frames[0])
+    header["arrays"][0]["dtype"] = "|O"
+    attacker.sock.send_multipart([msgpack.packb(header), *frames[1:]])
+    good = Peer(ctx, srv.worker_port, "worker", "good")
+    good.hello()
+    good.sock.send_multipart(encode(samples_message(sample_buffer(5), "good", good.session, 1, 5)))
+    time.sleep(0.3)
+    assert srv.stats["rejected"] == 4
+    assert srv.weights is None  # the worker's weights were refused
+    assert srv.stats["samples_in"] == 4  # only the good worker's packet (4 transitions) was queued
+    assert {p.name for p in srv.peers.values()} == {"evil", "good"}
+
+
+def test_messages_before_hello_get_a_reject_that_asks_for_hello(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    peer = Peer(ctx, srv.worker_port, "worker", "w")
+    peer.send(Message(MsgType.HEARTBEAT, "w"))
+    assert "say HELLO" in peer.expect(MsgType.REJECT).body["reason"]
+
+
+def test_wrong_port_and_wrong_version_are_refused_with_reasons(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    worker_on_trainer_port = Peer(ctx, srv.trainer_port, "worker", "w")
+    reply = worker_on_trainer_port.hello()
+    assert reply.type is MsgType.REJECT and "trainer port" in reply.body["reason"]
+    old = Peer(ctx, srv.worker_port, "worker", "old")
+    frames = encode(Message(MsgType.HELLO, "old", body={"role": "worker", "netrl_version": "0.0.1",
+                                                        "worker_id": "old", "session": "s"}))
+    header = msgpack.unpackb(frames[0])
+    header["v"] = PROTOCOL_VERSION + 1
+    old.sock.send_multipart([msgpack.packb(header)])
+    reason = old.expect(MsgType.REJECT).body["reason"]
+    assert f"protocol {PROTOCOL_VERSION + 1}" in reason and f"protocol {PROTOCOL_VERSION}" in reason
+    assert "netrl 0.0.1" in reason
+
+
+def test_silent_peers_are_declared_lost(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    worker = Peer(ctx, srv.worker_port, "worker", "quiet")
+    worker.hello()
+    assert len(srv.peers) == 1
+    time.sleep(NET.heartbeat_interval_s * NET.heartbeat_liveness + 0.5)  # it never answers
+    assert len(srv.peers) == 0 and srv.stats["peers_lost"] == 1
