@@ -10,8 +10,8 @@ A worker produces one *row* per env step, tmrl style: ``(act, obs, rew, terminat
     act      a0         a1         -             a'0
     ->       transition (o1, a1, r, o2, term, trunc) ends at k; none ends at k+1; (o'0, a'0, ...) ends at k+2
 
-A packet that continues an episode starts with ``overlap`` *context* rows copied from the end of the previous
-packet, so every packet is self-contained: a memory never has to stitch rows from two packets together, and
+Every packet after the first starts with ``overlap`` *context* rows copied from the end of the previous packet
+(``reset`` flags included), so every packet is self-contained: a memory never has to stitch rows from two packets together, and
 packets from several workers may arrive interleaved.
 
 Observations and actions may be nested tuples, lists or dicts of arrays (rtgym's Tuple spaces); they travel as
@@ -163,7 +163,6 @@ class BufferBuilder:
         self._cols: dict[str, np.ndarray] = {}
         self._n = 0  # rows in the current block, context rows included
         self._fresh = 0  # rows not sent yet
-        self._episode_open = False
 
     def __len__(self) -> int:
         """Rows that have not been sent yet."""
@@ -205,7 +204,6 @@ class BufferBuilder:
         cols["policy_version"][i] = policy_version
         self._n += 1
         self._fresh += 1
-        self._episode_open = not (terminated or truncated)
 
     @property
     def full(self) -> bool:
@@ -224,8 +222,9 @@ class BufferBuilder:
             rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
             reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
         )
-        # Keep the tail of an unfinished episode as context for the next packet.
-        keep = min(self.overlap, n) if self._episode_open else 0
+        # Keep the tail as context for the next packet, even after an episode ended: some observations (rtgym's
+        # action buffer without reset_act_buf) carry history across a reset.
+        keep = min(self.overlap, n)
         if keep:
             for col in self._cols.values():
                 col[:keep] = col[n - keep:n]
