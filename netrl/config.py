@@ -98,6 +98,10 @@ class ServerConfig:
     bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _nonempty)
     min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", _ge(1))
     max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", _gt(0))
+    max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", _ge(1))
+    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
+    spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets", _ge(0))
+    fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,10 @@ class WorkerConfig:
     test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", _ge(0))
     throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
     model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", _ge(0))
+    max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for resending; oldest dropped beyond",
+                                _ge(1))
+    send_window_bytes: int = _f(16 * 2**20, "unacknowledged packets in flight to the server", _ge(1))
+    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", _ge(0))
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,13 @@ class TrainerConfig:
     start_training: int = _f(1000, "samples in memory before training starts", _ge(0))
     worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", _ge(1))
     device: str | None = _f(None, "training device (null: cuda if available, else cpu)")
+    resume: bool = _f(True, "resume from the run's checkpoint when one exists")
+    persist_samples: bool = _f(True, "log received packets to disk so a restart rebuilds the replay memory")
+    fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
+    max_policy_lag: int | None = _f(None, "samples older than this many weight versions are stale (null: off)",
+                                    _opt(_ge(0)))
+    stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)", _between(0.0, 1.0))
+    credit_window: int = _f(8, "bundles the server may send ahead of the training loop", _ge(1))
 
 
 @dataclass(frozen=True)

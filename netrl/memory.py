@@ -138,6 +138,7 @@ class ReplayMemory(MemoryDataloading):
         self._size = 0  # rows stored
         self._ends = 0  # rows flagged as transition ends among the stored rows
         self.total_appended = 0
+        self._weighted = False
         super().__init__(*args, **kwargs)
 
     # -- storage -------------------------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class ReplayMemory(MemoryDataloading):
         for flag in ("terminated", "truncated", "end"):
             self._cols[flag] = np.zeros(cap, np.bool_)
         self._cols["policy_version"] = np.zeros(cap, np.int64)
+        self._cols["weight"] = np.ones(cap, np.float32)
 
     def append_buffer(self, buffer: Buffer) -> None:
         obs = buffer.obs
@@ -166,7 +168,10 @@ class ReplayMemory(MemoryDataloading):
         n = len(buffer)
         columns = dict(act_leaves + obs_leaves)
         columns.update(rew=buffer.rew, terminated=buffer.terminated, truncated=buffer.truncated,
-                       end=buffer.transition_end, policy_version=buffer.policy_version)
+                       end=buffer.transition_end, policy_version=buffer.policy_version,
+                       weight=np.ones(n, np.float32) if buffer.weight is None else buffer.weight)
+        if buffer.weight is not None and bool((buffer.weight[buffer.transition_end] < 1).any()):
+            self._weighted = True  # from now on batches carry loss weights
         if n > self.memory_size:  # keep only the newest rows, as the ring would
             columns = {k: v[n - self.memory_size:] for k, v in columns.items()}
             n = self.memory_size
@@ -228,8 +233,9 @@ class ReplayMemory(MemoryDataloading):
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
         d = self.device
+        weight = _to_tensor(self._gather("weight", "weight", idx), d) if self._weighted else None
         return Batch(_to_tensor(o, d), _to_tensor(a, d), _to_tensor(r, d), _to_tensor(o2, d), _to_tensor(term, d),
-                     _to_tensor(trunc, d))
+                     _to_tensor(trunc, d), weight)
 
     def get_transition(self, item: int) -> Transition:
         """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code)."""

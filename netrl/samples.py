@@ -11,8 +11,8 @@ A worker produces one *row* per env step, tmrl style: ``(act, obs, rew, terminat
     ->       transition (o1, a1, r, o2, term, trunc) ends at k; none ends at k+1; (o'0, a'0, ...) ends at k+2
 
 Every packet after the first starts with ``overlap`` *context* rows copied from the end of the previous packet
-(``reset`` flags included), so every packet is self-contained: a memory never has to stitch rows from two packets together, and
-packets from several workers may arrive interleaved.
+(``reset`` flags included), so every packet is self-contained: a memory never has to stitch rows from two packets
+together, and packets from several workers may arrive interleaved.
 
 Observations and actions may be nested tuples, lists or dicts of arrays (rtgym's Tuple spaces); they travel as
 flat named leaves (``obs/0``, ``obs/1``, ...) plus a small *spec* that rebuilds the nesting. ``info`` stays on the
@@ -124,6 +124,8 @@ class Buffer:
     worker: str = ""
     seq: int = 0
     episodes: list[EpisodeStats] = field(default_factory=list)
+    weight: np.ndarray | None = None  # per-row loss weight set by the trainer (0 drops a stale transition)
+    recv_version: int = -1  # the trainer's weight version when the packet arrived (for policy lag)
 
     def __len__(self) -> int:
         return int(self.rew.shape[0])
@@ -131,7 +133,8 @@ class Buffer:
     @property
     def transition_end(self) -> np.ndarray:
         """True at rows where a transition (previous row -> this row) ends."""
-        return ~(self.reset | self.context)
+        ends = ~(self.reset | self.context)
+        return ends if self.weight is None else ends & (self.weight > 0)
 
     @property
     def memory(self) -> list[tuple[Any, Any, float, bool, bool, dict[str, Any]]]:
@@ -139,7 +142,8 @@ class Buffer:
         rows = []
         for i in range(len(self)):
             act, obs = row(self.act, i), row(self.obs, i)
-            info = {"reset": bool(self.reset[i]), "context": bool(self.context[i])}
+            info = {"reset": bool(self.reset[i]), "context": bool(self.context[i]),
+                    "weight": 1.0 if self.weight is None else float(self.weight[i])}
             rows.append((act, obs, float(self.rew[i]), bool(self.terminated[i]), bool(self.truncated[i]), info))
         return rows
 

@@ -2,15 +2,21 @@
 
 One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``)::
 
-    workers --SAMPLES--> [worker ROUTER] --queue--> BUNDLE (>= min_samples_per_server_packet) --> [trainer ROUTER]
-    workers <--WEIGHTS-- [worker ROUTER] <-- newest-weights cache <--WEIGHTS-- [trainer ROUTER]
+    worker --SAMPLES--> queue (memory, unacknowledged) --BUNDLE--> trainer --ACK--> server --ACK--> worker
+                  \\---> spool (disk, acknowledged at once) --BUNDLE--/
+    worker <--WEIGHTS-- newest-weights cache <--WEIGHTS-- trainer
 
-* Sample packets are validated, then forwarded unchanged inside bundles, only while the trainer has credit.
-* The newest weights are cached and sent to a worker the moment it says HELLO. Each worker has at most one
-  weight message in flight; a newer version replaces one that has not been sent yet.
-* The trainer's PROGRESS (training steps, samples wanted) becomes a PACE allowance per worker, which throttles
-  simulated envs to the trainer's update-to-data ratio.
-* Any bad message is logged with its peer, counted in ``stats["rejected"]``, and dropped.
+Where a packet goes, and when its worker hears back:
+
+* a trainer is connected and the packets held in memory stay under ``max_queue_bytes``: it waits in memory and the
+  worker gets its ACK when the trainer acknowledges the bundle that carried it (until then the worker keeps it);
+* otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first;
+* if the spool is full too, the worker gets a NACK and resends later (its own backlog is bounded and counts drops).
+
+Bundles go out only while the trainer has credit, so a slow trainer never makes the server's memory grow. The
+newest weights are cached and sent to a worker the moment it says HELLO; each worker has at most one weight
+message in flight. The trainer's PROGRESS becomes a PACE allowance per worker. Bad messages are logged with their
+peer, counted (``stats["rejected"]``) and dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,44 +33,14 @@ import zmq
 
 from netrl.config import Config, NetworkConfig
 from netrl.errors import ProtocolError, VersionMismatch
+from netrl.peers import Peer, QueuedPacket
+from netrl.spool import Spool
 from netrl.transport import Liveness, bind, new_session, new_socket
-from netrl.wire import Message, MsgType, check_role, decode, encode, encode_bundle
+from netrl.wire import Message, MsgType, check_role, decode, encode, encode_bundle, frames_nbytes
 
 __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Peer:
-    """A connected worker or trainer, keyed by its ZeroMQ routing id."""
-
-    rid: bytes
-    role: str
-    name: str
-    session: str
-    address: str
-    liveness: Liveness
-    connected_at: float = field(default_factory=time.time)
-    version: int = -1  # newest weight version the worker acknowledged
-    inflight_version: int | None = None  # weight version sent but not yet acknowledged
-    samples: int = 0
-    packets: int = 0
-    produced: int = 0  # env steps the worker has produced, as of its latest packet
-    allowance: int = 0  # PACE last sent
-
-    @property
-    def label(self) -> str:
-        return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]})"
-
-
-@dataclass
-class _Packet:
-    worker: str
-    seq: int
-    steps: int
-    frames: list[Any]
-    received: float
 
 
 class Server:
@@ -76,62 +52,76 @@ class Server:
         trainer_port, worker_port: the two ports (tmrl's defaults 55555 and 55556).
         network: heartbeat, size and reconnect settings.
         max_packet_delay_s: a bundle is sent after this long even if it has fewer samples.
+        max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
+        spool_dir, spool_max_bytes, fsync: the disk spool.
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
-                 max_packet_delay_s: float = 0.05) -> None:
+                 max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20,
+                 spool_dir: str | Path = "weights/server-spool", spool_max_bytes: int = 1 << 30,
+                 fsync: bool = False) -> None:
         self.min_samples = min_samples_per_server_packet
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
         self.net = network or NetworkConfig()
         self.max_delay = max_packet_delay_s
+        self.max_queue_bytes = max_queue_bytes
+        self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
         self.session = new_session()
         self.peers: dict[bytes, Peer] = {}
+        self.by_session: dict[str, Peer] = {}
         self.trainer: Peer | None = None
+        self.trainer_session = ""
         self.weights: list[Any] | None = None  # frames of the newest WEIGHTS message
         self.weights_version = -1
-        self.trainer_session = ""
-        self.queue: collections.deque[_Packet] = collections.deque()
+        self.spool: Spool | None = None
+        self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
+        self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
+        self.mem_bytes = 0
         self.queued_steps = 0
         self.credit = 0
         self.bundle_seq = 0
-        self.inflight_steps = 0  # steps in bundles sent to the trainer but not acknowledged
-        self.inflight: dict[int, int] = {}
+        self.inflight: dict[int, list[QueuedPacket]] = {}
+        self.inflight_steps = 0
         self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._ctx: zmq.Context | None = None
         self._socks: dict[str, zmq.Socket] = {}
         self._closed = False
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
+        self._last_full_warning = 0.0
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
-        return cls(cfg.server.min_samples_per_server_packet, bind_ip=cfg.server.bind_ip,
-                   trainer_port=cfg.network.trainer_port, worker_port=cfg.network.worker_port,
-                   network=cfg.network, max_packet_delay_s=cfg.server.max_packet_delay_s)
+        s = cfg.server
+        return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
+                   worker_port=cfg.network.worker_port, network=cfg.network, max_packet_delay_s=s.max_packet_delay_s,
+                   max_queue_bytes=s.max_queue_bytes, spool_dir=s.spool_dir or Path(cfg.weights_folder) / "server-spool",
+                   spool_max_bytes=s.spool_max_bytes, fsync=s.fsync)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
-        """Bind both ports. Raises TransportError naming the config key to change when a port is taken."""
+        """Open the spool and bind both ports (TransportError names the config key to change)."""
+        self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
         self._ctx = zmq.Context()
         for role, port, key in (("trainer", self.trainer_port, "network.trainer_port"),
                                 ("worker", self.worker_port, "network.worker_port")):
-            sock = new_socket(self._ctx, zmq.ROUTER, self.net.max_message_bytes)
+            sock = new_socket(self._ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000)
             self._socks[role] = sock
             bind(sock, self.bind_ip, port, key)
-        log.info("server listening on %s (trainer port %d, worker port %d), session %s",
-                 self.bind_ip, self.trainer_port, self.worker_port, self.session[:8])
+        log.info("server listening on %s (trainer port %d, worker port %d), session %s, spool %s",
+                 self.bind_ip, self.trainer_port, self.worker_port, self.session[:8], self.spool_dir)
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set."""
-        if self._ctx is None:
-            self.open()
-        poller = zmq.Poller()
-        for sock in self._socks.values():
-            poller.register(sock, zmq.POLLIN)
         try:
+            if self._ctx is None:
+                self.open()
+            poller = zmq.Poller()
+            for sock in self._socks.values():
+                poller.register(sock, zmq.POLLIN)
             while not stop.is_set():
                 events = dict(poller.poll(self._poll_timeout_ms()))
                 for role, sock in self._socks.items():
@@ -144,7 +134,7 @@ class Server:
             self.close()
 
     def close(self) -> None:
-        """Say BYE to every peer and release the sockets. Idempotent."""
+        """Say BYE to every peer, close the spool and release the sockets. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -154,8 +144,12 @@ class Server:
             sock.close(linger=0)
         if self._ctx is not None:
             self._ctx.term()
-        log.info("server stopped (%d samples relayed, %d messages rejected)", self.stats["samples_out"],
-                 self.stats["rejected"])
+        if self.spool is not None:
+            self.spool.close()
+        held = len(self.queue) + sum(len(b) for b in self.inflight.values())
+        log.info("server stopped: %d samples relayed, %d messages rejected, %d packets spooled on disk, %d held "
+                 "in memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
+                 self.spool.packets if self.spool else 0, held)
 
     # -- receiving -----------------------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
@@ -192,6 +186,7 @@ class Server:
             self._reject(role, rid, peer, str(exc))
             return
         peer.liveness.heard()
+        peer.last_seen = time.time()
         handler = getattr(self, f"_on_{msg.type.value}", None)
         if handler is None:
             self._reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
@@ -202,7 +197,7 @@ class Server:
         self.stats["rejected"] += 1
         self._rejections_logged[rid] += 1
         count = self._rejections_logged[rid]
-        if count <= 10 or count % 1000 == 0:  # log every problem, but do not let a flood fill the disk
+        if count <= 10 or count % 1000 == 0:  # log every kind of problem, but do not let a flood fill the disk
             who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
             log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
 
@@ -221,63 +216,122 @@ class Server:
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness)
         self.peers[rid] = peer
+        self.by_session[peer.session] = peer
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         self._send(peer, Message(MsgType.WELCOME, "server", body={
             "server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s}))
         if role == "trainer":
-            self.trainer = peer
-            self.credit = 0
-            self.inflight.clear()
-            self.inflight_steps = 0
-            if body["session"] != self.trainer_session:
-                if self.trainer_session:  # a new trainer process: its versions need not continue the old ones
-                    log.info("new trainer session %s; dropping cached weights v%d", peer.session[:8],
-                             self.weights_version)
-                self.trainer_session = body["session"]
-                self.weights, self.weights_version = None, -1
-                for other in self.peers.values():
-                    other.version, other.inflight_version = -1, None
+            self._trainer_joined(peer)
         else:
             self._send_weights(peer)
             self._pace()
 
+    def _trainer_joined(self, peer: Peer) -> None:
+        self.trainer = peer
+        self.credit = 0
+        if peer.session != self.trainer_session:
+            if self.trainer_session:  # a new trainer process: its versions need not continue the old ones
+                log.info("new trainer session %s; dropping cached weights v%d", peer.session[:8], self.weights_version)
+            self.trainer_session = peer.session
+            self.weights, self.weights_version = None, -1
+            for other in self.peers.values():
+                other.version, other.inflight_version = -1, None
+
     def _forget(self, rid: bytes) -> None:
         peer = self.peers.pop(rid, None)
-        if peer is not None and peer is self.trainer:
+        if peer is None:
+            return
+        if self.by_session.get(peer.session) is peer:
+            del self.by_session[peer.session]
+        if peer is self.trainer:
             self.trainer = None
             self.progress = None
             self.credit = 0
-            self.inflight.clear()
-            self.inflight_steps = 0
+            self._requeue_inflight()
+
+    def _requeue_inflight(self) -> None:
+        """The trainer left without acknowledging some bundles: their packets go back to the front."""
+        for seq in sorted(self.inflight, reverse=True):
+            for packet in reversed(self.inflight.pop(seq)):
+                if packet.spool_position is None:
+                    self.queue.appendleft(packet)
+                    self.queued_steps += packet.steps
+        self.inflight_steps = 0
+        if self.spool is not None:
+            self.spool.rewind()
 
     # -- handlers, one per message type --------------------------------------------------------------------
     def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         a = msg.arrays
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
+        key = (msg.body["session"], msg.seq)
+        peer.produced = max(peer.produced, msg.body["produced"])
+        if key in self.held:  # a resend of a packet we still hold: it is acknowledged with the original
+            self.stats["resends_ignored"] += 1
+            return
+        nbytes = frames_nbytes(frames)
+        packet = QueuedPacket(peer.name, key[0], key[1], steps, frames, nbytes, time.monotonic())
+        assert self.spool is not None
+        if self.trainer is not None and self.mem_bytes + nbytes <= self.max_queue_bytes:
+            self.queue.append(packet)
+            self.held.add(key)
+            self.mem_bytes += nbytes
+            self.queued_steps += steps
+        elif self.spool.fits(nbytes):
+            self.spool.push(frames, {"worker": peer.name, "session": key[0], "seq": key[1], "steps": steps})
+            self.stats["samples_spooled"] += steps
+            self._send(peer, Message(MsgType.ACK, "server", body={"seqs": [msg.seq]}))
+        else:
+            self.stats["samples_refused"] += steps
+            self._warn_full(peer)
+            self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [msg.seq], "retry_s": 1.0,
+                                                                   "reason": "server queue and spool are full"}))
+            return
         peer.samples += steps
         peer.packets += 1
-        peer.produced = max(peer.produced, msg.body["produced"])
         self.stats["samples_in"] += steps
-        self.queue.append(_Packet(f"{peer.name}/{peer.session}", msg.seq, steps, frames, time.monotonic()))
-        self.queued_steps += steps
+
+    def _warn_full(self, peer: Peer) -> None:
+        now = time.monotonic()
+        if now - self._last_full_warning > 10:
+            self._last_full_warning = now
+            log.warning("memory queue (%d bytes) and spool (%d of %d bytes) are full: refusing packets from %s "
+                        "until the trainer catches up (%d samples refused so far)", self.mem_bytes,
+                        self.spool.bytes if self.spool else 0, self.spool_max_bytes, peer.label,
+                        self.stats["samples_refused"])
 
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        pass
+        stats = msg.body.get("stats")
+        if isinstance(stats, dict):
+            peer.reported = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
 
     def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         log.info("%s disconnected (%s)", peer.label, msg.body.get("reason", "no reason given"))
         self._forget(peer.rid)
 
     def _on_ack(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        seqs = [s for s in msg.body["seqs"] if isinstance(s, int)]
+        seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight versions it loaded
             if seqs:
                 peer.version = max(peer.version, max(seqs))
             peer.inflight_version = None
             self._send_weights(peer)
-        else:  # the trainer acknowledges bundles
-            for seq in seqs:
-                self.inflight_steps -= self.inflight.pop(seq, 0)
+            return
+        acks: dict[str, list[int]] = collections.defaultdict(list)  # the trainer acknowledges bundles
+        for seq in seqs:
+            for packet in self.inflight.pop(seq, []):
+                self.inflight_steps -= packet.steps
+                if packet.spool_position is not None:
+                    assert self.spool is not None
+                    self.spool.ack(packet.spool_position)
+                else:
+                    self.held.discard((packet.session, packet.seq))
+                    self.mem_bytes -= packet.nbytes
+                    acks[packet.session].append(packet.seq)
+        for session, worker_seqs in acks.items():
+            worker = self.by_session.get(session)
+            if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
+                self._send(worker, Message(MsgType.ACK, "server", body={"seqs": worker_seqs}))
 
     def _on_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.credit = min(self.credit + max(0, msg.body["bundles"]), 10_000)
@@ -286,7 +340,6 @@ class Server:
         self.weights = frames
         self.weights_version = msg.policy_version
         self.stats["weights_in"] += 1
-        log.debug("weights v%d from the trainer", msg.policy_version)
         for worker in self.peers.values():
             if worker.role == "worker":
                 self._send_weights(worker)
@@ -330,25 +383,43 @@ class Server:
             self.stats["weights_out"] += 1
 
     def _flush(self, now: float) -> None:
-        """Bundle queued packets for the trainer while it has credit."""
-        while self.trainer is not None and self.credit > 0 and self.queue:
-            if self.queued_steps < self.min_samples and now - self.queue[0].received < self.max_delay:
+        """Bundle spooled, then queued packets for the trainer while it has credit."""
+        assert self.spool is not None
+        while self.trainer is not None and self.credit > 0:
+            spooled = self.spool.pending()
+            if not spooled and (not self.queue or (self.queued_steps < self.min_samples
+                                                   and now - self.queue[0].received < self.max_delay)):
                 return
-            parts: list[list[Any]] = []
+            packets: list[QueuedPacket] = []
             steps = 0
-            while self.queue and (steps < self.min_samples or not parts):
+            if spooled:
+                for sp in self.spool.take(self.min_samples):
+                    packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
+                                                int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
+                    steps += packets[-1].steps
+            while self.queue and (steps < self.min_samples or not packets):
                 packet = self.queue.popleft()
-                parts.append(packet.frames)
+                self.queued_steps -= packet.steps
+                packets.append(packet)
                 steps += packet.steps
             self.bundle_seq += 1
-            if not self._send_frames(self.trainer, encode_bundle("server", self.bundle_seq, parts)):
-                return  # packets of a failed send are lost with it; acknowledged delivery recovers them
-            self.queued_steps -= steps
-            self.credit -= 1
-            self.inflight[self.bundle_seq] = steps
+            bundle = encode_bundle("server", self.bundle_seq, [p.frames for p in packets])
+            if not self._send_frames(self.trainer, bundle):
+                self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it
+                return
+            self.inflight[self.bundle_seq] = packets
             self.inflight_steps += steps
+            self.credit -= 1
             self.stats["samples_out"] += steps
             self.stats["bundles_out"] += 1
+
+    def _untake(self, packets: list[QueuedPacket]) -> None:
+        for packet in reversed([p for p in packets if p.spool_position is None]):
+            self.queue.appendleft(packet)
+            self.queued_steps += packet.steps
+        spooled = [p.spool_position for p in packets if p.spool_position is not None]
+        if spooled and self.spool is not None:
+            self.spool.untake(min(spooled))
 
     def _pace(self) -> None:
         """Split the samples the trainer still wants between connected workers (only throttled workers wait)."""
@@ -356,8 +427,8 @@ class Server:
         if self.progress is None or not workers:
             return
         wanted_more = self.progress["wanted"] - self.progress["samples"]
-        deficit = max(0, wanted_more - self.queued_steps - self.inflight_steps)
-        share = -(-deficit // len(workers))
+        on_the_way = self.queued_steps + self.inflight_steps + (self.spool.steps if self.spool else 0)
+        share = -(-max(0, wanted_more - on_the_way) // len(workers))
         for worker in workers:
             allowance = worker.produced + share
             if allowance > worker.allowance:
@@ -374,12 +445,16 @@ class Server:
                 self._send(peer, Message(MsgType.HEARTBEAT, "server"))
 
     def snapshot(self) -> dict[str, Any]:
-        """Connected peers and counters (for status displays)."""
+        """Connected peers, queues and counters (for status displays)."""
+        spool = self.spool
         return {
-            "workers": [{"name": p.name, "session": p.session, "address": p.address, "version": p.version,
-                         "samples": p.samples} for p in self.peers.values() if p.role == "worker"],
-            "trainer": self.trainer.name if self.trainer else None,
+            "session": self.session,
+            "workers": [p.describe() for p in self.peers.values() if p.role == "worker"],
+            "trainer": self.trainer.describe() if self.trainer else None,
             "weights_version": self.weights_version,
-            "queued_samples": self.queued_steps,
+            "queued_samples": self.queued_steps, "queued_bytes": self.mem_bytes,
+            "inflight_samples": self.inflight_steps,
+            "spool": {"packets": spool.packets if spool else 0, "samples": spool.steps if spool else 0,
+                      "bytes": spool.bytes if spool else 0, "max_bytes": self.spool_max_bytes},
             "stats": dict(self.stats),
         }

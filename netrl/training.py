@@ -66,6 +66,7 @@ class _RoundStats:
     returns: list[float] = field(default_factory=list)
     test_returns: list[float] = field(default_factory=list)
     lags: list[np.ndarray] = field(default_factory=list)
+    stale: int = 0
     waited_s: float = 0.0
     train_s: float = 0.0
 
@@ -89,6 +90,8 @@ class TrainingOffline:
     start_training: int = 0
     device: str | None = None
     worker_lead: int = 200
+    max_policy_lag: int | None = None  # transitions whose policy is older than this are stale
+    stale_sample_weight: float = 0.0  # their loss weight: 0 drops them
     memory_size: int = 1_000_000
     batch_size: int = 256
     seed: int | None = None
@@ -143,20 +146,42 @@ class TrainingOffline:
 
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
+        return sum(self.add(buf) for buf in source.fetch())
+
+    def add(self, buf: Buffer, new: bool = True) -> int:
+        """Append one packet; ``new=False`` replays a packet that was already counted (restart from the log).
+
+        Policy lag is measured against the trainer's version when the packet *arrived* (``buf.recv_version``), so
+        replaying the sample log after a restart makes the same staleness decisions.
+        """
         assert self.memory is not None
-        new = 0
-        for buf in source.fetch():
-            ends = buf.transition_end
-            steps = int(np.count_nonzero(ends))
-            self.memory.append_buffer(buf)
-            new += steps
+        ends = ~(buf.reset | buf.context)
+        recv = buf.recv_version if buf.recv_version >= 0 else self.version
+        lag = recv - np.maximum(buf.policy_version, 0)
+        if self.max_policy_lag is not None:
+            stale = ends & (lag > self.max_policy_lag)
+            if stale.any():
+                buf.weight = np.where(stale, np.float32(self.stale_sample_weight), np.float32(1.0))
+                self._round.stale += int(stale.sum()) if new else 0
+        self.memory.append_buffer(buf)
+        steps = int(np.count_nonzero(ends))
+        if new:
             r = self._round
             r.samples += steps
-            r.lags.append(self.version - np.maximum(buf.policy_version[ends], 0))
+            r.lags.append(lag[ends])
             for ep in buf.episodes:
                 (r.test_returns if ep.test else r.returns).append(ep.ret)
-        self.total_samples += new
-        return new
+            self.total_samples += steps
+        return steps
+
+    def state(self) -> dict[str, Any]:
+        """The loop's counters, for a checkpoint."""
+        return {"epoch": self.epoch, "total_updates": self.total_updates, "total_samples": self.total_samples,
+                "version": self.version}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.epoch, self.total_updates = int(state["epoch"]), int(state["total_updates"])
+        self.total_samples, self.version = int(state["total_samples"]), int(state["version"])
 
     def _report(self, source: SampleSource, force: bool = False) -> None:
         wanted = self.wanted()
@@ -234,6 +259,7 @@ class TrainingOffline:
             "test_return_mean": float(np.mean(r.test_returns)) if r.test_returns else None,
             "lag_min": int(lags.min()) if lags.size else None, "lag_mean": float(lags.mean()) if lags.size else None,
             "lag_max": int(lags.max()) if lags.size else None,
+            "stale_samples": r.stale,
         }
         for k, total in r.metric_sums.items():
             stats[k] = total / r.steps if r.steps else None

@@ -134,6 +134,7 @@ class ClientLink:
         self._reconnect_at: float | None = None
         self._connections = 0
         self._was_ready = False
+        self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -175,7 +176,8 @@ class ClientLink:
         if self._liveness.expired(now):
             self._lose(f"no message from the server for {self._liveness.window:.1f} s")
         elif self._liveness.heartbeat_due(now):
-            self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name)))
+            body = self.heartbeat_body() if self.heartbeat_body else {}
+            self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body)))
 
     def receive(self) -> list[Message]:
         """Drain available messages; returns those the role must handle."""

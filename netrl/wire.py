@@ -50,6 +50,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_bundle",
+    "frames_nbytes",
     "samples_message",
     "split_bundle",
 ]
@@ -74,7 +75,8 @@ class MsgType(str, enum.Enum):
     BYE = "bye"  # either side: clean goodbye
     SAMPLES = "samples"  # worker -> server: a packet of sample rows
     BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
-    ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs)
+    ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs), worker -> server (weights)
+    NACK = "nack"  # server -> worker: packets refused for now (spool full); resend them after retry_s
     CREDIT = "credit"  # trainer -> server: how many more bundles it can take
     WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
     PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
@@ -89,12 +91,13 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                     "session": (_STR, True)},
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True)},
     MsgType.REJECT: {"reason": (_STR, True)},
-    MsgType.HEARTBEAT: {},
+    MsgType.HEARTBEAT: {"stats": ((dict,), False)},
     MsgType.BYE: {"reason": (_STR, False)},
     MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
                       "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
     MsgType.BUNDLE: {"parts": ((list,), True)},
     MsgType.ACK: {"seqs": ((list,), True)},
+    MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
     MsgType.CREDIT: {"bundles": (_INT, True)},
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True)},
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
@@ -174,6 +177,11 @@ def _buf(frame: Any) -> memoryview:
     """A zero-copy view of a zmq.Frame, bytes or memoryview."""
     view = getattr(frame, "buffer", None)
     return view if view is not None else memoryview(frame)
+
+
+def frames_nbytes(frames: Sequence[Any]) -> int:
+    """Total payload bytes of a message's frames (zmq.Frame, bytes or memoryview)."""
+    return sum(_buf(f).nbytes for f in frames)
 
 
 def _check_header(header: Any) -> None:

@@ -10,6 +10,7 @@ its action.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import logging
@@ -20,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
 from netrl.transport import NetThread, new_session
 from netrl.weights import check_weights, load_weights, read_weights_file, write_weights_file
-from netrl.wire import Codec, Message, MsgType, encode, samples_message
+from netrl.wire import Codec, Message, MsgType, encode, frames_nbytes, samples_message
 
 __all__ = ["RolloutWorker"]
 
@@ -74,45 +75,139 @@ class _WeightSlot:
             return pending
 
 
+class _Outgoing(NamedTuple):
+    frames: list[Any]
+    nbytes: int
+    steps: int
+
+
 class _WorkerNet(NetThread):
-    """The worker's network thread: packets out, weights and pace in."""
+    """The worker's network thread: packets out (kept until acknowledged), weights and pace in.
+
+    A packet stays in the backlog until the server acknowledges it (the server does so once the packet is on its
+    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight; a NACK (server full)
+    makes a packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent
+    again. Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
+    """
 
     def __init__(self, worker: RolloutWorker, spare: torch.nn.Module) -> None:
         super().__init__(worker.network, "worker", worker.worker_id, worker.session, worker.server_port)
         self.w = worker
         self.slot = _WeightSlot(spare)
-        self.backlog: OrderedDict[int, list[Any]] = OrderedDict()
+        self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
+        self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
+        self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
+        self.inflight: set[int] = set()
+        self.backlog_bytes = self.inflight_bytes = 0
+        self.drained = threading.Event()
+        self.drained.set()
         self.version, self.weights_session = worker.version, ""
         self.allowance = 0
         self.pace_cond = threading.Condition()
         self.paced = False  # True once the server sent a PACE
-        self.weights_received = 0
-        self.weights_rejected = 0
-        self.dropped_packets = 0
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._last_drop_warning = 0.0
+        self.link.heartbeat_body = self._heartbeat_stats
+
+    def _heartbeat_stats(self) -> dict[str, Any]:
+        return {"stats": {"produced": self.w.produced, "backlog_packets": len(self.backlog),
+                          "backlog_bytes": self.backlog_bytes, "version": self.version, **self.counts}}
+
+    # -- packets out --------------------------------------------------------------------------------------
+    def on_command(self, frames: list[Any]) -> None:
+        seq, steps = int.from_bytes(frames[0].bytes[:8], "little"), int.from_bytes(frames[0].bytes[8:], "little")
+        packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
+        self.backlog[seq] = packet
+        self.unsent[seq] = None
+        self.backlog_bytes += packet.nbytes
+        self.drained.clear()
+        while self.backlog_bytes > self.w.max_backlog_bytes and len(self.backlog) > 1:
+            self._drop_oldest()
+        self._pump()
+
+    def _drop_oldest(self) -> None:
+        seq, packet = self.backlog.popitem(last=False)
+        self._forget(seq, packet)
+        self.counts["dropped_packets"] += 1
+        self.counts["dropped_samples"] += packet.steps
+        now = time.monotonic()
+        if now - self._last_drop_warning > 10:
+            self._last_drop_warning = now
+            log.warning("worker %s backlog is full (%d bytes unacknowledged, limit worker.max_backlog_bytes = %d): "
+                        "dropped its oldest packets; %d samples in %d packets dropped so far", self.w.worker_id,
+                        self.backlog_bytes, self.w.max_backlog_bytes, self.counts["dropped_samples"],
+                        self.counts["dropped_packets"])
+
+    def _forget(self, seq: int, packet: _Outgoing) -> None:
+        self.backlog_bytes -= packet.nbytes
+        self.unsent.pop(seq, None)
+        self.waiting.pop(seq, None)
+        if seq in self.inflight:
+            self.inflight.discard(seq)
+            self.inflight_bytes -= packet.nbytes
+        if not self.backlog:
+            self.drained.set()
+
+    def _pump(self) -> None:
+        """Send unsent packets, oldest first, within the window."""
+        while self.unsent and self.link.ready:
+            seq = next(iter(self.unsent))
+            packet = self.backlog[seq]
+            if self.inflight and self.inflight_bytes + packet.nbytes > self.w.send_window_bytes:
+                return
+            if not self.link.send(packet.frames):
+                return
+            del self.unsent[seq]
+            self.inflight.add(seq)
+            self.inflight_bytes += packet.nbytes
 
     def on_ready(self) -> None:
-        self._send_backlog()
+        """(Re)connected: the server may have lost anything unacknowledged, so send it all again."""
+        if self.backlog and self.counts["connections"]:
+            log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
+        self.counts["connections"] += 1
+        self.inflight.clear()
+        self.inflight_bytes = 0
+        self.waiting.clear()
+        self.unsent = OrderedDict.fromkeys(self.backlog)
+        self._pump()
 
-    def on_command(self, frames: list[Any]) -> None:
-        seq = int.from_bytes(frames[0].bytes, "little")
-        self.backlog[seq] = frames[1:]
-        while len(self.backlog) > self.w.max_backlog_packets:
-            old_seq, _ = self.backlog.popitem(last=False)
-            self.dropped_packets += 1
-            log.warning("worker backlog full (%d packets): dropped packet %d (%d dropped so far)",
-                        self.w.max_backlog_packets, old_seq, self.dropped_packets)
-        self._send_backlog()
+    def on_tick(self) -> None:
+        if self.waiting:
+            now = time.monotonic()
+            ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
+            for seq in ready:
+                del self.waiting[seq]
+                self.unsent[seq] = None
+            if ready:
+                self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
+        self._pump()
 
-    def _send_backlog(self) -> None:
-        while self.backlog and self.link.ready:
-            seq, frames = next(iter(self.backlog.items()))
-            if not self.link.send(frames):
-                return
-            del self.backlog[seq]
+    def flush(self, timeout: float) -> bool:
+        """Main thread: wait until every packet is acknowledged (True) or ``timeout`` passes (False)."""
+        return self.drained.wait(timeout)
 
+    # -- messages in -------------------------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.WEIGHTS:
             self._weights(msg)
+        elif msg.type is MsgType.ACK:
+            for seq in msg.body["seqs"]:
+                packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None
+                if packet is not None:
+                    self.counts["acked_packets"] += 1
+                    self.counts["acked_samples"] += packet.steps
+                    self._forget(seq, packet)
+            self._pump()
+        elif msg.type is MsgType.NACK:
+            retry_at = time.monotonic() + min(max(float(msg.body["retry_s"]), 0.05), 30.0)
+            for seq in msg.body["seqs"]:
+                packet = self.backlog.get(seq) if isinstance(seq, int) else None
+                if packet is not None and seq in self.inflight:
+                    self.inflight.discard(seq)
+                    self.inflight_bytes -= packet.nbytes
+                    self.waiting[seq] = retry_at
+                    self.counts["nacked_packets"] += 1
         elif msg.type is MsgType.PACE:
             with self.pace_cond:
                 self.allowance = max(self.allowance, msg.body["allowance"])
@@ -128,16 +223,16 @@ class _WorkerNet(NetThread):
             return  # already have it (e.g. re-sent after a reconnect)
         problems = check_weights(self.w.template_actor, msg.arrays)
         if problems:
-            self.weights_rejected += 1
+            self.counts["weights_rejected"] += 1
             log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
             return
         module = self.slot.take_module()
         load_weights(module, msg.arrays)
         self.slot.put(version, session, module)
         self.version, self.weights_session = version, session
-        self.weights_received += 1
-        log.log(logging.INFO if self.weights_received == 1 else logging.DEBUG, "weights v%d ready (%d received)",
-                version, self.weights_received)
+        self.counts["weights_received"] += 1
+        log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
+                "weights v%d ready (%d received)", version, self.counts["weights_received"])
         self.w.save_model(module, version, session)
 
 
@@ -163,6 +258,9 @@ class RolloutWorker:
         throttle: wait for the trainer's PACE allowance (simulated envs only, never real-time ones).
         max_packet_delay_s: a partial packet is sent after this long.
         compression: codec for packets ("zstd", "lz4", "none"); only integer arrays such as images use it.
+        max_backlog_bytes: unacknowledged packets kept for resending; beyond it the oldest are dropped (counted).
+        send_window_bytes: unacknowledged packets in flight to the server.
+        flush_timeout_s: on close, how long to wait for the last packets to be acknowledged.
         episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
     """
 
@@ -174,7 +272,8 @@ class RolloutWorker:
                  model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
                  worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
                  throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
-                 max_backlog_packets: int = 10_000, seed: int | None = None,
+                 max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 16 << 20,
+                 flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
@@ -193,7 +292,8 @@ class RolloutWorker:
         self.session = new_session()
         self.overlap, self.throttle, self.max_delay = overlap, throttle, max_packet_delay_s
         self.compression: Codec = compression
-        self.max_backlog_packets = max_backlog_packets
+        self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
+        self.flush_timeout = flush_timeout_s
         self.seed = seed
         self.episode_log = CsvLog(Path(episode_log)) if episode_log else None
         self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
@@ -223,7 +323,9 @@ class RolloutWorker:
                    str(cfg.run_dir / "worker_policy"), w.model_history, server_port=cfg.network.worker_port,
                    worker_id=worker_id, network=cfg.network, overlap=pipeline.overlap,
                    throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
-                   seed=cfg.seed, episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"))
+                   max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
+                   flush_timeout_s=w.flush_timeout_s, seed=cfg.seed,
+                   episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"))
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -268,9 +370,16 @@ class RolloutWorker:
         self._closed = True
         if self.net is not None:
             self._send_packet()
-            self.net.halt()
-            if self.net.backlog:
-                log.warning("worker %s stopped with %d packets unsent", self.worker_id, len(self.net.backlog))
+            net = self.net
+            flushed = net.flush(self.flush_timeout)
+            net.halt()
+            c = net.counts
+            log.info("worker %s: %d samples produced, %d acknowledged, %d dropped (backlog full)", self.worker_id,
+                     self.produced, c["acked_samples"], c["dropped_samples"])
+            if not flushed and net.backlog:
+                log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
+                            "the server already spooled them", self.worker_id, len(net.backlog),
+                            sum(p.steps for p in net.backlog.values()))
         if self.env is not None:
             self.env.close()
 
@@ -371,7 +480,8 @@ class RolloutWorker:
             return
         self.seq += 1
         msg = samples_message(buf, self.worker_id, self.session, self.seq, self.produced)
-        self.net.command([self.seq.to_bytes(8, "little"), *encode(msg, self.compression)])
+        head = self.seq.to_bytes(8, "little") + int(np.count_nonzero(buf.transition_end)).to_bytes(8, "little")
+        self.net.command([head, *encode(msg, self.compression)])
 
     def _swap_weights(self) -> None:
         if self.net is None:

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -54,9 +55,9 @@ class Peer:
 
 
 @pytest.fixture
-def server() -> Iterator[tuple[Server, zmq.Context]]:
+def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
     srv = Server(min_samples_per_server_packet=5, trainer_port=free_port(), worker_port=free_port(), network=NET,
-                 max_packet_delay_s=0.01)
+                 max_packet_delay_s=0.01, spool_dir=tmp_path / "spool")
     stop = threading.Event()
     thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
     thread.start()

@@ -64,6 +64,7 @@ ALL_MESSAGES = [
     Message(MsgType.HEARTBEAT, "w1"),
     Message(MsgType.BYE, "w1", body={"reason": "bye"}),
     Message(MsgType.ACK, "trainer", body={"seqs": [1, 2, 3]}),
+    Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": 1.0}),
     Message(MsgType.CREDIT, "trainer", body={"bundles": 4}),
     Message(MsgType.WEIGHTS, "trainer", policy_version=9, body={"trained_steps": 100, "session": "t"},
             arrays={"net.0.weight": np.ones((4, 3), np.float32), "net.0.bias": np.zeros(4, np.float32)}),
@@ -240,9 +241,10 @@ def test_deeply_nested_header_does_not_crash() -> None:
 
 
 def test_roles_may_only_send_their_message_types() -> None:
-    check_role("trainer", ALL_MESSAGES[7])  # a trainer may publish weights
+    weights = next(m for m in ALL_MESSAGES if m.type is MsgType.WEIGHTS)
+    check_role("trainer", weights)  # a trainer may publish weights
     with pytest.raises(RoleViolation, match="worker may not send weights"):
-        check_role("worker", ALL_MESSAGES[7])
+        check_role("worker", weights)
     with pytest.raises(RoleViolation):
         check_role("trainer", decode(samples_frames()))
 

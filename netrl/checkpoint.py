@@ -1,0 +1,100 @@
+"""Trainer checkpoints under ``<run_dir>/checkpoint/``: tensors in a torch file, everything else in JSON.
+
+::
+
+    checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy coefficient
+    checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state, config
+    checkpoint/CURRENT              {"number": 7}: the newest complete checkpoint
+
+A checkpoint is written file by file and becomes current only when ``CURRENT`` is atomically replaced, so a crash
+mid-save leaves the previous checkpoint intact. Tensors are loaded with ``torch.load(weights_only=True)``; nothing is
+pickled. The replay memory itself is rebuilt from the trainer's sample log (see :mod:`netrl.delivery`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from netrl.errors import CheckpointError
+
+__all__ = ["exists", "load_checkpoint", "save_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def _dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoint"
+
+
+def _replace(tmp: Path, dest: Path, fsync: bool) -> None:
+    if fsync:
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp, dest)
+
+
+def exists(run_dir: Path) -> bool:
+    return (_dir(run_dir) / "CURRENT").exists()
+
+
+def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str, Any], fsync: bool = False) -> Path:
+    """Write a new checkpoint and make it current; returns the state file's path."""
+    folder = _dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    number = _current(folder) + 1
+    agent_file, state_file = folder / f"agent_{number:06d}.pt", folder / f"state_{number:06d}.json"
+    torch.save(agent_state, folder / "agent.tmp")
+    _replace(folder / "agent.tmp", agent_file, fsync)
+    (folder / "state.tmp").write_text(json.dumps({**state, "format": FORMAT, "agent_file": agent_file.name}))
+    _replace(folder / "state.tmp", state_file, fsync)
+    (folder / "CURRENT.tmp").write_text(json.dumps({"number": number}))
+    _replace(folder / "CURRENT.tmp", folder / "CURRENT", fsync)
+    for old in list(folder.glob("agent_*.pt")) + list(folder.glob("state_*.json")):
+        if int(old.stem.split("_")[1]) < number - 1:  # keep the previous one too, in case this one is damaged
+            old.unlink()
+    return state_file
+
+
+def _current(folder: Path) -> int:
+    pointer = folder / "CURRENT"
+    if not pointer.exists():
+        return 0
+    try:
+        return int(json.loads(pointer.read_text())["number"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{pointer} is unreadable ({exc}); remove {folder} to start this run afresh") from None
+
+
+def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(agent_state, state) of the current checkpoint, or None when there is none.
+
+    Raises:
+        CheckpointError: the checkpoint is torn, unreadable or from an incompatible format.
+    """
+    folder = _dir(run_dir)
+    number = _current(folder)
+    if number == 0:
+        return None
+    state_file = folder / f"state_{number:06d}.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {state_file}: {exc}") from None
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{state_file} has format {state.get('format')!r}; this netrl reads format {FORMAT}")
+    agent_file = folder / state["agent_file"]
+    try:
+        agent_state = torch.load(agent_file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {agent_file}: {exc}") from None
+    log.info("loaded checkpoint %d from %s (epoch %d, %d training steps, weights v%d)", number, folder,
+             state["epoch"], state["total_updates"], state["version"])
+    return agent_state, state

@@ -1,0 +1,97 @@
+"""Exactly-once delivery on the trainer side: which packets arrived, and the log that keeps them.
+
+Every sample packet is identified by its *stream* (``worker/session``, one per worker process run) and its sequence
+number. :class:`Deliveries` remembers the packets that entered the replay memory, as ranges of sequence numbers per
+stream (a worker that dropped packets leaves a gap, not an ever-growing set). :class:`SampleLog` appends every new
+packet to disk *before* the trainer acknowledges it, so a killed trainer rebuilds its replay memory by replaying
+the log: what was acknowledged is never lost, and what was not is resent by the server.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from netrl.segments import Position, Record, SegmentLog
+
+__all__ = ["Deliveries", "SampleLog"]
+
+log = logging.getLogger(__name__)
+
+
+class Deliveries:
+    """Sequence numbers seen per stream, kept as sorted, merged, inclusive ranges."""
+
+    def __init__(self, streams: dict[str, list[list[int]]] | None = None) -> None:
+        self._ranges: dict[str, list[list[int]]] = {k: [list(r) for r in v] for k, v in (streams or {}).items()}
+
+    def seen(self, stream: str, seq: int) -> bool:
+        ranges = self._ranges.get(stream, [])
+        i = bisect.bisect_right(ranges, [seq, float("inf")]) - 1
+        return i >= 0 and ranges[i][0] <= seq <= ranges[i][1]
+
+    def add(self, stream: str, seq: int) -> bool:
+        """Record ``seq``; returns False if it was already there (a duplicate)."""
+        if self.seen(stream, seq):
+            return False
+        ranges = self._ranges.setdefault(stream, [])
+        i = bisect.bisect_left(ranges, [seq, seq])
+        ranges.insert(i, [seq, seq])
+        # merge with the neighbours it touches
+        if i + 1 < len(ranges) and ranges[i + 1][0] == seq + 1:
+            ranges[i][1] = ranges.pop(i + 1)[1]
+        if i > 0 and ranges[i - 1][1] == seq - 1:
+            ranges[i - 1][1] = ranges.pop(i)[1]
+        return True
+
+    def count(self, stream: str | None = None) -> int:
+        """Packets seen (in one stream, or in all)."""
+        streams = [stream] if stream is not None else list(self._ranges)
+        return sum(hi - lo + 1 for s in streams for lo, hi in self._ranges.get(s, []))
+
+    def streams(self) -> dict[str, list[list[int]]]:
+        return {k: [list(r) for r in v] for k, v in self._ranges.items()}
+
+    def to_json(self) -> dict[str, list[list[int]]]:
+        return self.streams()
+
+
+class SampleLog:
+    """The trainer's log of accepted packets, trimmed to what the replay memory can still hold.
+
+    Each record's metadata is ``{"stream", "seq", "rows", "recv_version"}``. Whole segments are deleted once the
+    segments after them hold at least ``keep_rows`` rows.
+    """
+
+    def __init__(self, directory: str | Path, keep_rows: int, fsync: bool = False,
+                 segment_bytes: int = 64 << 20) -> None:
+        self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync)
+        self.keep_rows = keep_rows
+        self._rows: dict[int, int] = {}  # segment -> rows, for trimming
+        for rec in self.log.read():
+            self._rows[rec.position.segment] = self._rows.get(rec.position.segment, 0) + int(rec.meta["rows"])
+
+    def append(self, frames: Sequence[Any], stream: str, seq: int, rows: int, recv_version: int) -> Position:
+        pos = self.log.append(frames, {"stream": stream, "seq": seq, "rows": rows, "recv_version": recv_version})
+        self._rows[pos.segment] = self._rows.get(pos.segment, 0) + rows
+        self._trim()
+        return pos
+
+    def _trim(self) -> None:
+        segments = sorted(self._rows)
+        while len(segments) > 1 and sum(self._rows[s] for s in segments[1:]) >= self.keep_rows:
+            oldest = segments.pop(0)
+            self.log.drop_before(Position(oldest + 1, 0))
+            del self._rows[oldest]
+
+    def read(self, since: Position | None = None) -> Iterator[Record]:
+        return self.log.read(since)
+
+    def end(self) -> Position:
+        return self.log.end()
+
+    def close(self) -> None:
+        self.log.close()

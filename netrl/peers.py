@@ -1,0 +1,56 @@
+"""The server's bookkeeping: connected peers and the packets it holds for the trainer."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from netrl.segments import Position
+from netrl.transport import Liveness
+
+__all__ = ["Peer", "QueuedPacket"]
+
+
+@dataclass
+class Peer:
+    """A connected worker or trainer, keyed by its ZeroMQ routing id."""
+
+    rid: bytes
+    role: str
+    name: str
+    session: str
+    address: str
+    liveness: Liveness
+    connected_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+    version: int = -1  # newest weight version the worker acknowledged
+    inflight_version: int | None = None  # weight version sent but not yet acknowledged
+    samples: int = 0
+    packets: int = 0
+    produced: int = 0  # env steps the worker has produced, as of its latest packet
+    allowance: int = 0  # PACE last sent
+    reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]})"
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "session": self.session, "address": self.address, "version": self.version,
+                "samples": self.samples, "packets": self.packets, "connected_at": self.connected_at,
+                "last_seen": self.last_seen, "reported": dict(self.reported)}
+
+
+@dataclass
+class QueuedPacket:
+    """A worker's sample packet held by the server: its frames, unchanged, and where it came from."""
+
+    worker: str
+    session: str
+    seq: int
+    steps: int
+    frames: list[Any]
+    nbytes: int
+    received: float
+    spool_position: Position | None = None  # set when the packet was read back from the spool

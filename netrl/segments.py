@@ -1,0 +1,189 @@
+"""Append-only logs of messages on disk: the server's spool and the trainer's sample log.
+
+A log is a folder of numbered segment files. Each record holds one message's frames plus a small metadata map::
+
+    record  = magic "NRL1" | crc32 (u32) | header length (u32) | data length (u64) | header | data
+    header  = msgpack {"m": metadata, "l": [length of each frame]}
+    data    = the frames, concatenated
+
+The CRC covers header and data. Opening a log scans the last segment and cuts a torn or corrupt tail, which is
+what a crash mid-write leaves. Records are written with one ``write`` and flushed, so a killed process loses
+nothing it appended; ``fsync=True`` also survives a power cut, at a cost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgpack
+
+__all__ = ["Position", "Record", "SegmentLog"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"NRL1"
+_HEAD = struct.Struct("<4sIIQ")
+_MAX_HEADER = 1 << 20
+
+
+class Position(NamedTuple):
+    """Where a record starts: (segment number, byte offset). Orders like the log."""
+
+    segment: int
+    offset: int
+
+
+class Record(NamedTuple):
+    position: Position
+    next: Position  # where the following record starts
+    meta: dict[str, Any]
+    frames: list[memoryview]
+
+
+class SegmentLog:
+    """An append-only log of messages in ``directory``. Not thread-safe: one owner thread."""
+
+    def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20, fsync: bool = False) -> None:
+        self.dir = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._file: Any = None
+        segments = self.segments()
+        self._segment = segments[-1] if segments else 1
+        self._end = self._repair(self._segment) if segments else 0
+
+    # -- files ----------------------------------------------------------------------------------------------
+    def _path(self, segment: int) -> Path:
+        return self.dir / f"{segment:08d}.seg"
+
+    def segments(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.dir.glob("*.seg") if p.stem.isdigit())
+
+    def _repair(self, segment: int) -> int:
+        """Return the end of the last valid record of ``segment``, truncating anything after it."""
+        path = self._path(segment)
+        size = path.stat().st_size
+        end = 0
+        with path.open("rb") as f:
+            while end < size:
+                parsed = _read_record(f, end)
+                if parsed is None:
+                    break
+                end = parsed[0]
+        if end < size:
+            log.warning("%s: cut %d bytes of a torn record at offset %d", path, size - end, end)
+            with path.open("r+b") as f:
+                f.truncate(end)
+        return end
+
+    def end(self) -> Position:
+        return Position(self._segment, self._end)
+
+    def start(self) -> Position:
+        segments = self.segments()
+        return Position(segments[0] if segments else self._segment, 0)
+
+    def size_bytes(self, since: Position | None = None) -> int:
+        """Bytes on disk from ``since`` (default: the start) to the end."""
+        total = 0
+        for seg in self.segments():
+            if since is not None and seg < since.segment:
+                continue
+            size = self._path(seg).stat().st_size
+            total += size - (since.offset if since is not None and seg == since.segment else 0)
+        return total
+
+    # -- writing ----------------------------------------------------------------------------------------------
+    def append(self, frames: Sequence[Any], meta: dict[str, Any]) -> Position:
+        """Write one record and flush it; returns its position."""
+        views = [memoryview(getattr(f, "buffer", f)).cast("B") for f in frames]
+        header = msgpack.packb({"m": meta, "l": [v.nbytes for v in views]})
+        data_len = sum(v.nbytes for v in views)
+        if self._end > 0 and self._end + _HEAD.size + len(header) + data_len > self.segment_bytes:
+            self._roll()
+        crc = zlib.crc32(header)
+        for v in views:
+            crc = zlib.crc32(v, crc)
+        if self._file is None:
+            self._file = self._path(self._segment).open("ab")
+        pos = Position(self._segment, self._end)
+        self._file.write(b"".join([_HEAD.pack(MAGIC, crc, len(header), data_len), header, *views]))
+        self._file.flush()
+        if self.fsync:
+            os.fsync(self._file.fileno())
+        self._end += _HEAD.size + len(header) + data_len
+        return pos
+
+    def _roll(self) -> None:
+        self.close()
+        self._segment += 1
+        self._end = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def read(self, since: Position | None = None, limit: int | None = None) -> Iterator[Record]:
+        """Records from ``since`` (default: the start) to the end, in order, read one at a time."""
+        count = 0
+        for seg in self.segments():
+            if since is not None and seg < since.segment:
+                continue
+            path = self._path(seg)
+            size = self._end if seg == self._segment else path.stat().st_size
+            offset = since.offset if since is not None and seg == since.segment else 0
+            with path.open("rb") as f:
+                while offset < size:
+                    parsed = _read_record(f, offset)
+                    if parsed is None:
+                        raise OSError(f"{path} is corrupt at offset {offset}; move it away to continue")
+                    nxt, meta, frames = parsed
+                    yield Record(Position(seg, offset), Position(seg, nxt), meta, frames)
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+                    offset = nxt
+
+    def drop_before(self, position: Position) -> int:
+        """Delete whole segments that end before ``position``; returns how many were deleted."""
+        dropped = 0
+        for seg in self.segments():
+            if seg < position.segment and seg != self._segment:
+                self._path(seg).unlink()
+                dropped += 1
+        return dropped
+
+
+def _read_record(f: Any, offset: int) -> tuple[int, dict[str, Any], list[memoryview]] | None:
+    """(next offset, metadata, frames) of the record at ``offset``, or None if it is torn or corrupt."""
+    f.seek(offset)
+    head = f.read(_HEAD.size)
+    if len(head) < _HEAD.size:
+        return None
+    magic, crc, header_len, data_len = _HEAD.unpack(head)
+    if magic != MAGIC or header_len > _MAX_HEADER:
+        return None
+    header = f.read(header_len)
+    body = f.read(data_len)
+    if len(header) < header_len or len(body) < data_len or zlib.crc32(body, zlib.crc32(header)) != crc:
+        return None
+    try:
+        parsed = msgpack.unpackb(header, raw=False)
+        meta, lengths = parsed["m"], parsed["l"]
+    except Exception:  # a record we cannot parse is treated like a torn one
+        return None
+    view = memoryview(body)
+    frames, pos = [], 0
+    for n in lengths:
+        frames.append(view[pos:pos + n])
+        pos += n
+    return offset + _HEAD.size + header_len + data_len, meta, frames

@@ -1,0 +1,136 @@
+"""The server's spool: sample packets kept on disk until the trainer acknowledges them.
+
+The server spools a packet when no trainer is connected, or when the packets it holds in memory reach
+``server.max_queue_bytes``; it acknowledges the worker as soon as the packet is on disk. Bundles for the trainer
+take spooled packets first. ``HEAD`` (a small JSON file, replaced atomically) marks the oldest packet the trainer
+has not acknowledged: a restarted server resumes from there, so a server crash loses nothing that was spooled. A
+packet delivered just before a crash may be delivered twice; the trainer discards the duplicate.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from netrl.segments import Position, Record, SegmentLog
+from netrl.wire import frames_nbytes
+
+__all__ = ["Spool", "SpooledPacket"]
+
+log = logging.getLogger(__name__)
+
+
+class SpooledPacket(NamedTuple):
+    position: Position
+    meta: dict[str, Any]  # {"worker", "session", "seq", "steps"}
+    frames: list[memoryview]
+    nbytes: int
+
+
+class Spool:
+    """A disk queue with a persistent head, a read cursor, and out-of-order acknowledgements."""
+
+    def __init__(self, directory: str | Path, max_bytes: int, fsync: bool = False) -> None:
+        self.dir = Path(directory)
+        self.log = SegmentLog(self.dir, fsync=fsync)
+        self.max_bytes = max_bytes
+        self.head = self._load_head()
+        self._cursor = self.head
+        # packets handed out and not yet acknowledged, in log order: pos -> (next, steps, bytes)
+        self._outstanding: collections.OrderedDict[Position, tuple[Position, int, int]] = collections.OrderedDict()
+        self._acked: set[Position] = set()
+        self.steps = 0
+        self.bytes = 0
+        self.packets = 0
+        for rec in self.log.read(self.head):
+            self.steps += int(rec.meta["steps"])
+            self.bytes += _size(rec)
+            self.packets += 1
+        if self.packets:
+            log.info("spool %s holds %d packets (%d samples) from before this start", self.dir, self.packets,
+                     self.steps)
+
+    def _load_head(self) -> Position:
+        path = self.dir / "HEAD"
+        if not path.exists():
+            return self.log.start()
+        try:
+            data = json.loads(path.read_text())
+            head = Position(int(data["segment"]), int(data["offset"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OSError(f"{path} is unreadable ({exc}); remove the spool folder to start empty") from None
+        return max(head, self.log.start())
+
+    def _save_head(self) -> None:
+        tmp = self.dir / "HEAD.tmp"
+        tmp.write_text(json.dumps({"segment": self.head.segment, "offset": self.head.offset}))
+        os.replace(tmp, self.dir / "HEAD")
+
+    def fits(self, nbytes: int) -> bool:
+        return self.bytes + nbytes <= self.max_bytes
+
+    def push(self, frames: list[Any], meta: dict[str, Any]) -> None:
+        self.log.append(frames, meta)
+        self.steps += int(meta["steps"])
+        self.bytes += frames_nbytes(frames)
+        self.packets += 1
+
+    def take(self, max_steps: int) -> list[SpooledPacket]:
+        """Packets from the read cursor, up to at least ``max_steps`` samples (at least one packet)."""
+        out: list[SpooledPacket] = []
+        steps = 0
+        for rec in self.log.read(self._cursor):
+            size = _size(rec)
+            out.append(SpooledPacket(rec.position, rec.meta, rec.frames, size))
+            self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size)
+            self._cursor = rec.next
+            steps += int(rec.meta["steps"])
+            if steps >= max_steps:
+                break
+        return out
+
+    def pending(self) -> bool:
+        """True if packets wait behind the read cursor."""
+        return self._cursor < self.log.end()
+
+    def ack(self, position: Position) -> None:
+        """The trainer has this packet: advance the head over every leading acknowledged packet."""
+        if position not in self._outstanding:
+            return
+        self._acked.add(position)
+        moved = False
+        while self._outstanding and next(iter(self._outstanding)) in self._acked:
+            first, (nxt, steps, size) = self._outstanding.popitem(last=False)
+            self._acked.discard(first)
+            self.head = nxt
+            self.steps -= steps
+            self.bytes -= size
+            self.packets -= 1
+            moved = True
+        if moved:
+            self._save_head()
+            self.log.drop_before(self.head)
+
+    def untake(self, first: Position) -> None:
+        """Give back the packets of the latest :meth:`take`, from ``first`` on (their send failed)."""
+        for pos in [p for p in self._outstanding if p >= first]:
+            del self._outstanding[pos]
+            self._acked.discard(pos)
+        self._cursor = min(self._cursor, first)
+
+    def rewind(self) -> None:
+        """The trainer went away: everything it did not acknowledge will be read again."""
+        self._cursor = self.head
+        self._outstanding.clear()
+        self._acked.clear()
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _size(rec: Record) -> int:
+    return sum(f.nbytes for f in rec.frames)
