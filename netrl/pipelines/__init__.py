@@ -33,4 +33,12 @@ def make_pipeline(cfg: Config) -> Pipeline:
         from netrl.pipelines.gym import gym_pipeline
 
         return gym_pipeline(cfg)
+    if cfg.env.pipeline == "drone":
+        from netrl.pipelines.drone import drone_pipeline
+
+        return drone_pipeline(cfg)
+    if cfg.env.pipeline == "image":
+        from netrl.pipelines.image import image_pipeline
+
+        return image_pipeline(cfg)
     raise ValueError(f'env.pipeline "{cfg.env.pipeline}" is not available in this netrl version')

@@ -1,0 +1,170 @@
+"""Frame stacks sent one frame at a time: the worker-side compressor and the memory that rebuilds the stacks.
+
+An image env observes a stack of the last ``S`` grayscale frames, ``(S, H, W)`` uint8, newest last; at an
+episode's first observation the stack holds ``S`` copies of the first frame (Gymnasium's FrameStackObservation
+with ``padding_type="reset"`` does the same). Consecutive stacks share ``S - 1`` frames, so the worker sends
+only the newest frame of each row::
+
+    worker:  obs (S, H, W) --FrameStackCompressor--> newest frame (H, W), or its PNG/JPEG bytes
+    wire:    one frame per row, plus ``S`` context rows per packet (pipeline ``overlap = S``)
+    trainer: FrameStackMemory stores each frame once (uint8) and rebuilds the stacks of a batch with one gather
+
+The stack of row ``k`` is the frames of rows ``k - min(S - 1 - j, since_reset[k])`` for ``j = 0 .. S - 1``: the
+index arithmetic clamps at the episode's first row, so stacks never mix episodes. A transition ending at row ``k``
+reads the ``S + 1`` frames ``k - min(S - m, since_reset[k])``, ``m = 0 .. S``; its observation is the first ``S``
+of them and its next observation the last ``S`` (two overlapping views of one gathered window).
+
+Frame codecs run in the compressor, per frame, with OpenCV: ``"png"`` (lossless) or ``"jpeg"`` (lossy, with a
+``quality``). A row's observation must have a fixed shape, so an encoded frame travels as a fixed-size uint8
+array (the bytes, then zeros) plus its length; the wire's packet compression (zstd by default) removes the zeros,
+so use the codecs with ``compression="zstd"`` or ``"lz4"``, never ``"none"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+
+from netrl.history import NEVER, HistoryMemory
+from netrl.samples import Buffer
+
+__all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "decode_frame", "encode_frame"]
+
+log = logging.getLogger(__name__)
+
+FrameCodec = Literal["raw", "png", "jpeg"]
+_CODECS = ("raw", "png", "jpeg")
+
+
+def encoded_capacity(height: int, width: int) -> int:
+    """Bytes reserved per encoded frame: PNG of incompressible data and JPEG at quality 100 both stay below it."""
+    return 2 * height * width + 1024
+
+
+def encode_frame(frame: np.ndarray, codec: FrameCodec, quality: int = 95, png_level: int = 1) -> bytes:
+    """One grayscale frame as PNG or JPEG bytes (OpenCV)."""
+    if codec == "png":
+        ok, data = cv2.imencode(".png", frame, [cv2.IMWRITE_PNG_COMPRESSION, png_level])
+    elif codec == "jpeg":
+        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    else:
+        raise ValueError(f"frame codec must be 'png' or 'jpeg' to encode (got {codec!r})")
+    if not ok:
+        raise ValueError(f"OpenCV could not encode a {frame.shape} {frame.dtype} frame as {codec}")
+    return bytes(data)
+
+
+def decode_frame(payload: np.ndarray, nbytes: int) -> np.ndarray:
+    """Inverse of :func:`encode_frame` for the first ``nbytes`` of ``payload``: a 2-D uint8 frame."""
+    if not 0 < nbytes <= payload.shape[0]:
+        raise ValueError(f"encoded frame length {nbytes} is outside 1..{payload.shape[0]}")
+    frame = cv2.imdecode(payload[:nbytes], cv2.IMREAD_GRAYSCALE)
+    if frame is None:
+        raise ValueError(f"{nbytes} bytes of an encoded frame are neither valid PNG nor JPEG")
+    return frame
+
+
+class FrameStackCompressor:
+    """``sample_compressor`` for stacked frames: keep only the newest frame, optionally PNG or JPEG encoded.
+
+    Args:
+        codec: ``"raw"`` (the frame as is), ``"png"`` (lossless) or ``"jpeg"`` (lossy).
+        quality: JPEG quality, 1..100.
+        png_level: PNG (zlib) compression level, 0..9.
+    """
+
+    def __init__(self, codec: FrameCodec = "raw", quality: int = 95, png_level: int = 1) -> None:
+        if codec not in _CODECS:
+            raise ValueError(f"codec must be one of {_CODECS} (got {codec!r})")
+        if not 1 <= quality <= 100:
+            raise ValueError(f"JPEG quality must be between 1 and 100 (got {quality})")
+        if not 0 <= png_level <= 9:
+            raise ValueError(f"png_level must be between 0 and 9 (got {png_level})")
+        self.codec, self.quality, self.png_level = codec, quality, png_level
+
+    def __call__(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool,
+                 info: dict[str, Any]) -> tuple[Any, Any, float, bool, bool, dict[str, Any]]:
+        frames = np.asarray(obs)
+        if frames.ndim != 3 or frames.dtype != np.uint8:
+            raise ValueError(f"FrameStackCompressor expects a (stack, height, width) uint8 observation "
+                             f"(got {frames.dtype} {frames.shape})")
+        newest = frames[-1]
+        if self.codec == "raw":
+            return act, newest, rew, terminated, truncated, info
+        data = encode_frame(np.ascontiguousarray(newest), self.codec, self.quality, self.png_level)
+        payload = np.zeros(encoded_capacity(*newest.shape), np.uint8)
+        if len(data) > payload.shape[0]:
+            raise ValueError(f"a {newest.shape} frame encoded to {len(data)} bytes with {self.codec}, more than the "
+                             f"{payload.shape[0]} reserved; lower the JPEG quality or use codec='png'")
+        payload[:len(data)] = np.frombuffer(data, np.uint8)
+        return act, (payload, np.int32(len(data))), rew, terminated, truncated, info
+
+
+class FrameStackMemory(HistoryMemory):
+    """Replay memory for ``(S, H, W)`` uint8 frame stacks that stores each frame once (see the module docstring).
+
+    Accepts packets whose observations are a frame per row (``FrameStackCompressor(codec="raw")``), or a
+    ``(payload, nbytes)`` pair of encoded frames (``"png"``/``"jpeg"``), which are decoded on arrival. The pipeline
+    must set ``overlap >= stack`` so that every packet carries the frames its first stacks read.
+
+    Args:
+        stack: frames per observation (``S``).
+        *args, **kwargs: :class:`~netrl.memory.MemoryDataloading`'s arguments.
+    """
+
+    def __init__(self, *args: Any, stack: int = 4, **kwargs: Any) -> None:
+        if not 1 <= stack <= 64:
+            raise ValueError(f"stack must be between 1 and 64 frames (got {stack})")
+        self.stack = stack
+        super().__init__(*args, **kwargs)
+
+    def _frames(self, buffer: Buffer) -> np.ndarray:
+        obs = buffer.obs
+        if isinstance(obs, np.ndarray) and obs.ndim == 3 and obs.dtype == np.uint8:
+            return obs
+        if (isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[0], np.ndarray) and obs[0].ndim == 2
+                and obs[0].dtype == np.uint8 and np.asarray(obs[1]).shape == (len(buffer),)):
+            payload, nbytes = obs[0], np.asarray(obs[1])
+            frames = [decode_frame(payload[i], int(nbytes[i])) for i in range(len(buffer))]
+            shapes = sorted({f.shape for f in frames})
+            if len(shapes) > 1:
+                raise ValueError(f"encoded frames of one packet decode to different sizes: {shapes}")
+            return np.stack(frames)
+        raise ValueError("FrameStackMemory expects one uint8 frame per row, or (payload, nbytes) of encoded frames, "
+                         "as FrameStackCompressor sends them: is the worker's sample_compressor one?")
+
+    def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
+        frames = self._frames(buffer)
+        since = _since_reset(buffer, self.stack)
+        return {"frame": frames, "since": since}
+
+    def _row_needs(self, buffer: Buffer, cols: dict[str, np.ndarray]) -> np.ndarray:
+        since = cols["since"]
+        # A row reads min(S - 1, since) rows back; `since` is NEVER where the episode began before this packet.
+        need = np.minimum(since.astype(np.int64), self.stack - 1)
+        unknown = (since == NEVER) & (need > np.arange(len(buffer)))  # would read before the packet's first row
+        need[unknown] = NEVER
+        return need
+
+    def _window(self, idx: np.ndarray) -> np.ndarray:
+        """Ring rows of the ``S + 1`` frames a transition ending at ``idx`` reads, oldest first: shape (B, S + 1)."""
+        back = np.arange(self.stack, -1, -1)
+        since = self._cols["since"][idx].astype(np.int64)
+        return (idx[:, None] - np.minimum(back[None, :], since[:, None])) % self.memory_size
+
+    def _observations(self, idx: np.ndarray) -> tuple[Any, Any]:
+        window = self._take("window", self._cols["frame"], self._window(idx))  # (B, S + 1, H, W)
+        return window[:, :-1], window[:, 1:]
+
+
+def _since_reset(buffer: Buffer, stack: int) -> np.ndarray:
+    """Rows since the episode's first row, capped at ``stack``; ``NEVER`` where that row is not in the packet."""
+    n = len(buffer)
+    rows = np.arange(n)
+    last_reset = np.maximum.accumulate(np.where(buffer.reset, rows, -1))
+    since = np.minimum(rows - last_reset, stack).astype(np.uint8)
+    since[last_reset < 0] = NEVER
+    return since

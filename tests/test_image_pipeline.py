@@ -1,0 +1,160 @@
+"""The image pipeline: ImageReach frames sent once, stacks rebuilt by FrameStackMemory, and the CNN SAC."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import cv2
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from netrl.agents.cnn import CNNActor, CNNActorCritic
+from netrl.agents.sac import SACAgent
+from netrl.config import Config
+from netrl.envs import GenericGymEnv
+from netrl.envs_image import ENV_ID, ImageReachEnv
+from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame
+from netrl.pipelines import make_pipeline
+from netrl.pipelines.image import image_pipeline
+from netrl.samples import Buffer
+from netrl.worker import RolloutWorker
+from tests.recording import local_packets, over_the_wire, recorded, same
+
+SMALL = Config(agent=dataclasses.replace(Config().agent, hidden_sizes=[32]))
+
+
+def test_env_renders_stacks_without_a_display_and_repeats_the_first_frame() -> None:
+    env = GenericGymEnv(f"netrl.envs_image:{ENV_ID}", {"max_steps": 3})
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 64, 64) and obs.dtype == np.uint8
+    assert all(np.array_equal(obs[0], obs[i]) for i in range(4))  # a reset stack repeats the first frame
+    obs1, rew, _, _, info = env.step(np.array([1.0, 0.0], np.float32))
+    np.testing.assert_array_equal(obs1[:3], obs[1:])  # stacks shift by one frame per step
+    assert not np.array_equal(obs1[3], obs[3]) and rew == -info["distance"]
+    env.step(np.zeros(2, np.float32))
+    assert env.step(np.zeros(2, np.float32))[3]  # truncated after max_steps
+    assert env.render().shape == (64, 64, 3)
+    with pytest.raises(ValueError, match="noise >= 0"):
+        ImageReachEnv(noise=-1)
+
+
+def test_env_reaches_the_goal_and_terminates() -> None:
+    env = ImageReachEnv(max_steps=200)
+    env.reset(seed=1)
+    for _ in range(200):
+        direction = env._target - env._pos
+        _, rew, terminated, truncated, _ = env.step((direction / max(np.abs(direction).max(), 1e-9)).astype(
+            np.float32))
+        if terminated or truncated:
+            break
+    assert terminated and rew > -env.goal_radius
+
+
+@pytest.mark.parametrize("codec", ["raw", "png", "jpeg"])
+def test_memory_rebuilds_the_stacks_the_env_produced(codec: str) -> None:
+    """Episodes end inside packets and across them; the ring wraps; test episodes are skipped."""
+    torch.manual_seed(0)
+    pipe = image_pipeline(SMALL, codec=codec, quality=90, env_kwargs={"max_steps": 7})  # type: ignore[arg-type]
+    env_cls, recorders = recorded(pipe.env_cls)
+    worker = RolloutWorker(env_cls, pipe.actor_module_cls, pipe.sample_compressor, min_samples_per_worker_packet=6,
+                           overlap=pipe.overlap, seed=2)
+    memory = pipe.memory_cls(memory_size=50, batch_size=64, seed=0)
+    episodes = [False, False, True, False, False, False, True, False] * 3
+    truth = recorders  # filled as the worker runs
+    checked: set[bytes] = set()
+    errors: list[float] = []
+    for buf in local_packets(worker, episodes):
+        memory.append_buffer(over_the_wire(buf))
+        items: list[tuple[Any, ...]] = [memory.get_transition(i)[:4] for i in range(len(memory))]
+        batch = memory.sample()
+        items += [(batch.obs[b].numpy(), batch.act[b].numpy(), None, batch.next_obs[b].numpy())
+                  for b in range(batch.act.shape[0])]
+        for o, a, _r, o2 in items:
+            prev, now = truth[0].truth[np.asarray(a).tobytes()]
+            checked.add(np.asarray(a).tobytes())
+            if codec == "jpeg":
+                errors.append(max(np.abs(o.astype(int) - prev).max(), np.abs(o2.astype(int) - now).max()))
+            else:
+                assert same(o, prev) and same(o2, now)
+    steps = sum(not t for t in episodes) * 7
+    assert memory.total_appended > 3 * memory.memory_size
+    assert len(checked) > 0.9 * steps
+    if codec == "jpeg":  # lossy, but the stacks are the right frames in the right order
+        assert 0 < np.median(errors) <= 24, np.median(errors)
+
+
+def test_stacks_never_mix_episodes_even_when_a_packet_starts_mid_episode() -> None:
+    """Hand-made rows: frame value = row number, so each stack says which rows it came from."""
+    n = 12
+    reset = np.zeros(n, bool)
+    reset[[0, 5]] = True
+    context = np.zeros(n, bool)
+    context[:4] = True  # a packet that starts with 4 context rows from an earlier episode
+    reset[0] = False  # ... whose first row is not the episode's first: rows 0-4 continue an older episode
+    frames = np.arange(n, dtype=np.uint8)[:, None, None] * np.ones((1, 2, 2), np.uint8)
+    buf = Buffer(act=np.arange(n, dtype=np.float32)[:, None], obs=frames, rew=np.zeros(n, np.float32),
+                 terminated=np.zeros(n, bool), truncated=np.zeros(n, bool), reset=reset, context=context,
+                 policy_version=np.zeros(n, np.int64))
+    memory = FrameStackMemory(memory_size=100, stack=3)
+    memory.append_buffer(buf)
+    got = {int(a[0]): ([int(f[0, 0]) for f in o], [int(f[0, 0]) for f in o2])
+           for o, a, _r, o2, *_ in (memory.get_transition(i) for i in range(len(memory)))}
+    assert got == {
+        4: ([1, 2, 3], [2, 3, 4]),  # a packet's first transition reads its context rows
+        6: ([5, 5, 5], [5, 5, 6]),  # row 5 starts an episode: no frame of row 4 leaks in
+        7: ([5, 5, 6], [5, 6, 7]),
+        8: ([5, 6, 7], [6, 7, 8]), 9: ([6, 7, 8], [7, 8, 9]), 10: ([7, 8, 9], [8, 9, 10]),
+        11: ([8, 9, 10], [9, 10, 11]),
+    }
+
+
+def test_frame_codecs_round_trip_and_reject_bad_input() -> None:
+    frame = (np.arange(64 * 64) % 251).astype(np.uint8).reshape(64, 64)
+    data = np.frombuffer(encode_frame(frame, "png"), np.uint8)
+    np.testing.assert_array_equal(decode_frame(data, len(data)), frame)
+    jpeg = np.frombuffer(encode_frame(frame, "jpeg", quality=50), np.uint8)
+    assert decode_frame(jpeg, len(jpeg)).shape == (64, 64)
+    with pytest.raises(ValueError, match="neither valid PNG nor JPEG"):
+        decode_frame(np.zeros(100, np.uint8), 50)
+    with pytest.raises(ValueError, match="codec must be one of"):
+        FrameStackCompressor("webp")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="quality"):
+        FrameStackCompressor("jpeg", quality=0)
+    with pytest.raises(ValueError, match="uint8 observation"):
+        FrameStackCompressor()(np.zeros(2), np.zeros((4, 8, 8), np.float32), 0.0, False, False, {})
+    assert cv2.imdecode(data, cv2.IMREAD_GRAYSCALE) is not None
+
+
+def test_cnn_sac_trains_on_rebuilt_stacks_and_worker_actor_loads_its_weights() -> None:
+    torch.manual_seed(0)
+    pipe = make_pipeline(dataclasses.replace(SMALL, env=dataclasses.replace(SMALL.env, pipeline="image")))
+    env = pipe.env_cls()
+    obs_space, act_space = env.observation_space, env.action_space
+    agent = pipe.training_agent_cls(observation_space=obs_space, action_space=act_space, device="cpu")
+    assert isinstance(agent, SACAgent) and isinstance(agent.model, CNNActorCritic)
+    worker = RolloutWorker(pipe.env_cls, pipe.actor_module_cls, pipe.sample_compressor, min_samples_per_worker_packet=8,
+                           overlap=pipe.overlap, seed=0)
+    memory = pipe.memory_cls(memory_size=500, batch_size=16, seed=0)
+    for buf in local_packets(worker, [False] * 3):
+        memory.append_buffer(over_the_wire(buf))
+    encoder = agent.model.critic.encoder
+    before = [p.detach().clone() for p in encoder.parameters()]
+    for _ in range(3):
+        metrics = agent.train(memory.sample())
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert any(not torch.equal(b, p) for b, p in zip(before, encoder.parameters(), strict=True))  # the critic trains it
+    assert agent.get_actor().encoder is encoder  # shared, read detached by the actor
+    actor = pipe.actor_module_cls(obs_space, act_space)
+    assert isinstance(actor, CNNActor) and actor.encoder is not encoder
+    actor.load_state_dict(agent.get_actor().state_dict())
+    obs, _ = env.reset(seed=0)
+    act = actor.act_(obs, test=True)
+    assert act.shape == (2,) and np.all(np.abs(act) <= 1)
+    with torch.no_grad():
+        want = agent.get_actor()(torch.as_tensor(obs)[None], test=True, with_logprob=False)[0][0].numpy()
+    np.testing.assert_allclose(act, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="stack, height, width"):
+        CNNActor(gymnasium.spaces.Box(0, 1, (4,)), act_space)
