@@ -55,8 +55,9 @@ class HistoryMemory(MemoryDataloading):
     """Preallocated ring of rows with vectorised sampling of transitions whose history is still stored.
 
     ``obs_preprocessor`` is not supported: the observations are rebuilt per batch, so preprocess in the model.
-    ``sample_preprocessor`` runs once per batch. A batch's tensors share memory with reused buffers and stay valid
-    until the next :meth:`sample` call.
+    ``sample_preprocessor`` runs once per batch. Rows with a loss weight of 0 (stale samples the trainer drops) end
+    no transition; other weights below 1 make every batch carry ``Batch.weight``. A batch's tensors share memory
+    with reused buffers and stay valid until the next :meth:`sample` call.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -67,6 +68,7 @@ class HistoryMemory(MemoryDataloading):
         self._size = 0  # rows stored
         self._ends = 0  # stored rows with need != NEVER
         self._ordered: np.ndarray | None = None  # valid rows in logical order, for get_transition
+        self._weighted = False  # True once a packet carried loss weights below 1 (stale samples)
         self.total_appended = 0
         super().__init__(*args, **kwargs)
         if self.obs_preprocessor is not None:
@@ -95,8 +97,12 @@ class HistoryMemory(MemoryDataloading):
         columns = self._columns(buffer)
         columns.update(act_leaves)
         need = transition_needs(buffer, self._row_needs(buffer, columns))
+        weight = getattr(buffer, "weight", None)
         columns.update(rew=np.asarray(buffer.rew, np.float32), terminated=buffer.terminated,
-                       truncated=buffer.truncated, policy_version=buffer.policy_version, need=need)
+                       truncated=buffer.truncated, policy_version=buffer.policy_version, need=need,
+                       weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32))
+        if weight is not None and bool((columns["weight"][need != NEVER] < 1).any()):
+            self._weighted = True  # from now on batches carry loss weights
         if not self._cols:
             self._act_spec = act_spec
             cap = self.memory_size
@@ -176,12 +182,14 @@ class HistoryMemory(MemoryDataloading):
         return o, act, r, o2, term, trunc
 
     def sample(self) -> Batch:
-        o, a, r, o2, term, trunc = self._transitions(self.sample_indices())
+        idx = self.sample_indices()
+        o, a, r, o2, term, trunc = self._transitions(idx)
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
         d = self.device
+        weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
         return Batch(_tensor(o, d), _tensor(a, d), _tensor(r, d), _tensor(o2, d), _tensor(term, d),
-                     _tensor(trunc, d))
+                     _tensor(trunc, d), weight)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first (per-item access, for tests and tmrl-style code)."""

@@ -7,7 +7,6 @@ action-buffer code produces the observations the memory must rebuild.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
 import pytest
@@ -25,10 +24,8 @@ from tests.recording import local_packets, over_the_wire, recorded, same
 FAST = 0.005  # seconds per step in these tests
 
 
-@pytest.fixture(autouse=True)
-def _quiet_rtgym() -> None:
-    warnings.filterwarnings("ignore", message="Time-step timed out")  # a 5 ms clock may slip on a busy machine
-    warnings.filterwarnings("ignore", message=".*share an object.*")  # rtgym's buffers; GenericGymEnv copies them
+pytestmark = [pytest.mark.filterwarnings("ignore:Time-step timed out"),  # a 5 ms clock may slip on a busy machine
+              pytest.mark.filterwarnings("ignore:.*share an object")]  # rtgym's buffers: GenericGymEnv copies them
 
 
 @pytest.mark.parametrize("env_id", ["rtgym:real-time-gym-v1", "rtgym:real-time-gym-ts-v1"])
@@ -59,7 +56,7 @@ def test_config_is_copied_and_v0_is_not_used() -> None:
     assert DEFAULT_CONFIG_DICT == before and config is not DEFAULT_CONFIG_DICT
     assert config["time_step_duration"] == 0.05 and config["act_buf_len"] == 4 and not config["reset_act_buf"]
     pipe = make_pipeline(Config(env=dataclasses.replace(Config().env, pipeline="drone")))
-    assert pipe.realtime and pipe.overlap == 7 and pipe.env_cls.keywords["id"].endswith("-v1")  # type: ignore[attr-defined]
+    assert pipe.realtime and pipe.overlap == 7 and pipe.env_cls.args[0].endswith("-v1")  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="act_in_obs"):
         act_buf_settings({**config, "act_in_obs": False})
 

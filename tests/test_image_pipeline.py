@@ -111,6 +111,25 @@ def test_stacks_never_mix_episodes_even_when_a_packet_starts_mid_episode() -> No
     }
 
 
+def test_loss_weights_drop_or_down_weight_stale_transitions() -> None:
+    n = 10
+    reset = np.zeros(n, bool)
+    reset[0] = True
+    flags = np.zeros(n, bool)
+    weight = np.ones(n, np.float32)
+    weight[4], weight[6] = 0.0, 0.5  # the trainer drops row 4's transition and halves row 6's
+    buf = Buffer(act=np.arange(n, dtype=np.float32)[:, None], obs=np.zeros((n, 2, 2), np.uint8),
+                 rew=np.zeros(n, np.float32), terminated=flags, truncated=flags, reset=reset, context=flags,
+                 policy_version=np.zeros(n, np.int64), weight=weight)
+    memory = FrameStackMemory(memory_size=100, batch_size=200, stack=2, seed=0)
+    memory.append_buffer(buf)
+    assert len(memory) == n - 2  # rows 1..9 end transitions, minus the dropped one
+    batch = memory.sample()
+    acts = batch.act[:, 0].numpy().astype(int)
+    assert 4 not in set(acts) and batch.weight is not None
+    np.testing.assert_array_equal(batch.weight.numpy(), np.where(acts == 6, 0.5, 1.0))
+
+
 def test_frame_codecs_round_trip_and_reject_bad_input() -> None:
     frame = (np.arange(64 * 64) % 251).astype(np.uint8).reshape(64, 64)
     data = np.frombuffer(encode_frame(frame, "png"), np.uint8)
@@ -123,6 +142,10 @@ def test_frame_codecs_round_trip_and_reject_bad_input() -> None:
         FrameStackCompressor("webp")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quality"):
         FrameStackCompressor("jpeg", quality=0)
+    with pytest.raises(ValueError, match="png_strategy"):
+        FrameStackCompressor("png", png_strategy="lzma")  # type: ignore[arg-type]
+    clean = ImageReachEnv(noise=0.0).reset(seed=0)[0][-1]  # LZ77 beats RLE on noise-free frames
+    assert len(encode_frame(clean, "png", png_strategy="default")) < len(encode_frame(clean, "png"))
     with pytest.raises(ValueError, match="uint8 observation"):
         FrameStackCompressor()(np.zeros(2), np.zeros((4, 8, 8), np.float32), 0.0, False, False, {})
     assert cv2.imdecode(data, cv2.IMREAD_GRAYSCALE) is not None

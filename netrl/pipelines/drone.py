@@ -8,7 +8,8 @@ the observation carries the last 4 actions (rtgym's action buffer) to stay Marko
 
 As in the tutorial, the worker's :class:`~netrl.actbuf.ActionBufferCompressor` drops the action buffer and the
 trainer's :class:`~netrl.actbuf.ActionBufferMemory` rebuilds it (exactly, across episode ends: the buffer is not
-reset between episodes). The env runs in real time, so the worker is never paused by pacing. Settings are module
+reset between episodes). The env runs in real time, so the worker is never paused by pacing, and a
+:class:`~netrl.realtime.StepTimer` logs its step periods. Settings are module
 constants; :func:`drone_pipeline` takes them as arguments for tests and benchmarks.
 """
 
@@ -25,10 +26,11 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config import Config
 from netrl.envs import GenericGymEnv
 from netrl.pipelines import Pipeline
+from netrl.realtime import StepTimer
 from netrl.util import partial
 
-__all__ = ["ACT_BUF_LEN", "ENV_ID", "EP_MAX_LENGTH", "TIME_STEP", "DummyRCDroneInterface", "drone_pipeline",
-           "drone_rtgym_config"]
+__all__ = ["ACT_BUF_LEN", "ENV_ID", "EP_MAX_LENGTH", "TIME_STEP", "DummyRCDroneInterface", "drone_env",
+           "drone_pipeline", "drone_rtgym_config"]
 
 TIME_STEP = 0.05  # seconds per step (20 Hz)
 ACT_BUF_LEN = 4  # actions in the observation
@@ -92,6 +94,12 @@ def drone_rtgym_config(time_step: float = TIME_STEP, act_buf_len: int = ACT_BUF_
     return config
 
 
+def drone_env(env_id: str = ENV_ID, rtgym_config: dict[str, Any] | None = None) -> StepTimer:
+    """The drone env, timed: step periods are logged per episode (DEBUG) and overruns as warnings."""
+    config = rtgym_config or drone_rtgym_config()
+    return StepTimer(GenericGymEnv(env_id, {"config": config}), nominal_s=config["time_step_duration"])
+
+
 def drone_pipeline(cfg: Config, *, time_step: float = TIME_STEP, act_buf_len: int = ACT_BUF_LEN,
                    ep_max_length: int = EP_MAX_LENGTH, reset_act_buf: bool = False, last_act_on_reset: bool = False,
                    env_id: str = ENV_ID) -> Pipeline:
@@ -101,7 +109,7 @@ def drone_pipeline(cfg: Config, *, time_step: float = TIME_STEP, act_buf_len: in
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
     return Pipeline(
-        env_cls=partial(GenericGymEnv, id=env_id, gym_kwargs={"config": rtgym_config}),
+        env_cls=partial(drone_env, env_id, rtgym_config),
         actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
         memory_cls=partial(ActionBufferMemory, **settings),
         training_agent_cls=partial(

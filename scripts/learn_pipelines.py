@@ -1,0 +1,177 @@
+"""Learning runs of the drone and image pipelines through the three processes (server, trainer, worker).
+
+For a pipeline this writes a config, starts the roles on localhost with free ports, trains for ``--minutes``
+(or until the trainer's epochs are done), prints the learning curve from the worker's episode log, and then
+evaluates the trainer's final policy against a random policy in fresh envs, in this process:
+
+* drone: rtgym's dummy RC drone at 50 ms steps. Reported: mean distance to the target over an episode, the
+  distance at its end, and the steps until the drone first came within 0.05 of the target.
+* image: ImageReach from 4x64x64 frames. Reported: return, success rate (reached the goal), episode length.
+
+The last line of output is one JSON object with the curve and both evaluations.
+
+Usage: .venv/bin/python scripts/learn_pipelines.py drone [--minutes 10] [--out DIR] [--seed 1]
+       .venv/bin/python scripts/learn_pipelines.py image [--minutes 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import numpy as np
+import torch
+
+from netrl.config import Config, config_from_dict, config_to_dict
+from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.pipelines import make_pipeline
+from netrl.weights import load_weights, read_weights_file
+
+# Trainer settings per pipeline: the drone's samples come at 20 Hz, so it trains several steps per sample.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "drone": {"trainer": {"start_training": 400, "max_training_steps_per_env_step": 4.0, "steps": 400,
+                          "update_model_interval": 100, "update_buffer_interval": 20},
+              "memory": {"memory_size": 100_000, "batch_size": 256},
+              "worker": {"test_episode_interval": 5, "min_samples_per_worker_packet": 20}},
+    "image": {"trainer": {"start_training": 1000, "max_training_steps_per_env_step": 1.0, "steps": 500,
+                          "update_model_interval": 50, "update_buffer_interval": 20, "worker_lead": 100},
+              "memory": {"memory_size": 100_000, "batch_size": 128},
+              "worker": {"test_episode_interval": 10, "min_samples_per_worker_packet": 50}},
+}
+
+
+def learn_config(pipeline: str, out: Path, seed: int) -> Config:
+    data = config_to_dict(Config())
+    data.update(run_name=pipeline, weights_folder=str(out), seed=seed)
+    data["env"]["pipeline"] = pipeline
+    data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["worker"].update(worker_id="learn", **SETTINGS[pipeline]["worker"])
+    data["trainer"].update(epochs=100_000, rounds=1, **SETTINGS[pipeline]["trainer"])
+    data["memory"].update(SETTINGS[pipeline]["memory"])
+    data["wandb"]["mode"] = "disabled"
+    return config_from_dict(data)
+
+
+def read_episodes(path: Path) -> list[dict[str, float]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def curve(episodes: list[dict[str, float]], t0: float, block: int) -> list[dict[str, Any]]:
+    """Mean training return (and per-step return) per block of training episodes."""
+    train = [e for e in episodes if e["test"] == 0]
+    out = []
+    for i in range(0, len(train) - block + 1, block):
+        part = train[i:i + block]
+        out.append({"episodes": i + block, "env_steps": int(part[-1]["env_steps"]),
+                    "minutes": round((part[-1]["time"] - t0) / 60, 1),
+                    "return": round(float(np.mean([e["return"] for e in part])), 2),
+                    "return_per_step": round(float(np.mean([e["return"] / e["length"] for e in part])), 4)})
+    return out
+
+
+def evaluate(pipeline: str, cfg: Config, policy: Path | None, episodes: int) -> dict[str, Any]:
+    """Deterministic episodes of the saved policy (or uniformly random actions when ``policy`` is None)."""
+    pipe = make_pipeline(cfg)
+    env = pipe.env_cls()
+    actor = pipe.actor_module_cls(env.observation_space, env.action_space)
+    if policy is not None:
+        state, _ = read_weights_file(policy)
+        load_weights(actor, {k: v.numpy() for k, v in state.items()})
+    actor.eval()
+    rng = np.random.default_rng(123)
+    results: list[dict[str, float]] = []
+    try:
+        for ep in range(episodes):
+            obs, _ = env.reset(seed=1000 + ep)
+            rewards: list[float] = []
+            done, terminated = False, False
+            while not done:
+                act = (actor.act_(obs, test=True) if policy is not None
+                       else rng.uniform(env.action_space.low, env.action_space.high).astype(np.float32))
+                obs, rew, terminated, truncated, _ = env.step(act)
+                rewards.append(float(rew))
+                done = terminated or truncated
+            dist = -np.asarray(rewards)
+            within = np.flatnonzero(dist < 0.05)
+            results.append({"return": float(np.sum(rewards)), "length": len(rewards),
+                            "mean_distance": float(dist.mean()), "final_distance": float(dist[-1]),
+                            "steps_to_0.05": float(within[0] + 1) if within.size else float("nan"),
+                            "success": float(terminated)})
+    finally:
+        env.close()
+    summary = {k: round(float(np.nanmean([r[k] for r in results])), 4) for k in results[0]}
+    summary["episodes"] = episodes
+    if pipeline == "drone":
+        summary["reached_0.05"] = round(float(np.mean([not np.isnan(r["steps_to_0.05"]) for r in results])), 3)
+    return summary
+
+
+def run(pipeline: str, minutes: float, out: Path, seed: int, eval_episodes: int = 20) -> dict[str, Any]:
+    cfg = learn_config(pipeline, out, seed)
+    config_path = write_config(cfg, out / "config.json")
+    logs = {role: (out / f"{role}.log").open("wb") for role in ("server", "trainer", "worker")}
+    t0 = time.time()
+    server = spawn_role("server", config_path, stdout=logs["server"])
+    time.sleep(1.0)
+    trainer = spawn_role("trainer", config_path, stdout=logs["trainer"])
+    worker = spawn_role("worker", config_path, stdout=logs["worker"], log_level="WARNING")
+    episodes_csv = cfg.run_dir / "episodes_learn.csv"
+    try:
+        while time.time() - t0 < minutes * 60 and trainer.poll() is None:
+            if server.poll() is not None or worker.poll() is not None:
+                raise RuntimeError(f"a role exited early; see the logs in {out}")
+            time.sleep(5)
+            eps = read_episodes(episodes_csv)
+            train = [e for e in eps if e["test"] == 0][-10:]
+            if train:
+                print(f"{(time.time() - t0) / 60:5.1f} min  env steps {int(eps[-1]['env_steps']):6d}  "
+                      f"last 10 returns {np.mean([e['return'] for e in train]):8.2f}", flush=True)
+    finally:
+        codes = stop_processes([worker, trainer, server], timeout=20)
+        for f in logs.values():
+            f.close()
+    eps = read_episodes(episodes_csv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trained = evaluate(pipeline, cfg, cfg.run_dir / "policy.pt", eval_episodes)
+        random_policy = evaluate(pipeline, cfg, None, eval_episodes)
+    return {"pipeline": pipeline, "minutes": round((time.time() - t0) / 60, 1), "exit_codes": codes,
+            "env_steps": int(eps[-1]["env_steps"]) if eps else 0,
+            "curve": curve(eps, t0, block=20 if pipeline == "drone" else 50),
+            "trained_policy": trained, "random_policy": random_policy}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pipeline", choices=["drone", "image"])
+    p.add_argument("--minutes", type=float, default=10.0, help="training time (default 10)")
+    p.add_argument("--out", help="output folder (default: a temporary one)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--eval-episodes", type=int, default=20)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"netrl-learn-{args.pipeline}-"))
+    result = run(args.pipeline, args.minutes, out, args.seed, args.eval_episodes)
+    for point in result["curve"]:
+        print(point)
+    print("trained:", result["trained_policy"])
+    print("random: ", result["random_policy"])
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
