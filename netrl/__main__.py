@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", help="this worker's name in logs and status (worker.worker_id)")
     p.add_argument("--wandb", choices=["offline", "online", "disabled"], help="wandb mode (wandb.mode)")
     p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
+    p.add_argument("--episodes", type=int, help="worker: run this many training episodes, then stop")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="logging level (default INFO)")
     p.add_argument("--version", action="version", version=f"netrl {__version__}")
@@ -65,8 +66,8 @@ _FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "tr
 def setup_logging(role: str, level: str) -> None:
     """One handler on the root logger, with role and pid in every line (only ever called here)."""
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [{role} %(process)d] %(name)s: %(message)s",
-                                           "%H:%M:%S"))
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s.%(msecs)03d %(levelname).1s [{role} %(process)d] %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -96,7 +97,8 @@ def configure_torch(cfg: Config) -> None:
         torch.manual_seed(cfg.seed)
 
 
-def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json") -> None:
+def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json",
+             episodes: int | None = None) -> None:
     if role == "server":  # the server never imports torch: it only moves bytes
         from netrl.server import Server
 
@@ -114,7 +116,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
     if role == "worker":
         from netrl.worker import RolloutWorker
 
-        RolloutWorker.from_config(cfg, pipeline).run(cfg.worker.test_episode_interval, stop=stop)
+        RolloutWorker.from_config(cfg, pipeline).run(cfg.worker.test_episode_interval, episodes, stop=stop)
     else:
         from netrl.trainer import Trainer
 
@@ -133,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     install_stop_signals(stop)
     try:
-        run_role(args.role, cfg, stop, args.config)
+        run_role(args.role, cfg, stop, args.config, args.episodes)
     except NetrlError as exc:
         log.error("%s", exc)
         return 1

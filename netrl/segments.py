@@ -49,15 +49,21 @@ class Record(NamedTuple):
 class SegmentLog:
     """An append-only log of messages in ``directory``. Not thread-safe: one owner thread."""
 
-    def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20, fsync: bool = False) -> None:
+    def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20, fsync: bool = False,
+                 readonly: bool = False) -> None:
         self.dir = Path(directory)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly  # for inspecting a log another process writes: never repairs, stops at a torn tail
+        if not readonly:
+            self.dir.mkdir(parents=True, exist_ok=True)
         self._file: Any = None
         segments = self.segments()
         self._segment = segments[-1] if segments else 1
-        self._end = self._repair(self._segment) if segments else 0
+        if readonly:
+            self._end = self._path(self._segment).stat().st_size if segments else 0
+        else:
+            self._end = self._repair(self._segment) if segments else 0
 
     # -- files ----------------------------------------------------------------------------------------------
     def _path(self, segment: int) -> Path:
@@ -103,6 +109,8 @@ class SegmentLog:
     # -- writing ----------------------------------------------------------------------------------------------
     def append(self, frames: Sequence[Any], meta: dict[str, Any]) -> Position:
         """Write one record and flush it; returns its position."""
+        if self.readonly:
+            raise OSError(f"{self.dir} was opened read-only")
         views = [memoryview(getattr(f, "buffer", f)).cast("B") for f in frames]
         header = msgpack.packb({"m": meta, "l": [v.nbytes for v in views]})
         data_len = sum(v.nbytes for v in views)
@@ -145,6 +153,8 @@ class SegmentLog:
                 while offset < size:
                     parsed = _read_record(f, offset)
                     if parsed is None:
+                        if self.readonly and seg == self._segment:
+                            return  # the writer is mid-record
                         raise OSError(f"{path} is corrupt at offset {offset}; move it away to continue")
                     nxt, meta, frames = parsed
                     yield Record(Position(seg, offset), Position(seg, nxt), meta, frames)

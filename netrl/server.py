@@ -10,6 +10,7 @@ Where a packet goes, and when its worker hears back:
 
 * a trainer is connected and the packets held in memory stay under ``max_queue_bytes``: it waits in memory and the
   worker gets its ACK when the trainer acknowledges the bundle that carried it (until then the worker keeps it);
+  if the trainer has not taken it within ``spool_after_s``, it moves to the spool and is acknowledged then;
 * otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first;
 * if the spool is full too, the worker gets a NACK and resends later (its own backlog is bounded and counts drops).
 
@@ -53,12 +54,13 @@ class Server:
         network: heartbeat, size and reconnect settings.
         max_packet_delay_s: a bundle is sent after this long even if it has fewer samples.
         max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
+        spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
         spool_dir, spool_max_bytes, fsync: the disk spool.
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
-                 max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20,
+                 max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20, spool_after_s: float = 1.0,
                  spool_dir: str | Path = "weights/server-spool", spool_max_bytes: int = 1 << 30,
                  fsync: bool = False) -> None:
         self.min_samples = min_samples_per_server_packet
@@ -68,6 +70,7 @@ class Server:
         self.net = network or NetworkConfig()
         self.max_delay = max_packet_delay_s
         self.max_queue_bytes = max_queue_bytes
+        self.spool_after = spool_after_s
         self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
         self.session = new_session()
         self.peers: dict[bytes, Peer] = {}
@@ -96,9 +99,10 @@ class Server:
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
         s = cfg.server
+        spool_dir = s.spool_dir or Path(cfg.weights_folder) / "server-spool"
         return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
                    worker_port=cfg.network.worker_port, network=cfg.network, max_packet_delay_s=s.max_packet_delay_s,
-                   max_queue_bytes=s.max_queue_bytes, spool_dir=s.spool_dir or Path(cfg.weights_folder) / "server-spool",
+                   max_queue_bytes=s.max_queue_bytes, spool_after_s=s.spool_after_s, spool_dir=spool_dir,
                    spool_max_bytes=s.spool_max_bytes, fsync=s.fsync)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -129,6 +133,7 @@ class Server:
                         self._drain(role, sock)
                 now = time.monotonic()
                 self._flush(now)
+                self._spool_stale(now)
                 self._heartbeats(now)
         finally:
             self.close()
@@ -147,9 +152,10 @@ class Server:
         if self.spool is not None:
             self.spool.close()
         held = len(self.queue) + sum(len(b) for b in self.inflight.values())
-        log.info("server stopped: %d samples relayed, %d messages rejected, %d packets spooled on disk, %d held "
-                 "in memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
-                 self.spool.packets if self.spool else 0, held)
+        log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
+                 "still on disk), %d refused (spool full), %d packets held in memory (their workers still have "
+                 "them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
+                 self.spool.packets if self.spool else 0, self.stats["samples_refused"], held)
 
     # -- receiving -----------------------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
@@ -164,7 +170,11 @@ class Server:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._receive(role, frames)
+            try:
+                self._receive(role, frames)
+            except Exception:  # a bug must not take the relay down: log it loudly, count it, carry on
+                self.stats["internal_errors"] += 1
+                log.exception("internal error while handling a message on the %s port", role)
 
     def _receive(self, role: str, frames: list[Any]) -> None:
         rid = frames[0].bytes
@@ -278,6 +288,9 @@ class Server:
             self.mem_bytes += nbytes
             self.queued_steps += steps
         elif self.spool.fits(nbytes):
+            if not self.spool.packets:
+                log.info("spooling packets to %s: %s", self.spool_dir, "no trainer is connected" if self.trainer is None
+                         else f"the memory queue is full ({self.mem_bytes} bytes)")
             self.spool.push(frames, {"worker": peer.name, "session": key[0], "seq": key[1], "steps": steps})
             self.stats["samples_spooled"] += steps
             self._send(peer, Message(MsgType.ACK, "server", body={"seqs": [msg.seq]}))
@@ -304,6 +317,11 @@ class Server:
         stats = msg.body.get("stats")
         if isinstance(stats, dict):
             peer.reported = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+            produced = stats.get("produced")
+            if isinstance(produced, int) and produced > peer.produced:
+                # a worker that reconnected to a restarted server: pace it from its real count, not from zero
+                peer.produced = produced
+                self._pace()
 
     def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         log.info("%s disconnected (%s)", peer.label, msg.body.get("reason", "no reason given"))
@@ -318,6 +336,7 @@ class Server:
             self._send_weights(peer)
             return
         acks: dict[str, list[int]] = collections.defaultdict(list)  # the trainer acknowledges bundles
+        spooled_before = self.spool.packets if self.spool else 0
         for seq in seqs:
             for packet in self.inflight.pop(seq, []):
                 self.inflight_steps -= packet.steps
@@ -328,6 +347,8 @@ class Server:
                     self.held.discard((packet.session, packet.seq))
                     self.mem_bytes -= packet.nbytes
                     acks[packet.session].append(packet.seq)
+        if spooled_before and self.spool is not None and not self.spool.packets:
+            log.info("spool drained: the trainer has every spooled packet")
         for session, worker_seqs in acks.items():
             worker = self.by_session.get(session)
             if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
@@ -340,7 +361,7 @@ class Server:
         self.weights = frames
         self.weights_version = msg.policy_version
         self.stats["weights_in"] += 1
-        for worker in self.peers.values():
+        for worker in list(self.peers.values()):  # a send may forget an unreachable worker
             if worker.role == "worker":
                 self._send_weights(worker)
 
@@ -361,7 +382,8 @@ class Server:
             return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                log.info("%s is unreachable; forgetting it", peer.label)
+                log.info("%s lost (its connection closed)", peer.label)
+                self.stats["peers_lost"] += 1
                 self._forget(peer.rid)
                 return False
             raise
@@ -421,6 +443,26 @@ class Server:
         if spooled and self.spool is not None:
             self.spool.untake(min(spooled))
 
+    def _spool_stale(self, now: float) -> None:
+        """Move packets the trainer has not taken within ``spool_after_s`` to disk, and acknowledge them."""
+        assert self.spool is not None
+        acks: dict[str, list[int]] = collections.defaultdict(list)
+        while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
+            packet = self.queue.popleft()
+            if not self.spool.packets:
+                log.info("spooling packets to %s: the trainer is not keeping up", self.spool_dir)
+            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
+                                            "steps": packet.steps})
+            self.stats["samples_spooled"] += packet.steps
+            self.queued_steps -= packet.steps
+            self.mem_bytes -= packet.nbytes
+            self.held.discard((packet.session, packet.seq))
+            acks[packet.session].append(packet.seq)
+        for session, seqs in acks.items():
+            worker = self.by_session.get(session)
+            if worker is not None:
+                self._send(worker, Message(MsgType.ACK, "server", body={"seqs": seqs}))
+
     def _pace(self) -> None:
         """Split the samples the trainer still wants between connected workers (only throttled workers wait)."""
         workers = [p for p in self.peers.values() if p.role == "worker"]
@@ -429,7 +471,7 @@ class Server:
         wanted_more = self.progress["wanted"] - self.progress["samples"]
         on_the_way = self.queued_steps + self.inflight_steps + (self.spool.steps if self.spool else 0)
         share = -(-max(0, wanted_more - on_the_way) // len(workers))
-        for worker in workers:
+        for worker in workers:  # (a list: a send may forget an unreachable worker)
             allowance = worker.produced + share
             if allowance > worker.allowance:
                 worker.allowance = allowance

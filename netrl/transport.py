@@ -241,9 +241,11 @@ class ClientLink:
             self.sock = None
 
     def close(self, reason: str = "shutting down") -> None:
-        """Say BYE (best effort) and close. Idempotent."""
+        """Say BYE and close, giving queued messages (last acknowledgements, BYE) up to 1 s to leave. Idempotent."""
         if self.sock is not None and self.ready:
             self._send_raw(encode(Message(MsgType.BYE, self.name, body={"reason": reason})))
+            self.sock.close(linger=1000)
+            self.sock = None
         self._close_socket()
         self._reconnect_at = None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -58,11 +59,11 @@ def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str
     """Atomically write ``path`` (state_dict) and ``path.json`` (meta: version, session...)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # unique per writer
     torch.save(module.state_dict(), tmp)
     os.replace(tmp, path)
     side = path.with_name(path.name + ".json")
-    tmp_side = side.with_name(side.name + ".tmp")
+    tmp_side = side.with_name(f"{side.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp_side.write_text(json.dumps(meta, indent=1))
     os.replace(tmp_side, side)
 

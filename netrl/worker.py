@@ -99,8 +99,8 @@ class _WorkerNet(NetThread):
         self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
         self.inflight: set[int] = set()
         self.backlog_bytes = self.inflight_bytes = 0
-        self.drained = threading.Event()
-        self.drained.set()
+        self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
+        self.last_seq = 0  # newest packet handed over by the control path
         self.version, self.weights_session = worker.version, ""
         self.allowance = 0
         self.pace_cond = threading.Condition()
@@ -120,13 +120,19 @@ class _WorkerNet(NetThread):
         self.backlog[seq] = packet
         self.unsent[seq] = None
         self.backlog_bytes += packet.nbytes
-        self.drained.clear()
-        while self.backlog_bytes > self.w.max_backlog_bytes and len(self.backlog) > 1:
-            self._drop_oldest()
+        with self.settled:
+            self.last_seq = seq
+            self.settled.notify_all()
+        while self.backlog_bytes > self.w.max_backlog_bytes and self._drop_oldest():
+            pass
         self._pump()
 
-    def _drop_oldest(self) -> None:
-        seq, packet = self.backlog.popitem(last=False)
+    def _drop_oldest(self) -> bool:
+        """Drop the oldest packet that is not in flight (one in flight may still be delivered and acknowledged)."""
+        seq = next((s for s in self.backlog if s not in self.inflight), None)
+        if seq is None:
+            return False
+        packet = self.backlog.pop(seq)
         self._forget(seq, packet)
         self.counts["dropped_packets"] += 1
         self.counts["dropped_samples"] += packet.steps
@@ -137,6 +143,7 @@ class _WorkerNet(NetThread):
                         "dropped its oldest packets; %d samples in %d packets dropped so far", self.w.worker_id,
                         self.backlog_bytes, self.w.max_backlog_bytes, self.counts["dropped_samples"],
                         self.counts["dropped_packets"])
+        return True
 
     def _forget(self, seq: int, packet: _Outgoing) -> None:
         self.backlog_bytes -= packet.nbytes
@@ -146,7 +153,8 @@ class _WorkerNet(NetThread):
             self.inflight.discard(seq)
             self.inflight_bytes -= packet.nbytes
         if not self.backlog:
-            self.drained.set()
+            with self.settled:
+                self.settled.notify_all()
 
     def _pump(self) -> None:
         """Send unsent packets, oldest first, within the window."""
@@ -183,9 +191,10 @@ class _WorkerNet(NetThread):
                 self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
         self._pump()
 
-    def flush(self, timeout: float) -> bool:
-        """Main thread: wait until every packet is acknowledged (True) or ``timeout`` passes (False)."""
-        return self.drained.wait(timeout)
+    def flush(self, upto_seq: int, timeout: float) -> bool:
+        """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged."""
+        with self.settled:
+            return self.settled.wait_for(lambda: self.last_seq >= upto_seq and not self.backlog, timeout)
 
     # -- messages in -------------------------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:
@@ -319,9 +328,10 @@ class RolloutWorker:
         return cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
                    cfg.network.server_ip, w.min_samples_per_worker_packet,
                    np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
-                   str(cfg.run_dir / "worker_policy.pt"), pipeline.obs_preprocessor,
-                   str(cfg.run_dir / "worker_policy"), w.model_history, server_port=cfg.network.worker_port,
-                   worker_id=worker_id, network=cfg.network, overlap=pipeline.overlap,
+                   str(cfg.run_dir / f"worker_policy_{worker_id}.pt"), pipeline.obs_preprocessor,
+                   str(cfg.run_dir / f"worker_policy_{worker_id}"), w.model_history,
+                   server_port=cfg.network.worker_port, worker_id=worker_id, network=cfg.network,
+                   overlap=pipeline.overlap,
                    throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
                    max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
                    flush_timeout_s=w.flush_timeout_s, seed=cfg.seed,
@@ -371,11 +381,14 @@ class RolloutWorker:
         if self.net is not None:
             self._send_packet()
             net = self.net
-            flushed = net.flush(self.flush_timeout)
+            flushed = net.flush(self.seq, self.flush_timeout)
             net.halt()
             c = net.counts
-            log.info("worker %s: %d samples produced, %d acknowledged, %d dropped (backlog full)", self.worker_id,
-                     self.produced, c["acked_samples"], c["dropped_samples"])
+            unacked = sum(p.steps for p in net.backlog.values())
+            level = logging.WARNING if unacked or c["dropped_samples"] else logging.INFO
+            log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
+                    "%d unacknowledged", self.worker_id, self.session, self.produced, self.seq, c["acked_samples"],
+                    c["dropped_samples"], unacked)
             if not flushed and net.backlog:
                 log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
                             "the server already spooled them", self.worker_id, len(net.backlog),

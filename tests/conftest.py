@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -55,16 +56,17 @@ class Procs:
     def log(self, p: subprocess.Popen[bytes]) -> str:
         return self.logs[p.pid].read_text(errors="replace")
 
-    def wait_for(self, p: subprocess.Popen[bytes], text: str, timeout: float = 30.0) -> str:
+    def wait_for(self, p: subprocess.Popen[bytes], pattern: str, timeout: float = 30.0) -> str:
+        """Wait until the process's log matches the regular expression ``pattern``; returns the log."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = self.log(p)
-            if text in out:
+            if re.search(pattern, out):
                 return out
             if p.poll() is not None:
-                raise AssertionError(f"pid {p.pid} exited ({p.returncode}) before logging {text!r}:\n{out[-3000:]}")
+                raise AssertionError(f"pid {p.pid} exited ({p.returncode}) before logging {pattern!r}:\n{out[-3000:]}")
             time.sleep(0.05)
-        raise AssertionError(f"pid {p.pid} did not log {text!r} within {timeout} s:\n{self.log(p)[-3000:]}")
+        raise AssertionError(f"pid {p.pid} did not log {pattern!r} within {timeout} s:\n{self.log(p)[-3000:]}")
 
 
 @pytest.fixture
