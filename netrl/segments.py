@@ -84,6 +84,9 @@ class SegmentLog:
                     break
                 end = parsed[0]
         if end < size:
+            if _valid_record_after(path, end):
+                raise OSError(f"{path} is damaged at offset {end} and valid records follow, so this is not a torn "
+                              "write from a crash; move the file away (its records before the damage are readable)")
             log.warning("%s: cut %d bytes of a torn record at offset %d", path, size - end, end)
             with path.open("r+b") as f:
                 f.truncate(end)
@@ -171,6 +174,18 @@ class SegmentLog:
                 self._path(seg).unlink()
                 dropped += 1
         return dropped
+
+
+def _valid_record_after(path: Path, offset: int) -> bool:
+    """True if a complete, valid record starts anywhere after ``offset`` (so the damage is not a torn tail)."""
+    data = path.read_bytes()
+    start = data.find(MAGIC, offset + 1)
+    with path.open("rb") as f:
+        while start != -1:
+            if _read_record(f, start) is not None:
+                return True
+            start = data.find(MAGIC, start + 1)
+    return False
 
 
 def _read_record(f: Any, offset: int) -> tuple[int, dict[str, Any], list[memoryview]] | None:

@@ -1,0 +1,163 @@
+"""Persistence contracts: segment logs survive torn writes, the spool resumes from HEAD, de-duplication ranges,
+atomic checkpoints, stale-sample handling and the worker's weights on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from netrl import checkpoint
+from netrl.agents.sac import MLPActor
+from netrl.delivery import Deliveries, SampleLog
+from netrl.envs import GenericGymEnv
+from netrl.errors import CheckpointError
+from netrl.memory import ReplayMemory
+from netrl.samples import Buffer
+from netrl.segments import Position, SegmentLog
+from netrl.spool import Spool
+from netrl.training import TrainingOffline
+from netrl.util import partial
+from netrl.weights import write_weights_file
+from netrl.worker import RolloutWorker
+from tests.test_sac import ACT, OBS
+
+
+def test_segment_log_cuts_a_torn_tail_and_keeps_everything_before(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=400)
+    for i in range(12):
+        log.append([bytes([i]) * 30, b"x" * i], {"i": i})
+    log.close()
+    assert len(log.segments()) > 1  # records rolled over into several segment files
+    last = tmp_path / f"{log.segments()[-1]:08d}.seg"
+    last.write_bytes(last.read_bytes()[:-5])  # a crash in the middle of the last write
+    reopened = SegmentLog(tmp_path, segment_bytes=400)
+    records = list(reopened.read())
+    assert [r.meta["i"] for r in records] == list(range(11))
+    assert bytes(records[3].frames[0]) == bytes([3]) * 30 and bytes(records[3].frames[1]) == b"xxx"
+    reopened.append([b"new"], {"i": 99})  # appends continue cleanly after the cut
+    assert [r.meta["i"] for r in SegmentLog(tmp_path, segment_bytes=400).read()][-2:] == [10, 99]
+
+
+def test_segment_log_refuses_damage_that_is_not_a_torn_tail(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=10_000)
+    for i in range(5):
+        log.append([b"payload-%d" % i], {"i": i})
+    log.close()
+    records = list(log.read())
+    seg = tmp_path / f"{log.segments()[0]:08d}.seg"
+    data = bytearray(seg.read_bytes())
+    data[records[2].next.offset - 3] ^= 0xFF  # flip a byte inside the third record's data
+    seg.write_bytes(bytes(data))
+    with pytest.raises(OSError, match=r"damaged at offset \d+ and valid records follow"):
+        SegmentLog(tmp_path)  # not a crash's torn write: refuse rather than silently cut records 3 and 4
+    assert [r.meta["i"] for r in SegmentLog(tmp_path, readonly=True).read()] == [0, 1]
+
+
+def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000)
+    for seq in range(1, 7):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    assert (spool.packets, spool.steps) == (6, 60)
+    first = spool.take(20)
+    second = spool.take(20)
+    assert [p.meta["seq"] for p in first + second] == [1, 2, 3, 4]
+    spool.ack(second[0].position)  # out of order: the head cannot move past 1 and 2 yet
+    assert spool.packets == 6
+    for p in first:
+        spool.ack(p.position)
+    assert (spool.packets, spool.steps) == (3, 30)  # 1, 2 and 3 are done; 4 is out but not acknowledged
+    spool.close()
+    again = Spool(tmp_path, max_bytes=10_000)  # a restarted server resends from the persisted head
+    assert [p.meta["seq"] for p in again.take(1000)] == [4, 5, 6]
+    again.rewind()
+    assert [p.meta["seq"] for p in again.take(1)] == [4]
+    assert not again.fits(10_000) and again.fits(100)
+
+
+def test_deliveries_detect_duplicates_and_keep_gaps_small() -> None:
+    d = Deliveries()
+    for seq in [1, 2, 3, 7, 5, 6, 4]:
+        assert d.add("w/a", seq)
+    assert not d.add("w/a", 5) and d.seen("w/a", 7) and not d.seen("w/a", 8)
+    assert d.streams() == {"w/a": [[1, 7]]}  # seven packets, one range
+    for seq in range(10, 1000, 2):  # every other packet dropped: ranges, not a growing set
+        d.add("w/b", seq)
+    assert d.count("w/b") == 495 and len(d.streams()["w/b"]) == 495
+    restored = Deliveries(json.loads(json.dumps(d.to_json())))
+    assert restored.seen("w/a", 4) and not restored.add("w/b", 998) and restored.add("w/b", 999)
+
+
+def test_sample_log_trims_whole_segments_beyond_what_memory_holds(tmp_path: Path) -> None:
+    log = SampleLog(tmp_path, keep_rows=50, segment_bytes=300)
+    for seq in range(1, 40):
+        log.append([b"r" * 100], "w/a", seq, rows=10, recv_version=1)
+    kept = list(log.read())
+    assert sum(r.meta["rows"] for r in kept) >= 50  # enough to rebuild a 50-row memory
+    assert kept[0].meta["seq"] > 1 and kept[-1].meta["seq"] == 39
+    assert len(log.log.segments()) < 39
+
+
+def test_checkpoint_is_atomic_and_a_broken_one_is_reported(tmp_path: Path) -> None:
+    assert checkpoint.load_checkpoint(tmp_path) is None
+    for n in range(1, 4):
+        checkpoint.save_checkpoint(tmp_path, {"w": torch.full((2,), float(n))},
+                                   {"epoch": n, "total_updates": n, "version": n, "total_samples": n})
+    agent, state = checkpoint.load_checkpoint(tmp_path)  # type: ignore[misc]
+    assert state["epoch"] == 3 and torch.equal(agent["w"], torch.full((2,), 3.0))
+    files = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
+    assert files == ["CURRENT", "agent_000002.pt", "agent_000003.pt", "state_000002.json", "state_000003.json"]
+    # a crash after writing the tensors but before CURRENT moved leaves the previous checkpoint current
+    (tmp_path / "checkpoint" / "agent_000004.pt").write_bytes(b"half a file")
+    assert checkpoint.load_checkpoint(tmp_path)[1]["epoch"] == 3  # type: ignore[index]
+    (tmp_path / "checkpoint" / "agent_000003.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"agent_000003\.pt"):
+        checkpoint.load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("stale_weight", [0.0, 0.25])
+def test_stale_samples_are_dropped_or_down_weighted(stale_weight: float) -> None:
+    training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=64, max_policy_lag=2,
+                               stale_sample_weight=stale_weight, seed=0)
+    training.build()
+    n = 9  # a reset row, then 8 steps chosen by policies v10, v10, v9, v8, v7, v6, v5, v3
+    versions = np.array([0, 10, 10, 9, 8, 7, 6, 5, 3])
+    buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.arange(n, dtype=np.float32)[:, None],
+                 rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                 reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=versions, recv_version=10)
+    assert training.add(buf) == 8  # every env step counts as received, stale or not
+    assert training._round.stale == 4  # lag 3, 4, 5 and 7 exceed max_policy_lag=2
+    memory = training.memory
+    assert isinstance(memory, ReplayMemory)
+    batch = memory.sample()
+    next_obs = batch.next_obs.numpy()[:, 0].astype(int)
+    if stale_weight == 0.0:
+        assert len(memory) == 4 and set(next_obs) <= {1, 2, 3, 4} and batch.weight is None
+    else:
+        assert len(memory) == 8 and batch.weight is not None
+        expected = np.where(versions[next_obs] < 8, stale_weight, 1.0)
+        np.testing.assert_allclose(batch.weight.numpy(), expected)
+
+
+def test_worker_loads_saved_weights_at_start_and_keeps_a_history(tmp_path: Path) -> None:
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    actor_cls = partial(MLPActor, hidden_sizes=(8,))
+    env = env_cls()
+    saved = actor_cls(env.observation_space, env.action_space)
+    path = tmp_path / "policy.pt"
+    write_weights_file(path, saved, {"version": 41})
+    worker = RolloutWorker(env_cls, actor_cls, model_path=str(path), standalone=True,
+                           model_path_history=str(tmp_path / "hist"), model_history=2)
+    worker.start()
+    assert worker.version == 41
+    for name, value in saved.state_dict().items():
+        assert torch.equal(worker.actor.state_dict()[name], value)
+    for version in (42, 43, 44, 45):  # what the network thread does for each received version
+        worker.save_model(worker.actor, version, "trainer-session")
+    assert json.loads(Path(str(path) + ".json").read_text())["version"] == 45
+    assert sorted(p.name for p in tmp_path.glob("hist_v*.pt")) == ["hist_v000043.pt", "hist_v000045.pt"]
+    worker.close()
+    assert Position(1, 0) < Position(1, 5) < Position(2, 0)  # positions order like the log
