@@ -30,8 +30,10 @@ def format_round(s: dict[str, Any]) -> str:
     return (f"epoch {s['epoch']} round {s['round']} | steps {s['trained_steps']} ({s['steps_per_s']:.0f}/s) | "
             f"samples {s['samples']} (+{s['round_samples']}) | return {_fmt(s['return_mean'])} over "
             f"{s['episodes']} eps, test {_fmt(s['test_return_mean'])} | {losses}{alpha} | "
-            f"lag {_fmt(s['lag_min'], 'd')}/{_fmt(s['lag_mean'])}/{_fmt(s['lag_max'], 'd')} | "
-            f"policy v{s['policy_version']} | memory {s['memory_len']}")
+            f"lag {_fmt(s['lag_min'], 'd')}/{_fmt(s['lag_mean'])}/{_fmt(s['lag_max'], 'd')}"
+            f"{', ' + str(s['stale_samples']) + ' stale' if s.get('stale_samples') else ''} | "
+            f"policy v{s['policy_version']} | memory {s['memory_len']}"
+            f"{' | ' + str(s['duplicates']) + ' duplicates dropped' if s.get('duplicates') else ''}")
 
 
 class CsvLog:
