@@ -11,7 +11,7 @@ jitter  The worker's step period at 20 Hz (rtgym drone, 1.07M-parameter actor) w
         trainer processes, conditions alternate, medians over repeats. The trainer only publishes (a perturbed
         actor), so both conditions load the machine alike. Target: p99 within 2 ms of the no-update loop.
 memory  Sampling batches of 256 from a FrameStackMemory of --memory-rows transitions: the vectorised sample()
-        against tmrl's per-item approach (MemoryDataloading.sample: get_transition per item, then collate).
+        against tmrl's per-item approach (get_transition per item, then collate).
 
 The last line of output is one JSON object with every number.
 
@@ -43,7 +43,7 @@ from netrl.config import Config, config_from_dict, config_to_dict, load_config
 from netrl.envs_image import ImageReachEnv
 from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.memory import MemoryDataloading
+from netrl.memory import collate
 from netrl.pipelines import make_pipeline
 from netrl.realtime import StepTimer, period_stats
 from netrl.samples import Buffer, BufferBuilder
@@ -271,10 +271,13 @@ def bench_memory(rows: int) -> dict[str, Any]:
         memory.sample()
         fast.append(time.perf_counter() - t)
     slow = []
-    for _ in range(5):
+    for _ in range(5):  # tmrl's approach: get_transition per item, then collate
         t = time.perf_counter()
-        MemoryDataloading.sample(memory)
+        items = memory.rng.integers(0, len(memory), size=memory.batch_size)
+        columns = zip(*(memory.get_transition(int(i))[:6] for i in items), strict=True)
+        batch = [collate(list(column), "cpu") for column in columns]
         slow.append(time.perf_counter() - t)
+        assert batch[0].shape == (memory.batch_size, 4, 64, 64)
     return {"rows": rows, "transitions": len(memory), "fill_s": fill_s, "vectorised_ms": 1000 * float(np.median(fast)),
             "per_item_ms": 1000 * float(np.median(slow)), "speedup": float(np.median(slow) / np.median(fast))}
 

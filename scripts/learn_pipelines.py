@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -45,7 +46,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
               "worker": {"test_episode_interval": 5, "min_samples_per_worker_packet": 20}},
     "image": {"trainer": {"start_training": 1000, "max_training_steps_per_env_step": 1.0, "steps": 500,
                           "update_model_interval": 50, "update_buffer_interval": 20, "worker_lead": 100},
-              "memory": {"memory_size": 100_000, "batch_size": 128},
+              "memory": {"memory_size": 100_000, "batch_size": 64},
               "worker": {"test_episode_interval": 10, "min_samples_per_worker_packet": 50}},
 }
 
@@ -163,6 +164,12 @@ def main() -> int:
     p.add_argument("--eval-episodes", type=int, default=20)
     args = p.parse_args()
     torch.set_num_threads(1)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # the finally clauses stop the three roles cleanly
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # also when started in the background, where SIGINT is ignored
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"netrl-learn-{args.pipeline}-"))
     result = run(args.pipeline, args.minutes, out, args.seed, args.eval_episodes)
     for point in result["curve"]:
