@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="train on received samples and publish weights")
     role.add_argument("--demo", action="store_const", const="demo", dest="role",
                       help="start a server, a trainer and a worker on localhost with Pendulum-v1")
+    role.add_argument("--keygen", action="store_const", const="keygen", dest="role",
+                      help="create CURVE keys in keys_dir: server, trainer, a shared worker key, and --workers")
     p.add_argument("--config", default="config.json", help="path of the config file (default: ./config.json)")
     p.add_argument("--server-ip", help="address workers and the trainer connect to (network.server_ip)")
     p.add_argument("--bind-ip", help="interface the server binds, e.g. 0.0.0.0 (server.bind_ip)")
@@ -52,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb", choices=["offline", "online", "disabled"], help="wandb mode (wandb.mode)")
     p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
     p.add_argument("--episodes", type=int, help="worker: run this many training episodes, then stop")
+    p.add_argument("--workers", default="", help="keygen: comma-separated names of workers that get their own key")
+    p.add_argument("--keys-dir", help="folder of CURVE keys (keys_dir)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="logging level (default INFO)")
     p.add_argument("--version", action="version", version=f"netrl {__version__}")
@@ -60,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 _FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
               "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
-              "wandb": "wandb.mode", "epochs": "trainer.epochs"}
+              "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
 
 
 def setup_logging(role: str, level: str) -> None:
@@ -97,8 +101,21 @@ def configure_torch(cfg: Config) -> None:
         torch.manual_seed(cfg.seed)
 
 
+def run_keygen(cfg: Config, workers: list[str]) -> None:
+    from netrl.keys import keygen
+
+    written = keygen(cfg.keys_dir, workers)
+    for path in written:
+        log.info("wrote %s", path)
+    log.info("keys in %s/: keep server/ on the server, copy trainer/ to the trainer machine and workers/<name>/ to "
+             "each worker (see the README's Security section)%s", cfg.keys_dir, "" if written else "; nothing new")
+
+
 def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json",
              episodes: int | None = None) -> None:
+    if cfg.security == "none" and role in ("worker", "trainer"):
+        log.warning("SECURITY IS OFF (\"security\": \"none\"): this %s talks to the server unencrypted and "
+                    "unauthenticated; anyone on the path can read or forge its traffic", role)
     if role == "server":  # the server never imports torch: it only moves bytes
         from netrl.server import Server
 
@@ -135,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     install_stop_signals(stop)
     try:
-        run_role(args.role, cfg, stop, args.config, args.episodes)
+        if args.role == "keygen":
+            run_keygen(cfg, [w.strip() for w in args.workers.split(",") if w.strip()])
+        else:
+            run_role(args.role, cfg, stop, args.config, args.episodes)
     except NetrlError as exc:
         log.error("%s", exc)
         return 1

@@ -174,6 +174,8 @@ class Config:
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _nonempty)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _ge(1))
     seed: int | None = _f(None, "random seed (null: random)")
+    security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", _nonempty)
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     server: ServerConfig = field(default_factory=ServerConfig)

@@ -82,6 +82,11 @@ def _returns(metrics: Path) -> list[float]:
 def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C."""
     run_dir = cfg.run_dir
+    if cfg.security == "curve":
+        from netrl.keys import keygen
+
+        if keygen(cfg.keys_dir):
+            log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
     ports = {"trainer_port": free_port(), "worker_port": free_port()}
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
                             server={"bind_ip": "127.0.0.1"})

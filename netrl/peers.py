@@ -31,15 +31,17 @@ class Peer:
     produced: int = 0  # env steps the worker has produced, as of its latest packet
     allowance: int = 0  # PACE last sent
     reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
+    key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
 
     @property
     def label(self) -> str:
-        return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]})"
+        key = f", key {self.key}" if self.key else ""
+        return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]}{key})"
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "session": self.session, "address": self.address, "version": self.version,
                 "samples": self.samples, "packets": self.packets, "connected_at": self.connected_at,
-                "last_seen": self.last_seen, "reported": dict(self.reported)}
+                "last_seen": self.last_seen, "key": self.key, "reported": dict(self.reported)}
 
 
 @dataclass

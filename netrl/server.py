@@ -23,6 +23,7 @@ peer, counted (``stats["rejected"]``) and dropped.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import threading
 import time
@@ -31,10 +32,13 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from netrl.config import Config, NetworkConfig
-from netrl.errors import ProtocolError, VersionMismatch
+from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
+from netrl.keys import SHARED_WORKER, KeyRing, ServerKeys, server_keys
 from netrl.peers import Peer, QueuedPacket
+from netrl.schema import SampleSchema
 from netrl.spool import Spool
 from netrl.transport import Liveness, bind, new_session, new_socket
 from netrl.wire import Message, MsgType, check_role, decode, encode, encode_bundle, frames_nbytes
@@ -42,6 +46,10 @@ from netrl.wire import Message, MsgType, check_role, decode, encode, encode_bund
 __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 class Server:
@@ -56,13 +64,14 @@ class Server:
         max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
         spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
         spool_dir, spool_max_bytes, fsync: the disk spool.
+        keys: the server's CURVE keypair and allow-lists; None runs unencrypted (``"security": "none"``).
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
                  max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20, spool_after_s: float = 1.0,
                  spool_dir: str | Path = "weights/server-spool", spool_max_bytes: int = 1 << 30,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, keys: ServerKeys | None = None) -> None:
         self.min_samples = min_samples_per_server_packet
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
@@ -72,6 +81,10 @@ class Server:
         self.max_queue_bytes = max_queue_bytes
         self.spool_after = spool_after_s
         self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
+        self.keys = keys
+        self.keyring: KeyRing | None = None
+        self._auth: ThreadAuthenticator | None = None
+        self.schema: SampleSchema | None = None
         self.session = new_session()
         self.peers: dict[bytes, Peer] = {}
         self.by_session: dict[str, Peer] = {}
@@ -100,23 +113,44 @@ class Server:
     def from_config(cls, cfg: Config) -> Server:
         s = cfg.server
         spool_dir = s.spool_dir or Path(cfg.weights_folder) / "server-spool"
+        keys = server_keys(cfg.keys_dir) if cfg.security == "curve" else None
         return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
                    worker_port=cfg.network.worker_port, network=cfg.network, max_packet_delay_s=s.max_packet_delay_s,
                    max_queue_bytes=s.max_queue_bytes, spool_after_s=s.spool_after_s, spool_dir=spool_dir,
-                   spool_max_bytes=s.spool_max_bytes, fsync=s.fsync)
+                   spool_max_bytes=s.spool_max_bytes, fsync=s.fsync, keys=keys)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
         """Open the spool and bind both ports (TransportError names the config key to change)."""
         self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
+        schema_file = Path(self.spool_dir) / "schema.json"
+        if schema_file.exists():  # the trainer's last schema, so packets are checked before it reconnects
+            self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))
         self._ctx = zmq.Context()
+        if self.keys is not None:
+            self.keyring = KeyRing(self.keys.allow_dir)
+            self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("netrl.zap"))
+            self._auth.start()
+        else:
+            log.warning("SECURITY IS OFF (\"security\": \"none\"): traffic on ports %d and %d is unencrypted and "
+                        "unauthenticated; anyone who can reach them can send samples or connect as the trainer and "
+                        "push weights to every worker%s", self.trainer_port, self.worker_port,
+                        "" if _loopback(self.bind_ip) else f". This server binds {self.bind_ip}, beyond loopback")
         for role, port, key in (("trainer", self.trainer_port, "network.trainer_port"),
                                 ("worker", self.worker_port, "network.worker_port")):
             sock = new_socket(self._ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000)
+            if self.keys is not None and self._auth is not None and self.keyring is not None:
+                sock.curve_server = True
+                sock.curve_secretkey = self.keys.secret
+                sock.curve_publickey = self.keys.public
+                sock.zap_domain = f"netrl-{role}".encode()  # each port has its own allow-list
+                self._auth.configure_curve_callback(f"netrl-{role}", self.keyring.provider(role))
             self._socks[role] = sock
             bind(sock, self.bind_ip, port, key)
-        log.info("server listening on %s (trainer port %d, worker port %d), session %s, spool %s",
-                 self.bind_ip, self.trainer_port, self.worker_port, self.session[:8], self.spool_dir)
+        log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
+                 self.bind_ip, self.trainer_port, self.worker_port,
+                 "CURVE keys from " + str(self.keys.allow_dir) if self.keys else "UNENCRYPTED", self.session[:8],
+                 self.spool_dir)
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set."""
@@ -147,6 +181,8 @@ class Server:
             self._send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         for sock in self._socks.values():
             sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
         if self.spool is not None:
@@ -179,12 +215,15 @@ class Server:
     def _receive(self, role: str, frames: list[Any]) -> None:
         rid = frames[0].bytes
         peer = self.peers.get(rid)
+        if peer is not None:
+            peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
         try:
             msg = decode(frames[1:], self.net.max_message_bytes)
             if msg.type is MsgType.HELLO:
                 self._hello(role, rid, msg, frames[0])
                 return
-            if peer is None:
+            if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
+                self.stats["unknown_peer"] += 1
                 self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": "unknown peer: say HELLO"}))
                 return
             check_role(peer.role, msg)
@@ -195,7 +234,6 @@ class Server:
         except ProtocolError as exc:
             self._reject(role, rid, peer, str(exc))
             return
-        peer.liveness.heard()
         peer.last_seen = time.time()
         handler = getattr(self, f"_on_{msg.type.value}", None)
         if handler is None:
@@ -223,8 +261,16 @@ class Server:
                 log.info("%s replaced by a new connection", old.label)
                 self._forget(old_rid)
         address = rid_frame.get("Peer-Address") or "?"
+        key = ""
+        if self.keyring is not None:  # CURVE: ZAP put the client's public key in the User-Id property
+            key = self.keyring.name(role, (rid_frame.get("User-Id") or "").encode()) or "?"
+            if role == "worker" and key not in (SHARED_WORKER, body["worker_id"]):
+                reason = f"key {key!r} belongs to worker {key!r}; this worker calls itself {body['worker_id']!r}"
+                self._reject(role, rid, None, reason)
+                self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": reason}))
+                return
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
-        peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness)
+        peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness, key=key)
         self.peers[rid] = peer
         self.by_session[peer.session] = peer
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
@@ -272,6 +318,14 @@ class Server:
 
     # -- handlers, one per message type --------------------------------------------------------------------
     def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        if self.schema is not None:
+            try:
+                self.schema.check(msg.body, msg.arrays, peer.label)
+            except SampleRejected as exc:
+                self._reject("worker", peer.rid, peer, str(exc))
+                self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [msg.seq], "retry_s": 0,
+                                                                       "reason": f"rejected: {exc}"}))
+                return
         a = msg.arrays
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
         key = (msg.body["session"], msg.seq)
@@ -364,6 +418,18 @@ class Server:
         for worker in list(self.peers.values()):  # a send may forget an unreachable worker
             if worker.role == "worker":
                 self._send_weights(worker)
+
+    def _on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        try:
+            schema = SampleSchema.from_wire(msg.body)
+        except ProtocolError as exc:
+            self._reject("trainer", peer.rid, peer, str(exc))
+            return
+        if schema != self.schema:
+            self.schema = schema
+            path = Path(self.spool_dir) / "schema.json"
+            path.write_text(json.dumps(msg.body))
+            log.info("sample layout from the trainer: %d fields, checked on every packet", len(schema.leaves))
 
     def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.progress = dict(msg.body)

@@ -28,9 +28,11 @@ import torch
 from netrl import checkpoint
 from netrl.config import Config, NetworkConfig, config_to_dict
 from netrl.delivery import Deliveries, SampleLog
-from netrl.errors import CheckpointError, NetrlError, ProtocolError
+from netrl.errors import CheckpointError, NetrlError, ProtocolError, SampleRejected
+from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
 from netrl.samples import Buffer
+from netrl.schema import SampleSchema
 from netrl.segments import Position
 from netrl.training import TrainingOffline
 from netrl.transport import NetThread, new_session
@@ -46,8 +48,10 @@ class _TrainerNet(NetThread):
     """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
 
     def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
-                 deliveries: Deliveries, sample_log: SampleLog | None) -> None:
-        super().__init__(net, "trainer", name, session, port)
+                 deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
+                 keys: ClientKeys | None = None) -> None:
+        super().__init__(net, "trainer", name, session, port, keys=keys)
+        self.schema = schema
         self.credit_window = credit_window
         self.deliveries = deliveries
         self.sample_log = sample_log
@@ -96,6 +100,8 @@ class _TrainerNet(NetThread):
     # -- network thread ---------------------------------------------------------------------------------
     def on_ready(self) -> None:
         self.granted = self.received = 0
+        if self.schema is not None:  # first, so that the server checks packets before queueing them
+            self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
         for frames in (self.weights, self.last_progress):
             if frames is not None:
@@ -130,10 +136,14 @@ class _TrainerNet(NetThread):
                 sample_msg = decode(part, self.link.net.max_message_bytes)
                 if sample_msg.type is not MsgType.SAMPLES:
                     raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
+                if self.schema is not None:
+                    self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
                 buf = buffer_from_message(sample_msg)
-            except ProtocolError as exc:
+            except (ProtocolError, SampleRejected) as exc:
                 self.stats["rejected"] += 1
-                log.warning("rejected a sample packet in bundle %d: %s", msg.seq, exc)
+                if self.stats["rejected"] <= 10 or self.stats["rejected"] % 1000 == 0:
+                    log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
+                                self.stats["rejected"], exc)
                 continue
             buf.recv_version = self.version
             with self.lock:
@@ -164,6 +174,8 @@ class Trainer:
         resume: continue from the checkpoint in ``run_dir`` if there is one.
         persist_samples: keep a sample log so that a restart rebuilds the replay memory.
         fsync: fsync the sample log and checkpoints.
+        sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
+        keys: CURVE keys to connect with (:func:`netrl.keys.client_keys`); None connects unencrypted.
     """
 
     def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
@@ -171,7 +183,8 @@ class Trainer:
                  name: str = "trainer", run_dir: str | Path = "weights/run", run_name: str = "run",
                  wandb_mode: WandbMode = "offline", wandb_project: str = "netrl", wandb_entity: str | None = None,
                  config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
-                 persist_samples: bool = True, fsync: bool = False) -> None:
+                 persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
+                 keys: ClientKeys | None = None) -> None:
         self.training_cls = training_cls
         self.network = network or NetworkConfig()
         if server_ip is not None:
@@ -186,6 +199,7 @@ class Trainer:
         self.config = config
         self.credit_window = credit_window
         self.resume, self.persist_samples, self.fsync = resume, persist_samples, fsync
+        self.sample_compressor, self.keys = sample_compressor, keys
         self.session = new_session()
         self.training: TrainingOffline | None = None
         self.net: _TrainerNet | None = None
@@ -207,7 +221,9 @@ class Trainer:
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
                    wandb_entity=cfg.wandb.entity, config=config_to_dict(cfg), credit_window=t.credit_window,
-                   resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync)
+                   resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
+                   sample_compressor=pipeline.sample_compressor,
+                   keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close."""
@@ -218,8 +234,10 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             deliveries, sample_log = self._restore(training)
             self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
+            schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
+                                              self.sample_compressor)
             self.net = net = _TrainerNet(self.network, self.name, self.session, self.server_port, self.credit_window,
-                                         deliveries, sample_log)
+                                         deliveries, sample_log, schema, self.keys)
             net.version = training.version
             net.start()
             training.start(net)
@@ -307,4 +325,8 @@ class Trainer:
         self.save_policy()
         if self.metrics is not None:
             self.metrics.close()
-        log.info("trainer stopped; policy saved to %s", self.model_path)
+        stats = self.net.stats if self.net is not None else collections.Counter()
+        malformed = self.net.link.rejected_messages if self.net is not None else 0
+        log.info("trainer stopped; policy saved to %s; %d sample packets rejected, %d malformed messages from the "
+                 "server, %d duplicate packets dropped", self.model_path, stats["rejected"], malformed,
+                 stats["duplicates"])

@@ -103,6 +103,8 @@ class TrainingOffline:
         self.version = 0
         self.memory: MemoryDataloading | None = None
         self.agent: TrainingAgent | None = None
+        self.observation_space: Any = None
+        self.action_space: Any = None
         self._last_wanted = -1
         self._round = _RoundStats()
 
@@ -124,6 +126,7 @@ class TrainingOffline:
             torch.manual_seed(self.seed)
         obs_space, act_space = self.spaces()
         check_spaces(obs_space, act_space)
+        self.observation_space, self.action_space = obs_space, act_space
         self.memory = self.memory_cls(device=device, nb_steps=self.steps, memory_size=self.memory_size,
                                       batch_size=self.batch_size, seed=self.seed)
         self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)

@@ -22,15 +22,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from netrl import __version__
 from netrl.config import NetworkConfig
 from netrl.errors import ProtocolError, TransportError, VersionMismatch
+from netrl.keys import ClientKeys
 from netrl.wire import Message, MsgType, decode, encode
 
 __all__ = ["Backoff", "ClientLink", "Liveness", "NetThread", "bind", "new_session", "new_socket"]
 
 log = logging.getLogger(__name__)
+
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
 def new_session() -> str:
@@ -117,7 +122,7 @@ class ClientLink:
     """
 
     def __init__(self, ctx: zmq.Context, net: NetworkConfig, role: str, name: str, session: str,
-                 port: int, on_ready: Callable[[], None] | None = None) -> None:
+                 port: int, on_ready: Callable[[], None] | None = None, keys: ClientKeys | None = None) -> None:
         self.ctx = ctx
         self.net = net
         self.role = role
@@ -125,7 +130,11 @@ class ClientLink:
         self.session = session
         self.endpoint = f"tcp://{net.server_ip}:{port}"
         self.on_ready = on_ready
+        self.keys = keys  # None: no encryption (security "none")
         self.sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self.handshake_failures = 0
+        self._last_handshake_log = 0.0
         self.ready = False
         self.fatal: str | None = None  # set when the server refused us for good (e.g. version mismatch)
         self.rejected_messages = 0
@@ -141,6 +150,11 @@ class ClientLink:
         self._connections += 1
         sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes)
         sock.setsockopt(zmq.ROUTING_ID, f"{self.role}:{self.session}:{self._connections}".encode())
+        if self.keys is not None:
+            sock.curve_publickey = self.keys.public
+            sock.curve_secretkey = self.keys.secret
+            sock.curve_serverkey = self.keys.server_public
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
         sock.connect(self.endpoint)
         self.sock = sock
         self.ready = False
@@ -167,6 +181,7 @@ class ClientLink:
 
     def maintain(self) -> None:
         """Heartbeat when idle, notice a silent server, and reconnect once the back-off delay has passed."""
+        self._check_handshakes()
         now = time.monotonic()
         if self.sock is None:
             if self._reconnect_at is not None and now >= self._reconnect_at and self.fatal is None:
@@ -191,11 +206,13 @@ class ClientLink:
             try:
                 msg = decode(frames, self.net.max_message_bytes)
             except VersionMismatch as exc:
-                self._rejected(f"{exc}; install the same netrl version on the server and this {self.role}")
+                if not self.ready:  # the server itself speaks another version: nothing will ever work
+                    self._rejected(f"{exc}; install the same netrl version on the server and this {self.role}")
+                    continue
+                self._malformed(exc)
                 continue
             except ProtocolError as exc:
-                self.rejected_messages += 1
-                log.warning("dropped a malformed message from the server at %s: %s", self.endpoint, exc)
+                self._malformed(exc)
                 continue
             if msg.type is MsgType.WELCOME:
                 self._welcome(msg)
@@ -206,6 +223,12 @@ class ClientLink:
             elif msg.type is not MsgType.HEARTBEAT:
                 out.append(msg)
         return out
+
+    def _malformed(self, exc: Exception) -> None:
+        self.rejected_messages += 1
+        if self.rejected_messages <= 10 or self.rejected_messages % 1000 == 0:
+            log.warning("dropped a malformed message from the server at %s (%d so far): %s", self.endpoint,
+                        self.rejected_messages, exc)
 
     def _welcome(self, msg: Message) -> None:
         self.ready = True
@@ -234,16 +257,44 @@ class ClientLink:
         self._close_socket()
         self._reconnect_at = time.monotonic() + delay
 
+    def _check_handshakes(self) -> None:
+        """Turn ZeroMQ's handshake events into log lines that say what to fix."""
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                continue
+            self.handshake_failures += 1
+            now = time.monotonic()
+            if now - self._last_handshake_log < 30 and self.handshake_failures > 1:
+                continue
+            self._last_handshake_log = now
+            folder = self.keys.folder if self.keys else None
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                why = (f"the server refused this {self.role}'s key: add {folder}/*.key to the server's "
+                       f"keys/server/{self.role}s/ allow-list, or use keys made by the server's --keygen")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                why = ("the server and this process disagree on security: one uses CURVE keys and the other "
+                       "\"security\": \"none\"; set the same security on both")
+            else:
+                why = (f"the CURVE handshake failed: {folder}/server.key is probably not this server's public key "
+                       "(copy it from the server's keys/server/server.key)")
+            log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
+
     def _close_socket(self) -> None:
         self.ready = False
         if self.sock is not None:
+            self.sock.disable_monitor()
             self.sock.close(linger=0)
             self.sock = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
 
     def close(self, reason: str = "shutting down") -> None:
         """Say BYE and close, giving queued messages (last acknowledgements, BYE) up to 1 s to leave. Idempotent."""
         if self.sock is not None and self.ready:
             self._send_raw(encode(Message(MsgType.BYE, self.name, body={"reason": reason})))
+            self.sock.disable_monitor()
             self.sock.close(linger=1000)
             self.sock = None
         self._close_socket()
@@ -262,10 +313,11 @@ class NetThread(threading.Thread):
 
     POLL_MS = 20
 
-    def __init__(self, net: NetworkConfig, role: str, name: str, session: str, port: int) -> None:
+    def __init__(self, net: NetworkConfig, role: str, name: str, session: str, port: int,
+                 keys: ClientKeys | None = None) -> None:
         super().__init__(name=f"netrl-{role}-net", daemon=True)
         self.ctx = zmq.Context()
-        self.link = ClientLink(self.ctx, net, role, name, session, port, on_ready=self.on_ready)
+        self.link = ClientLink(self.ctx, net, role, name, session, port, on_ready=self.on_ready, keys=keys)
         addr = f"inproc://netrl-{role}-{session}-{id(self)}"
         self._pipe_in = self.ctx.socket(zmq.PAIR)  # used by the network thread only
         self._pipe_in.setsockopt(zmq.LINGER, 0)

@@ -81,6 +81,7 @@ class MsgType(str, enum.Enum):
     WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
     PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
     PACE = "pace"  # server -> worker: how many samples it may have produced in total
+    SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
 
 
 # Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
@@ -102,13 +103,14 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True)},
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
     MsgType.PACE: {"allowance": (_INT, True)},
+    MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.
 ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
     "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
     "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
-                          MsgType.HEARTBEAT, MsgType.BYE}),
+                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE}),
 }
 
 
@@ -245,7 +247,10 @@ def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
         data = memoryview(_decompress(name, codec, data, expected))
     if data.nbytes != expected:
         raise MalformedMessage(f"array {name!r}: shape {shape} needs {expected} bytes, frame has {data.nbytes}")
-    return name, np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+    arr = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+    if dtype == "|b1" and arr.size and int(arr.view(np.uint8).max()) > 1:
+        raise MalformedMessage(f"array {name!r} is boolean but holds bytes other than 0 and 1")
+    return name, arr
 
 
 def _decompress(name: str, codec: str, data: memoryview, nbytes: int) -> bytes:

@@ -29,6 +29,7 @@ import torch
 from netrl.config import Config, NetworkConfig
 from netrl.envs import check_spaces
 from netrl.errors import NetrlError
+from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
 from netrl.transport import NetThread, new_session
@@ -91,7 +92,8 @@ class _WorkerNet(NetThread):
     """
 
     def __init__(self, worker: RolloutWorker, spare: torch.nn.Module) -> None:
-        super().__init__(worker.network, "worker", worker.worker_id, worker.session, worker.server_port)
+        super().__init__(worker.network, "worker", worker.worker_id, worker.session, worker.server_port,
+                         keys=worker.keys)
         self.w = worker
         self.slot = _WeightSlot(spare)
         self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
@@ -209,14 +211,7 @@ class _WorkerNet(NetThread):
                     self._forget(seq, packet)
             self._pump()
         elif msg.type is MsgType.NACK:
-            retry_at = time.monotonic() + min(max(float(msg.body["retry_s"]), 0.05), 30.0)
-            for seq in msg.body["seqs"]:
-                packet = self.backlog.get(seq) if isinstance(seq, int) else None
-                if packet is not None and seq in self.inflight:
-                    self.inflight.discard(seq)
-                    self.inflight_bytes -= packet.nbytes
-                    self.waiting[seq] = retry_at
-                    self.counts["nacked_packets"] += 1
+            self._nack(msg)
         elif msg.type is MsgType.PACE:
             with self.pace_cond:
                 self.allowance = max(self.allowance, msg.body["allowance"])
@@ -224,6 +219,27 @@ class _WorkerNet(NetThread):
                 self.pace_cond.notify_all()
         else:
             log.debug("ignored a %s message from the server", msg.type.value)
+
+    def _nack(self, msg: Message) -> None:
+        """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid)."""
+        retry_s = float(msg.body["retry_s"])
+        for seq in msg.body["seqs"]:
+            packet = self.backlog.get(seq) if isinstance(seq, int) else None
+            if packet is None or seq not in self.inflight:
+                continue
+            if retry_s <= 0:
+                self.backlog.pop(seq)
+                self._forget(seq, packet)
+                self.counts["rejected_packets"] += 1
+                self.counts["rejected_samples"] += packet.steps
+                if self.counts["rejected_packets"] <= 5 or self.counts["rejected_packets"] % 100 == 0:
+                    log.error("the server rejected packet %d (%d rejected so far): %s", seq,
+                              self.counts["rejected_packets"], msg.body["reason"])
+                continue
+            self.inflight.discard(seq)
+            self.inflight_bytes -= packet.nbytes
+            self.waiting[seq] = time.monotonic() + min(max(retry_s, 0.05), 30.0)
+            self.counts["nacked_packets"] += 1
 
     def _weights(self, msg: Message) -> None:
         version, session = msg.policy_version, msg.body["session"]
@@ -271,6 +287,7 @@ class RolloutWorker:
         send_window_bytes: unacknowledged packets in flight to the server.
         flush_timeout_s: on close, how long to wait for the last packets to be acknowledged.
         episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
+        keys: CURVE keys to connect with (:func:`netrl.keys.client_keys`); None connects unencrypted.
     """
 
     def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
@@ -283,7 +300,7 @@ class RolloutWorker:
                  throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
                  max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 16 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
-                 episode_log: str | None = None) -> None:
+                 episode_log: str | None = None, keys: ClientKeys | None = None) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
@@ -304,6 +321,7 @@ class RolloutWorker:
         self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
         self.flush_timeout = flush_timeout_s
         self.seed = seed
+        self.keys = keys
         self.episode_log = CsvLog(Path(episode_log)) if episode_log else None
         self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
         self.produced = 0  # env steps recorded for training
@@ -335,7 +353,8 @@ class RolloutWorker:
                    throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
                    max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
                    flush_timeout_s=w.flush_timeout_s, seed=cfg.seed,
-                   episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"))
+                   episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
+                   keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -385,10 +404,10 @@ class RolloutWorker:
             net.halt()
             c = net.counts
             unacked = sum(p.steps for p in net.backlog.values())
-            level = logging.WARNING if unacked or c["dropped_samples"] else logging.INFO
+            level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
             log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
-                    "%d unacknowledged", self.worker_id, self.session, self.produced, self.seq, c["acked_samples"],
-                    c["dropped_samples"], unacked)
+                    "%d rejected, %d unacknowledged", self.worker_id, self.session, self.produced, self.seq,
+                    c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked)
             if not flushed and net.backlog:
                 log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
                             "the server already spooled them", self.worker_id, len(net.backlog),

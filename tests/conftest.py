@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from netrl.config import Config
+from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
@@ -20,8 +21,9 @@ os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 
 def small_config(tmp_path: Path, **sections: Any) -> Path:
     """A config for fast tests: free ports, short training, wandb disabled, outputs under tmp_path."""
+    keygen(tmp_path / "keys")  # tests run with the secure default: CURVE
     base: dict[str, Any] = {
-        "run_name": "test", "weights_folder": str(tmp_path / "weights"), "seed": 1,
+        "run_name": "test", "weights_folder": str(tmp_path / "weights"), "seed": 1, "keys_dir": str(tmp_path / "keys"),
         "network": {"trainer_port": free_port(), "worker_port": free_port(), "heartbeat_interval_s": 0.2,
                     "heartbeat_liveness": 5, "reconnect_initial_s": 0.1, "reconnect_max_s": 1.0},
         "server": {"min_samples_per_server_packet": 20, "max_packet_delay_s": 0.02},

@@ -14,7 +14,7 @@ from netrl.segments import SegmentLog
 from netrl.wire import buffer_from_message, decode
 
 SUMMARY = re.compile(r"worker (\S+) session (\w+): (\d+) samples produced in (\d+) packets; (\d+) acknowledged, "
-                     r"(\d+) dropped, (\d+) unacknowledged")
+                     r"(\d+) dropped, (\d+) rejected, (\d+) unacknowledged")
 
 
 @dataclass
@@ -25,6 +25,7 @@ class WorkerSummary:
     packets: int
     acked: int
     dropped: int
+    rejected: int
     unacked: int
 
 

@@ -27,7 +27,7 @@ def check_exactly_once(run_dir: Path, logs: list[str]) -> int:
     total = 0
     for text in logs:
         s = worker_summary(text)
-        assert s.dropped == 0 and s.unacked == 0, s
+        assert s.dropped == s.rejected == s.unacked == 0, s
         seqs = sorted(seq for session, seq in got if session == s.session)
         missing = set(range(1, s.packets + 1)) - set(seqs)
         assert seqs == list(range(1, s.packets + 1)), f"{s.name}: missing packets {sorted(missing)}"
@@ -185,7 +185,7 @@ def test_slow_trainer_keeps_server_memory_bounded_and_counts_add_up(tmp_path: Pa
     dropped = sum(s.dropped for s in summaries)
     unacked = sum(s.unacked for s in summaries)
     for s in summaries:  # each worker's own books balance
-        assert s.produced == s.acked + s.dropped + s.unacked, s
+        assert s.produced == s.acked + s.dropped + s.unacked and s.rejected == 0, s
     assert produced >= 10 * in_memory, f"trainer took {in_memory} of {produced}: not 10x slower"
     assert dropped > 0 and in_spool > 0  # the caps were reached, and the spool was in use at the end
     # acknowledged samples are in the trainer's memory or the spool; the trainer may also hold a few whose

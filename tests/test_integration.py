@@ -46,8 +46,8 @@ def test_three_roles_learn_exchange_weights_and_stop_on_sigint(tmp_path: Path, p
     for p in (worker, trainer, server):
         assert "exited cleanly" in procs.log(p)
     server_log = procs.log(server)
-    assert re.search(r"worker '.*' \(127\.0\.0\.1, session \w+\) connected", server_log)
-    assert re.search(r"trainer 'trainer' \(127\.0\.0\.1, session \w+\) connected", server_log)
-    assert re.search(r"worker '.*' \(127\.0\.0\.1, session \w+\) disconnected", server_log)
+    assert re.search(r"worker '.*' \(127\.0\.0\.1, session \w+, key worker\) connected", server_log)
+    assert re.search(r"trainer 'trainer' \(127\.0\.0\.1, session \w+, key trainer\) connected", server_log)
+    assert re.search(r"worker '.*' \(127\.0\.0\.1, session \w+, key worker\) disconnected", server_log)
     assert (tmp_path / "weights" / "test" / "policy.pt").exists()
     assert list((tmp_path / "weights" / "test").glob("worker_policy_*.pt"))

@@ -1,0 +1,74 @@
+"""What a sample packet must look like: the layout the trainer expects, checked at the server and the trainer.
+
+The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed through the pipeline's
+sample compressor, and sends it to the server (SCHEMA message). Both check every packet against it: the act/obs
+trees, each leaf's dtype and per-row shape, and that floating-point data (observations, actions, rewards) is
+finite. A packet that fails names the worker and the field, and is rejected and counted; the rest of the traffic
+is unaffected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from netrl.errors import MalformedMessage, SampleRejected
+from netrl.samples import Spec, flatten, spec_leaves
+
+__all__ = ["SampleSchema"]
+
+
+@dataclass(frozen=True)
+class SampleSchema:
+    act_spec: Spec
+    obs_spec: Spec
+    leaves: dict[str, tuple[str, tuple[int, ...]]]  # leaf name -> (dtype string, shape of one row)
+
+    @classmethod
+    def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                    sample_compressor: Callable[..., Any] | None = None) -> SampleSchema:
+        """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any)."""
+        act, obs = action_space.sample(), observation_space.sample()
+        if sample_compressor is not None:
+            act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {})
+        act_spec, act_leaves = flatten(act, "act")
+        obs_spec, obs_leaves = flatten(obs, "obs")
+        leaves = {name: (np.asarray(v).dtype.str, tuple(np.asarray(v).shape)) for name, v in act_leaves + obs_leaves}
+        return cls(act_spec, obs_spec, leaves)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"act": self.act_spec, "obs": self.obs_spec,
+                "leaves": [[name, dtype, list(shape)] for name, (dtype, shape) in self.leaves.items()]}
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> SampleSchema:
+        """Parse a SCHEMA message body (untrusted: every field is checked)."""
+        try:
+            act, obs, leaves = body["act"], body["obs"], body["leaves"]
+            names = spec_leaves(act) + spec_leaves(obs)
+            parsed = {str(n): (str(d), tuple(int(x) for x in s)) for n, d, s in leaves}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedMessage(f"schema is malformed ({exc})") from None
+        if sorted(names) != sorted(parsed) or any(len(s) > 8 or min(s, default=0) < 0 for _, s in parsed.values()):
+            raise MalformedMessage("schema leaves do not match its act/obs specs")
+        return cls(act, obs, parsed)
+
+    def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str) -> None:
+        """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this schema."""
+        for key, spec in (("act", self.act_spec), ("obs", self.obs_spec)):
+            if body[key] != spec:
+                raise SampleRejected(f"packet from {worker}: the {key} structure {body[key]!r} differs from the "
+                                     f"trainer's {spec!r} (do both sides use the same pipeline and compressor?)")
+        for name, (dtype, shape) in self.leaves.items():
+            arr = arrays[name]
+            if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
+                raise SampleRejected(f"packet from {worker}: field {name!r} has dtype {arr.dtype.str} and row shape "
+                                     f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}")
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise SampleRejected(f"packet from {worker}: field {name!r} contains NaN or infinity")
+        if not np.isfinite(arrays["rew"]).all():
+            raise SampleRejected(f"packet from {worker}: field 'rew' contains NaN or infinity")

@@ -1,0 +1,220 @@
+"""Secure by default: CurveZMQ keys, allow-lists per role, refusals that say why, and checked weights."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+import zmq.auth
+
+from netrl.__main__ import main
+from netrl.agents.sac import MLPActor
+from netrl.config import NetworkConfig
+from netrl.errors import SecurityError
+from netrl.keys import client_keys, keygen, server_keys
+from netrl.launch import free_port
+from netrl.server import Server
+from netrl.weights import check_weights, state_arrays
+from netrl.wire import Message, MsgType, samples_message
+from tests.test_sac import ACT, OBS
+from tests.test_server import Peer
+from tests.test_wire import sample_buffer
+
+NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
+
+
+def curve_peer(ctx: zmq.Context, port: int, role: str, name: str, public: bytes | None, secret: bytes | None,
+               server_public: bytes | None) -> Peer:
+    peer = Peer.__new__(Peer)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if public is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    peer.sock, peer.role, peer.name, peer.session = sock, role, name, os.urandom(4).hex()
+    return peer
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context, Path]]:
+    keys = tmp_path / "keys"
+    keygen(keys, ["robot-1"])
+    srv = Server(min_samples_per_server_packet=1, trainer_port=free_port(), worker_port=free_port(), network=NET,
+                 max_packet_delay_s=0.01, spool_dir=tmp_path / "spool", keys=server_keys(keys))
+    stop = threading.Event()
+    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
+    thread.start()
+    ctx = zmq.Context()
+    yield srv, ctx, keys
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    ctx.destroy(0)
+
+
+def keyed(ctx: zmq.Context, srv: Server, keys: Path, role: str, name: str) -> Peer:
+    k = client_keys(keys, role, name)  # type: ignore[arg-type]
+    port = srv.trainer_port if role == "trainer" else srv.worker_port
+    return curve_peer(ctx, port, role, name, k.public, k.secret, k.server_public)
+
+
+def test_keygen_writes_what_each_machine_needs_with_private_secrets(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    written = keygen(keys, ["robot-1"])
+    assert {p.relative_to(keys).as_posix() for p in written} >= {
+        "server/server.key", "server/server.key_secret", "trainer/trainer.key_secret", "trainer/server.key",
+        "workers/worker/worker.key_secret", "workers/robot-1/robot-1.key_secret", "workers/robot-1/server.key"}
+    assert sorted(p.name for p in (keys / "server" / "workers").iterdir()) == ["robot-1.key", "worker.key"]
+    assert [p.name for p in (keys / "server" / "trainers").iterdir()] == ["trainer.key"]
+    for secret in keys.rglob("*.key_secret"):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
+    server_public = (keys / "server" / "server.key").read_bytes()
+    assert keygen(keys) == []  # nothing is regenerated: deployed clients keep working
+    assert (keys / "server" / "server.key").read_bytes() == server_public
+    assert [p.name for p in keygen(keys, ["robot-2"])][:2] == ["robot-2.key", "robot-2.key_secret"]
+    assert client_keys(keys, "worker", "robot-2").folder.name == "robot-2"
+    assert client_keys(keys, "worker", "someone-else").folder.name == "worker"  # the shared worker key
+    with pytest.raises(SecurityError, match="not valid key names"):
+        keygen(keys, ["../evil"])
+
+
+def test_missing_or_exposed_keys_are_refused_with_instructions(tmp_path: Path) -> None:
+    with pytest.raises(SecurityError, match="--keygen"):
+        server_keys(tmp_path / "nokeys")
+    keygen(tmp_path / "keys")
+    with pytest.raises(SecurityError, match="copy trainer/"):
+        client_keys(tmp_path / "elsewhere", "trainer", "trainer")
+    secret = tmp_path / "keys" / "trainer" / "trainer.key_secret"
+    os.chmod(secret, 0o644)
+    with pytest.raises(SecurityError, match="chmod 600"):
+        client_keys(tmp_path / "keys", "trainer", "trainer")
+
+
+def test_cli_keygen_and_a_server_without_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(f'{{"keys_dir": "{tmp_path / "k"}", "network": {{"trainer_port": {free_port()}, '
+                      f'"worker_port": {free_port()}}}}}')
+    assert main(["--server", "--config", str(config)]) == 1  # CURVE by default, and there are no keys
+    assert main(["--keygen", "--config", str(config), "--workers", "robot-1"]) == 0
+    assert (tmp_path / "k" / "workers" / "robot-1" / "robot-1.key_secret").exists()
+
+
+def test_clients_without_the_right_keys_can_neither_send_nor_receive(
+        secured: tuple[Server, zmq.Context, Path], tmp_path: Path) -> None:
+    srv, ctx, keys = secured
+    trainer = keyed(ctx, srv, keys, "trainer", "trainer")
+    assert trainer.hello().type is MsgType.WELCOME
+    trainer.send(Message(MsgType.WEIGHTS, "trainer", policy_version=3, body={"trained_steps": 0, "session": "t"},
+                         arrays={"w": np.ones(2, np.float32)}))
+    trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 100}))
+    server_public = zmq.auth.load_certificate(keys / "server" / "server.key")[0]
+    stranger_public, stranger_secret = zmq.auth.load_certificate(
+        zmq.auth.create_certificates(tmp_path, "stranger")[1])
+    worker_keys = client_keys(keys, "worker", "worker")
+    intruders = {
+        "no keys": curve_peer(ctx, srv.worker_port, "worker", "a", None, None, None),
+        "unknown key": curve_peer(ctx, srv.worker_port, "worker", "b", stranger_public, stranger_secret, server_public),
+        "wrong server key": curve_peer(ctx, srv.worker_port, "worker", "c", worker_keys.public, worker_keys.secret,
+                                       stranger_public),
+    }
+    for name, peer in intruders.items():
+        peer.send(Message(MsgType.HELLO, name, body={"role": "worker", "netrl_version": "0.1.0", "worker_id": name,
+                                                     "session": peer.session}))
+        peer.sock.send_multipart(encode_samples(name, peer.session))
+    time.sleep(1.0)
+    for name, peer in intruders.items():
+        assert peer.recv(0.2) is None, f"{name}: got a reply"  # no WELCOME, no WEIGHTS, nothing at all
+    assert srv.stats["samples_in"] == 0 and not [p for p in srv.peers.values() if p.role == "worker"]
+    seen = []
+    while (msg := trainer.recv(0.3)) is not None:
+        seen.append(msg.type)
+    assert MsgType.BUNDLE not in seen  # nothing the intruders sent reaches the trainer
+    assert srv.keyring is not None and srv.keyring.refused["worker"] >= 1  # the unknown key, refused by ZAP
+    legit = keyed(ctx, srv, keys, "worker", "worker")
+    assert legit.hello().type is MsgType.WELCOME and legit.expect(MsgType.WEIGHTS).policy_version == 3
+
+
+def encode_samples(name: str, session: str) -> list:  # type: ignore[type-arg]
+    from netrl.wire import encode
+
+    return encode(samples_message(sample_buffer(5), name, session, 1, 5))
+
+
+def test_a_worker_key_cannot_publish_weights(secured: tuple[Server, zmq.Context, Path]) -> None:
+    srv, ctx, keys = secured
+    worker_keys = client_keys(keys, "worker", "worker")
+    on_trainer_port = curve_peer(ctx, srv.trainer_port, "trainer", "fake", worker_keys.public, worker_keys.secret,
+                                 worker_keys.server_public)
+    on_trainer_port.send(Message(MsgType.HELLO, "fake", body={"role": "trainer", "netrl_version": "0.1.0",
+                                                              "worker_id": "fake", "session": "f"}))
+    assert on_trainer_port.recv(0.5) is None  # ZAP refuses a worker key on the trainer port
+    captured = keyed(ctx, srv, keys, "worker", "worker")
+    assert captured.hello().type is MsgType.WELCOME
+    victim = keyed(ctx, srv, keys, "worker", "robot-1")
+    assert victim.hello().type is MsgType.WELCOME
+    captured.send(Message(MsgType.WEIGHTS, "worker", policy_version=999, body={"trained_steps": 0, "session": "x"},
+                          arrays={"w": np.zeros(2, np.float32)}))
+    time.sleep(0.5)
+    assert srv.weights is None and srv.stats["rejected"] == 1  # refused and logged as a role violation
+    while (msg := victim.recv(0.2)) is not None:
+        assert msg.type is not MsgType.WEIGHTS
+
+
+def test_a_named_worker_key_only_works_for_that_worker(secured: tuple[Server, zmq.Context, Path]) -> None:
+    srv, ctx, keys = secured
+    robot1 = client_keys(keys, "worker", "robot-1")
+    impostor = curve_peer(ctx, srv.worker_port, "worker", "robot-2", robot1.public, robot1.secret,
+                          robot1.server_public)
+    reply = impostor.hello()
+    assert reply.type is MsgType.REJECT and "belongs to worker 'robot-1'" in reply.body["reason"]
+    honest = keyed(ctx, srv, keys, "worker", "robot-1")
+    assert honest.hello().type is MsgType.WELCOME
+    assert any(p.key == "robot-1" for p in srv.peers.values())
+
+
+def test_workers_check_weights_before_loading_them() -> None:
+    actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
+    good = state_arrays(actor)
+    assert check_weights(actor, good) == []
+    bad = dict(good)
+    bad["mu.weight"] = np.zeros((3, 8), np.float32)
+    bad["extra"] = np.zeros(1, np.float32)
+    del bad["mu.bias"]
+    bad["net.0.bias"] = np.full(8, np.nan, np.float32)
+    problems = check_weights(actor, bad)
+    assert "missing parameter 'mu.bias'" in problems and "unexpected parameter 'extra'" in problems
+    assert any("'mu.weight' has shape (3, 8)" in p for p in problems)
+    assert any("'net.0.bias' contains NaN" in p for p in problems)
+    wrong_dtype = dict(good, **{"mu.bias": good["mu.bias"].astype(np.float64)})
+    assert any("dtype float64" in p for p in check_weights(actor, wrong_dtype))
+    before = {k: v.clone() for k, v in actor.state_dict().items()}
+    assert all(torch.equal(before[k], v) for k, v in actor.state_dict().items())
+
+
+def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Context, Path]) -> None:
+    srv, ctx, keys = secured
+    assert all(s.getsockopt(zmq.MAXMSGSIZE) == NET.max_message_bytes for s in srv._socks.values())
+    small = Server(network=NetworkConfig(max_message_bytes=1 << 16), trainer_port=free_port(),
+                   worker_port=free_port(), spool_dir=Path(keys).parent / "spool2", keys=server_keys(keys))
+    stop = threading.Event()
+    thread = threading.Thread(target=small.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        k = client_keys(keys, "worker", "worker")
+        big = curve_peer(ctx, small.worker_port, "worker", "big", k.public, k.secret, k.server_public)
+        big.hello()
+        big.sock.send_multipart([b"x" * (1 << 17)])  # over the cap: libzmq drops the connection, not the server
+        time.sleep(0.5)
+        fine = curve_peer(ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
+        assert fine.hello().type is MsgType.WELCOME and thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(5)
