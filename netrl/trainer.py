@@ -1,7 +1,7 @@
 """Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
 
 The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread. A network thread
-(:class:`_TrainerNet`) keeps the connection alive while training runs. For every bundle it receives it:
+(:class:`TrainerLink`) keeps the connection alive while training runs. For every bundle it receives it:
 
 1. decodes and checks each sample packet, and drops packets it has already seen (:class:`~netrl.delivery.Deliveries`);
 2. appends each new packet to the sample log on disk (:class:`~netrl.delivery.SampleLog`);
@@ -39,12 +39,12 @@ from netrl.transport import NetThread, new_session
 from netrl.weights import state_arrays, write_weights_file
 from netrl.wire import Message, MsgType, buffer_from_message, decode, encode
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "TrainerLink"]
 
 log = logging.getLogger(__name__)
 
 
-class _TrainerNet(NetThread):
+class TrainerLink(NetThread):
     """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
 
     def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
@@ -202,7 +202,7 @@ class Trainer:
         self.sample_compressor, self.keys = sample_compressor, keys
         self.session = new_session()
         self.training: TrainingOffline | None = None
-        self.net: _TrainerNet | None = None
+        self.net: TrainerLink | None = None
         self.metrics: MetricsLogger | None = None
         self._closed = False
 
@@ -236,7 +236,7 @@ class Trainer:
             self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
             schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
                                               self.sample_compressor)
-            self.net = net = _TrainerNet(self.network, self.name, self.session, self.server_port, self.credit_window,
+            self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                          deliveries, sample_log, schema, self.keys)
             net.version = training.version
             net.start()

@@ -2,8 +2,8 @@
 
 Two threads. The *control path* (the thread that calls :meth:`RolloutWorker.run`) only steps the env, computes
 actions and appends rows to preallocated columns. Everything slow happens on the *network thread*
-(:class:`_WorkerNet`): sending packets, receiving and checking weights, loading them into a spare actor and saving
-them to ``model_path``. Between two env steps the control path swaps in the ready actor, a pointer swap, so a
+(:class:`~netrl.worker_link.WorkerLink`, with :class:`_WeightReceiver`): sending packets, receiving and checking
+weights, loading them into a spare actor and saving them to ``model_path``. Between two env steps the control path swaps in the ready actor, a pointer swap, so a
 weight update never delays a real-time step. Every row is tagged with the version of the weights that chose
 its action.
 """
@@ -18,10 +18,9 @@ import os
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,9 +31,10 @@ from netrl.errors import NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
-from netrl.transport import NetThread, new_session
+from netrl.transport import new_session
 from netrl.weights import check_weights, load_weights, read_weights_file, write_weights_file
-from netrl.wire import Codec, Message, MsgType, encode, frames_nbytes, samples_message
+from netrl.wire import Codec, Message, encode, samples_message
+from netrl.worker_link import WorkerLink
 
 __all__ = ["RolloutWorker"]
 
@@ -76,189 +76,36 @@ class _WeightSlot:
             return pending
 
 
-class _Outgoing(NamedTuple):
-    frames: list[Any]
-    nbytes: int
-    steps: int
-
-
-class _WorkerNet(NetThread):
-    """The worker's network thread: packets out (kept until acknowledged), weights and pace in.
-
-    A packet stays in the backlog until the server acknowledges it (the server does so once the packet is on its
-    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight; a NACK (server full)
-    makes a packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent
-    again. Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
-    """
+class _WeightReceiver:
+    """Network thread: check received weights against the actor, load them into a spare one, save them."""
 
     def __init__(self, worker: RolloutWorker, spare: torch.nn.Module) -> None:
-        super().__init__(worker.network, "worker", worker.worker_id, worker.session, worker.server_port,
-                         keys=worker.keys)
         self.w = worker
         self.slot = _WeightSlot(spare)
-        self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
-        self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
-        self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
-        self.inflight: set[int] = set()
-        self.backlog_bytes = self.inflight_bytes = 0
-        self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
-        self.last_seq = 0  # newest packet handed over by the control path
-        self.version, self.weights_session = worker.version, ""
-        self.allowance = 0
-        self.pace_cond = threading.Condition()
-        self.paced = False  # True once the server sent a PACE
+        self.version, self.session = worker.version, ""
         self.counts: collections.Counter[str] = collections.Counter()
-        self._last_drop_warning = 0.0
-        self.link.heartbeat_body = self._heartbeat_stats
 
-    def _heartbeat_stats(self) -> dict[str, Any]:
-        return {"stats": {"produced": self.w.produced, "backlog_packets": len(self.backlog),
-                          "backlog_bytes": self.backlog_bytes, "version": self.version, **self.counts}}
-
-    # -- packets out --------------------------------------------------------------------------------------
-    def on_command(self, frames: list[Any]) -> None:
-        seq, steps = int.from_bytes(frames[0].bytes[:8], "little"), int.from_bytes(frames[0].bytes[8:], "little")
-        packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
-        self.backlog[seq] = packet
-        self.unsent[seq] = None
-        self.backlog_bytes += packet.nbytes
-        with self.settled:
-            self.last_seq = seq
-            self.settled.notify_all()
-        while self.backlog_bytes > self.w.max_backlog_bytes and self._drop_oldest():
-            pass
-        self._pump()
-
-    def _drop_oldest(self) -> bool:
-        """Drop the oldest packet that is not in flight (one in flight may still be delivered and acknowledged)."""
-        seq = next((s for s in self.backlog if s not in self.inflight), None)
-        if seq is None:
-            return False
-        packet = self.backlog.pop(seq)
-        self._forget(seq, packet)
-        self.counts["dropped_packets"] += 1
-        self.counts["dropped_samples"] += packet.steps
-        now = time.monotonic()
-        if now - self._last_drop_warning > 10:
-            self._last_drop_warning = now
-            log.warning("worker %s backlog is full (%d bytes unacknowledged, limit worker.max_backlog_bytes = %d): "
-                        "dropped its oldest packets; %d samples in %d packets dropped so far", self.w.worker_id,
-                        self.backlog_bytes, self.w.max_backlog_bytes, self.counts["dropped_samples"],
-                        self.counts["dropped_packets"])
-        return True
-
-    def _forget(self, seq: int, packet: _Outgoing) -> None:
-        self.backlog_bytes -= packet.nbytes
-        self.unsent.pop(seq, None)
-        self.waiting.pop(seq, None)
-        if seq in self.inflight:
-            self.inflight.discard(seq)
-            self.inflight_bytes -= packet.nbytes
-        if not self.backlog:
-            with self.settled:
-                self.settled.notify_all()
-
-    def _pump(self) -> None:
-        """Send unsent packets, oldest first, within the window."""
-        while self.unsent and self.link.ready:
-            seq = next(iter(self.unsent))
-            packet = self.backlog[seq]
-            if self.inflight and self.inflight_bytes + packet.nbytes > self.w.send_window_bytes:
-                return
-            if not self.link.send(packet.frames):
-                return
-            del self.unsent[seq]
-            self.inflight.add(seq)
-            self.inflight_bytes += packet.nbytes
-
-    def on_ready(self) -> None:
-        """(Re)connected: the server may have lost anything unacknowledged, so send it all again."""
-        if self.backlog and self.counts["connections"]:
-            log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
-        self.counts["connections"] += 1
-        self.inflight.clear()
-        self.inflight_bytes = 0
-        self.waiting.clear()
-        self.unsent = OrderedDict.fromkeys(self.backlog)
-        self._pump()
-
-    def on_tick(self) -> None:
-        if self.waiting:
-            now = time.monotonic()
-            ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
-            for seq in ready:
-                del self.waiting[seq]
-                self.unsent[seq] = None
-            if ready:
-                self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
-        self._pump()
-
-    def flush(self, upto_seq: int, timeout: float) -> bool:
-        """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged."""
-        with self.settled:
-            return self.settled.wait_for(lambda: self.last_seq >= upto_seq and not self.backlog, timeout)
-
-    # -- messages in -------------------------------------------------------------------------------------
-    def on_message(self, msg: Message) -> None:
-        if msg.type is MsgType.WEIGHTS:
-            self._weights(msg)
-        elif msg.type is MsgType.ACK:
-            for seq in msg.body["seqs"]:
-                packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None
-                if packet is not None:
-                    self.counts["acked_packets"] += 1
-                    self.counts["acked_samples"] += packet.steps
-                    self._forget(seq, packet)
-            self._pump()
-        elif msg.type is MsgType.NACK:
-            self._nack(msg)
-        elif msg.type is MsgType.PACE:
-            with self.pace_cond:
-                self.allowance = max(self.allowance, msg.body["allowance"])
-                self.paced = True
-                self.pace_cond.notify_all()
-        else:
-            log.debug("ignored a %s message from the server", msg.type.value)
-
-    def _nack(self, msg: Message) -> None:
-        """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid)."""
-        retry_s = float(msg.body["retry_s"])
-        for seq in msg.body["seqs"]:
-            packet = self.backlog.get(seq) if isinstance(seq, int) else None
-            if packet is None or seq not in self.inflight:
-                continue
-            if retry_s <= 0:
-                self.backlog.pop(seq)
-                self._forget(seq, packet)
-                self.counts["rejected_packets"] += 1
-                self.counts["rejected_samples"] += packet.steps
-                if self.counts["rejected_packets"] <= 5 or self.counts["rejected_packets"] % 100 == 0:
-                    log.error("the server rejected packet %d (%d rejected so far): %s", seq,
-                              self.counts["rejected_packets"], msg.body["reason"])
-                continue
-            self.inflight.discard(seq)
-            self.inflight_bytes -= packet.nbytes
-            self.waiting[seq] = time.monotonic() + min(max(retry_s, 0.05), 30.0)
-            self.counts["nacked_packets"] += 1
-
-    def _weights(self, msg: Message) -> None:
+    def __call__(self, msg: Message) -> dict[str, Any]:
         version, session = msg.policy_version, msg.body["session"]
-        self.link.send(encode(Message(MsgType.ACK, self.w.worker_id, body={"seqs": [version]})))
-        if session == self.weights_session and version <= self.version:
-            return  # already have it (e.g. re-sent after a reconnect)
+        if session == self.session and version <= self.version:
+            return self.stats()  # already have it (e.g. re-sent after a reconnect)
         problems = check_weights(self.w.template_actor, msg.arrays)
         if problems:
             self.counts["weights_rejected"] += 1
             log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
-            return
+            return self.stats()
         module = self.slot.take_module()
         load_weights(module, msg.arrays)
         self.slot.put(version, session, module)
-        self.version, self.weights_session = version, session
+        self.version, self.session = version, session
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
                 "weights v%d ready (%d received)", version, self.counts["weights_received"])
         self.w.save_model(module, version, session)
+        return self.stats()
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.version, **self.counts}
 
 
 class RolloutWorker:
@@ -330,7 +177,8 @@ class RolloutWorker:
         self.env: Any = None
         self.actor: Any = None
         self.template_actor: Any = None
-        self.net: _WorkerNet | None = None
+        self.net: WorkerLink | None = None
+        self.weights: _WeightReceiver | None = None
         self._builder = BufferBuilder(self.min_samples + self.overlap + 2, self.overlap)
         self._pending_episodes: list[EpisodeStats] = []
         self._first_unsent = 0.0
@@ -369,7 +217,9 @@ class RolloutWorker:
         if self.model_path and Path(self.model_path).exists():
             self._load_model_file(self.model_path)
         if not self.standalone and self.local_packets is None:
-            self.net = _WorkerNet(self, copy.deepcopy(self.actor))
+            self.weights = _WeightReceiver(self, copy.deepcopy(self.actor))
+            self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
+                                  self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights)
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
@@ -516,9 +366,9 @@ class RolloutWorker:
         self.net.command([head, *encode(msg, self.compression)])
 
     def _swap_weights(self) -> None:
-        if self.net is None:
+        if self.weights is None:
             return
-        ready = self.net.slot.swap(self.actor)
+        ready = self.weights.slot.swap(self.actor)
         if ready is not None:
             version, _session, self.actor = ready
             self.version = version

@@ -1,0 +1,196 @@
+"""The worker's network thread: sample packets out (kept until acknowledged), weights and pacing in.
+
+It never touches the env or the policy: the control path hands it encoded packets through an inproc pipe
+(:meth:`NetThread.command`), and weights are passed to a callback that loads them off the control path. It needs
+no torch, so benchmarks and tools can drive the real delivery path with synthetic packets.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from netrl.config import NetworkConfig
+from netrl.keys import ClientKeys
+from netrl.transport import NetThread
+from netrl.wire import Message, MsgType, encode, frames_nbytes
+
+__all__ = ["WorkerLink"]
+
+log = logging.getLogger(__name__)
+
+
+class _Outgoing(NamedTuple):
+    frames: list[Any]
+    nbytes: int
+    steps: int
+
+
+class WorkerLink(NetThread):
+    """The worker's network thread: packets out (kept until acknowledged), weights and pace in.
+
+    A packet stays in the backlog until the server acknowledges it (the server does so once the packet is on its
+    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight; a NACK (server full)
+    makes a packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent
+    again. Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
+    """
+
+    def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int, keys: ClientKeys | None,
+                 max_backlog_bytes: int, send_window_bytes: int, produced: Callable[[], int] | None = None,
+                 on_weights: Callable[[Message], dict[str, Any]] | None = None) -> None:
+        super().__init__(network, "worker", worker_id, session, port, keys=keys)
+        self.worker_id = worker_id
+        self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
+        self.produced = produced or (lambda: 0)
+        self.on_weights = on_weights  # called on this thread; returns counters to report in heartbeats
+        self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
+        self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
+        self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
+        self.inflight: set[int] = set()
+        self.backlog_bytes = self.inflight_bytes = 0
+        self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
+        self.last_seq = 0  # newest packet handed over by the control path
+        self.weight_stats: dict[str, Any] = {}
+        self.allowance = 0
+        self.pace_cond = threading.Condition()
+        self.paced = False  # True once the server sent a PACE
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._last_drop_warning = 0.0
+        self.link.heartbeat_body = self._heartbeat_stats
+
+    def _heartbeat_stats(self) -> dict[str, Any]:
+        return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
+                          "backlog_bytes": self.backlog_bytes, **self.weight_stats, **self.counts}}
+
+    # -- packets out --------------------------------------------------------------------------------------
+    def on_command(self, frames: list[Any]) -> None:
+        seq, steps = int.from_bytes(frames[0].bytes[:8], "little"), int.from_bytes(frames[0].bytes[8:], "little")
+        packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
+        self.backlog[seq] = packet
+        self.unsent[seq] = None
+        self.backlog_bytes += packet.nbytes
+        with self.settled:
+            self.last_seq = seq
+            self.settled.notify_all()
+        while self.backlog_bytes > self.max_backlog_bytes and self._drop_oldest():
+            pass
+        self._pump()
+
+    def _drop_oldest(self) -> bool:
+        """Drop the oldest packet that is not in flight (one in flight may still be delivered and acknowledged)."""
+        seq = next((s for s in self.backlog if s not in self.inflight), None)
+        if seq is None:
+            return False
+        packet = self.backlog.pop(seq)
+        self._forget(seq, packet)
+        self.counts["dropped_packets"] += 1
+        self.counts["dropped_samples"] += packet.steps
+        now = time.monotonic()
+        if now - self._last_drop_warning > 10:
+            self._last_drop_warning = now
+            log.warning("worker %s backlog is full (%d bytes unacknowledged, limit worker.max_backlog_bytes = %d): "
+                        "dropped its oldest packets; %d samples in %d packets dropped so far", self.worker_id,
+                        self.backlog_bytes, self.max_backlog_bytes, self.counts["dropped_samples"],
+                        self.counts["dropped_packets"])
+        return True
+
+    def _forget(self, seq: int, packet: _Outgoing) -> None:
+        self.backlog_bytes -= packet.nbytes
+        self.unsent.pop(seq, None)
+        self.waiting.pop(seq, None)
+        if seq in self.inflight:
+            self.inflight.discard(seq)
+            self.inflight_bytes -= packet.nbytes
+        if not self.backlog:
+            with self.settled:
+                self.settled.notify_all()
+
+    def _pump(self) -> None:
+        """Send unsent packets, oldest first, within the window."""
+        while self.unsent and self.link.ready:
+            seq = next(iter(self.unsent))
+            packet = self.backlog[seq]
+            if self.inflight and self.inflight_bytes + packet.nbytes > self.send_window_bytes:
+                return
+            if not self.link.send(packet.frames):
+                return
+            del self.unsent[seq]
+            self.inflight.add(seq)
+            self.inflight_bytes += packet.nbytes
+
+    def on_ready(self) -> None:
+        """(Re)connected: the server may have lost anything unacknowledged, so send it all again."""
+        if self.backlog and self.counts["connections"]:
+            log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
+        self.counts["connections"] += 1
+        self.inflight.clear()
+        self.inflight_bytes = 0
+        self.waiting.clear()
+        self.unsent = OrderedDict.fromkeys(self.backlog)
+        self._pump()
+
+    def on_tick(self) -> None:
+        if self.waiting:
+            now = time.monotonic()
+            ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
+            for seq in ready:
+                del self.waiting[seq]
+                self.unsent[seq] = None
+            if ready:
+                self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
+        self._pump()
+
+    def flush(self, upto_seq: int, timeout: float) -> bool:
+        """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged."""
+        with self.settled:
+            return self.settled.wait_for(lambda: self.last_seq >= upto_seq and not self.backlog, timeout)
+
+    # -- messages in -------------------------------------------------------------------------------------
+    def on_message(self, msg: Message) -> None:
+        if msg.type is MsgType.WEIGHTS:
+            self.link.send(encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [msg.policy_version]})))
+            if self.on_weights is not None:
+                self.weight_stats = self.on_weights(msg)
+        elif msg.type is MsgType.ACK:
+            for seq in msg.body["seqs"]:
+                packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None
+                if packet is not None:
+                    self.counts["acked_packets"] += 1
+                    self.counts["acked_samples"] += packet.steps
+                    self._forget(seq, packet)
+            self._pump()
+        elif msg.type is MsgType.NACK:
+            self._nack(msg)
+        elif msg.type is MsgType.PACE:
+            with self.pace_cond:
+                self.allowance = max(self.allowance, msg.body["allowance"])
+                self.paced = True
+                self.pace_cond.notify_all()
+        else:
+            log.debug("ignored a %s message from the server", msg.type.value)
+
+    def _nack(self, msg: Message) -> None:
+        """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid)."""
+        retry_s = float(msg.body["retry_s"])
+        for seq in msg.body["seqs"]:
+            packet = self.backlog.get(seq) if isinstance(seq, int) else None
+            if packet is None or seq not in self.inflight:
+                continue
+            if retry_s <= 0:
+                self.backlog.pop(seq)
+                self._forget(seq, packet)
+                self.counts["rejected_packets"] += 1
+                self.counts["rejected_samples"] += packet.steps
+                if self.counts["rejected_packets"] <= 5 or self.counts["rejected_packets"] % 100 == 0:
+                    log.error("the server rejected packet %d (%d rejected so far): %s", seq,
+                              self.counts["rejected_packets"], msg.body["reason"])
+                continue
+            self.inflight.discard(seq)
+            self.inflight_bytes -= packet.nbytes
+            self.waiting[seq] = time.monotonic() + min(max(retry_s, 0.05), 30.0)
+            self.counts["nacked_packets"] += 1
