@@ -99,7 +99,7 @@ class ServerConfig:
     min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", _ge(1))
     max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", _gt(0))
     max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", _ge(1))
-    spool_after_s: float = _f(1.0, "a packet the trainer has not taken after this long is spooled", _gt(0))
+    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", _gt(0))
     spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
     spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets", _ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
@@ -117,7 +117,7 @@ class WorkerConfig:
     model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", _ge(0))
     max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for resending; oldest dropped beyond",
                                 _ge(1))
-    send_window_bytes: int = _f(16 * 2**20, "unacknowledged packets in flight to the server", _ge(1))
+    send_window_bytes: int = _f(4 * 2**20, "unacknowledged packets in flight to the server", _ge(1))
     flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", _ge(0))
 
 

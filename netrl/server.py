@@ -10,7 +10,7 @@ Where a packet goes, and when its worker hears back:
 
 * a trainer is connected and the packets held in memory stay under ``max_queue_bytes``: it waits in memory and the
   worker gets its ACK when the trainer acknowledges the bundle that carried it (until then the worker keeps it);
-  if the trainer has not taken it within ``spool_after_s``, it moves to the spool and is acknowledged then;
+  if the trainer takes no bundle for ``spool_after_s``, waiting packets move to the spool and are acknowledged;
 * otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first;
 * if the spool is full too, the worker gets a NACK and resends later (its own backlog is bounded and counts drops).
 
@@ -69,7 +69,7 @@ class Server:
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
-                 max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20, spool_after_s: float = 1.0,
+                 max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20, spool_after_s: float = 2.0,
                  spool_dir: str | Path = "weights/server-spool", spool_max_bytes: int = 1 << 30,
                  fsync: bool = False, keys: ServerKeys | None = None) -> None:
         self.min_samples = min_samples_per_server_packet
@@ -101,6 +101,7 @@ class Server:
         self.bundle_seq = 0
         self.inflight: dict[int, list[QueuedPacket]] = {}
         self.inflight_steps = 0
+        self.last_bundle_at = 0.0
         self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._ctx: zmq.Context | None = None
@@ -500,6 +501,7 @@ class Server:
             self.credit -= 1
             self.stats["samples_out"] += steps
             self.stats["bundles_out"] += 1
+            self.last_bundle_at = now
 
     def _untake(self, packets: list[QueuedPacket]) -> None:
         for packet in reversed([p for p in packets if p.spool_position is None]):
@@ -510,8 +512,12 @@ class Server:
             self.spool.untake(min(spooled))
 
     def _spool_stale(self, now: float) -> None:
-        """Move packets the trainer has not taken within ``spool_after_s`` to disk, and acknowledge them."""
+        """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
+        acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
+        queue: spooling then would only add disk work, and the workers' send windows already bound the queue.)"""
         assert self.spool is not None
+        if now - self.last_bundle_at < self.spool_after:
+            return
         acks: dict[str, list[int]] = collections.defaultdict(list)
         while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
             packet = self.queue.popleft()

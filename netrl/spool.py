@@ -2,9 +2,10 @@
 
 The server spools a packet when no trainer is connected, or when the packets it holds in memory reach
 ``server.max_queue_bytes``; it acknowledges the worker as soon as the packet is on disk. Bundles for the trainer
-take spooled packets first. ``HEAD`` (a small JSON file, replaced atomically) marks the oldest packet the trainer
-has not acknowledged: a restarted server resumes from there, so a server crash loses nothing that was spooled. A
-packet delivered just before a crash may be delivered twice; the trainer discards the duplicate.
+take spooled packets first. ``HEAD`` (a small JSON file, replaced atomically at most every 0.2 s and on close)
+marks the oldest packet the trainer has not acknowledged: a restarted server resumes from there, so a server crash
+loses nothing that was spooled. Packets delivered in the last moments before a crash are delivered again; the
+trainer discards the duplicates.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import collections
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,6 +48,8 @@ class Spool:
         self.steps = 0
         self.bytes = 0
         self.packets = 0
+        self._head_saved = self.head
+        self._head_saved_at = 0.0
         for rec in self.log.read(self.head):
             self.steps += int(rec.meta["steps"])
             self.bytes += _size(rec)
@@ -111,9 +115,16 @@ class Spool:
             self.bytes -= size
             self.packets -= 1
             moved = True
-        if moved:
+        if moved and time.monotonic() - self._head_saved_at > 0.2:
+            self._persist_head()
+
+    def _persist_head(self) -> None:
+        if self.head != self._head_saved:
             self._save_head()
-            self.log.drop_before(self.head)
+            if self.head.segment != self._head_saved.segment:
+                self.log.drop_before(self.head)
+            self._head_saved = self.head
+        self._head_saved_at = time.monotonic()
 
     def untake(self, first: Position) -> None:
         """Give back the packets of the latest :meth:`take`, from ``first`` on (their send failed)."""
@@ -129,6 +140,7 @@ class Spool:
         self._acked.clear()
 
     def close(self) -> None:
+        self._persist_head()
         self.log.close()
 
 

@@ -69,10 +69,14 @@ class TrainerLink(NetThread):
     # -- SampleSource, called from the training thread --------------------------------------------------
     def fetch(self) -> list[Buffer]:
         out: list[Buffer] = []
+        taken = 0
         while self.inbox:
             bufs, end = self.inbox.popleft()
             out += bufs
             self.ingested = end
+            taken += 1
+        if taken:
+            self.command([b"credit"])  # wake the network thread: it can grant the server new credit right away
         return out
 
     def wait(self, timeout: float) -> None:
@@ -120,6 +124,9 @@ class TrainerLink(NetThread):
 
     def on_command(self, frames: list[Any]) -> None:
         kind, payload = frames[0].bytes, frames[1:]
+        if kind == b"credit":
+            self._grant()
+            return
         if kind == b"weights":
             self.weights = payload
         else:

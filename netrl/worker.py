@@ -3,9 +3,9 @@
 Two threads. The *control path* (the thread that calls :meth:`RolloutWorker.run`) only steps the env, computes
 actions and appends rows to preallocated columns. Everything slow happens on the *network thread*
 (:class:`~netrl.worker_link.WorkerLink`, with :class:`_WeightReceiver`): sending packets, receiving and checking
-weights, loading them into a spare actor and saving them to ``model_path``. Between two env steps the control path swaps in the ready actor, a pointer swap, so a
-weight update never delays a real-time step. Every row is tagged with the version of the weights that chose
-its action.
+weights, loading them into a spare actor and saving them to ``model_path``. Between two env steps the control
+path swaps in the ready actor, a pointer swap, so a weight update never delays a real-time step. Every row is
+tagged with the version of the weights that chose its action.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class RolloutWorker:
                  model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
                  worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
                  throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
-                 max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 16 << 20,
+                 max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 4 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None) -> None:
         if min_samples_per_worker_packet < 1:

@@ -106,9 +106,8 @@ class WorkerLink(NetThread):
         if seq in self.inflight:
             self.inflight.discard(seq)
             self.inflight_bytes -= packet.nbytes
-        if not self.backlog:
-            with self.settled:
-                self.settled.notify_all()
+        with self.settled:
+            self.settled.notify_all()
 
     def _pump(self) -> None:
         """Send unsent packets, oldest first, within the window."""
@@ -144,6 +143,11 @@ class WorkerLink(NetThread):
             if ready:
                 self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
         self._pump()
+
+    def wait_backlog_below(self, nbytes: int, timeout: float) -> bool:
+        """Main thread: block until fewer than ``nbytes`` are unacknowledged (for producers that may wait)."""
+        with self.settled:
+            return self.settled.wait_for(lambda: self.backlog_bytes < nbytes, timeout)
 
     def flush(self, upto_seq: int, timeout: float) -> bool:
         """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged."""
