@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from netrl import __version__
@@ -44,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="start a server, a trainer and a worker on localhost with Pendulum-v1")
     role.add_argument("--keygen", action="store_const", const="keygen", dest="role",
                       help="create CURVE keys in keys_dir: server, trainer, a shared worker key, and --workers")
+    role.add_argument("--status", action="store_const", const="status", dest="role",
+                      help="print the snapshot of the server running on this machine (--json for JSON)")
+    role.add_argument("--plot", metavar="RUN", help="render run RUN's learning curve and throughput to a PNG")
     p.add_argument("--config", default="config.json", help="path of the config file (default: ./config.json)")
     p.add_argument("--server-ip", help="address workers and the trainer connect to (network.server_ip)")
     p.add_argument("--bind-ip", help="interface the server binds, e.g. 0.0.0.0 (server.bind_ip)")
@@ -56,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, help="worker: run this many training episodes, then stop")
     p.add_argument("--workers", default="", help="keygen: comma-separated names of workers that get their own key")
     p.add_argument("--keys-dir", help="folder of CURVE keys (keys_dir)")
+    p.add_argument("--json", action="store_true", help="status: print JSON instead of a table")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="logging level (default INFO)")
     p.add_argument("--version", action="version", version=f"netrl {__version__}")
@@ -68,8 +73,10 @@ _FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "tr
 
 
 def setup_logging(role: str, level: str) -> None:
-    """One handler on the root logger, with role and pid in every line (only ever called here)."""
-    handler = logging.StreamHandler(sys.stdout)
+    """One handler on the root logger, with role and pid in every line (only ever called here).
+
+    Roles log to stdout; ``--status`` logs to stderr so that its table or JSON is all that stdout carries."""
+    handler = logging.StreamHandler(sys.stderr if role == "status" else sys.stdout)
     handler.setFormatter(logging.Formatter(
         f"%(asctime)s.%(msecs)03d %(levelname).1s [{role} %(process)d] %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
@@ -142,18 +149,30 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.plot:
+        args.role = "plot"
     overrides = {key: getattr(args, flag) for flag, key in _FLAG_KEYS.items() if getattr(args, flag) is not None}
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"netrl: {exc}", file=sys.stderr)
         return 2
-    setup_logging(args.role, args.log_level)
+    setup_logging(args.role, "WARNING" if args.role == "status" else args.log_level)
     stop = threading.Event()
     install_stop_signals(stop)
     try:
         if args.role == "keygen":
             run_keygen(cfg, [w.strip() for w in args.workers.split(",") if w.strip()])
+        elif args.role == "status":
+            from netrl.status import dump_json, format_status, query_status
+
+            snapshot = query_status(cfg.server.status_port)
+            print(dump_json(snapshot) if args.json else format_status(snapshot))
+        elif args.role == "plot":
+            from netrl.plot import plot_run
+
+            run_dir = Path(args.plot) if Path(args.plot).is_dir() else Path(cfg.weights_folder) / args.plot
+            log.info("wrote %s", plot_run(run_dir))
         else:
             run_role(args.role, cfg, stop, args.config, args.episodes)
     except NetrlError as exc:

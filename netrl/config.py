@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import types
 import typing
@@ -103,6 +104,7 @@ class ServerConfig:
     spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
     spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets", _ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
+    status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", _port)
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class WandbConfig:
-    mode: Literal["offline", "online", "disabled"] = _f("offline", "wandb mode; online needs WANDB_API_KEY")
+    mode: Literal["auto", "offline", "online", "disabled"] = _f(
+        "auto", "wandb mode; auto is online when WANDB_API_KEY is set, offline otherwise")
     project: str = _f("netrl", "wandb project", _nonempty)
     entity: str | None = _f(None, "wandb entity (team or user)")
 
@@ -173,6 +176,7 @@ class Config:
     run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _nonempty)
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _nonempty)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _ge(1))
+    status_interval_s: float = _f(10.0, "seconds between the server's and workers' status lines (0: none)", _ge(0))
     seed: int | None = _f(None, "random seed (null: random)")
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
     keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", _nonempty)
@@ -274,10 +278,11 @@ def _cross_checks(cfg: Config) -> list[str]:
     problems = []
     if cfg.config_version != CONFIG_VERSION:
         problems.append(f"config_version {cfg.config_version} is not supported; this netrl reads {CONFIG_VERSION}")
-    if cfg.network.trainer_port == cfg.network.worker_port:
-        problems.append(
-            f"network.trainer_port and network.worker_port must differ (both {cfg.network.trainer_port})"
-        )
+    ports = {"network.trainer_port": cfg.network.trainer_port, "network.worker_port": cfg.network.worker_port,
+             "server.status_port": cfg.server.status_port}
+    for (a, pa), (b, pb) in itertools.combinations(ports.items(), 2):
+        if pa == pb:
+            problems.append(f"{a} and {b} must differ (both {pa})")
     if cfg.memory.memory_size < cfg.memory.batch_size:
         problems.append(
             f"memory.memory_size ({cfg.memory.memory_size}) must be >= memory.batch_size ({cfg.memory.batch_size})"

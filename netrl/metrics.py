@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["CsvLog", "MetricsLogger", "format_round"]
+__all__ = ["CsvLog", "MetricsLogger", "format_round", "resolve_wandb_mode"]
 
 log = logging.getLogger(__name__)
 
-WandbMode = Literal["offline", "online", "disabled"]
+WandbMode = Literal["auto", "offline", "online", "disabled"]
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -34,6 +34,13 @@ def format_round(s: dict[str, Any]) -> str:
             f"{', ' + str(s['stale_samples']) + ' stale' if s.get('stale_samples') else ''} | "
             f"policy v{s['policy_version']} | memory {s['memory_len']}"
             f"{' | ' + str(s['duplicates']) + ' duplicates dropped' if s.get('duplicates') else ''}")
+
+
+def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disabled"]:
+    """``auto`` is online when the user configured a key (``WANDB_API_KEY``), offline otherwise."""
+    if mode == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return mode
 
 
 class CsvLog:
@@ -70,14 +77,15 @@ class MetricsLogger:
                  entity: str | None = None, config: dict[str, Any] | None = None) -> None:
         self.csv = CsvLog(run_dir / "metrics.csv")
         self._wandb_run: Any = None
-        if wandb_mode != "disabled":
-            os.environ["WANDB_MODE"] = wandb_mode  # must happen before `import wandb`
+        mode = resolve_wandb_mode(wandb_mode)
+        if mode != "disabled":
+            os.environ["WANDB_MODE"] = mode  # must happen before `import wandb`
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
             self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
-                                         config=config or {}, mode=wandb_mode, reinit="create_new")
-            log.info("wandb run %s in %s mode", self._wandb_run.id, wandb_mode)
+                                         config=config or {}, mode=mode, reinit="create_new")
+            log.info("wandb run %s in %s mode", self._wandb_run.id, mode)
 
     def log_round(self, stats: dict[str, Any]) -> None:
         log.info("%s", format_round(stats))

@@ -40,6 +40,7 @@ from netrl.keys import SHARED_WORKER, KeyRing, ServerKeys, server_keys
 from netrl.peers import Peer, QueuedPacket
 from netrl.schema import SampleSchema
 from netrl.spool import Spool
+from netrl.status import Rates
 from netrl.transport import Liveness, bind, new_session, new_socket
 from netrl.wire import Message, MsgType, check_role, decode, encode, encode_bundle, frames_nbytes
 
@@ -65,13 +66,16 @@ class Server:
         spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
         spool_dir, spool_max_bytes, fsync: the disk spool.
         keys: the server's CURVE keypair and allow-lists; None runs unencrypted (``"security": "none"``).
+        status_port: loopback port answering ``python -m netrl --status`` (None: no status port).
+        status_interval_s: seconds between status log lines (0: none).
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
                  max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20, spool_after_s: float = 2.0,
                  spool_dir: str | Path = "weights/server-spool", spool_max_bytes: int = 1 << 30,
-                 fsync: bool = False, keys: ServerKeys | None = None) -> None:
+                 fsync: bool = False, keys: ServerKeys | None = None, status_port: int | None = None,
+                 status_interval_s: float = 10.0) -> None:
         self.min_samples = min_samples_per_server_packet
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
@@ -82,6 +86,10 @@ class Server:
         self.spool_after = spool_after_s
         self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
         self.keys = keys
+        self.status_port, self.status_interval = status_port, status_interval_s
+        self.rates = Rates()
+        self.started = time.time()
+        self._next_tick = self._next_status_line = 0.0
         self.keyring: KeyRing | None = None
         self._auth: ThreadAuthenticator | None = None
         self.schema: SampleSchema | None = None
@@ -106,6 +114,7 @@ class Server:
         self.stats: collections.Counter[str] = collections.Counter()
         self._ctx: zmq.Context | None = None
         self._socks: dict[str, zmq.Socket] = {}
+        self._status: zmq.Socket | None = None
         self._closed = False
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
         self._last_full_warning = 0.0
@@ -118,7 +127,8 @@ class Server:
         return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
                    worker_port=cfg.network.worker_port, network=cfg.network, max_packet_delay_s=s.max_packet_delay_s,
                    max_queue_bytes=s.max_queue_bytes, spool_after_s=s.spool_after_s, spool_dir=spool_dir,
-                   spool_max_bytes=s.spool_max_bytes, fsync=s.fsync, keys=keys)
+                   spool_max_bytes=s.spool_max_bytes, fsync=s.fsync, keys=keys, status_port=s.status_port,
+                   status_interval_s=cfg.status_interval_s)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -148,6 +158,9 @@ class Server:
                 self._auth.configure_curve_callback(f"netrl-{role}", self.keyring.provider(role))
             self._socks[role] = sock
             bind(sock, self.bind_ip, port, key)
+        if self.status_port is not None:
+            self._status = new_socket(self._ctx, zmq.REP, 1 << 16)
+            bind(self._status, "127.0.0.1", self.status_port, "server.status_port")  # never beyond loopback
         log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
                  "CURVE keys from " + str(self.keys.allow_dir) if self.keys else "UNENCRYPTED", self.session[:8],
@@ -161,15 +174,20 @@ class Server:
             poller = zmq.Poller()
             for sock in self._socks.values():
                 poller.register(sock, zmq.POLLIN)
+            if self._status is not None:
+                poller.register(self._status, zmq.POLLIN)
             while not stop.is_set():
                 events = dict(poller.poll(self._poll_timeout_ms()))
                 for role, sock in self._socks.items():
                     if sock in events:
                         self._drain(role, sock)
+                if self._status is not None and self._status in events:
+                    self._answer_status()
                 now = time.monotonic()
                 self._flush(now)
                 self._spool_stale(now)
                 self._heartbeats(now)
+                self._tick(now)
         finally:
             self.close()
 
@@ -182,6 +200,8 @@ class Server:
             self._send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         for sock in self._socks.values():
             sock.close(linger=0)
+        if self._status is not None:
+            self._status.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
         if self._ctx is not None:
@@ -559,16 +579,54 @@ class Server:
                 self._send(peer, Message(MsgType.HEARTBEAT, "server"))
 
     def snapshot(self) -> dict[str, Any]:
-        """Connected peers, queues and counters (for status displays)."""
+        """Connected peers, rates, queues and counters (what ``--status`` shows)."""
         spool = self.spool
+        workers = [p.describe() for p in self.peers.values() if p.role == "worker"]
+        by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
         return {
-            "session": self.session,
-            "workers": [p.describe() for p in self.peers.values() if p.role == "worker"],
+            "session": self.session, "uptime_s": time.time() - self.started,
+            "workers": workers,
             "trainer": self.trainer.describe() if self.trainer else None,
+            "progress": self.progress,
             "weights_version": self.weights_version,
+            "rates": self.rates.rates(),
             "queued_samples": self.queued_steps, "queued_bytes": self.mem_bytes,
             "inflight_samples": self.inflight_steps,
             "spool": {"packets": spool.packets if spool else 0, "samples": spool.steps if spool else 0,
                       "bytes": spool.bytes if spool else 0, "max_bytes": self.spool_max_bytes},
+            "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
+            "dropped_by_workers": by_workers, "dropped": self.stats["samples_refused"] + by_workers,
             "stats": dict(self.stats),
         }
+
+    def _answer_status(self) -> None:
+        assert self._status is not None
+        try:
+            frames = self._status.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        try:
+            request = decode(frames, 1 << 16)
+            body = {"snapshot": self.snapshot()} if request.type is MsgType.STATUS else {}
+        except ProtocolError as exc:
+            self.stats["rejected"] += 1
+            log.warning("rejected a status request: %s", exc)
+            body = {}
+        self._status.send_multipart(encode(Message(MsgType.STATUS, "server", body=body)))  # REP must answer
+
+    def _tick(self, now: float) -> None:
+        """Once a second: sample the rates; every ``status_interval_s``: one status line."""
+        if now < self._next_tick:
+            return
+        self._next_tick = now + 1.0
+        self.rates.record({"samples_in": self.stats["samples_in"], "samples_out": self.stats["samples_out"]}, now)
+        if self.status_interval and now >= self._next_status_line:
+            self._next_status_line = now + self.status_interval
+            if self._next_status_line - self.status_interval > 0 and self.peers:
+                rates = self.rates.rates()
+                versions = " ".join(f"{p.name}:v{p.version}" for p in self.peers.values() if p.role == "worker")
+                log.info("status | %d workers [%s] | trainer %s | in %.0f/s out %.0f/s | queued %d | spool %d | "
+                         "rejected %d", sum(p.role == "worker" for p in self.peers.values()), versions or "-",
+                         "connected" if self.trainer else "absent", rates.get("samples_in", 0),
+                         rates.get("samples_out", 0), self.queued_steps, self.spool.steps if self.spool else 0,
+                         self.stats["rejected"])

@@ -82,6 +82,7 @@ class MsgType(str, enum.Enum):
     PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
     PACE = "pace"  # server -> worker: how many samples it may have produced in total
     SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
+    STATUS = "status"  # status tool <-> server (loopback status port): request, and the snapshot in reply
 
 
 # Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
@@ -104,6 +105,7 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
     MsgType.PACE: {"allowance": (_INT, True)},
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True)},
+    MsgType.STATUS: {"snapshot": ((dict,), False)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.

@@ -135,6 +135,7 @@ class RolloutWorker:
         flush_timeout_s: on close, how long to wait for the last packets to be acknowledged.
         episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
         keys: CURVE keys to connect with (:func:`netrl.keys.client_keys`); None connects unencrypted.
+        status_interval_s: seconds between status log lines (0: none).
     """
 
     def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
@@ -147,7 +148,8 @@ class RolloutWorker:
                  throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
                  max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 4 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
-                 episode_log: str | None = None, keys: ClientKeys | None = None) -> None:
+                 episode_log: str | None = None, keys: ClientKeys | None = None,
+                 status_interval_s: float = 0.0) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
@@ -169,6 +171,8 @@ class RolloutWorker:
         self.flush_timeout = flush_timeout_s
         self.seed = seed
         self.keys = keys
+        self.status_interval = status_interval_s
+        self.last_return: float | None = None
         self.episode_log = CsvLog(Path(episode_log)) if episode_log else None
         self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
         self.produced = 0  # env steps recorded for training
@@ -202,7 +206,8 @@ class RolloutWorker:
                    max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
                    flush_timeout_s=w.flush_timeout_s, seed=cfg.seed,
                    episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
-                   keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None)
+                   keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
+                   status_interval_s=cfg.status_interval_s)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -219,7 +224,8 @@ class RolloutWorker:
         if not self.standalone and self.local_packets is None:
             self.weights = _WeightReceiver(self, copy.deepcopy(self.actor))
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
-                                  self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights)
+                                  self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
+                                  self.status_interval, lambda: self.last_return)
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
@@ -323,6 +329,8 @@ class RolloutWorker:
         self.episodes_done += 1
         stats = EpisodeStats(ret, length, test, self.version)
         self._pending_episodes.append(stats)
+        if not test:
+            self.last_return = ret
         if self.episode_log is not None:
             self.episode_log.write({"time": time.time(), "episode": self.episodes_done, "test": int(test),
                                     "return": ret, "length": length, "env_steps": self.produced,

@@ -42,12 +42,15 @@ class WorkerLink(NetThread):
 
     def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int, keys: ClientKeys | None,
                  max_backlog_bytes: int, send_window_bytes: int, produced: Callable[[], int] | None = None,
-                 on_weights: Callable[[Message], dict[str, Any]] | None = None) -> None:
+                 on_weights: Callable[[Message], dict[str, Any]] | None = None, status_interval_s: float = 0.0,
+                 last_return: Callable[[], float | None] | None = None) -> None:
         super().__init__(network, "worker", worker_id, session, port, keys=keys)
         self.worker_id = worker_id
         self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
         self.produced = produced or (lambda: 0)
         self.on_weights = on_weights  # called on this thread; returns counters to report in heartbeats
+        self.status_interval, self.last_return = status_interval_s, last_return or (lambda: None)
+        self._status_at, self._status_produced = time.monotonic(), 0
         self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
         self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
         self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
@@ -134,6 +137,7 @@ class WorkerLink(NetThread):
         self._pump()
 
     def on_tick(self) -> None:
+        self._status_line()
         if self.waiting:
             now = time.monotonic()
             ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
@@ -143,6 +147,20 @@ class WorkerLink(NetThread):
             if ready:
                 self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
         self._pump()
+
+    def _status_line(self) -> None:
+        now = time.monotonic()
+        if not self.status_interval or now - self._status_at < self.status_interval:
+            return
+        produced = self.produced()
+        rate = (produced - self._status_produced) / (now - self._status_at)
+        self._status_at, self._status_produced = now, produced
+        ret = self.last_return()
+        log.info("status | worker %s | %.0f steps/s | weights v%s | server %s | backlog %d packets (%.1f MiB) | "
+                 "acked %d, dropped %d samples | last return %s", self.worker_id, rate,
+                 self.weight_stats.get("version", "-"), "connected" if self.link.ready else "unreachable",
+                 len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
+                 self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}")
 
     def wait_backlog_below(self, nbytes: int, timeout: float) -> bool:
         """Main thread: block until fewer than ``nbytes`` are unacknowledged (for producers that may wait)."""

@@ -62,7 +62,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "network.worker_port must be a TCP port between 1 and 65535 (got 70000)",
         'network.server_ip must be a string (got 5)',
         'env.pipeline must be "gym" or "drone" or "image" (got "atari")',
-        'wandb.mode must be "offline" or "online" or "disabled" (got "loud")',
+        'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',
         'agent.learn_entropy_coef must be true or false (got "yes")',
     ]
 

@@ -70,6 +70,7 @@ ALL_MESSAGES = [
             arrays={"net.0.weight": np.ones((4, 3), np.float32), "net.0.bias": np.zeros(4, np.float32)}),
     Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 1, "samples": 2, "wanted": 3}),
     Message(MsgType.PACE, "server", body={"allowance": 77}),
+    Message(MsgType.STATUS, "server", body={"snapshot": {"workers": [{"name": "w", "samples": 3}], "rates": {}}}),
     Message(MsgType.SCHEMA, "trainer", body={"act": "act", "obs": ["obs/0"], "leaves": [["act", "<f4", [2]],
                                                                                          ["obs/0", "|u1", [4, 4]]]}),
 ]

@@ -1,0 +1,101 @@
+"""Seeing what a running system does: rates, the server's status snapshot, and ``python -m netrl --status``.
+
+The server answers STATUS requests on ``server.status_port``, bound to 127.0.0.1 only: run ``--status`` on the
+server machine (or tunnel the port). The snapshot lists connected workers (address, key, weight version, samples,
+last seen, and the counters they report), the trainer's progress, sample rates in and out, the spool, and the
+rejected and dropped counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from typing import Any
+
+import zmq
+
+from netrl.errors import TransportError
+from netrl.wire import Message, MsgType, decode, encode
+
+__all__ = ["Rates", "format_status", "query_status"]
+
+
+class Rates:
+    """Per-second rates of growing counters, over a sliding window."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._history: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
+
+    def record(self, counters: dict[str, float], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._history.append((now, dict(counters)))
+        while len(self._history) > 2 and now - self._history[1][0] >= self.window_s:
+            self._history.popleft()
+
+    def rates(self) -> dict[str, float]:
+        if len(self._history) < 2:
+            return {}
+        (t0, first), (t1, last) = self._history[0], self._history[-1]
+        span = max(t1 - t0, 1e-9)
+        return {k: (last[k] - first.get(k, 0.0)) / span for k in last}
+
+
+def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1") -> dict[str, Any]:
+    """Ask the server on this machine for its snapshot. Raises TransportError if it does not answer."""
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+        sock.connect(f"tcp://{host}:{port}")
+        sock.send_multipart(encode(Message(MsgType.STATUS, "status")))
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TransportError(f"no netrl server answered on {host}:{port} within {timeout_s:.0f} s: is it running "
+                                 "on this machine? (--status talks to the loopback-only `server.status_port`)")
+        reply = decode(sock.recv_multipart())
+        return dict(reply.body.get("snapshot", {}))
+    finally:
+        ctx.destroy(0)
+
+
+def _ago(t: float | None, now: float) -> str:
+    return "-" if not t else f"{now - t:.1f}s ago"
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """The snapshot as a few readable lines and a table of workers."""
+    now = time.time()
+    rates = s.get("rates", {})
+    spool = s.get("spool", {})
+    trainer = s.get("trainer")
+    progress = s.get("progress") or {}
+    lines = [
+        f"server session {s.get('session', '?')[:8]}, up {s.get('uptime_s', 0):.0f} s, "
+        f"weights v{s.get('weights_version')}",
+        f"samples in {rates.get('samples_in', 0):,.0f}/s, out {rates.get('samples_out', 0):,.0f}/s; queued "
+        f"{s.get('queued_samples', 0):,} ({s.get('queued_bytes', 0) / 2**20:.1f} MiB), in flight "
+        f"{s.get('inflight_samples', 0):,}",
+        f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
+        f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
+        f"rejected messages {s.get('rejected', 0):,}; dropped samples {s.get('dropped', 0):,} "
+        f"(refused by a full spool {s.get('refused', 0):,}, dropped by workers {s.get('dropped_by_workers', 0):,})",
+        (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
+         f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
+         if trainer else "trainer: not connected"),
+        f"{len(s.get('workers', []))} workers:",
+    ]
+    lines.append(f"  {'worker':<20} {'address':<16} {'key':<10} {'weights':>7} {'samples':>10} {'backlog':>8} "
+                 f"{'dropped':>8} {'last seen':>10}")
+    for w in sorted(s.get("workers", []), key=lambda w: w["name"]):
+        reported = w.get("reported", {})
+        lines.append(f"  {w['name'][:20]:<20} {w['address'][:16]:<16} {w.get('key', '')[:10]:<10} "
+                     f"{'v' + str(w['version']) if w['version'] >= 0 else '-':>7} {w['samples']:>10,} "
+                     f"{reported.get('backlog_packets', 0):>8} {reported.get('dropped_samples', 0):>8} "
+                     f"{_ago(w.get('last_seen'), now):>10}")
+    return "\n".join(lines)
+
+
+def dump_json(snapshot: dict[str, Any]) -> str:
+    return json.dumps(snapshot, indent=1, sort_keys=True)

@@ -1,0 +1,72 @@
+"""Seeing what runs: status lines, python -m netrl --status (table and JSON), --plot, and wandb's mode."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netrl.launch import free_port
+from netrl.metrics import resolve_wandb_mode
+from netrl.status import Rates
+from tests.conftest import Procs, small_config
+from tests.reliability import delivered, wait_until
+from tests.test_delivery import FAST_TRAINER
+
+
+def netrl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "netrl", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs: Procs) -> None:
+    config = small_config(tmp_path, trainer=FAST_TRAINER, status_interval_s=0.5,
+                          server={"status_port": free_port()})
+    server = procs.spawn("server", config)
+    procs.wait_for(server, "server listening")
+    trainer = procs.spawn("trainer", config)
+    worker = procs.spawn("worker", config, "--worker-id", "robot-7")
+    run_dir = tmp_path / "weights" / "test"
+    wait_until(lambda: sum(delivered(run_dir).values()) >= 600, 60, "samples at the trainer")
+    procs.wait_for(server, r"status \| 1 workers \[robot-7:v\d+\] \| trainer connected \| in \d+/s")
+    procs.wait_for(worker, r"status \| worker robot-7 \| \d+ steps/s \| weights v\d+ \| server connected")
+
+    table = netrl("--status", "--config", str(config))
+    assert table.returncode == 0, table.stderr
+    assert "robot-7" in table.stdout and "samples in" in table.stdout and "spool 0 samples" in table.stdout
+    assert re.search(r"trainer 'trainer' at 127\.0\.0\.1", table.stdout)
+    snapshot = json.loads(netrl("--status", "--json", "--config", str(config)).stdout)
+    (robot,) = snapshot["workers"]
+    assert robot["name"] == "robot-7" and robot["address"] == "127.0.0.1" and robot["key"] == "worker"
+    assert robot["version"] >= 1 and robot["samples"] > 0 and robot["last_seen"] > 0
+    assert snapshot["rates"]["samples_in"] > 0 and snapshot["spool"]["samples"] == 0
+    assert snapshot["rejected"] == 0 and snapshot["dropped"] == 0 and snapshot["progress"]["trained_steps"] > 0
+
+    for p in (worker, trainer, server):
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=10) == 0
+    assert "no netrl server answered" in netrl("--status", "--config", str(config)).stderr
+    plotted = netrl("--plot", "test", "--config", str(config))
+    assert plotted.returncode == 0, plotted.stderr
+    png = run_dir / "learning.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    assert netrl("--plot", "no-such-run", "--config", str(config)).returncode == 1
+
+
+def test_rates_are_per_second_over_a_window() -> None:
+    rates = Rates(window_s=5.0)
+    for t in range(10):
+        rates.record({"samples": 100.0 * t}, now=float(t))
+    assert rates.rates() == pytest.approx({"samples": 100.0})
+
+
+def test_wandb_auto_mode_follows_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve_wandb_mode("auto") == "online"
+    assert resolve_wandb_mode("disabled") == "disabled"
