@@ -23,6 +23,9 @@ replaces the action before it), so pipelines set ``overlap = 2 * act_buf_len - 1
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from typing import Any
 
 import numpy as np
@@ -31,6 +34,8 @@ from netrl.history import MAX_NEED, NEVER, HistoryMemory
 from netrl.samples import Buffer
 
 __all__ = ["ActionBufferCompressor", "ActionBufferMemory", "act_buf_settings"]
+
+log = logging.getLogger(__name__)
 
 
 def act_buf_settings(rtgym_config: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +55,10 @@ def _check_len(act_buf_len: int) -> None:
 class ActionBufferCompressor:
     """``sample_compressor`` that replaces the last ``act_buf_len`` observation leaves by a one-byte seam flag.
 
-    Stateful: it tracks the buffers of the rows it has seen. Use one instance per worker. The arguments must match
-    the env's rtgym config (see :func:`act_buf_settings`).
+    Stateful: it tracks the buffers of the rows it has seen, so use one instance per worker (a trainer that probes
+    it to learn the packet layout, in the same process, costs the first episode's first transitions). The
+    arguments must match the env's rtgym config (see :func:`act_buf_settings`); if they do not, every row is a seam
+    and a warning says so.
     """
 
     def __init__(self, act_buf_len: int, reset_act_buf: bool = True, last_act_on_reset: bool = False) -> None:
@@ -60,6 +67,7 @@ class ActionBufferCompressor:
         self._prev: list[np.ndarray] | None = None  # buffer of the previous recorded row
         self._next_is_reset = True
         self.seams = 0
+        self._warned = -math.inf
 
     def _expected(self, act: np.ndarray, is_reset: bool) -> list[np.ndarray]:
         prev, n = self._prev, self.act_buf_len
@@ -82,10 +90,12 @@ class ActionBufferCompressor:
         is_reset = self._next_is_reset  # the worker records a reset row first and after every episode's end
         expected = self._expected(act_arr, is_reset)
         seam = not all(b.shape == e.shape and np.array_equal(b, e) for b, e in zip(buf, expected, strict=True))
-        if seam and not is_reset:
-            raise ValueError("an observation's action buffer does not end with the recorded actions; "
-                             "does act_buf_len match the env's rtgym config?")
         self.seams += seam
+        if seam and not is_reset and time.monotonic() - self._warned > 60:
+            self._warned = time.monotonic()
+            log.warning("an observation's action buffer does not follow from the recorded actions (%d seams so far): "
+                        "its transitions will not be sampled; if this repeats, act_buf_len, reset_act_buf or "
+                        "last_act_on_reset differ from the env's rtgym config", self.seams)
         self._prev = [b.copy() for b in buf]
         self._next_is_reset = bool(terminated or truncated)
         return act, (*core, np.uint8(seam)), rew, terminated, truncated, info
@@ -137,11 +147,14 @@ class ActionBufferMemory(HistoryMemory):
             src_row = rows[:, None] - back[None, :]
             known_reset = last_reset[:, None] >= 0
             src_row = np.where(known_reset, np.maximum(src_row, last_reset[:, None]), src_row)
-            known = src_row >= 0
+            # A seam at row s: entries before s (and a reset row's default entries at s) are not what the env had.
+            last_seam = np.maximum.accumulate(np.where(seam, rows, -1))[:, None]
+            doubtful = (src_row < last_seam) | ((src_row == last_seam) & reset[np.maximum(last_seam, 0)])
+            known = (src_row >= 0) & ~((last_seam >= 0) & doubtful)
         else:
             src_row, known = self._carried_sources(buffer, reset, seam)
         offsets = rows[:, None] - src_row
-        known &= offsets <= MAX_NEED
+        known &= (offsets >= 0) & (offsets <= MAX_NEED)
         return np.where(known, offsets, NEVER).astype(np.uint8)
 
     def _carried_sources(self, buffer: Buffer, reset: np.ndarray, seam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

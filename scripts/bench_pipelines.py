@@ -42,6 +42,7 @@ import torch
 from netrl.config import Config, config_from_dict, config_to_dict, load_config
 from netrl.envs_image import ImageReachEnv
 from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame
+from netrl.keys import client_keys, keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.memory import collate
 from netrl.pipelines import make_pipeline
@@ -176,14 +177,17 @@ def fake_trainer(config_path: str, interval: float) -> None:
     pipe = make_pipeline(cfg)
     training_cls = partial(PublishEvery, interval=interval, env_cls=pipe.env_cls, memory_cls=pipe.memory_cls,
                            training_agent_cls=pipe.training_agent_cls, epochs=1, memory_size=10_000, batch_size=32)
+    keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
     Trainer(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"), server_port=cfg.network.trainer_port,
-            network=cfg.network, run_dir=cfg.run_dir, wandb_mode="disabled", resume=False,
-            persist_samples=False).run(stop)
+            network=cfg.network, run_dir=cfg.run_dir, wandb_mode="disabled", resume=False, persist_samples=False,
+            sample_compressor=pipe.sample_compressor, keys=keys).run(stop)
 
 
 def jitter_config(folder: Path) -> Config:
+    """The drone pipeline with a 1.07M-parameter actor, CURVE-encrypted as by default."""
+    keygen(folder / "keys")
     data = config_to_dict(Config())
-    data.update(run_name="jitter", weights_folder=str(folder), torch_threads=1)
+    data.update(run_name="jitter", weights_folder=str(folder), torch_threads=1, keys_dir=str(folder / "keys"))
     data["env"]["pipeline"] = "drone"
     data["agent"]["hidden_sizes"] = [1024, 1024]  # a 1.07M-parameter actor
     data["network"].update(trainer_port=free_port(), worker_port=free_port())

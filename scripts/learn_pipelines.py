@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from netrl.config import Config, config_from_dict, config_to_dict
+from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.pipelines import make_pipeline
 from netrl.weights import load_weights, read_weights_file
@@ -52,8 +53,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 
 def learn_config(pipeline: str, out: Path, seed: int) -> Config:
+    keygen(out / "keys")  # CURVE, as by default
     data = config_to_dict(Config())
-    data.update(run_name=pipeline, weights_folder=str(out), seed=seed)
+    data.update(run_name=pipeline, weights_folder=str(out), seed=seed, keys_dir=str(out / "keys"))
     data["env"]["pipeline"] = pipeline
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
     data["worker"].update(worker_id="learn", **SETTINGS[pipeline]["worker"])

@@ -128,15 +128,16 @@ def test_memory_rebuilds_the_action_buffer_exactly_across_episodes_packets_and_r
         assert control_wrong > 0  # without the seam flags the rebuild would be wrong: the check above can fail
 
 
-def test_compressor_and_memory_reject_mismatched_input() -> None:
+def test_compressor_and_memory_reject_mismatched_input(caplog: pytest.LogCaptureFixture) -> None:
     comp = ActionBufferCompressor(act_buf_len=2, reset_act_buf=False)
     zero = np.zeros(2, np.float32)
     obs = (np.zeros(1, np.float32), zero, zero)
     _, out, *_ = comp(zero, obs, 0.0, False, False, {})
     assert len(out) == 2 and out[-1] == 0 and out[-1].dtype == np.uint8
-    bad_next = (np.zeros(1, np.float32), np.ones(2, np.float32), np.full(2, 3, np.float32))
-    with pytest.raises(ValueError, match="act_buf_len"):
-        comp(np.full(2, 2, np.float32), bad_next, 0.0, False, False, {})
+    bad_next = (np.zeros(1, np.float32), np.ones(2, np.float32), np.full(2, 3, np.float32))  # not [0, a]
+    _, out, *_ = comp(np.full(2, 3, np.float32), bad_next, 0.0, False, False, {})
+    assert out[-1] == 1 and comp.seams == 1  # a seam: the memory will not rebuild across it
+    assert "act_buf_len" in caplog.text
     with pytest.raises(ValueError, match="ending with 2 actions"):
         comp(zero, np.zeros(3, np.float32), 0.0, False, False, {})
     with pytest.raises(ValueError, match="act_buf_len must be"):

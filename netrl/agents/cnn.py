@@ -15,7 +15,7 @@ self-contained; a worker's actor simply has its own encoder.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 import numpy as np
@@ -24,14 +24,37 @@ from torch import nn
 
 from netrl.agents.sac import MLPActor, TwinQ
 
-__all__ = ["CNNActor", "CNNActorCritic", "ConvEncoder"]
+__all__ = ["CNNActor", "CNNActorCritic", "ConvEncoder", "EncoderHead", "SpatialSoftmax"]
+
+
+EncoderHead = Literal["keypoints", "linear"]
+
+
+class SpatialSoftmax(nn.Module):
+    """``(B, C, H, W)`` feature maps -> ``(B, 2C)``: where each channel fires, as the expected (x, y) in [-1, 1]
+    under a softmax over positions (Levine et al., "End-to-End Training of Deep Visuomotor Policies", 2016)."""
+
+    def __init__(self, height: int, width: int) -> None:
+        super().__init__()
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
+        self.grid: torch.Tensor
+        self.register_buffer("grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], 1), persistent=False)
+
+    def forward(self, maps: torch.Tensor) -> torch.Tensor:
+        p = maps.flatten(2).softmax(-1)  # (B, C, H*W)
+        return (p @ self.grid).flatten(1)
 
 
 class ConvEncoder(nn.Module):
-    """``(B, S, H, W)`` uint8 frames -> ``(B, features)``: a 4x4 patch convolution, a strided 3x3, a linear layer."""
+    """``(B, S, H, W)`` uint8 frames -> ``(B, features)``.
 
-    def __init__(self, observation_space: gymnasium.Space, features: int = 64, channels: Sequence[int] = (16, 32)
-                 ) -> None:
+    A 4x4 patch convolution (stride 4), then a 3x3 convolution, then either *keypoints* (the default: a spatial
+    softmax gives each channel's (x, y), which suits tasks about where things are) or *linear* (stride 2, then a
+    linear layer over the flattened maps). A linear layer, LayerNorm and tanh make the features.
+    """
+
+    def __init__(self, observation_space: gymnasium.Space, features: int = 64, channels: Sequence[int] = (16, 32),
+                 head: EncoderHead = "keypoints") -> None:
         super().__init__()
         shape = getattr(observation_space, "shape", None)
         if not isinstance(observation_space, gymnasium.spaces.Box) or shape is None or len(shape) != 3:
@@ -40,9 +63,15 @@ class ConvEncoder(nn.Module):
         stack, height, width = shape
         if min(height, width) < 16:
             raise ValueError(f"ConvEncoder needs frames of at least 16x16 pixels (got {height}x{width})")
+        if head not in ("keypoints", "linear"):
+            raise ValueError(f"ConvEncoder head must be 'keypoints' or 'linear' (got {head!r})")
         c1, c2 = channels
-        self.conv = nn.Sequential(nn.Conv2d(stack, c1, 4, stride=4), nn.ReLU(), nn.Conv2d(c1, c2, 3, stride=2),
-                                  nn.ReLU(), nn.Flatten())
+        patches = nn.Sequential(nn.Conv2d(stack, c1, 4, stride=4), nn.ReLU())
+        if head == "keypoints":
+            self.conv = nn.Sequential(*patches, nn.Conv2d(c1, c2, 3, padding=1),
+                                      SpatialSoftmax((height - 4) // 4 + 1, (width - 4) // 4 + 1))
+        else:
+            self.conv = nn.Sequential(*patches, nn.Conv2d(c1, c2, 3, stride=2), nn.ReLU(), nn.Flatten())
         with torch.no_grad():
             flat = self.conv(torch.zeros(1, stack, height, width)).shape[1]
         self.head = nn.Sequential(nn.Linear(flat, features), nn.LayerNorm(features), nn.Tanh())
@@ -57,8 +86,8 @@ class CNNActor(MLPActor):
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256), encoder: ConvEncoder | None = None,
-                 detach_encoder: bool = False) -> None:
-        encoder = encoder or ConvEncoder(observation_space)
+                 detach_encoder: bool = False, head: EncoderHead = "keypoints") -> None:
+        encoder = encoder or ConvEncoder(observation_space, head=head)
         feature_space = gymnasium.spaces.Box(-1.0, 1.0, (encoder.features,), np.float32)
         super().__init__(feature_space, action_space, hidden_sizes)
         self.observation_space = observation_space
@@ -84,9 +113,9 @@ class CNNActorCritic(nn.Module):
     """Actor plus twin critic sharing one encoder; ``q(obs, act)`` returns both Q estimates, shape (2, batch)."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
-                 hidden_sizes: Sequence[int] = (256, 256), features: int = 64) -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), features: int = 64, head: EncoderHead = "keypoints") -> None:
         super().__init__()
-        encoder = ConvEncoder(observation_space, features)
+        encoder = ConvEncoder(observation_space, features, head=head)
         self.critic = _CNNCritic(encoder, int(np.prod(action_space.shape or ())), hidden_sizes)
         self.actor = CNNActor(observation_space, action_space, hidden_sizes, encoder=encoder, detach_encoder=True)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from netrl.agents.cnn import CNNActor, CNNActorCritic
+from netrl.agents.cnn import CNNActor, CNNActorCritic, EncoderHead
 from netrl.agents.sac import SACAgent
 from netrl.config import Config
 from netrl.envs import GenericGymEnv
@@ -29,20 +29,22 @@ STACK = 4  # frames per observation
 FRAME_SIZE = 64  # pixels per side
 FRAME_CODEC: FrameCodec = "raw"  # per-frame codec on the worker: raw (zstd on the wire does the rest), png, jpeg
 JPEG_QUALITY = 90
+ENCODER_HEAD: EncoderHead = "keypoints"  # "keypoints" (spatial softmax) or "linear"
 
 
 def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, codec: FrameCodec = FRAME_CODEC,
-                   quality: int = JPEG_QUALITY, env_kwargs: dict[str, Any] | None = None) -> Pipeline:
+                   quality: int = JPEG_QUALITY, env_kwargs: dict[str, Any] | None = None,
+                   head: EncoderHead = ENCODER_HEAD) -> Pipeline:
     """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs_image.ImageReachEnv`)."""
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
     gym_kwargs = {"size": size, "stack": stack, **(env_kwargs or {})}
     return Pipeline(
         env_cls=partial(GenericGymEnv, id=f"netrl.envs_image:{ENV_ID}", gym_kwargs=gym_kwargs),
-        actor_module_cls=partial(CNNActor, hidden_sizes=hidden),
+        actor_module_cls=partial(CNNActor, hidden_sizes=hidden, head=head),
         memory_cls=partial(FrameStackMemory, stack=stack),
         training_agent_cls=partial(
-            SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
+            SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=hidden, head=head), gamma=a.gamma, polyak=a.polyak,
             alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
             learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
         sample_compressor=FrameStackCompressor(codec, quality),
