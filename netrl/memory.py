@@ -139,6 +139,7 @@ class ReplayMemory(MemoryDataloading):
         self._ends = 0  # rows flagged as transition ends among the stored rows
         self.total_appended = 0
         self._weighted = False
+        self._ordered: np.ndarray | None = None  # sampleable rows oldest first, for get_transition; reset on append
         super().__init__(*args, **kwargs)
 
     # -- storage -------------------------------------------------------------------------------------------
@@ -185,6 +186,7 @@ class ReplayMemory(MemoryDataloading):
         self._pos = int((self._pos + n) % self.memory_size)
         self._size = min(self._size + n, self.memory_size)
         self.total_appended += n
+        self._ordered = None
 
     # -- sampling ------------------------------------------------------------------------------------------
     def _valid(self, idx: np.ndarray) -> np.ndarray:
@@ -239,9 +241,10 @@ class ReplayMemory(MemoryDataloading):
 
     def get_transition(self, item: int) -> Transition:
         """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code)."""
-        logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
-        rows = logical[self._valid(logical)]
-        i = int(rows[item])
+        if self._ordered is None:
+            logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
+            self._ordered = logical[self._valid(logical)]
+        i = int(self._ordered[item])
         p = (i - 1) % self.memory_size
         cols = self._cols
         obs = {n: c for n, c in cols.items() if n.startswith("obs")}

@@ -433,6 +433,7 @@ class Server:
         self.credit = min(self.credit + max(0, msg.body["bundles"]), 10_000)
 
     def _on_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        log.debug("weights v%d from the trainer", msg.policy_version)
         self.weights = frames
         self.weights_version = msg.policy_version
         self.stats["weights_in"] += 1

@@ -90,6 +90,7 @@ class TrainerLink(NetThread):
         msg = Message(MsgType.WEIGHTS, self.link.name, policy_version=version,
                       body={"trained_steps": trained_steps, "session": self.link.session}, arrays=state_arrays(actor))
         self.command([b"weights", *encode(msg)])
+        log.debug("published weights v%d", version)
 
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         msg = Message(MsgType.PROGRESS, self.link.name,

@@ -68,6 +68,7 @@ class _RoundStats:
     lags: list[np.ndarray] = field(default_factory=list)
     stale: int = 0
     waited_s: float = 0.0
+    sample_s: float = 0.0
     train_s: float = 0.0
 
 
@@ -218,8 +219,11 @@ class TrainingOffline:
                 if profiler:
                     profiler.enable()
                 t0 = time.perf_counter()
-                metrics = self.agent.train(self.memory.sample())
-                self._round.train_s += time.perf_counter() - t0
+                batch = self.memory.sample()
+                t1 = time.perf_counter()
+                metrics = self.agent.train(batch)
+                self._round.train_s += time.perf_counter() - t1
+                self._round.sample_s += t1 - t0
                 if profiler:
                     profiler.disable()
                 self.total_updates += 1
@@ -255,7 +259,8 @@ class TrainingOffline:
             "policy_version": self.version, "steps_per_s": r.steps / wall if wall > 0 else 0.0,
             "samples_per_s": r.samples / wall if wall > 0 else 0.0, "wall_s": wall,
             "waiting_fraction": r.waited_s / wall if wall > 0 else 0.0,
-            "train_fraction": r.train_s / wall if wall > 0 else 0.0,
+            "train_fraction": r.train_s / wall if wall > 0 else 0.0,  # inside agent.train
+            "sample_fraction": r.sample_s / wall if wall > 0 else 0.0,  # inside memory.sample
             "episodes": len(r.returns),
             "return_mean": float(np.mean(r.returns)) if r.returns else None,
             "return_max": float(np.max(r.returns)) if r.returns else None,

@@ -84,6 +84,7 @@ class _WeightReceiver:
         self.slot = _WeightSlot(spare)
         self.version, self.session = worker.version, ""
         self.counts: collections.Counter[str] = collections.Counter()
+        self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
 
     def __call__(self, msg: Message) -> dict[str, Any]:
         version, session = msg.policy_version, msg.body["session"]
@@ -97,6 +98,7 @@ class _WeightReceiver:
         module = self.slot.take_module()
         load_weights(module, msg.arrays)
         self.slot.put(version, session, module)
+        self.loaded_at[version] = time.time()
         self.version, self.session = version, session
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,

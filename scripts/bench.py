@@ -1,13 +1,20 @@
 """netrl benchmarks, each next to its baseline in the same run. Prints a table and writes JSON.
 
-Sections (``--only relay,broadcast,replay,overhead``):
+Sections (``--only relay,broadcast,replay,overhead``; all by default):
 
 relay      samples/s and MB/s delivered worker -> server -> trainer through the real delivery path (acknowledgements,
            de-duplication and the trainer's sample log on), for vector samples (12 float32 obs, 2 float32 actions) and
            4x64x64 uint8 image samples, with 1, 4 and 16 workers, CURVE on and off. Baseline: raw pyzmq PUSH/PULL
            moving the same bytes from the same number of processes straight to one sink, with no netrl code.
+broadcast  time from the trainer's publish until every worker has checked and loaded the weights, for 0.1M, 1M and
+           10M-parameter actors and 1, 4 and 16 workers, CURVE on and off. Baseline: raw PUB/SUB moving the same
+           bytes from one publisher straight to the same number of subscriber processes.
+replay     batches/s of 256 from a memory of 1M transitions (vector: ReplayMemory; image: FrameStackMemory, frames
+           stored once). Baseline: tmrl's approach, get_transition per item and then collate.
+overhead   the fraction of the trainer's wall time spent outside agent.train during a steady run of the real
+           three-process pipeline (Pendulum, SAC, batch 256), next to the same loop in a single process.
 
-Usage: .venv/bin/python scripts/bench.py [--quick] [--only relay] [--json bench_results.json]
+Usage: .venv/bin/python scripts/bench.py [--quick] [--only relay,broadcast] [--json bench_results.json]
 """
 
 from __future__ import annotations
@@ -15,240 +22,71 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import zmq
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("WANDB_MODE", "disabled")
 
-from netrl.config import Config, NetworkConfig, config_to_dict
-from netrl.delivery import Deliveries, SampleLog
-from netrl.keys import client_keys, keygen
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.samples import Buffer
-from netrl.schema import SampleSchema
-from netrl.transport import new_session
-from netrl.wire import encode, samples_message
+from benchmarks import broadcast, overhead, relay, replay
 
-KINDS = {  # rows per packet, and the layout of one row
-    "vector": {"rows": 1000, "obs": ((12,), np.float32), "act": ((2,), np.float32)},
-    "image": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32)},
-}
-NET = NetworkConfig(heartbeat_interval_s=0.5, heartbeat_liveness=20)
+CHILDREN = {"_source": relay.child_source, "_sink": relay.child_sink, "_rawsource": relay.child_raw_source,
+            "_rawsink": relay.child_raw_sink, "_bworker": broadcast.child_worker,
+            "_bpub": broadcast.child_publisher, "_rawsub": broadcast.child_raw_sub}
+SECTIONS = {"relay": relay.bench_relay, "broadcast": broadcast.bench_broadcast, "replay": replay.bench_replay,
+            "overhead": overhead.bench_overhead}
 
 
-def packet(kind: str) -> Buffer:
-    spec = KINDS[kind]
-    n = int(spec["rows"])  # type: ignore[call-overload]
-    rng = np.random.default_rng(0)
-    (obs_shape, obs_dtype), (act_shape, act_dtype) = spec["obs"], spec["act"]  # type: ignore[misc]
-    obs = rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype)
-    return Buffer(act=rng.normal(size=(n, *act_shape)).astype(act_dtype), obs=obs,
-                  rew=rng.normal(size=n).astype(np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
-                  reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.ones(n, np.int64))
-
-
-def schema(kind: str) -> SampleSchema:
-    import gymnasium
-
-    spec = KINDS[kind]
-    (obs_shape, obs_dtype), (act_shape, _) = spec["obs"], spec["act"]  # type: ignore[misc]
-    high = 255 if obs_dtype == np.uint8 else 1.0
-    obs = gymnasium.spaces.Box(0, high, obs_shape, obs_dtype)
-    return SampleSchema.from_spaces(obs, gymnasium.spaces.Box(-1, 1, act_shape, np.float32))
-
-
-# -- child processes ----------------------------------------------------------------------------------------
-def child_source(cfg_path: str, kind: str, worker_id: str) -> None:
-    """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
-    from netrl.config import load_config
-    from netrl.worker_link import WorkerLink
-
-    cfg = load_config(cfg_path)
-    keys = client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None
-    link = WorkerLink(cfg.network, worker_id, new_session(), cfg.network.worker_port, keys,
-                      max_backlog_bytes=1 << 30, send_window_bytes=cfg.worker.send_window_bytes)
-    link.start()
-    buf, steps, seq = packet(kind), KINDS[kind]["rows"] - 1, 0  # type: ignore[operator]
-    try:
-        while link.is_alive():
-            if not link.wait_backlog_below(16 << 20, 0.5):  # block like a producer facing a full pipe
-                continue
-            seq += 1
-            frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), "none")
-            link.command([seq.to_bytes(8, "little") + int(steps).to_bytes(8, "little"), *frames])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        link.halt(1.0)
-
-
-def child_sink(cfg_path: str, kind: str, warmup: float, seconds: float, log_dir: str) -> None:
-    """The trainer side of the real delivery path (TrainerLink with its sample log), counting what arrives."""
-    from netrl.config import load_config
-    from netrl.trainer import TrainerLink
-
-    cfg = load_config(cfg_path)
-    keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
-    sample_log = SampleLog(Path(log_dir) / "samples", keep_rows=200_000)
-    link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, cfg.trainer.credit_window,
-                       Deliveries(), sample_log, schema(kind), keys)
-    link.start()
-    samples = nbytes = 0
-    t_start = t_end = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        link.wait(0.01)
-        got = link.fetch()
-        now = time.monotonic()
-        if got and t_start is None:
-            t_start = now + warmup
-        if t_start is not None and now >= t_start:
-            samples += sum(int(np.count_nonzero(b.transition_end)) for b in got)
-            nbytes += sum(_buffer_bytes(b) for b in got)
-            if now >= t_start + seconds:
-                t_end = now
-                break
-    link.halt(2.0)
-    elapsed = (t_end or time.monotonic()) - (t_start or time.monotonic())
-    print(json.dumps({"samples_s": samples / max(elapsed, 1e-9), "mb_s": nbytes / max(elapsed, 1e-9) / 1e6}))
-
-
-def _buffer_bytes(b: Buffer) -> int:
-    leaves = [b.act, b.obs] if not isinstance(b.obs, tuple) else [b.act, *b.obs]
-    return sum(x.nbytes for x in leaves) + b.rew.nbytes + 4 * b.terminated.nbytes + b.policy_version.nbytes
-
-
-def child_raw_source(endpoint: str, kind: str, server_public: str) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    if server_public:
-        public, secret = zmq.curve_keypair()
-        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public.encode()
-    sock.connect(endpoint)
-    frames = [bytes(f) for f in encode(samples_message(packet(kind), "raw", "raw", 1, 1), "none")]
-    try:
-        while True:
-            sock.send_multipart(frames, copy=False)
-    except KeyboardInterrupt:
-        pass
-
-
-def child_raw_sink(endpoint_port: int, kind: str, warmup: float, seconds: float, server_secret: str,
-                   server_public: str) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    if server_secret:
-        sock.curve_server = True
-        sock.curve_secretkey, sock.curve_publickey = server_secret.encode(), server_public.encode()
-    sock.bind(f"tcp://127.0.0.1:{endpoint_port}")
-    rows = int(KINDS[kind]["rows"]) - 1  # type: ignore[call-overload]
-    assert sock.poll(30_000)
-    t_start = time.monotonic() + warmup
-    packets = nbytes = 0
-    while True:
-        frames = sock.recv_multipart(copy=False)
-        now = time.monotonic()
-        if now >= t_start:
-            packets += 1
-            nbytes += sum(len(f) for f in frames[1:])
-            if now >= t_start + seconds:
-                break
-    elapsed = time.monotonic() - t_start
-    print(json.dumps({"samples_s": packets * rows / elapsed, "mb_s": nbytes / elapsed / 1e6}))
-
-
-# -- the relay section ----------------------------------------------------------------------------------------
-def _child(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def _result(p: subprocess.Popen[str], timeout: float) -> dict[str, float]:
-    out, _ = p.communicate(timeout=timeout)
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
-    data = config_to_dict(Config())
-    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
-    data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=0.5,
-                           heartbeat_liveness=20)
-    data["server"].update(min_samples_per_server_packet=int(KINDS[kind]["rows"]),  # type: ignore[call-overload]
-                          max_queue_bytes=256 << 20)
-    cfg_path = write_config(data, tmp / f"relay-{kind}-{workers}-{security}.json")
-    run = tmp / f"run-{kind}-{workers}-{security}"
-    server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
-    time.sleep(0.8)
-    sink = _child("_sink", str(cfg_path), kind, str(warmup), str(seconds), str(run))
-    time.sleep(2.0)  # the sink (trainer) connects first: this measures the live relay, not the no-trainer spool
-    sources = [_child("_source", str(cfg_path), kind, f"{kind}{workers}{security}-w{i}") for i in range(workers)]
-    try:
-        return _result(sink, 120)
-    finally:
-        stop_processes([*sources, server], timeout=5)
-
-
-def relay_raw(kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
-    port = free_port()
-    public, secret = zmq.curve_keypair() if security == "curve" else (b"", b"")
-    sink = _child("_rawsink", str(port), kind, str(warmup), str(seconds), secret.decode(), public.decode())
-    time.sleep(0.3)
-    sources = [_child("_rawsource", f"tcp://127.0.0.1:{port}", kind, public.decode()) for _ in range(workers)]
-    try:
-        return _result(sink, 120)
-    finally:
-        stop_processes(sources, timeout=5)
-
-
-def bench_relay(quick: bool) -> list[dict[str, Any]]:
-    warmup, seconds = (0.5, 1.5) if quick else (1.0, 3.0)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
-        tmp = Path(d)
-        keygen(tmp / "keys")  # sources use the shared worker key
-        for kind in ("vector", "image"):
-            for workers in (1, 4, 16):
-                for security in ("curve", "none"):
-                    got = relay_netrl(tmp, kind, workers, security, warmup, seconds)
-                    raw = relay_raw(kind, workers, security, warmup, seconds)
-                    rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security,
-                                 "netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
-                                 "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
-                                 "ratio": got["samples_s"] / raw["samples_s"]})
-                    print(f"relay {kind:<6} {workers:>2} workers {security:<5}  netrl {got['samples_s']:>11,.0f} "
-                          f"samples/s {got['mb_s']:>8.1f} MB/s | raw {raw['samples_s']:>11,.0f} samples/s "
-                          f"{raw['mb_s']:>8.1f} MB/s | {rows[-1]['ratio']:.0%}", flush=True)
-    return rows
+def summary(results: list[dict[str, Any]]) -> list[str]:
+    """A markdown table of every figure against its target (this is what the README shows)."""
+    lines = ["| figure | netrl | baseline | ratio | target |", "|---|---|---|---|---|"]
+    for r in results:
+        if r["section"] == "relay":
+            target = ">= 50% of raw" if r["kind"] == "image" else (
+                ">= 1,000,000 samples/s" if r["workers"] == 1 else "")
+            met = (r["ratio"] >= 0.5 if r["kind"] == "image" else r["netrl_samples_s"] >= 1e6)
+            lines.append(f"| relay {r['kind']}, {r['workers']} workers, {r['security']} | "
+                         f"{r['netrl_samples_s']:,.0f} samples/s ({r['netrl_mb_s']:,.0f} MB/s) | "
+                         f"{r['raw_samples_s']:,.0f} samples/s ({r['raw_mb_s']:,.0f} MB/s) | {r['ratio']:.0%} | "
+                         f"{target + (' (met)' if met else ' (NOT met)') if target else ''} |")
+        elif r["section"] == "broadcast":
+            lines.append(f"| broadcast {r['params']} params, {r['workers']} workers, {r['security']} | "
+                         f"{r['netrl_ms']:.1f} ms | {r['raw_ms']:.1f} ms | {r['ratio']:.2f}x | <= 2x "
+                         f"({'met' if r['ratio'] <= 2 else 'NOT met'}) |")
+        elif r["section"] == "replay":
+            lines.append(f"| replay {r['kind']}, batch 256 of {r['transitions']:,} | {r['batches_s']:,.0f} batches/s | "
+                         f"{r['per_item_batches_s']:,.1f} batches/s | {r['ratio']:.0f}x | >= 20x "
+                         f"({'met' if r['ratio'] >= 20 else 'NOT met'}) |")
+        elif r["section"] == "overhead":
+            target = "<= 10%" + (" (met)" if r["overhead"] <= 0.10 else " (NOT met)") if r["run"] == "pipeline" else ""
+            lines.append(f"| trainer time outside agent.train, {r['run']} | {r['overhead']:.1%} | | | {target} |")
+    return lines
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):  # a child process of a section
         role, *args = sys.argv[1:]
-        os.environ.setdefault("WANDB_MODE", "disabled")
-        if role == "_source":
-            child_source(args[0], args[1], args[2])
-        elif role == "_sink":
-            child_sink(args[0], args[1], float(args[2]), float(args[3]), args[4])
-        elif role == "_rawsource":
-            child_raw_source(args[0], args[1], args[2])
-        elif role == "_rawsink":
-            child_raw_sink(int(args[0]), args[1], float(args[2]), float(args[3]), args[4], args[5])
+        try:
+            CHILDREN[role](*args)
+        except KeyboardInterrupt:  # how the parent stops a child
+            pass
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter measurements (noisier)")
-    parser.add_argument("--only", default="relay", help="comma-separated sections to run")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections to run")
     parser.add_argument("--json", default="bench_results.json", help="where to write the results")
     args = parser.parse_args()
-    sections = set(args.only.split(","))
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}")
     results: list[dict[str, Any]] = []
-    if "relay" in sections:
-        results += bench_relay(args.quick)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    for name, run in SECTIONS.items():
+        if name in args.only.split(","):
+            results += run(args.quick)
+    table = summary(results)
+    print("\n".join(table))
+    Path(args.json).write_text(json.dumps({"results": results, "table": table}, indent=1))
     print(f"results written to {args.json}")
     return 0
 

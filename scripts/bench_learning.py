@@ -31,6 +31,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch
 
 from netrl.config import Config, config_from_dict, config_to_dict
+from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.local import run_local
 from netrl.pipelines import make_pipeline
@@ -43,8 +44,10 @@ WINDOW = 10
 
 def bench_config(tmp: Path, seed: int) -> Config:
     data = config_to_dict(Config())
-    data.update(run_name="bench", weights_folder=str(tmp), seed=seed)
+    keygen(tmp / "keys")
+    data.update(run_name="bench", weights_folder=str(tmp), seed=seed, keys_dir=str(tmp / "keys"))
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["server"]["status_port"] = free_port()
     data["worker"].update(test_episode_interval=0, min_samples_per_worker_packet=20, worker_id="bench")
     data["server"].update(min_samples_per_server_packet=100)
     data["trainer"].update(epochs=1000, rounds=1, steps=500, update_model_interval=20, update_buffer_interval=20,

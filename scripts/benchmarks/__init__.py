@@ -1,0 +1,1 @@
+"""Sections of scripts/bench.py."""

@@ -1,0 +1,225 @@
+"""Weight broadcast latency: from the trainer's publish until every worker has checked and loaded the weights.
+
+netrl: a real TrainerLink publishes a real actor's state_dict through a real server to real RolloutWorkers, whose
+network threads check the weights against their actor and load them into a spare one (the control path then swaps
+it in). A worker reports the moment a version is ready; the latency of a version is the slowest worker's time.
+Raw: a PUB socket sends the same bytes to the same number of SUB processes, no netrl code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from benchmarks.common import child
+from netrl.config import Config, config_to_dict
+from netrl.keys import keygen
+from netrl.launch import free_port, spawn_role, stop_processes, write_config
+
+SIZES = {"0.1M": 313, "1M": 997, "10M": 3160}  # hidden width h of an MLP actor (3 -> h -> h -> 1): about h^2 params
+
+
+def _actor(hidden: int) -> Any:
+    import gymnasium
+
+    from netrl.agents.sac import MLPActor
+
+    obs = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+    return MLPActor(obs, gymnasium.spaces.Box(-2, 2, (1,), np.float32), hidden_sizes=(hidden, hidden))
+
+
+def child_worker(cfg_path: str, hidden: str, name: str) -> None:
+    """A real RolloutWorker (Pendulum env, never stepped) that prints when each weight version is ready."""
+    import torch
+
+    from netrl.agents.sac import MLPActor
+    from netrl.config import load_config
+    from netrl.envs import GenericGymEnv
+    from netrl.keys import client_keys
+    from netrl.util import partial
+    from netrl.worker import RolloutWorker
+
+    torch.set_num_threads(1)
+    cfg = load_config(cfg_path)
+    keys = client_keys(cfg.keys_dir, "worker", name) if cfg.security == "curve" else None
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"),
+                           partial(MLPActor, hidden_sizes=(int(hidden), int(hidden))), server_ip="127.0.0.1",
+                           server_port=cfg.network.worker_port, worker_id=name, network=cfg.network, keys=keys)
+    worker.start()
+    assert worker.weights is not None
+    print(json.dumps({"ready": True}), flush=True)
+    seen: set[int] = set()
+    while True:
+        for version, t in list(worker.weights.loaded_at.items()):
+            if version not in seen:
+                seen.add(version)
+                print(json.dumps({"v": version, "t": t}), flush=True)
+        time.sleep(0.0005)
+
+
+def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) -> None:
+    """A real TrainerLink publishing ``versions`` versions of an actor, ``interval`` seconds apart."""
+    import torch
+
+    from netrl.config import load_config
+    from netrl.delivery import Deliveries
+    from netrl.keys import client_keys
+    from netrl.trainer import TrainerLink
+    from netrl.transport import new_session
+
+    torch.set_num_threads(1)
+    cfg = load_config(cfg_path)
+    keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
+    link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, 8, Deliveries(), None,
+                       None, keys)
+    link.start()
+    actor = _actor(int(hidden))
+    while not link.link.ready:
+        time.sleep(0.01)
+    sys.stdin.readline()  # the parent says go once every worker is connected
+    for version in range(1, int(versions) + 1):
+        with torch.no_grad():
+            next(actor.parameters()).add_(0.001)  # a new version really differs
+        t0 = time.time()
+        link.publish(actor, version, 0)
+        print(json.dumps({"v": version, "t0": t0}), flush=True)
+        time.sleep(float(interval))
+    link.halt(2.0)
+
+
+def child_raw_sub(endpoint: str, server_public: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    if server_public:
+        public, secret = zmq.curve_keypair()
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public.encode()
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    print(json.dumps({"ready": True}), flush=True)
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        print(json.dumps({"v": int(frames[0].bytes), "t": time.time()}), flush=True)
+
+
+def _lines(p: subprocess.Popen[str], into: list[dict[str, Any]]) -> threading.Thread:
+    def read() -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.startswith("{"):
+                into.append(json.loads(line))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _latencies(published: dict[int, float], reports: list[list[dict[str, Any]]]) -> list[float]:
+    out = []
+    for version, t0 in published.items():
+        times = [next((r["t"] for r in rep if r.get("v") == version), None) for rep in reports]
+        if all(t is not None for t in times):
+            out.append(max(t for t in times if t is not None) - t0)
+    return out
+
+
+def _wait_ready(reports: list[list[dict[str, Any]]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(any(r.get("ready") for r in rep) for rep in reports):
+        if time.monotonic() > deadline:
+            raise RuntimeError("benchmark workers did not start")
+        time.sleep(0.05)
+
+
+def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, versions: int, interval: float
+                    ) -> list[float]:
+    data = config_to_dict(Config())
+    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
+    data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=1.0,
+                           heartbeat_liveness=30)
+    data["server"].update(status_port=free_port())
+    cfg_path = write_config(data, tmp / f"broadcast-{hidden}-{workers}-{security}.json")
+    server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
+    time.sleep(0.8)
+    procs = [child("_bworker", str(cfg_path), str(hidden), f"b{hidden}-{i}") for i in range(workers)]
+    reports: list[list[dict[str, Any]]] = [[] for _ in procs]
+    for p, rep in zip(procs, reports, strict=True):
+        _lines(p, rep)
+    publisher = subprocess.Popen([sys.executable, str(Path(__file__).parent.parent / "bench.py"), "_bpub",
+                                  str(cfg_path), str(hidden), str(versions), str(interval)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    published: list[dict[str, Any]] = []
+    _lines(publisher, published)
+    try:
+        _wait_ready(reports, 120)
+        time.sleep(1.0)
+        assert publisher.stdin is not None
+        publisher.stdin.write("go\n")
+        publisher.stdin.flush()
+        publisher.wait(timeout=versions * interval + 60)
+        time.sleep(interval)
+        return _latencies({r["v"]: r["t0"] for r in published}, reports)
+    finally:
+        stop_processes([publisher, *procs, server], timeout=5)
+
+
+def broadcast_raw(hidden: int, workers: int, security: str, versions: int, interval: float) -> list[float]:
+    from netrl.weights import state_arrays
+    from netrl.wire import Message, MsgType, encode
+
+    arrays = state_arrays(_actor(hidden))
+    port = free_port()
+    public, secret = zmq.curve_keypair() if security == "curve" else (b"", b"")
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    if public:
+        pub.curve_server, pub.curve_secretkey, pub.curve_publickey = True, secret, public
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    subs = [child("_rawsub", f"tcp://127.0.0.1:{port}", public.decode()) for _ in range(workers)]
+    reports: list[list[dict[str, Any]]] = [[] for _ in subs]
+    for p, rep in zip(subs, reports, strict=True):
+        _lines(p, rep)
+    try:
+        _wait_ready(reports, 60)
+        time.sleep(1.0)  # PUB/SUB: let the subscriptions arrive
+        published = {}
+        for version in range(1, versions + 1):
+            frames = encode(Message(MsgType.WEIGHTS, "raw", policy_version=version,
+                                    body={"trained_steps": 0, "session": "raw"}, arrays=arrays))
+            published[version] = time.time()
+            pub.send_multipart([str(version).encode(), *frames[1:]], copy=False)
+            time.sleep(interval)
+        return _latencies(published, reports)
+    finally:
+        stop_processes(subs, timeout=5)
+        ctx.destroy(0)
+
+
+def bench_broadcast(quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    versions = 3 if quick else 5
+    with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
+        tmp = Path(d)
+        keygen(tmp / "keys")
+        for size, hidden in SIZES.items():
+            for workers in (1, 4, 16):
+                interval = {"0.1M": 0.3, "1M": 0.5, "10M": 1.0 + 0.15 * workers}[size]
+                for security in ("curve", "none"):
+                    got = broadcast_netrl(tmp, hidden, workers, security, versions, interval)
+                    raw = broadcast_raw(hidden, workers, security, versions, interval)
+                    net_ms, raw_ms = 1000 * float(np.median(got)), 1000 * float(np.median(raw))
+                    rows.append({"section": "broadcast", "params": size, "workers": workers, "security": security,
+                                 "netrl_ms": net_ms, "raw_ms": raw_ms, "ratio": net_ms / raw_ms,
+                                 "versions_measured": len(got)})
+                    print(f"broadcast {size:>4} params {workers:>2} workers {security:<5}  netrl {net_ms:8.1f} ms | "
+                          f"raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x", flush=True)
+    return rows

@@ -1,0 +1,53 @@
+"""Shared pieces of the benchmarks: synthetic packets and child processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from netrl.samples import Buffer
+from netrl.schema import SampleSchema
+
+BENCH = str(Path(__file__).resolve().parent.parent / "bench.py")
+KINDS: dict[str, dict[str, Any]] = {  # rows per packet, and the layout of one row
+    "vector": {"rows": 1000, "obs": ((12,), np.float32), "act": ((2,), np.float32)},
+    "image": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32)},
+}
+
+
+def packet(kind: str) -> Buffer:
+    """One packet of random rows of ``kind`` (vector or image), starting with an episode's first row."""
+    spec = KINDS[kind]
+    n = int(spec["rows"])
+    rng = np.random.default_rng(0)
+    (obs_shape, obs_dtype), (act_shape, act_dtype) = spec["obs"], spec["act"]
+    obs = rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype)
+    return Buffer(act=rng.normal(size=(n, *act_shape)).astype(act_dtype), obs=obs,
+                  rew=rng.normal(size=n).astype(np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                  reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.ones(n, np.int64))
+
+
+def schema(kind: str) -> SampleSchema:
+    import gymnasium
+
+    spec = KINDS[kind]
+    (obs_shape, obs_dtype), (act_shape, _) = spec["obs"], spec["act"]
+    high = 255 if obs_dtype == np.uint8 else 1.0
+    obs = gymnasium.spaces.Box(0, high, obs_shape, obs_dtype)
+    return SampleSchema.from_spaces(obs, gymnasium.spaces.Box(-1, 1, act_shape, np.float32))
+
+
+def child(*args: str) -> subprocess.Popen[str]:
+    """``python scripts/bench.py <args>`` in its own process group, stdout captured."""
+    return subprocess.Popen([sys.executable, BENCH, *args], stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def result(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The JSON object a child printed last."""
+    out, _ = p.communicate(timeout=timeout)
+    return dict(json.loads(out.strip().splitlines()[-1]))

@@ -1,0 +1,87 @@
+"""Trainer overhead: the fraction of the trainer's wall time spent outside agent.train in a steady run.
+
+The real three-process pipeline (Pendulum-v1, SAC 256x256, batch 256) runs with an unthrottled worker, so the
+trainer never waits for samples; its rounds report the time inside agent.train and inside memory.sample. The same
+loop in a single process (netrl.local) shows what the networking adds.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from netrl.config import Config, config_from_dict, config_to_dict
+from netrl.keys import keygen
+from netrl.launch import free_port, spawn_role, stop_processes, write_config
+
+
+def _config(tmp: Path, rounds: int, steps: int) -> dict[str, Any]:
+    data = config_to_dict(Config())
+    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), run_name="overhead", seed=1)
+    data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["server"]["status_port"] = free_port()
+    data["worker"].update(throttle=False, test_episode_interval=0)
+    data["trainer"].update(epochs=1, rounds=rounds, steps=steps, start_training=2000)
+    data["wandb"]["mode"] = "disabled"
+    return data
+
+
+def _fractions(rows: list[dict[str, Any]]) -> dict[str, float]:
+    steady = rows[1:] or rows  # the first round includes start-up
+    wall = sum(float(r["wall_s"]) for r in steady)
+    train = sum(float(r["train_fraction"]) * float(r["wall_s"]) for r in steady)
+    sample = sum(float(r["sample_fraction"]) * float(r["wall_s"]) for r in steady)
+    return {"train_fraction": train / wall, "sample_fraction": sample / wall, "overhead": 1 - train / wall,
+            "steps_per_s": sum(float(r["steps_per_s"]) * float(r["wall_s"]) for r in steady) / wall}
+
+
+def pipeline(tmp: Path, rounds: int, steps: int) -> dict[str, float]:
+    data = _config(tmp / "pipeline", rounds, steps)
+    keygen(data["keys_dir"])
+    path = write_config(data, tmp / "overhead.json")
+    log = (tmp / "overhead.log").open("wb")
+    procs = [spawn_role("server", path, stdout=log), spawn_role("trainer", path, stdout=log),
+             spawn_role("worker", path, stdout=log, log_level="WARNING")]
+    try:
+        procs[1].wait(timeout=rounds * steps / 20 + 120)
+    finally:
+        stop_processes(procs, timeout=10)
+    with (Path(data["weights_folder"]) / "overhead" / "metrics.csv").open(newline="") as f:
+        return _fractions(list(csv.DictReader(f)))
+
+
+def single(tmp: Path, rounds: int, steps: int) -> dict[str, float]:
+    import torch
+
+    from netrl.local import run_local
+    from netrl.pipelines import make_pipeline
+    from netrl.trainer import Trainer
+    from netrl.worker import RolloutWorker
+
+    cfg = config_from_dict({**_config(tmp / "single", rounds, steps), "security": "none"})  # no network here
+    torch.set_num_threads(1)
+    pipe = make_pipeline(cfg)
+    worker = RolloutWorker.from_config(cfg, pipe)
+    worker.episode_log = None
+    training = Trainer.from_config(cfg, pipe).training_cls()
+    rows: list[dict[str, Any]] = []
+    run_local(training, worker, threading.Event(), rows.append)
+    return _fractions(rows)
+
+
+def bench_overhead(quick: bool) -> list[dict[str, Any]]:
+    rounds, steps = (3, 500) if quick else (5, 1000)
+    with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
+        tmp = Path(d)
+        net = pipeline(tmp, rounds, steps)
+        loc = single(tmp, rounds, steps)
+    out = []
+    for name, r in (("pipeline", net), ("single process", loc)):
+        out.append({"section": "overhead", "run": name, **r})
+        print(f"overhead {name:<15} agent.train {r['train_fraction']:6.1%} of wall time, memory.sample "
+              f"{r['sample_fraction']:5.1%}, outside agent.train {r['overhead']:5.1%} ({r['steps_per_s']:.0f} steps/s)",
+              flush=True)
+    return out

@@ -1,0 +1,184 @@
+"""Relay throughput: worker -> server -> trainer through the real delivery path, next to raw PUSH/PULL.
+
+netrl: each source drives a real WorkerLink with a prebuilt packet; the sink is a real TrainerLink (acknowledgements,
+de-duplication, schema checks and the sample log on) behind a real server. Raw: the same packets' frames pushed by
+the same number of processes straight to one PULL socket, with no netrl code. Both with CURVE on and off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from benchmarks.common import KINDS, child, packet, result, schema
+from netrl.config import Config, config_to_dict
+from netrl.delivery import Deliveries, SampleLog
+from netrl.keys import client_keys, keygen
+from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.samples import Buffer
+from netrl.transport import new_session
+from netrl.wire import encode, samples_message
+
+
+# -- child processes ----------------------------------------------------------------------------------------
+def child_source(cfg_path: str, kind: str, worker_id: str) -> None:
+    """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
+    from netrl.config import load_config
+    from netrl.worker_link import WorkerLink
+
+    cfg = load_config(cfg_path)
+    keys = client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None
+    link = WorkerLink(cfg.network, worker_id, new_session(), cfg.network.worker_port, keys,
+                      max_backlog_bytes=1 << 30, send_window_bytes=cfg.worker.send_window_bytes)
+    link.start()
+    buf, steps, seq = packet(kind), KINDS[kind]["rows"] - 1, 0  # type: ignore[operator]
+    try:
+        while link.is_alive():
+            if not link.wait_backlog_below(16 << 20, 0.5):  # block like a producer facing a full pipe
+                continue
+            seq += 1
+            frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), "none")
+            link.command([seq.to_bytes(8, "little") + int(steps).to_bytes(8, "little"), *frames])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        link.halt(1.0)
+
+
+def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir: str) -> None:
+    """The trainer side of the real delivery path (TrainerLink with its sample log), counting what arrives."""
+    warmup, seconds = float(warmup_s), float(seconds_s)
+    from netrl.config import load_config
+    from netrl.trainer import TrainerLink
+
+    cfg = load_config(cfg_path)
+    keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
+    sample_log = SampleLog(Path(log_dir) / "samples", keep_rows=200_000)
+    link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, cfg.trainer.credit_window,
+                       Deliveries(), sample_log, schema(kind), keys)
+    link.start()
+    samples = nbytes = 0
+    t_start = t_end = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        link.wait(0.01)
+        got = link.fetch()
+        now = time.monotonic()
+        if got and t_start is None:
+            t_start = now + warmup
+        if t_start is not None and now >= t_start:
+            samples += sum(int(np.count_nonzero(b.transition_end)) for b in got)
+            nbytes += sum(_buffer_bytes(b) for b in got)
+            if now >= t_start + seconds:
+                t_end = now
+                break
+    link.halt(2.0)
+    elapsed = (t_end or time.monotonic()) - (t_start or time.monotonic())
+    print(json.dumps({"samples_s": samples / max(elapsed, 1e-9), "mb_s": nbytes / max(elapsed, 1e-9) / 1e6}))
+
+
+def _buffer_bytes(b: Buffer) -> int:
+    leaves = [b.act, b.obs] if not isinstance(b.obs, tuple) else [b.act, *b.obs]
+    return sum(x.nbytes for x in leaves) + b.rew.nbytes + 4 * b.terminated.nbytes + b.policy_version.nbytes
+
+
+def child_raw_source(endpoint: str, kind: str, server_public: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    if server_public:
+        public, secret = zmq.curve_keypair()
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public.encode()
+    sock.connect(endpoint)
+    frames = [bytes(f) for f in encode(samples_message(packet(kind), "raw", "raw", 1, 1), "none")]
+    try:
+        while True:
+            sock.send_multipart(frames, copy=False)
+    except KeyboardInterrupt:
+        pass
+
+
+def child_raw_sink(port: str, kind: str, warmup_s: str, seconds_s: str, server_secret: str, server_public: str) -> None:
+    warmup, seconds = float(warmup_s), float(seconds_s)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    if server_secret:
+        sock.curve_server = True
+        sock.curve_secretkey, sock.curve_publickey = server_secret.encode(), server_public.encode()
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    rows = int(KINDS[kind]["rows"]) - 1  # type: ignore[call-overload]
+    assert sock.poll(30_000)
+    t_start = time.monotonic() + warmup
+    packets = nbytes = 0
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        now = time.monotonic()
+        if now >= t_start:
+            packets += 1
+            nbytes += sum(len(f) for f in frames[1:])
+            if now >= t_start + seconds:
+                break
+    elapsed = time.monotonic() - t_start
+    print(json.dumps({"samples_s": packets * rows / elapsed, "mb_s": nbytes / elapsed / 1e6}))
+
+
+# -- the relay section ----------------------------------------------------------------------------------------
+def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
+    data = config_to_dict(Config())
+    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
+    data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=0.5,
+                           heartbeat_liveness=20)
+    data["server"].update(min_samples_per_server_packet=int(KINDS[kind]["rows"]),  # type: ignore[call-overload]
+                          max_queue_bytes=256 << 20)
+    cfg_path = write_config(data, tmp / f"relay-{kind}-{workers}-{security}.json")
+    run = tmp / f"run-{kind}-{workers}-{security}"
+    server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
+    time.sleep(0.8)
+    sink = child("_sink", str(cfg_path), kind, str(warmup), str(seconds), str(run))
+    time.sleep(2.0)  # the sink (trainer) connects first: this measures the live relay, not the no-trainer spool
+    sources = [child("_source", str(cfg_path), kind, f"{kind}{workers}{security}-w{i}") for i in range(workers)]
+    try:
+        return result(sink, 120)
+    finally:
+        stop_processes([*sources, server], timeout=5)
+
+
+def relay_raw(kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
+    port = free_port()
+    public, secret = zmq.curve_keypair() if security == "curve" else (b"", b"")
+    sink = child("_rawsink", str(port), kind, str(warmup), str(seconds), secret.decode(), public.decode())
+    time.sleep(0.3)
+    sources = [child("_rawsource", f"tcp://127.0.0.1:{port}", kind, public.decode()) for _ in range(workers)]
+    try:
+        return result(sink, 120)
+    finally:
+        stop_processes(sources, timeout=5)
+
+
+def bench_relay(quick: bool) -> list[dict[str, Any]]:
+    warmup, seconds = (0.5, 1.5) if quick else (1.0, 3.0)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
+        tmp = Path(d)
+        keygen(tmp / "keys")  # sources use the shared worker key
+        for kind in ("vector", "image"):
+            for workers in (1, 4, 16):
+                for security in ("curve", "none"):
+                    got = relay_netrl(tmp, kind, workers, security, warmup, seconds)
+                    raw = relay_raw(kind, workers, security, warmup, seconds)
+                    rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security,
+                                 "netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
+                                 "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
+                                 "ratio": got["samples_s"] / raw["samples_s"]})
+                    print(f"relay {kind:<6} {workers:>2} workers {security:<5}  netrl {got['samples_s']:>11,.0f} "
+                          f"samples/s {got['mb_s']:>8.1f} MB/s | raw {raw['samples_s']:>11,.0f} samples/s "
+                          f"{raw['mb_s']:>8.1f} MB/s | {rows[-1]['ratio']:.0%}", flush=True)
+    return rows
+
+
