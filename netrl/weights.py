@@ -7,6 +7,7 @@ and for finiteness before anything is loaded. Files are read with ``torch.load(w
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import warnings
@@ -42,17 +43,28 @@ def check_weights(module: torch.nn.Module, arrays: Mapping[str, Any]) -> list[st
             problems.append(f"parameter {name!r} has shape {shape}, the model needs {tuple(ref.shape)}")
         elif dtype != want_dtype:
             problems.append(f"parameter {name!r} has dtype {dtype}, the model needs {want_dtype}")
-        elif ref.dtype.is_floating_point and not bool(np.isfinite(np.asarray(got)).all()):
+        elif ref.dtype.is_floating_point and not _finite(np.asarray(got)):
             problems.append(f"parameter {name!r} contains NaN or infinity")
     return problems
 
 
-def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any]) -> None:
-    """Copy checked arrays into ``module`` (call :func:`check_weights` first)."""
-    with warnings.catch_warnings():  # frames are read-only buffers; load_state_dict copies them anyway
+def _finite(arr: np.ndarray) -> bool:
+    """All elements finite, in one pass with no temporary array: a float64 sum is non-finite iff an element is
+    (float32 or float16 values cannot overflow a float64 sum of any realistic length)."""
+    return math.isfinite(float(arr.sum(dtype=np.float64)))
+
+
+def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any], assign: bool = False) -> None:
+    """Load checked arrays into ``module`` (call :func:`check_weights` first).
+
+    With ``assign`` (CPU modules only), the module's tensors become views of ``arrays`` instead of copies: the
+    worker loads received weights that way, with no copy, since nothing writes to an inference actor.
+    """
+    with warnings.catch_warnings():  # received frames are read-only buffers; inference never writes to them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         state = {k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()}
-        module.load_state_dict(state)
+        on_cpu = all(t.device.type == "cpu" for t in module.state_dict().values())
+        module.load_state_dict(state, assign=assign and on_cpu)
 
 
 def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str, Any]) -> None:

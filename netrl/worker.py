@@ -96,7 +96,7 @@ class _WeightReceiver:
             log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
             return self.stats()
         module = self.slot.take_module()
-        load_weights(module, msg.arrays)
+        load_weights(module, msg.arrays, assign=True)  # zero-copy on CPU: the actor reads the received buffers
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
         self.version, self.session = version, session

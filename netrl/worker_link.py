@@ -170,7 +170,9 @@ class WorkerLink(NetThread):
     def flush(self, upto_seq: int, timeout: float) -> bool:
         """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged."""
         with self.settled:
-            return self.settled.wait_for(lambda: self.last_seq >= upto_seq and not self.backlog, timeout)
+            return self.settled.wait_for(
+                lambda: (self.last_seq >= upto_seq and not self.backlog) or not self.is_alive(), timeout
+            ) and not self.backlog
 
     # -- messages in -------------------------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:

@@ -26,7 +26,7 @@ def small_config(tmp_path: Path, **sections: Any) -> Path:
         "run_name": "test", "weights_folder": str(tmp_path / "weights"), "seed": 1, "keys_dir": str(tmp_path / "keys"),
         "network": {"trainer_port": free_port(), "worker_port": free_port(), "heartbeat_interval_s": 0.2,
                     "heartbeat_liveness": 5, "reconnect_initial_s": 0.1, "reconnect_max_s": 1.0},
-        "server": {"min_samples_per_server_packet": 20, "max_packet_delay_s": 0.02},
+        "server": {"min_samples_per_server_packet": 20, "max_packet_delay_s": 0.02, "status_port": free_port()},
         "worker": {"min_samples_per_worker_packet": 10, "test_episode_interval": 0},
         "trainer": {"epochs": 1, "rounds": 2, "steps": 60, "update_model_interval": 20,
                     "update_buffer_interval": 10, "start_training": 100, "worker_lead": 50},

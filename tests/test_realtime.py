@@ -69,10 +69,10 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
     loads: list[tuple[float, float]] = []  # weight loads on the worker's network thread
     real_load = netrl.worker.load_weights
 
-    def slow_load(module: Any, arrays: Any) -> None:
+    def slow_load(module: Any, arrays: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()
         time.sleep(SLOW_LOAD_S)
-        real_load(module, arrays)
+        real_load(module, arrays, **kwargs)
         loads.append((t0, time.perf_counter()))
 
     monkeypatch.setattr(netrl.worker, "load_weights", slow_load)

@@ -101,7 +101,7 @@ class MLPActor(ActorModule):
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
         a, _ = self.forward(obs, test=test, with_logprob=False)
-        return a[0].cpu().numpy().reshape(self.action_space.shape)
+        return a[0].detach().cpu().numpy().reshape(self.action_space.shape)
 
 
 class TwinQ(nn.Module):
