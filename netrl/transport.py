@@ -378,6 +378,7 @@ class NetThread(threading.Thread):
         finally:
             self.link.close()
             self._pipe_in.close(linger=0)
+            self.on_finish()
 
     def on_ready(self) -> None:
         """Called after every WELCOME (first connect and reconnects)."""
@@ -393,3 +394,6 @@ class NetThread(threading.Thread):
 
     def on_exit(self) -> None:
         """Called once before the link closes on a clean halt (last chance to flush)."""
+
+    def on_finish(self) -> None:
+        """Called last, however the thread ends (wake anyone waiting on it)."""

@@ -162,6 +162,10 @@ class WorkerLink(NetThread):
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}")
 
+    def on_finish(self) -> None:
+        with self.settled:
+            self.settled.notify_all()
+
     def wait_backlog_below(self, nbytes: int, timeout: float) -> bool:
         """Main thread: block until fewer than ``nbytes`` are unacknowledged (for producers that may wait)."""
         with self.settled:
