@@ -3,7 +3,7 @@
 rtgym's elastic clock makes every ``step()`` return one time step after the previous one, as long as the control
 path calls it in time. :class:`StepTimer` wraps an env and records the period between consecutive ``step()``
 returns, so a slow policy, a blocking weight load or a busy machine shows up as a longer period (an *overrun*).
-It logs a one-line summary per episode (DEBUG) and each overrun (WARNING)::
+It logs a one-line summary per episode (DEBUG) and overruns (WARNING, at most one line per 10 s)::
 
     env = StepTimer(GenericGymEnv("rtgym:real-time-gym-ts-v1", {"config": config}), nominal_s=0.05)
     ...
@@ -13,6 +13,7 @@ It logs a one-line summary per episode (DEBUG) and each overrun (WARNING)::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -51,7 +52,9 @@ class StepTimer(gymnasium.Wrapper):
         self.periods: list[float] = []
         self.step_times: list[float] = []  # perf_counter() at each step() return, in step with `periods`
         self.overruns = 0
+        self.steps = 0
         self._last: float | None = None
+        self._reported = (0, -math.inf)  # overruns when last logged, and when
         self._episode: list[float] = []
 
     def reset(self, **kwargs: Any) -> Any:
@@ -65,12 +68,16 @@ class StepTimer(gymnasium.Wrapper):
         now = time.perf_counter()
         if self._last is not None:
             period = now - self._last
+            self.steps += 1
             self.periods.append(period)
             self.step_times.append(now)
             self._episode.append(period)
             if period > self.nominal_s + self.overrun_s:
                 self.overruns += 1
-                log.warning("real-time step overran: %.1f ms (nominal %.1f ms)", period * 1000, self.nominal_s * 1000)
+                if now - self._reported[1] > 10:
+                    log.warning("real-time step overran: %.1f ms (nominal %.1f ms); %d overruns in %d steps so far",
+                                period * 1000, self.nominal_s * 1000, self.overruns, self.steps)
+                    self._reported = (self.overruns, now)
             if len(self.periods) > self.keep:
                 del self.periods[:-self.keep], self.step_times[:-self.keep]
         self._last = now

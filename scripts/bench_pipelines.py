@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -324,6 +325,12 @@ def main() -> int:
         fake_trainer(args.fake_trainer, args.interval)
         return 0
     torch.set_num_threads(1)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # the finally clauses stop the server and trainer processes
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # also when started in the background, where SIGINT is ignored
     out: dict[str, Any] = {}
     if args.part in ("wire", "all"):
         out["wire"] = {f"noise {s:g}": bench_wire(s, args.steps) for s in (3.0, 0.0)}
