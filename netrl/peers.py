@@ -25,7 +25,9 @@ class Peer:
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     version: int = -1  # newest weight version the worker acknowledged
-    inflight_version: int | None = None  # weight version sent but not yet acknowledged
+    inflight_version: int | None = None  # weight version sent completely but not yet acknowledged
+    streaming: int | None = None  # weight version whose parts are being sent
+    sent_parts: int = 0
     samples: int = 0
     packets: int = 0
     produced: int = 0  # env steps the worker has produced, as of its latest packet

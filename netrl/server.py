@@ -4,7 +4,7 @@ One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_po
 
     worker --SAMPLES--> queue (memory, unacknowledged) --BUNDLE--> trainer --ACK--> server --ACK--> worker
                   \\---> spool (disk, acknowledged at once) --BUNDLE--/
-    worker <--WEIGHTS-- newest-weights cache <--WEIGHTS-- trainer
+    worker <--WEIGHTS parts-- newest-weights cache <--WEIGHTS parts-- trainer
 
 Where a packet goes, and when its worker hears back:
 
@@ -15,8 +15,9 @@ Where a packet goes, and when its worker hears back:
 * if the spool is full too, the worker gets a NACK and resends later (its own backlog is bounded and counts drops).
 
 Bundles go out only while the trainer has credit, so a slow trainer never makes the server's memory grow. The
-newest weights are cached and sent to a worker the moment it says HELLO; each worker has at most one weight
-message in flight. The trainer's PROGRESS becomes a PACE allowance per worker. Bad messages are logged with their
+newest weights are cached and sent to a worker the moment it says HELLO. Weights arrive in parts and each part is
+forwarded as soon as it arrives, so the two hops overlap; a worker gets the next version only after acknowledging
+the previous one (or, if a newer version starts while it is still receiving one, the newer one from its start).
 peer, counted (``stats["rejected"]``) and dropped.
 """
 
@@ -98,7 +99,8 @@ class Server:
         self.by_session: dict[str, Peer] = {}
         self.trainer: Peer | None = None
         self.trainer_session = ""
-        self.weights: list[Any] | None = None  # frames of the newest WEIGHTS message
+        self.weights: list[list[Any]] = []  # frames of each part of the newest version received so far
+        self.weights_parts = 0  # how many parts that version has
         self.weights_version = -1
         self.spool: Spool | None = None
         self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
@@ -310,9 +312,9 @@ class Server:
             if self.trainer_session:  # a new trainer process: its versions need not continue the old ones
                 log.info("new trainer session %s; dropping cached weights v%d", peer.session[:8], self.weights_version)
             self.trainer_session = peer.session
-            self.weights, self.weights_version = None, -1
+            self.weights, self.weights_version = [], -1
             for other in self.peers.values():
-                other.version, other.inflight_version = -1, None
+                other.version, other.inflight_version, other.streaming = -1, None, None
 
     def _forget(self, rid: bytes) -> None:
         peer = self.peers.pop(rid, None)
@@ -433,10 +435,17 @@ class Server:
         self.credit = min(self.credit + max(0, msg.body["bundles"]), 10_000)
 
     def _on_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        log.debug("weights v%d from the trainer", msg.policy_version)
-        self.weights = frames
-        self.weights_version = msg.policy_version
-        self.stats["weights_in"] += 1
+        b, version = msg.body, msg.policy_version
+        if b["part"] == 0:
+            self.weights, self.weights_version, self.weights_parts = [frames], version, b["parts"]
+        elif version == self.weights_version and b["part"] == len(self.weights) and b["parts"] == self.weights_parts:
+            self.weights.append(frames)
+        else:
+            self._reject("trainer", peer.rid, peer, f"weights v{version} part {b['part']} arrived out of order")
+            return
+        if len(self.weights) == self.weights_parts:
+            log.debug("weights v%d from the trainer (%d parts)", version, self.weights_parts)
+            self.stats["weights_in"] += 1
         for worker in list(self.peers.values()):  # a send may forget an unreachable worker
             if worker.role == "worker":
                 self._send_weights(worker)
@@ -485,11 +494,23 @@ class Server:
             pass  # the peer is gone or flooding us; a reply is a courtesy
 
     def _send_weights(self, worker: Peer) -> None:
-        """Send the newest weights unless the worker has them or another version is still in flight."""
-        if self.weights is None or worker.inflight_version is not None or worker.version >= self.weights_version:
+        """Stream the newest version's parts to a worker that lacks it, as far as they have arrived.
+
+        A worker waits for the acknowledgement of a version it received completely before it gets another (so a
+        slow worker gets the newest version, not every version); a newer version preempts one still streaming."""
+        version = self.weights_version
+        if not self.weights or worker.version >= version or worker.inflight_version == version:
             return
-        if self._send_frames(worker, self.weights):
-            worker.inflight_version = self.weights_version
+        if worker.streaming != version:
+            if worker.inflight_version is not None and worker.streaming is None:
+                return  # it has a complete older version to acknowledge first
+            worker.streaming, worker.sent_parts = version, 0
+        while worker.sent_parts < len(self.weights):
+            if not self._send_frames(worker, self.weights[worker.sent_parts]):
+                return
+            worker.sent_parts += 1
+        if worker.sent_parts == self.weights_parts:
+            worker.inflight_version, worker.streaming = version, None
             self.stats["weights_out"] += 1
 
     def _flush(self, now: float) -> None:

@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import zmq
 
 from netrl import checkpoint
 from netrl.config import Config, NetworkConfig, config_to_dict
@@ -36,8 +38,8 @@ from netrl.schema import SampleSchema
 from netrl.segments import Position
 from netrl.training import TrainingOffline
 from netrl.transport import NetThread, new_session
-from netrl.weights import state_arrays, write_weights_file
-from netrl.wire import Message, MsgType, buffer_from_message, decode, encode
+from netrl.weights import PART_BYTES, flat_layout, snapshot_into, write_weights_file
+from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
 
 __all__ = ["Trainer", "TrainerLink"]
 
@@ -62,8 +64,9 @@ class TrainerLink(NetThread):
         self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
         self.granted = 0  # credits granted on the current connection
         self.received = 0  # bundles received on the current connection
-        self.weights: list[Any] | None = None
+        self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
         self.last_progress: list[Any] | None = None
+        self._snapshots: list[tuple[np.ndarray, list[zmq.MessageTracker]]] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -- SampleSource, called from the training thread --------------------------------------------------
@@ -86,11 +89,27 @@ class TrainerLink(NetThread):
             raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
         self.version = version
-        msg = Message(MsgType.WEIGHTS, self.link.name, policy_version=version,
-                      body={"trained_steps": trained_steps, "session": self.link.session}, arrays=state_arrays(actor))
-        self.command([b"weights", *encode(msg)])
-        log.debug("published weights v%d", version)
+        layout, nbytes = flat_layout(actor)
+        flat = self._free_snapshot(nbytes)
+        snapshot_into(actor, layout, flat)
+        trackers = []
+        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, flat, layout, PART_BYTES):
+            tracker = self.command([b"weights", b"%d" % msg.body["part"], *encode(msg)], track=True)
+            assert tracker is not None
+            trackers.append(tracker)
+        self._snapshots.append((flat, trackers))
+        log.debug("published weights v%d in %d parts", version, len(trackers))
+
+    def _free_snapshot(self, nbytes: int) -> np.ndarray:
+        """A buffer no send still reads: the network thread keeps the newest version until the next one."""
+        for i, (flat, trackers) in enumerate(self._snapshots):
+            if flat.nbytes == nbytes and all(t.done for t in trackers):
+                return self._snapshots.pop(i)[0]
+        if len(self._snapshots) > 4:
+            self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
+        return np.empty(nbytes, np.uint8)
 
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         msg = Message(MsgType.PROGRESS, self.link.name,
@@ -108,7 +127,7 @@ class TrainerLink(NetThread):
         if self.schema is not None:  # first, so that the server checks packets before queueing them
             self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
-        for frames in (self.weights, self.last_progress):
+        for frames in [*self.weights, self.last_progress]:
             if frames is not None:
                 self.link.send(frames)
 
@@ -129,7 +148,8 @@ class TrainerLink(NetThread):
             self._grant()
             return
         if kind == b"weights":
-            self.weights = payload
+            part, payload = int(payload[0].bytes), payload[1:]
+            self.weights = [payload] if part == 0 else [*self.weights, payload]
         else:
             self.last_progress = payload
         self.link.send(payload)

@@ -331,9 +331,11 @@ class NetThread(threading.Thread):
         self.error: BaseException | None = None
 
     # -- main-thread side ---------------------------------------------------------------------------------
-    def command(self, frames: Sequence[Any]) -> None:
-        """Hand frames to the network thread (zero-copy, never blocks)."""
-        self._pipe_out.send_multipart(frames, copy=False)
+    def command(self, frames: Sequence[Any], track: bool = False) -> zmq.MessageTracker | None:
+        """Hand frames to the network thread (zero-copy, never blocks). With ``track``, the returned tracker is
+        done once ZeroMQ no longer holds the frames' memory anywhere (all sends that reused it are complete)."""
+        tracker = self._pipe_out.send_multipart(frames, copy=False, track=track)
+        return tracker if track else None
 
     def halt(self, timeout: float = 5.0) -> None:
         """Stop the thread, wait for it, and free the sockets. Idempotent."""

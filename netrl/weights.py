@@ -19,8 +19,10 @@ import numpy as np
 import torch
 
 from netrl.errors import CheckpointError
+from netrl.wire import ALLOWED_DTYPES
 
-__all__ = ["check_weights", "load_weights", "read_weights_file", "state_arrays", "write_weights_file"]
+__all__ = ["PART_BYTES", "WeightAssembler", "check_weights", "flat_arrays", "flat_layout", "load_weights",
+           "read_weights_file", "snapshot_into", "state_arrays", "write_weights_file"]
 
 
 def state_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -97,3 +99,117 @@ def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[s
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{side} is not valid JSON: {exc}") from None
     return state, meta
+
+
+# -- weights on the wire: one flat buffer, sent in parts -----------------------------------------------------------
+# The trainer copies the actor's tensors into one flat, aligned, reusable buffer and sends it in parts of at most
+# PART_BYTES, so the server can forward part i while part i+1 is still arriving (a relay that overlaps its two hops).
+# Part 0 carries the layout: [[name, dtype, shape, offset], ...]. A worker copies each part into place and, when
+# all parts are in, loads views of the buffer into a spare actor.
+
+PART_BYTES = 1 << 20
+_ALIGN = 64
+
+
+def flat_layout(module: torch.nn.Module) -> tuple[list[list[Any]], int]:
+    """``[[name, dtype, shape, offset], ...]`` and the total size of a module's state_dict as one buffer."""
+    layout, offset = [], 0
+    for name, t in module.state_dict().items():
+        dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+        layout.append([name, dtype.str, list(t.shape), offset])
+        offset += -(-t.numel() * dtype.itemsize // _ALIGN) * _ALIGN
+    return layout, offset
+
+
+def snapshot_into(module: torch.nn.Module, layout: list[list[Any]], flat: np.ndarray) -> None:
+    """Copy a module's current tensors into ``flat`` at the offsets of ``layout``."""
+    with torch.no_grad():
+        for t, (_, dtype, shape, offset) in zip(module.state_dict().values(), layout, strict=True):
+            view = np.frombuffer(flat, dtype=np.dtype(dtype), count=t.numel(), offset=offset).reshape(shape)
+            np.copyto(view, t.detach().cpu().numpy())
+
+
+def flat_arrays(flat: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarray]:
+    """Views of each tensor in a flat buffer. Raises ValueError when the layout does not fit the buffer."""
+    arrays = {}
+    nbytes = flat.nbytes
+    for entry in layout:
+        if not (isinstance(entry, list) and len(entry) == 4):
+            raise ValueError("layout entries must be [name, dtype, shape, offset]")
+        name, dtype, shape, offset = entry
+        if (not isinstance(name, str) or dtype not in ALLOWED_DTYPES or not isinstance(shape, list)
+                or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape) or not isinstance(offset, int)):
+            raise ValueError(f"layout entry for {name!r} is malformed")
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if offset < 0 or offset + size > nbytes:
+            raise ValueError(f"tensor {name!r} at offset {offset} ({size} bytes) lies outside the {nbytes}-byte buffer")
+        arrays[name] = np.frombuffer(flat, dtype=np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
+    return arrays
+
+
+class WeightAssembler:
+    """Worker side: collects the parts of one weight version into a flat buffer from a small pool.
+
+    A buffer handed out by :meth:`complete` backs a loaded actor; :meth:`release` returns one that no actor views
+    any more, so buffers are reused (fresh pages are slow) and never overwritten while an actor reads them.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._free: list[np.ndarray] = []
+        self._flat: np.ndarray | None = None
+        self._key: tuple[str, int] | None = None
+        self._next = 0
+        self._parts = 0
+        self._layout: list[list[Any]] = []
+
+    def add(self, session: str, version: int, part: int, parts: int, offset: int, nbytes: int,
+            layout: list[Any], chunk: np.ndarray) -> None:
+        """Take one part. Raises ValueError (and forgets the version) when it does not fit."""
+        if part == 0:
+            if not 0 < nbytes <= self.max_bytes or not 0 < parts <= nbytes:
+                raise ValueError(f"weights v{version} declare {nbytes} bytes in {parts} parts")
+            self._drop()
+            self._flat = self._buffer(nbytes)
+            self._key, self._next, self._parts, self._layout = (session, version), 0, parts, layout
+        elif self._key != (session, version) or part != self._next or parts != self._parts:
+            self._drop()
+            raise ValueError(f"weights v{version} part {part} of {parts} arrived out of order; waiting for the next "
+                             "version")
+        assert self._flat is not None
+        size = self._flat.nbytes
+        if offset < 0 or offset + chunk.nbytes > size:
+            self._drop()
+            raise ValueError(f"weights v{version} part {part} writes outside its {size}-byte buffer")
+        self._flat[offset:offset + chunk.nbytes] = chunk
+        self._next += 1
+
+    @property
+    def done(self) -> bool:
+        return self._flat is not None and self._next == self._parts
+
+    def complete(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The finished buffer and views of its tensors (ValueError if the layout is bad; the buffer is kept)."""
+        assert self._flat is not None and self.done
+        flat, layout = self._flat, self._layout
+        self._flat, self._key = None, None
+        try:
+            return flat, flat_arrays(flat, layout)
+        except ValueError:
+            self.release(flat)
+            raise
+
+    def release(self, flat: np.ndarray | None) -> None:
+        if flat is not None and len(self._free) < 3:
+            self._free.append(flat)
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        for i, buf in enumerate(self._free):
+            if buf.nbytes == nbytes:
+                return self._free.pop(i)
+        return np.empty(nbytes, np.uint8)
+
+    def _drop(self) -> None:
+        if self._flat is not None:
+            self.release(self._flat)
+        self._flat, self._key = None, None

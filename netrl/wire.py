@@ -53,6 +53,7 @@ __all__ = [
     "frames_nbytes",
     "samples_message",
     "split_bundle",
+    "weight_parts",
 ]
 
 PROTOCOL_VERSION = 1
@@ -101,7 +102,8 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.ACK: {"seqs": ((list,), True)},
     MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
     MsgType.CREDIT: {"bundles": (_INT, True)},
-    MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True)},
+    MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
+                      "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
     MsgType.PACE: {"allowance": (_INT, True)},
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True)},
@@ -318,7 +320,31 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20) -> Message:
         msg.arrays[name] = arr
     if mtype is MsgType.SAMPLES:
         _check_samples(msg)
+    elif mtype is MsgType.WEIGHTS:
+        _check_weights_part(msg)
     return msg
+
+
+def _check_weights_part(msg: Message) -> None:
+    b = msg.body
+    chunk = msg.arrays.get("chunk")
+    if set(msg.arrays) != {"chunk"} or chunk is None or chunk.dtype != np.uint8 or chunk.ndim != 1:
+        raise MalformedMessage("a weights part carries exactly one 1-D uint8 array named 'chunk'")
+    if not (0 <= b["part"] < b["parts"] <= 1 << 20 and 0 <= b["offset"] and b["offset"] + chunk.size <= b["nbytes"]):
+        raise MalformedMessage(f"weights part {b['part']} of {b['parts']} at offset {b['offset']} does not fit "
+                               f"{b['nbytes']} bytes")
+    if (b["part"] == 0) != bool(b["layout"]):
+        raise MalformedMessage("the layout travels in part 0, and only there")
+
+
+def weight_parts(sender: str, session: str, version: int, trained_steps: int, flat: np.ndarray,
+                 layout: list[Any], part_bytes: int) -> list[Message]:
+    """A flat weights buffer as WEIGHTS parts of at most ``part_bytes`` (views, no copies)."""
+    starts = list(range(0, flat.nbytes, part_bytes)) or [0]
+    return [Message(MsgType.WEIGHTS, sender, policy_version=version, arrays={"chunk": flat[s:s + part_bytes]},
+                    body={"trained_steps": trained_steps, "session": session, "part": i, "parts": len(starts),
+                          "offset": s, "nbytes": flat.nbytes, "layout": layout if i == 0 else []})
+            for i, s in enumerate(starts)]
 
 
 def _split_parts(msg: Message, frames: Sequence[Any]) -> None:

@@ -32,7 +32,14 @@ from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
 from netrl.transport import new_session
-from netrl.weights import check_weights, load_weights, read_weights_file, write_weights_file
+from netrl.weights import (
+    WeightAssembler,
+    check_weights,
+    flat_layout,
+    load_weights,
+    read_weights_file,
+    write_weights_file,
+)
 from netrl.wire import Codec, Message, encode, samples_message
 from netrl.worker_link import WorkerLink
 
@@ -85,18 +92,37 @@ class _WeightReceiver:
         self.version, self.session = worker.version, ""
         self.counts: collections.Counter[str] = collections.Counter()
         self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
+        _, nbytes = flat_layout(worker.template_actor)
+        self.assembler = WeightAssembler(max_bytes=nbytes)  # a version bigger than this actor is rejected early
+        self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
 
     def __call__(self, msg: Message) -> dict[str, Any]:
-        version, session = msg.policy_version, msg.body["session"]
+        b, version, session = msg.body, msg.policy_version, msg.body["session"]
         if session == self.session and version <= self.version:
             return self.stats()  # already have it (e.g. re-sent after a reconnect)
-        problems = check_weights(self.w.template_actor, msg.arrays)
+        try:
+            self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
+                               msg.arrays["chunk"])
+            if not self.assembler.done:
+                return self.stats()
+            flat, arrays = self.assembler.complete()
+        except ValueError as exc:
+            self.counts["weights_rejected"] += 1
+            log.error("rejected weights v%d from the server: %s", version, exc)
+            return self.stats()
+        problems = check_weights(self.w.template_actor, arrays)
         if problems:
+            self.assembler.release(flat)
             self.counts["weights_rejected"] += 1
             log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
             return self.stats()
         module = self.slot.take_module()
-        load_weights(module, msg.arrays, assign=True)  # zero-copy on CPU: the actor reads the received buffers
+        load_weights(module, arrays, assign=True)  # no copy on CPU: the actor's tensors view the received buffer
+        if next(module.parameters()).device.type == "cpu":
+            self.assembler.release(self._backing.get(id(module)))  # its old buffer is no longer viewed
+            self._backing[id(module)] = flat
+        else:
+            self.assembler.release(flat)  # copied to the device: the buffer is free again
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
         self.version, self.session = version, session

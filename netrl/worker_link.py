@@ -181,9 +181,10 @@ class WorkerLink(NetThread):
     # -- messages in -------------------------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.WEIGHTS:
-            self.link.send(encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [msg.policy_version]})))
             if self.on_weights is not None:
                 self.weight_stats = self.on_weights(msg)
+            if msg.body["part"] == msg.body["parts"] - 1:  # the whole version arrived: the server may send the next
+                self.link.send(encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [msg.policy_version]})))
         elif msg.type is MsgType.ACK:
             for seq in msg.body["seqs"]:
                 packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from netrl.samples import BufferBuilder
 from netrl.wire import PROTOCOL_VERSION, Message, MsgType, encode, samples_message
+from tests.test_wire import weights_message
 
 OBS_DIM, ACT_DIM = 3, 1  # the Pendulum layout the test trainer expects
 
@@ -117,9 +118,7 @@ def hostile_samples(draw: st.DrawFn, session: str = "hostile") -> list[bytes]:
 def role_violations() -> st.SearchStrategy[list[bytes]]:
     """Well-formed messages a worker may not send."""
     return st.sampled_from([
-        [bytes(f) for f in encode(Message(MsgType.WEIGHTS, "evil", policy_version=10**6,
-                                          body={"trained_steps": 0, "session": "evil"},
-                                          arrays={"w": np.zeros(4, np.float32)}))],
+        [bytes(f) for f in encode(weights_message(10**6, session="evil", sender="evil", value=0.0))],
         [bytes(f) for f in encode(Message(MsgType.CREDIT, "evil", body={"bundles": 5}))],
         [bytes(f) for f in encode(Message(MsgType.PROGRESS, "evil", body={"trained_steps": 0, "samples": 0,
                                                                            "wanted": 10**9}))],

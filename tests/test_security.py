@@ -26,7 +26,7 @@ from netrl.weights import check_weights, state_arrays
 from netrl.wire import Message, MsgType, samples_message
 from tests.test_sac import ACT, OBS
 from tests.test_server import Peer
-from tests.test_wire import sample_buffer
+from tests.test_wire import sample_buffer, weights_message
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
 
@@ -112,8 +112,7 @@ def test_clients_without_the_right_keys_can_neither_send_nor_receive(
     srv, ctx, keys = secured
     trainer = keyed(ctx, srv, keys, "trainer", "trainer")
     assert trainer.hello().type is MsgType.WELCOME
-    trainer.send(Message(MsgType.WEIGHTS, "trainer", policy_version=3, body={"trained_steps": 0, "session": "t"},
-                         arrays={"w": np.ones(2, np.float32)}))
+    trainer.send(weights_message(3))
     trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 100}))
     server_public = zmq.auth.load_certificate(keys / "server" / "server.key")[0]
     stranger_public, stranger_secret = zmq.auth.load_certificate(
@@ -160,10 +159,9 @@ def test_a_worker_key_cannot_publish_weights(secured: tuple[Server, zmq.Context,
     assert captured.hello().type is MsgType.WELCOME
     victim = keyed(ctx, srv, keys, "worker", "robot-1")
     assert victim.hello().type is MsgType.WELCOME
-    captured.send(Message(MsgType.WEIGHTS, "worker", policy_version=999, body={"trained_steps": 0, "session": "x"},
-                          arrays={"w": np.zeros(2, np.float32)}))
+    captured.send(weights_message(999, session="x", sender="worker", value=0.0))
     time.sleep(0.5)
-    assert srv.weights is None and srv.stats["rejected"] == 1  # refused and logged as a role violation
+    assert srv.weights == [] and srv.stats["rejected"] == 1  # refused and logged as a role violation
     while (msg := victim.recv(0.2)) is not None:
         assert msg.type is not MsgType.WEIGHTS
 

@@ -18,7 +18,7 @@ from netrl.config import NetworkConfig
 from netrl.launch import free_port
 from netrl.server import Server
 from netrl.wire import PROTOCOL_VERSION, Message, MsgType, buffer_from_message, decode, encode, samples_message
-from tests.test_wire import sample_buffer
+from tests.test_wire import sample_buffer, weights_message
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
 
@@ -70,8 +70,7 @@ def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
 
 
 def weights(version: int, session: str = "t1") -> Message:
-    return Message(MsgType.WEIGHTS, "trainer", policy_version=version,
-                   body={"trained_steps": version, "session": session}, arrays={"w": np.full(3, version, np.float32)})
+    return weights_message(version, session)
 
 
 def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.Context]) -> None:
@@ -86,7 +85,7 @@ def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.
     assert worker.hello().type is MsgType.WELCOME
     got = worker.expect(MsgType.WEIGHTS)
     assert time.monotonic() - t0 < 1.0
-    assert got.policy_version == 2 and got.arrays["w"][0] == 2  # the newest only
+    assert got.policy_version == 2 and got.arrays["chunk"].view(np.float32)[0] == 2  # the newest only
     trainer.send(weights(3))
     trainer.send(weights(4))  # v3 is still unacknowledged: v4 replaces it at the server
     worker.send(Message(MsgType.ACK, "late", body={"seqs": [2]}))
@@ -140,7 +139,7 @@ def test_bad_input_is_counted_and_the_server_keeps_relaying(server: tuple[Server
     good.sock.send_multipart(encode(samples_message(sample_buffer(5), "good", good.session, 1, 5)))
     time.sleep(0.3)
     assert srv.stats["rejected"] == 4
-    assert srv.weights is None  # the worker's weights were refused
+    assert srv.weights == []  # the worker's weights were refused
     assert srv.stats["samples_in"] == 4  # only the good worker's packet (4 transitions) was queued
     assert {p.name for p in srv.peers.values()} == {"evil", "good"}
 

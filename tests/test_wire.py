@@ -57,6 +57,14 @@ def with_header(frames: list[bytes], **changes: object) -> list[bytes]:
     return [msgpack.packb(h), *frames[1:]]
 
 
+def weights_message(version: int, session: str = "t", sender: str = "trainer", value: float | None = None) -> Message:
+    """A one-part WEIGHTS message holding one tensor "w" of three floats (all equal to ``value`` or ``version``)."""
+    flat = np.full(3, version if value is None else value, np.float32).view(np.uint8)
+    return Message(MsgType.WEIGHTS, sender, policy_version=version, arrays={"chunk": flat},
+                   body={"trained_steps": version, "session": session, "part": 0, "parts": 1, "offset": 0,
+                         "nbytes": flat.nbytes, "layout": [["w", "<f4", [3], 0]]})
+
+
 ALL_MESSAGES = [
     Message(MsgType.HELLO, "w1", body={"role": "worker", "netrl_version": "0.1.0", "worker_id": "w1", "session": "s"}),
     Message(MsgType.WELCOME, "server", body={"server_session": "x", "heartbeat_interval_s": 0.5}),
@@ -66,8 +74,7 @@ ALL_MESSAGES = [
     Message(MsgType.ACK, "trainer", body={"seqs": [1, 2, 3]}),
     Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": 1.0}),
     Message(MsgType.CREDIT, "trainer", body={"bundles": 4}),
-    Message(MsgType.WEIGHTS, "trainer", policy_version=9, body={"trained_steps": 100, "session": "t"},
-            arrays={"net.0.weight": np.ones((4, 3), np.float32), "net.0.bias": np.zeros(4, np.float32)}),
+    weights_message(9),
     Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 1, "samples": 2, "wanted": 3}),
     Message(MsgType.PACE, "server", body={"allowance": 77}),
     Message(MsgType.STATUS, "server", body={"snapshot": {"workers": [{"name": "w", "samples": 3}], "rates": {}}}),

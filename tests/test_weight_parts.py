@@ -1,0 +1,143 @@
+"""Weights in parts: flat snapshots, assembly on the worker, and the server's cut-through streaming."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from netrl.agents.sac import MLPActor
+from netrl.config import NetworkConfig
+from netrl.launch import free_port
+from netrl.server import Server
+from netrl.weights import WeightAssembler, check_weights, flat_arrays, flat_layout, load_weights, snapshot_into
+from netrl.wire import Message, MsgType, decode, encode, weight_parts
+from tests.test_sac import ACT, OBS
+from tests.test_server import Peer
+
+NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
+
+
+def parts_of(actor: torch.nn.Module, version: int, part_bytes: int, session: str = "t") -> list[Message]:
+    layout, nbytes = flat_layout(actor)
+    flat = np.empty(nbytes, np.uint8)
+    snapshot_into(actor, layout, flat)
+    return [decode(encode(m)) for m in weight_parts("trainer", session, version, 0, flat, layout, part_bytes)]
+
+
+def assemble(assembler: WeightAssembler, msgs: list[Message]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    for m in msgs:
+        b = m.body
+        assembler.add(b["session"], m.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
+                      m.arrays["chunk"])
+    assert assembler.done
+    return assembler.complete()
+
+
+def test_a_snapshot_in_parts_reassembles_into_the_same_actor() -> None:
+    actor, other = MLPActor(OBS, ACT, hidden_sizes=(64,)), MLPActor(OBS, ACT, hidden_sizes=(64,))
+    msgs = parts_of(actor, 1, part_bytes=200)
+    assert len(msgs) > 5 and msgs[0].body["layout"] and not msgs[1].body["layout"]
+    _, nbytes = flat_layout(actor)
+    flat, arrays = assemble(WeightAssembler(nbytes), msgs)
+    assert check_weights(other, arrays) == []
+    load_weights(other, arrays, assign=True)
+    for name, t in actor.state_dict().items():
+        assert torch.equal(other.state_dict()[name], t)
+    assert other.mu.weight.data_ptr() >= flat.ctypes.data  # loaded without a copy: a view of the buffer
+
+
+def test_parts_out_of_order_or_outside_the_buffer_are_refused() -> None:
+    actor = MLPActor(OBS, ACT, hidden_sizes=(32,))
+    _, nbytes = flat_layout(actor)
+    msgs = parts_of(actor, 3, part_bytes=200)
+    a = WeightAssembler(nbytes)
+    b0, b2 = msgs[0].body, msgs[2].body
+    a.add("t", 3, 0, b0["parts"], 0, b0["nbytes"], b0["layout"], msgs[0].arrays["chunk"])
+    with pytest.raises(ValueError, match="out of order"):
+        a.add("t", 3, 2, b2["parts"], b2["offset"], b2["nbytes"], [], msgs[2].arrays["chunk"])
+    with pytest.raises(ValueError, match="declare"):
+        a.add("t", 4, 0, 1, 0, nbytes * 10, b0["layout"], msgs[0].arrays["chunk"])  # bigger than this actor
+    a.add("t", 5, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
+    with pytest.raises(ValueError, match="outside"):
+        a.add("t", 5, 1, 2, nbytes - 10, nbytes, [], np.zeros(100, np.uint8))
+    with pytest.raises(ValueError, match="outside"):
+        flat_arrays(np.zeros(64, np.uint8), [["w", "<f4", [100], 0]])
+    with pytest.raises(ValueError, match="malformed"):
+        flat_arrays(np.zeros(64, np.uint8), [["w", "|O", [1], 0]])
+
+
+def test_buffers_are_reused_once_no_actor_views_them() -> None:
+    actor = MLPActor(OBS, ACT, hidden_sizes=(16,))
+    _, nbytes = flat_layout(actor)
+    a = WeightAssembler(nbytes)
+    first, _ = assemble(a, parts_of(actor, 1, 10_000))
+    a.release(first)
+    second, _ = assemble(a, parts_of(actor, 2, 10_000))
+    assert second is first  # the freed buffer came back instead of fresh pages
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
+    srv = Server(trainer_port=free_port(), worker_port=free_port(), network=NET, spool_dir=tmp_path / "spool")
+    stop = threading.Event()
+    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
+    thread.start()
+    ctx = zmq.Context()
+    yield srv, ctx
+    stop.set()
+    thread.join(5)
+    ctx.destroy(0)
+
+
+def received(peer: Peer, timeout: float = 1.0) -> list[tuple[int, int]]:
+    out, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = peer.recv(0.05)
+        if msg is not None and msg.type is MsgType.WEIGHTS:
+            out.append((msg.policy_version, msg.body["part"]))
+    return out
+
+
+def test_the_server_forwards_parts_as_they_arrive_and_a_newer_version_preempts(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer, worker = Peer(ctx, srv.trainer_port, "trainer", "trainer"), Peer(ctx, srv.worker_port, "worker", "w")
+    trainer.hello()
+    worker.hello()
+    actor = MLPActor(OBS, ACT, hidden_sizes=(32,))
+    v1, v2 = parts_of(actor, 1, 400, trainer.session), parts_of(actor, 2, 400, trainer.session)
+    for m in v1[:3]:
+        trainer.send(m)
+    assert received(worker) == [(1, 0), (1, 1), (1, 2)]  # forwarded before the version is complete
+    trainer.send(v2[0])  # a newer version starts: the worker switches to it from its first part
+    for m in v2[1:]:
+        trainer.send(m)
+    assert received(worker) == [(2, i) for i in range(len(v2))]
+    late = Peer(ctx, srv.worker_port, "worker", "late")
+    late.hello()
+    assert received(late) == [(2, i) for i in range(len(v2))]  # the cache serves a late joiner the newest version
+    for m in v1:  # out of order: v1 part 0 would start v1 again, but later parts of v1 after v2 are refused
+        trainer.send(m)
+    assert srv.stats["rejected"] == 0  # part 0 restarts the cache, and the rest follow in order
+
+
+def test_a_worker_gets_the_next_version_only_after_acknowledging(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer, worker = Peer(ctx, srv.trainer_port, "trainer", "trainer"), Peer(ctx, srv.worker_port, "worker", "w")
+    trainer.hello()
+    worker.hello()
+    actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
+    for version in (1, 2, 3):
+        for m in parts_of(actor, version, 1 << 20, trainer.session):
+            trainer.send(m)
+        time.sleep(0.1)
+    assert received(worker) == [(1, 0)]  # v2 and v3 wait: v1 is not acknowledged yet
+    worker.send(Message(MsgType.ACK, "w", body={"seqs": [1]}))
+    assert received(worker) == [(3, 0)]  # then the newest, not every version
