@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from netrl.config import Config
 from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.server import Server
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 
@@ -37,6 +41,23 @@ def small_config(tmp_path: Path, **sections: Any) -> Path:
     for name, values in sections.items():
         base.setdefault(name, {}).update(values) if isinstance(values, dict) else base.__setitem__(name, values)
     return write_config(Config(), tmp_path / "config.json", **base)
+
+
+@contextlib.contextmanager
+def running_server(**kwargs: Any) -> Iterator[tuple[Server, zmq.Context]]:
+    """A Server on free ports in a thread of this process, plus a context for fake peers; both closed after."""
+    srv = Server(trainer_port=free_port(), worker_port=free_port(), **kwargs)
+    stop = threading.Event()
+    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
+    thread.start()
+    ctx = zmq.Context()
+    try:
+        yield srv, ctx
+    finally:
+        stop.set()
+        thread.join(5)
+        ctx.destroy(0)
+        assert not thread.is_alive(), "server did not stop within 5 s"
 
 
 class Procs:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from netrl.launch import free_port
 from netrl.server import Server
 from netrl.weights import check_weights, state_arrays
 from netrl.wire import Message, MsgType, samples_message
+from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
 from tests.test_server import Peer
 from tests.test_wire import sample_buffer, weights_message
@@ -47,17 +47,9 @@ def curve_peer(ctx: zmq.Context, port: int, role: str, name: str, public: bytes 
 def secured(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context, Path]]:
     keys = tmp_path / "keys"
     keygen(keys, ["robot-1"])
-    srv = Server(min_samples_per_server_packet=1, trainer_port=free_port(), worker_port=free_port(), network=NET,
-                 max_packet_delay_s=0.01, spool_dir=tmp_path / "spool", keys=server_keys(keys))
-    stop = threading.Event()
-    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
-    thread.start()
-    ctx = zmq.Context()
-    yield srv, ctx, keys
-    stop.set()
-    thread.join(5)
-    assert not thread.is_alive()
-    ctx.destroy(0)
+    with running_server(min_samples_per_server_packet=1, network=NET, max_packet_delay_s=0.01,
+                        spool_dir=tmp_path / "spool", keys=server_keys(keys)) as (srv, ctx):
+        yield srv, ctx, keys
 
 
 def keyed(ctx: zmq.Context, srv: Server, keys: Path, role: str, name: str) -> Peer:
@@ -198,21 +190,14 @@ def test_workers_check_weights_before_loading_them() -> None:
 
 
 def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Context, Path]) -> None:
-    srv, ctx, keys = secured
+    srv, _, keys = secured
     assert all(s.getsockopt(zmq.MAXMSGSIZE) == NET.max_message_bytes for s in srv._socks.values())
-    small = Server(network=NetworkConfig(max_message_bytes=1 << 16), trainer_port=free_port(),
-                   worker_port=free_port(), spool_dir=Path(keys).parent / "spool2", keys=server_keys(keys))
-    stop = threading.Event()
-    thread = threading.Thread(target=small.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with running_server(network=NetworkConfig(max_message_bytes=1 << 16), spool_dir=Path(keys).parent / "spool2",
+                        keys=server_keys(keys)) as (small, small_ctx):
         k = client_keys(keys, "worker", "worker")
-        big = curve_peer(ctx, small.worker_port, "worker", "big", k.public, k.secret, k.server_public)
+        big = curve_peer(small_ctx, small.worker_port, "worker", "big", k.public, k.secret, k.server_public)
         big.hello()
         big.sock.send_multipart([b"x" * (1 << 17)])  # over the cap: libzmq drops the connection, not the server
         time.sleep(0.5)
-        fine = curve_peer(ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
-        assert fine.hello().type is MsgType.WELCOME and thread.is_alive()
-    finally:
-        stop.set()
-        thread.join(5)
+        fine = curve_peer(small_ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
+        assert fine.hello().type is MsgType.WELCOME

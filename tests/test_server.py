@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,9 @@ import pytest
 import zmq
 
 from netrl.config import NetworkConfig
-from netrl.launch import free_port
 from netrl.server import Server
 from netrl.wire import PROTOCOL_VERSION, Message, MsgType, buffer_from_message, decode, encode, samples_message
+from tests.conftest import running_server
 from tests.test_wire import sample_buffer, weights_message
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
@@ -56,17 +55,9 @@ class Peer:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    srv = Server(min_samples_per_server_packet=5, trainer_port=free_port(), worker_port=free_port(), network=NET,
-                 max_packet_delay_s=0.01, spool_dir=tmp_path / "spool")
-    stop = threading.Event()
-    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
-    thread.start()
-    ctx = zmq.Context()
-    yield srv, ctx
-    stop.set()
-    thread.join(5)
-    assert not thread.is_alive(), "server did not stop within 5 s"
-    ctx.destroy(0)
+    with running_server(min_samples_per_server_packet=5, network=NET, max_packet_delay_s=0.01,
+                        spool_dir=tmp_path / "spool") as running:
+        yield running
 
 
 def weights(version: int, session: str = "t1") -> Message:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +13,10 @@ import zmq
 
 from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig
-from netrl.launch import free_port
 from netrl.server import Server
 from netrl.weights import WeightAssembler, check_weights, flat_arrays, flat_layout, load_weights, snapshot_into
 from netrl.wire import Message, MsgType, decode, encode, weight_parts
+from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
 from tests.test_server import Peer
 
@@ -85,15 +84,8 @@ def test_buffers_are_reused_once_no_actor_views_them() -> None:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    srv = Server(trainer_port=free_port(), worker_port=free_port(), network=NET, spool_dir=tmp_path / "spool")
-    stop = threading.Event()
-    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
-    thread.start()
-    ctx = zmq.Context()
-    yield srv, ctx
-    stop.set()
-    thread.join(5)
-    ctx.destroy(0)
+    with running_server(network=NET, spool_dir=tmp_path / "spool") as running:
+        yield running
 
 
 def received(peer: Peer, timeout: float = 1.0) -> list[tuple[int, int]]:
