@@ -228,20 +228,30 @@ def _check_body(mtype: MsgType, body: dict[str, Any]) -> None:
         raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
 
 
+_ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # built once: np.dtype() per array is measurable
+
+
 def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
-    if not isinstance(spec, dict) or set(spec) != {"name", "dtype", "shape", "codec", "nbytes"}:
+    # On the hot path of every relayed packet: plain type checks (`type(x) is int` also refuses bools).
+    if type(spec) is not dict or spec.keys() != _ARRAY_KEYS:
         raise MalformedMessage("array entry must have exactly name, dtype, shape, codec, nbytes")
-    name, dtype, shape, codec, nbytes = (spec[k] for k in ("name", "dtype", "shape", "codec", "nbytes"))
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+    name, shape, codec, nbytes = spec["name"], spec["shape"], spec["codec"], spec["nbytes"]
+    if type(name) is not str or not 0 < len(name) <= MAX_NAME:
         raise MalformedMessage("array name must be a non-empty string")
-    if dtype not in ALLOWED_DTYPES:
-        raise MalformedMessage(f"array {name!r} has dtype {dtype!r}, which is not allowed")
-    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)):
+    dtype = _DTYPES.get(spec["dtype"]) if type(spec["dtype"]) is str else None
+    if dtype is None:
+        raise MalformedMessage(f"array {name!r} has dtype {spec['dtype']!r}, which is not allowed")
+    if type(shape) is not list or len(shape) > MAX_DIMS:
         raise MalformedMessage(f"array {name!r} has an invalid shape {shape!r}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d < 2**40:
+            raise MalformedMessage(f"array {name!r} has an invalid shape {shape!r}")
+        count *= d
     if codec not in _CODECS:
         raise MalformedMessage(f"array {name!r} has unknown codec {codec!r}")
-    expected = math.prod(shape) * np.dtype(dtype).itemsize
+    expected = count * dtype.itemsize
     if nbytes != expected:
         raise MalformedMessage(f"array {name!r} declares {nbytes!r} bytes but shape {shape} needs {expected}")
     if expected > max_bytes:
@@ -251,8 +261,8 @@ def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
         data = memoryview(_decompress(name, codec, data, expected))
     if data.nbytes != expected:
         raise MalformedMessage(f"array {name!r}: shape {shape} needs {expected} bytes, frame has {data.nbytes}")
-    arr = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
-    if dtype == "|b1" and arr.size and int(arr.view(np.uint8).max()) > 1:
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if dtype.kind == "b" and count and int(arr.view(np.uint8).max()) > 1:
         raise MalformedMessage(f"array {name!r} is boolean but holds bytes other than 0 and 1")
     return name, arr
 
