@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import zmq
 import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 
 from netrl.errors import SecurityError
 
-__all__ = ["ClientKeys", "KeyRing", "ServerKeys", "client_keys", "keygen", "server_keys"]
+__all__ = ["ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen", "server_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +185,28 @@ class KeyRing:
                 return False
 
         return _Provider()
+
+
+class ServerAuth:
+    """CURVE on the server's ports: a ZAP authenticator thread and one allow-list (:class:`KeyRing`) per port."""
+
+    def __init__(self, ctx: zmq.Context, keys: ServerKeys) -> None:
+        self.keys = keys
+        self.ring = KeyRing(keys.allow_dir)
+        self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("netrl.zap"))
+        self._auth.start()
+
+    def secure(self, sock: zmq.Socket, role: str) -> None:
+        """Make ``sock`` (before it binds) a CURVE server that admits only ``role``'s allow-listed keys."""
+        sock.curve_server = True
+        sock.curve_secretkey = self.keys.secret
+        sock.curve_publickey = self.keys.public
+        sock.zap_domain = f"netrl-{role}".encode()  # each port has its own allow-list
+        self._auth.configure_curve_callback(f"netrl-{role}", self.ring.provider(role))
+
+    def key_name(self, role: str, rid_frame: Any) -> str:
+        """The name of the key a peer connected with (ZAP put its public key in the frame's User-Id)."""
+        return self.ring.name(role, (rid_frame.get("User-Id") or "").encode()) or "?"
+
+    def stop(self) -> None:
+        self._auth.stop()

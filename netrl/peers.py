@@ -9,7 +9,7 @@ from typing import Any
 from netrl.segments import Position
 from netrl.transport import Liveness
 
-__all__ = ["Peer", "QueuedPacket"]
+__all__ = ["Peer", "PeerTable", "QueuedPacket"]
 
 
 @dataclass
@@ -44,6 +44,48 @@ class Peer:
         return {"name": self.name, "session": self.session, "address": self.address, "version": self.version,
                 "samples": self.samples, "packets": self.packets, "connected_at": self.connected_at,
                 "last_seen": self.last_seen, "key": self.key, "reported": dict(self.reported)}
+
+
+class PeerTable:
+    """The connected peers, by ZeroMQ routing id and by session; at most one of them is the trainer."""
+
+    def __init__(self) -> None:
+        self.by_rid: dict[bytes, Peer] = {}
+        self.by_session: dict[str, Peer] = {}
+        self.trainer: Peer | None = None
+
+    def __len__(self) -> int:
+        return len(self.by_rid)
+
+    def get(self, rid: bytes) -> Peer | None:
+        return self.by_rid.get(rid)
+
+    def values(self) -> list[Peer]:
+        """A copy, so that a send which forgets an unreachable peer does not upset the loop."""
+        return list(self.by_rid.values())
+
+    def workers(self) -> list[Peer]:
+        return [p for p in self.by_rid.values() if p.role == "worker"]
+
+    def replaced_by(self, rid: bytes, role: str, session: str) -> list[Peer]:
+        """The entries a new connection replaces: its own session reconnecting, or (a trainer) the old trainer."""
+        return [p for r, p in self.by_rid.items()
+                if r != rid and (p.session == session or (role == "trainer" and p.role == "trainer"))]
+
+    def add(self, peer: Peer) -> None:
+        self.by_rid[peer.rid] = peer
+        self.by_session[peer.session] = peer
+        if peer.role == "trainer":
+            self.trainer = peer
+
+    def remove(self, rid: bytes) -> Peer | None:
+        peer = self.by_rid.pop(rid, None)
+        if peer is not None:
+            if self.by_session.get(peer.session) is peer:
+                del self.by_session[peer.session]
+            if peer is self.trainer:
+                self.trainer = None
+        return peer
 
 
 @dataclass

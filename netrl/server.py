@@ -1,24 +1,18 @@
 """Server: relays sample packets from workers to the trainer and weights from the trainer to every worker.
 
-One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``)::
+One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a loopback-only status
+socket::
 
-    worker --SAMPLES--> queue (memory, unacknowledged) --BUNDLE--> trainer --ACK--> server --ACK--> worker
-                  \\---> spool (disk, acknowledged at once) --BUNDLE--/
-    worker <--WEIGHTS parts-- newest-weights cache <--WEIGHTS parts-- trainer
+    worker --SAMPLES--> [checks] --> SampleRelay (memory queue / disk spool) --BUNDLE--> trainer
+    worker <--ACK------------------- SampleRelay <--ACK-------------------------------- trainer
+    worker <--WEIGHTS parts--------- newest-weights cache <--WEIGHTS parts------------- trainer
 
-Where a packet goes, and when its worker hears back:
-
-* a trainer is connected and the packets held in memory stay under ``max_queue_bytes``: it waits in memory and the
-  worker gets its ACK when the trainer acknowledges the bundle that carried it (until then the worker keeps it);
-  if the trainer takes no bundle for ``spool_after_s``, waiting packets move to the spool and are acknowledged;
-* otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first;
-* if the spool is full too, the worker gets a NACK and resends later (its own backlog is bounded and counts drops).
-
-Bundles go out only while the trainer has credit, so a slow trainer never makes the server's memory grow. The
-newest weights are cached and sent to a worker the moment it says HELLO. Weights arrive in parts and each part is
-forwarded as soon as it arrives, so the two hops overlap; a worker gets the next version only after acknowledging
-the previous one (or, if a newer version starts while it is still receiving one, the newer one from its start).
-peer, counted (``stats["rejected"]``) and dropped.
+The server authenticates peers (CURVE keys per port), checks every message against its sender's role and every
+sample packet against the trainer's schema, and hands packets to :class:`~netrl.relay.SampleRelay`, which decides
+where each waits and when its worker is acknowledged. The newest weights are cached
+(:class:`~netrl.broadcast.WeightCache`) and streamed to a worker the moment it says HELLO, part by part as they
+arrive. The trainer's PROGRESS becomes a PACE allowance per worker. Bad messages are logged with their peer,
+counted (``stats["rejected"]``) and dropped.
 """
 
 from __future__ import annotations
@@ -33,17 +27,18 @@ from typing import Any
 
 import numpy as np
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
+from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
 from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
-from netrl.keys import SHARED_WORKER, KeyRing, ServerKeys, server_keys
-from netrl.peers import Peer, QueuedPacket
+from netrl.keys import SHARED_WORKER, ServerAuth, ServerKeys, server_keys
+from netrl.peers import Peer, PeerTable, QueuedPacket
+from netrl.relay import SampleRelay
 from netrl.schema import SampleSchema
 from netrl.spool import Spool
-from netrl.status import Rates
+from netrl.status import Rates, answer_status, status_line
 from netrl.transport import Liveness, bind, new_session, new_socket
-from netrl.wire import Message, MsgType, check_role, decode, encode, encode_bundle, frames_nbytes
+from netrl.wire import Message, MsgType, check_role, decode, encode, frames_nbytes
 
 __all__ = ["Server"]
 
@@ -91,27 +86,14 @@ class Server:
         self.rates = Rates()
         self.started = time.time()
         self._next_tick = self._next_status_line = 0.0
-        self.keyring: KeyRing | None = None
-        self._auth: ThreadAuthenticator | None = None
+        self.auth: ServerAuth | None = None
         self.schema: SampleSchema | None = None
         self.session = new_session()
-        self.peers: dict[bytes, Peer] = {}
-        self.by_session: dict[str, Peer] = {}
-        self.trainer: Peer | None = None
+        self.peers = PeerTable()
         self.trainer_session = ""
-        self.weights: list[list[Any]] = []  # frames of each part of the newest version received so far
-        self.weights_parts = 0  # how many parts that version has
-        self.weights_version = -1
+        self.weights = WeightCache()
         self.spool: Spool | None = None
-        self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
-        self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
-        self.mem_bytes = 0
-        self.queued_steps = 0
-        self.credit = 0
-        self.bundle_seq = 0
-        self.inflight: dict[int, list[QueuedPacket]] = {}
-        self.inflight_steps = 0
-        self.last_bundle_at = 0.0
+        self.relay: SampleRelay | None = None
         self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._ctx: zmq.Context | None = None
@@ -119,7 +101,6 @@ class Server:
         self._status: zmq.Socket | None = None
         self._closed = False
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
-        self._last_full_warning = 0.0
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -136,14 +117,14 @@ class Server:
     def open(self) -> None:
         """Open the spool and bind both ports (TransportError names the config key to change)."""
         self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
+        self.relay = SampleRelay(self.spool, self.min_samples, self.max_delay, self.max_queue_bytes, self.spool_after,
+                                 self.stats, self._send_to_trainer, self._tell_worker)
         schema_file = Path(self.spool_dir) / "schema.json"
         if schema_file.exists():  # the trainer's last schema, so packets are checked before it reconnects
             self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))
         self._ctx = zmq.Context()
         if self.keys is not None:
-            self.keyring = KeyRing(self.keys.allow_dir)
-            self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("netrl.zap"))
-            self._auth.start()
+            self.auth = ServerAuth(self._ctx, self.keys)
         else:
             log.warning("SECURITY IS OFF (\"security\": \"none\"): traffic on ports %d and %d is unencrypted and "
                         "unauthenticated; anyone who can reach them can send samples or connect as the trainer and "
@@ -152,12 +133,8 @@ class Server:
         for role, port, key in (("trainer", self.trainer_port, "network.trainer_port"),
                                 ("worker", self.worker_port, "network.worker_port")):
             sock = new_socket(self._ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000)
-            if self.keys is not None and self._auth is not None and self.keyring is not None:
-                sock.curve_server = True
-                sock.curve_secretkey = self.keys.secret
-                sock.curve_publickey = self.keys.public
-                sock.zap_domain = f"netrl-{role}".encode()  # each port has its own allow-list
-                self._auth.configure_curve_callback(f"netrl-{role}", self.keyring.provider(role))
+            if self.auth is not None:
+                self.auth.secure(sock, role)
             self._socks[role] = sock
             bind(sock, self.bind_ip, port, key)
         if self.status_port is not None:
@@ -184,10 +161,12 @@ class Server:
                     if sock in events:
                         self._drain(role, sock)
                 if self._status is not None and self._status in events:
-                    self._answer_status()
+                    if not answer_status(self._status, self.snapshot):
+                        self.stats["rejected"] += 1
                 now = time.monotonic()
-                self._flush(now)
-                self._spool_stale(now)
+                assert self.relay is not None
+                self.relay.flush(now, self.peers.trainer is not None)
+                self.relay.spool_stale(now)
                 self._heartbeats(now)
                 self._tick(now)
         finally:
@@ -198,19 +177,19 @@ class Server:
         if self._closed:
             return
         self._closed = True
-        for peer in list(self.peers.values()):
+        for peer in self.peers.values():
             self._send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         for sock in self._socks.values():
             sock.close(linger=0)
         if self._status is not None:
             self._status.close(linger=0)
-        if self._auth is not None:
-            self._auth.stop()
+        if self.auth is not None:
+            self.auth.stop()
         if self._ctx is not None:
             self._ctx.term()
         if self.spool is not None:
             self.spool.close()
-        held = len(self.queue) + sum(len(b) for b in self.inflight.values())
+        held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
                  "still on disk), %d refused (spool full), %d packets held in memory (their workers still have "
                  "them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
@@ -219,8 +198,9 @@ class Server:
     # -- receiving -----------------------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
         timeout = self.net.heartbeat_interval_s / 2
-        if self.queue:
-            timeout = min(timeout, max(0.0, self.queue[0].received + self.max_delay - time.monotonic()))
+        deadline = self.relay.next_deadline() if self.relay else None
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         return max(1, int(timeout * 1000))
 
     def _drain(self, role: str, sock: zmq.Socket, budget: int = 1000) -> None:
@@ -279,14 +259,13 @@ class Server:
             reason = f"this is the {role} port; a {body['role']} must connect to the other port"
             self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": reason}))
             return
-        for old_rid, old in list(self.peers.items()):  # a reconnect or a restarted trainer replaces its old entry
-            if old_rid != rid and (old.session == body["session"] or (role == "trainer" and old.role == "trainer")):
-                log.info("%s replaced by a new connection", old.label)
-                self._forget(old_rid)
+        for old in self.peers.replaced_by(rid, role, body["session"]):
+            log.info("%s replaced by a new connection", old.label)
+            self._forget(old.rid)
         address = rid_frame.get("Peer-Address") or "?"
         key = ""
-        if self.keyring is not None:  # CURVE: ZAP put the client's public key in the User-Id property
-            key = self.keyring.name(role, (rid_frame.get("User-Id") or "").encode()) or "?"
+        if self.auth is not None:
+            key = self.auth.key_name(role, rid_frame)
             if role == "worker" and key not in (SHARED_WORKER, body["worker_id"]):
                 reason = f"key {key!r} belongs to worker {key!r}; this worker calls itself {body['worker_id']!r}"
                 self._reject(role, rid, None, reason)
@@ -294,8 +273,7 @@ class Server:
                 return
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness, key=key)
-        self.peers[rid] = peer
-        self.by_session[peer.session] = peer
+        self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         self._send(peer, Message(MsgType.WELCOME, "server", body={
             "server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s}))
@@ -306,38 +284,22 @@ class Server:
             self._pace()
 
     def _trainer_joined(self, peer: Peer) -> None:
-        self.trainer = peer
-        self.credit = 0
+        assert self.relay is not None
+        self.relay.trainer_joined()
         if peer.session != self.trainer_session:
             if self.trainer_session:  # a new trainer process: its versions need not continue the old ones
-                log.info("new trainer session %s; dropping cached weights v%d", peer.session[:8], self.weights_version)
+                log.info("new trainer session %s; dropping cached weights v%d", peer.session[:8], self.weights.version)
             self.trainer_session = peer.session
-            self.weights, self.weights_version = [], -1
+            self.weights.reset()
             for other in self.peers.values():
                 other.version, other.inflight_version, other.streaming = -1, None, None
 
     def _forget(self, rid: bytes) -> None:
-        peer = self.peers.pop(rid, None)
-        if peer is None:
-            return
-        if self.by_session.get(peer.session) is peer:
-            del self.by_session[peer.session]
-        if peer is self.trainer:
-            self.trainer = None
+        peer = self.peers.remove(rid)
+        if peer is not None and peer.role == "trainer":
             self.progress = None
-            self.credit = 0
-            self._requeue_inflight()
-
-    def _requeue_inflight(self) -> None:
-        """The trainer left without acknowledging some bundles: their packets go back to the front."""
-        for seq in sorted(self.inflight, reverse=True):
-            for packet in reversed(self.inflight.pop(seq)):
-                if packet.spool_position is None:
-                    self.queue.appendleft(packet)
-                    self.queued_steps += packet.steps
-        self.inflight_steps = 0
-        if self.spool is not None:
-            self.spool.rewind()
+            if self.relay is not None:
+                self.relay.trainer_left()
 
     # -- handlers, one per message type --------------------------------------------------------------------
     def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
@@ -351,44 +313,15 @@ class Server:
                 return
         a = msg.arrays
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
-        key = (msg.body["session"], msg.seq)
         peer.produced = max(peer.produced, msg.body["produced"])
-        if key in self.held:  # a resend of a packet we still hold: it is acknowledged with the original
-            self.stats["resends_ignored"] += 1
-            return
-        nbytes = frames_nbytes(frames)
-        packet = QueuedPacket(peer.name, key[0], key[1], steps, frames, nbytes, time.monotonic())
-        assert self.spool is not None
-        if self.trainer is not None and self.mem_bytes + nbytes <= self.max_queue_bytes:
-            self.queue.append(packet)
-            self.held.add(key)
-            self.mem_bytes += nbytes
-            self.queued_steps += steps
-        elif self.spool.fits(nbytes):
-            if not self.spool.packets:
-                log.info("spooling packets to %s: %s", self.spool_dir, "no trainer is connected" if self.trainer is None
-                         else f"the memory queue is full ({self.mem_bytes} bytes)")
-            self.spool.push(frames, {"worker": peer.name, "session": key[0], "seq": key[1], "steps": steps})
-            self.stats["samples_spooled"] += steps
-            self._send(peer, Message(MsgType.ACK, "server", body={"seqs": [msg.seq]}))
-        else:
-            self.stats["samples_refused"] += steps
-            self._warn_full(peer)
-            self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [msg.seq], "retry_s": 1.0,
-                                                                   "reason": "server queue and spool are full"}))
-            return
-        peer.samples += steps
-        peer.packets += 1
-        self.stats["samples_in"] += steps
-
-    def _warn_full(self, peer: Peer) -> None:
-        now = time.monotonic()
-        if now - self._last_full_warning > 10:
-            self._last_full_warning = now
-            log.warning("memory queue (%d bytes) and spool (%d of %d bytes) are full: refusing packets from %s "
-                        "until the trainer catches up (%d samples refused so far)", self.mem_bytes,
-                        self.spool.bytes if self.spool else 0, self.spool_max_bytes, peer.label,
-                        self.stats["samples_refused"])
+        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, frames_nbytes(frames),
+                              time.monotonic())
+        assert self.relay is not None
+        outcome = self.relay.accept(packet, self.peers.trainer is not None)
+        if outcome in ("held", "spooled"):
+            peer.samples += steps
+            peer.packets += 1
+            self.stats["samples_in"] += steps
 
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         stats = msg.body.get("stats")
@@ -412,43 +345,24 @@ class Server:
             peer.inflight_version = None
             self._send_weights(peer)
             return
-        acks: dict[str, list[int]] = collections.defaultdict(list)  # the trainer acknowledges bundles
-        spooled_before = self.spool.packets if self.spool else 0
-        for seq in seqs:
-            for packet in self.inflight.pop(seq, []):
-                self.inflight_steps -= packet.steps
-                if packet.spool_position is not None:
-                    assert self.spool is not None
-                    self.spool.ack(packet.spool_position)
-                else:
-                    self.held.discard((packet.session, packet.seq))
-                    self.mem_bytes -= packet.nbytes
-                    acks[packet.session].append(packet.seq)
-        if spooled_before and self.spool is not None and not self.spool.packets:
-            log.info("spool drained: the trainer has every spooled packet")
-        for session, worker_seqs in acks.items():
-            worker = self.by_session.get(session)
-            if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
-                self._send(worker, Message(MsgType.ACK, "server", body={"seqs": worker_seqs}))
+        assert self.relay is not None
+        self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
     def _on_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.credit = min(self.credit + max(0, msg.body["bundles"]), 10_000)
+        assert self.relay is not None
+        self.relay.add_credit(msg.body["bundles"])
 
     def _on_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        b, version = msg.body, msg.policy_version
-        if b["part"] == 0:
-            self.weights, self.weights_version, self.weights_parts = [frames], version, b["parts"]
-        elif version == self.weights_version and b["part"] == len(self.weights) and b["parts"] == self.weights_parts:
-            self.weights.append(frames)
-        else:
-            self._reject("trainer", peer.rid, peer, f"weights v{version} part {b['part']} arrived out of order")
+        b = msg.body
+        problem = self.weights.add(msg.policy_version, b["part"], b["parts"], frames)
+        if problem:
+            self._reject("trainer", peer.rid, peer, problem)
             return
-        if len(self.weights) == self.weights_parts:
-            log.debug("weights v%d from the trainer (%d parts)", version, self.weights_parts)
+        if self.weights.complete:
+            log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
             self.stats["weights_in"] += 1
-        for worker in list(self.peers.values()):  # a send may forget an unreachable worker
-            if worker.role == "worker":
-                self._send_weights(worker)
+        for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
+            self._send_weights(worker)
 
     def _on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         try:
@@ -493,97 +407,26 @@ class Server:
         except zmq.ZMQError:
             pass  # the peer is gone or flooding us; a reply is a courtesy
 
+    def _send_to_trainer(self, frames: list[Any]) -> bool:
+        trainer = self.peers.trainer
+        return trainer is not None and self._send_frames(trainer, frames)
+
+    def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
+        worker = self.peers.by_session.get(session)
+        if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
+            self._send(worker, Message(kind, "server", body=body))
+
     def _send_weights(self, worker: Peer) -> None:
-        """Stream the newest version's parts to a worker that lacks it, as far as they have arrived.
-
-        A worker waits for the acknowledgement of a version it received completely before it gets another (so a
-        slow worker gets the newest version, not every version); a newer version preempts one still streaming."""
-        version = self.weights_version
-        if not self.weights or worker.version >= version or worker.inflight_version == version:
-            return
-        if worker.streaming != version:
-            if worker.inflight_version is not None and worker.streaming is None:
-                return  # it has a complete older version to acknowledge first
-            worker.streaming, worker.sent_parts = version, 0
-        while worker.sent_parts < len(self.weights):
-            if not self._send_frames(worker, self.weights[worker.sent_parts]):
-                return
-            worker.sent_parts += 1
-        if worker.sent_parts == self.weights_parts:
-            worker.inflight_version, worker.streaming = version, None
+        if self.weights.stream(worker, lambda frames: self._send_frames(worker, frames)):
             self.stats["weights_out"] += 1
-
-    def _flush(self, now: float) -> None:
-        """Bundle spooled, then queued packets for the trainer while it has credit."""
-        assert self.spool is not None
-        while self.trainer is not None and self.credit > 0:
-            spooled = self.spool.pending()
-            if not spooled and (not self.queue or (self.queued_steps < self.min_samples
-                                                   and now - self.queue[0].received < self.max_delay)):
-                return
-            packets: list[QueuedPacket] = []
-            steps = 0
-            if spooled:
-                for sp in self.spool.take(self.min_samples):
-                    packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
-                                                int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
-                    steps += packets[-1].steps
-            while self.queue and (steps < self.min_samples or not packets):
-                packet = self.queue.popleft()
-                self.queued_steps -= packet.steps
-                packets.append(packet)
-                steps += packet.steps
-            self.bundle_seq += 1
-            bundle = encode_bundle("server", self.bundle_seq, [p.frames for p in packets])
-            if not self._send_frames(self.trainer, bundle):
-                self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it
-                return
-            self.inflight[self.bundle_seq] = packets
-            self.inflight_steps += steps
-            self.credit -= 1
-            self.stats["samples_out"] += steps
-            self.stats["bundles_out"] += 1
-            self.last_bundle_at = now
-
-    def _untake(self, packets: list[QueuedPacket]) -> None:
-        for packet in reversed([p for p in packets if p.spool_position is None]):
-            self.queue.appendleft(packet)
-            self.queued_steps += packet.steps
-        spooled = [p.spool_position for p in packets if p.spool_position is not None]
-        if spooled and self.spool is not None:
-            self.spool.untake(min(spooled))
-
-    def _spool_stale(self, now: float) -> None:
-        """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
-        acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
-        queue: spooling then would only add disk work, and the workers' send windows already bound the queue.)"""
-        assert self.spool is not None
-        if now - self.last_bundle_at < self.spool_after:
-            return
-        acks: dict[str, list[int]] = collections.defaultdict(list)
-        while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
-            packet = self.queue.popleft()
-            if not self.spool.packets:
-                log.info("spooling packets to %s: the trainer is not keeping up", self.spool_dir)
-            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
-                                            "steps": packet.steps})
-            self.stats["samples_spooled"] += packet.steps
-            self.queued_steps -= packet.steps
-            self.mem_bytes -= packet.nbytes
-            self.held.discard((packet.session, packet.seq))
-            acks[packet.session].append(packet.seq)
-        for session, seqs in acks.items():
-            worker = self.by_session.get(session)
-            if worker is not None:
-                self._send(worker, Message(MsgType.ACK, "server", body={"seqs": seqs}))
 
     def _pace(self) -> None:
         """Split the samples the trainer still wants between connected workers (only throttled workers wait)."""
-        workers = [p for p in self.peers.values() if p.role == "worker"]
+        workers = self.peers.workers()
         if self.progress is None or not workers:
             return
         wanted_more = self.progress["wanted"] - self.progress["samples"]
-        on_the_way = self.queued_steps + self.inflight_steps + (self.spool.steps if self.spool else 0)
+        on_the_way = self.relay.on_the_way() if self.relay else 0
         share = -(-max(0, wanted_more - on_the_way) // len(workers))
         for worker in workers:  # (a list: a send may forget an unreachable worker)
             allowance = worker.produced + share
@@ -592,49 +435,30 @@ class Server:
                 self._send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))
 
     def _heartbeats(self, now: float) -> None:
-        for rid, peer in list(self.peers.items()):
+        for peer in self.peers.values():
             if peer.liveness.expired(now):
                 log.info("%s lost (no message for %.1f s)", peer.label, peer.liveness.window)
                 self.stats["peers_lost"] += 1
-                self._forget(rid)
+                self._forget(peer.rid)
             elif peer.liveness.heartbeat_due(now):
                 self._send(peer, Message(MsgType.HEARTBEAT, "server"))
 
     def snapshot(self) -> dict[str, Any]:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
-        spool = self.spool
-        workers = [p.describe() for p in self.peers.values() if p.role == "worker"]
+        workers = [p.describe() for p in self.peers.workers()]
         by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
         return {
             "session": self.session, "uptime_s": time.time() - self.started,
             "workers": workers,
-            "trainer": self.trainer.describe() if self.trainer else None,
+            "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
             "progress": self.progress,
-            "weights_version": self.weights_version,
+            "weights_version": self.weights.version,
             "rates": self.rates.rates(),
-            "queued_samples": self.queued_steps, "queued_bytes": self.mem_bytes,
-            "inflight_samples": self.inflight_steps,
-            "spool": {"packets": spool.packets if spool else 0, "samples": spool.steps if spool else 0,
-                      "bytes": spool.bytes if spool else 0, "max_bytes": self.spool_max_bytes},
+            **(self.relay.snapshot() if self.relay else {}),
             "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
             "dropped_by_workers": by_workers, "dropped": self.stats["samples_refused"] + by_workers,
             "stats": dict(self.stats),
         }
-
-    def _answer_status(self) -> None:
-        assert self._status is not None
-        try:
-            frames = self._status.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return
-        try:
-            request = decode(frames, 1 << 16)
-            body = {"snapshot": self.snapshot()} if request.type is MsgType.STATUS else {}
-        except ProtocolError as exc:
-            self.stats["rejected"] += 1
-            log.warning("rejected a status request: %s", exc)
-            body = {}
-        self._status.send_multipart(encode(Message(MsgType.STATUS, "server", body=body)))  # REP must answer
 
     def _tick(self, now: float) -> None:
         """Once a second: sample the rates; every ``status_interval_s``: one status line."""
@@ -645,10 +469,4 @@ class Server:
         if self.status_interval and now >= self._next_status_line:
             self._next_status_line = now + self.status_interval
             if self._next_status_line - self.status_interval > 0 and self.peers:
-                rates = self.rates.rates()
-                versions = " ".join(f"{p.name}:v{p.version}" for p in self.peers.values() if p.role == "worker")
-                log.info("status | %d workers [%s] | trainer %s | in %.0f/s out %.0f/s | queued %d | spool %d | "
-                         "rejected %d", sum(p.role == "worker" for p in self.peers.values()), versions or "-",
-                         "connected" if self.trainer else "absent", rates.get("samples_in", 0),
-                         rates.get("samples_out", 0), self.queued_steps, self.spool.steps if self.spool else 0,
-                         self.stats["rejected"])
+                log.info("%s", status_line(self.snapshot()))

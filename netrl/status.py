@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from netrl.errors import TransportError
+from netrl.errors import ProtocolError, TransportError
 from netrl.wire import Message, MsgType, decode, encode
 
 __all__ = ["Rates", "format_status", "query_status"]
+
+log = logging.getLogger(__name__)
 
 
 class Rates:
@@ -58,6 +62,33 @@ def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1") -> 
         return dict(reply.body.get("snapshot", {}))
     finally:
         ctx.destroy(0)
+
+
+def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> bool:
+    """Answer one STATUS request waiting on the server's REP socket; False if the request was malformed."""
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return True
+    ok = True
+    try:
+        request = decode(frames, 1 << 16)
+        body = {"snapshot": snapshot()} if request.type is MsgType.STATUS else {}
+    except ProtocolError as exc:
+        log.warning("rejected a status request: %s", exc)
+        ok, body = False, {}
+    sock.send_multipart(encode(Message(MsgType.STATUS, "server", body=body)))  # a REP socket must answer
+    return ok
+
+
+def status_line(s: dict[str, Any]) -> str:
+    """The server's periodic one-line summary of a snapshot."""
+    rates = s.get("rates", {})
+    versions = " ".join(f"{w['name']}:v{w['version']}" for w in s["workers"])
+    return (f"status | {len(s['workers'])} workers [{versions or '-'}] | trainer "
+            f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
+            f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
+            f"{s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
 
 
 def _ago(t: float | None, now: float) -> str:

@@ -1,0 +1,210 @@
+"""The server's sample relay: where each worker packet waits, when it goes to the trainer, who acknowledges it.
+
+::
+
+    worker --SAMPLES--> accept() --> queue (memory, unacknowledged) --flush()--> BUNDLE --> trainer
+                                 \\-> spool (disk, acknowledged at once) ---/         trainer --ACK--> trainer_acked()
+                                                                                     --> the workers get their ACKs
+
+* A trainer is connected and the packets held in memory stay under ``max_queue_bytes``: the packet waits in memory,
+  and its worker gets the ACK when the trainer acknowledges the bundle that carried it (until then the worker
+  keeps it). If the trainer takes no bundle for ``spool_after_s``, waiting packets move to the spool.
+* Otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first.
+* If the spool is full too, the packet is refused (the server sends the worker a NACK; it resends later).
+
+Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only while the trainer
+has credit, so a slow trainer never makes the server's memory grow. Packets are forwarded unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from netrl.peers import QueuedPacket
+from netrl.spool import Spool
+from netrl.wire import MsgType, encode_bundle
+
+__all__ = ["SampleRelay"]
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["held", "spooled", "refused", "duplicate"]
+
+
+class SampleRelay:
+    """Sample packets between the workers and the trainer. The server owns it and supplies the two sends."""
+
+    def __init__(self, spool: Spool, min_samples: int, max_delay_s: float, max_queue_bytes: int,
+                 spool_after_s: float, stats: collections.Counter[str],
+                 send_to_trainer: Callable[[list[Any]], bool],
+                 tell_worker: Callable[[str, MsgType, dict[str, Any]], None]) -> None:
+        self.spool = spool
+        self.min_samples, self.max_delay = min_samples, max_delay_s
+        self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
+        self.stats = stats
+        self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
+        self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
+        self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
+        self.mem_bytes = 0
+        self.queued_steps = 0
+        self.credit = 0
+        self.bundle_seq = 0
+        self.inflight: dict[int, list[QueuedPacket]] = {}
+        self.inflight_steps = 0
+        self.last_bundle_at = 0.0
+        self._last_full_warning = 0.0
+
+    # -- packets in ----------------------------------------------------------------------------------------------
+    def accept(self, packet: QueuedPacket, trainer_connected: bool) -> Outcome:
+        """Hold, spool or refuse a worker's packet, and tell the worker when that settles it (ACK or NACK)."""
+        key = (packet.session, packet.seq)
+        if key in self.held:  # a resend of a packet still held: it is acknowledged with the original
+            self.stats["resends_ignored"] += 1
+            return "duplicate"
+        if trainer_connected and self.mem_bytes + packet.nbytes <= self.max_queue_bytes:
+            self.queue.append(packet)
+            self.held.add(key)
+            self.mem_bytes += packet.nbytes
+            self.queued_steps += packet.steps
+            return "held"
+        if self.spool.fits(packet.nbytes):
+            if not self.spool.packets:
+                log.info("spooling packets to %s: %s", self.spool.dir, "no trainer is connected"
+                         if not trainer_connected else f"the memory queue is full ({self.mem_bytes} bytes)")
+            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
+                                            "steps": packet.steps})
+            self.stats["samples_spooled"] += packet.steps
+            self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq]})  # on disk: the server answers for it
+            return "spooled"
+        self.stats["samples_refused"] += packet.steps
+        self._warn_full(packet.worker)
+        self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0,
+                                                        "reason": "server queue and spool are full"})
+        return "refused"
+
+    # -- the trainer ---------------------------------------------------------------------------------------------
+    def trainer_joined(self) -> None:
+        self.credit = 0
+
+    def trainer_left(self) -> None:
+        """It left without acknowledging some bundles: their packets go back to the front, and the spool rewinds."""
+        self.credit = 0
+        for seq in sorted(self.inflight, reverse=True):
+            for packet in reversed(self.inflight.pop(seq)):
+                if packet.spool_position is None:
+                    self.queue.appendleft(packet)
+                    self.queued_steps += packet.steps
+        self.inflight_steps = 0
+        self.spool.rewind()
+
+    def add_credit(self, bundles: int) -> None:
+        self.credit = min(self.credit + max(0, bundles), 10_000)
+
+    def trainer_acked(self, bundle_seqs: list[int]) -> None:
+        """The trainer has these bundles (in its sample log): free them and acknowledge their workers."""
+        acks: dict[str, list[int]] = collections.defaultdict(list)
+        spooled_before = self.spool.packets
+        for seq in bundle_seqs:
+            for packet in self.inflight.pop(seq, []):
+                self.inflight_steps -= packet.steps
+                if packet.spool_position is not None:
+                    self.spool.ack(packet.spool_position)
+                else:
+                    self.held.discard((packet.session, packet.seq))
+                    self.mem_bytes -= packet.nbytes
+                    acks[packet.session].append(packet.seq)
+        if spooled_before and not self.spool.packets:
+            log.info("spool drained: the trainer has every spooled packet")
+        for session, seqs in acks.items():
+            self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
+
+    # -- bundles out ---------------------------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        """When the oldest queued packet must leave even in a small bundle."""
+        return self.queue[0].received + self.max_delay if self.queue else None
+
+    def flush(self, now: float, trainer_connected: bool) -> None:
+        """Bundle spooled, then queued packets for the trainer while it has credit."""
+        while trainer_connected and self.credit > 0:
+            spooled = self.spool.pending()
+            if not spooled and (not self.queue or (self.queued_steps < self.min_samples
+                                                   and now - self.queue[0].received < self.max_delay)):
+                return
+            packets: list[QueuedPacket] = []
+            steps = 0
+            if spooled:
+                for sp in self.spool.take(self.min_samples):
+                    packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
+                                                int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
+                    steps += packets[-1].steps
+            while self.queue and (steps < self.min_samples or not packets):
+                packet = self.queue.popleft()
+                self.queued_steps -= packet.steps
+                packets.append(packet)
+                steps += packet.steps
+            self.bundle_seq += 1
+            if not self.send_to_trainer(encode_bundle("server", self.bundle_seq, [p.frames for p in packets])):
+                self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it
+                return
+            self.inflight[self.bundle_seq] = packets
+            self.inflight_steps += steps
+            self.credit -= 1
+            self.stats["samples_out"] += steps
+            self.stats["bundles_out"] += 1
+            self.last_bundle_at = now
+
+    def _untake(self, packets: list[QueuedPacket]) -> None:
+        for packet in reversed([p for p in packets if p.spool_position is None]):
+            self.queue.appendleft(packet)
+            self.queued_steps += packet.steps
+        spooled = [p.spool_position for p in packets if p.spool_position is not None]
+        if spooled:
+            self.spool.untake(min(spooled))
+
+    def spool_stale(self, now: float) -> None:
+        """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
+        acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
+        queue: spooling then would only add disk work, and the workers' send windows already bound the queue.)"""
+        if now - self.last_bundle_at < self.spool_after:
+            return
+        acks: dict[str, list[int]] = collections.defaultdict(list)
+        while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
+            packet = self.queue.popleft()
+            if not self.spool.packets:
+                log.info("spooling packets to %s: the trainer is not keeping up", self.spool.dir)
+            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
+                                            "steps": packet.steps})
+            self.stats["samples_spooled"] += packet.steps
+            self.queued_steps -= packet.steps
+            self.mem_bytes -= packet.nbytes
+            self.held.discard((packet.session, packet.seq))
+            acks[packet.session].append(packet.seq)
+        for session, seqs in acks.items():
+            self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
+
+    # -- numbers ---------------------------------------------------------------------------------------------------
+    def on_the_way(self) -> int:
+        """Samples accepted but not yet acknowledged by the trainer (for pacing)."""
+        return self.queued_steps + self.inflight_steps + self.spool.steps
+
+    def held_packets(self) -> int:
+        return len(self.queue) + sum(len(b) for b in self.inflight.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        spool = self.spool
+        return {"queued_samples": self.queued_steps, "queued_bytes": self.mem_bytes,
+                "inflight_samples": self.inflight_steps,
+                "spool": {"packets": spool.packets, "samples": spool.steps, "bytes": spool.bytes,
+                          "max_bytes": spool.max_bytes}}
+
+    def _warn_full(self, who: str) -> None:
+        now = time.monotonic()
+        if now - self._last_full_warning > 10:
+            self._last_full_warning = now
+            log.warning("memory queue (%d bytes) and spool (%d of %d bytes) are full: refusing packets from worker %r "
+                        "until the trainer catches up (%d samples refused so far)", self.mem_bytes, self.spool.bytes,
+                        self.spool.max_bytes, who, self.stats["samples_refused"])
