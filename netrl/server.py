@@ -456,7 +456,7 @@ class Server:
             "rates": self.rates.rates(),
             **(self.relay.snapshot() if self.relay else {}),
             "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
-            "dropped_by_workers": by_workers, "dropped": self.stats["samples_refused"] + by_workers,
+            "dropped": by_workers,  # refused samples are not lost: their workers resend them
             "stats": dict(self.stats),
         }
 

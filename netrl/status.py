@@ -110,8 +110,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"{s.get('inflight_samples', 0):,}",
         f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
         f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
-        f"rejected messages {s.get('rejected', 0):,}; dropped samples {s.get('dropped', 0):,} "
-        f"(refused by a full spool {s.get('refused', 0):,}, dropped by workers {s.get('dropped_by_workers', 0):,})",
+        f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
+        f"{s.get('dropped', 0):,}; refused by a full spool {s.get('refused', 0):,} (kept and resent by workers)",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
          f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
          if trainer else "trainer: not connected"),

@@ -165,3 +165,22 @@ def test_silent_peers_are_declared_lost(server: tuple[Server, zmq.Context]) -> N
     assert len(srv.peers) == 1
     time.sleep(NET.heartbeat_interval_s * NET.heartbeat_liveness + 0.5)  # it never answers
     assert len(srv.peers) == 0 and srv.stats["peers_lost"] == 1
+
+
+def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(tmp_path: Path) -> None:
+    frames = encode(samples_message(sample_buffer(5), "w", "s", 1, 5))
+    packet_bytes = sum(len(f) for f in frames)
+    with running_server(network=NET, spool_dir=tmp_path / "spool", spool_max_bytes=int(2.5 * packet_bytes)) as (srv,
+                                                                                                               ctx):
+        worker = Peer(ctx, srv.worker_port, "worker", "w")
+        worker.hello()
+        replies = []
+        for seq in range(1, 5):  # no trainer: each packet goes to the spool, which holds two
+            worker.sock.send_multipart(encode(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4)))
+            replies.append(worker.expect(MsgType.ACK, MsgType.NACK))
+        assert [r.type for r in replies] == [MsgType.ACK, MsgType.ACK, MsgType.NACK, MsgType.NACK]
+        assert replies[2].body["seqs"] == [3] and "spool are full" in replies[2].body["reason"]
+        assert replies[2].body["retry_s"] > 0  # the worker keeps the packet and resends it later
+        assert srv.stats["samples_refused"] == 8 and srv.stats["samples_spooled"] == 8
+        snapshot = srv.snapshot()
+        assert snapshot["refused"] == 8 and snapshot["dropped"] == 0 and len(srv.peers) == 1  # refused, not lost
