@@ -2,15 +2,14 @@
 
 Two threads. The *control path* (the thread that calls :meth:`RolloutWorker.run`) only steps the env, computes
 actions and appends rows to preallocated columns. Everything slow happens on the *network thread*
-(:class:`~netrl.worker_link.WorkerLink`, with :class:`_WeightReceiver`): sending packets, receiving and checking
-weights, loading them into a spare actor and saving them to ``model_path``. Between two env steps the control
-path swaps in the ready actor, a pointer swap, so a weight update never delays a real-time step. Every row is
-tagged with the version of the weights that chose its action.
+(:class:`~netrl.worker_link.WorkerLink`, with :class:`~netrl.weight_receiver.WeightReceiver`): sending packets,
+receiving and checking weights, loading them into a spare actor and saving them to ``model_path``. Between two env
+steps the control path swaps in the ready actor, a pointer swap, so a weight update never delays a real-time step.
+Every row is tagged with the version of the weights that chose its action.
 """
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import logging
@@ -32,15 +31,14 @@ from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
 from netrl.transport import new_session
+from netrl.weight_receiver import WeightReceiver
 from netrl.weights import (
-    WeightAssembler,
     check_weights,
-    flat_layout,
     load_weights,
     read_weights_file,
     write_weights_file,
 )
-from netrl.wire import Codec, Message, encode, samples_message
+from netrl.wire import Codec, encode, samples_message
 from netrl.worker_link import WorkerLink
 
 __all__ = ["RolloutWorker"]
@@ -50,90 +48,6 @@ log = logging.getLogger(__name__)
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-class _WeightSlot:
-    """Hands a fully loaded actor from the network thread to the control path (double buffering)."""
-
-    def __init__(self, spare: torch.nn.Module) -> None:
-        self._lock = threading.Lock()
-        self._pending: tuple[int, str, torch.nn.Module] | None = None
-        self._spares = [spare]
-
-    def take_module(self) -> torch.nn.Module:
-        """Network thread: a module nobody else uses (a not-yet-swapped pending one is taken back)."""
-        with self._lock:
-            if self._pending is not None:
-                module, self._pending = self._pending[2], None
-                return module
-            return self._spares.pop()
-
-    def put(self, version: int, session: str, module: torch.nn.Module) -> None:
-        with self._lock:
-            self._pending = (version, session, module)
-
-    def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
-        """Control path: the pending actor, if any; ``current`` becomes the next spare."""
-        if self._pending is None:  # cheap check without the lock; the lock below makes it exact
-            return None
-        with self._lock:
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                self._spares.append(current)
-            return pending
-
-
-class _WeightReceiver:
-    """Network thread: check received weights against the actor, load them into a spare one, save them."""
-
-    def __init__(self, worker: RolloutWorker, spare: torch.nn.Module) -> None:
-        self.w = worker
-        self.slot = _WeightSlot(spare)
-        self.version, self.session = worker.version, ""
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
-        _, nbytes = flat_layout(worker.template_actor)
-        self.assembler = WeightAssembler(max_bytes=nbytes)  # a version bigger than this actor is rejected early
-        self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
-
-    def __call__(self, msg: Message) -> dict[str, Any]:
-        b, version, session = msg.body, msg.policy_version, msg.body["session"]
-        if session == self.session and version <= self.version:
-            return self.stats()  # already have it (e.g. re-sent after a reconnect)
-        try:
-            self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
-                               msg.arrays["chunk"])
-            if not self.assembler.done:
-                return self.stats()
-            flat, arrays = self.assembler.complete()
-        except ValueError as exc:
-            self.counts["weights_rejected"] += 1
-            log.error("rejected weights v%d from the server: %s", version, exc)
-            return self.stats()
-        problems = check_weights(self.w.template_actor, arrays)
-        if problems:
-            self.assembler.release(flat)
-            self.counts["weights_rejected"] += 1
-            log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
-            return self.stats()
-        module = self.slot.take_module()
-        load_weights(module, arrays, assign=True)  # no copy on CPU: the actor's tensors view the received buffer
-        if next(module.parameters()).device.type == "cpu":
-            self.assembler.release(self._backing.get(id(module)))  # its old buffer is no longer viewed
-            self._backing[id(module)] = flat
-        else:
-            self.assembler.release(flat)  # copied to the device: the buffer is free again
-        self.slot.put(version, session, module)
-        self.loaded_at[version] = time.time()
-        self.version, self.session = version, session
-        self.counts["weights_received"] += 1
-        log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
-                "weights v%d ready (%d received)", version, self.counts["weights_received"])
-        self.w.save_model(module, version, session)
-        return self.stats()
-
-    def stats(self) -> dict[str, Any]:
-        return {"version": self.version, **self.counts}
 
 
 class RolloutWorker:
@@ -210,7 +124,7 @@ class RolloutWorker:
         self.actor: Any = None
         self.template_actor: Any = None
         self.net: WorkerLink | None = None
-        self.weights: _WeightReceiver | None = None
+        self.weights: WeightReceiver | None = None
         self._builder = BufferBuilder(self.min_samples + self.overlap + 2, self.overlap)
         self._pending_episodes: list[EpisodeStats] = []
         self._first_unsent = 0.0
@@ -250,7 +164,7 @@ class RolloutWorker:
         if self.model_path and Path(self.model_path).exists():
             self._load_model_file(self.model_path)
         if not self.standalone and self.local_packets is None:
-            self.weights = _WeightReceiver(self, copy.deepcopy(self.actor))
+            self.weights = WeightReceiver(self.template_actor, copy.deepcopy(self.actor), self.version, self.save_model)
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)

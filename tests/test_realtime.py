@@ -20,7 +20,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-import netrl.worker
+import netrl.weight_receiver
 from netrl.config import load_config
 from netrl.launch import stop_processes
 from netrl.pipelines import make_pipeline
@@ -67,7 +67,7 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
         return taps[-1]
 
     loads: list[tuple[float, float]] = []  # weight loads on the worker's network thread
-    real_load = netrl.worker.load_weights
+    real_load = netrl.weight_receiver.load_weights
 
     def slow_load(module: Any, arrays: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
         real_load(module, arrays, **kwargs)
         loads.append((t0, time.perf_counter()))
 
-    monkeypatch.setattr(netrl.worker, "load_weights", slow_load)
+    monkeypatch.setattr(netrl.weight_receiver, "load_weights", slow_load)
     worker = RolloutWorker.from_config(cfg, dataclasses.replace(pipe, env_cls=env_cls))
     holder.append(worker)
     stop = threading.Event()

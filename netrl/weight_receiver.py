@@ -1,0 +1,109 @@
+"""A worker's incoming weights, on its network thread: assembled from parts, checked, loaded into a spare actor.
+
+The control path picks the loaded actor up between two env steps with :meth:`WeightSlot.swap`, a pointer swap,
+so a weight update never delays a real-time step.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from netrl.weights import WeightAssembler, check_weights, flat_layout, load_weights
+from netrl.wire import Message
+
+__all__ = ["WeightReceiver", "WeightSlot"]
+
+log = logging.getLogger(__name__)
+
+
+class WeightSlot:
+    """Hands a fully loaded actor from the network thread to the control path (double buffering)."""
+
+    def __init__(self, spare: torch.nn.Module) -> None:
+        self._lock = threading.Lock()
+        self._pending: tuple[int, str, torch.nn.Module] | None = None
+        self._spares = [spare]
+
+    def take_module(self) -> torch.nn.Module:
+        """Network thread: a module nobody else uses (a not-yet-swapped pending one is taken back)."""
+        with self._lock:
+            if self._pending is not None:
+                module, self._pending = self._pending[2], None
+                return module
+            return self._spares.pop()
+
+    def put(self, version: int, session: str, module: torch.nn.Module) -> None:
+        with self._lock:
+            self._pending = (version, session, module)
+
+    def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
+        """Control path: the pending actor, if any; ``current`` becomes the next spare."""
+        if self._pending is None:  # cheap check without the lock; the lock below makes it exact
+            return None
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._spares.append(current)
+            return pending
+
+
+class WeightReceiver:
+    """Network thread: check received weights against the actor, load them into a spare one, save them."""
+
+    def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
+                 save: Callable[[torch.nn.Module, int, str], None]) -> None:
+        self.template_actor, self.save = template_actor, save
+        self.slot = WeightSlot(spare)
+        self.version, self.session = version, ""
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
+        _, nbytes = flat_layout(template_actor)
+        self.assembler = WeightAssembler(max_bytes=nbytes)  # a version bigger than this actor is rejected early
+        self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
+
+    def __call__(self, msg: Message) -> dict[str, Any]:
+        b, version, session = msg.body, msg.policy_version, msg.body["session"]
+        if session == self.session and version <= self.version:
+            return self.stats()  # already have it (e.g. re-sent after a reconnect)
+        try:
+            self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
+                               msg.arrays["chunk"])
+            if not self.assembler.done:
+                return self.stats()
+            flat, arrays = self.assembler.complete()
+        except ValueError as exc:
+            self.counts["weights_rejected"] += 1
+            log.error("rejected weights v%d from the server: %s", version, exc)
+            return self.stats()
+        problems = check_weights(self.template_actor, arrays)
+        if problems:
+            self.assembler.release(flat)
+            self.counts["weights_rejected"] += 1
+            log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
+            return self.stats()
+        module = self.slot.take_module()
+        load_weights(module, arrays, assign=True)  # no copy on CPU: the actor's tensors view the received buffer
+        if next(module.parameters()).device.type == "cpu":
+            self.assembler.release(self._backing.get(id(module)))  # its old buffer is no longer viewed
+            self._backing[id(module)] = flat
+        else:
+            self.assembler.release(flat)  # copied to the device: the buffer is free again
+        self.slot.put(version, session, module)
+        self.loaded_at[version] = time.time()
+        self.version, self.session = version, session
+        self.counts["weights_received"] += 1
+        log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
+                "weights v%d ready (%d received)", version, self.counts["weights_received"])
+        self.save(module, version, session)
+        return self.stats()
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.version, **self.counts}
