@@ -115,7 +115,10 @@ def evaluate(pipeline: str, cfg: Config, policy: Path | None, episodes: int) -> 
                             "success": float(terminated)})
     finally:
         env.close()
-    summary = {k: round(float(np.nanmean([r[k] for r in results])), 4) for k in results[0]}
+    summary: dict[str, Any] = {}
+    for key in results[0]:
+        values = [r[key] for r in results if not np.isnan(r[key])]
+        summary[key] = round(float(np.mean(values)), 4) if values else None  # None: no episode got there
     summary["episodes"] = episodes
     if pipeline == "drone":
         summary["reached_0.05"] = round(float(np.mean([not np.isnan(r["steps_to_0.05"]) for r in results])), 3)

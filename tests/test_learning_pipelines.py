@@ -33,10 +33,10 @@ def test_drone_learns_to_reach_the_target(tmp_path: Path) -> None:
     assert trained["mean_distance"] < 0.5 * random_policy["mean_distance"], (trained, random_policy)  # ...and stays
 
 
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(1200)
 def test_image_pipeline_learns_to_reach_the_target(tmp_path: Path) -> None:
-    result = learn_script().run("image", minutes=20, out=tmp_path, seed=1, eval_episodes=20)
+    result = learn_script().run("image", minutes=8, out=tmp_path, seed=1, eval_episodes=20)
     trained, random_policy = result["trained_policy"], result["random_policy"]
     assert result["exit_codes"] == [0, 0, 0]
-    assert trained["success"] >= 0.5, trained
+    assert trained["success"] >= 0.8, trained
     assert trained["return"] > 0.5 * random_policy["return"], (trained, random_policy)  # returns are negative

@@ -14,22 +14,35 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
-import pytest
 
-import netrl.weight_receiver
+from netrl.agents.sac import MLPActor
 from netrl.config import load_config
 from netrl.launch import stop_processes
 from netrl.pipelines import make_pipeline
 from netrl.realtime import StepTimer, period_stats
+from netrl.util import partial
 from netrl.worker import RolloutWorker
 from tests.conftest import Procs, small_config
 
 SLOW_LOAD_S = 0.15
 TOLERANCE_S = 0.03  # above machine noise on a busy 2-core box, below the injected load time
+
+
+class SlowLoadActor(MLPActor):
+    """The pipeline's actor, but loading weights takes SLOW_LOAD_S longer (and is timed)."""
+
+    loads: ClassVar[list[tuple[float, float]]] = []
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        time.sleep(SLOW_LOAD_S)
+        out = super().load_state_dict(*args, **kwargs)
+        SlowLoadActor.loads.append((t0, time.perf_counter()))
+        return out
 
 
 class VersionTap(gymnasium.Wrapper):
@@ -48,8 +61,7 @@ class VersionTap(gymnasium.Wrapper):
         return self.env.default_action  # type: ignore[attr-defined]
 
 
-def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_path: Path, procs: Procs,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_path: Path, procs: Procs) -> None:
     config = small_config(tmp_path, env={"pipeline": "drone"}, agent={"hidden_sizes": [256, 256]},
                           worker={"min_samples_per_worker_packet": 20, "max_packet_delay_s": 0.2},
                           trainer={"epochs": 1000, "rounds": 1, "steps": 50, "start_training": 60,
@@ -66,17 +78,10 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
         taps.append(VersionTap(pipe.env_cls(), holder))
         return taps[-1]
 
-    loads: list[tuple[float, float]] = []  # weight loads on the worker's network thread
-    real_load = netrl.weight_receiver.load_weights
-
-    def slow_load(module: Any, arrays: Any, **kwargs: Any) -> None:
-        t0 = time.perf_counter()
-        time.sleep(SLOW_LOAD_S)
-        real_load(module, arrays, **kwargs)
-        loads.append((t0, time.perf_counter()))
-
-    monkeypatch.setattr(netrl.weight_receiver, "load_weights", slow_load)
-    worker = RolloutWorker.from_config(cfg, dataclasses.replace(pipe, env_cls=env_cls))
+    loads = SlowLoadActor.loads  # weight loads, wherever the worker runs them (its network thread)
+    loads.clear()
+    actor_cls = partial(SlowLoadActor, hidden_sizes=tuple(cfg.agent.hidden_sizes))
+    worker = RolloutWorker.from_config(cfg, dataclasses.replace(pipe, env_cls=env_cls, actor_module_cls=actor_cls))
     holder.append(worker)
     stop = threading.Event()
     with warnings.catch_warnings():

@@ -4,10 +4,12 @@
 ``.q(obs, act, critic=None)``)::
 
     frames (B, S, 64, 64) uint8 -> /255 -> ConvEncoder -> 64 features -+-> actor MLP -> squashed Gaussian action
-                                                                        +-> twin Q MLPs (with the action)
+        (4x4 patches, 3x3 conv, spatial-softmax keypoints)              +-> twin Q MLPs (with the action)
 
-The critic and the actor share one encoder, trained by the critic's loss only; the actor reads its features
-detached (as in SAC-AE and DrQ), which halves the convolution work per step. The target critic is a copy of the
+The keypoint head turns each channel into the (x, y) where it fires, which suits tasks about where things are: on
+ImageReach it learned within 10,000 steps what a flattened-map linear head had not learned in 36,000. The critic
+and the actor share one encoder, trained by the critic's loss only; the actor reads its features detached (as in
+SAC-AE and DrQ), so the actor loss never back-propagates through the convolutions. The target critic is a copy of the
 critic, encoder included. The actor owns the encoder as a submodule, so its ``state_dict`` (what workers load) is
 self-contained; a worker's actor simply has its own encoder.
 """
