@@ -30,7 +30,7 @@ import zmq
 
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
-from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
+from netrl.errors import ProtocolError, SampleRejected, TransportError, VersionMismatch
 from netrl.keys import SHARED_WORKER, ServerAuth, ServerKeys, server_keys
 from netrl.peers import Peer, PeerTable, QueuedPacket
 from netrl.relay import SampleRelay
@@ -137,9 +137,14 @@ class Server:
                 self.auth.secure(sock, role)
             self._socks[role] = sock
             bind(sock, self.bind_ip, port, key)
-        if self.status_port is not None:
+        if self.status_port is not None:  # never beyond loopback; diagnostics must not stop the relay
             self._status = new_socket(self._ctx, zmq.REP, 1 << 16)
-            bind(self._status, "127.0.0.1", self.status_port, "server.status_port")  # never beyond loopback
+            try:
+                bind(self._status, "127.0.0.1", self.status_port, "server.status_port")
+            except TransportError as exc:
+                self._status.close(linger=0)
+                self._status = None
+                log.warning("relaying without a status port (`--status` will not reach this server): %s", exc)
         log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
                  "CURVE keys from " + str(self.keys.allow_dir) if self.keys else "UNENCRYPTED", self.session[:8],

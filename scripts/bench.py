@@ -20,6 +20,7 @@ Usage: .venv/bin/python scripts/bench.py [--quick] [--only relay,broadcast] [--j
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -29,14 +30,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from benchmarks import broadcast, overhead, relay, replay
 
-CHILDREN = {"_source": relay.child_source, "_sink": relay.child_sink, "_rawsource": relay.child_raw_source,
-            "_rawsink": relay.child_raw_sink, "_bworker": broadcast.child_worker,
-            "_bpub": broadcast.child_publisher, "_rawsub": broadcast.child_raw_sub}
-SECTIONS = {"relay": relay.bench_relay, "broadcast": broadcast.bench_broadcast, "replay": replay.bench_replay,
-            "overhead": overhead.bench_overhead}
+# "module.function" per child role and section: a child imports only its own module (no torch in a relay source)
+CHILDREN = {"_source": "relay.child_source", "_sink": "relay.child_sink", "_rawsource": "relay.child_raw_source",
+            "_rawsink": "relay.child_raw_sink", "_bworker": "broadcast.child_worker",
+            "_bpub": "broadcast.child_publisher", "_rawsub": "broadcast.child_raw_sub"}
+SECTIONS = {"relay": "relay.bench_relay", "broadcast": "broadcast.bench_broadcast", "replay": "replay.bench_replay",
+            "overhead": "overhead.bench_overhead"}
 
+
+def _load(target: str) -> Any:
+    module, function = target.split(".")
+    return getattr(importlib.import_module(f"benchmarks.{module}"), function)
 
 def summary(results: list[dict[str, Any]]) -> list[str]:
     """A markdown table of every figure against its target (this is what the README shows)."""
@@ -68,7 +73,7 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):  # a child process of a section
         role, *args = sys.argv[1:]
         try:
-            CHILDREN[role](*args)
+            _load(CHILDREN[role])(*args)
         except KeyboardInterrupt:  # how the parent stops a child
             pass
         return 0
@@ -81,9 +86,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}")
     results: list[dict[str, Any]] = []
-    for name, run in SECTIONS.items():
+    for name, target in SECTIONS.items():
         if name in args.only.split(","):
-            results += run(args.quick)
+            results += _load(target)(args.quick)
     table = summary(results)
     print("\n".join(table))
     Path(args.json).write_text(json.dumps({"results": results, "table": table}, indent=1))

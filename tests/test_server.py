@@ -184,3 +184,15 @@ def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(tmp_path: Path) 
         assert srv.stats["samples_refused"] == 8 and srv.stats["samples_spooled"] == 8
         snapshot = srv.snapshot()
         assert snapshot["refused"] == 8 and snapshot["dropped"] == 0 and len(srv.peers) == 1  # refused, not lost
+
+
+def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.launch import free_port
+
+    port = free_port()
+    with running_server(network=NET, spool_dir=tmp_path / "a", status_port=port) as (first, _):
+        with running_server(network=NET, spool_dir=tmp_path / "b", status_port=port) as (second, ctx):
+            worker = Peer(ctx, second.worker_port, "worker", "w")
+            assert worker.hello().type is MsgType.WELCOME  # the second server relays all the same
+            assert first._status is not None and second._status is None
+    assert "relaying without a status port" in caplog.text and "server.status_port" in caplog.text

@@ -28,7 +28,14 @@ from netrl.wire import encode, samples_message
 
 
 # -- child processes ----------------------------------------------------------------------------------------
-def child_source(cfg_path: str, kind: str, worker_id: str) -> None:
+def _ready_then_wait(go: str) -> None:
+    """Tell the parent this source is connected, then wait until every source is (the parent creates ``go``)."""
+    print("ready", flush=True)
+    while not Path(go).exists():
+        time.sleep(0.01)
+
+
+def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
     """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
     from netrl.config import load_config
     from netrl.worker_link import WorkerLink
@@ -39,6 +46,9 @@ def child_source(cfg_path: str, kind: str, worker_id: str) -> None:
                       max_backlog_bytes=1 << 30, send_window_bytes=cfg.worker.send_window_bytes)
     link.start()
     buf, steps, seq = packet(kind), KINDS[kind]["rows"] - 1, 0  # type: ignore[operator]
+    while not link.link.ready:
+        time.sleep(0.01)
+    _ready_then_wait(go)
     try:
         while link.is_alive():
             if not link.wait_backlog_below(16 << 20, 0.5):  # block like a producer facing a full pipe
@@ -89,7 +99,7 @@ def _buffer_bytes(b: Buffer) -> int:
     return sum(x.nbytes for x in leaves) + b.rew.nbytes + 4 * b.terminated.nbytes + b.policy_version.nbytes
 
 
-def child_raw_source(endpoint: str, kind: str, server_public: str) -> None:
+def child_raw_source(endpoint: str, kind: str, server_public: str, go: str) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     if server_public:
@@ -97,6 +107,7 @@ def child_raw_source(endpoint: str, kind: str, server_public: str) -> None:
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public.encode()
     sock.connect(endpoint)
     frames = [bytes(f) for f in encode(samples_message(packet(kind), "raw", "raw", 1, 1), "none")]
+    _ready_then_wait(go)
     try:
         while True:
             sock.send_multipart(frames, copy=False)
@@ -129,33 +140,50 @@ def child_raw_sink(port: str, kind: str, warmup_s: str, seconds_s: str, server_s
 
 
 # -- the relay section ----------------------------------------------------------------------------------------
+def start_together(sources: list[subprocess.Popen[str]], go: Path, timeout: float = 120) -> None:
+    """Wait until every source has started and connected, then let them all go at once (so that the measurement
+    window never includes a process still starting up)."""
+    deadline = time.monotonic() + timeout
+    for p in sources:
+        assert p.stdout is not None
+        line = p.stdout.readline()  # blocks until that source is ready (or has died: "")
+        if line.strip() != "ready" or time.monotonic() > deadline:
+            raise RuntimeError(f"a relay source did not start (it printed {line!r}, exit code {p.poll()})")
+    go.touch()
+
+
 def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
     data = config_to_dict(Config())
     data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
     data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=0.5,
                            heartbeat_liveness=20)
     data["server"].update(min_samples_per_server_packet=int(KINDS[kind]["rows"]),  # type: ignore[call-overload]
-                          max_queue_bytes=256 << 20)
+                          max_queue_bytes=256 << 20, status_port=free_port())
     cfg_path = write_config(data, tmp / f"relay-{kind}-{workers}-{security}.json")
     run = tmp / f"run-{kind}-{workers}-{security}"
     server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
     time.sleep(0.8)
     sink = child("_sink", str(cfg_path), kind, str(warmup), str(seconds), str(run))
     time.sleep(2.0)  # the sink (trainer) connects first: this measures the live relay, not the no-trainer spool
-    sources = [child("_source", str(cfg_path), kind, f"{kind}{workers}{security}-w{i}") for i in range(workers)]
+    go = tmp / f"go-{kind}-{workers}-{security}"
+    sources = [child("_source", str(cfg_path), kind, f"{kind}{workers}{security}-w{i}", str(go))
+               for i in range(workers)]
     try:
+        start_together(sources, go)
         return result(sink, 120)
     finally:
         stop_processes([*sources, server], timeout=5)
 
 
-def relay_raw(kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
+def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
     port = free_port()
     public, secret = zmq.curve_keypair() if security == "curve" else (b"", b"")
     sink = child("_rawsink", str(port), kind, str(warmup), str(seconds), secret.decode(), public.decode())
     time.sleep(0.3)
-    sources = [child("_rawsource", f"tcp://127.0.0.1:{port}", kind, public.decode()) for _ in range(workers)]
+    go = tmp / f"rawgo-{kind}-{workers}-{security}"
+    sources = [child("_rawsource", f"tcp://127.0.0.1:{port}", kind, public.decode(), str(go)) for _ in range(workers)]
     try:
+        start_together(sources, go)
         return result(sink, 120)
     finally:
         stop_processes(sources, timeout=5)
@@ -171,7 +199,7 @@ def bench_relay(quick: bool) -> list[dict[str, Any]]:
             for workers in (1, 4, 16):
                 for security in ("curve", "none"):
                     got = relay_netrl(tmp, kind, workers, security, warmup, seconds)
-                    raw = relay_raw(kind, workers, security, warmup, seconds)
+                    raw = relay_raw(tmp, kind, workers, security, warmup, seconds)
                     rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security,
                                  "netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
                                  "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
