@@ -173,6 +173,9 @@ class HistoryMemory(MemoryDataloading):
         out = self._out.get((key, shape))
         if out is None or out.dtype != col.dtype:
             out = self._out[(key, shape)] = np.empty(shape, col.dtype)
+        if idx.size < 64:  # a few rows (get_transition): numpy has less overhead per call
+            np.take(col, idx, axis=0, out=out)
+            return out
         try:
             flat = torch.from_numpy(out).view(-1, *col.shape[1:])
             torch.index_select(torch.from_numpy(col), 0, torch.from_numpy(idx.reshape(-1).astype(np.int64, copy=False)),
