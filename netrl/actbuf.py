@@ -12,9 +12,9 @@ actions, following rtgym's rules (``rtgym/envs/real_time_env.py``)::
 
 With ``reset_act_buf=False`` the buffer carries actions across episodes, so it also holds actions the memory never
 sees: those of test episodes (not recorded) or of an env used before this worker started. The compressor checks
-each reset row's buffer against what the memory will rebuild and flags a *seam* where they differ; the memory
-then never samples a transition whose buffer reaches back past the seam. The rebuild is thus exact or absent,
-never wrong.
+every row's buffer against what the memory will rebuild and flags a *seam* (one byte) where they differ; the
+memory then never samples a transition whose buffer reaches back past the seam. The rebuild is thus exact or
+absent, never wrong.
 
 The memory resolves each buffer entry to the row whose action it is, once per packet, and stores the distances
 (``L`` bytes per row); sampling is one gather of the actions. A buffer can reach ``2L - 1`` rows back (a reset row
