@@ -154,13 +154,13 @@ def start_together(sources: list[subprocess.Popen[str]], go: Path, timeout: floa
 
 def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
     data = config_to_dict(Config())
-    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
+    run = tmp / f"run-{kind}-{workers}-{security}"  # its own spool: nothing left over from another run
+    data.update(weights_folder=str(run / "weights"), keys_dir=str(tmp / "keys"), security=security)
     data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=0.5,
                            heartbeat_liveness=20)
     data["server"].update(min_samples_per_server_packet=int(KINDS[kind]["rows"]),  # type: ignore[call-overload]
                           max_queue_bytes=256 << 20, status_port=free_port())
     cfg_path = write_config(data, tmp / f"relay-{kind}-{workers}-{security}.json")
-    run = tmp / f"run-{kind}-{workers}-{security}"
     server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
     time.sleep(0.8)
     sink = child("_sink", str(cfg_path), kind, str(warmup), str(seconds), str(run))
