@@ -192,6 +192,7 @@ def jitter_config(folder: Path) -> Config:
     data["env"]["pipeline"] = "drone"
     data["agent"]["hidden_sizes"] = [1024, 1024]  # a 1.07M-parameter actor
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["server"]["status_port"] = free_port()  # never the default port of a server already running here
     data["worker"].update(worker_id="jitter", min_samples_per_worker_packet=20)
     data["wandb"]["mode"] = "disabled"
     return config_from_dict(data)

@@ -58,6 +58,7 @@ def learn_config(pipeline: str, out: Path, seed: int) -> Config:
     data.update(run_name=pipeline, weights_folder=str(out), seed=seed, keys_dir=str(out / "keys"))
     data["env"]["pipeline"] = pipeline
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["server"]["status_port"] = free_port()  # never the default port of a server already running here
     data["worker"].update(worker_id="learn", **SETTINGS[pipeline]["worker"])
     data["trainer"].update(epochs=100_000, rounds=1, **SETTINGS[pipeline]["trainer"])
     data["memory"].update(SETTINGS[pipeline]["memory"])
