@@ -2,14 +2,20 @@
 
 A log is a folder of numbered segment files. Each record holds one message's frames plus a small metadata map::
 
-    record  = magic "NRL2" | crc32c (u32) | header length (u32) | data length (u64) | header | data
+    record  = magic "NRL3" | crc32c (u32) | segment number (u32) | header length (u32) | data length (u64)
+              | header | data
     header  = msgpack {"m": metadata, "l": [length of each frame]}
     data    = the frames, concatenated
 
-The CRC (CRC-32C, computed in hardware) covers header and data. Opening a log scans the last segment and cuts a
-torn tail, which is what a crash mid-write leaves; damage followed by valid records is refused. Records are written
-with one ``writev`` and no copy of the data, so a killed process loses nothing it appended; ``fsync=True`` also
-survives a power cut, at a cost.
+The CRC (CRC-32C, computed in hardware) covers the segment number, header and data. Opening a log scans the last
+segment and cuts a torn tail, which is what a crash mid-write leaves; damage followed by valid records is refused.
+Records are written with one ``writev`` and no copy of the data, so a killed process loses nothing it appended;
+``fsync=True`` also survives a power cut, at a cost.
+
+Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and overwritten
+in place as a later segment, because writing into pages the page cache already holds is several times faster
+than into fresh ones (on this project's VMs, 370 MB/s against 2-10 GB/s). A recycled file still holds its old
+records past the new ones; each record names its segment, so an old record never passes for a new one.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ __all__ = ["Position", "Record", "SegmentLog"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"NRL2"
-_HEAD = struct.Struct("<4sIIQ")
+MAGIC = b"NRL3"
+_HEAD = struct.Struct("<4sIIIQ")
+_SEG = struct.Struct("<I")
 _MAX_HEADER = 1 << 20
 
 
@@ -51,14 +58,15 @@ class SegmentLog:
     """An append-only log of messages in ``directory``. Not thread-safe: one owner thread."""
 
     def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20, fsync: bool = False,
-                 readonly: bool = False) -> None:
+                 readonly: bool = False, recycle: int = 4) -> None:
         self.dir = Path(directory)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.recycle = recycle  # dropped segment files kept for reuse
         self.readonly = readonly  # for inspecting a log another process writes: never repairs, stops at a torn tail
         if not readonly:
             self.dir.mkdir(parents=True, exist_ok=True)
-        self._file: Any = None
+        self._file: int | None = None  # the current segment's descriptor, positioned at ``_end``
         self._segments: list[int] | None = None  # cached listing; this log is the only writer
         segments = self.segments()
         self._segment = segments[-1] if segments else 1
@@ -83,15 +91,16 @@ class SegmentLog:
         end = 0
         with path.open("rb") as f:
             while end < size:
-                parsed = _read_record(f, end)
+                parsed = _read_record(f, end, segment)
                 if parsed is None:
                     break
                 end = parsed[0]
         if end < size:
-            if _valid_record_after(path, end):
+            if _valid_record_after(path, end, segment):
                 raise OSError(f"{path} is damaged at offset {end} and valid records follow, so this is not a torn "
                               "write from a crash; move the file away (its records before the damage are readable)")
-            log.warning("%s: cut %d bytes of a torn record at offset %d", path, size - end, end)
+            log.info("%s: cut %d bytes after the last record (a torn write, or a recycled file's old records)",
+                     path, size - end)
             with path.open("r+b") as f:
                 f.truncate(end)
         return end
@@ -104,12 +113,12 @@ class SegmentLog:
         return Position(segments[0] if segments else self._segment, 0)
 
     def size_bytes(self, since: Position | None = None) -> int:
-        """Bytes on disk from ``since`` (default: the start) to the end."""
+        """Bytes of records from ``since`` (default: the start) to the end."""
         total = 0
         for seg in self.segments():
             if since is not None and seg < since.segment:
                 continue
-            size = self._path(seg).stat().st_size
+            size = self._end if seg == self._segment else self._path(seg).stat().st_size
             total += size - (since.offset if since is not None and seg == since.segment else 0)
         return total
 
@@ -123,37 +132,49 @@ class SegmentLog:
         data_len = sum(v.nbytes for v in views)
         if self._end > 0 and self._end + _HEAD.size + len(header) + data_len > self.segment_bytes:
             self._roll()
-        crc = crc32c.crc32c(header)
+        crc = crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(self._segment)))
         for v in views:
             crc = crc32c.crc32c(v, crc)
-        if self._file is None:
-            self._file = self._path(self._segment).open("ab", buffering=0)
-            if self._segments is not None and self._segment not in self._segments:
-                self._segments.append(self._segment)
+        fd = self._open_current()
         pos = Position(self._segment, self._end)
-        parts = [_HEAD.pack(MAGIC, crc, len(header), data_len), header, *views]
+        parts = [_HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        written = os.writev(self._file.fileno(), parts)
+        written = os.writev(fd, parts)
         if written != total:  # a short write (rare: disk full, signals): finish it, or fail loudly
             rest = b"".join(bytes(p) for p in parts)[written:]
             while rest:
-                n = os.write(self._file.fileno(), rest)
+                n = os.write(fd, rest)
                 if n <= 0:
                     raise OSError(f"could not append to {self._path(self._segment)}")
                 rest = rest[n:]
         if self.fsync:
-            os.fsync(self._file.fileno())
-        self._end += _HEAD.size + len(header) + data_len
+            os.fsync(fd)
+        self._end += total
         return pos
 
+    def _open_current(self) -> int:
+        """The current segment's descriptor, opening it (a recycled file if one is free) at the end of its records."""
+        if self._file is None:
+            path = self._path(self._segment)
+            free = sorted(self.dir.glob("*.free"))
+            if free and not path.exists():
+                os.replace(free[0], path)  # overwritten in place: its pages are already in the page cache
+            self._file = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.lseek(self._file, self._end, os.SEEK_SET)
+            if self._segments is not None and self._segment not in self._segments:
+                self._segments.append(self._segment)
+        return self._file
+
     def _roll(self) -> None:
+        if self._file is not None:
+            os.ftruncate(self._file, self._end)  # a closed segment ends at its last record, even a recycled one
         self.close()
         self._segment += 1
         self._end = 0
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            os.close(self._file)
             self._file = None
 
     # -- reading ----------------------------------------------------------------------------------------------
@@ -168,7 +189,7 @@ class SegmentLog:
             offset = since.offset if since is not None and seg == since.segment else 0
             with path.open("rb") as f:
                 while offset < size:
-                    parsed = _read_record(f, offset)
+                    parsed = _read_record(f, offset, seg)
                     if parsed is None:
                         if self.readonly and seg == self._segment:
                             return  # the writer is mid-record
@@ -181,41 +202,51 @@ class SegmentLog:
                     offset = nxt
 
     def drop_before(self, position: Position) -> int:
-        """Delete whole segments that end before ``position``; returns how many were deleted."""
+        """Drop whole segments that end before ``position`` (kept for reuse, up to ``recycle`` files, else
+        deleted); returns how many were dropped."""
         dropped = 0
+        free = len(list(self.dir.glob("*.free")))
         for seg in self.segments():
             if seg < position.segment and seg != self._segment:
-                self._path(seg).unlink()
+                if free < self.recycle:
+                    os.replace(self._path(seg), self._path(seg).with_suffix(".free"))
+                    free += 1
+                else:
+                    self._path(seg).unlink()
                 dropped += 1
         if dropped:
             self._segments = None
         return dropped
 
 
-def _valid_record_after(path: Path, offset: int) -> bool:
-    """True if a complete, valid record starts anywhere after ``offset`` (so the damage is not a torn tail)."""
+def _valid_record_after(path: Path, offset: int, segment: int) -> bool:
+    """True if a complete, valid record of ``segment`` starts anywhere after ``offset`` (so the damage is not a
+    torn tail)."""
     data = path.read_bytes()
     start = data.find(MAGIC, offset + 1)
     with path.open("rb") as f:
         while start != -1:
-            if _read_record(f, start) is not None:
+            if _read_record(f, start, segment) is not None:
                 return True
             start = data.find(MAGIC, start + 1)
     return False
 
 
-def _read_record(f: Any, offset: int) -> tuple[int, dict[str, Any], list[memoryview]] | None:
-    """(next offset, metadata, frames) of the record at ``offset``, or None if it is torn or corrupt."""
+def _read_record(f: Any, offset: int, segment: int) -> tuple[int, dict[str, Any], list[memoryview]] | None:
+    """(next offset, metadata, frames) of the record of ``segment`` at ``offset``, or None if it is torn, corrupt
+    or an old record of a recycled file."""
     f.seek(offset)
     head = f.read(_HEAD.size)
     if len(head) < _HEAD.size:
         return None
-    magic, crc, header_len, data_len = _HEAD.unpack(head)
-    if magic != MAGIC or header_len > _MAX_HEADER:
+    magic, crc, seg, header_len, data_len = _HEAD.unpack(head)
+    if magic != MAGIC or seg != segment or header_len > _MAX_HEADER:
         return None
     header = f.read(header_len)
     body = f.read(data_len)
-    if len(header) < header_len or len(body) < data_len or crc32c.crc32c(body, crc32c.crc32c(header)) != crc:
+    if len(header) < header_len or len(body) < data_len:
+        return None
+    if crc32c.crc32c(body, crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(seg)))) != crc:
         return None
     try:
         parsed = msgpack.unpackb(header, raw=False)

@@ -57,6 +57,38 @@ def test_segment_log_refuses_damage_that_is_not_a_torn_tail(tmp_path: Path) -> N
     assert [r.meta["i"] for r in SegmentLog(tmp_path, readonly=True).read()] == [0, 1]
 
 
+def test_recycled_segments_are_reused_and_their_old_records_never_come_back(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=1000, recycle=2)
+    written = []
+    for i in range(60):
+        written.append(log.append([bytes([i % 256]) * 90], {"i": i}))
+        log.drop_before(Position(log.end().segment - 1, 0))  # keep the current segment and the one before
+    files = {p.name for p in tmp_path.iterdir()}
+    assert sum(name.endswith(".free") for name in files) <= 2 and len(files) <= 4  # disk use stays bounded
+    kept = list(log.read())
+    assert [r.meta["i"] for r in kept] == list(range(kept[0].meta["i"], 60))  # only live records, in order
+    assert all(bytes(r.frames[0]) == bytes([r.meta["i"]]) * 90 for r in kept)
+    # A crash right after a record boundary in a recycled file: what follows are valid records of an older life of
+    # the file. Reopening must treat them as the end of the log, not as records (nor as damage).
+    current = tmp_path / f"{log.end().segment:08d}.seg"
+    log.close()
+    stale = bytes(current.read_bytes())
+    assert len(stale) > log.end().offset  # the file is recycled: old bytes follow the live records
+    reopened = SegmentLog(tmp_path, segment_bytes=1000, recycle=2)
+    assert [r.meta["i"] for r in reopened.read()] == [r.meta["i"] for r in kept]
+    reopened.append([b"after"], {"i": 999})
+    assert [r.meta["i"] for r in SegmentLog(tmp_path, readonly=True).read()][-2:] == [59, 999]
+    # Rolling on truncates a recycled segment at its last record, so closed segments hold nothing stale.
+    for i in range(30):
+        reopened.append([b"y" * 90], {"i": 1000 + i})
+    closed = [s for s in reopened.segments() if s != reopened.end().segment]
+    assert closed
+    for seg in closed:
+        path = tmp_path / f"{seg:08d}.seg"
+        records = [r for r in reopened.read() if r.position.segment == seg]
+        assert path.stat().st_size == records[-1].next.offset
+
+
 def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -> None:
     spool = Spool(tmp_path, max_bytes=10_000)
     for seq in range(1, 7):
