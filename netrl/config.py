@@ -119,7 +119,8 @@ class WorkerConfig:
     model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", _ge(0))
     max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for resending; oldest dropped beyond",
                                 _ge(1))
-    send_window_bytes: int = _f(4 * 2**20, "unacknowledged packets in flight to the server", _ge(1))
+    send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
+                                "them: image packets at full speed need about 32 MB)", _ge(1))
     flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", _ge(0))
 
 

@@ -280,11 +280,16 @@ class Server:
         peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness, key=key)
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
-        self._send(peer, Message(MsgType.WELCOME, "server", body={
-            "server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s}))
+        welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s}
+        if role == "worker":
+            welcome["window"] = self._worker_window()
+        self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
             self._trainer_joined(peer)
         else:
+            for other in self.peers.workers():  # everyone's share of the server's memory just shrank
+                if other is not peer:
+                    self._tell_worker(other.session, MsgType.ACK, {"seqs": []})
             self._send_weights(peer)
             self._pace()
 
@@ -419,7 +424,15 @@ class Server:
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
         worker = self.peers.by_session.get(session)
         if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
+            if kind is MsgType.ACK:
+                body = {**body, "window": self._worker_window()}
             self._send(worker, Message(kind, "server", body=body))
+
+    def _worker_window(self) -> int:
+        """Bytes each worker may have in flight: together, half of what the server holds in memory, the rest being
+        room for joins and stragglers. (Without this, many workers' windows overflow the memory queue into the disk
+        spool while the trainer keeps up.)"""
+        return max(1, self.max_queue_bytes // 2 // max(1, len(self.peers.workers())))
 
     def _send_weights(self, worker: Peer) -> None:
         if self.weights.stream(worker, lambda frames: self._send_frames(worker, frames)):

@@ -136,6 +136,7 @@ class ClientLink:
         self.handshake_failures = 0
         self._last_handshake_log = 0.0
         self.ready = False
+        self.welcome: dict[str, Any] = {}  # the body of the last WELCOME
         self.fatal: str | None = None  # set when the server refused us for good (e.g. version mismatch)
         self.rejected_messages = 0
         self._liveness = Liveness(net.heartbeat_interval_s, net.heartbeat_liveness)
@@ -232,6 +233,7 @@ class ClientLink:
 
     def _welcome(self, msg: Message) -> None:
         self.ready = True
+        self.welcome = msg.body
         self._backoff.reset()
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True

@@ -88,7 +88,7 @@ class RolloutWorker:
                  model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
                  worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
                  throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
-                 max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 4 << 20,
+                 max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 32 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
                  status_interval_s: float = 0.0) -> None:

@@ -35,7 +35,8 @@ class WorkerLink(NetThread):
     """The worker's network thread: packets out (kept until acknowledged), weights and pace in.
 
     A packet stays in the backlog until the server acknowledges it (the server does so once the packet is on its
-    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight; a NACK (server full)
+    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight, and no more
+    than the server's share of its memory for this worker (sent in WELCOME and every ACK); a NACK (server full)
     makes a packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent
     again. Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
     """
@@ -55,6 +56,7 @@ class WorkerLink(NetThread):
         self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
         self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
         self.inflight: set[int] = set()
+        self.server_window: int | None = None  # the share of the server's memory it grants this worker
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet handed over by the control path
@@ -117,7 +119,8 @@ class WorkerLink(NetThread):
         while self.unsent and self.link.ready:
             seq = next(iter(self.unsent))
             packet = self.backlog[seq]
-            if self.inflight and self.inflight_bytes + packet.nbytes > self.send_window_bytes:
+            window = min(self.send_window_bytes, self.server_window or self.send_window_bytes)
+            if self.inflight and self.inflight_bytes + packet.nbytes > window:
                 return
             if not self.link.send(packet.frames):
                 return
@@ -130,6 +133,7 @@ class WorkerLink(NetThread):
         if self.backlog and self.counts["connections"]:
             log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
         self.counts["connections"] += 1
+        self.server_window = self.link.welcome.get("window")
         self.inflight.clear()
         self.inflight_bytes = 0
         self.waiting.clear()
@@ -186,6 +190,7 @@ class WorkerLink(NetThread):
             if msg.body["part"] == msg.body["parts"] - 1:  # the whole version arrived: the server may send the next
                 self.link.send(encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [msg.policy_version]})))
         elif msg.type is MsgType.ACK:
+            self.server_window = msg.body.get("window", self.server_window)
             for seq in msg.body["seqs"]:
                 packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None
                 if packet is not None:

@@ -196,3 +196,31 @@ def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: 
             assert worker.hello().type is MsgType.WELCOME  # the second server relays all the same
             assert first._status is not None and second._status is None
     assert "relaying without a status port" in caplog.text and "server.status_port" in caplog.text
+
+
+def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path: Path) -> None:
+    from netrl.worker_link import WorkerLink
+
+    frames = encode(samples_message(sample_buffer(50), "w", "s", 1, 49))
+    packet_bytes = sum(len(f) for f in frames)
+    queue = 20 * packet_bytes
+    with running_server(network=NET, spool_dir=tmp_path / "spool", max_queue_bytes=queue,
+                        spool_after_s=60) as (srv, ctx):
+        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+        trainer.hello()  # connected, but it grants no credit: packets wait at the server, in memory
+        first = Peer(ctx, srv.worker_port, "worker", "first")
+        assert first.hello().body["window"] == queue // 2
+        link = WorkerLink(NET, "w", "s", srv.worker_port, None, max_backlog_bytes=1 << 30, send_window_bytes=1 << 30)
+        link.start()
+        try:
+            shrunk = first.expect(MsgType.ACK)  # a second worker joined: the first one's share halves
+            assert shrunk.body == {"seqs": [], "window": queue // 4}
+            for seq in range(1, 41):  # 40 packets, twice what the server holds in memory
+                body = encode(samples_message(sample_buffer(50), "w", "s", seq, seq * 49))
+                link.command([seq.to_bytes(8, "little") + (49).to_bytes(8, "little"), *body])
+            time.sleep(1.0)
+            assert link.server_window == queue // 4
+            assert 0 < srv.relay.mem_bytes <= queue // 4 + packet_bytes  # its share (plus one packet), not 40
+            assert srv.stats["samples_spooled"] == 0  # and nothing overflowed to disk
+        finally:
+            link.halt(0.5)

@@ -1,8 +1,10 @@
 """Relay throughput: worker -> server -> trainer through the real delivery path, next to raw PUSH/PULL.
 
 netrl: each source drives a real WorkerLink with a prebuilt packet; the sink is a real TrainerLink (acknowledgements,
-de-duplication, schema checks and the sample log on) behind a real server. Raw: the same packets' frames pushed by
-the same number of processes straight to one PULL socket, with no netrl code. Both with CURVE on and off.
+de-duplication, schema checks and the sample log on) behind a real server. Two raw baselines, with no netrl code:
+the same packets' frames pushed by the same number of processes straight to one PULL socket (one hop), and through
+a forwarding process in between (PULL -> PUSH, zero-copy: the physical limit of a worker -> server -> trainer
+topology, two hops, three processes on the machine's two cores). All with CURVE on and off.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir:
 
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
-    sample_log = SampleLog(Path(log_dir) / "samples", keep_rows=200_000)
+    # A trainer's sample log in its steady state: at its size (what a 20,000-row replay memory needs, 330 MB of
+    # image rows), so that it recycles its segment files, as it does once a long run has filled its memory.
+    sample_log = SampleLog(Path(log_dir) / "samples", keep_rows=20_000)
     link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, cfg.trainer.credit_window,
                        Deliveries(), sample_log, schema(kind), keys)
     link.start()
@@ -115,14 +119,40 @@ def child_raw_source(endpoint: str, kind: str, server_public: str, go: str) -> N
         pass
 
 
-def child_raw_sink(port: str, kind: str, warmup_s: str, seconds_s: str, server_secret: str, server_public: str) -> None:
-    warmup, seconds = float(warmup_s), float(seconds_s)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
+def _curve_server(sock: zmq.Socket[Any], server_secret: str, server_public: str) -> None:
     if server_secret:
         sock.curve_server = True
         sock.curve_secretkey, sock.curve_publickey = server_secret.encode(), server_public.encode()
-    sock.bind(f"tcp://127.0.0.1:{port}")
+
+
+def child_raw_forwarder(in_port: str, out_port: str, server_secret: str, server_public: str) -> None:
+    """The raw stand-in for the server: frames in on PULL, out on PUSH, never copied in Python."""
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    for sock, port in ((pull, in_port), (push, out_port)):
+        _curve_server(sock, server_secret, server_public)
+        sock.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        while True:
+            push.send_multipart(pull.recv_multipart(copy=False), copy=False)
+    except KeyboardInterrupt:
+        pass
+
+
+def child_raw_sink(where: str, kind: str, warmup_s: str, seconds_s: str, server_secret: str,
+                   server_public: str) -> None:
+    """Counts what arrives: bound to a port (straight from the sources) or connected to a forwarder's endpoint."""
+    warmup, seconds = float(warmup_s), float(seconds_s)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    if where.startswith("tcp://"):
+        if server_public:  # the forwarder is the CURVE server; the sink is its client
+            public, secret = zmq.curve_keypair()
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public.encode()
+        sock.connect(where)
+    else:
+        _curve_server(sock, server_secret, server_public)
+        sock.bind(f"tcp://127.0.0.1:{where}")
     rows = int(KINDS[kind]["rows"]) - 1  # type: ignore[call-overload]
     assert sock.poll(30_000)
     t_start = time.monotonic() + warmup
@@ -175,18 +205,27 @@ def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float
         stop_processes([*sources, server], timeout=5)
 
 
-def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
+def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float,
+              forwarded: bool) -> dict[str, float]:
     port = free_port()
     public, secret = zmq.curve_keypair() if security == "curve" else (b"", b"")
-    sink = child("_rawsink", str(port), kind, str(warmup), str(seconds), secret.decode(), public.decode())
+    keys = (secret.decode(), public.decode())
+    helpers = []
+    if forwarded:
+        out_port = free_port()
+        helpers.append(child("_rawforward", str(port), str(out_port), *keys))
+        time.sleep(0.5)
+        sink = child("_rawsink", f"tcp://127.0.0.1:{out_port}", kind, str(warmup), str(seconds), *keys)
+    else:
+        sink = child("_rawsink", str(port), kind, str(warmup), str(seconds), *keys)
     time.sleep(0.3)
-    go = tmp / f"rawgo-{kind}-{workers}-{security}"
+    go = tmp / f"rawgo-{kind}-{workers}-{security}-{forwarded}"
     sources = [child("_rawsource", f"tcp://127.0.0.1:{port}", kind, public.decode(), str(go)) for _ in range(workers)]
     try:
         start_together(sources, go)
         return result(sink, 120)
     finally:
-        stop_processes(sources, timeout=5)
+        stop_processes([*sources, *helpers], timeout=5)
 
 
 def bench_relay(quick: bool) -> list[dict[str, Any]]:
@@ -199,14 +238,18 @@ def bench_relay(quick: bool) -> list[dict[str, Any]]:
             for workers in (1, 4, 16):
                 for security in ("curve", "none"):
                     got = relay_netrl(tmp, kind, workers, security, warmup, seconds)
-                    raw = relay_raw(tmp, kind, workers, security, warmup, seconds)
+                    raw = relay_raw(tmp, kind, workers, security, warmup, seconds, forwarded=False)
+                    fwd = relay_raw(tmp, kind, workers, security, warmup, seconds, forwarded=True)
                     rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security,
                                  "netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
                                  "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
-                                 "ratio": got["samples_s"] / raw["samples_s"]})
+                                 "raw_forwarded_samples_s": fwd["samples_s"], "raw_forwarded_mb_s": fwd["mb_s"],
+                                 "ratio": got["samples_s"] / raw["samples_s"],
+                                 "ratio_forwarded": got["samples_s"] / fwd["samples_s"]})
                     print(f"relay {kind:<6} {workers:>2} workers {security:<5}  netrl {got['samples_s']:>11,.0f} "
                           f"samples/s {got['mb_s']:>8.1f} MB/s | raw {raw['samples_s']:>11,.0f} samples/s "
-                          f"{raw['mb_s']:>8.1f} MB/s | {rows[-1]['ratio']:.0%}", flush=True)
+                          f"{raw['mb_s']:>8.1f} MB/s | {rows[-1]['ratio']:.0%} | raw through a forwarder "
+                          f"{fwd['samples_s']:>11,.0f} samples/s | {rows[-1]['ratio_forwarded']:.0%}", flush=True)
     return rows
 
 
