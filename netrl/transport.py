@@ -95,9 +95,10 @@ class Backoff:
         self.initial = initial
         self.maximum = maximum
         self.delay = initial
+        self._rng = random.Random()  # its own: never moves the user's global random state (or a seeded run's)
 
     def next(self) -> float:
-        delay = self.delay * random.uniform(0.8, 1.2)
+        delay = self.delay * self._rng.uniform(0.8, 1.2)
         self.delay = min(self.delay * 2, self.maximum)
         return delay
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.weights import WeightAssembler, check_weights, flat_layout, load_weights
+from netrl.weights import WeightAssembler, check_weights, flat_layout, load_weights, weight_specs
 from netrl.wire import Message
 
 __all__ = ["WeightReceiver", "WeightSlot"]
@@ -61,6 +61,7 @@ class WeightReceiver:
     def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
                  save: Callable[[torch.nn.Module, int, str], None]) -> None:
         self.template_actor, self.save = template_actor, save
+        self.specs = weight_specs(template_actor)
         self.slot = WeightSlot(spare)
         self.version, self.session = version, ""
         self.counts: collections.Counter[str] = collections.Counter()
@@ -83,7 +84,7 @@ class WeightReceiver:
             self.counts["weights_rejected"] += 1
             log.error("rejected weights v%d from the server: %s", version, exc)
             return self.stats()
-        problems = check_weights(self.template_actor, arrays)
+        problems = check_weights(self.specs, arrays)
         if problems:
             self.assembler.release(flat)
             self.counts["weights_rejected"] += 1

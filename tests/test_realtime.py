@@ -33,16 +33,25 @@ TOLERANCE_S = 0.03  # above machine noise on a busy 2-core box, below the inject
 
 
 class SlowLoadActor(MLPActor):
-    """The pipeline's actor, but loading weights takes SLOW_LOAD_S longer (and is timed)."""
+    """The pipeline's actor, but reaching its tensors takes SLOW_LOAD_S longer (timed when it happens on the
+    worker's network thread). netrl's loader and the weights-file writer reach them through ``state_dict``, and
+    ``load_state_dict`` is slowed too, whichever path a loader takes."""
 
     loads: ClassVar[list[tuple[float, float]]] = []
 
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+    def _slow(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         time.sleep(SLOW_LOAD_S)
-        out = super().load_state_dict(*args, **kwargs)
-        SlowLoadActor.loads.append((t0, time.perf_counter()))
+        out = method(*args, **kwargs)
+        if threading.current_thread().name.startswith("netrl-worker-net"):
+            SlowLoadActor.loads.append((t0, time.perf_counter()))
         return out
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._slow(super().state_dict, *args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._slow(super().load_state_dict, *args, **kwargs)
 
 
 class VersionTap(gymnasium.Wrapper):

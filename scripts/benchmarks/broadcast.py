@@ -3,12 +3,15 @@
 netrl: a real TrainerLink publishes a real actor's state_dict through a real server to real RolloutWorkers, whose
 network threads check the weights against their actor and load them into a spare one (the control path then swaps
 it in). A worker reports the moment a version is ready; the latency of a version is the slowest worker's time.
-Raw: a PUB socket sends the same bytes to the same number of SUB processes, no netrl code.
+Raw, with no netrl code: a PUB socket sends the same bytes to the same number of SUB processes (one hop), and the
+same through a forwarding process in between (SUB -> PUB, zero-copy: the trainer -> server -> worker topology).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,6 +99,25 @@ def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) ->
     link.halt(2.0)
 
 
+def child_raw_forwarder(upstream: str, out_port: str, server_public: str, server_secret: str) -> None:
+    """The raw stand-in for the server: subscribes to the publisher and republishes every message unchanged."""
+    ctx = zmq.Context()
+    sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
+    if server_public:
+        public, secret = zmq.curve_keypair()
+        sub.curve_publickey, sub.curve_secretkey, sub.curve_serverkey = public, secret, server_public.encode()
+        pub.curve_server = True
+        pub.curve_secretkey, pub.curve_publickey = server_secret.encode(), server_public.encode()
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(upstream)
+    pub.bind(f"tcp://127.0.0.1:{out_port}")
+    try:
+        while True:
+            pub.send_multipart(sub.recv_multipart(copy=False), copy=False)
+    except KeyboardInterrupt:
+        pass
+
+
 def child_raw_sub(endpoint: str, server_public: str) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
@@ -171,7 +193,8 @@ def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, version
         stop_processes([publisher, *procs, server], timeout=5)
 
 
-def broadcast_raw(hidden: int, workers: int, security: str, versions: int, interval: float) -> list[float]:
+def broadcast_raw(hidden: int, workers: int, security: str, versions: int, interval: float,
+                  forwarded: bool = False) -> list[float]:
     from netrl.weights import state_arrays
     from netrl.wire import Message, MsgType, encode
 
@@ -184,7 +207,12 @@ def broadcast_raw(hidden: int, workers: int, security: str, versions: int, inter
     if public:
         pub.curve_server, pub.curve_secretkey, pub.curve_publickey = True, secret, public
     pub.bind(f"tcp://127.0.0.1:{port}")
-    subs = [child("_rawsub", f"tcp://127.0.0.1:{port}", public.decode()) for _ in range(workers)]
+    helpers, sub_port = [], port
+    if forwarded:
+        sub_port = free_port()
+        helpers.append(child("_rawbforward", f"tcp://127.0.0.1:{port}", str(sub_port), public.decode(),
+                             secret.decode()))
+    subs = [child("_rawsub", f"tcp://127.0.0.1:{sub_port}", public.decode()) for _ in range(workers)]
     reports: list[list[dict[str, Any]]] = [[] for _ in subs]
     for p, rep in zip(subs, reports, strict=True):
         _lines(p, rep)
@@ -200,7 +228,10 @@ def broadcast_raw(hidden: int, workers: int, security: str, versions: int, inter
             time.sleep(interval)
         return _latencies(published, reports)
     finally:
-        stop_processes(subs, timeout=5)
+        for p in [*subs, *helpers]:  # raw children own nothing, and a blocked receive may not see a SIGINT
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
         ctx.destroy(0)
 
 
@@ -216,10 +247,14 @@ def bench_broadcast(quick: bool) -> list[dict[str, Any]]:
                 for security in ("curve", "none"):
                     got = broadcast_netrl(tmp, hidden, workers, security, versions, interval)
                     raw = broadcast_raw(hidden, workers, security, versions, interval)
+                    fwd = broadcast_raw(hidden, workers, security, versions, interval, forwarded=True)
                     net_ms, raw_ms = 1000 * float(np.median(got)), 1000 * float(np.median(raw))
+                    fwd_ms = 1000 * float(np.median(fwd))
                     rows.append({"section": "broadcast", "params": size, "workers": workers, "security": security,
-                                 "netrl_ms": net_ms, "raw_ms": raw_ms, "ratio": net_ms / raw_ms,
+                                 "netrl_ms": net_ms, "raw_ms": raw_ms, "raw_forwarded_ms": fwd_ms,
+                                 "ratio": net_ms / raw_ms, "ratio_forwarded": net_ms / fwd_ms,
                                  "versions_measured": len(got)})
                     print(f"broadcast {size:>4} params {workers:>2} workers {security:<5}  netrl {net_ms:8.1f} ms | "
-                          f"raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x", flush=True)
+                          f"raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x | raw through a forwarder {fwd_ms:8.1f} ms "
+                          f"| {net_ms / fwd_ms:.2f}x", flush=True)
     return rows
