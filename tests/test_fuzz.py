@@ -82,7 +82,10 @@ def test_server_survives_thousands_of_hostile_messages_and_keeps_relaying(tmp_pa
 
 def test_trainer_survives_a_compromised_server(tmp_path: Path, procs: Procs) -> None:
     trainer_port = free_port()
-    config = small_config(tmp_path, trainer=FAST_TRAINER, network={"trainer_port": trainer_port})
+    # The fake server sends no heartbeats: a pause in generation (a slow CI machine) must not make the trainer
+    # reconnect, which would send the rest of the attack to a socket that is gone.
+    config = small_config(tmp_path, trainer=FAST_TRAINER, network={"trainer_port": trainer_port,
+                                                                   "heartbeat_liveness": 100})
     run_dir = tmp_path / "weights" / "test"
     keys = server_keys(tmp_path / "keys")
     ctx = zmq.Context()
@@ -117,6 +120,8 @@ def test_trainer_survives_a_compromised_server(tmp_path: Path, procs: Procs) -> 
 
     attack()
     assert counts["parts"] + counts["messages"] >= 10_000
+    valid_sent.add(("valid", len(valid_sent) + 1))  # a last valid bundle: once it is logged, the trainer (which
+    send_bundle([valid_packet("valid", len(valid_sent))])  # handles messages in order) has judged everything before
     wait_until(lambda: set(delivered(run_dir)) >= valid_sent, 60, "every valid packet in the trainer's log")
     assert trainer.poll() is None
     trainer.send_signal(signal.SIGINT)
