@@ -10,8 +10,6 @@ same through a forwarding process in between (SUB -> PUB, zero-copy: the trainer
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +21,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from benchmarks.common import child
+from benchmarks.common import child, forward, kill
 from netrl.config import Config, config_to_dict
 from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
@@ -111,11 +109,7 @@ def child_raw_forwarder(upstream: str, out_port: str, server_public: str, server
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(upstream)
     pub.bind(f"tcp://127.0.0.1:{out_port}")
-    try:
-        while True:
-            pub.send_multipart(sub.recv_multipart(copy=False), copy=False)
-    except KeyboardInterrupt:
-        pass
+    forward(sub, pub)
 
 
 def child_raw_sub(endpoint: str, server_public: str) -> None:
@@ -228,10 +222,7 @@ def broadcast_raw(hidden: int, workers: int, security: str, versions: int, inter
             time.sleep(interval)
         return _latencies(published, reports)
     finally:
-        for p in [*subs, *helpers]:  # raw children own nothing, and a blocked receive may not see a SIGINT
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill([*subs, *helpers])
         ctx.destroy(0)
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
 from netrl.samples import Buffer
 from netrl.schema import SampleSchema
@@ -51,3 +55,21 @@ def result(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     """The JSON object a child printed last."""
     out, _ = p.communicate(timeout=timeout)
     return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def forward(src: zmq.Socket[Any], dst: zmq.Socket[Any]) -> None:
+    """A raw baseline's stand-in for the server: every message from ``src`` to ``dst``, never copied in Python,
+    until the parent stops the process."""
+    try:
+        while True:
+            dst.send_multipart(src.recv_multipart(copy=False), copy=False)
+    except KeyboardInterrupt:
+        pass
+
+
+def kill(procs: Iterable[subprocess.Popen[str]]) -> None:
+    """Stop raw-baseline children at once: they own nothing, and a blocked send or receive may not see a SIGINT."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

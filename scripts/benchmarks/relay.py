@@ -10,8 +10,6 @@ topology, two hops, three processes on the machine's two cores). All with CURVE 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,7 +19,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from benchmarks.common import KINDS, child, packet, result, schema
+from benchmarks.common import KINDS, child, forward, kill, packet, result, schema
 from netrl.config import Config, config_to_dict
 from netrl.delivery import Deliveries, SampleLog
 from netrl.keys import client_keys, keygen
@@ -141,11 +139,7 @@ def child_raw_forwarder(in_port: str, out_port: str, server_secret: str, server_
     for sock, port in ((pull, in_port), (push, out_port)):
         _curve_server(sock, server_secret, server_public)
         sock.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        while True:
-            push.send_multipart(pull.recv_multipart(copy=False), copy=False)
-    except KeyboardInterrupt:
-        pass
+    forward(pull, push)
 
 
 def child_raw_sink(where: str, kind: str, warmup_s: str, seconds_s: str, server_secret: str,
@@ -234,10 +228,7 @@ def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, 
         start_together(sources, go)
         return result(sink, 120)
     finally:
-        for p in [*sources, *helpers]:  # raw children own nothing, and a blocked send may not see a SIGINT
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill([*sources, *helpers])
 
 
 def bench_relay(quick: bool) -> list[dict[str, Any]]:
