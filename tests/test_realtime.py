@@ -33,9 +33,9 @@ TOLERANCE_S = 0.03  # above machine noise on a busy 2-core box, below the inject
 
 
 class SlowLoadActor(MLPActor):
-    """The pipeline's actor, but reaching its tensors takes SLOW_LOAD_S longer (timed when it happens on the
-    worker's network thread). netrl's loader and the weights-file writer reach them through ``state_dict``, and
-    ``load_state_dict`` is slowed too, whichever path a loader takes."""
+    """The pipeline's actor, but loading weights takes SLOW_LOAD_S longer (timed when it happens on the worker's
+    network thread). netrl's loader reaches the tensors with ``state_dict(keep_vars=True)``; ``load_state_dict``
+    is slowed too, whichever path a loader takes. Plain ``state_dict()`` (saving a weights file) is not."""
 
     loads: ClassVar[list[tuple[float, float]]] = []
 
@@ -48,7 +48,9 @@ class SlowLoadActor(MLPActor):
         return out
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._slow(super().state_dict, *args, **kwargs)
+        if kwargs.get("keep_vars"):
+            return self._slow(super().state_dict, *args, **kwargs)
+        return super().state_dict(*args, **kwargs)
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._slow(super().load_state_dict, *args, **kwargs)
