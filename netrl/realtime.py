@@ -3,11 +3,15 @@
 rtgym's elastic clock makes every ``step()`` return one time step after the previous one, as long as the control
 path calls it in time. :class:`StepTimer` wraps an env and records the period between consecutive ``step()``
 returns, so a slow policy, a blocking weight load or a busy machine shows up as a longer period (an *overrun*).
-It logs a one-line summary per episode (DEBUG) and overruns (WARNING, at most one line per 10 s)::
+It also records the *caller time*: how long the control path took between a ``step()`` return and its next call
+(policy, bookkeeping, anything that blocked it). An overrun whose caller time exceeds the time step was the control
+path's doing (a *late call*); any other overrun happened inside the env's own time step (its threads, its device,
+or a machine too busy to wake them). It logs a one-line summary per episode (DEBUG) and overruns (WARNING, at most
+one line per 10 s)::
 
     env = StepTimer(GenericGymEnv("rtgym:real-time-gym-ts-v1", {"config": config}), nominal_s=0.05)
     ...
-    env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4, "overruns": 0}
+    env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4, "overruns": 0, "late_calls": 0}
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -35,23 +40,27 @@ def period_stats(periods_s: Any) -> dict[str, float]:
 
 
 class StepTimer(gymnasium.Wrapper):
-    """Records the period between consecutive ``step()`` returns within an episode.
+    """Records the period between consecutive ``step()`` returns within an episode, and the caller time before each.
 
     Args:
         env: the env to time (usually an rtgym env wrapped in ``GenericGymEnv``).
         nominal_s: the env's time step in seconds.
         overrun_s: a period longer than ``nominal_s + overrun_s`` counts (and is logged) as an overrun.
-        keep: periods kept in :attr:`periods` (the newest ones).
+        keep: periods (and caller times) kept in :attr:`periods` and :attr:`caller_times` (the newest ones).
+        clock: the clock read around each call, in seconds (tests pass a fake one).
     """
 
-    def __init__(self, env: gymnasium.Env, nominal_s: float, overrun_s: float = 0.01, keep: int = 100_000) -> None:
+    def __init__(self, env: gymnasium.Env, nominal_s: float, overrun_s: float = 0.01, keep: int = 100_000,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if nominal_s <= 0 or overrun_s <= 0:
             raise ValueError(f"nominal_s and overrun_s must be > 0 (got {nominal_s}, {overrun_s})")
         super().__init__(env)
-        self.nominal_s, self.overrun_s, self.keep = nominal_s, overrun_s, keep
+        self.nominal_s, self.overrun_s, self.keep, self.clock = nominal_s, overrun_s, keep, clock
         self.periods: list[float] = []
         self.step_times: list[float] = []  # perf_counter() at each step() return, in step with `periods`
+        self.caller_times: list[float] = []  # seconds from the previous return to this call, in step with `periods`
         self.overruns = 0
+        self.late_calls = 0  # overruns with a caller time above the time step: the control path was late
         self.steps = 0
         self._last: float | None = None
         self._reported = (0, -math.inf)  # overruns when last logged, and when
@@ -60,26 +69,33 @@ class StepTimer(gymnasium.Wrapper):
     def reset(self, **kwargs: Any) -> Any:
         self._flush()
         out = self.env.reset(**kwargs)
-        self._last = time.perf_counter()  # the first step's period is measured from the reset
+        self._last = self.clock()  # the first step's period is measured from the reset
         return out
 
     def step(self, action: Any) -> Any:
+        called = self.clock()
         out = self.env.step(action)
-        now = time.perf_counter()
+        now = self.clock()
         if self._last is not None:
-            period = now - self._last
+            period, caller = now - self._last, called - self._last
             self.steps += 1
             self.periods.append(period)
+            self.caller_times.append(caller)
             self.step_times.append(now)
             self._episode.append(period)
             if period > self.nominal_s + self.overrun_s:
                 self.overruns += 1
+                late = caller > self.nominal_s
+                self.late_calls += late
                 if now - self._reported[1] > 10:
-                    log.warning("real-time step overran: %.1f ms (nominal %.1f ms); %d overruns in %d steps so far",
-                                period * 1000, self.nominal_s * 1000, self.overruns, self.steps)
+                    log.warning("real-time step overran: %.1f ms (nominal %.1f ms), %s; %d overruns (%d late calls) "
+                                "in %d steps so far", period * 1000, self.nominal_s * 1000,
+                                f"the control path called step() {caller * 1000:.1f} ms after the last return"
+                                if late else "inside the env's time step (the control path was on time)",
+                                self.overruns, self.late_calls, self.steps)
                     self._reported = (self.overruns, now)
             if len(self.periods) > self.keep:
-                del self.periods[:-self.keep], self.step_times[:-self.keep]
+                del self.periods[:-self.keep], self.step_times[:-self.keep], self.caller_times[:-self.keep]
         self._last = now
         return out
 
@@ -91,7 +107,7 @@ class StepTimer(gymnasium.Wrapper):
         self._episode = []
 
     def summary(self) -> dict[str, float]:
-        return {**period_stats(self.periods), "overruns": self.overruns}
+        return {**period_stats(self.periods), "overruns": self.overruns, "late_calls": self.late_calls}
 
     def close(self) -> None:
         self._flush()

@@ -1,9 +1,17 @@
 """The drone end to end: a real server and trainer (processes) and a real worker (here, instrumented) at 20 Hz.
 
 The worker must apply every new weight version between two steps, with the weights received and loaded on its
-network thread, so that no step whose period contains a weight load or a weight swap overruns the 50 ms clock.
-Each load is made 150 ms slower than it is (a large model, a slow disk): were it on the control path, the step
-containing it would last 150 ms instead of 50 (rtgym's elastic clock absorbs a stall only up to one time step).
+network thread, so that no weight load or swap makes a step overrun the 50 ms clock. Each load is made 150 ms
+slower than it is (a large model, a slow disk). Were it on the control path, the control path would call
+``step()`` at least 150 ms after the previous return (a *late call*, recorded by StepTimer as the caller time), and
+the step would overrun: rtgym's elastic clock absorbs a stall only up to one time step.
+
+The verdict rests on causes, not on raw periods. On these shared 2-core VMs the dummy drone overruns on its own:
+alone, with no netrl code running, it showed periods up to 264 ms and caller gaps up to 63 ms a few times a minute.
+So the test checks that (1) every load ran on the network thread, never on the control thread; (2) the steps with a
+load or a swap were not late calls, allowing for the machine's own rare stalls: a load on the control path would
+make every load's step late, so at most a quarter of them may be; and (3) the loop kept its 20 Hz median. Overruns
+that happened inside the env's time step while the control path was on time are reported, not failed.
 The jitter of real 1M-parameter loads is measured by scripts/bench_pipelines.py, not here.
 """
 
@@ -29,22 +37,21 @@ from netrl.worker import RolloutWorker
 from tests.conftest import Procs, small_config
 
 SLOW_LOAD_S = 0.15
-TOLERANCE_S = 0.03  # above machine noise on a busy 2-core box, below the injected load time
+LATE_CALL_S = SLOW_LOAD_S / 2  # a load on the control path would delay the next step() call by SLOW_LOAD_S at least
 
 
 class SlowLoadActor(MLPActor):
-    """The pipeline's actor, but loading weights takes SLOW_LOAD_S longer (timed when it happens on the worker's
-    network thread). netrl's loader reaches the tensors with ``state_dict(keep_vars=True)``; ``load_state_dict``
-    is slowed too, whichever path a loader takes. Plain ``state_dict()`` (saving a weights file) is not."""
+    """The pipeline's actor, but loading weights takes SLOW_LOAD_S longer, timed with the thread that did it.
+    netrl's loader reaches the tensors with ``state_dict(keep_vars=True)``; ``load_state_dict`` is slowed too,
+    whichever path a loader takes. Plain ``state_dict()`` (saving a weights file) is not."""
 
-    loads: ClassVar[list[tuple[float, float]]] = []
+    loads: ClassVar[list[tuple[float, float, str]]] = []
 
     def _slow(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         time.sleep(SLOW_LOAD_S)
         out = method(*args, **kwargs)
-        if threading.current_thread().name.startswith("netrl-worker-net"):
-            SlowLoadActor.loads.append((t0, time.perf_counter()))
+        SlowLoadActor.loads.append((t0, time.perf_counter(), threading.current_thread().name))
         return out
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
@@ -89,15 +96,16 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
         taps.append(VersionTap(pipe.env_cls(), holder))
         return taps[-1]
 
-    loads = SlowLoadActor.loads  # weight loads, wherever the worker runs them (its network thread)
+    loads = SlowLoadActor.loads  # weight loads, wherever the worker runs them
     loads.clear()
+    control_thread = "netrl-test-control-path"
     actor_cls = partial(SlowLoadActor, hidden_sizes=tuple(cfg.agent.hidden_sizes))
     worker = RolloutWorker.from_config(cfg, dataclasses.replace(pipe, env_cls=env_cls, actor_module_cls=actor_cls))
     holder.append(worker)
     stop = threading.Event()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # rtgym warns when the busy test machine delays a step
-        thread = threading.Thread(target=worker.run, kwargs={"stop": stop}, daemon=True)
+        thread = threading.Thread(target=worker.run, kwargs={"stop": stop}, daemon=True, name=control_thread)
         thread.start()
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline and thread.is_alive():
@@ -111,17 +119,53 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
     timer = taps[0].env
     assert isinstance(timer, StepTimer)
     versions = np.array(taps[0].versions)
-    periods, ends = np.array(timer.periods), np.array(timer.step_times)
+    periods, ends, callers = np.array(timer.periods), np.array(timer.step_times), np.array(timer.caller_times)
     n = min(len(versions), len(periods))  # the last step may have been cut by the stop
-    versions, periods, ends = versions[:n], periods[:n], ends[:n]
+    versions, periods, ends, callers = versions[:n], periods[:n], ends[:n], callers[:n]
     assert len(set(versions) - {-1}) >= 3, f"the worker applied versions {sorted(set(versions))}"
     swapped = np.flatnonzero(np.diff(versions) != 0) + 1  # steps whose action came from a newly swapped actor
+    assert len(loads) >= 4 and len(swapped) >= 3, f"{len(loads)} loads, {len(swapped)} swaps"
+    threads = {name for _, _, name in loads}
+    assert all(name.startswith("netrl-worker-net") for name in threads), f"weights were loaded on {threads}"
     starts = ends - periods
-    loaded = [k for k in range(n) for t0, t1 in loads if starts[k] <= t1 and t0 <= ends[k]]
+    loaded = [k for k in range(n) for t0, t1, _ in loads if starts[k] <= t1 and t0 <= ends[k]]
     affected = sorted(set(swapped) | set(loaded))
-    assert len(loads) >= 3 and len(swapped) >= 3
-    assert 0.045 < np.median(periods) < 0.055  # the loop ran at 20 Hz
-    slow = {k: round(periods[k] * 1000, 1) for k in affected if periods[k] > timer.nominal_s + TOLERANCE_S}
-    assert not slow, f"steps with a weight load or swap overran the 50 ms clock: {slow}; all: {period_stats(periods)}"
+    late = {int(k): round(callers[k] * 1000, 1) for k in affected if callers[k] >= LATE_CALL_S}
+    overran = {int(k): round(periods[k] * 1000, 1) for k in affected if periods[k] > timer.nominal_s + timer.overrun_s}
+    facts = (f"late calls (caller ms) {late}; overruns (period ms) {overran}; {len(loads)} loads, "
+             f"{len(swapped)} swaps, {len(affected)} affected steps; all: {period_stats(periods)}")
+    assert len(late) <= len(loads) // 4, f"the control path waited on weight loads or swaps: {facts}"
+    assert 0.045 < np.median(periods) < 0.055, facts  # the loop ran at 20 Hz
     assert trainer.poll() is None  # still training: the worker stopped first
     assert stop_processes([trainer, server]) == [0, 0]
+
+
+class ClockedEnv(gymnasium.Env):
+    """A fake env on a fake clock: each step advances the clock by the next planned env time."""
+
+    observation_space = gymnasium.spaces.Box(-1, 1, (1,))
+    action_space = gymnasium.spaces.Box(-1, 1, (1,))
+
+    def __init__(self, clock: list[float], env_times: list[float]) -> None:
+        self.clock, self.env_times = clock, env_times
+
+    def reset(self, **kwargs: Any) -> Any:
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        self.clock[0] += self.env_times.pop(0)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_step_timer_tells_a_late_control_path_from_an_overrun_inside_the_env() -> None:
+    clock = [0.0]
+    env_times = [0.05, 0.05, 0.12, 0.05]  # the third time step overruns inside the env
+    caller_times = [0.001, 0.2, 0.001, 0.002]  # the second call comes late: a stalled control path
+    timer = StepTimer(ClockedEnv(clock, env_times), nominal_s=0.05, clock=lambda: clock[0])
+    timer.reset()
+    for caller in caller_times:
+        clock[0] += caller
+        timer.step(np.zeros(1, np.float32))
+    np.testing.assert_allclose(timer.caller_times, caller_times)
+    np.testing.assert_allclose(timer.periods, [0.051, 0.25, 0.121, 0.052])
+    assert timer.summary()["overruns"] == 2 and timer.summary()["late_calls"] == 1
