@@ -7,6 +7,7 @@ relay      samples/s and MB/s delivered worker -> server -> trainer through the 
            4x64x64 uint8 image samples, with 1, 4 and 16 workers, CURVE on and off. Baselines: raw pyzmq PUSH/PULL
            moving the same bytes from the same number of processes straight to one sink, with no netrl code, and
            the same through a zero-copy forwarding process (the same worker -> server -> trainer topology).
+           Each figure is measured --repeat times (netrl and both baselines side by side each time); medians.
 broadcast  time from the trainer's publish until every worker has checked and loaded the weights, for 0.1M, 1M and
            10M-parameter actors and 1, 4 and 16 workers, CURVE on and off. Baseline: raw PUB/SUB moving the same
            bytes from one publisher straight to the same number of subscriber processes.
@@ -15,7 +16,7 @@ replay     batches/s of 256 from a memory of 1M transitions (vector: ReplayMemor
 overhead   the fraction of the trainer's wall time spent outside agent.train during a steady run of the real
            three-process pipeline (Pendulum, SAC, batch 256), next to the same loop in a single process.
 
-Usage: .venv/bin/python scripts/bench.py [--quick] [--only relay,broadcast] [--json bench_results.json]
+Usage: .venv/bin/python scripts/bench.py [--quick] [--repeat N] [--only relay,broadcast] [--json bench_results.json]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,9 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):  # a child process of a section
         role, *args = sys.argv[1:]
+        # The parent stops children with SIGINT. A shell starts background jobs with SIGINT ignored, and children
+        # inherit that: without this, a bench started with `&` waits 5 s to kill every child.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             _load(CHILDREN[role])(*args)
         except KeyboardInterrupt:  # how the parent stops a child
@@ -88,16 +93,19 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter measurements (noisier)")
+    parser.add_argument("--repeat", type=int, default=3, help="relay: measurements per figure, medians reported")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections to run")
     parser.add_argument("--json", default="bench_results.json", help="where to write the results")
     args = parser.parse_args()
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1 (got {args.repeat})")
     results: list[dict[str, Any]] = []
     for name, target in SECTIONS.items():
         if name in args.only.split(","):
-            results += _load(target)(args.quick)
+            results += _load(target)(args.quick, args.repeat) if name == "relay" else _load(target)(args.quick)
     table = summary(results)
     print("\n".join(table))
     Path(args.json).write_text(json.dumps({"results": results, "table": table}, indent=1))

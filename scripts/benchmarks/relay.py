@@ -231,7 +231,9 @@ def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, 
         kill([*sources, *helpers])
 
 
-def bench_relay(quick: bool) -> list[dict[str, Any]]:
+def bench_relay(quick: bool, repeat: int = 1) -> list[dict[str, Any]]:
+    """Each figure ``repeat`` times, netrl and its two baselines side by side each time; the medians are reported
+    (ratios: the median of each repeat's own ratio), so one stall of this shared machine cannot make a figure."""
     warmup, seconds = (0.5, 1.5) if quick else (1.0, 3.0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
@@ -240,19 +242,22 @@ def bench_relay(quick: bool) -> list[dict[str, Any]]:
         for kind in ("vector", "image"):
             for workers in (1, 4, 16):
                 for security in ("curve", "none"):
-                    got = relay_netrl(tmp, kind, workers, security, warmup, seconds)
-                    raw = relay_raw(tmp, kind, workers, security, warmup, seconds, forwarded=False)
-                    fwd = relay_raw(tmp, kind, workers, security, warmup, seconds, forwarded=True)
-                    rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security,
-                                 "netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
-                                 "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
-                                 "raw_forwarded_samples_s": fwd["samples_s"], "raw_forwarded_mb_s": fwd["mb_s"],
-                                 "ratio": got["samples_s"] / raw["samples_s"],
-                                 "ratio_forwarded": got["samples_s"] / fwd["samples_s"]})
-                    print(f"relay {kind:<6} {workers:>2} workers {security:<5}  netrl {got['samples_s']:>11,.0f} "
-                          f"samples/s {got['mb_s']:>8.1f} MB/s | raw {raw['samples_s']:>11,.0f} samples/s "
-                          f"{raw['mb_s']:>8.1f} MB/s | {rows[-1]['ratio']:.0%} | raw through a forwarder "
-                          f"{fwd['samples_s']:>11,.0f} samples/s | {rows[-1]['ratio_forwarded']:.0%}", flush=True)
+                    runs = []
+                    for _ in range(repeat):
+                        got = relay_netrl(tmp, kind, workers, security, warmup, seconds)
+                        raw = relay_raw(tmp, kind, workers, security, warmup, seconds, forwarded=False)
+                        fwd = relay_raw(tmp, kind, workers, security, warmup, seconds, forwarded=True)
+                        runs.append({"netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
+                                     "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
+                                     "raw_forwarded_samples_s": fwd["samples_s"], "raw_forwarded_mb_s": fwd["mb_s"],
+                                     "ratio": got["samples_s"] / raw["samples_s"],
+                                     "ratio_forwarded": got["samples_s"] / fwd["samples_s"]})
+                    row = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+                    rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security, **row,
+                                 "repeats": repeat, "runs": runs})
+                    print(f"relay {kind:<6} {workers:>2} workers {security:<5}  netrl {row['netrl_samples_s']:>11,.0f} "
+                          f"samples/s {row['netrl_mb_s']:>8.1f} MB/s | raw {row['raw_samples_s']:>11,.0f} samples/s "
+                          f"{row['raw_mb_s']:>8.1f} MB/s | {row['ratio']:.0%} | raw through a forwarder "
+                          f"{row['raw_forwarded_samples_s']:>11,.0f} samples/s | {row['ratio_forwarded']:.0%}"
+                          f"{f' (medians of {repeat})' if repeat > 1 else ''}", flush=True)
     return rows
-
-
