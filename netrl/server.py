@@ -208,8 +208,11 @@ class Server:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         return max(1, int(timeout * 1000))
 
-    def _drain(self, role: str, sock: zmq.Socket, budget: int = 1000) -> None:
-        for _ in range(budget):  # bounded, so that one busy socket cannot starve the other
+    def _drain(self, role: str, sock: zmq.Socket, budget: int = 32) -> None:
+        # A few messages per pass, so that a burst from many workers never holds up bundles to the trainer: with a
+        # budget of 1,000, 16 workers filling their windows kept the server accepting for seconds while it sent the
+        # trainer 8 bundles per pass (3,000 samples/s instead of 700,000).
+        for _ in range(budget):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
