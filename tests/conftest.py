@@ -47,6 +47,7 @@ def small_config(tmp_path: Path, **sections: Any) -> Path:
 def running_server(**kwargs: Any) -> Iterator[tuple[Server, zmq.Context]]:
     """A Server on free ports in a thread of this process, plus a context for fake peers; both closed after."""
     srv = Server(trainer_port=free_port(), worker_port=free_port(), **kwargs)
+    srv.open()  # bound before this returns: a test that starts two servers knows which one got a port first
     stop = threading.Event()
     thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
     thread.start()
