@@ -67,6 +67,10 @@ class PeerTable:
     def workers(self) -> list[Peer]:
         return [p for p in self.by_rid.values() if p.role == "worker"]
 
+    def worker_count(self) -> int:
+        """Connected workers, without building a list (asked on every acknowledgement)."""
+        return len(self.by_rid) - (self.trainer is not None)
+
     def replaced_by(self, rid: bytes, role: str, session: str) -> list[Peer]:
         """The entries a new connection replaces: its own session reconnecting, or (a trainer) the old trainer."""
         return [p for r, p in self.by_rid.items()

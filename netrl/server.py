@@ -435,7 +435,7 @@ class Server:
         """Bytes each worker may have in flight: together, half of what the server holds in memory, the rest being
         room for joins and stragglers. (Without this, many workers' windows overflow the memory queue into the disk
         spool while the trainer keeps up.)"""
-        return max(1, self.max_queue_bytes // 2 // max(1, len(self.peers.workers())))
+        return max(1, self.max_queue_bytes // 2 // max(1, self.peers.worker_count()))
 
     def _send_weights(self, worker: Peer) -> None:
         if self.weights.stream(worker, lambda frames: self._send_frames(worker, frames)):
