@@ -22,8 +22,7 @@ from netrl.errors import CheckpointError
 from netrl.wire import ALLOWED_DTYPES
 
 __all__ = ["PART_BYTES", "WeightAssembler", "WeightSpecs", "check_weights", "flat_arrays", "flat_layout",
-           "load_weights",
-           "read_weights_file", "snapshot_into", "state_arrays", "weight_specs", "write_weights_file"]
+           "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "weight_specs", "write_weights_file"]
 
 
 def state_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
