@@ -10,6 +10,7 @@ topology, two hops, three processes on the machine's two cores). All with CURVE 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -187,18 +188,20 @@ def start_together(sources: list[subprocess.Popen[str]], go: Path, timeout: floa
 
 def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float) -> dict[str, float]:
     data = config_to_dict(Config())
-    run = tmp / f"run-{kind}-{workers}-{security}"  # its own spool: nothing left over from another run
+    # Every measurement gets its own folder (spool, sample log, start signal): a spool left by an earlier repeat
+    # would be relayed first, and an old start file would let sources go before the others are ready.
+    run = Path(tempfile.mkdtemp(prefix=f"run-{kind}-{workers}-{security}-", dir=tmp))
     data.update(weights_folder=str(run / "weights"), keys_dir=str(tmp / "keys"), security=security)
     data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=0.5,
                            heartbeat_liveness=20)
     data["server"].update(min_samples_per_server_packet=int(KINDS[kind]["rows"]),  # type: ignore[call-overload]
                           max_queue_bytes=256 << 20, status_port=free_port())
-    cfg_path = write_config(data, tmp / f"relay-{kind}-{workers}-{security}.json")
+    cfg_path = write_config(data, run / "config.json")
     server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
     time.sleep(0.8)
     sink = child("_sink", str(cfg_path), kind, str(warmup), str(seconds), str(run))
     time.sleep(2.0)  # the sink (trainer) connects first: this measures the live relay, not the no-trainer spool
-    go = tmp / f"go-{kind}-{workers}-{security}"
+    go = run / "go"
     sources = [child("_source", str(cfg_path), kind, f"{kind}{workers}{security}-w{i}", str(go))
                for i in range(workers)]
     try:
@@ -206,6 +209,7 @@ def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float
         return result(sink, 120)
     finally:
         stop_processes([*sources, server], timeout=5)
+        shutil.rmtree(run, ignore_errors=True)  # its spool and sample log: hundreds of MB per measurement
 
 
 def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, seconds: float,
@@ -222,7 +226,7 @@ def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, 
     else:
         sink = child("_rawsink", str(port), kind, str(warmup), str(seconds), *keys)
     time.sleep(0.3)
-    go = tmp / f"rawgo-{kind}-{workers}-{security}-{forwarded}"
+    go = Path(tempfile.mkdtemp(prefix=f"raw-{kind}-{workers}-{security}-", dir=tmp)) / "go"  # as above
     sources = [child("_rawsource", f"tcp://127.0.0.1:{port}", kind, public.decode(), str(go)) for _ in range(workers)]
     try:
         start_together(sources, go)
