@@ -98,6 +98,8 @@ class NetworkConfig:
 class ServerConfig:
     bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _nonempty)
     min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", _ge(1))
+    max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
+                               "waiting up to this size (fewer messages and acknowledgements under load)", _ge(1))
     max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", _gt(0))
     max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", _ge(1))
     spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", _gt(0))
@@ -293,6 +295,9 @@ def _cross_checks(cfg: Config) -> list[str]:
             f"network.reconnect_max_s ({cfg.network.reconnect_max_s}) must be >= "
             f"network.reconnect_initial_s ({cfg.network.reconnect_initial_s})"
         )
+    if cfg.server.max_bundle_bytes >= cfg.network.max_message_bytes:
+        problems.append(f"server.max_bundle_bytes ({cfg.server.max_bundle_bytes}) must be < network.max_message_bytes "
+                        f"({cfg.network.max_message_bytes}): the trainer refuses larger messages")
     if any(h < 1 for h in cfg.agent.hidden_sizes) or not cfg.agent.hidden_sizes:
         problems.append(f"agent.hidden_sizes must be a non-empty list of sizes >= 1 (got {cfg.agent.hidden_sizes})")
     if cfg.env.pipeline != "gym" and cfg.env.kwargs:

@@ -13,7 +13,9 @@
 * If the spool is full too, the packet is refused (the server sends the worker a NACK; it resends later).
 
 Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only while the trainer
-has credit, so a slow trainer never makes the server's memory grow. Packets are forwarded unchanged.
+has credit, so a slow trainer never makes the server's memory grow. Beyond ``min_samples``, a bundle also takes the
+packets already waiting, up to ``max_bundle_bytes``: under load, one bundle, one trainer ACK and one ACK per worker
+then cover many packets instead of one each. Packets are forwarded unchanged.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ Outcome = Literal["held", "spooled", "refused", "duplicate"]
 class SampleRelay:
     """Sample packets between the workers and the trainer. The server owns it and supplies the two sends."""
 
-    def __init__(self, spool: Spool, min_samples: int, max_delay_s: float, max_queue_bytes: int,
-                 spool_after_s: float, stats: collections.Counter[str],
+    def __init__(self, spool: Spool, min_samples: int, max_bundle_bytes: int, max_delay_s: float,
+                 max_queue_bytes: int, spool_after_s: float, stats: collections.Counter[str],
                  send_to_trainer: Callable[[list[Any]], bool],
                  tell_worker: Callable[[str, MsgType, dict[str, Any]], None]) -> None:
         self.spool = spool
-        self.min_samples, self.max_delay = min_samples, max_delay_s
+        self.min_samples, self.max_bundle_bytes, self.max_delay = min_samples, max_bundle_bytes, max_delay_s
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
@@ -135,17 +137,20 @@ class SampleRelay:
                                                    and now - self.queue[0].received < self.max_delay)):
                 return
             packets: list[QueuedPacket] = []
-            steps = 0
+            steps = nbytes = 0
             if spooled:
-                for sp in self.spool.take(self.min_samples):
+                for sp in self.spool.take(self.min_samples, self.max_bundle_bytes):
                     packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
                                                 int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
                     steps += packets[-1].steps
-            while self.queue and (steps < self.min_samples or not packets):
+                    nbytes += sp.nbytes
+            while self.queue and (not packets or steps < self.min_samples
+                                  or nbytes + self.queue[0].nbytes <= self.max_bundle_bytes):
                 packet = self.queue.popleft()
                 self.queued_steps -= packet.steps
                 packets.append(packet)
                 steps += packet.steps
+                nbytes += packet.nbytes
             self.bundle_seq += 1
             if not self.send_to_trainer(encode_bundle("server", self.bundle_seq, [p.frames for p in packets])):
                 self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it

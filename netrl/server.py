@@ -57,6 +57,8 @@ class Server:
         bind_ip: interface to bind; 127.0.0.1 by default.
         trainer_port, worker_port: the two ports (tmrl's defaults 55555 and 55556).
         network: heartbeat, size and reconnect settings.
+        max_bundle_bytes: beyond ``min_samples_per_server_packet``, a bundle takes the packets already waiting up to
+            this size.
         max_packet_delay_s: a bundle is sent after this long even if it has fewer samples.
         max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
         spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
@@ -68,11 +70,11 @@ class Server:
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
-                 max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20, spool_after_s: float = 2.0,
-                 spool_dir: str | Path = "weights/server-spool", spool_max_bytes: int = 1 << 30,
-                 fsync: bool = False, keys: ServerKeys | None = None, status_port: int | None = None,
-                 status_interval_s: float = 10.0) -> None:
-        self.min_samples = min_samples_per_server_packet
+                 max_bundle_bytes: int = 4 << 20, max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20,
+                 spool_after_s: float = 2.0, spool_dir: str | Path = "weights/server-spool",
+                 spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
+                 status_port: int | None = None, status_interval_s: float = 10.0) -> None:
+        self.min_samples, self.max_bundle_bytes = min_samples_per_server_packet, max_bundle_bytes
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
@@ -108,17 +110,18 @@ class Server:
         spool_dir = s.spool_dir or Path(cfg.weights_folder) / "server-spool"
         keys = server_keys(cfg.keys_dir) if cfg.security == "curve" else None
         return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
-                   worker_port=cfg.network.worker_port, network=cfg.network, max_packet_delay_s=s.max_packet_delay_s,
-                   max_queue_bytes=s.max_queue_bytes, spool_after_s=s.spool_after_s, spool_dir=spool_dir,
-                   spool_max_bytes=s.spool_max_bytes, fsync=s.fsync, keys=keys, status_port=s.status_port,
-                   status_interval_s=cfg.status_interval_s)
+                   worker_port=cfg.network.worker_port, network=cfg.network, max_bundle_bytes=s.max_bundle_bytes,
+                   max_packet_delay_s=s.max_packet_delay_s, max_queue_bytes=s.max_queue_bytes,
+                   spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
+                   fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
         """Open the spool and bind both ports (TransportError names the config key to change)."""
         self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
-        self.relay = SampleRelay(self.spool, self.min_samples, self.max_delay, self.max_queue_bytes, self.spool_after,
-                                 self.stats, self._send_to_trainer, self._tell_worker)
+        self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.max_delay,
+                                 self.max_queue_bytes, self.spool_after, self.stats, self._send_to_trainer,
+                                 self._tell_worker)
         schema_file = Path(self.spool_dir) / "schema.json"
         if schema_file.exists():  # the trainer's last schema, so packets are checked before it reconnects
             self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))

@@ -83,18 +83,20 @@ class Spool:
         self.bytes += frames_nbytes(frames)
         self.packets += 1
 
-    def take(self, max_steps: int) -> list[SpooledPacket]:
-        """Packets from the read cursor, up to at least ``max_steps`` samples (at least one packet)."""
+    def take(self, min_steps: int, max_bytes: int) -> list[SpooledPacket]:
+        """Packets from the read cursor: at least one, and at least ``min_steps`` samples if there are; beyond that,
+        more while they fit in ``max_bytes``."""
         out: list[SpooledPacket] = []
-        steps = 0
+        steps = nbytes = 0
         for rec in self.log.read(self._cursor):
             size = _size(rec)
+            if out and steps >= min_steps and nbytes + size > max_bytes:
+                break
             out.append(SpooledPacket(rec.position, rec.meta, rec.frames, size))
             self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size)
             self._cursor = rec.next
             steps += int(rec.meta["steps"])
-            if steps >= max_steps:
-                break
+            nbytes += size
         return out
 
     def pending(self) -> bool:

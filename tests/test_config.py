@@ -75,10 +75,12 @@ def test_misspelt_keys_get_a_suggestion() -> None:
 
 
 def test_cross_field_problems_name_both_fields() -> None:
-    assert problems({"network": {"trainer_port": 6000, "worker_port": 6000},
+    assert problems({"network": {"trainer_port": 6000, "worker_port": 6000, "max_message_bytes": 1 << 20},
                      "memory": {"memory_size": 10, "batch_size": 64}}) == [
         "network.trainer_port and network.worker_port must differ (both 6000)",
         "memory.memory_size (10) must be >= memory.batch_size (64)",
+        "server.max_bundle_bytes (4194304) must be < network.max_message_bytes (1048576): the trainer refuses larger "
+        "messages",
     ]
 
 

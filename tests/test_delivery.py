@@ -147,7 +147,10 @@ def test_slow_trainer_keeps_server_memory_bounded_and_counts_add_up(tmp_path: Pa
     queue_bytes, spool_bytes = 1 << 20, 2 << 20
     config = small_config(
         tmp_path,
-        server={"max_queue_bytes": queue_bytes, "spool_max_bytes": spool_bytes, "min_samples_per_server_packet": 200},
+        # one credit takes one 200-sample bundle (max_bundle_bytes 1: nothing more rides along), so the trainer's
+        # intake, not only its training, is 10x slower than the workers
+        server={"max_queue_bytes": queue_bytes, "spool_max_bytes": spool_bytes, "min_samples_per_server_packet": 200,
+                "max_bundle_bytes": 1},
         worker={"throttle": False, "max_backlog_bytes": 1 << 20, "send_window_bytes": 256 << 10,
                 "min_samples_per_worker_packet": 100, "flush_timeout_s": 1.0},
         trainer={"epochs": 100_000, "rounds": 1, "steps": 200, "update_buffer_interval": 200, "credit_window": 1,

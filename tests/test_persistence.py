@@ -94,8 +94,8 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     for seq in range(1, 7):
         spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
     assert (spool.packets, spool.steps) == (6, 60)
-    first = spool.take(20)
-    second = spool.take(20)
+    first = spool.take(20, max_bytes=0)
+    second = spool.take(20, max_bytes=0)
     assert [p.meta["seq"] for p in first + second] == [1, 2, 3, 4]
     spool.ack(second[0].position)  # out of order: the head cannot move past 1 and 2 yet
     assert spool.packets == 6
@@ -104,9 +104,13 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     assert (spool.packets, spool.steps) == (3, 30)  # 1, 2 and 3 are done; 4 is out but not acknowledged
     spool.close()
     again = Spool(tmp_path, max_bytes=10_000)  # a restarted server resends from the persisted head
-    assert [p.meta["seq"] for p in again.take(1000)] == [4, 5, 6]
+    assert [p.meta["seq"] for p in again.take(1000, max_bytes=0)] == [4, 5, 6]
     again.rewind()
-    assert [p.meta["seq"] for p in again.take(1)] == [4]
+    assert [p.meta["seq"] for p in again.take(1, max_bytes=0)] == [4]
+    again.rewind()
+    assert [p.meta["seq"] for p in again.take(1, max_bytes=250)] == [4, 5]  # then while 100-byte packets fit
+    again.rewind()
+    assert [p.meta["seq"] for p in again.take(0, max_bytes=50)] == [4]  # at least one packet, however big
     assert not again.fits(10_000) and again.fits(100)
 
 

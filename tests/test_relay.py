@@ -1,0 +1,84 @@
+"""The server's sample relay on its own: what goes into a bundle, and who is acknowledged when."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+from netrl.peers import QueuedPacket
+from netrl.relay import SampleRelay
+from netrl.spool import Spool
+from netrl.wire import MsgType, decode
+
+
+class Relay:
+    """A SampleRelay whose trainer and workers are lists."""
+
+    def __init__(self, tmp_path: Path, min_samples: int, max_bundle_bytes: int) -> None:
+        self.bundles: list[list[Any]] = []
+        self.told: list[tuple[str, MsgType, dict[str, Any]]] = []
+        self.relay = SampleRelay(Spool(tmp_path / "spool", 1 << 20), min_samples, max_bundle_bytes, max_delay_s=10.0,
+                                 max_queue_bytes=1 << 20, spool_after_s=60.0, stats=collections.Counter(),
+                                 send_to_trainer=self._send, tell_worker=lambda *told: self.told.append(told))
+
+    def _send(self, frames: list[Any]) -> bool:
+        self.bundles.append(frames)
+        return True
+
+    def packet(self, session: str, seq: int, steps: int = 4, nbytes: int = 100) -> None:
+        frames = [b"p%s%d" % (session.encode(), seq)]
+        got = self.relay.accept(QueuedPacket(f"w/{session}", session, seq, steps, frames, nbytes, 0.0), True)
+        assert got == "held"
+
+    def bundle_contents(self, i: int) -> list[bytes]:
+        """The packets (their single frames) in the i-th bundle sent."""
+        return [bytes(part[0]) for part in decode(self.bundles[i]).parts]
+
+
+def test_a_bundle_takes_what_waits_beyond_min_samples_up_to_max_bundle_bytes(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=5, max_bundle_bytes=250)
+    for seq in range(1, 6):
+        r.packet("a", seq)
+    r.relay.add_credit(3)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    # 4 samples per packet: two make min_samples (200 bytes), a third would pass 250 bytes
+    assert [r.bundle_contents(i) for i in range(len(r.bundles))] == [[b"pa1", b"pa2"], [b"pa3", b"pa4"]]
+    assert r.relay.credit == 1 and len(r.relay.queue) == 1  # pa5 (4 samples) waits for more, or for max_delay_s
+
+
+def test_under_load_one_bundle_and_one_ack_per_worker_cover_many_packets(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=5, max_bundle_bytes=1 << 20)
+    for seq in range(1, 5):
+        r.packet("a", seq)
+        r.packet("b", seq)
+    r.relay.add_credit(8)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    assert len(r.bundles) == 1 and len(r.bundle_contents(0)) == 8 and r.relay.credit == 7
+    assert not r.told  # nobody is acknowledged before the trainer has the bundle
+    r.relay.trainer_acked([1])
+    assert sorted((s, k, b["seqs"]) for s, k, b in r.told) == [("a", MsgType.ACK, [1, 2, 3, 4]),
+                                                                 ("b", MsgType.ACK, [1, 2, 3, 4])]
+    assert r.relay.mem_bytes == 0 and not r.relay.held
+
+
+def test_a_packet_bigger_than_max_bundle_bytes_still_goes_alone(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=50)
+    r.packet("a", 1, nbytes=400)
+    r.packet("a", 2, nbytes=400)
+    r.relay.add_credit(5)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    assert [r.bundle_contents(i) for i in range(len(r.bundles))] == [[b"pa1"], [b"pa2"]]
+
+
+def test_a_trainer_that_leaves_gets_the_whole_bundle_again(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
+    for seq in range(1, 4):
+        r.packet("a", seq)
+    r.relay.add_credit(1)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    r.relay.trainer_left()  # never acknowledged it
+    r.relay.trainer_joined()
+    r.relay.add_credit(1)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    assert r.bundle_contents(1) == [b"pa1", b"pa2", b"pa3"] and not r.told
