@@ -104,7 +104,8 @@ class ServerConfig:
     max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", _ge(1))
     spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", _gt(0))
     spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
-    spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets", _ge(0))
+    spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
+                              "may also keep up to a quarter more in emptied 64 MB files for reuse)", _ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
     status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", _port)
 

@@ -34,11 +34,18 @@ class SpooledPacket(NamedTuple):
 
 
 class Spool:
-    """A disk queue with a persistent head, a read cursor, and out-of-order acknowledgements."""
+    """A disk queue with a persistent head, a read cursor, and out-of-order acknowledgements.
 
-    def __init__(self, directory: str | Path, max_bytes: int, fsync: bool = False) -> None:
+    ``max_bytes`` caps the packets waiting. On disk, the folder can also hold the acknowledged start of the oldest
+    segment, and emptied segment files kept for reuse (see :mod:`netrl.segments`): as many as fit in a quarter of
+    ``max_bytes``, so a small spool keeps none.
+    """
+
+    def __init__(self, directory: str | Path, max_bytes: int, fsync: bool = False,
+                 segment_bytes: int = 64 << 20) -> None:
         self.dir = Path(directory)
-        self.log = SegmentLog(self.dir, fsync=fsync)
+        self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
+                              recycle=min(4, max_bytes // 4 // segment_bytes))
         self.max_bytes = max_bytes
         self.head = self._load_head()
         self._cursor = self.head

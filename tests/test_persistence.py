@@ -114,6 +114,24 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     assert not again.fits(10_000) and again.fits(100)
 
 
+@pytest.mark.parametrize("max_bytes", [3_000, 16_000, 1 << 20])
+def test_spool_keeps_emptied_segments_for_reuse_within_a_quarter_of_its_cap(tmp_path: Path, max_bytes: int) -> None:
+    spool = Spool(tmp_path, max_bytes=max_bytes, segment_bytes=1_000)
+    for seq in range(12):  # about one 900-byte packet per segment
+        while not spool.fits(900):
+            for p in spool.take(1, max_bytes=0):
+                spool.ack(p.position)
+            spool.close()  # persists the head, which drops the emptied segments
+        spool.push([b"x" * 900], {"worker": "w", "session": "s", "seq": seq, "steps": 1})
+    for p in spool.take(1 << 30, max_bytes=0):
+        spool.ack(p.position)
+    spool.close()
+    free = list(tmp_path.glob("*.free"))
+    assert sum(f.stat().st_size for f in free) <= max_bytes // 4
+    assert len(free) == min(4, max_bytes // 4 // 1_000)  # 0 for the smallest spool: it keeps nothing
+    assert Spool(tmp_path, max_bytes=max_bytes, segment_bytes=1_000).packets == 0
+
+
 def test_deliveries_detect_duplicates_and_keep_gaps_small() -> None:
     d = Deliveries()
     for seq in [1, 2, 3, 7, 5, 6, 4]:
