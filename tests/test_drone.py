@@ -7,6 +7,8 @@ action-buffer code produces the observations the memory must rebuild.
 from __future__ import annotations
 
 import dataclasses
+import random
+import time
 
 import numpy as np
 import pytest
@@ -46,6 +48,19 @@ def test_generic_gym_env_wraps_rtgym_and_copies_the_reused_action_arrays(env_id:
         assert obs2[-2] is not obs1[-1]
     finally:
         env.close()
+
+
+def test_the_drone_leaves_the_global_random_state_alone() -> None:
+    state = random.getstate()
+    env = GenericGymEnv("rtgym:real-time-gym-v1", {"config": drone_rtgym_config(time_step=FAST, ep_max_length=20)})
+    try:
+        env.reset(seed=1)
+        for _ in range(10):
+            env.step(np.array([0.3, -0.3], np.float32))  # each command and observation draws a delay in a thread
+    finally:
+        env.close()
+    time.sleep(0.1)  # let the last delayed threads draw
+    assert random.getstate() == state
 
 
 def test_config_is_copied_and_v0_is_not_used() -> None:

@@ -15,10 +15,12 @@ constants; :func:`drone_pipeline` takes them as arguments for tests and benchmar
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import gymnasium.spaces as spaces
 import numpy as np
+import rtgym.tuto.dummy_drone
 from rtgym import DEFAULT_CONFIG_DICT, DummyRCDrone, RealTimeGymInterface
 
 from netrl.actbuf import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
@@ -36,6 +38,9 @@ TIME_STEP = 0.05  # seconds per step (20 Hz)
 ACT_BUF_LEN = 4  # actions in the observation
 EP_MAX_LENGTH = 100  # steps per episode
 ENV_ID = "rtgym:real-time-gym-ts-v1"  # rtgym's thread-safe env: the worker has a network thread
+
+
+_DRONE_RANDOM = random.Random()
 
 
 class DummyRCDroneInterface(RealTimeGymInterface):  # type: ignore[misc]
@@ -66,6 +71,9 @@ class DummyRCDroneInterface(RealTimeGymInterface):  # type: ignore[misc]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[np.ndarray], dict]:
         if self.rc_drone is None:
+            # rtgym's drone draws its delays from the global random module, in threads that run until the process
+            # exits: its own generator keeps it from moving the user's (perhaps seeded) random state
+            rtgym.tuto.dummy_drone.random = _DRONE_RANDOM
             self.rc_drone = DummyRCDrone()  # the drone keeps flying between episodes
         if seed is not None:
             self.rng = np.random.default_rng(seed)
