@@ -1,7 +1,7 @@
 """Server: relays sample packets from workers to the trainer and weights from the trainer to every worker.
 
 One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a loopback-only status
-socket::
+socket (opened and secured by :class:`~netrl.server_sockets.ServerSockets`)::
 
     worker --SAMPLES--> [checks] --> SampleRelay (memory queue / disk spool) --BUNDLE--> trainer
     worker <--ACK------------------- SampleRelay <--ACK-------------------------------- trainer
@@ -30,23 +30,20 @@ import zmq
 
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
-from netrl.errors import ProtocolError, SampleRejected, TransportError, VersionMismatch
-from netrl.keys import SHARED_WORKER, ServerAuth, ServerKeys, server_keys
+from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
+from netrl.keys import SHARED_WORKER, ServerKeys, server_keys
 from netrl.peers import Peer, PeerTable, QueuedPacket
 from netrl.relay import SampleRelay
 from netrl.schema import SampleSchema
+from netrl.server_sockets import ServerSockets
 from netrl.spool import Spool
 from netrl.status import Rates, answer_status, status_line
-from netrl.transport import Liveness, bind, new_session, new_socket
+from netrl.transport import Liveness, new_session
 from netrl.wire import Message, MsgType, check_role, decode, encode, frames_nbytes
 
 __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
-
-
-def _loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 class Server:
@@ -88,7 +85,7 @@ class Server:
         self.rates = Rates()
         self.started = time.time()
         self._next_tick = self._next_status_line = 0.0
-        self.auth: ServerAuth | None = None
+        self.sockets = ServerSockets(self.net, bind_ip, trainer_port, worker_port, keys, status_port)
         self.schema: SampleSchema | None = None
         self.session = new_session()
         self.peers = PeerTable()
@@ -98,10 +95,7 @@ class Server:
         self.relay: SampleRelay | None = None
         self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
-        self._ctx: zmq.Context | None = None
-        self._socks: dict[str, zmq.Socket] = {}
-        self._status: zmq.Socket | None = None
-        self._closed = False
+        self._opened = self._closed = False
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
 
     @classmethod
@@ -125,29 +119,8 @@ class Server:
         schema_file = Path(self.spool_dir) / "schema.json"
         if schema_file.exists():  # the trainer's last schema, so packets are checked before it reconnects
             self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))
-        self._ctx = zmq.Context()
-        if self.keys is not None:
-            self.auth = ServerAuth(self._ctx, self.keys)
-        else:
-            log.warning("SECURITY IS OFF (\"security\": \"none\"): traffic on ports %d and %d is unencrypted and "
-                        "unauthenticated; anyone who can reach them can send samples or connect as the trainer and "
-                        "push weights to every worker%s", self.trainer_port, self.worker_port,
-                        "" if _loopback(self.bind_ip) else f". This server binds {self.bind_ip}, beyond loopback")
-        for role, port, key in (("trainer", self.trainer_port, "network.trainer_port"),
-                                ("worker", self.worker_port, "network.worker_port")):
-            sock = new_socket(self._ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000)
-            if self.auth is not None:
-                self.auth.secure(sock, role)
-            self._socks[role] = sock
-            bind(sock, self.bind_ip, port, key)
-        if self.status_port is not None:  # never beyond loopback; diagnostics must not stop the relay
-            self._status = new_socket(self._ctx, zmq.REP, 1 << 16)
-            try:
-                bind(self._status, "127.0.0.1", self.status_port, "server.status_port")
-            except TransportError as exc:
-                self._status.close(linger=0)
-                self._status = None
-                log.warning("relaying without a status port (`--status` will not reach this server): %s", exc)
+        self._opened = True
+        self.sockets.open()
         log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
                  "CURVE keys from " + str(self.keys.allow_dir) if self.keys else "UNENCRYPTED", self.session[:8],
@@ -156,20 +129,21 @@ class Server:
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set."""
         try:
-            if self._ctx is None:
+            if not self._opened:
                 self.open()
             poller = zmq.Poller()
-            for sock in self._socks.values():
+            socks, status = self.sockets.by_role, self.sockets.status
+            for sock in socks.values():
                 poller.register(sock, zmq.POLLIN)
-            if self._status is not None:
-                poller.register(self._status, zmq.POLLIN)
+            if status is not None:
+                poller.register(status, zmq.POLLIN)
             while not stop.is_set():
                 events = dict(poller.poll(self._poll_timeout_ms()))
-                for role, sock in self._socks.items():
+                for role, sock in socks.items():
                     if sock in events:
                         self._drain(role, sock)
-                if self._status is not None and self._status in events:
-                    if not answer_status(self._status, self.snapshot):
+                if status is not None and status in events:
+                    if not answer_status(status, self.snapshot):
                         self.stats["rejected"] += 1
                 now = time.monotonic()
                 assert self.relay is not None
@@ -187,14 +161,7 @@ class Server:
         self._closed = True
         for peer in self.peers.values():
             self._send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
-        for sock in self._socks.values():
-            sock.close(linger=0)
-        if self._status is not None:
-            self._status.close(linger=0)
-        if self.auth is not None:
-            self.auth.stop()
-        if self._ctx is not None:
-            self._ctx.term()
+        self.sockets.close()
         if self.spool is not None:
             self.spool.close()
         held = self.relay.held_packets() if self.relay else 0
@@ -275,8 +242,8 @@ class Server:
             self._forget(old.rid)
         address = rid_frame.get("Peer-Address") or "?"
         key = ""
-        if self.auth is not None:
-            key = self.auth.key_name(role, rid_frame)
+        if self.sockets.auth is not None:
+            key = self.sockets.auth.key_name(role, rid_frame)
             if role == "worker" and key not in (SHARED_WORKER, body["worker_id"]):
                 reason = f"key {key!r} belongs to worker {key!r}; this worker calls itself {body['worker_id']!r}"
                 self._reject(role, rid, None, reason)
@@ -401,7 +368,7 @@ class Server:
         return self._send_frames(peer, encode(msg))
 
     def _send_frames(self, peer: Peer, frames: list[Any]) -> bool:
-        sock = self._socks[peer.role]
+        sock = self.sockets.by_role[peer.role]
         try:
             sock.send_multipart([peer.rid, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -419,7 +386,7 @@ class Server:
 
     def _reply(self, role: str, rid: bytes, msg: Message) -> None:
         try:
-            self._socks[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)
+            self.sockets.by_role[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
             pass  # the peer is gone or flooding us; a reply is a courtesy
 

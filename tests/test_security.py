@@ -128,7 +128,8 @@ def test_clients_without_the_right_keys_can_neither_send_nor_receive(
     while (msg := trainer.recv(0.3)) is not None:
         seen.append(msg.type)
     assert MsgType.BUNDLE not in seen  # nothing the intruders sent reaches the trainer
-    assert srv.auth is not None and srv.auth.ring.refused["worker"] >= 1  # the unknown key, refused by ZAP
+    auth = srv.sockets.auth
+    assert auth is not None and auth.ring.refused["worker"] >= 1  # the unknown key, refused by ZAP
     legit = keyed(ctx, srv, keys, "worker", "worker")
     assert legit.hello().type is MsgType.WELCOME and legit.expect(MsgType.WEIGHTS).policy_version == 3
 
@@ -208,7 +209,7 @@ def test_all_finite_finds_any_bad_element_and_passes_sums_that_overflow(dtype: t
 
 def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Context, Path]) -> None:
     srv, _, keys = secured
-    assert all(s.getsockopt(zmq.MAXMSGSIZE) == NET.max_message_bytes for s in srv._socks.values())
+    assert all(s.getsockopt(zmq.MAXMSGSIZE) == NET.max_message_bytes for s in srv.sockets.by_role.values())
     with running_server(network=NetworkConfig(max_message_bytes=1 << 16), spool_dir=Path(keys).parent / "spool2",
                         keys=server_keys(keys)) as (small, small_ctx):
         k = client_keys(keys, "worker", "worker")

@@ -195,7 +195,7 @@ def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: 
         with running_server(network=NET, spool_dir=tmp_path / "b", status_port=port) as (second, ctx):
             worker = Peer(ctx, second.worker_port, "worker", "w")
             assert worker.hello().type is MsgType.WELCOME  # the second server relays all the same
-            assert first._status is not None and second._status is None
+            assert first.sockets.status is not None and second.sockets.status is None
     assert "relaying without a status port" in caplog.text and "server.status_port" in caplog.text
 
 

@@ -1,0 +1,76 @@
+"""The server's sockets: a ROUTER per role (CURVE-authenticated unless security is off) and a loopback-only status
+port. The server's loop polls them; this module only opens, secures and closes them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from netrl.config import NetworkConfig
+from netrl.errors import TransportError
+from netrl.keys import ServerAuth, ServerKeys
+from netrl.transport import bind, new_socket
+
+__all__ = ["ServerSockets"]
+
+log = logging.getLogger(__name__)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+class ServerSockets:
+    """``by_role["trainer"]`` and ``by_role["worker"]`` (ROUTER), and ``status`` (REP, or None). Construct with no
+    I/O, then :meth:`open`; :meth:`close` is idempotent."""
+
+    def __init__(self, net: NetworkConfig, bind_ip: str, trainer_port: int, worker_port: int,
+                 keys: ServerKeys | None, status_port: int | None) -> None:
+        self.net, self.bind_ip, self.keys = net, bind_ip, keys
+        self.ports = {"trainer": trainer_port, "worker": worker_port}
+        self.status_port = status_port
+        self.ctx: zmq.Context | None = None
+        self.auth: ServerAuth | None = None
+        self.by_role: dict[str, zmq.Socket] = {}
+        self.status: zmq.Socket | None = None
+
+    def open(self) -> None:
+        """Bind both ports (TransportError names the config key to change) and, if it is free, the status port."""
+        self.ctx = zmq.Context()
+        if self.keys is not None:
+            self.auth = ServerAuth(self.ctx, self.keys)
+        else:
+            log.warning("SECURITY IS OFF (\"security\": \"none\"): traffic on ports %d and %d is unencrypted and "
+                        "unauthenticated; anyone who can reach them can send samples or connect as the trainer and "
+                        "push weights to every worker%s", self.ports["trainer"], self.ports["worker"],
+                        "" if _loopback(self.bind_ip) else f". This server binds {self.bind_ip}, beyond loopback")
+        for role, port in self.ports.items():
+            sock = new_socket(self.ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000)
+            if self.auth is not None:
+                self.auth.secure(sock, role)
+            self.by_role[role] = sock
+            bind(sock, self.bind_ip, port, f"network.{role}_port")
+        if self.status_port is not None:  # never beyond loopback; diagnostics must not stop the relay
+            self.status = new_socket(self.ctx, zmq.REP, 1 << 16)
+            try:
+                bind(self.status, "127.0.0.1", self.status_port, "server.status_port")
+            except TransportError as exc:
+                self.status.close(linger=0)
+                self.status = None
+                log.warning("relaying without a status port (`--status` will not reach this server): %s", exc)
+
+    def close(self) -> None:
+        for sock in self.by_role.values():
+            sock.close(linger=0)
+        self.by_role = {}
+        if self.status is not None:
+            self.status.close(linger=0)
+            self.status = None
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
