@@ -15,7 +15,10 @@
 Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only while the trainer
 has credit, so a slow trainer never makes the server's memory grow. Beyond ``min_samples``, a bundle also takes the
 packets already waiting, up to ``max_bundle_bytes``: under load, one bundle, one trainer ACK and one ACK per worker
-then cover many packets instead of one each. Packets are forwarded unchanged.
+then cover many packets instead of one each. Whatever ``min_samples`` asks, a bundle never holds more than
+``MAX_BUNDLE_PARTS`` packets or more bytes than the trainer accepts (``max_message_bytes``, less room for the
+header); packets that cannot reach ``min_samples`` within those limits leave after ``max_delay_s``, and a packet too
+big to share a bundle goes alone. Packets are forwarded unchanged.
 """
 
 from __future__ import annotations
@@ -35,17 +38,20 @@ __all__ = ["SampleRelay"]
 log = logging.getLogger(__name__)
 
 Outcome = Literal["held", "spooled", "refused", "duplicate"]
+MAX_BUNDLE_PARTS = 4096  # far below what a header may list (wire.MAX_EPISODES_PER_PACKET * 4 array items)
+BUNDLE_HEADER_ROOM = 32 << 10  # a bundle header of MAX_BUNDLE_PARTS part counts takes at most about 20 KiB
 
 
 class SampleRelay:
     """Sample packets between the workers and the trainer. The server owns it and supplies the two sends."""
 
-    def __init__(self, spool: Spool, min_samples: int, max_bundle_bytes: int, max_delay_s: float,
-                 max_queue_bytes: int, spool_after_s: float, stats: collections.Counter[str],
+    def __init__(self, spool: Spool, min_samples: int, max_bundle_bytes: int, max_message_bytes: int,
+                 max_delay_s: float, max_queue_bytes: int, spool_after_s: float, stats: collections.Counter[str],
                  send_to_trainer: Callable[[list[Any]], bool],
                  tell_worker: Callable[[str, MsgType, dict[str, Any]], None]) -> None:
         self.spool = spool
         self.min_samples, self.max_bundle_bytes, self.max_delay = min_samples, max_bundle_bytes, max_delay_s
+        self.bundle_limit = max_message_bytes - BUNDLE_HEADER_ROOM  # what the trainer accepts, less the header
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
@@ -139,13 +145,12 @@ class SampleRelay:
             packets: list[QueuedPacket] = []
             steps = nbytes = 0
             if spooled:
-                for sp in self.spool.take(self.min_samples, self.max_bundle_bytes):
+                for sp in self.spool.take(self._more):
                     packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
                                                 int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
                     steps += packets[-1].steps
                     nbytes += sp.nbytes
-            while self.queue and (not packets or steps < self.min_samples
-                                  or nbytes + self.queue[0].nbytes <= self.max_bundle_bytes):
+            while self.queue and (not packets or self._more(len(packets), steps, nbytes, self.queue[0].nbytes)):
                 packet = self.queue.popleft()
                 self.queued_steps -= packet.steps
                 packets.append(packet)
@@ -161,6 +166,12 @@ class SampleRelay:
             self.stats["samples_out"] += steps
             self.stats["bundles_out"] += 1
             self.last_bundle_at = now
+
+    def _more(self, count: int, steps: int, nbytes: int, next_bytes: int) -> bool:
+        """Whether a bundle of ``count`` packets (``steps`` samples, ``nbytes`` bytes) also takes the next one."""
+        if count >= MAX_BUNDLE_PARTS or nbytes + next_bytes > self.bundle_limit:
+            return False  # the trainer would refuse the bundle
+        return steps < self.min_samples or nbytes + next_bytes <= self.max_bundle_bytes
 
     def _untake(self, packets: list[QueuedPacket]) -> None:
         for packet in reversed([p for p in packets if p.spool_position is None]):

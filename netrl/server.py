@@ -113,9 +113,9 @@ class Server:
     def open(self) -> None:
         """Open the spool and bind both ports (TransportError names the config key to change)."""
         self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
-        self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.max_delay,
-                                 self.max_queue_bytes, self.spool_after, self.stats, self._send_to_trainer,
-                                 self._tell_worker)
+        self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
+                                 self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
+                                 self._send_to_trainer, self._tell_worker)
         schema_file = Path(self.spool_dir) / "schema.json"
         if schema_file.exists():  # the trainer's last schema, so packets are checked before it reconnects
             self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))

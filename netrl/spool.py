@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -90,14 +91,14 @@ class Spool:
         self.bytes += frames_nbytes(frames)
         self.packets += 1
 
-    def take(self, min_steps: int, max_bytes: int) -> list[SpooledPacket]:
-        """Packets from the read cursor: at least one, and at least ``min_steps`` samples if there are; beyond that,
-        more while they fit in ``max_bytes``."""
+    def take(self, more: Callable[[int, int, int, int], bool]) -> list[SpooledPacket]:
+        """Packets from the read cursor: the first one, then each next one while ``more(packets, samples, bytes,
+        next_bytes)`` (what is taken so far, and the size of the next packet) says so."""
         out: list[SpooledPacket] = []
         steps = nbytes = 0
         for rec in self.log.read(self._cursor):
             size = _size(rec)
-            if out and steps >= min_steps and nbytes + size > max_bytes:
+            if out and not more(len(out), steps, nbytes, size):
                 break
             out.append(SpooledPacket(rec.position, rec.meta, rec.frames, size))
             self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size)

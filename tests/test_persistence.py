@@ -4,6 +4,7 @@ atomic checkpoints, stale-sample handling and the worker's weights on disk."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,13 +90,18 @@ def test_recycled_segments_are_reused_and_their_old_records_never_come_back(tmp_
         assert path.stat().st_size == records[-1].next.offset
 
 
+def upto(min_steps: int, max_bytes: int) -> Callable[[int, int, int, int], bool]:
+    """A bundling rule for Spool.take: at least ``min_steps`` samples, then more while they fit in ``max_bytes``."""
+    return lambda count, steps, nbytes, size: steps < min_steps or nbytes + size <= max_bytes
+
+
 def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -> None:
     spool = Spool(tmp_path, max_bytes=10_000)
     for seq in range(1, 7):
         spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
     assert (spool.packets, spool.steps) == (6, 60)
-    first = spool.take(20, max_bytes=0)
-    second = spool.take(20, max_bytes=0)
+    first = spool.take(upto(20, 0))
+    second = spool.take(upto(20, 0))
     assert [p.meta["seq"] for p in first + second] == [1, 2, 3, 4]
     spool.ack(second[0].position)  # out of order: the head cannot move past 1 and 2 yet
     assert spool.packets == 6
@@ -104,13 +110,13 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     assert (spool.packets, spool.steps) == (3, 30)  # 1, 2 and 3 are done; 4 is out but not acknowledged
     spool.close()
     again = Spool(tmp_path, max_bytes=10_000)  # a restarted server resends from the persisted head
-    assert [p.meta["seq"] for p in again.take(1000, max_bytes=0)] == [4, 5, 6]
+    assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [4, 5, 6]
     again.rewind()
-    assert [p.meta["seq"] for p in again.take(1, max_bytes=0)] == [4]
+    assert [p.meta["seq"] for p in again.take(upto(1, 0))] == [4]
     again.rewind()
-    assert [p.meta["seq"] for p in again.take(1, max_bytes=250)] == [4, 5]  # then while 100-byte packets fit
+    assert [p.meta["seq"] for p in again.take(upto(1, 250))] == [4, 5]  # then while 100-byte packets fit
     again.rewind()
-    assert [p.meta["seq"] for p in again.take(0, max_bytes=50)] == [4]  # at least one packet, however big
+    assert [p.meta["seq"] for p in again.take(upto(0, 50))] == [4]  # at least one packet, however big
     assert not again.fits(10_000) and again.fits(100)
 
 
@@ -119,11 +125,11 @@ def test_spool_keeps_emptied_segments_for_reuse_within_a_quarter_of_its_cap(tmp_
     spool = Spool(tmp_path, max_bytes=max_bytes, segment_bytes=1_000)
     for seq in range(12):  # about one 900-byte packet per segment
         while not spool.fits(900):
-            for p in spool.take(1, max_bytes=0):
+            for p in spool.take(upto(1, 0)):
                 spool.ack(p.position)
             spool.close()  # persists the head, which drops the emptied segments
         spool.push([b"x" * 900], {"worker": "w", "session": "s", "seq": seq, "steps": 1})
-    for p in spool.take(1 << 30, max_bytes=0):
+    for p in spool.take(upto(1 << 30, 0)):
         spool.ack(p.position)
     spool.close()
     free = list(tmp_path.glob("*.free"))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.peers import QueuedPacket
-from netrl.relay import SampleRelay
+from netrl.relay import BUNDLE_HEADER_ROOM, MAX_BUNDLE_PARTS, SampleRelay
 from netrl.spool import Spool
 from netrl.wire import MsgType, decode
 
@@ -15,11 +15,13 @@ from netrl.wire import MsgType, decode
 class Relay:
     """A SampleRelay whose trainer and workers are lists."""
 
-    def __init__(self, tmp_path: Path, min_samples: int, max_bundle_bytes: int) -> None:
+    def __init__(self, tmp_path: Path, min_samples: int, max_bundle_bytes: int, max_message_bytes: int = 1 << 30
+                 ) -> None:
         self.bundles: list[list[Any]] = []
         self.told: list[tuple[str, MsgType, dict[str, Any]]] = []
-        self.relay = SampleRelay(Spool(tmp_path / "spool", 1 << 20), min_samples, max_bundle_bytes, max_delay_s=10.0,
-                                 max_queue_bytes=1 << 20, spool_after_s=60.0, stats=collections.Counter(),
+        self.relay = SampleRelay(Spool(tmp_path / "spool", 1 << 20), min_samples, max_bundle_bytes, max_message_bytes,
+                                 max_delay_s=10.0, max_queue_bytes=1 << 30, spool_after_s=60.0,
+                                 stats=collections.Counter(),
                                  send_to_trainer=self._send, tell_worker=lambda *told: self.told.append(told))
 
     def _send(self, frames: list[Any]) -> bool:
@@ -69,6 +71,27 @@ def test_a_packet_bigger_than_max_bundle_bytes_still_goes_alone(tmp_path: Path) 
     r.relay.add_credit(5)
     r.relay.flush(now=0.0, trainer_connected=True)
     assert [r.bundle_contents(i) for i in range(len(r.bundles))] == [[b"pa1"], [b"pa2"]]
+
+
+def test_min_samples_never_makes_a_bundle_the_trainer_would_refuse(tmp_path: Path) -> None:
+    # 10 samples per packet and 100 wanted per bundle, but the trainer takes 3 packets' worth of bytes
+    r = Relay(tmp_path, min_samples=100, max_bundle_bytes=1, max_message_bytes=BUNDLE_HEADER_ROOM + 3 * 1000)
+    for seq in range(1, 11):
+        r.packet("a", seq, steps=10, nbytes=1000)
+    r.relay.add_credit(10)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    assert [r.bundle_contents(i) for i in range(len(r.bundles))] == [[b"pa1", b"pa2", b"pa3"]]
+    r.relay.flush(now=20.0, trainer_connected=True)  # the rest wait for min_samples, at most max_delay_s
+    assert [len(r.bundle_contents(i)) for i in range(len(r.bundles))] == [3, 3, 3, 1]
+
+
+def test_a_bundle_lists_at_most_max_bundle_parts_packets(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=10**9, max_bundle_bytes=1 << 30)
+    for seq in range(1, MAX_BUNDLE_PARTS + 11):
+        r.packet("a", seq, steps=1, nbytes=10)
+    r.relay.add_credit(1)
+    r.relay.flush(now=20.0, trainer_connected=True)  # past max_delay_s: what is there leaves
+    assert len(r.bundle_contents(0)) == MAX_BUNDLE_PARTS and len(r.relay.queue) == 10
 
 
 def test_a_trainer_that_leaves_gets_the_whole_bundle_again(tmp_path: Path) -> None:
