@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import subprocess
@@ -21,6 +22,17 @@ from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.server import Server
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process gets its logging setup (a handler on that test's captured stdout); later
+    tests must not log into that closed stream ("--- Logging error ---" in the suite's output)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def small_config(tmp_path: Path, **sections: Any) -> Path:
