@@ -80,8 +80,7 @@ class Server:
         self.max_queue_bytes = max_queue_bytes
         self.spool_after = spool_after_s
         self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
-        self.keys = keys
-        self.status_port, self.status_interval = status_port, status_interval_s
+        self.status_interval = status_interval_s
         self.rates = Rates()
         self.started = time.time()
         self._next_tick = self._next_status_line = 0.0
@@ -121,10 +120,10 @@ class Server:
             self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))
         self._opened = True
         self.sockets.open()
+        keys = self.sockets.keys
         log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
-                 "CURVE keys from " + str(self.keys.allow_dir) if self.keys else "UNENCRYPTED", self.session[:8],
-                 self.spool_dir)
+                 f"CURVE keys from {keys.allow_dir}" if keys else "UNENCRYPTED", self.session[:8], self.spool_dir)
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set."""
