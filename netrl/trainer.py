@@ -91,9 +91,10 @@ class TrainerLink(NetThread):
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
         """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
         self.version = version
-        layout, nbytes = flat_layout(actor)
+        state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
+        layout, nbytes = flat_layout(state)
         flat = self._free_snapshot(nbytes)
-        snapshot_into(actor, layout, flat)
+        snapshot_into(state, layout, flat)
         trackers = []
         for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, flat, layout, PART_BYTES):
             tracker = self.command([b"weights", b"%d" % msg.body["part"], *encode(msg)], track=True)

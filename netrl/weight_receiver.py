@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.weights import WeightAssembler, check_weights, flat_layout, load_weights, weight_specs
+from netrl.weights import WeightAssembler, check_weights, flat_layout, load_weights, tensor_views, weight_specs
 from netrl.wire import Message
 
 __all__ = ["WeightReceiver", "WeightSlot"]
@@ -84,14 +84,15 @@ class WeightReceiver:
             self.counts["weights_rejected"] += 1
             log.error("rejected weights v%d from the server: %s", version, exc)
             return self.stats()
-        problems = check_weights(self.specs, arrays)
+        tensors = tensor_views(arrays)  # checked as tensors: torch's sum is the fastest finiteness proof
+        problems = check_weights(self.specs, tensors)
         if problems:
             self.assembler.release(flat)
             self.counts["weights_rejected"] += 1
             log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
             return self.stats()
         module = self.slot.take_module()
-        load_weights(module, arrays, assign=True)  # no copy on CPU: the actor's tensors view the received buffer
+        load_weights(module, tensors, assign=True)  # no copy on CPU: the actor's tensors view the received buffer
         if next(module.parameters()).device.type == "cpu":
             self.assembler.release(self._backing.get(id(module)))  # its old buffer is no longer viewed
             self._backing[id(module)] = flat

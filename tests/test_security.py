@@ -21,7 +21,7 @@ from netrl.errors import SecurityError
 from netrl.keys import client_keys, keygen, server_keys
 from netrl.launch import free_port
 from netrl.server import Server
-from netrl.weights import all_finite, check_weights, state_arrays
+from netrl.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
 from netrl.wire import Message, MsgType, samples_message
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
@@ -181,6 +181,7 @@ def test_workers_check_weights_before_loading_them() -> None:
     del bad["mu.bias"]
     bad["net.0.bias"] = np.full(8, np.nan, np.float32)
     problems = check_weights(actor, bad)
+    assert check_weights(weight_specs(actor), tensor_views(bad)) == problems  # the worker checks tensor views
     assert "missing parameter 'mu.bias'" in problems and "unexpected parameter 'extra'" in problems
     assert any("'mu.weight' has shape (3, 8)" in p for p in problems)
     assert any("'net.0.bias' contains NaN" in p for p in problems)
@@ -192,19 +193,23 @@ def test_workers_check_weights_before_loading_them() -> None:
     assert all(torch.equal(before[k], v) for k, v in actor.state_dict().items())
 
 
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "torch"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_all_finite_finds_any_bad_element_and_passes_sums_that_overflow(dtype: type) -> None:
+def test_all_finite_finds_any_bad_element_and_passes_sums_that_overflow(dtype: type, as_tensor: bool) -> None:
+    def finite(arr: np.ndarray) -> bool:
+        return all_finite(torch.from_numpy(arr) if as_tensor else arr)
+
     big = float(np.finfo(dtype).max)
-    assert all_finite(np.zeros(0, dtype)) and all_finite(np.linspace(-1, 1, 1001).astype(dtype))
-    assert all_finite(np.full((4, 5), big, dtype)) and all_finite(np.array([big, -big, big], dtype))
+    assert finite(np.zeros(0, dtype)) and finite(np.linspace(-1, 1, 1001).astype(dtype))
+    assert finite(np.full((4, 5), big, dtype)) and finite(np.array([big, -big, big], dtype))
     for bad in (np.nan, np.inf, -np.inf):
         for at in (0, 500, 1000):
             arr = np.ones(1001, dtype)
             arr[at] = bad
-            assert not all_finite(arr), (bad, at)
+            assert not finite(arr), (bad, at)
             arr[:at] = big  # a sum that also overflows must not hide the bad element
-            assert not all_finite(arr), (bad, at)
-    assert not all_finite(np.array([np.inf, -np.inf], dtype))  # the sum is NaN
+            assert not finite(arr), (bad, at)
+    assert not finite(np.array([np.inf, -np.inf], dtype))  # the sum is NaN
 
 
 def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Context, Path]) -> None:

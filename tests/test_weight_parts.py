@@ -76,10 +76,27 @@ def test_buffers_are_reused_once_no_actor_views_them() -> None:
     actor = MLPActor(OBS, ACT, hidden_sizes=(16,))
     _, nbytes = flat_layout(actor)
     a = WeightAssembler(nbytes)
-    first, _ = assemble(a, parts_of(actor, 1, 10_000))
+    first, _ = assemble(a, parts_of(actor, 1, 200))
     a.release(first)
-    second, _ = assemble(a, parts_of(actor, 2, 10_000))
+    second, _ = assemble(a, parts_of(actor, 2, 200))
     assert second is first  # the freed buffer came back instead of fresh pages
+
+
+def test_a_version_in_one_part_is_viewed_in_place_and_never_reused() -> None:
+    actor, other = MLPActor(OBS, ACT, hidden_sizes=(16,)), MLPActor(OBS, ACT, hidden_sizes=(16,))
+    _, nbytes = flat_layout(actor)
+    a = WeightAssembler(nbytes)
+    msgs = parts_of(actor, 1, 10_000)
+    chunk = msgs[0].arrays["chunk"]
+    flat, arrays = assemble(a, msgs)
+    assert flat.ctypes.data == chunk.ctypes.data and not flat.flags.writeable  # the received frame, no copy
+    load_weights(other, arrays, assign=True)
+    for name, t in actor.state_dict().items():
+        assert torch.equal(other.state_dict()[name], t)
+    a.release(flat)  # the frame is not the assembler's to write: the next version gets a buffer of its own
+    later, _ = assemble(a, parts_of(actor, 2, 200))
+    assert later.flags.writeable and later.ctypes.data != chunk.ctypes.data
+    assert torch.equal(other.mu.weight, actor.mu.weight)  # the loaded actor still reads the untouched frame
 
 
 @pytest.fixture
