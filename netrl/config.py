@@ -91,7 +91,8 @@ class NetworkConfig:
     heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", _ge(2))
     reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", _gt(0))
     reconnect_max_s: float = _f(8.0, "longest reconnect delay", _gt(0))
-    max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts", _ge(4096))
+    max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
+                                "but 32 KiB of it: the room for the server's bundle header)", _ge(1 << 16))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from netrl.peers import QueuedPacket
 from netrl.spool import Spool
-from netrl.wire import MsgType, encode_bundle
+from netrl.wire import BUNDLE_HEADER_ROOM, MsgType, encode_bundle
 
 __all__ = ["SampleRelay"]
 
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["held", "spooled", "refused", "duplicate"]
 MAX_BUNDLE_PARTS = 4096  # far below what a header may list (wire.MAX_EPISODES_PER_PACKET * 4 array items)
-BUNDLE_HEADER_ROOM = 32 << 10  # a bundle header of MAX_BUNDLE_PARTS part counts takes at most about 20 KiB
 
 
 class SampleRelay:

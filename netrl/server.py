@@ -39,7 +39,7 @@ from netrl.server_sockets import ServerSockets
 from netrl.spool import Spool
 from netrl.status import Rates, answer_status, status_line
 from netrl.transport import Liveness, new_session
-from netrl.wire import Message, MsgType, check_role, decode, encode, frames_nbytes
+from netrl.wire import BUNDLE_HEADER_ROOM, Message, MsgType, check_role, decode, encode, frames_nbytes
 
 __all__ = ["Server"]
 
@@ -285,25 +285,34 @@ class Server:
 
     # -- handlers, one per message type --------------------------------------------------------------------
     def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        assert self.relay is not None
+        nbytes = frames_nbytes(frames)
+        if nbytes > self.relay.bundle_limit:
+            self._refuse(peer, msg.seq, f"a packet of {nbytes} bytes cannot reach the trainer, whose messages are "
+                         f"capped at network.max_message_bytes ({self.net.max_message_bytes}) with "
+                         f"{BUNDLE_HEADER_ROOM} bytes kept for the bundle header: send fewer samples per packet")
+            return
         if self.schema is not None:
             try:
                 self.schema.check(msg.body, msg.arrays, peer.label)
             except SampleRejected as exc:
-                self._reject("worker", peer.rid, peer, str(exc))
-                self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [msg.seq], "retry_s": 0,
-                                                                       "reason": f"rejected: {exc}"}))
+                self._refuse(peer, msg.seq, str(exc))
                 return
         a = msg.arrays
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
         peer.produced = max(peer.produced, msg.body["produced"])
-        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, frames_nbytes(frames),
-                              time.monotonic())
-        assert self.relay is not None
+        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic())
         outcome = self.relay.accept(packet, self.peers.trainer is not None)
         if outcome in ("held", "spooled"):
             peer.samples += steps
             peer.packets += 1
             self.stats["samples_in"] += steps
+
+    def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
+        """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
+        self._reject("worker", peer.rid, peer, reason)
+        self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "reason": f"rejected: "
+                                                               f"{reason}"}))
 
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         stats = msg.body.get("stats")

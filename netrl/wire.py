@@ -41,6 +41,7 @@ from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "BUNDLE_HEADER_ROOM",
     "PROTOCOL_VERSION",
     "Codec",
     "Message",
@@ -62,6 +63,9 @@ MAX_ARRAYS = 512
 MAX_DIMS = 8
 MAX_NAME = 256
 MAX_EPISODES_PER_PACKET = 10_000
+# A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
+# max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
+BUNDLE_HEADER_ROOM = 32 << 10
 ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 Codec = Literal["none", "zstd", "lz4"]
 _CODECS = ("none", "zstd", "lz4")

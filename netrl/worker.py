@@ -26,7 +26,7 @@ import torch
 
 from netrl.config import Config, NetworkConfig
 from netrl.envs import check_spaces
-from netrl.errors import NetrlError
+from netrl.errors import ConfigError, NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
@@ -38,7 +38,7 @@ from netrl.weights import (
     read_weights_file,
     write_weights_file,
 )
-from netrl.wire import Codec, encode, samples_message
+from netrl.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, samples_message
 from netrl.worker_link import WorkerLink
 
 __all__ = ["RolloutWorker"]
@@ -312,8 +312,16 @@ class RolloutWorker:
             return
         self.seq += 1
         msg = samples_message(buf, self.worker_id, self.session, self.seq, self.produced)
+        frames = encode(msg, self.compression)
+        nbytes, limit = frames_nbytes(frames), self.network.max_message_bytes - BUNDLE_HEADER_ROOM
+        if nbytes > limit:  # the server would refuse it, and every packet like it: stop and say what to change
+            raise ConfigError([f"worker {self.worker_id}: a packet of {len(buf)} samples takes {nbytes} bytes, more "
+                               f"than the server relays (network.max_message_bytes = "
+                               f"{self.network.max_message_bytes}, less {BUNDLE_HEADER_ROOM} for the bundle header): "
+                               f"lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
+                               "network.max_message_bytes on every machine"])
         head = self.seq.to_bytes(8, "little") + int(np.count_nonzero(buf.transition_end)).to_bytes(8, "little")
-        self.net.command([head, *encode(msg, self.compression)])
+        self.net.command([head, *frames])
 
     def _swap_weights(self) -> None:
         if self.weights is None:

@@ -15,7 +15,16 @@ import zmq
 
 from netrl.config import NetworkConfig
 from netrl.server import Server
-from netrl.wire import PROTOCOL_VERSION, Message, MsgType, buffer_from_message, decode, encode, samples_message
+from netrl.wire import (
+    BUNDLE_HEADER_ROOM,
+    PROTOCOL_VERSION,
+    Message,
+    MsgType,
+    buffer_from_message,
+    decode,
+    encode,
+    samples_message,
+)
 from tests.conftest import running_server
 from tests.test_wire import sample_buffer, weights_message
 
@@ -225,3 +234,19 @@ def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path:
             assert srv.stats["samples_spooled"] == 0  # and nothing overflowed to disk
         finally:
             link.halt(0.5)
+
+
+def test_a_packet_the_trainer_could_not_accept_is_refused_for_good(tmp_path: Path) -> None:
+    net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, max_message_bytes=1 << 16)
+    big = encode(samples_message(sample_buffer(1000), "w", "s", 1, 1000))  # ~40 KB: fits 64 KiB, not 64 less 32
+    assert (1 << 16) - BUNDLE_HEADER_ROOM < sum(len(f) for f in big) < 1 << 16
+    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):
+        worker = Peer(ctx, srv.worker_port, "worker", "w")
+        worker.hello()
+        worker.send(samples_message(sample_buffer(1000), "w", worker.session, 1, 1000))
+        nack = worker.expect(MsgType.NACK)
+        assert nack.body["seqs"] == [1] and nack.body["retry_s"] == 0  # never resent: it can never fit
+        assert "network.max_message_bytes (65536)" in nack.body["reason"]
+        worker.send(samples_message(sample_buffer(5), "w", worker.session, 2, 1005))
+        assert worker.expect(MsgType.ACK).body["seqs"] == [2]  # the server carries on relaying
+        assert srv.stats["rejected"] == 1 and srv.relay is not None and srv.relay.spool.packets == 1
