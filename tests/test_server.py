@@ -250,3 +250,32 @@ def test_a_packet_the_trainer_could_not_accept_is_refused_for_good(tmp_path: Pat
         worker.send(samples_message(sample_buffer(5), "w", worker.session, 2, 1005))
         assert worker.expect(MsgType.ACK).body["seqs"] == [2]  # the server carries on relaying
         assert srv.stats["rejected"] == 1 and srv.relay is not None and srv.relay.spool.packets == 1
+
+
+class _Backlog:
+    """A socket stand-in with ``n`` messages waiting."""
+
+    def __init__(self, n: int) -> None:
+        self.waiting = n
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[Any]:
+        if self.waiting == 0:
+            raise zmq.Again()
+        self.waiting -= 1
+        return [zmq.Frame(b"rid"), zmq.Frame(b"msg")]
+
+
+def test_a_flooded_port_is_drained_a_budget_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between two passes the server's loop flushes bundles to the trainer: a burst from many workers must not hold
+    # them up (draining everything at once once kept the server accepting for seconds, at 1% of its rate).
+    srv = Server(network=NET, spool_dir=str(tmp_path / "spool"))
+    seen: list[str] = []
+    monkeypatch.setattr(srv, "_receive", lambda role, frames: seen.append(role))
+    flood = _Backlog(100)
+    srv._drain("worker", flood)  # type: ignore[arg-type]
+    assert len(seen) == 32 and flood.waiting == 68  # the rest waits for the next pass
+    for _ in range(3):
+        srv._drain("worker", flood)  # type: ignore[arg-type]
+    assert len(seen) == 100 and flood.waiting == 0
+    srv._drain("worker", flood)  # type: ignore[arg-type]  # nothing waiting: returns at once
+    assert len(seen) == 100
