@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from netrl.peers import QueuedPacket
 from netrl.spool import Spool
-from netrl.wire import BUNDLE_HEADER_ROOM, MsgType, encode_bundle
+from netrl.wire import MsgType, encode_bundle, max_packet_bytes
 
 __all__ = ["SampleRelay"]
 
@@ -50,7 +50,7 @@ class SampleRelay:
                  tell_worker: Callable[[str, MsgType, dict[str, Any]], None]) -> None:
         self.spool = spool
         self.min_samples, self.max_bundle_bytes, self.max_delay = min_samples, max_bundle_bytes, max_delay_s
-        self.bundle_limit = max_message_bytes - BUNDLE_HEADER_ROOM  # what the trainer accepts, less the header
+        self.bundle_limit = max_packet_bytes(max_message_bytes)  # what the trainer accepts, less the header
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker

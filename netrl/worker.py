@@ -38,7 +38,7 @@ from netrl.weights import (
     read_weights_file,
     write_weights_file,
 )
-from netrl.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, samples_message
+from netrl.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, max_packet_bytes, samples_message
 from netrl.worker_link import WorkerLink
 
 __all__ = ["RolloutWorker"]
@@ -313,8 +313,9 @@ class RolloutWorker:
         self.seq += 1
         msg = samples_message(buf, self.worker_id, self.session, self.seq, self.produced)
         frames = encode(msg, self.compression)
-        nbytes, limit = frames_nbytes(frames), self.network.max_message_bytes - BUNDLE_HEADER_ROOM
-        if nbytes > limit:  # the server would refuse it, and every packet like it: stop and say what to change
+        nbytes = frames_nbytes(frames)
+        # the server would refuse it, and every packet like it: stop and say what to change
+        if nbytes > max_packet_bytes(self.network.max_message_bytes):
             raise ConfigError([f"worker {self.worker_id}: a packet of {len(buf)} samples takes {nbytes} bytes, more "
                                f"than the server relays (network.max_message_bytes = "
                                f"{self.network.max_message_bytes}, less {BUNDLE_HEADER_ROOM} for the bundle header): "

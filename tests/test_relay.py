@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from netrl.peers import QueuedPacket
-from netrl.relay import BUNDLE_HEADER_ROOM, MAX_BUNDLE_PARTS, SampleRelay
+from netrl.relay import MAX_BUNDLE_PARTS, SampleRelay
 from netrl.spool import Spool
-from netrl.wire import MsgType, decode
+from netrl.wire import BUNDLE_HEADER_ROOM, MsgType, decode
 
 
 class Relay:
