@@ -6,6 +6,7 @@ and for finiteness before anything is loaded. Files are read with ``torch.load(w
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -25,14 +26,16 @@ __all__ = ["PART_BYTES", "WeightAssembler", "WeightSpecs", "all_finite", "check_
            "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "tensor_views", "weight_specs",
            "write_weights_file"]
 
-_DTYPE_NAMES: dict[Any, str] = {}  # numpy or torch dtype -> "float32"...: str() of a dtype costs microseconds
 
-
+@functools.cache  # str() of a dtype costs microseconds, and this runs per tensor of every received version
 def _dtype_name(dtype: Any) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
+    """The name ("float32", ...) of a numpy or torch dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def _np_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    return np.dtype(_dtype_name(dtype))
 
 
 def state_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -160,18 +163,13 @@ _ALIGN = 64
 _FRAME_ALIGN = 16  # a received frame viewed in place must align every dtype (offsets in it are multiples of _ALIGN)
 
 
-_NP_DTYPES: dict[torch.dtype, np.dtype[Any]] = {}
-
-
 def flat_layout(module: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[list[list[Any]], int]:
     """``[[name, dtype, shape, offset], ...]`` and the total size of a module's state_dict (or of a state_dict
     already taken) as one buffer."""
     state = module.state_dict() if isinstance(module, torch.nn.Module) else module
     layout, offset = [], 0
     for name, t in state.items():
-        dtype = _NP_DTYPES.get(t.dtype)
-        if dtype is None:
-            dtype = _NP_DTYPES[t.dtype] = np.dtype(_dtype_name(t.dtype))
+        dtype = _np_dtype(t.dtype)
         layout.append([name, dtype.str, list(t.shape), offset])
         offset += -(-t.numel() * dtype.itemsize // _ALIGN) * _ALIGN
     return layout, offset
