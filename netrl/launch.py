@@ -107,7 +107,8 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
                 break
             stop.wait(0.5)
     finally:
-        codes = stop_processes(procs)
+        # the worker first, so that it says goodbye to a server still there (not "lost the server")
+        codes = stop_processes(procs[:1]) + stop_processes(procs[1:])
     returns = _returns(metrics)
     if returns:
         log.info("demo done: mean episode return went from %.0f (first round) to %.0f (last round), best %.0f",

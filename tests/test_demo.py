@@ -37,5 +37,6 @@ def test_demo_runs_all_three_roles_and_ctrl_c_stops_them(tmp_path: Path) -> None
             os.killpg(demo.pid, signal.SIGKILL)
     text = log.read_text()
     assert "exit codes worker/trainer/server: [0, 0, 0]" in text
+    assert "lost the server" not in text, text[-2000:]  # the worker stops before the server says goodbye
     _, alive = psutil.wait_procs(children, timeout=0)
     assert not alive, f"demo children still running: {alive}"
