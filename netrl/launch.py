@@ -107,8 +107,9 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
                 break
             stop.wait(0.5)
     finally:
-        # the worker first, so that it says goodbye to a server still there (not "lost the server")
-        codes = stop_processes(procs[:1]) + stop_processes(procs[1:])
+        # one by one, the server last, so that each client says goodbye to a server still there (instead of
+        # logging "lost the server" when the server's goodbye arrives first)
+        codes = [code for p in procs for code in stop_processes([p])]
     returns = _returns(metrics)
     if returns:
         log.info("demo done: mean episode return went from %.0f (first round) to %.0f (last round), best %.0f",
