@@ -8,11 +8,11 @@ socket (opened and secured by :class:`~netrl.server_sockets.ServerSockets`)::
     worker <--WEIGHTS parts--------- newest-weights cache <--WEIGHTS parts------------- trainer
 
 The server authenticates peers (CURVE keys per port), checks every message against its sender's role and every
-sample packet against the trainer's schema, and hands packets to :class:`~netrl.relay.SampleRelay`, which decides
-where each waits and when its worker is acknowledged. The newest weights are cached
-(:class:`~netrl.broadcast.WeightCache`) and streamed to a worker the moment it says HELLO, part by part as they
-arrive. The trainer's PROGRESS becomes a PACE allowance per worker. Bad messages are logged with their peer,
-counted (``stats["rejected"]``) and dropped.
+sample packet against the trainer's schema (compressed images are relayed without decompressing them: the trainer
+checks their contents), and hands packets to :class:`~netrl.relay.SampleRelay`, which decides where each waits and
+when its worker is acknowledged. The newest weights are cached (:class:`~netrl.broadcast.WeightCache`) and streamed
+to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE allowance
+per worker. Bad messages are logged with their peer, counted (``stats["rejected"]``) and dropped.
 """
 
 from __future__ import annotations
@@ -198,7 +198,8 @@ class Server:
         if peer is not None:
             peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
         try:
-            msg = decode(frames[1:], self.net.max_message_bytes)
+            # compressed images stay compressed: the server checks their layout, the trainer their contents
+            msg = decode(frames[1:], self.net.max_message_bytes, inflate=False)
             if msg.type is MsgType.HELLO:
                 self._hello(role, rid, msg, frames[0])
                 return

@@ -19,7 +19,8 @@ has (``body.parts``) and the parts' frames follow, so the relay never copies or 
 
 :func:`encode` and :func:`decode` are exact inverses. :func:`decode` checks, in this order, the frame count, the
 header size and schema, the protocol version, the body schema of the message type, each array's dtype against
-:data:`ALLOWED_DTYPES`, its shape against its buffer length, and the size limits; anything else raises
+:data:`ALLOWED_DTYPES`, its shape against its buffer length (after decompressing it; the server's relay-only
+decode leaves compressed integer arrays compressed, see :func:`decode`), and the size limits; anything else raises
 :class:`~netrl.errors.ProtocolError`. Nothing is ever pickled.
 """
 
@@ -29,13 +30,12 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import lz4.block
 import msgpack
 import numpy as np
-import zstandard
 
+from netrl.codecs import CODECS, Codec, check_declared_size, compress, decompress
 from netrl.errors import MalformedMessage, RoleViolation, VersionMismatch
 from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
@@ -74,9 +74,6 @@ def max_packet_bytes(max_message_bytes: int) -> int:
     return max_message_bytes - BUNDLE_HEADER_ROOM
 
 ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
-Codec = Literal["none", "zstd", "lz4"]
-_CODECS = ("none", "zstd", "lz4")
-_COMPRESS_MIN_BYTES = 1024
 
 
 class MsgType(str, enum.Enum):
@@ -143,35 +140,13 @@ class Message:
     parts: list[list[Any]] = field(default_factory=list)  # BUNDLE only: the frames of each SAMPLES part
 
 
-class _Compressors:
-    """Reused (de)compressor objects; creating them per message costs more than small payloads."""
-
-    def __init__(self) -> None:
-        self.zstd_c = zstandard.ZstdCompressor(level=1)
-        self.zstd_d = zstandard.ZstdDecompressor()
-
-
-_compressors = _Compressors()
-
-
-def _compress(arr: np.ndarray, codec: Codec) -> tuple[str, Any]:
-    """Compress integer data (images, masks) where it pays; float vectors barely compress and stay raw."""
-    raw = np.ascontiguousarray(arr).data.cast("B")
-    if codec == "none" or arr.dtype.kind == "f" or raw.nbytes < _COMPRESS_MIN_BYTES:
-        return "none", raw
-    packed = _compressors.zstd_c.compress(raw) if codec == "zstd" else lz4.block.compress(raw, store_size=False)
-    if len(packed) > 0.9 * raw.nbytes:
-        return "none", raw
-    return codec, packed
-
-
 def encode(msg: Message, compression: Codec = "none") -> list[Any]:
     """Turn a message into frames: the msgpack header, then one buffer per array (zero-copy when raw)."""
     specs = []
     frames: list[Any] = [b""]
     for name, arr in msg.arrays.items():
         arr = np.asarray(arr)
-        codec, payload = _compress(arr, compression)
+        codec, payload = compress(arr, compression)
         specs.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "codec": codec,
                       "nbytes": int(arr.nbytes)})
         frames.append(payload)
@@ -244,7 +219,7 @@ _ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # built once: np.dtype() per array is measurable
 
 
-def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
+def _array(spec: Any, frame: Any, max_bytes: int, inflate: bool) -> tuple[str, np.ndarray]:
     # On the hot path of every relayed packet: plain type checks (`type(x) is int` also refuses bools).
     if type(spec) is not dict or spec.keys() != _ARRAY_KEYS:
         raise MalformedMessage("array entry must have exactly name, dtype, shape, codec, nbytes")
@@ -261,7 +236,7 @@ def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
         if type(d) is not int or not 0 <= d < 2**40:
             raise MalformedMessage(f"array {name!r} has an invalid shape {shape!r}")
         count *= d
-    if codec not in _CODECS:
+    if codec not in CODECS:
         raise MalformedMessage(f"array {name!r} has unknown codec {codec!r}")
     expected = count * dtype.itemsize
     if nbytes != expected:
@@ -269,8 +244,11 @@ def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
     if expected > max_bytes:
         raise MalformedMessage(f"array {name!r} needs {expected} bytes, over the {max_bytes}-byte limit")
     data = _buf(frame)
+    if codec != "none" and not inflate and dtype.kind in "iu":
+        check_declared_size(name, codec, data, expected)
+        return name, np.broadcast_to(np.zeros((), dtype), tuple(shape))  # read-only zeros: shape and dtype only
     if codec != "none":
-        data = memoryview(_decompress(name, codec, data, expected))
+        data = memoryview(decompress(name, codec, data, expected))
     if data.nbytes != expected:
         raise MalformedMessage(f"array {name!r}: shape {shape} needs {expected} bytes, frame has {data.nbytes}")
     arr = np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -279,26 +257,13 @@ def _array(spec: Any, frame: Any, max_bytes: int) -> tuple[str, np.ndarray]:
     return name, arr
 
 
-def _decompress(name: str, codec: str, data: memoryview, nbytes: int) -> bytes:
-    try:
-        if codec == "zstd":
-            declared = zstandard.frame_content_size(data)
-            if declared not in (nbytes, -1):
-                raise MalformedMessage(f"array {name!r}: zstd frame declares {declared} bytes, expected {nbytes}")
-            out = _compressors.zstd_d.decompress(data, max_output_size=nbytes)
-        else:
-            out = lz4.block.decompress(data, uncompressed_size=nbytes)
-    except MalformedMessage:
-        raise
-    except Exception as exc:  # every codec failure is a malformed message, never a crash
-        raise MalformedMessage(f"array {name!r}: {codec} data does not decompress ({exc})") from None
-    if len(out) != nbytes:
-        raise MalformedMessage(f"array {name!r}: decompressed to {len(out)} bytes, expected {nbytes}")
-    return out
-
-
-def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20) -> Message:
+def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = True) -> Message:
     """Parse and validate frames into a :class:`Message`.
+
+    With ``inflate=False`` (the server, which reads sample packets but relays them as they came), integer arrays
+    that arrive compressed are not decompressed: their declared size is checked where the codec records it, and
+    they come back as read-only zeros of their shape and dtype. Boolean and float arrays are always inflated and
+    checked, and the trainer decodes everything in full before anything reaches its memory.
 
     Raises:
         MalformedMessage: the frames do not follow the layout in this module's docstring.
@@ -336,7 +301,7 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20) -> Message:
     if len(frames) != 1 + len(specs):
         raise MalformedMessage(f"header lists {len(specs)} arrays but {len(frames) - 1} data frames follow")
     for spec, frame in zip(specs, frames[1:], strict=True):
-        name, arr = _array(spec, frame, max_bytes)
+        name, arr = _array(spec, frame, max_bytes, inflate)
         if name in msg.arrays:
             raise MalformedMessage(f"array {name!r} appears twice")
         msg.arrays[name] = arr

@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from netrl.config import NetworkConfig
+from netrl.errors import MalformedMessage
 from netrl.server import Server
 from netrl.wire import (
     BUNDLE_HEADER_ROOM,
@@ -111,6 +112,32 @@ def test_samples_are_bundled_to_the_trainer_within_its_credit(server: tuple[Serv
     # spooled (no trainer yet): >= 5 samples, then what else waits, well under max_bundle_bytes
     assert [p.seq for p in parts] == [1, 2, 3]
     assert all(p.worker == f"w/{worker.session}" for p in parts)
+
+
+def test_compressed_images_are_relayed_as_they_came_and_checked_by_the_trainer(
+        server: tuple[Server, zmq.Context]) -> None:
+    """The server reads image packets' layout, not their pixels: it never inflates them (the trainer does)."""
+    srv, ctx = server
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker.hello()
+    sent = []
+    for seq in (1, 2):
+        frames = [bytes(f) for f in encode(samples_message(sample_buffer(50, image=True), "w", worker.session, seq,
+                                                           seq * 49), "zstd")]
+        i = 1 + [a["name"] for a in msgpack.unpackb(frames[0])["arrays"]].index("obs")
+        assert msgpack.unpackb(frames[0])["arrays"][i - 1]["codec"] == "zstd"
+        if seq == 1:  # its header says 12,800 bytes, as the header of the image does; the rest is garbage
+            frames[i] = frames[i][:len(frames[i]) // 2] + bytes(len(frames[i]) - len(frames[i]) // 2)
+        worker.sock.send_multipart(frames)
+        sent.append(frames)
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    trainer.hello()
+    trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
+    bundle = trainer.expect(MsgType.BUNDLE)
+    assert [[bytes(f) for f in p] for p in bundle.parts] == sent and srv.stats["rejected"] == 0
+    with pytest.raises(MalformedMessage, match="'obs': zstd data does not decompress"):
+        decode(bundle.parts[0])
+    assert buffer_from_message(decode(bundle.parts[1])).seq == 2
 
 
 def test_pace_splits_the_trainers_wish_between_workers(server: tuple[Server, zmq.Context]) -> None:

@@ -129,6 +129,36 @@ def test_compression_applies_where_it_pays() -> None:
     assert {a["name"]: a["codec"] for a in header([bytes(noisy[0])])["arrays"]}["obs"] == "none"  # no gain: raw
 
 
+def test_without_inflate_compressed_integer_arrays_stay_compressed_and_the_rest_is_checked() -> None:
+    """The server's decode: it reads layouts, never image contents; the trainer's full decode checks those."""
+    frames = samples_frames(50, "zstd", image=True)
+    names = [a["name"] for a in header(frames)["arrays"]]
+    full, lazy = decode(frames), decode(frames, inflate=False)
+    obs = lazy.arrays["obs"]
+    assert obs.shape == full.arrays["obs"].shape and obs.dtype == np.uint8 and not obs.flags.writeable
+    assert not obs.any() and full.arrays["obs"].any()  # zeros in place of the (unread) image data
+    for name in set(names) - {"obs"}:
+        np.testing.assert_array_equal(lazy.arrays[name], full.arrays[name])
+
+    i = names.index("obs") + 1
+    corrupt = bytearray(frames[i])
+    corrupt[len(corrupt) // 2:] = bytes(len(corrupt) - len(corrupt) // 2)  # a valid zstd header, garbage after it
+    damaged = [*frames[:i], bytes(corrupt), *frames[i + 1:]]
+    decode(damaged, inflate=False)  # relayed by the server...
+    with pytest.raises(MalformedMessage, match="'obs': zstd data does not decompress"):
+        decode(damaged)  # ...and rejected by the trainer
+
+    bigger = zstandard.ZstdCompressor().compress(bytes(2 * len(full.arrays["obs"].tobytes())))
+    with pytest.raises(MalformedMessage, match="'obs': zstd frame declares"):  # a declared size is checked
+        decode([*frames[:i], bigger, *frames[i + 1:]], inflate=False)
+    h = header(frames)
+    j = names.index("terminated")
+    h["arrays"][j]["codec"] = "zstd"  # booleans are always inflated: the server counts steps from them
+    with pytest.raises(MalformedMessage, match="'terminated'"):
+        decode([msgpack.packb(h), *frames[1:j + 1], zstandard.ZstdCompressor().compress(bytes([2] * 50)),
+                *frames[j + 2:]], inflate=False)
+
+
 def test_bundle_carries_parts_unchanged() -> None:
     parts = [samples_frames(3), samples_frames(4)]
     msg = decode(encode_bundle("server", 5, parts))
@@ -272,7 +302,7 @@ def test_mutated_frames_never_raise_anything_but_protocol_errors(data: st.DataOb
     if data.draw(st.booleans()):
         frames = frames[: data.draw(st.integers(0, len(frames)))]
     try:
-        msg = decode(frames)
+        msg = decode(frames, inflate=data.draw(st.booleans()))
     except ProtocolError:
         return
     assert msg.type is MsgType.SAMPLES  # a mutation that still decodes must still be a valid packet
