@@ -18,22 +18,39 @@ from netrl.samples import Buffer
 from netrl.schema import SampleSchema
 
 BENCH = str(Path(__file__).resolve().parent.parent / "bench.py")
-KINDS: dict[str, dict[str, Any]] = {  # rows per packet, and the layout of one row
-    "vector": {"rows": 1000, "obs": ((12,), np.float32), "act": ((2,), np.float32)},
-    "image": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32)},
+KINDS: dict[str, dict[str, Any]] = {  # rows per packet, the layout of one row, and the worker's packet codec
+    "vector": {"rows": 1000, "obs": ((12,), np.float32), "act": ((2,), np.float32), "codec": "none"},
+    "image": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32), "codec": "none"},
+    # image rows as a camera makes them (ImageReach's noisy frame stacks), sent as a worker sends them by default
+    "camera": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32), "codec": "zstd"},
 }
 
 
 def packet(kind: str) -> Buffer:
-    """One packet of random rows of ``kind`` (vector or image), starting with an episode's first row."""
+    """One packet of rows of ``kind``, starting with an episode's first row: random for vector and image (which
+    no codec can shrink), an ImageReach episode's camera frames for camera."""
     spec = KINDS[kind]
     n = int(spec["rows"])
     rng = np.random.default_rng(0)
     (obs_shape, obs_dtype), (act_shape, act_dtype) = spec["obs"], spec["act"]
-    obs = rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype)
+    obs = _camera_frames(n) if kind == "camera" else rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype)
     return Buffer(act=rng.normal(size=(n, *act_shape)).astype(act_dtype), obs=obs,
                   rew=rng.normal(size=n).astype(np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
                   reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.ones(n, np.int64))
+
+
+def _camera_frames(n: int) -> np.ndarray:
+    """``n`` observations (4x64x64 frame stacks) of ImageReach under random actions, resetting between episodes."""
+    from netrl.envs_image import ImageReachEnv
+
+    env = ImageReachEnv()
+    env.action_space.seed(0)
+    obs, _ = env.reset(seed=0)
+    out = [obs]
+    while len(out) < n:
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        out.append(obs if not (terminated or truncated) else env.reset()[0])
+    return np.stack(out)
 
 
 def schema(kind: str) -> SampleSchema:

@@ -5,6 +5,10 @@ de-duplication, schema checks and the sample log on) behind a real server. Two r
 the same packets' frames pushed by the same number of processes straight to one PULL socket (one hop), and through
 a forwarding process in between (PULL -> PUSH, zero-copy: the physical limit of a worker -> server -> trainer
 topology, two hops, three processes on the machine's two cores). All with CURVE on and off.
+
+Three kinds of packet (``common.KINDS``): vector rows, image rows of random pixels (incompressible, sent raw), and
+camera rows, the same shape of ImageReach frames compressed with zstd per packet as a worker does by default. The
+baselines always move the uncompressed packet: what a sink receives is the same samples either way.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
                       max_backlog_bytes=1 << 30, send_window_bytes=cfg.worker.send_window_bytes)
     link.start()
     buf, steps, seq = packet(kind), KINDS[kind]["rows"] - 1, 0  # type: ignore[operator]
+    codec = KINDS[kind]["codec"]  # compressed per packet, as a worker does
     while not link.link.ready:
         time.sleep(0.01)
     _ready_then_wait(go)
@@ -57,7 +62,7 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
             if not link.wait_backlog_below(16 << 20, 0.5):  # block like a producer facing a full pipe
                 continue
             seq += 1
-            frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), "none")
+            frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), codec)
             link.command([seq.to_bytes(8, "little") + int(steps).to_bytes(8, "little"), *frames])
     except KeyboardInterrupt:
         pass
@@ -244,7 +249,7 @@ def bench_relay(quick: bool, repeat: int = 1) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
         tmp = Path(d)
         keygen(tmp / "keys")  # sources use the shared worker key
-        for kind in ("vector", "image"):
+        for kind in KINDS:
             for workers in (1, 4, 16):
                 for security in ("curve", "none"):
                     runs = []
