@@ -23,7 +23,7 @@ import torch
 
 from netrl.errors import CheckpointError
 
-__all__ = ["exists", "load_checkpoint", "save_checkpoint"]
+__all__ = ["exists", "load_checkpoint", "load_state", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,11 @@ def _current(folder: Path) -> int:
         raise CheckpointError(f"{pointer} is unreadable ({exc}); remove {folder} to start this run afresh") from None
 
 
-def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(agent_state, state) of the current checkpoint, or None when there is none.
+def load_state(run_dir: Path) -> dict[str, Any] | None:
+    """The current checkpoint's state (counters, epoch, config...) without its tensors, or None when there is none.
 
     Raises:
-        CheckpointError: the checkpoint is torn, unreadable or from an incompatible format.
+        CheckpointError: the state file is unreadable or from an incompatible format.
     """
     folder = _dir(run_dir)
     number = _current(folder)
@@ -85,11 +85,25 @@ def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | No
         return None
     state_file = folder / f"state_{number:06d}.json"
     try:
-        state = json.loads(state_file.read_text())
+        state: dict[str, Any] = json.loads(state_file.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read {state_file}: {exc}") from None
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{state_file} has format {state.get('format')!r}; this netrl reads format {FORMAT}")
+    return state
+
+
+def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(agent_state, state) of the current checkpoint, or None when there is none.
+
+    Raises:
+        CheckpointError: the checkpoint is torn, unreadable or from an incompatible format.
+    """
+    folder = _dir(run_dir)
+    state = load_state(run_dir)
+    if state is None:
+        return None
+    number = _current(folder)
     agent_file = folder / state["agent_file"]
     try:
         agent_state = torch.load(agent_file, map_location="cpu", weights_only=True)

@@ -81,7 +81,15 @@ def _returns(metrics: Path) -> list[float]:
 
 def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C."""
+    from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
+
     run_dir = cfg.run_dir
+    state = load_state(run_dir) if cfg.trainer.resume else None
+    if state is not None and state["epoch"] >= cfg.trainer.epochs:  # a finished demo: watch it learn again
+        old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(old)
+        log.info("demo: %s/ held a finished run (%d of %d epochs); moved it to %s/ and starting a new one", run_dir,
+                 state["epoch"], cfg.trainer.epochs, old)
     if cfg.security == "curve":
         from netrl.keys import keygen
 

@@ -262,6 +262,13 @@ class Trainer:
             training.build()
             self.run_dir.mkdir(parents=True, exist_ok=True)
             deliveries, sample_log = self._restore(training)
+            if training.epoch >= training.epochs:
+                log.warning("%s holds a finished run (%d of %d epochs): nothing to train. Raise trainer.epochs to "
+                            "train it further, or set run_name for a new run", self.run_dir, training.epoch,
+                            training.epochs)
+                if sample_log is not None:
+                    sample_log.close()
+                return
             self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
             schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
                                               self.sample_compressor)

@@ -40,3 +40,26 @@ def test_demo_runs_all_three_roles_and_ctrl_c_stops_them(tmp_path: Path) -> None
     assert "lost the server" not in text, text[-2000:]  # the worker stops before the server says goodbye
     _, alive = psutil.wait_procs(children, timeout=0)
     assert not alive, f"demo children still running: {alive}"
+
+
+def _run(role: str, config: Path, timeout: float) -> str:
+    done = subprocess.run([sys.executable, "-m", "netrl", f"--{role}", "--config", str(config)], capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout + done.stderr
+
+
+def test_a_finished_run_is_reported_and_the_demo_starts_a_new_one(tmp_path: Path) -> None:
+    config = small_config(tmp_path)  # one epoch
+    run_dir = tmp_path / "weights" / "test"
+    assert "epoch 0 round 1" in _run("demo", config, 180)  # ran to its end
+    # the trainer alone, on the finished run: it says so and stops, without waiting for a server
+    text = _run("trainer", config, 60)
+    assert f"{run_dir} holds a finished run (1 of 1 epochs): nothing to train" in text, text[-2000:]
+    assert "connected to trainer server" not in text
+    # the demo again: it keeps the finished run and learns from scratch in a new one
+    text = _run("demo", config, 180)
+    assert f"demo: {run_dir}/ held a finished run (1 of 1 epochs); moved it to" in text, text[-2000:]
+    assert "epoch 0 round 1" in text
+    (old,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("test-")]
+    assert (old / "checkpoint" / "CURRENT").exists() and (run_dir / "checkpoint" / "CURRENT").exists()
