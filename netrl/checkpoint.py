@@ -73,13 +73,7 @@ def _current(folder: Path) -> int:
         raise CheckpointError(f"{pointer} is unreadable ({exc}); remove {folder} to start this run afresh") from None
 
 
-def load_state(run_dir: Path) -> dict[str, Any] | None:
-    """The current checkpoint's state (counters, epoch, config...) without its tensors, or None when there is none.
-
-    Raises:
-        CheckpointError: the state file is unreadable or from an incompatible format.
-    """
-    folder = _dir(run_dir)
+def _load_state(folder: Path) -> tuple[int, dict[str, Any]] | None:
     number = _current(folder)
     if number == 0:
         return None
@@ -90,7 +84,17 @@ def load_state(run_dir: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"cannot read {state_file}: {exc}") from None
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{state_file} has format {state.get('format')!r}; this netrl reads format {FORMAT}")
-    return state
+    return number, state
+
+
+def load_state(run_dir: Path) -> dict[str, Any] | None:
+    """The current checkpoint's state (counters, epoch, config...) without its tensors, or None when there is none.
+
+    Raises:
+        CheckpointError: the state file is unreadable or from an incompatible format.
+    """
+    got = _load_state(_dir(run_dir))
+    return got[1] if got is not None else None
 
 
 def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -100,10 +104,10 @@ def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | No
         CheckpointError: the checkpoint is torn, unreadable or from an incompatible format.
     """
     folder = _dir(run_dir)
-    state = load_state(run_dir)
-    if state is None:
+    got = _load_state(folder)
+    if got is None:
         return None
-    number = _current(folder)
+    number, state = got
     agent_file = folder / state["agent_file"]
     try:
         agent_state = torch.load(agent_file, map_location="cpu", weights_only=True)
