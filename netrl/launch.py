@@ -56,8 +56,16 @@ def spawn_role(role: str, config_path: str | Path, *extra: str, log_level: str =
                             env={**os.environ, **(env or {})}, start_new_session=True)
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0) -> list[int | None]:
-    """SIGINT every live process once, wait up to ``timeout`` in total, then kill stragglers. Returns exit codes."""
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0,
+                   then: Sequence[subprocess.Popen[Any]] = ()) -> list[int | None]:
+    """SIGINT every live process once, wait up to ``timeout`` in total, then kill stragglers; then the same for
+    ``then``. Returns exit codes, ``procs`` first.
+
+    Pass a server as ``then`` and its clients as ``procs``: a client stopped together with its server may hear the
+    server's goodbye first, and log that it lost the server.
+    """
+    if then:
+        return stop_processes(procs, timeout) + stop_processes(then, timeout)
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
@@ -107,7 +115,6 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     time.sleep(0.5)
     trainer = spawn_role("trainer", demo_cfg)
     worker = spawn_role("worker", demo_cfg, log_level="WARNING")
-    procs = [worker, trainer, server]
     try:
         while not stop.is_set() and trainer.poll() is None:
             if server.poll() is not None or worker.poll() is not None:
@@ -115,9 +122,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
                 break
             stop.wait(0.5)
     finally:
-        # one by one, the server last, so that each client says goodbye to a server still there (instead of
-        # logging "lost the server" when the server's goodbye arrives first)
-        codes = [code for p in procs for code in stop_processes([p])]
+        codes = stop_processes([worker, trainer], then=[server])
     returns = _returns(metrics)
     if returns:
         log.info("demo done: mean episode return went from %.0f (first round) to %.0f (last round), best %.0f",

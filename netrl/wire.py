@@ -67,13 +67,12 @@ MAX_EPISODES_PER_PACKET = 10_000
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
 # max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
 BUNDLE_HEADER_ROOM = 32 << 10
+ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 
 
 def max_packet_bytes(max_message_bytes: int) -> int:
     """The largest sample packet (or run of packets in one bundle) a trainer with this limit can accept."""
     return max_message_bytes - BUNDLE_HEADER_ROOM
-
-ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 
 
 class MsgType(str, enum.Enum):

@@ -193,10 +193,8 @@ def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, version
         time.sleep(interval)
         return _latencies({r["v"]: r["t0"] for r in published}, reports)
     finally:
-        # before the server, so that no worker logs a lost server. Each worker's interpreter spends about 0.3 s of
-        # CPU tearing torch down at exit: 16 of them need 4-5 s on two cores
-        stop_processes([publisher, *procs], timeout=5 + 0.5 * workers)
-        stop_processes([server], timeout=5)
+        # Each worker's interpreter spends about 0.3 s of CPU tearing torch down at exit: 16 need 4-5 s on two cores
+        stop_processes([publisher, *procs], timeout=5 + 0.5 * workers, then=[server])
 
 
 def broadcast_raw(hidden: int, workers: int, security: str, versions: int, interval: float,

@@ -213,8 +213,7 @@ def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float
         start_together(sources, go)
         return result(sink, 120)
     finally:
-        stop_processes(sources, timeout=5)  # before the server, so that no source logs a lost server
-        stop_processes([server], timeout=5)
+        stop_processes(sources, timeout=5, then=[server])
         shutil.rmtree(run, ignore_errors=True)  # its spool and sample log: hundreds of MB per measurement
 
 
