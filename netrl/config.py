@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from netrl.codecs import Codec
 from netrl.errors import ConfigError
 
 __all__ = [
@@ -126,6 +127,8 @@ class WorkerConfig:
     send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
                                 "them: image packets at full speed need about 32 MB)", _ge(1))
     flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", _ge(0))
+    compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
+                            "CPU, but finds little in noisy camera frames) or none")
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ class RolloutWorker:
                    overlap=pipeline.overlap,
                    throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
                    max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
-                   flush_timeout_s=w.flush_timeout_s, seed=cfg.seed,
+                   flush_timeout_s=w.flush_timeout_s, compression=w.compression, seed=cfg.seed,
                    episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
                    keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                    status_interval_s=cfg.status_interval_s)

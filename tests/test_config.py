@@ -54,6 +54,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "env": {"pipeline": "atari"},
         "wandb": {"mode": "loud"},
         "agent": {"learn_entropy_coef": "yes"},
+        "worker": {"compression": "gzip"},
     })
     assert found == [
         "trainer.steps must be >= 1 (got -3)",
@@ -64,6 +65,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         'env.pipeline must be "gym" or "drone" or "image" (got "atari")',
         'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',
         'agent.learn_entropy_coef must be true or false (got "yes")',
+        'worker.compression must be "none" or "zstd" or "lz4" (got "gzip")',
     ]
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import msgpack
 import pytest
 
 from netrl.agents.sac import MLPActor
-from netrl.config import NetworkConfig
+from netrl.config import NetworkConfig, config_from_dict
 from netrl.envs import GenericGymEnv
 from netrl.errors import ConfigError
 from netrl.launch import free_port
+from netrl.pipelines.image import image_pipeline
 from netrl.util import partial
 from netrl.wire import BUNDLE_HEADER_ROOM
 from netrl.worker import RolloutWorker
@@ -26,3 +31,27 @@ def test_a_packet_bigger_than_the_server_can_relay_stops_the_worker_with_what_to
     assert "worker w: a packet of 2000 samples takes" in text and f"less {BUNDLE_HEADER_ROOM}" in text
     assert "worker.min_samples_per_worker_packet (2000)" in text and "network.max_message_bytes = 65536" in text
     assert worker.seq == 1  # the first packet stopped it
+
+
+class Recorder:
+    def __init__(self, sent: list[list[Any]]) -> None:
+        self.command = sent.append
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
+def test_the_configured_codec_compresses_what_the_worker_sends(codec: str, tmp_path: Path) -> None:
+    cfg = config_from_dict({"env": {"pipeline": "image"}, "security": "none", "weights_folder": str(tmp_path),
+                            "worker": {"compression": codec, "min_samples_per_worker_packet": 8}}, "config.json")
+    # camera frames without sensor noise, which both codecs shrink (lz4 finds little in noisy ones)
+    worker = RolloutWorker.from_config(cfg, image_pipeline(cfg, env_kwargs={"noise": 0.0}))
+    sent: list[list[bytes]] = []
+    worker.net = Recorder(sent)  # type: ignore[assignment]  # what the worker hands its network thread
+    worker.env = worker.env_cls()
+    obs, _ = worker.env.reset(seed=0)
+    worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=True)
+    while not sent:
+        obs, rew, term, trunc, info = worker.env.step(worker.env.action_space.sample())
+        worker._record(worker.env.action_space.sample(), obs, float(rew), term, trunc, info, reset=False)
+    codecs = {a["name"]: a["codec"] for a in msgpack.unpackb(sent[0][1])["arrays"]}
+    assert codecs["obs"] == codec  # frames (uint8) use the codec; float arrays never do
+    assert codecs["rew"] == "none"
