@@ -10,7 +10,8 @@
   and its worker gets the ACK when the trainer acknowledges the bundle that carried it (until then the worker
   keeps it). If the trainer takes no bundle for ``spool_after_s``, waiting packets move to the spool.
 * Otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first.
-* If the spool is full too, the packet is refused (the server sends the worker a NACK; it resends later).
+* If the spool is full too, or the disk refuses it (full, too many open files), the packet is refused (the server
+  sends the worker a NACK; it resends later). A packet waiting in memory stays there until the disk takes it.
 
 Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only while the trainer
 has credit, so a slow trainer never makes the server's memory grow. Beyond ``min_samples``, a bundle also takes the
@@ -63,7 +64,7 @@ class SampleRelay:
         self.inflight: dict[int, list[QueuedPacket]] = {}
         self.inflight_steps = 0
         self.last_bundle_at = 0.0
-        self._last_full_warning = 0.0
+        self._last_full_warning = self._last_spool_error = self._spool_retry_at = 0.0
 
     # -- packets in ----------------------------------------------------------------------------------------------
     def accept(self, packet: QueuedPacket, trainer_connected: bool) -> Outcome:
@@ -78,20 +79,45 @@ class SampleRelay:
             self.mem_bytes += packet.nbytes
             self.queued_steps += packet.steps
             return "held"
+        reason = "server queue and spool are full"
         if self.spool.fits(packet.nbytes):
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "no trainer is connected"
                          if not trainer_connected else f"the memory queue is full ({self.mem_bytes} bytes)")
+            if self._spool(packet):
+                self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq]})  # on disk: the server has it
+                return "spooled"
+            reason = "the server cannot write its spool"
+        else:
+            self._warn_full(packet.worker)
+        self.stats["samples_refused"] += packet.steps
+        self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0, "reason": reason})
+        return "refused"
+
+    def _spool(self, packet: QueuedPacket) -> bool:
+        """Append ``packet`` to the spool; False (logged, counted) if the disk refuses it (full, too many files).
+        After a refusal the spool rests for a second instead of failing on every pass of the server's loop."""
+        if time.monotonic() < self._spool_retry_at:
+            return False
+        try:
             self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
                                             "steps": packet.steps})
-            self.stats["samples_spooled"] += packet.steps
-            self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq]})  # on disk: the server answers for it
-            return "spooled"
-        self.stats["samples_refused"] += packet.steps
-        self._warn_full(packet.worker)
-        self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0,
-                                                        "reason": "server queue and spool are full"})
-        return "refused"
+        except OSError as exc:
+            self._spool_failed(exc)
+            return False
+        self.stats["samples_spooled"] += packet.steps
+        return True
+
+    def _spool_failed(self, exc: OSError) -> None:
+        """The disk refused the spool: the packets stay with their workers (or in memory), nothing is lost."""
+        self.stats["spool_errors"] += 1
+        now = time.monotonic()
+        self._spool_retry_at = now + 1.0
+        if now - self._last_spool_error > 10:
+            self._last_spool_error = now
+            log.error("cannot use the spool in %s (%s); packets stay with their workers until it works again: free "
+                      "disk space there, or raise the open-file limit (ulimit -n) (%d spool errors so far)",
+                      self.spool.dir, exc, self.stats["spool_errors"])
 
     # -- the trainer ---------------------------------------------------------------------------------------------
     def trainer_joined(self) -> None:
@@ -144,7 +170,12 @@ class SampleRelay:
             packets: list[QueuedPacket] = []
             steps = nbytes = 0
             if spooled:
-                for sp in self.spool.take(self._more):
+                try:
+                    taken = self.spool.take(self._more)
+                except OSError as exc:  # cannot read it now (too many open files?): the queue goes first
+                    self._spool_failed(exc)
+                    taken = []
+                for sp in taken:
                     packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
                                                 int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
                     steps += packets[-1].steps
@@ -180,7 +211,7 @@ class SampleRelay:
         if spooled:
             self.spool.untake(min(spooled))
 
-    def spool_stale(self, now: float) -> None:
+    def spool_stale(self, now: float, trainer_connected: bool) -> None:
         """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
         acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
         queue: spooling then would only add disk work, and the workers' send windows already bound the queue.)"""
@@ -188,12 +219,13 @@ class SampleRelay:
             return
         acks: dict[str, list[int]] = collections.defaultdict(list)
         while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
-            packet = self.queue.popleft()
+            packet = self.queue[0]
             if not self.spool.packets:
-                log.info("spooling packets to %s: the trainer is not keeping up", self.spool.dir)
-            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
-                                            "steps": packet.steps})
-            self.stats["samples_spooled"] += packet.steps
+                log.info("spooling packets to %s: %s", self.spool.dir, "the trainer is not keeping up"
+                         if trainer_connected else "no trainer is connected")
+            if not self._spool(packet):
+                break  # it stays queued in memory, and its worker keeps it
+            self.queue.popleft()
             self.queued_steps -= packet.steps
             self.mem_bytes -= packet.nbytes
             self.held.discard((packet.session, packet.seq))

@@ -139,18 +139,31 @@ class SegmentLog:
         pos = Position(self._segment, self._end)
         parts = [_HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        written = os.writev(fd, parts)
-        if written != total:  # a short write (rare: disk full, signals): finish it, or fail loudly
-            rest = b"".join(bytes(p) for p in parts)[written:]
-            while rest:
-                n = os.write(fd, rest)
-                if n <= 0:
-                    raise OSError(f"could not append to {self._path(self._segment)}")
-                rest = rest[n:]
-        if self.fsync:
-            os.fsync(fd)
+        try:
+            written = os.writev(fd, parts)
+            if written != total:  # a short write (rare: disk full, signals): finish it, or fail loudly
+                rest = b"".join(bytes(p) for p in parts)[written:]
+                while rest:
+                    n = os.write(fd, rest)
+                    if n <= 0:
+                        raise OSError(f"could not append to {self._path(self._segment)}")
+                    rest = rest[n:]
+            if self.fsync:
+                os.fsync(fd)
+        except OSError:
+            self._cut_back(fd)
+            raise
         self._end += total
         return pos
+
+    def _cut_back(self, fd: int) -> None:
+        """After a failed append (a full disk): drop what it wrote, so the next record starts where it should."""
+        try:  # shrinking a file needs no space, so this holds even on a full disk
+            os.ftruncate(fd, self._end)
+            os.lseek(fd, self._end, os.SEEK_SET)
+        except OSError as exc:
+            log.error("could not cut a failed append off %s (%s): reopening it will cut the torn record",
+                      self._path(self._segment), exc)
 
     def _open_current(self) -> int:
         """The current segment's descriptor, opening it (a recycled file if one is free) at the end of its records."""

@@ -22,6 +22,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ class Server:
         self.status_interval = status_interval_s
         self.rates = Rates()
         self.started = time.time()
-        self._next_tick = self._next_status_line = 0.0
+        self._next_tick = self._next_status_line = self._next_internal_error_log = 0.0
         self.sockets = ServerSockets(self.net, bind_ip, trainer_port, worker_port, keys, status_port)
         self.schema: SampleSchema | None = None
         self.session = new_session()
@@ -144,14 +145,25 @@ class Server:
                 if status is not None and status in events:
                     if not answer_status(status, self.snapshot):
                         self.stats["rejected"] += 1
-                now = time.monotonic()
-                assert self.relay is not None
-                self.relay.flush(now, self.peers.trainer is not None)
-                self.relay.spool_stale(now)
-                self._heartbeats(now)
-                self._tick(now)
+                self._housekeeping(time.monotonic())
         finally:
             self.close()
+
+    def _housekeeping(self, now: float) -> None:
+        """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
+        relay, trainer = self.relay, self.peers.trainer is not None
+        assert relay is not None
+        steps: list[Callable[[], None]] = [lambda: relay.flush(now, trainer), lambda: relay.spool_stale(now, trainer),
+                                           lambda: self._heartbeats(now), lambda: self._tick(now)]
+        for step in steps:
+            try:
+                step()
+            except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
+                self.stats["internal_errors"] += 1
+                if now >= self._next_internal_error_log:
+                    self._next_internal_error_log = now + 60.0
+                    log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
+                                  "later at the earliest)", self.stats["internal_errors"])
 
     def close(self) -> None:
         """Say BYE to every peer, close the spool and release the sockets. Idempotent."""
@@ -162,10 +174,13 @@ class Server:
             self._send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         self.sockets.close()
         if self.spool is not None:
-            self.spool.close()
+            try:
+                self.spool.close()
+            except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
+                log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
-                 "still on disk), %d refused (spool full), %d packets held in memory (their workers still have "
+                 "still on disk), %d refused (spool full or failing), %d packets held in memory (their workers still have "
                  "them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
                  self.spool.packets if self.spool else 0, self.stats["samples_refused"], held)
 
@@ -365,8 +380,12 @@ class Server:
         if schema != self.schema:
             self.schema = schema
             path = Path(self.spool_dir) / "schema.json"
-            path.write_text(json.dumps(msg.body))
             log.info("sample layout from the trainer: %d fields, checked on every packet", len(schema.leaves))
+            try:
+                path.write_text(json.dumps(msg.body))
+            except OSError as exc:
+                log.warning("could not save the sample layout to %s (%s): after a restart, this server checks "
+                            "packets against it only once the trainer reconnects", path, exc)
 
     def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.progress = dict(msg.body)

@@ -58,6 +58,7 @@ class Spool:
         self.packets = 0
         self._head_saved = self.head
         self._head_saved_at = 0.0
+        self._head_failing = False
         for rec in self.log.read(self.head):
             self.steps += int(rec.meta["steps"])
             self.bytes += _size(rec)
@@ -129,12 +130,23 @@ class Spool:
             self._persist_head()
 
     def _persist_head(self) -> None:
-        if self.head != self._head_saved:
+        self._head_saved_at = time.monotonic()
+        if self.head == self._head_saved:
+            return
+        try:
             self._save_head()
             if self.head.segment != self._head_saved.segment:
                 self.log.drop_before(self.head)
-            self._head_saved = self.head
-        self._head_saved_at = time.monotonic()
+        except OSError as exc:  # tried again at the next acknowledgement; until then a crash only resends packets
+            if not self._head_failing:
+                log.warning("could not record the spool's head in %s (%s): packets the trainer already has would be "
+                            "sent again after a restart", self.dir, exc)
+            self._head_failing = True
+            return
+        if self._head_failing:
+            log.info("the spool's head in %s is recorded again", self.dir)
+        self._head_failing = False
+        self._head_saved = self.head
 
     def untake(self, first: Position) -> None:
         """Give back the packets of the latest :meth:`take`, from ``first`` on (their send failed)."""

@@ -3,7 +3,9 @@ atomic checkpoints, stale-sample handling and the worker's weights on disk."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,6 +95,25 @@ def test_recycled_segments_are_reused_and_their_old_records_never_come_back(tmp_
 def upto(min_steps: int, max_bytes: int) -> Callable[[int, int, int, int], bool]:
     """A bundling rule for Spool.take: at least ``min_steps`` samples, then more while they fit in ``max_bytes``."""
     return lambda count, steps, nbytes, size: steps < min_steps or nbytes + size <= max_bytes
+
+
+def test_a_failed_append_leaves_no_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([b"a" * 100], {"i": 1})
+    real_writev = os.writev
+
+    def disk_full(fd: int, parts: list[bytes]) -> int:  # writes part of the record, then the disk is full
+        os.write(fd, bytes(parts[0])[:7])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        log.append([b"b" * 100], {"i": 2})
+    monkeypatch.setattr(os, "writev", real_writev)
+    log.append([b"c" * 100], {"i": 3})  # space again: the next record starts where the failed one did
+    log.close()
+    assert [(r.meta["i"], bytes(r.frames[0])) for r in SegmentLog(tmp_path).read()] == [(1, b"a" * 100),
+                                                                                        (3, b"c" * 100)]
 
 
 def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -> None:

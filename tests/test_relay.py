@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import collections
+import errno
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from netrl.peers import QueuedPacket
 from netrl.relay import MAX_BUNDLE_PARTS, SampleRelay
@@ -105,3 +108,30 @@ def test_a_trainer_that_leaves_gets_the_whole_bundle_again(tmp_path: Path) -> No
     r.relay.add_credit(1)
     r.relay.flush(now=0.0, trainer_connected=True)
     assert r.bundle_contents(1) == [b"pa1", b"pa2", b"pa3"] and not r.told
+
+
+def test_a_disk_that_refuses_the_spool_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
+    spool, relay = r.relay.spool, r.relay
+
+    def full(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool, "push", full)
+    # no trainer: the packet would be spooled; the disk refuses, so its worker keeps it (NACK, retry later)
+    got = relay.accept(QueuedPacket("w/a", "a", 1, 4, [b"pa1"], 100, 0.0), trainer_connected=False)
+    assert got == "refused" and r.told == [("a", MsgType.NACK, {"seqs": [1], "retry_s": 1.0,
+                                                                "reason": "the server cannot write its spool"})]
+    assert relay.stats["spool_errors"] == 1 and relay.stats["samples_refused"] == 4
+    # a packet waiting in memory too long stays there, unacknowledged, while the disk refuses it
+    r.told.clear()
+    r.packet("a", 2)
+    relay._spool_retry_at = 0.0  # past the rest a refusal buys the spool
+    relay.spool_stale(now=120.0, trainer_connected=False)
+    assert [p.seq for p in relay.queue] == [2] and not r.told and relay.stats["spool_errors"] == 2
+    relay.spool_stale(now=120.5, trainer_connected=False)  # within the rest: not tried again
+    assert relay.stats["spool_errors"] == 2
+    monkeypatch.undo()  # the disk has room again: the packet is spooled and acknowledged
+    relay._spool_retry_at = 0.0
+    relay.spool_stale(now=121.0, trainer_connected=False)
+    assert not relay.queue and spool.packets == 1 and r.told == [("a", MsgType.ACK, {"seqs": [2]})]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ import zmq
 
 from netrl.config import NetworkConfig
 from netrl.errors import MalformedMessage
+from netrl.relay import SampleRelay
 from netrl.server import Server
+from netrl.spool import Spool
 from netrl.wire import (
     BUNDLE_HEADER_ROOM,
     PROTOCOL_VERSION,
@@ -221,6 +224,35 @@ def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(tmp_path: Path) 
         assert srv.stats["samples_refused"] == 8 and srv.stats["samples_spooled"] == 8
         snapshot = srv.snapshot()
         assert snapshot["refused"] == 8 and snapshot["dropped"] == 0 and len(srv.peers) == 1  # refused, not lost
+
+
+def test_a_disk_that_refuses_the_spool_costs_neither_packets_nor_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def disk_full(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def bug(*args: Any) -> None:
+        raise RuntimeError("a bug in the loop")
+
+    monkeypatch.setattr(Spool, "push", disk_full)
+    monkeypatch.setattr(SampleRelay, "spool_stale", bug)  # fails on every pass of the loop
+    with running_server(network=NET, spool_dir=tmp_path / "spool", max_packet_delay_s=0.01) as (srv, ctx):
+        worker = Peer(ctx, srv.worker_port, "worker", "w")
+        worker.hello()
+        packet = encode(samples_message(sample_buffer(5), "w", worker.session, 1, 4))
+        worker.sock.send_multipart(packet)  # no trainer: it would go to the spool
+        nack = worker.expect(MsgType.NACK)
+        assert nack.body["reason"] == "the server cannot write its spool" and nack.body["retry_s"] > 0
+        time.sleep(0.3)
+        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+        assert trainer.hello().type is MsgType.WELCOME  # still serving, heartbeats and all
+        trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
+        worker.sock.send_multipart(packet)  # the worker kept it and resends: now it goes straight through
+        parts = [buffer_from_message(decode(p)) for p in trainer.expect(MsgType.BUNDLE).parts]
+        assert [p.seq for p in parts] == [1]
+        assert srv.stats["spool_errors"] == 1 and srv.stats["internal_errors"] > 3
+    logged = [r for r in caplog.records if "internal error in the server's loop" in r.getMessage()]
+    assert len(logged) == 1  # once a minute at most, however often it fails
 
 
 def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
