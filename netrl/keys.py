@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,13 +29,13 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from netrl.errors import SecurityError
+from netrl.wire import PEER_NAME, PEER_NAME_RULE
 
 __all__ = ["ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen", "server_keys"]
 
 log = logging.getLogger(__name__)
 
 SHARED_WORKER = "worker"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,9 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
     """
     root = Path(keys_dir)
     names = [SHARED_WORKER, *(workers or [])]
-    bad = [n for n in names if not _NAME.match(n)]
+    bad = [n for n in names if not PEER_NAME.fullmatch(n)]
     if bad:
-        raise SecurityError(f"worker names {bad} are not valid key names (letters, digits, '.', '_', '-')")
+        raise SecurityError(f"worker names {bad} are not valid key names ({PEER_NAME_RULE})")
     written: list[Path] = []
     server_dir = root / "server"
     if force and root.exists():
@@ -207,6 +206,16 @@ class ServerAuth:
     def key_name(self, role: str, rid_frame: Any) -> str:
         """The name of the key a peer connected with (ZAP put its public key in the frame's User-Id)."""
         return self.ring.name(role, (rid_frame.get("User-Id") or "").encode()) or "?"
+
+    def worker_name_problem(self, key: str, worker_id: str) -> str | None:
+        """Why a worker that connected with key ``key`` may not call itself ``worker_id`` (None: it may). A named
+        key works only for its worker, and the shared key never for a worker that has a key of its own."""
+        if key not in (SHARED_WORKER, worker_id):
+            return f"key {key!r} belongs to worker {key!r}; this worker calls itself {worker_id!r}"
+        if key == SHARED_WORKER != worker_id and worker_id in self.ring.keys["worker"].values():
+            return (f"worker {worker_id!r} has a key of its own (keys/workers/{worker_id}/): connect with it, not "
+                    "with the shared worker key")
+        return None
 
     def stop(self) -> None:
         self._auth.stop()

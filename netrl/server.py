@@ -32,7 +32,7 @@ import zmq
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
 from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
-from netrl.keys import SHARED_WORKER, ServerKeys, server_keys
+from netrl.keys import ServerKeys, server_keys
 from netrl.peers import Peer, PeerTable, QueuedPacket
 from netrl.relay import SampleRelay
 from netrl.schema import SampleSchema
@@ -180,8 +180,8 @@ class Server:
                 log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
-                 "still on disk), %d refused (spool full or failing), %d packets held in memory (their workers still have "
-                 "them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
+                 "still on disk), %d refused (spool full or failing), %d packets held in memory (their workers still "
+                 "have them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
                  self.spool.packets if self.spool else 0, self.stats["samples_refused"], held)
 
     # -- receiving -----------------------------------------------------------------------------------------
@@ -259,10 +259,10 @@ class Server:
         key = ""
         if self.sockets.auth is not None:
             key = self.sockets.auth.key_name(role, rid_frame)
-            if role == "worker" and key not in (SHARED_WORKER, body["worker_id"]):
-                reason = f"key {key!r} belongs to worker {key!r}; this worker calls itself {body['worker_id']!r}"
-                self._reject(role, rid, None, reason)
-                self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": reason}))
+            problem = self.sockets.auth.worker_name_problem(key, body["worker_id"]) if role == "worker" else None
+            if problem:
+                self._reject(role, rid, None, problem)
+                self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": problem}))
                 return
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness, key=key)

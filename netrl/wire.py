@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,10 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 512
 MAX_DIMS = 8
 MAX_NAME = 256
+# The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
+# forge a log line or a terminal escape.
+PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PEER_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 MAX_EPISODES_PER_PACKET = 10_000
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
 # max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
@@ -212,6 +217,11 @@ def _check_body(mtype: MsgType, body: dict[str, Any]) -> None:
     missing = [k for k, (_, required) in schema.items() if required and k not in body]
     if missing:
         raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
+    if mtype is MsgType.HELLO:
+        if body["role"] not in ALLOWED_FROM:
+            raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
+        if not PEER_NAME.fullmatch(body["worker_id"]):
+            raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
 
 
 _ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -38,7 +39,16 @@ from netrl.weights import (
     read_weights_file,
     write_weights_file,
 )
-from netrl.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, max_packet_bytes, samples_message
+from netrl.wire import (
+    BUNDLE_HEADER_ROOM,
+    PEER_NAME,
+    PEER_NAME_RULE,
+    Codec,
+    encode,
+    frames_nbytes,
+    max_packet_bytes,
+    samples_message,
+)
 from netrl.worker_link import WorkerLink
 
 __all__ = ["RolloutWorker"]
@@ -47,7 +57,11 @@ log = logging.getLogger(__name__)
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """``<host>-<pid>`` as a valid name (:data:`netrl.wire.PEER_NAME`): other characters become '-', and a long host
+    name is cut."""
+    pid = str(os.getpid())
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-") or "worker"
+    return f"{host[:63 - len(pid)]}-{pid}"
 
 
 class RolloutWorker:
@@ -106,6 +120,8 @@ class RolloutWorker:
         self.model_path, self.model_path_history, self.model_history = model_path, model_path_history, model_history
         self.standalone = standalone
         self.worker_id = worker_id or default_worker_id()
+        if not PEER_NAME.fullmatch(self.worker_id):  # the server would refuse its HELLO
+            raise ValueError(f"worker_id {self.worker_id!r} is not a valid name: use {PEER_NAME_RULE}")
         self.session = new_session()
         self.overlap, self.throttle, self.max_delay = overlap, throttle, max_packet_delay_s
         self.compression: Codec = compression

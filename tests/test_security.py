@@ -166,9 +166,15 @@ def test_a_named_worker_key_only_works_for_that_worker(secured: tuple[Server, zm
                           robot1.server_public)
     reply = impostor.hello()
     assert reply.type is MsgType.REJECT and "belongs to worker 'robot-1'" in reply.body["reason"]
+    shared = client_keys(keys, "worker", "worker")
+    borrowed = curve_peer(ctx, srv.worker_port, "worker", "robot-1", shared.public, shared.secret,
+                          shared.server_public)
+    reply = borrowed.hello()  # the shared key may not take the name of a worker with a key of its own
+    assert reply.type is MsgType.REJECT and "'robot-1' has a key of its own" in reply.body["reason"]
     honest = keyed(ctx, srv, keys, "worker", "robot-1")
     assert honest.hello().type is MsgType.WELCOME
-    assert any(p.key == "robot-1" for p in srv.peers.values())
+    assert [p.key for p in srv.peers.values()] == ["robot-1"]
+    assert keyed(ctx, srv, keys, "worker", "robot-9").hello().type is MsgType.WELCOME  # no key of its own: shared
 
 
 def test_workers_check_weights_before_loading_them() -> None:

@@ -271,6 +271,19 @@ def test_bad_sample_bodies_are_rejected(body_change: dict) -> None:
         decode([msgpack.packb(h), *frames[1:]])
 
 
+@pytest.mark.parametrize("worker_id", ["", "robot 1", "a\n23:59:59.000 W [server 1] forged line", "\x1b[31mred",
+                                       "x" * 65, "-starts-with-a-dash", "pc/1"])
+def test_a_hello_names_its_worker_with_nothing_that_could_forge_a_log_line(worker_id: str) -> None:
+    hello = Message(MsgType.HELLO, "w", body={"role": "worker", "netrl_version": "0.1.0", "worker_id": worker_id,
+                                              "session": "s"})
+    with pytest.raises(MalformedMessage, match="is not a valid name") as err:
+        decode(encode(hello))
+    assert "\n" not in str(err.value) and "\x1b" not in str(err.value) and len(str(err.value)) < 200
+    hello.body.update(worker_id="w1", role="admin\nforged line")
+    with pytest.raises(MalformedMessage, match="neither 'worker' nor 'trainer'"):
+        decode(encode(hello))
+
+
 def test_deeply_nested_header_does_not_crash() -> None:
     h = header(samples_frames())
     h["body"]["obs"] = "PLACEHOLDER"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,8 @@ from netrl.errors import ConfigError
 from netrl.launch import free_port
 from netrl.pipelines.image import image_pipeline
 from netrl.util import partial
-from netrl.wire import BUNDLE_HEADER_ROOM
-from netrl.worker import RolloutWorker
+from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME
+from netrl.worker import RolloutWorker, default_worker_id
 
 
 def test_a_packet_bigger_than_the_server_can_relay_stops_the_worker_with_what_to_change() -> None:
@@ -55,3 +57,12 @@ def test_the_configured_codec_compresses_what_the_worker_sends(codec: str, tmp_p
     codecs = {a["name"]: a["codec"] for a in msgpack.unpackb(sent[0][1])["arrays"]}
     assert codecs["obs"] == codec  # frames (uint8) use the codec; float arrays never do
     assert codecs["rew"] == "none"
+
+
+def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="worker_id 'robot 1' is not a valid name"):
+        RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                      worker_id="robot 1")
+    monkeypatch.setattr(socket, "gethostname", lambda: "_labo pc (2)." + "x" * 80)
+    default = default_worker_id()
+    assert PEER_NAME.fullmatch(default) and default.startswith("labo-pc--2-.xx") and default.endswith(f"-{os.getpid()}")
