@@ -7,6 +7,7 @@ to a stop event, and runs the role. Exit codes: 0 done, 1 runtime error, 2 inval
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl import __version__
-from netrl.config import Config, describe_fields, load_config
+from netrl.config import Config, check_value, describe_fields, load_config
 from netrl.errors import ConfigError, NetrlError
 
 log = logging.getLogger("netrl")
@@ -70,6 +71,25 @@ def _parser() -> argparse.ArgumentParser:
 _FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
               "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
               "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
+
+
+def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """(dotted config key -> value for each flag given, problems with the flags' values).
+
+    Each value is checked here, on its own, so that a bad flag is reported as the flag, not as config.json; a
+    rejected flag is left out of the overrides."""
+    overrides: dict[str, Any] = {}
+    problems: list[str] = []
+    for flag, key in _FLAG_KEYS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        problem = check_value(key, value)
+        if problem:
+            problems.append(f"--{flag.replace('_', '-')} {problem} (got {json.dumps(value)})")
+        else:
+            overrides[key] = value
+    return overrides, problems
 
 
 def setup_logging(role: str, level: str) -> None:
@@ -151,11 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.plot:
         args.role = "plot"
-    overrides = {key: getattr(args, flag) for flag, key in _FLAG_KEYS.items() if getattr(args, flag) is not None}
+    overrides, flag_problems = _flag_overrides(args)
+    errors = [ConfigError(flag_problems, "command line")] if flag_problems else []
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as exc:
-        print(f"netrl: {exc}", file=sys.stderr)
+        errors.append(exc)
+    if errors:  # the flags' problems and the file's, all at once
+        for error in errors:
+            print(f"netrl: {error}", file=sys.stderr)
         return 2
     setup_logging(args.role, "WARNING" if args.role == "status" else args.log_level)
     stop = threading.Event()

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from netrl.codecs import Codec
 from netrl.errors import ConfigError
+from netrl.wire import PEER_NAME, PEER_NAME_RULE
 
 __all__ = [
     "AgentConfig",
@@ -36,6 +37,7 @@ __all__ = [
     "TrainerConfig",
     "WandbConfig",
     "WorkerConfig",
+    "check_value",
     "config_from_dict",
     "config_to_dict",
     "describe_fields",
@@ -44,6 +46,7 @@ __all__ = [
 
 CONFIG_VERSION = 1
 Check = Callable[[Any], "str | None"]
+Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
 
 
 def _gt(bound: float) -> Check:
@@ -64,6 +67,10 @@ def _port(v: int) -> str | None:
 
 def _nonempty(v: str) -> str | None:
     return None if v.strip() else "must not be empty"
+
+
+def _sizes(v: list[int]) -> str | None:
+    return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
 
 
 def _opt(check: Check) -> Check:
@@ -114,7 +121,8 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)")
+    worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)",
+                               _opt(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
     device: str = _f("cpu", "inference device of the worker's policy", _nonempty)
     min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", _ge(1))
     max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", _gt(0))
@@ -167,7 +175,7 @@ class AgentConfig:
     lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", _gt(0))
     learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
     target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
-    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics")
+    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", _sizes)
 
 
 @dataclass(frozen=True)
@@ -250,9 +258,19 @@ def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
     return False, value
 
 
-def _build(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+def _field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str | None, Any]:
+    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value)."""
+    ok, conv = _convert(value, tp)
+    if not ok:
+        return f"must be {_type_name(tp)}", value
+    check = f.metadata.get("check")
+    return (check(conv) if check else None), conv
+
+
+def _build(cls: type, data: Any, path: str, problems: list[tuple[str, str]]) -> Any:
+    """``cls`` from ``data``; each rejected key is appended to ``problems`` as (key path, message)."""
     if not isinstance(data, Mapping):
-        problems.append(f"{path or 'the top level'} must be an object (got {json.dumps(data)})")
+        problems.append((path, f"{path or 'the top level'} must be an object (got {json.dumps(data)})"))
         return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -262,86 +280,134 @@ def _build(cls: type, data: Any, path: str, problems: list[str]) -> Any:
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
             hint = f' (did you mean "{(path + ".") if path else ""}{close[0]}"?)' if close else ""
-            problems.append(f'unknown key "{key_path}"{hint}')
+            problems.append((key_path, f'unknown key "{key_path}"{hint}'))
             continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(typing.cast(type, tp), value, key_path, problems)
             continue
-        ok, conv = _convert(value, tp)
-        if not ok:
-            problems.append(f"{key_path} must be {_type_name(tp)} (got {json.dumps(value)})")
-            continue
-        check = fields[key].metadata.get("check")
-        message = check(conv) if check else None
+        message, conv = _field_problem(fields[key], tp, value)
         if message:
-            problems.append(f"{key_path} {message} (got {json.dumps(value)})")
+            problems.append((key_path, f"{key_path} {message} (got {json.dumps(value)})"))
             continue
         kwargs[key] = conv
     return cls(**kwargs)
 
 
-def _cross_checks(cfg: Config) -> list[str]:
-    """Checks that involve more than one field; each message names every field involved."""
-    problems = []
+def _cross_checks(cfg: Config) -> list[Problem]:
+    """Checks on the whole config (the version, and rules between fields); each message names every field."""
+    problems: list[Problem] = []
     if cfg.config_version != CONFIG_VERSION:
-        problems.append(f"config_version {cfg.config_version} is not supported; this netrl reads {CONFIG_VERSION}")
+        problems.append((("config_version",),
+                         f"config_version {cfg.config_version} is not supported; this netrl reads {CONFIG_VERSION}"))
     ports = {"network.trainer_port": cfg.network.trainer_port, "network.worker_port": cfg.network.worker_port,
              "server.status_port": cfg.server.status_port}
     for (a, pa), (b, pb) in itertools.combinations(ports.items(), 2):
         if pa == pb:
-            problems.append(f"{a} and {b} must differ (both {pa})")
+            problems.append(((a, b), f"{a} and {b} must differ (both {pa})"))
     if cfg.memory.memory_size < cfg.memory.batch_size:
-        problems.append(
-            f"memory.memory_size ({cfg.memory.memory_size}) must be >= memory.batch_size ({cfg.memory.batch_size})"
-        )
+        problems.append((("memory.memory_size", "memory.batch_size"),
+                         f"memory.memory_size ({cfg.memory.memory_size}) must be >= memory.batch_size "
+                         f"({cfg.memory.batch_size})"))
     if cfg.network.reconnect_max_s < cfg.network.reconnect_initial_s:
-        problems.append(
-            f"network.reconnect_max_s ({cfg.network.reconnect_max_s}) must be >= "
-            f"network.reconnect_initial_s ({cfg.network.reconnect_initial_s})"
-        )
+        problems.append((("network.reconnect_max_s", "network.reconnect_initial_s"),
+                         f"network.reconnect_max_s ({cfg.network.reconnect_max_s}) must be >= "
+                         f"network.reconnect_initial_s ({cfg.network.reconnect_initial_s})"))
     if cfg.server.max_bundle_bytes >= cfg.network.max_message_bytes:
-        problems.append(f"server.max_bundle_bytes ({cfg.server.max_bundle_bytes}) must be < network.max_message_bytes "
-                        f"({cfg.network.max_message_bytes}): the trainer refuses larger messages")
-    if any(h < 1 for h in cfg.agent.hidden_sizes) or not cfg.agent.hidden_sizes:
-        problems.append(f"agent.hidden_sizes must be a non-empty list of sizes >= 1 (got {cfg.agent.hidden_sizes})")
+        problems.append((("server.max_bundle_bytes", "network.max_message_bytes"),
+                         f"server.max_bundle_bytes ({cfg.server.max_bundle_bytes}) must be < "
+                         f"network.max_message_bytes ({cfg.network.max_message_bytes}): the trainer refuses larger "
+                         "messages"))
     if cfg.env.pipeline != "gym" and cfg.env.kwargs:
-        problems.append(f'env.kwargs is only used by the "gym" pipeline (env.pipeline is "{cfg.env.pipeline}")')
+        problems.append((("env.pipeline", "env.kwargs"),
+                         f'env.kwargs is only used by the "gym" pipeline (env.pipeline is "{cfg.env.pipeline}")'))
     return problems
+
+
+def _validate(data: Any) -> tuple[Config, list[Problem]]:
+    """Every field is checked; a whole-config check runs unless a field it involves was rejected (the config then
+    holds that field's default, which would make its message wrong)."""
+    rejected: list[tuple[str, str]] = []
+    cfg = typing.cast(Config, _build(Config, data, "", rejected))
+    bad = {key for key, _ in rejected}
+
+    def involves_bad(key: str) -> bool:
+        return any(b == "" or key == b or key.startswith(b + ".") for b in bad)
+
+    problems: list[Problem] = [((key,), message) for key, message in rejected]
+    problems += [p for p in _cross_checks(cfg) if not any(involves_bad(k) for k in p[0])]
+    return cfg, problems
+
+
+def check_value(key: str, value: Any) -> str | None:
+    """What is wrong with setting the dotted ``key`` to ``value``, checked on its own (e.g. "must be >= 1"), or
+    None. ``__main__`` checks its flags with this, so that a bad flag is not blamed on config.json.
+
+    Raises:
+        KeyError: ``key`` is not a setting.
+    """
+    cls: Any = Config
+    *parents, leaf = key.split(".")
+    for part in parents:
+        cls = typing.get_type_hints(cls)[part]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    return _field_problem(fields[leaf], typing.get_type_hints(cls)[leaf], value)[0]
 
 
 def config_from_dict(data: Any, source: str = "config") -> Config:
     """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found."""
-    problems: list[str] = []
-    cfg = _build(Config, data, "", problems)
-    if not problems:
-        problems = _cross_checks(cfg)
+    cfg, problems = _validate(data)
     if problems:
-        raise ConfigError(problems, source)
-    return typing.cast(Config, cfg)
+        raise ConfigError([message for _, message in problems], source)
+    return cfg
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; a file that cannot be read raises :class:`ConfigError` saying why and what to do."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        problem = f"{path} does not exist; copy config.json from the netrl repository or pass --config"
+        raise ConfigError([problem]) from None
+    except IsADirectoryError:
+        problem = f"{path} is a directory; pass the config file with --config, e.g. --config {path / 'config.json'}"
+    except PermissionError:
+        problem = f"{path} cannot be read (permission denied); make it readable by this user or pass another --config"
+    except UnicodeDecodeError as exc:
+        problem = (f"{path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                   "save it as UTF-8 JSON")
+    except OSError as exc:
+        problem = f"{path} cannot be read ({exc.strerror or exc}); check the path or pass another --config"
+    raise ConfigError([problem], str(path))
 
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Config:
     """Load config.json, apply ``overrides`` (dotted key -> value, from CLI flags) and validate.
 
     Raises:
-        ConfigError: the file is missing, is not JSON, or has invalid values (all problems listed).
+        ConfigError: the file is missing, unreadable or not JSON, or has invalid values (all problems listed). When
+            a problem involves an overridden key, the error names the command-line flags as well as the file.
     """
     path = Path(path)
-    if not path.exists():
-        raise ConfigError([f"{path} does not exist; copy config.json from the netrl repository or pass --config"])
+    text = _read_text(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
-    for dotted, value in (overrides or {}).items():
+    overrides = overrides or {}
+    for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:
             node = node.setdefault(part, {}) if isinstance(node, dict) else node
         if isinstance(node, dict):
             node[leaf] = value
-    return config_from_dict(data, path.name)
+    cfg, problems = _validate(data)
+    if problems:
+        flagged = any(key in overrides for keys, _ in problems for key in keys)
+        source = f"{path.name} with the command-line flags" if flagged else path.name
+        raise ConfigError([message for _, message in problems], source)
+    return cfg
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "env": {"pipeline": "atari"},
         "wandb": {"mode": "loud"},
         "agent": {"learn_entropy_coef": "yes"},
-        "worker": {"compression": "gzip"},
+        "worker": {"compression": "gzip", "worker_id": "robot 1"},
     })
     assert found == [
         "trainer.steps must be >= 1 (got -3)",
@@ -66,6 +67,8 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',
         'agent.learn_entropy_coef must be true or false (got "yes")',
         'worker.compression must be "none" or "zstd" or "lz4" (got "gzip")',
+        "worker.worker_id must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit (got "
+        '"robot 1")',
     ]
 
 
@@ -123,7 +126,75 @@ def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pyt
                                              "network.worker_port": 6001})
     assert (cfg.network.server_ip, cfg.run_name, cfg.network.worker_port) == ("10.0.0.2", "x", 6001)
     assert main(["--worker", "--config", str(ROOT / "config.json"), "--worker-port", "0"]) == 2
-    assert "network.worker_port must be a TCP port" in capsys.readouterr().err
+    assert "--worker-port must be a TCP port between 1 and 65535 (got 0)" in capsys.readouterr().err
+
+
+def test_cli_reports_unreadable_config_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["--server", "--config", str(tmp_path)]) == 2  # a directory
+    assert capsys.readouterr().err == (f"netrl: invalid {tmp_path} (1 problem)\n  {tmp_path} is a directory; pass "
+                                       f"the config file with --config, e.g. --config {tmp_path / 'config.json'}\n")
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    assert main(["--server", "--config", str(binary)]) == 2
+    assert capsys.readouterr().err == (f"netrl: invalid {binary} (1 problem)\n  {binary} is not UTF-8 text (byte 0xff "
+                                       "at offset 0); save it as UTF-8 JSON\n")
+
+    locked = tmp_path / "locked.json"
+    locked.write_text("{}")
+    read_text = Path.read_text
+
+    def unreadable(self: Path, encoding: str | None = None, errors: str | None = None) -> str:  # root reads chmod 000
+        if self.name == "locked.json":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        if self.name == "broken-disk.json":
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return read_text(self, encoding, errors)
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    assert main(["--server", "--config", str(locked)]) == 2
+    assert f"{locked} cannot be read (permission denied); make it readable" in capsys.readouterr().err
+    assert main(["--server", "--config", str(tmp_path / "broken-disk.json")]) == 2
+    assert "broken-disk.json cannot be read (Input/output error)" in capsys.readouterr().err
+
+
+def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--server", "--config", str(empty), "--trainer-port", "70000", "--run-name", " "]) == 2
+    assert capsys.readouterr().err == ("netrl: invalid command line (2 problems)\n"
+                                       "  --trainer-port must be a TCP port between 1 and 65535 (got 70000)\n"
+                                       '  --run-name must not be empty (got " ")\n')
+    bad = tmp_path / "config.json"  # a bad flag and a bad file: both reported, each under its own heading
+    bad.write_text(json.dumps({"trainer": {"steps": -1}}))
+    assert main(["--server", "--config", str(bad), "--epochs", "0"]) == 2
+    assert capsys.readouterr().err == ("netrl: invalid command line (1 problem)\n  --epochs must be >= 1 (got 0)\n"
+                                       "netrl: invalid config.json (1 problem)\n"
+                                       "  trainer.steps must be >= 1 (got -1)\n")
+    # a flag that is fine on its own but clashes with the file: the heading names both
+    assert main(["--server", "--config", str(empty), "--trainer-port", "55556"]) == 2
+    assert capsys.readouterr().err == ("netrl: invalid empty.json with the command-line flags (1 problem)\n"
+                                       "  network.trainer_port and network.worker_port must differ (both 55556)\n")
+
+
+def test_field_problems_do_not_hide_each_other() -> None:
+    assert problems({"agent": {"hidden_sizes": [0]}, "config_version": 2, "status_interval_s": -1}) == [
+        "agent.hidden_sizes must be a non-empty list of sizes >= 1 (got [0])",
+        "status_interval_s must be >= 0 (got -1)",
+        "config_version 2 is not supported; this netrl reads 1",
+    ]
+    # a check between fields still runs next to a field problem, but not on a field that was rejected
+    assert problems({"trainer": {"steps": 0}, "memory": {"memory_size": 10, "batch_size": 64},
+                     "network": {"trainer_port": 0, "worker_port": 55557}}) == [
+        "trainer.steps must be >= 1 (got 0)",
+        "network.trainer_port must be a TCP port between 1 and 65535 (got 0)",
+        "network.worker_port and server.status_port must differ (both 55557)",
+        "memory.memory_size (10) must be >= memory.batch_size (64)",
+    ]
+    assert problems({"config_version": "2", "network": []}) == [
+        'config_version must be an integer (got "2")',
+        "network must be an object (got [])",
+    ]
 
 
 def test_readme_config_table_matches_the_defaults() -> None:
