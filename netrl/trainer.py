@@ -9,8 +9,8 @@ The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling
 
 It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
 The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
-replay memory by replaying the sample log, and continues the weight version numbering, so every sample a worker
-produced enters the memory exactly once.
+replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
+continues the weight version numbering after the newest version the checkpoint or the sample log names.
 """
 
 from __future__ import annotations
@@ -306,10 +306,11 @@ class Trainer:
         memory_size = training.memory_size
         sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
         at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
-        restored = after = 0
+        restored = after = newest = 0
         for rec in sample_log.read():
             buf = buffer_from_message(decode(rec.frames))
             buf.recv_version = int(rec.meta["recv_version"])
+            newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
             new = at_checkpoint is None or rec.position >= at_checkpoint
             steps = training.add(buf, new=new)
             deliveries.add(buf.worker, buf.seq)
@@ -323,6 +324,10 @@ class Trainer:
             log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
                      "received after it; memory holds %d transitions", restored, after,
                      len(training.memory) if training.memory is not None else 0)
+        if newest > training.version:  # published after the checkpoint, before a crash: never number weights twice
+            log.info("weight versions continue after v%d, the newest in the sample log (the checkpoint has v%d)",
+                     newest, training.version)
+            training.version = newest
         return deliveries, sample_log
 
     def checkpoint(self) -> None:

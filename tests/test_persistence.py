@@ -22,9 +22,11 @@ from netrl.memory import ReplayMemory
 from netrl.samples import Buffer
 from netrl.segments import Position, SegmentLog
 from netrl.spool import Spool
+from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.weights import write_weights_file
+from netrl.wire import encode, samples_message
 from netrl.worker import RolloutWorker
 from tests.test_sac import ACT, OBS
 
@@ -221,6 +223,22 @@ def test_stale_samples_are_dropped_or_down_weighted(stale_weight: float) -> None
         assert len(memory) == 8 and batch.weight is not None
         expected = np.where(versions[next_obs] < 8, stale_weight, 1.0)
         np.testing.assert_allclose(batch.weight.numpy(), expected)
+
+
+def test_a_restarted_trainer_numbers_weights_after_any_version_in_its_sample_log(tmp_path: Path) -> None:
+    # killed after publishing v139, with its last checkpoint at v121: the samples it logged meanwhile name v139
+    n = 9
+    buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.arange(n, dtype=np.float32)[:, None],
+                 rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                 reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.full(n, 139))
+    sample_log = SampleLog(tmp_path / "samples", keep_rows=1000)
+    sample_log.append(encode(samples_message(buf, "w", "s", 1, n - 1)), "w/s", 1, n, recv_version=139)
+    sample_log.close()
+    training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=8, seed=0)
+    training.build()
+    training.version = 121  # what load_state(checkpoint) sets
+    Trainer(partial(lambda: training), run_dir=tmp_path, wandb_mode="disabled")._restore(training)
+    assert training.version == 139 and len(training.memory or []) == n - 1  # the next version is v140
 
 
 def test_worker_loads_saved_weights_at_start_and_keeps_a_history(tmp_path: Path) -> None:
