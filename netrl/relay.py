@@ -163,7 +163,7 @@ class SampleRelay:
     def flush(self, now: float, trainer_connected: bool) -> None:
         """Bundle spooled, then queued packets for the trainer while it has credit."""
         while trainer_connected and self.credit > 0:
-            spooled = self.spool.pending()
+            spooled = self.spool.pending() and now >= self._spool_retry_at  # a spool that failed rests a second
             if not spooled and (not self.queue or (self.queued_steps < self.min_samples
                                                    and now - self.queue[0].received < self.max_delay)):
                 return
@@ -172,9 +172,9 @@ class SampleRelay:
             if spooled:
                 try:
                     taken = self.spool.take(self._more)
-                except OSError as exc:  # cannot read it now (too many open files?): the queue goes first
+                except OSError as exc:  # cannot read it now (too many open files?): the queue goes on its own terms
                     self._spool_failed(exc)
-                    taken = []
+                    continue
                 for sp in taken:
                     packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
                                                 int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))

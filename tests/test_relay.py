@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,24 @@ def test_a_disk_that_refuses_the_spool_loses_nothing(tmp_path: Path, monkeypatch
     relay._spool_retry_at = 0.0
     relay.spool_stale(now=121.0, trainer_connected=False)
     assert not relay.queue and spool.packets == 1 and r.told == [("a", MsgType.ACK, {"seqs": [2]})]
+
+
+def test_a_spool_that_cannot_be_read_sends_no_empty_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = Relay(tmp_path, min_samples=100, max_bundle_bytes=1 << 20)
+    relay = r.relay
+    assert relay.accept(QueuedPacket("w/a", "a", 1, 4, [b"pa1"], 100, 0.0), trainer_connected=False) == "spooled"
+    start = time.monotonic()  # the relay's clock: a failed spool rests a second of it
+    got = relay.accept(QueuedPacket("w/a", "a", 2, 4, [b"pa2"], 100, start), trainer_connected=True)
+    assert got == "held"  # 4 samples in memory, far from min_samples, and just received
+
+    def no_files(*args: Any) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(relay.spool, "take", no_files)
+    relay.add_credit(3)
+    relay.flush(now=start, trainer_connected=True)
+    # neither an empty bundle nor the small queued one jumps ahead: both wait for the spool or for max_delay_s
+    assert not r.bundles and relay.credit == 3 and relay.stats["spool_errors"] == 1
+    monkeypatch.undo()
+    relay.flush(now=start + 1.5, trainer_connected=True)  # rested: the spooled packet goes first
+    assert r.bundle_contents(0)[0] == b"pa1"
