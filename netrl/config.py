@@ -324,9 +324,11 @@ def _cross_checks(cfg: Config) -> list[Problem]:
     return problems
 
 
-def _validate(data: Any) -> tuple[Config, list[Problem]]:
-    """Every field is checked; a whole-config check runs unless a field it involves was rejected (the config then
-    holds that field's default, which would make its message wrong)."""
+def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None) -> Config:
+    """The config, or a :class:`ConfigError` from ``source`` (naming the command-line flags too when a problem
+    involves one of the ``flagged`` keys) with every problem found. Every field is checked; a whole-config check
+    runs unless a field it involves was rejected (the config then holds that field's default, which would make its
+    message wrong)."""
     rejected: list[tuple[str, str]] = []
     cfg = typing.cast(Config, _build(Config, data, "", rejected))
     bad = {key for key, _ in rejected}
@@ -336,7 +338,11 @@ def _validate(data: Any) -> tuple[Config, list[Problem]]:
 
     problems: list[Problem] = [((key,), message) for key, message in rejected]
     problems += [p for p in _cross_checks(cfg) if not any(involves_bad(k) for k in p[0])]
-    return cfg, problems
+    if problems:
+        if any(key in (flagged or {}) for keys, _ in problems for key in keys):
+            source = f"{source} with the command-line flags"
+        raise ConfigError([message for _, message in problems], source)
+    return cfg
 
 
 def check_value(key: str, value: Any) -> str | None:
@@ -356,10 +362,7 @@ def check_value(key: str, value: Any) -> str | None:
 
 def config_from_dict(data: Any, source: str = "config") -> Config:
     """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found."""
-    cfg, problems = _validate(data)
-    if problems:
-        raise ConfigError([message for _, message in problems], source)
-    return cfg
+    return _validate(data, source)
 
 
 def _read_text(path: Path) -> str:
@@ -402,12 +405,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             node = node.setdefault(part, {}) if isinstance(node, dict) else node
         if isinstance(node, dict):
             node[leaf] = value
-    cfg, problems = _validate(data)
-    if problems:
-        flagged = any(key in overrides for keys, _ in problems for key in keys)
-        source = f"{path.name} with the command-line flags" if flagged else path.name
-        raise ConfigError([message for _, message in problems], source)
-    return cfg
+    return _validate(data, path.name, overrides)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
