@@ -101,6 +101,8 @@ class NetworkConfig:
     reconnect_max_s: float = _f(8.0, "longest reconnect delay", _gt(0))
     max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
                                 "but 32 KiB of it: the room for the server's bundle header)", _ge(1 << 16))
+    handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
+                                    "closed (bounds what half-open connections hold)", _gt(0))
 
 
 @dataclass(frozen=True)

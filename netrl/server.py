@@ -91,6 +91,7 @@ class Server:
         self.peers = PeerTable()
         self.trainer_session = ""
         self.weights = WeightCache()
+        self.newest_version = -1  # the newest complete weights from any trainer session, told to a new trainer
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
         self.progress: dict[str, int] | None = None
@@ -220,6 +221,8 @@ class Server:
                 return
             if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
                 self.stats["unknown_peer"] += 1
+                self._log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a server "
+                                    "restart, every client sends one); asked it to say HELLO", first=1)
                 self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": "unknown peer: say HELLO"}))
                 return
             check_role(peer.role, msg)
@@ -239,9 +242,14 @@ class Server:
 
     def _reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
         self.stats["rejected"] += 1
+        self._log_rejection(role, rid, peer, reason)
+
+    def _log_rejection(self, role: str, rid: bytes, peer: Peer | None, reason: str, first: int = 10) -> None:
+        if len(self._rejections_logged) > 10_000:  # a flood from ever new connections must not grow it forever
+            self._rejections_logged.clear()
         self._rejections_logged[rid] += 1
         count = self._rejections_logged[rid]
-        if count <= 10 or count % 1000 == 0:  # log every kind of problem, but do not let a flood fill the disk
+        if count <= first or count % 1000 == 0:  # log every kind of problem, but do not let a flood fill the disk
             who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
             log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
 
@@ -268,9 +276,12 @@ class Server:
         peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness, key=key)
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
-        welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s}
+        welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
+                   "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
             welcome["window"] = self._worker_window()
+        else:  # a restarted trainer numbers its weights after these, so no number means two actors
+            welcome["weights_version"] = self.newest_version
         self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
             self._trainer_joined(peer)
@@ -368,6 +379,7 @@ class Server:
         if self.weights.complete:
             log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
             self.stats["weights_in"] += 1
+            self.newest_version = max(self.newest_version, msg.policy_version)
         for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
             self._send_weights(worker)
 
@@ -475,6 +487,7 @@ class Server:
             "rates": self.rates.rates(),
             **(self.relay.snapshot() if self.relay else {}),
             "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
+            "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
             "stats": dict(self.stats),
         }

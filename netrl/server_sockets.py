@@ -47,7 +47,8 @@ class ServerSockets:
                         "push weights to every worker%s", self.ports["trainer"], self.ports["worker"],
                         "" if _loopback(self.bind_ip) else f". This server binds {self.bind_ip}, beyond loopback")
         for role, port in self.ports.items():
-            sock = new_socket(self.ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000)
+            sock = new_socket(self.ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000,
+                              handshake_s=self.net.handshake_timeout_s)
             if self.auth is not None:
                 self.auth.secure(sock, role)
             self.by_role[role] = sock

@@ -81,10 +81,15 @@ def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> b
     return ok
 
 
+def version_label(version: Any) -> str:
+    """``v3``, or ``none`` before any weights arrived (versions start at 1; -1 means none)."""
+    return f"v{version}" if isinstance(version, int) and version >= 0 else "none"
+
+
 def status_line(s: dict[str, Any]) -> str:
     """The server's periodic one-line summary of a snapshot."""
     rates = s.get("rates", {})
-    versions = " ".join(f"{w['name']}:v{w['version']}" for w in s["workers"])
+    versions = " ".join(f"{w['name']}:{version_label(w['version'])}" for w in s["workers"])
     return (f"status | {len(s['workers'])} workers [{versions or '-'}] | trainer "
             f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
             f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
@@ -102,9 +107,11 @@ def format_status(s: dict[str, Any]) -> str:
     spool = s.get("spool", {})
     trainer = s.get("trainer")
     progress = s.get("progress") or {}
+    unknown_keys = ", ".join(f"{n:,} on the {role} port" for role, n in s.get("unknown_keys", {}).items())
+    unknown_keys = unknown_keys or "none checked (security none)"
     lines = [
         f"server session {s.get('session', '?')[:8]}, up {s.get('uptime_s', 0):.0f} s, "
-        f"weights v{s.get('weights_version')}",
+        f"weights {version_label(s.get('weights_version'))}",
         f"samples in {rates.get('samples_in', 0):,.0f}/s, out {rates.get('samples_out', 0):,.0f}/s; queued "
         f"{s.get('queued_samples', 0):,} ({s.get('queued_bytes', 0) / 2**20:.1f} MiB), in flight "
         f"{s.get('inflight_samples', 0):,}",
@@ -112,6 +119,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
         f"{s.get('dropped', 0):,}; refused by a full spool {s.get('refused', 0):,} (kept and resent by workers)",
+        f"connections refused for unknown keys: {unknown_keys}; messages before HELLO "
+        f"{s.get('stats', {}).get('unknown_peer', 0):,}",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
          f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
          if trainer else "trainer: not connected"),
@@ -122,7 +131,7 @@ def format_status(s: dict[str, Any]) -> str:
     for w in sorted(s.get("workers", []), key=lambda w: w["name"]):
         reported = w.get("reported", {})
         lines.append(f"  {w['name'][:20]:<20} {w['address'][:16]:<16} {w.get('key', '')[:10]:<10} "
-                     f"{'v' + str(w['version']) if w['version'] >= 0 else '-':>7} {w['samples']:>10,} "
+                     f"{version_label(w['version']):>7} {w['samples']:>10,} "
                      f"{reported.get('backlog_packets', 0):>8} {reported.get('dropped_samples', 0):>8} "
                      f"{_ago(w.get('last_seen'), now):>10}")
     return "\n".join(lines)

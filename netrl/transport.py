@@ -30,7 +30,7 @@ from netrl.errors import ProtocolError, TransportError, VersionMismatch
 from netrl.keys import ClientKeys
 from netrl.wire import Message, MsgType, decode, encode
 
-__all__ = ["Backoff", "ClientLink", "Liveness", "NetThread", "bind", "new_session", "new_socket"]
+__all__ = ["Backoff", "ClientLink", "Liveness", "NetThread", "bind", "handshake_failure", "new_session", "new_socket"]
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,14 @@ def new_session() -> str:
     return os.urandom(8).hex()
 
 
-def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000) -> zmq.Socket:
-    """A socket with the options every netrl socket needs."""
+def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000,
+               handshake_s: float | None = None) -> zmq.Socket:
+    """A socket with the options every netrl socket needs (``handshake_s``: how long a new connection may take to
+    finish its ZeroMQ handshake before it is closed; ZeroMQ's default is 30 s)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    if handshake_s is not None:
+        sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
     sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
@@ -64,6 +68,26 @@ def bind(sock: zmq.Socket, host: str, port: int, config_key: str) -> str:
         hint = "is another netrl server running?" if exc.errno == zmq.EADDRINUSE else "is the address right?"
         raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint} change `{config_key}`") from None
     return endpoint
+
+
+def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None) -> str:
+    """Why a client's ZeroMQ handshake failed, in words that say what to fix.
+
+    Which event a security mismatch raises is a race: the side that notices first sends an error and closes, and
+    the other side then often sees HANDSHAKE_FAILED_NO_DETAIL. Only a CURVE client can have the wrong server key.
+    """
+    sides = ("the server uses CURVE and this process has \"security\": \"none\"" if keys is None else
+             "this process uses CURVE and the server has \"security\": \"none\"")
+    mismatch = f"the server and this {role} disagree on security: {sides}; set the same \"security\" in both configs"
+    if keys is None or (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+        return mismatch
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"the server refused this {role}'s key: add {keys.folder}/*.key to the server's "
+                f"keys/server/{role}s/ allow-list, or use keys made by the server's --keygen")
+    return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's public key (copy it "
+            "from the server's keys/server/server.key), or the server runs with \"security\": \"none\" (set the "
+            "same security on both)")
 
 
 class Liveness:
@@ -145,12 +169,13 @@ class ClientLink:
         self._reconnect_at: float | None = None
         self._connections = 0
         self._was_ready = False
+        self._unanswered, self._last_unanswered_log = 0, 0.0  # connection attempts without a WELCOME in a row
         self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
         self._connections += 1
-        sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes)
+        sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes, handshake_s=self.net.handshake_timeout_s)
         sock.setsockopt(zmq.ROUTING_ID, f"{self.role}:{self.session}:{self._connections}".encode())
         if self.keys is not None:
             sock.curve_publickey = self.keys.public
@@ -240,6 +265,11 @@ class ClientLink:
         self._was_ready = True
         log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
                  msg.body["server_session"])
+        server_max = msg.body.get("max_message_bytes", self.net.max_message_bytes)
+        if server_max != self.net.max_message_bytes:  # ZeroMQ resets a connection over a message above its limit
+            log.error("the server's network.max_message_bytes is %d and this %s's is %d: set the same value on every "
+                      "machine; a message larger than the receiver's limit is never delivered (ZeroMQ drops the "
+                      "connection instead)", server_max, self.role, self.net.max_message_bytes)
         if self.on_ready:
             self.on_ready()
 
@@ -256,31 +286,32 @@ class ClientLink:
 
     def _lose(self, why: str) -> None:
         delay = self._backoff.next()
-        log.warning("lost the server at %s (%s); reconnecting in %.1f s", self.endpoint, why, delay)
+        if self.ready:
+            self._unanswered = 0
+            log.warning("lost the server at %s (%s); reconnecting in %.1f s", self.endpoint, why, delay)
+        else:  # this connection never got a WELCOME: say so once, then every 30 s, not on every retry
+            self._unanswered += 1
+            now = time.monotonic()
+            if self._unanswered == 1 or now - self._last_unanswered_log >= 30:
+                self._last_unanswered_log = now
+                log.warning("no answer from the server at %s (%s; attempt %d); trying again in %.1f s, then "
+                            "waiting up to %.0f s between attempts", self.endpoint, why, self._unanswered, delay,
+                            self.net.reconnect_max_s)
         self._close_socket()
         self._reconnect_at = time.monotonic() + delay
 
     def _check_handshakes(self) -> None:
         """Turn ZeroMQ's handshake events into log lines that say what to fix."""
         while self._monitor is not None and self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 continue
             self.handshake_failures += 1
             now = time.monotonic()
             if now - self._last_handshake_log < 30 and self.handshake_failures > 1:
                 continue
             self._last_handshake_log = now
-            folder = self.keys.folder if self.keys else None
-            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                why = (f"the server refused this {self.role}'s key: add {folder}/*.key to the server's "
-                       f"keys/server/{self.role}s/ allow-list, or use keys made by the server's --keygen")
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                why = ("the server and this process disagree on security: one uses CURVE keys and the other "
-                       "\"security\": \"none\"; set the same security on both")
-            else:
-                why = (f"the CURVE handshake failed: {folder}/server.key is probably not this server's public key "
-                       "(copy it from the server's keys/server/server.key)")
+            why = handshake_failure(event["event"], event["value"], self.role, self.keys)
             log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
 
     def _close_socket(self) -> None:

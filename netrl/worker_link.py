@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 from netrl.config import NetworkConfig
 from netrl.keys import ClientKeys
+from netrl.status import version_label
 from netrl.transport import NetThread
-from netrl.wire import Message, MsgType, encode, frames_nbytes
+from netrl.wire import Message, MsgType, encode, frames_nbytes, max_packet_bytes
 
 __all__ = ["WorkerLink"]
 
@@ -119,6 +120,11 @@ class WorkerLink(NetThread):
         while self.unsent and self.link.ready:
             seq = next(iter(self.unsent))
             packet = self.backlog[seq]
+            limit = self.link.welcome.get("max_message_bytes")
+            if limit is not None and packet.nbytes > max_packet_bytes(limit):  # ZeroMQ would drop the connection
+                self._reject(seq, packet, f"a packet of {packet.nbytes} bytes is more than the server relays "
+                             f"(its network.max_message_bytes is {limit}): set the same value on every machine")
+                continue
             window = min(self.send_window_bytes, self.server_window or self.send_window_bytes)
             if self.inflight and self.inflight_bytes + packet.nbytes > window:
                 return
@@ -160,9 +166,9 @@ class WorkerLink(NetThread):
         rate = (produced - self._status_produced) / (now - self._status_at)
         self._status_at, self._status_produced = now, produced
         ret = self.last_return()
-        log.info("status | worker %s | %.0f steps/s | weights v%s | server %s | backlog %d packets (%.1f MiB) | "
+        log.info("status | worker %s | %.0f steps/s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
                  "acked %d, dropped %d samples | last return %s", self.worker_id, rate,
-                 self.weight_stats.get("version", "-"), "connected" if self.link.ready else "unreachable",
+                 version_label(self.weight_stats.get("version")), "connected" if self.link.ready else "unreachable",
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}")
 
@@ -208,6 +214,16 @@ class WorkerLink(NetThread):
         else:
             log.debug("ignored a %s message from the server", msg.type.value)
 
+    def _reject(self, seq: int, packet: _Outgoing, reason: str) -> None:
+        """A packet that can never be delivered: dropped, counted and logged (it would fail every time)."""
+        self.backlog.pop(seq)
+        self._forget(seq, packet)
+        self.counts["rejected_packets"] += 1
+        self.counts["rejected_samples"] += packet.steps
+        if self.counts["rejected_packets"] <= 5 or self.counts["rejected_packets"] % 100 == 0:
+            log.error("packet %d of %d samples is dropped (%d rejected so far): %s", seq, packet.steps,
+                      self.counts["rejected_packets"], reason)
+
     def _nack(self, msg: Message) -> None:
         """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid)."""
         retry_s = float(msg.body["retry_s"])
@@ -216,13 +232,7 @@ class WorkerLink(NetThread):
             if packet is None or seq not in self.inflight:
                 continue
             if retry_s <= 0:
-                self.backlog.pop(seq)
-                self._forget(seq, packet)
-                self.counts["rejected_packets"] += 1
-                self.counts["rejected_samples"] += packet.steps
-                if self.counts["rejected_packets"] <= 5 or self.counts["rejected_packets"] % 100 == 0:
-                    log.error("the server rejected packet %d (%d rejected so far): %s", seq,
-                              self.counts["rejected_packets"], msg.body["reason"])
+                self._reject(seq, packet, f"the server rejected it: {msg.body['reason']}")
                 continue
             self.inflight.discard(seq)
             self.inflight_bytes -= packet.nbytes

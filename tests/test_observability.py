@@ -13,7 +13,7 @@ import pytest
 
 from netrl.launch import free_port
 from netrl.metrics import resolve_wandb_mode
-from netrl.status import Rates
+from netrl.status import Rates, format_status, status_line
 from tests.conftest import Procs, small_config
 from tests.reliability import delivered, wait_until
 from tests.test_delivery import FAST_TRAINER
@@ -70,3 +70,16 @@ def test_wandb_auto_mode_follows_the_api_key(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert resolve_wandb_mode("auto") == "online"
     assert resolve_wandb_mode("disabled") == "disabled"
+
+
+def test_status_before_any_weights_says_none_not_minus_one() -> None:
+    worker = {"name": "robot-1", "address": "127.0.0.1", "key": "worker", "version": -1, "samples": 0,
+              "reported": {}, "last_seen": None}
+    snapshot = {"session": "abcdef0123", "uptime_s": 3.0, "workers": [worker], "trainer": None, "progress": None,
+                "weights_version": -1, "rates": {}, "rejected": 0, "refused": 0, "dropped": 0, "stats": {}}
+    table, line = format_status(snapshot), status_line(snapshot)
+    assert "v-1" not in table + line
+    assert "weights none" in table and "robot-1:none" in line
+    assert "unknown keys: none checked (security none)" in table
+    worker["version"] = 4
+    assert "robot-1:v4" in status_line({**snapshot, "workers": [worker]})

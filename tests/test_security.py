@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 import time
@@ -19,9 +20,11 @@ from netrl.__main__ import main
 from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig
 from netrl.errors import SecurityError
-from netrl.keys import client_keys, keygen, server_keys
+from netrl.keys import ClientKeys, client_keys, keygen, server_keys
 from netrl.launch import free_port
 from netrl.server import Server
+from netrl.status import format_status
+from netrl.transport import ClientLink, handshake_failure, new_session
 from netrl.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
 from netrl.wire import Message, MsgType, samples_message
 from tests.conftest import running_server
@@ -135,6 +138,9 @@ def test_clients_without_the_right_keys_can_neither_send_nor_receive(
     assert MsgType.BUNDLE not in seen  # nothing the intruders sent reaches the trainer
     auth = srv.sockets.auth
     assert auth is not None and auth.ring.refused["worker"] >= 1  # the unknown key, refused by ZAP
+    snapshot = srv.snapshot()  # and --status shows it
+    assert snapshot["unknown_keys"] == {"trainer": 0, "worker": auth.ring.refused["worker"]}
+    assert f"{auth.ring.refused['worker']:,} on the worker port" in format_status(snapshot)
     legit = keyed(ctx, srv, keys, "worker", "worker")
     assert legit.hello().type is MsgType.WELCOME and legit.expect(MsgType.WEIGHTS).policy_version == 3
 
@@ -235,3 +241,52 @@ def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Con
         time.sleep(0.5)
         fine = curve_peer(small_ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
         assert fine.hello().type is MsgType.WELCOME
+
+
+def handshake_error(ctx: zmq.Context, port: int, keys: ClientKeys | None, caplog: pytest.LogCaptureFixture) -> str:
+    """What a real client logs when its handshake with the server on ``port`` fails."""
+    net = NetworkConfig(trainer_port=port, worker_port=port, heartbeat_interval_s=0.2)
+    link = ClientLink(ctx, net, "worker", "robot-1", new_session(), port, keys=keys)
+    link.open()
+    try:
+        deadline = time.monotonic() + 5
+        while not link.handshake_failures and time.monotonic() < deadline:
+            link.receive()
+            link.maintain()
+            time.sleep(0.02)
+    finally:
+        link.close()
+    assert not link.ready
+    return " ".join(r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage())
+
+
+def test_a_failed_handshake_says_what_to_fix(secured: tuple[Server, zmq.Context, Path], tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx, keys = secured
+    said = handshake_error(ctx, srv.worker_port, None, caplog)
+    assert "disagree on security" in said and "the server uses CURVE" in said and "None" not in said
+    caplog.clear()
+    right = client_keys(keys, "worker", "robot-1")
+    stranger_public = zmq.auth.load_certificate(zmq.auth.create_certificates(tmp_path, "stranger")[0])[0]
+    said = handshake_error(ctx, srv.worker_port, dataclasses.replace(right, server_public=stranger_public), caplog)
+    assert f"{right.folder}/server.key is not this server's public key" in said
+    with running_server(network=NET, spool_dir=tmp_path / "open-spool") as (open_srv, _):  # "security": "none"
+        caplog.clear()
+        said = handshake_error(ctx, open_srv.worker_port, right, caplog)
+    assert "the server runs with \"security\": \"none\"" in said or "the server has \"security\": \"none\"" in said
+
+
+@pytest.mark.parametrize(("event", "value", "keys", "expected"), [
+    (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, None, "disagree on security"),
+    (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH, "k", "disagree on security"),
+    (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400, "k", "refused this worker's key"),
+    (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, "k", "is not this server's public key"),
+    (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC, "k", "is not this server's"),
+])
+def test_each_handshake_failure_has_its_own_advice(event: int, value: int, keys: str | None, expected: str,
+                                                   tmp_path: Path) -> None:
+    client = None
+    if keys is not None:
+        keygen(tmp_path / "keys")
+        client = client_keys(tmp_path / "keys", "worker", "worker")
+    assert expected in handshake_failure(event, value, "worker", client)

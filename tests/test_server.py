@@ -19,6 +19,7 @@ from netrl.errors import MalformedMessage
 from netrl.relay import SampleRelay
 from netrl.server import Server
 from netrl.spool import Spool
+from netrl.status import format_status
 from netrl.wire import (
     BUNDLE_HEADER_ROOM,
     PROTOCOL_VERSION,
@@ -94,6 +95,21 @@ def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.
     trainer.send(weights(4))  # v3 is still unacknowledged: v4 replaces it at the server
     worker.send(Message(MsgType.ACK, "late", body={"seqs": [2]}))
     assert worker.expect(MsgType.WEIGHTS).policy_version in (3, 4)
+
+
+def test_a_new_trainer_is_told_the_newest_version_any_trainer_published(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    first = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert first.hello().body["weights_version"] == -1  # nothing published yet
+    first.send(weights(7, "t1"))
+    first.send(weights(9, "t1"))
+    time.sleep(0.2)
+    second = Peer(ctx, srv.trainer_port, "trainer", "trainer")  # e.g. the same trainer restarted after a crash
+    assert second.hello().body["weights_version"] == 9
+    second.send(weights(3, "t2"))  # the cache now holds the new session's v3, but v9 was still published
+    time.sleep(0.2)
+    third = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert third.hello().body["weights_version"] == 9
 
 
 def test_samples_are_bundled_to_the_trainer_within_its_credit(server: tuple[Server, zmq.Context]) -> None:
@@ -175,11 +191,17 @@ def test_bad_input_is_counted_and_the_server_keeps_relaying(server: tuple[Server
     assert {p.name for p in srv.peers.values()} == {"evil", "good"}
 
 
-def test_messages_before_hello_get_a_reject_that_asks_for_hello(server: tuple[Server, zmq.Context]) -> None:
+def test_messages_before_hello_get_a_reject_that_asks_for_hello(server: tuple[Server, zmq.Context],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
     srv, ctx = server
     peer = Peer(ctx, srv.worker_port, "worker", "w")
-    peer.send(Message(MsgType.HEARTBEAT, "w"))
-    assert "say HELLO" in peer.expect(MsgType.REJECT).body["reason"]
+    for _ in range(3):
+        peer.send(Message(MsgType.HEARTBEAT, "w"))
+        assert "say HELLO" in peer.expect(MsgType.REJECT).body["reason"]
+    assert srv.stats["unknown_peer"] == 3 and srv.stats["rejected"] == 0  # counted, and shown by --status
+    assert "messages before HELLO 3" in format_status(srv.snapshot())
+    logged = [r.getMessage() for r in caplog.records if "before HELLO" in r.getMessage()]
+    assert len(logged) == 1 and "a heartbeat message before HELLO" in logged[0]  # once per connection
 
 
 def test_wrong_port_and_wrong_version_are_refused_with_reasons(server: tuple[Server, zmq.Context]) -> None:
@@ -309,6 +331,50 @@ def test_a_packet_the_trainer_could_not_accept_is_refused_for_good(tmp_path: Pat
         worker.send(samples_message(sample_buffer(5), "w", worker.session, 2, 1005))
         assert worker.expect(MsgType.ACK).body["seqs"] == [2]  # the server carries on relaying
         assert srv.stats["rejected"] == 1 and srv.relay is not None and srv.relay.spool.packets == 1
+
+
+def test_a_worker_with_a_larger_message_limit_drops_what_the_server_cannot_take(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.worker_link import WorkerLink
+
+    server_net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, max_message_bytes=1 << 16)
+    big = encode(samples_message(sample_buffer(2000), "w", "s", 1, 2000))  # ~80 KB: over the server's 64 KiB
+    with running_server(network=server_net, spool_dir=tmp_path / "spool") as (srv, _):
+        link = WorkerLink(NET, "w", "s", srv.worker_port, None, max_backlog_bytes=1 << 30, send_window_bytes=1 << 30)
+        link.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not link.link.ready and time.monotonic() < deadline:
+                time.sleep(0.02)
+            link.command([(1).to_bytes(8, "little") + (2000).to_bytes(8, "little"), *big])
+            small = encode(samples_message(sample_buffer(5), "w", "s", 2, 2005))
+            link.command([(2).to_bytes(8, "little") + (5).to_bytes(8, "little"), *small])
+            assert link.flush(2, 5.0)  # the small one is acknowledged: the connection survived
+            assert link.counts["rejected_packets"] == 1 and link.counts["rejected_samples"] == 2000
+            assert link.counts["connections"] == 1 and 0 < srv.stats["samples_in"] <= 5
+        finally:
+            link.halt(0.5)
+    said = caplog.text
+    assert "the server's network.max_message_bytes is 65536 and this worker's is 268435456" in said
+    assert "packet 1 of 2000 samples is dropped" in said
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_closed(tmp_path: Path) -> None:
+    import socket
+
+    net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, handshake_timeout_s=0.5)
+    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, _):
+        conn = socket.create_connection(("127.0.0.1", srv.worker_port))  # a flood's half-open connection
+        conn.settimeout(5.0)
+        t0 = time.monotonic()
+        try:
+            while conn.recv(4096):  # the server's greeting, then nothing until it gives up on us
+                pass
+        except ConnectionResetError:
+            pass
+        finally:
+            conn.close()
+        assert time.monotonic() - t0 < 3.0  # ZeroMQ's default would hold it for 30 s
 
 
 class _Backlog:

@@ -7,8 +7,10 @@ import time
 import pytest
 import zmq
 
+from netrl.config import NetworkConfig
 from netrl.errors import TransportError
-from netrl.transport import Backoff, Liveness, bind, new_socket
+from netrl.launch import free_port
+from netrl.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
 
 
 def test_backoff_doubles_with_jitter_up_to_the_maximum_and_resets() -> None:
@@ -42,3 +44,24 @@ def test_bind_failure_names_the_config_key() -> None:
             bind(second, "127.0.0.1", port, "network.worker_port")
     finally:
         ctx.destroy(0)
+
+
+def test_a_server_that_never_answers_is_reported_once_not_on_every_retry(caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()  # nothing listens there
+    net = NetworkConfig(worker_port=port, heartbeat_interval_s=0.05, heartbeat_liveness=2, reconnect_initial_s=0.01,
+                        reconnect_max_s=0.02)
+    ctx = zmq.Context()
+    link = ClientLink(ctx, net, "worker", "robot-1", new_session(), port)
+    try:
+        link.open()
+        deadline = time.monotonic() + 1.5
+        while link._unanswered < 5 and time.monotonic() < deadline:
+            link.maintain()
+            time.sleep(0.01)
+    finally:
+        link.close()
+        ctx.destroy(0)
+    assert link._unanswered >= 5  # it kept trying
+    said = [r.getMessage() for r in caplog.records if r.name == "netrl.transport"]
+    assert len(said) == 1 and said[0].startswith(f"no answer from the server at tcp://127.0.0.1:{port}")
+    assert "attempt 1)" in said[0] and not any("lost the server" in s for s in said)
