@@ -8,10 +8,13 @@ version); a newer version preempts one still streaming, starting from its first 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from netrl.peers import Peer
+
+log = logging.getLogger(__name__)
 
 
 class WeightCache:
@@ -21,10 +24,20 @@ class WeightCache:
         self.parts: list[list[Any]] = []
         self.nparts = 0  # how many parts the newest version has
         self.version = -1
+        self.session = ""  # the trainer process the cached version came from
+        self.newest = -1  # the newest complete version from any trainer session, told to a new trainer
 
-    def reset(self) -> None:
-        """Forget the cached version (a new trainer process need not continue the old one's versions)."""
+    def trainer_session(self, session: str, peers: list[Peer]) -> None:
+        """A trainer said HELLO: a new trainer process need not continue the old one's versions, so forget the
+        cached one and what every peer holds."""
+        if session == self.session:
+            return
+        if self.session:
+            log.info("new trainer session %s; dropping cached weights v%d", session[:8], self.version)
+        self.session = session
         self.parts, self.nparts, self.version = [], 0, -1
+        for peer in peers:
+            peer.version, peer.inflight_version, peer.streaming = -1, None, None
 
     @property
     def complete(self) -> bool:
@@ -38,6 +51,8 @@ class WeightCache:
             self.parts.append(frames)
         else:
             return f"weights v{version} part {part} arrived out of order"
+        if self.complete:
+            self.newest = max(self.newest, version)
         return None
 
     def stream(self, worker: Peer, send: Callable[[list[Any]], bool]) -> bool:

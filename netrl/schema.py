@@ -9,17 +9,22 @@ is unaffected.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium
 import numpy as np
 
-from netrl.errors import MalformedMessage, SampleRejected
+from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
 from netrl.samples import Spec, flatten, spec_leaves
 
-__all__ = ["SampleSchema"]
+__all__ = ["SampleSchema", "load_schema", "save_schema"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,24 @@ class SampleSchema:
                 raise SampleRejected(f"packet from {worker}: field {name!r} contains NaN or infinity")
         if not np.isfinite(arrays["rew"]).all():
             raise SampleRejected(f"packet from {worker}: field 'rew' contains NaN or infinity")
+
+
+def load_schema(path: Path) -> SampleSchema | None:
+    """The schema a server saved at ``path`` (the trainer's last), or None (also when it cannot be read)."""
+    if not path.exists():
+        return None
+    try:
+        return SampleSchema.from_wire(json.loads(path.read_text()))
+    except (OSError, ValueError, ProtocolError) as exc:  # the trainer sends it again when it connects
+        log.warning("ignoring the saved sample layout %s (%s): packets are checked against the layout the trainer "
+                    "sends when it connects", path, exc)
+        return None
+
+
+def save_schema(path: Path, body: dict[str, Any]) -> None:
+    """Save the trainer's schema, so a restarted server checks packets before the trainer reconnects."""
+    try:
+        path.write_text(json.dumps(body))
+    except OSError as exc:
+        log.warning("could not save the sample layout to %s (%s): after a restart, this server checks packets "
+                    "against it only once the trainer reconnects", path, exc)

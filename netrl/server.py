@@ -18,7 +18,6 @@ per worker. Bad messages are logged with their peer, counted (``stats["rejected"
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import threading
 import time
@@ -35,7 +34,7 @@ from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
 from netrl.keys import ServerKeys, server_keys
 from netrl.peers import Peer, PeerTable, QueuedPacket
 from netrl.relay import SampleRelay
-from netrl.schema import SampleSchema
+from netrl.schema import SampleSchema, load_schema, save_schema
 from netrl.server_sockets import ServerSockets
 from netrl.spool import Spool
 from netrl.status import Rates, answer_status, status_line
@@ -89,9 +88,7 @@ class Server:
         self.schema: SampleSchema | None = None
         self.session = new_session()
         self.peers = PeerTable()
-        self.trainer_session = ""
         self.weights = WeightCache()
-        self.newest_version = -1  # the newest complete weights from any trainer session, told to a new trainer
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
         self.progress: dict[str, int] | None = None
@@ -117,9 +114,7 @@ class Server:
         self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
                                  self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
                                  self._send_to_trainer, self._tell_worker)
-        schema_file = Path(self.spool_dir) / "schema.json"
-        if schema_file.exists():  # the trainer's last schema, so packets are checked before it reconnects
-            self.schema = SampleSchema.from_wire(json.loads(schema_file.read_text()))
+        self.schema = load_schema(Path(self.spool_dir) / "schema.json")
         self._opened = True
         self.sockets.open()
         keys = self.sockets.keys
@@ -281,7 +276,7 @@ class Server:
         if role == "worker":
             welcome["window"] = self._worker_window()
         else:  # a restarted trainer numbers its weights after these, so no number means two actors
-            welcome["weights_version"] = self.newest_version
+            welcome["weights_version"] = self.weights.newest
         self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
             self._trainer_joined(peer)
@@ -295,13 +290,7 @@ class Server:
     def _trainer_joined(self, peer: Peer) -> None:
         assert self.relay is not None
         self.relay.trainer_joined()
-        if peer.session != self.trainer_session:
-            if self.trainer_session:  # a new trainer process: its versions need not continue the old ones
-                log.info("new trainer session %s; dropping cached weights v%d", peer.session[:8], self.weights.version)
-            self.trainer_session = peer.session
-            self.weights.reset()
-            for other in self.peers.values():
-                other.version, other.inflight_version, other.streaming = -1, None, None
+        self.weights.trainer_session(peer.session, self.peers.values())
 
     def _forget(self, rid: bytes) -> None:
         peer = self.peers.remove(rid)
@@ -379,7 +368,6 @@ class Server:
         if self.weights.complete:
             log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
             self.stats["weights_in"] += 1
-            self.newest_version = max(self.newest_version, msg.policy_version)
         for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
             self._send_weights(worker)
 
@@ -391,13 +379,8 @@ class Server:
             return
         if schema != self.schema:
             self.schema = schema
-            path = Path(self.spool_dir) / "schema.json"
             log.info("sample layout from the trainer: %d fields, checked on every packet", len(schema.leaves))
-            try:
-                path.write_text(json.dumps(msg.body))
-            except OSError as exc:
-                log.warning("could not save the sample layout to %s (%s): after a restart, this server checks "
-                            "packets against it only once the trainer reconnects", path, exc)
+            save_schema(Path(self.spool_dir) / "schema.json", msg.body)
 
     def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.progress = dict(msg.body)
