@@ -58,6 +58,9 @@ class LocalSource:
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         self.wanted = wanted
 
+    def taken_version(self) -> int:
+        return -1  # one process, one trainer: no other weights share its numbers
+
 
 def run_local(training: TrainingOffline, worker: RolloutWorker, stop: threading.Event,
               on_round: Any = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +70,35 @@ class CsvLog:
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, self.fields).writerow({k: "" if v is None else v for k, v in row.items()})
 
+    def last_ints(self, *keys: str) -> list[int]:
+        """``keys`` of the last row that holds them all as integers (zeros if none does), e.g. to continue counts."""
+        rows: list[dict[str, str]] = []
+        if self.path.exists():
+            with self.path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+        for row in reversed(rows):
+            try:
+                return [int(row[k]) for k in keys]
+            except (KeyError, TypeError, ValueError):  # an older header, or a line torn by a crash
+                continue
+        return [0] * len(keys)
+
+    def keep(self, predicate: Callable[[dict[str, str]], bool]) -> int:
+        """Rewrite the file (atomically) without the rows ``predicate`` rejects; returns how many were dropped."""
+        if not self.path.exists():
+            return 0
+        with self.path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        kept = [r for r in rows if predicate(r)]
+        if len(kept) < len(rows):
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, self.fields)
+                writer.writeheader()
+                writer.writerows(kept)
+            os.replace(tmp, self.path)
+        return len(rows) - len(kept)
+
 
 class MetricsLogger:
     """Sends each round's statistics to the log, the CSV and wandb. ``close()`` is idempotent."""
@@ -86,6 +116,25 @@ class MetricsLogger:
             self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
                                          config=config or {}, mode=mode, reinit="create_new")
             log.info("wandb run %s in %s mode", self._wandb_run.id, mode)
+
+    def rewind(self, trained_steps: int) -> None:
+        """Drop rounds logged past ``trained_steps``, where a resumed trainer continues from its checkpoint.
+
+        A trainer that crashed logged rounds its checkpoint does not hold, and trains them again. Dropping them keeps
+        metrics.csv the history of the agent being trained, with ``trained_steps`` increasing, for --plot and every
+        other reader. (Keeping the last row per (epoch, round) instead would be wrong: a trainer stopped cleanly
+        mid-epoch resumes that epoch at round 0, so an (epoch, round) pair can rightly appear twice.)
+        """
+        def before(row: dict[str, str]) -> bool:
+            try:
+                return int(row["trained_steps"]) <= trained_steps
+            except (KeyError, TypeError, ValueError):  # a line torn by the crash
+                return False
+
+        dropped = self.csv.keep(before)
+        if dropped:
+            log.info("dropped %d rounds from %s that were logged after the checkpoint (%d training steps); they are "
+                     "trained again", dropped, self.csv.path, trained_steps)
 
     def log_round(self, stats: dict[str, Any]) -> None:
         log.info("%s", format_round(stats))

@@ -1,16 +1,11 @@
 """Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
 
-The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread. A network thread
-(:class:`TrainerLink`) keeps the connection alive while training runs. For every bundle it receives it:
-
-1. decodes and checks each sample packet, and drops packets it has already seen (:class:`~netrl.delivery.Deliveries`);
-2. appends each new packet to the sample log on disk (:class:`~netrl.delivery.SampleLog`);
-3. queues the packets for the training loop and acknowledges the bundle; the server then acknowledges the workers.
-
-It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
+The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread; a network thread
+(:class:`~netrl.trainer_link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
 The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
 replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
-continues the weight version numbering after the newest version the checkpoint or the sample log names.
+continues the weight version numbering after the newest version the checkpoint or the sample log names (and,
+once connected, after the newest the server has seen: see :mod:`netrl.trainer_link`).
 """
 
 from __future__ import annotations
@@ -23,170 +18,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-import zmq
-
 from netrl import checkpoint
 from netrl.config import Config, NetworkConfig, config_to_dict
 from netrl.delivery import Deliveries, SampleLog
-from netrl.errors import CheckpointError, NetrlError, ProtocolError, SampleRejected
+from netrl.errors import CheckpointError, NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
-from netrl.samples import Buffer
 from netrl.schema import SampleSchema
 from netrl.segments import Position
+from netrl.trainer_link import TrainerLink, write_failed
 from netrl.training import TrainingOffline
-from netrl.transport import NetThread, new_session
-from netrl.weights import PART_BYTES, flat_layout, snapshot_into, write_weights_file
-from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
+from netrl.transport import new_session
+from netrl.weights import write_weights_file
+from netrl.wire import buffer_from_message, decode
 
 __all__ = ["Trainer", "TrainerLink"]
 
 log = logging.getLogger(__name__)
-
-
-class TrainerLink(NetThread):
-    """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
-
-    def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
-                 deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
-                 keys: ClientKeys | None = None) -> None:
-        super().__init__(net, "trainer", name, session, port, keys=keys)
-        self.schema = schema
-        self.credit_window = credit_window
-        self.deliveries = deliveries
-        self.sample_log = sample_log
-        self.lock = threading.Lock()  # guards deliveries and the sample log against checkpoint snapshots
-        self.inbox: collections.deque[tuple[list[Buffer], Position | None]] = collections.deque()
-        self.new_data = threading.Event()
-        self.version = 0  # the newest published weight version, written by the training thread
-        self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
-        self.granted = 0  # credits granted on the current connection
-        self.received = 0  # bundles received on the current connection
-        self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
-        self.last_progress: list[Any] | None = None
-        self._snapshots: list[tuple[np.ndarray, list[zmq.MessageTracker]]] = []  # reusable flat buffers
-        self.stats: collections.Counter[str] = collections.Counter()
-
-    # -- SampleSource, called from the training thread --------------------------------------------------
-    def fetch(self) -> list[Buffer]:
-        out: list[Buffer] = []
-        taken = 0
-        while self.inbox:
-            bufs, end = self.inbox.popleft()
-            out += bufs
-            self.ingested = end
-            taken += 1
-        if taken:
-            self.command([b"credit"])  # wake the network thread: it can grant the server new credit right away
-        return out
-
-    def wait(self, timeout: float) -> None:
-        self.new_data.wait(timeout)
-        self.new_data.clear()
-        if self.error is not None or self.link.fatal:
-            raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
-
-    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
-        """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
-        self.version = version
-        state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
-        layout, nbytes = flat_layout(state)
-        flat = self._free_snapshot(nbytes)
-        snapshot_into(state, layout, flat)
-        trackers = []
-        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, flat, layout, PART_BYTES):
-            tracker = self.command([b"weights", b"%d" % msg.body["part"], *encode(msg)], track=True)
-            assert tracker is not None
-            trackers.append(tracker)
-        self._snapshots.append((flat, trackers))
-        log.debug("published weights v%d in %d parts", version, len(trackers))
-
-    def _free_snapshot(self, nbytes: int) -> np.ndarray:
-        """A buffer no send still reads: the network thread keeps the newest version until the next one."""
-        for i, (flat, trackers) in enumerate(self._snapshots):
-            if flat.nbytes == nbytes and all(t.done for t in trackers):
-                return self._snapshots.pop(i)[0]
-        if len(self._snapshots) > 4:
-            self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
-        return np.empty(nbytes, np.uint8)
-
-    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
-        msg = Message(MsgType.PROGRESS, self.link.name,
-                      body={"trained_steps": trained_steps, "samples": samples, "wanted": wanted})
-        self.command([b"progress", *encode(msg)])
-
-    def delivery_state(self) -> dict[str, Any]:
-        """Packets seen so far, consistent with the sample log (for a checkpoint)."""
-        with self.lock:
-            return self.deliveries.to_json()
-
-    # -- network thread ---------------------------------------------------------------------------------
-    def on_ready(self) -> None:
-        self.granted = self.received = 0
-        if self.schema is not None:  # first, so that the server checks packets before queueing them
-            self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
-        self._grant()
-        for frames in [*self.weights, self.last_progress]:
-            if frames is not None:
-                self.link.send(frames)
-
-    def _grant(self) -> None:
-        """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
-        if not self.link.ready:
-            return
-        extra = self.credit_window - (self.granted - self.received) - len(self.inbox)
-        if extra > 0 and self.link.send(encode(Message(MsgType.CREDIT, self.link.name, body={"bundles": extra}))):
-            self.granted += extra
-
-    def on_tick(self) -> None:
-        self._grant()
-
-    def on_command(self, frames: list[Any]) -> None:
-        kind, payload = frames[0].bytes, frames[1:]
-        if kind == b"credit":
-            self._grant()
-            return
-        if kind == b"weights":
-            part, payload = int(payload[0].bytes), payload[1:]
-            self.weights = [payload] if part == 0 else [*self.weights, payload]
-        else:
-            self.last_progress = payload
-        self.link.send(payload)
-
-    def on_message(self, msg: Message) -> None:
-        if msg.type is not MsgType.BUNDLE:
-            log.debug("ignored a %s message from the server", msg.type.value)
-            return
-        bufs = []
-        for part in msg.parts:
-            try:
-                sample_msg = decode(part, self.link.net.max_message_bytes)
-                if sample_msg.type is not MsgType.SAMPLES:
-                    raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
-                if self.schema is not None:
-                    self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
-                buf = buffer_from_message(sample_msg)
-            except (ProtocolError, SampleRejected) as exc:
-                self.stats["rejected"] += 1
-                if self.stats["rejected"] <= 10 or self.stats["rejected"] % 1000 == 0:
-                    log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
-                                self.stats["rejected"], exc)
-                continue
-            buf.recv_version = self.version
-            with self.lock:
-                if not self.deliveries.add(buf.worker, buf.seq):
-                    self.stats["duplicates"] += 1  # resent after a reconnect or a server restart
-                    continue
-                if self.sample_log is not None:  # on disk before it is acknowledged
-                    self.sample_log.append(part, buf.worker, buf.seq, len(buf), buf.recv_version)
-            bufs.append(buf)
-        self.stats["bundles"] += 1
-        self.received += 1
-        self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
-        self.new_data.set()
-        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
 
 
 class Trainer:
@@ -233,6 +81,7 @@ class Trainer:
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
         self.metrics: MetricsLogger | None = None
+        self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
         self._closed = False
 
     @classmethod
@@ -256,37 +105,42 @@ class Trainer:
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close."""
-        stop = stop or threading.Event()
         try:
-            self.training = training = self.training_cls()
-            training.build()
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            deliveries, sample_log = self._restore(training)
-            if training.epoch >= training.epochs:
-                log.warning("%s holds a finished run (%d of %d epochs): nothing to train. Raise trainer.epochs to "
-                            "train it further, or set run_name for a new run", self.run_dir, training.epoch,
-                            training.epochs)
-                if sample_log is not None:
-                    sample_log.close()
-                return
-            self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
-            schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
-                                              self.sample_compressor)
-            self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
-                                         deliveries, sample_log, schema, self.keys)
-            net.version = training.version
-            net.start()
-            training.start(net)
-            log.info("trainer %s started: %d epochs x %d rounds x %d steps on %s", self.name, training.epochs,
-                     training.rounds, training.steps, training.device)
-            while training.epoch < training.epochs and not stop.is_set():
-                for stats in training.run_epoch(net, stop):
-                    self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"]})
-                if not stop.is_set():
-                    self.checkpoint()
-                    self.save_policy()
-        finally:
-            self.close()
+            self._train(stop or threading.Event())
+        except BaseException:
+            self._close(raise_errors=False)  # the error that stopped training is the one to report
+            raise
+        self.close()
+
+    def _train(self, stop: threading.Event) -> None:
+        self.training = training = self.training_cls()
+        training.build()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        deliveries, sample_log = self._restore(training)
+        if training.epoch >= training.epochs:
+            log.warning("%s holds a finished run (%d of %d epochs): nothing to train. Raise trainer.epochs to "
+                        "train it further, or set run_name for a new run", self.run_dir, training.epoch,
+                        training.epochs)
+            if sample_log is not None:
+                sample_log.close()
+            return
+        self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
+        self.metrics.rewind(training.total_updates)
+        schema = SampleSchema.from_spaces(training.observation_space, training.action_space, self.sample_compressor)
+        self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
+                                     deliveries, sample_log, schema, self.keys)
+        net.version = training.version
+        self._saved = self._progress()  # what the checkpoint on disk (if any) holds
+        net.start()
+        training.start(net)
+        log.info("%s started: %d epochs x %d rounds x %d steps on %s",
+                 "trainer" if self.name == "trainer" else f"trainer {self.name!r}", training.epochs,
+                 training.rounds, training.steps, training.device)
+        while training.epoch < training.epochs and not stop.is_set():
+            for stats in training.run_epoch(net, stop):
+                self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"]})
+            if not stop.is_set():
+                self._save()
 
     def _restore(self, training: TrainingOffline) -> tuple[Deliveries, SampleLog | None]:
         """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log."""
@@ -330,6 +184,17 @@ class Trainer:
             training.version = newest
         return deliveries, sample_log
 
+    def _progress(self) -> tuple[Any, ...]:
+        """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
+        t, net = self.training, self.net
+        assert t is not None
+        return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
+
+    def _save(self) -> None:
+        self.checkpoint()
+        self.save_policy()
+        self._saved = self._progress()
+
     def checkpoint(self) -> None:
         """Save agent, counters, weight version, sample-log position and delivery state (atomically)."""
         training, net = self.training, self.net
@@ -339,7 +204,11 @@ class Trainer:
                  "log_position": list(net.ingested) if net.ingested is not None else None,
                  "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
                  "config": self.config}
-        path = checkpoint.save_checkpoint(self.run_dir, training.agent.state_dict(), state, self.fsync)
+        try:
+            path = checkpoint.save_checkpoint(self.run_dir, training.agent.state_dict(), state, self.fsync)
+        except OSError as exc:
+            raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
+                                  "previous checkpoint is intact") from None
         log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
                  training.epoch, training.total_updates, training.version, state["memory_len"])
 
@@ -351,23 +220,38 @@ class Trainer:
         meta = {"version": training.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
                 "pid": os.getpid()}
-        write_weights_file(self.model_path, training.agent.get_actor(), meta)
+        try:
+            write_weights_file(self.model_path, training.agent.get_actor(), meta)
+        except OSError as exc:
+            raise CheckpointError(write_failed("the policy to", self.model_path, exc)) from None
 
     def close(self) -> None:
-        """Checkpoint, save the policy, disconnect and flush metrics. Idempotent."""
+        """Checkpoint and save the policy if anything changed since the last save, disconnect and flush metrics.
+        Idempotent."""
+        self._close(raise_errors=True)
+
+    def _close(self, raise_errors: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        failed: NetrlError | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
-            self.checkpoint()
-            if self.net.sample_log is not None:
-                self.net.sample_log.close()
-        self.save_policy()
+        if self._saved is not None and self._progress() != self._saved:  # stopped mid-epoch, or failed
+            try:
+                self._save()
+            except NetrlError as exc:
+                failed = exc
+                if not raise_errors:
+                    log.error("%s", exc)
+        if self.net is not None and self.net.sample_log is not None:
+            self.net.sample_log.close()
         if self.metrics is not None:
             self.metrics.close()
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
-        log.info("trainer stopped; policy saved to %s; %d sample packets rejected, %d malformed messages from the "
-                 "server, %d duplicate packets dropped", self.model_path, stats["rejected"], malformed,
-                 stats["duplicates"])
+        log.info("trainer stopped; %s; %d sample packets rejected, %d malformed messages from the server, %d "
+                 "duplicate packets dropped", "the policy could not be saved" if failed else
+                 f"policy saved to {self.model_path}", stats["rejected"], malformed, stats["duplicates"])
+        if failed is not None and raise_errors:
+            raise failed

@@ -56,6 +56,10 @@ class SampleSource(Protocol):
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         """Tell the workers' pacing how many samples the trainer wants in total."""
 
+    def taken_version(self) -> int:
+        """The newest weight version that may hold other weights than this loop's (e.g. an earlier trainer
+        session's, still with the server and the workers), or -1. The loop numbers its versions after it."""
+
 
 @dataclass
 class _RoundStats:
@@ -142,6 +146,18 @@ class TrainingOffline:
         self.version += 1
         source.publish(self.agent.get_actor(), self.version, self.total_updates)
 
+    def _renumber(self, source: SampleSource) -> bool:
+        """Publish the actor again after a version the source says is taken; True if it did."""
+        taken = source.taken_version()
+        # Equal is taken too: the number this loop published last may also name other weights out there.
+        if taken < self.version:
+            return False
+        log.info("weight versions up to v%d may hold an earlier trainer session's weights (workers or the server "
+                 "have them): publishing the current actor as v%d", taken, taken + 1)
+        self.version = taken
+        self.publish(source)
+        return True
+
     # -- the loop -------------------------------------------------------------------------------------------
     def wanted(self) -> int:
         """Total samples the trainer wants by now: the pacing target for throttled workers."""
@@ -214,7 +230,8 @@ class TrainingOffline:
                 self._wait_until_ready(source, stop)
                 if stop.is_set():
                     return
-                if self.total_updates % self.update_model_interval == 0 and self.total_updates > 0:
+                renumbered = self._renumber(source)  # checked every step: it costs a method call
+                if not renumbered and self.total_updates % self.update_model_interval == 0 and self.total_updates > 0:
                     self.publish(source)
                 if profiler:
                     profiler.enable()
@@ -245,6 +262,7 @@ class TrainingOffline:
         self._report(source, force=True)
         while not self._ready() and not stop.is_set():
             source.wait(self.sleep_between_buffer_retrieval_attempts)
+            self._renumber(source)
             if self.ingest(source):
                 self._report(source, force=True)
         self._round.waited_s += time.monotonic() - t0

@@ -132,6 +132,7 @@ class RolloutWorker:
         self.status_interval = status_interval_s
         self.last_return: float | None = None
         self.episode_log = CsvLog(Path(episode_log)) if episode_log else None
+        self._logged_episodes = self._logged_steps = 0  # the episode log's counts before this process (see start)
         self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
         self.produced = 0  # env steps recorded for training
         self.seq = 0
@@ -174,6 +175,10 @@ class RolloutWorker:
         check_spaces(self.env.observation_space, self.env.action_space)
         log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
                  self.env.action_space)
+        if self.episode_log is not None:
+            # A worker restarted with the same id appends to the same CSV: it counts episodes and env steps on from
+            # the last row, so that --plot draws one learning curve rather than two on top of each other.
+            self._logged_episodes, self._logged_steps = self.episode_log.last_ints("episode", "env_steps")
         self.actor = self.actor_module_cls(self.env.observation_space, self.env.action_space).to(self.device)
         self.actor.eval()
         self.template_actor = copy.deepcopy(self.actor)
@@ -289,12 +294,13 @@ class RolloutWorker:
         self._pending_episodes.append(stats)
         if not test:
             self.last_return = ret
+        episode = self._logged_episodes + self.episodes_done
         if self.episode_log is not None:
-            self.episode_log.write({"time": time.time(), "episode": self.episodes_done, "test": int(test),
-                                    "return": ret, "length": length, "env_steps": self.produced,
+            self.episode_log.write({"time": time.time(), "episode": episode, "test": int(test), "return": ret,
+                                    "length": length, "env_steps": self._logged_steps + self.produced,
                                     "policy_version": self.version})
         log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy v%d)",
-                "test" if test else "training", self.episodes_done, ret, length, self.version)
+                "test" if test else "training", episode, ret, length, self.version)
         yield
         return stats
 

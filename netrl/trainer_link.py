@@ -1,0 +1,236 @@
+"""The trainer's network thread: bundles of sample packets in, weights and progress out.
+
+:class:`TrainerLink` keeps the connection alive while training runs and is the training loop's
+:class:`~netrl.training.SampleSource`. For every bundle it receives it:
+
+1. decodes and checks each sample packet, and drops packets it has already seen (:class:`~netrl.delivery.Deliveries`);
+2. appends each new packet to the sample log on disk (:class:`~netrl.delivery.SampleLog`);
+3. queues the packets for the training loop and acknowledges the bundle; the server then acknowledges the workers.
+
+It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
+It also tells the loop which weight versions an earlier trainer session may have published (the server's WELCOME,
+and packets naming versions this session never published), so that no number ever names two actors.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from netrl.config import NetworkConfig
+from netrl.delivery import Deliveries, SampleLog
+from netrl.errors import NetrlError, ProtocolError, SampleRejected
+from netrl.keys import ClientKeys
+from netrl.samples import Buffer
+from netrl.schema import SampleSchema
+from netrl.segments import Position
+from netrl.transport import NetThread
+from netrl.weights import PART_BYTES, flat_layout, snapshot_into
+from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
+
+__all__ = ["TrainerLink", "write_failed"]
+
+log = logging.getLogger(__name__)
+
+
+def write_failed(what: str, path: Path, exc: OSError) -> str:
+    """Advice for a failed write: the path, the OS error and what to do."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free disk space there, or move the run folder to a disk with room and point weights_folder at it"
+    else:
+        fix = "check that this process can write there (permissions, a read-only or failing disk, ulimit -n)"
+    return f"could not write {what} {path} ({exc}): {fix}"
+
+
+class TrainerLink(NetThread):
+    """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
+
+    def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
+                 deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
+                 keys: ClientKeys | None = None) -> None:
+        super().__init__(net, "trainer", name, session, port, keys=keys)
+        self.schema = schema
+        self.credit_window = credit_window
+        self.deliveries = deliveries
+        self.sample_log = sample_log
+        self.lock = threading.Lock()  # guards deliveries and the sample log against checkpoint snapshots
+        self.inbox: collections.deque[tuple[list[Buffer], Position | None]] = collections.deque()
+        self.new_data = threading.Event()
+        self.version = 0  # the newest published weight version, written by the training thread
+        self.taken = -1  # the newest version that may name another session's weights, written by the network thread
+        self.server_session = ""  # the server process that sent the last WELCOME
+        self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
+        self.granted = 0  # credits granted on the current connection
+        self.received = 0  # bundles received on the current connection
+        self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
+        self.last_progress: list[Any] | None = None
+        self._snapshots: list[tuple[np.ndarray, list[zmq.MessageTracker]]] = []  # reusable flat buffers
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # -- SampleSource, called from the training thread --------------------------------------------------
+    def fetch(self) -> list[Buffer]:
+        self._check()
+        out: list[Buffer] = []
+        taken = 0
+        while self.inbox:
+            bufs, end = self.inbox.popleft()
+            out += bufs
+            self.ingested = end
+            taken += 1
+        if taken:
+            self.command([b"credit"])  # wake the network thread: it can grant the server new credit right away
+        return out
+
+    def wait(self, timeout: float) -> None:
+        self.new_data.wait(timeout)
+        self.new_data.clear()
+        self._check()
+
+    def _check(self) -> None:
+        if self.error is not None or self.link.fatal:
+            raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
+        self.version = version
+        state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
+        layout, nbytes = flat_layout(state)
+        flat = self._free_snapshot(nbytes)
+        snapshot_into(state, layout, flat)
+        trackers = []
+        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, flat, layout, PART_BYTES):
+            tracker = self.command([b"weights", b"%d" % msg.body["part"], *encode(msg)], track=True)
+            assert tracker is not None
+            trackers.append(tracker)
+        self._snapshots.append((flat, trackers))
+        log.debug("published weights v%d in %d parts", version, len(trackers))
+
+    def _free_snapshot(self, nbytes: int) -> np.ndarray:
+        """A buffer no send still reads: the network thread keeps the newest version until the next one."""
+        for i, (flat, trackers) in enumerate(self._snapshots):
+            if flat.nbytes == nbytes and all(t.done for t in trackers):
+                return self._snapshots.pop(i)[0]
+        if len(self._snapshots) > 4:
+            self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
+        return np.empty(nbytes, np.uint8)
+
+    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
+        msg = Message(MsgType.PROGRESS, self.link.name,
+                      body={"trained_steps": trained_steps, "samples": samples, "wanted": wanted})
+        self.command([b"progress", *encode(msg)])
+
+    def taken_version(self) -> int:
+        return self.taken
+
+    def delivery_state(self) -> dict[str, Any]:
+        """Packets seen so far, consistent with the sample log (for a checkpoint)."""
+        with self.lock:
+            return self.deliveries.to_json()
+
+    # -- network thread ---------------------------------------------------------------------------------
+    def on_ready(self) -> None:
+        self.granted = self.received = 0
+        self._note_server_version()
+        if self.schema is not None:  # first, so that the server checks packets before queueing them
+            self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
+        self._grant()
+        for frames in [*self.weights, self.last_progress]:
+            if frames is not None:
+                self.link.send(frames)
+
+    def _note_server_version(self) -> None:
+        """The newest version the server has seen is taken, unless it can only be this session's own."""
+        reported = self.link.welcome.get("weights_version", -1)
+        server = self.link.welcome.get("server_session", "")
+        same_server, self.server_session = server == self.server_session, server
+        # Back on the server process that told us its versions at our first WELCOME: what it has now, up to our
+        # newest, is ours (it never names two actors). A new server process may have them from another session.
+        if same_server and reported <= self.version:
+            return
+        if reported > self.taken:
+            self.taken = reported
+            self.new_data.set()  # wake the training loop: it publishes again under a new number
+
+    def _grant(self) -> None:
+        """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
+        if not self.link.ready or self.error is not None:
+            return
+        extra = self.credit_window - (self.granted - self.received) - len(self.inbox)
+        if extra > 0 and self.link.send(encode(Message(MsgType.CREDIT, self.link.name, body={"bundles": extra}))):
+            self.granted += extra
+
+    def on_tick(self) -> None:
+        self._grant()
+
+    def on_command(self, frames: list[Any]) -> None:
+        kind, payload = frames[0].bytes, frames[1:]
+        if kind == b"credit":
+            self._grant()
+            return
+        if kind == b"weights":
+            part, payload = int(payload[0].bytes), payload[1:]
+            self.weights = [payload] if part == 0 else [*self.weights, payload]
+        else:
+            self.last_progress = payload
+        self.link.send(payload)
+
+    def on_message(self, msg: Message) -> None:
+        if msg.type is not MsgType.BUNDLE:
+            log.debug("ignored a %s message from the server", msg.type.value)
+            return
+        if self.error is not None:  # stopping after a failed write: the server keeps what it cannot deliver
+            return
+        bufs = []
+        for part in msg.parts:
+            try:
+                sample_msg = decode(part, self.link.net.max_message_bytes)
+                if sample_msg.type is not MsgType.SAMPLES:
+                    raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
+                if self.schema is not None:
+                    self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
+                buf = buffer_from_message(sample_msg)
+            except (ProtocolError, SampleRejected) as exc:
+                self.stats["rejected"] += 1
+                if self.stats["rejected"] <= 10 or self.stats["rejected"] % 1000 == 0:
+                    log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
+                                self.stats["rejected"], exc)
+                continue
+            newest = int(buf.policy_version.max(initial=-1))
+            if newest > max(self.version, self.taken):  # a version this session never published: another's
+                self.taken = newest
+            buf.recv_version = max(self.version, self.taken)  # what the loop is about to number after: lag >= 0
+            with self.lock:
+                if self.deliveries.seen(buf.worker, buf.seq):
+                    self.stats["duplicates"] += 1  # resent after a reconnect or a server restart
+                    continue
+                if self.sample_log is not None:  # on disk before it is acknowledged
+                    try:
+                        self.sample_log.append(part, buf.worker, buf.seq, len(buf), buf.recv_version)
+                    except OSError as exc:
+                        self._stop_after_failed_write(exc)
+                        return  # no ACK: the server and the worker keep this bundle's packets
+                self.deliveries.add(buf.worker, buf.seq)  # only once it is on disk: a checkpoint may save this
+            bufs.append(buf)
+        self.stats["bundles"] += 1
+        self.received += 1
+        self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
+        self.new_data.set()
+        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
+
+    def _stop_after_failed_write(self, exc: OSError) -> None:
+        """End this thread cleanly; the training loop raises the advice at its next fetch or wait."""
+        assert self.sample_log is not None
+        advice = write_failed("the sample log in", self.sample_log.log.dir, exc)
+        self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes from its last checkpoint. "
+                                "Nothing is lost: packets the log does not hold were not acknowledged, so the server "
+                                "and the workers still have them")
+        self._halt.set()  # what halt() does, without joining this very thread
+        self.new_data.set()

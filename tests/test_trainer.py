@@ -1,0 +1,255 @@
+"""The Trainer without a network: weight numbering after a restart, a full disk, saves, and metrics on resume.
+
+:class:`FakeLink` is the real :class:`TrainerLink` with no socket and no thread: each time the training loop
+fetches, it first receives a bundle of one new packet, as its network thread would, and what it sends to the
+server is kept in ``sent``.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+import netrl.__main__
+from netrl import checkpoint
+from netrl.agents.sac import MLPActorCritic, SACAgent
+from netrl.config import NetworkConfig
+from netrl.delivery import Deliveries, SampleLog
+from netrl.errors import CheckpointError
+from netrl.samples import Buffer, BufferBuilder
+from netrl.trainer import Trainer
+from netrl.trainer_link import TrainerLink
+from netrl.training import TrainingOffline
+from netrl.transport import new_session
+from netrl.util import partial
+from netrl.wire import Message, MsgType, decode, encode, samples_message
+from tests.conftest import small_config
+
+OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)  # Pendulum's layout, as the CLI's default pipeline has it
+ACT = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
+
+
+def packet(session: str, seq: int, version: int, rows: int = 6) -> list[bytes]:
+    """A worker's SAMPLES message: an episode's first observation, then ``rows - 1`` steps chosen by ``version``."""
+    b = BufferBuilder(rows + 2, 1)
+    rng = np.random.default_rng(seq)
+    b.add(np.zeros(1, np.float32), rng.uniform(-1, 1, 3).astype(np.float32), 0.0, False, False, True, version)
+    for _ in range(rows - 1):
+        b.add(rng.uniform(-2, 2, 1).astype(np.float32), rng.uniform(-1, 1, 3).astype(np.float32),
+              float(rng.normal()), False, False, False, version)
+    buf = b.cut()
+    assert buf is not None
+    return [bytes(f) for f in encode(samples_message(buf, "w", session, seq, seq * rows))]
+
+
+class FakeLink(TrainerLink):
+    at: dict[int, Callable[[FakeLink], None]] = {}  # fetch number -> what happens before that fetch
+
+    def start(self) -> None:
+        self.sent: list[Message] = []
+        self.published: list[tuple[int, int]] = []  # (version, trained steps)
+        self.fetches = self.bundles = 0
+        self.packet_version: int | None = None  # the policy version of the packets workers send; None: ours
+        self.worker_session = new_session()  # a worker process per link: a restart's packets are not duplicates
+        self.link.ready = True
+        self.link.send = self._send  # type: ignore[method-assign]
+
+    def _send(self, frames: Sequence[Any]) -> bool:
+        self.sent.append(decode(frames))
+        return True
+
+    def welcome(self, server_session: str, weights_version: int) -> int:
+        """A WELCOME from the server; returns the version the link now counts as taken."""
+        self.link.welcome = {"server_session": server_session, "heartbeat_interval_s": 1.0,
+                             "weights_version": weights_version}
+        self.on_ready()
+        return self.taken_version()
+
+    def receive(self, version: int) -> None:
+        self.bundles += 1  # one packet per bundle, both numbered like this
+        parts = [packet(self.worker_session, self.bundles, version)]
+        self.on_message(Message(MsgType.BUNDLE, "server", seq=self.bundles, parts=parts))
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        self.published.append((version, trained_steps))
+        super().publish(actor, version, trained_steps)
+
+    def fetch(self) -> list[Buffer]:
+        self.fetches += 1
+        action = self.at.get(self.fetches)
+        if action is not None:
+            action(self)
+        if self.error is None:
+            self.receive(self.version if self.packet_version is None else self.packet_version)
+        return super().fetch()
+
+    def halt(self, timeout: float = 5.0) -> None:
+        self.link.close()
+        self._pipe_in.close(linger=0)  # the thread that would close it never ran
+        super().halt(timeout)
+
+
+class Links(FakeLink):
+    made: list[FakeLink]  # every link a Trainer made, oldest first
+
+
+@pytest.fixture
+def links(monkeypatch: pytest.MonkeyPatch) -> type[Links]:
+    """The Trainer's TrainerLink class, replaced for this test by a FakeLink that keeps every instance."""
+    class Link(Links):
+        made: list[FakeLink] = []
+        at: dict[int, Callable[[FakeLink], None]] = {}
+
+        def start(self) -> None:
+            super().start()
+            self.made.append(self)
+
+    monkeypatch.setattr("netrl.trainer.TrainerLink", Link)
+    return Link
+
+
+def make_trainer(run_dir: Path, epochs: int, **kwargs: Any) -> Trainer:
+    training_cls = partial(TrainingOffline, env_cls=(OBS, ACT), epochs=epochs, rounds=2, steps=10,
+                           training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
+                           update_model_interval=5, update_buffer_interval=2, start_training=10, worker_lead=10,
+                           memory_size=1000, batch_size=8, seed=0, sleep_between_buffer_retrieval_attempts=0.01)
+    return Trainer(training_cls, "127.0.0.1", run_dir=run_dir, wandb_mode="disabled", **kwargs)
+
+
+def metrics(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_trainer_numbers_after_the_servers_newest_version_and_publishes_again_at_once(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    trainer = make_trainer(tmp_path, epochs=1)
+    welcomed_at: list[int] = []
+
+    def server_with_v40(link: FakeLink) -> None:  # an earlier trainer session published up to v40 before it crashed
+        assert trainer.training is not None
+        welcomed_at.append(trainer.training.total_updates)
+        link.welcome("server-1", 40)
+        link.packet_version = 40  # and workers still send samples its v40 chose
+
+    links.at[4] = server_with_v40
+    links.at[9] = lambda link: setattr(link, "packet_version", None)
+    with caplog.at_level(logging.INFO):
+        trainer.run()
+    (link,) = links.made
+    before = [v for v, steps in link.published if steps < welcomed_at[0]]
+    after = link.published[len(before):]
+    assert before and max(before) < 40
+    assert after[0][0] == 41 and after[0][1] - welcomed_at[0] <= 1  # at once, not at the next scheduled publish
+    assert all(v > 40 for v, _ in after) and [v for v, _ in after] == sorted({v for v, _ in after})
+    assert caplog.text.count("publishing the current actor as v41") == 1
+    lags = [int(r["lag_min"]) for r in metrics(tmp_path) if r["lag_min"]]
+    assert lags and min(lags) >= 0  # samples from the crashed session's v40 arrived when the trainer was at v2
+
+
+def test_the_link_counts_a_servers_versions_as_taken_unless_only_its_own_can_have_them(tmp_path: Path) -> None:
+    link = FakeLink(NetworkConfig(), "trainer", new_session(), 1, 4, Deliveries(), None)
+    link.start()
+    try:
+        link.version = 5
+        assert link.welcome("server-1", 3) == 3  # older than ours: the loop has nothing to do (3 < 5)
+        assert link.welcome("server-1", 5) == 3  # a reconnect to the same server process, which has our v5
+        assert link.welcome("server-1", 7) == 7  # a number this session never published
+        link.version = 10
+        assert link.welcome("server-2", 10) == 10  # a new server process with our number: maybe another actor
+        link.receive(12)  # a packet chosen by a version no one told us about
+        assert link.taken_version() == 12 and link.fetch()[0].recv_version == 12  # so its lag is 0, not -2
+    finally:
+        link.halt()
+
+
+def test_a_full_disk_stops_the_trainer_with_advice_exit_code_1_and_no_ack_for_what_it_could_not_log(
+        tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = small_config(tmp_path, trainer={"epochs": 1, "rounds": 2, "steps": 20, "update_buffer_interval": 2,
+                                             "start_training": 10, "worker_lead": 10})
+    real_append = SampleLog.append
+
+    def append(log: SampleLog, frames: Sequence[Any], stream: str, seq: int, rows: int, recv_version: int) -> Any:
+        if seq == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(log, frames, stream, seq, rows, recv_version)
+
+    def no_room(*args: Any, **kwargs: Any) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SampleLog, "append", append)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", no_room)  # the disk is full for the checkpoint too
+    monkeypatch.setattr(netrl.__main__, "install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
+    monkeypatch.setattr(netrl.__main__, "configure_torch", lambda cfg: None)  # keep this process's torch threads
+    assert netrl.__main__.main(["--trainer", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    samples = tmp_path / "weights" / "test" / "samples"
+    assert "Traceback" not in out
+    assert re.search(rf" E \[trainer \d+\] netrl: trainer cannot continue: could not write the sample log in "
+                     rf"{re.escape(str(samples))} \(\[Errno 28\] No space left on device\): free disk space", out)
+    assert "could not write a checkpoint in" in out  # logged too; the first error is the one reported
+    (link,) = links.made
+    acked = [seq for m in link.sent if m.type is MsgType.ACK for seq in m.body["seqs"]]
+    assert acked == [1, 2, 3]  # bundle 4 was not logged, so the server and the worker keep it
+    assert list(link.deliveries.streams().values()) == [[[1, 3]]]  # a checkpoint would not mark it as seen
+
+
+def test_a_finished_run_saves_once_per_epoch_and_a_stop_saves_what_is_new(
+        tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    saves: list[int] = []
+    real_save = checkpoint.save_checkpoint
+
+    def counted(run_dir: Path, agent_state: dict[str, Any], state: dict[str, Any], fsync: bool = False) -> Path:
+        saves.append(state["total_updates"])
+        return real_save(run_dir, agent_state, state, fsync)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", counted)
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=2).run()
+    assert saves == [20, 40]  # one per epoch; closing the finished run has nothing new to save
+    assert "trainer started: 2 epochs" in caplog.text
+    policy = (tmp_path / "policy.pt").read_bytes()
+
+    stop = threading.Event()
+    links.at[3] = lambda link: stop.set()
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=3, name="gpu-box").run(stop)
+    assert len(saves) == 3 and saves[-1] > 40  # stopped mid-epoch: its progress is saved
+    assert "trainer 'gpu-box' started: 3 epochs" in caplog.text
+    assert (tmp_path / "policy.pt").read_bytes() != policy
+
+    policy = (tmp_path / "policy.pt").read_bytes()
+    with pytest.raises(CheckpointError, match=r"trainer\.resume is false"):
+        make_trainer(tmp_path, epochs=3, resume=False).run()
+    assert len(saves) == 3 and (tmp_path / "policy.pt").read_bytes() == policy  # an untrained actor saved nowhere
+
+
+def test_a_resumed_trainer_drops_the_rounds_it_logged_after_its_checkpoint(
+        tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    make_trainer(tmp_path, epochs=1).run()  # checkpoint after epoch 0
+    real_save = checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint, "save_checkpoint", lambda *args, **kwargs: None)
+    make_trainer(tmp_path, epochs=2).run()  # logs epoch 1's rounds, then dies before its checkpoint reaches disk
+    assert len(metrics(tmp_path)) == 4
+    monkeypatch.setattr(checkpoint, "save_checkpoint", real_save)
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=2).run()  # resumes after epoch 0 and trains epoch 1 again
+    rows = metrics(tmp_path)
+    assert [(r["epoch"], r["round"]) for r in rows] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    steps = [int(r["trained_steps"]) for r in rows]
+    assert steps == sorted(set(steps))  # one history, as --plot draws it
+    assert "dropped 2 rounds" in caplog.text
