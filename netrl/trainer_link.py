@@ -29,10 +29,10 @@ from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
 from netrl.errors import NetrlError, ProtocolError, SampleRejected
 from netrl.keys import ClientKeys
+from netrl.netthread import NetThread
 from netrl.samples import Buffer
 from netrl.schema import SampleSchema
 from netrl.segments import Position
-from netrl.transport import NetThread
 from netrl.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
 
@@ -232,5 +232,5 @@ class TrainerLink(NetThread):
         self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes from its last checkpoint. "
                                 "Nothing is lost: packets the log does not hold were not acknowledged, so the server "
                                 "and the workers still have them")
-        self._halt.set()  # what halt() does, without joining this very thread
+        self.stop_soon()
         self.new_data.set()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +29,7 @@ from netrl.errors import ProtocolError, TransportError, VersionMismatch
 from netrl.keys import ClientKeys
 from netrl.wire import Message, MsgType, decode, encode
 
-__all__ = ["Backoff", "ClientLink", "Liveness", "NetThread", "bind", "handshake_failure", "new_session", "new_socket"]
+__all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
 
 log = logging.getLogger(__name__)
 
@@ -333,103 +332,3 @@ class ClientLink:
             self.sock = None
         self._close_socket()
         self._reconnect_at = None
-
-
-
-class NetThread(threading.Thread):
-    """A role's network thread: owns a :class:`ClientLink` and an inproc pipe from the role's main thread.
-
-    The main thread never touches the link's socket (ZeroMQ sockets are not thread-safe) and never blocks on
-    the network: it sends commands through :meth:`command` and reads results from whatever thread-safe state the
-    subclass exposes. Subclasses implement :meth:`on_message`, :meth:`on_command` and optionally :meth:`on_tick`
-    and :meth:`on_ready`.
-    """
-
-    POLL_MS = 20
-
-    def __init__(self, net: NetworkConfig, role: str, name: str, session: str, port: int,
-                 keys: ClientKeys | None = None) -> None:
-        super().__init__(name=f"netrl-{role}-net", daemon=True)
-        self.ctx = zmq.Context()
-        self.link = ClientLink(self.ctx, net, role, name, session, port, on_ready=self.on_ready, keys=keys)
-        addr = f"inproc://netrl-{role}-{session}-{id(self)}"
-        self._pipe_in = self.ctx.socket(zmq.PAIR)  # used by the network thread only
-        self._pipe_in.setsockopt(zmq.LINGER, 0)
-        self._pipe_in.setsockopt(zmq.RCVHWM, 0)
-        self._pipe_in.bind(addr)
-        self._pipe_out = self.ctx.socket(zmq.PAIR)  # used by the main thread only
-        self._pipe_out.setsockopt(zmq.LINGER, 0)
-        self._pipe_out.setsockopt(zmq.SNDHWM, 0)  # never blocks the main thread
-        self._pipe_out.connect(addr)
-        self._halt = threading.Event()
-        self.error: BaseException | None = None
-
-    # -- main-thread side ---------------------------------------------------------------------------------
-    def command(self, frames: Sequence[Any], track: bool = False) -> zmq.MessageTracker | None:
-        """Hand frames to the network thread (zero-copy, never blocks). With ``track``, the returned tracker is
-        done once ZeroMQ no longer holds the frames' memory anywhere (all sends that reused it are complete)."""
-        tracker = self._pipe_out.send_multipart(frames, copy=False, track=track)
-        return tracker if track else None
-
-    def halt(self, timeout: float = 5.0) -> None:
-        """Stop the thread, wait for it, and free the sockets. Idempotent."""
-        self._halt.set()
-        if self.is_alive():
-            self.join(timeout)
-        if not self._pipe_out.closed:
-            self._pipe_out.close(linger=0)
-        if not self.is_alive() and not self.ctx.closed:
-            self.ctx.term()
-
-    # -- network-thread side ------------------------------------------------------------------------------
-    def run(self) -> None:
-        try:
-            self.link.open()
-            poller, polled = zmq.Poller(), None
-            poller.register(self._pipe_in, zmq.POLLIN)
-            while not self._halt.is_set() and self.link.fatal is None:
-                if polled is not self.link.sock:  # the link reconnected with a new socket
-                    if polled is not None and polled in dict(poller.sockets):
-                        poller.unregister(polled)
-                    polled = self.link.sock
-                    if polled is not None:
-                        poller.register(polled, zmq.POLLIN)
-                events = dict(poller.poll(self.POLL_MS))
-                if polled is not None and polled in events:
-                    for msg in self.link.receive():
-                        self.on_message(msg)
-                if self._pipe_in in events:
-                    while True:
-                        try:
-                            frames = self._pipe_in.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self.on_command(frames)
-                self.link.maintain()
-                self.on_tick()
-            self.on_exit()
-        except BaseException as exc:  # surfaced to the main thread, which stops the role
-            self.error = exc
-            log.exception("%s network thread failed", self.link.role)
-        finally:
-            self.link.close()
-            self._pipe_in.close(linger=0)
-            self.on_finish()
-
-    def on_ready(self) -> None:
-        """Called after every WELCOME (first connect and reconnects)."""
-
-    def on_message(self, msg: Message) -> None:
-        raise NotImplementedError
-
-    def on_command(self, frames: list[Any]) -> None:
-        raise NotImplementedError
-
-    def on_tick(self) -> None:
-        """Called after every poll (at least every POLL_MS milliseconds)."""
-
-    def on_exit(self) -> None:
-        """Called once before the link closes on a clean halt (last chance to flush)."""
-
-    def on_finish(self) -> None:
-        """Called last, however the thread ends (wake anyone waiting on it)."""

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 from netrl.config import NetworkConfig
 from netrl.keys import ClientKeys
+from netrl.netthread import NetThread
 from netrl.status import version_label
-from netrl.transport import NetThread
 from netrl.wire import Message, MsgType, encode, frames_nbytes, max_packet_bytes
 
 __all__ = ["WorkerLink"]

@@ -94,11 +94,6 @@ class FakeLink(TrainerLink):
             self.receive(self.version if self.packet_version is None else self.packet_version)
         return super().fetch()
 
-    def halt(self, timeout: float = 5.0) -> None:
-        self.link.close()
-        self._pipe_in.close(linger=0)  # the thread that would close it never ran
-        super().halt(timeout)
-
 
 class Links(FakeLink):
     made: list[FakeLink]  # every link a Trainer made, oldest first
