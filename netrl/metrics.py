@@ -53,6 +53,12 @@ class CsvLog:
         if path.exists():
             with path.open(newline="") as f:
                 self.fields = next(csv.reader(f), [])
+            with path.open("rb+") as f:  # a line cut short by a crash must not run into the next row appended
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
 
     def write(self, row: dict[str, Any]) -> None:
         new = [k for k in row if k not in self.fields]

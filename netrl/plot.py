@@ -16,8 +16,9 @@ __all__ = ["plot_run"]
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
+    """The file's complete rows: a line cut short by a crash has fewer fields (None) and is skipped."""
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        return [r for r in csv.DictReader(f) if None not in r.values() and None not in r]
 
 
 def _floats(rows: list[dict[str, str]], key: str) -> list[float | None]:

@@ -80,3 +80,24 @@ def test_a_restarted_worker_continues_the_episode_and_step_counts_of_its_csv(tmp
         rows = list(csv.DictReader(f))
     assert [int(r["episode"]) for r in rows] == [1, 2, 3, 4]
     assert [int(r["env_steps"]) for r in rows] == [5, 10, 15, 20]  # one increasing x axis for --plot
+
+
+def test_a_csv_line_cut_short_by_a_crash_neither_swallows_the_next_row_nor_breaks_the_plot(tmp_path: Path) -> None:
+    from netrl.metrics import CsvLog
+    from netrl.plot import plot_run
+
+    path = tmp_path / "episodes_w.csv"
+    log = CsvLog(path)
+    for episode in (1, 2):
+        log.write({"time": 0.0, "episode": episode, "test": 0, "return": -1.0, "length": 5, "env_steps": 5 * episode,
+                   "policy_version": 1})
+    with path.open("a") as f:
+        f.write("0.0,3,0,-1")  # the crash: half a row, no newline
+    restarted = CsvLog(path)
+    assert restarted.last_ints("episode", "env_steps") == [2, 10]  # the torn row is not the last complete one
+    restarted.write({"time": 0.0, "episode": 3, "test": 0, "return": -1.0, "length": 5, "env_steps": 15,
+                     "policy_version": 1})
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["episode"] for r in rows] == ["1", "2", "3", "3"] and rows[-1]["env_steps"] == "15"  # its own line
+    assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"  # the torn row is skipped, not a traceback
