@@ -128,8 +128,8 @@ class Server:
             if not self._opened:
                 self.open()
             poller = zmq.Poller()
-            socks, status = self.sockets.by_role, self.sockets.status
-            for sock in socks.values():
+            socks, status, monitors = self.sockets.by_role, self.sockets.status, self.sockets.monitors
+            for sock in [*socks.values(), *monitors.values()]:
                 poller.register(sock, zmq.POLLIN)
             if status is not None:
                 poller.register(status, zmq.POLLIN)
@@ -138,6 +138,8 @@ class Server:
                 for role, sock in socks.items():
                     if sock in events:
                         self._drain(role, sock)
+                    if monitors[role] in events:
+                        self._failed_handshakes(role)
                 if status is not None and status in events:
                     if not answer_status(status, self.snapshot):
                         self.stats["rejected"] += 1
@@ -234,6 +236,13 @@ class Server:
             self._reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
             return
         handler(peer, msg, frames[1:])
+
+    def _failed_handshakes(self, role: str) -> None:
+        for why in self.sockets.failed_handshakes(role):
+            self.stats[f"failed_handshakes_{role}"] += 1
+            count = self.stats[f"failed_handshakes_{role}"]
+            if count <= 10 or count % 1000 == 0:
+                log.warning("a connection to the %s port failed its handshake: %s (%d so far)", role, why, count)
 
     def _reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
         self.stats["rejected"] += 1
@@ -471,6 +480,7 @@ class Server:
             **(self.relay.snapshot() if self.relay else {}),
             "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
             "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
+            "failed_handshakes": {role: self.stats[f"failed_handshakes_{role}"] for role in ("trainer", "worker")},
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
             "stats": dict(self.stats),
         }

@@ -1,5 +1,6 @@
-"""The server's sockets: a ROUTER per role (CURVE-authenticated unless security is off) and a loopback-only status
-port. The server's loop polls them; this module only opens, secures and closes them.
+"""The server's sockets: a ROUTER per role (CURVE-authenticated unless security is off), a monitor of each that
+reports failed handshakes, and a loopback-only status port. The server's loop polls them; this module opens,
+secures and closes them, and says why a handshake failed.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from netrl.config import NetworkConfig
 from netrl.errors import TransportError
@@ -16,6 +18,21 @@ from netrl.transport import bind, new_socket
 __all__ = ["ServerSockets"]
 
 log = logging.getLogger(__name__)
+
+
+# Unknown keys (HANDSHAKE_FAILED_AUTH) are counted and logged by the ZAP handler, with the key: not monitored here.
+_FAILED_HANDSHAKES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+
+def handshake_failed(event: int, value: int) -> str:
+    """Why a connection to the server failed its handshake, as far as the server can tell."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "its \"security\" differs from the server's (one uses CURVE, the other none)"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "its CURVE handshake did not decrypt (a client with another server's server.key?)"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return f"it broke the ZeroMQ protocol (error {value:#x}; not a netrl client?)"
+    return "it closed or sent nothing before network.handshake_timeout_s (a port scan, or a client that gave up)"
 
 
 def _loopback(host: str) -> bool:
@@ -34,6 +51,7 @@ class ServerSockets:
         self.ctx: zmq.Context | None = None
         self.auth: ServerAuth | None = None
         self.by_role: dict[str, zmq.Socket] = {}
+        self.monitors: dict[str, zmq.Socket] = {}  # role -> the monitor of that port's socket
         self.status: zmq.Socket | None = None
 
     def open(self) -> None:
@@ -52,6 +70,7 @@ class ServerSockets:
             if self.auth is not None:
                 self.auth.secure(sock, role)
             self.by_role[role] = sock
+            self.monitors[role] = sock.get_monitor_socket(_FAILED_HANDSHAKES)
             bind(sock, self.bind_ip, port, f"network.{role}_port")
         if self.status_port is not None:  # never beyond loopback; diagnostics must not stop the relay
             self.status = new_socket(self.ctx, zmq.REP, 1 << 16)
@@ -62,8 +81,20 @@ class ServerSockets:
                 self.status = None
                 log.warning("relaying without a status port (`--status` will not reach this server): %s", exc)
 
+    def failed_handshakes(self, role: str) -> list[str]:
+        """Why each connection on ``role``'s port that failed its handshake since the last call failed."""
+        monitor, why = self.monitors[role], []
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
+            why.append(handshake_failed(event["event"], event["value"]))
+        return why
+
     def close(self) -> None:
-        for sock in self.by_role.values():
+        for role, sock in self.by_role.items():
+            sock.disable_monitor()
+            monitor = self.monitors.pop(role, None)
+            if monitor is not None:
+                monitor.close(linger=0)
             sock.close(linger=0)
         self.by_role = {}
         if self.status is not None:

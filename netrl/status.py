@@ -109,6 +109,7 @@ def format_status(s: dict[str, Any]) -> str:
     progress = s.get("progress") or {}
     unknown_keys = ", ".join(f"{n:,} on the {role} port" for role, n in s.get("unknown_keys", {}).items())
     unknown_keys = unknown_keys or "none checked (security none)"
+    failed = ", ".join(f"{n:,} on the {role} port" for role, n in s.get("failed_handshakes", {}).items()) or "-"
     lines = [
         f"server session {s.get('session', '?')[:8]}, up {s.get('uptime_s', 0):.0f} s, "
         f"weights {version_label(s.get('weights_version'))}",
@@ -119,8 +120,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
         f"{s.get('dropped', 0):,}; refused by a full spool {s.get('refused', 0):,} (kept and resent by workers)",
-        f"connections refused for unknown keys: {unknown_keys}; messages before HELLO "
-        f"{s.get('stats', {}).get('unknown_peer', 0):,}",
+        f"connections refused for unknown keys: {unknown_keys}; other failed handshakes: {failed}; messages before "
+        f"HELLO {s.get('stats', {}).get('unknown_peer', 0):,}",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
          f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
          if trainer else "trainer: not connected"),

@@ -265,6 +265,11 @@ def test_a_failed_handshake_says_what_to_fix(secured: tuple[Server, zmq.Context,
     srv, ctx, keys = secured
     said = handshake_error(ctx, srv.worker_port, None, caplog)
     assert "disagree on security" in said and "the server uses CURVE" in said and "None" not in said
+    deadline = time.monotonic() + 2
+    while not srv.stats["failed_handshakes_worker"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "its \"security\" differs from the server's" in caplog.text  # the server says so too, and counts it
+    assert "other failed handshakes: 0 on the trainer port" in format_status(srv.snapshot())
     caplog.clear()
     right = client_keys(keys, "worker", "robot-1")
     stranger_public = zmq.auth.load_certificate(zmq.auth.create_certificates(tmp_path, "stranger")[0])[0]

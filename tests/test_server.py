@@ -369,7 +369,8 @@ def test_a_worker_with_a_larger_message_limit_drops_what_the_server_cannot_take(
     assert "packet 1 of 2000 samples is dropped" in said
 
 
-def test_a_connection_that_never_finishes_its_handshake_is_closed(tmp_path: Path) -> None:
+def test_a_connection_that_never_finishes_its_handshake_is_closed_and_counted(tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
     import socket
 
     net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, handshake_timeout_s=0.5)
@@ -385,6 +386,11 @@ def test_a_connection_that_never_finishes_its_handshake_is_closed(tmp_path: Path
         finally:
             conn.close()
         assert time.monotonic() - t0 < 3.0  # ZeroMQ's default would hold it for 30 s
+        deadline = time.monotonic() + 2
+        while not srv.stats["failed_handshakes_worker"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.snapshot()["failed_handshakes"] == {"trainer": 0, "worker": 1}  # counted for --status
+    assert "a connection to the worker port failed its handshake: it closed or sent nothing before " in caplog.text
 
 
 class _Backlog:
