@@ -71,6 +71,22 @@ class PeerTable:
         """Connected workers, without building a list (asked on every acknowledgement)."""
         return len(self.by_rid) - (self.trainer is not None)
 
+    def window(self, max_queue_bytes: int) -> int:
+        """Bytes each worker may have in flight: together, half of what the server holds in memory, the rest being
+        room for joins and stragglers. (Without this, many workers' windows overflow the memory queue into the disk
+        spool while the trainer keeps up.)"""
+        return max(1, max_queue_bytes // 2 // max(1, self.worker_count()))
+
+    def raise_allowances(self, wanted: int) -> list[Peer]:
+        """Split the ``wanted`` samples between connected workers (each may produce its share beyond what it has);
+        returns the workers whose allowance rose, to be told (only throttled workers wait for it)."""
+        workers = self.workers()
+        share = -(-max(0, wanted) // max(1, len(workers)))
+        raised = [w for w in workers if w.produced + share > w.allowance]
+        for worker in raised:
+            worker.allowance = worker.produced + share
+        return raised
+
     def replaced_by(self, rid: bytes, role: str, session: str) -> list[Peer]:
         """The entries a new connection replaces: its own session reconnecting, or (a trainer) the old trainer."""
         return [p for r, p in self.by_rid.items()

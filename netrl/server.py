@@ -434,28 +434,17 @@ class Server:
             self._send(worker, Message(kind, "server", body=body))
 
     def _worker_window(self) -> int:
-        """Bytes each worker may have in flight: together, half of what the server holds in memory, the rest being
-        room for joins and stragglers. (Without this, many workers' windows overflow the memory queue into the disk
-        spool while the trainer keeps up.)"""
-        return max(1, self.max_queue_bytes // 2 // max(1, self.peers.worker_count()))
+        return self.peers.window(self.max_queue_bytes)
 
     def _send_weights(self, worker: Peer) -> None:
         if self.weights.stream(worker, lambda frames: self._send_frames(worker, frames)):
             self.stats["weights_out"] += 1
 
     def _pace(self) -> None:
-        """Split the samples the trainer still wants between connected workers (only throttled workers wait)."""
-        workers = self.peers.workers()
-        if self.progress is None or not workers:
-            return
-        wanted_more = self.progress["wanted"] - self.progress["samples"]
-        on_the_way = self.relay.on_the_way() if self.relay else 0
-        share = -(-max(0, wanted_more - on_the_way) // len(workers))
-        for worker in workers:  # (a list: a send may forget an unreachable worker)
-            allowance = worker.produced + share
-            if allowance > worker.allowance:
-                worker.allowance = allowance
-                self._send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))
+        if self.progress is not None:
+            wanted_more = self.progress["wanted"] - self.progress["samples"]
+            for worker in self.peers.raise_allowances(wanted_more - (self.relay.on_the_way() if self.relay else 0)):
+                self._send(worker, Message(MsgType.PACE, "server", body={"allowance": worker.allowance}))
 
     def _heartbeats(self, now: float) -> None:
         for peer in self.peers.values():
