@@ -5,7 +5,9 @@ secures and closes them, and says why a handshake failed.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -32,7 +34,10 @@ def handshake_failed(event: int, value: int) -> str:
         return "its CURVE handshake did not decrypt (a client with another server's server.key?)"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         return f"it broke the ZeroMQ protocol (error {value:#x}; not a netrl client?)"
-    return "it closed or sent nothing before network.handshake_timeout_s (a port scan, or a client that gave up)"
+    if value == errno.EAGAIN:
+        return "it sent nothing before network.handshake_timeout_s (a port scan, or a client that gave up)"
+    return (f"it closed the connection first ({os.strerror(value) if value else 'no detail'}; a client that saw a "
+            "\"security\" mismatch or a wrong server key first says which in its own log)")
 
 
 def _loopback(host: str) -> bool:
