@@ -238,7 +238,13 @@ class Server:
         handler(peer, msg, frames[1:])
 
     def _failed_handshakes(self, role: str) -> None:
-        for why in self.sockets.failed_handshakes(role):
+        try:
+            failed = self.sockets.failed_handshakes(role)
+        except Exception:  # diagnostics must not take the relay down
+            self.stats["internal_errors"] += 1
+            log.exception("internal error while reading the %s port's handshake events", role)
+            return
+        for why in failed:
             self.stats[f"failed_handshakes_{role}"] += 1
             count = self.stats[f"failed_handshakes_{role}"]
             if count <= 10 or count % 1000 == 0:
@@ -284,7 +290,7 @@ class Server:
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
             welcome["window"] = self._worker_window()
-        else:  # a restarted trainer numbers its weights after these, so no number means two actors
+        else:  # a restarted trainer numbers its weights after these, so that no number names two actors
             welcome["weights_version"] = self.weights.newest
         self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
