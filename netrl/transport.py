@@ -258,6 +258,7 @@ class ClientLink:
 
     def _welcome(self, msg: Message) -> None:
         self.ready = True
+        self._unanswered = 0
         self.welcome = msg.body
         self._backoff.reset()
         verb = "reconnected to" if self._was_ready else "connected to"
