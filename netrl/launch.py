@@ -6,7 +6,6 @@ each child exactly one SIGINT and waits for it to stop cleanly (and kills it if 
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from netrl.config import Config, config_to_dict
+from netrl.metrics import read_rows
 
 __all__ = ["free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
 
@@ -81,10 +81,7 @@ def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0
 
 
 def _returns(metrics: Path) -> list[float]:
-    if not metrics.exists():
-        return []
-    with metrics.open(newline="") as f:
-        return [float(r["return_mean"]) for r in csv.DictReader(f) if r.get("return_mean")]
+    return [float(r["return_mean"]) for r in read_rows(metrics) if r.get("return_mean")]
 
 
 def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:

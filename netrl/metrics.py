@@ -44,6 +44,15 @@ def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disable
     return mode
 
 
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Every row of the CSV at ``path`` as a dict ([] if there is no file). A line cut short by a crash reads with
+    fewer fields: missing values are None."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
 class CsvLog:
     """Append rows to a CSV; when a row brings a new column, the file is rewritten with the wider header."""
 
@@ -64,25 +73,15 @@ class CsvLog:
         new = [k for k in row if k not in self.fields]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if new:
-            old_rows = []
-            if self.path.exists():
-                with self.path.open(newline="") as f:
-                    old_rows = list(csv.DictReader(f))
+            old_rows = read_rows(self.path)
             self.fields += new
-            with self.path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, self.fields)
-                writer.writeheader()
-                writer.writerows(old_rows)
+            self._rewrite(old_rows)
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, self.fields).writerow({k: "" if v is None else v for k, v in row.items()})
 
     def last_ints(self, *keys: str) -> list[int]:
         """``keys`` of the last row that holds them all as integers (zeros if none does), e.g. to continue counts."""
-        rows: list[dict[str, str]] = []
-        if self.path.exists():
-            with self.path.open(newline="") as f:
-                rows = list(csv.DictReader(f))
-        for row in reversed(rows):
+        for row in reversed(read_rows(self.path)):
             try:
                 return [int(row[k]) for k in keys]
             except (KeyError, TypeError, ValueError):  # an older header, or a line torn by a crash
@@ -91,19 +90,20 @@ class CsvLog:
 
     def keep(self, predicate: Callable[[dict[str, str]], bool]) -> int:
         """Rewrite the file (atomically) without the rows ``predicate`` rejects; returns how many were dropped."""
-        if not self.path.exists():
-            return 0
-        with self.path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = read_rows(self.path)
         kept = [r for r in rows if predicate(r)]
         if len(kept) < len(rows):
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with tmp.open("w", newline="") as f:
-                writer = csv.DictWriter(f, self.fields)
-                writer.writeheader()
-                writer.writerows(kept)
-            os.replace(tmp, self.path)
+            self._rewrite(kept)
         return len(rows) - len(kept)
+
+    def _rewrite(self, rows: list[dict[str, str]]) -> None:
+        """Replace the file (atomically) with the header of ``self.fields`` and ``rows``."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, self.fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
 
 
 class MetricsLogger:

@@ -7,18 +7,17 @@ and training-step rates over time, losses, and policy lag.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from netrl.errors import NetrlError
+from netrl.metrics import read_rows
 
 __all__ = ["plot_run"]
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
     """The file's complete rows: a line cut short by a crash has fewer fields (None) and is skipped."""
-    with path.open(newline="") as f:
-        return [r for r in csv.DictReader(f) if None not in r.values() and None not in r]
+    return [r for r in read_rows(path) if None not in r.values() and None not in r]
 
 
 def _floats(rows: list[dict[str, str]], key: str) -> list[float | None]:
