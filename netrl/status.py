@@ -100,6 +100,10 @@ def _ago(t: float | None, now: float) -> str:
     return "-" if not t else f"{now - t:.1f}s ago"
 
 
+def _per_port(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} on the {role} port" for role, n in counts.items())
+
+
 def format_status(s: dict[str, Any]) -> str:
     """The snapshot as a few readable lines and a table of workers."""
     now = time.time()
@@ -107,9 +111,8 @@ def format_status(s: dict[str, Any]) -> str:
     spool = s.get("spool", {})
     trainer = s.get("trainer")
     progress = s.get("progress") or {}
-    unknown_keys = ", ".join(f"{n:,} on the {role} port" for role, n in s.get("unknown_keys", {}).items())
-    unknown_keys = unknown_keys or "none checked (security none)"
-    failed = ", ".join(f"{n:,} on the {role} port" for role, n in s.get("failed_handshakes", {}).items()) or "-"
+    unknown_keys = _per_port(s.get("unknown_keys", {})) or "none checked (security none)"
+    failed = _per_port(s.get("failed_handshakes", {})) or "-"
     lines = [
         f"server session {s.get('session', '?')[:8]}, up {s.get('uptime_s', 0):.0f} s, "
         f"weights {version_label(s.get('weights_version'))}",
