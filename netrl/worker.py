@@ -31,6 +31,7 @@ from netrl.errors import ConfigError, NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import BufferBuilder, EpisodeStats
+from netrl.status import version_label
 from netrl.transport import new_session
 from netrl.weight_receiver import WeightReceiver
 from netrl.weights import (
@@ -299,8 +300,8 @@ class RolloutWorker:
             self.episode_log.write({"time": time.time(), "episode": episode, "test": int(test), "return": ret,
                                     "length": length, "env_steps": self._logged_steps + self.produced,
                                     "policy_version": self.version})
-        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy v%d)",
-                "test" if test else "training", episode, ret, length, self.version)
+        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy %s)",
+                "test" if test else "training", episode, ret, length, version_label(self.version))
         yield
         return stats
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import socket
 from pathlib import Path
@@ -69,17 +70,20 @@ def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch
     assert PEER_NAME.fullmatch(default) and default.startswith("labo-pc--2-.xx") and default.endswith(f"-{os.getpid()}")
 
 
-def test_a_restarted_worker_continues_the_episode_and_step_counts_of_its_csv(tmp_path: Path) -> None:
+def test_a_restarted_worker_continues_the_episode_and_step_counts_of_its_csv(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     csv_path = tmp_path / "episodes_w.csv"
     for _ in range(2):  # the same worker id twice, as after a restart: one CSV
         worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
                                max_samples_per_episode=5, worker_id="w", episode_log=str(csv_path), seed=0)
         worker.local_packets = []  # no network; samples are still recorded and counted
-        worker.run(nb_episodes=2)
+        with caplog.at_level(logging.INFO, logger="netrl.worker"):
+            worker.run(nb_episodes=2)
     with csv_path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["episode"]) for r in rows] == [1, 2, 3, 4]
     assert [int(r["env_steps"]) for r in rows] == [5, 10, 15, 20]  # one increasing x axis for --plot
+    assert "training episode 4: return" in caplog.text and "over 5 steps (policy none)" in caplog.text  # no weights
 
 
 def test_a_csv_line_cut_short_by_a_crash_neither_swallows_the_next_row_nor_breaks_the_plot(tmp_path: Path) -> None:
