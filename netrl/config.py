@@ -194,7 +194,7 @@ class Config:
     run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _nonempty)
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _nonempty)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _ge(1))
-    status_interval_s: float = _f(10.0, "seconds between the server's and workers' status lines (0: none)", _ge(0))
+    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", _ge(0))
     seed: int | None = _f(None, "random seed (null: random)")
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
     keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", _nonempty)

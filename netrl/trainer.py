@@ -53,6 +53,7 @@ class Trainer:
         fsync: fsync the sample log and checkpoints.
         sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
         keys: CURVE keys to connect with (:func:`netrl.keys.client_keys`); None connects unencrypted.
+        status_interval_s: seconds between status log lines (0: none).
     """
 
     def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
@@ -61,7 +62,7 @@ class Trainer:
                  wandb_mode: WandbMode = "offline", wandb_project: str = "netrl", wandb_entity: str | None = None,
                  config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
                  persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
-                 keys: ClientKeys | None = None) -> None:
+                 keys: ClientKeys | None = None, status_interval_s: float = 0.0) -> None:
         self.training_cls = training_cls
         self.network = network or NetworkConfig()
         if server_ip is not None:
@@ -77,6 +78,7 @@ class Trainer:
         self.credit_window = credit_window
         self.resume, self.persist_samples, self.fsync = resume, persist_samples, fsync
         self.sample_compressor, self.keys = sample_compressor, keys
+        self.status_interval = status_interval_s
         self.session = new_session()
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
@@ -101,7 +103,8 @@ class Trainer:
                    wandb_entity=cfg.wandb.entity, config=config_to_dict(cfg), credit_window=t.credit_window,
                    resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
                    sample_compressor=pipeline.sample_compressor,
-                   keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None)
+                   keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None,
+                   status_interval_s=cfg.status_interval_s)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close."""
@@ -128,7 +131,7 @@ class Trainer:
         self.metrics.rewind(training.total_updates)
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space, self.sample_compressor)
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
-                                     deliveries, sample_log, schema, self.keys)
+                                     deliveries, sample_log, schema, self.keys, self.status_interval, training.live)
         net.version = training.version
         self._saved = self._progress()  # what the checkpoint on disk (if any) holds
         net.start()

@@ -18,6 +18,8 @@ import collections
 import errno
 import logging
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from netrl.netthread import NetThread
 from netrl.samples import Buffer
 from netrl.schema import SampleSchema
 from netrl.segments import Position
+from netrl.status import version_label
 from netrl.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
 
@@ -55,8 +58,11 @@ class TrainerLink(NetThread):
 
     def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
                  deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
-                 keys: ClientKeys | None = None) -> None:
+                 keys: ClientKeys | None = None, status_interval_s: float = 0.0,
+                 live: Callable[[], dict[str, Any]] | None = None) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
+        self.status_interval, self.live = status_interval_s, live  # live(): TrainingOffline.live
+        self._status_at, self._status_counts = 0.0, (0, 0)
         self.schema = schema
         self.credit_window = credit_window
         self.deliveries = deliveries
@@ -169,6 +175,34 @@ class TrainerLink(NetThread):
 
     def on_tick(self) -> None:
         self._grant()
+        self._status_line()
+
+    def _status_line(self) -> None:
+        """Every ``status_interval_s``: one line with the loop's rates and state (the first tick only starts)."""
+        now = time.monotonic()
+        if self.live is None or not self.status_interval or now - self._status_at < self.status_interval:
+            return
+        try:
+            s = self.live()
+        except Exception:  # e.g. a user's memory whose __len__ is not safe from this thread: never stop training
+            log.exception("could not read the training loop's counters for the status line; no more status lines")
+            self.live = None
+            return
+        span, first = now - self._status_at, self._status_at == 0.0
+        (steps0, samples0), self._status_at = self._status_counts, now
+        self._status_counts = (s["trained_steps"], s["samples"])
+        if first:
+            return
+        lag = "-" if s["lag"] is None else f"{s['lag'][0]}/{s['lag'][1]:.1f}/{s['lag'][2]}"
+        ret = "-" if s["return_mean"] is None else f"{s['return_mean']:.1f} over {s['episodes']} eps this round"
+        waiting = (f" | training starts at {s['start_training']:,} samples" if s["samples"] < s["start_training"]
+                   else "")
+        who = "trainer" if self.link.name == "trainer" else f"trainer {self.link.name!r}"
+        log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
+                 "weights %s | lag %s | return %s | server %s%s", who, (s["trained_steps"] - steps0) / span,
+                 (s["samples"] - samples0) / span, f"{s['memory_len']:,}", f"{s['memory_size']:,}",
+                 100 * s["memory_len"] / max(1, s["memory_size"]), version_label(s["version"]), lag, ret,
+                 "connected" if self.link.ready else "unreachable", waiting)
 
     def on_command(self, frames: list[Any]) -> None:
         kind, payload = frames[0].bytes, frames[1:]

@@ -194,6 +194,18 @@ class TrainingOffline:
             self.total_samples += steps
         return steps
 
+    def live(self) -> dict[str, Any]:
+        """The loop's counters for the trainer's status line. Called from the network thread: plain reads of what
+        the loop updates, so a round may be half done."""
+        r = self._round
+        lags, returns = list(r.lags), list(r.returns)
+        lag = np.concatenate(lags) if lags else np.zeros(0, np.int64)
+        return {"trained_steps": self.total_updates, "samples": self.total_samples,
+                "start_training": self.start_training, "memory_len": len(self.memory) if self.memory is not None else 0,
+                "memory_size": self.memory_size, "version": self.version,
+                "lag": (int(lag.min()), float(lag.mean()), int(lag.max())) if lag.size else None,
+                "return_mean": float(np.mean(returns)) if returns else None, "episodes": len(returns)}
+
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint."""
         return {"epoch": self.epoch, "total_updates": self.total_updates, "total_samples": self.total_samples,

@@ -27,7 +27,7 @@ from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
 from netrl.errors import CheckpointError
-from netrl.samples import Buffer, BufferBuilder
+from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 from netrl.trainer import Trainer
 from netrl.trainer_link import TrainerLink
 from netrl.training import TrainingOffline
@@ -40,8 +40,9 @@ OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)  # Pendulum's layout, as the
 ACT = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
 
 
-def packet(session: str, seq: int, version: int, rows: int = 6) -> list[bytes]:
-    """A worker's SAMPLES message: an episode's first observation, then ``rows - 1`` steps chosen by ``version``."""
+def packet(session: str, seq: int, version: int, rows: int = 6, episode: float | None = None) -> list[bytes]:
+    """A worker's SAMPLES message: an episode's first observation, then ``rows - 1`` steps chosen by ``version``
+    (and, with ``episode``, the report of an episode with that return)."""
     b = BufferBuilder(rows + 2, 1)
     rng = np.random.default_rng(seq)
     b.add(np.zeros(1, np.float32), rng.uniform(-1, 1, 3).astype(np.float32), 0.0, False, False, True, version)
@@ -50,6 +51,8 @@ def packet(session: str, seq: int, version: int, rows: int = 6) -> list[bytes]:
               float(rng.normal()), False, False, False, version)
     buf = b.cut()
     assert buf is not None
+    if episode is not None:
+        buf.episodes.append(EpisodeStats(episode, rows - 1, False, version))
     return [bytes(f) for f in encode(samples_message(buf, "w", session, seq, seq * rows))]
 
 
@@ -61,6 +64,7 @@ class FakeLink(TrainerLink):
         self.published: list[tuple[int, int]] = []  # (version, trained steps)
         self.fetches = self.bundles = 0
         self.packet_version: int | None = None  # the policy version of the packets workers send; None: ours
+        self.episode: float | None = None  # the return of an episode each packet reports; None: no episode
         self.worker_session = new_session()  # a worker process per link: a restart's packets are not duplicates
         self.link.ready = True
         self.link.send = self._send  # type: ignore[method-assign]
@@ -78,7 +82,7 @@ class FakeLink(TrainerLink):
 
     def receive(self, version: int) -> None:
         self.bundles += 1  # one packet per bundle, both numbered like this
-        parts = [packet(self.worker_session, self.bundles, version)]
+        parts = [packet(self.worker_session, self.bundles, version, episode=self.episode)]
         self.on_message(Message(MsgType.BUNDLE, "server", seq=self.bundles, parts=parts))
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
@@ -248,3 +252,50 @@ def test_a_resumed_trainer_drops_the_rounds_it_logged_after_its_checkpoint(
     steps = [int(r["trained_steps"]) for r in rows]
     assert steps == sorted(set(steps))  # one history, as --plot draws it
     assert "dropped 2 rounds" in caplog.text
+
+
+def test_the_trainer_logs_a_live_status_line_between_rounds(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    trainer = make_trainer(tmp_path, epochs=1, status_interval_s=1e-9)  # a line at every tick after the first
+    memory_at: list[int] = []
+
+    def tick(link: FakeLink) -> None:
+        link.on_tick()  # what the network thread does after every poll
+        assert trainer.training is not None and trainer.training.memory is not None
+        memory_at.append(len(trainer.training.memory))
+
+    for fetch in (1, 2, 9):
+        links.at[fetch] = tick
+    links.at[6] = lambda link: setattr(link, "episode", -123.4)  # from here, each packet reports an episode:
+    # the loop ingests every 2 steps, so at fetch 9 it holds those of fetches 6 and 7
+    with caplog.at_level(logging.INFO, logger="netrl.trainer_link"):
+        trainer.run()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status |")]
+    assert len(lines) == 2  # the first tick only starts the clock
+    line = (r"status \| trainer \| \d+ training steps/s \| samples in \d+/s \| memory {} of 1,000 \([\d.]+%\) \| "
+            r"weights v\d+")
+    # fetch 2: one 5-step packet in memory, before start_training (10): no episode yet, and it says when training starts
+    assert re.fullmatch(line.format(memory_at[1]) + r" \| lag 0/0.0/0 \| return - \| server connected \| training "
+                        r"starts at 10 samples", lines[0]), lines[0]
+    assert re.fullmatch(line.format(memory_at[2]) + r" \| lag \d+/[\d.]+/\d+ \| return -123.4 over 2 eps this round \| "
+                        r"server connected",
+                        lines[1]), lines[1]
+    assert memory_at[2] > memory_at[1] > 0
+
+
+def test_a_status_line_that_cannot_read_the_loop_never_stops_the_network_thread(
+        caplog: pytest.LogCaptureFixture) -> None:
+    calls = []
+
+    def broken() -> dict[str, Any]:
+        calls.append(1)
+        raise RuntimeError("a memory whose __len__ is not thread-safe")
+
+    link = TrainerLink(NetworkConfig(), "trainer", new_session(), 1, 8, Deliveries(), None, None, None, 1e-9, broken)
+    try:
+        with caplog.at_level(logging.INFO, logger="netrl.trainer_link"):
+            for _ in range(3):
+                link.on_tick()  # raising here would end the network thread, and the trainer with it
+    finally:
+        link.halt()
+    assert len(calls) == 1 and "no more status lines" in caplog.text
