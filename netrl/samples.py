@@ -210,6 +210,13 @@ class BufferBuilder:
         self._fresh += 1
 
     @property
+    def transitions(self) -> int:
+        """Unsent rows that end a transition (all but an episode's first observation)."""
+        if not self._fresh:
+            return 0
+        return int(np.count_nonzero(~self._cols["reset"][self._n - self._fresh:self._n]))
+
+    @property
     def full(self) -> bool:
         return self._n >= self.capacity
 

@@ -324,6 +324,8 @@ class RolloutWorker:
             self._send_packet()
 
     def _send_packet(self) -> None:
+        if not self._builder.transitions and not self._pending_episodes:
+            return  # only an episode's first observation: it travels with the transition that follows it
         buf = self._builder.cut()
         if buf is None:
             return

@@ -105,3 +105,21 @@ def test_a_csv_line_cut_short_by_a_crash_neither_swallows_the_next_row_nor_break
         rows = list(csv.DictReader(f))
     assert [r["episode"] for r in rows] == ["1", "2", "3", "3"] and rows[-1]["env_steps"] == "15"  # its own line
     assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"  # the torn row is skipped, not a traceback
+
+
+def test_an_episodes_first_observation_is_never_sent_alone() -> None:
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           worker_id="w", seed=0)
+    worker.local_packets = []  # what would go to the server
+    worker.env = worker.env_cls()
+    obs, _ = worker.env.reset(seed=0)
+    worker._record(worker._default_action(), obs, 0.0, False, False, {}, reset=True)
+    worker._send_packet()  # as when it stops, or waits for the trainer, right after a reset
+    assert worker.local_packets == []  # a packet of no transitions would be relayed, logged and counted for nothing
+    act = worker.env.action_space.sample()
+    obs, rew, term, trunc, info = worker.env.step(act)
+    worker._record(act, obs, float(rew), term, trunc, info, reset=False)
+    worker._send_packet()
+    (buf,) = worker.local_packets
+    assert buf.reset.tolist() == [True, False]  # the first observation went with its transition
+    worker.env.close()
