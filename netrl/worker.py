@@ -363,14 +363,18 @@ class RolloutWorker:
             return
         self._send_packet()  # the trainer may be waiting for exactly these rows
         waited = time.monotonic()
-        with net.pace_cond:
-            while self.produced >= net.allowance and not stop.is_set():
-                net.pace_cond.wait(0.05)
-                if time.monotonic() - waited > 10 and not net.paced:
-                    log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
-                             self.worker_id)
-                    waited = time.monotonic()
-                self._check_net()
+        net.waiting_for_pace = True  # the status line says why the worker makes no steps
+        try:
+            with net.pace_cond:
+                while self.produced >= net.allowance and not stop.is_set():
+                    net.pace_cond.wait(0.05)
+                    if time.monotonic() - waited > 10 and not net.paced:
+                        log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
+                                 self.worker_id)
+                        waited = time.monotonic()
+                    self._check_net()
+        finally:
+            net.waiting_for_pace = False
 
     def _check_net(self) -> None:
         net = self.net

@@ -65,6 +65,7 @@ class WorkerLink(NetThread):
         self.allowance = 0
         self.pace_cond = threading.Condition()
         self.paced = False  # True once the server sent a PACE
+        self.waiting_for_pace = False  # set by the control path while it waits for a larger allowance
         self.counts: collections.Counter[str] = collections.Counter()
         self._last_drop_warning = 0.0
         self.link.heartbeat_body = self._heartbeat_stats
@@ -167,10 +168,11 @@ class WorkerLink(NetThread):
         self._status_at, self._status_produced = now, produced
         ret = self.last_return()
         log.info("status | worker %s | %.0f steps/s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
-                 "acked %d, dropped %d samples | last return %s", self.worker_id, rate,
+                 "acked %d, dropped %d samples | last return %s%s", self.worker_id, rate,
                  version_label(self.weight_stats.get("version")), "connected" if self.link.ready else "unreachable",
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
-                 self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}")
+                 self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
+                 " | waiting for the trainer to ask for samples (worker.throttle)" if self.waiting_for_pace else "")
 
     def on_finish(self) -> None:
         with self.settled:

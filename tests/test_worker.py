@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import re
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from netrl.pipelines.image import image_pipeline
 from netrl.util import partial
 from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME
 from netrl.worker import RolloutWorker, default_worker_id
+from netrl.worker_link import WorkerLink
 
 
 def test_a_packet_bigger_than_the_server_can_relay_stops_the_worker_with_what_to_change() -> None:
@@ -123,3 +127,46 @@ def test_an_episodes_first_observation_is_never_sent_alone() -> None:
     (buf,) = worker.local_packets
     assert buf.reset.tolist() == [True, False]  # the first observation went with its transition
     worker.env.close()
+
+
+def test_the_status_line_says_when_a_worker_waits_for_the_trainer(caplog: pytest.LogCaptureFixture) -> None:
+    produced = [0]
+    link = WorkerLink(NetworkConfig(), "robot-1", "s" * 16, free_port(), None, 1 << 20, 1 << 20,
+                      lambda: produced[0], status_interval_s=1e-9, last_return=lambda: -12.34)
+    try:
+        with caplog.at_level(logging.INFO, logger="netrl.worker_link"):
+            produced[0] = 200
+            link.waiting_for_pace = True  # as the control path sets it while throttled
+            link._status_line()
+            link.waiting_for_pace = False
+            link._status_line()
+    finally:
+        link.halt()
+    lines = [r.getMessage() for r in caplog.records]
+    line = (r"status \| worker robot-1 \| \d+ steps/s \| weights none \| server unreachable \| backlog 0 packets "
+            r"\(0.0 MiB\) \| acked 0, dropped 0 samples \| last return -12.3")
+    assert re.fullmatch(line + r" \| waiting for the trainer to ask for samples \(worker.throttle\)", lines[0])
+    assert re.fullmatch(line, lines[1])
+
+
+def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           worker_id="w", throttle=True, seed=0)
+    worker.net = WorkerLink(NetworkConfig(), "w", "s" * 16, free_port(), None, 1 << 20, 1 << 20)  # never started
+    stop, seen = threading.Event(), []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 10
+        while not (worker.net and worker.net.waiting_for_pace) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(worker.net is not None and worker.net.waiting_for_pace)
+        stop.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        worker._wait_for_pace(stop)  # allowance 0: it waits until stopped
+    finally:
+        watcher.join()
+        worker.net.halt()
+    assert seen == [True] and not worker.net.waiting_for_pace
