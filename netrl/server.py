@@ -12,7 +12,8 @@ sample packet against the trainer's schema (compressed images are relayed withou
 checks their contents), and hands packets to :class:`~netrl.relay.SampleRelay`, which decides where each waits and
 when its worker is acknowledged. The newest weights are cached (:class:`~netrl.broadcast.WeightCache`) and streamed
 to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE allowance
-per worker. Bad messages are logged with their peer, counted (``stats["rejected"]``) and dropped.
+per worker. :class:`~netrl.admission.Admission` checks each HELLO, and counts (``stats["rejected"]``), logs and
+drops bad messages.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from netrl.admission import Admission
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
 from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
@@ -38,7 +40,7 @@ from netrl.schema import SampleSchema, load_schema, save_schema
 from netrl.server_sockets import ServerSockets
 from netrl.spool import Spool
 from netrl.status import Rates, answer_status, status_line
-from netrl.transport import Liveness, new_session
+from netrl.transport import new_session
 from netrl.wire import BUNDLE_HEADER_ROOM, Message, MsgType, check_role, decode, encode, frames_nbytes
 
 __all__ = ["Server"]
@@ -94,7 +96,7 @@ class Server:
         self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._opened = self._closed = False
-        self._rejections_logged: collections.Counter[bytes] = collections.Counter()
+        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -139,7 +141,7 @@ class Server:
                     if sock in events:
                         self._drain(role, sock)
                     if monitors[role] in events:
-                        self._failed_handshakes(role)
+                        self.admission.failed_handshakes(role)
                 if status is not None and status in events:
                     if not answer_status(status, self.snapshot):
                         self.stats["rejected"] += 1
@@ -218,74 +220,29 @@ class Server:
                 return
             if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
                 self.stats["unknown_peer"] += 1
-                self._log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a server "
-                                    "restart, every client sends one); asked it to say HELLO", first=1)
-                self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": "unknown peer: say HELLO"}))
+                self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
+                                             "server restart, every client sends one); asked it to say HELLO", first=1)
+                self.admission.reply(role, rid, "unknown peer: say HELLO")
                 return
             check_role(peer.role, msg)
         except VersionMismatch as exc:
-            self._reject(role, rid, peer, f"{exc}; install the same netrl version on the server and the {role}")
-            self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": str(exc)}))
+            self.admission.refuse(role, rid, peer, f"{exc}; install the same netrl version on the server and the "
+                                  f"{role}", str(exc))
             return
         except ProtocolError as exc:
-            self._reject(role, rid, peer, str(exc))
+            self.admission.reject(role, rid, peer, str(exc))
             return
         peer.last_seen = time.time()
         handler = getattr(self, f"_on_{msg.type.value}", None)
         if handler is None:
-            self._reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
+            self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
             return
         handler(peer, msg, frames[1:])
 
-    def _failed_handshakes(self, role: str) -> None:
-        try:
-            failed = self.sockets.failed_handshakes(role)
-        except Exception:  # diagnostics must not take the relay down
-            self.stats["internal_errors"] += 1
-            log.exception("internal error while reading the %s port's handshake events", role)
-            return
-        for why in failed:
-            self.stats[f"failed_handshakes_{role}"] += 1
-            count = self.stats[f"failed_handshakes_{role}"]
-            if count <= 10 or count % 1000 == 0:
-                log.warning("a connection to the %s port failed its handshake: %s (%d so far)", role, why, count)
-
-    def _reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
-        self.stats["rejected"] += 1
-        self._log_rejection(role, rid, peer, reason)
-
-    def _log_rejection(self, role: str, rid: bytes, peer: Peer | None, reason: str, first: int = 10) -> None:
-        if len(self._rejections_logged) > 10_000:  # a flood from ever new connections must not grow it forever
-            self._rejections_logged.clear()
-        self._rejections_logged[rid] += 1
-        count = self._rejections_logged[rid]
-        if count <= first or count % 1000 == 0:  # log every kind of problem, but do not let a flood fill the disk
-            who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
-            log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
-
     def _hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> None:
-        body = msg.body
-        if body["role"] != role:
-            self._reject(role, rid, None, f"a {body['role']} connected to the {role} port")
-            reason = f"this is the {role} port; a {body['role']} must connect to the other port"
-            self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": reason}))
+        peer = self.admission.hello(role, rid, msg, rid_frame)
+        if peer is None:
             return
-        for old in self.peers.replaced_by(rid, role, body["session"]):
-            log.info("%s replaced by a new connection", old.label)
-            self._forget(old.rid)
-        address = rid_frame.get("Peer-Address") or "?"
-        key = ""
-        if self.sockets.auth is not None:
-            key = self.sockets.auth.key_name(role, rid_frame)
-            problem = self.sockets.auth.worker_name_problem(key, body["worker_id"]) if role == "worker" else None
-            if problem:
-                self._reject(role, rid, None, problem)
-                self._reply(role, rid, Message(MsgType.REJECT, "server", body={"reason": problem}))
-                return
-        liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
-        peer = Peer(rid, role, body["worker_id"], body["session"], address, liveness, key=key)
-        self.peers.add(peer)
-        log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
@@ -341,7 +298,7 @@ class Server:
 
     def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
         """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
-        self._reject("worker", peer.rid, peer, reason)
+        self.admission.reject("worker", peer.rid, peer, reason)
         self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "reason": f"rejected: "
                                                                f"{reason}"}))
 
@@ -378,7 +335,7 @@ class Server:
         b = msg.body
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], frames)
         if problem:
-            self._reject("trainer", peer.rid, peer, problem)
+            self.admission.reject("trainer", peer.rid, peer, problem)
             return
         if self.weights.complete:
             log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
@@ -390,7 +347,7 @@ class Server:
         try:
             schema = SampleSchema.from_wire(msg.body)
         except ProtocolError as exc:
-            self._reject("trainer", peer.rid, peer, str(exc))
+            self.admission.reject("trainer", peer.rid, peer, str(exc))
             return
         if schema != self.schema:
             self.schema = schema
@@ -421,12 +378,6 @@ class Server:
             raise
         peer.liveness.sent()
         return True
-
-    def _reply(self, role: str, rid: bytes, msg: Message) -> None:
-        try:
-            self.sockets.by_role[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:
-            pass  # the peer is gone or flooding us; a reply is a courtesy
 
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer

@@ -1,0 +1,104 @@
+"""Who may talk to the server, and the server's account of what it refused.
+
+:class:`Admission` checks each HELLO (the right port, a worker name its CURVE key may use) and adds the new
+:class:`~netrl.peers.Peer` to the table. It rejects bad messages with a count in the server's stats and a log line
+per peer that a flood cannot multiply, replies REJECT where the peer can act on the reason, and logs connections
+that failed their ZeroMQ handshake before any message arrived. The server's loop calls it; it never sends a
+WELCOME (that carries the server's state: :meth:`netrl.server.Server._hello`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from netrl.config import NetworkConfig
+from netrl.peers import Peer, PeerTable
+from netrl.server_sockets import ServerSockets
+from netrl.transport import Liveness
+from netrl.wire import Message, MsgType, encode
+
+__all__ = ["Admission"]
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
+
+    def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
+                 stats: collections.Counter[str], forget: Callable[[bytes], None]) -> None:
+        self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
+        self.forget = forget  # the server's: drops a peer and whatever it was doing
+        self._rejections_logged: collections.Counter[bytes] = collections.Counter()
+
+    def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> Peer | None:
+        """The new peer for a HELLO on ``role``'s port (replacing an older connection of its session), or None
+        after refusing it with a REJECT that says why."""
+        body = msg.body
+        if body["role"] != role:
+            self.refuse(role, rid, None, f"a {body['role']} connected to the {role} port",
+                        f"this is the {role} port; a {body['role']} must connect to the other port")
+            return None
+        for old in self.peers.replaced_by(rid, role, body["session"]):
+            log.info("%s replaced by a new connection", old.label)
+            self.forget(old.rid)
+        key = ""
+        if self.sockets.auth is not None:
+            key = self.sockets.auth.key_name(role, rid_frame)
+            problem = self.sockets.auth.worker_name_problem(key, body["worker_id"]) if role == "worker" else None
+            if problem:
+                self.refuse(role, rid, None, problem, problem)
+                return None
+        liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
+        peer = Peer(rid, role, body["worker_id"], body["session"], rid_frame.get("Peer-Address") or "?", liveness,
+                    key=key)
+        self.peers.add(peer)
+        log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
+        return peer
+
+    def refuse(self, role: str, rid: bytes, peer: Peer | None, reason: str, told: str) -> None:
+        """Reject a message and tell its sender ``told`` (a REJECT, which a netrl client logs and acts on)."""
+        self.reject(role, rid, peer, reason)
+        self.reply(role, rid, told)
+
+    def reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
+        """Count a bad message in ``stats["rejected"]`` and log it (the sender is not told)."""
+        self.stats["rejected"] += 1
+        self.log_rejection(role, rid, peer, reason)
+
+    def log_rejection(self, role: str, rid: bytes, peer: Peer | None, reason: str, first: int = 10) -> None:
+        """Log the first ``first`` rejections of a connection, then every 1000th."""
+        if len(self._rejections_logged) > 10_000:  # a flood from ever new connections must not grow it forever
+            self._rejections_logged.clear()
+        self._rejections_logged[rid] += 1
+        count = self._rejections_logged[rid]
+        if count <= first or count % 1000 == 0:  # log every kind of problem, but do not let a flood fill the disk
+            who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
+            log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
+
+    def reply(self, role: str, rid: bytes, reason: str) -> None:
+        """A REJECT to a connection that may not be a peer (yet): a courtesy, never an error."""
+        msg = Message(MsgType.REJECT, "server", body={"reason": reason})
+        try:
+            self.sockets.by_role[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass  # the peer is gone or flooding us
+
+    def failed_handshakes(self, role: str) -> None:
+        """Count and log the connections on ``role``'s port that failed their handshake since the last call."""
+        try:
+            failed = self.sockets.failed_handshakes(role)
+        except Exception:  # diagnostics must not take the relay down
+            self.stats["internal_errors"] += 1
+            log.exception("internal error while reading the %s port's handshake events", role)
+            return
+        for why in failed:
+            self.stats[f"failed_handshakes_{role}"] += 1
+            count = self.stats[f"failed_handshakes_{role}"]
+            if count <= 10 or count % 1000 == 0:
+                log.warning("a connection to the %s port failed its handshake: %s (%d so far)", role, why, count)
