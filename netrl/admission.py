@@ -19,6 +19,7 @@ import zmq
 from netrl.config import NetworkConfig
 from netrl.peers import Peer, PeerTable
 from netrl.server_sockets import ServerSockets
+from netrl.status import worth_logging
 from netrl.transport import Liveness
 from netrl.wire import Message, MsgType, encode
 
@@ -77,7 +78,7 @@ class Admission:
             self._rejections_logged.clear()
         self._rejections_logged[rid] += 1
         count = self._rejections_logged[rid]
-        if count <= first or count % 1000 == 0:  # log every kind of problem, but do not let a flood fill the disk
+        if worth_logging(count, first):
             who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
             log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
 
@@ -100,5 +101,5 @@ class Admission:
         for why in failed:
             self.stats[f"failed_handshakes_{role}"] += 1
             count = self.stats[f"failed_handshakes_{role}"]
-            if count <= 10 or count % 1000 == 0:
+            if worth_logging(count):
                 log.warning("a connection to the %s port failed its handshake: %s (%d so far)", role, why, count)

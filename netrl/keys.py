@@ -29,6 +29,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from netrl.errors import SecurityError
+from netrl.status import worth_logging
 from netrl.wire import PEER_NAME, PEER_NAME_RULE
 
 __all__ = ["ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen", "server_keys"]
@@ -178,7 +179,7 @@ class KeyRing:
                     return True
                 ring.refused[role] += 1
                 count = ring.refused[role]
-                if count <= 10 or count % 100 == 0:
+                if worth_logging(count, every=100):
                     log.warning("refused a connection on the %s port: public key %s is not in %s/%ss/ (%d refused)",
                                 role, key.decode(errors="replace"), ring.allow_dir, role, count)
                 return False

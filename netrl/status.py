@@ -20,9 +20,40 @@ import zmq
 from netrl.errors import ProtocolError, TransportError
 from netrl.wire import Message, MsgType, decode, encode
 
-__all__ = ["Rates", "format_status", "query_status"]
+__all__ = ["Rates", "StatusClock", "format_status", "query_status", "worth_logging"]
 
 log = logging.getLogger(__name__)
+
+
+def worth_logging(count: int, first: int = 10, every: int = 1000) -> bool:
+    """Whether the ``count``-th occurrence of a problem is logged: the first ``first``, then every ``every``-th, so
+    that every kind of problem shows but a flood of one cannot fill the disk."""
+    return count <= first or count % every == 0
+
+
+class StatusClock:
+    """When a role's periodic status line is due, and its counters' per-second rates since the previous line.
+
+    Started with ``counters``, the first line is due ``interval_s`` later; without, the first :meth:`rates` call only
+    starts the clock (for counters that may not start at zero, such as a resumed trainer's)."""
+
+    def __init__(self, interval_s: float, counters: dict[str, float] | None = None) -> None:
+        self.interval = interval_s
+        self._at = time.monotonic() if counters is not None else None
+        self._counters = dict(counters or {})
+
+    def due(self) -> bool:
+        return bool(self.interval) and (self._at is None or time.monotonic() - self._at >= self.interval)
+
+    def rates(self, counters: dict[str, float]) -> dict[str, float] | None:
+        """Per-second rates of ``counters`` since the previous call (None for the call that starts the clock)."""
+        now = time.monotonic()
+        at, before = self._at, self._counters
+        self._at, self._counters = now, dict(counters)
+        if at is None:
+            return None
+        span = max(now - at, 1e-9)
+        return {k: (v - before.get(k, 0.0)) / span for k, v in counters.items()}
 
 
 class Rates:

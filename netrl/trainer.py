@@ -26,7 +26,7 @@ from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
 from netrl.schema import SampleSchema
 from netrl.segments import Position
-from netrl.trainer_link import TrainerLink, write_failed
+from netrl.trainer_link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
 from netrl.transport import new_session
 from netrl.weights import write_weights_file
@@ -136,8 +136,7 @@ class Trainer:
         self._saved = self._progress()  # what the checkpoint on disk (if any) holds
         net.start()
         training.start(net)
-        log.info("%s started: %d epochs x %d rounds x %d steps on %s",
-                 "trainer" if self.name == "trainer" else f"trainer {self.name!r}", training.epochs,
+        log.info("%s started: %d epochs x %d rounds x %d steps on %s", trainer_label(self.name), training.epochs,
                  training.rounds, training.steps, training.device)
         while training.epoch < training.epochs and not stop.is_set():
             for stats in training.run_epoch(net, stop):

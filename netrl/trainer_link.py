@@ -18,7 +18,6 @@ import collections
 import errno
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,11 @@ from netrl.netthread import NetThread
 from netrl.samples import Buffer
 from netrl.schema import SampleSchema
 from netrl.segments import Position
-from netrl.status import version_label
+from netrl.status import StatusClock, version_label, worth_logging
 from netrl.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
 
-__all__ = ["TrainerLink", "write_failed"]
+__all__ = ["TrainerLink", "trainer_label", "write_failed"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +52,11 @@ def write_failed(what: str, path: Path, exc: OSError) -> str:
     return f"could not write {what} {path} ({exc}): {fix}"
 
 
+def trainer_label(name: str) -> str:
+    """How the logs name a trainer: "trainer", or "trainer 'gpu-box'" for one with another name."""
+    return "trainer" if name == "trainer" else f"trainer {name!r}"
+
+
 class TrainerLink(NetThread):
     """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
 
@@ -61,8 +65,8 @@ class TrainerLink(NetThread):
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0,
                  live: Callable[[], dict[str, Any]] | None = None) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
-        self.status_interval, self.live = status_interval_s, live  # live(): TrainingOffline.live
-        self._status_at, self._status_counts = 0.0, (0, 0)
+        self.live = live  # TrainingOffline.live
+        self._status = StatusClock(status_interval_s)
         self.schema = schema
         self.credit_window = credit_window
         self.deliveries = deliveries
@@ -179,8 +183,7 @@ class TrainerLink(NetThread):
 
     def _status_line(self) -> None:
         """Every ``status_interval_s``: one line with the loop's rates and state (the first tick only starts)."""
-        now = time.monotonic()
-        if self.live is None or not self.status_interval or now - self._status_at < self.status_interval:
+        if self.live is None or not self._status.due():
             return
         try:
             s = self.live()
@@ -188,19 +191,16 @@ class TrainerLink(NetThread):
             log.exception("could not read the training loop's counters for the status line; no more status lines")
             self.live = None
             return
-        span, first = now - self._status_at, self._status_at == 0.0
-        (steps0, samples0), self._status_at = self._status_counts, now
-        self._status_counts = (s["trained_steps"], s["samples"])
-        if first:
+        rates = self._status.rates({"trained_steps": s["trained_steps"], "samples": s["samples"]})
+        if rates is None:
             return
         lag = "-" if s["lag"] is None else f"{s['lag'][0]}/{s['lag'][1]:.1f}/{s['lag'][2]}"
         ret = "-" if s["return_mean"] is None else f"{s['return_mean']:.1f} over {s['episodes']} eps this round"
         waiting = (f" | training starts at {s['start_training']:,} samples" if s["samples"] < s["start_training"]
                    else "")
-        who = "trainer" if self.link.name == "trainer" else f"trainer {self.link.name!r}"
         log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
-                 "weights %s | lag %s | return %s | server %s%s", who, (s["trained_steps"] - steps0) / span,
-                 (s["samples"] - samples0) / span, f"{s['memory_len']:,}", f"{s['memory_size']:,}",
+                 "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
+                 rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",
                  100 * s["memory_len"] / max(1, s["memory_size"]), version_label(s["version"]), lag, ret,
                  "connected" if self.link.ready else "unreachable", waiting)
 
@@ -233,7 +233,7 @@ class TrainerLink(NetThread):
                 buf = buffer_from_message(sample_msg)
             except (ProtocolError, SampleRejected) as exc:
                 self.stats["rejected"] += 1
-                if self.stats["rejected"] <= 10 or self.stats["rejected"] % 1000 == 0:
+                if worth_logging(self.stats["rejected"]):
                     log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
                                 self.stats["rejected"], exc)
                 continue

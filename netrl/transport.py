@@ -27,6 +27,7 @@ from netrl import __version__
 from netrl.config import NetworkConfig
 from netrl.errors import ProtocolError, TransportError, VersionMismatch
 from netrl.keys import ClientKeys
+from netrl.status import worth_logging
 from netrl.wire import Message, MsgType, decode, encode
 
 __all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
@@ -252,7 +253,7 @@ class ClientLink:
 
     def _malformed(self, exc: Exception) -> None:
         self.rejected_messages += 1
-        if self.rejected_messages <= 10 or self.rejected_messages % 1000 == 0:
+        if worth_logging(self.rejected_messages):
             log.warning("dropped a malformed message from the server at %s (%d so far): %s", self.endpoint,
                         self.rejected_messages, exc)
 

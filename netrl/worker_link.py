@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from netrl.config import NetworkConfig
 from netrl.keys import ClientKeys
 from netrl.netthread import NetThread
-from netrl.status import version_label
+from netrl.status import StatusClock, version_label, worth_logging
 from netrl.wire import Message, MsgType, encode, frames_nbytes, max_packet_bytes
 
 __all__ = ["WorkerLink"]
@@ -51,8 +51,8 @@ class WorkerLink(NetThread):
         self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
         self.produced = produced or (lambda: 0)
         self.on_weights = on_weights  # called on this thread; returns counters to report in heartbeats
-        self.status_interval, self.last_return = status_interval_s, last_return or (lambda: None)
-        self._status_at, self._status_produced = time.monotonic(), 0
+        self.last_return = last_return or (lambda: None)
+        self._status = StatusClock(status_interval_s, {"produced": 0})
         self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
         self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
         self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
@@ -160,15 +160,13 @@ class WorkerLink(NetThread):
         self._pump()
 
     def _status_line(self) -> None:
-        now = time.monotonic()
-        if not self.status_interval or now - self._status_at < self.status_interval:
+        if not self._status.due():
             return
-        produced = self.produced()
-        rate = (produced - self._status_produced) / (now - self._status_at)
-        self._status_at, self._status_produced = now, produced
+        rates = self._status.rates({"produced": self.produced()})
+        assert rates is not None  # the clock started with the link
         ret = self.last_return()
         log.info("status | worker %s | %.0f steps/s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
-                 "acked %d, dropped %d samples | last return %s%s", self.worker_id, rate,
+                 "acked %d, dropped %d samples | last return %s%s", self.worker_id, rates["produced"],
                  version_label(self.weight_stats.get("version")), "connected" if self.link.ready else "unreachable",
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
@@ -222,7 +220,7 @@ class WorkerLink(NetThread):
         self._forget(seq, packet)
         self.counts["rejected_packets"] += 1
         self.counts["rejected_samples"] += packet.steps
-        if self.counts["rejected_packets"] <= 5 or self.counts["rejected_packets"] % 100 == 0:
+        if worth_logging(self.counts["rejected_packets"], first=5, every=100):
             log.error("packet %d of %d samples is dropped (%d rejected so far): %s", seq, packet.steps,
                       self.counts["rejected_packets"], reason)
 

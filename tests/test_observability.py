@@ -13,7 +13,7 @@ import pytest
 
 from netrl.launch import free_port
 from netrl.metrics import resolve_wandb_mode
-from netrl.status import Rates, format_status, status_line
+from netrl.status import Rates, StatusClock, format_status, status_line, worth_logging
 from tests.conftest import Procs, small_config
 from tests.reliability import delivered, wait_until
 from tests.test_delivery import FAST_TRAINER
@@ -83,3 +83,19 @@ def test_status_before_any_weights_says_none_not_minus_one() -> None:
     assert "unknown keys: none checked (security none)" in table
     worker["version"] = 4
     assert "robot-1:v4" in status_line({**snapshot, "workers": [worker]})
+
+
+def test_a_flood_of_one_problem_is_logged_sparsely() -> None:
+    assert [n for n in range(1, 3001) if worth_logging(n)] == [*range(1, 11), 1000, 2000, 3000]
+    assert [n for n in range(1, 301) if worth_logging(n, first=5, every=100)] == [1, 2, 3, 4, 5, 100, 200, 300]
+
+
+def test_status_lines_report_rates_since_the_previous_line() -> None:
+    assert not StatusClock(0.0, {"n": 0}).due()  # 0: no status lines
+    started = StatusClock(1e-9, {"n": 0})  # started with the role: the first line has rates
+    rates = started.rates({"n": 50})
+    assert rates is not None and rates["n"] > 0
+    resumed = StatusClock(1e-9)  # counters that need not start at zero: the first call only starts the clock
+    assert resumed.due() and resumed.rates({"n": 10**6}) is None
+    rates = resumed.rates({"n": 10**6})
+    assert rates == {"n": 0.0}
