@@ -117,11 +117,16 @@ def version_label(version: Any) -> str:
     return f"v{version}" if isinstance(version, int) and version >= 0 else "none"
 
 
+def count_of(n: int, noun: str) -> str:
+    """``1 worker``, ``3 workers``: a count with its noun in the right number (English plural in -s)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def status_line(s: dict[str, Any]) -> str:
     """The server's periodic one-line summary of a snapshot."""
     rates = s.get("rates", {})
     versions = " ".join(f"{w['name']}:{version_label(w['version'])}" for w in s["workers"])
-    return (f"status | {len(s['workers'])} workers [{versions or '-'}] | trainer "
+    return (f"status | {count_of(len(s['workers']), 'worker')} [{versions or '-'}] | trainer "
             f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
             f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
             f"{s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
@@ -159,7 +164,7 @@ def format_status(s: dict[str, Any]) -> str:
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
          f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
          if trainer else "trainer: not connected"),
-        f"{len(s.get('workers', []))} workers:",
+        f"{count_of(len(s.get('workers', [])), 'worker')}:",
     ]
     lines.append(f"  {'worker':<20} {'address':<16} {'key':<10} {'weights':>7} {'samples':>10} {'backlog':>8} "
                  f"{'dropped':>8} {'last seen':>10}")

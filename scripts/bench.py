@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from netrl.status import count_of  # imports no torch: relay children stay light
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
@@ -62,13 +64,13 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
                 target = f">= 1,000,000 samples/s ({'met' if r['netrl_samples_s'] >= 1e6 else 'NOT met'})"
             else:
                 target = ""
-            lines.append(f"| relay {r['kind']}, {r['workers']} workers, {r['security']} | "
+            lines.append(f"| relay {r['kind']}, {count_of(r['workers'], 'worker')}, {r['security']} | "
                          f"{r['netrl_samples_s']:,.0f} samples/s ({r['netrl_mb_s']:,.0f} MB/s) | "
                          f"one hop {r['raw_samples_s']:,.0f} ({r['raw_mb_s']:,.0f} MB/s); through a forwarder "
                          f"{r['raw_forwarded_samples_s']:,.0f} ({r['raw_forwarded_mb_s']:,.0f} MB/s) | "
                          f"{r['ratio']:.0%}; {r['ratio_forwarded']:.0%} | {target} |")
         elif r["section"] == "broadcast":
-            lines.append(f"| broadcast {r['params']} params, {r['workers']} workers, {r['security']} | "
+            lines.append(f"| broadcast {r['params']} params, {count_of(r['workers'], 'worker')}, {r['security']} | "
                          f"{r['netrl_ms']:.1f} ms | one hop {r['raw_ms']:.1f} ms; through a forwarder "
                          f"{r['raw_forwarded_ms']:.1f} ms | {r['ratio']:.2f}x; {r['ratio_forwarded']:.2f}x | <= 2x: "
                          f"{'met' if r['ratio'] <= 2 else 'NOT met'} against one hop, "

@@ -32,7 +32,7 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
     worker = procs.spawn("worker", config, "--worker-id", "robot-7")
     run_dir = tmp_path / "weights" / "test"
     wait_until(lambda: sum(delivered(run_dir).values()) >= 600, 60, "samples at the trainer")
-    procs.wait_for(server, r"status \| 1 workers \[robot-7:v\d+\] \| trainer connected \| in \d+/s")
+    procs.wait_for(server, r"status \| 1 worker \[robot-7:v\d+\] \| trainer connected \| in \d+/s")
     procs.wait_for(worker, r"status \| worker robot-7 \| \d+ steps/s \| weights v\d+ \| server connected")
 
     table = netrl("--status", "--config", str(config))
@@ -83,6 +83,16 @@ def test_status_before_any_weights_says_none_not_minus_one() -> None:
     assert "unknown keys: none checked (security none)" in table
     worker["version"] = 4
     assert "robot-1:v4" in status_line({**snapshot, "workers": [worker]})
+
+
+def test_status_counts_workers_in_the_right_number() -> None:
+    snapshot = {"session": "abcdef0123", "uptime_s": 3.0, "trainer": None, "progress": None, "weights_version": 2,
+                "rates": {}, "rejected": 0, "refused": 0, "dropped": 0, "stats": {}}
+    worker = {"address": "127.0.0.1", "key": "worker", "version": 2, "samples": 0, "reported": {}, "last_seen": None}
+    for n, words in ((0, "0 workers"), (1, "1 worker"), (2, "2 workers")):
+        s = {**snapshot, "workers": [{**worker, "name": f"robot-{i}"} for i in range(n)]}
+        assert f"status | {words} [" in status_line(s)
+        assert f"\n{words}:\n" in format_status(s)
 
 
 def test_a_flood_of_one_problem_is_logged_sparsely() -> None:
