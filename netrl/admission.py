@@ -32,22 +32,21 @@ class Admission:
     """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
 
     def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
-                 stats: collections.Counter[str], forget: Callable[[bytes], None]) -> None:
+                 stats: collections.Counter[str], forget: Callable[[Peer], None]) -> None:
         self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
         self.forget = forget  # the server's: drops a peer and whatever it was doing
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
 
     def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> Peer | None:
-        """The new peer for a HELLO on ``role``'s port (replacing an older connection of its session), or None
-        after refusing it with a REJECT that says why."""
+        """The new peer for a HELLO on ``role``'s port, or None after refusing it with a REJECT that says why.
+
+        Only an accepted HELLO replaces anything: the same connection saying HELLO again, its worker session
+        reconnecting (same name and key), or the old trainer."""
         body = msg.body
         if body["role"] != role:
             self.refuse(role, rid, None, f"a {body['role']} connected to the {role} port",
                         f"this is the {role} port; a {body['role']} must connect to the other port")
             return None
-        for old in self.peers.replaced_by(rid, role, body["session"]):
-            log.info("%s replaced by a new connection", old.label)
-            self.forget(old.rid)
         key = ""
         if self.sockets.auth is not None:
             key = self.sockets.auth.key_name(role, rid_frame)
@@ -58,6 +57,13 @@ class Admission:
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         peer = Peer(rid, role, body["worker_id"], body["session"], rid_frame.get("Peer-Address") or "?", liveness,
                     key=key)
+        problem = self.peers.session_problem(peer)
+        if problem:
+            self.refuse(role, rid, None, problem, problem)
+            return None
+        for old in self.peers.replaced_by(peer):
+            log.info("%s %s", old.label, "said HELLO again" if old.rid == rid else "replaced by a new connection")
+            self.forget(old)
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         return peer

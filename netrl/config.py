@@ -119,6 +119,8 @@ class ServerConfig:
                               "may also keep up to a quarter more in emptied 64 MB files for reuse)", _ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
     status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", _port)
+    max_weights_bytes: int = _f(2**30, "largest weight version the server caches and relays (an actor of 10M float32 "
+                                "parameters is 40 MB; two versions may be held while a new one arrives)", _ge(1))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class Peer:
     packets: int = 0
     produced: int = 0  # env steps the worker has produced, as of its latest packet
     allowance: int = 0  # PACE last sent
+    window: int = 0  # the share of the server's memory (bytes in flight) it was last told
     reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
     key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
 
@@ -47,29 +48,33 @@ class Peer:
 
 
 class PeerTable:
-    """The connected peers, by ZeroMQ routing id and by session; at most one of them is the trainer."""
+    """The connected peers, by port and ZeroMQ routing id, and workers by session; at most one is the trainer.
+
+    A routing id is chosen by the client, so it names a peer only together with the port (the role) it came in on:
+    a worker-port connection that copies the trainer's id is another peer, never the trainer.
+    """
 
     def __init__(self) -> None:
-        self.by_rid: dict[bytes, Peer] = {}
-        self.by_session: dict[str, Peer] = {}
+        self.by_rid: dict[tuple[str, bytes], Peer] = {}
+        self.workers_by_session: dict[str, Peer] = {}
         self.trainer: Peer | None = None
 
     def __len__(self) -> int:
         return len(self.by_rid)
 
-    def get(self, rid: bytes) -> Peer | None:
-        return self.by_rid.get(rid)
+    def get(self, role: str, rid: bytes) -> Peer | None:
+        return self.by_rid.get((role, rid))
 
     def values(self) -> list[Peer]:
         """A copy, so that a send which forgets an unreachable peer does not upset the loop."""
         return list(self.by_rid.values())
 
     def workers(self) -> list[Peer]:
-        return [p for p in self.by_rid.values() if p.role == "worker"]
+        return list(self.workers_by_session.values())
 
     def worker_count(self) -> int:
         """Connected workers, without building a list (asked on every acknowledgement)."""
-        return len(self.by_rid) - (self.trainer is not None)
+        return len(self.workers_by_session)
 
     def window(self, max_queue_bytes: int) -> int:
         """Bytes each worker may have in flight: together, half of what the server holds in memory, the rest being
@@ -87,25 +92,38 @@ class PeerTable:
             worker.allowance = worker.produced + share
         return raised
 
-    def replaced_by(self, rid: bytes, role: str, session: str) -> list[Peer]:
-        """The entries a new connection replaces: its own session reconnecting, or (a trainer) the old trainer."""
-        return [p for r, p in self.by_rid.items()
-                if r != rid and (p.session == session or (role == "trainer" and p.role == "trainer"))]
+    def session_problem(self, new: Peer) -> str | None:
+        """Why a worker may not take this session: another connected worker holds it (a reconnecting worker keeps
+        its name and key)."""
+        old = self.workers_by_session.get(new.session) if new.role == "worker" else None
+        if old is None or (old.name, old.key) == (new.name, new.key):
+            return None
+        return (f"session {new.session[:8]} belongs to the connected worker {old.name!r}"
+                f"{f' (key {old.key})' if old.key else ''}; each worker process has its own")
+
+    def replaced_by(self, new: Peer) -> list[Peer]:
+        """The entries a new connection replaces: one that said HELLO again on the same connection, its own worker
+        session reconnecting, or (a trainer) the old trainer."""
+        same_connection = self.by_rid.get((new.role, new.rid))
+        old = self.trainer if new.role == "trainer" else self.workers_by_session.get(new.session)
+        return [p for p in {id(p): p for p in (same_connection, old) if p is not None}.values()]
 
     def add(self, peer: Peer) -> None:
-        self.by_rid[peer.rid] = peer
-        self.by_session[peer.session] = peer
+        """Add a peer; whatever :meth:`replaced_by` names must have been removed first."""
+        assert not self.replaced_by(peer), "add() after removing the peers it replaces"
+        self.by_rid[(peer.role, peer.rid)] = peer
         if peer.role == "trainer":
             self.trainer = peer
+        else:
+            self.workers_by_session[peer.session] = peer
 
-    def remove(self, rid: bytes) -> Peer | None:
-        peer = self.by_rid.pop(rid, None)
-        if peer is not None:
-            if self.by_session.get(peer.session) is peer:
-                del self.by_session[peer.session]
-            if peer is self.trainer:
-                self.trainer = None
-        return peer
+    def remove(self, peer: Peer) -> None:
+        if self.by_rid.get((peer.role, peer.rid)) is peer:
+            del self.by_rid[(peer.role, peer.rid)]
+        if self.workers_by_session.get(peer.session) is peer:
+            del self.workers_by_session[peer.session]
+        if peer is self.trainer:
+            self.trainer = None
 
 
 @dataclass

@@ -19,7 +19,9 @@ drops bad messages.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +49,9 @@ __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
 
+REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats, e.g. "dropped_samples"
+MAX_REPORTED = 32  # counters kept per peer
+
 
 class Server:
     """The central relay. Construct (no I/O), then ``run(stop)``; ``close()`` is idempotent.
@@ -65,6 +70,7 @@ class Server:
         keys: the server's CURVE keypair and allow-lists; None runs unencrypted (``"security": "none"``).
         status_port: loopback port answering ``python -m netrl --status`` (None: no status port).
         status_interval_s: seconds between status log lines (0: none).
+        max_weights_bytes: the largest weight version cached and relayed.
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
@@ -72,7 +78,8 @@ class Server:
                  max_bundle_bytes: int = 4 << 20, max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20,
                  spool_after_s: float = 2.0, spool_dir: str | Path = "weights/server-spool",
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
-                 status_port: int | None = None, status_interval_s: float = 10.0) -> None:
+                 status_port: int | None = None, status_interval_s: float = 10.0,
+                 max_weights_bytes: int = 1 << 30) -> None:
         self.min_samples, self.max_bundle_bytes = min_samples_per_server_packet, max_bundle_bytes
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
@@ -90,12 +97,13 @@ class Server:
         self.schema: SampleSchema | None = None
         self.session = new_session()
         self.peers = PeerTable()
-        self.weights = WeightCache()
+        self.weights = WeightCache(max_weights_bytes)
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
         self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._opened = self._closed = False
+        self._workers_joined = False
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget)
 
     @classmethod
@@ -107,7 +115,8 @@ class Server:
                    worker_port=cfg.network.worker_port, network=cfg.network, max_bundle_bytes=s.max_bundle_bytes,
                    max_packet_delay_s=s.max_packet_delay_s, max_queue_bytes=s.max_queue_bytes,
                    spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
-                   fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s)
+                   fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s,
+                   max_weights_bytes=s.max_weights_bytes)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -154,7 +163,7 @@ class Server:
         relay, trainer = self.relay, self.peers.trainer is not None
         assert relay is not None
         steps: list[Callable[[], None]] = [lambda: relay.flush(now, trainer), lambda: relay.spool_stale(now, trainer),
-                                           lambda: self._heartbeats(now), lambda: self._tick(now)]
+                                           self._after_joins, lambda: self._heartbeats(now), lambda: self._tick(now)]
         for step in steps:
             try:
                 step()
@@ -209,7 +218,7 @@ class Server:
 
     def _receive(self, role: str, frames: list[Any]) -> None:
         rid = frames[0].bytes
-        peer = self.peers.get(rid)
+        peer = self.peers.get(role, rid)
         if peer is not None:
             peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
         try:
@@ -246,34 +255,50 @@ class Server:
         welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
-            welcome["window"] = self._worker_window()
+            welcome["window"] = peer.window = self._worker_window()
         else:  # a restarted trainer numbers its weights after these, so that no number names two actors
             welcome["weights_version"] = self.weights.newest
         self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
             self._trainer_joined(peer)
         else:
-            for other in self.peers.workers():  # everyone's share of the server's memory just shrank
-                if other is not peer:
-                    self._tell_worker(other.session, MsgType.ACK, {"seqs": []})
             self._send_weights(peer)
-            self._pace()
+            self._workers_joined = True  # told once per pass of the loop: joins come in bursts
+
+    def _after_joins(self) -> None:
+        """Workers joined since the last pass: everyone's share of the server's memory shrank, and the trainer's
+        wanted samples are split between more workers."""
+        if not self._workers_joined:
+            return
+        self._workers_joined = False
+        window = self._worker_window()
+        for worker in self.peers.workers():
+            if worker.window != window:
+                self._tell_worker(worker.session, MsgType.ACK, {"seqs": []})
+        self._pace()
 
     def _trainer_joined(self, peer: Peer) -> None:
         assert self.relay is not None
         self.relay.trainer_joined()
         self.weights.trainer_session(peer.session, self.peers.values())
 
-    def _forget(self, rid: bytes) -> None:
-        peer = self.peers.remove(rid)
-        if peer is not None and peer.role == "trainer":
+    def _forget(self, peer: Peer) -> None:
+        self.peers.remove(peer)
+        if peer.role == "trainer":
             self.progress = None
             if self.relay is not None:
                 self.relay.trainer_left()
+            self.weights.trainer_left()
+            self._stream_weights()
 
     # -- handlers, one per message type --------------------------------------------------------------------
     def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         assert self.relay is not None
+        if msg.body["session"] != peer.session or msg.sender != peer.name:  # the trainer trusts these names
+            self._refuse(peer, msg.seq, f"the packet says it is from worker {msg.sender[:64]!r}, session "
+                         f"{msg.body['session'][:16]!r}, but this connection said HELLO as {peer.name!r}, session "
+                         f"{peer.session[:16]!r}")
+            return
         nbytes = frames_nbytes(frames)
         if nbytes > self.relay.bundle_limit:
             self._refuse(peer, msg.seq, f"a packet of {nbytes} bytes cannot reach the trainer, whose messages are "
@@ -305,7 +330,9 @@ class Server:
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         stats = msg.body.get("stats")
         if isinstance(stats, dict):
-            peer.reported = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+            # shown by --status: a few short counters, not whatever a peer sends (the snapshot must stay small)
+            numbers = ((k, v) for k, v in stats.items() if REPORTED_NAME.fullmatch(k) and isinstance(v, (int, float)))
+            peer.reported = dict(itertools.islice(numbers, MAX_REPORTED))
             produced = stats.get("produced")
             if isinstance(produced, int) and produced > peer.produced:
                 # a worker that reconnected to a restarted server: pace it from its real count, not from zero
@@ -313,15 +340,22 @@ class Server:
                 self._pace()
 
     def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        log.info("%s disconnected (%s)", peer.label, msg.body.get("reason", "no reason given"))
-        self._forget(peer.rid)
+        reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
+        log.info("%s disconnected (%s)", peer.label, (reason if reason.isprintable() else repr(reason)) or "no reason "
+                 "given")
+        self._forget(peer)
 
     def _on_ack(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
-        if peer.role == "worker":  # a worker acknowledges the weight versions it loaded
-            if seqs:
-                peer.version = max(peer.version, max(seqs))
-            peer.inflight_version = None
+        if peer.role == "worker":  # a worker acknowledges the weight version it received completely
+            if peer.inflight_version is None:  # sent before a new trainer session reset what it holds
+                self.stats["stale_weight_acks"] += 1
+            elif seqs != [peer.inflight_version]:
+                self.admission.reject("worker", peer.rid, peer, f"acknowledged weights {seqs[:4]} but was sent "
+                                      f"v{peer.inflight_version}")
+                return
+            else:
+                peer.version, peer.inflight_version = peer.inflight_version, None
             self._send_weights(peer)
             return
         assert self.relay is not None
@@ -333,13 +367,17 @@ class Server:
 
     def _on_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         b = msg.body
-        problem = self.weights.add(msg.policy_version, b["part"], b["parts"], frames)
+        completed = self.weights.completed
+        problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
+                                   msg.arrays["chunk"].nbytes, frames)
         if problem:
             self.admission.reject("trainer", peer.rid, peer, problem)
-            return
-        if self.weights.complete:
+        elif self.weights.completed > completed:
             log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
             self.stats["weights_in"] += 1
+        self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
+
+    def _stream_weights(self) -> None:
         for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
             self._send_weights(worker)
 
@@ -373,7 +411,7 @@ class Server:
             if exc.errno == zmq.EHOSTUNREACH:
                 log.info("%s lost (its connection closed)", peer.label)
                 self.stats["peers_lost"] += 1
-                self._forget(peer.rid)
+                self._forget(peer)
                 return False
             raise
         peer.liveness.sent()
@@ -384,10 +422,11 @@ class Server:
         return trainer is not None and self._send_frames(trainer, frames)
 
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
-        worker = self.peers.by_session.get(session)
+        worker = self.peers.workers_by_session.get(session)
         if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
             if kind is MsgType.ACK:
                 body = {**body, "window": self._worker_window()}
+                worker.window = body["window"]
             self._send(worker, Message(kind, "server", body=body))
 
     def _worker_window(self) -> int:
@@ -408,7 +447,7 @@ class Server:
             if peer.liveness.expired(now):
                 log.info("%s lost (no message for %.1f s)", peer.label, peer.liveness.window)
                 self.stats["peers_lost"] += 1
-                self._forget(peer.rid)
+                self._forget(peer)
             elif peer.liveness.heartbeat_due(now):
                 self._send(peer, Message(MsgType.HEARTBEAT, "server"))
 
@@ -421,7 +460,7 @@ class Server:
             "workers": workers,
             "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
             "progress": self.progress,
-            "weights_version": self.weights.version,
+            "weights_version": self.weights.complete_version,
             "rates": self.rates.rates(),
             **(self.relay.snapshot() if self.relay else {}),
             "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],

@@ -219,6 +219,7 @@ class WeightAssembler:
         self._key: tuple[str, int] | None = None
         self._next = 0
         self._parts = 0
+        self._filled = 0  # bytes written so far, from offset 0: parts must continue each other
         self._layout: list[list[Any]] = []
 
     def add(self, session: str, version: int, part: int, parts: int, offset: int, nbytes: int,
@@ -235,18 +236,24 @@ class WeightAssembler:
             else:
                 self._flat = self._buffer(nbytes)
             self._key, self._next, self._parts, self._layout = (session, version), 0, parts, layout
+            self._filled = 0
         elif self._key != (session, version) or part != self._next or parts != self._parts:
             self._drop()
             raise ValueError(f"weights v{version} part {part} of {parts} arrived out of order; waiting for the next "
                              "version")
         assert self._flat is not None
         size = self._flat.nbytes
-        if offset < 0 or offset + chunk.nbytes > size:
+        if offset != self._filled or offset + chunk.nbytes > size:
             self._drop()
-            raise ValueError(f"weights v{version} part {part} writes outside its {size}-byte buffer")
+            raise ValueError(f"weights v{version} part {part} ({chunk.nbytes} bytes at offset {offset}) does not "
+                             f"continue the {self._filled} bytes before it in its {size}-byte buffer")
         if self._flat.flags.writeable:
             self._flat[offset:offset + chunk.nbytes] = chunk
         self._next += 1
+        self._filled = offset + chunk.nbytes
+        if self._next == self._parts and self._filled != size:
+            self._drop()
+            raise ValueError(f"weights v{version} end at byte {self._filled} of {size}")
 
     @property
     def done(self) -> bool:

@@ -68,6 +68,7 @@ MAX_NAME = 256
 # forge a log line or a terminal escape.
 PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PEER_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a HELLO's netrl_version
 MAX_EPISODES_PER_PACKET = 10_000
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
 # max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
@@ -196,6 +197,8 @@ def _check_header(header: Any) -> None:
     if header["v"] != PROTOCOL_VERSION:
         body = header["body"] if isinstance(header["body"], dict) else {}
         theirs = body.get("netrl_version")
+        if theirs:  # quoted unless it is a plain version: it ends up in a log line
+            theirs = theirs if isinstance(theirs, str) and VERSION_TEXT.fullmatch(theirs) else repr(str(theirs)[:64])
         raise VersionMismatch(header["v"], PROTOCOL_VERSION, f"peer runs netrl {theirs}" if theirs else "")
     if not 0 <= header["seq"] < 2**63 or not -1 <= header["policy_version"] < 2**63:
         raise MalformedMessage("header seq or policy_version out of range")
@@ -223,6 +226,10 @@ def _check_body(mtype: MsgType, body: dict[str, Any]) -> None:
             raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
         if not PEER_NAME.fullmatch(body["worker_id"]):
             raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
+        if not PEER_NAME.fullmatch(body["session"]):  # logged and shown by --status, like the name
+            raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
+        if not VERSION_TEXT.fullmatch(body["netrl_version"]):
+            raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
 
 
 _ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})

@@ -39,9 +39,11 @@ NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
 class Peer:
     """A raw DEALER speaking the wire protocol, for driving the server by hand."""
 
-    def __init__(self, ctx: zmq.Context, port: int, role: str, name: str) -> None:
+    def __init__(self, ctx: zmq.Context, port: int, role: str, name: str, rid: bytes | None = None) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if rid is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, rid)
         self.sock.connect(f"tcp://127.0.0.1:{port}")
         self.role, self.name, self.session = role, name, os.urandom(4).hex()
 

@@ -64,8 +64,15 @@ def test_parts_out_of_order_or_outside_the_buffer_are_refused() -> None:
     with pytest.raises(ValueError, match="declare"):
         a.add("t", 4, 0, 1, 0, nbytes * 10, b0["layout"], msgs[0].arrays["chunk"])  # bigger than this actor
     a.add("t", 5, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
-    with pytest.raises(ValueError, match="outside"):
-        a.add("t", 5, 1, 2, nbytes - 10, nbytes, [], np.zeros(100, np.uint8))
+    with pytest.raises(ValueError, match="does not continue the 200 bytes"):
+        a.add("t", 5, 1, 2, nbytes - 10, nbytes, [], np.zeros(100, np.uint8))  # past the end
+    a.add("t", 6, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
+    with pytest.raises(ValueError, match="does not continue the 200 bytes"):
+        a.add("t", 6, 1, 2, 300, nbytes, [], np.zeros(100, np.uint8))  # a gap: bytes 200-299 never written
+    a.add("t", 7, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
+    with pytest.raises(ValueError, match=f"end at byte 300 of {nbytes}"):
+        a.add("t", 7, 1, 2, 200, nbytes, [], np.zeros(100, np.uint8))  # the last part leaves the rest unwritten
+    assert not a.done
     with pytest.raises(ValueError, match="outside"):
         flat_arrays(np.zeros(64, np.uint8), [["w", "<f4", [100], 0]])
     with pytest.raises(ValueError, match="malformed"):
