@@ -16,6 +16,8 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -69,6 +71,23 @@ def _nonempty(v: str) -> str | None:
     return None if v.strip() else "must not be empty"
 
 
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+
+
+def _host(v: str) -> str | None:
+    """An IPv4 address or a host name (ZeroMQ resolves it); IPv6 literals are not supported."""
+    if ":" in v:
+        return "must be an IPv4 address or a host name (IPv6 addresses are not supported)"
+    return None if _HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
+
+
+def _file_name(v: str) -> str | None:
+    if not v.strip():
+        return "must not be empty"
+    return None if v not in (".", "..") and not set("/\\") & set(v) else (
+        "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)")
+
+
 def _sizes(v: list[int]) -> str | None:
     return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
 
@@ -92,7 +111,7 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", _nonempty)
+    server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", _host)
     trainer_port: int = _f(55555, "server port the trainer connects to", _port)
     worker_port: int = _f(55556, "server port the workers connect to", _port)
     heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", _gt(0))
@@ -107,7 +126,7 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _nonempty)
+    bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _host)
     min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", _ge(1))
     max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
                                "waiting up to this size (fewer messages and acknowledgements under load)", _ge(1))
@@ -193,9 +212,9 @@ class WandbConfig:
 @dataclass(frozen=True)
 class Config:
     config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
-    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _nonempty)
+    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _file_name)
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _nonempty)
-    torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _ge(1))
+    torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _between(1, 1024))
     status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", _ge(0))
     seed: int | None = _f(None, "random seed (null: random)")
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
@@ -224,7 +243,7 @@ def _type_name(tp: Any) -> str:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return "an object"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
 def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -252,10 +271,10 @@ def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
         return isinstance(value, dict) and all(isinstance(k, str) for k in value), value
     if tp is bool:
         return isinstance(value, bool), value
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is int:  # bounded like a C long long: torch and ZeroMQ take these values
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63, value
     if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return ok, float(value) if ok else value
     if tp is str:
         return isinstance(value, str), value
@@ -369,13 +388,27 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
     return _validate(data, source)
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key set twice (json.loads would silently keep the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _read_text(path: Path) -> str:
     """The file's text; a file that cannot be read raises :class:`ConfigError` saying why and what to do."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some Windows editors write, is fine
     except FileNotFoundError:
         problem = f"{path} does not exist; copy config.json from the netrl repository or pass --config"
-        raise ConfigError([problem]) from None
+        raise ConfigError([problem], str(path)) from None
     except IsADirectoryError:
         problem = f"{path} is a directory; pass the config file with --config, e.g. --config {path / 'config.json'}"
     except PermissionError:
@@ -398,9 +431,11 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     path = Path(path)
     text = _read_text(path)
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
+    except _DuplicateKey as exc:
+        raise ConfigError([f'{path} sets "{exc}" twice in one object; keep one of them'], str(path)) from None
     overrides = overrides or {}
     for dotted, value in overrides.items():
         node = data

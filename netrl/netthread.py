@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from netrl.config import NetworkConfig
+from netrl.errors import NetrlError
 from netrl.keys import ClientKeys
 from netrl.transport import ClientLink
 from netrl.wire import Message
@@ -53,8 +54,15 @@ class NetThread(threading.Thread):
     # -- main-thread side ---------------------------------------------------------------------------------
     def command(self, frames: Sequence[Any], track: bool = False) -> zmq.MessageTracker | None:
         """Hand frames to the network thread (zero-copy, never blocks). With ``track``, the returned tracker is
-        done once ZeroMQ no longer holds the frames' memory anywhere (all sends that reused it are complete)."""
-        tracker = self._pipe_out.send_multipart(frames, copy=False, track=track)
+        done once ZeroMQ no longer holds the frames' memory anywhere (all sends that reused it are complete).
+
+        Raises NetrlError once the network thread has ended (its end of the pipe is closed, so a send would block
+        forever)."""
+        try:
+            tracker = self._pipe_out.send_multipart(frames, zmq.NOBLOCK, copy=False, track=track)
+        except zmq.Again:  # the pipe has no reader any more: SNDHWM 0 never refuses while it does
+            raise NetrlError(f"{self.link.role} cannot continue: its network thread has stopped"
+                             f"{f' ({self.error})' if self.error else ''}") from None
         return tracker if track else None
 
     def halt(self, timeout: float = 5.0) -> None:

@@ -80,7 +80,7 @@ class ServerSockets:
         if self.status_port is not None:  # never beyond loopback; diagnostics must not stop the relay
             self.status = new_socket(self.ctx, zmq.REP, 1 << 16)
             try:
-                bind(self.status, "127.0.0.1", self.status_port, "server.status_port")
+                bind(self.status, "127.0.0.1", self.status_port, "server.status_port", "server.status_port")
             except TransportError as exc:
                 self.status.close(linger=0)
                 self.status = None

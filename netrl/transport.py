@@ -13,6 +13,7 @@ Every socket has ``linger=0``, a maximum message size and high-water marks; ever
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -59,14 +60,20 @@ def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000,
     return sock
 
 
-def bind(sock: zmq.Socket, host: str, port: int, config_key: str) -> str:
-    """Bind or raise a :class:`TransportError` that says which setting to change."""
+def bind(sock: zmq.Socket, host: str, port: int, port_key: str, host_key: str = "server.bind_ip") -> str:
+    """Bind or raise a :class:`TransportError` that says which setting to change: the port (``port_key``) when it
+    is taken or not allowed, else the address (``host_key``)."""
     endpoint = f"tcp://{host}:{port}"
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
-        hint = "is another netrl server running?" if exc.errno == zmq.EADDRINUSE else "is the address right?"
-        raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint} change `{config_key}`") from None
+        if exc.errno == zmq.EADDRINUSE:
+            hint = f"is another netrl server running? change `{port_key}`"
+        elif exc.errno == errno.EACCES:
+            hint = f"ports below 1024 need privileges; change `{port_key}`"
+        else:
+            hint = f"is {host} an address of this machine? change `{host_key}` (0.0.0.0 binds every interface)"
+        raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint}") from None
     return endpoint
 
 
@@ -181,9 +188,13 @@ class ClientLink:
             sock.curve_publickey = self.keys.public
             sock.curve_secretkey = self.keys.secret
             sock.curve_serverkey = self.keys.server_public
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
-        sock.connect(self.endpoint)
         self.sock = sock
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError:
+            self._close_socket()  # or the context could never terminate
+            raise
         self.ready = False
         self._liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         self._send_hello()

@@ -97,6 +97,30 @@ def test_types_are_strict() -> None:
     ]
 
 
+def test_values_that_would_fail_later_are_refused_up_front() -> None:
+    assert problems({"network": {"heartbeat_interval_s": float("inf"), "server_ip": "not an ip"},
+                     "server": {"bind_ip": "::"}, "torch_threads": 10**20, "run_name": "../../tmp/x"}) == [
+        "network.heartbeat_interval_s must be a finite number (got Infinity)",
+        "network.server_ip must be an IPv4 address or a host name, e.g. 192.168.1.20 (got \"not an ip\")",
+        "server.bind_ip must be an IPv4 address or a host name (IPv6 addresses are not supported) (got \"::\")",
+        "torch_threads must be an integer (got 100000000000000000000)",
+        "run_name must be a folder name (no '/' or '\\'; set weights_folder for where runs go) (got \"../../tmp/x\")",
+    ]
+    assert problems({"torch_threads": 5000}) == ["torch_threads must be between 1 and 1024 (got 5000)"]
+    cfg = config_from_dict({"network": {"server_ip": "gpu-box.lan"}, "server": {"bind_ip": "0.0.0.0"}})
+    assert (cfg.network.server_ip, cfg.server.bind_ip) == ("gpu-box.lan", "0.0.0.0")
+
+
+def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Path) -> None:
+    twice = tmp_path / "config.json"
+    twice.write_text('{"trainer": {"epochs": 3, "epochs": 30}}')
+    with pytest.raises(ConfigError, match='sets "epochs" twice in one object; keep one of them'):
+        load_config(twice)
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"trainer": {"epochs": 3}}')
+    assert load_config(bom).trainer.epochs == 3
+
+
 def test_error_message_counts_problems() -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict({"trainer": {"steps": 0}, "x": 1}, "config.json")

@@ -42,6 +42,8 @@ def test_bind_failure_names_the_config_key() -> None:
         with pytest.raises(TransportError, match=r"could not bind .* is another netrl server running\? change "
                                                  r"`network.worker_port`"):
             bind(second, "127.0.0.1", port, "network.worker_port")
+        with pytest.raises(TransportError, match=r"is 192.0.2.1 an address of this machine\? change `server.bind_ip`"):
+            bind(second, "192.0.2.1", free_port(), "network.worker_port")  # TEST-NET-1: never this machine's
     finally:
         ctx.destroy(0)
 
@@ -65,3 +67,27 @@ def test_a_server_that_never_answers_is_reported_once_not_on_every_retry(caplog:
     said = [r.getMessage() for r in caplog.records if r.name == "netrl.transport"]
     assert len(said) == 1 and said[0].startswith(f"no answer from the server at tcp://127.0.0.1:{port}")
     assert "attempt 1)" in said[0] and not any("lost the server" in s for s in said)
+
+
+def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() -> None:
+    from netrl.errors import NetrlError
+    from netrl.netthread import NetThread
+    from netrl.wire import Message
+
+    class Idle(NetThread):
+        def on_message(self, msg: Message) -> None:
+            pass
+
+        def on_command(self, frames: list[object]) -> None:
+            pass
+
+    # config.json refuses such an address; a NetworkConfig built in code is not checked, and connect() fails
+    thread = Idle(NetworkConfig(server_ip="not an ip"), "trainer", "t", new_session(), free_port())
+    thread.start()
+    thread.join(5)
+    try:
+        assert thread.error is not None and not thread.is_alive()
+        with pytest.raises(NetrlError, match="trainer cannot continue: its network thread has stopped"):
+            thread.command([b"weights"])  # blocked forever before: the pipe had no reader left
+    finally:
+        thread.halt()
