@@ -89,6 +89,8 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
             problems.append(f"--{flag.replace('_', '-')} {problem} (got {json.dumps(value)})")
         else:
             overrides[key] = value
+    if args.episodes is not None and args.episodes < 1:
+        problems.append(f"--episodes must be >= 1 (got {args.episodes}); leave it out to run until stopped")
     return overrides, problems
 
 
@@ -123,6 +125,14 @@ def configure_torch(cfg: Config) -> None:
     """Every process that runs torch uses ``torch_threads`` threads (1 by default: 2 cores, 2 busy processes)."""
     import torch
 
+    wanted = {"worker.device": cfg.worker.device, "trainer.device": cfg.trainer.device}
+    missing = [f'{key} is "{device}", but this torch {torch.__version__} has no '
+               f'{"CUDA" if device.startswith("cuda") else "MPS"} device; use "cpu" (or null for the trainer)'
+               for key, device in wanted.items()
+               if device and ((device.startswith("cuda") and not torch.cuda.is_available())
+                              or (device == "mps" and not torch.backends.mps.is_available()))]
+    if missing:
+        raise ConfigError(missing)
     torch.set_num_threads(cfg.torch_threads)
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -191,14 +201,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             from netrl.status import dump_json, format_status, query_status
 
             snapshot = query_status(cfg.server.status_port)
-            print(dump_json(snapshot) if args.json else format_status(snapshot))
+            try:
+                print(dump_json(snapshot) if args.json else format_status(snapshot), flush=True)
+            except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit flush fails again
         elif args.role == "plot":
             from netrl.plot import plot_run
 
-            run_dir = Path(args.plot) if Path(args.plot).is_dir() else Path(cfg.weights_folder) / args.plot
+            given = Path(args.plot)  # a run folder, one of its CSV files, or a run name under weights_folder
+            run_dir = given if given.is_dir() else given.parent if given.is_file() else Path(cfg.weights_folder) / given
             log.info("wrote %s", plot_run(run_dir))
         else:
             run_role(args.role, cfg, stop, args.config, args.episodes)
+    except ConfigError as exc:  # found once the role started (a device, an env id): still a config problem
+        log.error("%s", exc)
+        return 2
     except NetrlError as exc:
         log.error("%s", exc)
         return 1

@@ -88,6 +88,13 @@ def _file_name(v: str) -> str | None:
         "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)")
 
 
+_DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")
+
+
+def _device(v: str) -> str | None:
+    return None if _DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
+
+
 def _sizes(v: list[int]) -> str | None:
     return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
 
@@ -146,7 +153,7 @@ class ServerConfig:
 class WorkerConfig:
     worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)",
                                _opt(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
-    device: str = _f("cpu", "inference device of the worker's policy", _nonempty)
+    device: str = _f("cpu", "inference device of the worker's policy", _device)
     min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", _ge(1))
     max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", _gt(0))
     max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", _opt(_ge(1)))
@@ -172,7 +179,7 @@ class TrainerConfig:
     max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", _gt(0))
     start_training: int = _f(1000, "samples in memory before training starts", _ge(0))
     worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", _ge(1))
-    device: str | None = _f(None, "training device (null: cuda if available, else cpu)")
+    device: str | None = _f(None, "training device (null: cuda if available, else cpu)", _opt(_device))
     resume: bool = _f(True, "resume from the run's checkpoint when one exists")
     persist_samples: bool = _f(True, "log received packets to disk so a restart rebuilds the replay memory")
     fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
@@ -341,6 +348,19 @@ def _cross_checks(cfg: Config) -> list[Problem]:
                          f"server.max_bundle_bytes ({cfg.server.max_bundle_bytes}) must be < "
                          f"network.max_message_bytes ({cfg.network.max_message_bytes}): the trainer refuses larger "
                          "messages"))
+    if cfg.trainer.stale_sample_weight != 0.0 and cfg.trainer.max_policy_lag is None:
+        problems.append((("trainer.stale_sample_weight", "trainer.max_policy_lag"),
+                         f"trainer.stale_sample_weight ({cfg.trainer.stale_sample_weight}) has no effect while "
+                         "trainer.max_policy_lag is null (no sample is stale): set both, or neither"))
+    if cfg.server.max_queue_bytes < cfg.server.max_bundle_bytes:
+        problems.append((("server.max_queue_bytes", "server.max_bundle_bytes"),
+                         f"server.max_queue_bytes ({cfg.server.max_queue_bytes}) must be >= server.max_bundle_bytes "
+                         f"({cfg.server.max_bundle_bytes}): a bundle is built from the queue"))
+    if cfg.worker.send_window_bytes > cfg.worker.max_backlog_bytes:
+        problems.append((("worker.send_window_bytes", "worker.max_backlog_bytes"),
+                         f"worker.send_window_bytes ({cfg.worker.send_window_bytes}) must be <= "
+                         f"worker.max_backlog_bytes ({cfg.worker.max_backlog_bytes}): what is in flight is kept in "
+                         "the backlog until acknowledged"))
     if cfg.env.pipeline != "gym" and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline (env.pipeline is "{cfg.env.pipeline}")'))

@@ -42,9 +42,13 @@ class Peer:
         return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]}{key})"
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "session": self.session, "address": self.address, "version": self.version,
-                "samples": self.samples, "packets": self.packets, "connected_at": self.connected_at,
-                "last_seen": self.last_seen, "key": self.key, "reported": dict(self.reported)}
+        """What --status shows of it (weights and samples only for a worker: the trainer's are in "progress")."""
+        about = {"name": self.name, "session": self.session, "address": self.address,
+                 "connected_at": self.connected_at, "last_seen": self.last_seen, "key": self.key,
+                 "reported": dict(self.reported)}
+        if self.role == "worker":
+            about.update(version=self.version, samples=self.samples, packets=self.packets)
+        return about
 
 
 class PeerTable:

@@ -7,21 +7,47 @@ and training-step rates over time, losses, and policy lag.
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from netrl.errors import NetrlError
 from netrl.metrics import read_rows
 
 __all__ = ["plot_run"]
 
-
-def _rows(path: Path) -> list[dict[str, str]]:
-    """The file's complete rows: a line cut short by a crash has fewer fields (None) and is skipped."""
-    return [r for r in read_rows(path) if None not in r.values() and None not in r]
+T = TypeVar("T", int, float)
 
 
-def _floats(rows: list[dict[str, str]], key: str) -> list[float | None]:
-    return [float(r[key]) if r.get(key) not in (None, "") else None for r in rows]
+def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
+    """The file's complete rows (a line cut short by a crash has fewer fields and is skipped); NetrlError if it is
+    not a CSV with these ``columns``."""
+    try:
+        rows = [r for r in read_rows(path) if None not in r.values() and None not in r]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise NetrlError(f"{path} cannot be read as a CSV file ({exc}): netrl writes it during a run; move the "
+                         "damaged file away to plot the rest") from None
+    missing = columns - set(rows[0]) if rows else set()
+    if missing:
+        raise NetrlError(f"{path} has no column {', '.join(sorted(missing))}: was it written by netrl?")
+    return rows
+
+
+def _column(path: Path, rows: list[dict[str, str]], key: str, kind: Callable[[str], T]) -> list[T | None]:
+    """One column as numbers (None where empty); NetrlError naming the file, line and column for a bad value."""
+    out: list[T | None] = []
+    for line, row in enumerate(rows, start=2):
+        text = row.get(key)
+        try:
+            out.append(kind(text) if text else None)
+        except ValueError:
+            raise NetrlError(f"{path} line {line}: {key} is {text!r}, not a number") from None
+    return out
+
+
+def _floats(path: Path, rows: list[dict[str, str]], key: str) -> list[float | None]:
+    return _column(path, rows, key, float)
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
@@ -39,36 +65,36 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax_ret, ax_rate, ax_loss, ax_lag = axes.flat
     for path in episode_files:
-        rows = [r for r in _rows(path) if r["test"] == "0"]
-        steps, rets = [int(r["env_steps"]) for r in rows], [float(r["return"]) for r in rows]
+        episodes = _rows(path, {"test", "env_steps", "return"})
         name = path.stem.removeprefix("episodes_")
-        ax_ret.plot(steps, rets, ".", alpha=0.3, label=f"{name} episodes")
-        if len(rets) >= 10:
-            mean = [sum(rets[i - 9:i + 1]) / 10 for i in range(9, len(rets))]
-            ax_ret.plot(steps[9:], mean, "-", label=f"{name} mean of last 10")
-        tests = [r for r in _rows(path) if r["test"] == "1"]
-        if tests:
-            ax_ret.plot([int(r["env_steps"]) for r in tests], [float(r["return"]) for r in tests], "k^",
-                        label=f"{name} test episodes")
+        for test, style, label in (("0", ".", "episodes"), ("1", "k^", "test episodes")):
+            rows = [r for r in episodes if r["test"] == test]
+            steps, rets = _column(path, rows, "env_steps", int), _floats(path, rows, "return")
+            if rows:
+                ax_ret.plot(steps, rets, style, alpha=0.3 if test == "0" else 1.0, label=f"{name} {label}")
+            known = [r for r in rets if r is not None]
+            if test == "0" and len(known) == len(rets) >= 10:
+                mean = [sum(known[i - 9:i + 1]) / 10 for i in range(9, len(known))]
+                ax_ret.plot(steps[9:], mean, "-", label=f"{name} mean of last 10")
     ax_ret.set(title="Episode return", xlabel="env steps", ylabel="return")
     ax_ret.legend(fontsize=7)
-    if metrics_file.exists():
-        m = _rows(metrics_file)
+    m = _rows(metrics_file, {"wall_s", "samples_per_s", "steps_per_s", "trained_steps", "lag_mean", "lag_max"})
+    if m:  # no rows yet: the trainer writes one per round
         wall, t = [], 0.0
-        for w in _floats(m, "wall_s"):
+        for w in _floats(metrics_file, m, "wall_s"):
             t += w or 0.0
             wall.append(t)
-        ax_rate.plot(wall, _floats(m, "samples_per_s"), label="samples/s received")
-        ax_rate.plot(wall, _floats(m, "steps_per_s"), label="training steps/s")
+        ax_rate.plot(wall, _floats(metrics_file, m, "samples_per_s"), label="samples/s received")
+        ax_rate.plot(wall, _floats(metrics_file, m, "steps_per_s"), label="training steps/s")
         ax_rate.set(title="Throughput", xlabel="training wall time (s)", ylabel="per second")
         ax_rate.legend(fontsize=7)
-        trained = [int(r["trained_steps"]) for r in m]
+        trained = _column(metrics_file, m, "trained_steps", int)
         for key in [k for k in m[0] if k.startswith("loss_")]:
-            ax_loss.plot(trained, _floats(m, key), label=key.removeprefix("loss_"))
+            ax_loss.plot(trained, _floats(metrics_file, m, key), label=key.removeprefix("loss_"))
         ax_loss.set(title="Losses", xlabel="training steps", yscale="symlog")
         ax_loss.legend(fontsize=7)
         for key in ("lag_mean", "lag_max"):
-            ax_lag.plot(trained, _floats(m, key), label=key)
+            ax_lag.plot(trained, _floats(metrics_file, m, key), label=key)
         ax_lag.set(title="Policy lag (weight versions)", xlabel="training steps")
         ax_lag.legend(fontsize=7)
     fig.suptitle(run_dir.name)

@@ -87,6 +87,14 @@ def test_cross_field_problems_name_both_fields() -> None:
         "server.max_bundle_bytes (4194304) must be < network.max_message_bytes (1048576): the trainer refuses larger "
         "messages",
     ]
+    assert problems({"trainer": {"stale_sample_weight": 0.5}, "server": {"max_queue_bytes": 1000},
+                     "worker": {"send_window_bytes": 2000, "max_backlog_bytes": 1000}}) == [
+        "trainer.stale_sample_weight (0.5) has no effect while trainer.max_policy_lag is null (no sample is stale): "
+        "set both, or neither",
+        "server.max_queue_bytes (1000) must be >= server.max_bundle_bytes (4194304): a bundle is built from the queue",
+        "worker.send_window_bytes (2000) must be <= worker.max_backlog_bytes (1000): what is in flight is kept in the "
+        "backlog until acknowledged",
+    ]
 
 
 def test_types_are_strict() -> None:
@@ -109,6 +117,24 @@ def test_values_that_would_fail_later_are_refused_up_front() -> None:
     assert problems({"torch_threads": 5000}) == ["torch_threads must be between 1 and 1024 (got 5000)"]
     cfg = config_from_dict({"network": {"server_ip": "gpu-box.lan"}, "server": {"bind_ip": "0.0.0.0"}})
     assert (cfg.network.server_ip, cfg.server.bind_ip) == ("gpu-box.lan", "0.0.0.0")
+
+
+def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> None:
+    from netrl.__main__ import configure_torch
+    from netrl.envs import GenericGymEnv
+    from netrl.pipelines import make_pipeline
+
+    assert problems({"trainer": {"device": "tpu"}}) == [
+        'trainer.device must be a torch device: "cpu", "cuda", "cuda:N" or "mps" (got "tpu")']
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r'worker\.device is "cuda:0", but this torch .* has no CUDA device'):
+            configure_torch(config_from_dict({"worker": {"device": "cuda:0"}}))
+    with pytest.raises(ConfigError, match=r'env\.id "NoSuchEnv-v0" is not a Gymnasium env this machine has'):
+        make_pipeline(config_from_dict({"env": {"id": "NoSuchEnv-v0"}}))
+    with pytest.raises(ConfigError, match=r"(?s)invalid env\.kwargs .* unexpected keyword argument 'bogus'"):
+        GenericGymEnv("Pendulum-v1", {"bogus": 1})
 
 
 def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Path) -> None:
@@ -189,6 +215,8 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: p
     assert capsys.readouterr().err == ("netrl: invalid command line (2 problems)\n"
                                        "  --trainer-port must be a TCP port between 1 and 65535 (got 70000)\n"
                                        '  --run-name must not be empty (got " ")\n')
+    assert main(["--worker", "--config", str(empty), "--episodes", "0"]) == 2  # once ran and did nothing
+    assert "--episodes must be >= 1 (got 0); leave it out to run until stopped" in capsys.readouterr().err
     bad = tmp_path / "config.json"  # a bad flag and a bad file: both reported, each under its own heading
     bad.write_text(json.dumps({"trainer": {"steps": -1}}))
     assert main(["--server", "--config", str(bad), "--epochs", "0"]) == 2

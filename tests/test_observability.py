@@ -109,3 +109,36 @@ def test_status_lines_report_rates_since_the_previous_line() -> None:
     assert resumed.due() and resumed.rates({"n": 10**6}) is None
     rates = resumed.rates({"n": 10**6})
     assert rates == {"n": 0.0}
+
+
+def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(tmp_path: Path) -> None:
+    from netrl.errors import NetrlError
+    from netrl.plot import plot_run
+
+    header = "epoch,round,trained_steps,wall_s,samples_per_s,steps_per_s,lag_mean,lag_max,loss_actor\n"
+    metrics, episodes = tmp_path / "metrics.csv", tmp_path / "episodes_w1.csv"
+    metrics.write_text(header)  # the trainer has not finished a round yet
+    episodes.write_text("env_steps,return,test\n200,-1200.5,0\n400,-900.0,1\n")
+    assert plot_run(tmp_path).exists()
+    metrics.write_text(header + "0,0,100,oops,1,1,0,0,0.5\n")
+    with pytest.raises(NetrlError, match=r"metrics\.csv line 2: wall_s is 'oops', not a number"):
+        plot_run(tmp_path)
+    metrics.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(NetrlError, match=r"metrics\.csv cannot be read as a CSV file"):
+        plot_run(tmp_path)
+    metrics.unlink()
+    episodes.write_text("env_steps,return\n200,-1200.5\n")
+    with pytest.raises(NetrlError, match=r"episodes_w1\.csv has no column test: was it written by netrl"):
+        plot_run(tmp_path)
+
+
+def test_status_gives_weights_and_samples_for_workers_only() -> None:
+    from netrl.peers import Peer
+    from netrl.transport import Liveness
+
+    def described(role: str) -> dict[str, object]:
+        return Peer(b"id", role, role, "s1", "127.0.0.1", Liveness(1.0, 3)).describe()
+
+    trainer, worker = described("trainer"), described("worker")
+    assert not {"version", "samples", "packets"} & set(trainer)  # its -1 and 0 read as broken; see "progress"
+    assert (worker["version"], worker["samples"], worker["packets"]) == (-1, 0, 0)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gymnasium
+
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config import Config
 from netrl.envs import GenericGymEnv
+from netrl.errors import ConfigError
 from netrl.memory import ReplayMemory
 from netrl.pipelines import Pipeline
 from netrl.util import partial
@@ -13,6 +16,12 @@ __all__ = ["gym_pipeline"]
 
 
 def gym_pipeline(cfg: Config) -> Pipeline:
+    """Raises ConfigError when ``env.id`` names no registered Gymnasium env."""
+    try:
+        gymnasium.spec(cfg.env.id)
+    except gymnasium.error.Error as exc:  # NameNotFound, VersionNotFound, ...; "module:Id" imports the module
+        raise ConfigError([f'env.id "{cfg.env.id}" is not a Gymnasium env this machine has ({exc}); install the '
+                           'package that registers it, or write "module:EnvId" to import it first']) from None
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
     return Pipeline(
