@@ -88,7 +88,14 @@ class MemoryDataloading(ABC):
         """One batch on ``self.device``. This generic version calls ``get_transition`` per item."""
         items = []
         for item in self.sample_indices():
-            o, a, r, o2, term, trunc, _info = self.get_transition(int(item))
+            transition = self.get_transition(int(item))
+            if len(transition) != 7:
+                raise TypeError(f"{type(self).__name__}.get_transition must return 7 values, (last_obs, new_act, rew, "
+                                f"new_obs, terminated, truncated, info); it returned {len(transition)}. tmrl before "
+                                "0.5 (and its older tutorial) returned 6, (last_obs, new_act, rew, new_obs, done, "
+                                "info): return terminated (the episode ended) and truncated (it was cut short, e.g. "
+                                "by a time limit) instead of done")
+            o, a, r, o2, term, trunc, _info = transition
             if self.obs_preprocessor is not None:
                 o, o2 = self.obs_preprocessor(o), self.obs_preprocessor(o2)
             if self.sample_preprocessor is not None:

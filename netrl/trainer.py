@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from netrl import checkpoint
 from netrl.config import Config, NetworkConfig, config_to_dict
 from netrl.delivery import Deliveries, SampleLog
+from netrl.envs import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
@@ -63,6 +66,8 @@ class Trainer:
                  config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
                  persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0) -> None:
+        if sample_compressor is not None:
+            check_sample_compressor(sample_compressor)
         self.training_cls = training_cls
         self.network = network or NetworkConfig()
         if server_ip is not None:
@@ -84,6 +89,7 @@ class Trainer:
         self.net: TrainerLink | None = None
         self.metrics: MetricsLogger | None = None
         self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
+        self._policy_saved = False  # by this run (the closing log line must not claim an older file)
         self._closed = False
 
     @classmethod
@@ -121,9 +127,10 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         deliveries, sample_log = self._restore(training)
         if training.epoch >= training.epochs:
-            log.warning("%s holds a finished run (%d of %d epochs): nothing to train. Raise trainer.epochs to "
-                        "train it further, or set run_name for a new run", self.run_dir, training.epoch,
-                        training.epochs)
+            log.warning("%s holds a finished run (%d of %d epochs): nothing to train. To train it further, raise "
+                        "the epochs (Python: TrainingOffline(epochs=...); config.json: trainer.epochs); to start a "
+                        "new run, choose another folder (Python: Trainer(run_dir=...); config.json: run_name)",
+                        self.run_dir, training.epoch, training.epochs)
             if sample_log is not None:
                 sample_log.close()
             return
@@ -153,13 +160,13 @@ class Trainer:
         state: dict[str, Any] = {}
         if saved is not None:
             agent_state, state = saved
-            assert training.agent is not None
-            training.agent.load_state_dict(agent_state)
+            self._load_agent(training, agent_state, state.get("agent_state", "full"))
             training.load_state(state)
         deliveries = Deliveries(state.get("deliveries"))
         if not self.persist_samples:
             return deliveries, None
         memory_size = training.memory_size
+        assert memory_size is not None  # build() resolved it
         sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
         at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
         restored = after = newest = 0
@@ -186,6 +193,30 @@ class Trainer:
             training.version = newest
         return deliveries, sample_log
 
+    @staticmethod
+    def _load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:
+        """Restore the agent: all of it (``kind`` "full"), or only its actor when the checkpoint was saved from an
+        agent without ``state_dict`` ("actor")."""
+        agent = training.agent
+        assert agent is not None
+        name = type(agent).__name__
+        if kind == "full" and training.agent_has_state:
+            agent.load_state_dict(agent_state)
+            return
+        if kind == "full":
+            log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): the agent starts "
+                        "afresh (the counters still continue)", name)
+            return
+        actor = agent.get_actor()
+        try:
+            actor.load_state_dict(agent_state.get("actor", {}))
+        except (RuntimeError, AttributeError) as exc:
+            log.warning("the checkpoint's actor does not fit %s's actor, which starts afresh: %s", name, exc)
+            return
+        log.warning("the checkpoint holds only the actor's weights (saved from an agent without state_dict()): "
+                    "restored them into %s's actor; the rest of %s (critics, target networks, optimisers) starts "
+                    "afresh", name, name)
+
     def _progress(self) -> tuple[Any, ...]:
         """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
         t, net = self.training, self.net
@@ -195,6 +226,7 @@ class Trainer:
     def _save(self) -> None:
         self.checkpoint()
         self.save_policy()
+        self._policy_saved = True
         self._saved = self._progress()
 
     def checkpoint(self) -> None:
@@ -205,9 +237,14 @@ class Trainer:
         state = {**training.state(), "memory_len": len(training.memory) if training.memory is not None else 0,
                  "log_position": list(net.ingested) if net.ingested is not None else None,
                  "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
-                 "config": self.config}
+                 "config": self.config, "agent_state": "full" if training.agent_has_state else "actor"}
+        if training.agent_has_state:
+            agent_state = training.agent.state_dict()
+        else:  # an agent without state_dict() (see TrainingOffline.build): its actor's weights are what is known
+            actor = training.agent.get_actor()
+            agent_state = {"actor": actor.state_dict()} if isinstance(actor, torch.nn.Module) else {}
         try:
-            path = checkpoint.save_checkpoint(self.run_dir, training.agent.state_dict(), state, self.fsync)
+            path = checkpoint.save_checkpoint(self.run_dir, agent_state, state, self.fsync)
         except OSError as exc:
             raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
                                   "previous checkpoint is intact") from None
@@ -236,24 +273,34 @@ class Trainer:
         if self._closed:
             return
         self._closed = True
-        failed: NetrlError | None = None
+        failed: Exception | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
         if self._saved is not None and self._progress() != self._saved:  # stopped mid-epoch, or failed
             try:
                 self._save()
-            except NetrlError as exc:
+            except NetrlError as exc:  # says what to do: one line is enough
                 failed = exc
                 if not raise_errors:
-                    log.error("%s", exc)
+                    log.error("%s (the error that stopped the trainer follows)", exc)
+            except Exception as exc:  # user code (the agent, the actor) failed while saving
+                failed = exc
+                if not raise_errors:  # log it, and report the error that stopped training, not one chained on it
+                    log.exception("saving the checkpoint and the policy failed too; the error that stopped the "
+                                  "trainer follows")
         if self.net is not None and self.net.sample_log is not None:
             self.net.sample_log.close()
         if self.metrics is not None:
             self.metrics.close()
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
+        if failed:
+            policy = "the policy could not be saved"
+        elif not self._policy_saved:
+            policy = "no policy saved (nothing was trained)"
+        else:
+            policy = f"policy saved to {self.model_path}"
         log.info("trainer stopped; %s; %d sample packets rejected, %d malformed messages from the server, %d "
-                 "duplicate packets dropped", "the policy could not be saved" if failed else
-                 f"policy saved to {self.model_path}", stats["rejected"], malformed, stats["duplicates"])
+                 "duplicate packets dropped", policy, stats["rejected"], malformed, stats["duplicates"])
         if failed is not None and raise_errors:
             raise failed

@@ -17,6 +17,7 @@ samples`` (tmrl's meaning), and the loop tells the source how many samples it wa
 from __future__ import annotations
 
 import cProfile
+import inspect
 import io
 import logging
 import math
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from netrl.agents.base import TrainingAgent
+from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs import check_spaces
 from netrl.memory import MemoryDataloading, ReplayMemory
@@ -39,6 +40,21 @@ from netrl.samples import Buffer
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
 
 log = logging.getLogger(__name__)
+
+
+_DEFAULT_MEMORY_SIZE, _DEFAULT_BATCH_SIZE = 1_000_000, 256  # MemoryDataloading's defaults
+
+
+def _keywords(cls: Callable[..., Any]) -> set[str] | None:
+    """The keyword arguments ``cls(...)`` accepts; None if it takes ``**kwargs`` or its signature is unknown."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in params if p.kind in named}
 
 
 class SampleSource(Protocol):
@@ -97,17 +113,21 @@ class TrainingOffline:
     worker_lead: int = 200
     max_policy_lag: int | None = None  # transitions whose policy is older than this are stale
     stale_sample_weight: float = 0.0  # their loss weight: 0 drops them
-    memory_size: int = 1_000_000
-    batch_size: int = 256
+    # tmrl sets these in partial(memory_cls, memory_size=..., batch_size=...); values here fill in what the partial
+    # leaves out (None: the memory class's default), and a value set in both places must agree. See build().
+    memory_size: int | None = None
+    batch_size: int | None = None
     seed: int | None = None
 
     def __post_init__(self) -> None:
         self.total_updates = 0
         self.total_samples = 0
         self.epoch = 0
+        self.round = self.round_steps = 0  # the round of the epoch under way, and its training steps so far
         self.version = 0
         self.memory: MemoryDataloading | None = None
         self.agent: TrainingAgent | None = None
+        self.agent_has_state = False  # whether the agent implements state_dict/load_state_dict (see build)
         self.observation_space: Any = None
         self.action_space: Any = None
         self._last_wanted = -1
@@ -132,9 +152,53 @@ class TrainingOffline:
         obs_space, act_space = self.spaces()
         check_spaces(obs_space, act_space)
         self.observation_space, self.action_space = obs_space, act_space
-        self.memory = self.memory_cls(device=device, nb_steps=self.steps, memory_size=self.memory_size,
-                                      batch_size=self.batch_size, seed=self.seed)
+        self.memory = self._build_memory(device)
         self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
+        self.agent_has_state = has_state_dict(self.agent)
+        if not self.agent_has_state:
+            name = type(self.agent).__name__
+            log.warning("%s does not implement state_dict() and load_state_dict(): checkpoints will hold its actor's "
+                        "weights, the counters and the sample log, but no other agent state (critics, target "
+                        "networks, optimisers), so a restarted trainer trains those afresh. Implement "
+                        "%s.state_dict() and %s.load_state_dict(state) (tensors and numbers only) to resume exactly",
+                        name, name, name)
+
+    def _build_memory(self, device: str) -> MemoryDataloading:
+        """``memory_cls(device=..., nb_steps=steps, ...)``. ``memory_size`` and ``batch_size`` come from the
+        ``partial(memory_cls, ...)`` (tmrl's way), else from this loop's fields, else the memory's defaults; set in
+        both places they must agree. ``seed`` is passed only to a memory that takes it (tmrl's tutorial's does not)."""
+        preset: dict[str, Any] = dict(getattr(self.memory_cls, "keywords", None) or {})  # a functools.partial's
+        takes = _keywords(self.memory_cls)
+        name = getattr(getattr(self.memory_cls, "func", self.memory_cls), "__name__", repr(self.memory_cls))
+        kwargs: dict[str, Any] = {"device": device, "nb_steps": self.steps}
+        sources: dict[str, str] = {}
+        for key in ("memory_size", "batch_size"):
+            ours, theirs = getattr(self, key), preset.get(key)
+            if ours is not None and theirs is not None and ours != theirs:
+                raise ValueError(f"{key} is set twice, to different values: partial({name}, {key}={theirs}) and "
+                                 f"TrainingOffline({key}={ours}) (config.json: memory.{key}); set it in one place "
+                                 f"(tmrl sets it in the memory's partial)")
+            if theirs is not None:
+                sources[key] = f"partial({name})"
+            elif ours is not None:
+                if takes is not None and key not in takes:
+                    raise ValueError(f"TrainingOffline({key}={ours}) is set, but {name}.__init__ takes no {key} "
+                                     f"argument: add one (and pass it to MemoryDataloading.__init__)")
+                kwargs[key] = ours
+                sources[key] = "TrainingOffline"
+            else:
+                sources[key] = f"{name}'s default"
+        if "seed" not in preset:
+            if takes is None or "seed" in takes:
+                kwargs["seed"] = self.seed
+            elif self.seed is not None:
+                log.info("%s.__init__ takes no seed argument: its batches are not seeded by seed=%d", name, self.seed)
+        memory = self.memory_cls(**kwargs)
+        self.memory_size = int(getattr(memory, "memory_size", kwargs.get("memory_size", _DEFAULT_MEMORY_SIZE)))
+        self.batch_size = int(getattr(memory, "batch_size", kwargs.get("batch_size", _DEFAULT_BATCH_SIZE)))
+        log.info("replay memory %s: memory_size=%d (from %s), batch_size=%d (from %s)", name, self.memory_size,
+                 sources["memory_size"], self.batch_size, sources["batch_size"])
+        return memory
 
     def start(self, source: SampleSource) -> None:
         if self.agent is None:
@@ -209,11 +273,13 @@ class TrainingOffline:
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint."""
         return {"epoch": self.epoch, "total_updates": self.total_updates, "total_samples": self.total_samples,
-                "version": self.version}
+                "version": self.version, "round": self.round, "round_steps": self.round_steps}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.epoch, self.total_updates = int(state["epoch"]), int(state["total_updates"])
         self.total_samples, self.version = int(state["total_samples"]), int(state["version"])
+        # where in the epoch a stopped trainer was (checkpoints before these keys resume at the epoch's start)
+        self.round, self.round_steps = int(state.get("round", 0)), int(state.get("round_steps", 0))
 
     def _report(self, source: SampleSource, force: bool = False) -> None:
         wanted = self.wanted()
@@ -232,9 +298,11 @@ class TrainingOffline:
         if self.agent_scheduler is not None:
             self.agent_scheduler(self.agent, self.epoch)
         profiler = cProfile.Profile() if self.profiling else None
-        for rnd in range(self.rounds):
+        first_round, first_step = self.round, self.round_steps  # mid-epoch after a resume, else 0, 0
+        for rnd in range(first_round, self.rounds):
             self._round = _RoundStats()
-            for step in range(self.steps):
+            self.round, self.round_steps = rnd, first_step if rnd == first_round else 0
+            for step in range(self.round_steps, self.steps):
                 if stop.is_set():
                     return
                 if step % self.update_buffer_interval == 0:
@@ -256,12 +324,13 @@ class TrainingOffline:
                 if profiler:
                     profiler.disable()
                 self.total_updates += 1
+                self.round_steps += 1
                 self._round.steps += 1
                 for k, v in metrics.items():
                     self._round.metric_sums[k] = self._round.metric_sums.get(k, 0.0) + float(v)
                 self._report(source)
             yield self._round_summary(rnd)
-        self.epoch += 1
+        self.epoch, self.round, self.round_steps = self.epoch + 1, 0, 0
         if profiler:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(20)

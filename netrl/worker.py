@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from netrl.config import Config, NetworkConfig
-from netrl.envs import check_spaces
+from netrl.envs import check_action, check_observation, check_sample_compressor, check_spaces
 from netrl.errors import ConfigError, NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
@@ -109,6 +109,8 @@ class RolloutWorker:
                  status_interval_s: float = 0.0) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
+        if sample_compressor is not None:
+            check_sample_compressor(sample_compressor)
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
         self.sample_compressor, self.obs_preprocessor = sample_compressor, obs_preprocessor
         self.device = device
@@ -148,6 +150,7 @@ class RolloutWorker:
         self._first_unsent = 0.0
         self._saved_versions = 0
         self._closed = False
+        self._checked = False  # the first observations and action were checked against the spaces
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
         self.episode_log_level = logging.INFO
 
@@ -155,6 +158,9 @@ class RolloutWorker:
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
         w = cfg.worker
         worker_id = w.worker_id or default_worker_id()
+        if w.throttle and pipeline.realtime:
+            log.info("worker.throttle is ignored: the %s pipeline's env runs in real time, and pausing it would "
+                     "change what it learns", cfg.env.pipeline)
         return cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
                    cfg.network.server_ip, w.min_samples_per_worker_packet,
                    np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
@@ -190,6 +196,7 @@ class RolloutWorker:
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
+            self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
@@ -266,6 +273,8 @@ class RolloutWorker:
         """One episode as a generator that yields after every env step (the single-process mode drives it)."""
         collect = not test and not self.standalone
         obs, info = self.env.reset(seed=self.seed if self.episodes_done == 0 else None)
+        if not self._checked:
+            check_observation(obs, self.env.observation_space, "the first observation from the env's reset()")
         if collect:
             self._record(self._default_action(), obs, 0.0, False, False, info, reset=True)
         ret, length = 0.0, 0
@@ -280,7 +289,12 @@ class RolloutWorker:
                     return None
             version = self.version  # the version that chooses this action
             act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
+            if not self._checked:
+                check_action(act, self.env.action_space, type(self.actor).__name__)
             obs, rew, terminated, truncated, info = self.env.step(act)
+            if not self._checked:
+                check_observation(obs, self.env.observation_space, "the observation from the env's first step()")
+                self._checked = True
             length += 1
             ret += float(rew)
             if length >= self.max_samples_per_episode and not terminated:

@@ -156,3 +156,19 @@ def test_obs_preprocessor_and_dataset(tmp_path) -> None:  # type: ignore[no-unty
              reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64))
     loaded = ReplayMemory(memory_size=10, batch_size=2, dataset_path=str(path))
     assert len(loaded) == 3
+
+
+class SixValueMemory(TutorialMemory):
+    """tmrl's older tutorial: ``get_transition`` returns ``(last_obs, new_act, rew, new_obs, done, info)``."""
+
+    def get_transition(self, item: int):  # type: ignore[no-untyped-def]
+        last_obs, act, rew, new_obs, terminated, _truncated, info = super().get_transition(item)
+        return last_obs, act, rew, new_obs, terminated, info
+
+
+def test_a_get_transition_with_tmrls_old_six_values_says_what_to_return() -> None:
+    mem = SixValueMemory(memory_size=1000, batch_size=4, seed=0)
+    fill(mem, [(0, 8, True)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"SixValueMemory\.get_transition must return 7 values, \(last_obs, new_act, "
+                                        r"rew, new_obs, terminated, truncated, info\); it returned 6\. .*done"):
+        mem.sample()

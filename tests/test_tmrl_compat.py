@@ -9,16 +9,25 @@ class's per-item ``sample()``, as in tmrl.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+from pathlib import Path
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
 
-from netrl.agents.sac import MLPActorCritic, SACAgent
+from netrl.agents.base import Batch
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config import Config
+from netrl.envs import GenericGymEnv
 from netrl.memory import MemoryDataloading
 from netrl.pipelines.drone import drone_pipeline
+from netrl.trainer import Trainer
+from netrl.training import TrainingOffline
+from netrl.util import partial
 from netrl.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded
 
@@ -124,3 +133,76 @@ def test_tutorial_compressor_and_memory_plug_into_worker_wire_and_sac() -> None:
         assert all(np.array_equal(a, b) for a, b in zip(last_obs, prev, strict=True))
         matched += 1
     assert matched > len(memory) // 2
+
+
+# -- what the tutorial's port ran into (each test fails without its fix) ------------------------------------------
+OBS_SPACE = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+ACT_SPACE = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
+
+
+def test_every_documented_batch_unpacking_works() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    snippets = re.findall(r"`([^`\n]*= batch)`", readme) + re.findall(r"``([^`]*= batch)``", Batch.__doc__ or "")
+    assert len(snippets) >= 2  # the README and the docstring both show one
+    batch = Batch(*(torch.zeros(2) for _ in range(7)))
+    for snippet in snippets:
+        exec(snippet, {"batch": batch})  # raises if the names do not match the fields
+
+
+class SeededTutorialMemory(MyMemoryDataloading):
+    """The tutorial's memory with a catch-all ``**kwargs``, which takes ``seed`` too."""
+
+    def __init__(self, act_buf_len: int, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        super().__init__(act_buf_len, kwargs["device"], kwargs["nb_steps"], memory_size=kwargs.get("memory_size", 7),
+                         batch_size=kwargs.get("batch_size", 3))
+
+
+def training(memory_cls: Any, **kw: Any) -> TrainingOffline:
+    return TrainingOffline(env_cls=(OBS_SPACE, ACT_SPACE), memory_cls=memory_cls, device="cpu", steps=10,
+                           training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))),
+                           **kw)
+
+
+def test_a_memory_with_the_tutorials_signature_is_built_without_seed() -> None:
+    t = training(partial(MyMemoryDataloading, act_buf_len=4), seed=3)
+    t.build()  # the tutorial's __init__ has no seed argument: passing one raised a TypeError
+    assert isinstance(t.memory, MyMemoryDataloading) and t.memory.nb_steps == 10
+    t = training(partial(SeededTutorialMemory, act_buf_len=4), seed=3)
+    t.build()
+    assert isinstance(t.memory, SeededTutorialMemory) and t.memory.kwargs["seed"] == 3  # **kwargs takes it
+
+
+def test_memory_size_and_batch_size_come_from_the_memory_partial_as_in_tmrl(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="netrl.training"):
+        t = training(partial(SeededTutorialMemory, act_buf_len=4, memory_size=5000, batch_size=32))
+        t.build()
+    assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 32)
+    assert (t.memory_size, t.batch_size) == (5000, 32)  # what the trainer sizes its sample log by
+    assert ("replay memory SeededTutorialMemory: memory_size=5000 (from partial(SeededTutorialMemory)), "
+            "batch_size=32 (from partial(SeededTutorialMemory))") in caplog.text
+    # what the partial leaves out comes from TrainingOffline, else from the memory's own default
+    t = training(partial(MyMemoryDataloading, act_buf_len=4, memory_size=5000), batch_size=16)
+    t.build()
+    assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 16)
+    t = training(partial(SeededTutorialMemory, act_buf_len=4))
+    t.build()
+    assert (t.memory_size, t.batch_size) == (7, 3)
+    # the same value twice is fine; two different values name both places
+    training(partial(MyMemoryDataloading, act_buf_len=4, memory_size=5000), memory_size=5000).build()
+    with pytest.raises(ValueError, match=re.escape("memory_size is set twice, to different values: "
+                                                   "partial(MyMemoryDataloading, memory_size=5000) and "
+                                                   "TrainingOffline(memory_size=1000)")):
+        training(partial(MyMemoryDataloading, act_buf_len=4, memory_size=5000), memory_size=1000).build()
+
+
+def test_the_tutorials_five_argument_compressor_is_refused_with_the_new_signature() -> None:
+    def old_compressor(prev_act: Any, obs: Any, rew: float, done: bool, info: dict[str, Any]) -> tuple[Any, ...]:
+        return prev_act, obs[:4], rew, done, info
+
+    message = r"must take 6 arguments, \(act, obs, rew, terminated, truncated, info\).*tmrl before 0\.5"
+    with pytest.raises(TypeError, match=message):
+        RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), MLPActor, old_compressor)
+    with pytest.raises(TypeError, match=message):
+        Trainer(training, sample_compressor=old_compressor)
+    RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), MLPActor, my_sample_compressor)  # the 6-argument one

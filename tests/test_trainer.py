@@ -23,6 +23,8 @@ import torch
 
 import netrl.__main__
 from netrl import checkpoint
+from netrl.actor import ActorModule
+from netrl.agents.base import Batch, TrainingAgent
 from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
@@ -118,9 +120,9 @@ def links(monkeypatch: pytest.MonkeyPatch) -> type[Links]:
     return Link
 
 
-def make_trainer(run_dir: Path, epochs: int, **kwargs: Any) -> Trainer:
+def make_trainer(run_dir: Path, epochs: int, agent: Any = SACAgent, **kwargs: Any) -> Trainer:
     training_cls = partial(TrainingOffline, env_cls=(OBS, ACT), epochs=epochs, rounds=2, steps=10,
-                           training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
+                           training_agent_cls=partial(agent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
                            update_model_interval=5, update_buffer_interval=2, start_training=10, worker_lead=10,
                            memory_size=1000, batch_size=8, seed=0, sleep_between_buffer_retrieval_attempts=0.01)
     return Trainer(training_cls, "127.0.0.1", run_dir=run_dir, wandb_mode="disabled", **kwargs)
@@ -231,9 +233,11 @@ def test_a_finished_run_saves_once_per_epoch_and_a_stop_saves_what_is_new(
     assert (tmp_path / "policy.pt").read_bytes() != policy
 
     policy = (tmp_path / "policy.pt").read_bytes()
-    with pytest.raises(CheckpointError, match=r"trainer\.resume is false"):
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(CheckpointError, match=r"trainer\.resume is false"):
         make_trainer(tmp_path, epochs=3, resume=False).run()
     assert len(saves) == 3 and (tmp_path / "policy.pt").read_bytes() == policy  # an untrained actor saved nowhere
+    assert "trainer stopped; no policy saved (nothing was trained)" in caplog.text  # and none is claimed
 
 
 def test_a_resumed_trainer_drops_the_rounds_it_logged_after_its_checkpoint(
@@ -299,3 +303,99 @@ def test_a_status_line_that_cannot_read_the_loop_never_stops_the_network_thread(
     finally:
         link.halt()
     assert len(calls) == 1 and "no more status lines" in caplog.text
+
+
+class TutorialAgent(TrainingAgent):
+    """As in tmrl's tutorial: ``train`` and ``get_actor`` only, no ``state_dict``/``load_state_dict``."""
+
+    def __init__(self, observation_space: Any, action_space: Any, device: str, model_cls: Any) -> None:
+        super().__init__(observation_space, action_space, device)
+        self.sac = SACAgent(observation_space, action_space, device, model_cls=model_cls)
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        return self.sac.train(batch)
+
+    def get_actor(self) -> ActorModule:
+        return self.sac.get_actor()
+
+
+def actor_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    assert trainer.training is not None and trainer.training.agent is not None
+    return {k: v.clone() for k, v in trainer.training.agent.get_actor().state_dict().items()}
+
+
+def test_an_agent_without_state_dict_is_warned_once_checkpoints_its_actor_and_resumes_with_it(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        trainer = make_trainer(tmp_path, epochs=1, agent=TutorialAgent)
+        trainer.run()  # used to train an epoch, then fail in the checkpoint, twice
+    assert caplog.text.count("TutorialAgent does not implement state_dict() and load_state_dict(): checkpoints will "
+                             "hold its actor's weights") == 1
+    assert "Implement TutorialAgent.state_dict() and TutorialAgent.load_state_dict(state)" in caplog.text
+    assert "checkpoint saved to" in caplog.text and "trainer stopped; policy saved to" in caplog.text
+    state = checkpoint.load_state(tmp_path)
+    assert state is not None and state["agent_state"] == "actor" and state["epoch"] == 1
+    trained = actor_state(trainer)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        resumed = make_trainer(tmp_path, epochs=1, agent=TutorialAgent)
+        resumed.run()  # a finished run: restores, then stops
+    assert "restored them into TutorialAgent's actor" in caplog.text
+    assert all(torch.equal(trained[k], v) for k, v in actor_state(resumed).items())
+    make_trainer(tmp_path, epochs=2, agent=TutorialAgent).run()  # and trains on from there
+    state = checkpoint.load_state(tmp_path)
+    assert state is not None and state["epoch"] == 2 and state["total_updates"] == 40
+
+
+class FailingAgent(SACAgent):
+    """User code that fails in train() after a few steps, and again in state_dict() while the trainer saves."""
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        if getattr(self, "trained", 0) == 3:
+            raise RuntimeError("train() failed")
+        self.trained = getattr(self, "trained", 0) + 1
+        return super().train(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        raise RuntimeError("state_dict() failed too")
+
+
+def test_a_failing_save_on_the_error_path_is_logged_and_the_first_error_is_raised(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO), pytest.raises(RuntimeError, match=r"^train\(\) failed$") as err:
+        make_trainer(tmp_path, epochs=1, agent=FailingAgent).run()
+    assert err.value.__context__ is None  # not chained under the save's error
+    failed = [r for r in caplog.records if "saving the checkpoint and the policy failed too" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None and "state_dict() failed too" in caplog.text
+    assert "the error that stopped the trainer follows" in failed[0].getMessage()
+    assert "trainer stopped; the policy could not be saved" in caplog.text
+
+
+def test_a_finished_run_says_what_to_change_in_python_and_in_config_json(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    make_trainer(tmp_path, epochs=1).run()
+    with caplog.at_level(logging.WARNING):
+        make_trainer(tmp_path, epochs=1).run()
+    assert (f"{tmp_path} holds a finished run (1 of 1 epochs): nothing to train. To train it further, raise the epochs "
+            "(Python: TrainingOffline(epochs=...); config.json: trainer.epochs); to start a new run, choose another "
+            "folder (Python: Trainer(run_dir=...); config.json: run_name)") in caplog.text
+
+
+def test_a_trainer_stopped_mid_round_resumes_where_it_stopped(tmp_path: Path, links: type[Links]) -> None:
+    stop = threading.Event()
+    first = make_trainer(tmp_path, epochs=1)
+
+    def stop_after_13_steps(link: FakeLink) -> None:
+        if first.training is not None and first.training.total_updates >= 13:
+            stop.set()
+
+    links.at = dict.fromkeys(range(1, 1000), stop_after_13_steps)
+    first.run(stop)
+    assert first.training is not None and 13 <= first.training.total_updates < 20  # in round 1 of 2
+    links.at = {}
+    second = make_trainer(tmp_path, epochs=1)
+    second.run()
+    assert second.training is not None and second.training.total_updates == 20  # the epoch's 20, not 20 more
+    rows = metrics(tmp_path)
+    assert [(r["epoch"], r["round"], r["trained_steps"]) for r in rows] == [("0", "0", "10"), ("0", "1", "20")]

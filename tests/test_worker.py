@@ -12,9 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import msgpack
+import numpy as np
 import pytest
+import torch
 
+import netrl.worker
+from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig, config_from_dict
 from netrl.envs import GenericGymEnv
@@ -170,3 +175,70 @@ def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
         watcher.join()
         worker.net.halt()
     assert seen == [True] and not worker.net.waiting_for_pace
+
+
+class TwoPartEnv(gymnasium.Env):  # type: ignore[type-arg]
+    """Observations are two Box(1,) leaves, as in tmrl's tutorial; ``first`` is what reset() returns instead."""
+
+    observation_space = gymnasium.spaces.Tuple((gymnasium.spaces.Box(-1, 1, (1,), np.float32),) * 2)
+    action_space = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
+
+    def __init__(self, first: Any = None) -> None:
+        self.first, self.t = first, 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.t = 0
+        return (np.zeros(1, np.float32),) * 2 if self.first is None else self.first, {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return (np.zeros(1, np.float32), np.zeros(1, np.float32)), 0.0, False, self.t >= 3, {}
+
+
+class FixedActor(ActorModule):
+    def __init__(self, observation_space: Any, action_space: Any, action: Any = None) -> None:
+        super().__init__(observation_space, action_space)
+        self.action = np.zeros(2, np.float32) if action is None else action
+
+    def act(self, obs: Any, test: bool = False) -> Any:
+        return self.action
+
+
+def test_a_first_observation_that_does_not_fit_the_space_names_the_leaf_and_the_env() -> None:
+    worker = RolloutWorker(partial(TwoPartEnv, first=[0.5, np.zeros(1, np.float32)]), FixedActor,
+                           standalone=True)  # a number for a Box of shape (1,), as in the tutorial
+    with pytest.raises(ValueError, match=re.escape(
+            "the first observation from the env's reset() does not fit the env's observation_space: "
+            "observation_space[0] expects shape (1,), got shape () (float of float64). Make the env's reset() and "
+            "step() return observations")):
+        worker.run(nb_episodes=1)
+    with pytest.raises(ValueError, match=re.escape("observation_space is a Tuple of 2 parts, got 1 part")):
+        RolloutWorker(partial(TwoPartEnv, first=(np.zeros(1, np.float32),)), FixedActor,
+                      standalone=True).run(nb_episodes=1)
+
+
+@pytest.mark.parametrize(("action", "problem"), [
+    (np.zeros((1, 2), np.float32), "action_space expects shape (2,), got shape (1, 2) (ndarray of float32)"),
+    (np.zeros(2, np.int64), None),  # fits: int casts to float, as gymnasium takes it
+    (np.zeros(2, np.complex64), "action_space expects dtype float32, got complex64, which does not cast to it"),
+])
+def test_a_first_action_that_does_not_fit_the_space_names_actor_module_act(action: Any, problem: str | None) -> None:
+    worker = RolloutWorker(TwoPartEnv, partial(FixedActor, action=action), standalone=True)
+    if problem is None:
+        worker.run(nb_episodes=1)
+        return
+    with pytest.raises(ValueError, match=re.escape(
+            f"ActorModule.act (FixedActor.act) returned an action that does not fit the env's action_space: {problem}. "
+            "act() receives a batch of one observation and must return one action shaped like action_space")):
+        worker.run(nb_episodes=1)
+
+
+def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    checks: list[str] = []
+    real_obs, real_act = netrl.worker.check_observation, netrl.worker.check_action
+    monkeypatch.setattr(netrl.worker, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
+    monkeypatch.setattr(netrl.worker, "check_action", lambda *a: checks.append("act") or real_act(*a))
+    worker = RolloutWorker(TwoPartEnv, partial(FixedActor, action=torch.zeros(2, dtype=torch.float64)),
+                           standalone=True)  # a float64 tensor fits a float32 Box, as gymnasium takes it
+    worker.run(nb_episodes=3)
+    assert worker.episodes_done == 3 and checks == ["obs", "act", "obs"]  # reset, the first action, the first step

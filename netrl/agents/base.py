@@ -6,7 +6,8 @@ Calling sequence, as the Trainer drives it::
     for each training step:
         metrics = agent.train(memory.sample())     # Batch of tensors on `device` -> {"loss_actor": 0.3, ...}
     actor = agent.get_actor()                       # an ActorModule; its state_dict is sent to the workers
-    agent.state_dict() / agent.load_state_dict(d)   # checkpoints: tensors only, loaded with weights_only=True
+    agent.state_dict() / agent.load_state_dict(d)   # optional, for checkpoints: tensors only, loaded with
+                                                    # weights_only=True; without them a checkpoint keeps the actor only
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import torch
 
 from netrl.actor import ActorModule
 
-__all__ = ["Batch", "TrainingAgent"]
+__all__ = ["Batch", "TrainingAgent", "has_state_dict"]
 
 
 class Batch(NamedTuple):
-    """A batch of transitions, collated on the training device. Unpacks like tmrl's ``o, a, r, o2, d, t``.
+    """A batch of transitions, collated on the training device.
 
-    ``terminated`` stops bootstrapping; ``truncated`` (time limit or ``max_samples_per_episode``) does not.
-    ``weight`` is a per-transition loss weight (1 unless stale samples are down-weighted).
+    Read its fields by name (``batch.obs``, ``batch.act``...) or unpack all seven:
+    ``o, a, r, o2, terminated, truncated, weight = batch``. ``terminated`` stops bootstrapping; ``truncated`` (time
+    limit or ``max_samples_per_episode``) does not. ``weight`` is a per-transition loss weight, or None when every
+    weight is 1 (no stale samples down-weighted).
     """
 
     obs: Any
@@ -61,3 +64,12 @@ class TrainingAgent(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict(); it cannot resume")
+
+
+def has_state_dict(agent: Any) -> bool:
+    """Whether ``agent`` implements both ``state_dict`` and ``load_state_dict`` (tmrl's agents need not)."""
+    for name in ("state_dict", "load_state_dict"):
+        method = getattr(type(agent), name, None)
+        if method is None or method is getattr(TrainingAgent, name):
+            return False
+    return True
