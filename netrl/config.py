@@ -95,6 +95,17 @@ def _device(v: str) -> str | None:
     return None if _DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
 
 
+def _folder(v: str) -> str | None:
+    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file."""
+    if not v.strip():
+        return "must not be empty"
+    path = Path(v)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            return f"must be a folder, but {part} is a file" if part == path else f"lies inside {part}, which is a file"
+    return None
+
+
 def _sizes(v: list[int]) -> str | None:
     return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
 
@@ -220,12 +231,12 @@ class WandbConfig:
 class Config:
     config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
     run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _file_name)
-    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _nonempty)
+    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _folder)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _between(1, 1024))
     status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", _ge(0))
     seed: int | None = _f(None, "random seed (null: random)")
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
-    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", _nonempty)
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", _folder)
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     server: ServerConfig = field(default_factory=ServerConfig)

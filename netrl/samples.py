@@ -220,6 +220,11 @@ class BufferBuilder:
     def full(self) -> bool:
         return self._n >= self.capacity
 
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes one row takes in a packet, uncompressed (0 before the first row)."""
+        return sum(col.nbytes // self.capacity for col in self._cols.values())
+
     def cut(self) -> Buffer | None:
         """Return the unsent rows as a packet (with context rows in front) and start the next block."""
         if self._fresh == 0:

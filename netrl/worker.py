@@ -151,6 +151,7 @@ class RolloutWorker:
         self._saved_versions = 0
         self._closed = False
         self._checked = False  # the first observations and action were checked against the spaces
+        self._size_checked = False  # the packet size was checked against the server's limit
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
         self.episode_log_level = logging.INFO
 
@@ -331,11 +332,32 @@ class RolloutWorker:
         if len(self._builder) == 0:
             self._first_unsent = time.monotonic()
         self._builder.add(act, obs, rew, terminated, truncated, reset, version if not reset else self.version)
+        if not self._size_checked:
+            self._size_checked = True
+            self._check_packet_size()
         if not reset:
             self.produced += 1
         if (len(self._builder) >= self.min_samples or self._builder.full
                 or time.monotonic() - self._first_unsent > self.max_delay):
             self._send_packet()
+
+    def _check_packet_size(self) -> None:
+        """Once the first row shows a sample's size: say now, not when the first packet closes, that packets of
+        ``min_samples_per_worker_packet`` rows cannot reach the trainer."""
+        if self.local_packets is not None or self.net is None:
+            return
+        rows, limit = self.min_samples + self.overlap, max_packet_bytes(self.network.max_message_bytes)
+        nbytes = rows * self._builder.row_nbytes
+        if nbytes <= limit:
+            return
+        problem = (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} bytes uncompressed, more than "
+                   f"the server relays (network.max_message_bytes = {self.network.max_message_bytes}, less "
+                   f"{BUNDLE_HEADER_ROOM} for the bundle header)")
+        if self.compression == "none":
+            raise ConfigError([f"{problem}: lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
+                               "network.max_message_bytes on every machine"])
+        log.warning("%s; it fits only if %s shrinks it %.1f times (if not, the worker stops at its first packet)",
+                    problem, self.compression, nbytes / limit)
 
     def _send_packet(self) -> None:
         if not self._builder.transitions and not self._pending_episodes:

@@ -137,6 +137,15 @@ def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> 
         GenericGymEnv("Pendulum-v1", {"bogus": 1})
 
 
+def test_folders_that_are_files_are_refused(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert problems({"weights_folder": str(afile), "keys_dir": str(afile / "keys")}) == [
+        f'weights_folder must be a folder, but {afile} is a file (got "{afile}")',
+        f'keys_dir lies inside {afile}, which is a file (got "{afile / "keys"}")',
+    ]
+
+
 def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Path) -> None:
     twice = tmp_path / "config.json"
     twice.write_text('{"trainer": {"epochs": 3, "epochs": 30}}')
