@@ -67,6 +67,7 @@ class WorkerLink(NetThread):
         self.paced = False  # True once the server sent a PACE
         self.waiting_for_pace = False  # set by the control path while it waits for a larger allowance
         self.counts: collections.Counter[str] = collections.Counter()
+        self.last_rejection = ""  # why the newest rejected packet was refused (the status line repeats it)
         self._last_drop_warning = 0.0
         self.link.heartbeat_body = self._heartbeat_stats
 
@@ -171,6 +172,9 @@ class WorkerLink(NetThread):
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
                  " | waiting for the trainer to ask for samples (worker.throttle)" if self.waiting_for_pace else "")
+        if self.counts["rejected_samples"]:  # e.g. a trainer with another sample_compressor: every packet refused
+            log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s", self.worker_id,
+                        self.counts["rejected_samples"], self.last_rejection)
 
     def on_finish(self) -> None:
         with self.settled:
@@ -220,6 +224,7 @@ class WorkerLink(NetThread):
         self._forget(seq, packet)
         self.counts["rejected_packets"] += 1
         self.counts["rejected_samples"] += packet.steps
+        self.last_rejection = reason
         if worth_logging(self.counts["rejected_packets"], first=5, every=100):
             log.error("packet %d of %d samples is dropped (%d rejected so far): %s", seq, packet.steps,
                       self.counts["rejected_packets"], reason)

@@ -150,13 +150,17 @@ def test_the_status_line_says_when_a_worker_waits_for_the_trainer(caplog: pytest
             link._status_line()
             link.waiting_for_pace = False
             link._status_line()
+            link.counts["rejected_samples"], link.last_rejection = 40, "the obs structure differs from the trainer's"
+            link._status_line()
     finally:
         link.halt()
     lines = [r.getMessage() for r in caplog.records]
+    assert lines[-1] == ("status | worker robot-1 | 40 samples REJECTED in all, the newest because: the obs "
+                         "structure differs from the trainer's")
     line = (r"status \| worker robot-1 \| \d+ steps/s \| weights none \| server unreachable \| backlog 0 packets "
             r"\(0.0 MiB\) \| acked 0, dropped 0 samples \| last return -12.3")
     assert re.fullmatch(line + r" \| waiting for the trainer to ask for samples \(worker.throttle\)", lines[0])
-    assert re.fullmatch(line, lines[1])
+    assert re.fullmatch(line, lines[1]) and re.fullmatch(line, lines[2])
 
 
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
