@@ -81,6 +81,7 @@ class TrainerLink(NetThread):
         self.granted = 0  # credits granted on the current connection
         self.received = 0  # bundles received on the current connection
         self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
+        self.weights_version = -1
         self.last_progress: list[Any] | None = None
         self._snapshots: list[tuple[np.ndarray, list[zmq.MessageTracker]]] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
@@ -117,7 +118,7 @@ class TrainerLink(NetThread):
         snapshot_into(state, layout, flat)
         trackers = []
         for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, flat, layout, PART_BYTES):
-            tracker = self.command([b"weights", b"%d" % msg.body["part"], *encode(msg)], track=True)
+            tracker = self.command([b"weights", b"%d" % msg.body["part"], b"%d" % version, *encode(msg)], track=True)
             assert tracker is not None
             trackers.append(tracker)
         self._snapshots.append((flat, trackers))
@@ -152,7 +153,8 @@ class TrainerLink(NetThread):
         if self.schema is not None:  # first, so that the server checks packets before queueing them
             self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
-        for frames in [*self.weights, self.last_progress]:
+        weights = self.weights if self.weights_version > self.taken else []  # else renumbered soon, as above
+        for frames in [*weights, self.last_progress]:
             if frames is not None:
                 self.link.send(frames)
 
@@ -210,8 +212,11 @@ class TrainerLink(NetThread):
             self._grant()
             return
         if kind == b"weights":
-            part, payload = int(payload[0].bytes), payload[1:]
+            part, version, payload = int(payload[0].bytes), int(payload[1].bytes), payload[2:]
+            if version <= self.taken:  # numbered before the WELCOME said the number is taken: the loop publishes
+                return  # the actor again under a new one, and samples never carry a number that looks stale
             self.weights = [payload] if part == 0 else [*self.weights, payload]
+            self.weights_version = version
         else:
             self.last_progress = payload
         self.link.send(payload)

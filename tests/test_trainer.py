@@ -399,3 +399,29 @@ def test_a_trainer_stopped_mid_round_resumes_where_it_stopped(tmp_path: Path, li
     assert second.training is not None and second.training.total_updates == 20  # the epoch's 20, not 20 more
     rows = metrics(tmp_path)
     assert [(r["epoch"], r["round"], r["trained_steps"]) for r in rows] == [("0", "0", "10"), ("0", "1", "20")]
+
+
+def test_weights_numbered_before_the_welcome_said_the_number_was_taken_are_never_sent() -> None:
+    from netrl.agents.sac import MLPActor
+    from netrl.launch import free_port
+
+    link = FakeLink(NetworkConfig(), "trainer", new_session(), free_port(), 8, Deliveries(), None)
+    link.start()
+    actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
+
+    def deliver() -> list[int]:  # what the network thread does with the training thread's commands
+        while link._pipe_in.poll(100):
+            link.on_command(link._pipe_in.recv_multipart(copy=False))
+        return [m.policy_version for m in link.sent if m.type is MsgType.WEIGHTS]
+
+    try:
+        link.publish(actor, 1, 0)
+        assert deliver() == [1]
+        assert link.welcome("server-1", 40) == 40  # a reconnect: an earlier session's v40 is out there
+        assert deliver() == [1]  # v1 is not sent again: workers would tag samples with a number that reads 39 old
+        link.publish(actor, 2, 5)  # published before the loop saw the WELCOME
+        assert deliver() == [1]
+        link.publish(actor, 41, 6)  # what the loop publishes once it has seen it
+        assert deliver() == [1, 41]
+    finally:
+        link.halt()
