@@ -206,8 +206,9 @@ class TrainingOffline:
         self.publish(source)
 
     def publish(self, source: SampleSource) -> None:
+        """Send the actor under the next free number (above any the source says is taken: see _renumber)."""
         assert self.agent is not None
-        self.version += 1
+        self.version = max(self.version, source.taken_version()) + 1
         source.publish(self.agent.get_actor(), self.version, self.total_updates)
 
     def _renumber(self, source: SampleSource) -> bool:

@@ -57,3 +57,23 @@ def test_trainer_accepts_spaces_instead_of_an_env() -> None:
     training = TrainingOffline(env_cls=(obs, act), memory_size=100, batch_size=8)
     training.build()
     assert training.agent is not None and training.agent.observation_space == obs
+
+
+def test_every_publish_numbers_above_what_the_source_says_is_taken() -> None:
+    class Source:  # a SampleSource whose server knows an earlier trainer session's v40
+        taken, published = 40, []
+
+        def taken_version(self) -> int:
+            return self.taken
+
+        def publish(self, actor: object, version: int, trained_steps: int) -> None:
+            self.published.append(version)
+
+    obs = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+    act = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
+    training = TrainingOffline(env_cls=(obs, act), memory_size=100, batch_size=8)
+    training.build()
+    source = Source()
+    training.publish(source)  # type: ignore[arg-type]  (only the two methods publish uses)
+    training.publish(source)  # type: ignore[arg-type]
+    assert source.published == [41, 42]  # even from a run_epoch override that never calls _renumber
