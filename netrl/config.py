@@ -17,15 +17,28 @@ import difflib
 import itertools
 import json
 import math
-import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from netrl.codecs import Codec
+from netrl.config_checks import (
+    Check,
+    between,
+    file_name,
+    folder,
+    ge,
+    gt,
+    host,
+    nonempty,
+    optional,
+    port,
+    sizes,
+    torch_device,
+)
 from netrl.errors import ConfigError
 from netrl.wire import PEER_NAME, PEER_NAME_RULE
 
@@ -47,71 +60,7 @@ __all__ = [
 ]
 
 CONFIG_VERSION = 1
-Check = Callable[[Any], "str | None"]
 Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
-
-
-def _gt(bound: float) -> Check:
-    return lambda v: None if v > bound else f"must be > {bound}"
-
-
-def _ge(bound: float) -> Check:
-    return lambda v: None if v >= bound else f"must be >= {bound}"
-
-
-def _between(lo: float, hi: float) -> Check:
-    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
-
-
-def _port(v: int) -> str | None:
-    return None if 1 <= v <= 65535 else "must be a TCP port between 1 and 65535"
-
-
-def _nonempty(v: str) -> str | None:
-    return None if v.strip() else "must not be empty"
-
-
-_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
-
-
-def _host(v: str) -> str | None:
-    """An IPv4 address or a host name (ZeroMQ resolves it); IPv6 literals are not supported."""
-    if ":" in v:
-        return "must be an IPv4 address or a host name (IPv6 addresses are not supported)"
-    return None if _HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
-
-
-def _file_name(v: str) -> str | None:
-    if not v.strip():
-        return "must not be empty"
-    return None if v not in (".", "..") and not set("/\\") & set(v) else (
-        "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)")
-
-
-_DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")
-
-
-def _device(v: str) -> str | None:
-    return None if _DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
-
-
-def _folder(v: str) -> str | None:
-    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file."""
-    if not v.strip():
-        return "must not be empty"
-    path = Path(v)
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            return f"must be a folder, but {part} is a file" if part == path else f"lies inside {part}, which is a file"
-    return None
-
-
-def _sizes(v: list[int]) -> str | None:
-    return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
-
-
-def _opt(check: Check) -> Check:
-    return lambda v: None if v is None else check(v)
 
 
 def _f(default: Any, help: str, check: Check | None = None) -> Any:
@@ -123,120 +72,120 @@ def _f(default: Any, help: str, check: Check | None = None) -> Any:
 @dataclass(frozen=True)
 class EnvConfig:
     pipeline: Literal["gym", "drone", "image"] = _f("gym", "ready-made pipeline: gym (any Gymnasium id), drone, image")
-    id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", _nonempty)
+    id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
 
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", _host)
-    trainer_port: int = _f(55555, "server port the trainer connects to", _port)
-    worker_port: int = _f(55556, "server port the workers connect to", _port)
-    heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", _gt(0))
-    heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", _ge(2))
-    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", _gt(0))
-    reconnect_max_s: float = _f(8.0, "longest reconnect delay", _gt(0))
+    server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", host)
+    trainer_port: int = _f(55555, "server port the trainer connects to", port)
+    worker_port: int = _f(55556, "server port the workers connect to", port)
+    heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", gt(0))
+    heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", ge(2))
+    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", gt(0))
+    reconnect_max_s: float = _f(8.0, "longest reconnect delay", gt(0))
     max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
-                                "but 32 KiB of it: the room for the server's bundle header)", _ge(1 << 16))
+                                "but 32 KiB of it: the room for the server's bundle header)", ge(1 << 16))
     handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
-                                    "closed (bounds what half-open connections hold)", _gt(0))
+                                    "closed (bounds what half-open connections hold)", gt(0))
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", _host)
-    min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", _ge(1))
+    bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", host)
+    min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", ge(1))
     max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
-                               "waiting up to this size (fewer messages and acknowledgements under load)", _ge(1))
-    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", _gt(0))
-    max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", _ge(1))
-    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", _gt(0))
+                               "waiting up to this size (fewer messages and acknowledgements under load)", ge(1))
+    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", gt(0))
+    max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", ge(1))
+    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", gt(0))
     spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
     spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
-                              "may also keep up to a quarter more in emptied 64 MB files for reuse)", _ge(0))
+                              "may also keep up to a quarter more in emptied 64 MB files for reuse)", ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
-    status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", _port)
+    status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", port)
     max_weights_bytes: int = _f(2**30, "largest weight version the server caches and relays (an actor of 10M float32 "
-                                "parameters is 40 MB; two versions may be held while a new one arrives)", _ge(1))
+                                "parameters is 40 MB; two versions may be held while a new one arrives)", ge(1))
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)",
-                               _opt(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
-    device: str = _f("cpu", "inference device of the worker's policy", _device)
-    min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", _ge(1))
-    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", _gt(0))
-    max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", _opt(_ge(1)))
-    test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", _ge(0))
+                               optional(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
+    device: str = _f("cpu", "inference device of the worker's policy", torch_device)
+    min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", ge(1))
+    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", gt(0))
+    max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", optional(ge(1)))
+    test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", ge(0))
     throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
-    model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", _ge(0))
+    model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", ge(0))
     max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for resending; oldest dropped beyond",
-                                _ge(1))
+                                ge(1))
     send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
-                                "them: image packets at full speed need about 32 MB)", _ge(1))
-    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", _ge(0))
+                                "them: image packets at full speed need about 32 MB)", ge(1))
+    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", ge(0))
     compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
                             "CPU, but finds little in noisy camera frames) or none")
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    epochs: int = _f(3, "epochs to train; a checkpoint is written after each", _ge(1))
-    rounds: int = _f(4, "rounds per epoch; metrics are logged after each", _ge(1))
-    steps: int = _f(1000, "training steps per round", _ge(1))
-    update_model_interval: int = _f(20, "training steps between weight publications", _ge(1))
-    update_buffer_interval: int = _f(20, "training steps between pulls of new samples into memory", _ge(1))
-    max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", _gt(0))
-    start_training: int = _f(1000, "samples in memory before training starts", _ge(0))
-    worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", _ge(1))
-    device: str | None = _f(None, "training device (null: cuda if available, else cpu)", _opt(_device))
+    epochs: int = _f(3, "epochs to train; a checkpoint is written after each", ge(1))
+    rounds: int = _f(4, "rounds per epoch; metrics are logged after each", ge(1))
+    steps: int = _f(1000, "training steps per round", ge(1))
+    update_model_interval: int = _f(20, "training steps between weight publications", ge(1))
+    update_buffer_interval: int = _f(20, "training steps between pulls of new samples into memory", ge(1))
+    max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", gt(0))
+    start_training: int = _f(1000, "samples in memory before training starts", ge(0))
+    worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", ge(1))
+    device: str | None = _f(None, "training device (null: cuda if available, else cpu)", optional(torch_device))
     resume: bool = _f(True, "resume from the run's checkpoint when one exists")
     persist_samples: bool = _f(True, "log received packets to disk so a restart rebuilds the replay memory")
     fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
     max_policy_lag: int | None = _f(None, "samples older than this many weight versions are stale (null: off)",
-                                    _opt(_ge(0)))
-    stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)", _between(0.0, 1.0))
-    credit_window: int = _f(8, "bundles the server may send ahead of the training loop", _ge(1))
+                                    optional(ge(0)))
+    stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)", between(0.0, 1.0))
+    credit_window: int = _f(8, "bundles the server may send ahead of the training loop", ge(1))
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    memory_size: int = _f(1_000_000, "capacity of the replay memory in samples", _ge(1))
-    batch_size: int = _f(256, "transitions per training batch", _ge(1))
+    memory_size: int = _f(1_000_000, "capacity of the replay memory in samples", ge(1))
+    batch_size: int = _f(256, "transitions per training batch", ge(1))
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    gamma: float = _f(0.99, "discount factor", _between(0.0, 1.0))
-    polyak: float = _f(0.995, "target network averaging factor", _between(0.0, 1.0))
-    alpha: float = _f(0.2, "initial entropy coefficient", _gt(0))
-    lr_actor: float = _f(1e-3, "actor learning rate", _gt(0))
-    lr_critic: float = _f(1e-3, "critic learning rate", _gt(0))
-    lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", _gt(0))
+    gamma: float = _f(0.99, "discount factor", between(0.0, 1.0))
+    polyak: float = _f(0.995, "target network averaging factor", between(0.0, 1.0))
+    alpha: float = _f(0.2, "initial entropy coefficient", gt(0))
+    lr_actor: float = _f(1e-3, "actor learning rate", gt(0))
+    lr_critic: float = _f(1e-3, "critic learning rate", gt(0))
+    lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", gt(0))
     learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
     target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
-    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", _sizes)
+    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", sizes)
 
 
 @dataclass(frozen=True)
 class WandbConfig:
     mode: Literal["auto", "offline", "online", "disabled"] = _f(
         "auto", "wandb mode; auto is online when WANDB_API_KEY is set, offline otherwise")
-    project: str = _f("netrl", "wandb project", _nonempty)
+    project: str = _f("netrl", "wandb project", nonempty)
     entity: str | None = _f(None, "wandb entity (team or user)")
 
 
 @dataclass(frozen=True)
 class Config:
     config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
-    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", _file_name)
-    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", _folder)
-    torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", _between(1, 1024))
-    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", _ge(0))
+    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", file_name)
+    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder)
+    torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
+    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", ge(0))
     seed: int | None = _f(None, "random seed (null: random)")
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
-    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", _folder)
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder)
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     server: ServerConfig = field(default_factory=ServerConfig)

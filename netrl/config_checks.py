@@ -1,0 +1,79 @@
+"""The checks config fields carry: each takes a value and returns what is wrong with it, or None.
+
+:mod:`netrl.config` attaches them to its dataclass fields; ``_validate`` there runs them and lists every problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Check", "between", "file_name", "folder", "ge", "gt", "host", "nonempty", "optional", "port",
+           "sizes", "torch_device"]
+
+Check = Callable[[Any], "str | None"]
+
+
+def gt(bound: float) -> Check:
+    return lambda v: None if v > bound else f"must be > {bound}"
+
+
+def ge(bound: float) -> Check:
+    return lambda v: None if v >= bound else f"must be >= {bound}"
+
+
+def between(lo: float, hi: float) -> Check:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
+
+
+def port(v: int) -> str | None:
+    return None if 1 <= v <= 65535 else "must be a TCP port between 1 and 65535"
+
+
+def nonempty(v: str) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+
+
+def host(v: str) -> str | None:
+    """An IPv4 address or a host name (ZeroMQ resolves it); IPv6 literals are not supported."""
+    if ":" in v:
+        return "must be an IPv4 address or a host name (IPv6 addresses are not supported)"
+    return None if HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
+
+
+def file_name(v: str) -> str | None:
+    if not v.strip():
+        return "must not be empty"
+    return None if v not in (".", "..") and not set("/\\") & set(v) else (
+        "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)")
+
+
+DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")
+
+
+def torch_device(v: str) -> str | None:
+    return None if DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
+
+
+def folder(v: str) -> str | None:
+    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file."""
+    if not v.strip():
+        return "must not be empty"
+    path = Path(v)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            return f"must be a folder, but {part} is a file" if part == path else f"lies inside {part}, which is a file"
+    return None
+
+
+def sizes(v: list[int]) -> str | None:
+    return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
+
+
+def optional(check: Check) -> Check:
+    return lambda v: None if v is None else check(v)
