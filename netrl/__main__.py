@@ -183,8 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.role = "plot"
     overrides, flag_problems = _flag_overrides(args)
     errors = [ConfigError(flag_problems, "command line")] if flag_problems else []
+    # --plot of a folder or file, and --keygen with --keys-dir, need nothing from a config file: without one, the
+    # defaults do (a missing config.json is an error for every other use)
+    self_contained = (args.role == "plot" and Path(args.plot).exists()) or (args.role == "keygen" and args.keys_dir)
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(None if self_contained and not Path(args.config).exists() else args.config, overrides)
     except ConfigError as exc:
         errors.append(exc)
     if errors:  # the flags' problems and the file's, all at once

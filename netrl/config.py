@@ -401,13 +401,15 @@ def _read_text(path: Path) -> str:
     raise ConfigError([problem], str(path))
 
 
-def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Config:
-    """Load config.json, apply ``overrides`` (dotted key -> value, from CLI flags) and validate.
+def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Load config.json (None: the defaults), apply ``overrides`` (dotted key -> value, from CLI flags) and validate.
 
     Raises:
         ConfigError: the file is missing, unreadable or not JSON, or has invalid values (all problems listed). When
             a problem involves an overridden key, the error names the command-line flags as well as the file.
     """
+    if path is None:
+        return _validate(_apply(overrides or {}, {}), "defaults", overrides)
     path = Path(path)
     text = _read_text(path)
     try:
@@ -416,7 +418,11 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
     except _DuplicateKey as exc:
         raise ConfigError([f'{path} sets "{exc}" twice in one object; keep one of them'], str(path)) from None
-    overrides = overrides or {}
+    return _validate(_apply(overrides or {}, data), path.name, overrides)
+
+
+def _apply(overrides: Mapping[str, Any], data: Any) -> Any:
+    """``data`` with each dotted key of ``overrides`` set (where its parents are objects)."""
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -424,7 +430,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             node = node.setdefault(part, {}) if isinstance(node, dict) else node
         if isinstance(node, dict):
             node[leaf] = value
-    return _validate(data, path.name, overrides)
+    return data
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -180,6 +180,18 @@ def test_cli_reports_missing_and_unparsable_files(tmp_path: Path, capsys: pytest
     assert "is not valid JSON" in capsys.readouterr().err
 
 
+def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no config.json here
+    assert main(["--keygen", "--keys-dir", str(tmp_path / "keys")]) == 0
+    assert (tmp_path / "keys" / "server" / "server.key").exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "episodes_w1.csv").write_text("env_steps,return,test\n200,-1200.5,0\n")
+    assert main(["--plot", str(run)]) == 0 and (run / "learning.png").exists()
+    assert main(["--plot", "run-name-only"]) == 2  # a run name is looked up under weights_folder: config needed
+
+
 def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(ROOT / "config.json", {"network.server_ip": "10.0.0.2", "run_name": "x",
                                              "network.worker_port": 6001})
