@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.role == "status":
             from netrl.status import dump_json, format_status, query_status
 
-            snapshot = query_status(cfg.server.status_port)
+            snapshot = query_status(cfg.server.status_port, stop=stop)
             try:
                 print(dump_json(snapshot) if args.json else format_status(snapshot), flush=True)
             except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted

@@ -11,13 +11,14 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from netrl.errors import ProtocolError, TransportError
+from netrl.errors import NetrlError, ProtocolError, TransportError
 from netrl.wire import Message, MsgType, decode, encode
 
 __all__ = ["Rates", "StatusClock", "format_status", "query_status", "worth_logging"]
@@ -77,8 +78,10 @@ class Rates:
         return {k: (last[k] - first.get(k, 0.0)) / span for k in last}
 
 
-def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1") -> dict[str, Any]:
-    """Ask the server on this machine for its snapshot. Raises TransportError if it does not answer."""
+def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1",
+                 stop: threading.Event | None = None) -> dict[str, Any]:
+    """Ask the server on this machine for its snapshot. Raises TransportError if it does not answer, and NetrlError
+    if ``stop`` is set while it waits (Ctrl+C)."""
     ctx = zmq.Context()
     try:
         sock = ctx.socket(zmq.REQ)
@@ -86,7 +89,11 @@ def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1") -> 
         sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
         sock.connect(f"tcp://{host}:{port}")
         sock.send_multipart(encode(Message(MsgType.STATUS, "status")))
-        if not sock.poll(int(timeout_s * 1000)):
+        deadline = time.monotonic() + timeout_s
+        while not sock.poll(50) and time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                raise NetrlError("interrupted while waiting for the server's status")
+        if not sock.poll(0):
             raise TransportError(f"no netrl server answered on {host}:{port} within {timeout_s:.0f} s: is it running "
                                  "on this machine? (--status talks to the loopback-only `server.status_port`)")
         reply = decode(sock.recv_multipart())

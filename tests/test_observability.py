@@ -142,3 +142,21 @@ def test_status_gives_weights_and_samples_for_workers_only() -> None:
     trainer, worker = described("trainer"), described("worker")
     assert not {"version", "samples", "packets"} & set(trainer)  # its -1 and 0 read as broken; see "progress"
     assert (worker["version"], worker["samples"], worker["packets"]) == (-1, 0, 0)
+
+
+def test_status_stops_waiting_when_asked_to(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from netrl.errors import NetrlError, TransportError
+    from netrl.launch import free_port
+    from netrl.status import query_status
+
+    stop = threading.Event()
+    stop.set()  # Ctrl+C, as __main__ maps it
+    t0 = time.monotonic()
+    with pytest.raises(NetrlError, match="interrupted while waiting for the server's status"):
+        query_status(free_port(), timeout_s=3.0, stop=stop)
+    assert time.monotonic() - t0 < 1.0  # not the 3 s timeout
+    with pytest.raises(TransportError, match="no netrl server answered"):
+        query_status(free_port(), timeout_s=0.3)
