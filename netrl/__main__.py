@@ -178,6 +178,14 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the signal handlers are in place (the first moments), or after they are gone
+        print("netrl: interrupted", file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.plot:
         args.role = "plot"

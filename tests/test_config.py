@@ -180,6 +180,16 @@ def test_cli_reports_missing_and_unparsable_files(tmp_path: Path, capsys: pytest
     assert "is not valid JSON" in capsys.readouterr().err
 
 
+def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("netrl.__main__.load_config", interrupted)  # what Ctrl+C in the first moments looks like
+    assert main(["--server"]) == 1
+    assert capsys.readouterr().err == "netrl: interrupted\n"
+
+
 def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no config.json here
