@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,7 +11,10 @@ from typing import Any
 from netrl.segments import Position
 from netrl.transport import Liveness
 
-__all__ = ["Peer", "PeerTable", "QueuedPacket"]
+__all__ = ["MAX_REPORTED", "Peer", "PeerTable", "QueuedPacket"]
+
+REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats, e.g. "dropped_samples"
+MAX_REPORTED = 32  # counters kept per peer
 
 
 @dataclass
@@ -40,6 +45,22 @@ class Peer:
     def label(self) -> str:
         key = f", key {self.key}" if self.key else ""
         return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]}{key})"
+
+    def report(self, stats: dict[str, Any]) -> None:
+        """Keep a heartbeat's counters for --status: a few short names, not whatever a peer sends (the status
+        snapshot must stay small)."""
+        numbers = ((k, v) for k, v in stats.items() if REPORTED_NAME.fullmatch(k) and isinstance(v, (int, float)))
+        self.reported = dict(itertools.islice(numbers, MAX_REPORTED))
+
+    def weights_acked(self, versions: list[int]) -> str | None:
+        """A worker's ACK of the weight version it received completely; what is wrong with it, or None. An ACK
+        that crossed a new trainer session's reset (nothing in flight) is harmless and ignored."""
+        if self.inflight_version is None:
+            return None
+        if versions != [self.inflight_version]:
+            return f"acknowledged weights {versions[:4]} but was sent v{self.inflight_version}"
+        self.version, self.inflight_version = self.inflight_version, None
+        return None
 
     def describe(self) -> dict[str, Any]:
         """What --status shows of it (weights and samples only for a worker: the trainer's are in "progress")."""

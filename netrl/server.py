@@ -19,9 +19,7 @@ drops bad messages.
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -48,9 +46,6 @@ from netrl.wire import BUNDLE_HEADER_ROOM, Message, MsgType, check_role, decode,
 __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
-
-REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats, e.g. "dropped_samples"
-MAX_REPORTED = 32  # counters kept per peer
 
 
 class Server:
@@ -330,9 +325,7 @@ class Server:
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         stats = msg.body.get("stats")
         if isinstance(stats, dict):
-            # shown by --status: a few short counters, not whatever a peer sends (the snapshot must stay small)
-            numbers = ((k, v) for k, v in stats.items() if REPORTED_NAME.fullmatch(k) and isinstance(v, (int, float)))
-            peer.reported = dict(itertools.islice(numbers, MAX_REPORTED))
+            peer.report(stats)
             produced = stats.get("produced")
             if isinstance(produced, int) and produced > peer.produced:
                 # a worker that reconnected to a restarted server: pace it from its real count, not from zero
@@ -348,14 +341,10 @@ class Server:
     def _on_ack(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
-            if peer.inflight_version is None:  # sent before a new trainer session reset what it holds
-                self.stats["stale_weight_acks"] += 1
-            elif seqs != [peer.inflight_version]:
-                self.admission.reject("worker", peer.rid, peer, f"acknowledged weights {seqs[:4]} but was sent "
-                                      f"v{peer.inflight_version}")
+            problem = peer.weights_acked(seqs)
+            if problem:
+                self.admission.reject("worker", peer.rid, peer, problem)
                 return
-            else:
-                peer.version, peer.inflight_version = peer.inflight_version, None
             self._send_weights(peer)
             return
         assert self.relay is not None

@@ -20,7 +20,8 @@ import zmq
 
 from netrl.broadcast import WeightCache
 from netrl.errors import MalformedMessage
-from netrl.server import MAX_REPORTED, Server
+from netrl.peers import MAX_REPORTED
+from netrl.server import Server
 from netrl.wire import Message, MsgType, decode, encode, samples_message
 from tests.conftest import running_server
 from tests.test_server import NET, Peer, weights
