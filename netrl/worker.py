@@ -350,14 +350,17 @@ class RolloutWorker:
         nbytes = rows * self._builder.row_nbytes
         if nbytes <= limit:
             return
-        problem = (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} bytes uncompressed, more than "
-                   f"the server relays (network.max_message_bytes = {self.network.max_message_bytes}, less "
-                   f"{BUNDLE_HEADER_ROOM} for the bundle header)")
         if self.compression == "none":
-            raise ConfigError([f"{problem}: lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
-                               "network.max_message_bytes on every machine"])
-        log.warning("%s; it fits only if %s shrinks it %.1f times (if not, the worker stops at its first packet)",
-                    problem, self.compression, nbytes / limit)
+            raise ConfigError([self._too_big(rows, nbytes)])
+        log.warning("%s (if %s does not shrink packets %.1f times, the worker stops at its first one)",
+                    self._too_big(rows, nbytes, " uncompressed"), self.compression, nbytes / limit)
+
+    def _too_big(self, rows: int, nbytes: int, how: str = "") -> str:
+        """Why packets of ``rows`` samples taking ``nbytes`` cannot be sent (the server would refuse every one)."""
+        return (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} bytes{how}, more than the server "
+                f"relays (network.max_message_bytes = {self.network.max_message_bytes}, less {BUNDLE_HEADER_ROOM} "
+                f"for the bundle header): lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
+                "network.max_message_bytes on every machine")
 
     def _send_packet(self) -> None:
         if not self._builder.transitions and not self._pending_episodes:
@@ -377,11 +380,7 @@ class RolloutWorker:
         nbytes = frames_nbytes(frames)
         # the server would refuse it, and every packet like it: stop and say what to change
         if nbytes > max_packet_bytes(self.network.max_message_bytes):
-            raise ConfigError([f"worker {self.worker_id}: a packet of {len(buf)} samples takes {nbytes} bytes, more "
-                               f"than the server relays (network.max_message_bytes = "
-                               f"{self.network.max_message_bytes}, less {BUNDLE_HEADER_ROOM} for the bundle header): "
-                               f"lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
-                               "network.max_message_bytes on every machine"])
+            raise ConfigError([self._too_big(len(buf), nbytes)])
         head = self.seq.to_bytes(8, "little") + int(np.count_nonzero(buf.transition_end)).to_bytes(8, "little")
         self.net.command([head, *frames])
 
