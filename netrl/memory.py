@@ -19,7 +19,7 @@ import torch
 from netrl.agents.base import Batch
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 
-__all__ = ["MemoryDataloading", "ReplayMemory", "collate"]
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "ReplayMemory", "collate"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
 
@@ -38,6 +38,9 @@ def _to_tensor(x: Any, device: str | torch.device) -> Any:
     return tree_map(lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True), x)
 
 
+DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
+
+
 class MemoryDataloading(ABC):
     """tmrl's replay-memory interface.
 
@@ -53,8 +56,9 @@ class MemoryDataloading(ABC):
     """
 
     def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
-                 | None = None, sample_preprocessor: Callable[..., Any] | None = None, memory_size: int = 1_000_000,
-                 batch_size: int = 256, dataset_path: str = "", seed: int | None = None) -> None:
+                 | None = None, sample_preprocessor: Callable[..., Any] | None = None,
+                 memory_size: int = DEFAULT_MEMORY_SIZE, batch_size: int = DEFAULT_BATCH_SIZE, dataset_path: str = "",
+                 seed: int | None = None) -> None:
         self.device = device
         self.nb_steps = nb_steps
         self.obs_preprocessor = obs_preprocessor

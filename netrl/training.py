@@ -34,15 +34,12 @@ import torch
 from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs import check_spaces
-from netrl.memory import MemoryDataloading, ReplayMemory
+from netrl.memory import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading, ReplayMemory
 from netrl.samples import Buffer
 
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
 
 log = logging.getLogger(__name__)
-
-
-_DEFAULT_MEMORY_SIZE, _DEFAULT_BATCH_SIZE = 1_000_000, 256  # MemoryDataloading's defaults
 
 
 def _keywords(cls: Callable[..., Any]) -> set[str] | None:
@@ -194,8 +191,8 @@ class TrainingOffline:
             elif self.seed is not None:
                 log.info("%s.__init__ takes no seed argument: its batches are not seeded by seed=%d", name, self.seed)
         memory = self.memory_cls(**kwargs)
-        self.memory_size = int(getattr(memory, "memory_size", kwargs.get("memory_size", _DEFAULT_MEMORY_SIZE)))
-        self.batch_size = int(getattr(memory, "batch_size", kwargs.get("batch_size", _DEFAULT_BATCH_SIZE)))
+        self.memory_size = int(getattr(memory, "memory_size", kwargs.get("memory_size", DEFAULT_MEMORY_SIZE)))
+        self.batch_size = int(getattr(memory, "batch_size", kwargs.get("batch_size", DEFAULT_BATCH_SIZE)))
         log.info("replay memory %s: memory_size=%d (from %s), batch_size=%d (from %s)", name, self.memory_size,
                  sources["memory_size"], self.batch_size, sources["batch_size"])
         return memory
