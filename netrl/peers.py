@@ -131,7 +131,7 @@ class PeerTable:
         session reconnecting, or (a trainer) the old trainer."""
         same_connection = self.by_rid.get((new.role, new.rid))
         old = self.trainer if new.role == "trainer" else self.workers_by_session.get(new.session)
-        return [p for p in {id(p): p for p in (same_connection, old) if p is not None}.values()]
+        return [p for p in (same_connection, old if old is not same_connection else None) if p is not None]
 
     def add(self, peer: Peer) -> None:
         """Add a peer; whatever :meth:`replaced_by` names must have been removed first."""

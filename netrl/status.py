@@ -90,12 +90,13 @@ def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1",
         sock.connect(f"tcp://{host}:{port}")
         sock.send_multipart(encode(Message(MsgType.STATUS, "status")))
         deadline = time.monotonic() + timeout_s
-        while not sock.poll(50) and time.monotonic() < deadline:
+        while not sock.poll(50):
             if stop is not None and stop.is_set():
                 raise NetrlError("interrupted while waiting for the server's status")
-        if not sock.poll(0):
-            raise TransportError(f"no netrl server answered on {host}:{port} within {timeout_s:.0f} s: is it running "
-                                 "on this machine? (--status talks to the loopback-only `server.status_port`)")
+            if time.monotonic() >= deadline:
+                raise TransportError(f"no netrl server answered on {host}:{port} within {timeout_s:.0f} s: is it "
+                                     "running on this machine? (--status talks to the loopback-only "
+                                     "`server.status_port`)")
         reply = decode(sock.recv_multipart())
         return dict(reply.body.get("snapshot", {}))
     finally:

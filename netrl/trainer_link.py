@@ -153,7 +153,7 @@ class TrainerLink(NetThread):
         if self.schema is not None:  # first, so that the server checks packets before queueing them
             self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
-        weights = self.weights if self.weights_version > self.taken else []  # else renumbered soon, as above
+        weights = [] if self._outnumbered(self.weights_version) else self.weights
         for frames in [*weights, self.last_progress]:
             if frames is not None:
                 self.link.send(frames)
@@ -170,6 +170,12 @@ class TrainerLink(NetThread):
         if reported > self.taken:
             self.taken = reported
             self.new_data.set()  # wake the training loop: it publishes again under a new number
+
+    def _outnumbered(self, version: int) -> bool:
+        """Weights numbered before a WELCOME said the number is taken are never sent: the loop publishes the actor
+        again under a new number (publish() numbers after taken_version()), so no sample carries a number that
+        reads as stale."""
+        return version <= self.taken
 
     def _grant(self) -> None:
         """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
@@ -213,8 +219,8 @@ class TrainerLink(NetThread):
             return
         if kind == b"weights":
             part, version, payload = int(payload[0].bytes), int(payload[1].bytes), payload[2:]
-            if version <= self.taken:  # numbered before the WELCOME said the number is taken: the loop publishes
-                return  # the actor again under a new one, and samples never carry a number that looks stale
+            if self._outnumbered(version):
+                return
             self.weights = [payload] if part == 0 else [*self.weights, payload]
             self.weights_version = version
         else:
