@@ -131,7 +131,7 @@ class TrainerLink(NetThread):
                 return self._snapshots.pop(i)[0]
         if len(self._snapshots) > 4:
             self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
-        return np.empty(nbytes, np.uint8)
+        return np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
 
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         msg = Message(MsgType.PROGRESS, self.link.name,

@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.weights import WeightAssembler, check_weights, flat_layout, load_weights, tensor_views, weight_specs
+from netrl.weights import (
+    KnownLayout,
+    WeightAssembler,
+    check_weights,
+    flat_arrays,
+    load_weights,
+    tensor_views,
+    weight_specs,
+)
 from netrl.wire import Message
 
 __all__ = ["WeightReceiver", "WeightSlot"]
@@ -66,9 +74,10 @@ class WeightReceiver:
         self.version, self.session = version, ""
         self.counts: collections.Counter[str] = collections.Counter()
         self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
-        _, nbytes = flat_layout(template_actor)
-        self.assembler = WeightAssembler(max_bytes=nbytes)  # a version bigger than this actor is rejected early
+        self.known = KnownLayout(template_actor)
+        self.assembler = WeightAssembler(max_bytes=self.known.nbytes)  # a bigger version is rejected early
         self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
+        self._own: dict[int, dict[str, torch.Tensor]] = {}  # id(module) -> its state_dict(keep_vars=True)
 
     def __call__(self, msg: Message) -> dict[str, Any]:
         b, version, session = msg.body, msg.policy_version, msg.body["session"]
@@ -79,20 +88,25 @@ class WeightReceiver:
                                msg.arrays["chunk"])
             if not self.assembler.done:
                 return self.stats()
-            flat, arrays = self.assembler.complete()
+            flat, layout = self.assembler.take()
         except ValueError as exc:
-            self.counts["weights_rejected"] += 1
-            log.error("rejected weights v%d from the server: %s", version, exc)
-            return self.stats()
-        tensors = tensor_views(arrays)  # checked as tensors: torch's sum is the fastest finiteness proof
-        problems = check_weights(self.specs, tensors)
-        if problems:
-            self.assembler.release(flat)
-            self.counts["weights_rejected"] += 1
-            log.error("rejected weights v%d from the server: %s", version, "; ".join(problems[:5]))
-            return self.stats()
+            return self._reject(version, str(exc))
+        if self.known.matches(flat, layout):  # the usual case: the trainer's actor has our tensors
+            tensors, finite = self.known.tensors(flat)
+        else:
+            try:
+                tensors, finite = tensor_views(flat_arrays(flat, layout)), False
+            except ValueError as exc:
+                return self._reject(version, str(exc), flat)
+        if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
+            problems = check_weights(self.specs, tensors)
+            if problems:
+                return self._reject(version, "; ".join(problems[:5]), flat)
         module = self.slot.take_module()
-        load_weights(module, tensors, assign=True)  # no copy on CPU: the actor's tensors view the received buffer
+        own = self._own.get(id(module))
+        if own is None:
+            own = self._own[id(module)] = module.state_dict(keep_vars=True)
+        load_weights(module, tensors, assign=True, own=own)  # no copy on CPU: the actor's tensors view the buffer
         if next(module.parameters()).device.type == "cpu":
             self.assembler.release(self._backing.get(id(module)))  # its old buffer is no longer viewed
             self._backing[id(module)] = flat
@@ -105,6 +119,12 @@ class WeightReceiver:
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
                 "weights v%d ready (%d received)", version, self.counts["weights_received"])
         self.save(module, version, session)
+        return self.stats()
+
+    def _reject(self, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
+        self.assembler.release(flat)
+        self.counts["weights_rejected"] += 1
+        log.error("rejected weights v%d from the server: %s", version, why)
         return self.stats()
 
     def stats(self) -> dict[str, Any]:

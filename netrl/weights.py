@@ -22,9 +22,9 @@ import torch
 from netrl.errors import CheckpointError
 from netrl.wire import ALLOWED_DTYPES
 
-__all__ = ["PART_BYTES", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "flat_arrays", "flat_layout",
-           "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "tensor_views", "weight_specs",
-           "write_weights_file"]
+__all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "flat_arrays",
+           "flat_layout", "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "tensor_views",
+           "weight_specs", "write_weights_file"]
 
 
 @functools.cache  # str() of a dtype costs microseconds, and this runs per tensor of every received version
@@ -103,14 +103,17 @@ def tensor_views(arrays: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for k, v in arrays.items()}
 
 
-def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any], assign: bool = False) -> None:
+def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any], assign: bool = False,
+                 own: Mapping[str, torch.Tensor] | None = None) -> None:
     """Load checked arrays into ``module`` (call :func:`check_weights` first).
 
     With ``assign`` (CPU modules only), the module's tensors become views of ``arrays`` instead of copies: the
-    worker loads received weights that way, with no copy, since nothing writes to an inference actor.
+    worker loads received weights that way, with no copy, since nothing writes to an inference actor. ``own`` is
+    ``module.state_dict(keep_vars=True)`` if the caller kept it (assigning keeps it valid; taking it costs more
+    than the assignment).
     """
     state = tensor_views(arrays)
-    tensors = module.state_dict(keep_vars=True)
+    tensors = module.state_dict(keep_vars=True) if own is None else own
     if assign and all(t.device.type == "cpu" for t in tensors.values()):
         # Repoint each tensor at its view: what load_state_dict(assign=True) does, without its per-module
         # machinery (0.9 ms of a 1.2 ms receive for a 0.1M-parameter actor).
@@ -203,6 +206,49 @@ def flat_arrays(flat: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarr
     return arrays
 
 
+class KnownLayout:
+    """The receiving actor's own flat layout, worked out once: the fast path for the usual version, sent by a
+    trainer whose actor has the same tensors.
+
+    A version in exactly this layout is viewed without checking each layout entry again, and when every tensor
+    has the same floating dtype, as strided views of one tensor over the whole buffer, which one sum proves
+    finite (a tenth of the per-tensor checks' cost for a small actor). The trainer zeroes the padding between
+    tensors, so that sum sees weights and zeros only. Any other outcome (a bad weight, a finite sum that
+    overflows, padding that is not zero) falls back to :func:`check_weights`, which is exact, so the fast path
+    never rejects what the exact check accepts.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.layout, self.nbytes = flat_layout(module)
+        self._views = [(name, np.dtype(dtype), offset, math.prod(shape), tuple(shape))
+                       for name, dtype, shape, offset in self.layout]
+        dtypes = {dtype for _, dtype, *_ in self._views}
+        only = dtypes.pop() if len(dtypes) == 1 else None
+        self._dtype = only if only is not None and only.kind == "f" and self.nbytes % only.itemsize == 0 else None
+        # (name, shape, strides, offset) in elements of that dtype: offsets are multiples of _ALIGN
+        self._strided = [(name, shape, torch.empty(shape, device="meta").stride(), offset // dtype.itemsize)
+                         for name, dtype, offset, _, shape in self._views]
+
+    def matches(self, flat: np.ndarray, layout: list[Any]) -> bool:
+        return flat.nbytes == self.nbytes and layout == self.layout
+
+    def arrays(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Views of each tensor in a buffer that :meth:`matches`."""
+        return {name: np.frombuffer(flat, dtype=dtype, count=count, offset=offset).reshape(shape)
+                for name, dtype, offset, count, shape in self._views}
+
+    def tensors(self, flat: np.ndarray) -> tuple[dict[str, torch.Tensor], bool]:
+        """CPU tensors viewing each tensor of a buffer that :meth:`matches`, and True when one sum proved them all
+        finite (False: check them with :func:`check_weights`)."""
+        if self._dtype is None:
+            return tensor_views(self.arrays(flat)), False
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            whole = torch.from_numpy(flat.view(self._dtype))
+        views = {name: whole.as_strided(shape, strides, offset) for name, shape, strides, offset in self._strided}
+        return views, math.isfinite(float(whole.sum()))  # torch's sum: see all_finite
+
+
 class WeightAssembler:
     """Worker side: collects the parts of one weight version into a flat buffer from a small pool.
 
@@ -259,11 +305,16 @@ class WeightAssembler:
     def done(self) -> bool:
         return self._flat is not None and self._next == self._parts
 
-    def complete(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The finished buffer and views of its tensors (ValueError if the layout is bad; the buffer is kept)."""
+    def take(self) -> tuple[np.ndarray, list[Any]]:
+        """The finished buffer and its layout, as sent (unchecked: see :func:`flat_arrays`)."""
         assert self._flat is not None and self.done
         flat, layout = self._flat, self._layout
         self._flat, self._key = None, None
+        return flat, layout
+
+    def complete(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The finished buffer and views of its tensors (ValueError if the layout is bad; the buffer is kept)."""
+        flat, layout = self.take()
         try:
             return flat, flat_arrays(flat, layout)
         except ValueError:

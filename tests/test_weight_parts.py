@@ -157,3 +157,65 @@ def test_a_worker_gets_the_next_version_only_after_acknowledging(server: tuple[S
     assert received(worker) == [(1, 0)]  # v2 and v3 wait: v1 is not acknowledged yet
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [1]}))
     assert received(worker) == [(3, 0)]  # then the newest, not every version
+
+
+def weight_msgs(flat: np.ndarray, layout: list, version: int, part_bytes: int = 1 << 20) -> list[Message]:
+    return [decode(encode(m)) for m in weight_parts("trainer", "t", version, 0, flat, layout, part_bytes)]
+
+
+def test_a_worker_proves_its_own_layout_finite_with_one_sum_and_checks_anything_else_exactly(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import netrl.weight_receiver as wr
+
+    checked: list[int] = []
+    exact = wr.check_weights
+    monkeypatch.setattr(wr, "check_weights", lambda specs, arrays: checked.append(1) or exact(specs, arrays))
+    actor = MLPActor(OBS, ACT, hidden_sizes=(5,))  # 5 floats: padding after several tensors
+    receiver = wr.WeightReceiver(actor, MLPActor(OBS, ACT, hidden_sizes=(5,)), -1, lambda *_: None)
+    layout, nbytes = flat_layout(actor)
+    ends = [offset + 4 * int(np.prod(shape)) for _, _, shape, offset in layout]
+    assert any(end < nbytes and end not in [e[3] for e in layout] for end in ends)  # the layout has padding
+    flat = np.zeros(nbytes, np.uint8)  # as the trainer allocates it
+    snapshot_into(actor, layout, flat)
+
+    def receive(buf: np.ndarray, version: int, entries: list = layout, part_bytes: int = 1 << 20) -> int:
+        for m in weight_msgs(buf, entries, version, part_bytes):
+            receiver(m)
+        return receiver.version
+
+    assert receive(flat, 1) == 1 and not checked  # the usual version: one sum, no per-tensor checks
+    loaded = receiver.slot.swap(actor)
+    assert loaded is not None and all(torch.equal(loaded[2].state_dict()[k], t) for k, t in actor.state_dict().items())
+
+    bad = flat.copy()
+    name, _, _, offset = layout[2]
+    bad.view(np.float32)[offset // 4 + 1] = np.nan
+    assert receive(bad, 2, part_bytes=96) == 1 and checked  # rejected by the exact check, which names the tensor
+    assert receiver.counts["weights_rejected"] == 1 and f"{name!r} contains NaN" in caplog.text
+
+    padded = flat.copy()
+    padded[ends[0]:ends[0] + 4] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)  # NaN in padding only
+    assert ends[0] < layout[1][3]
+    checked.clear()
+    assert receive(padded, 3) == 3 and checked  # not a weight: the exact check accepts it
+
+    huge = flat.copy()
+    huge.view(np.float32)[layout[0][3] // 4:layout[0][3] // 4 + 2] = 3e38  # finite, though the sum overflows
+    checked.clear()
+    assert receive(huge, 4) == 4 and checked
+
+    reordered = [[n, d, s, o] for n, d, s, o in reversed(layout)]  # another sender's order: the general path
+    other = np.zeros(nbytes, np.uint8)
+    offset = 0
+    for entry in reordered:
+        entry[3] = offset
+        offset += -(-4 * int(np.prod(entry[2])) // 64) * 64
+    snapshot_into({n: actor.state_dict()[n] for n, *_ in reordered}, reordered, other)
+    checked.clear()
+    assert receive(other, 5, reordered) == 5 and checked
+    loaded = receiver.slot.swap(actor)
+    assert loaded is not None and all(torch.equal(loaded[2].state_dict()[k], t) for k, t in actor.state_dict().items())
+
+    outside = [[n, d, s, o + nbytes] for n, d, s, o in layout]
+    assert receive(flat, 6, outside) == 5 and "lies outside" in caplog.text
+    assert receiver.counts["weights_rejected"] == 2
