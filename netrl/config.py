@@ -7,17 +7,17 @@ problem at once, with its key path, the value it got and what is allowed::
       trainer.steps must be > 0 (got -3)
       unknown key "memory.capasity" (did you mean "memory.memory_size"?)
 
+The field checks live in :mod:`netrl.config_checks`; turning parsed JSON into the dataclasses (type conversion,
+unknown keys) in :mod:`netrl.config_build`. This module holds what the config is and the rules between fields.
+
 Secrets (CURVE secret keys, the wandb API key) never live here: they come from files or environment variables.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import json
-import math
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from netrl.codecs import Codec
+from netrl.config_build import build_dataclass, field_problem
 from netrl.config_checks import (
     Check,
     between,
@@ -40,7 +41,7 @@ from netrl.config_checks import (
     torch_device,
 )
 from netrl.errors import ConfigError
-from netrl.wire import PEER_NAME, PEER_NAME_RULE
+from netrl.msgtypes import PEER_NAME, PEER_NAME_RULE
 
 __all__ = [
     "AgentConfig",
@@ -200,90 +201,6 @@ class Config:
         return Path(self.weights_folder) / self.run_name
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " or ".join(json.dumps(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "an object"
-    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
-
-
-def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
-    """Return (ok, converted) for a JSON value against a field type."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return value in typing.get_args(tp), value
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                if value is None:
-                    return True, None
-                continue
-            ok, conv = _convert(value, arg)
-            if ok:
-                return True, conv
-        return False, value
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            return False, value
-        items = [_convert(v, inner) for v in value]
-        return all(ok for ok, _ in items), [conv for _, conv in items]
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value), value
-    if tp is bool:
-        return isinstance(value, bool), value
-    if tp is int:  # bounded like a C long long: torch and ZeroMQ take these values
-        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63, value
-    if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return ok, float(value) if ok else value
-    if tp is str:
-        return isinstance(value, str), value
-    return False, value
-
-
-def _field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str | None, Any]:
-    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value)."""
-    ok, conv = _convert(value, tp)
-    if not ok:
-        return f"must be {_type_name(tp)}", value
-    check = f.metadata.get("check")
-    return (check(conv) if check else None), conv
-
-
-def _build(cls: type, data: Any, path: str, problems: list[tuple[str, str]]) -> Any:
-    """``cls`` from ``data``; each rejected key is appended to ``problems`` as (key path, message)."""
-    if not isinstance(data, Mapping):
-        problems.append((path, f"{path or 'the top level'} must be an object (got {json.dumps(data)})"))
-        return cls()
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        key_path = f"{path}.{key}" if path else key
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
-            hint = f' (did you mean "{(path + ".") if path else ""}{close[0]}"?)' if close else ""
-            problems.append((key_path, f'unknown key "{key_path}"{hint}'))
-            continue
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(typing.cast(type, tp), value, key_path, problems)
-            continue
-        message, conv = _field_problem(fields[key], tp, value)
-        if message:
-            problems.append((key_path, f"{key_path} {message} (got {json.dumps(value)})"))
-            continue
-        kwargs[key] = conv
-    return cls(**kwargs)
-
-
 def _cross_checks(cfg: Config) -> list[Problem]:
     """Checks on the whole config (the version, and rules between fields); each message names every field."""
     problems: list[Problem] = []
@@ -333,7 +250,7 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None) 
     runs unless a field it involves was rejected (the config then holds that field's default, which would make its
     message wrong)."""
     rejected: list[tuple[str, str]] = []
-    cfg = typing.cast(Config, _build(Config, data, "", rejected))
+    cfg = typing.cast(Config, build_dataclass(Config, data, "", rejected))
     bad = {key for key, _ in rejected}
 
     def involves_bad(key: str) -> bool:
@@ -360,7 +277,7 @@ def check_value(key: str, value: Any) -> str | None:
     for part in parents:
         cls = typing.get_type_hints(cls)[part]
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    return _field_problem(fields[leaf], typing.get_type_hints(cls)[leaf], value)[0]
+    return field_problem(fields[leaf], typing.get_type_hints(cls)[leaf], value)[0]
 
 
 def config_from_dict(data: Any, source: str = "config") -> Config:

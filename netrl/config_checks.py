@@ -1,6 +1,7 @@
 """The checks config fields carry: each takes a value and returns what is wrong with it, or None.
 
-:mod:`netrl.config` attaches them to its dataclass fields; ``_validate`` there runs them and lists every problem.
+:mod:`netrl.config` attaches them to its dataclass fields; :mod:`netrl.config_build` runs them and ``_validate``
+in :mod:`netrl.config` lists every problem.
 """
 
 from __future__ import annotations

@@ -22,13 +22,14 @@ header size and schema, the protocol version, the body schema of the message typ
 :data:`ALLOWED_DTYPES`, its shape against its buffer length (after decompressing it; the server's relay-only
 decode leaves compressed integer arrays compressed, see :func:`decode`), and the size limits; anything else raises
 :class:`~netrl.errors.ProtocolError`. Nothing is ever pickled.
+
+What the message types are, the body fields of each (``BODY_SCHEMA``) and which role may send which live in
+:mod:`netrl.msgtypes`, which knows nothing of frames; this module re-exports them.
 """
 
 from __future__ import annotations
 
-import enum
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,12 @@ import msgpack
 import numpy as np
 
 from netrl.codecs import CODECS, Codec, check_declared_size, compress, decompress
-from netrl.errors import MalformedMessage, RoleViolation, VersionMismatch
+from netrl.errors import MalformedMessage, VersionMismatch
+from netrl.msgtypes import ALLOWED_FROM as ALLOWED_FROM  # `X as X`: re-exported (worker, keys, tests use them)
+from netrl.msgtypes import BODY_SCHEMA as BODY_SCHEMA
+from netrl.msgtypes import PEER_NAME as PEER_NAME
+from netrl.msgtypes import PEER_NAME_RULE as PEER_NAME_RULE
+from netrl.msgtypes import VERSION_TEXT, MsgType, check_body, check_role
 from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
@@ -64,11 +70,6 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 512
 MAX_DIMS = 8
 MAX_NAME = 256
-# The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
-# forge a log line or a terminal escape.
-PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-PEER_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a HELLO's netrl_version
 MAX_EPISODES_PER_PACKET = 10_000
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
 # max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
@@ -79,58 +80,6 @@ ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u
 def max_packet_bytes(max_message_bytes: int) -> int:
     """The largest sample packet (or run of packets in one bundle) a trainer with this limit can accept."""
     return max_message_bytes - BUNDLE_HEADER_ROOM
-
-
-class MsgType(str, enum.Enum):
-    HELLO = "hello"  # client -> server: first message on every connection
-    WELCOME = "welcome"  # server -> client: HELLO accepted
-    REJECT = "reject"  # server -> client: refused, with a reason
-    HEARTBEAT = "heartbeat"  # both ways, when nothing else was sent for a heartbeat interval
-    BYE = "bye"  # either side: clean goodbye
-    SAMPLES = "samples"  # worker -> server: a packet of sample rows
-    BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
-    ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs), worker -> server (weights)
-    NACK = "nack"  # server -> worker: packets refused for now (spool full); resend them after retry_s
-    CREDIT = "credit"  # trainer -> server: how many more bundles it can take
-    WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
-    PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
-    PACE = "pace"  # server -> worker: how many samples it may have produced in total
-    SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
-    STATUS = "status"  # status tool <-> server (loopback status port): request, and the snapshot in reply
-
-
-# Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
-_INT = (int,)
-_STR = (str,)
-BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
-    MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
-                    "session": (_STR, True)},
-    MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
-                      "window": (_INT, False), "weights_version": (_INT, False),
-                      "max_message_bytes": (_INT, False)},
-    MsgType.REJECT: {"reason": (_STR, True)},
-    MsgType.HEARTBEAT: {"stats": ((dict,), False)},
-    MsgType.BYE: {"reason": (_STR, False)},
-    MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
-                      "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
-    MsgType.BUNDLE: {"parts": ((list,), True)},
-    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False)},
-    MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
-    MsgType.CREDIT: {"bundles": (_INT, True)},
-    MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
-                      "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
-    MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
-    MsgType.PACE: {"allowance": (_INT, True)},
-    MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True)},
-    MsgType.STATUS: {"snapshot": ((dict,), False)},
-}
-
-# Which message types each role may send. The server drops anything else and logs a RoleViolation.
-ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
-    "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
-    "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
-                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE}),
-}
 
 
 @dataclass
@@ -190,7 +139,7 @@ def _check_header(header: Any) -> None:
     if set(header) != expected:
         extra, missing = sorted(set(header) - expected), sorted(expected - set(header))
         raise MalformedMessage(f"header keys wrong (missing {missing}, unexpected {extra})")
-    for key, types in (("v", _INT), ("type", _STR), ("sender", _STR), ("seq", _INT), ("policy_version", _INT)):
+    for key, types in (("v", int), ("type", str), ("sender", str), ("seq", int), ("policy_version", int)):
         value = header[key]
         if not isinstance(value, types) or isinstance(value, bool):
             raise MalformedMessage(f"header field {key!r} has the wrong type ({type(value).__name__})")
@@ -206,30 +155,6 @@ def _check_header(header: Any) -> None:
         raise MalformedMessage(f"sender name longer than {MAX_NAME} characters")
     if not isinstance(header["body"], dict) or not isinstance(header["arrays"], list):
         raise MalformedMessage("header body must be a map and arrays a list")
-
-
-def _check_body(mtype: MsgType, body: dict[str, Any]) -> None:
-    schema = BODY_SCHEMA[mtype]
-    for key, value in body.items():
-        if key not in schema:
-            raise MalformedMessage(f"{mtype.value} body has unexpected field {key!r}")
-        types, _ = schema[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise MalformedMessage(f"{mtype.value} body field {key!r} has the wrong type ({type(value).__name__})")
-        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-            raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
-    missing = [k for k, (_, required) in schema.items() if required and k not in body]
-    if missing:
-        raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
-    if mtype is MsgType.HELLO:
-        if body["role"] not in ALLOWED_FROM:
-            raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
-        if not PEER_NAME.fullmatch(body["worker_id"]):
-            raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
-        if not PEER_NAME.fullmatch(body["session"]):  # logged and shown by --status, like the name
-            raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
-        if not VERSION_TEXT.fullmatch(body["netrl_version"]):
-            raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
 
 
 _ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})
@@ -307,7 +232,7 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     except ValueError:
         raise MalformedMessage(f"unknown message type {header['type']!r}") from None
     body = header["body"]
-    _check_body(mtype, body)
+    check_body(mtype, body)
     msg = Message(mtype, header["sender"], header["seq"], header["policy_version"], body)
     if mtype is MsgType.BUNDLE:
         _split_parts(msg, frames)
@@ -427,9 +352,3 @@ def buffer_from_message(msg: Message) -> Buffer:
         worker=f"{msg.sender}/{b['session']}", seq=msg.seq,
         episodes=[EpisodeStats(float(e[0]), e[1], e[2], e[3]) for e in b["episodes"]],
     )
-
-
-def check_role(role: str, msg: Message) -> None:
-    """Raise :class:`RoleViolation` when ``role`` may not send ``msg.type``."""
-    if msg.type not in ALLOWED_FROM.get(role, frozenset()):
-        raise RoleViolation(f"a {role} may not send {msg.type.value} messages")

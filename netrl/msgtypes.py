@@ -1,0 +1,109 @@
+"""The message vocabulary: the types of message, the body fields each type carries, which role may send which type,
+and the names and versions a peer may announce. It knows nothing of msgpack or frames: :mod:`netrl.wire` encodes
+and decodes, and checks every decoded body with :func:`check_body` (the server then checks the sender with
+:func:`check_role`).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import TYPE_CHECKING, Any
+
+from netrl.errors import MalformedMessage, RoleViolation
+
+if TYPE_CHECKING:
+    from netrl.wire import Message
+
+__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "PEER_NAME", "PEER_NAME_RULE", "VERSION_TEXT", "MsgType", "check_body",
+           "check_role"]
+
+# The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
+# forge a log line or a terminal escape.
+PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PEER_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a HELLO's netrl_version
+
+
+class MsgType(str, enum.Enum):
+    HELLO = "hello"  # client -> server: first message on every connection
+    WELCOME = "welcome"  # server -> client: HELLO accepted
+    REJECT = "reject"  # server -> client: refused, with a reason
+    HEARTBEAT = "heartbeat"  # both ways, when nothing else was sent for a heartbeat interval
+    BYE = "bye"  # either side: clean goodbye
+    SAMPLES = "samples"  # worker -> server: a packet of sample rows
+    BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
+    ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs), worker -> server (weights)
+    NACK = "nack"  # server -> worker: packets refused for now (spool full); resend them after retry_s
+    CREDIT = "credit"  # trainer -> server: how many more bundles it can take
+    WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
+    PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
+    PACE = "pace"  # server -> worker: how many samples it may have produced in total
+    SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
+    STATUS = "status"  # status tool <-> server (loopback status port): request, and the snapshot in reply
+
+
+# Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
+_INT = (int,)
+_STR = (str,)
+BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
+    MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
+                    "session": (_STR, True)},
+    MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
+                      "window": (_INT, False), "weights_version": (_INT, False),
+                      "max_message_bytes": (_INT, False)},
+    MsgType.REJECT: {"reason": (_STR, True)},
+    MsgType.HEARTBEAT: {"stats": ((dict,), False)},
+    MsgType.BYE: {"reason": (_STR, False)},
+    MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
+                      "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
+    MsgType.BUNDLE: {"parts": ((list,), True)},
+    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False)},
+    MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
+    MsgType.CREDIT: {"bundles": (_INT, True)},
+    MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
+                      "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
+    MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
+    MsgType.PACE: {"allowance": (_INT, True)},
+    MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True)},
+    MsgType.STATUS: {"snapshot": ((dict,), False)},
+}
+
+# Which message types each role may send. The server drops anything else and logs a RoleViolation.
+ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
+    "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
+    "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
+                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE}),
+}
+
+
+def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
+    """Raise :class:`MalformedMessage` unless ``body`` holds exactly the fields :data:`BODY_SCHEMA` allows for
+    ``mtype``, of their types, with every required one present (a HELLO's names and version are checked too)."""
+    schema = BODY_SCHEMA[mtype]
+    for key, value in body.items():
+        if key not in schema:
+            raise MalformedMessage(f"{mtype.value} body has unexpected field {key!r}")
+        types, _ = schema[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise MalformedMessage(f"{mtype.value} body field {key!r} has the wrong type ({type(value).__name__})")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
+    missing = [k for k, (_, required) in schema.items() if required and k not in body]
+    if missing:
+        raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
+    if mtype is MsgType.HELLO:
+        if body["role"] not in ALLOWED_FROM:
+            raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
+        if not PEER_NAME.fullmatch(body["worker_id"]):
+            raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
+        if not PEER_NAME.fullmatch(body["session"]):  # logged and shown by --status, like the name
+            raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
+        if not VERSION_TEXT.fullmatch(body["netrl_version"]):
+            raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+
+
+def check_role(role: str, msg: Message) -> None:
+    """Raise :class:`RoleViolation` when ``role`` may not send ``msg.type``."""
+    if msg.type not in ALLOWED_FROM.get(role, frozenset()):
+        raise RoleViolation(f"a {role} may not send {msg.type.value} messages")
