@@ -13,7 +13,8 @@ checks their contents), and hands packets to :class:`~netrl.relay.SampleRelay`, 
 when its worker is acknowledged. The newest weights are cached (:class:`~netrl.broadcast.WeightCache`) and streamed
 to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE allowance
 per worker. :class:`~netrl.admission.Admission` checks each HELLO, and counts (``stats["rejected"]``), logs and
-drops bad messages.
+drops bad messages. :class:`~netrl.intake.SampleIntake` checks sample packets and sets each worker's window and PACE;
+:class:`~netrl.server_status.ServerStatus` answers ``--status`` and logs the status line.
 """
 
 from __future__ import annotations
@@ -26,22 +27,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zmq
 
 from netrl.admission import Admission
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
-from netrl.errors import ProtocolError, SampleRejected, VersionMismatch
+from netrl.errors import ProtocolError, VersionMismatch
+from netrl.intake import SampleIntake
 from netrl.keys import ServerKeys, server_keys
-from netrl.peers import Peer, PeerTable, QueuedPacket
+from netrl.peers import Peer, PeerTable
 from netrl.relay import SampleRelay
-from netrl.schema import SampleSchema, load_schema, save_schema
+from netrl.schema import SampleSchema
 from netrl.server_sockets import ServerSockets
+from netrl.server_status import ServerStatus
 from netrl.spool import Spool
-from netrl.status import Rates, answer_status, status_line
+from netrl.status import answer_status
 from netrl.transport import new_session
-from netrl.wire import BUNDLE_HEADER_ROOM, Message, MsgType, check_role, decode, encode, frames_nbytes
+from netrl.wire import Message, MsgType, check_role, decode, encode
 
 __all__ = ["Server"]
 
@@ -84,22 +86,20 @@ class Server:
         self.max_queue_bytes = max_queue_bytes
         self.spool_after = spool_after_s
         self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
-        self.status_interval = status_interval_s
-        self.rates = Rates()
-        self.started = time.time()
-        self._next_tick = self._next_status_line = self._next_internal_error_log = 0.0
+        self._next_internal_error_log = 0.0
         self.sockets = ServerSockets(self.net, bind_ip, trainer_port, worker_port, keys, status_port)
-        self.schema: SampleSchema | None = None
         self.session = new_session()
         self.peers = PeerTable()
         self.weights = WeightCache(max_weights_bytes)
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
-        self.progress: dict[str, int] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._opened = self._closed = False
-        self._workers_joined = False
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget)
+        self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
+                                   self.admission, self.stats, self._send)
+        self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
+                                   status_interval_s)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -119,8 +119,8 @@ class Server:
         self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
         self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
                                  self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
-                                 self._send_to_trainer, self._tell_worker)
-        self.schema = load_schema(Path(self.spool_dir) / "schema.json")
+                                 self._send_to_trainer, self.intake.tell_worker)
+        self.intake.open(self.relay)
         self._opened = True
         self.sockets.open()
         keys = self.sockets.keys
@@ -158,7 +158,8 @@ class Server:
         relay, trainer = self.relay, self.peers.trainer is not None
         assert relay is not None
         steps: list[Callable[[], None]] = [lambda: relay.flush(now, trainer), lambda: relay.spool_stale(now, trainer),
-                                           self._after_joins, lambda: self._heartbeats(now), lambda: self._tick(now)]
+                                           self.intake.after_joins, lambda: self._heartbeats(now),
+                                           lambda: self.status.tick(now)]
         for step in steps:
             try:
                 step()
@@ -250,7 +251,7 @@ class Server:
         welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
-            welcome["window"] = peer.window = self._worker_window()
+            welcome["window"] = peer.window = self.intake.window()
         else:  # a restarted trainer numbers its weights after these, so that no number names two actors
             welcome["weights_version"] = self.weights.newest
         self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
@@ -258,19 +259,7 @@ class Server:
             self._trainer_joined(peer)
         else:
             self._send_weights(peer)
-            self._workers_joined = True  # told once per pass of the loop: joins come in bursts
-
-    def _after_joins(self) -> None:
-        """Workers joined since the last pass: everyone's share of the server's memory shrank, and the trainer's
-        wanted samples are split between more workers."""
-        if not self._workers_joined:
-            return
-        self._workers_joined = False
-        window = self._worker_window()
-        for worker in self.peers.workers():
-            if worker.window != window:
-                self._tell_worker(worker.session, MsgType.ACK, {"seqs": []})
-        self._pace()
+            self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
 
     def _trainer_joined(self, peer: Peer) -> None:
         assert self.relay is not None
@@ -280,7 +269,7 @@ class Server:
     def _forget(self, peer: Peer) -> None:
         self.peers.remove(peer)
         if peer.role == "trainer":
-            self.progress = None
+            self.intake.progress = None
             if self.relay is not None:
                 self.relay.trainer_left()
             self.weights.trainer_left()
@@ -288,39 +277,7 @@ class Server:
 
     # -- handlers, one per message type --------------------------------------------------------------------
     def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        assert self.relay is not None
-        if msg.body["session"] != peer.session or msg.sender != peer.name:  # the trainer trusts these names
-            self._refuse(peer, msg.seq, f"the packet says it is from worker {msg.sender[:64]!r}, session "
-                         f"{msg.body['session'][:16]!r}, but this connection said HELLO as {peer.name!r}, session "
-                         f"{peer.session[:16]!r}")
-            return
-        nbytes = frames_nbytes(frames)
-        if nbytes > self.relay.bundle_limit:
-            self._refuse(peer, msg.seq, f"a packet of {nbytes} bytes cannot reach the trainer, whose messages are "
-                         f"capped at network.max_message_bytes ({self.net.max_message_bytes}) with "
-                         f"{BUNDLE_HEADER_ROOM} bytes kept for the bundle header: send fewer samples per packet")
-            return
-        if self.schema is not None:
-            try:
-                self.schema.check(msg.body, msg.arrays, peer.label)
-            except SampleRejected as exc:
-                self._refuse(peer, msg.seq, str(exc))
-                return
-        a = msg.arrays
-        steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
-        peer.produced = max(peer.produced, msg.body["produced"])
-        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic())
-        outcome = self.relay.accept(packet, self.peers.trainer is not None)
-        if outcome in ("held", "spooled"):
-            peer.samples += steps
-            peer.packets += 1
-            self.stats["samples_in"] += steps
-
-    def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
-        """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
-        self.admission.reject("worker", peer.rid, peer, reason)
-        self._send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "reason": f"rejected: "
-                                                               f"{reason}"}))
+        self.intake.on_samples(peer, msg, frames)
 
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         stats = msg.body.get("stats")
@@ -330,7 +287,7 @@ class Server:
             if isinstance(produced, int) and produced > peer.produced:
                 # a worker that reconnected to a restarted server: pace it from its real count, not from zero
                 peer.produced = produced
-                self._pace()
+                self.intake.pace()
 
     def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
@@ -371,19 +328,10 @@ class Server:
             self._send_weights(worker)
 
     def _on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        try:
-            schema = SampleSchema.from_wire(msg.body)
-        except ProtocolError as exc:
-            self.admission.reject("trainer", peer.rid, peer, str(exc))
-            return
-        if schema != self.schema:
-            self.schema = schema
-            log.info("sample layout from the trainer: %d fields, checked on every packet", len(schema.leaves))
-            save_schema(Path(self.spool_dir) / "schema.json", msg.body)
+        self.intake.on_schema(peer, msg, frames)
 
     def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.progress = dict(msg.body)
-        self._pace()
+        self.intake.on_progress(peer, msg, frames)
 
     # -- sending -------------------------------------------------------------------------------------------
     def _send(self, peer: Peer, msg: Message) -> bool:
@@ -410,26 +358,9 @@ class Server:
         trainer = self.peers.trainer
         return trainer is not None and self._send_frames(trainer, frames)
 
-    def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
-        worker = self.peers.workers_by_session.get(session)
-        if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
-            if kind is MsgType.ACK:
-                body = {**body, "window": self._worker_window()}
-                worker.window = body["window"]
-            self._send(worker, Message(kind, "server", body=body))
-
-    def _worker_window(self) -> int:
-        return self.peers.window(self.max_queue_bytes)
-
     def _send_weights(self, worker: Peer) -> None:
         if self.weights.stream(worker, lambda frames: self._send_frames(worker, frames)):
             self.stats["weights_out"] += 1
-
-    def _pace(self) -> None:
-        if self.progress is not None:
-            wanted_more = self.progress["wanted"] - self.progress["samples"]
-            for worker in self.peers.raise_allowances(wanted_more - (self.relay.on_the_way() if self.relay else 0)):
-                self._send(worker, Message(MsgType.PACE, "server", body={"allowance": worker.allowance}))
 
     def _heartbeats(self, now: float) -> None:
         for peer in self.peers.values():
@@ -440,32 +371,11 @@ class Server:
             elif peer.liveness.heartbeat_due(now):
                 self._send(peer, Message(MsgType.HEARTBEAT, "server"))
 
+    @property
+    def schema(self) -> SampleSchema | None:
+        """The layout sample packets are checked against: the trainer's (None until it is known)."""
+        return self.intake.schema
+
     def snapshot(self) -> dict[str, Any]:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
-        workers = [p.describe() for p in self.peers.workers()]
-        by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
-        return {
-            "session": self.session, "uptime_s": time.time() - self.started,
-            "workers": workers,
-            "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
-            "progress": self.progress,
-            "weights_version": self.weights.complete_version,
-            "rates": self.rates.rates(),
-            **(self.relay.snapshot() if self.relay else {}),
-            "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
-            "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
-            "failed_handshakes": {role: self.stats[f"failed_handshakes_{role}"] for role in ("trainer", "worker")},
-            "dropped": by_workers,  # refused samples are not lost: their workers resend them
-            "stats": dict(self.stats),
-        }
-
-    def _tick(self, now: float) -> None:
-        """Once a second: sample the rates; every ``status_interval_s``: one status line."""
-        if now < self._next_tick:
-            return
-        self._next_tick = now + 1.0
-        self.rates.record({"samples_in": self.stats["samples_in"], "samples_out": self.stats["samples_out"]}, now)
-        if self.status_interval and now >= self._next_status_line:
-            self._next_status_line = now + self.status_interval
-            if self._next_status_line - self.status_interval > 0 and self.peers:
-                log.info("%s", status_line(self.snapshot()))
+        return self.status.snapshot()

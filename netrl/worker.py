@@ -5,7 +5,8 @@ actions and appends rows to preallocated columns. Everything slow happens on the
 (:class:`~netrl.worker_link.WorkerLink`, with :class:`~netrl.weight_receiver.WeightReceiver`): sending packets,
 receiving and checking weights, loading them into a spare actor and saving them to ``model_path``. Between two env
 steps the control path swaps in the ready actor, a pointer swap, so a weight update never delays a real-time step.
-Every row is tagged with the version of the weights that chose its action.
+Every row is tagged with the version of the weights that chose its action; :class:`~netrl.worker_packets.PacketMaker`
+gathers the rows into sample packets.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import torch
 
 from netrl.config import Config, NetworkConfig
 from netrl.envs import check_action, check_observation, check_sample_compressor, check_spaces
-from netrl.errors import ConfigError, NetrlError
+from netrl.errors import NetrlError
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
-from netrl.samples import BufferBuilder, EpisodeStats
+from netrl.samples import EpisodeStats
 from netrl.status import version_label
 from netrl.transport import new_session
 from netrl.weight_receiver import WeightReceiver
@@ -40,17 +41,9 @@ from netrl.weights import (
     read_weights_file,
     write_weights_file,
 )
-from netrl.wire import (
-    BUNDLE_HEADER_ROOM,
-    PEER_NAME,
-    PEER_NAME_RULE,
-    Codec,
-    encode,
-    frames_nbytes,
-    max_packet_bytes,
-    samples_message,
-)
+from netrl.wire import PEER_NAME, PEER_NAME_RULE, Codec
 from netrl.worker_link import WorkerLink
+from netrl.worker_packets import PacketMaker
 
 __all__ = ["RolloutWorker"]
 
@@ -138,20 +131,17 @@ class RolloutWorker:
         self._logged_episodes = self._logged_steps = 0  # the episode log's counts before this process (see start)
         self.version = -1  # weight version of self.actor (-1: the actor's own initialisation)
         self.produced = 0  # env steps recorded for training
-        self.seq = 0
         self.episodes_done = 0
         self.env: Any = None
         self.actor: Any = None
         self.template_actor: Any = None
         self.net: WorkerLink | None = None
         self.weights: WeightReceiver | None = None
-        self._builder = BufferBuilder(self.min_samples + self.overlap + 2, self.overlap)
-        self._pending_episodes: list[EpisodeStats] = []
-        self._first_unsent = 0.0
+        self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
+                                   self.compression, self.network.max_message_bytes, self.sample_compressor)
         self._saved_versions = 0
         self._closed = False
         self._checked = False  # the first observations and action were checked against the spaces
-        self._size_checked = False  # the packet size was checked against the server's limit
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
         self.episode_log_level = logging.INFO
 
@@ -175,6 +165,11 @@ class RolloutWorker:
                    episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
                    keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                    status_interval_s=cfg.status_interval_s)
+
+    @property
+    def seq(self) -> int:
+        """Sample packets handed to the network thread so far (the newest one's number)."""
+        return self.packets.seq
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -307,7 +302,7 @@ class RolloutWorker:
             yield
         self.episodes_done += 1
         stats = EpisodeStats(ret, length, test, self.version)
-        self._pending_episodes.append(stats)
+        self.packets.pending_episodes.append(stats)
         if not test:
             self.last_return = ret
         episode = self._logged_episodes + self.episodes_done
@@ -326,63 +321,23 @@ class RolloutWorker:
 
     def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
                 reset: bool, version: int = -1) -> None:
-        if self.sample_compressor is not None:
-            act, obs, rew, terminated, truncated, info = self.sample_compressor(act, obs, rew, terminated,
-                                                                                truncated, info)
-        if len(self._builder) == 0:
-            self._first_unsent = time.monotonic()
-        self._builder.add(act, obs, rew, terminated, truncated, reset, version if not reset else self.version)
-        if not self._size_checked:
-            self._size_checked = True
-            self._check_packet_size()
+        self.packets.add(act, obs, rew, terminated, truncated, info, reset, version if not reset else self.version,
+                         networked=self.local_packets is None and self.net is not None)
         if not reset:
             self.produced += 1
-        if (len(self._builder) >= self.min_samples or self._builder.full
-                or time.monotonic() - self._first_unsent > self.max_delay):
+        if self.packets.due():
             self._send_packet()
 
-    def _check_packet_size(self) -> None:
-        """Once the first row shows a sample's size: say now, not when the first packet closes, that packets of
-        ``min_samples_per_worker_packet`` rows cannot reach the trainer."""
-        if self.local_packets is not None or self.net is None:
-            return
-        rows, limit = self.min_samples + self.overlap, max_packet_bytes(self.network.max_message_bytes)
-        nbytes = rows * self._builder.row_nbytes
-        if nbytes <= limit:
-            return
-        if self.compression == "none":
-            raise ConfigError([self._too_big(rows, nbytes)])
-        log.warning("%s (if %s does not shrink packets %.1f times, the worker stops at its first one)",
-                    self._too_big(rows, nbytes, " uncompressed"), self.compression, nbytes / limit)
-
-    def _too_big(self, rows: int, nbytes: int, how: str = "") -> str:
-        """Why packets of ``rows`` samples taking ``nbytes`` cannot be sent (the server would refuse every one)."""
-        return (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} bytes{how}, more than the server "
-                f"relays (network.max_message_bytes = {self.network.max_message_bytes}, less {BUNDLE_HEADER_ROOM} "
-                f"for the bundle header): lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
-                "network.max_message_bytes on every machine")
-
     def _send_packet(self) -> None:
-        if not self._builder.transitions and not self._pending_episodes:
-            return  # only an episode's first observation: it travels with the transition that follows it
-        buf = self._builder.cut()
+        buf = self.packets.cut()
         if buf is None:
             return
-        buf.episodes, self._pending_episodes = self._pending_episodes, []
         if self.local_packets is not None:  # single-process mode: no network
             self.local_packets.append(buf)
             return
         if self.net is None:
             return
-        self.seq += 1
-        msg = samples_message(buf, self.worker_id, self.session, self.seq, self.produced)
-        frames = encode(msg, self.compression)
-        nbytes = frames_nbytes(frames)
-        # the server would refuse it, and every packet like it: stop and say what to change
-        if nbytes > max_packet_bytes(self.network.max_message_bytes):
-            raise ConfigError([self._too_big(len(buf), nbytes)])
-        head = self.seq.to_bytes(8, "little") + int(np.count_nonzero(buf.transition_end)).to_bytes(8, "little")
-        self.net.command([head, *frames])
+        self.net.command(self.packets.to_frames(buf, self.produced))
 
     def _swap_weights(self) -> None:
         if self.weights is None:

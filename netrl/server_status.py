@@ -1,0 +1,68 @@
+"""The server's account of itself: the snapshot that ``python -m netrl --status`` shows, and the status line it logs.
+
+:class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes none of them. The
+server's loop calls :meth:`ServerStatus.tick` on every pass: once a second it samples the sample rates, and every
+``status_interval_s`` it logs one :func:`~netrl.status.status_line` while any peer is connected.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+from netrl.broadcast import WeightCache
+from netrl.intake import SampleIntake
+from netrl.peers import PeerTable
+from netrl.server_sockets import ServerSockets
+from netrl.status import Rates, status_line
+
+__all__ = ["ServerStatus"]
+
+log = logging.getLogger(__name__)
+
+
+class ServerStatus:
+    """Connected peers, rates, queues and counters of one server session. ``intake`` supplies the trainer's
+    progress and, once the server is open, the relay."""
+
+    def __init__(self, session: str, peers: PeerTable, weights: WeightCache, intake: SampleIntake,
+                 sockets: ServerSockets, stats: collections.Counter[str], interval_s: float) -> None:
+        self.session, self.peers, self.weights, self.intake = session, peers, weights, intake
+        self.sockets, self.stats = sockets, stats
+        self.interval = interval_s
+        self.rates = Rates()
+        self.started = time.time()
+        self._next_tick = self._next_status_line = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        """Connected peers, rates, queues and counters (what ``--status`` shows)."""
+        workers = [p.describe() for p in self.peers.workers()]
+        by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
+        relay = self.intake.relay
+        return {
+            "session": self.session, "uptime_s": time.time() - self.started,
+            "workers": workers,
+            "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
+            "progress": self.intake.progress,
+            "weights_version": self.weights.complete_version,
+            "rates": self.rates.rates(),
+            **(relay.snapshot() if relay else {}),
+            "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
+            "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
+            "failed_handshakes": {role: self.stats[f"failed_handshakes_{role}"] for role in ("trainer", "worker")},
+            "dropped": by_workers,  # refused samples are not lost: their workers resend them
+            "stats": dict(self.stats),
+        }
+
+    def tick(self, now: float) -> None:
+        """Once a second: sample the rates; every ``status_interval_s``: one status line."""
+        if now < self._next_tick:
+            return
+        self._next_tick = now + 1.0
+        self.rates.record({"samples_in": self.stats["samples_in"], "samples_out": self.stats["samples_out"]}, now)
+        if self.interval and now >= self._next_status_line:
+            self._next_status_line = now + self.interval
+            if self._next_status_line - self.interval > 0 and self.peers:
+                log.info("%s", status_line(self.snapshot()))
