@@ -22,17 +22,18 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
+import pytest
 
-from netrl.agents.sac import MLPActor
+import netrl.worker as worker_module
+from netrl import weight_receiver, weights
 from netrl.config import load_config
 from netrl.launch import stop_processes
 from netrl.pipelines import make_pipeline
 from netrl.realtime import StepTimer, period_stats
-from netrl.util import partial
 from netrl.worker import RolloutWorker
 from tests.conftest import Procs, small_config
 
@@ -40,27 +41,21 @@ SLOW_LOAD_S = 0.15
 LATE_CALL_S = SLOW_LOAD_S / 2  # a load on the control path would delay the next step() call by SLOW_LOAD_S at least
 
 
-class SlowLoadActor(MLPActor):
-    """The pipeline's actor, but loading weights takes SLOW_LOAD_S longer, timed with the thread that did it.
-    netrl's loader reaches the tensors with ``state_dict(keep_vars=True)``; ``load_state_dict`` is slowed too,
-    whichever path a loader takes. Plain ``state_dict()`` (saving a weights file) is not."""
+def slowed_loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float, str]]:
+    """Make every weight load a worker runs (:func:`netrl.weights.load_weights`, wherever it is called from) take
+    SLOW_LOAD_S longer; returns the list of (start, end, thread name) it fills. A loader that went around
+    load_weights would record no loads, and the test would fail on their count."""
+    loads: list[tuple[float, float, str]] = []
 
-    loads: ClassVar[list[tuple[float, float, str]]] = []
-
-    def _slow(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+    def slow(*args: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()
         time.sleep(SLOW_LOAD_S)
-        out = method(*args, **kwargs)
-        SlowLoadActor.loads.append((t0, time.perf_counter(), threading.current_thread().name))
-        return out
+        weights.load_weights(*args, **kwargs)
+        loads.append((t0, time.perf_counter(), threading.current_thread().name))
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("keep_vars"):
-            return self._slow(super().state_dict, *args, **kwargs)
-        return super().state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._slow(super().load_state_dict, *args, **kwargs)
+    for module in (weight_receiver, worker_module):
+        monkeypatch.setattr(module, "load_weights", slow)
+    return loads
 
 
 class VersionTap(gymnasium.Wrapper):
@@ -79,7 +74,8 @@ class VersionTap(gymnasium.Wrapper):
         return self.env.default_action  # type: ignore[attr-defined]
 
 
-def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_path: Path, procs: Procs) -> None:
+def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_path: Path, procs: Procs,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     config = small_config(tmp_path, env={"pipeline": "drone"}, agent={"hidden_sizes": [256, 256]},
                           worker={"min_samples_per_worker_packet": 20, "max_packet_delay_s": 0.2},
                           trainer={"epochs": 1000, "rounds": 1, "steps": 50, "start_training": 60,
@@ -96,11 +92,9 @@ def test_drone_worker_applies_new_weights_between_steps_without_overrunning(tmp_
         taps.append(VersionTap(pipe.env_cls(), holder))
         return taps[-1]
 
-    loads = SlowLoadActor.loads  # weight loads, wherever the worker runs them
-    loads.clear()
+    loads = slowed_loads(monkeypatch)  # weight loads, wherever the worker runs them
     control_thread = "netrl-test-control-path"
-    actor_cls = partial(SlowLoadActor, hidden_sizes=tuple(cfg.agent.hidden_sizes))
-    worker = RolloutWorker.from_config(cfg, dataclasses.replace(pipe, env_cls=env_cls, actor_module_cls=actor_cls))
+    worker = RolloutWorker.from_config(cfg, dataclasses.replace(pipe, env_cls=env_cls))
     holder.append(worker)
     stop = threading.Event()
     with warnings.catch_warnings():
