@@ -12,6 +12,7 @@
     ├── PeerLost                a peer stayed silent past its liveness window
     ├── TransportError          a socket could not be bound or connected (says which config key to change)
     ├── SecurityError           keys are missing or a setting would expose an unencrypted port
+    ├── FolderInUse             another live process holds this run folder or spool folder
     └── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
 
 Every message says what went wrong and, where there is one, what to do about it.
@@ -22,6 +23,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "FolderInUse",
     "MalformedMessage",
     "NetrlError",
     "PeerLost",
@@ -89,3 +91,7 @@ class SecurityError(NetrlError):
 
 class CheckpointError(NetrlError):
     """A checkpoint or weights file is missing, torn or does not match the model."""
+
+
+class FolderInUse(NetrlError):
+    """Another live process holds the run folder or spool folder this process was given (see netrl.folderlock)."""

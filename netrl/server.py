@@ -33,6 +33,7 @@ from netrl.admission import Admission
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
 from netrl.errors import ProtocolError, VersionMismatch
+from netrl.folderlock import FolderLock
 from netrl.intake import SampleIntake
 from netrl.keys import ServerKeys, server_keys
 from netrl.peers import Peer, PeerTable
@@ -95,6 +96,8 @@ class Server:
         self.relay: SampleRelay | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._opened = self._closed = False
+        self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
+                                "first, or give this server another spool folder (config.json: server.spool_dir)")
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget)
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
                                    self.admission, self.stats, self._send)
@@ -116,7 +119,12 @@ class Server:
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
         """Open the spool and bind both ports (TransportError names the config key to change)."""
-        self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
+        self._lock.acquire()
+        try:
+            self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
+        except BaseException:
+            self._lock.release()
+            raise
         self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
                                  self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
                                  self._send_to_trainer, self.intake.tell_worker)
@@ -183,6 +191,7 @@ class Server:
                 self.spool.close()
             except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
                 log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
+        self._lock.release()
         held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
                  "still on disk), %d refused (spool full or failing), %d packets held in memory (their workers still "

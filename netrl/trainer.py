@@ -25,6 +25,7 @@ from netrl.config import Config, NetworkConfig, config_to_dict
 from netrl.delivery import Deliveries, SampleLog
 from netrl.envs import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError
+from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
 from netrl.schema import SampleSchema
@@ -91,6 +92,9 @@ class Trainer:
         self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
         self._policy_saved = False  # by this run (the closing log line must not claim an older file)
         self._closed = False
+        self._lock = FolderLock(self.run_dir, "run folder", "two trainers would interleave its sample log and "
+                                "checkpoints; stop that one first, or give this trainer another run folder "
+                                "(config.json: run_name; Python: Trainer(run_dir=...))")
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> Trainer:
@@ -124,7 +128,7 @@ class Trainer:
     def _train(self, stop: threading.Event) -> None:
         self.training = training = self.training_cls()
         training.build()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()  # creates the folder
         deliveries, sample_log = self._restore(training)
         if training.epoch >= training.epochs:
             log.warning("%s holds a finished run (%d of %d epochs): nothing to train. To train it further, raise "
@@ -292,6 +296,7 @@ class Trainer:
             self.net.sample_log.close()
         if self.metrics is not None:
             self.metrics.close()
+        self._lock.release()
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
         if failed:

@@ -197,3 +197,21 @@ def test_slow_trainer_keeps_server_memory_bounded_and_counts_add_up(tmp_path: Pa
     server_log = procs.log(server)
     spooled_total = int(re.search(r"(\d+) samples spooled in all", server_log).group(1))  # type: ignore[union-attr]
     assert spooled_total >= in_spool
+
+
+def test_a_second_trainer_on_a_run_folder_in_use_is_refused_and_the_first_carries_on(tmp_path: Path,
+                                                                                     procs: Procs) -> None:
+    config = small_config(tmp_path, trainer=FAST_TRAINER)
+    server = procs.spawn("server", config)
+    procs.wait_for(server, "server listening")
+    first = procs.spawn("trainer", config)
+    procs.wait_for(first, "connected to trainer server")
+    second = procs.spawn("trainer", config)  # say, restarted by a supervisor that thought the first one dead
+    assert second.wait(timeout=60) == 1
+    assert (f"run folder {tmp_path / 'weights' / 'test'} is in use by another process (pid {first.pid}): two trainers"
+            in procs.log(second))
+    assert "connected to trainer server" not in procs.log(second)  # refused before it reached the server
+    assert first.poll() is None and len(re.findall(r"trainer\S* connected \(netrl", procs.log(server))) == 1
+    for p in (first, server):
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=10) == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,12 +17,16 @@ import torch
 
 from netrl import checkpoint
 from netrl.agents.sac import MLPActor
+from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
 from netrl.envs import GenericGymEnv
-from netrl.errors import CheckpointError
+from netrl.errors import CheckpointError, FolderInUse
+from netrl.folderlock import FolderLock
+from netrl.launch import free_port
 from netrl.memory import ReplayMemory
 from netrl.samples import Buffer
 from netrl.segments import Position, SegmentLog
+from netrl.server import Server
 from netrl.spool import Spool
 from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
@@ -28,7 +34,10 @@ from netrl.util import partial
 from netrl.weights import write_weights_file
 from netrl.wire import encode, samples_message
 from netrl.worker import RolloutWorker
+from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
+
+NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
 
 
 def test_segment_log_cuts_a_torn_tail_and_keeps_everything_before(tmp_path: Path) -> None:
@@ -260,3 +269,39 @@ def test_worker_loads_saved_weights_at_start_and_keeps_a_history(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.glob("hist_v*.pt")) == ["hist_v000043.pt", "hist_v000045.pt"]
     worker.close()
     assert Position(1, 0) < Position(1, 5) < Position(2, 0)  # positions order like the log
+
+
+def test_a_folder_has_one_live_holder_and_a_dead_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
+    first = FolderLock(tmp_path / "run", "run folder", "stop it")
+    first.acquire()
+    first.acquire()  # idempotent
+    with pytest.raises(FolderInUse, match=rf"run folder {tmp_path / 'run'} is in use by another process "
+                                          rf"\(pid {os.getpid()}\): stop it"):
+        FolderLock(tmp_path / "run", "run folder", "stop it").acquire()
+    holder = ("import sys, time; from netrl.folderlock import FolderLock; "
+              "FolderLock(sys.argv[1], 'x', 'y').acquire(); print('held', flush=True); time.sleep(60)")
+    first.release()
+    child = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        with pytest.raises(FolderInUse, match=rf"\(pid {child.pid}\)"):  # another process
+            first.acquire()
+        child.kill()  # SIGKILL: no cleanup ran, and still the lock is gone with the process
+        child.wait()
+        first.acquire()
+    finally:
+        child.kill()
+        child.wait()
+        first.release()
+
+
+def test_a_second_server_on_a_spool_in_use_is_refused_before_touching_it(tmp_path: Path) -> None:
+    with running_server(network=NET, spool_dir=tmp_path / "spool"):
+        second = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
+        with pytest.raises(FolderInUse, match="spool folder .* is in use .*another spool folder "
+                                              r"\(config.json: server.spool_dir\)"):
+            second.open()
+        second.close()
+    third = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
+    third.open()  # the first let it go when it closed
+    third.close()
