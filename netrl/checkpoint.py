@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from netrl.errors import CheckpointError
+from netrl.weights import torch_save
 
 __all__ = ["exists", "load_checkpoint", "load_state", "save_checkpoint"]
 
@@ -51,7 +52,7 @@ def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str,
     folder.mkdir(parents=True, exist_ok=True)
     number = _current(folder) + 1
     agent_file, state_file = folder / f"agent_{number:06d}.pt", folder / f"state_{number:06d}.json"
-    torch.save(agent_state, folder / "agent.tmp")
+    torch_save(agent_state, folder / "agent.tmp")
     _replace(folder / "agent.tmp", agent_file, fsync)
     (folder / "state.tmp").write_text(json.dumps({**state, "format": FORMAT, "agent_file": agent_file.name}))
     _replace(folder / "state.tmp", state_file, fsync)

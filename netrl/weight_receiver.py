@@ -77,6 +77,7 @@ class WeightReceiver:
         self.known = KnownLayout(template_actor)
         self.assembler = WeightAssembler(max_bytes=self.known.nbytes)  # a bigger version is rejected early
         self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
+        self._save_failing = False
         self._own: dict[int, dict[str, torch.Tensor]] = {}  # id(module) -> its state_dict(keep_vars=True)
 
     def __call__(self, msg: Message) -> dict[str, Any]:
@@ -118,8 +119,25 @@ class WeightReceiver:
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
                 "weights v%d ready (%d received)", version, self.counts["weights_received"])
-        self.save(module, version, session)
+        self._save(module, version, session)
         return self.stats()
+
+    def _save(self, module: torch.nn.Module, version: int, session: str) -> None:
+        """Keep the weights on disk: a convenience for the next start, so a failed write (a full disk) is logged
+        when it starts and when it ends, counted, and never stops the worker."""
+        try:
+            self.save(module, version, session)
+        except OSError as exc:
+            self.counts["weights_save_failed"] += 1
+            if not self._save_failing:
+                log.error("could not save weights v%d (%s); the worker goes on with them loaded, and a restart "
+                          "would start from the last saved version: free disk space there or check permissions",
+                          version, exc)
+            self._save_failing = True
+            return
+        if self._save_failing:
+            log.info("saving received weights works again (v%d saved)", version)
+        self._save_failing = False
 
     def _reject(self, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
         self.assembler.release(flat)

@@ -6,10 +6,12 @@ and for finiteness before anything is loaded. Files are read with ``torch.load(w
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
 import os
+import shutil
 import threading
 import warnings
 from collections.abc import Mapping
@@ -24,7 +26,7 @@ from netrl.wire import ALLOWED_DTYPES
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "flat_arrays",
            "flat_layout", "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "tensor_views",
-           "weight_specs", "write_weights_file"]
+           "torch_save", "weight_specs", "write_weights_file"]
 
 
 @functools.cache  # str() of a dtype costs microseconds, and this runs per tensor of every received version
@@ -123,12 +125,29 @@ def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any], assign: boo
         module.load_state_dict(state, assign=False)
 
 
+def torch_save(obj: Any, path: Path) -> None:
+    """``torch.save(obj, path)``, raising OSError when the write fails: torch's zip writer reports a full disk or a
+    file-size limit as a RuntimeError ("unexpected pos ...") that names neither the file nor the cause."""
+    try:
+        torch.save(obj, path)
+    except RuntimeError as exc:
+        full = shutil.disk_usage(path.parent).free < (64 << 20)
+        raise OSError(errno.ENOSPC if full else errno.EIO,
+                      f"{'no space left on the disk' if full else 'the write failed'}: torch.save said {exc}".strip(),
+                      str(path)) from exc
+
+
 def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """Atomically write ``path`` (state_dict) and ``path.json`` (meta: version, session...)."""
+    """Atomically write ``path`` (state_dict) and ``path.json`` (meta: version, session...). Raises OSError when
+    either write fails, leaving the previous files as they were."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # unique per writer
-    torch.save(module.state_dict(), tmp)
+    try:
+        torch_save(module.state_dict(), tmp)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     side = path.with_name(path.name + ".json")
     tmp_side = side.with_name(f"{side.name}.tmp-{os.getpid()}-{threading.get_ident()}")

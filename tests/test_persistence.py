@@ -305,3 +305,26 @@ def test_a_second_server_on_a_spool_in_use_is_refused_before_touching_it(tmp_pat
     third = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
     third.open()  # the first let it go when it closed
     third.close()
+
+
+def test_a_weights_file_that_cannot_be_written_raises_oserror_and_keeps_the_previous_one(tmp_path: Path) -> None:
+    # torch.save reports a full disk (here: a file-size limit) as a RuntimeError naming neither file nor cause
+    script = """
+import resource, sys, torch
+from pathlib import Path
+from netrl.weights import write_weights_file
+path = Path(sys.argv[1])
+write_weights_file(path, torch.nn.Linear(2, 2), {"version": 1})
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    write_weights_file(path, torch.nn.Linear(200, 200), {"version": 2})
+except OSError as exc:
+    print("OSError", exc.filename, exc)
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w.pt")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.startswith(f"OSError {tmp_path / 'w.pt'}.tmp-"), out.stdout + out.stderr
+    assert "torch.save said" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.pt", "w.pt.json"]  # no temporary file left
+    assert json.loads((tmp_path / "w.pt.json").read_text())["version"] == 1
+    assert torch.load(tmp_path / "w.pt", weights_only=True)["weight"].shape == (2, 2)

@@ -219,3 +219,32 @@ def test_a_worker_proves_its_own_layout_finite_with_one_sum_and_checks_anything_
     outside = [[n, d, s, o + nbytes] for n, d, s, o in layout]
     assert receive(flat, 6, outside) == 5 and "lies outside" in caplog.text
     assert receiver.counts["weights_rejected"] == 2
+
+
+def test_weights_that_cannot_be_saved_are_still_used_and_the_failure_is_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.weight_receiver import WeightReceiver
+
+    caplog.set_level("INFO", logger="netrl.weight_receiver")
+    actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
+    failing = {1, 2}
+    saved: list[int] = []
+
+    def save(module: torch.nn.Module, version: int, session: str) -> None:
+        if version in failing:
+            raise OSError(28, "No space left on device", "/run/worker_policy.pt")
+        saved.append(version)
+
+    receiver = WeightReceiver(actor, MLPActor(OBS, ACT, hidden_sizes=(8,)), -1, save)
+    layout, nbytes = flat_layout(actor)
+    flat = np.zeros(nbytes, np.uint8)
+    snapshot_into(actor, layout, flat)
+    for version in (1, 2, 3):
+        for m in weight_msgs(flat, layout, version):
+            receiver(m)
+        assert receiver.version == version  # loaded and used whether or not it could be saved
+    assert saved == [3] and receiver.counts["weights_save_failed"] == 2
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "could not save weights v1" in errors[0].getMessage()
+    assert "No space left on device" in errors[0].getMessage()
+    assert "saving received weights works again (v3 saved)" in caplog.text
