@@ -178,6 +178,7 @@ class ClientLink:
         self._was_ready = False
         self._unanswered, self._last_unanswered_log = 0, 0.0  # connection attempts without a WELCOME in a row
         self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
+        self._reported_at = 0.0  # when a HEARTBEAT last carried them
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -228,9 +229,13 @@ class ClientLink:
             return
         if self._liveness.expired(now):
             self._lose(f"no message from the server for {self._liveness.window:.1f} s")
-        elif self._liveness.heartbeat_due(now):
+        elif self._liveness.heartbeat_due(now) or (self.heartbeat_body is not None and self.ready
+                                                   and now - self._reported_at >= self._liveness.interval):
+            # A busy link never falls idle, but its counters (a worker's drops) must reach --status all the same:
+            # a heartbeat that carries them goes out every interval either way.
             body = self.heartbeat_body() if self.heartbeat_body else {}
-            self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body)))
+            if self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body))):
+                self._reported_at = now
 
     def receive(self) -> list[Message]:
         """Drain available messages; returns those the role must handle."""

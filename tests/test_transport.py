@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -11,6 +12,7 @@ from netrl.config import NetworkConfig
 from netrl.errors import TransportError
 from netrl.launch import free_port
 from netrl.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
+from tests.conftest import running_server
 
 
 def test_backoff_doubles_with_jitter_up_to_the_maximum_and_resets() -> None:
@@ -91,3 +93,32 @@ def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() 
             thread.command([b"weights"])  # blocked forever before: the pipe had no reader left
     finally:
         thread.halt()
+
+
+def test_a_link_that_never_falls_idle_still_reports_its_counters(tmp_path: Path) -> None:
+    net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=20)
+    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):
+        link = ClientLink(ctx, net, "worker", "busy", new_session(), srv.worker_port)
+        dropped = [0]
+        link.heartbeat_body = lambda: {"stats": {"dropped_samples": dropped[0]}}
+        try:
+            link.open()
+            deadline = time.monotonic() + 5
+            while not link.ready and time.monotonic() < deadline:
+                link.receive()
+                link.maintain()
+                time.sleep(0.01)
+            assert link.ready
+            reports = []
+            for step in range(60):  # 1.2 s of traffic every 20 ms: no heartbeat is ever due for idleness
+                dropped[0] = step
+                link._liveness.sent()
+                link.receive()
+                link.maintain()
+                time.sleep(0.02)
+                workers = srv.peers.workers()
+                reports.append(workers[0].reported.get("dropped_samples") if workers else None)
+        finally:
+            link.close()
+    seen = {r for r in reports if r is not None}
+    assert len(seen) >= 5 and max(seen) >= 45, reports  # reported every interval, and current
