@@ -59,6 +59,8 @@ class NetThread(threading.Thread):
         Raises NetrlError once the network thread has ended (its end of the pipe is closed, so a send would block
         forever)."""
         try:
+            if self.ident is not None and not self.is_alive():  # ended: its end of the pipe may still be closing
+                raise zmq.Again
             tracker = self._pipe_out.send_multipart(frames, zmq.NOBLOCK, copy=False, track=track)
         except zmq.Again:  # the pipe has no reader any more: SNDHWM 0 never refuses while it does
             raise NetrlError(f"{self.link.role} cannot continue: its network thread has stopped"
