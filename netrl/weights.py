@@ -133,7 +133,7 @@ def torch_save(obj: Any, path: Path) -> None:
     except RuntimeError as exc:
         full = shutil.disk_usage(path.parent).free < (64 << 20)
         raise OSError(errno.ENOSPC if full else errno.EIO,
-                      f"{'no space left on the disk' if full else 'the write failed'}: torch.save said {exc}".strip(),
+                      f"{'no space left on the disk' if full else 'the write failed'}: torch.save said {exc}",
                       str(path)) from exc
 
 
@@ -271,7 +271,7 @@ class KnownLayout:
 class WeightAssembler:
     """Worker side: collects the parts of one weight version into a flat buffer from a small pool.
 
-    A buffer handed out by :meth:`complete` backs a loaded actor; :meth:`release` returns one that no actor views
+    A buffer handed out by :meth:`take` backs a loaded actor; :meth:`release` returns one that no actor views
     any more, so buffers are reused (fresh pages are slow) and never overwritten while an actor reads them.
     A version that came in one part is not copied at all: a read-only view of its received chunk becomes the
     buffer (so it never joins the pool; the caller must not write to that chunk afterwards).
@@ -330,15 +330,6 @@ class WeightAssembler:
         flat, layout = self._flat, self._layout
         self._flat, self._key = None, None
         return flat, layout
-
-    def complete(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The finished buffer and views of its tensors (ValueError if the layout is bad; the buffer is kept)."""
-        flat, layout = self.take()
-        try:
-            return flat, flat_arrays(flat, layout)
-        except ValueError:
-            self.release(flat)
-            raise
 
     def release(self, flat: np.ndarray | None) -> None:
         if flat is not None and flat.flags.writeable and len(self._free) < 3:

@@ -36,7 +36,8 @@ def assemble(assembler: WeightAssembler, msgs: list[Message]) -> tuple[np.ndarra
         assembler.add(b["session"], m.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
                       m.arrays["chunk"])
     assert assembler.done
-    return assembler.complete()
+    flat, layout = assembler.take()
+    return flat, flat_arrays(flat, layout)
 
 
 def test_a_snapshot_in_parts_reassembles_into_the_same_actor() -> None:
