@@ -29,6 +29,7 @@ from benchmarks.common import child, forward, kill
 from netrl.config import Config, config_to_dict
 from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.status import count_of
 
 SIZES = {"0.1M": 313, "1M": 997, "10M": 3160}  # hidden width h of an MLP actor (3 -> h -> h -> 1): about h^2 params
 WARMUP = 2  # versions published before the measured ones (see the module docstring)
@@ -264,7 +265,8 @@ def bench_broadcast(quick: bool) -> list[dict[str, Any]]:
                                  "versions_measured": sum(v > WARMUP for v in got),
                                  "all_ms": {name: {v: 1000 * t for v, t in lat.items()}
                                             for name, lat in (("netrl", got), ("raw", raw), ("raw_forwarded", fwd))}})
-                    print(f"broadcast {size:>4} params {workers:>2} workers {security:<5}  netrl {net_ms:8.1f} ms | "
+                    who = count_of(workers, "worker")
+                    print(f"broadcast {size:>4} params {who:>10} {security:<5}  netrl {net_ms:8.1f} ms | "
                           f"raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x | raw through a forwarder {fwd_ms:8.1f} ms "
                           f"| {net_ms / fwd_ms:.2f}x", flush=True)
     return rows

@@ -30,6 +30,7 @@ from netrl.delivery import Deliveries, SampleLog
 from netrl.keys import client_keys, keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.samples import Buffer
+from netrl.status import count_of
 from netrl.transport import new_session
 from netrl.wire import encode, samples_message
 
@@ -264,7 +265,8 @@ def bench_relay(quick: bool, repeat: int = 1) -> list[dict[str, Any]]:
                     row = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
                     rows.append({"section": "relay", "kind": kind, "workers": workers, "security": security, **row,
                                  "repeats": repeat, "runs": runs})
-                    print(f"relay {kind:<6} {workers:>2} workers {security:<5}  netrl {row['netrl_samples_s']:>11,.0f} "
+                    who = count_of(workers, "worker")
+                    print(f"relay {kind:<6} {who:>10} {security:<5}  netrl {row['netrl_samples_s']:>11,.0f} "
                           f"samples/s {row['netrl_mb_s']:>8.1f} MB/s | raw {row['raw_samples_s']:>11,.0f} samples/s "
                           f"{row['raw_mb_s']:>8.1f} MB/s | {row['ratio']:.0%} | raw through a forwarder "
                           f"{row['raw_forwarded_samples_s']:>11,.0f} samples/s | {row['ratio_forwarded']:.0%}"
