@@ -5,10 +5,14 @@
     checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy coefficient
     checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state, config
     checkpoint/CURRENT              {"number": 7}: the newest complete checkpoint
+    checkpoint/PUBLISHED            {"version": 93}: the newest weight version this run has sent out
 
 A checkpoint is written file by file and becomes current only when ``CURRENT`` is atomically replaced, so a crash
 mid-save leaves the previous checkpoint intact. Tensors are loaded with ``torch.load(weights_only=True)``; nothing is
 pickled. The replay memory itself is rebuilt from the trainer's sample log (see :mod:`netrl.delivery`).
+
+``PUBLISHED`` is replaced before each weight version leaves the trainer, so a restarted trainer numbers after every
+version a worker or the server may still hold, even when the server restarted too and forgot them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from netrl.errors import CheckpointError
 from netrl.weights import torch_save
 
-__all__ = ["exists", "load_checkpoint", "load_state", "save_checkpoint"]
+__all__ = ["exists", "load_checkpoint", "load_state", "published_version", "record_published", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,31 @@ def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str,
         if int(old.stem.split("_")[1]) < number - 1:  # keep the previous one too, in case this one is damaged
             old.unlink()
     return state_file
+
+
+def record_published(run_dir: Path, version: int, fsync: bool = False) -> None:
+    """Note ``version`` as the newest this run has published (before it is sent). Raises OSError."""
+    folder = _dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "PUBLISHED.tmp").write_text(json.dumps({"version": version}))
+    _replace(folder / "PUBLISHED.tmp", folder / "PUBLISHED", fsync)
+
+
+def published_version(run_dir: Path) -> int:
+    """The newest weight version this run has published, or 0 when none is noted.
+
+    Raises:
+        CheckpointError: the note is unreadable.
+    """
+    path = _dir(run_dir) / "PUBLISHED"
+    try:
+        return int(json.loads(path.read_text())["version"])
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({exc}); it holds the newest weight version this run sent "
+                              "out. If no server or worker still holds this run's weights, remove it: versions then "
+                              "continue after the checkpoint's and the sample log's newest") from None
 
 
 def _current(folder: Path) -> int:

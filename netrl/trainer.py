@@ -4,8 +4,9 @@ The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling
 (:class:`~netrl.trainer_link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
 The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
 replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
-continues the weight version numbering after the newest version the checkpoint or the sample log names (and,
-once connected, after the newest the server has seen: see :mod:`netrl.trainer_link`).
+continues the weight version numbering after the newest version it ever sent out (noted in the run folder before
+each send: see :mod:`netrl.checkpoint`) and, once connected, after the newest the server or a worker has seen (see
+:mod:`netrl.trainer_link`).
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class Trainer:
         self.metrics.rewind(training.total_updates)
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space, self.sample_compressor)
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
-                                     deliveries, sample_log, schema, self.keys, self.status_interval, training.live)
+                                     deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
+                                     self._record_version)
         net.version = training.version
         self._saved = self._progress()  # what the checkpoint on disk (if any) holds
         net.start()
@@ -167,6 +169,11 @@ class Trainer:
             self._load_agent(training, agent_state, state.get("agent_state", "full"))
             training.load_state(state)
         deliveries = Deliveries(state.get("deliveries"))
+        published = checkpoint.published_version(self.run_dir)
+        if published > training.version:  # sent after the checkpoint: never number weights twice
+            log.info("weight versions continue after v%d, the newest this run sent out (the checkpoint has v%d)",
+                     published, training.version)
+            training.version = published
         if not self.persist_samples:
             return deliveries, None
         memory_size = training.memory_size
@@ -191,11 +198,19 @@ class Trainer:
             log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
                      "received after it; memory holds %d transitions", restored, after,
                      len(training.memory) if training.memory is not None else 0)
-        if newest > training.version:  # published after the checkpoint, before a crash: never number weights twice
+        if newest > training.version:  # a run folder from before PUBLISHED was kept
             log.info("weight versions continue after v%d, the newest in the sample log (the checkpoint has v%d)",
                      newest, training.version)
             training.version = newest
         return deliveries, sample_log
+
+    def _record_version(self, version: int) -> None:
+        """Note a weight version in the run folder before it is sent (see :func:`checkpoint.record_published`)."""
+        try:
+            checkpoint.record_published(self.run_dir, version, self.fsync)
+        except OSError as exc:
+            raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
+                                  f"; v{version} was not sent, so no number names two actors") from None
 
     @staticmethod
     def _load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:

@@ -63,9 +63,11 @@ class TrainerLink(NetThread):
     def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
                  deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0,
-                 live: Callable[[], dict[str, Any]] | None = None) -> None:
+                 live: Callable[[], dict[str, Any]] | None = None,
+                 record_version: Callable[[int], None] | None = None) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
         self.live = live  # TrainingOffline.live
+        self.record_version = record_version  # notes a version on disk before it is sent (Trainer._record_version)
         self._status = StatusClock(status_interval_s)
         self.schema = schema
         self.credit_window = credit_window
@@ -111,6 +113,8 @@ class TrainerLink(NetThread):
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
         """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
+        if self.record_version is not None:
+            self.record_version(version)
         self.version = version
         state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
         layout, nbytes = flat_layout(state)

@@ -159,6 +159,42 @@ def test_a_trainer_numbers_after_the_servers_newest_version_and_publishes_again_
     assert lags and min(lags) >= 0  # samples from the crashed session's v40 arrived when the trainer was at v2
 
 
+def test_a_restarted_trainer_numbers_after_every_version_it_sent_out_though_the_server_forgot_them(
+        tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # No sample log, whose packets would name the versions in force when they arrived: the versions published after
+    # the last logged packet (while the server was away, say) are known from PUBLISHED alone.
+    make_trainer(tmp_path, epochs=1, persist_samples=False).run()  # checkpoint after epoch 0
+    real_save = checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint, "save_checkpoint", lambda *args, **kwargs: None)
+    make_trainer(tmp_path, epochs=2, persist_samples=False).run()  # publishes more, then dies before its checkpoint
+    sent = max(v for v, _ in links.made[1].published)
+    assert sent > checkpoint.load_state(tmp_path)["version"]  # type: ignore[index]
+    assert checkpoint.published_version(tmp_path) == sent
+    monkeypatch.setattr(checkpoint, "save_checkpoint", real_save)
+    with caplog.at_level(logging.INFO):  # a new server process too: no WELCOME names the old versions
+        make_trainer(tmp_path, epochs=2, persist_samples=False).run()
+    assert links.made[2].published[0][0] == sent + 1
+    assert f"weight versions continue after v{sent}, the newest this run sent out" in caplog.text
+
+    (tmp_path / "checkpoint" / "PUBLISHED").write_text("{torn")
+    with pytest.raises(CheckpointError, match=r"PUBLISHED is unreadable .*remove it"):
+        make_trainer(tmp_path, epochs=3).run()
+
+
+def test_a_version_that_cannot_be_noted_on_disk_is_not_sent_and_the_trainer_stops_with_advice(
+        tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_room(run_dir: Path, version: int, fsync: bool = False) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "record_published", no_room)
+    with pytest.raises(CheckpointError, match=r"could not write the newest weight version to .*No space left.*v1 "
+                                              r"was not sent"):
+        make_trainer(tmp_path, epochs=1).run()
+    (link,) = links.made
+    assert link.version == 0 and not link._snapshots  # nothing went to the network thread
+
+
 def test_the_link_counts_a_servers_versions_as_taken_unless_only_its_own_can_have_them(tmp_path: Path) -> None:
     link = FakeLink(NetworkConfig(), "trainer", new_session(), 1, 4, Deliveries(), None)
     link.start()
