@@ -1,4 +1,4 @@
-"""The demo: one command starts all three roles; Ctrl+C stops them all cleanly within a few seconds."""
+"""The demo: one command starts all three roles; Ctrl+C stops them all cleanly within a few seconds; it resumes."""
 
 from __future__ import annotations
 
@@ -14,20 +14,19 @@ import psutil
 from tests.conftest import small_config
 
 
-def test_demo_runs_all_three_roles_and_ctrl_c_stops_them(tmp_path: Path) -> None:
-    config = small_config(tmp_path, trainer={"epochs": 1000})
-    log = tmp_path / "demo.log"
+def _demo_until(config: Path, log: Path, rounds: str) -> str:
+    """Start the demo, wait until it logs ``rounds`` (a round line), Ctrl+C it; returns its log."""
     with log.open("wb") as out:
         demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while "round 0" not in log.read_text() and time.monotonic() < deadline:
+        while rounds not in log.read_text() and time.monotonic() < deadline:
             assert demo.poll() is None, log.read_text()
             time.sleep(0.2)
         text = log.read_text()
         children = psutil.Process(demo.pid).children()
-        assert "round 0" in text and len(children) == 3, text[-2000:]
+        assert rounds in text and len(children) == 3, text[-2000:]
         t0 = time.monotonic()
         demo.send_signal(signal.SIGINT)  # what Ctrl+C in the terminal does
         assert demo.wait(timeout=10) == 0
@@ -40,6 +39,20 @@ def test_demo_runs_all_three_roles_and_ctrl_c_stops_them(tmp_path: Path) -> None
     assert "lost the server" not in text, text[-2000:]  # the worker stops before the server says goodbye
     _, alive = psutil.wait_procs(children, timeout=0)
     assert not alive, f"demo children still running: {alive}"
+    return text
+
+
+def test_demo_runs_all_three_roles_and_ctrl_c_stops_them_and_a_restart_resumes(tmp_path: Path) -> None:
+    config = small_config(tmp_path, trainer={"epochs": 1000})
+    csv = tmp_path / "weights" / "test" / "metrics.csv"
+    _demo_until(config, tmp_path / "demo.log", "netrl.metrics: epoch")  # a round's line
+    first = csv.read_text().splitlines()
+    assert len(first) >= 2  # a header and a round
+    text = _demo_until(config, tmp_path / "demo2.log", "netrl.metrics: epoch")
+    assert "loaded checkpoint" in text, text[-2000:]
+    # the resumed demo keeps the rounds its first start logged, and adds its own after them
+    assert csv.read_text().splitlines()[:len(first)] == first
+    assert len(csv.read_text().splitlines()) > len(first)
 
 
 def _run(role: str, config: Path, timeout: float) -> str:
