@@ -68,7 +68,7 @@ class SampleLog:
 
     def __init__(self, directory: str | Path, keep_rows: int, fsync: bool = False,
                  segment_bytes: int = 64 << 20) -> None:
-        self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync)
+        self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync, what="trainer's sample log folder")
         self.keep_rows = keep_rows
         self._rows: dict[int, int] = {}  # segment -> rows, for trimming
         for rec in self.log.read():

@@ -12,9 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from netrl.errors import FolderInUse
+from netrl.errors import FolderInUse, NetrlError
 
-__all__ = ["FolderLock"]
+__all__ = ["FolderLock", "make_folder"]
 
 LOCK_NAME = "LOCK"
 
@@ -32,8 +32,11 @@ class FolderLock:
         """Take the lock, or raise FolderInUse naming the process that holds it. Idempotent."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        make_folder(self.path.parent, self.what)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise NetrlError(f"cannot lock the {self.what} {self.path.parent}: {exc}") from None
         try:
             _lock(fd)
         except OSError:
@@ -53,6 +56,17 @@ class FolderLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def make_folder(folder: Path, what: str) -> None:
+    """Create ``folder`` (and its parents) if missing; NetrlError names the file in the way, or the OS error."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = (f"{blocker} is a file, not a folder: move it away, or choose another folder" if blocker is not None
+               else str(exc))
+        raise NetrlError(f"cannot use {folder} as the {what}: {why}") from None
 
 
 if sys.platform == "win32":  # pragma: no cover - Windows only

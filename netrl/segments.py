@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import crc32c
 import msgpack
 
+from netrl.folderlock import make_folder
+
 __all__ = ["Position", "Record", "SegmentLog"]
 
 log = logging.getLogger(__name__)
@@ -58,14 +60,14 @@ class SegmentLog:
     """An append-only log of messages in ``directory``. Not thread-safe: one owner thread."""
 
     def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20, fsync: bool = False,
-                 readonly: bool = False, recycle: int = 4) -> None:
+                 readonly: bool = False, recycle: int = 4, what: str = "log folder") -> None:
         self.dir = Path(directory)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self.recycle = recycle  # dropped segment files kept for reuse
         self.readonly = readonly  # for inspecting a log another process writes: never repairs, stops at a torn tail
         if not readonly:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_folder(self.dir, what)
         self._file: int | None = None  # the current segment's descriptor, positioned at ``_end``
         self._segments: list[int] | None = None  # cached listing; this log is the only writer
         segments = self.segments()

@@ -20,7 +20,7 @@ from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
 from netrl.envs import GenericGymEnv
-from netrl.errors import CheckpointError, FolderInUse
+from netrl.errors import CheckpointError, FolderInUse, NetrlError
 from netrl.folderlock import FolderLock
 from netrl.launch import free_port
 from netrl.memory import ReplayMemory
@@ -305,6 +305,22 @@ def test_a_second_server_on_a_spool_in_use_is_refused_before_touching_it(tmp_pat
     third = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
     third.open()  # the first let it go when it closed
     third.close()
+
+
+def test_a_file_where_a_folder_belongs_is_named_in_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "spool").write_text("not a folder")
+    server = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
+    with pytest.raises(NetrlError, match=rf"cannot use {tmp_path / 'spool'} as the spool folder: "
+                                         rf"{tmp_path / 'spool'} is a file, not a folder: move it away"):
+        server.open()
+    server.close()
+    (tmp_path / "weights").write_text("not a folder")  # a parent of the run folder
+    with pytest.raises(NetrlError, match=rf"cannot use {tmp_path / 'weights' / 'run'} as the run folder: "
+                                         rf"{tmp_path / 'weights'} is a file"):
+        FolderLock(tmp_path / "weights" / "run", "run folder", "stop it").acquire()
+    (tmp_path / "samples").write_text("not a folder")
+    with pytest.raises(NetrlError, match=rf"as the trainer's sample log folder: {tmp_path / 'samples'} is a file"):
+        SampleLog(tmp_path / "samples", keep_rows=10)
 
 
 def test_a_weights_file_that_cannot_be_written_raises_oserror_and_keeps_the_previous_one(tmp_path: Path) -> None:
