@@ -100,7 +100,23 @@ def _current(folder: Path) -> int:
     try:
         return int(json.loads(pointer.read_text())["number"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{pointer} is unreadable ({exc}); remove {folder} to start this run afresh") from None
+        why = f"{pointer} is unreadable ({exc})"
+    numbers = _complete(folder)
+    if not numbers:
+        raise CheckpointError(f"{why}, and {folder} holds no complete checkpoint: remove {pointer} to start this "
+                              "run afresh (the sample log is kept and replayed)") from None
+    log.warning("%s: using checkpoint %d, the newest whose files are all there", why, numbers[-1])
+    return numbers[-1]
+
+
+def _complete(folder: Path) -> list[int]:
+    """Numbers of the checkpoints whose state and agent files are both present, oldest first."""
+    numbers = []
+    for state in folder.glob("state_*.json"):
+        number = state.stem.removeprefix("state_")
+        if number.isdigit() and (folder / f"agent_{number}.pt").exists():
+            numbers.append(int(number))
+    return sorted(numbers)
 
 
 def _load_state(folder: Path) -> tuple[int, dict[str, Any]] | None:

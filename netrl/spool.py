@@ -71,12 +71,17 @@ class Spool:
         path = self.dir / "HEAD"
         if not path.exists():
             return self.log.start()
+        start, end = self.log.start(), self.log.end()
         try:
             data = json.loads(path.read_text())
             head = Position(int(data["segment"]), int(data["offset"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise OSError(f"{path} is unreadable ({exc}); remove the spool folder to start empty") from None
-        return max(head, self.log.start())
+            if head > end:
+                raise ValueError(f"it points past the spool's end {tuple(end)}")
+        except (ValueError, KeyError, TypeError) as exc:  # resending is safe: the trainer discards what it has
+            log.warning("%s is unreadable (%s): the spool is sent again from its start, %s; the trainer discards "
+                        "packets it already has", path, exc, tuple(start))
+            return start
+        return max(head, start)
 
     def _save_head(self) -> None:
         tmp = self.dir / "HEAD.tmp"

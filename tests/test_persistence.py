@@ -150,6 +150,22 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     again.rewind()
     assert [p.meta["seq"] for p in again.take(upto(0, 50))] == [4]  # at least one packet, however big
     assert not again.fits(10_000) and again.fits(100)
+    again.close()
+
+
+@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}'])
+def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_nothing(
+        tmp_path: Path, head: str, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000)
+    for seq in range(1, 4):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.ack(spool.take(upto(1, 0))[0].position)
+    spool.close()
+    (tmp_path / "HEAD").write_text(head)  # garbage, or a position past the log's end
+    again = Spool(tmp_path, max_bytes=10_000)
+    assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [1, 2, 3]  # 1 again: the trainer discards it
+    assert "HEAD is unreadable" in caplog.text and "sent again from its start" in caplog.text
+    again.close()
 
 
 @pytest.mark.parametrize("max_bytes", [3_000, 16_000, 1 << 20])
@@ -207,6 +223,28 @@ def test_checkpoint_is_atomic_and_a_broken_one_is_reported(tmp_path: Path) -> No
     assert checkpoint.load_checkpoint(tmp_path)[1]["epoch"] == 3  # type: ignore[index]
     (tmp_path / "checkpoint" / "agent_000003.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"agent_000003\.pt"):
+        checkpoint.load_checkpoint(tmp_path)
+
+
+def test_an_unreadable_checkpoint_pointer_falls_back_to_the_newest_complete_checkpoint(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for n in range(1, 4):
+        checkpoint.save_checkpoint(tmp_path, {"w": torch.full((2,), float(n))},
+                                   {"epoch": n, "total_updates": n, "version": n, "total_samples": n})
+    folder = tmp_path / "checkpoint"
+    (folder / "agent_000003.pt").unlink()  # the newest is incomplete
+    (folder / "CURRENT").write_text("{torn")
+    agent, state = checkpoint.load_checkpoint(tmp_path)  # type: ignore[misc]
+    assert state["epoch"] == 2 and torch.equal(agent["w"], torch.full((2,), 2.0))
+    assert "CURRENT is unreadable" in caplog.text and "using checkpoint 2, the newest whose files" in caplog.text
+    checkpoint.save_checkpoint(tmp_path, {"w": torch.zeros(2)}, {"epoch": 3, "total_updates": 3, "version": 3,
+                                                                  "total_samples": 3})
+    assert json.loads((folder / "CURRENT").read_text()) == {"number": 3}  # numbered after it, and readable again
+    for f in folder.glob("agent_*.pt"):
+        f.unlink()
+    (folder / "CURRENT").write_text("{torn")
+    with pytest.raises(CheckpointError, match=r"CURRENT is unreadable .* holds no complete checkpoint: remove "
+                                              r".*CURRENT to start this run afresh"):
         checkpoint.load_checkpoint(tmp_path)
 
 
