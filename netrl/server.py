@@ -194,8 +194,9 @@ class Server:
         self._lock.release()
         held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
-                 "still on disk), %d refused (spool full or failing), %d packets held in memory (their workers still "
-                 "have them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
+                 "still on disk), %d sample refusals while the spool was full or failing (workers keep refused "
+                 "samples and resend them, so one can be refused again), %d packets held in memory (their workers "
+                 "still have them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
                  self.spool.packets if self.spool else 0, self.stats["samples_refused"], held)
 
     # -- receiving -----------------------------------------------------------------------------------------
@@ -274,6 +275,17 @@ class Server:
         assert self.relay is not None
         self.relay.trainer_joined()
         self.weights.trainer_session(peer.session, self.peers.values())
+
+    def _lost(self, peer: Peer, why: str) -> None:
+        """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""
+        self.stats["peers_lost"] += 1
+        packets, nbytes = peer.reported.get("backlog_packets", 0), peer.reported.get("backlog_bytes", 0)
+        if packets:
+            log.warning("%s lost (%s); it last reported %d unacknowledged packets (%.1f MiB): it resends them if it "
+                        "reconnects, and they are lost if it died", peer.label, why, packets, nbytes / 2**20)
+        else:
+            log.info("%s lost (%s)", peer.label, why)
+        self._forget(peer)
 
     def _forget(self, peer: Peer) -> None:
         self.peers.remove(peer)
@@ -355,9 +367,7 @@ class Server:
             return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                log.info("%s lost (its connection closed)", peer.label)
-                self.stats["peers_lost"] += 1
-                self._forget(peer)
+                self._lost(peer, "its connection closed")
                 return False
             raise
         peer.liveness.sent()
@@ -374,9 +384,7 @@ class Server:
     def _heartbeats(self, now: float) -> None:
         for peer in self.peers.values():
             if peer.liveness.expired(now):
-                log.info("%s lost (no message for %.1f s)", peer.label, peer.liveness.window)
-                self.stats["peers_lost"] += 1
-                self._forget(peer)
+                self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
             elif peer.liveness.heartbeat_due(now):
                 self._send(peer, Message(MsgType.HEARTBEAT, "server"))
 

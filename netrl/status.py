@@ -166,7 +166,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
         f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
-        f"{s.get('dropped', 0):,}; refused by a full spool {s.get('refused', 0):,} (kept and resent by workers)",
+        f"{s.get('dropped', 0):,}; sample refusals by a full spool {s.get('refused', 0):,} (workers keep and resend "
+        "them, so one sample can be refused more than once)",
         f"connections refused for unknown keys: {unknown_keys}; other failed handshakes: {failed}; messages before "
         f"HELLO {s.get('stats', {}).get('unknown_peer', 0):,}",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,13 +224,21 @@ def test_wrong_port_and_wrong_version_are_refused_with_reasons(server: tuple[Ser
     assert "netrl 0.0.1" in reason
 
 
-def test_silent_peers_are_declared_lost(server: tuple[Server, zmq.Context]) -> None:
+def test_silent_peers_are_declared_lost_with_the_backlog_a_worker_last_reported(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     srv, ctx = server
-    worker = Peer(ctx, srv.worker_port, "worker", "quiet")
-    worker.hello()
-    assert len(srv.peers) == 1
-    time.sleep(NET.heartbeat_interval_s * NET.heartbeat_liveness + 0.5)  # it never answers
-    assert len(srv.peers) == 0 and srv.stats["peers_lost"] == 1
+    quiet, busy = Peer(ctx, srv.worker_port, "worker", "quiet"), Peer(ctx, srv.worker_port, "worker", "busy")
+    quiet.hello()
+    busy.hello()
+    busy.send(Message(MsgType.HEARTBEAT, "busy", body={"stats": {"backlog_packets": 7, "backlog_bytes": 3 << 20}}))
+    assert len(srv.peers) == 2
+    time.sleep(NET.heartbeat_interval_s * NET.heartbeat_liveness + 0.5)  # neither answers again (killed, say)
+    assert len(srv.peers) == 0 and srv.stats["peers_lost"] == 2
+    assert re.search(r"worker 'quiet' \(.*\) lost \(no message for 1\.0 s\)\n", caplog.text), caplog.text
+    assert re.search(r"worker 'busy' \(.*\) lost \(no message for 1\.0 s\); it last reported 7 unacknowledged "
+                     r"packets \(3\.0 MiB\): it resends them if it reconnects, and they are lost if it died",
+                     caplog.text), caplog.text
 
 
 def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(tmp_path: Path) -> None:
