@@ -237,6 +237,11 @@ class ClientLink:
             if self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body))):
                 self._reported_at = now
 
+    def reconnect_now(self) -> None:
+        """Skip what is left of the reconnect back-off (for a worker delivering its last packets before it stops)."""
+        if self.sock is None and self._reconnect_at is not None:
+            self._reconnect_at = min(self._reconnect_at, time.monotonic())
+
     def receive(self) -> list[Message]:
         """Drain available messages; returns those the role must handle."""
         out: list[Message] = []

@@ -61,6 +61,7 @@ class WorkerLink(NetThread):
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet handed over by the control path
+        self.flushing = threading.Event()  # set by flush(): the worker is stopping, so reconnect without back-off
         self.weight_stats: dict[str, Any] = {}
         self.allowance = 0
         self.pace_cond = threading.Condition()
@@ -150,6 +151,8 @@ class WorkerLink(NetThread):
 
     def on_tick(self) -> None:
         self._status_line()
+        if self.flushing.is_set() and self.backlog:
+            self.link.reconnect_now()  # the flush timeout is shorter than the longest back-off
         if self.waiting:
             now = time.monotonic()
             ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
@@ -186,7 +189,9 @@ class WorkerLink(NetThread):
             return self.settled.wait_for(lambda: self.backlog_bytes < nbytes, timeout)
 
     def flush(self, upto_seq: int, timeout: float) -> bool:
-        """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged."""
+        """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged (a link
+        waiting out its reconnect back-off reconnects at once)."""
+        self.flushing.set()
         with self.settled:
             return self.settled.wait_for(
                 lambda: (self.last_seq >= upto_seq and not self.backlog) or not self.is_alive(), timeout

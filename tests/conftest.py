@@ -57,8 +57,9 @@ def small_config(tmp_path: Path, **sections: Any) -> Path:
 
 @contextlib.contextmanager
 def running_server(**kwargs: Any) -> Iterator[tuple[Server, zmq.Context]]:
-    """A Server on free ports in a thread of this process, plus a context for fake peers; both closed after."""
-    srv = Server(trainer_port=free_port(), worker_port=free_port(), **kwargs)
+    """A Server on free ports (unless given) in a thread of this process, plus a context for fake peers; both closed
+    after."""
+    srv = Server(**{"trainer_port": free_port(), "worker_port": free_port(), **kwargs})
     srv.open()  # bound before this returns: a test that starts two servers knows which one got a port first
     stop = threading.Event()
     thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)

@@ -26,10 +26,14 @@ from netrl.envs import GenericGymEnv
 from netrl.errors import ConfigError
 from netrl.launch import free_port
 from netrl.pipelines.image import image_pipeline
+from netrl.transport import new_session
 from netrl.util import partial
-from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME
+from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME, encode, samples_message
 from netrl.worker import RolloutWorker, default_worker_id
 from netrl.worker_link import WorkerLink
+from tests.conftest import running_server
+from tests.reliability import wait_until
+from tests.test_wire import sample_buffer
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
@@ -161,6 +165,26 @@ def test_the_status_line_says_when_a_worker_waits_for_the_trainer(caplog: pytest
             r"\(0.0 MiB\) \| acked 0, dropped 0 samples \| last return -12.3")
     assert re.fullmatch(line + r" \| waiting for the trainer to ask for samples \(worker.throttle\)", lines[0])
     assert re.fullmatch(line, lines[1]) and re.fullmatch(line, lines[2])
+
+
+def test_a_stopping_worker_reconnects_without_waiting_out_its_back_off_to_deliver_its_backlog(
+        tmp_path: Path) -> None:
+    net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=5, reconnect_initial_s=30, reconnect_max_s=30)
+    ports = {"trainer_port": free_port(), "worker_port": free_port()}
+    session = new_session()
+    link = WorkerLink(net, "w", session, ports["worker_port"], None, 1 << 20, 1 << 20)
+    try:
+        with running_server(network=net, spool_dir=tmp_path / "spool", **ports):
+            link.start()
+            wait_until(lambda: link.link.ready, 5, "the first connection", poll=0.02)
+        wait_until(lambda: not link.link.ready, 5, "the server's BYE", poll=0.02)  # reconnecting in 30 s
+        with running_server(network=net, spool_dir=tmp_path / "spool", **ports) as (srv, _):  # back at once
+            frames = encode(samples_message(sample_buffer(5), "w", session, 1, 5))
+            link.command([(1).to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
+            assert link.flush(1, 3.0)  # within a stop's flush_timeout_s, not after the back-off
+            assert srv.stats["samples_spooled"] == 4
+    finally:
+        link.halt()
 
 
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
