@@ -32,8 +32,9 @@ class Admission:
     """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
 
     def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
-                 stats: collections.Counter[str], forget: Callable[[Peer], None]) -> None:
+                 stats: collections.Counter[str], forget: Callable[[Peer], None], max_workers: int = 1000) -> None:
         self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
+        self.max_workers = max_workers
         self.forget = forget  # the server's: drops a peer and whatever it was doing
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
 
@@ -61,7 +62,14 @@ class Admission:
         if problem:
             self.refuse(role, rid, None, problem, problem)
             return None
-        for old in self.peers.replaced_by(peer):
+        replaced = self.peers.replaced_by(peer)
+        if role == "worker" and not replaced and self.peers.worker_count() >= self.max_workers:
+            self.stats["refused_full"] += 1
+            self.refuse(role, rid, None, f"{self.max_workers} workers are connected (server.max_workers)",
+                        f"the server already has {self.max_workers} workers connected, its server.max_workers: raise "
+                        "it in the server's config, or stop a worker")
+            return None
+        for old in replaced:
             log.info("%s %s", old.label, "said HELLO again" if old.rid == rid else "replaced by a new connection")
             self.forget(old)
         self.peers.add(peer)

@@ -108,6 +108,8 @@ class ServerConfig:
     status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", port)
     max_weights_bytes: int = _f(2**30, "largest weight version the server caches and relays (an actor of 10M float32 "
                                 "parameters is 40 MB; two versions may be held while a new one arrives)", ge(1))
+    max_workers: int = _f(1000, "workers connected at once; a new worker beyond it is refused with a message naming "
+                          "this key (a connected worker saying HELLO again keeps its place)", ge(1))
 
 
 @dataclass(frozen=True)

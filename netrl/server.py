@@ -69,6 +69,7 @@ class Server:
         status_port: loopback port answering ``python -m netrl --status`` (None: no status port).
         status_interval_s: seconds between status log lines (0: none).
         max_weights_bytes: the largest weight version cached and relayed.
+        max_workers: workers connected at once; a new one beyond it is refused.
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
@@ -77,7 +78,7 @@ class Server:
                  spool_after_s: float = 2.0, spool_dir: str | Path = "weights/server-spool",
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
                  status_port: int | None = None, status_interval_s: float = 10.0,
-                 max_weights_bytes: int = 1 << 30) -> None:
+                 max_weights_bytes: int = 1 << 30, max_workers: int = 1000) -> None:
         self.min_samples, self.max_bundle_bytes = min_samples_per_server_packet, max_bundle_bytes
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
@@ -98,7 +99,7 @@ class Server:
         self._opened = self._closed = False
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
-        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget)
+        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
                                    self.admission, self.stats, self._send)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
@@ -114,7 +115,7 @@ class Server:
                    max_packet_delay_s=s.max_packet_delay_s, max_queue_bytes=s.max_queue_bytes,
                    spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
                    fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s,
-                   max_weights_bytes=s.max_weights_bytes)
+                   max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:

@@ -241,6 +241,21 @@ def test_silent_peers_are_declared_lost_with_the_backlog_a_worker_last_reported(
                      caplog.text), caplog.text
 
 
+def test_workers_beyond_max_workers_are_refused_with_the_key_to_raise(tmp_path: Path) -> None:
+    with running_server(network=NET, spool_dir=tmp_path / "spool", max_workers=2) as (srv, ctx):
+        first, second = Peer(ctx, srv.worker_port, "worker", "w1"), Peer(ctx, srv.worker_port, "worker", "w2")
+        assert first.hello().type is MsgType.WELCOME and second.hello().type is MsgType.WELCOME
+        third = Peer(ctx, srv.worker_port, "worker", "w3")
+        reply = third.hello()
+        assert reply.type is MsgType.REJECT and "already has 2 workers connected" in reply.body["reason"]
+        assert "server.max_workers" in reply.body["reason"]
+        assert first.hello().type is MsgType.WELCOME  # a connected worker saying HELLO again keeps its place
+        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+        assert trainer.hello().type is MsgType.WELCOME  # the cap is on workers only
+        assert sorted(p.name for p in srv.peers.workers()) == ["w1", "w2"]
+        assert srv.stats["refused_full"] == 1
+
+
 def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(tmp_path: Path) -> None:
     frames = encode(samples_message(sample_buffer(5), "w", "s", 1, 5))
     packet_bytes = sum(len(f) for f in frames)
