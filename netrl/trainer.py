@@ -169,11 +169,7 @@ class Trainer:
             self._load_agent(training, agent_state, state.get("agent_state", "full"))
             training.load_state(state)
         deliveries = Deliveries(state.get("deliveries"))
-        published = checkpoint.published_version(self.run_dir)
-        if published > training.version:  # sent after the checkpoint: never number weights twice
-            log.info("weight versions continue after v%d, the newest this run sent out (the checkpoint has v%d)",
-                     published, training.version)
-            training.version = published
+        _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
         if not self.persist_samples:
             return deliveries, None
         memory_size = training.memory_size
@@ -198,10 +194,7 @@ class Trainer:
             log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
                      "received after it; memory holds %d transitions", restored, after,
                      len(training.memory) if training.memory is not None else 0)
-        if newest > training.version:  # a run folder from before PUBLISHED was kept
-            log.info("weight versions continue after v%d, the newest in the sample log (the checkpoint has v%d)",
-                     newest, training.version)
-            training.version = newest
+        _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
         return deliveries, sample_log
 
     def _record_version(self, version: int) -> None:
@@ -324,3 +317,11 @@ class Trainer:
                  "duplicate packets dropped", policy, stats["rejected"], malformed, stats["duplicates"])
         if failed is not None and raise_errors:
             raise failed
+
+
+def _number_after(training: TrainingOffline, version: int, source: str) -> None:
+    """Continue the weight version numbering after ``version`` if it is newer: no number may name two actors."""
+    if version > training.version:
+        log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
+                 training.version)
+        training.version = version
