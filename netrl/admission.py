@@ -32,7 +32,7 @@ class Admission:
     """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
 
     def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
-                 stats: collections.Counter[str], forget: Callable[[Peer], None], max_workers: int = 1000) -> None:
+                 stats: collections.Counter[str], forget: Callable[[Peer], None], max_workers: int) -> None:
         self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
         self.max_workers = max_workers
         self.forget = forget  # the server's: drops a peer and whatever it was doing
