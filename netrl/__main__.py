@@ -237,5 +237,24 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
+def program() -> int:
+    """``python -m netrl`` and the ``netrl`` command: main(), then, once it has returned, a Ctrl+C while Python
+    shuts down (joining threads, atexit hooks) ends the process at once with main()'s exit code, instead of a
+    KeyboardInterrupt traceback or exit code 130 for work already done. In-process callers of main() keep their
+    own SIGINT handling."""
+    code = main()
+
+    def handler(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken stream: nothing left to save
+                pass
+        os._exit(code)
+
+    signal.signal(signal.SIGINT, handler)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(program())

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -293,3 +295,27 @@ def test_help_documents_every_flag_and_key() -> None:
         assert flag in out
     for key, _, _ in describe_fields():
         assert key in out
+
+
+def test_ctrl_c_after_a_role_is_done_ends_the_process_at_once_with_its_exit_code(tmp_path: Path) -> None:
+    # a role that returned 0 but whose interpreter is still shutting down (here: a non-daemon thread, as a
+    # library's atexit work would be) must exit with 0 on Ctrl+C, not print a KeyboardInterrupt traceback or wait
+    program = ("import runpy, sys, threading, time\n"
+               "threading.Thread(target=time.sleep, args=(30,)).start()\n"
+               f"sys.argv = ['netrl', '--keygen', '--keys-dir', {str(tmp_path / 'keys')!r}]\n"
+               "runpy.run_module('netrl', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until main() has returned
+            if "exited cleanly" in line:
+                break
+        time.sleep(0.5)  # main() logs this line just before it returns
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0  # not 30 s later, and not 130
+        assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
