@@ -7,6 +7,7 @@ and decodes, and checks every decoded body with :func:`check_body` (the server t
 from __future__ import annotations
 
 import enum
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -15,14 +16,19 @@ from netrl.errors import MalformedMessage, RoleViolation
 if TYPE_CHECKING:
     from netrl.wire import Message
 
-__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "PEER_NAME", "PEER_NAME_RULE", "VERSION_TEXT", "MsgType", "check_body",
-           "check_role"]
+__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "PEER_NAME", "PEER_NAME_RULE", "VERSION_TEXT",
+           "MsgType", "check_body", "check_role", "printable"]
 
 # The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
 # forge a log line or a terminal escape.
 PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PEER_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a HELLO's netrl_version
+
+# The largest weight version any message may name: 70 years of 1,000 publications a second, and far enough from
+# int64's limit that no arithmetic on versions overflows (a trainer takes a version it never published as taken
+# only up to half of it: see netrl.trainer_link).
+MAX_POLICY_VERSION = 2**41
 
 
 class MsgType(str, enum.Enum):
@@ -89,6 +95,8 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
             raise MalformedMessage(f"{mtype.value} body field {key!r} has the wrong type ({type(value).__name__})")
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
             raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
+        if isinstance(value, float) and not math.isfinite(value):  # a NaN delay would never end
+            raise MalformedMessage(f"{mtype.value} body field {key!r} is {value}, not a finite number")
     missing = [k for k, (_, required) in schema.items() if required and k not in body]
     if missing:
         raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
@@ -101,6 +109,13 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
             raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
         if not VERSION_TEXT.fullmatch(body["netrl_version"]):
             raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """``text`` from a peer (a REJECT's reason, say), fit for one log line: control characters and terminal escapes
+    shown escaped, at most ``limit`` characters."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown if len(text) <= limit else f"{shown}... ({len(text) - limit} more characters)"
 
 
 def check_role(role: str, msg: Message) -> None:

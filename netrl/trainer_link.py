@@ -30,6 +30,7 @@ from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
 from netrl.errors import NetrlError, ProtocolError, SampleRejected
 from netrl.keys import ClientKeys
+from netrl.msgtypes import MAX_POLICY_VERSION
 from netrl.netthread import NetThread
 from netrl.samples import Buffer
 from netrl.schema import SampleSchema
@@ -37,6 +38,10 @@ from netrl.segments import Position
 from netrl.status import StatusClock, version_label, worth_logging
 from netrl.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
+
+# A version named by a worker's samples that this session never published is taken (numbered after) only up to
+# here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.
+FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
 
 __all__ = ["TrainerLink", "trainer_label", "write_failed"]
 
@@ -113,6 +118,11 @@ class TrainerLink(NetThread):
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
         """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
+        if version > MAX_POLICY_VERSION:  # only a server that was sent such a version can have made this number
+            raise NetrlError(f"cannot number weights v{version}: the largest weight version is v{MAX_POLICY_VERSION}, "
+                             f"and the server reports v{self.taken} as taken. Another trainer, or a peer holding the "
+                             "trainer key, sent it that version: restart the server to clear its weights cache, and "
+                             "check who holds keys/trainer/")
         if self.record_version is not None:
             self.record_version(version)
         self.version = version
@@ -246,14 +256,23 @@ class TrainerLink(NetThread):
                 if self.schema is not None:
                     self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
                 buf = buffer_from_message(sample_msg)
+                newest = int(buf.policy_version.max(initial=-1))
+                if newest > max(self.version, self.taken, FOREIGN_VERSION_LIMIT):
+                    raise SampleRejected(f"{buf.worker} names weights v{newest}, which this trainer session never "
+                                         f"published; versions it did not publish are taken only up to "
+                                         f"v{FOREIGN_VERSION_LIMIT}")
             except (ProtocolError, SampleRejected) as exc:
                 self.stats["rejected"] += 1
                 if worth_logging(self.stats["rejected"]):
                     log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
                                 self.stats["rejected"], exc)
                 continue
-            newest = int(buf.policy_version.max(initial=-1))
             if newest > max(self.version, self.taken):  # a version this session never published: another's
+                self.stats["foreign_versions"] += 1
+                if worth_logging(self.stats["foreign_versions"]):
+                    log.warning("%s sent samples from weights v%d, which this trainer session never published (its "
+                                "newest is v%d): new versions are numbered after it, so that no number names two "
+                                "actors", buf.worker, newest, max(self.version, self.taken))
                 self.taken = newest
             buf.recv_version = max(self.version, self.taken)  # what the loop is about to number after: lag >= 0
             with self.lock:

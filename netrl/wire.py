@@ -41,9 +41,9 @@ from netrl.codecs import CODECS, Codec, check_declared_size, compress, decompres
 from netrl.errors import MalformedMessage, VersionMismatch
 from netrl.msgtypes import ALLOWED_FROM as ALLOWED_FROM  # `X as X`: re-exported (worker, keys, tests use them)
 from netrl.msgtypes import BODY_SCHEMA as BODY_SCHEMA
+from netrl.msgtypes import MAX_POLICY_VERSION, VERSION_TEXT, MsgType, check_body, check_role
 from netrl.msgtypes import PEER_NAME as PEER_NAME
 from netrl.msgtypes import PEER_NAME_RULE as PEER_NAME_RULE
-from netrl.msgtypes import VERSION_TEXT, MsgType, check_body, check_role
 from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
@@ -135,6 +135,8 @@ def frames_nbytes(frames: Sequence[Any]) -> int:
 def _check_header(header: Any) -> None:
     if not isinstance(header, dict):
         raise MalformedMessage("header is not a map")
+    if not all(type(k) is str for k in header):  # msgpack lets an empty bin through as a bytes key
+        raise MalformedMessage("header keys must be strings")
     expected = {"v", "type", "sender", "seq", "policy_version", "body", "arrays"}
     if set(header) != expected:
         extra, missing = sorted(set(header) - expected), sorted(expected - set(header))
@@ -149,8 +151,11 @@ def _check_header(header: Any) -> None:
         if theirs:  # quoted unless it is a plain version: it ends up in a log line
             theirs = theirs if isinstance(theirs, str) and VERSION_TEXT.fullmatch(theirs) else repr(str(theirs)[:64])
         raise VersionMismatch(header["v"], PROTOCOL_VERSION, f"peer runs netrl {theirs}" if theirs else "")
-    if not 0 <= header["seq"] < 2**63 or not -1 <= header["policy_version"] < 2**63:
-        raise MalformedMessage("header seq or policy_version out of range")
+    if not 0 <= header["seq"] < 2**63:
+        raise MalformedMessage(f"header seq {header['seq']} is out of range (0 to 2**63 - 1)")
+    if not -1 <= header["policy_version"] <= MAX_POLICY_VERSION:
+        raise MalformedMessage(f"header policy_version {header['policy_version']} is out of range "
+                               f"(-1 to {MAX_POLICY_VERSION})")
     if len(header["sender"]) > MAX_NAME:
         raise MalformedMessage(f"sender name longer than {MAX_NAME} characters")
     if not isinstance(header["body"], dict) or not isinstance(header["arrays"], list):
@@ -161,7 +166,7 @@ _ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}  # built once: np.dtype() per array is measurable
 
 
-def _array(spec: Any, frame: Any, max_bytes: int, inflate: bool) -> tuple[str, np.ndarray]:
+def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) -> tuple[str, np.ndarray]:
     # On the hot path of every relayed packet: plain type checks (`type(x) is int` also refuses bools).
     if type(spec) is not dict or spec.keys() != _ARRAY_KEYS:
         raise MalformedMessage("array entry must have exactly name, dtype, shape, codec, nbytes")
@@ -183,8 +188,9 @@ def _array(spec: Any, frame: Any, max_bytes: int, inflate: bool) -> tuple[str, n
     expected = count * dtype.itemsize
     if nbytes != expected:
         raise MalformedMessage(f"array {name!r} declares {nbytes!r} bytes but shape {shape} needs {expected}")
-    if expected > max_bytes:
-        raise MalformedMessage(f"array {name!r} needs {expected} bytes, over the {max_bytes}-byte limit")
+    if expected > budget:  # what the message's arrays take once inflated: a small message cannot claim gigabytes
+        raise MalformedMessage(f"array {name!r} needs {expected} bytes: with the arrays before it, the message "
+                               f"would take over the {max_bytes}-byte limit")
     data = _buf(frame)
     if codec != "none" and not inflate and dtype.kind in "iu":
         check_declared_size(name, codec, data, expected)
@@ -242,11 +248,13 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
         raise MalformedMessage(f"{len(specs)} arrays exceed the limit of {MAX_ARRAYS}")
     if len(frames) != 1 + len(specs):
         raise MalformedMessage(f"header lists {len(specs)} arrays but {len(frames) - 1} data frames follow")
+    budget = max_bytes
     for spec, frame in zip(specs, frames[1:], strict=True):
-        name, arr = _array(spec, frame, max_bytes, inflate)
+        name, arr = _array(spec, frame, budget, max_bytes, inflate)
         if name in msg.arrays:
             raise MalformedMessage(f"array {name!r} appears twice")
         msg.arrays[name] = arr
+        budget -= arr.nbytes
     if mtype is MsgType.SAMPLES:
         _check_samples(msg)
     elif mtype is MsgType.WEIGHTS:
@@ -320,14 +328,19 @@ def _check_samples(msg: Message) -> None:
     for name in leaves:
         if arrays[name].ndim < 1 or arrays[name].shape[0] != n:
             raise MalformedMessage(f"samples leaf {name!r} must have {n} rows (shape {arrays[name].shape})")
+    newest = int(arrays["policy_version"].max())  # the upper bound only: below 0 counts as 0 (no weights yet)
+    if newest > MAX_POLICY_VERSION:
+        raise MalformedMessage(f"samples column 'policy_version' holds {newest}, over {MAX_POLICY_VERSION}")
     episodes = body["episodes"]
     if len(episodes) > MAX_EPISODES_PER_PACKET or not all(_episode_ok(e) for e in episodes):
-        raise MalformedMessage("samples episodes must be [return, length, test, policy_version] lists")
+        raise MalformedMessage("samples episodes must be [return, length, test, policy_version] lists, with a "
+                               f"finite return, a length >= 0 and a policy_version from -1 to {MAX_POLICY_VERSION}")
 
 
 def _episode_ok(e: Any) -> bool:
     return (isinstance(e, list) and len(e) == 4 and isinstance(e[0], (int, float)) and math.isfinite(e[0])
-            and isinstance(e[1], int) and isinstance(e[2], bool) and isinstance(e[3], int))
+            and type(e[1]) is int and 0 <= e[1] < 2**63 and isinstance(e[2], bool) and type(e[3]) is int
+            and -1 <= e[3] <= MAX_POLICY_VERSION)
 
 
 def samples_message(buf: Buffer, sender: str, session: str, seq: int, produced: int) -> Message:

@@ -4,14 +4,13 @@ The control path adds one row per env step, plus one per reset, with :meth:`Pack
 it holds ``min_samples_per_worker_packet`` rows, when its columns are full, or ``max_packet_delay_s`` after its first
 row. :meth:`PacketMaker.cut` takes it, with the episodes finished since the previous packet, and
 :meth:`PacketMaker.to_frames` numbers and encodes it. A packet the server could never relay (over
-``network.max_message_bytes``, less the bundle header's room) stops the worker with a
-:class:`~netrl.errors.ConfigError` that says what to change: at the first row when packets are not compressed, or
-else at the first packet that compression did not shrink enough (after a warning at the first row).
+``network.max_message_bytes``, less the bundle header's room, uncompressed: a message's arrays may not inflate
+past that limit either) stops the worker at its first row with a :class:`~netrl.errors.ConfigError` that says
+what to change.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,9 +22,6 @@ from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 from netrl.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, max_packet_bytes, samples_message
 
 __all__ = ["PacketMaker"]
-
-log = logging.getLogger(__name__)
-
 
 class PacketMaker:
     """Rows in, numbered sample packets out, for one worker session (it owns the row columns and the packet count).
@@ -95,15 +91,12 @@ class PacketMaker:
 
     def _check_packet_size(self) -> None:
         """Once the first row shows a sample's size: say now, not when the first packet closes, that packets of
-        ``min_samples_per_worker_packet`` rows cannot reach the trainer."""
-        rows, limit = self.min_samples + self.overlap, max_packet_bytes(self.max_message_bytes)
+        ``min_samples_per_worker_packet`` rows cannot reach the trainer. Compression does not help: a receiver
+        refuses a message whose arrays inflate past its limit (a small message must not claim gigabytes)."""
+        rows = self.min_samples + self.overlap
         nbytes = rows * self._builder.row_nbytes
-        if nbytes <= limit:
-            return
-        if self.compression == "none":
-            raise ConfigError([self._too_big(rows, nbytes)])
-        log.warning("%s (if %s does not shrink packets %.1f times, the worker stops at its first one)",
-                    self._too_big(rows, nbytes, " uncompressed"), self.compression, nbytes / limit)
+        if nbytes > max_packet_bytes(self.max_message_bytes):
+            raise ConfigError([self._too_big(rows, nbytes, " uncompressed" if self.compression != "none" else "")])
 
     def _too_big(self, rows: int, nbytes: int, how: str = "") -> str:
         """Why packets of ``rows`` samples taking ``nbytes`` cannot be sent (the server would refuse every one)."""

@@ -28,10 +28,11 @@ from netrl.agents.base import Batch, TrainingAgent
 from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
-from netrl.errors import CheckpointError
+from netrl.errors import CheckpointError, NetrlError
+from netrl.msgtypes import MAX_POLICY_VERSION
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 from netrl.trainer import Trainer
-from netrl.trainer_link import TrainerLink
+from netrl.trainer_link import FOREIGN_VERSION_LIMIT, TrainerLink
 from netrl.training import TrainingOffline
 from netrl.transport import new_session
 from netrl.util import partial
@@ -157,6 +158,30 @@ def test_a_trainer_numbers_after_the_servers_newest_version_and_publishes_again_
     assert caplog.text.count("publishing the current actor as v41") == 1
     lags = [int(r["lag_min"]) for r in metrics(tmp_path) if r["lag_min"]]
     assert lags and min(lags) >= 0  # samples from the crashed session's v40 arrived when the trainer was at v2
+
+
+def test_a_worker_naming_versions_no_one_published_moves_the_numbering_at_most_to_half_the_largest_version(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    # The trainer numbers after versions it never published (another session's, still with workers), but takes a
+    # worker's word only up to FOREIGN_VERSION_LIMIT. Before, samples naming v2**63-1 made the trainer number past
+    # int64: its lag arithmetic overflowed, and the restarted trainer died again replaying its sample log.
+    def foreign(version: int) -> Callable[[FakeLink], None]:
+        return lambda link: setattr(link, "packet_version", version)
+
+    links.at.update({3: foreign(FOREIGN_VERSION_LIMIT + 1), 4: foreign(FOREIGN_VERSION_LIMIT), 5: foreign(None)})
+    with caplog.at_level(logging.WARNING):
+        make_trainer(tmp_path, epochs=1).run()
+    assert (f"names weights v{FOREIGN_VERSION_LIMIT + 1}, which this trainer session never published; versions it "
+            f"did not publish are taken only up to v{FOREIGN_VERSION_LIMIT}") in caplog.text
+    assert f"sent samples from weights v{FOREIGN_VERSION_LIMIT}, which this trainer session never" in caplog.text
+    (link,) = links.made
+    assert link.stats["rejected"] == 1 and FOREIGN_VERSION_LIMIT < max(v for v, _ in link.published) < 2 * 10**12
+    make_trainer(tmp_path, epochs=2).run()  # replays the sample log, and numbers after it
+    assert links.made[1].published[0][0] > max(v for v, _ in link.published)
+    link.taken = MAX_POLICY_VERSION  # only a server that was sent such a version can report it
+    with pytest.raises(NetrlError, match=rf"cannot number weights v{MAX_POLICY_VERSION + 1}: the largest weight "
+                                         r"version is .*restart the server to clear its weights cache"):
+        link.publish(torch.nn.Linear(1, 1), MAX_POLICY_VERSION + 1, 0)
 
 
 def test_a_restarted_trainer_numbers_after_every_version_it_sent_out_though_the_server_forgot_them(

@@ -242,6 +242,57 @@ def test_huge_declared_sizes_are_rejected_before_allocating() -> None:
         decode([msgpack.packb(h), bomb, *frames[2:]])
 
 
+def test_the_arrays_of_one_message_cannot_together_inflate_past_the_size_limit() -> None:
+    # each array is small on the wire and within the limit alone; together they would take 12x the limit
+    limit = 1 << 20
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (limit // 4))
+    specs = [{"name": f"a{i}", "dtype": "|u1", "shape": [limit // 4], "codec": "zstd", "nbytes": limit // 4}
+             for i in range(12)]
+    head = msgpack.packb({"v": PROTOCOL_VERSION, "type": "status", "sender": "s", "seq": 0, "policy_version": 0,
+                          "body": {}, "arrays": specs})
+    frames = [head, *[bomb] * 12]
+    assert sum(len(f) for f in frames) < limit // 50
+    with pytest.raises(MalformedMessage, match=r"array 'a4' needs 262144 bytes: with the arrays before it, the "
+                                               r"message would take over the 1048576-byte limit"):
+        decode(frames, max_bytes=limit)
+    four = msgpack.packb({**msgpack.unpackb(head), "arrays": specs[:4]})
+    assert len(decode([four, *[bomb] * 4], max_bytes=limit).arrays) == 4  # four fit exactly
+
+
+def test_header_keys_must_be_strings() -> None:
+    h = header(samples_frames())
+    h[b""] = 0  # the only bytes key msgpack lets through here (max_bin_len=0): it used to raise a TypeError
+    with pytest.raises(MalformedMessage, match="header keys must be strings"):
+        decode([msgpack.packb(h, use_bin_type=True), *samples_frames()[1:]])
+
+
+def test_policy_versions_are_bounded_so_a_trainer_can_always_number_after_them() -> None:
+    from netrl.msgtypes import MAX_POLICY_VERSION
+
+    buf = sample_buffer()
+    buf.policy_version[-1] = MAX_POLICY_VERSION  # the largest any message may name: fine
+    decode([bytes(f) for f in encode(samples_message(buf, "w1", "abcd", seq=7, produced=42))])
+    buf.policy_version[-1] = 2**63 - 1  # would make the trainer number its weights past int64
+    frames = [bytes(f) for f in encode(samples_message(buf, "w1", "abcd", seq=7, produced=42))]
+    with pytest.raises(MalformedMessage, match=r"header policy_version 9223372036854775807 is out of range "
+                                               r"\(-1 to 2199023255552\)"):
+        decode(frames)
+    with pytest.raises(MalformedMessage, match=r"column 'policy_version' holds 9223372036854775807, over"):
+        decode(with_header(frames, policy_version=0))
+    with pytest.raises(MalformedMessage, match=r"policy_version from -1 to 2199023255552"):
+        decode(with_header(samples_frames(), body={**header(samples_frames())["body"],
+                                                   "episodes": [[-1.0, 5, True, MAX_POLICY_VERSION + 1]]}))
+    decode(encode(weights_message(MAX_POLICY_VERSION)))
+    with pytest.raises(MalformedMessage, match=r"header policy_version 2199023255553 is out of range"):
+        decode(encode(weights_message(MAX_POLICY_VERSION + 1)))
+
+
+def test_a_body_number_that_is_not_finite_is_malformed() -> None:
+    nack = Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": float("nan")})
+    with pytest.raises(MalformedMessage, match="nack body field 'retry_s' is nan, not a finite number"):
+        decode(encode(nack))
+
+
 def test_random_bytes_are_rejected() -> None:
     rng = np.random.default_rng(1)
     for _ in range(200):
