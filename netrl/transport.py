@@ -28,6 +28,7 @@ from netrl import __version__
 from netrl.config import NetworkConfig
 from netrl.errors import ProtocolError, TransportError, VersionMismatch
 from netrl.keys import ClientKeys
+from netrl.msgtypes import printable
 from netrl.status import worth_logging
 from netrl.wire import Message, MsgType, decode, encode
 
@@ -265,9 +266,9 @@ class ClientLink:
             if msg.type is MsgType.WELCOME:
                 self._welcome(msg)
             elif msg.type is MsgType.REJECT:
-                self._rejected(msg.body["reason"])
+                self._rejected(printable(msg.body["reason"]))
             elif msg.type is MsgType.BYE:
-                self._lose(f"the server said goodbye ({msg.body.get('reason', 'no reason')})")
+                self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
             elif msg.type is not MsgType.HEARTBEAT:
                 out.append(msg)
         return out
@@ -286,7 +287,7 @@ class ClientLink:
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True
         log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
-                 msg.body["server_session"])
+                 printable(msg.body["server_session"], 64))
         server_max = msg.body.get("max_message_bytes", self.net.max_message_bytes)
         if server_max != self.net.max_message_bytes:  # ZeroMQ resets a connection over a message above its limit
             log.error("the server's network.max_message_bytes is %d and this %s's is %d: set the same value on every "

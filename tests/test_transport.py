@@ -12,6 +12,7 @@ from netrl.config import NetworkConfig
 from netrl.errors import TransportError
 from netrl.launch import free_port
 from netrl.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
+from netrl.wire import Message, MsgType, encode
 from tests.conftest import running_server
 
 
@@ -74,7 +75,6 @@ def test_a_server_that_never_answers_is_reported_once_not_on_every_retry(caplog:
 def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() -> None:
     from netrl.errors import NetrlError
     from netrl.netthread import NetThread
-    from netrl.wire import Message
 
     class Idle(NetThread):
         def on_message(self, msg: Message) -> None:
@@ -122,3 +122,29 @@ def test_a_link_that_never_falls_idle_still_reports_its_counters(tmp_path: Path)
             link.close()
     seen = {r for r in reports if r is not None}
     assert len(seen) >= 5 and max(seen) >= 45, reports  # reported every interval, and current
+
+
+def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(caplog: pytest.LogCaptureFixture) -> None:
+    ctx = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)  # a server (compromised, or buggy) whose REJECT could forge log lines
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    link = ClientLink(ctx, NetworkConfig(worker_port=port, heartbeat_interval_s=0.2), "worker", "robot-1",
+                      new_session(), port)
+    try:
+        link.open()
+        assert fake.poll(5000)
+        identity, *_ = fake.recv_multipart()  # the HELLO
+        reason = "no\n12:00:00.000 I [worker 1] netrl: forged line \x1b[31m" + "x" * 100_000
+        fake.send_multipart([identity, *encode(Message(MsgType.REJECT, "server", body={"reason": reason}))])
+        deadline = time.monotonic() + 5
+        while not link.fatal and time.monotonic() < deadline:
+            link.receive()
+            time.sleep(0.01)
+    finally:
+        link.close()
+        fake.close(0)
+        ctx.destroy(0)
+    said = next(r.getMessage() for r in caplog.records if "refused this worker" in r.getMessage())
+    assert "\n" not in said and "\x1b" not in said and len(said) < 700
+    assert "no\\n12:00:00.000" in said and "\\x1b[31m" in said and f"({len(reason) - 500} more characters)" in said
+    assert link.fatal and "\n" not in link.fatal
