@@ -121,11 +121,12 @@ def install_stop_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def configure_torch(cfg: Config) -> None:
-    """Every process that runs torch uses ``torch_threads`` threads (1 by default: 2 cores, 2 busy processes)."""
+def configure_torch(cfg: Config, role: str) -> None:
+    """Every process that runs torch uses ``torch_threads`` threads (1 by default: 2 cores, 2 busy processes).
+    Only the role's own device is checked: one config.json serves a GPU trainer and CPU-only workers."""
     import torch
 
-    wanted = {"worker.device": cfg.worker.device, "trainer.device": cfg.trainer.device}
+    wanted = {"worker.device": cfg.worker.device} if role == "worker" else {"trainer.device": cfg.trainer.device}
     missing = [f'{key} is "{device}", but this torch {torch.__version__} has no '
                f'{"CUDA" if device.startswith("cuda") else "MPS"} device; use "cpu" (or null for the trainer)'
                for key, device in wanted.items()
@@ -163,7 +164,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
 
         run_demo(cfg, config_path, stop)
         return
-    configure_torch(cfg)
+    configure_torch(cfg, role)
     from netrl.pipelines import make_pipeline
 
     pipeline = make_pipeline(cfg)

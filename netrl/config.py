@@ -72,7 +72,8 @@ def _f(default: Any, help: str, check: Check | None = None) -> Any:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    pipeline: Literal["gym", "drone", "image"] = _f("gym", "ready-made pipeline: gym (any Gymnasium id), drone, image")
+    pipeline: Literal["gym", "drone", "image"] = _f(
+        "gym", "ready-made pipeline: gym (any Gymnasium id with continuous actions), drone, image")
     id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
 
@@ -186,7 +187,7 @@ class Config:
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
     status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", ge(0))
-    seed: int | None = _f(None, "random seed (null: random)")
+    seed: int | None = _f(None, "random seed (null: random)", optional(ge(0)))  # gymnasium and numpy refuse < 0
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
     keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder)
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from netrl.errors import ConfigError
+
 __all__ = ["CsvLog", "MetricsLogger", "format_round", "resolve_wandb_mode"]
 
 log = logging.getLogger(__name__)
@@ -26,8 +28,10 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 def format_round(s: dict[str, Any]) -> str:
     """One compact log line for a round."""
+    # "loss" first: SAC's loss_entropy_coef would otherwise read as the coefficient itself, which is alpha
     losses = " ".join(f"{k.removeprefix('loss_')} {_fmt(s[k], '.3g')}" for k in sorted(s) if k.startswith("loss_"))
-    alpha = f" alpha {_fmt(s['entropy_coef'], '.3g')}" if "entropy_coef" in s else ""
+    losses = f"loss {losses}" if losses else ""
+    alpha = f" | alpha {_fmt(s['entropy_coef'], '.3g')}" if "entropy_coef" in s else ""
     return (f"epoch {s['epoch']} round {s['round']} | steps {s['trained_steps']} ({s['steps_per_s']:.0f}/s) | "
             f"samples {s['samples']} (+{s['round_samples']}) | return {_fmt(s['return_mean'])} over "
             f"{s['episodes']} eps, test {_fmt(s['test_return_mean'])} | {losses}{alpha} | "
@@ -119,8 +123,12 @@ class MetricsLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
-            self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
-                                         config=config or {}, mode=mode, reinit="create_new")
+            try:
+                self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
+                                             config=config or {}, mode=mode, reinit="create_new")
+            except wandb.errors.UsageError as exc:  # online without a key: a one-line message, not a traceback
+                raise ConfigError([f'wandb.mode is "{mode}", but wandb cannot start ({exc}): set WANDB_API_KEY (or '
+                                   'run `wandb login`), or use --wandb offline']) from None
             log.info("wandb run %s in %s mode", self._wandb_run.id, mode)
 
     def rewind(self, trained_steps: int) -> None:

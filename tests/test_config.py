@@ -51,6 +51,7 @@ def test_defaults_round_trip() -> None:
 
 def test_every_problem_is_listed_with_key_value_and_rule() -> None:
     found = problems({
+        "seed": -1,
         "trainer": {"steps": -3, "max_training_steps_per_env_step": 0},
         "memory": {"capasity": 10},
         "network": {"worker_port": 70000, "server_ip": 5},
@@ -60,6 +61,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "worker": {"compression": "gzip", "worker_id": "robot 1"},
     })
     assert found == [
+        "seed must be >= 0 (got -1)",  # gymnasium and numpy refuse it: a traceback once the role started
         "trainer.steps must be >= 1 (got -3)",
         "trainer.max_training_steps_per_env_step must be > 0 (got 0)",
         'unknown key "memory.capasity"',  # nothing close enough to suggest
@@ -132,9 +134,14 @@ def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> 
 
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r'worker\.device is "cuda:0", but this torch .* has no CUDA device'):
-            configure_torch(config_from_dict({"worker": {"device": "cuda:0"}}))
+            configure_torch(config_from_dict({"worker": {"device": "cuda:0"}}), "worker")
+        configure_torch(config_from_dict({"worker": {"device": "cuda:0"}}), "trainer")  # a CPU trainer is fine
+        configure_torch(config_from_dict({"trainer": {"device": "cuda"}}), "worker")  # so is a CPU robot
     with pytest.raises(ConfigError, match=r'env\.id "NoSuchEnv-v0" is not a Gymnasium env this machine has'):
         make_pipeline(config_from_dict({"env": {"id": "NoSuchEnv-v0"}}))
+    with pytest.raises(ConfigError, match=r'env\.id "CartPole-v1" has Discrete actions, but the gym pipeline trains '
+                                          r"SAC, which needs continuous \(Box\) actions"):
+        make_pipeline(config_from_dict({"env": {"id": "CartPole-v1"}}))
     with pytest.raises(ConfigError, match=r"(?s)invalid env\.kwargs .* unexpected keyword argument 'bogus'"):
         GenericGymEnv("Pendulum-v1", {"bogus": 1})
 

@@ -254,7 +254,7 @@ def test_a_full_disk_stops_the_trainer_with_advice_exit_code_1_and_no_ack_for_wh
     monkeypatch.setattr(SampleLog, "append", append)
     monkeypatch.setattr(checkpoint, "save_checkpoint", no_room)  # the disk is full for the checkpoint too
     monkeypatch.setattr(netrl.__main__, "install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
-    monkeypatch.setattr(netrl.__main__, "configure_torch", lambda cfg: None)  # keep this process's torch threads
+    monkeypatch.setattr(netrl.__main__, "configure_torch", lambda cfg, role: None)  # keep this process's torch threads
     assert netrl.__main__.main(["--trainer", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     samples = tmp_path / "weights" / "test" / "samples"

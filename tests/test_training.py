@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import gymnasium
 import numpy as np
+import pytest
 
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs import GenericGymEnv
+from netrl.errors import ConfigError
 from netrl.local import run_local
 from netrl.memory import ReplayMemory
+from netrl.metrics import MetricsLogger, format_round
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.worker import RolloutWorker
@@ -77,3 +81,24 @@ def test_every_publish_numbers_above_what_the_source_says_is_taken() -> None:
     training.publish(source)  # type: ignore[arg-type]  (only the two methods publish uses)
     training.publish(source)  # type: ignore[arg-type]
     assert source.published == [41, 42]  # even from a run_epoch override that never calls _renumber
+
+
+def test_the_round_line_tells_the_entropy_coefficient_from_its_loss() -> None:
+    stats = {"epoch": 0, "round": 3, "trained_steps": 400, "steps_per_s": 80.0, "samples": 1400, "round_samples": 100,
+             "return_mean": -812.5, "episodes": 2, "test_return_mean": None, "loss_actor": 19.7, "loss_critic": 1.56,
+             "loss_entropy_coef": -2.83, "entropy_coef": 0.1319, "lag_min": 0, "lag_mean": 0.4, "lag_max": 2,
+             "policy_version": 21, "memory_len": 1400}
+    line = format_round(stats)
+    assert "| loss actor 19.7 critic 1.56 entropy_coef -2.83 | alpha 0.132 |" in line
+    assert "return -812.5 over 2 eps, test -" in line and "lag 0/0.4/2" in line and line.endswith("memory 1400")
+
+
+def test_wandb_online_without_a_key_is_a_config_error_that_says_what_to_do(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key from `wandb login`
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(ConfigError, match=r'wandb\.mode is "online", but wandb cannot start \(.*\): set WANDB_API_KEY '
+                                          r"\(or run `wandb login`\), or use --wandb offline"):
+        MetricsLogger(tmp_path / "run", "x", "online")

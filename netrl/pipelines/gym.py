@@ -16,12 +16,22 @@ __all__ = ["gym_pipeline"]
 
 
 def gym_pipeline(cfg: Config) -> Pipeline:
-    """Raises ConfigError when ``env.id`` names no registered Gymnasium env."""
+    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions SAC cannot take."""
     try:
         gymnasium.spec(cfg.env.id)
     except gymnasium.error.Error as exc:  # NameNotFound, VersionNotFound, ...; "module:Id" imports the module
         raise ConfigError([f'env.id "{cfg.env.id}" is not a Gymnasium env this machine has ({exc}); install the '
                            'package that registers it, or write "module:EnvId" to import it first']) from None
+    env = GenericGymEnv(cfg.env.id, dict(cfg.env.kwargs))  # once, to see its action space (and its kwargs work)
+    try:
+        actions = env.action_space
+    finally:
+        env.close()
+    if not isinstance(actions, gymnasium.spaces.Box):
+        raise ConfigError([f'env.id "{cfg.env.id}" has {type(actions).__name__} actions, but the gym pipeline trains '
+                           "SAC, which needs continuous (Box) actions: choose an env with continuous actions (for "
+                           'CartPole, "MountainCarContinuous-v0" or "Pendulum-v1"), or build a pipeline with an agent '
+                           "for discrete actions"])
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
     return Pipeline(
