@@ -224,7 +224,7 @@ class TrainerLink(NetThread):
                  "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
                  rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",
                  100 * s["memory_len"] / max(1, s["memory_size"]), version_label(s["version"]), lag, ret,
-                 "connected" if self.link.ready else "unreachable", waiting)
+                 self.link.state(), waiting)
 
     def on_command(self, frames: list[Any]) -> None:
         kind, payload = frames[0].bytes, frames[1:]

@@ -167,6 +167,7 @@ class ClientLink:
         self.sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self.handshake_failures = 0
+        self.handshake_problem: str | None = None  # why the newest handshake failed, until one succeeds
         self._last_handshake_log = 0.0
         self.ready = False
         self.welcome: dict[str, Any] = {}  # the body of the last WELCOME
@@ -328,14 +329,22 @@ class ClientLink:
         while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_problem = None
                 continue
             self.handshake_failures += 1
+            why = handshake_failure(event["event"], event["value"], self.role, self.keys)
+            self.handshake_problem = why
             now = time.monotonic()
             if now - self._last_handshake_log < 30 and self.handshake_failures > 1:
                 continue
             self._last_handshake_log = now
-            why = handshake_failure(event["event"], event["value"], self.role, self.keys)
             log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
+
+    def state(self) -> str:
+        """The connection in a few words, for status lines: a failing handshake says why in every one of them."""
+        if self.ready:
+            return "connected"
+        return f"unreachable: {self.handshake_problem}" if self.handshake_problem else "unreachable"
 
     def _close_socket(self) -> None:
         self.ready = False

@@ -171,7 +171,7 @@ class WorkerLink(NetThread):
         ret = self.last_return()
         log.info("status | worker %s | %.0f steps/s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
                  "acked %d, dropped %d samples | last return %s%s", self.worker_id, rates["produced"],
-                 version_label(self.weight_stats.get("version")), "connected" if self.link.ready else "unreachable",
+                 version_label(self.weight_stats.get("version")), self.link.state(),
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
                  " | waiting for the trainer to ask for samples (worker.throttle)" if self.waiting_for_pace else "")

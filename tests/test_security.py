@@ -254,10 +254,14 @@ def handshake_error(ctx: zmq.Context, port: int, keys: ClientKeys | None, caplog
             link.receive()
             link.maintain()
             time.sleep(0.02)
+        state = link.state()  # what every status line of the role says, not only the first log line
     finally:
         link.close()
     assert not link.ready
-    return " ".join(r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage())
+    said = " ".join(r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage())
+    assert link.handshake_problem and state == f"unreachable: {link.handshake_problem}"
+    assert link.handshake_problem in said
+    return said
 
 
 def test_a_failed_handshake_says_what_to_fix(secured: tuple[Server, zmq.Context, Path], tmp_path: Path,
