@@ -122,7 +122,7 @@ class Trainer:
         try:
             self._train(stop or threading.Event())
         except BaseException:
-            self._close(raise_errors=False)  # the error that stopped training is the one to report
+            self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
             raise
         self.close()
 
@@ -147,6 +147,8 @@ class Trainer:
                                      self._record_version)
         net.version = training.version
         self._saved = self._progress()  # what the checkpoint on disk (if any) holds
+        if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish nothing, save nothing
+            return
         net.start()
         training.start(net)
         log.info("%s started: %d epochs x %d rounds x %d steps on %s", trainer_label(self.name), training.epochs,
@@ -281,7 +283,7 @@ class Trainer:
         Idempotent."""
         self._close(raise_errors=True)
 
-    def _close(self, raise_errors: bool) -> None:
+    def _close(self, raise_errors: bool, failing: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
@@ -305,6 +307,8 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
         self._lock.release()
+        if failing and self.net is None:  # it never got to train: the error that follows says it all
+            return
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
         if failed:
@@ -313,8 +317,9 @@ class Trainer:
             policy = "no policy saved (nothing was trained)"
         else:
             policy = f"policy saved to {self.model_path}"
-        log.info("trainer stopped; %s; %d sample packets rejected, %d malformed messages from the server, %d "
-                 "duplicate packets dropped", policy, stats["rejected"], malformed, stats["duplicates"])
+        log.info("trainer stopped%s; %s; %d sample packets rejected, %d malformed messages from the server, %d "
+                 "duplicate packets dropped", " by the error that follows" if failing else "", policy,
+                 stats["rejected"], malformed, stats["duplicates"])
         if failed is not None and raise_errors:
             raise failed
 

@@ -268,6 +268,16 @@ def test_a_full_disk_stops_the_trainer_with_advice_exit_code_1_and_no_ack_for_wh
     assert list(link.deliveries.streams().values()) == [[[1, 3]]]  # a checkpoint would not mark it as seen
 
 
+def test_a_stop_while_the_trainer_starts_publishes_and_saves_nothing(tmp_path: Path, links: type[Links]) -> None:
+    stop = threading.Event()
+    stop.set()  # Ctrl+C while wandb starts, say
+    make_trainer(tmp_path, epochs=1).run(stop)
+    assert not (tmp_path / "policy.pt").exists() and not checkpoint.exists(tmp_path)
+    assert checkpoint.published_version(tmp_path) < 1 and not links.made  # the link never started
+    make_trainer(tmp_path, epochs=1).run()
+    assert links.made[0].published[0][0] == 1  # an aborted start does not use up a version
+
+
 def test_a_finished_run_saves_once_per_epoch_and_a_stop_saves_what_is_new(
         tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -298,7 +308,8 @@ def test_a_finished_run_saves_once_per_epoch_and_a_stop_saves_what_is_new(
     with caplog.at_level(logging.INFO), pytest.raises(CheckpointError, match=r"trainer\.resume is false"):
         make_trainer(tmp_path, epochs=3, resume=False).run()
     assert len(saves) == 3 and (tmp_path / "policy.pt").read_bytes() == policy  # an untrained actor saved nowhere
-    assert "trainer stopped; no policy saved (nothing was trained)" in caplog.text  # and none is claimed
+    # it never started: no "trainer stopped" summary ahead of the error, which says it all
+    assert "trainer stopped" not in caplog.text and "policy saved" not in caplog.text
 
 
 def test_a_resumed_trainer_drops_the_rounds_it_logged_after_its_checkpoint(
@@ -430,7 +441,7 @@ def test_a_failing_save_on_the_error_path_is_logged_and_the_first_error_is_raise
     failed = [r for r in caplog.records if "saving the checkpoint and the policy failed too" in r.getMessage()]
     assert len(failed) == 1 and failed[0].exc_info is not None and "state_dict() failed too" in caplog.text
     assert "the error that stopped the trainer follows" in failed[0].getMessage()
-    assert "trainer stopped; the policy could not be saved" in caplog.text
+    assert "trainer stopped by the error that follows; the policy could not be saved" in caplog.text
 
 
 def test_a_finished_run_says_what_to_change_in_python_and_in_config_json(
