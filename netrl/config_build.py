@@ -28,7 +28,9 @@ def _type_name(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+        plural = {int: "integers", float: "finite numbers", str: "strings"}
+        item = typing.get_args(tp)[0]
+        return f"a list of {plural[item]}" if item in plural else f"a list of {_type_name(item)}"
     if origin is dict:
         return "an object"
     return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))

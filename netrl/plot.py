@@ -55,6 +55,9 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     metrics_file = run_dir / "metrics.csv"
     episode_files = sorted(run_dir.glob("episodes_*.csv"))
     if not metrics_file.exists() and not episode_files:
+        if run_dir.is_dir() and any(run_dir.iterdir()):  # a run, but nothing logged yet
+            raise NetrlError(f"{run_dir} has no metrics.csv or episodes_*.csv yet: the trainer writes metrics.csv "
+                             "after each round, and a worker its episodes_<worker_id>.csv after each episode")
         raise NetrlError(f"{run_dir} has no metrics.csv or episodes_*.csv: is the run name right? "
                          f"(runs live in <weights_folder>/<run_name>/)")
     import matplotlib

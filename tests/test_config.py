@@ -119,6 +119,7 @@ def test_values_that_would_fail_later_are_refused_up_front() -> None:
         "run_name must be a folder name (no '/' or '\\'; set weights_folder for where runs go) (got \"../../tmp/x\")",
     ]
     assert problems({"torch_threads": 5000}) == ["torch_threads must be between 1 and 1024 (got 5000)"]
+    assert problems({"agent": {"hidden_sizes": "256"}}) == ['agent.hidden_sizes must be a list of integers (got "256")']
     cfg = config_from_dict({"network": {"server_ip": "gpu-box.lan"}, "server": {"bind_ip": "0.0.0.0"}})
     assert (cfg.network.server_ip, cfg.server.bind_ip) == ("gpu-box.lan", "0.0.0.0")
 

@@ -274,3 +274,14 @@ def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytes
                            standalone=True)  # a float64 tensor fits a float32 Box, as gymnasium takes it
     worker.run(nb_episodes=3)
     assert worker.episodes_done == 3 and checks == ["obs", "act", "obs"]  # reset, the first action, the first step
+
+
+def test_plotting_a_run_that_has_logged_nothing_yet_says_so(tmp_path: Path) -> None:
+    from netrl.errors import NetrlError
+    from netrl.plot import plot_run
+
+    (tmp_path / "checkpoint").mkdir()  # a run folder, but no round and no episode finished yet
+    with pytest.raises(NetrlError, match=r"has no metrics.csv or episodes_\*.csv yet: the trainer writes"):
+        plot_run(tmp_path)
+    with pytest.raises(NetrlError, match="is the run name right"):
+        plot_run(tmp_path / "no-such-run")
