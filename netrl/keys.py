@@ -130,6 +130,13 @@ def client_keys(keys_dir: str | Path, role: Literal["trainer", "worker"], name: 
         folder, key_name = root / "workers" / SHARED_WORKER, SHARED_WORKER
     hint = (f"copy {folder.relative_to(root) if folder.is_relative_to(root) else folder}/ from the machine where "
             "`python -m netrl --keygen` ran (it holds this client's keypair and the server's public key)")
+    if role == "worker" and key_name == SHARED_WORKER:  # e.g. keys/workers/robot-1/ copied, but no --worker-id
+        named = sorted(p.parent.name for p in (root / "workers").glob("*/*.key_secret") if p.parent.name != name)
+        if named:
+            hint += (f", or give this worker the name of the keys it has: --worker-id {named[0]} (config.json: "
+                     f"worker.worker_id; this worker is {name!r})")
+    if not root.exists():
+        hint += f"; {root} does not exist: is keys_dir (--keys-dir) right?"
     public, secret = _load(folder / f"{key_name}.key_secret", f"{role} secret key", hint)
     _check_private(folder / f"{key_name}.key_secret")
     server_public, _ = _load(folder / "server.key", "server public key", hint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -86,8 +87,15 @@ def test_missing_or_exposed_keys_are_refused_with_instructions(tmp_path: Path) -
     with pytest.raises(SecurityError, match="--keygen"):
         server_keys(tmp_path / "nokeys")
     keygen(tmp_path / "keys")
-    with pytest.raises(SecurityError, match="copy trainer/"):
+    with pytest.raises(SecurityError, match=r"copy trainer/ .*; .*elsewhere does not exist: is keys_dir \(--keys-dir\)"):
         client_keys(tmp_path / "elsewhere", "trainer", "trainer")
+    robot = tmp_path / "robot" / "keys" / "workers" / "robot-1"  # only its own folder was copied to the robot
+    shutil.copytree(tmp_path / "keys" / "workers" / "worker", robot)
+    (robot / "worker.key_secret").rename(robot / "robot-1.key_secret")
+    with pytest.raises(SecurityError, match=r"copy workers/worker/ .*, or give this worker the name of the keys it "
+                                            r"has: --worker-id robot-1 \(config.json: worker.worker_id; this worker "
+                                            r"is 'vm-123'\)"):
+        client_keys(tmp_path / "robot" / "keys", "worker", "vm-123")
     secret = tmp_path / "keys" / "trainer" / "trainer.key_secret"
     os.chmod(secret, 0o644)
     with pytest.raises(SecurityError, match="chmod 600"):
