@@ -87,7 +87,8 @@ def test_missing_or_exposed_keys_are_refused_with_instructions(tmp_path: Path) -
     with pytest.raises(SecurityError, match="--keygen"):
         server_keys(tmp_path / "nokeys")
     keygen(tmp_path / "keys")
-    with pytest.raises(SecurityError, match=r"copy trainer/ .*; .*elsewhere does not exist: is keys_dir \(--keys-dir\)"):
+    with pytest.raises(SecurityError, match=r"copy trainer/ .*; .*elsewhere does not exist: is keys_dir "
+                                            r"\(--keys-dir\)"):
         client_keys(tmp_path / "elsewhere", "trainer", "trainer")
     robot = tmp_path / "robot" / "keys" / "workers" / "robot-1"  # only its own folder was copied to the robot
     shutil.copytree(tmp_path / "keys" / "workers" / "worker", robot)
