@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from netrl.errors import ProtocolError
+from netrl.status import worth_logging
 from netrl.weights import (
     KnownLayout,
     WeightAssembler,
@@ -64,7 +66,14 @@ class WeightSlot:
 
 
 class WeightReceiver:
-    """Network thread: check received weights against the actor, load them into a spare one, save them."""
+    """Network thread: check received weights against the actor, load them into a spare one, save them.
+
+    Nothing a server sends stops the thread: a version that does not fit (parts out of order, a malformed layout,
+    weights that do not match the actor or are not finite) is rejected, counted once in ``weights_rejected`` and
+    logged, and the actor in use stays. The rest of a rejected version's parts are dropped, counted in
+    ``weight_parts_dropped`` (a new part 0 starts it again)."""
+
+    _KEEP_LOADED_AT = 1000  # versions remembered in loaded_at (a benchmark polls it)
 
     def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
                  save: Callable[[torch.nn.Module, int, str], None]) -> None:
@@ -79,11 +88,17 @@ class WeightReceiver:
         self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
         self._save_failing = False
         self._own: dict[int, dict[str, torch.Tensor]] = {}  # id(module) -> its state_dict(keep_vars=True)
+        self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
 
     def __call__(self, msg: Message) -> dict[str, Any]:
         b, version, session = msg.body, msg.policy_version, msg.body["session"]
         if session == self.session and version <= self.version:
             return self.stats()  # already have it (e.g. re-sent after a reconnect)
+        if (session, version) == self._rejected:
+            if b["part"]:
+                self.counts["weight_parts_dropped"] += 1  # the version was rejected (and logged) once: not per part
+                return self.stats()
+            self._rejected = None  # sent again from its part 0: a new try
         try:
             self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
                                msg.arrays["chunk"])
@@ -91,18 +106,18 @@ class WeightReceiver:
                 return self.stats()
             flat, layout = self.assembler.take()
         except ValueError as exc:
-            return self._reject(version, str(exc))
+            return self._reject(session, version, str(exc))
         if self.known.matches(flat, layout):  # the usual case: the trainer's actor has our tensors
             tensors, finite = self.known.tensors(flat)
         else:
             try:
                 tensors, finite = tensor_views(flat_arrays(flat, layout)), False
-            except ValueError as exc:
-                return self._reject(version, str(exc), flat)
+            except ProtocolError as exc:
+                return self._reject(session, version, str(exc), flat)
         if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
             problems = check_weights(self.specs, tensors)
             if problems:
-                return self._reject(version, "; ".join(problems[:5]), flat)
+                return self._reject(session, version, "; ".join(problems[:5]), flat)
         module = self.slot.take_module()
         own = self._own.get(id(module))
         if own is None:
@@ -115,6 +130,8 @@ class WeightReceiver:
             self.assembler.release(flat)  # copied to the device: the buffer is free again
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
+        if len(self.loaded_at) > self._KEEP_LOADED_AT:  # one entry per version would grow for as long as it runs
+            del self.loaded_at[next(iter(self.loaded_at))]
         self.version, self.session = version, session
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
@@ -139,10 +156,14 @@ class WeightReceiver:
             log.info("saving received weights works again (v%d saved)", version)
         self._save_failing = False
 
-    def _reject(self, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
+    def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
         self.assembler.release(flat)
+        self._rejected = (session, version)
         self.counts["weights_rejected"] += 1
-        log.error("rejected weights v%d from the server: %s", version, why)
+        if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions
+            why = why if len(why) <= 2000 else why[:2000] + "..."  # it may quote tensor names of any length
+            log.error("rejected weights v%d from the server (%d rejected so far; the worker keeps the actor it has): "
+                      "%s", version, self.counts["weights_rejected"], why)
         return self.stats()
 
     def stats(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Actor weights as numpy arrays (for the wire) and as files (``torch.save`` of a state_dict plus a JSON sidecar).
 
-Weights received from the network are checked against the receiving model's parameter names, shapes and dtypes
-and for finiteness before anything is loaded. Files are read with ``torch.load(weights_only=True)``.
+Weights received from the network are checked for a well-formed layout (:func:`netrl.broadcast.check_layout`),
+against the receiving model's parameter names, shapes and dtypes, and for finiteness before anything is loaded.
+Files are read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from netrl.broadcast import check_layout
 from netrl.errors import CheckpointError
-from netrl.wire import ALLOWED_DTYPES
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "flat_arrays",
            "flat_layout", "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "tensor_views",
@@ -178,7 +179,8 @@ def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[s
 # The trainer copies the actor's tensors into one flat, aligned, reusable buffer and sends it in parts of at most
 # PART_BYTES, so the server can forward part i while part i+1 is still arriving (a relay that overlaps its two hops).
 # Part 0 carries the layout: [[name, dtype, shape, offset], ...]. A worker copies each part into place and, when
-# all parts are in, loads views of the buffer into a spare actor.
+# all parts are in, loads views of the buffer into a spare actor. The layout checks (netrl.broadcast.check_layout)
+# live with the server's cache, which applies them too and must not import torch.
 
 PART_BYTES = 1 << 20
 _ALIGN = 64
@@ -208,21 +210,11 @@ def snapshot_into(module: torch.nn.Module | Mapping[str, torch.Tensor], layout: 
 
 
 def flat_arrays(flat: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarray]:
-    """Views of each tensor in a flat buffer. Raises ValueError when the layout does not fit the buffer."""
-    arrays = {}
-    nbytes = flat.nbytes
-    for entry in layout:
-        if not (isinstance(entry, list) and len(entry) == 4):
-            raise ValueError("layout entries must be [name, dtype, shape, offset]")
-        name, dtype, shape, offset = entry
-        if (not isinstance(name, str) or dtype not in ALLOWED_DTYPES or not isinstance(shape, list)
-                or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape) or not isinstance(offset, int)):
-            raise ValueError(f"layout entry for {name!r} is malformed")
-        size = math.prod(shape) * np.dtype(dtype).itemsize
-        if offset < 0 or offset + size > nbytes:
-            raise ValueError(f"tensor {name!r} at offset {offset} ({size} bytes) lies outside the {nbytes}-byte buffer")
-        arrays[name] = np.frombuffer(flat, dtype=np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
-    return arrays
+    """Views of each tensor in a flat buffer. Raises :class:`~netrl.errors.MalformedMessage` when the layout is
+    malformed or does not fit the buffer (see :func:`~netrl.broadcast.check_layout`)."""
+    check_layout(layout, flat.nbytes)
+    return {name: np.frombuffer(flat, dtype=np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
+            for name, dtype, shape, offset in layout}
 
 
 class KnownLayout:
@@ -285,14 +277,20 @@ class WeightAssembler:
         self._next = 0
         self._parts = 0
         self._filled = 0  # bytes written so far, from offset 0: parts must continue each other
+        self._part_bytes = 0  # the size of part 0, and of every part but the last
         self._layout: list[list[Any]] = []
 
     def add(self, session: str, version: int, part: int, parts: int, offset: int, nbytes: int,
             layout: list[Any], chunk: np.ndarray) -> None:
-        """Take one part. Raises ValueError (and forgets the version) when it does not fit."""
+        """Take one part. Raises ValueError (and forgets the version) when it does not fit: parts must be those
+        :func:`~netrl.wire.weight_parts` makes, each as large as part 0 but the last, which ends the buffer."""
         if part == 0:
-            if not 0 < nbytes <= self.max_bytes or not 0 < parts <= nbytes:
-                raise ValueError(f"weights v{version} declare {nbytes} bytes in {parts} parts")
+            if not 0 < nbytes <= self.max_bytes:
+                raise ValueError(f"weights v{version} declare {nbytes} bytes; this worker's actor takes "
+                                 f"{self.max_bytes} (do the trainer and the workers build the same actor?)")
+            if not chunk.nbytes or parts != -(-nbytes // chunk.nbytes):
+                raise ValueError(f"weights v{version} declare {nbytes} bytes in {parts} parts, but part 0 has "
+                                 f"{chunk.nbytes} bytes")
             self._drop()
             if (parts == 1 and offset == 0 and chunk.nbytes == nbytes and chunk.dtype == np.uint8 and chunk.ndim == 1
                     and chunk.ctypes.data % _FRAME_ALIGN == 0):
@@ -301,7 +299,7 @@ class WeightAssembler:
             else:
                 self._flat = self._buffer(nbytes)
             self._key, self._next, self._parts, self._layout = (session, version), 0, parts, layout
-            self._filled = 0
+            self._filled, self._part_bytes = 0, chunk.nbytes
         elif self._key != (session, version) or part != self._next or parts != self._parts:
             self._drop()
             raise ValueError(f"weights v{version} part {part} of {parts} arrived out of order; waiting for the next "
@@ -312,6 +310,10 @@ class WeightAssembler:
             self._drop()
             raise ValueError(f"weights v{version} part {part} ({chunk.nbytes} bytes at offset {offset}) does not "
                              f"continue the {self._filled} bytes before it in its {size}-byte buffer")
+        if part < parts - 1 and chunk.nbytes != self._part_bytes:
+            self._drop()
+            raise ValueError(f"weights v{version} part {part} has {chunk.nbytes} bytes; every part but the last has "
+                             f"the {self._part_bytes} bytes of part 0")
         if self._flat.flags.writeable:
             self._flat[offset:offset + chunk.nbytes] = chunk
         self._next += 1
@@ -325,7 +327,7 @@ class WeightAssembler:
         return self._flat is not None and self._next == self._parts
 
     def take(self) -> tuple[np.ndarray, list[Any]]:
-        """The finished buffer and its layout, as sent (unchecked: see :func:`flat_arrays`)."""
+        """The finished buffer and its layout, as sent (unchecked: :func:`flat_arrays` checks it)."""
         assert self._flat is not None and self.done
         flat, layout = self._flat, self._layout
         self._flat, self._key = None, None

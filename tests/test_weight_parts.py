@@ -13,6 +13,7 @@ import zmq
 
 from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig
+from netrl.errors import MalformedMessage
 from netrl.server import Server
 from netrl.weights import WeightAssembler, check_weights, flat_arrays, flat_layout, load_weights, snapshot_into
 from netrl.wire import Message, MsgType, decode, encode, weight_parts
@@ -57,26 +58,39 @@ def test_parts_out_of_order_or_outside_the_buffer_are_refused() -> None:
     actor = MLPActor(OBS, ACT, hidden_sizes=(32,))
     _, nbytes = flat_layout(actor)
     msgs = parts_of(actor, 3, part_bytes=200)
+    n = len(msgs)
+    assert n > 3 and n == -(-nbytes // 200)
     a = WeightAssembler(nbytes)
     b0, b2 = msgs[0].body, msgs[2].body
-    a.add("t", 3, 0, b0["parts"], 0, b0["nbytes"], b0["layout"], msgs[0].arrays["chunk"])
+    chunk0 = msgs[0].arrays["chunk"]
+    a.add("t", 3, 0, b0["parts"], 0, b0["nbytes"], b0["layout"], chunk0)
     with pytest.raises(ValueError, match="out of order"):
         a.add("t", 3, 2, b2["parts"], b2["offset"], b2["nbytes"], [], msgs[2].arrays["chunk"])
     with pytest.raises(ValueError, match="declare"):
-        a.add("t", 4, 0, 1, 0, nbytes * 10, b0["layout"], msgs[0].arrays["chunk"])  # bigger than this actor
-    a.add("t", 5, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
+        a.add("t", 4, 0, 1, 0, nbytes * 10, b0["layout"], chunk0)  # bigger than this actor
+    with pytest.raises(ValueError, match=f"in {n + 1} parts, but part 0 has 200 bytes"):
+        a.add("t", 4, 0, n + 1, 0, nbytes, b0["layout"], chunk0)  # more parts than 200-byte parts make
+    with pytest.raises(ValueError, match="part 0 has 0 bytes"):
+        a.add("t", 4, 0, nbytes, 0, nbytes, b0["layout"], np.zeros(0, np.uint8))  # empty parts
+    a.add("t", 5, 0, n, 0, nbytes, b0["layout"], chunk0)
     with pytest.raises(ValueError, match="does not continue the 200 bytes"):
-        a.add("t", 5, 1, 2, nbytes - 10, nbytes, [], np.zeros(100, np.uint8))  # past the end
-    a.add("t", 6, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
+        a.add("t", 5, 1, n, nbytes - 10, nbytes, [], np.zeros(100, np.uint8))  # past the end
+    a.add("t", 6, 0, n, 0, nbytes, b0["layout"], chunk0)
     with pytest.raises(ValueError, match="does not continue the 200 bytes"):
-        a.add("t", 6, 1, 2, 300, nbytes, [], np.zeros(100, np.uint8))  # a gap: bytes 200-299 never written
-    a.add("t", 7, 0, 2, 0, nbytes, b0["layout"], msgs[0].arrays["chunk"])
-    with pytest.raises(ValueError, match=f"end at byte 300 of {nbytes}"):
-        a.add("t", 7, 1, 2, 200, nbytes, [], np.zeros(100, np.uint8))  # the last part leaves the rest unwritten
+        a.add("t", 6, 1, n, 300, nbytes, [], np.zeros(100, np.uint8))  # a gap: bytes 200-299 never written
+    a.add("t", 7, 0, n, 0, nbytes, b0["layout"], chunk0)
+    with pytest.raises(ValueError, match="has 100 bytes; every part but the last has the 200 bytes of part 0"):
+        a.add("t", 7, 1, n, 200, nbytes, [], np.zeros(100, np.uint8))
+    a.add("t", 8, 0, n, 0, nbytes, b0["layout"], chunk0)
+    for m in msgs[1:-1]:
+        a.add("t", 8, m.body["part"], n, m.body["offset"], nbytes, [], m.arrays["chunk"])
+    last = msgs[-1].arrays["chunk"]
+    with pytest.raises(ValueError, match=f"end at byte {nbytes - 1} of {nbytes}"):
+        a.add("t", 8, n - 1, n, msgs[-1].body["offset"], nbytes, [], last[:-1])  # the last byte never written
     assert not a.done
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(MalformedMessage, match="lies outside"):
         flat_arrays(np.zeros(64, np.uint8), [["w", "<f4", [100], 0]])
-    with pytest.raises(ValueError, match="malformed"):
+    with pytest.raises(MalformedMessage, match=r"has the dtype '\|O', not one of"):
         flat_arrays(np.zeros(64, np.uint8), [["w", "|O", [1], 0]])
 
 
