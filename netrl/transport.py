@@ -17,6 +17,7 @@ import errno
 import logging
 import os
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -319,10 +320,22 @@ class ClientLink:
             if self._unanswered == 1 or now - self._last_unanswered_log >= 30:
                 self._last_unanswered_log = now
                 log.warning("no answer from the server at %s (%s; attempt %d); trying again in %.1f s, then "
-                            "waiting up to %.0f s between attempts", self.endpoint, why, self._unanswered, delay,
-                            self.net.reconnect_max_s)
+                            "waiting up to %.0f s between attempts: %s", self.endpoint, why, self._unanswered, delay,
+                            self.net.reconnect_max_s, self._where_to_look())
         self._close_socket()
         self._reconnect_at = time.monotonic() + delay
+
+    def _where_to_look(self) -> str:
+        """What to check when no server answers: a name that does not resolve, or the server and its port."""
+        host = self.net.server_ip
+        try:
+            socket.getaddrinfo(host, None)  # only when logging: at most every 30 s
+        except OSError as exc:
+            return f"{host!r} is not an address or a name this machine can resolve ({exc}); check --server-ip"
+        port_key = "network.trainer_port" if self.role == "trainer" else "network.worker_port"
+        return (f"is a netrl server running at {host} and reachable from here? check --server-ip, {port_key} "
+                f"(--{port_key.split('.')[1].replace('_', '-')}) and the server's server.bind_ip (it must listen on "
+                "an interface this machine reaches)")
 
     def _check_handshakes(self) -> None:
         """Turn ZeroMQ's handshake events into log lines that say what to fix."""

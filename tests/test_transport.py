@@ -70,6 +70,25 @@ def test_a_server_that_never_answers_is_reported_once_not_on_every_retry(caplog:
     said = [r.getMessage() for r in caplog.records if r.name == "netrl.transport"]
     assert len(said) == 1 and said[0].startswith(f"no answer from the server at tcp://127.0.0.1:{port}")
     assert "attempt 1)" in said[0] and not any("lost the server" in s for s in said)
+    assert "is a netrl server running at 127.0.0.1 and reachable from here? check --server-ip, network.worker_port " \
+           "(--worker-port)" in said[0]
+
+
+def test_a_server_address_that_does_not_resolve_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    net = NetworkConfig(server_ip="no-such-host.invalid", heartbeat_interval_s=0.05, heartbeat_liveness=2)
+    ctx = zmq.Context()
+    link = ClientLink(ctx, net, "trainer", "trainer", new_session(), free_port())
+    try:
+        link.open()
+        deadline = time.monotonic() + 3
+        while not link._unanswered and time.monotonic() < deadline:
+            link.maintain()
+            time.sleep(0.01)
+    finally:
+        link.close()
+        ctx.destroy(0)
+    assert "'no-such-host.invalid' is not an address or a name this machine can resolve" in caplog.text
+    assert "check --server-ip" in caplog.text
 
 
 def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() -> None:
