@@ -109,6 +109,9 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
             raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
         if not VERSION_TEXT.fullmatch(body["netrl_version"]):
             raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+    elif mtype in (MsgType.SAMPLES, MsgType.WEIGHTS) and not PEER_NAME.fullmatch(body["session"]):
+        # logged, shown by --status, saved next to a worker's weights and kept per packet in the trainer's log
+        raise MalformedMessage(f"{mtype.value} session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
 
 
 def printable(text: str, limit: int = 500) -> str:

@@ -217,9 +217,11 @@ def test_the_server_abandons_a_version_whose_headers_take_too_much_memory() -> N
     cache = WeightCache(max_bytes=1 << 20)
     assert cache_add(cache, weights_message(1)) is None
     layout, parts = [["w", "|u1", [64 * 40], 0]], 40
-    fat = "s" * 1_000_000  # a session string that makes each part's header ~1 MB
-    problems = [cache_add(cache, part(2, i, parts, 64 * i, 64 * parts, layout if i == 0 else [],
-                                      np.zeros(64, np.uint8), session=fat)) for i in range(parts)]
+    # frames far larger than their parts (the wire now bounds every header field of a part but part 0's layout, so
+    # this stands for whatever a future field could carry): each part's frames take ~1 MB
+    fat = [bytes(1_000_000), bytes(64)]
+    problems = [cache.add(2, i, parts, 64 * i, 64 * parts, 64, fat, layout=layout if i == 0 else None)
+                for i in range(parts)]
     first = next(i for i, p in enumerate(problems) if p)
     assert "of memory" in str(problems[first]) and 10 < first < 20
     assert cache.version == cache.complete_version == 1  # abandoned: workers get the last complete version

@@ -287,6 +287,16 @@ def test_policy_versions_are_bounded_so_a_trainer_can_always_number_after_them()
         decode(encode(weights_message(MAX_POLICY_VERSION + 1)))
 
 
+@pytest.mark.parametrize("session", ["", "s" * 65, "a\nforged line", "x" * 1_000_000])
+def test_a_session_id_is_a_short_name_in_samples_and_weights(session: str) -> None:
+    with pytest.raises(MalformedMessage, match=r"session .* is not a valid id") as err:
+        decode(encode(weights_message(1, session=session)))
+    assert len(str(err.value)) < 200 and "\n" not in str(err.value)
+    body = {**header(samples_frames())["body"], "session": session}
+    with pytest.raises(MalformedMessage, match=r"samples session .* is not a valid id"):
+        decode(with_header(samples_frames(), body=body))
+
+
 def test_a_body_number_that_is_not_finite_is_malformed() -> None:
     nack = Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": float("nan")})
     with pytest.raises(MalformedMessage, match="nack body field 'retry_s' is nan, not a finite number"):
