@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.segments import Position, Record, SegmentLog
+from netrl.status import worth_logging
 
 __all__ = ["Deliveries", "SampleLog"]
 
@@ -23,10 +24,20 @@ log = logging.getLogger(__name__)
 
 
 class Deliveries:
-    """Sequence numbers seen per stream, kept as sorted, merged, inclusive ranges."""
+    """Sequence numbers seen per stream, kept as sorted, merged, inclusive ranges.
 
-    def __init__(self, streams: dict[str, list[list[int]]] | None = None) -> None:
+    Both are bounded, so that a worker sending every other sequence number, or a new session per packet, cannot
+    grow the trainer's memory and checkpoints without limit: beyond ``max_ranges`` gaps in a stream the oldest gap
+    is taken as delivered (a packet from it arriving later is dropped as a duplicate), and beyond ``max_streams``
+    the stream added to longest ago is forgotten (a packet resent from it would be taken again). Either is logged.
+    An honest worker's gaps are filled by its resends within seconds, and a stream is one worker process run.
+    """
+
+    def __init__(self, streams: dict[str, list[list[int]]] | None = None, max_ranges: int = 1024,
+                 max_streams: int = 10_000) -> None:
         self._ranges: dict[str, list[list[int]]] = {k: [list(r) for r in v] for k, v in (streams or {}).items()}
+        self.max_ranges, self.max_streams = max_ranges, max_streams
+        self.gaps_closed = self.streams_forgotten = 0
 
     def seen(self, stream: str, seq: int) -> bool:
         ranges = self._ranges.get(stream, [])
@@ -37,7 +48,8 @@ class Deliveries:
         """Record ``seq``; returns False if it was already there (a duplicate)."""
         if self.seen(stream, seq):
             return False
-        ranges = self._ranges.setdefault(stream, [])
+        ranges = self._ranges.pop(stream, [])
+        self._ranges[stream] = ranges  # last in the dict: the stream added to most recently
         i = bisect.bisect_left(ranges, [seq, seq])
         ranges.insert(i, [seq, seq])
         # merge with the neighbours it touches
@@ -45,6 +57,21 @@ class Deliveries:
             ranges[i][1] = ranges.pop(i + 1)[1]
         if i > 0 and ranges[i - 1][1] == seq - 1:
             ranges[i - 1][1] = ranges.pop(i)[1]
+        if len(ranges) > self.max_ranges:
+            first = ranges.pop(0)
+            self.gaps_closed += 1
+            if worth_logging(self.gaps_closed):
+                log.warning("stream %s has over %d gaps in its sequence numbers: packets %d to %d are taken as "
+                            "delivered (%d gaps closed so far); a packet from them arriving later is dropped as a "
+                            "duplicate", stream, self.max_ranges, first[1] + 1, ranges[0][0] - 1, self.gaps_closed)
+            ranges[0][0] = first[0]
+        if len(self._ranges) > self.max_streams:
+            oldest = next(iter(self._ranges))
+            del self._ranges[oldest]
+            self.streams_forgotten += 1
+            if worth_logging(self.streams_forgotten):
+                log.warning("over %d worker sessions sent packets: forgot which packets %s sent, the session added to "
+                            "longest ago (%d forgotten so far)", self.max_streams, oldest, self.streams_forgotten)
         return True
 
     def count(self, stream: str | None = None) -> int:

@@ -199,6 +199,21 @@ def test_deliveries_detect_duplicates_and_keep_gaps_small() -> None:
     assert restored.seen("w/a", 4) and not restored.add("w/b", 998) and restored.add("w/b", 999)
 
 
+def test_deliveries_stay_bounded_whatever_sequence_numbers_and_sessions_arrive(
+        caplog: pytest.LogCaptureFixture) -> None:
+    d = Deliveries(max_ranges=100, max_streams=50)
+    for seq in range(100_000, 0, -2):  # a gap after every packet, newest first (once quadratic: 200k took 13 s)
+        assert d.add("w/gaps", seq)
+    ranges = d.streams()["w/gaps"]
+    assert len(ranges) == 100 and ranges[0] == [2, 99_802] and d.gaps_closed == 49_900
+    assert d.seen("w/gaps", 3)  # inside the closed gaps: taken as delivered
+    assert "packets 99801 to 99801 are taken as delivered (1 gaps closed so far)" in caplog.text
+    for session in range(200):  # a new session per packet
+        d.add(f"w/{session}", 1)
+    assert len(d.streams()) == 50 and "w/gaps" not in d.streams() and d.seen("w/199", 1) and not d.seen("w/0", 1)
+    assert d.streams_forgotten == 151 and "forgot which packets w/gaps sent" in caplog.text
+
+
 def test_sample_log_trims_whole_segments_beyond_what_memory_holds(tmp_path: Path) -> None:
     log = SampleLog(tmp_path, keep_rows=50, segment_bytes=300)
     for seq in range(1, 40):
