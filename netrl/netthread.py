@@ -63,8 +63,9 @@ class NetThread(threading.Thread):
                 raise zmq.Again
             tracker = self._pipe_out.send_multipart(frames, zmq.NOBLOCK, copy=False, track=track)
         except zmq.Again:  # the pipe has no reader any more: SNDHWM 0 never refuses while it does
+            why = self.link.fatal or self.error  # e.g. the server's REJECT: the reason to show, not just the symptom
             raise NetrlError(f"{self.link.role} cannot continue: its network thread has stopped"
-                             f"{f' ({self.error})' if self.error else ''}") from None
+                             f"{f' ({why})' if why else ''}") from None
         return tracker if track else None
 
     def halt(self, timeout: float = 5.0) -> None:

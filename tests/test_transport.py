@@ -110,6 +110,9 @@ def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() 
         assert thread.error is not None and not thread.is_alive()
         with pytest.raises(NetrlError, match="trainer cannot continue: its network thread has stopped"):
             thread.command([b"weights"])  # blocked forever before: the pipe had no reader left
+        thread.link.fatal = "replaced by another trainer"  # a REJECT from the server: the reason, not the symptom
+        with pytest.raises(NetrlError, match=r"network thread has stopped \(replaced by another trainer\)"):
+            thread.command([b"weights"])
     finally:
         thread.halt()
 
