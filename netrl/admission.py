@@ -3,14 +3,16 @@
 :class:`Admission` checks each HELLO (the right port, a worker name its CURVE key may use) and adds the new
 :class:`~netrl.peers.Peer` to the table. It rejects bad messages with a count in the server's stats and a log line
 per peer that a flood cannot multiply, replies REJECT where the peer can act on the reason, and logs connections
-that failed their ZeroMQ handshake before any message arrived. The server's loop calls it; it never sends a
-WELCOME (that carries the server's state: :meth:`netrl.server.Server._hello`).
+that failed their ZeroMQ handshake before any message arrived. A trainer session that replaces another is logged
+loudly, and the old trainer is told to stop (two trainers would split the samples between their runs). The
+server's loop calls it; it never sends a WELCOME (that carries the server's state: :meth:`netrl.server.Server._hello`).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,11 +72,25 @@ class Admission:
                         "it in the server's config, or stop a worker")
             return None
         for old in replaced:
-            log.info("%s %s", old.label, "said HELLO again" if old.rid == rid else "replaced by a new connection")
+            if role == "trainer" and old.rid != rid and old.session != peer.session:
+                self._trainer_replaced(old, peer)
+            else:  # the same process: a network blip, or a HELLO again on the same connection
+                log.info("%s %s", old.label, "said HELLO again" if old.rid == rid else "replaced by a new connection")
             self.forget(old)
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         return peer
+
+    def _trainer_replaced(self, old: Peer, new: Peer) -> None:
+        """Another trainer process took over: the newest trainer gets the samples. If the old one still runs (two
+        trainers on one server), a REJECT stops it; without one, it would say HELLO again on its next message and the
+        two would take turns, splitting the samples between their runs. (One that crashed never reads it.)"""
+        log.warning("%s replaces %s, last heard from %.1f s ago: the new trainer gets the samples from now on; if the "
+                    "old one is still running, it is told to stop (two trainers on one server would split the "
+                    "samples between their runs)", new.label, old.label, time.time() - old.last_seen)
+        self.reply("trainer", old.rid, f"replaced by another trainer (session {new.session[:16]} at "
+                   f"{new.address[:48]!r}): a server serves one trainer at a time, so this one stops; to keep it, stop "
+                   "the other trainer and restart this one, or give each trainer its own server")
 
     def refuse(self, role: str, rid: bytes, peer: Peer | None, reason: str, told: str) -> None:
         """Reject a message and tell its sender ``told`` (a REJECT, which a netrl client logs and acts on)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import re
 import time
 from dataclasses import dataclass, field
@@ -11,10 +10,19 @@ from typing import Any
 from netrl.segments import Position
 from netrl.transport import Liveness
 
-__all__ = ["MAX_REPORTED", "Peer", "PeerTable", "QueuedPacket"]
+__all__ = ["MAX_COUNT", "MAX_REPORTED", "Peer", "PeerTable", "QueuedPacket", "is_count"]
 
 REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats, e.g. "dropped_samples"
 MAX_REPORTED = 32  # counters kept per peer
+# The largest count the server takes from a peer (samples produced or wanted, a heartbeat counter): far beyond any
+# run, exact as a float, and any sum of two still fits the wire's 64-bit integers (a PACE allowance, say).
+MAX_COUNT = 2**53
+
+
+def is_count(value: Any) -> bool:
+    """A finite int or float within +-MAX_COUNT (not a bool, not NaN): what a heartbeat counter may be. (A worker
+    reports ``version`` -1 before it has weights, so small negatives are fine.)"""
+    return type(value) in (int, float) and -MAX_COUNT < value < MAX_COUNT  # NaN fails both comparisons
 
 
 @dataclass
@@ -35,10 +43,15 @@ class Peer:
     sent_parts: int = 0
     samples: int = 0
     packets: int = 0
-    produced: int = 0  # env steps the worker has produced, as of its latest packet
+    produced: int = 0  # env steps the worker has produced, as of its latest packet or heartbeat
+    produced_at: float = field(default_factory=time.monotonic)  # when ``produced`` last rose (or it connected)
     allowance: int = 0  # PACE last sent
-    window: int = 0  # the share of the server's memory (bytes in flight) it was last told
+    window: int = 0  # the bytes it may have in flight it was last told (its share of the server's memory)
+    bytes_in: int = 0  # bytes of its packets so far (what the worker counts against its window) ...
+    cost_in: int = 0  # ... and the memory they take at the server (relay.memory_cost)
+    over_window: int = 0  # packets refused because its packets held took its share of the memory
     reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
+    bad_reports: int = 0  # heartbeats with counters that were ignored
     key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
 
     @property
@@ -46,11 +59,25 @@ class Peer:
         key = f", key {self.key}" if self.key else ""
         return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]}{key})"
 
-    def report(self, stats: dict[str, Any]) -> None:
-        """Keep a heartbeat's counters for --status: a few short names, not whatever a peer sends (the status
-        snapshot must stay small)."""
-        numbers = ((k, v) for k, v in stats.items() if REPORTED_NAME.fullmatch(k) and isinstance(v, (int, float)))
-        self.reported = dict(itertools.islice(numbers, MAX_REPORTED))
+    def report(self, stats: dict[Any, Any]) -> list[str]:
+        """Keep a heartbeat's counters for --status: at most MAX_REPORTED short names with counts (:func:`is_count`),
+        not whatever a peer sends (the snapshot must stay small, and a NaN or a 2**64 would break it and the pacing).
+        Returns what it ignored, as ``key=value`` texts safe to log."""
+        kept: dict[str, Any] = {}
+        ignored = []
+        for k, v in stats.items():
+            if isinstance(k, str) and REPORTED_NAME.fullmatch(k) and is_count(v) and len(kept) < MAX_REPORTED:
+                kept[k] = v
+            else:
+                ignored.append(f"{k!r:.48}={v!r:.32}")
+        self.reported = kept
+        return ignored
+
+    def produced_up_to(self, produced: int) -> None:
+        """The worker says it has produced this many env steps (a packet's or a heartbeat's count)."""
+        produced = min(produced, MAX_COUNT)
+        if produced > self.produced:
+            self.produced, self.produced_at = produced, time.monotonic()
 
     def weights_acked(self, versions: list[int]) -> str | None:
         """A worker's ACK of the weight version it received completely; what is wrong with it, or None. An ACK
@@ -102,20 +129,25 @@ class PeerTable:
         return len(self.workers_by_session)
 
     def window(self, max_queue_bytes: int) -> int:
-        """Bytes each worker may have in flight: together, half of what the server holds in memory, the rest being
-        room for joins and stragglers. (Without this, many workers' windows overflow the memory queue into the disk
-        spool while the trainer keeps up.)"""
+        """Memory each worker's packets may take at the server: together, half of what the server holds in memory,
+        the rest being room for joins and stragglers. (Without this, many workers' windows overflow the memory queue
+        into the disk spool while the trainer keeps up.)"""
         return max(1, max_queue_bytes // 2 // max(1, self.worker_count()))
 
-    def raise_allowances(self, wanted: int) -> list[Peer]:
-        """Split the ``wanted`` samples between connected workers (each may produce its share beyond what it has);
-        returns the workers whose allowance rose, to be told (only throttled workers wait for it)."""
+    def raised_allowances(self, wanted: int, idle_after_s: float) -> list[tuple[Peer, int]]:
+        """Split the ``wanted`` samples between the workers that are producing (each may produce its share beyond
+        what it has); returns the workers whose allowance rises, with the new allowance, to be told (only throttled
+        workers wait for it; the caller sets ``allowance`` once the PACE is sent, so a lost one is sent again).
+
+        A worker that has had allowance left for ``idle_after_s`` without producing (a slow env, a stuck or idle
+        process) keeps what it has but takes no share: otherwise every idle connection would shrink the busy
+        workers' shares. It is paced again as soon as it produces or runs out of allowance."""
         workers = self.workers()
-        share = -(-max(0, wanted) // max(1, len(workers)))
-        raised = [w for w in workers if w.produced + share > w.allowance]
-        for worker in raised:
-            worker.allowance = worker.produced + share
-        return raised
+        now = time.monotonic()
+        busy = [w for w in workers if w.produced >= w.allowance or now - w.produced_at < idle_after_s] or workers
+        share = -(-min(max(0, wanted), MAX_COUNT) // max(1, len(busy)))
+        raised = [(w, min(w.produced + share, MAX_COUNT)) for w in busy]  # clamped: always fits a PACE
+        return [(w, allowance) for w, allowance in raised if allowance > w.allowance]
 
     def session_problem(self, new: Peer) -> str | None:
         """Why a worker may not take this session: another connected worker holds it (a reconnecting worker keeps

@@ -42,7 +42,6 @@ from netrl.schema import SampleSchema
 from netrl.server_sockets import ServerSockets
 from netrl.server_status import ServerStatus
 from netrl.spool import Spool
-from netrl.status import answer_status
 from netrl.transport import new_session
 from netrl.wire import Message, MsgType, check_role, decode, encode
 
@@ -155,10 +154,10 @@ class Server:
                         self._drain(role, sock)
                     if monitors[role] in events:
                         self.admission.failed_handshakes(role)
+                now = time.monotonic()
                 if status is not None and status in events:
-                    if not answer_status(status, self.snapshot):
-                        self.stats["rejected"] += 1
-                self._housekeeping(time.monotonic())
+                    self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
+                self._housekeeping(now)
         finally:
             self.close()
 
@@ -170,14 +169,17 @@ class Server:
                                            self.intake.after_joins, lambda: self._heartbeats(now),
                                            lambda: self.status.tick(now)]
         for step in steps:
-            try:
-                step()
-            except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
-                self.stats["internal_errors"] += 1
-                if now >= self._next_internal_error_log:
-                    self._next_internal_error_log = now + 60.0
-                    log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
-                                  "later at the earliest)", self.stats["internal_errors"])
+            self._guarded(step, now)
+
+    def _guarded(self, step: Callable[[], None], now: float) -> None:
+        try:
+            step()
+        except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
+            self.stats["internal_errors"] += 1
+            if now >= self._next_internal_error_log:
+                self._next_internal_error_log = now + 60.0
+                log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
+                              "later at the earliest)", self.stats["internal_errors"])
 
     def close(self) -> None:
         """Say BYE to every peer, close the spool and release the sockets. Idempotent."""
@@ -262,7 +264,7 @@ class Server:
         welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
-            welcome["window"] = peer.window = self.intake.window()
+            welcome["window"] = peer.window = self.intake.window_for(peer)
         else:  # a restarted trainer numbers its weights after these, so that no number names two actors
             welcome["weights_version"] = self.weights.newest
         self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
@@ -302,14 +304,7 @@ class Server:
         self.intake.on_samples(peer, msg, frames)
 
     def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        stats = msg.body.get("stats")
-        if isinstance(stats, dict):
-            peer.report(stats)
-            produced = stats.get("produced")
-            if isinstance(produced, int) and produced > peer.produced:
-                # a worker that reconnected to a restarted server: pace it from its real count, not from zero
-                peer.produced = produced
-                self.intake.pace()
+        self.intake.on_heartbeat(peer, msg, frames)
 
     def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines

@@ -1,7 +1,8 @@
 """The server's account of itself: the snapshot that ``python -m netrl --status`` shows, and the status line it logs.
 
-:class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes none of them. The
-server's loop calls :meth:`ServerStatus.tick` on every pass: once a second it samples the sample rates, and every
+:class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes none of them but
+the count of rejected messages. The server's loop calls :meth:`ServerStatus.answer` when a ``--status`` request
+waits, and :meth:`ServerStatus.tick` on every pass: once a second it samples the sample rates, and every
 ``status_interval_s`` it logs one :func:`~netrl.status.status_line` while any peer is connected.
 """
 
@@ -12,11 +13,13 @@ import logging
 import time
 from typing import Any
 
+import zmq
+
 from netrl.broadcast import WeightCache
 from netrl.intake import SampleIntake
 from netrl.peers import PeerTable
 from netrl.server_sockets import ServerSockets
-from netrl.status import Rates, status_line
+from netrl.status import Rates, answer_status, status_line
 
 __all__ = ["ServerStatus"]
 
@@ -55,6 +58,11 @@ class ServerStatus:
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
             "stats": dict(self.stats),
         }
+
+    def answer(self, sock: zmq.Socket) -> None:
+        """Answer one ``--status`` request waiting on ``sock`` (a malformed one is counted as rejected)."""
+        if not answer_status(sock, self.snapshot):
+            self.stats["rejected"] += 1
 
     def tick(self, now: float) -> None:
         """Once a second: sample the rates; every ``status_interval_s``: one status line."""

@@ -98,26 +98,37 @@ def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1",
                                      "running on this machine? (--status talks to the loopback-only "
                                      "`server.status_port`)")
         reply = decode(sock.recv_multipart())
-        return dict(reply.body.get("snapshot", {}))
+        snapshot = dict(reply.body.get("snapshot", {}))
+        if "error" in snapshot:
+            raise NetrlError(f"the server on {host}:{port} could not report its status "
+                             f"({str(snapshot['error'])[:300]}); its log has the details: please report it as a bug")
+        return snapshot
     finally:
         ctx.destroy(0)
 
 
 def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> bool:
-    """Answer one STATUS request waiting on the server's REP socket; False if the request was malformed."""
+    """Answer one STATUS request waiting on the server's REP socket; False if the request was malformed.
+
+    A snapshot that cannot be built or encoded (a bug) is logged and answered with ``{"error": ...}``: a REP socket
+    that leaves a request unanswered can never answer another one."""
     try:
         frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
     except zmq.Again:
         return True
-    ok = True
+    request: Message | None = None
     try:
         request = decode(frames, 1 << 16)
-        body = {"snapshot": snapshot()} if request.type is MsgType.STATUS else {}
     except ProtocolError as exc:
         log.warning("rejected a status request: %s", exc)
-        ok, body = False, {}
-    sock.send_multipart(encode(Message(MsgType.STATUS, "server", body=body)))  # a REP socket must answer
-    return ok
+    try:
+        body = {"snapshot": snapshot()} if request is not None and request.type is MsgType.STATUS else {}
+        reply = encode(Message(MsgType.STATUS, "server", body=body))
+    except Exception as exc:  # (the status port is loopback-only and asked by hand: no flood to fear here)
+        log.exception("could not answer a status request")
+        reply = encode(Message(MsgType.STATUS, "server", body={"snapshot": {"error": repr(exc)[:300]}}))
+    sock.send_multipart(reply)
+    return request is not None
 
 
 def version_label(version: Any) -> str:
@@ -166,8 +177,9 @@ def format_status(s: dict[str, Any]) -> str:
         f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
         f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
-        f"{s.get('dropped', 0):,}; sample refusals by a full spool {s.get('refused', 0):,} (workers keep and resend "
-        "them, so one sample can be refused more than once)",
+        f"{s.get('dropped', 0):,}; sample refusals by a full spool {s.get('refused', 0):,}, packets refused beyond "
+        f"their worker's window {s.get('stats', {}).get('window_refusals', 0):,} (workers keep and resend them, so "
+        "one can be refused more than once)",
         f"connections refused for unknown keys: {unknown_keys}; other failed handshakes: {failed}; messages before "
         f"HELLO {s.get('stats', {}).get('unknown_peer', 0):,}",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "

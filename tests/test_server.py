@@ -327,10 +327,13 @@ def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: 
 
 
 def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path: Path) -> None:
+    from netrl.peers import QueuedPacket
+    from netrl.relay import memory_cost
     from netrl.worker_link import WorkerLink
 
-    frames = encode(samples_message(sample_buffer(50), "w", "s", 1, 49))
+    frames = encode(samples_message(sample_buffer(500), "w", "s", 1, 499))
     packet_bytes = sum(len(f) for f in frames)
+    cost = memory_cost(QueuedPacket("w", "s", 1, 499, frames, packet_bytes, 0.0))  # bytes, plus holding them
     queue = 20 * packet_bytes
     with running_server(network=NET, spool_dir=tmp_path / "spool", max_queue_bytes=queue,
                         spool_after_s=60) as (srv, ctx):
@@ -344,12 +347,18 @@ def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path:
             shrunk = first.expect(MsgType.ACK)  # a second worker joined: the first one's share halves
             assert shrunk.body == {"seqs": [], "window": queue // 4}
             for seq in range(1, 41):  # 40 packets, twice what the server holds in memory
-                body = encode(samples_message(sample_buffer(50), "w", "s", seq, seq * 49))
-                link.command([seq.to_bytes(8, "little") + (49).to_bytes(8, "little"), *body])
-            time.sleep(1.0)
-            assert link.server_window == queue // 4
-            assert 0 < srv.relay.mem_bytes <= queue // 4 + packet_bytes  # its share (plus one packet), not 40
+                body = encode(samples_message(sample_buffer(500), "w", "s", seq, seq * 499))
+                link.command([seq.to_bytes(8, "little") + (499).to_bytes(8, "little"), *body])
+            for _ in range(15):  # (the fake peers keep alive)
+                trainer.send(Message(MsgType.HEARTBEAT, "trainer"))
+                first.send(Message(MsgType.HEARTBEAT, "first"))
+                time.sleep(0.1)
+            assert 0 < srv.relay.held_cost["s"] <= queue // 4  # its share of the memory, not 40 packets
             assert srv.stats["samples_spooled"] == 0  # and nothing overflowed to disk
+            # WELCOME's window counted bytes, not what holding them costs: what its first window took beyond its
+            # share was refused (it resends it), and an ACK told it the window that fits
+            assert link.server_window == pytest.approx(queue // 4 * packet_bytes / cost, rel=0.01)
+            assert link.counts["nacked_packets"] == srv.stats["window_refusals"] <= 2
         finally:
             link.halt(0.5)
 
