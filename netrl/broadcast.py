@@ -22,7 +22,7 @@ import numpy as np
 
 from netrl.errors import MalformedMessage, ProtocolError
 from netrl.peers import Peer
-from netrl.wire import ALLOWED_DTYPES, MsgType, decode, frames_nbytes
+from netrl.wire import ALLOWED_DTYPES, frames_nbytes
 
 __all__ = ["MAX_LAYOUT_DIMS", "MAX_LAYOUT_ENTRIES", "OVERHEAD_ROOM_BYTES", "PART_OVERHEAD_BYTES", "WeightCache",
            "check_layout"]
@@ -91,20 +91,6 @@ def check_layout(layout: Any, nbytes: int) -> None:
                                    f"{start + size - 1})")
 
 
-def _layout_of(version: int, frames: list[Any]) -> list[Any] | None:
-    """Part 0's layout, read again from its header frame for a caller that did not pass it. Frames the server
-    received decode here as they did there; None (logged) for frames that are not a WEIGHTS message."""
-    try:
-        msg = decode(frames, max_bytes=frames_nbytes(frames), inflate=False)
-    except ProtocolError as exc:
-        msg, why = None, str(exc)
-    if msg is not None and msg.type is MsgType.WEIGHTS:
-        return list(msg.body["layout"])
-    log.warning("weights v%d: part 0's layout is not checked: its frames are not a WEIGHTS message (%s); pass the "
-                "layout to WeightCache.add", version, why if msg is None else msg.type.value)
-    return None
-
-
 class WeightCache:
     """Frames of each part of the newest version received so far, and of the last complete version while a newer
     one is arriving: if the newer one is abandoned (its trainer left, or a part did not fit), workers get the last
@@ -159,10 +145,10 @@ class WeightCache:
         return self.version if self.complete else (self._previous[0] if self._previous else -1)
 
     def add(self, version: int, part: int, parts: int, offset: int, nbytes: int, size: int,
-            frames: list[Any], layout: list[Any] | None = None) -> str | None:
+            frames: list[Any], layout: list[Any]) -> str | None:
         """Cache one part (``size`` bytes of a ``nbytes`` version, at ``offset``); returns what was wrong if it does
         not continue the version being received. A bad last part, or one over ``max_bytes``, abandons its version.
-        ``layout`` is part 0's (``body["layout"]``); without it, part 0's header frame is read again for it."""
+        ``layout`` is the part's ``body["layout"]``: part 0's is checked (:func:`check_layout`)."""
         if version == self.version and self.complete:
             return None  # resent after a reconnect: the same parts again
         cost = frames_nbytes(frames) + PART_OVERHEAD_BYTES
@@ -199,7 +185,7 @@ class WeightCache:
         return None
 
     def _first_part(self, version: int, parts: int, nbytes: int, size: int, frames: list[Any],
-                    layout: list[Any] | None) -> str | None:
+                    layout: list[Any]) -> str | None:
         """What is wrong with a version that part 0 starts (None: cache it)."""
         if version < self.version:
             return f"weights v{version} are older than v{self.version}, already received from this trainer"
@@ -215,11 +201,8 @@ class WeightCache:
             return (f"weights v{version} of {nbytes} bytes in {parts} parts would take over server.max_weights_bytes "
                     f"({self.max_bytes}) + {OVERHEAD_ROOM_BYTES} bytes of memory, with {PART_OVERHEAD_BYTES} bytes of "
                     "bookkeeping per part: send larger parts (netrl's trainer sends 1 MiB parts)")
-        if layout is None:
-            layout = _layout_of(version, frames)
         try:
-            if layout is not None:
-                check_layout(layout, nbytes)
+            check_layout(layout, nbytes)
         except ProtocolError as exc:
             return f"weights v{version} have a bad layout, refused (workers would refuse them too): {exc}"
         return None

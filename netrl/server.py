@@ -332,7 +332,7 @@ class Server:
         b = msg.body
         completed = self.weights.completed
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
-                                   msg.arrays["chunk"].nbytes, frames)
+                                   msg.arrays["chunk"].nbytes, frames, b["layout"])
         if problem:
             self.admission.reject("trainer", peer.rid, peer, problem)
         elif self.weights.completed > completed:

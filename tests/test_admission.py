@@ -159,7 +159,8 @@ def test_a_bye_reason_is_logged_quoted_and_short(server: tuple[Server, zmq.Conte
 
 # -- the weights cache on its own -------------------------------------------------------------------------------
 def part(cache: WeightCache, version: int, i: int, parts: int, offset: int, size: int, nbytes: int) -> str | None:
-    return cache.add(version, i, parts, offset, nbytes, size, [f"v{version}p{i}".encode()])
+    layout = [["w", "|u1", [nbytes], 0]] if i == 0 else []
+    return cache.add(version, i, parts, offset, nbytes, size, [f"v{version}p{i}".encode()], layout)
 
 
 def test_weight_parts_must_continue_each_other() -> None:

@@ -123,30 +123,21 @@ def test_a_worker_rejects_a_version_with_a_malformed_layout_and_keeps_its_actor(
     assert rx.version == 3
 
 
-def cache_add(cache: WeightCache, msg: Message, pass_layout: bool = False) -> str | None:
-    """What the server does with a WEIGHTS part from the trainer (which passes no layout: the cache reads it)."""
+def cache_add(cache: WeightCache, msg: Message) -> str | None:
+    """What the server does with a WEIGHTS part from the trainer."""
     b = msg.body
-    args = (msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"], msg.arrays["chunk"].nbytes,
-            encode(msg))
-    return cache.add(*args, layout=b["layout"] or None) if pass_layout else cache.add(*args)
+    return cache.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"], msg.arrays["chunk"].nbytes,
+                     encode(msg), b["layout"])
 
 
-@pytest.mark.parametrize("pass_layout", [False, True], ids=["layout read from the header", "layout passed"])
-def test_the_server_refuses_a_version_with_a_malformed_layout_and_keeps_the_last_good_one(pass_layout: bool) -> None:
+def test_the_server_refuses_a_version_with_a_malformed_layout_and_keeps_the_last_good_one() -> None:
     cache = WeightCache(max_bytes=1 << 20)
-    assert cache_add(cache, part(1, 0, 1, 0, 64, [["w", "<f4", [16], 0]], np.zeros(64, np.uint8)), pass_layout) is None
+    assert cache_add(cache, part(1, 0, 1, 0, 64, [["w", "<f4", [16], 0]], np.zeros(64, np.uint8))) is None
     for case, (layout, why) in BAD_LAYOUTS.items():
-        problem = cache_add(cache, part(2, 0, 1, 0, 64, layout, np.zeros(64, np.uint8)), pass_layout)
+        problem = cache_add(cache, part(2, 0, 1, 0, 64, layout, np.zeros(64, np.uint8)))
         assert problem is not None and "weights v2 have a bad layout" in problem, case
         assert why in problem, case
         assert cache.version == cache.complete_version == 1 and cache.nparts == 1, case  # not cached, not relayed
-
-
-def test_the_server_says_so_when_it_cannot_read_a_layout_to_check(caplog: pytest.LogCaptureFixture) -> None:
-    cache = WeightCache(max_bytes=1 << 20)
-    with caplog.at_level(logging.WARNING, logger="netrl.broadcast"):
-        assert cache.add(1, 0, 1, 0, 64, 64, [b"not a message"]) is None  # a stand-in, as a unit test passes
-    assert "weights v1: part 0's layout is not checked" in caplog.text and "pass the layout" in caplog.text
 
 
 @pytest.fixture
@@ -220,7 +211,7 @@ def test_the_server_abandons_a_version_whose_headers_take_too_much_memory() -> N
     # frames far larger than their parts (the wire now bounds every header field of a part but part 0's layout, so
     # this stands for whatever a future field could carry): each part's frames take ~1 MB
     fat = [bytes(1_000_000), bytes(64)]
-    problems = [cache.add(2, i, parts, 64 * i, 64 * parts, 64, fat, layout=layout if i == 0 else None)
+    problems = [cache.add(2, i, parts, 64 * i, 64 * parts, 64, fat, layout if i == 0 else [])
                 for i in range(parts)]
     first = next(i for i, p in enumerate(problems) if p)
     assert "of memory" in str(problems[first]) and 10 < first < 20
