@@ -90,7 +90,9 @@ class SampleIntake:
                 return
         a = msg.arrays
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
-        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic())
+        inflated = sum(arr.nbytes for arr in a.values())  # compressed arrays are declared-size stand-ins here
+        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic(),
+                              inflated=inflated)
         cost, held = memory_cost(packet), self.relay.held_cost.get(peer.session, 0)
         peer.bytes_in, peer.cost_in = peer.bytes_in + nbytes, peer.cost_in + cost
         if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:  # (resends: ok)

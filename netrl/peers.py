@@ -195,3 +195,9 @@ class QueuedPacket:
     nbytes: int
     received: float
     spool_position: Position | None = None  # set when the packet was read back from the spool
+    inflated: int = 0  # bytes its arrays take once the trainer decompresses them (0: those on the wire)
+
+    @property
+    def trainer_bytes(self) -> int:
+        """What the packet takes at the trainer, decoded: compressed images may take far more than on the wire."""
+        return max(self.inflated, self.nbytes)

@@ -18,9 +18,10 @@ Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) a
 has credit, so a slow trainer never makes the server's memory grow. Beyond ``min_samples``, a bundle also takes the
 packets already waiting, up to ``max_bundle_bytes``: under load, one bundle, one trainer ACK and one ACK per worker
 then cover many packets instead of one each. Whatever ``min_samples`` asks, a bundle never holds more than
-``MAX_BUNDLE_PARTS`` packets or more bytes than the trainer accepts (``max_message_bytes``, less room for the
-header); packets that cannot reach ``min_samples`` within those limits leave after ``max_delay_s``, and a packet too
-big to share a bundle goes alone. Packets are forwarded unchanged.
+``MAX_BUNDLE_PARTS`` packets, or more bytes than the trainer accepts (``max_message_bytes``, less room for the
+header), on the wire or once decoded (compressed arrays declare their size); packets that cannot reach
+``min_samples`` within those limits leave after ``max_delay_s``, and a packet too big to share a bundle goes alone.
+Packets are forwarded unchanged.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class SampleRelay:
             return False
         try:
             self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
-                                            "steps": packet.steps})
+                                            "steps": packet.steps, "inflated": packet.trainer_bytes})
         except OSError as exc:
             self._spool_failed(exc)
             return False
@@ -177,7 +178,7 @@ class SampleRelay:
                                                    and now - self.queue[0].received < self.max_delay)):
                 return
             packets: list[QueuedPacket] = []
-            steps = nbytes = 0
+            steps = nbytes = inflated = 0
             if spooled:
                 try:
                     taken = self.spool.take(self._more)
@@ -186,15 +187,19 @@ class SampleRelay:
                     continue
                 for sp in taken:
                     packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
-                                                int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position))
+                                                int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position,
+                                                int(sp.meta.get("inflated", 0))))
                     steps += packets[-1].steps
                     nbytes += sp.nbytes
-            while self.queue and (not packets or self._more(len(packets), steps, nbytes, self.queue[0].nbytes)):
+                    inflated += packets[-1].trainer_bytes
+            while self.queue and (not packets or self._more(len(packets), steps, nbytes, self.queue[0].nbytes,
+                                                            inflated, self.queue[0].trainer_bytes)):
                 packet = self.queue.popleft()
                 self.queued_steps -= packet.steps
                 packets.append(packet)
                 steps += packet.steps
                 nbytes += packet.nbytes
+                inflated += packet.trainer_bytes
             self.bundle_seq += 1
             if not self.send_to_trainer(encode_bundle("server", self.bundle_seq, [p.frames for p in packets])):
                 self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it
@@ -206,10 +211,13 @@ class SampleRelay:
             self.stats["bundles_out"] += 1
             self.last_bundle_at = now
 
-    def _more(self, count: int, steps: int, nbytes: int, next_bytes: int) -> bool:
-        """Whether a bundle of ``count`` packets (``steps`` samples, ``nbytes`` bytes) also takes the next one."""
+    def _more(self, count: int, steps: int, nbytes: int, next_bytes: int, inflated: int, next_inflated: int) -> bool:
+        """Whether a bundle of ``count`` packets (``steps`` samples, ``nbytes`` bytes on the wire, ``inflated`` once
+        decoded) also takes the next one."""
         if count >= MAX_BUNDLE_PARTS or nbytes + next_bytes > self.bundle_limit:
             return False  # the trainer would refuse the bundle
+        if inflated + next_inflated > self.bundle_limit:  # what one bundle may take at the trainer, decoded: blank
+            return False  # camera frames shrink 1,000 times, so a few MB on the wire could take gigabytes there
         return steps < self.min_samples or nbytes + next_bytes <= self.max_bundle_bytes
 
     def _untake(self, packets: list[QueuedPacket]) -> None:

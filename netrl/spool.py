@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class SpooledPacket(NamedTuple):
     position: Position
-    meta: dict[str, Any]  # {"worker", "session", "seq", "steps"}
+    meta: dict[str, Any]  # {"worker", "session", "seq", "steps", "inflated"}
     frames: list[memoryview]
     nbytes: int
 
@@ -97,20 +97,23 @@ class Spool:
         self.bytes += frames_nbytes(frames)
         self.packets += 1
 
-    def take(self, more: Callable[[int, int, int, int], bool]) -> list[SpooledPacket]:
+    def take(self, more: Callable[[int, int, int, int, int, int], bool]) -> list[SpooledPacket]:
         """Packets from the read cursor: the first one, then each next one while ``more(packets, samples, bytes,
-        next_bytes)`` (what is taken so far, and the size of the next packet) says so."""
+        next_bytes, inflated, next_inflated)`` (what is taken so far, and the size of the next packet, on the wire
+        and decoded: ``meta["inflated"]``, or its wire size in a spool written before it was kept) says so."""
         out: list[SpooledPacket] = []
-        steps = nbytes = 0
+        steps = nbytes = inflated = 0
         for rec in self.log.read(self._cursor):
             size = _size(rec)
-            if out and not more(len(out), steps, nbytes, size):
+            decoded = max(size, int(rec.meta.get("inflated", 0)))
+            if out and not more(len(out), steps, nbytes, size, inflated, decoded):
                 break
             out.append(SpooledPacket(rec.position, rec.meta, rec.frames, size))
             self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size)
             self._cursor = rec.next
             steps += int(rec.meta["steps"])
             nbytes += size
+            inflated += decoded
         return out
 
     def pending(self) -> bool:

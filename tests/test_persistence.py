@@ -103,9 +103,9 @@ def test_recycled_segments_are_reused_and_their_old_records_never_come_back(tmp_
         assert path.stat().st_size == records[-1].next.offset
 
 
-def upto(min_steps: int, max_bytes: int) -> Callable[[int, int, int, int], bool]:
+def upto(min_steps: int, max_bytes: int) -> Callable[[int, int, int, int, int, int], bool]:
     """A bundling rule for Spool.take: at least ``min_steps`` samples, then more while they fit in ``max_bytes``."""
-    return lambda count, steps, nbytes, size: steps < min_steps or nbytes + size <= max_bytes
+    return lambda count, steps, nbytes, size, inflated, next_inflated: steps < min_steps or nbytes + size <= max_bytes
 
 
 def test_a_failed_append_leaves_no_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,6 +101,27 @@ def test_min_samples_never_makes_a_bundle_the_trainer_would_refuse(tmp_path: Pat
     assert [len(r.bundle_contents(i)) for i in range(len(r.bundles))] == [3, 3, 3, 1]
 
 
+def test_a_bundle_never_takes_more_at_the_trainer_than_it_accepts_once_decoded(tmp_path: Path) -> None:
+    # blank camera frames: 1.6 MB a packet decoded, a few hundred bytes compressed. Counting wire bytes only, one
+    # bundle of waiting packets (a spool draining after a trainer outage) could take gigabytes at the trainer.
+    r = Relay(tmp_path, min_samples=10**9, max_bundle_bytes=1 << 30, max_message_bytes=BUNDLE_HEADER_ROOM + 4_000_000)
+    for seq in range(1, 11):
+        got = r.relay.accept(QueuedPacket("w/a", "a", seq, 100, [b"pa%d" % seq], 300, 0.0, inflated=1_600_000), True)
+        assert got == "held"
+    r.relay.add_credit(10)
+    r.relay.flush(now=20.0, trainer_connected=True)
+    assert [len(r.bundle_contents(i)) for i in range(len(r.bundles))] == [2, 2, 2, 2, 2]  # 3.2 MB of 4 each
+    spooled = Relay(tmp_path / "again", min_samples=10**9, max_bundle_bytes=1 << 30,
+                    max_message_bytes=BUNDLE_HEADER_ROOM + 4_000_000)
+    for seq in range(1, 6):  # the same from the spool, which keeps each packet's decoded size
+        got = spooled.relay.accept(QueuedPacket("w/a", "a", seq, 100, [b"pa%d" % seq], 300, 0.0,
+                                                inflated=1_600_000), False)
+        assert got == "spooled"
+    spooled.relay.add_credit(10)
+    spooled.relay.flush(now=20.0, trainer_connected=True)
+    assert [len(spooled.bundle_contents(i)) for i in range(len(spooled.bundles))] == [2, 2, 1]
+
+
 def test_a_bundle_lists_at_most_max_bundle_parts_packets(tmp_path: Path) -> None:
     r = Relay(tmp_path, min_samples=10**9, max_bundle_bytes=1 << 30)
     for seq in range(1, MAX_BUNDLE_PARTS + 11):
