@@ -21,7 +21,14 @@ from netrl.peers import PeerTable
 from netrl.server_sockets import ServerSockets
 from netrl.status import Rates, answer_status, status_line
 
-__all__ = ["ServerStatus"]
+__all__ = ["COUNTERS", "ServerStatus"]
+
+# The server's counters, in every snapshot from the start (at 0 until they count), so that a script reading one of
+# them from --status --json never meets a missing key.
+COUNTERS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors", "peers_lost",
+            "refused_full", "rejected", "resends_ignored", "samples_in", "samples_out", "samples_refused",
+            "samples_spooled", "send_full", "spool_errors", "unknown_peer", "weights_in", "weights_out",
+            "window_refusals")
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,7 @@ class ServerStatus:
         by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
         relay = self.intake.relay
         return {
-            "session": self.session, "uptime_s": time.time() - self.started,
+            "session": self.session, "uptime_s": time.time() - self.started, "ports": dict(self.sockets.ports),
             "workers": workers,
             "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
             "progress": self.intake.progress,
@@ -56,7 +63,7 @@ class ServerStatus:
             "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
             "failed_handshakes": {role: self.stats[f"failed_handshakes_{role}"] for role in ("trainer", "worker")},
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
-            "stats": dict(self.stats),
+            "stats": {**dict.fromkeys(COUNTERS, 0), **self.stats},
         }
 
     def answer(self, sock: zmq.Socket) -> None:

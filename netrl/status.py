@@ -168,8 +168,10 @@ def format_status(s: dict[str, Any]) -> str:
     progress = s.get("progress") or {}
     unknown_keys = _per_port(s.get("unknown_keys", {})) or "none checked (security none)"
     failed = _per_port(s.get("failed_handshakes", {})) or "-"
+    ports = s.get("ports") or {}
+    where = f" (trainer port {ports.get('trainer')}, worker port {ports.get('worker')})" if ports else ""
     lines = [
-        f"server session {s.get('session', '?')[:8]}, up {s.get('uptime_s', 0):.0f} s, "
+        f"server session {s.get('session', '?')[:8]}{where}, up {s.get('uptime_s', 0):.0f} s, "
         f"weights {version_label(s.get('weights_version'))}",
         f"samples in {rates.get('samples_in', 0):,.0f}/s, out {rates.get('samples_out', 0):,.0f}/s; queued "
         f"{s.get('queued_samples', 0):,} ({s.get('queued_bytes', 0) / 2**20:.1f} MiB), in flight "

@@ -128,6 +128,7 @@ class TrainingOffline:
         self.observation_space: Any = None
         self.action_space: Any = None
         self._last_wanted = -1
+        self._last_report_at = 0.0
         self._round = _RoundStats()
 
     # -- set-up ---------------------------------------------------------------------------------------------
@@ -280,9 +281,10 @@ class TrainingOffline:
         self.round, self.round_steps = int(state.get("round", 0)), int(state.get("round_steps", 0))
 
     def _report(self, source: SampleSource, force: bool = False) -> None:
-        wanted = self.wanted()
-        if force or wanted - self._last_wanted >= max(1, self.worker_lead // 4):
-            self._last_wanted = wanted
+        wanted, now = self.wanted(), time.monotonic()
+        # also once a second: the server's --status shows the training steps, which move before the wish does
+        if force or wanted - self._last_wanted >= max(1, self.worker_lead // 4) or now - self._last_report_at >= 1.0:
+            self._last_wanted, self._last_report_at = wanted, now
             source.progress(self.total_updates, self.total_samples, wanted)
 
     def _ready(self) -> bool:

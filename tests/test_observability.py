@@ -45,6 +45,11 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
     assert robot["version"] >= 1 and robot["samples"] > 0 and robot["last_seen"] > 0
     assert snapshot["rates"]["samples_in"] > 0 and snapshot["spool"]["samples"] == 0
     assert snapshot["rejected"] == 0 and snapshot["dropped"] == 0 and snapshot["progress"]["trained_steps"] > 0
+    # every counter is there from the start, at 0 until it counts (scripts read them), and the ports say which server
+    assert snapshot["stats"]["spool_errors"] == snapshot["stats"]["window_refusals"] == 0
+    ports = json.loads(config.read_text())["network"]
+    assert snapshot["ports"] == {"trainer": ports["trainer_port"], "worker": ports["worker_port"]}
+    assert f"(trainer port {ports['trainer_port']}, worker port {ports['worker_port']})" in table.stdout
 
     for p in (worker, trainer, server):
         p.send_signal(signal.SIGINT)
@@ -55,6 +60,16 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
     png = run_dir / "learning.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
     assert netrl("--plot", "no-such-run", "--config", str(config)).returncode == 1
+
+
+def test_every_counter_the_server_keeps_is_listed_for_the_snapshot() -> None:
+    from netrl.server_status import COUNTERS
+
+    root = Path(__file__).resolve().parent.parent / "netrl"
+    used = set()
+    for module in ("server", "admission", "intake", "relay", "broadcast", "server_status", "server_sockets", "spool"):
+        used |= set(re.findall(r'stats\["(\w+)"\]', (root / f"{module}.py").read_text()))
+    assert used and used <= set(COUNTERS), used - set(COUNTERS)
 
 
 def test_rates_are_per_second_over_a_window() -> None:

@@ -102,3 +102,25 @@ def test_wandb_online_without_a_key_is_a_config_error_that_says_what_to_do(tmp_p
     with pytest.raises(ConfigError, match=r'wandb\.mode is "online", but wandb cannot start \(.*\): set WANDB_API_KEY '
                                           r"\(or run `wandb login`\), or use --wandb offline"):
         MetricsLogger(tmp_path / "run", "x", "online")
+
+
+def test_the_trainer_reports_its_progress_at_least_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before training starts in earnest, the samples the trainer wants stay put; the server's --status still needs
+    # the training steps (it showed 0 while the trainer ran at 48 steps/s)
+    class Source:
+        def __init__(self) -> None:
+            self.reports: list[tuple[int, int, int]] = []
+
+        def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
+            self.reports.append((trained_steps, samples, wanted))
+
+    training = TrainingOffline(env_cls=(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Box(-1, 1, (1,))),
+                               start_training=1000, worker_lead=100)
+    clock = [100.0]
+    monkeypatch.setattr("netrl.training.time.monotonic", lambda: clock[0])
+    source = Source()
+    for step in range(1, 6):
+        training.total_updates = step
+        training._report(source)  # type: ignore[arg-type]
+        clock[0] += 0.3
+    assert [r[0] for r in source.reports] == [1, 5]  # the first, then 1.2 s later; the wish never moved
