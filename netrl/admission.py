@@ -79,6 +79,12 @@ class Admission:
             self.forget(old)
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
+        twins = [w for w in self.peers.workers() if w.name == peer.name and w is not peer] if role == "worker" else []
+        for twin in twins:
+            log.warning("%s has the name of %s, connected too: unless that is an earlier run of it that died (dropped "
+                        "once silent for %.0f s), give each worker its own --worker-id (worker.worker_id); workers of "
+                        "one name on one machine write the same episodes_<worker_id>.csv and worker_policy file",
+                        peer.label, twin.label, self.net.heartbeat_interval_s * self.net.heartbeat_liveness)
         return peer
 
     def _trainer_replaced(self, old: Peer, new: Peer) -> None:

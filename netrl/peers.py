@@ -94,8 +94,9 @@ class Peer:
         about = {"name": self.name, "session": self.session, "address": self.address,
                  "connected_at": self.connected_at, "last_seen": self.last_seen, "key": self.key,
                  "reported": dict(self.reported)}
-        if self.role == "worker":
-            about.update(version=self.version, samples=self.samples, packets=self.packets)
+        if self.role == "worker":  # the version this trainer session sent it, or else the one it says it holds
+            held = self.version if self.version >= 0 else int(self.reported.get("version", -1))  # (a restart)
+            about.update(version=held, samples=self.samples, packets=self.packets)
         return about
 
 

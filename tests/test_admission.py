@@ -203,3 +203,18 @@ def test_a_version_its_trainer_left_unfinished_gives_way_to_the_last_complete_on
     got = late.expect(MsgType.WEIGHTS)
     assert got.policy_version == 1 and np.all(got.arrays["chunk"].view(np.float32) == 1)
     assert early.expect(MsgType.WEIGHTS).policy_version == 1  # and so does the worker left with half of v2
+
+
+def test_two_connected_workers_of_one_name_are_warned_about(server: tuple[Server, zmq.Context],
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    first = Peer(ctx, srv.worker_port, "worker", "robot-1")
+    other = Peer(ctx, srv.worker_port, "worker", "robot-2")
+    assert first.hello().type is MsgType.WELCOME and other.hello().type is MsgType.WELCOME
+    assert "has the name of" not in caplog.text
+    twin = Peer(ctx, srv.worker_port, "worker", "robot-1")  # another process, another session: both are served
+    assert twin.hello().type is MsgType.WELCOME
+    settle()
+    said = [r.getMessage() for r in caplog.records if "has the name of" in r.getMessage()]
+    assert len(said) == 1 and "give each worker its own --worker-id" in said[0]
+    assert said[0].count("'robot-1'") == 2 and len(srv.peers.workers()) == 3

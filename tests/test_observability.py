@@ -157,6 +157,11 @@ def test_status_gives_weights_and_samples_for_workers_only() -> None:
     trainer, worker = described("trainer"), described("worker")
     assert not {"version", "samples", "packets"} & set(trainer)  # its -1 and 0 read as broken; see "progress"
     assert (worker["version"], worker["samples"], worker["packets"]) == (-1, 0, 0)
+    restarted = Peer(b"id", "worker", "w", "s1", "127.0.0.1", Liveness(1.0, 3))
+    restarted.report({"version": 330})  # a new trainer session: the server forgot what it sent, the worker did not
+    assert restarted.describe()["version"] == 330  # not "none" in --status
+    restarted.version = 2
+    assert restarted.describe()["version"] == 2
 
 
 def test_status_stops_waiting_when_asked_to(tmp_path: Path) -> None:
