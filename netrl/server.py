@@ -95,7 +95,7 @@ class Server:
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
         self.stats: collections.Counter[str] = collections.Counter()
-        self._opened = self._closed = False
+        self._opened = self._closed = self._listening = False
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
@@ -131,6 +131,7 @@ class Server:
         self.intake.open(self.relay)
         self._opened = True
         self.sockets.open()
+        self._listening = True
         keys = self.sockets.keys
         log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
@@ -195,6 +196,8 @@ class Server:
             except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
                 log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         self._lock.release()
+        if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
+            return
         held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
                  "still on disk), %d sample refusals while the spool was full or failing (workers keep refused "

@@ -456,3 +456,17 @@ def test_a_flooded_port_is_drained_a_budget_at_a_time(tmp_path: Path, monkeypatc
     assert len(seen) == 100 and flood.waiting == 0
     srv._drain("worker", flood)  # type: ignore[arg-type]  # nothing waiting: returns at once
     assert len(seen) == 100
+
+
+def test_a_server_that_cannot_bind_reports_the_error_and_no_shutdown_summary(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    from netrl.errors import TransportError
+    from netrl.launch import free_port
+
+    with running_server(spool_dir=tmp_path / "first") as (first, _):
+        second = Server(trainer_port=first.trainer_port, worker_port=free_port(), spool_dir=tmp_path / "second")
+        with caplog.at_level(logging.INFO), pytest.raises(TransportError, match="could not bind"):
+            second.run(threading.Event())
+    assert "server stopped" not in caplog.text  # it never served: a summary of zeros read like a normal stop
