@@ -73,6 +73,27 @@ _FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "tr
               "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
 
 
+# Flags that only some roles use: given to another, they would be ignored without a word (the demo picks free ports
+# on localhost; --status asks the server on this machine through server.status_port).
+_FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",), "bind_ip": ("server",),
+               "worker_id": ("worker",), "epochs": ("trainer", "demo"), "wandb": ("trainer", "demo"),
+               "server_ip": ("worker", "trainer"), "trainer_port": ("server", "trainer"),
+               "worker_port": ("server", "worker")}
+
+
+def _flags_for_other_roles(args: argparse.Namespace) -> list[str]:
+    """A problem for each flag given that the chosen role does not use."""
+    problems = []
+    for flag, roles in _FLAG_ROLES.items():
+        if getattr(args, flag) in (None, "", False) or args.role in roles:
+            continue
+        why = (" (it picks free ports on localhost)" if args.role == "demo" and flag in ("server_ip", "trainer_port",
+                                                                                        "worker_port") else "")
+        problems.append(f"--{flag.replace('_', '-')} is for {' and '.join('--' + r for r in roles)}; --{args.role} "
+                        f"does not use it{why}")
+    return problems
+
+
 def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """(dotted config key -> value for each flag given, problems with the flags' values).
 
@@ -191,6 +212,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.plot:
         args.role = "plot"
     overrides, flag_problems = _flag_overrides(args)
+    flag_problems += _flags_for_other_roles(args)
     errors = [ConfigError(flag_problems, "command line")] if flag_problems else []
     # --plot of a folder or file, and --keygen with --keys-dir, need nothing from a config file: without one, the
     # defaults do (a missing config.json is an error for every other use)

@@ -104,8 +104,9 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
                             server={"bind_ip": "127.0.0.1", "status_port": free_port()})
     metrics = run_dir / "metrics.csv"  # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
-    log.info("demo: %s on localhost (ports %s); Ctrl+C stops all three. Outputs go to %s/; "
-             "`python -m netrl --status --config %s` shows the server's state", cfg.env.id, ports, run_dir, demo_cfg)
+    log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
+             "`python -m netrl --status --config %s` shows the server's state", cfg.env.id, ports["trainer_port"],
+             ports["worker_port"], run_dir, demo_cfg)
     server = spawn_role("server", demo_cfg)
     time.sleep(0.5)
     trainer = spawn_role("trainer", demo_cfg)

@@ -327,3 +327,13 @@ def test_ctrl_c_after_a_role_is_done_ends_the_process_at_once_with_its_exit_code
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--trainer", "--config", str(ROOT / "config.json"), "--episodes", "3", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "--episodes is for --worker; --trainer does not use it" in err
+    assert "--json is for --status; --trainer does not use it" in err
+    assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
+    assert ("--trainer-port is for --server and --trainer; --demo does not use it (it picks free ports on localhost)"
+            in capsys.readouterr().err)
