@@ -66,15 +66,21 @@ def bind(sock: zmq.Socket, host: str, port: int, port_key: str, host_key: str = 
     """Bind or raise a :class:`TransportError` that says which setting to change: the port (``port_key``) when it
     is taken or not allowed, else the address (``host_key``)."""
     endpoint = f"tcp://{host}:{port}"
+    flags = {"network.trainer_port": "--trainer-port", "network.worker_port": "--worker-port",
+             "server.bind_ip": "--bind-ip"}  # the settings a flag also sets: name both, the user may have used either
+
+    def setting(key: str) -> str:
+        return f"`{key}` (or {flags[key]})" if key in flags else f"`{key}`"
+
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
         if exc.errno == zmq.EADDRINUSE:
-            hint = f"is another netrl server running? change `{port_key}`"
+            hint = f"is another netrl server running? change {setting(port_key)}"
         elif exc.errno == errno.EACCES:
-            hint = f"ports below 1024 need privileges; change `{port_key}`"
+            hint = f"ports below 1024 need privileges; change {setting(port_key)}"
         else:
-            hint = f"is {host} an address of this machine? change `{host_key}` (0.0.0.0 binds every interface)"
+            hint = f"is {host} an address of this machine? change {setting(host_key)} (0.0.0.0 binds every interface)"
         raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint}") from None
     return endpoint
 

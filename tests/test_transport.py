@@ -43,10 +43,13 @@ def test_bind_failure_names_the_config_key() -> None:
         port = first.bind_to_random_port("tcp://127.0.0.1")
         second = new_socket(ctx, zmq.ROUTER, 1 << 20)
         with pytest.raises(TransportError, match=r"could not bind .* is another netrl server running\? change "
-                                                 r"`network.worker_port`"):
+                                                 r"`network.worker_port` \(or --worker-port\)"):
             bind(second, "127.0.0.1", port, "network.worker_port")
-        with pytest.raises(TransportError, match=r"is 192.0.2.1 an address of this machine\? change `server.bind_ip`"):
+        with pytest.raises(TransportError, match=r"is 192.0.2.1 an address of this machine\? change `server.bind_ip` "
+                                                 r"\(or --bind-ip\)"):
             bind(second, "192.0.2.1", free_port(), "network.worker_port")  # TEST-NET-1: never this machine's
+        with pytest.raises(TransportError, match=r"change `server.status_port`$"):  # no flag sets this one
+            bind(second, "127.0.0.1", port, "server.status_port", "server.status_port")
     finally:
         ctx.destroy(0)
 
