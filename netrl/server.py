@@ -385,7 +385,9 @@ class Server:
             if peer.liveness.expired(now):
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
             elif peer.liveness.heartbeat_due(now):
-                self._send(peer, Message(MsgType.HEARTBEAT, "server"))
+                trainer = {"trainer_connected": int(self.peers.trainer is not None)}  # why a throttled worker waits
+                self._send(peer, Message(MsgType.HEARTBEAT, "server",
+                                         body={"stats": trainer} if peer.role == "worker" else {}))
 
     @property
     def schema(self) -> SampleSchema | None:

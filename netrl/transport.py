@@ -187,6 +187,7 @@ class ClientLink:
         self._was_ready = False
         self._unanswered, self._last_unanswered_log = 0, 0.0  # connection attempts without a WELCOME in a row
         self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
+        self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
         self._reported_at = 0.0  # when a HEARTBEAT last carried them
 
     def open(self) -> None:
@@ -277,7 +278,11 @@ class ClientLink:
                 self._rejected(printable(msg.body["reason"]))
             elif msg.type is MsgType.BYE:
                 self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
-            elif msg.type is not MsgType.HEARTBEAT:
+            elif msg.type is MsgType.HEARTBEAT:
+                stats = msg.body.get("stats")
+                if isinstance(stats, dict):  # what the server says of itself, e.g. whether a trainer is connected
+                    self.server_stats = stats
+            else:
                 out.append(msg)
         return out
 
@@ -289,6 +294,7 @@ class ClientLink:
 
     def _welcome(self, msg: Message) -> None:
         self.ready = True
+        self.server_stats = {}  # maybe another server process: what the last one said is stale
         self._unanswered = 0
         self.welcome = msg.body
         self._backoff.reset()

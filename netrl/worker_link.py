@@ -174,10 +174,17 @@ class WorkerLink(NetThread):
                  version_label(self.weight_stats.get("version")), self.link.state(),
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
-                 " | waiting for the trainer to ask for samples (worker.throttle)" if self.waiting_for_pace else "")
+                 self._waiting() if self.waiting_for_pace else "")
         if self.counts["rejected_samples"]:  # e.g. a trainer with another sample_compressor: every packet refused
             log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s", self.worker_id,
                         self.counts["rejected_samples"], self.last_rejection)
+
+    def _waiting(self) -> str:
+        """Why a throttled worker makes no steps, as far as the server's heartbeats tell."""
+        if self.link.ready and self.link.server_stats.get("trainer_connected") == 0:
+            return (" | waiting for the trainer to ask for samples (worker.throttle): no trainer is connected to the "
+                    "server (it finished, or has not started)")
+        return " | waiting for the trainer to ask for samples (worker.throttle)"
 
     def on_finish(self) -> None:
         with self.settled:

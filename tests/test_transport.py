@@ -173,3 +173,33 @@ def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(cap
     assert "\n" not in said and "\x1b" not in said and len(said) < 700
     assert "no\\n12:00:00.000" in said and "\\x1b[31m" in said and f"({len(reason) - 500} more characters)" in said
     assert link.fatal and "\n" not in link.fatal
+
+
+def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from netrl.worker_link import WorkerLink
+    from tests.test_server import Peer
+
+    net = NetworkConfig(heartbeat_interval_s=0.05, heartbeat_liveness=40)
+    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):
+        link = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
+
+        def until(connected: int) -> None:
+            deadline = time.monotonic() + 5
+            while link.server_stats.get("trainer_connected") != connected and time.monotonic() < deadline:
+                link.receive()
+                link.maintain()
+                time.sleep(0.01)
+            assert link.server_stats.get("trainer_connected") == connected
+
+        try:
+            link.open()
+            until(0)  # the trainer finished, or has not started: the worker's status line says so
+            assert "no trainer is connected to the server" in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
+            trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+            assert trainer.hello().type is MsgType.WELCOME
+            until(1)
+            assert "no trainer" not in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
+        finally:
+            link.close()
