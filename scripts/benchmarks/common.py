@@ -36,7 +36,7 @@ def packet(kind: str) -> Buffer:
     obs = _camera_frames(n) if kind == "camera" else rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype)
     return Buffer(act=rng.normal(size=(n, *act_shape)).astype(act_dtype), obs=obs,
                   rew=rng.normal(size=n).astype(np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
-                  reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.ones(n, np.int64))
+                  reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64))
 
 
 def _camera_frames(n: int) -> np.ndarray:
