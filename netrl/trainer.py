@@ -25,7 +25,7 @@ from netrl import checkpoint
 from netrl.config import Config, NetworkConfig, config_to_dict
 from netrl.delivery import Deliveries, SampleLog
 from netrl.envs import check_sample_compressor
-from netrl.errors import CheckpointError, NetrlError
+from netrl.errors import CheckpointError, NetrlError, ProtocolError
 from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
@@ -180,7 +180,11 @@ class Trainer:
         at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
         restored = after = newest = 0
         for rec in sample_log.read():
-            buf = buffer_from_message(decode(rec.frames))
+            try:
+                buf = buffer_from_message(decode(rec.frames))
+            except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
+                log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
+                continue
             buf.recv_version = int(rec.meta["recv_version"])
             newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
             new = at_checkpoint is None or rec.position >= at_checkpoint

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -182,6 +183,21 @@ def test_a_worker_naming_versions_no_one_published_moves_the_numbering_at_most_t
     with pytest.raises(NetrlError, match=rf"cannot number weights v{MAX_POLICY_VERSION + 1}: the largest weight "
                                          r"version is .*restart the server to clear its weights cache"):
         link.publish(torch.nn.Linear(1, 1), MAX_POLICY_VERSION + 1, 0)
+
+
+def test_a_logged_packet_that_todays_checks_refuse_is_skipped_on_restart_not_fatal(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    make_trainer(tmp_path, epochs=1).run()
+    old = packet(new_session(), 1, 0)  # as an older netrl logged it: a session id today's wire refuses
+    header = msgpack.unpackb(old[0])
+    header["body"]["session"] = "not a valid id!"
+    log = SampleLog(tmp_path / "samples", keep_rows=10_000)
+    log.append([msgpack.packb(header), *old[1:]], "w/x", 1, 6, 0)
+    log.close()
+    with caplog.at_level(logging.WARNING):
+        make_trainer(tmp_path, epochs=2).run()  # before: the MalformedMessage stopped every restart
+    assert "skipped a packet in the sample log at" in caplog.text and "is not a valid id" in caplog.text
+    assert checkpoint.load_state(tmp_path)["epoch"] == 2  # type: ignore[index]
 
 
 def test_a_restarted_trainer_numbers_after_every_version_it_sent_out_though_the_server_forgot_them(
