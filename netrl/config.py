@@ -41,7 +41,7 @@ from netrl.config_checks import (
     torch_device,
 )
 from netrl.errors import ConfigError
-from netrl.msgtypes import PEER_NAME, PEER_NAME_RULE
+from netrl.msgtypes import MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
 __all__ = [
     "AgentConfig",
@@ -88,7 +88,7 @@ class NetworkConfig:
     reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", gt(0))
     reconnect_max_s: float = _f(8.0, "longest reconnect delay", gt(0))
     max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
-                                "but 32 KiB of it: the room for the server's bundle header)", ge(1 << 16))
+                                "but 32 KiB of it: the room for the server's bundle header)", ge(MIN_MESSAGE_BYTES))
     handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
                                     "closed (bounds what half-open connections hold)", gt(0))
 

@@ -16,8 +16,8 @@ from netrl.errors import MalformedMessage, RoleViolation
 if TYPE_CHECKING:
     from netrl.wire import Message
 
-__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "PEER_NAME", "PEER_NAME_RULE", "VERSION_TEXT",
-           "MsgType", "check_body", "check_role", "printable"]
+__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "MIN_MESSAGE_BYTES", "PEER_NAME", "PEER_NAME_RULE",
+           "VERSION_TEXT", "MsgType", "check_body", "check_role", "printable"]
 
 # The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
 # forge a log line or a terminal escape.
@@ -29,6 +29,7 @@ VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a 
 # int64's limit that no arithmetic on versions overflows (a trainer takes a version it never published as taken
 # only up to half of it: see netrl.trainer_link).
 MAX_POLICY_VERSION = 2**41
+MIN_MESSAGE_BYTES = 1 << 16  # the smallest network.max_message_bytes (netrl.config checks the same bound)
 
 
 class MsgType(str, enum.Enum):
@@ -109,6 +110,10 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
             raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
         if not VERSION_TEXT.fullmatch(body["netrl_version"]):
             raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+    elif mtype is MsgType.WELCOME and not MIN_MESSAGE_BYTES <= body.get("max_message_bytes", MIN_MESSAGE_BYTES):
+        # network.max_message_bytes has this minimum: below it, a worker would drop every packet as too large
+        raise MalformedMessage(f"welcome max_message_bytes {body['max_message_bytes']} is under {MIN_MESSAGE_BYTES}, "
+                               "the smallest network.max_message_bytes")
     elif mtype in (MsgType.SAMPLES, MsgType.WEIGHTS) and not PEER_NAME.fullmatch(body["session"]):
         # logged, shown by --status, saved next to a worker's weights and kept per packet in the trainer's log
         raise MalformedMessage(f"{mtype.value} session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")

@@ -297,6 +297,16 @@ def test_a_session_id_is_a_short_name_in_samples_and_weights(session: str) -> No
         decode(with_header(samples_frames(), body=body))
 
 
+def test_a_welcome_cannot_announce_a_message_limit_no_config_allows() -> None:
+    # a fake server's max_message_bytes of 0 made a worker drop every packet as too large for the server
+    welcome = Message(MsgType.WELCOME, "server", body={"server_session": "x", "heartbeat_interval_s": 0.5,
+                                                       "max_message_bytes": 0})
+    with pytest.raises(MalformedMessage, match="welcome max_message_bytes 0 is under 65536"):
+        decode(encode(welcome))
+    welcome.body["max_message_bytes"] = 1 << 16
+    assert decode(encode(welcome)).body["max_message_bytes"] == 1 << 16
+
+
 def test_a_body_number_that_is_not_finite_is_malformed() -> None:
     nack = Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": float("nan")})
     with pytest.raises(MalformedMessage, match="nack body field 'retry_s' is nan, not a finite number"):
