@@ -153,7 +153,7 @@ class WeightCache:
             return None  # resent after a reconnect: the same parts again
         cost = frames_nbytes(frames) + PART_OVERHEAD_BYTES
         if part == 0:
-            problem = self._first_part(version, parts, nbytes, size, frames, layout)
+            problem = self._first_part(version, parts, nbytes, size, layout)
             if problem:
                 return problem
             if self.complete:
@@ -184,8 +184,7 @@ class WeightCache:
             self._previous = None
         return None
 
-    def _first_part(self, version: int, parts: int, nbytes: int, size: int, frames: list[Any],
-                    layout: list[Any]) -> str | None:
+    def _first_part(self, version: int, parts: int, nbytes: int, size: int, layout: list[Any]) -> str | None:
         """What is wrong with a version that part 0 starts (None: cache it)."""
         if version < self.version:
             return f"weights v{version} are older than v{self.version}, already received from this trainer"

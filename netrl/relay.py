@@ -62,8 +62,7 @@ class SampleRelay:
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
         self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
         self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
-        self.held_bytes: dict[str, int] = {}  # by session: the bytes of those packets (what the worker counts)
-        self.held_cost: dict[str, int] = {}  # by session: what they cost (FRAME_OVERHEAD included)
+        self.held_cost: dict[str, int] = {}  # by session: what those packets cost (FRAME_OVERHEAD included)
         self.mem_bytes = 0  # what they all cost
         self.queued_steps = 0
         self.credit = 0
@@ -85,7 +84,6 @@ class SampleRelay:
         if trainer_connected and self.mem_bytes + cost <= self.max_queue_bytes:
             self.queue.append(packet)
             self.held.add(key)
-            self.held_bytes[packet.session] = self.held_bytes.get(packet.session, 0) + packet.nbytes
             self.held_cost[packet.session] = self.held_cost.get(packet.session, 0) + cost
             self.mem_bytes += cost
             self.queued_steps += packet.steps
@@ -252,11 +250,11 @@ class SampleRelay:
     def _release(self, packet: QueuedPacket) -> None:
         """A packet held in memory is settled (the trainer or the spool has it): its worker's window opens."""
         self.held.discard((packet.session, packet.seq))
-        self.mem_bytes -= memory_cost(packet)
-        for by_session, n in ((self.held_bytes, packet.nbytes), (self.held_cost, memory_cost(packet))):
-            left = by_session.pop(packet.session, 0) - n
-            if left > 0:
-                by_session[packet.session] = left
+        cost = memory_cost(packet)
+        self.mem_bytes -= cost
+        left = self.held_cost.pop(packet.session, 0) - cost
+        if left > 0:
+            self.held_cost[packet.session] = left
 
     # -- numbers ---------------------------------------------------------------------------------------------------
     def on_the_way(self) -> int:

@@ -65,7 +65,7 @@ def test_under_load_one_bundle_and_one_ack_per_worker_cover_many_packets(tmp_pat
     r.relay.trainer_acked([1])
     assert sorted((s, k, b["seqs"]) for s, k, b in r.told) == [("a", MsgType.ACK, [1, 2, 3, 4]),
                                                                  ("b", MsgType.ACK, [1, 2, 3, 4])]
-    assert r.relay.mem_bytes == 0 and not r.relay.held and not r.relay.held_bytes
+    assert r.relay.mem_bytes == 0 and not r.relay.held and not r.relay.held_cost
 
 
 def test_the_memory_queue_counts_what_holding_a_packet_costs(tmp_path: Path) -> None:
@@ -75,9 +75,9 @@ def test_the_memory_queue_counts_what_holding_a_packet_costs(tmp_path: Path) -> 
     r.relay.max_queue_bytes = 10 * cost
     got = [r.relay.accept(QueuedPacket("w/a", "a", seq, 4, [b"x"] * 9, 100, 0.0), True) for seq in range(1, 21)]
     assert got == ["held"] * 10 + ["spooled"] * 10  # the rest waits on disk
-    assert r.relay.mem_bytes == 10 * cost and r.relay.held_bytes == {"a": 1000}  # the worker's window counts bytes
+    assert r.relay.mem_bytes == 10 * cost and r.relay.held_cost == {"a": 10 * cost}  # per worker, for its share
     r.relay.spool_stale(now=120.0, trainer_connected=True)  # the trainer took nothing for a while
-    assert r.relay.mem_bytes == 0 and not r.relay.held_bytes
+    assert r.relay.mem_bytes == 0 and not r.relay.held_cost
 
 
 def test_a_packet_bigger_than_max_bundle_bytes_still_goes_alone(tmp_path: Path) -> None:
