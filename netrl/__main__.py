@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl import __version__
-from netrl.config import Config, check_value, describe_fields, load_config
+from netrl.config import FLAG_KEYS, Config, check_value, describe_fields, load_config
 from netrl.errors import ConfigError, NetrlError
 
 log = logging.getLogger("netrl")
@@ -68,10 +68,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
-              "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
-              "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
-
 
 # Flags that only some roles use: given to another, they would be ignored without a word (the demo picks free ports
 # on localhost; --status asks the server on this machine through server.status_port).
@@ -101,7 +97,7 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
     rejected flag is left out of the overrides."""
     overrides: dict[str, Any] = {}
     problems: list[str] = []
-    for flag, key in _FLAG_KEYS.items():
+    for flag, key in FLAG_KEYS.items():
         value = getattr(args, flag)
         if value is None:
             continue

@@ -44,6 +44,7 @@ from netrl.errors import ConfigError
 from netrl.msgtypes import MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
 __all__ = [
+    "FLAG_KEYS",
     "AgentConfig",
     "Config",
     "EnvConfig",
@@ -57,11 +58,23 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "describe_fields",
+    "flag_for",
     "load_config",
 ]
 
 CONFIG_VERSION = 1
 Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
+
+# The command-line flags that set a config key (argparse's name for each flag -> the key it sets). Messages that tell
+# the user to change one of these keys name the flag too: the user may have set it either way.
+FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
+             "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
+             "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
+
+
+def flag_for(key: str) -> str | None:
+    """The command-line flag that sets config key ``key`` (``--worker-port``), or None if no flag does."""
+    return next((f"--{dest.replace('_', '-')}" for dest, k in FLAG_KEYS.items() if k == key), None)
 
 
 def _f(default: Any, help: str, check: Check | None = None) -> Any:

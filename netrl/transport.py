@@ -26,7 +26,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from netrl import __version__
-from netrl.config import NetworkConfig
+from netrl.config import NetworkConfig, flag_for
 from netrl.errors import ProtocolError, TransportError, VersionMismatch
 from netrl.keys import ClientKeys
 from netrl.msgtypes import printable
@@ -66,11 +66,10 @@ def bind(sock: zmq.Socket, host: str, port: int, port_key: str, host_key: str = 
     """Bind or raise a :class:`TransportError` that says which setting to change: the port (``port_key``) when it
     is taken or not allowed, else the address (``host_key``)."""
     endpoint = f"tcp://{host}:{port}"
-    flags = {"network.trainer_port": "--trainer-port", "network.worker_port": "--worker-port",
-             "server.bind_ip": "--bind-ip"}  # the settings a flag also sets: name both, the user may have used either
 
-    def setting(key: str) -> str:
-        return f"`{key}` (or {flags[key]})" if key in flags else f"`{key}`"
+    def setting(key: str) -> str:  # the user may have set it with its flag: name both
+        flag = flag_for(key)
+        return f"`{key}` (or {flag})" if flag else f"`{key}`"
 
     try:
         sock.bind(endpoint)
@@ -346,8 +345,8 @@ class ClientLink:
             return f"{host!r} is not an address or a name this machine can resolve ({exc}); check --server-ip"
         port_key = "network.trainer_port" if self.role == "trainer" else "network.worker_port"
         return (f"is a netrl server running at {host} and reachable from here? check --server-ip, {port_key} "
-                f"(--{port_key.split('.')[1].replace('_', '-')}) and the server's server.bind_ip (it must listen on "
-                "an interface this machine reaches)")
+                f"({flag_for(port_key)}) and the server's server.bind_ip (it must listen on an interface this machine "
+                "reaches)")
 
     def _check_handshakes(self) -> None:
         """Turn ZeroMQ's handshake events into log lines that say what to fix."""
