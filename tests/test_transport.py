@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ from netrl.launch import free_port
 from netrl.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
 from netrl.wire import Message, MsgType, encode
 from tests.conftest import running_server
+
+
+def drive(link: ClientLink, done: Callable[[], object], timeout: float) -> None:
+    """What a role's network thread does with its link (receive, heartbeat, reconnect) until ``done()``, or for at
+    most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        link.receive()
+        link.maintain()
+        time.sleep(0.01)
 
 
 def test_backoff_doubles_with_jitter_up_to_the_maximum_and_resets() -> None:
@@ -62,10 +73,7 @@ def test_a_server_that_never_answers_is_reported_once_not_on_every_retry(caplog:
     link = ClientLink(ctx, net, "worker", "robot-1", new_session(), port)
     try:
         link.open()
-        deadline = time.monotonic() + 1.5
-        while link._unanswered < 5 and time.monotonic() < deadline:
-            link.maintain()
-            time.sleep(0.01)
+        drive(link, lambda: link._unanswered >= 5, 1.5)
     finally:
         link.close()
         ctx.destroy(0)
@@ -83,10 +91,7 @@ def test_a_server_address_that_does_not_resolve_is_named(caplog: pytest.LogCaptu
     link = ClientLink(ctx, net, "trainer", "trainer", new_session(), free_port())
     try:
         link.open()
-        deadline = time.monotonic() + 3
-        while not link._unanswered and time.monotonic() < deadline:
-            link.maintain()
-            time.sleep(0.01)
+        drive(link, lambda: link._unanswered, 3)
     finally:
         link.close()
         ctx.destroy(0)
@@ -128,11 +133,7 @@ def test_a_link_that_never_falls_idle_still_reports_its_counters(tmp_path: Path)
         link.heartbeat_body = lambda: {"stats": {"dropped_samples": dropped[0]}}
         try:
             link.open()
-            deadline = time.monotonic() + 5
-            while not link.ready and time.monotonic() < deadline:
-                link.receive()
-                link.maintain()
-                time.sleep(0.01)
+            drive(link, lambda: link.ready, 5)
             assert link.ready
             reports = []
             for step in range(60):  # 1.2 s of traffic every 20 ms: no heartbeat is ever due for idleness
@@ -161,10 +162,7 @@ def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(cap
         identity, *_ = fake.recv_multipart()  # the HELLO
         reason = "no\n12:00:00.000 I [worker 1] netrl: forged line \x1b[31m" + "x" * 100_000
         fake.send_multipart([identity, *encode(Message(MsgType.REJECT, "server", body={"reason": reason}))])
-        deadline = time.monotonic() + 5
-        while not link.fatal and time.monotonic() < deadline:
-            link.receive()
-            time.sleep(0.01)
+        drive(link, lambda: link.fatal, 5)
     finally:
         link.close()
         fake.close(0)
@@ -186,11 +184,7 @@ def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(t
         link = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
 
         def until(connected: int) -> None:
-            deadline = time.monotonic() + 5
-            while link.server_stats.get("trainer_connected") != connected and time.monotonic() < deadline:
-                link.receive()
-                link.maintain()
-                time.sleep(0.01)
+            drive(link, lambda: link.server_stats.get("trainer_connected") == connected, 5)
             assert link.server_stats.get("trainer_connected") == connected
 
         try:
