@@ -230,6 +230,7 @@ class SampleRelay:
         """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
         acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
         queue: spooling then would only add disk work, and the workers' send windows already bound the queue.)"""
+        self.spool.tick()  # the head after the last acknowledgements, and the emptied segments off the disk
         if now - self.last_bundle_at < self.spool_after:
             return
         acks: dict[str, list[int]] = collections.defaultdict(list)

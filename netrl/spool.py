@@ -2,10 +2,10 @@
 
 The server spools a packet when no trainer is connected, or when the packets it holds in memory reach
 ``server.max_queue_bytes``; it acknowledges the worker as soon as the packet is on disk. Bundles for the trainer
-take spooled packets first. ``HEAD`` (a small JSON file, replaced atomically at most every 0.2 s and on close)
-marks the oldest packet the trainer has not acknowledged: a restarted server resumes from there, so a server crash
-loses nothing that was spooled. Packets delivered in the last moments before a crash are delivered again; the
-trainer discards the duplicates.
+take spooled packets first. ``HEAD`` (a small JSON file, replaced atomically at most every 0.2 s, soon after the last
+acknowledgement, and on close) marks the oldest packet the trainer has not acknowledged: a restarted server resumes
+from there, so a server crash loses nothing that was spooled. Packets delivered in the last moments before a crash
+are delivered again; the trainer discards the duplicates.
 """
 
 from __future__ import annotations
@@ -135,6 +135,13 @@ class Spool:
             self.packets -= 1
             moved = True
         if moved and time.monotonic() - self._head_saved_at > 0.2:
+            self._persist_head()
+
+    def tick(self) -> None:
+        """Record a head that moved since it was last saved: acknowledgements save it at most every 0.2 s, so the
+        last ones of a burst wait for this call (the server's loop makes it every pass). Until then, the segments
+        the head left stay on disk."""
+        if self.head != self._head_saved and time.monotonic() - self._head_saved_at > 0.2:
             self._persist_head()
 
     def _persist_head(self) -> None:

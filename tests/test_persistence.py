@@ -397,3 +397,24 @@ except OSError as exc:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.pt", "w.pt.json"]  # no temporary file left
     assert json.loads((tmp_path / "w.pt.json").read_text())["version"] == 1
     assert torch.load(tmp_path / "w.pt", weights_only=True)["weight"].shape == (2, 2)
+
+
+def test_a_spool_drained_in_a_burst_records_its_head_and_frees_its_segments_soon_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("netrl.spool.time.monotonic", lambda: clock[0])
+    spool = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1_000)
+    for seq in range(12):  # about one 900-byte packet per segment
+        spool.push([b"x" * 900], {"worker": "w", "session": "s", "seq": seq, "steps": 1})
+    for p in spool.take(upto(1 << 30, 0)):
+        spool.ack(p.position)  # a burst: the head is saved at the first acknowledgement only
+    assert spool.packets == 0 and len(list(tmp_path.glob("*.seg"))) >= 11
+    spool.tick()  # too soon after the last save
+    assert len(list(tmp_path.glob("*.seg"))) >= 11
+    clock[0] += 0.5
+    spool.tick()  # a pass of the server's loop, with nothing else happening
+    assert len(list(tmp_path.glob("*.seg"))) <= 1
+    crashed = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1_000)  # no close: as after a crash
+    assert crashed.packets == 0  # the head on disk covers the whole burst
+    crashed.close()
+    spool.close()
