@@ -34,7 +34,7 @@ from netrl.segments import Position
 from netrl.trainer_link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
 from netrl.transport import new_session
-from netrl.weights import write_weights_file
+from netrl.weights import remove_stale_temps, write_weights_file
 from netrl.wire import buffer_from_message, decode
 
 __all__ = ["Trainer", "TrainerLink"]
@@ -130,6 +130,7 @@ class Trainer:
         self.training = training = self.training_cls()
         training.build()
         self._lock.acquire()  # creates the folder
+        remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
         deliveries, sample_log = self._restore(training)
         if training.epoch >= training.epochs:
             log.warning("%s holds a finished run (%d of %d epochs): nothing to train. To train it further, raise "

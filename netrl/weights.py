@@ -12,8 +12,10 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,8 +28,8 @@ from netrl.broadcast import check_layout
 from netrl.errors import CheckpointError
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "flat_arrays",
-           "flat_layout", "load_weights", "read_weights_file", "snapshot_into", "state_arrays", "tensor_views",
-           "torch_save", "weight_specs", "write_weights_file"]
+           "flat_layout", "load_weights", "read_weights_file", "remove_stale_temps", "snapshot_into", "state_arrays",
+           "tensor_views", "torch_save", "weight_specs", "write_weights_file"]
 
 
 @functools.cache  # str() of a dtype costs microseconds, and this runs per tensor of every received version
@@ -154,6 +156,27 @@ def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str
     tmp_side = side.with_name(f"{side.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp_side.write_text(json.dumps(meta, indent=1))
     os.replace(tmp_side, side)
+
+
+_TEMP_NAME = re.compile(r".+\.tmp-\d+-\d+")  # write_weights_file's temporary files
+
+
+def remove_stale_temps(folder: str | Path, older_than_s: float = 60.0) -> int:
+    """Delete the temporary files :func:`write_weights_file` left in ``folder`` when its process died mid-write
+    (``*.tmp-<pid>-<thread>``; a live writer's is a second old at most). Returns how many; never raises."""
+    removed = 0
+    now = time.time()
+    try:
+        for tmp in Path(folder).glob("*.tmp-*-*"):
+            try:
+                if _TEMP_NAME.fullmatch(tmp.name) and now - tmp.stat().st_mtime > older_than_s:
+                    tmp.unlink()
+                    removed += 1
+            except OSError:  # gone meanwhile, or not ours to remove: it only takes room
+                continue
+    except OSError:
+        return removed
+    return removed
 
 
 def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

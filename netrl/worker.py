@@ -39,6 +39,7 @@ from netrl.weights import (
     check_weights,
     load_weights,
     read_weights_file,
+    remove_stale_temps,
     write_weights_file,
 )
 from netrl.wire import PEER_NAME, PEER_NAME_RULE, Codec
@@ -185,6 +186,8 @@ class RolloutWorker:
         self.actor = self.actor_module_cls(self.env.observation_space, self.env.action_space).to(self.device)
         self.actor.eval()
         self.template_actor = copy.deepcopy(self.actor)
+        for saved in {Path(p).parent for p in (self.model_path, self.model_path_history) if p}:
+            remove_stale_temps(saved)  # what a worker killed while saving weights left
         if self.model_path and Path(self.model_path).exists():
             self._load_model_file(self.model_path)
         if not self.standalone and self.local_packets is None:

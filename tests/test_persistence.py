@@ -312,7 +312,15 @@ def test_worker_loads_saved_weights_at_start_and_keeps_a_history(tmp_path: Path)
     write_weights_file(path, saved, {"version": 41})
     worker = RolloutWorker(env_cls, actor_cls, model_path=str(path), standalone=True,
                            model_path_history=str(tmp_path / "hist"), model_history=2)
+    # what workers killed while saving left (pid-thread names), one being written now, and a file of the user's
+    stale = [tmp_path / "policy.pt.tmp-4242-139", tmp_path / "policy.pt.json.tmp-4242-139",
+             tmp_path / "hist_v000012.pt.tmp-77-1"]
+    for f in [*stale, tmp_path / "policy.pt.tmp-4243-139", tmp_path / "notes.tmp-a-b"]:
+        f.write_bytes(b"half a file")
+    for f in [*stale, tmp_path / "notes.tmp-a-b"]:
+        os.utime(f, (1e9, 1e9))  # long ago
     worker.start()
+    assert sorted(f.name for f in tmp_path.glob("*.tmp-*")) == ["notes.tmp-a-b", "policy.pt.tmp-4243-139"]
     assert worker.version == 41
     for name, value in saved.state_dict().items():
         assert torch.equal(worker.actor.state_dict()[name], value)
