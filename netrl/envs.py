@@ -8,7 +8,6 @@ always fresh arrays: rtgym reuses its action-buffer arrays between steps, so the
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from netrl.errors import ConfigError
 from netrl.samples import tree_map
+from netrl.util import takes_args
 
 __all__ = ["GenericGymEnv", "check_action", "check_observation", "check_sample_compressor", "check_spaces",
            "fit_problem", "float32_space"]
@@ -155,13 +155,8 @@ def check_action(act: Any, space: gymnasium.Space, actor: str) -> None:
 
 def check_sample_compressor(compressor: Callable[..., Any]) -> None:
     """Raise TypeError unless ``compressor`` takes netrl's (and tmrl >= 0.5's) six arguments."""
-    try:
-        inspect.signature(compressor).bind(*range(6))
-    except ValueError:
-        return  # no signature to read (a builtin): the first call tells
-    except TypeError:
+    if not takes_args(compressor, 6):
         raise TypeError(f"sample_compressor {getattr(compressor, '__name__', compressor)!r} must take 6 arguments, "
                         "(act, obs, rew, terminated, truncated, info), and return them in that order. tmrl before "
                         "0.5 (and its older tutorial) used 5, (prev_act, obs, rew, done, info): split done into "
-                        "terminated (the episode ended) and truncated (it was cut short, e.g. by a time limit)") \
-            from None
+                        "terminated (the episode ended) and truncated (it was cut short, e.g. by a time limit)")

@@ -9,8 +9,11 @@ with a few fancy-indexing calls, with no per-item Python code.
 
 from __future__ import annotations
 
+import os
+import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,8 +21,9 @@ import torch
 
 from netrl.agents.base import Batch
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
+from netrl.util import takes_args
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "ReplayMemory", "collate"]
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "ReplayMemory", "collate", "save_dataset"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
 
@@ -52,7 +56,8 @@ class MemoryDataloading(ABC):
             the same tuple; applied to each item (base class) or to each batch (:class:`ReplayMemory`).
         memory_size: capacity in samples.
         batch_size: transitions per batch.
-        dataset_path: optional ``.npz`` file of samples to start from (see :meth:`load_dataset`).
+        dataset_path: optional ``.npz`` file of samples to start from, written by :func:`save_dataset` (see
+            :meth:`load_dataset`). Unlike tmrl, not a folder holding a pickled ``data.pkl``.
     """
 
     def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
@@ -62,6 +67,8 @@ class MemoryDataloading(ABC):
         self.device = device
         self.nb_steps = nb_steps
         self.obs_preprocessor = obs_preprocessor
+        if sample_preprocessor is not None:
+            _check_sample_preprocessor(sample_preprocessor)
         self.sample_preprocessor = sample_preprocessor
         self.memory_size = memory_size
         self.batch_size = batch_size
@@ -112,16 +119,89 @@ class MemoryDataloading(ABC):
         for _ in range(self.nb_steps):
             yield self.sample()
 
-    def load_dataset(self, path: str) -> None:
-        """Append an ``.npz`` dataset saved by :meth:`ReplayMemory.save_dataset` (arrays only, never pickles)."""
-        with np.load(path, allow_pickle=False) as data:
-            cols = {k: data[k] for k in data.files}
+    def load_dataset(self, path: str | os.PathLike[str]) -> None:
+        """Append an ``.npz`` dataset written by :func:`save_dataset` (arrays only, never pickles).
+
+        Raises FileNotFoundError if ``path`` does not exist and ValueError if it is a folder (tmrl's layout) or
+        not an ``.npz`` archive of sample columns (a pickle such as tmrl's ``data.pkl``, an ``.npy`` file...).
+        """
+        cols = _read_dataset(path)
         leaves = {k: v for k, v in cols.items() if k.startswith(("act", "obs"))}
         act = unflatten(_spec_from_names([k for k in leaves if k.startswith("act")], "act"), leaves)
         obs = unflatten(_spec_from_names([k for k in leaves if k.startswith("obs")], "obs"), leaves)
         self.append_buffer(Buffer(act=act, obs=obs, rew=cols["rew"], terminated=cols["terminated"],
                                   truncated=cols["truncated"], reset=cols["reset"], context=cols["context"],
                                   policy_version=cols["policy_version"], worker="dataset"))
+
+
+def _check_sample_preprocessor(fn: Callable[..., Any]) -> None:
+    """Raise TypeError unless ``fn`` takes netrl's six arguments."""
+    if not callable(fn):
+        raise TypeError(f"sample_preprocessor must be a function or None (got {type(fn).__name__})")
+    if not takes_args(fn, 6):
+        raise TypeError(f"sample_preprocessor {getattr(fn, '__name__', fn)!r} must take 6 arguments, (obs, act, "
+                        "rew, next_obs, terminated, truncated), and return them in that order. tmrl's older "
+                        "5-argument form, (obs, act, rew, next_obs, done), must split done into terminated (the "
+                        "episode ended) and truncated (it was cut short, e.g. by a time limit)")
+
+
+_DATASET_COLUMNS = ("rew", "terminated", "truncated", "reset", "context", "policy_version")  # plus act*, obs*
+
+
+def _dataset_error(path: str | os.PathLike[str], problem: str) -> str:
+    return (f"dataset_path {str(path)!r} {problem}. netrl reads one .npz file of sample columns, as written by "
+            "netrl.memory.save_dataset; it does not read tmrl's pickled data.pkl datasets, because netrl never "
+            "unpickles (to reuse one you trust, unpickle it yourself, put its rows in a netrl.Buffer and write that "
+            "with save_dataset)")
+
+
+def _read_dataset(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """The columns of a :func:`save_dataset` file, with an error that says what to do for anything else."""
+    p = Path(path)
+    if p.is_dir():
+        held = " holding tmrl's data.pkl" if (p / "data.pkl").exists() else ""
+        raise ValueError(_dataset_error(path, f"is a folder{held}, not a file"))
+    if not p.exists():
+        npz = p.with_name(p.name + ".npz")  # np.savez (so save_dataset) adds .npz to a path without it
+        hint = f"did you mean {str(npz)!r}? " if npz.is_file() else ""
+        raise FileNotFoundError(_dataset_error(path, f'does not exist ({hint}pass dataset_path="" to start with an '
+                                                     "empty memory, as tmrl does when its dataset folder is missing)"))
+    try:
+        loaded = np.load(p, allow_pickle=False)
+    except ValueError:  # numpy's answer to a pickle (tmrl's data.pkl) and to any file it does not recognise
+        raise ValueError(_dataset_error(path, "is not an .npz archive of arrays (it is a pickle, such as tmrl's "
+                                              "data.pkl, or another format)")) from None
+    except (EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(_dataset_error(path, f"is not a readable .npz archive ({e})")) from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(_dataset_error(path, "holds a single .npy array, not an .npz archive of columns"))
+    with loaded:
+        try:
+            cols = {k: loaded[k] for k in loaded.files}
+        except ValueError:
+            raise ValueError(_dataset_error(path, "has a column of Python objects (pickled data)")) from None
+    missing = [c for c in _DATASET_COLUMNS if c not in cols]
+    missing += [f"{c} (or {c}/0, {c}/1...)" for c in ("act", "obs")
+                if not any(k == c or k.startswith(c + "/") for k in cols)]
+    if missing:
+        raise ValueError(_dataset_error(path, f"lacks the columns {', '.join(missing)}"))
+    return cols
+
+
+def save_dataset(path: str | os.PathLike[str], buffer: Buffer) -> None:
+    """Write ``buffer``'s rows to an ``.npz`` file that a memory's ``dataset_path`` reads back (arrays only).
+
+    Columns: ``act`` and ``obs`` (or ``act/0``, ``act/1``... for a tuple), ``rew``, ``terminated``, ``truncated``,
+    ``reset``, ``context`` and ``policy_version``, as in :class:`~netrl.samples.Buffer`. numpy adds ``.npz`` to a
+    path without it.
+    """
+    act_spec, act_leaves = flatten(buffer.act, "act")
+    obs_spec, obs_leaves = flatten(buffer.obs, "obs")
+    for prefix, spec in (("act", act_spec), ("obs", obs_spec)):
+        if not (isinstance(spec, str) or (isinstance(spec, list) and all(isinstance(s, str) for s in spec))):
+            raise ValueError(f"save_dataset stores {prefix} as one array or a flat tuple of arrays, and this "
+                             f"buffer's {prefix} is nested as {spec!r}: flatten it into a tuple first")
+    np.savez(path, **dict(act_leaves + obs_leaves), **{c: getattr(buffer, c) for c in _DATASET_COLUMNS})
 
 
 def _spec_from_names(names: list[str], prefix: str) -> Any:

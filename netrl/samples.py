@@ -138,12 +138,15 @@ class Buffer:
 
     @property
     def memory(self) -> list[tuple[Any, Any, float, bool, bool, dict[str, Any]]]:
-        """tmrl's view: one ``(act, obs, rew, terminated, truncated, info)`` tuple per row (slow path)."""
+        """tmrl's view: one ``(act, obs, rew, terminated, truncated, info)`` tuple per new row (slow path).
+
+        Context rows are left out: they repeat rows of the previous packet, so a memory that appends these rows
+        one packet after another holds each worker's rows once and in order, as in tmrl. ``info["reset"]`` marks
+        an episode's first observation, and ``info["weight"]`` is the row's loss weight (0: a stale transition)."""
         rows = []
-        for i in range(len(self)):
+        for i in np.flatnonzero(~self.context).tolist():
             act, obs = row(self.act, i), row(self.obs, i)
-            info = {"reset": bool(self.reset[i]), "context": bool(self.context[i]),
-                    "weight": 1.0 if self.weight is None else float(self.weight[i])}
+            info = {"reset": bool(self.reset[i]), "weight": 1.0 if self.weight is None else float(self.weight[i])}
             rows.append((act, obs, float(self.rew[i]), bool(self.terminated[i]), bool(self.truncated[i]), info))
         return rows
 

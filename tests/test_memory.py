@@ -1,12 +1,18 @@
-"""Replay memory: wraparound, episode boundaries, shapes and dtypes, and tmrl-style custom memories."""
+"""Replay memory: wraparound, episode boundaries, shapes and dtypes, datasets, and tmrl-style custom memories."""
 
 from __future__ import annotations
+
+import functools
+import pickle
+import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from netrl.memory import MemoryDataloading, ReplayMemory
+from netrl.memory import MemoryDataloading, ReplayMemory, save_dataset
 from netrl.samples import Buffer, BufferBuilder
 
 
@@ -119,8 +125,6 @@ class TutorialMemory(MemoryDataloading):
 
     def append_buffer(self, buffer: Buffer) -> None:
         for act, obs, rew, terminated, truncated, info in buffer.memory:
-            if info["context"]:
-                continue
             self.data.append((act, obs, rew, terminated, truncated, info["reset"]))
         self.data = self.data[-self.memory_size:]
 
@@ -172,3 +176,168 @@ def test_a_get_transition_with_tmrls_old_six_values_says_what_to_return() -> Non
     with pytest.raises(TypeError, match=r"SixValueMemory\.get_transition must return 7 values, \(last_obs, new_act, "
                                         r"rew, new_obs, terminated, truncated, info\); it returned 6\. .*done"):
         mem.sample()
+
+
+# -- dataset_path: netrl reads save_dataset's .npz files; tmrl's folders and pickles get an error saying so -------
+
+def dataset_rows(n: int = 6) -> Buffer:
+    """One episode of ``n`` rows with tuple observations: obs[0] = [t], act = rew = t."""
+    t = np.arange(n, dtype=np.float32)
+    return Buffer(act=t[:, None].copy(), obs=(t[:, None].copy(), np.zeros((n, 2, 2), np.uint8)), rew=t.copy(),
+                  terminated=np.arange(n) == n - 1, truncated=np.zeros(n, bool), reset=np.arange(n) == 0,
+                  context=np.zeros(n, bool), policy_version=np.full(n, 3, np.int64))
+
+
+def test_save_dataset_round_trips_through_dataset_path(tmp_path: Path) -> None:
+    buf = dataset_rows()
+    save_dataset(tmp_path / "run1", buf)  # numpy adds .npz
+    loaded = ReplayMemory(memory_size=20, batch_size=8, seed=0, dataset_path=str(tmp_path / "run1.npz"))
+    direct = ReplayMemory(memory_size=20, batch_size=8, seed=0)
+    direct.append_buffer(buf)
+    assert len(loaded) == len(direct) == 5
+    for i in range(len(direct)):
+        a, b = loaded.get_transition(i), direct.get_transition(i)
+        np.testing.assert_array_equal(a[0][0], b[0][0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert a[2:3] + a[4:] == b[2:3] + b[4:]
+    assert loaded.get_transition(4)[4:6] == (True, False)
+
+
+def test_save_dataset_refuses_observations_it_could_not_read_back(tmp_path: Path) -> None:
+    buf = dataset_rows()
+    buf.obs = {"pos": buf.obs[0]}
+    with pytest.raises(ValueError, match=r"save_dataset stores obs as one array or a flat tuple of arrays.*"
+                                         r"flatten it into a tuple first"):
+        save_dataset(tmp_path / "d.npz", buf)
+    assert not (tmp_path / "d.npz").exists()
+
+
+DATASET_ADVICE = (r"netrl reads one \.npz file of sample columns, as written by netrl\.memory\.save_dataset; it does "
+                  r"not read tmrl's pickled data\.pkl datasets, because netrl never unpickles")
+
+
+def test_a_missing_dataset_path_names_it_and_the_empty_memory_alternative(tmp_path: Path) -> None:
+    path = tmp_path / "nothing_here"
+    with pytest.raises(FileNotFoundError, match=rf"dataset_path '{re.escape(str(path))}' does not exist \(pass "
+                                                rf"dataset_path=\"\" to start with an empty memory, as tmrl does.*\)\. "
+                                                rf"{DATASET_ADVICE}"):
+        ReplayMemory(memory_size=10, dataset_path=str(path))
+
+
+def test_a_missing_dataset_path_points_at_the_npz_numpy_wrote(tmp_path: Path) -> None:
+    save_dataset(tmp_path / "run1", dataset_rows())
+    written = re.escape(str(tmp_path / "run1.npz"))
+    with pytest.raises(FileNotFoundError, match=rf"does not exist \(did you mean '{written}'\? "):
+        ReplayMemory(memory_size=10, dataset_path=str(tmp_path / "run1"))
+
+
+def test_a_tmrl_dataset_folder_is_refused_with_what_netrl_reads(tmp_path: Path) -> None:
+    (tmp_path / "data.pkl").write_bytes(pickle.dumps([]))
+    with pytest.raises(ValueError, match=rf"dataset_path '{re.escape(str(tmp_path))}' is a folder holding tmrl's "
+                                         rf"data\.pkl, not a file\. {DATASET_ADVICE}"):
+        ReplayMemory(memory_size=10, dataset_path=str(tmp_path))
+    with pytest.raises(ValueError, match=rf"'{re.escape(str(tmp_path / 'sub'))}' is a folder, not a file"):
+        (tmp_path / "sub").mkdir()
+        ReplayMemory(memory_size=10, dataset_path=str(tmp_path / "sub"))
+
+
+def _unpickled() -> None:
+    raise AssertionError("netrl unpickled a dataset")
+
+
+class Unpicklable:
+    """Pickles fine; unpickling it fails the test."""
+
+    def __reduce__(self) -> Any:
+        return _unpickled, ()
+
+
+@pytest.mark.parametrize(("name", "write", "problem"), [
+    ("data.pkl", lambda p: p.write_bytes(pickle.dumps([(0, 1, 2.0, False, {})] * 3)),
+     r"is not an \.npz archive of arrays \(it is a pickle, such as tmrl's data\.pkl, or another format\)"),
+    ("notes.npz", lambda p: p.write_text("hello"), r"is not an \.npz archive of arrays \(it is a pickle, .*\)"),
+    ("empty.npz", lambda p: p.write_bytes(b""), r"is not a readable \.npz archive \(No data left in file\)"),
+    ("torn.npz", lambda p: p.write_bytes(b"PK\x03\x04torn"),
+     r"is not a readable \.npz archive \(File is not a zip file\)"),
+    ("one.npy", lambda p: np.save(p, np.zeros(3)), r"holds a single \.npy array, not an \.npz archive of columns"),
+    ("objects.npz", lambda p: np.savez(p, rew=np.array([Unpicklable()], dtype=object)),
+     r"has a column of Python objects \(pickled data\)"),
+    ("partial.npz", lambda p: np.savez(p, obs=np.zeros((2, 1)), rew=np.zeros(2)),
+     r"lacks the columns terminated, truncated, reset, context, policy_version, act \(or act/0, act/1\.\.\.\)"),
+])
+def test_a_dataset_that_is_not_netrls_npz_says_what_netrl_reads(tmp_path: Path, name: str, write: Any,
+                                                                 problem: str) -> None:
+    path = tmp_path / name
+    write(path)
+    expected = rf"^dataset_path '{re.escape(str(path))}' {problem}\. {DATASET_ADVICE}"
+    with pytest.raises(ValueError, match=expected) as err:
+        ReplayMemory(memory_size=10, dataset_path=str(path))
+    assert "allow_pickle" not in str(err.value)
+
+
+def test_a_tmrl_style_memory_gets_the_same_dataset_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=DATASET_ADVICE):
+        TutorialMemory(memory_size=10, dataset_path=str(tmp_path / "missing"))
+
+
+# -- sample_preprocessor: netrl's six arguments are checked when the memory is built ------------------------------
+
+def preprocess6(o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any) -> tuple[Any, ...]:
+    return o, a, r * 2, o2, term, trunc
+
+
+def scaled(o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any, *, scale: float) -> tuple[Any, ...]:
+    return o, a, r * scale, o2, term, trunc
+
+
+class Preprocessor:
+    def __call__(self, o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any) -> tuple[Any, ...]:
+        return o, a, r * 2, o2, term, trunc
+
+
+def star(*sample: Any) -> tuple[Any, ...]:
+    o, a, r, o2, term, trunc = sample
+    return o, a, r * 2, o2, term, trunc
+
+
+@pytest.mark.parametrize("fn", [preprocess6, functools.partial(scaled, scale=2.0),
+                                lambda o, a, r, o2, term, trunc: (o, a, r * 2, o2, term, trunc), Preprocessor(),
+                                star],
+                         ids=["function", "partial", "lambda", "callable-object", "star-args"])
+@pytest.mark.parametrize("memory_cls", [ReplayMemory, TutorialMemory])
+def test_a_six_argument_sample_preprocessor_is_accepted_and_applied(memory_cls: Any, fn: Any) -> None:
+    mem = memory_cls(memory_size=100, batch_size=16, seed=0, sample_preprocessor=fn)
+    fill(mem, [(0, 10, True)])
+    b = mem.sample()
+    np.testing.assert_array_equal(b.rew.numpy(), b.next_obs.numpy()[:, 0] * 2)
+
+
+def test_a_sample_preprocessor_without_a_readable_signature_is_accepted() -> None:
+    ReplayMemory(memory_size=10, sample_preprocessor=max)  # a builtin: the first sample() would tell
+
+
+def old_preprocessor(obs: Any, act: Any, rew: Any, next_obs: Any, done: Any) -> tuple[Any, ...]:
+    return obs, act, rew, next_obs, done
+
+
+class OldPreprocessor:
+    def __call__(self, obs: Any, act: Any, rew: Any, next_obs: Any, done: Any) -> tuple[Any, ...]:
+        return obs, act, rew, next_obs, done
+
+
+@pytest.mark.parametrize(("fn", "name"), [(old_preprocessor, "'old_preprocessor'"),
+                                          (lambda o, a, r, o2, d: (o, a, r, o2, d), "'<lambda>'"),
+                                          (OldPreprocessor(), r"<.*OldPreprocessor object at .*>")])
+@pytest.mark.parametrize("memory_cls", [ReplayMemory, TutorialMemory])
+def test_tmrls_five_argument_sample_preprocessor_is_refused_when_the_memory_is_built(memory_cls: Any, fn: Any,
+                                                                                    name: str) -> None:
+    with pytest.raises(TypeError, match=rf"^sample_preprocessor {name} must take 6 arguments, \(obs, act, rew, "
+                                        r"next_obs, terminated, truncated\), and return them in that order\. tmrl's "
+                                        r"older 5-argument form, \(obs, act, rew, next_obs, done\), must split done "
+                                        r"into terminated \(the episode ended\) and truncated"):
+        memory_cls(memory_size=10, sample_preprocessor=fn)
+
+
+def test_a_sample_preprocessor_that_is_not_callable_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"sample_preprocessor must be a function or None \(got str\)"):
+        ReplayMemory(memory_size=10, sample_preprocessor="augment")  # type: ignore[arg-type]
