@@ -114,7 +114,7 @@ class MetricsLogger:
     """Sends each round's statistics to the log, the CSV and wandb. ``close()`` is idempotent."""
 
     def __init__(self, run_dir: Path, run_name: str, wandb_mode: WandbMode = "offline", project: str = "netrl",
-                 entity: str | None = None, config: dict[str, Any] | None = None) -> None:
+                 entity: str | None = None, config: dict[str, Any] | None = None, run_id: str | None = None) -> None:
         self.csv = CsvLog(run_dir / "metrics.csv")
         self._wandb_run: Any = None
         mode = resolve_wandb_mode(wandb_mode)
@@ -125,7 +125,8 @@ class MetricsLogger:
 
             try:
                 self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
-                                             config=config or {}, mode=mode, reinit="create_new")
+                                             config=config or {}, mode=mode, reinit="create_new", id=run_id,
+                                             resume="allow" if run_id else None)
             except wandb.errors.UsageError as exc:  # online without a key: a one-line message, not a traceback
                 raise ConfigError([f'wandb.mode is "{mode}", but wandb cannot start ({exc}): set WANDB_API_KEY (or '
                                    'run `wandb login`), or use --wandb offline']) from None

@@ -26,6 +26,10 @@ __all__ = ["SampleSchema", "load_schema", "save_schema"]
 
 log = logging.getLogger(__name__)
 
+# The usual cause of a packet that does not fit: the trainer derives its layout from the workers' sample compressor
+_SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and sample compressor? In Python, give the "
+                    "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
+
 
 @dataclass(frozen=True)
 class SampleSchema:
@@ -67,12 +71,13 @@ class SampleSchema:
         for key, spec in (("act", self.act_spec), ("obs", self.obs_spec)):
             if body[key] != spec:
                 raise SampleRejected(f"packet from {worker}: the {key} structure {body[key]!r} differs from the "
-                                     f"trainer's {spec!r} (do both sides use the same pipeline and compressor?)")
+                                     f"trainer's {spec!r}{_SAME_COMPRESSOR}")
         for name, (dtype, shape) in self.leaves.items():
             arr = arrays[name]
             if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
                 raise SampleRejected(f"packet from {worker}: field {name!r} has dtype {arr.dtype.str} and row shape "
-                                     f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}")
+                                     f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}"
+                                     f"{_SAME_COMPRESSOR}")
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 raise SampleRejected(f"packet from {worker}: field {name!r} contains NaN or infinity")
         if not np.isfinite(arrays["rew"]).all():

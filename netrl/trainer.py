@@ -81,6 +81,7 @@ class Trainer:
         self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
         self.name, self.run_name = name, run_name
         self.wandb = (wandb_mode, wandb_project, wandb_entity)
+        self.wandb_run_id: str | None = None  # resume this wandb run (run_with_wandb)
         self.config = config
         self.credit_window = credit_window
         self.resume, self.persist_samples, self.fsync = resume, persist_samples, fsync
@@ -126,6 +127,19 @@ class Trainer:
             raise
         self.close()
 
+    def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
+                       key: str | None = None, stop: threading.Event | None = None) -> None:
+        """tmrl's name for :meth:`run` with wandb online: ``entity`` and ``project`` replace the constructor's
+        (None keeps them), ``run_id`` resumes that wandb run, and ``key`` is the API key (better: leave it None and
+        set ``WANDB_API_KEY`` or run ``wandb login``, so that it stays out of your code). :meth:`run` logs to wandb
+        too, offline by default."""
+        if key is not None:
+            os.environ["WANDB_API_KEY"] = key
+        _, default_project, default_entity = self.wandb
+        self.wandb = ("online", project or default_project, entity or default_entity)
+        self.wandb_run_id = run_id
+        self.run(stop)
+
     def _train(self, stop: threading.Event) -> None:
         self.training = training = self.training_cls()
         training.build()
@@ -140,7 +154,8 @@ class Trainer:
             if sample_log is not None:
                 sample_log.close()
             return
-        self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config)
+        self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config,
+                                     run_id=self.wandb_run_id)
         self.metrics.rewind(training.total_updates)
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space, self.sample_compressor)
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
@@ -152,7 +167,8 @@ class Trainer:
             return
         net.start()
         training.start(net)
-        log.info("%s started: %d epochs x %d rounds x %d steps on %s", trainer_label(self.name), training.epochs,
+        epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"  # tmrl's np.inf
+        log.info("%s started: %s epochs x %d rounds x %d steps on %s", trainer_label(self.name), epochs,
                  training.rounds, training.steps, training.device)
         while training.epoch < training.epochs and not stop.is_set():
             for stats in training.run_epoch(net, stop):

@@ -96,7 +96,7 @@ class TrainingOffline:
     env_cls: Any = None  # callable returning an env (only its spaces are used), or (obs_space, act_space)
     memory_cls: Callable[..., MemoryDataloading] = ReplayMemory
     training_agent_cls: Callable[..., TrainingAgent] = SACAgent
-    epochs: int = 10
+    epochs: float = 10  # an int, or np.inf (as in tmrl's tutorial) to train until stopped
     rounds: int = 50
     steps: int = 2000
     update_model_interval: int = 100

@@ -69,7 +69,8 @@ class RolloutWorker:
             the network; the trainer's memory undoes it.
         device: inference device.
         server_ip: address of the server.
-        min_samples_per_worker_packet: rows gathered before a packet is sent.
+        min_samples_per_worker_packet: rows gathered before a packet is sent (with ``max_packet_delay_s`` set,
+            at most that long).
         max_samples_per_episode: episodes longer than this are truncated (and bootstrapped, not terminal).
         model_path: where received weights are saved, and loaded from at start.
         obs_preprocessor: applied to each observation before ``act``.
@@ -79,7 +80,8 @@ class RolloutWorker:
         server_port, worker_id, network: connection settings (see config.json).
         overlap: rows of context a memory needs before each transition (see :mod:`netrl.samples`).
         throttle: wait for the trainer's PACE allowance (simulated envs only, never real-time ones).
-        max_packet_delay_s: a partial packet is sent after this long.
+        max_packet_delay_s: a partial packet is sent after this long. None (tmrl's behaviour, the default here;
+            config.json sets 0.5 s): a packet waits for ``min_samples_per_worker_packet`` rows.
         compression: codec for packets ("zstd", "lz4", "none"); only integer arrays such as images use it.
         max_backlog_bytes: unacknowledged packets kept for resending; beyond it the oldest are dropped (counted).
         send_window_bytes: unacknowledged packets in flight to the server.
@@ -96,13 +98,16 @@ class RolloutWorker:
                  obs_preprocessor: Callable[..., Any] | None = None, model_path_history: str | None = None,
                  model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
                  worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
-                 throttle: bool = False, max_packet_delay_s: float = 0.5, compression: Codec = "zstd",
+                 throttle: bool = False, max_packet_delay_s: float | None = None, compression: Codec = "zstd",
                  max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 32 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
                  status_interval_s: float = 0.0) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
+        if max_packet_delay_s is not None and not max_packet_delay_s > 0:
+            raise ValueError(f"max_packet_delay_s must be > 0, or None to wait for min_samples_per_worker_packet rows "
+                             f"(got {max_packet_delay_s})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
@@ -260,7 +265,13 @@ class RolloutWorker:
             self.close()
 
     def run_episode(self, test: bool = False, stop: threading.Event | None = None) -> EpisodeStats | None:
-        """One episode; returns its stats, or None when ``stop`` interrupted it."""
+        """One episode (starting the worker first if needed); returns its stats, or None when ``stop`` interrupted
+        it."""
+        if not isinstance(test, (bool, np.bool_)):  # tmrl's run_episode(max_samples, train) would pass a count here
+            raise TypeError(f"run_episode(test) takes True (a test episode) or False, not {test!r}; the episode length "
+                            "is RolloutWorker(max_samples_per_episode=...)")
+        if self.env is None:
+            self.start()
         steps = self.episode_steps(test, stop or threading.Event())
         while True:
             try:

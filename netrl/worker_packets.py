@@ -1,8 +1,8 @@
 """The worker's sample packets: env-step rows gathered into packets, then numbered and encoded for the network thread.
 
 The control path adds one row per env step, plus one per reset, with :meth:`PacketMaker.add`. A packet is due once
-it holds ``min_samples_per_worker_packet`` rows, when its columns are full, or ``max_packet_delay_s`` after its first
-row. :meth:`PacketMaker.cut` takes it, with the episodes finished since the previous packet, and
+it holds ``min_samples_per_worker_packet`` rows, when its columns are full, or, if ``max_packet_delay_s`` is set, that
+long after its first row. :meth:`PacketMaker.cut` takes it, with the episodes finished since the previous packet, and
 :meth:`PacketMaker.to_frames` numbers and encodes it. A packet the server could never relay (over
 ``network.max_message_bytes``, less the bundle header's room, uncompressed: a message's arrays may not inflate
 past that limit either) stops the worker at its first row with a :class:`~netrl.errors.ConfigError` that says
@@ -11,6 +11,7 @@ what to change.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,10 +35,11 @@ class PacketMaker:
         sample_compressor: applied to each row before it is stored (None: rows are stored as they are).
     """
 
-    def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int, max_delay_s: float,
+    def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int, max_delay_s: float | None,
                  compression: Codec, max_message_bytes: int, sample_compressor: Callable[..., Any] | None) -> None:
         self.worker_id, self.session = worker_id, session
-        self.min_samples, self.overlap, self.max_delay = min_samples, overlap, max_delay_s
+        self.min_samples, self.overlap = min_samples, overlap
+        self.max_delay = math.inf if max_delay_s is None else max_delay_s  # None: wait for min_samples rows
         self.compression: Codec = compression
         self.max_message_bytes = max_message_bytes
         self.sample_compressor = sample_compressor

@@ -1,8 +1,9 @@
 """A sample compressor and a memory written as in tmrl's tutorial still plug into netrl's drone pipeline.
 
 The compressor is the tutorial's (``obs[:4]``) with netrl's 6-tuple signature; the memory is the tutorial's
-list-based ``MyMemoryDataloading``, which reads ``buffer.memory`` and skips netrl's context rows (the only change:
-tmrl had no context rows), and rebuilds the action buffer in ``get_transition``. Batches come from the base
+list-based ``MyMemoryDataloading``, which reads ``buffer.memory`` and rebuilds the action buffer in
+``get_transition``, with the README's edits only: rows and transitions carry ``terminated`` and ``truncated`` where
+tmrl had ``done``. Batches come from the base
 class's per-item ``sample()``, as in tmrl.
 """
 
@@ -23,11 +24,15 @@ from netrl.agents.base import Batch
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config import Config
 from netrl.envs import GenericGymEnv
+from netrl.errors import SampleRejected
 from netrl.memory import MemoryDataloading
+from netrl.nn import copy_shared, no_grad
 from netrl.pipelines.drone import drone_pipeline
+from netrl.schema import SampleSchema
 from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
-from netrl.util import partial
+from netrl.util import cached_property, partial
+from netrl.wire import decode, encode, samples_message
 from netrl.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded
 
@@ -56,17 +61,16 @@ class MyMemoryDataloading(MemoryDataloading):
                          dataset_path=dataset_path)
 
     def append_buffer(self, buffer: Any) -> None:
-        memory = [b for b in buffer.memory if not b[5]["context"]]  # netrl: context rows repeat earlier rows
-        list_action = [b[0] for b in memory]
-        list_x_position = [b[1][0] for b in memory]
-        list_y_position = [b[1][1] for b in memory]
-        list_x_target = [b[1][2] for b in memory]
-        list_y_target = [b[1][3] for b in memory]
-        list_reward = [b[2] for b in memory]
-        list_terminated = [b[3] for b in memory]
-        list_truncated = [b[4] for b in memory]
-        list_info = [b[5] for b in memory]
-        if self.__len__() > 0 or len(self.data) > 0:
+        list_action = [b[0] for b in buffer.memory]
+        list_x_position = [b[1][0] for b in buffer.memory]
+        list_y_position = [b[1][1] for b in buffer.memory]
+        list_x_target = [b[1][2] for b in buffer.memory]
+        list_y_target = [b[1][3] for b in buffer.memory]
+        list_reward = [b[2] for b in buffer.memory]
+        list_terminated = [b[3] for b in buffer.memory]
+        list_truncated = [b[4] for b in buffer.memory]
+        list_info = [b[5] for b in buffer.memory]
+        if self.__len__() > 0:  # the tutorial's test: it starts new lists until the first packet is long enough
             self.data[0] += list_action
             self.data[1] += list_x_position
             self.data[2] += list_y_position
@@ -206,3 +210,84 @@ def test_the_tutorials_five_argument_compressor_is_refused_with_the_new_signatur
     with pytest.raises(TypeError, match=message):
         Trainer(training, sample_compressor=old_compressor)
     RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), MLPActor, my_sample_compressor)  # the 6-argument one
+
+
+def test_a_workers_packets_wait_for_min_samples_as_in_tmrl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class's default has no packet delay: on a slow env (here, a clock that moves a second per step) a packet
+    still holds min_samples_per_worker_packet rows, which the tutorial's memory needs (its first packet must be longer
+    than the action buffer, or its __len__ stays 0 for good). A set delay cuts packets short."""
+    import types
+
+    import netrl.worker_packets
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(netrl.worker_packets, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
+
+    def packet_rows(**kw: Any) -> list[int]:
+        worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                               min_samples_per_worker_packet=50, max_samples_per_episode=60, seed=0, **kw)
+        return [len(buf.memory) for buf in local_packets(worker, [False] * 3)]
+
+    assert packet_rows()[:3] == [50, 50, 50]
+    assert max(packet_rows(max_packet_delay_s=0.5)) <= 2
+    with pytest.raises(ValueError, match="max_packet_delay_s must be > 0, or None"):
+        RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), MLPActor, max_packet_delay_s=0.0)
+
+
+def test_buffer_memory_lists_each_row_once_across_packets() -> None:
+    """tmrl's per-row view leaves out the context rows that start every packet after the first, so a memory that
+    appends buffer.memory packet after packet (the tutorial's) holds each env step once and in order."""
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           min_samples_per_worker_packet=7, max_samples_per_episode=20, overlap=3, seed=0)
+    rows = [r for buf in local_packets(worker, [False] * 2) for r in over_the_wire(buf).memory]
+    assert len(rows) == 2 * 21  # per episode: its first observation, then 20 steps
+    assert [info["reset"] for *_, info in rows] == ([True] + [False] * 20) * 2
+    actions = [np.asarray(act).tobytes() for act, *_ in rows if not _[-1]["reset"]]
+    assert len(set(actions)) == len(actions)  # no step twice
+
+
+def test_a_trainer_without_the_workers_compressor_says_to_pass_it() -> None:
+    pipe = drone_pipeline(Config(agent=dataclasses.replace(Config().agent, hidden_sizes=[8])), time_step=0.005,
+                          ep_max_length=5)
+    worker = RolloutWorker(pipe.env_cls, pipe.actor_module_cls, my_sample_compressor, min_samples_per_worker_packet=4,
+                           seed=0)
+    buf = next(local_packets(worker, [False]))
+    msg = decode(encode(samples_message(buf, "w", "s", 1, len(buf))))
+    env = pipe.env_cls()
+    SampleSchema.from_spaces(env.observation_space, env.action_space, my_sample_compressor).check(
+        msg.body, msg.arrays, "worker w")  # the trainer given the compressor takes it
+    with pytest.raises(SampleRejected, match=re.escape("give the Trainer the workers' compressor: "
+                                                       "Trainer(..., sample_compressor=...))")):
+        SampleSchema.from_spaces(env.observation_space, env.action_space).check(msg.body, msg.arrays, "worker w")
+
+
+def test_run_episode_starts_the_worker_and_refuses_tmrls_episode_length() -> None:
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           max_samples_per_episode=5, standalone=True, seed=0)
+    try:
+        with pytest.raises(TypeError, match=r"run_episode\(test\) takes True .* not 1000; the episode length is "
+                                            r"RolloutWorker\(max_samples_per_episode=...\)"):
+            worker.run_episode(1000)  # type: ignore[arg-type]  # tmrl's run_episode(max_samples_per_episode)
+        stats = worker.run_episode(test=True)  # not started yet: it starts itself, as tmrl's worker is ready at once
+        assert stats is not None and stats.length == 5
+    finally:
+        worker.close()
+
+
+def test_tmrls_nn_helpers_give_a_gradient_free_view_that_follows_training() -> None:
+    class Agent:  # the tutorial agent's pattern, with cached_property in the class body
+        model_nograd = cached_property(lambda self: no_grad(copy_shared(self.model)))
+
+        def __init__(self) -> None:
+            self.model = MLPActorCritic(OBS_SPACE, ACT_SPACE, (8,))
+
+    agent = Agent()
+    actor = agent.model_nograd.actor
+    assert agent.model_nograd is agent.model_nograd  # built once
+    assert not any(p.requires_grad for p in actor.parameters())
+    assert all(p.requires_grad for p in agent.model.parameters())  # the trained model keeps its gradients
+    with torch.no_grad():
+        for p in agent.model.parameters():
+            p.add_(1.0)  # an optimiser step
+    for shared, trained in zip(actor.state_dict().values(), agent.model.actor.state_dict().values(), strict=True):
+        assert torch.equal(shared, trained)

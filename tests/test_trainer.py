@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import errno
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.config import NetworkConfig
 from netrl.delivery import Deliveries, SampleLog
 from netrl.errors import CheckpointError, NetrlError
+from netrl.metrics import MetricsLogger
 from netrl.msgtypes import MAX_POLICY_VERSION
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 from netrl.trainer import Trainer
@@ -122,7 +124,7 @@ def links(monkeypatch: pytest.MonkeyPatch) -> type[Links]:
     return Link
 
 
-def make_trainer(run_dir: Path, epochs: int, agent: Any = SACAgent, **kwargs: Any) -> Trainer:
+def make_trainer(run_dir: Path, epochs: float, agent: Any = SACAgent, **kwargs: Any) -> Trainer:
     training_cls = partial(TrainingOffline, env_cls=(OBS, ACT), epochs=epochs, rounds=2, steps=10,
                            training_agent_cls=partial(agent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
                            update_model_interval=5, update_buffer_interval=2, start_training=10, worker_lead=10,
@@ -513,3 +515,33 @@ def test_weights_numbered_before_the_welcome_said_the_number_was_taken_are_never
         assert deliver() == [1, 41]
     finally:
         link.halt()
+
+
+def test_tmrls_unlimited_epochs_train_until_stopped(tmp_path: Path, links: type[Links],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    trainer = make_trainer(tmp_path, epochs=np.inf)  # the tutorial's advice; "%d" of it broke the start line
+    stop = threading.Event()
+    links.at = dict.fromkeys(range(1, 10_000), lambda link: stop.set() if trainer.training.epoch >= 2 else None)  # type: ignore[union-attr]
+    with caplog.at_level(logging.INFO, logger="netrl.trainer"):
+        trainer.run(stop)
+    assert "started: unlimited epochs x 2 rounds x 10 steps" in caplog.text
+    assert len(metrics(tmp_path)) >= 4  # 2 rounds per epoch: it went on past the first epochs
+
+
+def test_run_with_wandb_is_run_with_wandb_online(tmp_path: Path, links: type[Links],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    class Logger(MetricsLogger):  # records what the trainer asks for, and logs nowhere (no network here)
+        def __init__(self, run_dir: Path, run_name: str, mode: str, project: str, entity: str | None,
+                     config: Any = None, run_id: str | None = None) -> None:
+            seen.append((mode, project, entity, run_id))
+            super().__init__(run_dir, run_name, "disabled")
+
+    monkeypatch.setattr("netrl.trainer.MetricsLogger", Logger)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    make_trainer(tmp_path / "a", epochs=1).run_with_wandb(entity="lab", project="drone", run_id="r1", key="k" * 40)
+    assert seen == [("online", "drone", "lab", "r1")]
+    assert os.environ["WANDB_API_KEY"] == "k" * 40
+    make_trainer(tmp_path / "b", epochs=1, wandb_project="mine").run_with_wandb()  # None keeps the constructor's
+    assert seen[1] == ("online", "mine", None, None)
