@@ -189,13 +189,19 @@ class Trainer:
             training.load_state(state)
         deliveries = Deliveries(state.get("deliveries"))
         _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
+        held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
         if not self.persist_samples:
+            if held:
+                log.warning("trainer.persist_samples is off, so the replay memory starts empty: the %d transitions "
+                            "it held at the checkpoint are lost (the server and workers do not send them again)",
+                            held)
             return deliveries, None
         memory_size = training.memory_size
         assert memory_size is not None  # build() resolved it
         sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
         at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
         restored = after = newest = 0
+        matched = at_checkpoint is None
         for rec in sample_log.read():
             try:
                 buf = buffer_from_message(decode(rec.frames))
@@ -210,6 +216,7 @@ class Trainer:
             restored += 0 if new else steps
             after += steps if new else 0
             if not new and rec.next == at_checkpoint:
+                matched = True
                 assert training.memory is not None
                 log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %s)",
                          len(training.memory), state.get("memory_len"))
@@ -217,6 +224,11 @@ class Trainer:
             log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
                      "received after it; memory holds %d transitions", restored, after,
                      len(training.memory) if training.memory is not None else 0)
+        if not matched and held:  # e.g. samples/ deleted or not copied with checkpoint/, or its end damaged
+            log.warning("the sample log in %s does not reach the checkpoint's position, so the replay memory holds "
+                        "%d of the %d transitions it held at the checkpoint: the missing ones are lost (they were "
+                        "acknowledged, so nobody sends them again)", self.run_dir / "samples",
+                        len(training.memory) if training.memory is not None else 0, held)
         _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
         return deliveries, sample_log
 

@@ -545,3 +545,22 @@ def test_run_with_wandb_is_run_with_wandb_online(tmp_path: Path, links: type[Lin
     assert os.environ["WANDB_API_KEY"] == "k" * 40
     make_trainer(tmp_path / "b", epochs=1, wandb_project="mine").run_with_wandb()  # None keeps the constructor's
     assert seen[1] == ("online", "mine", None, None)
+
+
+def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    make_trainer(tmp_path, epochs=1).run()
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
+        make_trainer(tmp_path, epochs=1).run()  # the sample log is whole: nothing to warn about
+    assert "transitions" not in caplog.text
+    shutil.rmtree(tmp_path / "samples")  # say, only checkpoint/ was copied to a new machine
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
+        make_trainer(tmp_path, epochs=1).run()
+    assert re.search(r"does not reach the checkpoint's position, so the replay memory holds 0 of the \d+ transitions",
+                     caplog.text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
+        make_trainer(tmp_path, epochs=1, persist_samples=False).run()
+    assert re.search(r"persist_samples is off, so the replay memory starts empty: the \d+ transitions", caplog.text)
