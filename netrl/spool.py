@@ -134,8 +134,8 @@ class Spool:
             self.bytes -= size
             self.packets -= 1
             moved = True
-        if moved and time.monotonic() - self._head_saved_at > 0.2:
-            self._persist_head()
+        if moved:
+            self.tick()
 
     def tick(self) -> None:
         """Record a head that moved since it was last saved: acknowledgements save it at most every 0.2 s, so the
