@@ -161,22 +161,17 @@ def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str
 _TEMP_NAME = re.compile(r".+\.tmp-\d+-\d+")  # write_weights_file's temporary files
 
 
-def remove_stale_temps(folder: str | Path, older_than_s: float = 60.0) -> int:
+def remove_stale_temps(folder: str | Path, older_than_s: float = 60.0) -> None:
     """Delete the temporary files :func:`write_weights_file` left in ``folder`` when its process died mid-write
-    (``*.tmp-<pid>-<thread>``; a live writer's is a second old at most). Returns how many; never raises."""
-    removed = 0
+    (``*.tmp-<pid>-<thread>``; a live writer's is a second old at most). Never raises (glob skips a folder it
+    cannot read)."""
     now = time.time()
-    try:
-        for tmp in Path(folder).glob("*.tmp-*-*"):
-            try:
-                if _TEMP_NAME.fullmatch(tmp.name) and now - tmp.stat().st_mtime > older_than_s:
-                    tmp.unlink()
-                    removed += 1
-            except OSError:  # gone meanwhile, or not ours to remove: it only takes room
-                continue
-    except OSError:
-        return removed
-    return removed
+    for tmp in Path(folder).glob("*.tmp-*-*"):
+        try:
+            if _TEMP_NAME.fullmatch(tmp.name) and now - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+        except OSError:  # gone meanwhile, or not ours to remove: it only takes room
+            continue
 
 
 def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
