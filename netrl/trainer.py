@@ -218,8 +218,8 @@ class Trainer:
             if not new and rec.next == at_checkpoint:
                 matched = True
                 assert training.memory is not None
-                log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %s)",
-                         len(training.memory), state.get("memory_len"))
+                log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
+                         len(training.memory), held)
         if restored or after:
             log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
                      "received after it; memory holds %d transitions", restored, after,
