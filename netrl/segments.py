@@ -8,7 +8,9 @@ A log is a folder of numbered segment files. Each record holds one message's fra
     data    = the frames, concatenated
 
 The CRC (CRC-32C, computed in hardware) covers the segment number, header and data. Opening a log scans the last
-segment and cuts a torn tail, which is what a crash mid-write leaves; damage followed by valid records is refused.
+segment and cuts a torn tail, which is what a crash mid-write leaves. Damage anywhere else (a flipped byte, a
+missing segment file) loses only the records it touches: readers skip to the next valid record and a warning names
+the file and the bytes lost, once per damaged stretch. Nothing in a damaged file is cut or rewritten.
 Records are written with one ``writev`` and no copy of the data, so a killed process loses nothing it appended;
 ``fsync=True`` also survives a power cut, at a cost.
 
@@ -21,6 +23,7 @@ records past the new ones; each record names its segment, so an old record never
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -70,7 +73,13 @@ class SegmentLog:
             make_folder(self.dir, what)
         self._file: int | None = None  # the current segment's descriptor, positioned at ``_end``
         self._segments: list[int] | None = None  # cached listing; this log is the only writer
+        self._reported: set[Position] = set()  # damaged stretches already warned about, by where they start
         segments = self.segments()
+        missing = sorted(set(range(segments[0], segments[-1] + 1)) - set(segments)) if segments else []
+        if missing:  # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+            log.warning("%s: segment files %s are missing between %s and %s: the records they held are lost",
+                        self.dir, ", ".join(self._path(s).name for s in missing), self._path(segments[0]).name,
+                        self._path(segments[-1]).name)
         self._segment = segments[-1] if segments else 1
         if readonly:
             self._end = self._path(self._segment).stat().st_size if segments else 0
@@ -87,25 +96,43 @@ class SegmentLog:
         return list(self._segments)
 
     def _repair(self, segment: int) -> int:
-        """Return the end of the last valid record of ``segment``, truncating anything after it."""
+        """Return the end of the last valid record of ``segment``, truncating anything after it. Damage with valid
+        records after it is skipped (and reported), not cut."""
         path = self._path(segment)
         size = path.stat().st_size
         end = 0
+        problem = TORN
         with path.open("rb") as f:
             while end < size:
-                parsed = _read_record(f, end, segment)
-                if parsed is None:
+                parsed = _read_record(f, end, segment, size)
+                if isinstance(parsed, tuple):
+                    end = parsed[0]
+                    continue
+                after = _next_record(f, end, segment, size)
+                if after is None:
+                    problem = parsed
                     break
-                end = parsed[0]
+                self._report(Position(segment, end), after)
+                end = after
         if end < size:
-            if _valid_record_after(path, end, segment):
-                raise OSError(f"{path} is damaged at offset {end} and valid records follow, so this is not a torn "
-                              "write from a crash; move the file away (its records before the damage are readable)")
-            log.info("%s: cut %d bytes after the last record (a torn write, or a recycled file's old records)",
-                     path, size - end)
+            if problem == DAMAGED:  # acknowledged once, so its loss is reported
+                log.warning("%s: the last record, at offset %d, fails its checksum (damaged on disk, or a write cut "
+                            "short by a crash): its %d bytes are dropped and the records in them lost", path, end,
+                            size - end)
+            else:
+                log.info("%s: cut %d bytes after the last record (a torn write, or a recycled file's old records)",
+                         path, size - end)
             with path.open("r+b") as f:
                 f.truncate(end)
         return end
+
+    def _report(self, start: Position, resume: int) -> None:
+        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record."""
+        if start not in self._reported:
+            self._reported.add(start)
+            log.warning("%s is damaged from offset %d to %d: the records in those %d bytes are lost and skipped; "
+                        "the records around them are read as usual", self._path(start.segment), start.offset, resume,
+                        resume - start.offset)
 
     def end(self) -> Position:
         return Position(self._segment, self._end)
@@ -113,6 +140,21 @@ class SegmentLog:
     def start(self) -> Position:
         segments = self.segments()
         return Position(segments[0] if segments else self._segment, 0)
+
+    def starts_record(self, position: Position) -> bool:
+        """True if a record (even a damaged one) starts at ``position``, or it is the end of a segment: a place a
+        reader can start from."""
+        if position == self.end():
+            return True
+        if position.segment not in self.segments():
+            return False
+        path = self._path(position.segment)
+        size = self._end if position.segment == self._segment else path.stat().st_size
+        if position.offset in (0, size):
+            return True
+        with path.open("rb") as f:
+            found = _read_record(f, position.offset, position.segment, size)
+        return isinstance(found, tuple) or found == DAMAGED
 
     def size_bytes(self, since: Position | None = None) -> int:
         """Bytes of records from ``since`` (default: the start) to the end."""
@@ -204,11 +246,16 @@ class SegmentLog:
             offset = since.offset if since is not None and seg == since.segment else 0
             with path.open("rb") as f:
                 while offset < size:
-                    parsed = _read_record(f, offset, seg)
-                    if parsed is None:
-                        if self.readonly and seg == self._segment:
+                    parsed = _read_record(f, offset, seg, size)
+                    if not isinstance(parsed, tuple):
+                        after = _next_record(f, offset, seg, size)
+                        if after is None and self.readonly and seg == self._segment:
                             return  # the writer is mid-record
-                        raise OSError(f"{path} is corrupt at offset {offset}; move it away to continue")
+                        self._report(Position(seg, offset), size if after is None else after)
+                        if after is None:
+                            break
+                        offset = after
+                        continue
                     nxt, meta, frames = parsed
                     yield Record(Position(seg, offset), Position(seg, nxt), meta, frames)
                     count += 1
@@ -234,40 +281,47 @@ class SegmentLog:
         return dropped
 
 
-def _valid_record_after(path: Path, offset: int, segment: int) -> bool:
-    """True if a complete, valid record of ``segment`` starts anywhere after ``offset`` (so the damage is not a
-    torn tail)."""
-    data = path.read_bytes()
-    start = data.find(MAGIC, offset + 1)
-    with path.open("rb") as f:
+def _next_record(f: Any, offset: int, segment: int, size: int) -> int | None:
+    """Where the first valid record of ``segment`` after ``offset`` starts (the end of a damaged stretch), or None
+    if none does before ``size`` (a torn or damaged tail)."""
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        start = data.find(MAGIC, offset + 1, size)
         while start != -1:
-            if _read_record(f, start, segment) is not None:
-                return True
-            start = data.find(MAGIC, start + 1)
-    return False
+            if isinstance(_read_record(f, start, segment, size), tuple):
+                return start
+            start = data.find(MAGIC, start + 1, size)
+    return None
 
 
-def _read_record(f: Any, offset: int, segment: int) -> tuple[int, dict[str, Any], list[memoryview]] | None:
-    """(next offset, metadata, frames) of the record of ``segment`` at ``offset``, or None if it is torn, corrupt
-    or an old record of a recycled file."""
+TORN = "torn"  # the record runs past the end of the file: a write cut short
+FOREIGN = "foreign"  # no record of this segment starts here: an old record of a recycled file, or garbage
+DAMAGED = "damaged"  # a whole record of this segment whose checksum or header is wrong
+
+
+def _read_record(f: Any, offset: int, segment: int,
+                 size: int) -> tuple[int, dict[str, Any], list[memoryview]] | str:
+    """(next offset, metadata, frames) of the record of ``segment`` at ``offset`` in a file of ``size`` bytes, or
+    why there is none: :data:`TORN`, :data:`FOREIGN` or :data:`DAMAGED`."""
     f.seek(offset)
     head = f.read(_HEAD.size)
     if len(head) < _HEAD.size:
-        return None
+        return TORN
     magic, crc, seg, header_len, data_len = _HEAD.unpack(head)
-    if magic != MAGIC or seg != segment or header_len > _MAX_HEADER:
-        return None
+    if magic != MAGIC or seg != segment:
+        return FOREIGN
+    if header_len > _MAX_HEADER:
+        return DAMAGED
+    if offset + _HEAD.size + header_len + data_len > size:  # checked before reading: a damaged length can be huge
+        return TORN
     header = f.read(header_len)
     body = f.read(data_len)
-    if len(header) < header_len or len(body) < data_len:
-        return None
     if crc32c.crc32c(body, crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(seg)))) != crc:
-        return None
+        return DAMAGED
     try:
         parsed = msgpack.unpackb(header, raw=False)
         meta, lengths = parsed["m"], parsed["l"]
-    except Exception:  # a record we cannot parse is treated like a torn one
-        return None
+    except Exception:  # intact by its checksum, yet not a header this code wrote
+        return DAMAGED
     view = memoryview(body)
     frames, pos = [], 0
     for n in lengths:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -56,19 +58,70 @@ def test_segment_log_cuts_a_torn_tail_and_keeps_everything_before(tmp_path: Path
     assert [r.meta["i"] for r in SegmentLog(tmp_path, segment_bytes=400).read()][-2:] == [10, 99]
 
 
-def test_segment_log_refuses_damage_that_is_not_a_torn_tail(tmp_path: Path) -> None:
-    log = SegmentLog(tmp_path, segment_bytes=10_000)
+def flip_byte(log: SegmentLog, index: int, back: int = 3) -> Path:
+    """Flip one byte inside the data of the ``index``-th record of ``log`` (closed), as a failing disk would."""
+    record = list(log.read())[index]
+    path = log.dir / f"{record.position.segment:08d}.seg"
+    data = bytearray(path.read_bytes())
+    data[record.next.offset - back] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("segment_bytes", [10_000, 200])  # the damage in the last segment, or in a closed one
+def test_a_damaged_record_is_skipped_and_reported_once_and_the_records_around_it_are_kept(
+        tmp_path: Path, segment_bytes: int, caplog: pytest.LogCaptureFixture) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=segment_bytes)
     for i in range(5):
         log.append([b"payload-%d" % i], {"i": i})
     log.close()
-    records = list(log.read())
-    seg = tmp_path / f"{log.segments()[0]:08d}.seg"
-    data = bytearray(seg.read_bytes())
-    data[records[2].next.offset - 3] ^= 0xFF  # flip a byte inside the third record's data
-    seg.write_bytes(bytes(data))
-    with pytest.raises(OSError, match=r"damaged at offset \d+ and valid records follow"):
-        SegmentLog(tmp_path)  # not a crash's torn write: refuse rather than silently cut records 3 and 4
-    assert [r.meta["i"] for r in SegmentLog(tmp_path, readonly=True).read()] == [0, 1]
+    path = flip_byte(log, 2)
+    size = path.stat().st_size
+    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+        reopened = SegmentLog(tmp_path, segment_bytes=segment_bytes)  # before: an OSError stopped the process
+        assert [r.meta["i"] for r in reopened.read()] == [0, 1, 3, 4]  # only the damaged record is lost
+        assert [r.meta["i"] for r in reopened.read()] == [0, 1, 3, 4]
+        reopened.append([b"new"], {"i": 5})
+    assert path.stat().st_size >= size  # nothing in the damaged file was cut
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # once per damaged stretch, however often it is read
+    assert re.fullmatch(rf"{re.escape(str(path))} is damaged from offset \d+ to \d+: the records in those \d+ bytes "
+                        r"are lost and skipped; the records around them are read as usual", warnings[0])
+    assert [r.meta["i"] for r in SegmentLog(tmp_path, readonly=True).read()] == [0, 1, 3, 4, 5]
+
+
+def test_a_whole_last_record_with_a_bad_checksum_is_reported_as_lost_not_cut_as_a_torn_write(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = SegmentLog(tmp_path)
+    for i in range(3):
+        log.append([b"payload-%d" % i], {"i": i})
+    log.close()
+    path = flip_byte(log, 2)
+    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+        assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "the last record, at offset" in caplog.text and "fails its checksum" in caplog.text
+    caplog.clear()
+    path.write_bytes(path.read_bytes() + b"NRL3\x00")  # a write cut short by a crash: nothing acknowledged is lost
+    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+        assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
+    assert [r.levelno for r in caplog.records] == [logging.INFO] and "a torn write" in caplog.text
+
+
+def test_a_missing_segment_file_is_reported_and_the_others_are_read(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=100)  # two records per segment
+    for i in range(6):
+        log.append([b"payload-%d" % i], {"i": i})
+    log.close()
+    segments = log.segments()
+    assert len(segments) >= 3
+    (tmp_path / f"{segments[1]:08d}.seg").unlink()  # deleted by hand
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        kept = [r.meta["i"] for r in SegmentLog(tmp_path, segment_bytes=100).read()]
+    assert kept == [0, 1, 4, 5]
+    assert f"segment files {segments[1]:08d}.seg are missing" in caplog.text and "records they held are lost" in \
+        caplog.text
 
 
 def test_recycled_segments_are_reused_and_their_old_records_never_come_back(tmp_path: Path) -> None:
