@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from netrl.errors import NetrlError
 from netrl.segments import Position, Record, SegmentLog
 from netrl.status import worth_logging
 
@@ -95,10 +96,14 @@ class SampleLog:
 
     def __init__(self, directory: str | Path, keep_rows: int, fsync: bool = False,
                  segment_bytes: int = 64 << 20) -> None:
-        self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync, what="trainer's sample log folder")
         self.keep_rows = keep_rows
         self._rows: dict[int, int] = {}  # segment -> rows, for trimming
-        for rec in self.log.read():
+        try:
+            self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync,
+                                  what="trainer's sample log folder")
+        except OSError as exc:  # damage is skipped and reported inside; this is the disk or the folder refusing
+            raise _unreadable(directory, exc) from None
+        for rec in self.read():
             self._rows[rec.position.segment] = self._rows.get(rec.position.segment, 0) + int(rec.meta["rows"])
 
     def append(self, frames: Sequence[Any], stream: str, seq: int, rows: int, recv_version: int) -> Position:
@@ -115,10 +120,17 @@ class SampleLog:
             del self._rows[oldest]
 
     def read(self, since: Position | None = None) -> Iterator[Record]:
-        return self.log.read(since)
+        try:
+            yield from self.log.read(since)
+        except OSError as exc:
+            raise _unreadable(self.log.dir, exc) from None
 
     def end(self) -> Position:
         return self.log.end()
 
     def close(self) -> None:
         self.log.close()
+
+
+def _unreadable(directory: str | Path, exc: OSError) -> NetrlError:
+    return NetrlError(f"cannot read the trainer's sample log in {directory}: {exc}")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from netrl.errors import NetrlError
 from netrl.segments import Position, Record, SegmentLog
 from netrl.wire import frames_nbytes
 
@@ -45,24 +46,24 @@ class Spool:
     def __init__(self, directory: str | Path, max_bytes: int, fsync: bool = False,
                  segment_bytes: int = 64 << 20) -> None:
         self.dir = Path(directory)
-        self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
-                              recycle=min(4, max_bytes // 4 // segment_bytes))
         self.max_bytes = max_bytes
-        self.head = self._load_head()
+        try:  # damage is skipped and reported inside; this is the disk or the folder refusing
+            self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
+                                  recycle=min(4, max_bytes // 4 // segment_bytes))
+            self.head = self._load_head()
+            waiting = [(int(rec.meta["steps"]), _size(rec)) for rec in self.log.read(self.head)]
+        except OSError as exc:
+            raise NetrlError(f"cannot read the server's spool in {self.dir}: {exc}") from None
         self._cursor = self.head
         # packets handed out and not yet acknowledged, in log order: pos -> (next, steps, bytes)
         self._outstanding: collections.OrderedDict[Position, tuple[Position, int, int]] = collections.OrderedDict()
         self._acked: set[Position] = set()
-        self.steps = 0
-        self.bytes = 0
-        self.packets = 0
+        self.steps = sum(steps for steps, _ in waiting)
+        self.bytes = sum(size for _, size in waiting)
+        self.packets = len(waiting)
         self._head_saved = self.head
         self._head_saved_at = 0.0
         self._head_failing = False
-        for rec in self.log.read(self.head):
-            self.steps += int(rec.meta["steps"])
-            self.bytes += _size(rec)
-            self.packets += 1
         if self.packets:
             log.info("spool %s holds %d packets (%d samples) from before this start", self.dir, self.packets,
                      self.steps)
@@ -74,14 +75,16 @@ class Spool:
         start, end = self.log.start(), self.log.end()
         try:
             data = json.loads(path.read_text())
-            head = Position(int(data["segment"]), int(data["offset"]))
+            head = max(Position(int(data["segment"]), int(data["offset"])), start)
             if head > end:
                 raise ValueError(f"it points past the spool's end {tuple(end)}")
+            if not self.log.starts_record(head):
+                raise ValueError(f"no packet starts at {tuple(head)}")
         except (ValueError, KeyError, TypeError) as exc:  # resending is safe: the trainer discards what it has
             log.warning("%s is unreadable (%s): the spool is sent again from its start, %s; the trainer discards "
                         "packets it already has", path, exc, tuple(start))
             return start
-        return max(head, start)
+        return head
 
     def _save_head(self) -> None:
         tmp = self.dir / "HEAD.tmp"

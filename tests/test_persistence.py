@@ -206,7 +206,7 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     again.close()
 
 
-@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}'])
+@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}', '{"segment": 1, "offset": 30}'])
 def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_nothing(
         tmp_path: Path, head: str, caplog: pytest.LogCaptureFixture) -> None:
     spool = Spool(tmp_path, max_bytes=10_000)
@@ -214,11 +214,41 @@ def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_not
         spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
     spool.ack(spool.take(upto(1, 0))[0].position)
     spool.close()
-    (tmp_path / "HEAD").write_text(head)  # garbage, or a position past the log's end
+    (tmp_path / "HEAD").write_text(head)  # garbage, a position past the log's end, or inside a packet
     again = Spool(tmp_path, max_bytes=10_000)
     assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [1, 2, 3]  # 1 again: the trainer discards it
     assert "HEAD is unreadable" in caplog.text and "sent again from its start" in caplog.text
     again.close()
+
+
+def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000)
+    for seq in range(1, 5):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.close()
+    flip_byte(spool.log, 1)
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        again = Spool(tmp_path, max_bytes=10_000)  # before: an OSError stopped the server at start
+    assert (again.packets, again.steps) == (3, 30)
+    taken = again.take(upto(1000, 0))
+    assert [p.meta["seq"] for p in taken] == [1, 3, 4]
+    assert "is damaged from offset" in caplog.text and "are lost and skipped" in caplog.text
+    for p in taken:
+        again.ack(p.position)
+    again.close()
+    assert Spool(tmp_path, max_bytes=10_000).packets == 0  # the head moved past the damage: nothing is sent again
+
+
+def test_a_spool_or_sample_log_the_disk_refuses_stops_with_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "spool" / "00000001.seg").mkdir()  # a folder where a segment file belongs: reading it fails
+    with pytest.raises(NetrlError, match=r"cannot read the server's spool in .*spool: \[Errno 21\] Is a directory"):
+        Spool(tmp_path / "spool", max_bytes=10_000)
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "00000001.seg").mkdir()
+    with pytest.raises(NetrlError, match=r"cannot read the trainer's sample log in .*samples: \[Errno 21\]"):
+        SampleLog(tmp_path / "samples", keep_rows=100)
 
 
 @pytest.mark.parametrize("max_bytes", [3_000, 16_000, 1 << 20])

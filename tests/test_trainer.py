@@ -564,3 +564,22 @@ def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
     with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1, persist_samples=False).run()
     assert re.search(r"persist_samples is off, so the replay memory starts empty: the \d+ transitions", caplog.text)
+
+
+def test_a_damaged_sample_log_record_is_skipped_with_a_warning_and_the_run_resumes(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    make_trainer(tmp_path, epochs=1).run()
+    log = SampleLog(tmp_path / "samples", keep_rows=10_000)
+    records = list(log.read())
+    log.close()
+    assert len(records) > 2
+    path = tmp_path / "samples" / f"{records[1].position.segment:08d}.seg"
+    data = bytearray(path.read_bytes())
+    data[records[1].next.offset - 3] ^= 0xFF  # a failing disk flips a byte in the second packet
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=2).run()  # before: an OSError traceback stopped every restart
+    assert f"{path} is damaged from offset {records[1].position.offset} to {records[2].position.offset}" in caplog.text
+    assert re.search(r"rebuilt the replay memory from the sample log: \d+ samples from before the checkpoint",
+                     caplog.text)
+    assert checkpoint.load_state(tmp_path)["epoch"] == 2  # type: ignore[index]
