@@ -50,38 +50,57 @@ def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disable
 
 def read_rows(path: Path) -> list[dict[str, str]]:
     """Every row of the CSV at ``path`` as a dict ([] if there is no file). A line cut short by a crash reads with
-    fewer fields: missing values are None."""
+    fewer fields: missing values are None. Bytes that are not UTF-8 (a damaged disk) read as U+FFFD, so the rows
+    around them still read."""
     if not path.exists():
         return []
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
         return list(csv.DictReader(f))
 
 
 class CsvLog:
-    """Append rows to a CSV; when a row brings a new column, the file is rewritten with the wider header."""
+    """Append rows to a CSV; when a row brings a new column, the file is rewritten with the wider header.
+
+    The CSV is a record for people and plots, never needed to resume: a row that cannot be written (a full disk, a
+    read-only file) is skipped with a warning, and the first row written again says how many were skipped, so
+    neither the trainer nor a worker's control loop stops for it.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fields: list[str] = []
+        self.skipped = 0  # rows not written since the last one that was
         if path.exists():
-            with path.open(newline="") as f:
+            with path.open(newline="", encoding="utf-8", errors="replace") as f:
                 self.fields = next(csv.reader(f), [])
-            with path.open("rb+") as f:  # a line cut short by a crash must not run into the next row appended
-                size = f.seek(0, os.SEEK_END)
-                if size:
-                    f.seek(size - 1)
-                    if f.read(1) != b"\n":
-                        f.write(b"\n")
+            try:
+                with path.open("rb+") as f:  # a line cut short by a crash must not run into the next row appended
+                    size = f.seek(0, os.SEEK_END)
+                    if size:
+                        f.seek(size - 1)
+                        if f.read(1) != b"\n":
+                            f.write(b"\n")
+            except OSError:  # not writable now: the first row written says so
+                pass
 
     def write(self, row: dict[str, Any]) -> None:
-        new = [k for k in row if k not in self.fields]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if new:
-            old_rows = read_rows(self.path)
-            self.fields += new
-            self._rewrite(old_rows)
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.fields).writerow({k: "" if v is None else v for k, v in row.items()})
+        try:
+            new = [k for k in row if k not in self.fields]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if new:
+                self._rewrite(read_rows(self.path), self.fields + new)
+                self.fields += new
+            with self.path.open("a", newline="", encoding="utf-8") as f:
+                csv.DictWriter(f, self.fields).writerow({k: "" if v is None else v for k, v in row.items()})
+        except OSError as exc:
+            if not self.skipped:
+                log.warning("could not write to %s (%s): its rows are skipped until writing works again (training "
+                            "and checkpoints go on)", self.path, exc)
+            self.skipped += 1
+            return
+        if self.skipped:
+            log.info("writing to %s again; %d rows before this one were skipped", self.path, self.skipped)
+            self.skipped = 0
 
     def last_ints(self, *keys: str) -> list[int]:
         """``keys`` of the last row that holds them all as integers (zeros if none does), e.g. to continue counts."""
@@ -97,14 +116,19 @@ class CsvLog:
         rows = read_rows(self.path)
         kept = [r for r in rows if predicate(r)]
         if len(kept) < len(rows):
-            self._rewrite(kept)
+            try:
+                self._rewrite(kept, self.fields)
+            except OSError as exc:
+                log.warning("could not rewrite %s without %d rows (%s): they stay in it", self.path,
+                            len(rows) - len(kept), exc)
+                return 0
         return len(rows) - len(kept)
 
-    def _rewrite(self, rows: list[dict[str, str]]) -> None:
-        """Replace the file (atomically) with the header of ``self.fields`` and ``rows``."""
+    def _rewrite(self, rows: list[dict[str, str]], fields: list[str]) -> None:
+        """Replace the file (atomically) with the header ``fields`` and ``rows``."""
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, self.fields)
+        with tmp.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fields, extrasaction="ignore")  # a damaged line can hold extra fields
             writer.writeheader()
             writer.writerows(rows)
         os.replace(tmp, self.path)

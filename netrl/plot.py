@@ -25,10 +25,16 @@ def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
     not a CSV with these ``columns``."""
     try:
         rows = [r for r in read_rows(path) if None not in r.values() and None not in r]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        header: list[str] = []
+        if path.exists():  # the trainer has not written it yet: no rows, and nothing to check
+            with path.open(newline="", encoding="utf-8", errors="replace") as f:
+                header = next(csv.reader(f), [])
+        if any(c in name for name in header for c in "\ufffd\x00"):
+            raise csv.Error("its first line is not text")
+    except (OSError, csv.Error) as exc:
         raise NetrlError(f"{path} cannot be read as a CSV file ({exc}): netrl writes it during a run; move the "
                          "damaged file away to plot the rest") from None
-    missing = columns - set(rows[0]) if rows else set()
+    missing = columns - set(header) if header else set()
     if missing:
         raise NetrlError(f"{path} has no column {', '.join(sorted(missing))}: was it written by netrl?")
     return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import logging
 import os
 import re
@@ -122,6 +123,42 @@ def test_a_csv_line_cut_short_by_a_crash_neither_swallows_the_next_row_nor_break
         rows = list(csv.DictReader(f))
     assert [r["episode"] for r in rows] == ["1", "2", "3", "3"] and rows[-1]["env_steps"] == "15"  # its own line
     assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"  # the torn row is skipped, not a traceback
+
+
+def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_and_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.metrics import CsvLog
+    from netrl.plot import plot_run
+
+    path = tmp_path / "episodes_w.csv"
+    row = {"time": 0.0, "episode": 1, "test": 0, "return": -1.0, "length": 5, "env_steps": 5, "policy_version": 1}
+    log = CsvLog(path)
+    for episode in (1, 2, 3):
+        log.write({**row, "episode": episode, "env_steps": 5 * episode})
+    path.write_bytes(path.read_bytes().replace(b"\n0.0,2,0,-1.0", b"\n0.0,\xff\xfe,0,-1.0"))  # not UTF-8
+    restarted = CsvLog(path)  # before: UnicodeDecodeError
+    assert restarted.last_ints("episode", "env_steps") == [3, 15]
+    assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+    real_open = Path.open
+
+    def full_disk(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if self.parent == tmp_path and "r" not in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", full_disk)
+    with caplog.at_level(logging.INFO, logger="netrl.metrics"):
+        restarted.write({**row, "episode": 4})
+        restarted.write({**row, "episode": 5, "new_column": 1})  # a new column cannot be written either
+        assert "could not write to" in caplog.text and "No space left" in caplog.text
+        monkeypatch.setattr(Path, "open", real_open)
+        restarted.write({**row, "episode": 6, "new_column": 2})
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]  # warned once, then resumed
+    assert "writing to" in caplog.text and "again; 2 rows before this one were skipped" in caplog.text
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["episode"] for r in rows] == ["1", "\ufffd\ufffd", "3", "6"] and rows[-1]["new_column"] == "2"
 
 
 def test_an_episodes_first_observation_is_never_sent_alone() -> None:
