@@ -23,10 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from netrl.errors import CheckpointError
-from netrl.weights import torch_save
+from netrl.weights import torch_load, torch_save
 
 __all__ = ["exists", "load_checkpoint", "load_state", "published_version", "record_published", "save_checkpoint"]
 
@@ -119,46 +117,72 @@ def _complete(folder: Path) -> list[int]:
     return sorted(numbers)
 
 
-def _load_state(folder: Path) -> tuple[int, dict[str, Any]] | None:
-    number = _current(folder)
-    if number == 0:
-        return None
+class _Unreadable(CheckpointError):
+    """A checkpoint file that cannot be read: damaged, so an older checkpoint may stand in for it."""
+
+
+def _read(folder: Path, number: int, tensors: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(agent_state, state) of checkpoint ``number``; agent_state is {} unless ``tensors``."""
     state_file = folder / f"state_{number:06d}.json"
     try:
         state: dict[str, Any] = json.loads(state_file.read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {state_file}: {exc}") from None
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{state_file} has format {state.get('format')!r}; this netrl reads format {FORMAT}")
-    return number, state
+        raise _Unreadable(f"cannot read {state_file}: {exc}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{state_file} has format {found!r}; this netrl reads format {FORMAT}")
+    if not tensors:
+        return {}, state
+    try:
+        return torch_load(folder / str(state.get("agent_file"))), state
+    except CheckpointError as exc:
+        raise _Unreadable(str(exc)) from None
+
+
+def _load(run_dir: Path, tensors: bool) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """(number, agent_state, state) of the current checkpoint, or of the newest older one that reads when the
+    current one is damaged (save_checkpoint keeps the previous checkpoint for this); None when there is none."""
+    folder = _dir(run_dir)
+    number = _current(folder)
+    if number == 0:
+        return None
+    try:
+        return number, *_read(folder, number, tensors)
+    except _Unreadable as exc:
+        damaged = str(exc)
+    for older in reversed([n for n in _complete(folder) if n < number]):
+        try:
+            got = _read(folder, older, tensors)
+        except _Unreadable:
+            continue
+        log.warning("%s: resuming from checkpoint %d, the one before it; the training since then is done again",
+                    damaged, older)
+        return older, *got
+    raise CheckpointError(f"{damaged}, and no older checkpoint in {folder} reads either: remove {folder / 'CURRENT'} "
+                          "to start this run afresh (the sample log is kept and replayed)")
 
 
 def load_state(run_dir: Path) -> dict[str, Any] | None:
     """The current checkpoint's state (counters, epoch, config...) without its tensors, or None when there is none.
 
     Raises:
-        CheckpointError: the state file is unreadable or from an incompatible format.
+        CheckpointError: no checkpoint's state reads, or it is from an incompatible format.
     """
-    got = _load_state(_dir(run_dir))
-    return got[1] if got is not None else None
+    got = _load(run_dir, tensors=False)
+    return got[2] if got is not None else None
 
 
 def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(agent_state, state) of the current checkpoint, or None when there is none.
+    """(agent_state, state) of the current checkpoint (or the previous one, with a warning, when the current one is
+    damaged), or None when there is none.
 
     Raises:
-        CheckpointError: the checkpoint is torn, unreadable or from an incompatible format.
+        CheckpointError: no checkpoint reads, or it is from an incompatible format.
     """
-    folder = _dir(run_dir)
-    got = _load_state(folder)
+    got = _load(run_dir, tensors=True)
     if got is None:
         return None
-    number, state = got
-    agent_file = folder / state["agent_file"]
-    try:
-        agent_state = torch.load(agent_file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"cannot read {agent_file}: {exc}") from None
-    log.info("loaded checkpoint %d from %s (epoch %d, %d training steps, weights v%d)", number, folder,
+    number, agent_state, state = got
+    log.info("loaded checkpoint %d from %s (epoch %d, %d training steps, weights v%d)", number, _dir(run_dir),
              state["epoch"], state["total_updates"], state["version"])
     return agent_state, state

@@ -140,6 +140,24 @@ def torch_save(obj: Any, path: Path) -> None:
                       str(path)) from exc
 
 
+def torch_load(path: Path) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU. Raises CheckpointError naming the file, with torch's reason
+    cut to one line: its own message runs to a dozen lines and advises ``weights_only=False``, which would unpickle
+    whatever the file holds."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        text = str(exc).strip()
+        if "WeightsUnpickler error:" in text:  # a file torch cannot read without unpickling: damaged, or not ours
+            detail = text.split("WeightsUnpickler error:", 1)[1].strip()
+            reason = f"not a tensor file netrl wrote ({(detail.splitlines() or ['?'])[0]})"
+        elif isinstance(exc, EOFError):
+            reason = "the file ends early (empty, or cut short)"
+        else:
+            reason = (text.splitlines() or [type(exc).__name__])[0].split(". This is an internal", 1)[0]
+        raise CheckpointError(f"cannot read {path}: {reason}") from None
+
+
 def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str, Any]) -> None:
     """Atomically write ``path`` (state_dict) and ``path.json`` (meta: version, session...). Raises OSError when
     either write fails, leaving the previous files as they were."""
@@ -177,10 +195,7 @@ def remove_stale_temps(folder: str | Path, older_than_s: float = 60.0) -> None:
 def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read a weights file and its sidecar. Raises CheckpointError naming the path when either is unreadable."""
     path = Path(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"could not read weights file {path}: {exc}") from None
+    state = torch_load(path)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} does not hold a state_dict")
     side = path.with_name(path.name + ".json")

@@ -307,7 +307,8 @@ def test_sample_log_trims_whole_segments_beyond_what_memory_holds(tmp_path: Path
     assert len(log.log.segments()) < 39
 
 
-def test_checkpoint_is_atomic_and_a_broken_one_is_reported(tmp_path: Path) -> None:
+def test_checkpoint_is_atomic_and_a_damaged_one_gives_way_to_the_one_before(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert checkpoint.load_checkpoint(tmp_path) is None
     for n in range(1, 4):
         checkpoint.save_checkpoint(tmp_path, {"w": torch.full((2,), float(n))},
@@ -319,9 +320,21 @@ def test_checkpoint_is_atomic_and_a_broken_one_is_reported(tmp_path: Path) -> No
     # a crash after writing the tensors but before CURRENT moved leaves the previous checkpoint current
     (tmp_path / "checkpoint" / "agent_000004.pt").write_bytes(b"half a file")
     assert checkpoint.load_checkpoint(tmp_path)[1]["epoch"] == 3  # type: ignore[index]
-    (tmp_path / "checkpoint" / "agent_000003.pt").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match=r"agent_000003\.pt"):
+    (tmp_path / "checkpoint" / "agent_000003.pt").write_bytes(b"garbage")  # the current one is damaged
+    with caplog.at_level(logging.WARNING, logger="netrl.checkpoint"):
+        agent, state = checkpoint.load_checkpoint(tmp_path)  # type: ignore[misc]
+    assert state["epoch"] == 2 and torch.equal(agent["w"], torch.full((2,), 2.0))  # the one kept for this
+    assert re.search(r"cannot read .*agent_000003\.pt: not a tensor file netrl wrote \(.*\): resuming from checkpoint "
+                     r"2, the one before it", caplog.text)
+    assert "\n" not in caplog.records[0].getMessage() and "weights_only" not in caplog.text  # torch's 12 lines, cut
+    assert checkpoint.load_state(tmp_path)["epoch"] == 3  # type: ignore[index]  # its state file reads
+    (tmp_path / "checkpoint" / "state_000002.json").write_text("{torn")
+    with pytest.raises(CheckpointError, match=r"cannot read .*agent_000003\.pt: .*, and no older checkpoint in .* "
+                                              r"reads either: remove .*CURRENT to start this run afresh"):
         checkpoint.load_checkpoint(tmp_path)
+    (tmp_path / "checkpoint" / "state_000003.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match=r"state_000003\.json has format 'list'; this netrl reads format 1"):
+        checkpoint.load_state(tmp_path)  # another format is not damage: no fallback
 
 
 def test_an_unreadable_checkpoint_pointer_falls_back_to_the_newest_complete_checkpoint(

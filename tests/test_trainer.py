@@ -583,3 +583,18 @@ def test_a_damaged_sample_log_record_is_skipped_with_a_warning_and_the_run_resum
     assert re.search(r"rebuilt the replay memory from the sample log: \d+ samples from before the checkpoint",
                      caplog.text)
     assert checkpoint.load_state(tmp_path)["epoch"] == 2  # type: ignore[index]
+
+
+def test_a_damaged_checkpoint_gives_way_to_the_one_before_and_the_run_goes_on(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    make_trainer(tmp_path, epochs=2).run()  # checkpoints 1 and 2, one per epoch
+    folder = tmp_path / "checkpoint"
+    assert sorted(p.name for p in folder.glob("agent_*.pt")) == ["agent_000001.pt", "agent_000002.pt"]
+    (folder / "agent_000002.pt").write_bytes(b"PK\x03\x04 a failing disk")
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=3).run()  # before: "cannot read ..." and exit 1
+    assert "resuming from checkpoint 1, the one before it" in caplog.text
+    assert "replay memory restored to its checkpoint state" in caplog.text  # the log replays up to checkpoint 1...
+    assert "does not reach the checkpoint" not in caplog.text  # ...and on from there
+    assert checkpoint.load_state(tmp_path)["epoch"] == 3  # type: ignore[index]
+    assert [int(r["epoch"]) for r in metrics(tmp_path)] == [0, 0, 1, 1, 2, 2]  # epoch 1's rounds logged once
