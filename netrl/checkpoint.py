@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.errors import CheckpointError
-from netrl.weights import torch_load, torch_save
+from netrl.weight_files import torch_load, torch_save
 
 __all__ = ["exists", "load_checkpoint", "load_state", "published_version", "record_published", "save_checkpoint"]
 

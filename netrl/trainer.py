@@ -34,7 +34,7 @@ from netrl.segments import Position
 from netrl.trainer_link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
 from netrl.transport import new_session
-from netrl.weights import remove_stale_temps, write_weights_file
+from netrl.weight_files import remove_stale_temps, write_weights_file
 from netrl.wire import buffer_from_message, decode
 
 __all__ = ["Trainer", "TrainerLink"]

@@ -1,35 +1,24 @@
-"""Actor weights as numpy arrays (for the wire) and as files (``torch.save`` of a state_dict plus a JSON sidecar).
+"""Actor weights as numpy arrays, for the wire (files: :mod:`netrl.weight_files`).
 
 Weights received from the network are checked for a well-formed layout (:func:`netrl.broadcast.check_layout`),
 against the receiving model's parameter names, shapes and dtypes, and for finiteness before anything is loaded.
-Files are read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
-import json
 import math
-import os
-import re
-import shutil
-import threading
-import time
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from netrl.broadcast import check_layout
-from netrl.errors import CheckpointError
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "flat_arrays",
-           "flat_layout", "load_weights", "read_weights_file", "remove_stale_temps", "snapshot_into", "state_arrays",
-           "tensor_views", "torch_save", "weight_specs", "write_weights_file"]
+           "flat_layout", "load_weights", "snapshot_into", "state_arrays", "tensor_views", "weight_specs"]
 
 
 @functools.cache  # str() of a dtype costs microseconds, and this runs per tensor of every received version
@@ -126,86 +115,6 @@ def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any], assign: boo
             tensors[name].data = value
     else:
         module.load_state_dict(state, assign=False)
-
-
-def torch_save(obj: Any, path: Path) -> None:
-    """``torch.save(obj, path)``, raising OSError when the write fails: torch's zip writer reports a full disk or a
-    file-size limit as a RuntimeError ("unexpected pos ...") that names neither the file nor the cause."""
-    try:
-        torch.save(obj, path)
-    except RuntimeError as exc:
-        full = shutil.disk_usage(path.parent).free < (64 << 20)
-        raise OSError(errno.ENOSPC if full else errno.EIO,
-                      f"{'no space left on the disk' if full else 'the write failed'}: torch.save said {exc}",
-                      str(path)) from exc
-
-
-def torch_load(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU. Raises CheckpointError naming the file, with torch's reason
-    cut to one line: its own message runs to a dozen lines and advises ``weights_only=False``, which would unpickle
-    whatever the file holds."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        text = str(exc).strip()
-        if "WeightsUnpickler error:" in text:  # a file torch cannot read without unpickling: damaged, or not ours
-            detail = text.split("WeightsUnpickler error:", 1)[1].strip()
-            reason = f"not a tensor file netrl wrote ({(detail.splitlines() or ['?'])[0]})"
-        elif isinstance(exc, EOFError):
-            reason = "the file ends early (empty, or cut short)"
-        else:
-            reason = (text.splitlines() or [type(exc).__name__])[0].split(". This is an internal", 1)[0]
-        raise CheckpointError(f"cannot read {path}: {reason}") from None
-
-
-def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """Atomically write ``path`` (state_dict) and ``path.json`` (meta: version, session...). Raises OSError when
-    either write fails, leaving the previous files as they were."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # unique per writer
-    try:
-        torch_save(module.state_dict(), tmp)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    side = path.with_name(path.name + ".json")
-    tmp_side = side.with_name(f"{side.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp_side.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp_side, side)
-
-
-_TEMP_NAME = re.compile(r".+\.tmp-\d+-\d+")  # write_weights_file's temporary files
-
-
-def remove_stale_temps(folder: str | Path, older_than_s: float = 60.0) -> None:
-    """Delete the temporary files :func:`write_weights_file` left in ``folder`` when its process died mid-write
-    (``*.tmp-<pid>-<thread>``; a live writer's is a second old at most). Never raises (glob skips a folder it
-    cannot read)."""
-    now = time.time()
-    for tmp in Path(folder).glob("*.tmp-*-*"):
-        try:
-            if _TEMP_NAME.fullmatch(tmp.name) and now - tmp.stat().st_mtime > older_than_s:
-                tmp.unlink()
-        except OSError:  # gone meanwhile, or not ours to remove: it only takes room
-            continue
-
-
-def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a weights file and its sidecar. Raises CheckpointError naming the path when either is unreadable."""
-    path = Path(path)
-    state = torch_load(path)
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} does not hold a state_dict")
-    side = path.with_name(path.name + ".json")
-    meta: dict[str, Any] = {}
-    if side.exists():
-        try:
-            meta = json.loads(side.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{side} is not valid JSON: {exc}") from None
-    return state, meta
 
 
 # -- weights on the wire: one flat buffer, sent in parts -----------------------------------------------------------

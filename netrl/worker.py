@@ -34,14 +34,9 @@ from netrl.metrics import CsvLog
 from netrl.samples import EpisodeStats
 from netrl.status import version_label
 from netrl.transport import new_session
+from netrl.weight_files import read_weights_file, remove_stale_temps, write_weights_file
 from netrl.weight_receiver import WeightReceiver
-from netrl.weights import (
-    check_weights,
-    load_weights,
-    read_weights_file,
-    remove_stale_temps,
-    write_weights_file,
-)
+from netrl.weights import check_weights, load_weights
 from netrl.wire import PEER_NAME, PEER_NAME_RULE, Codec
 from netrl.worker_link import WorkerLink
 from netrl.worker_packets import PacketMaker

@@ -37,7 +37,8 @@ from netrl.config import Config, config_from_dict, config_to_dict
 from netrl.keys import keygen
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.pipelines import make_pipeline
-from netrl.weights import load_weights, read_weights_file
+from netrl.weight_files import read_weights_file
+from netrl.weights import load_weights
 
 # Trainer settings per pipeline: the drone's samples come at 20 Hz, so it trains several steps per sample.
 SETTINGS: dict[str, dict[str, Any]] = {

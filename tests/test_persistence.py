@@ -33,7 +33,7 @@ from netrl.spool import Spool
 from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from netrl.weights import write_weights_file
+from netrl.weight_files import write_weights_file
 from netrl.wire import encode, samples_message
 from netrl.worker import RolloutWorker
 from tests.conftest import running_server
@@ -485,7 +485,7 @@ def test_a_weights_file_that_cannot_be_written_raises_oserror_and_keeps_the_prev
     script = """
 import resource, sys, torch
 from pathlib import Path
-from netrl.weights import write_weights_file
+from netrl.weight_files import write_weights_file
 path = Path(sys.argv[1])
 write_weights_file(path, torch.nn.Linear(2, 2), {"version": 1})
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
