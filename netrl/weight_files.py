@@ -1,13 +1,14 @@
 """Actor weights as files: ``torch.save`` of a state_dict plus a JSON sidecar with its version.
 
 Files are read with ``torch.load(weights_only=True)``, so nothing is unpickled. Writers use a temporary file per
-process and thread, then ``os.replace``; the weights file is replaced before its sidecar.
+process and thread, then ``os.replace``; see :func:`write_weights_file` for how the two files stay consistent.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -16,11 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import torch
 
 from netrl.errors import CheckpointError
 
 __all__ = ["read_weights_file", "remove_stale_temps", "torch_load", "torch_save", "write_weights_file"]
+
+log = logging.getLogger(__name__)
 
 
 def torch_save(obj: Any, path: Path) -> None:
@@ -54,21 +58,44 @@ def torch_load(path: Path) -> Any:
 
 
 def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """Atomically write ``path`` (state_dict) and ``path.json`` (meta: version, session...). Raises OSError when
-    either write fails, leaving the previous files as they were."""
+    """Write ``path`` (state_dict) and its sidecar ``path.json`` (meta: version, session...) so that a reader always
+    labels the weights it finds correctly. Raises OSError when a write fails, leaving the previous files as they were.
+
+    Two files cannot be replaced at once, so the sidecar goes first and describes both the new file and the one it
+    replaces (its ``crc32c``, its version as ``previous``); :func:`read_weights_file` matches the weights file's
+    checksum to one of them. A writer killed between the two replaces leaves the old weights, still labelled as the
+    old version (before, the new weights were labelled with the old version).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # unique per writer
-    try:
-        torch_save(module.state_dict(), tmp)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
     side = path.with_name(path.name + ".json")
     tmp_side = side.with_name(f"{side.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp_side.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp_side, side)
+    try:
+        old = _read_sidecar(side)
+    except (OSError, ValueError):  # damaged: this write replaces it, and a reader then finds no match
+        old = {}
+    previous = {"version": old.get("version", -1), "crc32c": old["crc32c"]} if "crc32c" in old else None
+    try:
+        torch_save(module.state_dict(), tmp)
+        tmp_side.write_text(json.dumps({**meta, "crc32c": crc32c.crc32c(tmp.read_bytes()), "previous": previous},
+                                       indent=1))
+        os.replace(tmp_side, side)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        tmp_side.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def _read_sidecar(side: Path) -> dict[str, Any]:
+    """The sidecar's map ({} if there is none). Raises ValueError (JSONDecodeError) or OSError."""
+    if not side.exists():
+        return {}
+    meta = json.loads(side.read_text())
+    if not isinstance(meta, dict):
+        raise ValueError(f"{side} holds a JSON {type(meta).__name__}, not a map")
+    return meta
 
 
 _TEMP_NAME = re.compile(r".+\.tmp-\d+-\d+")  # write_weights_file's temporary files
@@ -94,10 +121,17 @@ def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[s
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} does not hold a state_dict")
     side = path.with_name(path.name + ".json")
-    meta: dict[str, Any] = {}
-    if side.exists():
-        try:
-            meta = json.loads(side.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{side} is not valid JSON: {exc}") from None
+    try:
+        meta = _read_sidecar(side)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{side} is unreadable: {exc}") from None
+    if "crc32c" in meta:  # else an older netrl wrote it, or the user: taken as it is
+        crc = crc32c.crc32c(path.read_bytes())
+        previous = meta.get("previous") or {}
+        if crc == previous.get("crc32c"):  # the writer stopped between the sidecar and the weights
+            meta = {**meta, "version": previous.get("version", -1)}
+        elif crc != meta["crc32c"]:
+            log.warning("%s does not describe %s (another program changed one of them, or a writer stopped twice "
+                        "while saving): its weights are taken as of unknown version", side, path)
+            meta = {k: v for k, v in meta.items() if k != "version"}
     return state, meta

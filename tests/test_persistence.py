@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ from netrl.spool import Spool
 from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from netrl.weight_files import write_weights_file
+from netrl.weight_files import read_weights_file, write_weights_file
 from netrl.wire import encode, samples_message
 from netrl.worker import RolloutWorker
 from tests.conftest import running_server
@@ -397,6 +398,48 @@ def test_a_restarted_trainer_numbers_weights_after_any_version_in_its_sample_log
     training.version = 121  # what load_state(checkpoint) sets
     Trainer(partial(lambda: training), run_dir=tmp_path, wandb_mode="disabled")._restore(training)
     assert training.version == 139 and len(training.memory or []) == n - 1  # the next version is v140
+
+
+class Killed(BaseException):
+    """A SIGKILL at an exact point of a write: nothing after it runs, not even an except clause."""
+
+
+def test_weights_keep_their_version_label_whenever_the_writer_is_killed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "policy.pt"
+    linear = [torch.nn.Linear(2, 2) for _ in range(4)]
+    write_weights_file(path, linear[1], {"version": 1})
+    real_replace = os.replace
+    calls: list[str] = []
+
+    def killed_before_the_weights(src: Any, dst: Any) -> None:  # the sidecar is replaced first, then the weights
+        calls.append(Path(dst).name)
+        if Path(dst) == path:
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr("netrl.weight_files.os.replace", killed_before_the_weights)
+    with pytest.raises(Killed):
+        write_weights_file(path, linear[2], {"version": 2})
+    assert calls == ["policy.pt.json", "policy.pt"]
+    state, meta = read_weights_file(path)
+    assert meta["version"] == 1 and torch.equal(state["weight"], linear[1].weight)  # old weights, old label
+    monkeypatch.setattr("netrl.weight_files.os.replace", real_replace)
+    write_weights_file(path, linear[3], {"version": 3})  # the next save, by the restarted writer
+    state, meta = read_weights_file(path)
+    assert meta["version"] == 3 and torch.equal(state["weight"], linear[3].weight)
+
+    monkeypatch.setattr("netrl.weight_files.os.replace", killed_before_the_weights)
+    for version in (4, 5):  # killed twice at the same point: the label cannot be known
+        with pytest.raises(Killed):
+            write_weights_file(path, linear[0], {"version": version})
+    monkeypatch.setattr("netrl.weight_files.os.replace", real_replace)
+    with caplog.at_level(logging.WARNING, logger="netrl.weight_files"):
+        state, meta = read_weights_file(path)
+    assert "version" not in meta and torch.equal(state["weight"], linear[3].weight)  # unknown, never a wrong one
+    assert "policy.pt.json does not describe" in caplog.text and "taken as of unknown version" in caplog.text
+    (tmp_path / "policy.pt.json").write_text('{"version": 7}')  # written by an older netrl or by hand: trusted
+    assert read_weights_file(path)[1]["version"] == 7
 
 
 def test_worker_loads_saved_weights_at_start_and_keeps_a_history(tmp_path: Path) -> None:
