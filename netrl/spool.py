@@ -75,7 +75,12 @@ class Spool:
         start, end = self.log.start(), self.log.end()
         try:
             data = json.loads(path.read_text())
-            head = max(Position(int(data["segment"]), int(data["offset"])), start)
+            saved = Position(int(data["segment"]), int(data["offset"]))
+            if saved.segment < start.segment:  # the head's own segment is only dropped once the head has left it
+                log.warning("%s: segment files %08d.seg to %08d.seg are missing (deleted by hand?): the packets in "
+                            "them that the trainer had not acknowledged are lost", self.dir, saved.segment,
+                            start.segment - 1)
+            head = max(saved, start)
             if head > end:
                 raise ValueError(f"it points past the spool's end {tuple(end)}")
             if not self.log.starts_record(head):

@@ -241,6 +241,21 @@ def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
     assert Spool(tmp_path, max_bytes=10_000).packets == 0  # the head moved past the damage: nothing is sent again
 
 
+def test_a_spool_segment_deleted_under_its_head_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000)
+    for seq in range(1, 7):  # about two 400-byte packets per segment
+        spool.push([b"x" * 400], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.ack(spool.take(upto(1, 0))[0].position)
+    spool.close()
+    assert json.loads((tmp_path / "HEAD").read_text())["segment"] == 1
+    (tmp_path / "00000001.seg").unlink()  # by hand, with packet 2 in it
+    with caplog.at_level(logging.WARNING, logger="netrl.spool"):
+        again = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000)
+    assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [3, 4, 5, 6]
+    assert "segment files 00000001.seg to 00000001.seg are missing" in caplog.text and "are lost" in caplog.text
+    again.close()
+
+
 def test_a_spool_or_sample_log_the_disk_refuses_stops_with_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "spool").mkdir()
     (tmp_path / "spool" / "00000001.seg").mkdir()  # a folder where a segment file belongs: reading it fails
