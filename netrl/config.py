@@ -36,6 +36,7 @@ from netrl.config_checks import (
     host,
     nonempty,
     optional,
+    pipeline_name,
     port,
     sizes,
     torch_device,
@@ -85,8 +86,9 @@ def _f(default: Any, help: str, check: Check | None = None) -> Any:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    pipeline: Literal["gym", "drone", "image"] = _f(
-        "gym", "ready-made pipeline: gym (any Gymnasium id with continuous actions), drone, image")
+    pipeline: str = _f(
+        "gym", 'ready-made pipeline: gym (any Gymnasium id with continuous actions), drone, image; or your own, as '
+        '"module:function" (see the README)', pipeline_name)
     id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
 
@@ -254,9 +256,10 @@ def _cross_checks(cfg: Config) -> list[Problem]:
                          f"worker.send_window_bytes ({cfg.worker.send_window_bytes}) must be <= "
                          f"worker.max_backlog_bytes ({cfg.worker.max_backlog_bytes}): what is in flight is kept in "
                          "the backlog until acknowledged"))
-    if cfg.env.pipeline != "gym" and cfg.env.kwargs:
+    if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
-                         f'env.kwargs is only used by the "gym" pipeline (env.pipeline is "{cfg.env.pipeline}")'))
+                         f'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is '
+                         f'"{cfg.env.pipeline}")'))
     return problems
 
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Check", "between", "file_name", "folder", "ge", "gt", "host", "nonempty", "optional", "port",
-           "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "Check", "between", "file_name", "folder", "ge", "gt", "host", "nonempty", "optional",
+           "pipeline_name", "port", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -35,6 +35,20 @@ def port(v: int) -> str | None:
 
 def nonempty(v: str) -> str | None:
     return None if v.strip() else "must not be empty"
+
+
+BUILT_IN_PIPELINES = ("gym", "drone", "image")
+
+
+def pipeline_name(v: str) -> str | None:
+    """A built-in pipeline, or ``module:function`` (dotted module path, then a function name)."""
+    if v in BUILT_IN_PIPELINES:
+        return None
+    module, _, function = v.partition(":")
+    if module and all(part.isidentifier() for part in module.split(".")) and function.isidentifier():
+        return None
+    return ('must be "gym", "drone", "image", or "module:function" naming a function of the config that returns '
+            "a netrl.pipelines.Pipeline")
 
 
 HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")

@@ -67,7 +67,8 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         'unknown key "memory.capasity"',  # nothing close enough to suggest
         "network.worker_port must be a TCP port between 1 and 65535 (got 70000)",
         'network.server_ip must be a string (got 5)',
-        'env.pipeline must be "gym" or "drone" or "image" (got "atari")',
+        'env.pipeline must be "gym", "drone", "image", or "module:function" naming a function of the config that '
+        'returns a netrl.pipelines.Pipeline (got "atari")',
         'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',
         'agent.learn_entropy_coef must be true or false (got "yes")',
         'worker.compression must be "none" or "zstd" or "lz4" (got "gzip")',
@@ -337,3 +338,73 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
     assert ("--trainer-port is for --server and --trainer; --demo does not use it (it picks free ports on localhost)"
             in capsys.readouterr().err)
+
+
+OWN_PIPELINE = '''
+import gymnasium, numpy as np
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.memory import ReplayMemory
+from netrl.pipelines import Pipeline
+from netrl.util import partial
+
+
+class Drift(gymnasium.Env):
+    """The user's env: its one setting comes from config.json's env.kwargs."""
+    observation_space = gymnasium.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, drift):
+        self.drift, self.t = drift, 0
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([self.drift, self.t / 10], np.float32)
+        return obs, -float(abs(action[0] - self.drift)), False, self.t >= 5, {}
+
+
+def build(cfg):
+    return Pipeline(env_cls=partial(Drift, drift=cfg.env.kwargs["drift"]),
+                    actor_module_cls=partial(MLPActor, hidden_sizes=(8,)), memory_cls=ReplayMemory,
+                    training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))))
+
+
+def not_a_pipeline(cfg):
+    return {"env_cls": Drift}
+'''
+
+
+def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from netrl.pipelines import make_pipeline
+    from netrl.trainer import Trainer
+    from netrl.worker import RolloutWorker
+
+    (tmp_path / "my_pipeline.py").write_text(OWN_PIPELINE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # what `python -m netrl` does for the folder it starts in
+    cfg = config_from_dict({"env": {"pipeline": "my_pipeline:build", "kwargs": {"drift": 0.5}},
+                            "weights_folder": str(tmp_path / "weights"), "security": "none"})
+    pipeline = make_pipeline(cfg)
+    worker = RolloutWorker.from_config(cfg, pipeline)
+    worker.standalone = True
+    episode = worker.run_episode()  # the user's env, with config.json's kwargs, driven by the user's actor class
+    assert episode.length == 5 and type(worker.env).__name__ == "Drift" and worker.env.drift == 0.5
+    worker.close()
+    trainer = Trainer.from_config(cfg, pipeline)
+    training = trainer.training_cls()
+    assert training.env_cls is pipeline.env_cls and training.memory_cls is pipeline.memory_cls
+    assert problems({"env": {"pipeline": "my pipeline"}}) == [
+        'env.pipeline must be "gym", "drone", "image", or "module:function" naming a function of the config that '
+        'returns a netrl.pipelines.Pipeline (got "my pipeline")']
+    for name, error in [("no_such_module:build", r"cannot import no_such_module \(No module named 'no_such_module'\); "
+                                                 r"start netrl from the folder that holds it"),
+                        ("my_pipeline:nothing", r"my_pipeline has no function nothing"),
+                        ("my_pipeline:not_a_pipeline", r"not_a_pipeline\(cfg\) returned a dict, not a "
+                                                       r"netrl\.pipelines\.Pipeline")]:
+        with pytest.raises(ConfigError, match=rf'env\.pipeline "{name}": {error}'):
+            make_pipeline(config_from_dict({"env": {"pipeline": name}}))
+    assert problems({"env": {"pipeline": "drone", "kwargs": {"a": 1}}}) == [
+        'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is "drone")']

@@ -6,11 +6,13 @@ class, the sample compressor, the memory class and the training agent class.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from netrl.config import Config
+from netrl.errors import ConfigError
 
 __all__ = ["Pipeline", "make_pipeline"]
 
@@ -28,7 +30,7 @@ class Pipeline:
 
 
 def make_pipeline(cfg: Config) -> Pipeline:
-    """The pipeline named by ``env.pipeline``."""
+    """The pipeline named by ``env.pipeline``: a built-in one, or ``module:function``'s (``function(cfg)``)."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
@@ -41,4 +43,25 @@ def make_pipeline(cfg: Config) -> Pipeline:
         from netrl.pipelines.image import image_pipeline
 
         return image_pipeline(cfg)
-    raise ValueError(f'env.pipeline "{cfg.env.pipeline}" is not available in this netrl version')
+    return _own_pipeline(cfg)
+
+
+def _own_pipeline(cfg: Config) -> Pipeline:
+    """``env.pipeline`` as "module:function": import the module and call ``function(cfg)``. ConfigError when that
+    cannot be done or does not give a Pipeline; errors inside the function are the user's, and keep their traceback."""
+    name = cfg.env.pipeline
+    module_name, _, function_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError([f'env.pipeline "{name}": cannot import {module_name} ({exc}); start netrl from the '
+                           "folder that holds it (python -m netrl puts that folder on the import path), or install "
+                           "it"]) from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError([f'env.pipeline "{name}": {module.__name__} has no function {function_name}'])
+    pipeline = function(cfg)
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigError([f'env.pipeline "{name}": {function_name}(cfg) returned a {type(pipeline).__name__}, not a '
+                           "netrl.pipelines.Pipeline"])
+    return pipeline
