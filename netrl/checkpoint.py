@@ -58,12 +58,16 @@ def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str,
     _replace(folder / "agent.tmp", agent_file, fsync)
     (folder / "state.tmp").write_text(json.dumps({**state, "format": FORMAT, "agent_file": agent_file.name}))
     _replace(folder / "state.tmp", state_file, fsync)
-    (folder / "CURRENT.tmp").write_text(json.dumps({"number": number}))
-    _replace(folder / "CURRENT.tmp", folder / "CURRENT", fsync)
+    _set_current(folder, number, fsync)
     for old in list(folder.glob("agent_*.pt")) + list(folder.glob("state_*.json")):
         if int(old.stem.split("_")[1]) < number - 1:  # keep the previous one too, in case this one is damaged
             old.unlink()
     return state_file
+
+
+def _set_current(folder: Path, number: int, fsync: bool = False) -> None:
+    (folder / "CURRENT.tmp").write_text(json.dumps({"number": number}))
+    _replace(folder / "CURRENT.tmp", folder / "CURRENT", fsync)
 
 
 def record_published(run_dir: Path, version: int, fsync: bool = False) -> None:
@@ -157,6 +161,12 @@ def _load(run_dir: Path, tensors: bool) -> tuple[int, dict[str, Any], dict[str, 
             continue
         log.warning("%s: resuming from checkpoint %d, the one before it; the training since then is done again",
                     damaged, older)
+        if tensors:  # the trainer resumes from it: the next save replaces the damaged one, and keeps this one
+            try:
+                _set_current(folder, older)
+            except OSError as exc:
+                log.warning("could not make checkpoint %d current in %s (%s): the next save keeps the damaged "
+                            "checkpoint as the one before it", older, folder, exc)
         return older, *got
     raise CheckpointError(f"{damaged}, and no older checkpoint in {folder} reads either: remove {folder / 'CURRENT'} "
                           "to start this run afresh (the sample log is kept and replayed)")

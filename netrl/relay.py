@@ -198,6 +198,8 @@ class SampleRelay:
                 steps += packet.steps
                 nbytes += packet.nbytes
                 inflated += packet.trainer_bytes
+            if not packets:  # the spool held only damage (reported by its log), and the queue is empty
+                return
             self.bundle_seq += 1
             if not self.send_to_trainer(encode_bundle("server", self.bundle_seq, [p.frames for p in packets])):
                 self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it

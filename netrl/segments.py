@@ -74,6 +74,7 @@ class SegmentLog:
         self._file: int | None = None  # the current segment's descriptor, positioned at ``_end``
         self._segments: list[int] | None = None  # cached listing; this log is the only writer
         self._reported: set[Position] = set()  # damaged stretches already warned about, by where they start
+        self.damaged = 0  # damaged stretches and missing files found so far: a reader's totals may need a recount
         segments = self.segments()
         missing = sorted(set(range(segments[0], segments[-1] + 1)) - set(segments)) if segments else []
         if missing:  # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
@@ -130,6 +131,7 @@ class SegmentLog:
         """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record."""
         if start not in self._reported:
             self._reported.add(start)
+            self.damaged += 1
             log.warning("%s is damaged from offset %d to %d: the records in those %d bytes are lost and skipped; "
                         "the records around them are read as usual", self._path(start.segment), start.offset, resume,
                         resume - start.offset)
@@ -242,9 +244,18 @@ class SegmentLog:
             if since is not None and seg < since.segment:
                 continue
             path = self._path(seg)
-            size = self._end if seg == self._segment else path.stat().st_size
             offset = since.offset if since is not None and seg == since.segment else 0
-            with path.open("rb") as f:
+            try:
+                size = self._end if seg == self._segment else path.stat().st_size
+                f = path.open("rb")
+            except FileNotFoundError:  # deleted while this log is open (the listing is cached)
+                self._segments = None
+                if Position(seg, -1) not in self._reported:
+                    self._reported.add(Position(seg, -1))
+                    self.damaged += 1
+                    log.warning("%s was deleted while in use: the records it held are lost", path)
+                continue
+            with f:
                 while offset < size:
                     parsed = _read_record(f, offset, seg, size)
                     if not isinstance(parsed, tuple):

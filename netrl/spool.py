@@ -64,6 +64,7 @@ class Spool:
         self._head_saved = self.head
         self._head_saved_at = 0.0
         self._head_failing = False
+        self._damage_seen = self.log.damaged
         if self.packets:
             log.info("spool %s holds %d packets (%d samples) from before this start", self.dir, self.packets,
                      self.steps)
@@ -76,6 +77,8 @@ class Spool:
         try:
             data = json.loads(path.read_text())
             saved = Position(int(data["segment"]), int(data["offset"]))
+            if min(saved) < 0:
+                raise ValueError(f"it holds a negative position {tuple(saved)}")
             if saved.segment < start.segment:  # the head's own segment is only dropped once the head has left it
                 log.warning("%s: segment files %08d.seg to %08d.seg are missing (deleted by hand?): the packets in "
                             "them that the trainer had not acknowledged are lost", self.dir, saved.segment,
@@ -85,7 +88,7 @@ class Spool:
                 raise ValueError(f"it points past the spool's end {tuple(end)}")
             if not self.log.starts_record(head):
                 raise ValueError(f"no packet starts at {tuple(head)}")
-        except (ValueError, KeyError, TypeError) as exc:  # resending is safe: the trainer discards what it has
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:  # resending is safe: duplicates are dropped
             log.warning("%s is unreadable (%s): the spool is sent again from its start, %s; the trainer discards "
                         "packets it already has", path, exc, tuple(start))
             return start
@@ -122,7 +125,19 @@ class Spool:
             steps += int(rec.meta["steps"])
             nbytes += size
             inflated += decoded
+        else:  # read to the end: what the log skipped (damage, which it reports) is never read again
+            self._cursor = self.log.end()
+        if self.log.damaged != self._damage_seen:
+            self._recount()
         return out
+
+    def _recount(self) -> None:
+        """Count the packets waiting again, after the log skipped damage that :meth:`push` had counted."""
+        self._damage_seen = self.log.damaged
+        waiting = [(int(rec.meta["steps"]), _size(rec)) for rec in self.log.read(self.head)]
+        self.steps = sum(steps for steps, _ in waiting)
+        self.bytes = sum(size for _, size in waiting)
+        self.packets = len(waiting)
 
     def pending(self) -> bool:
         """True if packets wait behind the read cursor."""

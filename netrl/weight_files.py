@@ -128,9 +128,11 @@ def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[s
     if "crc32c" in meta:  # else an older netrl wrote it, or the user: taken as it is
         crc = crc32c.crc32c(path.read_bytes())
         previous = meta.get("previous") or {}
-        if crc == previous.get("crc32c"):  # the writer stopped between the sidecar and the weights
+        if crc == meta["crc32c"]:  # first: the same weights saved again under a new version have both checksums
+            pass
+        elif crc == previous.get("crc32c"):  # the writer stopped between the sidecar and the weights
             meta = {**meta, "version": previous.get("version", -1)}
-        elif crc != meta["crc32c"]:
+        else:
             log.warning("%s does not describe %s (another program changed one of them, or a writer stopped twice "
                         "while saving): its weights are taken as of unknown version", side, path)
             meta = {k: v for k, v in meta.items() if k != "version"}

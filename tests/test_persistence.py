@@ -209,7 +209,8 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     again.close()
 
 
-@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}', '{"segment": 1, "offset": 30}'])
+@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}', '{"segment": 1, "offset": 30}',
+                                  '{"segment": 1, "offset": -5}', '{"segment": 1e400, "offset": 0}'])
 def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_nothing(
         tmp_path: Path, head: str, caplog: pytest.LogCaptureFixture) -> None:
     spool = Spool(tmp_path, max_bytes=10_000)
@@ -241,6 +242,28 @@ def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
         again.ack(p.position)
     again.close()
     assert Spool(tmp_path, max_bytes=10_000).packets == 0  # the head moved past the damage: nothing is sent again
+
+
+def test_damage_found_while_the_server_runs_is_skipped_and_the_spool_still_drains(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000)
+    for seq in range(1, 9):  # about two 400-byte packets per segment
+        spool.push([b"x" * 400], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    assert (spool.packets, spool.steps) == (8, 80)
+    segments = spool.log.segments()
+    (tmp_path / f"{segments[1]:08d}.seg").unlink()  # packets 3 and 4, deleted under the running server
+    flip_byte(spool.log, -1)  # and packet 8, the newest, damaged on disk
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        taken = spool.take(upto(1000, 1 << 20))  # before: FileNotFoundError on every try, the spool stalled
+    assert [p.meta["seq"] for p in taken] == [1, 2, 5, 6, 7]
+    assert "was deleted while in use" in caplog.text and "is damaged from offset" in caplog.text
+    assert not spool.pending() and spool.take(upto(1000, 1 << 20)) == []  # before: empty bundles for ever
+    for p in taken:
+        spool.ack(p.position)
+    assert (spool.packets, spool.steps, spool.bytes) == (0, 0, 0)  # before: the lost packets stayed counted
+    spool.push([b"y" * 400], {"worker": "w", "session": "s", "seq": 9, "steps": 10})
+    assert spool.pending() and [p.meta["seq"] for p in spool.take(upto(1, 0))] == [9]
+    spool.close()
 
 
 def test_a_spool_segment_deleted_under_its_head_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -345,7 +368,13 @@ def test_checkpoint_is_atomic_and_a_damaged_one_gives_way_to_the_one_before(
     assert re.search(r"cannot read .*agent_000003\.pt: not a tensor file netrl wrote \(.*\): resuming from checkpoint "
                      r"2, the one before it", caplog.text)
     assert "\n" not in caplog.records[0].getMessage() and "weights_only" not in caplog.text  # torch's 12 lines, cut
-    assert checkpoint.load_state(tmp_path)["epoch"] == 3  # type: ignore[index]  # its state file reads
+    assert json.loads((tmp_path / "checkpoint" / "CURRENT").read_text()) == {"number": 2}  # resumed from 2...
+    checkpoint.save_checkpoint(tmp_path, {"w": torch.full((2,), 4.0)}, {"epoch": 4, "total_updates": 4, "version": 4,
+                                                                        "total_samples": 4})
+    files = sorted(p.name for p in (tmp_path / "checkpoint").glob("agent_*.pt"))
+    assert files[:2] == ["agent_000002.pt", "agent_000003.pt"]  # ...so its next save replaced the damaged 3, kept 2
+    assert checkpoint.load_checkpoint(tmp_path)[1]["epoch"] == 4  # type: ignore[index]
+    (tmp_path / "checkpoint" / "agent_000003.pt").write_bytes(b"garbage")
     (tmp_path / "checkpoint" / "state_000002.json").write_text("{torn")
     with pytest.raises(CheckpointError, match=r"cannot read .*agent_000003\.pt: .*, and no older checkpoint in .* "
                                               r"reads either: remove .*CURRENT to start this run afresh"):
@@ -457,6 +486,9 @@ def test_weights_keep_their_version_label_whenever_the_writer_is_killed(
     assert "policy.pt.json does not describe" in caplog.text and "taken as of unknown version" in caplog.text
     (tmp_path / "policy.pt.json").write_text('{"version": 7}')  # written by an older netrl or by hand: trusted
     assert read_weights_file(path)[1]["version"] == 7
+    for version in (8, 9):  # the same weights saved again under a new number (a trainer renumbering its actor)
+        write_weights_file(path, linear[3], {"version": version})
+    assert read_weights_file(path)[1]["version"] == 9
 
 
 def test_worker_loads_saved_weights_at_start_and_keeps_a_history(tmp_path: Path) -> None:
