@@ -48,14 +48,35 @@ def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disable
     return mode
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
+def read_rows(path: Path) -> list[dict[Any, Any]]:
     """Every row of the CSV at ``path`` as a dict ([] if there is no file). A line cut short by a crash reads with
     fewer fields: missing values are None. Bytes that are not UTF-8 (a damaged disk) read as U+FFFD, so the rows
     around them still read."""
     if not path.exists():
         return []
     with path.open(newline="", encoding="utf-8", errors="replace") as f:
-        return list(csv.DictReader(f))
+        lines = f.read().split("\n")
+    fields = _cells(lines[0])
+    rows: list[dict[Any, Any]] = []
+    for line in lines[1:]:
+        cells = _cells(line)
+        if not cells:
+            continue
+        row: dict[Any, Any] = dict(zip(fields, cells, strict=False))
+        row.update(dict.fromkeys(fields[len(cells):]))  # csv.DictReader's layout: missing values are None...
+        if len(cells) > len(fields):
+            row[None] = cells[len(fields):]  # ...and extra ones are listed under None
+        rows.append(row)
+    return rows
+
+
+def _cells(line: str) -> list[str]:
+    """One CSV line's cells. Each line is parsed on its own: netrl writes no line break inside a cell, so a damaged
+    quote character costs its own line, not every line after it."""
+    try:
+        return next(csv.reader([line.removesuffix("\r")]), [])
+    except csv.Error:  # e.g. longer than csv's field size limit
+        return []
 
 
 class CsvLog:
@@ -72,7 +93,7 @@ class CsvLog:
         self.skipped = 0  # rows not written since the last one that was
         if path.exists():
             with path.open(newline="", encoding="utf-8", errors="replace") as f:
-                self.fields = next(csv.reader(f), [])
+                self.fields = _cells(f.readline().removesuffix("\n"))
             try:
                 with path.open("rb+") as f:  # a line cut short by a crash must not run into the next row appended
                     size = f.seek(0, os.SEEK_END)

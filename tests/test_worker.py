@@ -138,6 +138,11 @@ def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_an
     path.write_bytes(path.read_bytes().replace(b"\n0.0,2,0,-1.0", b"\n0.0,\xff\xfe,0,-1.0"))  # not UTF-8
     restarted = CsvLog(path)  # before: UnicodeDecodeError
     assert restarted.last_ints("episode", "env_steps") == [3, 15]
+    before = path.read_bytes()
+    quoted = before.replace(b"\n0.0,3,", b'\n0.0,"3,')  # a damaged quote opens a field it never closes
+    path.write_bytes(quoted + b"0.0,4,0,-1.0,5,20,1\n")
+    assert CsvLog(path).last_ints("episode", "env_steps") == [4, 20]  # before: every later line read as one cell
+    path.write_bytes(before)
     assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"
 
     real_open = Path.open
