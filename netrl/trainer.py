@@ -202,6 +202,12 @@ class Trainer:
         at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
         restored = after = newest = 0
         matched = at_checkpoint is None
+
+        def reached() -> None:
+            assert training.memory is not None
+            log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
+                     len(training.memory), held)
+
         for rec in sample_log.read():
             try:
                 buf = buffer_from_message(decode(rec.frames))
@@ -211,15 +217,16 @@ class Trainer:
             buf.recv_version = int(rec.meta["recv_version"])
             newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
             new = at_checkpoint is None or rec.position >= at_checkpoint
+            if new and not matched:  # the first record after the checkpoint, with a damaged one just before it
+                matched = True
+                reached()
             steps = training.add(buf, new=new)
             deliveries.add(buf.worker, buf.seq)
             restored += 0 if new else steps
             after += steps if new else 0
             if not new and rec.next == at_checkpoint:
                 matched = True
-                assert training.memory is not None
-                log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
-                         len(training.memory), held)
+                reached()
         if restored or after:
             log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
                      "received after it; memory holds %d transitions", restored, after,

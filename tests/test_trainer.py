@@ -34,6 +34,7 @@ from netrl.errors import CheckpointError, NetrlError
 from netrl.metrics import MetricsLogger
 from netrl.msgtypes import MAX_POLICY_VERSION
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
+from netrl.segments import Position
 from netrl.trainer import Trainer
 from netrl.trainer_link import FOREIGN_VERSION_LIMIT, TrainerLink
 from netrl.training import TrainingOffline
@@ -583,6 +584,20 @@ def test_a_damaged_sample_log_record_is_skipped_with_a_warning_and_the_run_resum
     assert re.search(r"rebuilt the replay memory from the sample log: \d+ samples from before the checkpoint",
                      caplog.text)
     assert checkpoint.load_state(tmp_path)["epoch"] == 2  # type: ignore[index]
+    at = Position(*checkpoint.load_state(tmp_path)["log_position"])  # type: ignore[index]
+    log = SampleLog(tmp_path / "samples", keep_rows=10_000)
+    last = next(r for r in log.read() if r.next == at)
+    log.append(packet(new_session(), 1, 0), "w/x", 1, 6, 0)  # a packet that arrived after the checkpoint
+    log.close()
+    path = tmp_path / "samples" / f"{last.position.segment:08d}.seg"
+    data = bytearray(path.read_bytes())
+    data[last.next.offset - 3] ^= 0xFF  # now the packet just before the checkpoint's position
+    path.write_bytes(bytes(data))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=3).run()
+    assert "is damaged from offset" in caplog.text and "restored to its checkpoint state" in caplog.text
+    assert "does not reach the checkpoint" not in caplog.text  # before: it said so, and "holds 55 of the 55"
 
 
 def test_a_damaged_checkpoint_gives_way_to_the_one_before_and_the_run_goes_on(
