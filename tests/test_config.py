@@ -406,5 +406,8 @@ def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
                                                        r"netrl\.pipelines\.Pipeline")]:
         with pytest.raises(ConfigError, match=rf'env\.pipeline "{name}": {error}'):
             make_pipeline(config_from_dict({"env": {"pipeline": name}}))
+    (tmp_path / "needs_dep.py").write_text("import some_missing_dependency\n")
+    with pytest.raises(ModuleNotFoundError, match="some_missing_dependency"):  # the user's own import: a traceback
+        make_pipeline(config_from_dict({"env": {"pipeline": "needs_dep:build"}}))
     assert problems({"env": {"pipeline": "drone", "kwargs": {"a": 1}}}) == [
         'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is "drone")']

@@ -54,6 +54,8 @@ def _own_pipeline(cfg: Config) -> Pipeline:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if exc.name is not None and exc.name != module_name and not module_name.startswith(exc.name + "."):
+            raise  # the module was found, but something it imports is missing: its own traceback says what
         raise ConfigError([f'env.pipeline "{name}": cannot import {module_name} ({exc}); start netrl from the '
                            "folder that holds it (python -m netrl puts that folder on the import path), or install "
                            "it"]) from None
