@@ -128,12 +128,18 @@ class SegmentLog:
         return end
 
     def _report(self, start: Position, resume: int) -> None:
-        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record."""
-        if start not in self._reported:
-            self._reported.add(start)
-            self.damaged += 1
+        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record; a
+        ``start`` offset of -1 stands for the whole file, deleted while in use."""
+        if start in self._reported:
+            return
+        self._reported.add(start)
+        self.damaged += 1
+        path = self._path(start.segment)
+        if start.offset < 0:
+            log.warning("%s was deleted while in use: the records it held are lost", path)
+        else:
             log.warning("%s is damaged from offset %d to %d: the records in those %d bytes are lost and skipped; "
-                        "the records around them are read as usual", self._path(start.segment), start.offset, resume,
+                        "the records around them are read as usual", path, start.offset, resume,
                         resume - start.offset)
 
     def end(self) -> Position:
@@ -250,10 +256,7 @@ class SegmentLog:
                 f = path.open("rb")
             except FileNotFoundError:  # deleted while this log is open (the listing is cached)
                 self._segments = None
-                if Position(seg, -1) not in self._reported:
-                    self._reported.add(Position(seg, -1))
-                    self.damaged += 1
-                    log.warning("%s was deleted while in use: the records it held are lost", path)
+                self._report(Position(seg, -1), 0)
                 continue
             with f:
                 while offset < size:

@@ -51,20 +51,16 @@ class Spool:
             self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
                                   recycle=min(4, max_bytes // 4 // segment_bytes))
             self.head = self._load_head()
-            waiting = [(int(rec.meta["steps"]), _size(rec)) for rec in self.log.read(self.head)]
+            self._recount()  # sets steps, bytes, packets
         except OSError as exc:
             raise NetrlError(f"cannot read the server's spool in {self.dir}: {exc}") from None
         self._cursor = self.head
         # packets handed out and not yet acknowledged, in log order: pos -> (next, steps, bytes)
         self._outstanding: collections.OrderedDict[Position, tuple[Position, int, int]] = collections.OrderedDict()
         self._acked: set[Position] = set()
-        self.steps = sum(steps for steps, _ in waiting)
-        self.bytes = sum(size for _, size in waiting)
-        self.packets = len(waiting)
         self._head_saved = self.head
         self._head_saved_at = 0.0
         self._head_failing = False
-        self._damage_seen = self.log.damaged
         if self.packets:
             log.info("spool %s holds %d packets (%d samples) from before this start", self.dir, self.packets,
                      self.steps)
@@ -132,9 +128,10 @@ class Spool:
         return out
 
     def _recount(self) -> None:
-        """Count the packets waiting again, after the log skipped damage that :meth:`push` had counted."""
-        self._damage_seen = self.log.damaged
+        """Count the packets waiting from the head: at start, and after the log skipped damage that :meth:`push`
+        had counted."""
         waiting = [(int(rec.meta["steps"]), _size(rec)) for rec in self.log.read(self.head)]
+        self._damage_seen = self.log.damaged  # after reading: what this read found is counted already
         self.steps = sum(steps for steps, _ in waiting)
         self.bytes = sum(size for _, size in waiting)
         self.packets = len(waiting)
