@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from netrl.errors import ConfigError
 
-__all__ = ["CsvLog", "MetricsLogger", "format_round", "resolve_wandb_mode"]
+__all__ = ["CsvLog", "MetricsLogger", "format_round", "read_rows", "read_table", "resolve_wandb_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,16 @@ def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disable
 
 
 def read_rows(path: Path) -> list[dict[Any, Any]]:
-    """Every row of the CSV at ``path`` as a dict ([] if there is no file). A line cut short by a crash reads with
-    fewer fields: missing values are None. Bytes that are not UTF-8 (a damaged disk) read as U+FFFD, so the rows
-    around them still read."""
+    """Every row of the CSV at ``path`` as a dict ([] if there is no file); see :func:`read_table`."""
+    return read_table(path)[1]
+
+
+def read_table(path: Path) -> tuple[list[str], list[dict[Any, Any]]]:
+    """The header and every row (as a dict) of the CSV at ``path``; ([], []) if there is no file. A line cut short
+    by a crash reads with fewer fields: missing values are None. Bytes that are not UTF-8 (a damaged disk) read as
+    U+FFFD, so the rows around them still read."""
     if not path.exists():
-        return []
+        return [], []
     with path.open(newline="", encoding="utf-8", errors="replace") as f:
         lines = f.read().split("\n")
     fields = _cells(lines[0])
@@ -67,7 +72,7 @@ def read_rows(path: Path) -> list[dict[Any, Any]]:
         if len(cells) > len(fields):
             row[None] = cells[len(fields):]  # ...and extra ones are listed under None
         rows.append(row)
-    return rows
+    return fields, rows
 
 
 def _cells(line: str) -> list[str]:

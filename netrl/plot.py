@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from netrl.errors import NetrlError
-from netrl.metrics import read_rows
+from netrl.metrics import read_table
 
 __all__ = ["plot_run"]
 
@@ -24,11 +24,8 @@ def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
     """The file's complete rows (a line cut short by a crash has fewer fields and is skipped); NetrlError if it is
     not a CSV with these ``columns``."""
     try:
-        rows = [r for r in read_rows(path) if None not in r.values() and None not in r]
-        header: list[str] = []
-        if path.exists():  # the trainer has not written it yet: no rows, and nothing to check
-            with path.open(newline="", encoding="utf-8", errors="replace") as f:
-                header = next(csv.reader(f), [])
+        header, rows = read_table(path)  # ([], []) if the trainer has not written it yet: nothing to check
+        rows = [r for r in rows if None not in r.values() and None not in r]
         if any(c in name for name in header for c in "\ufffd\x00"):
             raise csv.Error("its first line is not text")
     except (OSError, csv.Error) as exc:
