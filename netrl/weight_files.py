@@ -7,6 +7,7 @@ process and thread, then ``os.replace``; see :func:`write_weights_file` for how 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -39,12 +40,12 @@ def torch_save(obj: Any, path: Path) -> None:
                       str(path)) from exc
 
 
-def torch_load(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU. Raises CheckpointError naming the file, with torch's reason
-    cut to one line: its own message runs to a dozen lines and advises ``weights_only=False``, which would unpickle
-    whatever the file holds."""
+def torch_load(path: Path, data: bytes | None = None) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU (from ``data``, the file's bytes, when the caller has read
+    them). Raises CheckpointError naming the file, with torch's reason cut to one line: its own message runs to a
+    dozen lines and advises ``weights_only=False``, which would unpickle whatever the file holds."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
         text = str(exc).strip()
         if "WeightsUnpickler error:" in text:  # a file torch cannot read without unpickling: damaged, or not ours
@@ -117,7 +118,11 @@ def remove_stale_temps(folder: str | Path, older_than_s: float = 60.0) -> None:
 def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read a weights file and its sidecar. Raises CheckpointError naming the path when either is unreadable."""
     path = Path(path)
-    state = torch_load(path)
+    try:
+        data = path.read_bytes()  # once: loaded and checksummed from the same bytes, whoever writes the file meanwhile
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    state = torch_load(path, data)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} does not hold a state_dict")
     side = path.with_name(path.name + ".json")
@@ -126,7 +131,7 @@ def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[s
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{side} is unreadable: {exc}") from None
     if "crc32c" in meta:  # else an older netrl wrote it, or the user: taken as it is
-        crc = crc32c.crc32c(path.read_bytes())
+        crc = crc32c.crc32c(data)
         previous = meta.get("previous") or {}
         if crc == meta["crc32c"]:  # first: the same weights saved again under a new version have both checksums
             pass
