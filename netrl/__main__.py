@@ -260,7 +260,12 @@ def program() -> int:
     """``python -m netrl`` and the ``netrl`` command: main(), then, once it has returned, a Ctrl+C while Python
     shuts down (joining threads, atexit hooks) ends the process at once with main()'s exit code, instead of a
     KeyboardInterrupt traceback or exit code 130 for work already done. In-process callers of main() keep their
-    own SIGINT handling."""
+    own SIGINT handling.
+
+    The ``netrl`` command puts the folder it starts in on the import path first, as ``python -m netrl`` does, so
+    that config.json's ``env.pipeline`` ("module:function") finds the user's module the same way under both."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     code = main()
 
     def handler(signum: int, frame: Any) -> None:

@@ -411,3 +411,15 @@ def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
         make_pipeline(config_from_dict({"env": {"pipeline": "needs_dep:build"}}))
     assert problems({"env": {"pipeline": "drone", "kwargs": {"a": 1}}}) == [
         'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is "drone")']
+
+
+def test_the_netrl_command_finds_a_pipeline_module_in_the_folder_it_starts_in(tmp_path: Path) -> None:
+    command = Path(sys.executable).parent / "netrl"  # the console script that `pip install` wrote next to python
+    assert command.exists(), f"{command} is missing: scripts/setup.sh installs it"
+    (tmp_path / "my_pipeline.py").write_text(OWN_PIPELINE)
+    (tmp_path / "config.json").write_text(json.dumps({"env": {"pipeline": "my_pipeline:not_a_pipeline"},
+                                                      "security": "none"}))
+    # The module is found (its function ran and returned a dict), rather than "cannot import my_pipeline".
+    done = subprocess.run([str(command), "--worker"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "not_a_pipeline(cfg) returned a dict, not a netrl.pipelines.Pipeline" in done.stdout  # the log

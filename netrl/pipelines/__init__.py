@@ -57,8 +57,8 @@ def _own_pipeline(cfg: Config) -> Pipeline:
         if exc.name is not None and exc.name != module_name and not module_name.startswith(exc.name + "."):
             raise  # the module was found, but something it imports is missing: its own traceback says what
         raise ConfigError([f'env.pipeline "{name}": cannot import {module_name} ({exc}); start netrl from the '
-                           "folder that holds it (python -m netrl puts that folder on the import path), or install "
-                           "it"]) from None
+                           "folder that holds it (netrl puts the folder it starts in on the import path), or "
+                           "install it"]) from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigError([f'env.pipeline "{name}": {module.__name__} has no function {function_name}'])
