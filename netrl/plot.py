@@ -8,6 +8,7 @@ and training-step rates over time, losses, and policy lag.
 from __future__ import annotations
 
 import csv
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -17,12 +18,15 @@ from netrl.metrics import read_table
 
 __all__ = ["plot_run"]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T", int, float)
 
 
-def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
-    """The file's complete rows (a line cut short by a crash has fewer fields and is skipped); NetrlError if it is
-    not a CSV with these ``columns``."""
+def _rows(path: Path, columns: dict[str, Callable[[str], object]]) -> list[dict[str, str]]:
+    """The file's complete rows whose ``columns`` read as numbers of their kind (or are empty); NetrlError if it is
+    not a CSV with these columns. A line cut short by a crash has fewer fields and is skipped; a row with a value that
+    is not a number (a damaged disk) is skipped with a warning, so the rest of the run still plots."""
     try:
         header, rows = read_table(path)  # ([], []) if the trainer has not written it yet: nothing to check
         rows = [r for r in rows if None not in r.values() and None not in r]
@@ -31,26 +35,39 @@ def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
     except (OSError, csv.Error) as exc:
         raise NetrlError(f"{path} cannot be read as a CSV file ({exc}): netrl writes it during a run; move the "
                          "damaged file away to plot the rest") from None
-    missing = columns - set(header) if header else set()
+    missing = set(columns) - set(header) if header else set()
     if missing:
         raise NetrlError(f"{path} has no column {', '.join(sorted(missing))}: was it written by netrl?")
-    return rows
+    kinds = {**columns, **{name: float for name in header if name.startswith("loss_")}}
+    kept, damaged = [], []
+    for row in rows:
+        bad = next(((key, row[key]) for key, kind in kinds.items() if row.get(key) and not _reads(row[key], kind)),
+                   None)
+        if bad is None:
+            kept.append(row)
+        else:
+            damaged.append(bad)
+    if damaged:
+        log.warning("%s: skipped %d row(s) with a value that is not a number, the first where %s is %r (a damaged "
+                    "disk?); the other %d rows are plotted", path, len(damaged), *damaged[0], len(kept))
+    return kept
 
 
-def _column(path: Path, rows: list[dict[str, str]], key: str, kind: Callable[[str], T]) -> list[T | None]:
-    """One column as numbers (None where empty); NetrlError naming the file, line and column for a bad value."""
-    out: list[T | None] = []
-    for line, row in enumerate(rows, start=2):
-        text = row.get(key)
-        try:
-            out.append(kind(text) if text else None)
-        except ValueError:
-            raise NetrlError(f"{path} line {line}: {key} is {text!r}, not a number") from None
-    return out
+def _reads(text: str, kind: Callable[[str], object]) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
 
 
-def _floats(path: Path, rows: list[dict[str, str]], key: str) -> list[float | None]:
-    return _column(path, rows, key, float)
+def _column(rows: list[dict[str, str]], key: str, kind: Callable[[str], T]) -> list[T | None]:
+    """One column as numbers (None where empty); :func:`_rows` kept only rows where it reads as ``kind``."""
+    return [kind(row[key]) if row.get(key) else None for row in rows]
+
+
+def _floats(rows: list[dict[str, str]], key: str) -> list[float | None]:
+    return _column(rows, key, float)
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
@@ -71,11 +88,11 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax_ret, ax_rate, ax_loss, ax_lag = axes.flat
     for path in episode_files:
-        episodes = _rows(path, {"test", "env_steps", "return"})
+        episodes = _rows(path, {"test": int, "env_steps": int, "return": float})
         name = path.stem.removeprefix("episodes_")
         for test, style, label in (("0", ".", "episodes"), ("1", "k^", "test episodes")):
             rows = [r for r in episodes if r["test"] == test]
-            steps, rets = _column(path, rows, "env_steps", int), _floats(path, rows, "return")
+            steps, rets = _column(rows, "env_steps", int), _floats(rows, "return")
             if rows:
                 ax_ret.plot(steps, rets, style, alpha=0.3 if test == "0" else 1.0, label=f"{name} {label}")
             known = [r for r in rets if r is not None]
@@ -84,23 +101,24 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
                 ax_ret.plot(steps[9:], mean, "-", label=f"{name} mean of last 10")
     ax_ret.set(title="Episode return", xlabel="env steps", ylabel="return")
     ax_ret.legend(fontsize=7)
-    m = _rows(metrics_file, {"wall_s", "samples_per_s", "steps_per_s", "trained_steps", "lag_mean", "lag_max"})
+    m = _rows(metrics_file, {"wall_s": float, "samples_per_s": float, "steps_per_s": float,
+                                 "trained_steps": int, "lag_mean": float, "lag_max": float})
     if m:  # no rows yet: the trainer writes one per round
         wall, t = [], 0.0
-        for w in _floats(metrics_file, m, "wall_s"):
+        for w in _floats(m, "wall_s"):
             t += w or 0.0
             wall.append(t)
-        ax_rate.plot(wall, _floats(metrics_file, m, "samples_per_s"), label="samples/s received")
-        ax_rate.plot(wall, _floats(metrics_file, m, "steps_per_s"), label="training steps/s")
+        ax_rate.plot(wall, _floats(m, "samples_per_s"), label="samples/s received")
+        ax_rate.plot(wall, _floats(m, "steps_per_s"), label="training steps/s")
         ax_rate.set(title="Throughput", xlabel="training wall time (s)", ylabel="per second")
         ax_rate.legend(fontsize=7)
-        trained = _column(metrics_file, m, "trained_steps", int)
+        trained = _column(m, "trained_steps", int)
         for key in [k for k in m[0] if k.startswith("loss_")]:
-            ax_loss.plot(trained, _floats(metrics_file, m, key), label=key.removeprefix("loss_"))
+            ax_loss.plot(trained, _floats(m, key), label=key.removeprefix("loss_"))
         ax_loss.set(title="Losses", xlabel="training steps", yscale="symlog")
         ax_loss.legend(fontsize=7)
         for key in ("lag_mean", "lag_max"):
-            ax_lag.plot(trained, _floats(metrics_file, m, key), label=key)
+            ax_lag.plot(trained, _floats(m, key), label=key)
         ax_lag.set(title="Policy lag (weight versions)", xlabel="training steps")
         ax_lag.legend(fontsize=7)
     fig.suptitle(run_dir.name)

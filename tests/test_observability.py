@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -126,7 +127,8 @@ def test_status_lines_report_rates_since_the_previous_line() -> None:
     assert rates == {"n": 0.0}
 
 
-def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(tmp_path: Path) -> None:
+def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from netrl.errors import NetrlError
     from netrl.plot import plot_run
 
@@ -135,9 +137,17 @@ def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(t
     metrics.write_text(header)  # the trainer has not finished a round yet
     episodes.write_text("env_steps,return,test\n200,-1200.5,0\n400,-900.0,1\n")
     assert plot_run(tmp_path).exists()
-    metrics.write_text(header + "0,0,100,oops,1,1,0,0,0.5\n")
-    with pytest.raises(NetrlError, match=r"metrics\.csv line 2: wall_s is 'oops', not a number"):
-        plot_run(tmp_path)
+    # A value a damaged disk garbled costs its row, with a warning; the rest of the run is plotted.
+    metrics.write_text(header + "0,0,100,1.5,1,1,0,0,0.5\n0,1,200,oops,1,1,0,0,0.5\n0,2,300,1.5,1,1,0,0,x\n"
+                       "0,3,400,1.5,1,1,0,0,0.25\n")
+    episodes.write_text("env_steps,return,test\n200,-1200.5,0\n4\x0000,-900.0,0\n600,-800.0,1\n")
+    with caplog.at_level(logging.WARNING, logger="netrl.plot"):
+        assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{episodes}: skipped 1 row(s) with a value that is not a number, the first where env_steps is '4\\x0000' (a "
+        "damaged disk?); the other 2 rows are plotted",
+        f"{metrics}: skipped 2 row(s) with a value that is not a number, the first where wall_s is 'oops' (a damaged "
+        "disk?); the other 2 rows are plotted"]
     metrics.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(NetrlError, match=r"metrics\.csv cannot be read as a CSV file"):
         plot_run(tmp_path)
