@@ -70,11 +70,14 @@ class Spool:
         if not path.exists():
             return self.log.start()
         start, end = self.log.start(), self.log.end()
+        problem = "is unreadable"
         try:
             data = json.loads(path.read_text())
             saved = Position(int(data["segment"]), int(data["offset"]))
             if min(saved) < 0:
                 raise ValueError(f"it holds a negative position {tuple(saved)}")
+            # Past here HEAD reads well; a position no packet starts at is either HEAD's damage or the spool's there.
+            problem = f"points to {tuple(saved)}, where the spool has no readable packet"
             if saved.segment < start.segment:  # the head's own segment is only dropped once the head has left it
                 log.warning("%s: segment files %08d.seg to %08d.seg are missing (deleted by hand?): the packets in "
                             "them that the trainer had not acknowledged are lost", self.dir, saved.segment,
@@ -85,8 +88,8 @@ class Spool:
             if not self.log.starts_record(head):
                 raise ValueError(f"no packet starts at {tuple(head)}")
         except (ValueError, KeyError, TypeError, OverflowError) as exc:  # resending is safe: duplicates are dropped
-            log.warning("%s is unreadable (%s): the spool is sent again from its start, %s; the trainer discards "
-                        "packets it already has", path, exc, tuple(start))
+            log.warning("%s %s (%s): the spool is sent again from its start, %s; the trainer discards packets it "
+                        "already has", path, problem, exc, tuple(start))
             return start
         return head
 

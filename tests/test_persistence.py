@@ -221,7 +221,9 @@ def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_not
     (tmp_path / "HEAD").write_text(head)  # garbage, a position past the log's end, or inside a packet
     again = Spool(tmp_path, max_bytes=10_000)
     assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [1, 2, 3]  # 1 again: the trainer discards it
-    assert "HEAD is unreadable" in caplog.text and "sent again from its start" in caplog.text
+    unreadable = ("{torn", '{"segment": 1, "offset": -5}', '{"segment": 1e400, "offset": 0}')
+    problem = "HEAD is unreadable" if head in unreadable else "where the spool has no readable packet"
+    assert problem in caplog.text and "sent again from its start" in caplog.text
     again.close()
 
 
@@ -242,6 +244,28 @@ def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
         again.ack(p.position)
     again.close()
     assert Spool(tmp_path, max_bytes=10_000).packets == 0  # the head moved past the damage: nothing is sent again
+
+
+@pytest.mark.parametrize("where", ["data", "header"])
+def test_damage_at_the_spool_head_is_skipped_or_resends_the_spool_and_says_where_it_is(
+        tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000)
+    for seq in range(1, 4):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.ack(spool.take(upto(1, 0))[0].position)
+    spool.close()
+    head = json.loads((tmp_path / "HEAD").read_text())
+    # Packet 2, where HEAD points, is damaged: HEAD itself reads well.
+    flip_byte(spool.log, 1, back=3 if where == "data" else (list(spool.log.read())[1].next.offset - head["offset"]))
+    again = Spool(tmp_path, max_bytes=10_000)
+    taken = [p.meta["seq"] for p in again.take(upto(1000, 0))]
+    if where == "data":  # the record still starts at HEAD, and a reader skips it: nothing is sent again
+        assert taken == [3] and "is damaged from offset" in caplog.text and "HEAD" not in caplog.text
+    else:  # no record can be found at HEAD: the whole spool again (1 too; the trainer discards it)
+        assert taken == [1, 3]
+        assert (f"HEAD points to {(head['segment'], head['offset'])}, where the spool has no readable packet"
+                in caplog.text and "sent again from its start" in caplog.text and "is unreadable" not in caplog.text)
+    again.close()
 
 
 def test_damage_found_while_the_server_runs_is_skipped_and_the_spool_still_drains(
