@@ -89,18 +89,26 @@ class CsvLog:
 
     The CSV is a record for people and plots, never needed to resume: a row that cannot be written (a full disk, a
     read-only file) is skipped with a warning, and the first row written again says how many were skipped, so
-    neither the trainer nor a worker's control loop stops for it.
+    neither the trainer nor a worker's control loop stops for it. A file the disk refuses to read is treated the
+    same way: rows are skipped until its header reads, so that none is written under the wrong columns.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fields: list[str] = []
         self.skipped = 0  # rows not written since the last one that was
-        if path.exists():
-            with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        self._unread = False  # its header could not be read: write() tries again first
+        try:
+            self._read_header()
+        except OSError:  # the first row's warning names the error
+            self._unread = True
+
+    def _read_header(self) -> None:
+        if self.path.exists():
+            with self.path.open(newline="", encoding="utf-8", errors="replace") as f:
                 self.fields = _cells(f.readline().removesuffix("\n"))
             try:
-                with path.open("rb+") as f:  # a line cut short by a crash must not run into the next row appended
+                with self.path.open("rb+") as f:  # a line cut short by a crash must not run into the next row appended
                     size = f.seek(0, os.SEEK_END)
                     if size:
                         f.seek(size - 1)
@@ -111,6 +119,9 @@ class CsvLog:
 
     def write(self, row: dict[str, Any]) -> None:
         try:
+            if self._unread:
+                self._read_header()
+                self._unread = False
             new = [k for k in row if k not in self.fields]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if new:
@@ -129,8 +140,14 @@ class CsvLog:
             self.skipped = 0
 
     def last_ints(self, *keys: str) -> list[int]:
-        """``keys`` of the last row that holds them all as integers (zeros if none does), e.g. to continue counts."""
-        for row in reversed(read_rows(self.path)):
+        """``keys`` of the last row that holds them all as integers (zeros if none does, or if the file cannot be
+        read), e.g. to continue counts."""
+        try:
+            rows = read_rows(self.path)
+        except OSError as exc:
+            log.warning("could not read %s (%s): %s count from 0 again", self.path, exc, " and ".join(keys))
+            return [0] * len(keys)
+        for row in reversed(rows):
             try:
                 return [int(row[k]) for k in keys]
             except (KeyError, TypeError, ValueError):  # an older header, or a line torn by a crash
@@ -139,7 +156,11 @@ class CsvLog:
 
     def keep(self, predicate: Callable[[dict[str, str]], bool]) -> int:
         """Rewrite the file (atomically) without the rows ``predicate`` rejects; returns how many were dropped."""
-        rows = read_rows(self.path)
+        try:
+            rows = read_rows(self.path)
+        except OSError as exc:
+            log.warning("could not read %s (%s): rows it should drop stay in it", self.path, exc)
+            return 0
         kept = [r for r in rows if predicate(r)]
         if len(kept) < len(rows):
             try:

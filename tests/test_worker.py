@@ -166,6 +166,38 @@ def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_an
     assert [r["episode"] for r in rows] == ["1", "\ufffd\ufffd", "3", "6"] and rows[-1]["new_column"] == "2"
 
 
+def test_a_csv_the_disk_refuses_to_read_stops_neither_the_trainer_nor_a_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.metrics import CsvLog, MetricsLogger
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,round,trained_steps\n0,0,10\n0,1,20\n")
+    real_open = Path.open
+
+    def failing_reads(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if self == path and mode == "r":
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", failing_reads)
+    with caplog.at_level(logging.INFO, logger="netrl.metrics"):
+        metrics = MetricsLogger(tmp_path, "run", wandb_mode="disabled")  # before: the OSError stopped the trainer
+        metrics.rewind(10)  # a resumed trainer drops the rounds past its checkpoint: here it cannot, and says so
+        assert CsvLog(path).last_ints("round", "trained_steps") == [0, 0]  # a worker's counts start again
+        metrics.csv.write({"epoch": 0, "round": 2, "trained_steps": 30})  # skipped: its columns are unknown
+        assert path.read_bytes() == b"epoch,round,trained_steps\n0,0,10\n0,1,20\n"
+        monkeypatch.setattr(Path, "open", real_open)
+        metrics.csv.write({"trained_steps": 40, "epoch": 0, "round": 3})
+        metrics.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not read {path} ([Errno 5] Input/output error): rows it should drop stay in it",
+        f"could not read {path} ([Errno 5] Input/output error): round and trained_steps count from 0 again",
+        f"could not write to {path} ([Errno 5] Input/output error): its rows are skipped until writing works again "
+        "(training and checkpoints go on)",
+        f"writing to {path} again; 1 rows before this one were skipped"]
+    assert path.read_text() == "epoch,round,trained_steps\n0,0,10\n0,1,20\n0,3,40\n"  # under the right columns
+
+
 def test_an_episodes_first_observation_is_never_sent_alone() -> None:
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
                            worker_id="w", seed=0)
