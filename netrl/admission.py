@@ -81,9 +81,15 @@ class Admission:
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         twins = [w for w in self.peers.workers() if w.name == peer.name and w is not peer] if role == "worker" else []
         for twin in twins:
+            silent = time.time() - twin.last_seen
+            if silent > self.net.heartbeat_interval_s:  # no heartbeat since: an earlier run of it, restarted
+                log.info("%s has the name of %s, silent for %.1f s: taken for an earlier run of it that ended; it is "
+                         "dropped once silent for %.0f s", peer.label, twin.label, silent,
+                         self.net.heartbeat_interval_s * self.net.heartbeat_liveness)
+                continue
             log.warning("%s has the name of %s, connected too: unless that is an earlier run of it that died (dropped "
-                        "once silent for %.0f s), give each worker its own --worker-id (worker.worker_id); workers of "
-                        "one name on one machine write the same episodes_<worker_id>.csv and worker_policy file",
+                        "once silent for %.0f s), give each worker its own --worker-id (worker.worker_id): the "
+                        "server's logs and status cannot tell them apart (by default a worker takes its host name)",
                         peer.label, twin.label, self.net.heartbeat_interval_s * self.net.heartbeat_liveness)
         return peer
 

@@ -130,7 +130,8 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    worker_id: str | None = _f(None, "name of this worker in logs and status (default: host-pid)",
+    worker_id: str | None = _f(None, "name of this worker in logs, status and its file names (default: the host "
+                               "name; <host>-2, -3... for more workers on one machine)",
                                optional(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
     device: str = _f("cpu", "inference device of the worker's policy", torch_device)
     min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", ge(1))

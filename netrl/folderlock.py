@@ -21,10 +21,11 @@ LOCK_NAME = "LOCK"
 
 class FolderLock:
     """An exclusive lock on ``folder`` (created if missing). ``what`` names the folder in errors ("run folder");
-    ``fix`` says what to do when another process holds it."""
+    ``fix`` says what to do when another process holds it. Another lock ``name`` than ``LOCK`` locks something else
+    in the folder (a worker's name, :mod:`netrl.worker_names`)."""
 
-    def __init__(self, folder: str | Path, what: str, fix: str) -> None:
-        self.path = Path(folder) / LOCK_NAME
+    def __init__(self, folder: str | Path, what: str, fix: str, name: str = LOCK_NAME) -> None:
+        self.path = Path(folder) / name
         self.what, self.fix = what, fix
         self._fd: int | None = None
 

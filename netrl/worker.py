@@ -14,9 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import os
-import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -29,6 +26,7 @@ import torch
 from netrl.config import Config, NetworkConfig
 from netrl.envs import check_action, check_observation, check_sample_compressor, check_spaces
 from netrl.errors import NetrlError
+from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import EpisodeStats
@@ -39,19 +37,12 @@ from netrl.weight_receiver import WeightReceiver
 from netrl.weights import check_weights, load_weights
 from netrl.wire import PEER_NAME, PEER_NAME_RULE, Codec
 from netrl.worker_link import WorkerLink
+from netrl.worker_names import claim_worker_id, default_worker_id
 from netrl.worker_packets import PacketMaker
 
 __all__ = ["RolloutWorker"]
 
 log = logging.getLogger(__name__)
-
-
-def default_worker_id() -> str:
-    """``<host>-<pid>`` as a valid name (:data:`netrl.wire.PEER_NAME`): other characters become '-', and a long host
-    name is cut."""
-    pid = str(os.getpid())
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-") or "worker"
-    return f"{host[:63 - len(pid)]}-{pid}"
 
 
 class RolloutWorker:
@@ -142,6 +133,7 @@ class RolloutWorker:
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
         self._saved_versions = 0
         self._closed = False
+        self.name_lock: FolderLock | None = None  # from_config's: keeps worker_id this process's own in the run folder
         self._checked = False  # the first observations and action were checked against the spaces
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
         self.episode_log_level = logging.INFO
@@ -149,23 +141,29 @@ class RolloutWorker:
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
         w = cfg.worker
-        worker_id = w.worker_id or default_worker_id()
+        worker_id, name_lock = claim_worker_id(cfg.run_dir, w.worker_id)  # by default the host name (worker_names)
         if w.throttle and pipeline.realtime:
             log.info("worker.throttle is ignored: the %s pipeline's env runs in real time, and pausing it would "
                      "change what it learns", cfg.env.pipeline)
-        return cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
-                   cfg.network.server_ip, w.min_samples_per_worker_packet,
-                   np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
-                   str(cfg.run_dir / f"worker_policy_{worker_id}.pt"), pipeline.obs_preprocessor,
-                   str(cfg.run_dir / f"worker_policy_{worker_id}"), w.model_history,
-                   server_port=cfg.network.worker_port, worker_id=worker_id, network=cfg.network,
-                   overlap=pipeline.overlap,
-                   throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
-                   max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
-                   flush_timeout_s=w.flush_timeout_s, compression=w.compression, seed=cfg.seed,
-                   episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
-                   keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
-                   status_interval_s=cfg.status_interval_s)
+        try:
+            worker = cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
+                         cfg.network.server_ip, w.min_samples_per_worker_packet,
+                         np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
+                         str(cfg.run_dir / f"worker_policy_{worker_id}.pt"), pipeline.obs_preprocessor,
+                         str(cfg.run_dir / f"worker_policy_{worker_id}"), w.model_history,
+                         server_port=cfg.network.worker_port, worker_id=worker_id, network=cfg.network,
+                         overlap=pipeline.overlap,
+                         throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
+                         max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
+                         flush_timeout_s=w.flush_timeout_s, compression=w.compression, seed=cfg.seed,
+                         episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
+                         keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
+                         status_interval_s=cfg.status_interval_s)
+        except BaseException:
+            name_lock.release()
+            raise
+        worker.name_lock = name_lock
+        return worker
 
     @property
     def seq(self) -> int:
@@ -240,6 +238,8 @@ class RolloutWorker:
                             sum(p.steps for p in net.backlog.values()))
         if self.env is not None:
             self.env.close()
+        if self.name_lock is not None:  # the name is free for this worker's restart
+            self.name_lock.release()
 
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,

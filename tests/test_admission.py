@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from netrl.broadcast import WeightCache
+from netrl.config import NetworkConfig
 from netrl.errors import MalformedMessage
 from netrl.peers import MAX_REPORTED
 from netrl.server import Server
@@ -205,16 +206,26 @@ def test_a_version_its_trainer_left_unfinished_gives_way_to_the_last_complete_on
     assert early.expect(MsgType.WEIGHTS).policy_version == 1  # and so does the worker left with half of v2
 
 
-def test_two_connected_workers_of_one_name_are_warned_about(server: tuple[Server, zmq.Context],
-                                                            caplog: pytest.LogCaptureFixture) -> None:
-    srv, ctx = server
-    first = Peer(ctx, srv.worker_port, "worker", "robot-1")
-    other = Peer(ctx, srv.worker_port, "worker", "robot-2")
-    assert first.hello().type is MsgType.WELCOME and other.hello().type is MsgType.WELCOME
-    assert "has the name of" not in caplog.text
-    twin = Peer(ctx, srv.worker_port, "worker", "robot-1")  # another process, another session: both are served
-    assert twin.hello().type is MsgType.WELCOME
-    settle()
-    said = [r.getMessage() for r in caplog.records if "has the name of" in r.getMessage()]
-    assert len(said) == 1 and "give each worker its own --worker-id" in said[0]
-    assert said[0].count("'robot-1'") == 2 and len(srv.peers.workers()) == 3
+def test_two_connected_workers_of_one_name_are_warned_about_unless_the_first_fell_silent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    network = NetworkConfig(heartbeat_interval_s=1.0, heartbeat_liveness=10)
+    with running_server(network=network, spool_dir=tmp_path / "spool") as (srv, ctx), \
+            caplog.at_level(logging.INFO, logger="netrl.admission"):
+        first = Peer(ctx, srv.worker_port, "worker", "robot-1")
+        other = Peer(ctx, srv.worker_port, "worker", "robot-2")
+        assert first.hello().type is MsgType.WELCOME and other.hello().type is MsgType.WELCOME
+        assert "has the name of" not in caplog.text
+        twin = Peer(ctx, srv.worker_port, "worker", "robot-1")  # another process, another session: both are served
+        assert twin.hello().type is MsgType.WELCOME
+        settle()
+        said = [r for r in caplog.records if "has the name of" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING
+        assert "give each worker its own --worker-id" in said[0].getMessage()
+        assert said[0].getMessage().count("'robot-1'") == 2 and len(srv.peers.workers()) == 3
+        time.sleep(1.2)  # robot-2 falls silent for over a heartbeat interval: as a worker that was killed
+        restarted = Peer(ctx, srv.worker_port, "worker", "robot-2")  # its restart, under the same (default) name
+        assert restarted.hello().type is MsgType.WELCOME
+        settle()
+    said = [r for r in caplog.records if "has the name of" in r.getMessage()]
+    assert len(said) == 2 and said[1].levelno == logging.INFO
+    assert "taken for an earlier run of it that ended; it is dropped once silent for 10 s" in said[1].getMessage()

@@ -88,6 +88,35 @@ def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch
     assert PEER_NAME.fullmatch(default) and default.startswith("labo-pc--2-.xx") and default.endswith(f"-{os.getpid()}")
 
 
+def test_a_worker_from_config_is_named_after_its_host_and_keeps_that_name_across_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from netrl.errors import FolderInUse
+    from netrl.pipelines import make_pipeline
+    from netrl.worker_names import claim_worker_id
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "robot lab")
+    cfg = config_from_dict({"weights_folder": str(tmp_path), "security": "none"})
+    first = RolloutWorker.from_config(cfg, make_pipeline(cfg))
+    second = RolloutWorker.from_config(cfg, make_pipeline(cfg))  # another worker on this machine, running too
+    assert (first.worker_id, second.worker_id) == ("robot-lab", "robot-lab-2")
+    assert first.episode_log is not None and first.episode_log.path == cfg.run_dir / "episodes_robot-lab.csv"
+    assert first.model_path == str(cfg.run_dir / "worker_policy_robot-lab.pt")
+    with pytest.raises(FolderInUse, match=r"worker name 'robot-lab-2' in the run folder .* is in use by another "
+                                          rf"process \(pid {os.getpid()}\): give each worker on this machine its own "
+                                          r"--worker-id"):
+        claim_worker_id(cfg.run_dir, "robot-lab-2")  # a name given twice is refused, not shared
+    first.close()  # as when it stops or crashes (the OS releases its lock): its restart takes the same name again
+    restarted = RolloutWorker.from_config(cfg, make_pipeline(cfg))
+    assert restarted.worker_id == "robot-lab"
+    monkeypatch.setattr(socket, "gethostname", lambda: "h" * 80)
+    (long_name, held), (next_name, held_too) = claim_worker_id(tmp_path, None), claim_worker_id(tmp_path, None)
+    assert (long_name, next_name) == ("h" * 64, "h" * 62 + "-2")  # cut to stay valid names
+    for worker in (second, restarted):
+        worker.close()
+    for lock in (held, held_too):
+        lock.release()
+
+
 def test_a_restarted_worker_continues_the_episode_and_step_counts_of_its_csv(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     csv_path = tmp_path / "episodes_w.csv"
