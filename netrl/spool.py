@@ -77,7 +77,7 @@ class Spool:
             if min(saved) < 0:
                 raise ValueError(f"it holds a negative position {tuple(saved)}")
             # Past here HEAD reads well; a position no packet starts at is either HEAD's damage or the spool's there.
-            problem = f"points to {tuple(saved)}, where the spool has no readable packet"
+            problem = f"leads to {tuple(max(saved, start))}, where the spool has no readable packet"
             if saved.segment < start.segment:  # the head's own segment is only dropped once the head has left it
                 log.warning("%s: segment files %08d.seg to %08d.seg are missing (deleted by hand?): the packets in "
                             "them that the trainer had not acknowledged are lost", self.dir, saved.segment,

@@ -263,7 +263,7 @@ def test_damage_at_the_spool_head_is_skipped_or_resends_the_spool_and_says_where
         assert taken == [3] and "is damaged from offset" in caplog.text and "HEAD" not in caplog.text
     else:  # no record can be found at HEAD: the whole spool again (1 too; the trainer discards it)
         assert taken == [1, 3]
-        assert (f"HEAD points to {(head['segment'], head['offset'])}, where the spool has no readable packet"
+        assert (f"HEAD leads to {(head['segment'], head['offset'])}, where the spool has no readable packet"
                 in caplog.text and "sent again from its start" in caplog.text and "is unreadable" not in caplog.text)
     again.close()
 
