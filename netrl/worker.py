@@ -160,7 +160,8 @@ class RolloutWorker:
                          keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                          status_interval_s=cfg.status_interval_s)
         except BaseException:
-            name_lock.release()
+            if name_lock is not None:
+                name_lock.release()
             raise
         worker.name_lock = name_lock
         return worker
@@ -236,10 +237,12 @@ class RolloutWorker:
                 log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
                             "the server already spooled them", self.worker_id, len(net.backlog),
                             sum(p.steps for p in net.backlog.values()))
-        if self.env is not None:
-            self.env.close()
-        if self.name_lock is not None:  # the name is free for this worker's restart
-            self.name_lock.release()
+        try:
+            if self.env is not None:
+                self.env.close()
+        finally:
+            if self.name_lock is not None:  # the name is free for this worker's restart
+                self.name_lock.release()
 
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,

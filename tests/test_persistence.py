@@ -6,10 +6,12 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -566,6 +568,53 @@ def test_a_folder_has_one_live_holder_and_a_dead_holder_leaves_no_stale_lock(tmp
         child.kill()
         child.wait()
         first.release()
+
+
+def _run_until_killed(running: Any) -> None:
+    running.set()
+    time.sleep(60)
+
+
+def test_a_child_forked_while_a_lock_is_held_does_not_keep_it_after_its_parent(tmp_path: Path) -> None:
+    lock = FolderLock(tmp_path, "run folder", "stop it")
+    lock.acquire()
+    fork = multiprocessing.get_context("fork")
+    running = fork.Event()
+    child = fork.Process(target=_run_until_killed, args=(running,), daemon=True)
+    child.start()  # say, an env's helper process, forked with the parent's open files
+    try:
+        assert running.wait(30)
+        lock.release()  # as when the parent ends; the child runs on
+        again = FolderLock(tmp_path, "run folder", "stop it")
+        again.acquire()  # before: FolderInUse, as the child's copy of the lock file kept the lock
+        again.release()
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_a_file_system_without_locks_is_named_and_a_worker_runs_unlocked_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import netrl.folderlock
+    from netrl.worker_names import claim_worker_id, host_name
+
+    def no_locks(fd: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(netrl.folderlock, "_lock", no_locks)  # as on some network file systems
+    with pytest.raises(NetrlError, match=rf"cannot lock the run folder {tmp_path}: \[Errno {errno.ENOLCK}\] No locks "
+                                         "available; its file system may not support file locks: choose a folder on "
+                                         "a local disk"):  # before: "in use by another process (pid unknown)"
+        FolderLock(tmp_path, "run folder", "stop it").acquire()
+    with caplog.at_level(logging.WARNING, logger="netrl.worker_names"):
+        name, lock = claim_worker_id(tmp_path / "run", None)  # before: tried names without end, a file for each
+    assert (name, lock) == (host_name(), None) and len(list((tmp_path / "run").iterdir())) == 1
+    assert f"this worker runs as {host_name()!r} with no lock on that name, so another worker" in caplog.text
+    (tmp_path / "file").write_text("")
+    with caplog.at_level(logging.WARNING, logger="netrl.worker_names"):  # a run folder that cannot be made
+        assert claim_worker_id(tmp_path / "file" / "run", "robot-1") == ("robot-1", None)
+    assert (f"cannot use {tmp_path / 'file' / 'run'} as the run folder: {tmp_path / 'file'} is a file, not a folder: "
+            "move it away, or choose another folder; this worker runs as 'robot-1' with no lock") in caplog.text
 
 
 def test_a_second_server_on_a_spool_in_use_is_refused_before_touching_it(tmp_path: Path) -> None:

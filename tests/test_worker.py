@@ -77,6 +77,9 @@ def test_the_configured_codec_compresses_what_the_worker_sends(codec: str, tmp_p
     codecs = {a["name"]: a["codec"] for a in msgpack.unpackb(sent[0][1])["arrays"]}
     assert codecs["obs"] == codec  # frames (uint8) use the codec; float arrays never do
     assert codecs["rew"] == "none"
+    worker.env.close()
+    assert worker.name_lock is not None
+    worker.name_lock.release()  # what close() does last (close() itself would flush to the Recorder)
 
 
 def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +92,7 @@ def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_worker_from_config_is_named_after_its_host_and_keeps_that_name_across_restarts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from netrl.errors import FolderInUse
     from netrl.pipelines import make_pipeline
     from netrl.worker_names import claim_worker_id
@@ -97,8 +100,11 @@ def test_a_worker_from_config_is_named_after_its_host_and_keeps_that_name_across
     monkeypatch.setattr(socket, "gethostname", lambda: "robot lab")
     cfg = config_from_dict({"weights_folder": str(tmp_path), "security": "none"})
     first = RolloutWorker.from_config(cfg, make_pipeline(cfg))
-    second = RolloutWorker.from_config(cfg, make_pipeline(cfg))  # another worker on this machine, running too
+    with caplog.at_level(logging.INFO, logger="netrl.worker_names"):
+        second = RolloutWorker.from_config(cfg, make_pipeline(cfg))  # another worker on this machine, running too
     assert (first.worker_id, second.worker_id) == ("robot-lab", "robot-lab-2")
+    assert (f"worker names taken by other workers on this machine: robot-lab (pid {os.getpid()}); this worker is "
+            "'robot-lab-2'") in caplog.text
     assert first.episode_log is not None and first.episode_log.path == cfg.run_dir / "episodes_robot-lab.csv"
     assert first.model_path == str(cfg.run_dir / "worker_policy_robot-lab.pt")
     with pytest.raises(FolderInUse, match=r"worker name 'robot-lab-2' in the run folder .* is in use by another "
