@@ -117,11 +117,18 @@ class CsvLog:
             except OSError:  # not writable now: the first row written says so
                 pass
 
+    def _read_header_again(self) -> None:
+        """If the header could not be read before, read it now (OSError if it still cannot): nothing may be written
+        to the file, or rewritten, under columns that are not its own."""
+        if self._unread:
+            self._read_header()
+            self._unread = False
+
     def write(self, row: dict[str, Any]) -> None:
+        doing = "read"
         try:
-            if self._unread:
-                self._read_header()
-                self._unread = False
+            self._read_header_again()
+            doing = "write to"
             new = [k for k in row if k not in self.fields]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if new:
@@ -131,8 +138,8 @@ class CsvLog:
                 csv.DictWriter(f, self.fields).writerow({k: "" if v is None else v for k, v in row.items()})
         except OSError as exc:
             if not self.skipped:
-                log.warning("could not write to %s (%s): its rows are skipped until writing works again (training "
-                            "and checkpoints go on)", self.path, exc)
+                log.warning("could not %s %s (%s): its rows are skipped until that works again (training and "
+                            "checkpoints go on)", doing, self.path, exc)
             self.skipped += 1
             return
         if self.skipped:
@@ -157,6 +164,7 @@ class CsvLog:
     def keep(self, predicate: Callable[[dict[str, str]], bool]) -> int:
         """Rewrite the file (atomically) without the rows ``predicate`` rejects; returns how many were dropped."""
         try:
+            self._read_header_again()
             rows = read_rows(self.path)
         except OSError as exc:
             log.warning("could not read %s (%s): rows it should drop stay in it", self.path, exc)

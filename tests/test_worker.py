@@ -227,10 +227,22 @@ def test_a_csv_the_disk_refuses_to_read_stops_neither_the_trainer_nor_a_worker(
     assert [r.getMessage() for r in caplog.records] == [
         f"could not read {path} ([Errno 5] Input/output error): rows it should drop stay in it",
         f"could not read {path} ([Errno 5] Input/output error): round and trained_steps count from 0 again",
-        f"could not write to {path} ([Errno 5] Input/output error): its rows are skipped until writing works again "
-        "(training and checkpoints go on)",
+        f"could not read {path} ([Errno 5] Input/output error): its rows are skipped until that works again (training "
+        "and checkpoints go on)",
         f"writing to {path} again; 1 rows before this one were skipped"]
     assert path.read_text() == "epoch,round,trained_steps\n0,0,10\n0,1,20\n0,3,40\n"  # under the right columns
+    failures = [OSError(errno.EIO, "Input/output error")]  # a read that fails once, at start, then works again
+
+    def one_failed_read(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if self == path and mode == "r" and failures:
+            raise failures.pop()
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", one_failed_read)
+    resumed = MetricsLogger(tmp_path, "run", wandb_mode="disabled")
+    resumed.rewind(20)  # the header reads now: the round past the checkpoint goes, under the file's own columns
+    resumed.close()
+    assert path.read_text() == "epoch,round,trained_steps\n0,0,10\n0,1,20\n"  # before: every value wiped
 
 
 def test_an_episodes_first_observation_is_never_sent_alone() -> None:
