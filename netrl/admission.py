@@ -80,17 +80,17 @@ class Admission:
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
         twins = [w for w in self.peers.workers() if w.name == peer.name and w is not peer] if role == "worker" else []
+        drop_after = self.net.heartbeat_interval_s * self.net.heartbeat_liveness
         for twin in twins:
             silent = time.time() - twin.last_seen
-            if silent > self.net.heartbeat_interval_s:  # no heartbeat since: an earlier run of it, restarted
+            if silent > drop_after / 2:  # half its heartbeats missed: an earlier run of it that ended, restarted
                 log.info("%s has the name of %s, silent for %.1f s: taken for an earlier run of it that ended; it is "
-                         "dropped once silent for %.0f s", peer.label, twin.label, silent,
-                         self.net.heartbeat_interval_s * self.net.heartbeat_liveness)
+                         "dropped once silent for %.0f s", peer.label, twin.label, silent, drop_after)
                 continue
             log.warning("%s has the name of %s, connected too: unless that is an earlier run of it that died (dropped "
                         "once silent for %.0f s), give each worker its own --worker-id (worker.worker_id): the "
                         "server's logs and status cannot tell them apart (by default a worker takes its host name)",
-                        peer.label, twin.label, self.net.heartbeat_interval_s * self.net.heartbeat_liveness)
+                        peer.label, twin.label, drop_after)
         return peer
 
     def _trainer_replaced(self, old: Peer, new: Peer) -> None:
