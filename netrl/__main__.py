@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-port", type=int, help="server port for the trainer (network.trainer_port)")
     p.add_argument("--worker-port", type=int, help="server port for workers (network.worker_port)")
     p.add_argument("--run-name", help="run name; outputs go to <weights_folder>/<run_name>/ (run_name)")
-    p.add_argument("--worker-id", help="this worker's name in logs and status (worker.worker_id)")
+    p.add_argument("--worker-id", help="this worker's name in logs, status and its file names (worker.worker_id; "
+                   "default: the host name)")
     p.add_argument("--wandb", choices=["offline", "online", "disabled"], help="wandb mode (wandb.mode)")
     p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
     p.add_argument("--episodes", type=int, help="worker: run this many training episodes, then stop")
@@ -264,8 +265,12 @@ def program() -> int:
 
     The ``netrl`` command puts the folder it starts in on the import path first, as ``python -m netrl`` does, so
     that config.json's ``env.pipeline`` ("module:function") finds the user's module the same way under both."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    try:
+        here = os.getcwd()
+    except OSError:  # started in a folder since deleted: nothing to import from there
+        here = None
+    if here is not None and here not in sys.path:
+        sys.path.insert(0, here)
     code = main()
 
     def handler(signum: int, frame: Any) -> None:
