@@ -134,7 +134,8 @@ def client_keys(keys_dir: str | Path, role: Literal["trainer", "worker"], name: 
         named = sorted(p.parent.name for p in (root / "workers").glob("*/*.key_secret") if p.parent.name != name)
         if named:
             hint += (f", or give this worker the name of the keys it has: --worker-id {named[0]} (config.json: "
-                     f"worker.worker_id; this worker is {name!r})")
+                     f"worker.worker_id; this worker is {name!r}), or make keys for {name!r} on the server's machine: "
+                     f"python -m netrl --keygen --workers {name}")
     if not root.exists():
         hint += f"; {root} does not exist: is keys_dir (--keys-dir) right?"
     public, secret = _load(folder / f"{key_name}.key_secret", f"{role} secret key", hint)

@@ -95,8 +95,9 @@ def test_missing_or_exposed_keys_are_refused_with_instructions(tmp_path: Path) -
     (robot / "worker.key_secret").rename(robot / "robot-1.key_secret")
     with pytest.raises(SecurityError, match=r"copy workers/worker/ .*, or give this worker the name of the keys it "
                                             r"has: --worker-id robot-1 \(config.json: worker.worker_id; this worker "
-                                            r"is 'vm-123'\)"):
-        client_keys(tmp_path / "robot" / "keys", "worker", "vm-123")
+                                            r"is 'vm-2'\), or make keys for 'vm-2' on the server's machine: "
+                                            r"python -m netrl --keygen --workers vm-2"):
+        client_keys(tmp_path / "robot" / "keys", "worker", "vm-2")  # the second worker on a machine, say
     secret = tmp_path / "keys" / "trainer" / "trainer.key_secret"
     os.chmod(secret, 0o644)
     with pytest.raises(SecurityError, match="chmod 600"):
