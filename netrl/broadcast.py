@@ -116,6 +116,7 @@ class WeightCache:
         self.newest = -1  # the newest complete version from any trainer session, told to a new trainer
         self.completed = 0  # versions completed so far
         self._previous: tuple[int, int, list[list[Any]]] | None = None  # (version, nbytes, parts), complete
+        self._checked: tuple[Any, int] | None = None  # the last layout and size that passed check_layout
 
     def trainer_session(self, session: str, peers: list[Peer]) -> None:
         """A trainer said HELLO: a new trainer process need not continue the old one's versions, so forget the
@@ -200,10 +201,12 @@ class WeightCache:
             return (f"weights v{version} of {nbytes} bytes in {parts} parts would take over server.max_weights_bytes "
                     f"({self.max_bytes}) + {OVERHEAD_ROOM_BYTES} bytes of memory, with {PART_OVERHEAD_BYTES} bytes of "
                     "bookkeeping per part: send larger parts (netrl's trainer sends 1 MiB parts)")
-        try:
-            check_layout(layout, nbytes)
-        except ProtocolError as exc:
-            return f"weights v{version} have a bad layout, refused (workers would refuse them too): {exc}"
+        if (layout, nbytes) != self._checked:  # a trainer sends the same layout with every version
+            try:
+                check_layout(layout, nbytes)
+            except ProtocolError as exc:
+                return f"weights v{version} have a bad layout, refused (workers would refuse them too): {exc}"
+            self._checked = (layout, nbytes)
         return None
 
     def _set(self, version: int, nparts: int, parts: list[list[Any]], nbytes: int) -> None:

@@ -15,6 +15,7 @@ and packets naming versions this session never published), so that no number eve
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import logging
 import threading
@@ -36,7 +37,7 @@ from netrl.samples import Buffer
 from netrl.schema import SampleSchema
 from netrl.segments import Position
 from netrl.status import StatusClock, version_label, worth_logging
-from netrl.weights import PART_BYTES, flat_layout, snapshot_into
+from netrl.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
 from netrl.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
 
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
@@ -60,6 +61,17 @@ def write_failed(what: str, path: Path, exc: OSError) -> str:
 def trainer_label(name: str) -> str:
     """How the logs name a trainer: "trainer", or "trainer 'gpu-box'" for one with another name."""
     return "trainer" if name == "trainer" else f"trainer {name!r}"
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    """A flat buffer the trainer copies an actor into, the tensors viewing it for that actor's layout, and the
+    sends of the version in it that are still reading it."""
+
+    flat: np.ndarray
+    layout: list[list[Any]]
+    views: list[torch.Tensor]
+    trackers: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
 
 
 class TrainerLink(NetThread):
@@ -90,7 +102,7 @@ class TrainerLink(NetThread):
         self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
         self.weights_version = -1
         self.last_progress: list[Any] | None = None
-        self._snapshots: list[tuple[np.ndarray, list[zmq.MessageTracker]]] = []  # reusable flat buffers
+        self._snapshots: list[_Snapshot] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -- SampleSource, called from the training thread --------------------------------------------------
@@ -128,24 +140,30 @@ class TrainerLink(NetThread):
         self.version = version
         state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
         layout, nbytes = flat_layout(state)
-        flat = self._free_snapshot(nbytes)
-        snapshot_into(state, layout, flat)
-        trackers = []
-        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, flat, layout, PART_BYTES):
+        snap = self._free_snapshot(layout, nbytes)
+        copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
+        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, snap.flat, layout,
+                                PART_BYTES):
             tracker = self.command([b"weights", b"%d" % msg.body["part"], b"%d" % version, *encode(msg)], track=True)
             assert tracker is not None
-            trackers.append(tracker)
-        self._snapshots.append((flat, trackers))
-        log.debug("published weights v%d in %d parts", version, len(trackers))
+            snap.trackers.append(tracker)
+        self._snapshots.append(snap)
+        log.debug("published weights v%d in %d parts", version, len(snap.trackers))
 
-    def _free_snapshot(self, nbytes: int) -> np.ndarray:
-        """A buffer no send still reads: the network thread keeps the newest version until the next one."""
-        for i, (flat, trackers) in enumerate(self._snapshots):
-            if flat.nbytes == nbytes and all(t.done for t in trackers):
-                return self._snapshots.pop(i)[0]
+    def _free_snapshot(self, layout: list[list[Any]], nbytes: int) -> _Snapshot:
+        """A buffer no send still reads, with views for ``layout``: the network thread keeps the newest version
+        until the next one."""
+        for i, snap in enumerate(self._snapshots):
+            if snap.flat.nbytes == nbytes and all(t.done for t in snap.trackers):
+                del self._snapshots[i]
+                if snap.layout != layout:  # another actor of the same size: view it anew
+                    snap = _Snapshot(snap.flat, layout, flat_views(snap.flat, layout))
+                snap.trackers.clear()
+                return snap
         if len(self._snapshots) > 4:
             self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
-        return np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
+        flat = np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
+        return _Snapshot(flat, layout, flat_views(flat, layout))
 
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         msg = Message(MsgType.PROGRESS, self.link.name,

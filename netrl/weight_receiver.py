@@ -7,6 +7,8 @@ so a weight update never delays a real-time step.
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -24,6 +26,7 @@ from netrl.weights import (
     check_weights,
     flat_arrays,
     load_weights,
+    sum_is_finite,
     tensor_views,
     weight_specs,
 )
@@ -35,27 +38,40 @@ log = logging.getLogger(__name__)
 
 
 class WeightSlot:
-    """Hands a fully loaded actor from the network thread to the control path (double buffering)."""
+    """Hands a fully loaded actor from the network thread to the control path (double buffering).
 
-    def __init__(self, spare: torch.nn.Module) -> None:
+    Every actor is in one place at a time: the control path's (current), pending (loaded, not yet swapped in),
+    the network thread's (being written), or spare. A pending actor stays pending until a newer one is put in its
+    place, so a version that fails midway never costs the control path the one before it. That takes at most three
+    actors; ``make`` builds the third when the first new version comes before the control path swapped in the
+    last."""
+
+    def __init__(self, spare: torch.nn.Module, make: Callable[[], torch.nn.Module]) -> None:
         self._lock = threading.Lock()
         self._pending: tuple[int, str, torch.nn.Module] | None = None
         self._spares = [spare]
+        self._make = make
 
-    def take_module(self) -> torch.nn.Module:
-        """Network thread: a module nobody else uses (a not-yet-swapped pending one is taken back)."""
+    def take_spare(self) -> torch.nn.Module:
+        """Network thread: an actor that neither the control path nor the pending slot holds."""
         with self._lock:
-            if self._pending is not None:
-                module, self._pending = self._pending[2], None
-                return module
-            return self._spares.pop()
+            if self._spares:
+                return self._spares.pop()
+        return self._make()
+
+    def give_back(self, module: torch.nn.Module) -> None:
+        """Network thread: a taken actor that got no version (the version was rejected)."""
+        with self._lock:
+            self._spares.append(module)
 
     def put(self, version: int, session: str, module: torch.nn.Module) -> None:
         with self._lock:
+            if self._pending is not None:  # never swapped in: a spare again
+                self._spares.append(self._pending[2])
             self._pending = (version, session, module)
 
     def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
-        """Control path: the pending actor, if any; ``current`` becomes the next spare."""
+        """Control path: the pending actor, if any; ``current`` becomes a spare."""
         if self._pending is None:  # cheap check without the lock; the lock below makes it exact
             return None
         with self._lock:
@@ -65,8 +81,23 @@ class WeightSlot:
             return pending
 
 
+@dataclasses.dataclass
+class _Bound:
+    """A CPU actor whose tensors view one flat buffer in the worker's own layout, for as long as it lives: a
+    version in that layout is written straight into the buffer, and nothing is re-pointed per version."""
+
+    module: torch.nn.Module
+    flat: np.ndarray
+    whole: torch.Tensor | None  # the buffer as one tensor, for the one-sum finiteness proof (KnownLayout.views)
+    own: dict[str, torch.Tensor]  # the module's tensors (state_dict(keep_vars=True)), views of flat
+
+
 class WeightReceiver:
     """Network thread: check received weights against the actor, load them into a spare one, save them.
+
+    A version laid out like the worker's own actor (the usual case) is assembled straight into a spare CPU actor's
+    buffer, which its tensors view (:class:`_Bound`), and proven finite with one sum; any other version is
+    assembled apart, checked tensor by tensor and copied into a spare actor.
 
     Nothing a server sends stops the thread: a version that does not fit (parts out of order, a malformed layout,
     weights that do not match the actor or are not finite) is rejected, counted once in ``weights_rejected`` and
@@ -79,15 +110,16 @@ class WeightReceiver:
                  save: Callable[[torch.nn.Module, int, str], None]) -> None:
         self.template_actor, self.save = template_actor, save
         self.specs = weight_specs(template_actor)
-        self.slot = WeightSlot(spare)
+        self.slot = WeightSlot(spare, lambda: copy.deepcopy(template_actor))
         self.version, self.session = version, ""
         self.counts: collections.Counter[str] = collections.Counter()
         self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
         self.known = KnownLayout(template_actor)
         self.assembler = WeightAssembler(max_bytes=self.known.nbytes)  # a bigger version is rejected early
-        self._backing: dict[int, np.ndarray] = {}  # id(module) -> the flat buffer its tensors view
+        self._bound: dict[int, _Bound] = {}  # id(module) -> its buffer (CPU actors only)
+        self._on_cpu = all(t.device.type == "cpu" for t in template_actor.state_dict().values())
+        self._target: _Bound | None = None  # the spare actor the version being assembled lands in
         self._save_failing = False
-        self._own: dict[int, dict[str, torch.Tensor]] = {}  # id(module) -> its state_dict(keep_vars=True)
         self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
 
     def __call__(self, msg: Message) -> dict[str, Any]:
@@ -100,34 +132,27 @@ class WeightReceiver:
                 return self.stats()
             self._rejected = None  # sent again from its part 0: a new try
         try:
+            into = self._landing(b["nbytes"], b["layout"]) if b["part"] == 0 else None
             self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
-                               msg.arrays["chunk"])
+                               msg.arrays["chunk"], into)
             if not self.assembler.done:
                 return self.stats()
             flat, layout = self.assembler.take()
         except ValueError as exc:
             return self._reject(session, version, str(exc))
-        if self.known.matches(flat, layout):  # the usual case: the trainer's actor has our tensors
-            tensors, finite = self.known.tensors(flat)
-        else:
-            try:
-                tensors, finite = tensor_views(flat_arrays(flat, layout)), False
-            except ProtocolError as exc:
-                return self._reject(session, version, str(exc), flat)
-        if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
-            problems = check_weights(self.specs, tensors)
+        target, self._target = self._target, None
+        if target is not None:  # assembled in place: the actor already holds the version
+            problems = [] if sum_is_finite(target.whole) else check_weights(
+                self.specs, {k: t.detach() for k, t in target.own.items()})
             if problems:
-                return self._reject(session, version, "; ".join(problems[:5]), flat)
-        module = self.slot.take_module()
-        own = self._own.get(id(module))
-        if own is None:
-            own = self._own[id(module)] = module.state_dict(keep_vars=True)
-        load_weights(module, tensors, assign=True, own=own)  # no copy on CPU: the actor's tensors view the buffer
-        if next(module.parameters()).device.type == "cpu":
-            self.assembler.release(self._backing.get(id(module)))  # its old buffer is no longer viewed
-            self._backing[id(module)] = flat
+                self.slot.give_back(target.module)
+                return self._reject(session, version, "; ".join(problems[:5]))
+            module = target.module
         else:
-            self.assembler.release(flat)  # copied to the device: the buffer is free again
+            loaded = self._load_copy(session, version, flat, layout)
+            if loaded is None:
+                return self.stats()
+            module = loaded
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
         if len(self.loaded_at) > self._KEEP_LOADED_AT:  # one entry per version would grow for as long as it runs
@@ -138,6 +163,53 @@ class WeightReceiver:
                 "weights v%d ready (%d received)", version, self.counts["weights_received"])
         self._save(module, version, session)
         return self.stats()
+
+    def _landing(self, nbytes: int, layout: Any) -> np.ndarray | None:
+        """Part 0: the buffer of the spare CPU actor a version in the worker's own layout is assembled in (the one
+        taken for the version before, if that one never finished); None for any other version."""
+        if not self._on_cpu or nbytes != self.known.nbytes or layout != self.known.layout:
+            self._drop_target()  # (an actor on another device: assembled apart, then copied there)
+            return None
+        if self._target is None:
+            self._target = self._bind(self.slot.take_spare())
+        return self._target.flat
+
+    def _bind(self, module: torch.nn.Module) -> _Bound:
+        """A CPU module's _Bound, made on its first version."""
+        bound = self._bound.get(id(module))
+        if bound is not None and bound.module is module:
+            return bound
+        own = module.state_dict(keep_vars=True)
+        flat = np.zeros(self.known.nbytes, np.uint8)  # zero padding, as the trainer's: see KnownLayout
+        views, whole = self.known.views(flat)
+        load_weights(module, views, assign=True, own=own)  # from now on its tensors view flat
+        bound = self._bound[id(module)] = _Bound(module, flat, whole, own)
+        return bound
+
+    def _drop_target(self) -> None:
+        if self._target is not None:
+            self.slot.give_back(self._target.module)
+            self._target = None
+
+    def _load_copy(self, session: str, version: int, flat: np.ndarray, layout: list[Any]) -> torch.nn.Module | None:
+        """A version assembled apart: checked, then copied into a spare actor (None: rejected)."""
+        if self.known.matches(flat, layout):  # the worker's own layout, for an actor not on the CPU
+            tensors, finite = self.known.tensors(flat)
+        else:
+            try:
+                tensors, finite = tensor_views(flat_arrays(flat, layout)), False
+            except ProtocolError as exc:
+                self._reject(session, version, str(exc), flat)
+                return None
+        if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
+            problems = check_weights(self.specs, tensors)
+            if problems:
+                self._reject(session, version, "; ".join(problems[:5]), flat)
+                return None
+        module = self.slot.take_spare()
+        load_weights(module, tensors)  # a copy: into a bound actor's own buffer, or onto the actor's device
+        self.assembler.release(flat)
+        return module
 
     def _save(self, module: torch.nn.Module, version: int, session: str) -> None:
         """Keep the weights on disk: a convenience for the next start, so a failed write (a full disk) is logged
@@ -158,6 +230,7 @@ class WeightReceiver:
 
     def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
         self.assembler.release(flat)
+        self._drop_target()
         self._rejected = (session, version)
         self.counts["weights_rejected"] += 1
         if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions

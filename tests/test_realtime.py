@@ -21,6 +21,7 @@ import dataclasses
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +43,22 @@ LATE_CALL_S = SLOW_LOAD_S / 2  # a load on the control path would delay the next
 
 
 def slowed_loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float, str]]:
-    """Make every weight load a worker runs (:func:`netrl.weights.load_weights`, wherever it is called from) take
-    SLOW_LOAD_S longer; returns the list of (start, end, thread name) it fills. A loader that went around
-    load_weights would record no loads, and the test would fail on their count."""
+    """Make every weight message a worker handles (:class:`netrl.weight_receiver.WeightReceiver` assembles, checks
+    and loads each version there) and every other weight load (:func:`netrl.weights.load_weights`, as from a policy
+    file) take SLOW_LOAD_S longer; returns the list of (start, end, thread name) it fills. A loader that went around
+    both would record no loads, and the test would fail on their count."""
     loads: list[tuple[float, float, str]] = []
+    receive = weight_receiver.WeightReceiver.__call__
 
-    def slow(*args: Any, **kwargs: Any) -> None:
+    def timed(work: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
         time.sleep(SLOW_LOAD_S)
-        weights.load_weights(*args, **kwargs)
+        out = work()
         loads.append((t0, time.perf_counter(), threading.current_thread().name))
+        return out
 
-    for module in (weight_receiver, worker_module):
-        monkeypatch.setattr(module, "load_weights", slow)
+    monkeypatch.setattr(weight_receiver.WeightReceiver, "__call__", lambda self, msg: timed(lambda: receive(self, msg)))
+    monkeypatch.setattr(worker_module, "load_weights", lambda *a, **k: timed(lambda: weights.load_weights(*a, **k)))
     return loads
 
 

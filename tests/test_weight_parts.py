@@ -263,3 +263,80 @@ def test_weights_that_cannot_be_saved_are_still_used_and_the_failure_is_logged_o
     assert len(errors) == 1 and "could not save weights v1" in errors[0].getMessage()
     assert "No space left on device" in errors[0].getMessage()
     assert "saving received weights works again (v3 saved)" in caplog.text
+
+
+def test_versions_in_the_workers_layout_land_in_spare_actors_own_buffers_and_a_failed_one_keeps_the_pending(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.weight_receiver import WeightReceiver
+
+    sender = MLPActor(OBS, ACT, hidden_sizes=(16,))
+    current = MLPActor(OBS, ACT, hidden_sizes=(16,))
+    receiver = WeightReceiver(MLPActor(OBS, ACT, hidden_sizes=(16,)), MLPActor(OBS, ACT, hidden_sizes=(16,)), -1,
+                              lambda *_: None)
+    places: dict[int, int] = {}  # id(actor) -> where its first weight lives
+    for version in range(1, 13):
+        with torch.no_grad():
+            sender.mu.weight.add_(1.0)
+        for m in parts_of(sender, version, part_bytes=128 if version % 2 else 1 << 20):  # in parts, or in one
+            receiver(m)
+        if version % 3 != 1:  # the control path swaps now and then, not after every version
+            swapped = receiver.slot.swap(current)
+            assert swapped is not None and swapped[0] == version
+            current = swapped[2]
+            assert all(torch.equal(current.state_dict()[k], t) for k, t in sender.state_dict().items())
+            assert places.setdefault(id(current), current.mu.weight.data_ptr()) == current.mu.weight.data_ptr()
+    assert receiver.version == 12 and len(set(places.values())) == len(places) == 3  # each actor kept its buffer
+    # A newer version that fails its check midway leaves the pending one to the control path.
+    for m in parts_of(sender, 13, part_bytes=128):  # pending: the control path has not swapped it in yet
+        receiver(m)
+    bad = parts_of(sender, 14, part_bytes=128)
+    chunk = bad[1].arrays["chunk"].copy()
+    chunk.view(np.float32)[0] = np.nan
+    bad[1].arrays["chunk"] = chunk
+    for m in bad:
+        receiver(m)
+    assert receiver.counts["weights_rejected"] == 1 and "contains NaN" in caplog.text
+    swapped = receiver.slot.swap(current)
+    assert swapped is not None and swapped[0] == 13
+    assert all(torch.equal(swapped[2].state_dict()[k], t) for k, t in sender.state_dict().items())
+
+
+class TwoTensors(torch.nn.Module):
+    """16 and 32 floats, in the order given: two such modules take the same bytes in different layouts."""
+
+    def __init__(self, first: str) -> None:
+        super().__init__()
+        for name in (first, "b" if first == "a" else "a"):
+            setattr(self, name, torch.nn.Parameter(torch.randn(16 if name == "a" else 32)))
+
+
+def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout_anew() -> None:
+    from netrl.delivery import Deliveries
+    from netrl.trainer_link import TrainerLink
+
+    link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: the test reads its pipe
+
+    def published(actor: torch.nn.Module, version: int) -> None:
+        link.publish(actor, version, 0)
+        frames = link._pipe_in.recv_multipart()  # a copy, as the network thread's send leaves the buffer
+        msg = decode(frames[3:])
+        got = flat_arrays(msg.arrays["chunk"], msg.body["layout"])
+        assert msg.policy_version == version and set(got) == set(actor.state_dict())
+        assert all(np.array_equal(got[k], t.numpy()) for k, t in actor.state_dict().items())
+        deadline = time.monotonic() + 5
+        while not all(t.done for t in link._snapshots[-1].trackers):  # ZeroMQ lets go of the buffer
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    try:
+        ab, ba = TwoTensors("a"), TwoTensors("b")
+        published(ab, 1)
+        first = link._snapshots[-1]
+        with torch.no_grad():
+            ab.a.mul_(-2)
+        published(ab, 2)
+        assert link._snapshots == [first] and first.trackers  # the same buffer and views, copied into again
+        published(ba, 3)  # as many bytes in another layout: the buffer is viewed anew, not written by ab's views
+        assert link._snapshots[-1].flat is first.flat and link._snapshots[-1].layout != flat_layout(ab)[0]
+    finally:
+        link.halt()
