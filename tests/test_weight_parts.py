@@ -15,7 +15,15 @@ from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig
 from netrl.errors import MalformedMessage
 from netrl.server import Server
-from netrl.weights import WeightAssembler, check_weights, flat_arrays, flat_layout, load_weights, snapshot_into
+from netrl.weights import (
+    PART_BYTES,
+    WeightAssembler,
+    check_weights,
+    flat_arrays,
+    flat_layout,
+    load_weights,
+    snapshot_into,
+)
 from netrl.wire import Message, MsgType, decode, encode, weight_parts
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
@@ -302,15 +310,16 @@ def test_versions_in_the_workers_layout_land_in_spare_actors_own_buffers_and_a_f
 
 
 class TwoTensors(torch.nn.Module):
-    """16 and 32 floats, in the order given: two such modules take the same bytes in different layouts."""
+    """16 and ``n`` floats, in the order given: two such modules take the same bytes in different layouts."""
 
-    def __init__(self, first: str) -> None:
+    def __init__(self, first: str, n: int) -> None:
         super().__init__()
         for name in (first, "b" if first == "a" else "a"):
-            setattr(self, name, torch.nn.Parameter(torch.randn(16 if name == "a" else 32)))
+            setattr(self, name, torch.nn.Parameter(torch.randn(16 if name == "a" else n)))
 
 
-def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout_anew() -> None:
+@pytest.mark.parametrize("n", [32, 300_000])  # a version in one part, and one in two
+def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout_anew(n: int) -> None:
     from netrl.delivery import Deliveries
     from netrl.trainer_link import TrainerLink
 
@@ -318,9 +327,14 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
 
     def published(actor: torch.nn.Module, version: int) -> None:
         link.publish(actor, version, 0)
-        frames = link._pipe_in.recv_multipart()  # a copy, as the network thread's send leaves the buffer
-        msg = decode(frames[3:])
-        got = flat_arrays(msg.arrays["chunk"], msg.body["layout"])
+        layout, nbytes = flat_layout(actor)
+        flat = np.zeros(nbytes, np.uint8)
+        for _ in range(-(-nbytes // PART_BYTES)):
+            frames = link._pipe_in.recv_multipart()  # a copy, as the network thread's send leaves the buffer
+            msg = decode(frames[3:])
+            flat[msg.body["offset"]:msg.body["offset"] + msg.arrays["chunk"].nbytes] = msg.arrays["chunk"]
+            assert msg.body["layout"] in ([], layout)
+        got = flat_arrays(flat, layout)
         assert msg.policy_version == version and set(got) == set(actor.state_dict())
         assert all(np.array_equal(got[k], t.numpy()) for k, t in actor.state_dict().items())
         deadline = time.monotonic() + 5
@@ -329,13 +343,13 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
             time.sleep(0.01)
 
     try:
-        ab, ba = TwoTensors("a"), TwoTensors("b")
+        ab, ba = TwoTensors("a", n), TwoTensors("b", n)
         published(ab, 1)
         first = link._snapshots[-1]
         with torch.no_grad():
             ab.a.mul_(-2)
         published(ab, 2)
-        assert link._snapshots == [first] and first.trackers  # the same buffer and views, copied into again
+        assert link._snapshots == [first] and len(first.trackers) == -(-first.flat.nbytes // PART_BYTES)
         published(ba, 3)  # as many bytes in another layout: the buffer is viewed anew, not written by ab's views
         assert link._snapshots[-1].flat is first.flat and link._snapshots[-1].layout != flat_layout(ab)[0]
     finally:
