@@ -14,7 +14,8 @@ broadcast  time from the trainer's publish until every worker has checked and lo
            10M-parameter actors and 1, 4 and 16 workers, CURVE on and off. Baseline: raw PUB/SUB moving the same
            bytes from one publisher straight to the same number of subscriber processes.
 replay     batches/s of 256 from a memory of 1M transitions (vector: ReplayMemory; image: FrameStackMemory, frames
-           stored once). Baseline: tmrl's approach, get_transition per item and then collate.
+           stored once), with torch's threads (one per core) and with one (the trainer's torch_threads default).
+           Baseline: tmrl's approach, get_transition per item and then collate, timed in turns with netrl's batches.
 overhead   the fraction of the trainer's wall time spent outside agent.train during a steady run of the real
            three-process pipeline (Pendulum, SAC, batch 256), next to the same loop in a single process.
 
@@ -76,9 +77,12 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
                          f"{'met' if r['ratio'] <= 2 else 'NOT met'} against one hop, "
                          f"{'met' if r['ratio_forwarded'] <= 2 else 'NOT met'} through a forwarder |")
         elif r["section"] == "replay":
-            lines.append(f"| replay {r['kind']}, batch 256 of {r['transitions']:,} | {r['batches_s']:,.0f} batches/s | "
-                         f"{r['per_item_batches_s']:,.1f} batches/s | {r['ratio']:.0f}x | >= 20x "
-                         f"({'met' if r['ratio'] >= 20 else 'NOT met'}) |")
+            for suffix, threads in (("", r["torch_threads"]), ("_one_thread", 1)):
+                ratio = r[f"ratio{suffix}"]
+                lines.append(f"| replay {r['kind']}, batch 256 of {r['transitions']:,}, "
+                             f"{count_of(threads, 'torch thread')} | {r[f'batches_s{suffix}']:,.0f} batches/s | "
+                             f"{r[f'per_item_batches_s{suffix}']:,.1f} "
+                             f"batches/s | {ratio:.0f}x | >= 20x ({'met' if ratio >= 20 else 'NOT met'}) |")
         elif r["section"] == "overhead":
             target = "<= 10%" + (" (met)" if r["overhead"] <= 0.10 else " (NOT met)") if r["run"] == "pipeline" else ""
             lines.append(f"| trainer time outside agent.train, {r['run']} | {r['overhead']:.1%} | | | {target} |")
