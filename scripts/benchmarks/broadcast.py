@@ -247,13 +247,14 @@ def _steady_ms(latencies: dict[int, float]) -> float:
 
 def bench_broadcast(quick: bool) -> list[dict[str, Any]]:
     rows = []
-    versions = WARMUP + (3 if quick else 8)
     with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
         tmp = Path(d)
         keygen(tmp / "keys")
         for size, hidden in SIZES.items():
             for workers in (1, 4, 16):
                 interval = {"0.1M": 0.3, "1M": 0.5, "10M": 1.0 + 0.15 * workers}[size]
+                # small versions swing most (their baselines are a millisecond) and cost least: measure more of them
+                versions = WARMUP + (3 if quick else 8 if size == "10M" else 20)
                 for security in ("curve", "none"):
                     got = broadcast_netrl(tmp, hidden, workers, security, versions, interval)
                     raw = broadcast_raw(hidden, workers, security, versions, interval)
