@@ -32,7 +32,7 @@ from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.samples import Buffer
 from netrl.status import count_of
 from netrl.transport import new_session
-from netrl.wire import encode, samples_message
+from netrl.wire import encode, frames_nbytes, samples_message
 
 
 # -- child processes ----------------------------------------------------------------------------------------
@@ -58,10 +58,16 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
     while not link.link.ready:
         time.sleep(0.01)
     _ready_then_wait(go)
+    nbytes = frames_nbytes(encode(samples_message(buf, worker_id, link.link.session, 1, steps), codec))
+
+    def room() -> bool:  # unacknowledged packets, and those still in the pipe to the network thread, under 16 MB
+        return link.backlog_bytes + (seq - link.last_seq) * nbytes < 16 << 20
+
     try:
         while link.is_alive():
-            if not link.wait_backlog_below(16 << 20, 0.5):  # block like a producer facing a full pipe
-                continue
+            with link.settled:  # block like a producer facing a full pipe
+                if not link.settled.wait_for(room, 0.5):
+                    continue
             seq += 1
             frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), codec)
             link.command([seq.to_bytes(8, "little") + int(steps).to_bytes(8, "little"), *frames])
