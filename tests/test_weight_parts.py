@@ -354,3 +354,29 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
         assert link._snapshots[-1].flat is first.flat and link._snapshots[-1].layout != flat_layout(ab)[0]
     finally:
         link.halt()
+
+
+def test_an_actor_off_the_cpu_gets_each_version_checked_apart_and_copied_in(caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.weight_receiver import WeightReceiver
+
+    sender = MLPActor(OBS, ACT, hidden_sizes=(16,))
+    receiver = WeightReceiver(MLPActor(OBS, ACT, hidden_sizes=(16,)), MLPActor(OBS, ACT, hidden_sizes=(16,)), -1,
+                              lambda *_: None)
+    receiver._on_cpu = False  # what a CUDA actor makes it: no buffer of its own to assemble in
+    current = MLPActor(OBS, ACT, hidden_sizes=(16,))
+    for version in (1, 2):
+        with torch.no_grad():
+            sender.mu.weight.add_(1.0)
+        for m in parts_of(sender, version, part_bytes=128):
+            receiver(m)
+        swapped = receiver.slot.swap(current)
+        assert swapped is not None and swapped[0] == version
+        current = swapped[2]
+        assert all(torch.equal(current.state_dict()[k], t) for k, t in sender.state_dict().items())
+    assert not receiver._bound  # nothing was re-pointed: each version was copied into the actor's own tensors
+    bad = parts_of(sender, 3, part_bytes=1 << 20)
+    chunk = bad[0].arrays["chunk"].copy()
+    chunk.view(np.float32)[0] = np.inf
+    bad[0].arrays["chunk"] = chunk
+    receiver(bad[0])
+    assert receiver.version == 2 and "contains NaN or infinity" in caplog.text
