@@ -156,7 +156,8 @@ class TrainerLink(NetThread):
         for i, snap in enumerate(self._snapshots):
             if snap.flat.nbytes == nbytes and all(t.done for t in snap.trackers):
                 del self._snapshots[i]
-                if snap.layout != layout:  # another actor of the same size: view it anew
+                if snap.layout != layout:  # another actor of the same size: view it anew, padding zeroed again
+                    snap.flat.fill(0)
                     snap = _Snapshot(snap.flat, layout, flat_views(snap.flat, layout))
                 snap.trackers.clear()
                 return snap
