@@ -190,11 +190,6 @@ class WorkerLink(NetThread):
         with self.settled:
             self.settled.notify_all()
 
-    def wait_backlog_below(self, nbytes: int, timeout: float) -> bool:
-        """Main thread: block until fewer than ``nbytes`` are unacknowledged (for producers that may wait)."""
-        with self.settled:
-            return self.settled.wait_for(lambda: self.backlog_bytes < nbytes, timeout)
-
     def flush(self, upto_seq: int, timeout: float) -> bool:
         """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged (a link
         waiting out its reconnect back-off reconnects at once)."""
