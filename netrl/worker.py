@@ -70,6 +70,7 @@ class RolloutWorker:
             config.json sets 0.5 s): a packet waits for ``min_samples_per_worker_packet`` rows.
         compression: codec for packets ("zstd", "lz4", "none"); only integer arrays such as images use it.
         max_backlog_bytes: unacknowledged packets kept for resending; beyond it the oldest are dropped (counted).
+            Packets not yet taken by the network thread are bounded by it too (see WorkerLink.hand_over).
         send_window_bytes: unacknowledged packets in flight to the server.
         flush_timeout_s: on close, how long to wait for the last packets to be acknowledged.
         episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
@@ -227,7 +228,7 @@ class RolloutWorker:
             net = self.net
             flushed = net.flush(self.seq, self.flush_timeout)
             net.halt()
-            c = net.counts
+            c = net.dropped()
             unacked = sum(p.steps for p in net.backlog.values())
             level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
             log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
@@ -349,7 +350,7 @@ class RolloutWorker:
             return
         if self.net is None:
             return
-        self.net.command(self.packets.to_frames(buf, self.produced))
+        self.net.hand_over(self.packets.to_frames(buf, self.produced))
 
     def _swap_weights(self) -> None:
         if self.weights is None:

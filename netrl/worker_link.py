@@ -61,6 +61,11 @@ class WorkerLink(NetThread):
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet handed over by the control path
+        self.piped_bytes = 0  # written by the control path only: bytes of the packets it handed over (hand_over)
+        self.taken_bytes = 0  # written by this thread only: bytes of those it took off the pipe
+        # the control path's, see hand_over; its keys exist from the start, so this thread can read it meanwhile
+        self.pipe_drops = collections.Counter({"dropped_packets": 0, "dropped_samples": 0})
+        self._last_pipe_warning = 0.0
         self.flushing = threading.Event()  # set by flush(): the worker is stopping, so reconnect without back-off
         self.weight_stats: dict[str, Any] = {}
         self.allowance = 0
@@ -74,12 +79,42 @@ class WorkerLink(NetThread):
 
     def _heartbeat_stats(self) -> dict[str, Any]:
         return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
-                          "backlog_bytes": self.backlog_bytes, **self.weight_stats, **self.counts}}
+                          "backlog_bytes": self.backlog_bytes, **self.weight_stats, **self.dropped()}}
+
+    def dropped(self) -> collections.Counter[str]:
+        """This thread's counts, with the packets the control path dropped at the pipe added to the dropped ones."""
+        return self.counts + self.pipe_drops  # Counter addition keeps the positive counts, which all are
 
     # -- packets out --------------------------------------------------------------------------------------
+    def hand_over(self, frames: list[Any]) -> bool:
+        """Control path: hand this thread a packet, as a head frame (seq, then transitions, 8 bytes each, little
+        endian) and the message's frames. Never blocks.
+
+        The pipe is bounded too: while ``max_backlog_bytes`` of packets wait in it (this thread is so short of CPU
+        that it does not even take them), a further packet is dropped here, counted with the dropped ones and
+        logged, rather than taking memory without limit; the backlog drops packets beyond the same limit. Returns
+        False for a dropped packet."""
+        nbytes, waiting = frames_nbytes(frames[1:]), self.piped_bytes - self.taken_bytes
+        if waiting and waiting + nbytes > self.max_backlog_bytes:
+            self.pipe_drops["dropped_packets"] += 1
+            self.pipe_drops["dropped_samples"] += int.from_bytes(bytes(frames[0])[8:16], "little")
+            now = time.monotonic()
+            if now - self._last_pipe_warning > 10:
+                self._last_pipe_warning = now
+                log.warning("worker %s network thread is behind: %d bytes of packets wait for it (limit "
+                            "worker.max_backlog_bytes = %d), so the newest packet was dropped; %d samples dropped "
+                            "so far. The machine is short of CPU for this worker", self.worker_id, waiting,
+                            self.max_backlog_bytes,
+                            self.dropped()["dropped_samples"])
+            return False
+        self.piped_bytes += nbytes
+        self.command(frames)
+        return True
+
     def on_command(self, frames: list[Any]) -> None:
         seq, steps = int.from_bytes(frames[0].bytes[:8], "little"), int.from_bytes(frames[0].bytes[8:], "little")
         packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
+        self.taken_bytes += packet.nbytes
         self.backlog[seq] = packet
         self.unsent[seq] = None
         self.backlog_bytes += packet.nbytes
@@ -104,8 +139,8 @@ class WorkerLink(NetThread):
             self._last_drop_warning = now
             log.warning("worker %s backlog is full (%d bytes unacknowledged, limit worker.max_backlog_bytes = %d): "
                         "dropped its oldest packets; %d samples in %d packets dropped so far", self.worker_id,
-                        self.backlog_bytes, self.max_backlog_bytes, self.counts["dropped_samples"],
-                        self.counts["dropped_packets"])
+                        self.backlog_bytes, self.max_backlog_bytes, self.dropped()["dropped_samples"],
+                        self.dropped()["dropped_packets"])
         return True
 
     def _forget(self, seq: int, packet: _Outgoing) -> None:
@@ -173,7 +208,7 @@ class WorkerLink(NetThread):
                  "acked %d, dropped %d samples | last return %s%s", self.worker_id, rates["produced"],
                  version_label(self.weight_stats.get("version")), self.link.state(),
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
-                 self.counts["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
+                 self.dropped()["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
                  self._waiting() if self.waiting_for_pace else "")
         if self.counts["rejected_samples"]:  # e.g. a trainer with another sample_compressor: every packet refused
             log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s", self.worker_id,

@@ -57,7 +57,7 @@ def test_a_packet_bigger_than_the_server_can_relay_stops_the_worker_with_what_to
 
 class Recorder:
     def __init__(self, sent: list[list[Any]]) -> None:
-        self.command = sent.append
+        self.hand_over = sent.append
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
@@ -305,6 +305,42 @@ def test_a_stopping_worker_reconnects_without_waiting_out_its_back_off_to_delive
             assert srv.stats["samples_spooled"] == 4
     finally:
         link.halt()
+
+
+def test_packets_waiting_in_the_pipe_for_a_starved_network_thread_are_bounded_and_drops_are_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    frames = encode(samples_message(sample_buffer(5), "w", "s" * 16, 1, 5))
+    size = sum(memoryview(f).nbytes for f in frames)
+    link = WorkerLink(NetworkConfig(), "w", "s" * 16, free_port(), None, max_backlog_bytes=size * 5 // 2,
+                      send_window_bytes=size)
+    try:
+        with caplog.at_level(logging.WARNING, logger="netrl.worker_link"):
+            handed = [link.hand_over([seq.to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
+                      for seq in range(1, 5)]  # not started yet: nothing takes packets off the pipe
+        assert handed == [True, True, False, False]
+        stats = link._heartbeat_stats()["stats"]
+        assert (stats["dropped_packets"], stats["dropped_samples"]) == (2, 8)
+        (warning,) = [r.getMessage() for r in caplog.records]  # one warning, not one per packet
+        assert "worker w network thread is behind" in warning and "worker.max_backlog_bytes" in warning
+        link.start()  # no server: the packets stay in its backlog, but the pipe empties
+        wait_until(lambda: link.taken_bytes == link.piped_bytes, 5, "the pipe to be taken", poll=0.02)
+        assert sorted(link.backlog) == [1, 2]
+        assert link.hand_over([(5).to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
+    finally:
+        link.halt()
+
+
+def test_a_worker_hands_its_packets_over_through_the_bounded_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(WorkerLink, "start", lambda self: None)  # a network thread that never gets the CPU
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           server_ip="127.0.0.1", server_port=free_port(), worker_id="w", seed=0,
+                           min_samples_per_worker_packet=4, max_backlog_bytes=1, send_window_bytes=1)
+    worker.run(nb_episodes=1)  # closes the worker at the end
+    assert worker.net is not None
+    dropped = worker.net.dropped()
+    assert worker.packets.seq > 10 and worker.net.piped_bytes > 0  # the first went in: the pipe was empty
+    assert dropped["dropped_packets"] == worker.packets.seq - 1
+    assert 0 < worker.produced - dropped["dropped_samples"] <= 4
 
 
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
