@@ -291,11 +291,11 @@ class RolloutWorker:
             if stop.is_set():
                 return None
             self._check_net()
-            self._swap_weights()
             if collect and self.throttle:
                 self._wait_for_pace(stop)
                 if stop.is_set():
                     return None
+            self._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
             version = self.version  # the version that chooses this action
             act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
             if not self._checked:

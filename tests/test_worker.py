@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import errno
 import logging
@@ -341,6 +342,35 @@ def test_a_worker_hands_its_packets_over_through_the_bounded_pipe(monkeypatch: p
     assert worker.packets.seq > 10 and worker.net.piped_bytes > 0  # the first went in: the pipe was empty
     assert dropped["dropped_packets"] == worker.packets.seq - 1
     assert 0 < worker.produced - dropped["dropped_samples"] <= 4
+
+
+def test_the_first_action_after_a_wait_for_the_trainer_uses_the_weights_that_came_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(WorkerLink, "start", lambda self: None)  # the test plays the network thread
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           server_ip="127.0.0.1", server_port=free_port(), worker_id="w", seed=0, throttle=True)
+    worker.start()
+    net, weights = worker.net, worker.weights
+    assert net is not None and weights is not None
+    tagged: list[int] = []
+    record = worker._record
+    monkeypatch.setattr(worker, "_record", lambda *a, **kw: (tagged.append(kw.get("version", -1)), record(*a, **kw)))
+
+    def trainer() -> None:  # trains while the worker waits: a new version first, then a larger allowance
+        time.sleep(0.2)
+        weights.slot.put(7, "s" * 16, copy.deepcopy(worker.actor))
+        with net.pace_cond:
+            net.allowance, net.paced = 10, True
+            net.pace_cond.notify_all()
+
+    helper = threading.Thread(target=trainer)
+    helper.start()
+    try:
+        next(worker.episode_steps(test=False, stop=threading.Event()))  # waits for the allowance, then one step
+    finally:
+        helper.join()
+        worker.close()
+    assert tagged[-1] == 7 and worker.version == 7  # not the version from before the wait
 
 
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
