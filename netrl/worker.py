@@ -229,15 +229,14 @@ class RolloutWorker:
             flushed = net.flush(self.seq, self.flush_timeout)
             net.halt()
             c = net.dropped()
-            unacked = sum(p.steps for p in net.backlog.values())
+            unacked_packets, unacked = net.unacknowledged()
             level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
             log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
                     "%d rejected, %d unacknowledged", self.worker_id, self.session, self.produced, self.seq,
                     c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked)
-            if not flushed and net.backlog:
+            if not flushed and unacked_packets:
                 log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
-                            "the server already spooled them", self.worker_id, len(net.backlog),
-                            sum(p.steps for p in net.backlog.values()))
+                            "the server already spooled them", self.worker_id, unacked_packets, unacked)
         try:
             if self.env is not None:
                 self.env.close()

@@ -61,8 +61,10 @@ class WorkerLink(NetThread):
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet handed over by the control path
-        self.piped_bytes = 0  # written by the control path only: bytes of the packets it handed over (hand_over)
-        self.taken_bytes = 0  # written by this thread only: bytes of those it took off the pipe
+        # bytes, packets and samples the control path handed over (hand_over; written by it only), and those of them
+        # this thread took off the pipe (written by this thread only)
+        self.piped_bytes = self.piped_packets = self.piped_samples = 0
+        self.taken_bytes = self.taken_packets = self.taken_samples = 0
         # the control path's, see hand_over; its keys exist from the start, so this thread can read it meanwhile
         self.pipe_drops = collections.Counter({"dropped_packets": 0, "dropped_samples": 0})
         self._last_pipe_warning = 0.0
@@ -95,26 +97,36 @@ class WorkerLink(NetThread):
         logged, rather than taking memory without limit; the backlog drops packets beyond the same limit. Returns
         False for a dropped packet."""
         nbytes, waiting = frames_nbytes(frames[1:]), self.piped_bytes - self.taken_bytes
+        steps = int.from_bytes(bytes(frames[0])[8:16], "little")
         if waiting and waiting + nbytes > self.max_backlog_bytes:
             self.pipe_drops["dropped_packets"] += 1
-            self.pipe_drops["dropped_samples"] += int.from_bytes(bytes(frames[0])[8:16], "little")
+            self.pipe_drops["dropped_samples"] += steps
             now = time.monotonic()
             if now - self._last_pipe_warning > 10:
                 self._last_pipe_warning = now
                 log.warning("worker %s network thread is behind: %d bytes of packets wait for it (limit "
                             "worker.max_backlog_bytes = %d), so the newest packet was dropped; %d samples dropped "
                             "so far. The machine is short of CPU for this worker", self.worker_id, waiting,
-                            self.max_backlog_bytes,
-                            self.dropped()["dropped_samples"])
+                            self.max_backlog_bytes, self.dropped()["dropped_samples"])
             return False
         self.piped_bytes += nbytes
+        self.piped_packets += 1
+        self.piped_samples += steps
         self.command(frames)
         return True
+
+    def unacknowledged(self) -> tuple[int, int]:
+        """Packets and samples not acknowledged: the backlog's, and those still in the pipe (a stopped thread never
+        took them)."""
+        return (len(self.backlog) + self.piped_packets - self.taken_packets,
+                sum(p.steps for p in self.backlog.values()) + self.piped_samples - self.taken_samples)
 
     def on_command(self, frames: list[Any]) -> None:
         seq, steps = int.from_bytes(frames[0].bytes[:8], "little"), int.from_bytes(frames[0].bytes[8:], "little")
         packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
         self.taken_bytes += packet.nbytes
+        self.taken_packets += 1
+        self.taken_samples += steps
         self.backlog[seq] = packet
         self.unsent[seq] = None
         self.backlog_bytes += packet.nbytes
@@ -230,9 +242,9 @@ class WorkerLink(NetThread):
         waiting out its reconnect back-off reconnects at once)."""
         self.flushing.set()
         with self.settled:
-            return self.settled.wait_for(
-                lambda: (self.last_seq >= upto_seq and not self.backlog) or not self.is_alive(), timeout
-            ) and not self.backlog
+            self.settled.wait_for(lambda: (self.last_seq >= upto_seq and not self.backlog) or not self.is_alive(),
+                                  timeout)
+            return self.last_seq >= upto_seq and not self.backlog  # a stopped thread may have left some in the pipe
 
     # -- messages in -------------------------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:

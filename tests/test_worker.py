@@ -331,17 +331,26 @@ def test_packets_waiting_in_the_pipe_for_a_starved_network_thread_are_bounded_an
         link.halt()
 
 
-def test_a_worker_hands_its_packets_over_through_the_bounded_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_hands_its_packets_over_through_the_bounded_pipe(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(WorkerLink, "start", lambda self: None)  # a network thread that never gets the CPU
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
                            server_ip="127.0.0.1", server_port=free_port(), worker_id="w", seed=0,
-                           min_samples_per_worker_packet=4, max_backlog_bytes=1, send_window_bytes=1)
-    worker.run(nb_episodes=1)  # closes the worker at the end
+                           min_samples_per_worker_packet=4, max_backlog_bytes=1, send_window_bytes=1,
+                           flush_timeout_s=0.1)
+    with caplog.at_level(logging.INFO, logger="netrl.worker"):
+        worker.run(nb_episodes=1)  # closes the worker at the end
     assert worker.net is not None
     dropped = worker.net.dropped()
     assert worker.packets.seq > 10 and worker.net.piped_bytes > 0  # the first went in: the pipe was empty
     assert dropped["dropped_packets"] == worker.packets.seq - 1
-    assert 0 < worker.produced - dropped["dropped_samples"] <= 4
+    kept = worker.produced - dropped["dropped_samples"]
+    assert 0 < kept <= 4
+    # the books balance: the packet still in the pipe when the worker stopped is counted as unacknowledged
+    summary = f"{worker.produced} samples produced in {worker.packets.seq} packets; 0 acknowledged, " \
+              f"{dropped['dropped_samples']} dropped, 0 rejected, {kept} unacknowledged"
+    assert summary in caplog.text
+    assert f"stopped with 1 packets ({kept} samples) unacknowledged" in caplog.text
 
 
 def test_the_first_action_after_a_wait_for_the_trainer_uses_the_weights_that_came_meanwhile(
