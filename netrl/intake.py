@@ -54,7 +54,7 @@ class SampleIntake:
 
     def __init__(self, net: NetworkConfig, max_queue_bytes: int, schema_path: Path, peers: PeerTable,
                  admission: Admission, stats: collections.Counter[str],
-                 send: Callable[[Peer, Message], bool]) -> None:
+                 send: Callable[[Peer, Message], None]) -> None:
         self.net, self.max_queue_bytes, self.schema_path = net, max_queue_bytes, schema_path
         self.peers, self.admission, self.stats, self.send = peers, admission, stats, send
         self.relay: SampleRelay | None = None
@@ -206,5 +206,5 @@ class SampleIntake:
             return
         wanted = self.progress["wanted"] - self.progress["samples"] - (self.relay.on_the_way() if self.relay else 0)
         for worker, allowance in self.peers.raised_allowances(wanted, IDLE_HEARTBEATS * self.net.heartbeat_interval_s):
-            if self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance})):
-                worker.allowance = allowance  # (a PACE that could not be sent is sent again next time)
+            self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))  # kept if its queue
+            worker.allowance = allowance  # is full (netrl.outbound)

@@ -36,6 +36,7 @@ from netrl.errors import ProtocolError, VersionMismatch
 from netrl.folderlock import FolderLock
 from netrl.intake import SampleIntake
 from netrl.keys import ServerKeys, server_keys
+from netrl.outbound import Outbound
 from netrl.peers import Peer, PeerTable
 from netrl.relay import SampleRelay
 from netrl.schema import SampleSchema
@@ -43,7 +44,7 @@ from netrl.server_sockets import ServerSockets
 from netrl.server_status import ServerStatus
 from netrl.spool import Spool
 from netrl.transport import new_session
-from netrl.wire import Message, MsgType, check_role, decode, encode
+from netrl.wire import Message, MsgType, check_role, decode
 
 __all__ = ["Server"]
 
@@ -99,8 +100,9 @@ class Server:
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
+        self.out = Outbound(self.sockets, self.stats, self.weights, self._lost)
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
-                                   self.admission, self.stats, self._send)
+                                   self.admission, self.stats, self.out.must_send)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
 
@@ -166,9 +168,9 @@ class Server:
         """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
         relay, trainer = self.relay, self.peers.trainer is not None
         assert relay is not None
-        steps: list[Callable[[], None]] = [lambda: relay.flush(now, trainer), lambda: relay.spool_stale(now, trainer),
-                                           self.intake.after_joins, lambda: self._heartbeats(now),
-                                           lambda: self.status.tick(now)]
+        steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer),
+                                           lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
+                                           lambda: self._heartbeats(now), lambda: self.status.tick(now)]
         for step in steps:
             self._guarded(step, now)
 
@@ -188,7 +190,7 @@ class Server:
             return
         self._closed = True
         for peer in self.peers.values():
-            self._send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
+            self.out.send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         self.sockets.close()
         if self.spool is not None:
             try:
@@ -211,6 +213,8 @@ class Server:
         deadline = self.relay.next_deadline() if self.relay else None
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+        if self.out.waiting():  # a peer's queue was full: try again soon
+            timeout = min(timeout, 0.01)
         return max(1, int(timeout * 1000))
 
     def _drain(self, role: str, sock: zmq.Socket, budget: int = 32) -> None:
@@ -270,7 +274,7 @@ class Server:
             welcome["window"] = peer.window = self.intake.window_for(peer)
         else:  # a restarted trainer numbers its weights after these, so that no number names two actors
             welcome["weights_version"] = self.weights.newest
-        self._send(peer, Message(MsgType.WELCOME, "server", body=welcome))
+        self.out.send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
             self._trainer_joined(peer)
         else:
@@ -295,6 +299,7 @@ class Server:
 
     def _forget(self, peer: Peer) -> None:
         self.peers.remove(peer)
+        self.out.forget(peer)
         if peer.role == "trainer":
             self.intake.progress = None
             if self.relay is not None:
@@ -353,32 +358,13 @@ class Server:
     def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.intake.on_progress(peer, msg, frames)
 
-    # -- sending -------------------------------------------------------------------------------------------
-    def _send(self, peer: Peer, msg: Message) -> bool:
-        return self._send_frames(peer, encode(msg))
-
-    def _send_frames(self, peer: Peer, frames: list[Any]) -> bool:
-        sock = self.sockets.by_role[peer.role]
-        try:
-            sock.send_multipart([peer.rid, *frames], zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.stats["send_full"] += 1  # the peer's queue is full; the caller keeps its state and retries
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._lost(peer, "its connection closed")
-                return False
-            raise
-        peer.liveness.sent()
-        return True
-
+    # -- sending (netrl.outbound) ---------------------------------------------------------------------------
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
-        return trainer is not None and self._send_frames(trainer, frames)
+        return trainer is not None and self.out.send_frames(trainer, frames) is True
 
     def _send_weights(self, worker: Peer) -> None:
-        if self.weights.stream(worker, lambda frames: self._send_frames(worker, frames)):
-            self.stats["weights_out"] += 1
+        self.out.stream_weights(worker)
 
     def _heartbeats(self, now: float) -> None:
         for peer in self.peers.values():
@@ -386,7 +372,7 @@ class Server:
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
             elif peer.liveness.heartbeat_due(now):
                 trainer = {"trainer_connected": int(self.peers.trainer is not None)}  # why a throttled worker waits
-                self._send(peer, Message(MsgType.HEARTBEAT, "server",
+                self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
                                          body={"stats": trainer} if peer.role == "worker" else {}))
 
     @property
