@@ -68,7 +68,8 @@ class SampleRelay:
         self.credit = 0
         self.bundle_seq = 0
         self.inflight: dict[int, list[QueuedPacket]] = {}
-        self.inflight_steps = 0
+        self.inflight_steps = 0  # samples in bundles the trainer has not acknowledged ...
+        self.inflight_spooled = 0  # ... of which the spool still counts these (until the trainer acknowledges them)
         self.last_bundle_at = 0.0
         self._last_full_warning = self._last_spool_error = self._spool_retry_at = 0.0
 
@@ -140,7 +141,7 @@ class SampleRelay:
                 if packet.spool_position is None:
                     self.queue.appendleft(packet)
                     self.queued_steps += packet.steps
-        self.inflight_steps = 0
+        self.inflight_steps = self.inflight_spooled = 0
         self.spool.rewind()
 
     def add_credit(self, bundles: int) -> None:
@@ -153,7 +154,9 @@ class SampleRelay:
         for seq in bundle_seqs:
             for packet in self.inflight.pop(seq, []):
                 self.inflight_steps -= packet.steps
+                self.stats["samples_out"] += packet.steps  # once delivered: resends count once
                 if packet.spool_position is not None:
+                    self.inflight_spooled -= packet.steps
                     self.spool.ack(packet.spool_position)
                 else:
                     self._release(packet)
@@ -206,8 +209,8 @@ class SampleRelay:
                 return
             self.inflight[self.bundle_seq] = packets
             self.inflight_steps += steps
+            self.inflight_spooled += sum(p.steps for p in packets if p.spool_position is not None)
             self.credit -= 1
-            self.stats["samples_out"] += steps
             self.stats["bundles_out"] += 1
             self.last_bundle_at = now
 
@@ -261,8 +264,8 @@ class SampleRelay:
 
     # -- numbers ---------------------------------------------------------------------------------------------------
     def on_the_way(self) -> int:
-        """Samples accepted but not yet acknowledged by the trainer (for pacing)."""
-        return self.queued_steps + self.inflight_steps + self.spool.steps
+        """Samples accepted but not yet acknowledged by the trainer (for pacing): spooled ones in flight once."""
+        return self.queued_steps + self.inflight_steps - self.inflight_spooled + self.spool.steps
 
     def held_packets(self) -> int:
         return len(self.queue) + sum(len(b) for b in self.inflight.values())

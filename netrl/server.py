@@ -201,11 +201,12 @@ class Server:
         if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
             return
         held = self.relay.held_packets() if self.relay else 0
-        log.info("server stopped: %d samples relayed, %d messages rejected, %d samples spooled in all (%d packets "
-                 "still on disk), %d sample refusals while the spool was full or failing (workers keep refused "
-                 "samples and resend them, so one can be refused again), %d packets held in memory (their workers "
-                 "still have them)", self.stats["samples_out"], self.stats["rejected"], self.stats["samples_spooled"],
-                 self.spool.packets if self.spool else 0, self.stats["samples_refused"], held)
+        log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
+                 "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
+                 "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
+                 "memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
+                 self.stats["samples_spooled"], self.spool.packets if self.spool else 0, self.stats["samples_refused"],
+                 held)
 
     # -- receiving -----------------------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:

@@ -190,3 +190,31 @@ def test_a_spool_that_cannot_be_read_sends_no_empty_bundle(tmp_path: Path, monke
     monkeypatch.undo()
     relay.flush(now=start + 1.5, trainer_connected=True)  # rested: the spooled packet goes first
     assert r.bundle_contents(0)[0] == b"pa1"
+
+
+def test_samples_count_as_relayed_once_the_trainer_has_them_however_often_they_were_sent(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
+    for seq in range(1, 4):
+        r.packet("a", seq)
+    r.relay.add_credit(1)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    assert r.relay.stats["samples_out"] == 0  # sent, not yet delivered
+    r.relay.trainer_left()
+    r.relay.trainer_joined()
+    r.relay.add_credit(1)
+    r.relay.flush(now=0.0, trainer_connected=True)  # the same 12 samples again
+    r.relay.trainer_acked([2])
+    assert r.relay.stats["samples_out"] == 12 and r.relay.stats["bundles_out"] == 2
+
+
+def test_spooled_samples_on_their_way_to_the_trainer_are_counted_once_for_pacing(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
+    packet = QueuedPacket("w/a", "a", 1, 4, [b"pa1"], 100, 0.0)
+    assert r.relay.accept(packet, trainer_connected=False) == "spooled"
+    r.packet("a", 2)  # and one held in memory
+    assert r.relay.on_the_way() == 8
+    r.relay.add_credit(1)
+    r.relay.flush(now=0.0, trainer_connected=True)
+    assert len(r.bundles) == 1 and r.relay.on_the_way() == 8  # in flight, and still on disk until acknowledged
+    r.relay.trainer_acked([1])
+    assert r.relay.on_the_way() == 0 and r.relay.stats["samples_out"] == 8
