@@ -223,26 +223,39 @@ class RolloutWorker:
         if self._closed:
             return
         self._closed = True
-        if self.net is not None:
-            self._send_packet()
-            net = self.net
-            flushed = net.flush(self.seq, self.flush_timeout)
-            net.halt()
-            c = net.dropped()
-            unacked_packets, unacked = net.unacknowledged()
-            level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
-            log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
-                    "%d rejected, %d unacknowledged", self.worker_id, self.session, self.produced, self.seq,
-                    c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked)
-            if not flushed and unacked_packets:
-                log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
-                            "the server already spooled them", self.worker_id, unacked_packets, unacked)
         try:
-            if self.env is not None:
-                self.env.close()
+            if self.net is not None:
+                self._close_net(self.net)
         finally:
-            if self.name_lock is not None:  # the name is free for this worker's restart
-                self.name_lock.release()
+            try:
+                if self.env is not None:
+                    self.env.close()
+            finally:
+                if self.name_lock is not None:  # the name is free for this worker's restart
+                    self.name_lock.release()
+
+    def _close_net(self, net: WorkerLink) -> None:
+        unsent, lost = self.packets.unsent_transitions, 0
+        if self.packets.pending_episodes and not unsent:  # e.g. after a final test episode
+            log.info("worker %s: the stats of its last %d episodes stay in its episode log: no samples are left "
+                     "to carry them to the trainer", self.worker_id, len(self.packets.pending_episodes))
+        try:
+            self._send_packet()
+        except NetrlError as exc:  # its network thread had stopped (e.g. the server refused this worker)
+            lost = unsent
+            log.warning("worker %s could not hand over its last %d samples: %s", self.worker_id, unsent, exc)
+        flushed = net.flush(self.seq, self.flush_timeout)
+        net.halt()
+        c = net.dropped()
+        unacked_packets, unacked = net.unacknowledged()
+        unacked += lost
+        level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
+        log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
+                "%d rejected, %d unacknowledged", self.worker_id, self.session, self.produced, self.seq,
+                c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked)
+        if not flushed and unacked_packets:
+            log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
+                        "the server already spooled them", self.worker_id, unacked_packets, unacked - lost)
 
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,
@@ -307,25 +320,32 @@ class RolloutWorker:
             ret += float(rew)
             if length >= self.max_samples_per_episode and not terminated:
                 truncated = True  # a forced reset is a time limit: the trainer still bootstraps
+            stats = EpisodeStats(ret, length, test, self.version) if terminated or truncated else None
+            if stats is not None and not self.standalone:  # before the last row: they leave in the same packet
+                self.packets.pending_episodes.append(stats)
             if collect:
                 self._record(act, obs, rew, terminated, truncated, info, reset=False, version=version)
+            elif self.packets.due():  # rows from before a test episode still leave after max_packet_delay_s
+                self._send_packet()
             if terminated or truncated:
                 break
             yield
-        self.episodes_done += 1
-        stats = EpisodeStats(ret, length, test, self.version)
-        self.packets.pending_episodes.append(stats)
-        if not test:
-            self.last_return = ret
-        episode = self._logged_episodes + self.episodes_done
-        if self.episode_log is not None:
-            self.episode_log.write({"time": time.time(), "episode": episode, "test": int(test), "return": ret,
-                                    "length": length, "env_steps": self._logged_steps + self.produced,
-                                    "policy_version": self.version})
-        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy %s)",
-                "test" if test else "training", episode, ret, length, version_label(self.version))
+        assert stats is not None  # the loop ends only with an episode's end
+        self._episode_done(stats)
         yield
         return stats
+
+    def _episode_done(self, stats: EpisodeStats) -> None:
+        self.episodes_done += 1
+        if not stats.test:
+            self.last_return = stats.ret
+        episode = self._logged_episodes + self.episodes_done
+        if self.episode_log is not None:
+            self.episode_log.write({"time": time.time(), "episode": episode, "test": int(stats.test),
+                                    "return": stats.ret, "length": stats.length,
+                                    "env_steps": self._logged_steps + self.produced, "policy_version": self.version})
+        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy %s)",
+                "test" if stats.test else "training", episode, stats.ret, stats.length, version_label(self.version))
 
     def _default_action(self) -> Any:
         default = getattr(self.env, "default_action", None)

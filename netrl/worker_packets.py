@@ -64,6 +64,10 @@ class PacketMaker:
             if networked:
                 self._check_packet_size()
 
+    @property
+    def unsent_transitions(self) -> int:
+        return self._builder.transitions
+
     def due(self) -> bool:
         """Whether the rows gathered so far should leave now."""
         return (len(self._builder) >= self.min_samples or self._builder.full

@@ -25,7 +25,7 @@ from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig, config_from_dict
 from netrl.envs import GenericGymEnv
-from netrl.errors import ConfigError
+from netrl.errors import ConfigError, NetrlError
 from netrl.launch import free_port
 from netrl.pipelines.image import image_pipeline
 from netrl.transport import new_session
@@ -33,6 +33,7 @@ from netrl.util import partial
 from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME, encode, samples_message
 from netrl.worker import RolloutWorker, default_worker_id
 from netrl.worker_link import WorkerLink
+from netrl.worker_packets import PacketMaker
 from tests.conftest import running_server
 from tests.reliability import wait_until
 from tests.test_wire import sample_buffer
@@ -380,6 +381,65 @@ def test_the_first_action_after_a_wait_for_the_trainer_uses_the_weights_that_cam
         helper.join()
         worker.close()
     assert tagged[-1] == 7 and worker.version == 7  # not the version from before the wait
+
+
+def test_every_finished_episode_travels_with_the_packet_of_its_last_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(WorkerLink, "start", lambda self: None)  # what is handed over is all this test looks at
+    sent: list[Any] = []
+    to_frames = PacketMaker.to_frames
+    monkeypatch.setattr(PacketMaker, "to_frames", lambda self, buf, produced: (sent.append(buf),
+                                                                               to_frames(self, buf, produced))[1])
+    for min_samples in (1, 3):  # a packet that ends exactly at the last row, and one that does not
+        sent.clear()
+        worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                               server_ip="127.0.0.1", server_port=free_port(), worker_id="w", seed=0,
+                               min_samples_per_worker_packet=min_samples, max_samples_per_episode=6,
+                               flush_timeout_s=0.05)
+        worker.run(nb_episodes=3)
+        for buf in sent:  # each packet carries the episodes whose last row it holds, and only those
+            assert len(buf.episodes) == int(np.count_nonzero((buf.terminated | buf.truncated) & ~buf.context))
+        assert sum(len(buf.episodes) for buf in sent) == 3 and worker.packets.pending_episodes == []
+
+
+def test_a_worker_the_server_refuses_still_closes_its_env_and_network_thread(tmp_path: Path) -> None:
+    closed: list[bool] = []
+
+    class Env(GenericGymEnv):
+        def close(self) -> None:
+            closed.append(True)
+            super().close()
+
+    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
+        worker = RolloutWorker(partial(Env, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                               server_ip="127.0.0.1", server_port=srv.trainer_port,  # the wrong port: refused
+                               worker_id="w", seed=0, min_samples_per_worker_packet=100_000, flush_timeout_s=0.2)
+        with pytest.raises(NetrlError, match="this is the trainer port"):
+            worker.run(nb_episodes=1000)
+    assert closed == [True] and worker.net is not None and worker.net.ctx.closed  # close() went all the way
+
+
+def test_rows_from_before_a_test_episode_leave_after_max_packet_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    class SlowEnv(GenericGymEnv):  # real time: 20 ms per step
+        def step(self, action: Any) -> Any:
+            time.sleep(0.02)
+            return super().step(action)
+
+    monkeypatch.setattr(WorkerLink, "start", lambda self: None)
+    handed: list[float] = []
+    monkeypatch.setattr(WorkerLink, "hand_over", lambda self, frames: handed.append(time.monotonic()) or True)
+    worker = RolloutWorker(partial(SlowEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           server_ip="127.0.0.1", server_port=free_port(), worker_id="w", seed=0,
+                           min_samples_per_worker_packet=1000, max_packet_delay_s=0.1, max_samples_per_episode=30,
+                           flush_timeout_s=0.01)
+    try:
+        worker.start()
+        worker.run_episode(test=False)
+        ended = time.monotonic()
+        worker.run_episode(test=True)  # 0.6 s, and it records no rows
+        assert handed and handed[-1] > ended  # the training episode's last rows left during the test episode
+        assert handed[-1] - ended < 0.4
+    finally:
+        worker.close()
 
 
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
