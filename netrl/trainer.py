@@ -210,7 +210,7 @@ class Trainer:
 
         for rec in sample_log.read():
             try:
-                buf = buffer_from_message(decode(rec.frames))
+                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes))  # as on arrival
             except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
                 log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
                 continue
@@ -278,8 +278,8 @@ class Trainer:
         return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
 
     def _save(self) -> None:
+        self.save_policy()  # first: it may number the actor, which the checkpoint then records
         self.checkpoint()
-        self.save_policy()
         self._policy_saved = True
         self._saved = self._progress()
 
@@ -305,11 +305,26 @@ class Trainer:
         log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
                  training.epoch, training.total_updates, training.version, state["memory_len"])
 
+    def _number_actor(self, training: TrainingOffline) -> None:
+        """Give the actor a version of its own before it is saved, so that no number names two actors: published
+        while the network thread runs (after an epoch: the workers get it too), else noted like a sent one."""
+        if self.net is not None and not self._closed:
+            try:
+                training.publish(self.net)
+                return
+            except NetrlError:  # the network thread has stopped
+                pass
+        training.version = max(training.version, self.net.taken_version() if self.net else -1) + 1
+        self._record_version(training.version)
+        training.published_updates = training.total_updates
+
     def save_policy(self) -> None:
         """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
         training = self.training
         if training is None or training.agent is None:
             return
+        if training.published_updates != training.total_updates:  # trained since the version it last sent
+            self._number_actor(training)
         meta = {"version": training.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
                 "pid": os.getpid()}
@@ -357,9 +372,10 @@ class Trainer:
             policy = "no policy saved (nothing was trained)"
         else:
             policy = f"policy saved to {self.model_path}"
-        log.info("trainer stopped%s; %s; %d sample packets rejected, %d malformed messages from the server, %d "
-                 "duplicate packets dropped", " by the error that follows" if failing else "", policy,
-                 stats["rejected"], malformed, stats["duplicates"])
+        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
+                 "messages from the server, %d duplicate packets dropped", " by the error that follows" if failing
+                 else "", policy, stats["rejected"], self.training.unstored if self.training else 0, malformed,
+                 stats["duplicates"])
         if failed is not None and raise_errors:
             raise failed
 

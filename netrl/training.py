@@ -36,6 +36,7 @@ from netrl.agents.sac import SACAgent
 from netrl.envs import check_spaces
 from netrl.memory import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading, ReplayMemory
 from netrl.samples import Buffer
+from netrl.status import worth_logging
 
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
 
@@ -122,6 +123,8 @@ class TrainingOffline:
         self.epoch = 0
         self.round = self.round_steps = 0  # the round of the epoch under way, and its training steps so far
         self.version = 0
+        self.unstored = 0  # packets the memory refused (ValueError): skipped, logged and counted
+        self.published_updates = -1  # total_updates when the actor was last published as ``version``
         self.memory: MemoryDataloading | None = None
         self.agent: TrainingAgent | None = None
         self.agent_has_state = False  # whether the agent implements state_dict/load_state_dict (see build)
@@ -208,6 +211,7 @@ class TrainingOffline:
         assert self.agent is not None
         self.version = max(self.version, source.taken_version()) + 1
         source.publish(self.agent.get_actor(), self.version, self.total_updates)
+        self.published_updates = self.total_updates
 
     def _renumber(self, source: SampleSource) -> bool:
         """Publish the actor again after a version the source says is taken; True if it did."""
@@ -241,13 +245,20 @@ class TrainingOffline:
         ends = ~(buf.reset | buf.context)
         recv = buf.recv_version if buf.recv_version >= 0 else self.version
         lag = recv - np.maximum(buf.policy_version, 0)
-        if self.max_policy_lag is not None:
-            stale = ends & (lag > self.max_policy_lag)
-            if stale.any():
-                buf.weight = np.where(stale, np.float32(self.stale_sample_weight), np.float32(1.0))
-                self._round.stale += int(stale.sum()) if new else 0
-        self.memory.append_buffer(buf)
+        stale = ends & (lag > self.max_policy_lag) if self.max_policy_lag is not None else None
+        if stale is not None and stale.any():
+            buf.weight = np.where(stale, np.float32(self.stale_sample_weight), np.float32(1.0))
         steps = int(np.count_nonzero(ends))
+        try:
+            self.memory.append_buffer(buf)
+        except ValueError as exc:  # e.g. image bytes that do not decode: a bad packet costs itself, not the run
+            self.unstored += 1
+            if worth_logging(self.unstored, first=5, every=100):
+                log.error("packet %d of worker %s (%d samples) could not be stored and is skipped (%d so far): %s",
+                          buf.seq, buf.worker, steps, self.unstored, exc)
+            return 0
+        if new and stale is not None:
+            self._round.stale += int(stale.sum())
         if new:
             r = self._round
             r.samples += steps

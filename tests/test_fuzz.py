@@ -131,7 +131,8 @@ def test_trainer_survives_a_compromised_server(tmp_path: Path, procs: Procs) -> 
             fake.recv_multipart()
     assert trainer.wait(timeout=5) == 0
     ctx.destroy(0)
-    final = re.search(r"(\d+) sample packets rejected, (\d+) malformed messages from the server", procs.log(trainer))
+    final = re.search(r"(\d+) sample packets rejected, 0 the memory could not store, (\d+) malformed messages from "
+                      r"the server", procs.log(trainer))
     assert final, procs.log(trainer)[-2000:]
     assert (int(final.group(1)), int(final.group(2))) == (counts["parts"], counts["messages"])
     assert set(delivered(run_dir)) == valid_sent  # every valid packet stored once, nothing hostile

@@ -717,3 +717,26 @@ def test_damage_anywhere_loses_only_the_records_it_touches(tmp_path_factory: pyt
     assert [i for i, _ in read] == sorted(i for i, _ in read)  # in order, each once
     assert all(payload == written[i][1] for i, payload in read)  # never a damaged or invented record
     assert {i for i, _ in written} - touched <= {i for i, _ in read}  # every untouched record is still there
+
+
+def test_a_restart_keeps_every_logged_packet_the_configured_message_limit_let_in(tmp_path: Path) -> None:
+    import gymnasium
+
+    from netrl.wire import decode
+
+    row, n = 1 << 20, 260  # 260 MiB once inflated: over decode()'s default limit of 256 MiB, under the 512 MiB set
+    buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.zeros((n, row), np.uint8), rew=np.zeros(n, np.float32),
+                 terminated=np.zeros(n, bool), truncated=np.zeros(n, bool), reset=np.arange(n) == 0,
+                 context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64))
+    frames = encode(samples_message(buf, "w", "s", 1, n - 1), "zstd")
+    net = NetworkConfig(max_message_bytes=512 << 20)
+    assert decode(frames, net.max_message_bytes).body["n"] == n  # what the trainer took on arrival
+    log = SampleLog(tmp_path / "samples", keep_rows=10_000)
+    log.append(frames, "w/s", 1, n, recv_version=1)
+    log.close()
+    space = gymnasium.spaces.Box(0, 255, (row,), np.uint8)
+    training = TrainingOffline(env_cls=(space, gymnasium.spaces.Box(-1, 1, (1,), np.float32)), memory_size=300,
+                               batch_size=4, seed=0, device="cpu")
+    training.build()
+    Trainer(lambda: training, run_dir=tmp_path, network=net, wandb_mode="disabled")._restore(training)
+    assert training.memory is not None and len(training.memory) == n - 1

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
+import torch
 
+from netrl import checkpoint
+from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs import GenericGymEnv
 from netrl.errors import ConfigError
+from netrl.frames import FrameStackMemory, encode_frame, encoded_capacity
 from netrl.local import run_local
 from netrl.memory import ReplayMemory
 from netrl.metrics import MetricsLogger, format_round
+from netrl.samples import Buffer
+from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
+from netrl.weight_files import read_weights_file
 from netrl.worker import RolloutWorker
 
 
@@ -124,3 +133,81 @@ def test_the_trainer_reports_its_progress_at_least_once_a_second(monkeypatch: py
         training._report(source)  # type: ignore[arg-type]
         clock[0] += 0.3
     assert [r[0] for r in source.reports] == [1, 5]  # the first, then 1.2 s later; the wish never moved
+
+
+def image_packet(payload_byte: int | None) -> Buffer:
+    """A packet of 6 PNG-encoded 16x16 frames, as FrameStackCompressor("png") sends them; with ``payload_byte``,
+    each frame's 20 bytes are that byte instead (no PNG or JPEG decodes them)."""
+    n, cap = 6, encoded_capacity(16, 16)
+    payload, nbytes = np.zeros((n, cap), np.uint8), np.zeros(n, np.int32)
+    for i in range(n):
+        data = (encode_frame(np.full((16, 16), i, np.uint8), "png") if payload_byte is None
+                else bytes([payload_byte]) * 20)
+        payload[i, :len(data)], nbytes[i] = np.frombuffer(data, np.uint8), len(data)
+    return Buffer(act=np.zeros((n, 2), np.float32), obs=(payload, nbytes), rew=np.zeros(n, np.float32),
+                  terminated=np.zeros(n, bool), truncated=np.zeros(n, bool), reset=np.arange(n) == 0,
+                  context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64), worker="w", seq=1,
+                  recv_version=1)
+
+
+def test_a_packet_the_memory_cannot_store_is_skipped_and_counted_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    obs = gymnasium.spaces.Box(0, 255, (4, 16, 16), np.uint8)
+    act = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
+    training = TrainingOffline(env_cls=(obs, act), memory_cls=partial(FrameStackMemory, stack=4),
+                               training_agent_cls=partial(SACAgent, model_cls=CNNActorCritic), memory_size=100,
+                               batch_size=4, device="cpu")
+    training.build()
+    assert training.memory is not None
+    with caplog.at_level(logging.ERROR, logger="netrl.training"):
+        assert training.add(image_packet(7)) == 0  # passes the schema check, but no frame decodes
+    assert training.unstored == 1 and len(training.memory) == 0 and training.total_samples == 0
+    assert "packet 1 of worker w (5 samples) could not be stored and is skipped" in caplog.text
+    assert "neither valid PNG nor JPEG" in caplog.text
+    assert training.add(image_packet(None)) == 5 and len(training.memory) == 5  # the next one is stored
+
+
+def test_the_policy_file_never_labels_weights_with_a_version_that_named_others(tmp_path: Path) -> None:
+    class Source:  # keeps what was published, by version
+        def __init__(self, bufs: list[Buffer]) -> None:
+            self.bufs, self.published = bufs, {}  # type: dict[int, dict[str, torch.Tensor]]
+
+        def fetch(self) -> list[Buffer]:
+            out, self.bufs = self.bufs, []
+            return out
+
+        def wait(self, timeout: float) -> None:
+            pass
+
+        def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+            self.published[version] = {k: v.clone() for k, v in actor.state_dict().items()}
+
+        def progress(self, *args: Any) -> None:
+            pass
+
+        def taken_version(self) -> int:
+            return -1
+
+    n = 50
+    source = Source([Buffer(act=np.zeros((n, 1), np.float32), obs=np.random.default_rng(0).random((n, 3), np.float32),
+                          rew=np.ones(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                          reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64),
+                          recv_version=1)])
+    obs, act = gymnasium.spaces.Box(-1, 1, (3,), np.float32), gymnasium.spaces.Box(-1, 1, (1,), np.float32)
+    training = TrainingOffline(env_cls=(obs, act), epochs=1, rounds=1, steps=10, update_model_interval=4,
+                               max_training_steps_per_env_step=100, memory_size=100, batch_size=8, seed=0,
+                               device="cpu")
+    training.start(source)  # type: ignore[arg-type]
+    for _ in training.run_epoch(source, threading.Event()):  # type: ignore[arg-type]
+        pass
+    assert sorted(source.published) == [1, 2, 3] and training.total_updates == 10  # trained 2 steps after v3
+    trainer = Trainer(lambda: training, run_dir=tmp_path, wandb_mode="disabled")
+    trainer.training = training
+    trainer.save_policy()  # as after an epoch, or when stopping: here with no network thread to send it
+    state, meta = read_weights_file(tmp_path / "policy.pt")
+    assert training.agent is not None
+    actor = training.agent.get_actor().state_dict()
+    assert all(torch.equal(state[k], actor[k]) for k in actor)  # the actor as trained, 2 steps past v3 ...
+    assert meta["version"] == 4 and 4 not in source.published  # ... under a number of its own ...
+    assert checkpoint.published_version(tmp_path) == 4  # ... noted like a sent one, so it is never reused
+    trainer.save_policy()  # nothing trained since: the same number
+    assert read_weights_file(tmp_path / "policy.pt")[1]["version"] == 4
