@@ -67,9 +67,11 @@ class Admission:
         replaced = self.peers.replaced_by(peer)
         if role == "worker" and not replaced and self.peers.worker_count() >= self.max_workers:
             self.stats["refused_full"] += 1
+            # for now: a worker that died without BYE frees its place within the liveness window
             self.refuse(role, rid, None, f"{self.max_workers} workers are connected (server.max_workers)",
                         f"the server already has {self.max_workers} workers connected, its server.max_workers: raise "
-                        "it in the server's config, or stop a worker")
+                        "it in the server's config, or stop a worker",
+                        retry_s=max(1.0, self.net.heartbeat_interval_s * self.net.heartbeat_liveness))
             return None
         for old in replaced:
             if role == "trainer" and old.rid != rid and old.session != peer.session:
@@ -104,10 +106,12 @@ class Admission:
                    f"{new.address[:48]!r}): a server serves one trainer at a time, so this one stops; to keep it, stop "
                    "the other trainer and restart this one, or give each trainer its own server")
 
-    def refuse(self, role: str, rid: bytes, peer: Peer | None, reason: str, told: str) -> None:
-        """Reject a message and tell its sender ``told`` (a REJECT, which a netrl client logs and acts on)."""
+    def refuse(self, role: str, rid: bytes, peer: Peer | None, reason: str, told: str,
+               retry_s: float | None = None) -> None:
+        """Reject a message and tell its sender ``told`` (a REJECT, which a netrl client logs and acts on: it gives
+        up, unless ``retry_s`` says when to try again)."""
         self.reject(role, rid, peer, reason)
-        self.reply(role, rid, told)
+        self.reply(role, rid, told, retry_s)
 
     def reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
         """Count a bad message in ``stats["rejected"]`` and log it (the sender is not told)."""
@@ -124,9 +128,10 @@ class Admission:
             who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
             log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
 
-    def reply(self, role: str, rid: bytes, reason: str) -> None:
+    def reply(self, role: str, rid: bytes, reason: str, retry_s: float | None = None) -> None:
         """A REJECT to a connection that may not be a peer (yet): a courtesy, never an error."""
-        msg = Message(MsgType.REJECT, "server", body={"reason": reason})
+        body: dict[str, Any] = {"reason": reason} if retry_s is None else {"reason": reason, "retry_s": retry_s}
+        msg = Message(MsgType.REJECT, "server", body=body)
         try:
             self.sockets.by_role[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:

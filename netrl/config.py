@@ -42,7 +42,7 @@ from netrl.config_checks import (
     torch_device,
 )
 from netrl.errors import ConfigError
-from netrl.msgtypes import MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
+from netrl.msgtypes import MAX_SECONDS, MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
 __all__ = [
     "FLAG_KEYS",
@@ -93,19 +93,24 @@ class EnvConfig:
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
 
 
+def seconds(v: float) -> str | None:
+    """A network interval or delay: ZeroMQ takes some as 32-bit milliseconds."""
+    return None if 0 < v <= MAX_SECONDS else f"must be > 0 and at most {MAX_SECONDS:g} (a day)"
+
+
 @dataclass(frozen=True)
 class NetworkConfig:
     server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", host)
     trainer_port: int = _f(55555, "server port the trainer connects to", port)
     worker_port: int = _f(55556, "server port the workers connect to", port)
-    heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", gt(0))
+    heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", seconds)
     heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", ge(2))
-    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", gt(0))
-    reconnect_max_s: float = _f(8.0, "longest reconnect delay", gt(0))
+    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", seconds)
+    reconnect_max_s: float = _f(8.0, "longest reconnect delay", seconds)
     max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
                                 "but 32 KiB of it: the room for the server's bundle header)", ge(MIN_MESSAGE_BYTES))
     handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
-                                    "closed (bounds what half-open connections hold)", gt(0))
+                                    "closed (bounds what half-open connections hold)", seconds)
 
 
 @dataclass(frozen=True)

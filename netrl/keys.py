@@ -115,8 +115,14 @@ def server_keys(keys_dir: str | Path) -> ServerKeys:
     hint = "run `python -m netrl --keygen` on the server, or set \"security\": \"none\" (unencrypted)"
     public, secret = _load(secret_file, "server secret key", hint)
     _check_private(secret_file)
-    assert secret is not None
-    return ServerKeys(public, secret, root / "server")
+    return ServerKeys(public, _secret(secret, secret_file), root / "server")
+
+
+def _secret(secret: bytes | None, path: Path) -> bytes:
+    if secret is None:  # e.g. the public .key copied over the .key_secret
+        raise SecurityError(f"{path} holds no secret key (is it a copy of the public .key file?): copy the "
+                            ".key_secret file that `python -m netrl --keygen` made")
+    return secret
 
 
 def client_keys(keys_dir: str | Path, role: Literal["trainer", "worker"], name: str) -> ClientKeys:
@@ -141,8 +147,7 @@ def client_keys(keys_dir: str | Path, role: Literal["trainer", "worker"], name: 
     public, secret = _load(folder / f"{key_name}.key_secret", f"{role} secret key", hint)
     _check_private(folder / f"{key_name}.key_secret")
     server_public, _ = _load(folder / "server.key", "server public key", hint)
-    assert secret is not None
-    return ClientKeys(public, secret, server_public, folder)
+    return ClientKeys(public, _secret(secret, folder / f"{key_name}.key_secret"), server_public, folder)
 
 
 class KeyRing:
@@ -188,8 +193,12 @@ class KeyRing:
                 ring.refused[role] += 1
                 count = ring.refused[role]
                 if worth_logging(count, every=100):
-                    log.warning("refused a connection on the %s port: public key %s is not in %s/%ss/ (%d refused)",
-                                role, key.decode(errors="replace"), ring.allow_dir, role, count)
+                    other = "worker" if role == "trainer" else "trainer"
+                    wrong_port = (f": it is a {other}'s key ({ring.keys.get(other, {})[key]!r}), so that {other} "
+                                  f"connects to the {role} port" if key in ring.keys.get(other, {}) else "")
+                    log.warning("refused a connection on the %s port: public key %s is not in %s/%ss/%s (%d "
+                                "refused)", role, key.decode(errors="replace"), ring.allow_dir, role, wrong_port,
+                                count)
                 return False
 
         return _Provider()

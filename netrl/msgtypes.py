@@ -30,6 +30,7 @@ VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a 
 # only up to half of it: see netrl.trainer_link).
 MAX_POLICY_VERSION = 2**41
 MIN_MESSAGE_BYTES = 1 << 16  # the smallest network.max_message_bytes (netrl.config checks the same bound)
+MAX_SECONDS = 86_400.0  # the longest network interval or delay (netrl.config too): ZeroMQ takes int32 milliseconds
 
 
 class MsgType(str, enum.Enum):
@@ -59,7 +60,7 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
                       "window": (_INT, False), "weights_version": (_INT, False),
                       "max_message_bytes": (_INT, False)},
-    MsgType.REJECT: {"reason": (_STR, True)},
+    MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
     MsgType.HEARTBEAT: {"stats": ((dict,), False)},
     MsgType.BYE: {"reason": (_STR, False)},
     MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
@@ -102,21 +103,34 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
     if missing:
         raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
     if mtype is MsgType.HELLO:
-        if body["role"] not in ALLOWED_FROM:
-            raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
-        if not PEER_NAME.fullmatch(body["worker_id"]):
-            raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
-        if not PEER_NAME.fullmatch(body["session"]):  # logged and shown by --status, like the name
-            raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
-        if not VERSION_TEXT.fullmatch(body["netrl_version"]):
-            raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
-    elif mtype is MsgType.WELCOME and not MIN_MESSAGE_BYTES <= body.get("max_message_bytes", MIN_MESSAGE_BYTES):
-        # network.max_message_bytes has this minimum: below it, a worker would drop every packet as too large
-        raise MalformedMessage(f"welcome max_message_bytes {body['max_message_bytes']} is under {MIN_MESSAGE_BYTES}, "
-                               "the smallest network.max_message_bytes")
+        _check_hello(body)
+    elif mtype in (MsgType.WELCOME, MsgType.REJECT):
+        _check_from_server(mtype, body)
     elif mtype in (MsgType.SAMPLES, MsgType.WEIGHTS) and not PEER_NAME.fullmatch(body["session"]):
         # logged, shown by --status, saved next to a worker's weights and kept per packet in the trainer's log
         raise MalformedMessage(f"{mtype.value} session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
+
+
+def _check_hello(body: dict[str, Any]) -> None:
+    if body["role"] not in ALLOWED_FROM:
+        raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
+    if not PEER_NAME.fullmatch(body["worker_id"]):
+        raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
+    if not PEER_NAME.fullmatch(body["session"]):  # logged and shown by --status, like the name
+        raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
+    if not VERSION_TEXT.fullmatch(body["netrl_version"]):
+        raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+
+
+def _check_from_server(mtype: MsgType, body: dict[str, Any]) -> None:
+    """The numbers a client acts on: intervals and delays it waits, and the server's message limit."""
+    for key in ("heartbeat_interval_s", "retry_s"):
+        if key in body and not 0 < body[key] <= MAX_SECONDS:
+            raise MalformedMessage(f"{mtype.value} {key} {body[key]} is not between 0 and {MAX_SECONDS:g} s")
+    if not MIN_MESSAGE_BYTES <= body.get("max_message_bytes", MIN_MESSAGE_BYTES):
+        # network.max_message_bytes has this minimum: below it, a worker would drop every packet as too large
+        raise MalformedMessage(f"welcome max_message_bytes {body['max_message_bytes']} is under {MIN_MESSAGE_BYTES}, "
+                               "the smallest network.max_message_bytes")
 
 
 def printable(text: str, limit: int = 500) -> str:

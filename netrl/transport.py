@@ -97,8 +97,10 @@ def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None
                         and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
         return mismatch
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return (f"the server refused this {role}'s key: add {keys.folder}/*.key to the server's "
-                f"keys/server/{role}s/ allow-list, or use keys made by the server's --keygen")
+        port_key = f"network.{role}_port"
+        return (f"the server refused this {role}'s key: either this is not the server's {role} port (check "
+                f"{port_key}, {flag_for(port_key)}), or add {keys.folder}/*.key to the server's keys/server/{role}s/ "
+                "allow-list, or use keys made by the server's --keygen")
     return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's public key (copy it "
             "from the server's keys/server/server.key), or the server runs with \"security\": \"none\" (set the "
             "same security on both)")
@@ -274,7 +276,7 @@ class ClientLink:
             if msg.type is MsgType.WELCOME:
                 self._welcome(msg)
             elif msg.type is MsgType.REJECT:
-                self._rejected(printable(msg.body["reason"]))
+                self._rejected(printable(msg.body["reason"]), msg.body.get("retry_s"))
             elif msg.type is MsgType.BYE:
                 self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
             elif msg.type is MsgType.HEARTBEAT:
@@ -297,6 +299,11 @@ class ClientLink:
         self._unanswered = 0
         self.welcome = msg.body
         self._backoff.reset()
+        interval = float(msg.body["heartbeat_interval_s"])
+        if interval != self._liveness.interval:  # both sides must expect heartbeats at the same pace
+            log.warning("the server's network.heartbeat_interval_s is %g s and this %s's is %g s: using the "
+                        "server's; set the same value on every machine", interval, self.role, self._liveness.interval)
+            self._liveness.interval, self._liveness.window = interval, interval * self.net.heartbeat_liveness
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True
         log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
@@ -309,12 +316,19 @@ class ClientLink:
         if self.on_ready:
             self.on_ready()
 
-    def _rejected(self, reason: str) -> None:
+    def _rejected(self, reason: str, retry_s: float | None = None) -> None:
         if reason.startswith("unknown peer"):
             # The server restarted and forgot us: introduce ourselves again right away.
             log.info("server at %s does not know this %s any more; saying HELLO again", self.endpoint, self.role)
             self.ready = False
             self._send_hello()
+            return
+        if retry_s is not None:  # refused for now (e.g. the server is full): not for good
+            log.warning("server at %s refused this %s for now: %s; trying again in %.1f s", self.endpoint, self.role,
+                        reason, retry_s)
+            self.ready = False
+            self._close_socket()
+            self._reconnect_at = time.monotonic() + retry_s
             return
         log.error("server at %s refused this %s: %s", self.endpoint, self.role, reason)
         self.fatal = reason

@@ -54,7 +54,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "seed": -1,
         "trainer": {"steps": -3, "max_training_steps_per_env_step": 0},
         "memory": {"capasity": 10},
-        "network": {"worker_port": 70000, "server_ip": 5},
+        "network": {"worker_port": 70000, "server_ip": 5, "handshake_timeout_s": 3e6},
         "env": {"pipeline": "atari"},
         "wandb": {"mode": "loud"},
         "agent": {"learn_entropy_coef": "yes"},
@@ -67,6 +67,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         'unknown key "memory.capasity"',  # nothing close enough to suggest
         "network.worker_port must be a TCP port between 1 and 65535 (got 70000)",
         'network.server_ip must be a string (got 5)',
+        "network.handshake_timeout_s must be > 0 and at most 86400 (a day) (got 3000000.0)",  # int32 milliseconds
         'env.pipeline must be "gym", "drone", "image", or "module:function" naming a function of the config that '
         'returns a netrl.pipelines.Pipeline (got "atari")',
         'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',

@@ -102,6 +102,15 @@ def test_missing_or_exposed_keys_are_refused_with_instructions(tmp_path: Path) -
     os.chmod(secret, 0o644)
     with pytest.raises(SecurityError, match="chmod 600"):
         client_keys(tmp_path / "keys", "trainer", "trainer")
+    shutil.copy(tmp_path / "keys" / "trainer" / "trainer.key", secret)  # the public file copied over the secret one
+    os.chmod(secret, 0o600)
+    with pytest.raises(SecurityError, match=r"trainer.key_secret holds no secret key \(is it a copy of the public"):
+        client_keys(tmp_path / "keys", "trainer", "trainer")
+    server_secret = tmp_path / "keys" / "server" / "server.key_secret"
+    shutil.copy(tmp_path / "keys" / "server" / "server.key", server_secret)
+    os.chmod(server_secret, 0o600)
+    with pytest.raises(SecurityError, match=r"server\.key_secret holds no secret key"):
+        server_keys(tmp_path / "keys")
 
 
 def test_cli_keygen_and_a_server_without_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -312,3 +321,15 @@ def test_each_handshake_failure_has_its_own_advice(event: int, value: int, keys:
         keygen(tmp_path / "keys")
         client = client_keys(tmp_path / "keys", "worker", "worker")
     assert expected in handshake_failure(event, value, "worker", client)
+
+
+def test_a_client_on_the_other_roles_port_hears_that_the_port_may_be_wrong(
+        secured: tuple[Server, zmq.Context, Path], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx, keys = secured
+    said = handshake_error(ctx, srv.trainer_port, client_keys(keys, "worker", "robot-1"), caplog)  # a worker key
+    assert "either this is not the server's worker port (check network.worker_port, --worker-port)" in said
+    deadline = time.monotonic() + 2
+    while not (server_said := [r.getMessage() for r in caplog.records if "refused a connection on" in r.getMessage()]):
+        assert time.monotonic() < deadline, "the server logs no refused key"
+        time.sleep(0.02)
+    assert "it is a worker's key ('robot-1'), so that worker connects to the trainer port" in server_said[0]

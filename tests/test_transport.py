@@ -197,3 +197,36 @@ def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(t
             assert "no trainer" not in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
         finally:
             link.close()
+
+
+def test_a_client_keeps_the_servers_heartbeat_pace_when_its_own_config_differs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    client_net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=3, reconnect_initial_s=0.05,
+                               reconnect_max_s=0.1)  # expects a message every 0.3 s; the server heartbeats every 1 s
+    with running_server(network=NetworkConfig(heartbeat_interval_s=1.0), spool_dir=tmp_path / "spool") as (srv, ctx):
+        link = ClientLink(ctx, client_net, "worker", "robot-1", new_session(), srv.worker_port)
+        link.open()
+        try:
+            drive(link, lambda: False, 2.5)
+            assert link.ready and link._connections == 1  # never declared the server lost
+        finally:
+            link.close()
+    assert "the server's network.heartbeat_interval_s is 1 s and this worker's is 0.1 s: using the server's" in (
+        caplog.text)
+
+
+def test_a_worker_a_full_server_refuses_tries_again_and_gets_in_once_a_place_frees(tmp_path: Path) -> None:
+    net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=3)
+    with running_server(network=net, spool_dir=tmp_path / "spool", max_workers=1) as (srv, ctx):
+        dead = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
+        dead.open()
+        drive(dead, lambda: dead.ready, 3)
+        dead._close_socket()  # its process died without BYE: the server holds its place for 0.3 s
+        restarted = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
+        restarted.open()
+        try:
+            drive(restarted, lambda: restarted.ready, 5)
+            assert restarted.ready and restarted.fatal is None and srv.stats["refused_full"] >= 1
+        finally:
+            restarted.close()
+            dead.close()
