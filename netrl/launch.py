@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from netrl.config import Config, config_to_dict
+from netrl.errors import NetrlError
+from netrl.folderlock import FolderLock
 from netrl.metrics import read_rows
 
 __all__ = ["free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
@@ -64,8 +66,17 @@ def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0
     Pass a server as ``then`` and its clients as ``procs``: a client stopped together with its server may hear the
     server's goodbye first, and log that it lost the server.
     """
-    if then:
-        return stop_processes(procs, timeout) + stop_processes(then, timeout)
+    try:
+        return _stop(procs, timeout) + _stop(then, timeout)
+    except KeyboardInterrupt:  # a second Ctrl+C: no more waiting, but no process is left behind either
+        for p in [*procs, *then]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        raise
+
+
+def _stop(procs: Sequence[subprocess.Popen[Any]], timeout: float) -> list[int | None]:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
@@ -89,20 +100,34 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
 
     run_dir = cfg.run_dir
-    state = load_state(run_dir) if cfg.trainer.resume else None
-    if state is not None and state["epoch"] >= cfg.trainer.epochs:  # a finished demo: watch it learn again
-        old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        run_dir.rename(old)
-        log.info("demo: %s/ held a finished run (%d of %d epochs); moved it to %s/ and starting a new one", run_dir,
-                 state["epoch"], cfg.trainer.epochs, old)
-    if cfg.security == "curve":
-        from netrl.keys import keygen
+    # one demo per run folder, held before the folder is moved aside or its config rewritten (the other demo's
+    # --status hint would point nowhere); the lock file sits next to the folder, which may be renamed
+    lock = FolderLock(run_dir.parent, "weights folder", f"another demo runs in {run_dir}/: stop it first (Ctrl+C), "
+                      "or give this one another --run-name", name=f".{run_dir.name}.demo-lock")
+    lock.acquire()
+    try:
+        state = load_state(run_dir) if cfg.trainer.resume else None
+        if state is not None and state["epoch"] >= cfg.trainer.epochs:  # a finished demo: watch it learn again
+            old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            run_dir.rename(old)
+            log.info("demo: %s/ held a finished run (%d of %d epochs); moved it to %s/ and starting a new one", run_dir,
+                     state["epoch"], cfg.trainer.epochs, old)
+        if cfg.security == "curve":
+            from netrl.keys import keygen
 
-        if keygen(cfg.keys_dir):
-            log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
+            if keygen(cfg.keys_dir):
+                log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
+        _run_demo(cfg, run_dir, stop)
+    finally:
+        lock.release()
+
+
+def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event) -> None:
     ports = {"trainer_port": free_port(), "worker_port": free_port()}
+    # the spool lives in the run folder: a finished demo moved aside takes its samples with it
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
-                            server={"bind_ip": "127.0.0.1", "status_port": free_port()})
+                            server={"bind_ip": "127.0.0.1", "status_port": free_port(),
+                                    "spool_dir": str(run_dir / "server-spool")})
     metrics = run_dir / "metrics.csv"  # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
     log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
              "`python -m netrl --status --config %s` shows the server's state", cfg.env.id, ports["trainer_port"],
@@ -111,14 +136,20 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     time.sleep(0.5)
     trainer = spawn_role("trainer", demo_cfg)
     worker = spawn_role("worker", demo_cfg, log_level="WARNING")
+    early = None
     try:
         while not stop.is_set() and trainer.poll() is None:
-            if server.poll() is not None or worker.poll() is not None:
-                log.error("a demo process exited early; stopping the others")
+            early = next((role for role, p in (("server", server), ("worker", worker)) if p.poll() is not None), None)
+            if early:
+                log.error("the demo's %s exited early (code %s); stopping the others", early, server.returncode
+                          if early == "server" else worker.returncode)
                 break
             stop.wait(0.5)
     finally:
         codes = stop_processes([worker, trainer], then=[server])
+    if early or codes[1] not in (0, None):
+        raise NetrlError(f"the demo did not run to its end: exit codes worker/trainer/server {codes}; its log above "
+                         "says why")
     returns = _returns(metrics)
     if returns:
         log.info("demo done: mean episode return went from %.0f (first round) to %.0f (last round), best %.0f",

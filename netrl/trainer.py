@@ -255,7 +255,13 @@ class Trainer:
         assert agent is not None
         name = type(agent).__name__
         if kind == "full" and training.agent_has_state:
-            agent.load_state_dict(agent_state)
+            try:
+                agent.load_state_dict(agent_state)
+            except (RuntimeError, KeyError, ValueError) as exc:  # e.g. other layer sizes, or another env's spaces
+                detail = "; ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
+                raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): the model or the env "
+                                      "changed since it was saved; revert that change to resume, or start a new run "
+                                      "(--run-name, config.json: run_name)") from None
             return
         if kind == "full":
             log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): the agent starts "

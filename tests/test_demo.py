@@ -76,3 +76,46 @@ def test_a_finished_run_is_reported_and_the_demo_starts_a_new_one(tmp_path: Path
     assert "epoch 0 round 1" in text
     (old,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("test-")]
     assert (old / "checkpoint" / "CURRENT").exists() and (run_dir / "checkpoint" / "CURRENT").exists()
+    assert (old / "server-spool").is_dir()  # its spool went with it: the new run starts from no old samples
+    assert "spool" not in text or "from before this start" not in text, text[-2000:]
+
+
+def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    config = small_config(tmp_path, trainer={"epochs": 1000})
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "trainer started" not in log.read_text() and time.monotonic() < deadline:
+            assert demo.poll() is None, log.read_text()
+            time.sleep(0.2)
+        children = psutil.Process(demo.pid).children()
+        assert len(children) == 3, log.read_text()[-2000:]
+        demo.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        demo.send_signal(signal.SIGINT)  # impatient: while the demo waits for its children
+        demo.wait(timeout=10)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(children, timeout=2)
+    assert not alive, f"demo children still running: {alive}"
+
+
+def test_a_demo_whose_server_cannot_start_fails_instead_of_reporting_success(tmp_path: Path) -> None:
+    from netrl.folderlock import FolderLock
+
+    config = small_config(tmp_path)
+    spool = FolderLock(tmp_path / "weights" / "test" / "server-spool", "spool folder", "")
+    spool.acquire()  # as a leftover server would hold it
+    try:
+        done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        spool.release()
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text[-2000:]
+    assert "the demo's server exited early (code 1)" in text and "the demo did not run to its end" in text
+    assert "demo done" not in text and "exited cleanly" not in text.splitlines()[-1]

@@ -613,3 +613,15 @@ def test_a_damaged_checkpoint_gives_way_to_the_one_before_and_the_run_goes_on(
     assert "does not reach the checkpoint" not in caplog.text  # ...and on from there
     assert checkpoint.load_state(tmp_path)["epoch"] == 3  # type: ignore[index]
     assert [int(r["epoch"]) for r in metrics(tmp_path)] == [0, 0, 1, 1, 2, 2]  # epoch 1's rounds logged once
+
+
+def test_resuming_with_another_model_says_what_changed_and_what_to_do(tmp_path: Path, links: type[Links]) -> None:
+    make_trainer(tmp_path, epochs=1).run()
+    bigger = partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(32,)))
+    trainer = Trainer(partial(TrainingOffline, env_cls=(OBS, ACT), epochs=2, rounds=2, steps=10,
+                              training_agent_cls=bigger, memory_size=1000, batch_size=8, seed=0),
+                      "127.0.0.1", run_dir=tmp_path, wandb_mode="disabled")
+    with pytest.raises(CheckpointError, match=r"the checkpoint does not fit this SACAgent \(Error\(s\) in loading "
+                                              r"state_dict for .*; size mismatch .*\): the model or the env changed "
+                                              r"since it was saved; revert that change to resume, or start a new run"):
+        trainer.run()
