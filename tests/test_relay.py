@@ -131,17 +131,20 @@ def test_a_bundle_lists_at_most_max_bundle_parts_packets(tmp_path: Path) -> None
     assert len(r.bundle_contents(0)) == MAX_BUNDLE_PARTS and len(r.relay.queue) == 10
 
 
-def test_a_trainer_that_leaves_gets_the_whole_bundle_again(tmp_path: Path) -> None:
+def test_a_trainer_that_leaves_gets_the_whole_bundle_again_and_its_samples_count_once(tmp_path: Path) -> None:
     r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
     for seq in range(1, 4):
         r.packet("a", seq)
     r.relay.add_credit(1)
     r.relay.flush(now=0.0, trainer_connected=True)
+    assert r.relay.stats["samples_out"] == 0  # sent, not yet delivered
     r.relay.trainer_left()  # never acknowledged it
     r.relay.trainer_joined()
     r.relay.add_credit(1)
     r.relay.flush(now=0.0, trainer_connected=True)
     assert r.bundle_contents(1) == [b"pa1", b"pa2", b"pa3"] and not r.told
+    r.relay.trainer_acked([2])
+    assert r.relay.stats["samples_out"] == 12 and r.relay.stats["bundles_out"] == 2  # relayed once, sent twice
 
 
 def test_a_disk_that_refuses_the_spool_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,21 +193,6 @@ def test_a_spool_that_cannot_be_read_sends_no_empty_bundle(tmp_path: Path, monke
     monkeypatch.undo()
     relay.flush(now=start + 1.5, trainer_connected=True)  # rested: the spooled packet goes first
     assert r.bundle_contents(0)[0] == b"pa1"
-
-
-def test_samples_count_as_relayed_once_the_trainer_has_them_however_often_they_were_sent(tmp_path: Path) -> None:
-    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
-    for seq in range(1, 4):
-        r.packet("a", seq)
-    r.relay.add_credit(1)
-    r.relay.flush(now=0.0, trainer_connected=True)
-    assert r.relay.stats["samples_out"] == 0  # sent, not yet delivered
-    r.relay.trainer_left()
-    r.relay.trainer_joined()
-    r.relay.add_credit(1)
-    r.relay.flush(now=0.0, trainer_connected=True)  # the same 12 samples again
-    r.relay.trainer_acked([2])
-    assert r.relay.stats["samples_out"] == 12 and r.relay.stats["bundles_out"] == 2
 
 
 def test_spooled_samples_on_their_way_to_the_trainer_are_counted_once_for_pacing(tmp_path: Path) -> None:
