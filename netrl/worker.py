@@ -244,7 +244,7 @@ class RolloutWorker:
         except NetrlError as exc:  # its network thread had stopped (e.g. the server refused this worker)
             lost = unsent
             log.warning("worker %s could not hand over its last %d samples: %s", self.worker_id, unsent, exc)
-        flushed = net.flush(self.seq, self.flush_timeout)
+        flushed = net.flush(net.handed_seq, self.flush_timeout)  # not one dropped at the pipe: it never arrives
         net.halt()
         c = net.dropped()
         unacked_packets, unacked = net.unacknowledged()

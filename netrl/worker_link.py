@@ -60,7 +60,8 @@ class WorkerLink(NetThread):
         self.server_window: int | None = None  # the share of the server's memory it grants this worker
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
-        self.last_seq = 0  # newest packet handed over by the control path
+        self.last_seq = 0  # newest packet this thread took from the control path
+        self.handed_seq = 0  # newest packet the control path handed over (written by it only)
         # bytes, packets and samples the control path handed over (hand_over; written by it only), and those of them
         # this thread took off the pipe (written by this thread only)
         self.piped_bytes = self.piped_packets = self.piped_samples = 0
@@ -106,9 +107,10 @@ class WorkerLink(NetThread):
                 self._last_pipe_warning = now
                 log.warning("worker %s network thread is behind: %d bytes of packets wait for it (limit "
                             "worker.max_backlog_bytes = %d), so the newest packet was dropped; %d samples dropped "
-                            "so far. The machine is short of CPU for this worker", self.worker_id, waiting,
-                            self.max_backlog_bytes, self.dropped()["dropped_samples"])
-            return False
+                            "here so far. The machine is short of CPU for this worker", self.worker_id, waiting,
+                            self.max_backlog_bytes, self.pipe_drops["dropped_samples"])  # not counts: another
+            return False  # thread's dict, which may grow while this one reads it
+        self.handed_seq = int.from_bytes(bytes(frames[0])[:8], "little")
         self.piped_bytes += nbytes
         self.piped_packets += 1
         self.piped_samples += steps

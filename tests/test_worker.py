@@ -442,6 +442,26 @@ def test_rows_from_before_a_test_episode_leave_after_max_packet_delay(monkeypatc
         worker.close()
 
 
+def test_a_worker_whose_last_packet_was_dropped_at_the_pipe_stops_without_waiting_for_it(tmp_path: Path) -> None:
+    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
+        worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                               server_ip="127.0.0.1", server_port=srv.worker_port, worker_id="w", seed=0,
+                               min_samples_per_worker_packet=50, flush_timeout_s=10.0)
+        worker.run_episode(test=False)
+        net = worker.net
+        assert net is not None
+        wait_until(lambda: not net.backlog and net.last_seq == worker.packets.seq, 10, "every packet acknowledged",
+                   poll=0.02)
+        obs, _ = worker.env.reset()
+        worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=True)
+        worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=False)
+        net.piped_bytes += 1 << 40  # as if its network thread were far behind: the last packet is dropped
+        t0 = time.monotonic()
+        worker.close()
+        assert time.monotonic() - t0 < 5  # not the 10 s flush timeout, waiting for a packet that never comes
+        assert net.dropped()["dropped_packets"] == 1
+
+
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
                            worker_id="w", throttle=True, seed=0)
