@@ -25,11 +25,16 @@ T = TypeVar("T", int, float)
 
 def _rows(path: Path, columns: dict[str, Callable[[str], object]]) -> list[dict[str, str]]:
     """The file's complete rows whose ``columns`` read as numbers of their kind (or are empty); NetrlError if it is
-    not a CSV with these columns. A line cut short by a crash has fewer fields and is skipped; a row with a value that
-    is not a number (a damaged disk) is skipped with a warning, so the rest of the run still plots."""
+    not a CSV with these columns. The last line, cut short by a crash, has fewer fields and is skipped; any other row
+    with the wrong number of fields (a line a crash cut short before the run resumed, or a damaged disk) or a value
+    that is not a number (a damaged disk) is skipped with a warning, so the rest of the run still plots."""
     try:
         header, rows = read_table(path)  # ([], []) if the trainer has not written it yet: nothing to check
+        if rows and None in rows[-1].values() and None not in rows[-1]:
+            rows.pop()  # the line a crash was writing
+        misshapen = len(rows)
         rows = [r for r in rows if None not in r.values() and None not in r]
+        misshapen -= len(rows)
         if any(c in name for name in header for c in "\ufffd\x00"):
             raise csv.Error("its first line is not text")
     except (OSError, csv.Error) as exc:
@@ -47,6 +52,9 @@ def _rows(path: Path, columns: dict[str, Callable[[str], object]]) -> list[dict[
             kept.append(row)
         else:
             damaged.append(bad)
+    if misshapen:
+        log.warning("%s: skipped %d row(s) with other than %d fields (a line a crash cut short, or a damaged disk); "
+                    "the other %d rows are plotted", path, misshapen, len(header), len(kept))
     if damaged:
         log.warning("%s: skipped %d row(s) with a value that is not a number, the first where %s is %r (a damaged "
                     "disk?); the other %d rows are plotted", path, len(damaged), *damaged[0], len(kept))

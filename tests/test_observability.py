@@ -148,6 +148,16 @@ def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
         "damaged disk?); the other 2 rows are plotted",
         f"{metrics}: skipped 2 row(s) with a value that is not a number, the first where wall_s is 'oops' (a damaged "
         "disk?); the other 2 rows are plotted"]
+    # A crash's cut line is expected at the end; one a resumed run left in the middle, or a row with a field too
+    # many, is counted in a warning, not dropped unseen.
+    metrics.write_text(header + "0,0,100,1.5,1,1,0,0,0.5\n0,1,2\n0,2,300,1.5,1,1,0,0,0.5,7\n0,3,400,1.5,1,1,0,0,0.25\n"
+                       "0,4,50")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="netrl.plot"):
+        assert plot_run(tmp_path).exists()
+    assert [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()] == [
+        f"{metrics}: skipped 2 row(s) with other than 9 fields (a line a crash cut short, or a damaged disk); the "
+        "other 2 rows are plotted"]
     metrics.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(NetrlError, match=r"metrics\.csv cannot be read as a CSV file"):
         plot_run(tmp_path)
