@@ -167,9 +167,13 @@ class SampleRelay:
             self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
 
     # -- bundles out ---------------------------------------------------------------------------------------------
-    def next_deadline(self) -> float | None:
-        """When the oldest queued packet must leave even in a small bundle."""
-        return self.queue[0].received + self.max_delay if self.queue else None
+    def next_deadline(self, trainer_connected: bool) -> float | None:
+        """When the oldest queued packet must leave even in a small bundle; None while nothing can leave (no trainer,
+        or no credit: the message that changes that wakes the server anyway), so that a deadline already passed does
+        not make the server's loop spin."""
+        if not self.queue or not trainer_connected or self.credit <= 0:
+            return None
+        return self.queue[0].received + self.max_delay
 
     def flush(self, now: float, trainer_connected: bool) -> None:
         """Bundle spooled, then queued packets for the trainer while it has credit."""

@@ -211,7 +211,7 @@ class Server:
     # -- receiving -----------------------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
         timeout = self.net.heartbeat_interval_s / 2
-        deadline = self.relay.next_deadline() if self.relay else None
+        deadline = self.relay.next_deadline(self.peers.trainer is not None) if self.relay else None
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         if self.out.waiting():  # a peer's queue was full: try again soon

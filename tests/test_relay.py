@@ -206,3 +206,17 @@ def test_spooled_samples_on_their_way_to_the_trainer_are_counted_once_for_pacing
     assert len(r.bundles) == 1 and r.relay.on_the_way() == 8  # in flight, and still on disk until acknowledged
     r.relay.trainer_acked([1])
     assert r.relay.on_the_way() == 0 and r.relay.stats["samples_out"] == 8
+
+
+def test_a_queue_that_cannot_leave_sets_no_deadline_for_the_servers_loop(tmp_path: Path) -> None:
+    # The server's loop polls until the next deadline: one already passed, with no trainer or no credit to send
+    # to, made it wake every millisecond until the trainer caught up.
+    r = Relay(tmp_path, min_samples=100, max_bundle_bytes=1 << 20)
+    assert r.relay.next_deadline(trainer_connected=True) is None  # nothing queued
+    r.packet("a", 1)  # received at 0.0, 4 of the 100 samples wanted
+    assert r.relay.next_deadline(trainer_connected=True) is None  # no credit yet
+    r.relay.add_credit(1)
+    assert r.relay.next_deadline(trainer_connected=False) is None
+    assert r.relay.next_deadline(trainer_connected=True) == 10.0  # max_delay_s after it arrived
+    r.relay.flush(now=10.0, trainer_connected=True)
+    assert len(r.bundles) == 1 and r.relay.next_deadline(trainer_connected=True) is None
