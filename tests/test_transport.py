@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from netrl.config import NetworkConfig
 from netrl.errors import TransportError
 from netrl.launch import free_port
 from netrl.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
-from netrl.wire import Message, MsgType, encode
+from netrl.wire import Message, MsgType, decode, encode
 from tests.conftest import running_server
 
 
@@ -230,3 +231,53 @@ def test_a_worker_a_full_server_refuses_tries_again_and_gets_in_once_a_place_fre
         finally:
             restarted.close()
             dead.close()
+
+
+def test_a_restarted_server_that_rejects_every_message_in_flight_gets_one_hello(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # After a server restart, each message the client sent before the new server heard its HELLO comes back as
+    # "unknown peer"; answering each with a HELLO made the server drop and re-admit the peer as often (a worker
+    # logged "reconnected" 3 times, a trainer 6).
+    caplog.set_level(logging.INFO, logger="netrl.transport")
+    ctx = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    link = ClientLink(ctx, NetworkConfig(worker_port=port, heartbeat_interval_s=5.0), "worker", "robot-1",
+                      new_session(), port)
+
+    def welcome(identity: bytes) -> None:
+        fake.send_multipart([identity, *encode(Message(MsgType.WELCOME, "server", body={
+            "server_session": new_session(), "heartbeat_interval_s": 5.0}))])
+
+    def received() -> list[MsgType]:
+        got = []
+        while fake.poll(300):
+            got.append(decode(fake.recv_multipart()[1:]).type)
+        return got
+
+    try:
+        link.open()
+        assert fake.poll(5000)
+        identity = fake.recv_multipart()[0]
+        welcome(identity)
+        drive(link, lambda: link.ready, 5)
+        for _ in range(4):  # what a worker sent while the server was down and coming back
+            assert link.send(encode(Message(MsgType.HEARTBEAT, "robot-1")))
+        assert received() == [MsgType.HEARTBEAT] * 4
+        for _ in range(4):  # the new server knows none of them
+            fake.send_multipart([identity, *encode(Message(MsgType.REJECT, "server",
+                                                           body={"reason": "unknown peer: say HELLO"}))])
+        drive(link, lambda: False, 0.5)
+        assert received() == [MsgType.HELLO] and not link.ready
+        welcome(identity)
+        drive(link, lambda: link.ready, 5)
+        assert link.ready
+        fake.send_multipart([identity, *encode(Message(MsgType.REJECT, "server",
+                                                       body={"reason": "unknown peer: say HELLO"}))])
+        drive(link, lambda: False, 0.3)  # forgotten again later (another restart): HELLO again
+        assert received() == [MsgType.HELLO]
+    finally:
+        link.close()
+        fake.close(0)
+        ctx.destroy(0)
+    assert sum("does not know this worker any more" in r.getMessage() for r in caplog.records) == 2
