@@ -190,7 +190,7 @@ class ClientLink:
         self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
         self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
         self._reported_at = 0.0  # when a HEARTBEAT last carried them
-        self._hello_pending = False  # a HELLO went out on this connection and no WELCOME or REJECT answered it yet
+        self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -214,7 +214,8 @@ class ClientLink:
 
     def _send_hello(self) -> None:
         body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session}
-        self._hello_pending = self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
+        sent = self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
+        self._hello_at = time.monotonic() if sent else None
 
     def _send_raw(self, frames: Sequence[Any]) -> bool:
         if self.sock is None:
@@ -296,7 +297,7 @@ class ClientLink:
 
     def _welcome(self, msg: Message) -> None:
         self.ready = True
-        self._hello_pending = False
+        self._hello_at = None
         self.server_stats = {}  # maybe another server process: what the last one said is stale
         self._unanswered = 0
         self.welcome = msg.body
@@ -322,14 +323,15 @@ class ClientLink:
         if reason.startswith("unknown peer"):
             # The server restarted and forgot us: introduce ourselves again right away, once. Every message sent
             # before the new server heard our HELLO comes back with this REJECT, and each HELLO more would make it
-            # drop and re-admit this peer again.
-            if self._hello_pending:
+            # drop and re-admit this peer again. A HELLO unanswered for a heartbeat interval was lost (the server
+            # restarted again): these REJECTs keep the link alive, so only a new HELLO gets it in.
+            if self._hello_at is not None and time.monotonic() - self._hello_at < self._liveness.interval:
                 return
             log.info("server at %s does not know this %s any more; saying HELLO again", self.endpoint, self.role)
             self.ready = False
             self._send_hello()
             return
-        self._hello_pending = False
+        self._hello_at = None
         if retry_s is not None:  # refused for now (e.g. the server is full): not for good
             log.warning("server at %s refused this %s for now: %s; trying again in %.1f s", self.endpoint, self.role,
                         reason, retry_s)
@@ -393,7 +395,7 @@ class ClientLink:
 
     def _close_socket(self) -> None:
         self.ready = False
-        self._hello_pending = False
+        self._hello_at = None
         if self.sock is not None:
             self.sock.disable_monitor()
             self.sock.close(linger=0)
