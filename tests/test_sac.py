@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import logging
+import math
 
 import gymnasium
 import numpy as np
+import pytest
 import torch
 
 from netrl.agents.base import Batch
@@ -60,6 +63,26 @@ def test_state_dict_round_trip_resumes_identically() -> None:
     torch.manual_seed(5)
     mb = b.train(batch())
     assert ma == mb
+
+
+def test_a_resume_trains_at_the_learning_rates_and_fixed_alpha_configured_now(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The optimizers' states carry their learning rates: a run resumed with a lower one kept training at the old.
+    a = make_agent(lr_actor=1e-3, lr_critic=1e-3, alpha=0.2, learn_entropy_coef=False)
+    a.train(batch())
+    b = make_agent(lr_actor=1e-5, lr_critic=2e-5, alpha=0.05, learn_entropy_coef=False)
+    with caplog.at_level(logging.INFO, logger="netrl.agents.sac"):
+        b.load_state_dict(a.state_dict())
+    assert b.pi_optimizer.param_groups[0]["lr"] == 1e-5 and b.q_optimizer.param_groups[0]["lr"] == 2e-5
+    assert math.isclose(b.log_alpha.exp().item(), 0.05, rel_tol=1e-6)
+    assert b.pi_optimizer.state_dict()["state"]  # Adam's moments still come from the checkpoint
+    assert "resumed with the configured lr_actor 0.001 -> 1e-05, lr_critic 0.001 -> 2e-05, alpha 0.2 -> 0.05" in (
+        caplog.text)
+    learned = make_agent()  # a learned alpha is the checkpoint's, not the configured start value
+    learned.train(batch())
+    c = make_agent(alpha=0.5)
+    c.load_state_dict(learned.state_dict())
+    assert torch.equal(c.log_alpha, learned.log_alpha)
 
 
 def test_actions_stay_inside_the_action_space() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,8 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import Batch, TrainingAgent
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MLPActor", "MLPActorCritic", "SACAgent", "TwinQ", "flat_obs", "obs_dim"]
 
@@ -160,6 +163,7 @@ class SACAgent(TrainingAgent):
         self.target_entropy = -float(act_dim) if target_entropy is None else float(target_entropy)
         self.log_alpha = torch.tensor([math.log(alpha)], device=device, requires_grad=learn_entropy_coef)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr_entropy)
+        self._configured = {"lr_actor": lr_actor, "lr_critic": lr_critic, "lr_entropy": lr_entropy, "alpha": alpha}
         self._q_params = list(self.model.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
 
@@ -229,3 +233,21 @@ class SACAgent(TrainingAgent):
         self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
+        # The optimizers' states carry the learning rates they were saved with, and log_alpha a fixed alpha: the
+        # values configured now win, so that a run resumed with a lower learning rate trains at that rate.
+        changed = []
+        for name, optimizer in (("lr_actor", self.pi_optimizer), ("lr_critic", self.q_optimizer),
+                                ("lr_entropy", self.alpha_optimizer)):
+            saved = optimizer.param_groups[0]["lr"]
+            for group in optimizer.param_groups:
+                group["lr"] = self._configured[name]
+            if saved != self._configured[name]:
+                changed.append(f"{name} {saved:g} -> {self._configured[name]:g}")
+        if not self.learn_entropy_coef:
+            saved_alpha = float(self.log_alpha.exp().item())
+            with torch.no_grad():
+                self.log_alpha.fill_(math.log(self._configured["alpha"]))
+            if not math.isclose(saved_alpha, self._configured["alpha"], rel_tol=1e-6):
+                changed.append(f"alpha {saved_alpha:g} -> {self._configured['alpha']:g}")
+        if changed:
+            log.info("resumed with the configured %s (the checkpoint had the others)", ", ".join(changed))
