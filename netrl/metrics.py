@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -42,8 +43,12 @@ def format_round(s: dict[str, Any]) -> str:
 
 
 def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disabled"]:
-    """``auto`` is online when the user configured a key (``WANDB_API_KEY``), offline otherwise."""
+    """``auto`` follows wandb's own switch ``WANDB_MODE`` when it is set (``disabled``, ``offline`` or
+    ``online``); otherwise it is online when the user configured a key (``WANDB_API_KEY``), offline without one."""
     if mode == "auto":
+        env = {"dryrun": "offline", "run": "online"}.get(os.environ.get("WANDB_MODE", ""), os.environ.get("WANDB_MODE"))
+        if env in ("disabled", "offline", "online"):
+            return env  # type: ignore[return-value]
         return "online" if os.environ.get("WANDB_API_KEY") else "offline"
     return mode
 
@@ -189,6 +194,26 @@ class CsvLog:
         os.replace(tmp, self.path)
 
 
+def _wandb_id(run_dir: Path) -> str | None:
+    """The wandb run id kept in ``run_dir/wandb_id``, made on the first call; None (a new wandb run each time) if
+    the folder refuses it."""
+    path = run_dir / "wandb_id"
+    try:
+        if path.exists():
+            found = path.read_text(encoding="utf-8").strip()
+            if found and len(found) <= 64 and all(c.isalnum() or c in "-_" for c in found):
+                return found
+            log.warning("%s does not hold a wandb run id (%r): starting a new wandb run", path, found[:64])
+        run_id = secrets.token_hex(4)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(run_id + "\n", encoding="utf-8")
+        return run_id
+    except OSError as exc:
+        log.warning("could not keep the wandb run id in %s (%s): a restarted trainer starts a new wandb run", path,
+                    exc)
+        return None
+
+
 class MetricsLogger:
     """Sends each round's statistics to the log, the CSV and wandb. ``close()`` is idempotent."""
 
@@ -202,6 +227,8 @@ class MetricsLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
+            if run_id is None:  # one wandb run per netrl run: a restarted trainer logs on into the run it started
+                run_id = _wandb_id(run_dir)
             try:
                 self._wandb_run = wandb.init(project=project, entity=entity, name=run_name, dir=str(run_dir),
                                              config=config or {}, mode=mode, reinit="create_new", id=run_id,

@@ -80,12 +80,44 @@ def test_rates_are_per_second_over_a_window() -> None:
     assert rates.rates() == pytest.approx({"samples": 100.0})
 
 
-def test_wandb_auto_mode_follows_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_auto_mode_follows_wandbs_own_switch_then_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     assert resolve_wandb_mode("auto") == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert resolve_wandb_mode("auto") == "online"
     assert resolve_wandb_mode("disabled") == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # wandb's off switch was overridden by offline runs on disk
+    assert resolve_wandb_mode("auto") == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "dryrun")  # wandb's old name for offline
+    assert resolve_wandb_mode("auto") == "offline"
+    assert resolve_wandb_mode("online") == "online"  # what config.json or --wandb names explicitly stands
+
+
+def test_a_restarted_trainer_logs_on_into_the_same_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import wandb
+
+    from netrl.metrics import MetricsLogger
+
+    started: list[dict[str, object]] = []
+
+    def init(**kwargs: object) -> object:  # records what netrl asks wandb for; no wandb process, no files
+        started.append(kwargs)
+        return types.SimpleNamespace(id=kwargs["id"], log=lambda *a, **k: None, finish=lambda: None)
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # restored after: MetricsLogger sets it for the process
+    for _ in range(2):  # a trainer, then the same run restarted
+        MetricsLogger(tmp_path / "run", "run", "offline").close()
+    assert started[0]["id"] and started[0]["id"] == started[1]["id"]
+    assert started[1]["resume"] == "allow"
+    assert (tmp_path / "run" / "wandb_id").read_text().strip() == started[0]["id"]
+    MetricsLogger(tmp_path / "other", "other", "offline").close()
+    assert started[2]["id"] != started[0]["id"]  # another run folder, another wandb run
+    MetricsLogger(tmp_path / "run", "run", "offline", run_id="chosen").close()  # run_with_wandb(run_id=...)
+    assert started[3]["id"] == "chosen"
 
 
 def test_status_before_any_weights_says_none_not_minus_one() -> None:
