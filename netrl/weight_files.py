@@ -63,9 +63,9 @@ def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str
     labels the weights it finds correctly. Raises OSError when a write fails, leaving the previous files as they were.
 
     Two files cannot be replaced at once, so the sidecar goes first and describes both the new file and the one it
-    replaces (its ``crc32c``, its version as ``previous``); :func:`read_weights_file` matches the weights file's
-    checksum to one of them. A writer killed between the two replaces leaves the old weights, still labelled as the
-    old version (before, the new weights were labelled with the old version).
+    replaces (that one's whole label, with its ``crc32c``, as ``previous``); :func:`read_weights_file` matches the
+    weights file's checksum to one of them. A writer killed between the two replaces leaves the old weights, still
+    labelled as the old version, with the old version's counts (trained steps, samples...).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str
         old = _read_sidecar(side)
     except (OSError, ValueError):  # damaged: this write replaces it, and a reader then finds no match
         old = {}
-    previous = {"version": old.get("version", -1), "crc32c": old["crc32c"]} if "crc32c" in old else None
+    previous = {k: v for k, v in old.items() if k != "previous"} if "crc32c" in old else None
     try:
         torch_save(module.state_dict(), tmp)
         tmp_side.write_text(json.dumps({**meta, "crc32c": crc32c.crc32c(tmp.read_bytes()), "previous": previous},
@@ -136,9 +136,9 @@ def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[s
         if crc == meta["crc32c"]:  # first: the same weights saved again under a new version have both checksums
             pass
         elif crc == previous.get("crc32c"):  # the writer stopped between the sidecar and the weights
-            meta = {**meta, "version": previous.get("version", -1)}
+            meta = {**previous, "version": previous.get("version", -1)}  # (older sidecars kept no more)
         else:
             log.warning("%s does not describe %s (another program changed one of them, or a writer stopped twice "
-                        "while saving): its weights are taken as of unknown version", side, path)
-            meta = {k: v for k, v in meta.items() if k != "version"}
+                        "while saving): its weights are taken as of unknown version, with no counts", side, path)
+            meta = {}
     return state, meta

@@ -480,7 +480,7 @@ def test_weights_keep_their_version_label_whenever_the_writer_is_killed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "policy.pt"
     linear = [torch.nn.Linear(2, 2) for _ in range(4)]
-    write_weights_file(path, linear[1], {"version": 1})
+    write_weights_file(path, linear[1], {"version": 1, "trained_steps": 600})
     real_replace = os.replace
     calls: list[str] = []
 
@@ -492,10 +492,11 @@ def test_weights_keep_their_version_label_whenever_the_writer_is_killed(
 
     monkeypatch.setattr("netrl.weight_files.os.replace", killed_before_the_weights)
     with pytest.raises(Killed):
-        write_weights_file(path, linear[2], {"version": 2})
+        write_weights_file(path, linear[2], {"version": 2, "trained_steps": 700})
     assert calls == ["policy.pt.json", "policy.pt"]
     state, meta = read_weights_file(path)
     assert meta["version"] == 1 and torch.equal(state["weight"], linear[1].weight)  # old weights, old label
+    assert meta["trained_steps"] == 600  # and the old counts, not the new version's
     monkeypatch.setattr("netrl.weight_files.os.replace", real_replace)
     write_weights_file(path, linear[3], {"version": 3})  # the next save, by the restarted writer
     state, meta = read_weights_file(path)
@@ -508,7 +509,7 @@ def test_weights_keep_their_version_label_whenever_the_writer_is_killed(
     monkeypatch.setattr("netrl.weight_files.os.replace", real_replace)
     with caplog.at_level(logging.WARNING, logger="netrl.weight_files"):
         state, meta = read_weights_file(path)
-    assert "version" not in meta and torch.equal(state["weight"], linear[3].weight)  # unknown, never a wrong one
+    assert meta == {} and torch.equal(state["weight"], linear[3].weight)  # unknown, never a wrong label
     assert "policy.pt.json does not describe" in caplog.text and "taken as of unknown version" in caplog.text
     (tmp_path / "policy.pt.json").write_text('{"version": 7}')  # written by an older netrl or by hand: trusted
     assert read_weights_file(path)[1]["version"] == 7
