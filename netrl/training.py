@@ -311,7 +311,6 @@ class TrainingOffline:
         profiler = cProfile.Profile() if self.profiling else None
         first_round, first_step = self.round, self.round_steps  # mid-epoch after a resume, else 0, 0
         for rnd in range(first_round, self.rounds):
-            self._round = _RoundStats()
             self.round, self.round_steps = rnd, first_step if rnd == first_round else 0
             for step in range(self.round_steps, self.steps):
                 if stop.is_set():
@@ -341,6 +340,7 @@ class TrainingOffline:
                     self._round.metric_sums[k] = self._round.metric_sums.get(k, 0.0) + float(v)
                 self._report(source)
             yield self._round_summary(rnd)
+            self._round = _RoundStats()  # after the round, not before: the first one keeps what arrived before it
         self.epoch, self.round, self.round_steps = self.epoch + 1, 0, 0
         if profiler:
             out = io.StringIO()

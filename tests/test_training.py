@@ -166,36 +166,55 @@ def test_a_packet_the_memory_cannot_store_is_skipped_and_counted_not_fatal(caplo
     assert training.add(image_packet(None)) == 5 and len(training.memory) == 5  # the next one is stored
 
 
-def test_the_policy_file_never_labels_weights_with_a_version_that_named_others(tmp_path: Path) -> None:
-    class Source:  # keeps what was published, by version
-        def __init__(self, bufs: list[Buffer]) -> None:
-            self.bufs, self.published = bufs, {}  # type: dict[int, dict[str, torch.Tensor]]
+class ListSource:
+    """A SampleSource that hands over a list of packets once, and keeps what was published, by version."""
 
-        def fetch(self) -> list[Buffer]:
-            out, self.bufs = self.bufs, []
-            return out
+    def __init__(self, bufs: list[Buffer]) -> None:
+        self.bufs, self.published = bufs, {}  # type: dict[int, dict[str, torch.Tensor]]
 
-        def wait(self, timeout: float) -> None:
-            pass
+    def fetch(self) -> list[Buffer]:
+        out, self.bufs = self.bufs, []
+        return out
 
-        def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
-            self.published[version] = {k: v.clone() for k, v in actor.state_dict().items()}
+    def wait(self, timeout: float) -> None:
+        pass
 
-        def progress(self, *args: Any) -> None:
-            pass
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        self.published[version] = {k: v.clone() for k, v in actor.state_dict().items()}
 
-        def taken_version(self) -> int:
-            return -1
+    def progress(self, *args: Any) -> None:
+        pass
 
-    n = 50
-    source = Source([Buffer(act=np.zeros((n, 1), np.float32), obs=np.random.default_rng(0).random((n, 3), np.float32),
-                          rew=np.ones(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
-                          reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64),
-                          recv_version=1)])
+    def taken_version(self) -> int:
+        return -1
+
+
+def vector_packet(n: int = 50, seq: int = 1) -> Buffer:
+    return Buffer(act=np.zeros((n, 1), np.float32), obs=np.random.default_rng(seq).random((n, 3), np.float32),
+                  rew=np.ones(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                  reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64),
+                  recv_version=1, worker="w", seq=seq)
+
+
+def vector_training(**kw: Any) -> TrainingOffline:
     obs, act = gymnasium.spaces.Box(-1, 1, (3,), np.float32), gymnasium.spaces.Box(-1, 1, (1,), np.float32)
-    training = TrainingOffline(env_cls=(obs, act), epochs=1, rounds=1, steps=10, update_model_interval=4,
-                               max_training_steps_per_env_step=100, memory_size=100, batch_size=8, seed=0,
-                               device="cpu")
+    return TrainingOffline(env_cls=(obs, act), epochs=1, update_model_interval=4, max_training_steps_per_env_step=100,
+                           memory_size=100, batch_size=8, seed=0, device="cpu", **kw)
+
+
+def test_the_first_round_after_a_resume_counts_the_samples_that_arrived_before_it() -> None:
+    # A resumed trainer adds the packets it acknowledged after its checkpoint before training again; the round
+    # under way used to start its statistics afresh, so metrics.csv's round_samples never counted them.
+    training = vector_training(rounds=2, steps=5, start_training=0)
+    training.build()
+    training.add(vector_packet(20, seq=1), new=True)  # from the sample log, after the checkpoint
+    rows = list(training.run_epoch(ListSource([vector_packet(30, seq=2)]), threading.Event()))  # type: ignore[arg-type]
+    assert [r["round_samples"] for r in rows] == [19 + 29, 0] and rows[-1]["samples"] == 48  # env steps: n - 1 each
+
+
+def test_the_policy_file_never_labels_weights_with_a_version_that_named_others(tmp_path: Path) -> None:
+    source = ListSource([vector_packet()])
+    training = vector_training(rounds=1, steps=10)
     training.start(source)  # type: ignore[arg-type]
     for _ in training.run_epoch(source, threading.Event()):  # type: ignore[arg-type]
         pass
