@@ -243,8 +243,8 @@ class MetricsLogger:
 
         A trainer that crashed logged rounds its checkpoint does not hold, and trains them again. Dropping them keeps
         metrics.csv the history of the agent being trained, with ``trained_steps`` increasing, for --plot and every
-        other reader. (Keeping the last row per (epoch, round) instead would be wrong: a trainer stopped cleanly
-        mid-epoch resumes that epoch at round 0, so an (epoch, round) pair can rightly appear twice.)
+        other reader. A trainer stopped cleanly resumes mid-round from a checkpoint taken at the stop, so nothing
+        is dropped then.
         """
         def before(row: dict[str, str]) -> bool:
             try:
