@@ -116,8 +116,13 @@ class ActionBufferMemory(HistoryMemory):
                  **kwargs: Any) -> None:
         _check_len(act_buf_len)
         self.act_buf_len, self.reset_act_buf, self.last_act_on_reset = act_buf_len, reset_act_buf, last_act_on_reset
-        self._core = 0
         super().__init__(*args, **kwargs)
+
+    @property
+    def _core(self) -> int:
+        """Core observation leaves stored (``obs/0`` ...), fixed by the first packet; read from the columns so that
+        a refused packet cannot change it."""
+        return sum(1 for name in self._cols if name.startswith("obs/"))
 
     def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
         obs = buffer.obs
@@ -127,7 +132,6 @@ class ActionBufferMemory(HistoryMemory):
                 and obs[-1].dtype == np.uint8 and obs[-1].shape == (len(buffer),)):
             raise ValueError("ActionBufferMemory expects observations compressed by ActionBufferCompressor: a flat "
                              "tuple of arrays ending with a uint8 seam flag")
-        self._core = len(obs) - 1
         cols = {f"obs/{i}": leaf for i, leaf in enumerate(obs[:-1])}
         cols["src"] = self._sources(buffer, obs[-1].astype(bool))
         return cols

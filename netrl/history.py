@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import Batch
-from netrl.memory import MemoryDataloading
+from netrl.memory import MemoryDataloading, check_columns, run_sample_preprocessor
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 
 __all__ = ["NEVER", "HistoryMemory", "transition_needs"]
@@ -55,9 +55,12 @@ class HistoryMemory(MemoryDataloading):
     """Preallocated ring of rows with vectorised sampling of transitions whose history is still stored.
 
     ``obs_preprocessor`` is not supported: the observations are rebuilt per batch, so preprocess in the model.
-    ``sample_preprocessor`` runs once per batch. Rows with a loss weight of 0 (stale samples the trainer drops) end
-    no transition; other weights below 1 make every batch carry ``Batch.weight``. A batch's tensors share memory
-    with reused buffers and stay valid until the next :meth:`sample` call.
+    ``sample_preprocessor`` runs once per batch, on read-only arrays: it must return new arrays rather than change
+    its inputs, because obs and next_obs share frames (overlapping views of one gathered window, in
+    :class:`~netrl.frames.FrameStackMemory`) and the buffers are reused. Rows with a loss weight of 0 (stale
+    samples the trainer drops) end no transition; other weights below 1 make every batch carry ``Batch.weight``.
+    A batch's tensors share memory with reused buffers (and with each other: a frame-stack batch's obs and
+    next_obs are views of one tensor) and stay valid until the next :meth:`sample` call.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,31 +93,29 @@ class HistoryMemory(MemoryDataloading):
 
     # -- storage --------------------------------------------------------------------------------------------
     def append_buffer(self, buffer: Buffer) -> None:
+        """Store a packet's rows. A packet that does not fit (another structure, per-row shape or kind of dtype than
+        the first packet's) raises ValueError before anything is written, so the memory stays as it was."""
         n = len(buffer)
         if n == 0:
             return
         act_spec, act_leaves = flatten(buffer.act, "act")
         columns = self._columns(buffer)
-        columns.update(act_leaves)
+        columns.update((name, np.asarray(leaf)) for name, leaf in act_leaves)
         need = transition_needs(buffer, self._row_needs(buffer, columns))
         weight = getattr(buffer, "weight", None)
-        columns.update(rew=np.asarray(buffer.rew, np.float32), terminated=buffer.terminated,
-                       truncated=buffer.truncated, policy_version=buffer.policy_version, need=need,
-                       weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32))
-        if weight is not None and bool((columns["weight"][need != NEVER] < 1).any()):
-            self._weighted = True  # from now on batches carry loss weights
-        if not self._cols:
-            self._act_spec = act_spec
-            cap = self.memory_size
-            self._cols = {k: np.zeros((cap, *v.shape[1:]), v.dtype) for k, v in columns.items()}
-        elif act_spec != self._act_spec or set(columns) != set(self._cols):
+        columns.update(rew=np.asarray(buffer.rew, np.float32), terminated=np.asarray(buffer.terminated),
+                       truncated=np.asarray(buffer.truncated), policy_version=np.asarray(buffer.policy_version),
+                       need=need, weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32))
+        if self._cols and (act_spec != self._act_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
                              "run the same pipeline")
-        for name, col in columns.items():
-            if col.shape[0] != n or col.shape[1:] != self._cols[name].shape[1:]:
-                raise ValueError(f"column {name!r} has shape {col.shape}; the memory stores "
-                                 f"{self._cols[name].shape[1:]} per row for {n} rows")
         cap = self.memory_size
+        stored = self._cols or {k: np.zeros((cap, *v.shape[1:]), v.dtype) for k, v in columns.items()}
+        check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
+        if not self._cols:
+            self._act_spec, self._cols = act_spec, stored
+        if weight is not None and bool((columns["weight"][need != NEVER] < 1).any()):
+            self._weighted = True  # from now on batches carry loss weights
         if n > cap:  # keep only the newest rows, as the ring would
             columns = {k: v[n - cap:] for k, v in columns.items()}
             n = cap
@@ -197,17 +198,21 @@ class HistoryMemory(MemoryDataloading):
         idx = self.sample_indices()
         o, a, r, o2, term, trunc = self._transitions(idx)
         if self.sample_preprocessor is not None:
-            o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
+            o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
         return Batch(_tensor(o, d), _tensor(a, d), _tensor(r, d), _tensor(o2, d), _tensor(term, d),
                      _tensor(trunc, d), weight)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
-        """The ``item``-th sampleable transition, oldest first (per-item access, for tests and tmrl-style code)."""
+        """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style
+        code). Raises IndexError unless ``0 <= item < len()``."""
         if self._ordered is None:
             logical = (np.arange(self._size) + self._oldest) % self.memory_size
-            self._ordered = logical[self._valid(logical)]
+            self._ordered = logical[self._valid(logical)] if self._cols else logical
+        if not 0 <= item < len(self._ordered):
+            raise IndexError(f"transition index {item} is out of range: the memory holds {len(self._ordered)} "
+                             "transitions (0 <= item < len(memory))")
         i = int(self._ordered[item])
         o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in self._transitions(np.array([i])))
         return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]),
@@ -218,5 +223,8 @@ class HistoryMemory(MemoryDataloading):
 
 
 def _tensor(x: Any, device: str | torch.device) -> Any:
-    """numpy tree -> tensors on ``device``; strided views (e.g. overlapping frame windows) are not copied on CPU."""
-    return tree_map(lambda a: torch.from_numpy(a).to(device, non_blocking=True), x)
+    """numpy tree -> tensors on ``device``; strided views (e.g. overlapping frame windows) are not copied on CPU.
+
+    A read-only array (derived from the views ``sample_preprocessor`` gets) is copied: torch.from_numpy warns on it.
+    """
+    return tree_map(lambda a: torch.from_numpy(a if a.flags.writeable else a.copy()).to(device, non_blocking=True), x)

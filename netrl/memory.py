@@ -39,7 +39,56 @@ def collate(items: list[Any], device: str | torch.device) -> Any:
 
 
 def _to_tensor(x: Any, device: str | torch.device) -> Any:
-    return tree_map(lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True), x)
+    # A read-only array (derived from the views sample_preprocessor gets) is copied: torch.from_numpy warns on it.
+    return tree_map(lambda a: torch.from_numpy(np.ascontiguousarray(a) if a.flags.writeable else np.array(a))
+                    .to(device, non_blocking=True), x)
+
+
+def run_sample_preprocessor(fn: Callable[..., Any], batch: tuple[Any, ...]) -> Any:
+    """``fn(*batch)`` on read-only views of the batch's arrays, so that changing one in place raises.
+
+    The arrays are buffers reused between batches and, in :class:`~netrl.frames.FrameStackMemory`, obs and
+    next_obs are overlapping views of one window of frames: ``obs[:] = 0`` would also change next_obs. numpy
+    refuses it ("assignment destination is read-only"). The views are made writeable again afterwards, so arrays
+    that ``fn`` returns unchanged reach ``torch.from_numpy`` without a copy (and without its read-only warning).
+    """
+    locked: list[np.ndarray] = []
+
+    def lock(a: Any) -> Any:
+        if not isinstance(a, np.ndarray) or not a.flags.writeable:
+            return a
+        view = a.view()
+        view.flags.writeable = False
+        locked.append(view)
+        return view
+
+    out = fn(*tree_map(lock, batch))
+    for view in locked:
+        view.flags.writeable = True  # allowed: the memory behind it is ours and writeable
+    return out
+
+
+def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray], n: int) -> None:
+    """Raise ValueError unless every column of an ``n``-row packet fits the memory's ``stored`` columns.
+
+    Per-row shapes must match exactly (numpy would broadcast a ``(3, 1)`` observation into ``(3,)`` rows, or a
+    scalar per row into every value), and dtypes must convert within their kind (``np.can_cast(..., "same_kind")``:
+    float64 into float32 is fine; float into uint8 is refused, since numpy would truncate). Memories call this
+    before writing anything, so a refused packet leaves them as they were.
+    """
+    for name, col in columns.items():
+        want = stored[name]
+        if col.shape[:1] != (n,):
+            raise ValueError(f"column {name!r} has shape {col.shape}, not one row per sample of this {n}-row packet "
+                             f"({(n, *want.shape[1:])}): the packet is malformed")
+        if col.shape[1:] != want.shape[1:]:
+            raise ValueError(f"column {name!r} has shape {col.shape[1:]} per row (shape {col.shape}); the memory "
+                             f"stores {want.shape[1:]} per row: every worker (and the dataset) must send the same "
+                             "observation and action shapes")
+        if not np.can_cast(col.dtype, want.dtype, "same_kind"):
+            raise ValueError(f"column {name!r} has dtype {col.dtype}; the memory stores {want.dtype}, and {col.dtype} "
+                             f"does not convert to it without changing kind (e.g. float to integer): send "
+                             f"{want.dtype}, or convert in the worker's sample_compressor")
 
 
 DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
@@ -53,8 +102,15 @@ class MemoryDataloading(ABC):
         nb_steps: training steps per round; iterating over the memory yields that many batches.
         obs_preprocessor: same function as the worker's; applied to observations before training.
         sample_preprocessor: data augmentation, ``f(obs, act, rew, next_obs, terminated, truncated)`` returning
-            the same tuple; applied to each item (base class) or to each batch (:class:`ReplayMemory`).
-        memory_size: capacity in samples.
+            the same tuple; applied to each item (base class) or to each batch (:class:`ReplayMemory`). It must
+            return new arrays rather than change its inputs: the batched memories pass read-only views (their
+            buffers are reused, and a frame-stack memory's obs and next_obs share frames), so ``obs[:] = 0``
+            raises; write ``obs = np.zeros_like(obs)`` instead.
+        memory_size: capacity in rows, not transitions. Every row a worker sends takes a slot, including the rows
+            that end no transition: each episode's reset row and the context rows repeated at the start of every
+            packet (the pipeline's ``overlap``). So a full memory holds fewer than ``memory_size`` transitions:
+            e.g. about 950 of 1000 with 20-row packets and overlap 1, 830 with overlap 4 (frame stacks) and 740
+            with overlap 7.
         batch_size: transitions per batch.
         dataset_path: optional ``.npz`` file of samples to start from, written by :func:`save_dataset` (see
             :meth:`load_dataset`). Unlike tmrl, not a folder holding a pickled ``data.pkl``.
@@ -64,6 +120,10 @@ class MemoryDataloading(ABC):
                  | None = None, sample_preprocessor: Callable[..., Any] | None = None,
                  memory_size: int = DEFAULT_MEMORY_SIZE, batch_size: int = DEFAULT_BATCH_SIZE, dataset_path: str = "",
                  seed: int | None = None) -> None:
+        problems = [f"{name} must be > 0 (got {value})" for name, value in
+                    (("memory_size", memory_size), ("batch_size", batch_size)) if value <= 0]
+        if problems:
+            raise ValueError(f"{type(self).__name__}: {'; '.join(problems)}")
         self.device = device
         self.nb_steps = nb_steps
         self.obs_preprocessor = obs_preprocessor
@@ -87,9 +147,12 @@ class MemoryDataloading(ABC):
 
     @abstractmethod
     def get_transition(self, item: int) -> Transition:
-        """``(last_obs, new_act, rew, new_obs, terminated, truncated, info)`` as the env produced it.
+        """``(last_obs, new_act, rew, new_obs, terminated, truncated, info)`` with the observations as stored.
 
-        Do not apply ``obs_preprocessor`` here; :meth:`sample` does.
+        This generic :meth:`sample` applies ``obs_preprocessor`` to what this returns, so a memory that stores
+        observations as the env produced them (tmrl's) must not apply it here. :class:`ReplayMemory` applies it
+        once per row on append instead, so its ``get_transition`` returns preprocessed observations (and its own
+        ``sample`` does not apply it again).
         """
 
     def sample_indices(self) -> np.ndarray:
@@ -124,9 +187,12 @@ class MemoryDataloading(ABC):
 
         Raises FileNotFoundError if ``path`` does not exist and ValueError if it is a folder (tmrl's layout) or
         not an ``.npz`` archive of sample columns (a pickle such as tmrl's ``data.pkl``, an ``.npy`` file...).
+        Floating-point ``act`` and ``obs`` columns are stored as float32, whatever the file holds (rows built from
+        Python floats are float64), as the agents train in float32 and workers send float32.
         """
         cols = _read_dataset(path)
-        leaves = {k: v for k, v in cols.items() if k.startswith(("act", "obs"))}
+        leaves = {k: v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
+                  for k, v in cols.items() if k.startswith(("act", "obs"))}
         act = unflatten(_spec_from_names([k for k in leaves if k.startswith("act")], "act"), leaves)
         obs = unflatten(_spec_from_names([k for k in leaves if k.startswith("obs")], "obs"), leaves)
         self.append_buffer(Buffer(act=act, obs=obs, rew=cols["rew"], terminated=cols["terminated"],
@@ -234,35 +300,39 @@ class ReplayMemory(MemoryDataloading):
         super().__init__(*args, **kwargs)
 
     # -- storage -------------------------------------------------------------------------------------------
-    def _allocate(self, act_leaves: list[tuple[str, np.ndarray]], obs_leaves: list[tuple[str, np.ndarray]]) -> None:
+    def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Empty ring columns for the act/obs leaves of ``columns`` (their per-row shape and dtype) and the rest."""
         cap = self.memory_size
-        for name, arr in act_leaves + obs_leaves:
-            self._cols[name] = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
-        self._cols["rew"] = np.zeros(cap, np.float32)
-        for flag in ("terminated", "truncated", "end"):
-            self._cols[flag] = np.zeros(cap, np.bool_)
-        self._cols["policy_version"] = np.zeros(cap, np.int64)
-        self._cols["weight"] = np.ones(cap, np.float32)
+        fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
+                 "policy_version": np.int64, "weight": np.float32}
+        return {name: np.zeros(cap, fixed[name]) if name in fixed else np.zeros((cap, *col.shape[1:]), col.dtype)
+                for name, col in columns.items()}
 
     def append_buffer(self, buffer: Buffer) -> None:
+        """Store a packet's rows. A packet that does not fit (another structure, per-row shape or kind of dtype than
+        the first packet's) raises ValueError before anything is written, so the memory stays as it was."""
+        n = len(buffer)
+        if n == 0:
+            return
         obs = buffer.obs
         if self.obs_preprocessor is not None:
-            rows = [self.obs_preprocessor(row(obs, i)) for i in range(len(buffer))]
+            rows = [self.obs_preprocessor(row(obs, i)) for i in range(n)]
             obs = _stack_rows(rows)
         act_spec, act_leaves = flatten(buffer.act, "act")
         obs_spec, obs_leaves = flatten(obs, "obs")
-        if not self._cols:
-            self._act_spec, self._obs_spec = act_spec, obs_spec
-            self._allocate(act_leaves, obs_leaves)
-        elif (act_spec, obs_spec) != (self._act_spec, self._obs_spec):
+        if self._cols and (act_spec, obs_spec) != (self._act_spec, self._obs_spec):
             raise ValueError("a packet's observation/action structure differs from the memory's; "
                              "every worker must run the same pipeline")
-        n = len(buffer)
-        columns = dict(act_leaves + obs_leaves)
-        columns.update(rew=buffer.rew, terminated=buffer.terminated, truncated=buffer.truncated,
-                       end=buffer.transition_end, policy_version=buffer.policy_version,
-                       weight=np.ones(n, np.float32) if buffer.weight is None else buffer.weight)
-        if buffer.weight is not None and bool((buffer.weight[buffer.transition_end] < 1).any()):
+        columns = {name: np.asarray(leaf) for name, leaf in act_leaves + obs_leaves}
+        columns.update(rew=np.asarray(buffer.rew), terminated=np.asarray(buffer.terminated),
+                       truncated=np.asarray(buffer.truncated), end=buffer.transition_end,
+                       policy_version=np.asarray(buffer.policy_version),
+                       weight=np.ones(n, np.float32) if buffer.weight is None else np.asarray(buffer.weight))
+        stored = self._cols or self._allocate(columns)
+        check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
+        if not self._cols:
+            self._act_spec, self._obs_spec, self._cols = act_spec, obs_spec, stored
+        if buffer.weight is not None and bool((columns["weight"][columns["end"]] < 1).any()):
             self._weighted = True  # from now on batches carry loss weights
         if n > self.memory_size:  # keep only the newest rows, as the ring would
             columns = {k: v[n - self.memory_size:] for k, v in columns.items()}
@@ -324,24 +394,31 @@ class ReplayMemory(MemoryDataloading):
         term = self._gather("terminated", "terminated", idx).astype(np.float32)
         trunc = self._gather("truncated", "truncated", idx).astype(np.float32)
         if self.sample_preprocessor is not None:
-            o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
+            o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = _to_tensor(self._gather("weight", "weight", idx), d) if self._weighted else None
         return Batch(_to_tensor(o, d), _to_tensor(a, d), _to_tensor(r, d), _to_tensor(o2, d), _to_tensor(term, d),
                      _to_tensor(trunc, d), weight)
 
     def get_transition(self, item: int) -> Transition:
-        """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code)."""
+        """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code).
+
+        The arrays are copies, which later packets do not change. The observations are as stored: after
+        ``obs_preprocessor``, which this memory applies on append. Raises IndexError unless ``0 <= item < len()``.
+        """
         if self._ordered is None:
             logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
-            self._ordered = logical[self._valid(logical)]
+            self._ordered = logical[self._valid(logical)] if self._cols else logical
+        if not 0 <= item < len(self._ordered):
+            raise IndexError(f"transition index {item} is out of range: the memory holds {len(self._ordered)} "
+                             "transitions (0 <= item < len(memory))")
         i = int(self._ordered[item])
         p = (i - 1) % self.memory_size
         cols = self._cols
         obs = {n: c for n, c in cols.items() if n.startswith("obs")}
-        last_obs = unflatten(self._obs_spec, {n: c[p] for n, c in obs.items()})
-        new_obs = unflatten(self._obs_spec, {n: c[i] for n, c in obs.items()})
-        act = unflatten(self._act_spec, {n: c[i] for n, c in cols.items() if n.startswith("act")})
+        last_obs = unflatten(self._obs_spec, {n: c[p].copy() for n, c in obs.items()})
+        new_obs = unflatten(self._obs_spec, {n: c[i].copy() for n, c in obs.items()})
+        act = unflatten(self._act_spec, {n: c[i].copy() for n, c in cols.items() if n.startswith("act")})
         return (last_obs, act, float(cols["rew"][i]), new_obs, bool(cols["terminated"][i]),
                 bool(cols["truncated"][i]), {"policy_version": int(cols["policy_version"][i])})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from netrl.actbuf import ActionBufferMemory
+from netrl.frames import FrameStackMemory
 from netrl.memory import MemoryDataloading, ReplayMemory, save_dataset
 from netrl.samples import Buffer, BufferBuilder
 
@@ -341,3 +344,187 @@ def test_tmrls_five_argument_sample_preprocessor_is_refused_when_the_memory_is_b
 def test_a_sample_preprocessor_that_is_not_callable_is_refused() -> None:
     with pytest.raises(TypeError, match=r"sample_preprocessor must be a function or None \(got str\)"):
         ReplayMemory(memory_size=10, sample_preprocessor="augment")  # type: ignore[arg-type]
+
+
+# -- bad input: a packet that does not fit is refused whole, with the column, what it has and what is stored -------
+
+def packet(n: int = 4, obs: Any = None, act: Any = None, weight: Any = None, base: float = 0.0) -> Buffer:
+    """One episode of ``n`` rows: obs = [t, t, t], act = [t, t] with t = base + row (float32), unless given."""
+    t = np.arange(n, dtype=np.float32) + np.float32(base)
+    return Buffer(act=np.repeat(t[:, None], 2, 1) if act is None else act,
+                  obs=np.repeat(t[:, None], 3, 1) if obs is None else obs, rew=t.copy(),
+                  terminated=np.zeros(n, bool), truncated=np.zeros(n, bool), reset=np.arange(n) == 0,
+                  context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64), weight=weight)
+
+
+def stored_transitions(mem: MemoryDataloading) -> list[tuple[Any, ...]]:
+    return [(mem.get_transition(i)[1].tolist(), mem.get_transition(i)[3].tolist()) for i in range(len(mem))]
+
+
+def test_a_refused_packet_leaves_the_replay_memory_as_it_was() -> None:
+    mem = ReplayMemory(memory_size=10, batch_size=4, seed=0)
+    mem.append_buffer(packet(10))
+    before, size, pos, total = stored_transitions(mem), mem._size, mem._pos, mem.total_appended
+    cols = {k: v.copy() for k, v in mem._cols.items()}
+    bad = packet(4, obs=np.zeros((4, 4), np.float32), base=100, weight=np.full(4, 0.5, np.float32))
+    with pytest.raises(ValueError, match=r"column 'obs' has shape \(4,\) per row"):
+        mem.append_buffer(bad)  # 4 values per row where the memory stores 3: nothing of it may be written
+    assert (len(mem), mem._size, mem._pos, mem.total_appended) == (9, size, pos, total)
+    assert stored_transitions(mem) == before
+    for k, v in cols.items():
+        np.testing.assert_array_equal(mem._cols[k], v, err_msg=k)
+    assert mem.sample().weight is None  # the refused packet's loss weights did not switch weighting on
+
+
+def test_a_refused_packet_leaves_a_frame_stack_memory_as_it_was() -> None:
+    mem = FrameStackMemory(stack=2, memory_size=20, batch_size=4, seed=0)
+    mem.append_buffer(packet(6, obs=np.zeros((6, 2, 2), np.uint8)))
+    with pytest.raises(ValueError, match=r"column 'frame' has shape \(3, 3\) per row"):
+        mem.append_buffer(packet(6, obs=np.zeros((6, 3, 3), np.uint8), weight=np.full(6, 0.5, np.float32)))
+    assert len(mem) == 5 and mem.sample().weight is None
+
+
+def test_a_refused_packet_leaves_an_action_buffer_memory_able_to_sample() -> None:
+    def actbuf_packet(core: int) -> Buffer:
+        return packet(6, obs=(*(np.zeros((6, 1), np.float32) for _ in range(core)), np.zeros(6, np.uint8)))
+
+    mem = ActionBufferMemory(act_buf_len=1, memory_size=20, batch_size=4, seed=0)
+    mem.append_buffer(actbuf_packet(1))
+    with pytest.raises(ValueError, match="structure differs from the memory's"):
+        mem.append_buffer(actbuf_packet(2))  # one more core leaf than the memory stores
+    assert len(mem.sample().obs) == 2  # the core leaf and the rebuilt action buffer, as before the refusal
+
+
+@pytest.mark.parametrize(("first", "second", "error"), [
+    (packet(3), packet(3, obs=np.full((3, 1), 7, np.float32)),
+     r"column 'obs' has shape \(1,\) per row \(shape \(3, 1\)\); the memory stores \(3,\) per row"),
+    (packet(3), packet(3, obs=np.array([5, 6, 7], np.float32)),
+     r"column 'obs' has shape \(\) per row \(shape \(3,\)\); the memory stores \(3,\) per row"),
+    (packet(3), packet(3, act=np.full((3, 1), 9, np.float32)),
+     r"column 'act' has shape \(1,\) per row \(shape \(3, 1\)\); the memory stores \(2,\) per row"),
+    (packet(3, obs=np.ones((3, 3), np.uint8)), packet(3, obs=np.full((3, 3), 0.7)),
+     r"column 'obs' has dtype float64; the memory stores uint8"),
+    (packet(3, obs=(np.ones((3, 3), np.float32), np.ones((3, 2), np.uint8))),
+     packet(3, obs=(np.ones((3, 3), np.float32), np.ones((3, 2), np.float32))),
+     r"column 'obs/1' has dtype float32; the memory stores uint8"),
+    (packet(3), packet(3, obs=np.ones((5, 3), np.float32)),
+     r"column 'obs' has shape \(5, 3\), not one row per sample of this 3-row packet"),
+], ids=["obs-(1,)-into-(3,)", "obs-scalar-per-row", "act-(1,)-into-(2,)", "float-into-uint8", "tuple-leaf-dtype",
+        "rows-differ"])
+def test_the_replay_memory_refuses_shapes_and_dtypes_numpy_would_broadcast_or_cast(first: Buffer, second: Buffer,
+                                                                                   error: str) -> None:
+    mem = ReplayMemory(memory_size=100, batch_size=4, seed=0)
+    mem.append_buffer(first)
+    with pytest.raises(ValueError, match=error):
+        mem.append_buffer(second)
+    assert len(mem) == 2
+
+
+def test_dtypes_of_the_same_kind_are_accepted() -> None:
+    mem = ReplayMemory(memory_size=100, batch_size=4, seed=0)
+    mem.append_buffer(packet(3))
+    mem.append_buffer(packet(3, obs=np.full((3, 3), 0.5), act=np.full((3, 2), 0.5)))  # float64 into float32
+    assert len(mem) == 4 and mem.get_transition(3)[3].dtype == np.float32
+    frames = FrameStackMemory(stack=2, memory_size=100, batch_size=4, seed=0)
+    frames.append_buffer(packet(3, obs=np.zeros((3, 2, 2), np.uint8), act=np.zeros((3, 1), np.int64)))
+    frames.append_buffer(packet(3, obs=np.zeros((3, 2, 2), np.uint8), act=np.zeros((3, 1), np.int32)))
+    with pytest.raises(ValueError, match=r"column 'act' has dtype float32; the memory stores int64"):
+        frames.append_buffer(packet(3, obs=np.zeros((3, 2, 2), np.uint8), act=np.full((3, 1), 0.7, np.float32)))
+    assert len(frames) == 4
+
+
+def test_a_float64_dataset_is_stored_as_float32_and_float32_packets_still_fit(tmp_path: Path) -> None:
+    n = 6
+    rows = packet(n, obs=np.array([[0.1 * i, 0.2, 0.3] for i in range(n)]), act=np.array([[0.5]] * n))  # float64
+    save_dataset(tmp_path / "floats.npz", rows)
+    mem = ReplayMemory(memory_size=100, batch_size=8, seed=0, dataset_path=str(tmp_path / "floats.npz"))
+    mem.append_buffer(packet(n, obs=np.ones((n, 3), np.float32), act=np.full((n, 1), 0.25, np.float32)))
+    assert len(mem) == 2 * (n - 1)
+    b = mem.sample()
+    assert b.obs.dtype == b.next_obs.dtype == b.act.dtype == torch.float32
+
+
+# -- sample_preprocessor gets read-only arrays: obs and next_obs of a frame stack share frames ---------------------
+
+def zero_obs_in_place(o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any) -> tuple[Any, ...]:
+    o[:] = 0
+    return o, a, r, o2, term, trunc
+
+
+def frame_packet(n: int = 12) -> Buffer:
+    return packet(n, obs=np.stack([np.full((2, 2), 10 * (i + 1), np.uint8) for i in range(n)]),
+                  act=np.arange(n, dtype=np.float32)[:, None])
+
+
+@pytest.mark.parametrize("memory_cls", [functools.partial(FrameStackMemory, stack=4), ReplayMemory])
+def test_a_sample_preprocessor_cannot_change_the_batch_in_place(memory_cls: Any) -> None:
+    mem = memory_cls(memory_size=100, batch_size=3, seed=0, sample_preprocessor=zero_obs_in_place)
+    mem.append_buffer(frame_packet())
+    with pytest.raises(ValueError, match="read-only"):
+        mem.sample()
+
+
+def identity(o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any) -> tuple[Any, ...]:
+    return o, a, r, o2, term, trunc
+
+
+def derived_views(o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any) -> tuple[Any, ...]:
+    return o[:], a, r, o2[...], term, trunc
+
+
+def new_arrays(o: Any, a: Any, r: Any, o2: Any, term: Any, trunc: Any) -> tuple[Any, ...]:
+    return np.zeros_like(o), a, r, o2, term, trunc
+
+
+@pytest.mark.parametrize("fn", [identity, derived_views, new_arrays])
+@pytest.mark.parametrize("memory_cls", [functools.partial(FrameStackMemory, stack=4), ReplayMemory])
+def test_what_a_sample_preprocessor_returns_reaches_torch_without_warnings(memory_cls: Any, fn: Any) -> None:
+    mem = memory_cls(memory_size=100, batch_size=8, seed=0, sample_preprocessor=fn)
+    mem.append_buffer(frame_packet())
+    for _ in range(3):  # the reused buffers must stay writeable from one batch to the next
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch.from_numpy warns about read-only arrays
+            b = mem.sample()
+        k = b.act[:, 0].numpy().astype(int)
+        newest = b.next_obs[:, -1, 0, 0] if b.next_obs.dim() == 4 else b.next_obs[:, 0, 0]
+        np.testing.assert_array_equal(newest.numpy(), 10 * (k + 1))
+        if fn is not new_arrays:
+            previous = b.obs[:, -1, 0, 0] if b.obs.dim() == 4 else b.obs[:, 0, 0]
+            np.testing.assert_array_equal(previous.numpy(), 10 * k)
+        if fn is identity and b.obs.dim() == 4:  # still one gathered window of frames, not a copy per side
+            assert b.next_obs.data_ptr() - b.obs.data_ptr() == b.obs[0, 0].nbytes  # next_obs: one frame further
+
+
+# -- per-item access and edges -----------------------------------------------------------------------------------
+
+def test_get_transition_returns_copies_that_later_packets_leave_alone() -> None:
+    mem = ReplayMemory(memory_size=8, batch_size=4, seed=0)
+    mem.append_buffer(packet(8))
+    o, a, _, o2, *_ = mem.get_transition(0)
+    mem.append_buffer(packet(8, base=100))  # overwrites every row of the ring
+    assert (o.tolist(), a.tolist(), o2.tolist()) == ([0.0] * 3, [1.0] * 2, [1.0] * 3)
+
+
+@pytest.mark.parametrize("memory_cls", [ReplayMemory, FrameStackMemory, TutorialMemory])
+@pytest.mark.parametrize(("kwargs", "error"), [({"memory_size": 0}, r"memory_size must be > 0 \(got 0\)"),
+                                               ({"memory_size": -5}, r"memory_size must be > 0 \(got -5\)"),
+                                               ({"batch_size": 0}, r"batch_size must be > 0 \(got 0\)"),
+                                               ({"memory_size": 0, "batch_size": -1},
+                                                r"memory_size must be > 0 \(got 0\); batch_size must be > 0")])
+def test_sizes_that_are_not_positive_are_refused_by_name(memory_cls: Any, kwargs: dict[str, int], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        memory_cls(**{"memory_size": 10, **kwargs})
+
+
+@pytest.mark.parametrize(("rows", "item", "held"), [(0, 0, 0), (4, 3, 3), (4, -1, 3)])
+@pytest.mark.parametrize("memory_cls", [ReplayMemory, functools.partial(FrameStackMemory, stack=2)])
+def test_get_transition_out_of_range_names_the_index_and_the_length(memory_cls: Any, rows: int, item: int,
+                                                                    held: int) -> None:
+    mem = memory_cls(memory_size=10)
+    if rows:
+        mem.append_buffer(packet(rows, obs=np.zeros((rows, 2, 2), np.uint8)) if isinstance(mem, FrameStackMemory)
+                          else packet(rows))
+    assert len(mem) == held
+    with pytest.raises(IndexError, match=rf"transition index {item} is out of range: the memory holds {held} "
+                                         r"transitions \(0 <= item < len\(memory\)\)"):
+        mem.get_transition(item)
