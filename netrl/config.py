@@ -176,7 +176,9 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    memory_size: int = _f(1_000_000, "capacity of the replay memory in samples", ge(1))
+    memory_size: int = _f(1_000_000, "capacity of the replay memory in rows (each episode's reset row and each "
+                          "packet's context rows take slots too, so a full memory holds somewhat fewer transitions)",
+                          ge(1))
     batch_size: int = _f(256, "transitions per training batch", ge(1))
 
 
