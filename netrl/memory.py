@@ -296,7 +296,7 @@ class ReplayMemory(MemoryDataloading):
         self._ends = 0  # rows flagged as transition ends among the stored rows
         self.total_appended = 0
         self._weighted = False
-        self._ordered: np.ndarray | None = None  # sampleable rows oldest first, for get_transition; reset on append
+        self._ordered: np.ndarray | None = None  # sampleable rows oldest first (_ordered_ends); reset on append
         super().__init__(*args, **kwargs)
 
     # -- storage -------------------------------------------------------------------------------------------
@@ -361,14 +361,27 @@ class ReplayMemory(MemoryDataloading):
         oldest = self._pos if self._size == self.memory_size else 0
         return self._ends - int(self._cols["end"][oldest] and self._size > 0)
 
+    def _ordered_ends(self) -> np.ndarray:
+        """The physical rows where a sampleable transition ends, oldest first (computed once per append)."""
+        if self._ordered is None:
+            logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
+            self._ordered = logical[self._valid(logical)] if self._cols else logical
+        return self._ordered
+
     def sample_indices(self) -> np.ndarray:
-        """Physical rows of ``batch_size`` transition ends, uniformly at random (rejection sampling)."""
-        if len(self) == 0:
+        """Physical rows of ``batch_size`` transition ends, uniformly at random: by rejection sampling, or, when
+        few rows end a transition (most are stale samples of weight 0, say), from the list of those that do, as
+        rejection would draw rows / transitions times the batch."""
+        ends = len(self)
+        if ends == 0:
             raise RuntimeError("the replay memory holds no complete transition yet")
+        if ends * 16 < self._size:
+            ordered = self._ordered_ends()
+            return ordered[self.rng.integers(0, len(ordered), size=self.batch_size)]
         chosen: list[np.ndarray] = []
         need = self.batch_size
         while need > 0:
-            draw = self.rng.integers(0, self._size, size=int(need * self._size / len(self) * 1.2) + 8)
+            draw = self.rng.integers(0, self._size, size=int(need * self._size / ends * 1.2) + 8)
             draw = draw[self._valid(draw)][:need]
             chosen.append(draw)
             need -= len(draw)
@@ -406,13 +419,11 @@ class ReplayMemory(MemoryDataloading):
         The arrays are copies, which later packets do not change. The observations are as stored: after
         ``obs_preprocessor``, which this memory applies on append. Raises IndexError unless ``0 <= item < len()``.
         """
-        if self._ordered is None:
-            logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
-            self._ordered = logical[self._valid(logical)] if self._cols else logical
-        if not 0 <= item < len(self._ordered):
-            raise IndexError(f"transition index {item} is out of range: the memory holds {len(self._ordered)} "
+        ordered = self._ordered_ends()
+        if not 0 <= item < len(ordered):
+            raise IndexError(f"transition index {item} is out of range: the memory holds {len(ordered)} "
                              "transitions (0 <= item < len(memory))")
-        i = int(self._ordered[item])
+        i = int(ordered[item])
         p = (i - 1) % self.memory_size
         cols = self._cols
         obs = {n: c for n, c in cols.items() if n.startswith("obs")}
