@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import Batch
-from netrl.memory import MemoryDataloading, check_columns, run_sample_preprocessor
+from netrl.memory import MemoryDataloading, check_columns, draw_ends, run_sample_preprocessor
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 
 __all__ = ["NEVER", "HistoryMemory", "transition_needs"]
@@ -151,18 +151,15 @@ class HistoryMemory(MemoryDataloading):
 
     # -- sampling -------------------------------------------------------------------------------------------
     def sample_indices(self) -> np.ndarray:
-        """Ring rows of ``batch_size`` transition ends, uniformly at random (rejection sampling)."""
-        valid = len(self)
-        if valid == 0:
-            raise RuntimeError("the replay memory holds no complete transition yet")
-        chosen: list[np.ndarray] = []
-        need = self.batch_size
-        while need > 0:
-            draw = self.rng.integers(0, self._size, size=int(need * self._size / valid * 1.2) + 8)
-            draw = draw[self._valid(draw)][:need]
-            chosen.append(draw)
-            need -= len(draw)
-        return np.concatenate(chosen)
+        """Ring rows of ``batch_size`` transition ends, uniformly at random (see :func:`~netrl.memory.draw_ends`)."""
+        return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends)
+
+    def _ordered_ends(self) -> np.ndarray:
+        """The ring rows where a sampleable transition ends, oldest first (computed once per append)."""
+        if self._ordered is None:
+            logical = (np.arange(self._size) + self._oldest) % self.memory_size
+            self._ordered = logical[self._valid(logical)] if self._cols else logical
+        return self._ordered
 
     def _take(self, key: str, col: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """``col[idx]`` along the first axis, into an output buffer reused between batches of the same shape.
@@ -207,13 +204,11 @@ class HistoryMemory(MemoryDataloading):
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style
         code). Raises IndexError unless ``0 <= item < len()``."""
-        if self._ordered is None:
-            logical = (np.arange(self._size) + self._oldest) % self.memory_size
-            self._ordered = logical[self._valid(logical)] if self._cols else logical
-        if not 0 <= item < len(self._ordered):
-            raise IndexError(f"transition index {item} is out of range: the memory holds {len(self._ordered)} "
+        ordered = self._ordered_ends()
+        if not 0 <= item < len(ordered):
+            raise IndexError(f"transition index {item} is out of range: the memory holds {len(ordered)} "
                              "transitions (0 <= item < len(memory))")
-        i = int(self._ordered[item])
+        i = int(ordered[item])
         o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in self._transitions(np.array([i])))
         return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]),
                 {"policy_version": int(self._cols["policy_version"][i])})

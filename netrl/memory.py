@@ -68,6 +68,29 @@ def run_sample_preprocessor(fn: Callable[..., Any], batch: tuple[Any, ...]) -> A
     return out
 
 
+def draw_ends(rng: np.random.Generator, batch_size: int, rows: int, ends: int,
+              valid: Callable[[np.ndarray], np.ndarray], ordered: Callable[[], np.ndarray]) -> np.ndarray:
+    """``batch_size`` of a ring's ``rows`` that end one of its ``ends`` transitions, uniformly at random.
+
+    By rejection sampling (``valid`` says which drawn rows end a transition), or, when few rows do (most are stale
+    samples of weight 0, say), from ``ordered()``, the list of those that do: rejection would draw rows / ends times
+    the batch (with 3 of 100,000 rows, 0.8 s and 290 MB for one batch).
+    """
+    if ends == 0:
+        raise RuntimeError("the replay memory holds no complete transition yet")
+    if ends * 16 < rows:
+        listed = ordered()
+        return listed[rng.integers(0, len(listed), size=batch_size)]
+    chosen: list[np.ndarray] = []
+    need = batch_size
+    while need > 0:
+        draw = rng.integers(0, rows, size=int(need * rows / ends * 1.2) + 8)
+        draw = draw[valid(draw)][:need]
+        chosen.append(draw)
+        need -= len(draw)
+    return np.concatenate(chosen)
+
+
 def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray], n: int) -> None:
     """Raise ValueError unless every column of an ``n``-row packet fits the memory's ``stored`` columns.
 
@@ -369,23 +392,8 @@ class ReplayMemory(MemoryDataloading):
         return self._ordered
 
     def sample_indices(self) -> np.ndarray:
-        """Physical rows of ``batch_size`` transition ends, uniformly at random: by rejection sampling, or, when
-        few rows end a transition (most are stale samples of weight 0, say), from the list of those that do, as
-        rejection would draw rows / transitions times the batch."""
-        ends = len(self)
-        if ends == 0:
-            raise RuntimeError("the replay memory holds no complete transition yet")
-        if ends * 16 < self._size:
-            ordered = self._ordered_ends()
-            return ordered[self.rng.integers(0, len(ordered), size=self.batch_size)]
-        chosen: list[np.ndarray] = []
-        need = self.batch_size
-        while need > 0:
-            draw = self.rng.integers(0, self._size, size=int(need * self._size / ends * 1.2) + 8)
-            draw = draw[self._valid(draw)][:need]
-            chosen.append(draw)
-            need -= len(draw)
-        return np.concatenate(chosen)
+        """Physical rows of ``batch_size`` transition ends, uniformly at random (see :func:`draw_ends`)."""
+        return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends)
 
     def _gather(self, key: str, name: str, idx: np.ndarray) -> np.ndarray:
         col = self._cols[name]

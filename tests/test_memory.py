@@ -530,17 +530,17 @@ def test_get_transition_out_of_range_names_the_index_and_the_length(memory_cls: 
         mem.get_transition(item)
 
 
-def test_a_memory_of_mostly_stale_rows_samples_without_drawing_rows_per_transition_times_the_batch() -> None:
+@pytest.mark.parametrize("memory_cls", [ReplayMemory, functools.partial(FrameStackMemory, stack=2)])
+def test_a_memory_of_mostly_stale_rows_samples_without_drawing_rows_per_transition_times_the_batch(
+        memory_cls: Any) -> None:
     # Rejection sampling drew batch * rows / transitions random rows: with 3 of 100,000 rows ending a transition (the
     # rest stale, weight 0), one sample() took 0.8 s and 290 MB.
     n = 100_000
     weight = np.zeros(n, np.float32)
     weight[[10, 5_000, n - 1]] = 1.0
-    memory = ReplayMemory(memory_size=n, batch_size=64, seed=0)
-    memory.append_buffer(Buffer(act=np.arange(n, dtype=np.float32)[:, None], obs=np.zeros((n, 3), np.float32),
-                                rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
-                                reset=np.arange(n) == 0, context=np.zeros(n, bool),
-                                policy_version=np.zeros(n, np.int64), weight=weight))
+    memory = memory_cls(memory_size=n, batch_size=64, seed=0)
+    memory.append_buffer(packet(n, obs=np.zeros((n, 2, 2), np.uint8), act=np.arange(n, dtype=np.float32)[:, None],
+                                weight=weight))
     assert len(memory) == 3
     drawn: list[int] = []
 
@@ -552,6 +552,6 @@ def test_a_memory_of_mostly_stale_rows_samples_without_drawing_rows_per_transiti
             drawn.append(size)
             return self.rng.integers(*args, size=size, **kwargs)
 
-    memory.rng = Counted(memory.rng)  # type: ignore[assignment]
+    memory.rng = Counted(memory.rng)
     acts = {float(a) for _ in range(5) for a in memory.sample().act[:, 0]}
     assert acts == {10.0, 5_000.0, n - 1.0} and sum(drawn) == 5 * 64  # every transition, and one draw per item
