@@ -91,7 +91,9 @@ def check_spaces(observation_space: gymnasium.Space, action_space: gymnasium.Spa
 
     leaves(observation_space, "observation_space")
     if not isinstance(action_space, gymnasium.spaces.Box):
-        raise ValueError(f"action_space is a {type(action_space).__name__}; the default SAC agent needs a Box")
+        raise ValueError(f"action_space is a {type(action_space).__name__}; netrl carries Box actions only (its "
+                         "samples, memories and SAC agent, whatever the TrainingAgent): give the env a Box action "
+                         "space, e.g. a score per choice that the env turns into its choice with argmax")
 
 
 def fit_problem(value: Any, space: gymnasium.Space, path: str) -> str | None:

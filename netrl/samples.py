@@ -165,6 +165,9 @@ class BufferBuilder:
             raise ValueError(f"capacity ({capacity}) must exceed overlap ({overlap})")
         self.capacity = capacity
         self.overlap = overlap
+        # Leaf dtypes the packets must carry (e.g. the spaces' float32, for an env that returns float64): a leaf that
+        # casts to its dtype within its kind is stored as that dtype; others keep their own (and are refused later).
+        self.dtypes: dict[str, np.dtype[Any]] = {}
         self._act_spec: Spec = None
         self._obs_spec: Spec = None
         self._cols: dict[str, np.ndarray] = {}
@@ -181,7 +184,9 @@ class BufferBuilder:
         cols: dict[str, np.ndarray] = {}
         for name, leaf in act_leaves + obs_leaves:
             arr = np.asarray(leaf)
-            cols[name] = np.empty((self.capacity, *arr.shape), dtype=arr.dtype)
+            want = self.dtypes.get(name, arr.dtype)
+            cols[name] = np.empty((self.capacity, *arr.shape),
+                                  dtype=want if np.can_cast(arr.dtype, want, "same_kind") else arr.dtype)
         cols["rew"] = np.empty(self.capacity, np.float32)
         for flag in ("terminated", "truncated", "reset", "context"):
             cols[flag] = np.empty(self.capacity, np.bool_)

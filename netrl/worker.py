@@ -30,6 +30,7 @@ from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import EpisodeStats
+from netrl.schema import SampleSchema
 from netrl.status import version_label
 from netrl.transport import new_session
 from netrl.weight_files import read_weights_file, remove_stale_temps, write_weights_file
@@ -60,8 +61,12 @@ class RolloutWorker:
         max_samples_per_episode: episodes longer than this are truncated (and bootstrapped, not terminal).
         model_path: where received weights are saved, and loaded from at start.
         obs_preprocessor: applied to each observation before ``act``.
-        model_path_history: prefix for the weight history kept when ``model_history > 0``.
+        model_path_history: prefix for the weight history kept when ``model_history > 0`` (files
+            ``<prefix>_v000123.pt``); None: ``model_path`` without its suffix, plus ``_history``.
         model_history: also keep every ``model_history``-th received version (0: none).
+
+    The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
+    which netrl does not take, so a call in that order would give every later value to the wrong parameter.
         standalone: run without a server (deployment): no samples are sent, weights come from ``model_path``.
         server_port, worker_id, network: connection settings (see config.json).
         overlap: rows of context a memory needs before each transition (see :mod:`netrl.samples`).
@@ -82,8 +87,8 @@ class RolloutWorker:
                  sample_compressor: Callable[..., Any] | None = None, device: str = "cpu",
                  server_ip: str | None = None, min_samples_per_worker_packet: int = 1,
                  max_samples_per_episode: float = np.inf, model_path: str | None = None,
-                 obs_preprocessor: Callable[..., Any] | None = None, model_path_history: str | None = None,
-                 model_history: int = 0, standalone: bool = False, *, server_port: int = 55556,
+                 obs_preprocessor: Callable[..., Any] | None = None, *, model_path_history: str | None = None,
+                 model_history: int = 0, standalone: bool = False, server_port: int = 55556,
                  worker_id: str | None = None, network: NetworkConfig | None = None, overlap: int = 1,
                  throttle: bool = False, max_packet_delay_s: float | None = None, compression: Codec = "zstd",
                  max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 32 << 20,
@@ -106,6 +111,8 @@ class RolloutWorker:
         self.server_port = server_port
         self.min_samples = min_samples_per_worker_packet
         self.max_samples_per_episode = max_samples_per_episode
+        if model_path_history is None and model_path:
+            model_path_history = str(Path(model_path).with_suffix("")) + "_history"
         self.model_path, self.model_path_history, self.model_history = model_path, model_path_history, model_history
         self.standalone = standalone
         self.worker_id = worker_id or default_worker_id()
@@ -151,9 +158,9 @@ class RolloutWorker:
                          cfg.network.server_ip, w.min_samples_per_worker_packet,
                          np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
                          str(cfg.run_dir / f"worker_policy_{worker_id}.pt"), pipeline.obs_preprocessor,
-                         str(cfg.run_dir / f"worker_policy_{worker_id}"), w.model_history,
-                         server_port=cfg.network.worker_port, worker_id=worker_id, network=cfg.network,
-                         overlap=pipeline.overlap,
+                         model_path_history=str(cfg.run_dir / f"worker_policy_{worker_id}"),
+                         model_history=w.model_history, server_port=cfg.network.worker_port, worker_id=worker_id,
+                         network=cfg.network, overlap=pipeline.overlap,
                          throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
                          max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
                          flush_timeout_s=w.flush_timeout_s, compression=w.compression, seed=cfg.seed,
@@ -177,6 +184,8 @@ class RolloutWorker:
         """Build the env and actor, load ``model_path`` if present, and connect (unless standalone)."""
         self.env = self.env_cls()
         check_spaces(self.env.observation_space, self.env.action_space)
+        self.packets.follow(SampleSchema.from_spaces(self.env.observation_space, self.env.action_space,
+                                                     self.sample_compressor))
         log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
                  self.env.action_space)
         if self.episode_log is not None:
@@ -190,6 +199,9 @@ class RolloutWorker:
             remove_stale_temps(saved)  # what a worker killed while saving weights left
         if self.model_path and Path(self.model_path).exists():
             self._load_model_file(self.model_path)
+        elif self.standalone and self.model_path:  # deployment with a mistyped path would run an untrained policy
+            log.warning("%s does not exist: this standalone worker runs its actor as initialised, untrained",
+                        self.model_path)
         if not self.standalone and self.local_packets is None:
             self.weights = WeightReceiver(self.template_actor, copy.deepcopy(self.actor), self.version, self.save_model)
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,

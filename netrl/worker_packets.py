@@ -20,6 +20,7 @@ import numpy as np
 
 from netrl.errors import ConfigError
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
+from netrl.schema import SampleSchema
 from netrl.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, max_packet_bytes, samples_message
 
 __all__ = ["PacketMaker"]
@@ -48,6 +49,11 @@ class PacketMaker:
         self._builder = BufferBuilder(min_samples + overlap + 2, overlap)
         self._first_unsent = 0.0
         self._size_checked = False  # the packet size was checked against the server's limit
+
+    def follow(self, schema: SampleSchema) -> None:
+        """Store leaves in the dtypes ``schema`` (the env's spaces, after the sample compressor) gives them, which
+        the trainer expects: an env whose float32 space returns float64 observations still sends float32."""
+        self._builder.dtypes = {name: np.dtype(dtype) for name, (dtype, _shape) in schema.leaves.items()}
 
     def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
             reset: bool, version: int, networked: bool) -> None:

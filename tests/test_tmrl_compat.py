@@ -291,3 +291,19 @@ def test_tmrls_nn_helpers_give_a_gradient_free_view_that_follows_training() -> N
             p.add_(1.0)  # an optimiser step
     for shared, trained in zip(actor.state_dict().values(), agent.model.actor.state_dict().values(), strict=True):
         assert torch.equal(shared, trained)
+
+
+def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl took
+    # standalone=10 and model_history=<a path>, and the worker sent nothing.
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    with pytest.raises(TypeError, match="positional argument"):
+        RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 100, 200, str(tmp_path / "w.pt"), None, False,
+                      str(tmp_path / "hist"), 10)  # type: ignore[misc]
+    worker = RolloutWorker(env_cls, MLPActor, model_path=str(tmp_path / "w.pt"), model_history=2, standalone=True)
+    assert worker.model_path_history == str(tmp_path / "w_history")  # model_history works without naming it
+    with caplog.at_level(logging.WARNING, logger="netrl.worker"):
+        worker.start()  # deployment with a path that does not exist says so
+    worker.close()
+    assert f"{tmp_path / 'w.pt'} does not exist: this standalone worker runs its actor as initialised" in caplog.text

@@ -561,3 +561,41 @@ def test_plotting_a_run_that_has_logged_nothing_yet_says_so(tmp_path: Path) -> N
         plot_run(tmp_path)
     with pytest.raises(NetrlError, match="is the run name right"):
         plot_run(tmp_path / "no-such-run")
+
+
+class Float64Env(TwoPartEnv):
+    """A plain gymnasium env whose float32 spaces get float64 observations, as numpy makes by default."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.t = 0
+        return (np.zeros(1), np.ones(1)), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return (np.full(1, 0.5), np.full(1, -0.5)), 0.0, False, self.t >= 3, {}
+
+
+def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
+    # The worker accepted float64 observations for a float32 space (they cast within their kind), but sent them as
+    # float64, and the trainer refused every packet for good: its schema comes from the spaces.
+    from netrl.schema import SampleSchema
+    from tests.recording import local_packets
+
+    worker = RolloutWorker(Float64Env, partial(FixedActor, action=np.zeros(2)),  # float64 actions too
+                           min_samples_per_worker_packet=2)
+    packets = list(local_packets(worker, [False]))
+    assert packets and all(b.obs[0].dtype == b.obs[1].dtype == b.act.dtype == np.float32 for b in packets)
+    np.testing.assert_array_equal(packets[0].obs[1][:2, 0], [1.0, -0.5])
+    schema = SampleSchema.from_spaces(Float64Env.observation_space, Float64Env.action_space)
+    for b in packets:
+        message = samples_message(b, "w", "s", 1, len(b))
+        schema.check(message.body, message.arrays, "w")  # what the trainer checks: it raised here
+
+
+def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() -> None:
+    from netrl.envs import check_spaces
+
+    with pytest.raises(ValueError, match=re.escape(
+            "action_space is a Discrete; netrl carries Box actions only (its samples, memories and SAC agent, "
+            "whatever the TrainingAgent): give the env a Box action space")):
+        check_spaces(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Discrete(2))
