@@ -184,8 +184,7 @@ class RolloutWorker:
         """Build the env and actor, load ``model_path`` if present, and connect (unless standalone)."""
         self.env = self.env_cls()
         check_spaces(self.env.observation_space, self.env.action_space)
-        self.packets.follow(SampleSchema.from_spaces(self.env.observation_space, self.env.action_space,
-                                                     self.sample_compressor))
+        self._follow_spaces()
         log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
                  self.env.action_space)
         if self.episode_log is not None:
@@ -358,6 +357,16 @@ class RolloutWorker:
                                     "env_steps": self._logged_steps + self.produced, "policy_version": self.version})
         log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy %s)",
                 "test" if stats.test else "training", episode, stats.ret, stats.length, version_label(self.version))
+
+    def _follow_spaces(self) -> None:
+        """Send leaves in the dtypes the trainer expects from the spaces. The compressor is probed on a copy: one
+        such as ActionBufferCompressor keeps state, and a random probe row would make the first real one a seam."""
+        try:
+            compressor = copy.deepcopy(self.sample_compressor)
+        except Exception as exc:  # it cannot be copied (it holds a lock, say): leaves keep the env's dtypes
+            log.debug("sample_compressor cannot be copied (%s): rows are sent in the dtypes the env gives", exc)
+            return
+        self.packets.follow(SampleSchema.from_spaces(self.env.observation_space, self.env.action_space, compressor))
 
     def _default_action(self) -> Any:
         default = getattr(self.env, "default_action", None)
