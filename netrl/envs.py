@@ -54,7 +54,7 @@ class GenericGymEnv(gymnasium.Wrapper):
             env = gymnasium.make(id, **(gym_kwargs or {}))
         except TypeError as exc:  # most often a keyword the env does not take
             raise ConfigError([f"gymnasium.make({id!r}, **{gym_kwargs}) failed: {exc}; check the keyword "
-                               "arguments"], "env.kwargs") from None
+                               "arguments"], "GenericGymEnv gym_kwargs (env.kwargs in config.json)") from None
         super().__init__(env)
         self.observation_space = float32_space(self.env.observation_space)
 

@@ -145,7 +145,8 @@ def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> 
     with pytest.raises(ConfigError, match=r'env\.id "CartPole-v1" has Discrete actions, but the gym pipeline trains '
                                           r"SAC, which needs continuous \(Box\) actions"):
         make_pipeline(config_from_dict({"env": {"id": "CartPole-v1"}}))
-    with pytest.raises(ConfigError, match=r"(?s)invalid env\.kwargs .* unexpected keyword argument 'bogus'"):
+    with pytest.raises(ConfigError, match=r"(?s)invalid GenericGymEnv gym_kwargs \(env\.kwargs in config\.json\) "
+                                          r".* unexpected keyword argument 'bogus'"):
         GenericGymEnv("Pendulum-v1", {"bogus": 1})
 
 
