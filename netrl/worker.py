@@ -64,9 +64,6 @@ class RolloutWorker:
         model_path_history: prefix for the weight history kept when ``model_history > 0`` (files
             ``<prefix>_v000123.pt``); None: ``model_path`` without its suffix, plus ``_history``.
         model_history: also keep every ``model_history``-th received version (0: none).
-
-    The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
-    which netrl does not take, so a call in that order would give every later value to the wrong parameter.
         standalone: run without a server (deployment): no samples are sent, weights come from ``model_path``.
         server_port, worker_id, network: connection settings (see config.json).
         overlap: rows of context a memory needs before each transition (see :mod:`netrl.samples`).
@@ -81,6 +78,9 @@ class RolloutWorker:
         episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
         keys: CURVE keys to connect with (:func:`netrl.keys.client_keys`); None connects unencrypted.
         status_interval_s: seconds between status log lines (0: none).
+
+    The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
+    which netrl does not take, so a call in that order would give every later value to the wrong parameter.
     """
 
     def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
