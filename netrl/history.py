@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import Batch
-from netrl.memory import MemoryDataloading, check_columns, draw_ends, run_sample_preprocessor
+from netrl.memory import MemoryDataloading, check_columns, draw_ends, nth_end, run_sample_preprocessor
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 
 __all__ = ["NEVER", "HistoryMemory", "transition_needs"]
@@ -204,11 +204,7 @@ class HistoryMemory(MemoryDataloading):
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style
         code). Raises IndexError unless ``0 <= item < len()``."""
-        ordered = self._ordered_ends()
-        if not 0 <= item < len(ordered):
-            raise IndexError(f"transition index {item} is out of range: the memory holds {len(ordered)} "
-                             "transitions (0 <= item < len(memory))")
-        i = int(ordered[item])
+        i = nth_end(self._ordered_ends(), item)
         o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in self._transitions(np.array([i])))
         return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]),
                 {"policy_version": int(self._cols["policy_version"][i])})

@@ -91,6 +91,15 @@ def draw_ends(rng: np.random.Generator, batch_size: int, rows: int, ends: int,
     return np.concatenate(chosen)
 
 
+def nth_end(ordered: np.ndarray, item: int) -> int:
+    """The row where the ``item``-th transition (oldest first) ends, from a memory's ``ordered`` transition ends;
+    IndexError unless ``0 <= item < len(ordered)``."""
+    if not 0 <= item < len(ordered):
+        raise IndexError(f"transition index {item} is out of range: the memory holds {len(ordered)} transitions "
+                         "(0 <= item < len(memory))")
+    return int(ordered[item])
+
+
 def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray], n: int) -> None:
     """Raise ValueError unless every column of an ``n``-row packet fits the memory's ``stored`` columns.
 
@@ -427,11 +436,7 @@ class ReplayMemory(MemoryDataloading):
         The arrays are copies, which later packets do not change. The observations are as stored: after
         ``obs_preprocessor``, which this memory applies on append. Raises IndexError unless ``0 <= item < len()``.
         """
-        ordered = self._ordered_ends()
-        if not 0 <= item < len(ordered):
-            raise IndexError(f"transition index {item} is out of range: the memory holds {len(ordered)} "
-                             "transitions (0 <= item < len(memory))")
-        i = int(ordered[item])
+        i = nth_end(self._ordered_ends(), item)
         p = (i - 1) % self.memory_size
         cols = self._cols
         obs = {n: c for n, c in cols.items() if n.startswith("obs")}
