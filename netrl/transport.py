@@ -331,7 +331,6 @@ class ClientLink:
             self.ready = False
             self._send_hello()
             return
-        self._hello_at = None
         if retry_s is not None:  # refused for now (e.g. the server is full): not for good
             log.warning("server at %s refused this %s for now: %s; trying again in %.1f s", self.endpoint, self.role,
                         reason, retry_s)
