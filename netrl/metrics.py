@@ -12,7 +12,7 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from netrl.errors import ConfigError
 
@@ -46,9 +46,10 @@ def resolve_wandb_mode(mode: WandbMode) -> Literal["offline", "online", "disable
     """``auto`` follows wandb's own switch ``WANDB_MODE`` when it is set (``disabled``, ``offline`` or
     ``online``); otherwise it is online when the user configured a key (``WANDB_API_KEY``), offline without one."""
     if mode == "auto":
-        env = {"dryrun": "offline", "run": "online"}.get(os.environ.get("WANDB_MODE", ""), os.environ.get("WANDB_MODE"))
+        env = os.environ.get("WANDB_MODE", "")
+        env = {"dryrun": "offline", "run": "online"}.get(env, env)  # wandb's older names
         if env in ("disabled", "offline", "online"):
-            return env  # type: ignore[return-value]
+            return cast(Literal["offline", "online", "disabled"], env)
         return "online" if os.environ.get("WANDB_API_KEY") else "offline"
     return mode
 
