@@ -22,6 +22,7 @@ import io
 import logging
 import math
 import pstats
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from netrl.agents.base import TrainingAgent, has_state_dict
+from netrl.agents.base import Batch, TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs import check_spaces
 from netrl.memory import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading, ReplayMemory
@@ -53,6 +54,21 @@ def _keywords(cls: Callable[..., Any]) -> set[str] | None:
         return None
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {p.name for p in params if p.kind in named}
+
+
+_SHORT_UNPACK = re.compile(r"too many values to unpack \(expected [1-6][,)]")
+
+
+def _note_batch_unpacking(error: ValueError, agent: TrainingAgent) -> None:
+    """Tell a ported tmrl agent why ``o, a, r, o2, d = batch`` failed in its ``train``: a Batch has seven fields."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    train = getattr(type(agent).train, "__code__", None)
+    if tb is not None and tb.tb_frame.f_code is train and _SHORT_UNPACK.match(str(error)):
+        error.add_note(f"netrl: if this is the batch in {type(agent).__name__}.train, a Batch has {len(Batch._fields)} "
+                       f"fields ({', '.join(Batch._fields)}): tmrl's `o, a, r, o2, d = batch` becomes "
+                       "`o, a, r, o2, d, _, _ = batch` (d is terminated), or read them by name: batch.terminated")
 
 
 class SampleSource(Protocol):
@@ -328,7 +344,11 @@ class TrainingOffline:
                 t0 = time.perf_counter()
                 batch = self.memory.sample()
                 t1 = time.perf_counter()
-                metrics = self.agent.train(batch)
+                try:
+                    metrics = self.agent.train(batch)
+                except ValueError as e:
+                    _note_batch_unpacking(e, self.agent)
+                    raise
                 self._round.train_s += time.perf_counter() - t1
                 self._round.sample_s += t1 - t0
                 if profiler:

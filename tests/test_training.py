@@ -230,3 +230,33 @@ def test_the_policy_file_never_labels_weights_with_a_version_that_named_others(t
     assert checkpoint.published_version(tmp_path) == 4  # ... noted like a sent one, so it is never reused
     trainer.save_policy()  # nothing trained since: the same number
     assert read_weights_file(tmp_path / "policy.pt")[1]["version"] == 4
+
+
+class TmrlTutorialAgent(SACAgent):
+    """A ported tmrl agent that still unpacks the tutorial's five values, or fails in some other way."""
+
+    def __init__(self, *args: Any, failure: str = "unpack", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failure = failure
+
+    def train(self, batch: Any) -> dict[str, float]:
+        if self.failure == "other":
+            raise ValueError("a loss went NaN")
+        o, a, r, o2, d = batch  # the tutorial's line
+        return {"loss": float(r.mean() + d.float().mean()), "o": float(o.sum() + a.sum() + o2.sum())}
+
+
+@pytest.mark.parametrize("failure", ["unpack", "other"])
+def test_a_ported_train_that_unpacks_five_values_is_told_the_batch_has_seven(failure: str) -> None:
+    source = ListSource([vector_packet()])
+    training = vector_training(rounds=1, steps=3, training_agent_cls=partial(TmrlTutorialAgent, failure=failure))
+    training.start(source)  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as caught:
+        list(training.run_epoch(source, threading.Event()))  # type: ignore[arg-type]
+    notes = getattr(caught.value, "__notes__", [])
+    if failure == "other":
+        assert str(caught.value) == "a loss went NaN" and notes == []  # only an unpacking in train gets the hint
+    else:
+        assert "too many values to unpack" in str(caught.value)
+        assert len(notes) == 1 and "TmrlTutorialAgent.train, a Batch has 7 fields" in notes[0]
+        assert "`o, a, r, o2, d, _, _ = batch`" in notes[0]
