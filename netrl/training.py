@@ -93,17 +93,47 @@ class SampleSource(Protocol):
 
 @dataclass
 class _RoundStats:
+    """What the round under way has counted; a checkpoint keeps it (see :meth:`to_state`), so that a round a stop
+    cut short reports all of itself after the resume."""
+
     started: float = field(default_factory=time.monotonic)
     metric_sums: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     samples: int = 0
     returns: list[float] = field(default_factory=list)
     test_returns: list[float] = field(default_factory=list)
-    lags: list[np.ndarray] = field(default_factory=list)
+    lag_count: int = 0  # the policy lag of each sample counted: count, sum, min and max
+    lag_sum: int = 0
+    lag_min: int = 0
+    lag_max: int = 0
     stale: int = 0
     waited_s: float = 0.0
     sample_s: float = 0.0
     train_s: float = 0.0
+
+    def add_lags(self, lags: np.ndarray) -> None:
+        if lags.size:
+            low, high = int(lags.min()), int(lags.max())
+            self.lag_min = min(self.lag_min, low) if self.lag_count else low
+            self.lag_max = max(self.lag_max, high) if self.lag_count else high
+            self.lag_sum += int(lags.sum())
+            self.lag_count += int(lags.size)
+
+    def lag(self) -> tuple[int, float, int] | None:
+        """(min, mean, max) policy lag, or None before any sample."""
+        count = self.lag_count  # read once: the network thread asks while the loop adds
+        return (self.lag_min, self.lag_sum / count, self.lag_max) if count else None
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-ready; the wall time so far replaces the start, which means nothing to another process."""
+        state = {k: v for k, v in vars(self).items() if k != "started"}
+        state["returns"], state["test_returns"] = list(map(float, self.returns)), list(map(float, self.test_returns))
+        return {**state, "elapsed_s": time.monotonic() - self.started}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> _RoundStats:
+        fields = {k: v for k, v in state.items() if k in cls.__dataclass_fields__ and k != "started"}
+        return cls(started=time.monotonic() - float(state.get("elapsed_s", 0.0)), **fields)
 
 
 @dataclass(eq=False)
@@ -278,7 +308,7 @@ class TrainingOffline:
         if new:
             r = self._round
             r.samples += steps
-            r.lags.append(lag[ends])
+            r.add_lags(lag[ends])
             for ep in buf.episodes:
                 (r.test_returns if ep.test else r.returns).append(ep.ret)
             self.total_samples += steps
@@ -288,24 +318,26 @@ class TrainingOffline:
         """The loop's counters for the trainer's status line. Called from the network thread: plain reads of what
         the loop updates, so a round may be half done."""
         r = self._round
-        lags, returns = list(r.lags), list(r.returns)
-        lag = np.concatenate(lags) if lags else np.zeros(0, np.int64)
+        returns = list(r.returns)
         return {"trained_steps": self.total_updates, "samples": self.total_samples,
                 "start_training": self.start_training, "memory_len": len(self.memory) if self.memory is not None else 0,
                 "memory_size": self.memory_size, "version": self.version,
-                "lag": (int(lag.min()), float(lag.mean()), int(lag.max())) if lag.size else None,
+                "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None, "episodes": len(returns)}
 
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint."""
         return {"epoch": self.epoch, "total_updates": self.total_updates, "total_samples": self.total_samples,
-                "version": self.version, "round": self.round, "round_steps": self.round_steps}
+                "version": self.version, "round": self.round, "round_steps": self.round_steps,
+                "round_stats": self._round.to_state()}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.epoch, self.total_updates = int(state["epoch"]), int(state["total_updates"])
         self.total_samples, self.version = int(state["total_samples"]), int(state["version"])
         # where in the epoch a stopped trainer was (checkpoints before these keys resume at the epoch's start)
         self.round, self.round_steps = int(state.get("round", 0)), int(state.get("round_steps", 0))
+        if "round_stats" in state:  # what the round under way had counted, from before the stop
+            self._round = _RoundStats.from_state(state["round_stats"])
 
     def _report(self, source: SampleSource, force: bool = False) -> None:
         wanted, now = self.wanted(), time.monotonic()
@@ -382,7 +414,7 @@ class TrainingOffline:
     def _round_summary(self, rnd: int) -> dict[str, Any]:
         r = self._round
         wall = time.monotonic() - r.started
-        lags = np.concatenate(r.lags) if r.lags else np.zeros(0)
+        lag = r.lag()
         stats: dict[str, Any] = {
             "epoch": self.epoch, "round": rnd, "trained_steps": self.total_updates, "samples": self.total_samples,
             "round_samples": r.samples, "memory_len": len(self.memory) if self.memory is not None else 0,
@@ -395,8 +427,7 @@ class TrainingOffline:
             "return_mean": float(np.mean(r.returns)) if r.returns else None,
             "return_max": float(np.max(r.returns)) if r.returns else None,
             "test_return_mean": float(np.mean(r.test_returns)) if r.test_returns else None,
-            "lag_min": int(lags.min()) if lags.size else None, "lag_mean": float(lags.mean()) if lags.size else None,
-            "lag_max": int(lags.max()) if lags.size else None,
+            "lag_min": lag[0] if lag else None, "lag_mean": lag[1] if lag else None, "lag_max": lag[2] if lag else None,
             "stale_samples": r.stale,
         }
         for k, total in r.metric_sums.items():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from netrl.frames import FrameStackMemory, encode_frame, encoded_capacity
 from netrl.local import run_local
 from netrl.memory import ReplayMemory
 from netrl.metrics import MetricsLogger, format_round
-from netrl.samples import Buffer
+from netrl.samples import Buffer, EpisodeStats
 from netrl.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
@@ -260,3 +262,55 @@ def test_a_ported_train_that_unpacks_five_values_is_told_the_batch_has_seven(fai
         assert "too many values to unpack" in str(caught.value)
         assert len(notes) == 1 and "TmrlTutorialAgent.train, a Batch has 7 fields" in notes[0]
         assert "`o, a, r, o2, d, _, _ = batch`" in notes[0]
+
+
+class PhaseAgent(SACAgent):
+    """Reports a constant metric, ``phase``, and sets ``stop`` after ``stop_after`` training steps."""
+
+    def __init__(self, *args: Any, phase: float, stop: threading.Event | None = None, stop_after: int = 0,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.phase, self.stop, self.stop_after, self.trained = phase, stop, stop_after, 0
+
+    def train(self, batch: Any) -> dict[str, float]:
+        self.trained += 1
+        if self.stop is not None and self.trained == self.stop_after:
+            self.stop.set()
+        return {"phase": self.phase}
+
+
+def lagged_packet(n: int, seq: int, lag: int, episode_return: float | None) -> Buffer:
+    buf = vector_packet(n, seq)
+    buf.policy_version, buf.recv_version = np.full(n, 2, np.int64), 2 + lag
+    buf.episodes = [EpisodeStats(episode_return, n - 1, False, 2)] if episode_return is not None else []
+    return buf
+
+
+def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() -> None:
+    # The checkpoint kept where in the round a stopped trainer was, but not what the round had counted: the resumed
+    # round's metrics.csv row covered only the part after the resume (its samples, episodes, losses and lag).
+    stop = threading.Event()
+    before = vector_training(rounds=1, steps=10, start_training=0,
+                             training_agent_cls=partial(PhaseAgent, phase=1.0, stop=stop, stop_after=4))
+    source = ListSource([lagged_packet(30, 1, lag=3, episode_return=-5.0)])
+    before.start(source)  # type: ignore[arg-type]
+    assert list(before.run_epoch(source, stop)) == []  # type: ignore[arg-type]
+    assert before.round_steps == 4
+    time.sleep(0.3)
+    state = json.loads(json.dumps(before.state()))  # as the checkpoint's state file holds it
+
+    after = vector_training(rounds=1, steps=10, start_training=0, update_buffer_interval=1,
+                            training_agent_cls=partial(PhaseAgent, phase=0.0))
+    after.build()
+    after.load_state(state)
+    after.add(lagged_packet(20, 2, lag=1, episode_return=None), new=True)  # from the sample log, after the checkpoint
+    rows = list(after.run_epoch(ListSource([lagged_packet(40, 3, lag=2, episode_return=7.0)]),  # type: ignore[arg-type]
+                                threading.Event()))
+    assert len(rows) == 1 and rows[0]["trained_steps"] == 10
+    row = rows[0]
+    assert row["round_samples"] == 29 + 19 + 39 and row["samples"] == 29 + 19 + 39
+    assert row["phase"] == pytest.approx(0.4)  # 4 steps at 1.0 before the stop, 6 at 0.0 after
+    assert row["episodes"] == 2 and row["return_mean"] == pytest.approx(1.0) and row["return_max"] == 7.0
+    assert (row["lag_min"], row["lag_max"]) == (1, 3)
+    assert row["lag_mean"] == pytest.approx((29 * 3 + 19 * 1 + 39 * 2) / (29 + 19 + 39))
+    assert row["wall_s"] >= 0.3  # the round's time up to the checkpoint counts
