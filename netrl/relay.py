@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from netrl.peers import QueuedPacket
-from netrl.spool import Spool
+from netrl.spool import Spool, SpooledPacket
 from netrl.wire import MsgType, encode_bundle, max_packet_bytes
 
 __all__ = ["FRAME_OVERHEAD", "SampleRelay", "memory_cost"]
@@ -57,6 +57,7 @@ class SampleRelay:
         self.spool = spool
         self.min_samples, self.max_bundle_bytes, self.max_delay = min_samples, max_bundle_bytes, max_delay_s
         self.bundle_limit = max_packet_bytes(max_message_bytes)  # what the trainer accepts, less the header
+        self.max_message_bytes = max_message_bytes  # what the trainer decodes one packet's arrays into, at most
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
@@ -191,6 +192,8 @@ class SampleRelay:
                     self._spool_failed(exc)
                     continue
                 for sp in taken:
+                    if not self._deliverable(sp):
+                        continue
                     packets.append(QueuedPacket(sp.meta["worker"], sp.meta["session"], sp.meta["seq"],
                                                 int(sp.meta["steps"]), sp.frames, sp.nbytes, now, sp.position,
                                                 int(sp.meta.get("inflated", 0))))
@@ -205,7 +208,9 @@ class SampleRelay:
                 steps += packet.steps
                 nbytes += packet.nbytes
                 inflated += packet.trainer_bytes
-            if not packets:  # the spool held only damage (reported by its log), and the queue is empty
+            if not packets:  # the spool held only damage (reported by its log) or dropped packets; the queue is empty
+                if spooled and self.spool.pending():
+                    continue
                 return
             self.bundle_seq += 1
             if not self.send_to_trainer(encode_bundle("server", self.bundle_seq, [p.frames for p in packets])):
@@ -217,6 +222,23 @@ class SampleRelay:
             self.credit -= 1
             self.stats["bundles_out"] += 1
             self.last_bundle_at = now
+
+    def _deliverable(self, sp: SpooledPacket) -> bool:
+        """False (logged, counted in ``samples_dropped``, and acknowledged in the spool, so that the packets behind it
+        flow) for a packet spooled under a larger ``network.max_message_bytes`` than this server's, which the
+        trainer would refuse, closing its connection, every time it was sent."""
+        inflated = int(sp.meta.get("inflated", 0))
+        if sp.nbytes <= self.bundle_limit and inflated <= self.max_message_bytes:
+            return True
+        steps = int(sp.meta["steps"])
+        self.stats["samples_dropped"] += steps
+        log.error("spooled packet %d of worker %s (%d samples, %d bytes, %d decoded) is over what the trainer takes: "
+                  "network.max_message_bytes is %d (%d bytes for one packet, less the bundle header); it was spooled "
+                  "under a larger limit. Dropped (%d samples so far): restart the server and the trainer with the "
+                  "limit raised to keep such packets", sp.meta["seq"], sp.meta["worker"], steps, sp.nbytes, inflated,
+                  self.max_message_bytes, self.bundle_limit, self.stats["samples_dropped"])
+        self.spool.ack(sp.position)
+        return False
 
     def _more(self, count: int, steps: int, nbytes: int, next_bytes: int, inflated: int, next_inflated: int) -> bool:
         """Whether a bundle of ``count`` packets (``steps`` samples, ``nbytes`` bytes on the wire, ``inflated`` once

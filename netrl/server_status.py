@@ -26,9 +26,9 @@ __all__ = ["COUNTERS", "ServerStatus"]
 # The server's counters, in every snapshot from the start (at 0 until they count), so that a script reading one of
 # them from --status --json never meets a missing key.
 COUNTERS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors", "peers_lost",
-            "refused_full", "rejected", "resends_ignored", "samples_in", "samples_out", "samples_refused",
-            "samples_spooled", "send_full", "spool_errors", "unknown_peer", "weights_in", "weights_out",
-            "window_refusals")
+            "refused_full", "rejected", "resends_ignored", "samples_dropped", "samples_in", "samples_out",
+            "samples_refused", "samples_spooled", "send_full", "spool_errors", "unknown_peer", "weights_in",
+            "weights_out", "window_refusals")
 
 log = logging.getLogger(__name__)
 

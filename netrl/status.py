@@ -151,6 +151,12 @@ def status_line(s: dict[str, Any]) -> str:
             f"{s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
 
 
+def _server_drops(s: dict[str, Any]) -> str:
+    """The samples the server dropped, when there are any (spooled packets over a lowered message limit)."""
+    dropped = s.get("stats", {}).get("samples_dropped", 0)
+    return f", by the server (spooled under a larger network.max_message_bytes) {dropped:,}" if dropped else ""
+
+
 def _ago(t: float | None, now: float) -> str:
     return "-" if not t else f"{now - t:.1f}s ago"
 
@@ -179,9 +185,9 @@ def format_status(s: dict[str, Any]) -> str:
         f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
         f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
-        f"{s.get('dropped', 0):,}; sample refusals by a full spool {s.get('refused', 0):,}, packets refused beyond "
-        f"their worker's window {s.get('stats', {}).get('window_refusals', 0):,} (workers keep and resend them, so "
-        "one can be refused more than once)",
+        f"{s.get('dropped', 0):,}{_server_drops(s)}; sample refusals by a full spool {s.get('refused', 0):,}, "
+        f"packets refused beyond their worker's window {s.get('stats', {}).get('window_refusals', 0):,} (workers "
+        "keep and resend them, so one can be refused more than once)",
         f"connections refused for unknown keys: {unknown_keys}; other failed handshakes: {failed}; messages before "
         f"HELLO {s.get('stats', {}).get('unknown_peer', 0):,}",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,26 @@ def test_a_queue_that_cannot_leave_sets_no_deadline_for_the_servers_loop(tmp_pat
     assert r.relay.next_deadline(trainer_connected=True) == 10.0  # max_delay_s after it arrived
     r.relay.flush(now=10.0, trainer_connected=True)
     assert len(r.bundles) == 1 and r.relay.next_deadline(trainer_connected=True) is None
+
+
+def test_a_spooled_packet_over_a_lowered_message_limit_is_dropped_loudly_and_the_rest_flows(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Spooled under a larger network.max_message_bytes, such a packet went first in every bundle; the trainer's
+    # socket refused it by closing the connection, so nothing behind it ever reached the trainer.
+    spooled = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
+    for seq, size in [(1, 100), (2, 5000), (3, 100)]:
+        packet = QueuedPacket("w/a", "a", seq, 4, [b"%d" % seq * size], size, 0.0)
+        assert spooled.relay.accept(packet, trainer_connected=False) == "spooled"
+    spooled.relay.spool.close()
+    r = Relay(tmp_path, min_samples=100, max_bundle_bytes=1 << 20, max_message_bytes=BUNDLE_HEADER_ROOM + 1000)
+    relay = r.relay  # restarted with the lower limit, on the same spool
+    assert relay.spool.packets == 3
+    with caplog.at_level(logging.ERROR, logger="netrl.relay"):
+        relay.add_credit(4)
+        relay.flush(now=0.0, trainer_connected=True)
+    assert [r.bundle_contents(i) for i in range(len(r.bundles))] == [[b"1" * 100], [b"3" * 100]]
+    assert relay.stats["samples_dropped"] == 4
+    assert "spooled packet 2 of worker w/a (4 samples, 5000 bytes, 5000 decoded) is over what the trainer takes" in \
+        caplog.text and "network.max_message_bytes is" in caplog.text
+    relay.trainer_acked([1, 2])
+    assert relay.spool.packets == 0 and relay.stats["samples_out"] == 8  # the dropped one no longer waits either
