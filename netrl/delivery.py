@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.errors import NetrlError
-from netrl.segments import Position, Record, SegmentLog
+from netrl.segments import Position, Record, SegmentLog, check_meta
 from netrl.status import worth_logging
 
 __all__ = ["Deliveries", "SampleLog"]
@@ -100,7 +100,7 @@ class SampleLog:
         self._rows: dict[int, int] = {}  # segment -> rows, for trimming
         try:
             self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync,
-                                  what="trainer's sample log folder")
+                                  what="trainer's sample log folder", meta_check=_meta_problem)
         except OSError as exc:  # damage is skipped and reported inside; this is the disk or the folder refusing
             raise _unreadable(directory, exc) from None
         for rec in self.read():
@@ -130,6 +130,14 @@ class SampleLog:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _meta_problem(meta: Any) -> str | None:
+    """What is wrong with a logged packet's metadata (see :class:`SampleLog`), or None."""
+    problem = check_meta(meta, {"stream": str, "seq": int, "rows": int})
+    if problem is None and not (type(meta.get("recv_version")) is int and meta["recv_version"] >= -1):
+        problem = f"its metadata's 'recv_version' is {meta.get('recv_version')!r:.40}, not an int >= -1"
+    return problem
 
 
 def _unreadable(directory: str | Path, exc: OSError) -> NetrlError:

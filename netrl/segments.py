@@ -8,9 +8,11 @@ A log is a folder of numbered segment files. Each record holds one message's fra
     data    = the frames, concatenated
 
 The CRC (CRC-32C, computed in hardware) covers the segment number, header and data. Opening a log scans the last
-segment and cuts a torn tail, which is what a crash mid-write leaves. Damage anywhere else (a flipped byte, a
-missing segment file) loses only the records it touches: readers skip to the next valid record and a warning names
-the file and the bytes lost, once per damaged stretch. Nothing in a damaged file is cut or rewritten.
+segment and cuts a torn tail, which is what a crash mid-write leaves (a damaged last record is cut too, with a
+warning; a last segment of another netrl log format is moved aside whole, as ``*.seg.foreign``). Damage anywhere
+else (a flipped byte, a missing segment file, an intact record whose metadata the log's owner cannot use) loses only
+the records it touches: readers skip to the next valid record and a warning names the file and the bytes lost, once
+per damaged stretch. Nothing in a damaged file is cut or rewritten.
 Records are written with one ``writev`` and no copy of the data, so a killed process loses nothing it appended;
 ``fsync=True`` also survives a power cut, at a cost.
 
@@ -22,11 +24,12 @@ records past the new ones; each record names its segment, so an old record never
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,7 +38,7 @@ import msgpack
 
 from netrl.folderlock import make_folder
 
-__all__ = ["Position", "Record", "SegmentLog"]
+__all__ = ["Position", "Record", "SegmentLog", "check_meta"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ MAGIC = b"NRL3"
 _HEAD = struct.Struct("<4sIIIQ")
 _SEG = struct.Struct("<I")
 _MAX_HEADER = 1 << 20
+_MAX_SEGMENT = 2**32 - 1  # the header's u32
 
 
 class Position(NamedTuple):
@@ -63,8 +67,13 @@ class SegmentLog:
     """An append-only log of messages in ``directory``. Not thread-safe: one owner thread."""
 
     def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20, fsync: bool = False,
-                 readonly: bool = False, recycle: int = 4, what: str = "log folder") -> None:
+                 readonly: bool = False, recycle: int = 4, what: str = "log folder",
+                 meta_check: Callable[[Any], str | None] | None = None) -> None:
         self.dir = Path(directory)
+        # what is wrong with a record's metadata (None: nothing): an intact record the owner cannot use (another
+        # version's, or not its own) is skipped and reported like damage instead of failing the reader
+        self.meta_check = meta_check
+        self._strays: set[str] = set()  # *.seg files whose names this log never writes, already warned about
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self.recycle = recycle  # dropped segment files kept for reuse
@@ -76,11 +85,12 @@ class SegmentLog:
         self._reported: set[Position] = set()  # damaged stretches already warned about, by where they start
         self.damaged = 0  # damaged stretches and missing files found so far: a reader's totals may need a recount
         segments = self.segments()
-        missing = sorted(set(range(segments[0], segments[-1] + 1)) - set(segments)) if segments else []
-        if missing:  # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+        gaps = [(low + 1, high - 1) for low, high in itertools.pairwise(segments) if high > low + 1]
+        if gaps:  # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+            names = [", ".join(self._path(s).name for s in range(first, last + 1)) if last - first < 3
+                     else f"{self._path(first).name} to {self._path(last).name}" for first, last in gaps]
             log.warning("%s: segment files %s are missing between %s and %s: the records they held are lost",
-                        self.dir, ", ".join(self._path(s).name for s in missing), self._path(segments[0]).name,
-                        self._path(segments[-1]).name)
+                        self.dir, ", ".join(names), self._path(segments[0]).name, self._path(segments[-1]).name)
         self._segment = segments[-1] if segments else 1
         if readonly:
             self._end = self._path(self._segment).stat().st_size if segments else 0
@@ -93,7 +103,16 @@ class SegmentLog:
 
     def segments(self) -> list[int]:
         if self._segments is None or self.readonly:
-            self._segments = sorted(int(p.stem) for p in self.dir.glob("*.seg") if p.stem.isdigit())
+            found = []
+            for path in self.dir.glob("*.seg"):
+                number = int(path.stem) if path.stem.isdigit() else -1
+                if 0 < number <= _MAX_SEGMENT and path.name == self._path(number).name:
+                    found.append(number)
+                elif path.name not in self._strays:
+                    self._strays.add(path.name)
+                    log.warning("%s: ignoring %s, not a segment file name this log writes (%s to %s)", self.dir,
+                                path.name, self._path(1).name, self._path(_MAX_SEGMENT).name)
+            self._segments = sorted(found)
         return list(self._segments)
 
     def _repair(self, segment: int) -> int:
@@ -116,9 +135,21 @@ class SegmentLog:
                 self._report(Position(segment, end), after)
                 end = after
         if end < size:
+            why = "fails its checksum"
+            with path.open("rb") as f:
+                if problem == FOREIGN and _renumbered(f, end, segment, size):
+                    problem, why = DAMAGED, "has a damaged magic or segment number"
+                other = _other_format(f, end)
+            if end == 0 and other:  # the whole file: another netrl version's log, kept for it
+                aside = path.with_name(path.name + ".foreign")
+                os.replace(path, aside)
+                self._segments = None
+                log.warning("%s holds records of another netrl log format (%r, this version writes %r), which this "
+                            "version cannot read: moved aside to %s, untouched", path, other, MAGIC, aside.name)
+                return 0
             if problem == DAMAGED:  # acknowledged once, so its loss is reported
-                log.warning("%s: the last record, at offset %d, fails its checksum (damaged on disk, or a write cut "
-                            "short by a crash): its %d bytes are dropped and the records in them lost", path, end,
+                log.warning("%s: the last record, at offset %d, %s (damaged on disk, or a write cut short by a "
+                            "crash): its %d bytes are dropped and the records in them lost", path, end, why,
                             size - end)
             else:
                 log.info("%s: cut %d bytes after the last record (a torn write, or a recycled file's old records)",
@@ -127,9 +158,9 @@ class SegmentLog:
                 f.truncate(end)
         return end
 
-    def _report(self, start: Position, resume: int) -> None:
-        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record; a
-        ``start`` offset of -1 stands for the whole file, deleted while in use."""
+    def _report(self, start: Position, resume: int, what: str | None = None) -> None:
+        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record (or, with
+        ``what``, a record it describes); a ``start`` offset of -1 stands for the whole file, deleted while in use."""
         if start in self._reported:
             return
         self._reported.add(start)
@@ -137,6 +168,9 @@ class SegmentLog:
         path = self._path(start.segment)
         if start.offset < 0:
             log.warning("%s was deleted while in use: the records it held are lost", path)
+        elif what is not None:
+            log.warning("%s %s at offset %d: its %d bytes are skipped and the samples in them lost", path, what,
+                        start.offset, resume - start.offset)
         else:
             log.warning("%s is damaged from offset %d to %d: the records in those %d bytes are lost and skipped; "
                         "the records around them are read as usual", path, start.offset, resume,
@@ -265,12 +299,20 @@ class SegmentLog:
                         after = _next_record(f, offset, seg, size)
                         if after is None and self.readonly and seg == self._segment:
                             return  # the writer is mid-record
-                        self._report(Position(seg, offset), size if after is None else after)
+                        other = _other_format(f, offset)
+                        self._report(Position(seg, offset), size if after is None else after,
+                                     f"holds records of another netrl log format ({other!r})" if other else None)
                         if after is None:
                             break
                         offset = after
                         continue
                     nxt, meta, frames = parsed
+                    problem = self.meta_check(meta) if self.meta_check is not None else None
+                    if problem is not None:
+                        self._report(Position(seg, offset), nxt, f"holds a record this version of netrl cannot "
+                                     f"use ({problem})")
+                        offset = nxt
+                        continue
                     yield Record(Position(seg, offset), Position(seg, nxt), meta, frames)
                     count += 1
                     if limit is not None and count >= limit:
@@ -307,6 +349,45 @@ def _next_record(f: Any, offset: int, segment: int, size: int) -> int | None:
     return None
 
 
+def check_meta(meta: Any, required: dict[str, type], optional: dict[str, type] | None = None) -> str | None:
+    """What is wrong with a record's metadata for an owner that needs the ``required`` keys and may read the
+    ``optional`` ones, with these types (ints non-negative, never bools); None if nothing."""
+    if not isinstance(meta, dict):
+        return f"its metadata is a {type(meta).__name__}, not a map"
+    for key, kind in {**required, **(optional or {})}.items():
+        if key not in meta:
+            if key in required:
+                return f"its metadata has no {key!r}"
+            continue
+        value = meta[key]
+        if type(value) is not kind or (isinstance(value, int) and value < 0):
+            wanted = "a non-negative int" if kind is int else f"a {kind.__name__}"
+            return f"its metadata's {key!r} is {value!r:.40}, not {wanted}"
+    return None
+
+
+def _renumbered(f: Any, offset: int, segment: int, size: int) -> bool:
+    """True if the bytes at ``offset`` are a whole record of ``segment`` whose magic or segment number alone is
+    wrong (its checksum, which covers the segment number it was written with, matches ``segment``): damage, not a
+    recycled file's old record, which matches the segment number it names."""
+    f.seek(offset)
+    head = f.read(_HEAD.size)
+    if len(head) < _HEAD.size:
+        return False
+    _, crc, _, header_len, data_len = _HEAD.unpack(head)
+    if header_len > _MAX_HEADER or offset + _HEAD.size + header_len + data_len > size:
+        return False
+    rest = f.read(header_len + data_len)
+    return crc32c.crc32c(rest, crc32c.crc32c(_SEG.pack(segment))) == crc
+
+
+def _other_format(f: Any, offset: int) -> bytes | None:
+    """The magic of another netrl log format if a record of one starts at ``offset``, else None."""
+    f.seek(offset)
+    magic = f.read(len(MAGIC))
+    return magic if len(magic) == len(MAGIC) and magic[:3] == MAGIC[:3] and magic != MAGIC else None
+
+
 TORN = "torn"  # the record runs past the end of the file: a write cut short
 FOREIGN = "foreign"  # no record of this segment starts here: an old record of a recycled file, or garbage
 DAMAGED = "damaged"  # a whole record of this segment whose checksum or header is wrong
@@ -335,6 +416,9 @@ def _read_record(f: Any, offset: int, segment: int,
         parsed = msgpack.unpackb(header, raw=False)
         meta, lengths = parsed["m"], parsed["l"]
     except Exception:  # intact by its checksum, yet not a header this code wrote
+        return DAMAGED
+    if not (isinstance(lengths, list) and all(type(n) is int and n >= 0 for n in lengths)
+            and sum(lengths) == data_len):
         return DAMAGED
     view = memoryview(body)
     frames, pos = [], 0

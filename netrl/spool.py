@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from netrl.errors import NetrlError
-from netrl.segments import Position, Record, SegmentLog
+from netrl.segments import Position, Record, SegmentLog, check_meta
 from netrl.wire import frames_nbytes
 
 __all__ = ["Spool", "SpooledPacket"]
@@ -49,7 +49,7 @@ class Spool:
         self.max_bytes = max_bytes
         try:  # damage is skipped and reported inside; this is the disk or the folder refusing
             self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
-                                  recycle=min(4, max_bytes // 4 // segment_bytes))
+                                  recycle=min(4, max_bytes // 4 // segment_bytes), meta_check=_meta_problem)
             self.head = self._load_head()
             self._recount()  # sets steps, bytes, packets
         except OSError as exc:
@@ -202,6 +202,11 @@ class Spool:
     def close(self) -> None:
         self._persist_head()
         self.log.close()
+
+
+def _meta_problem(meta: Any) -> str | None:
+    """What is wrong with a spooled packet's metadata (see :class:`SpooledPacket`), or None."""
+    return check_meta(meta, {"worker": str, "session": str, "seq": int, "steps": int}, {"inflated": int})
 
 
 def _size(rec: Record) -> int:

@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import crc32c
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -111,6 +114,127 @@ def test_a_whole_last_record_with_a_bad_checksum_is_reported_as_lost_not_cut_as_
     with caplog.at_level(logging.INFO, logger="netrl.segments"):
         assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
     assert [r.levelno for r in caplog.records] == [logging.INFO] and "a torn write" in caplog.text
+
+
+@pytest.mark.parametrize("field", [0, 8])  # the magic, the segment number: fields the checksum does not vouch for
+def test_a_last_record_with_a_damaged_magic_or_segment_number_is_reported_as_lost_not_cut_as_a_torn_write(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, field: int) -> None:
+    # Such a record reads as one that belongs to no segment of this log, as a recycled file's old records do, and
+    # was cut with only an INFO line about a torn write, though it had been acknowledged.
+    log = SegmentLog(tmp_path)
+    for i in range(3):
+        log.append([b"payload-%d" % i], {"i": i})
+    log.close()
+    last = list(log.read())[-1].position
+    path = tmp_path / f"{last.segment:08d}.seg"
+    data = bytearray(path.read_bytes())
+    data[last.offset + field] ^= 0x01
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+        assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "the last record, at offset" in caplog.text and "has a damaged magic or segment number" in caplog.text
+
+
+def test_a_log_of_another_netrl_format_is_never_cut(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # After an upgrade that changed the format, the last segment of an old spool was truncated to 0 bytes with an
+    # INFO line; a middle one was reported as damage, without saying why.
+    log = SegmentLog(tmp_path, segment_bytes=100)  # two records per segment
+    for i in range(4):
+        log.append([b"payload-%d" % i], {"i": i})
+    log.close()
+    paths = [tmp_path / f"{seg:08d}.seg" for seg in log.segments()]
+    old = {path: path.read_bytes().replace(b"NRL3", b"NRL2") for path in paths}
+    for path, data in old.items():
+        path.write_bytes(data)
+    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+        reopened = SegmentLog(tmp_path, segment_bytes=100)
+        assert list(reopened.read()) == []
+        reopened.append([b"new"], {"i": 9})
+        assert [r.meta["i"] for r in reopened.read()] == [9]
+    aside = paths[-1].with_name(paths[-1].name + ".foreign")
+    assert aside.read_bytes() == old[paths[-1]] and paths[0].read_bytes() == old[paths[0]]  # both untouched
+    assert "holds records of another netrl log format (b'NRL2', this version writes b'NRL3')" in caplog.text
+    assert f"moved aside to {aside.name}" in caplog.text
+    assert f"{paths[0]} holds records of another netrl log format (b'NRL2') at offset 0" in caplog.text
+    assert all(r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_files_with_names_the_log_never_writes_are_ignored_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # "1.seg" stopped the log from opening (it looked for 00000001.seg); "4294967296.seg", beyond the header's
+    # 32-bit segment number, was cut to 0 bytes and the next append raised struct.error.
+    log = SegmentLog(tmp_path)
+    log.append([b"a"], {"i": 1})
+    log.close()
+    strays = {"1.seg": b"one", "4294967296.seg": b"big", "notes.seg": b"mine"}
+    for name, data in strays.items():
+        (tmp_path / name).write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        reopened = SegmentLog(tmp_path)
+        reopened.append([b"b"], {"i": 2})
+        assert [r.meta["i"] for r in reopened.read()] == [1, 2]
+    assert all((tmp_path / name).read_bytes() == data for name, data in strays.items())
+    for name in strays:
+        assert caplog.text.count(f"ignoring {name}, not a segment file name this log writes") == 1
+
+
+def test_a_wide_gap_between_segment_files_is_named_as_a_range(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                                ) -> None:
+    # The missing names were listed one by one, from a set of every number between: a stray 99999999.seg beside
+    # 00000001.seg took gigabytes (and 4294967296.seg beside it, more than the machine had).
+    log = SegmentLog(tmp_path)
+    log.append([b"a"], {"i": 1})
+    log.close()
+    (tmp_path / "99999999.seg").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        reopened = SegmentLog(tmp_path)
+        reopened.append([b"b"], {"i": 2})
+    assert [r.meta["i"] for r in reopened.read()] == [1, 2]
+    assert "segment files 00000002.seg to 99999998.seg are missing between 00000001.seg and 99999999.seg" in \
+        caplog.text
+
+
+def raw_record(segment: int, meta: Any, lengths: Any, data: bytes) -> bytes:
+    """A record as segments.py writes one, with any metadata and frame lengths (its checksum right)."""
+    header = msgpack.packb({"m": meta, "l": lengths})
+    crc = crc32c.crc32c(data, crc32c.crc32c(header, crc32c.crc32c(struct.pack("<I", segment))))
+    return struct.pack("<4sIIIQ", b"NRL3", crc, segment, len(header), len(data)) + header + data
+
+
+def test_intact_records_the_spool_or_the_sample_log_cannot_use_are_skipped_and_reported(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A record with a good checksum but other metadata (another version's, or not the owner's) stopped the server
+    # (KeyError: 'steps') and the trainer (KeyError: 'rows') on every start.
+    good = {"worker": "w", "session": "s", "seq": 1, "steps": 10}
+    records = [raw_record(1, good, [4], b"good"),
+               raw_record(1, {**good, "seq": 2, "steps": None}, [4], b"bad1"),
+               raw_record(1, {"worker": "w", "session": "s", "seq": 3, "samples": 10}, [4], b"bad2"),
+               raw_record(1, [1, 2], [4], b"bad3"),
+               raw_record(1, {**good, "seq": 5}, [9], b"bad4"),  # frame lengths that do not add up
+               raw_record(1, {**good, "seq": 6}, [4], b"good")]
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "spool" / "00000001.seg").write_bytes(b"".join(records))
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        spool = Spool(tmp_path / "spool", max_bytes=10_000)
+        assert (spool.packets, spool.steps) == (2, 20)
+        assert [p.meta["seq"] for p in spool.take(upto(100, 10_000))] == [1, 6]
+    assert "holds a record this version of netrl cannot use (its metadata's 'steps' is None, not a non-negative " \
+           "int) at offset" in caplog.text
+    assert "cannot use (its metadata has no 'steps')" in caplog.text
+    assert "cannot use (its metadata is a list, not a map)" in caplog.text
+    assert "is damaged from offset" in caplog.text  # the lengths: not a header this code wrote
+    caplog.clear()
+    entry = {"stream": "w/s", "seq": 1, "rows": 5, "recv_version": -1}
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "00000001.seg").write_bytes(raw_record(1, entry, [1], b"a") + raw_record(
+        1, {"stream": "w/s", "seq": 2, "samples": 5, "recv_version": 3}, [1], b"b") + raw_record(
+        1, {**entry, "seq": 3, "recv_version": "3"}, [1], b"c") + raw_record(1, {**entry, "seq": 4}, [1], b"d"))
+    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+        sample_log = SampleLog(tmp_path / "log", keep_rows=100)
+        assert [r.meta["seq"] for r in sample_log.read()] == [1, 4]
+    assert "cannot use (its metadata has no 'rows')" in caplog.text
+    assert "cannot use (its metadata's 'recv_version' is '3', not an int >= -1)" in caplog.text
 
 
 def test_a_missing_segment_file_is_reported_and_the_others_are_read(
