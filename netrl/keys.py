@@ -27,6 +27,7 @@ from typing import Any, Literal
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from netrl.errors import SecurityError
 from netrl.status import worth_logging
@@ -56,16 +57,31 @@ class ClientKeys:
 
 def _create_pair(folder: Path, name: str) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
     public, secret = zmq.auth.create_certificates(folder, name)
-    os.chmod(secret, 0o600)  # pyzmq writes 0644
+    os.chmod(secret, 0o600)  # pyzmq writes 0644 (unreachable meanwhile: every folder under keys_dir is 0700)
     return Path(public), Path(secret)
 
 
-def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool = False) -> list[Path]:
-    """Create the server, trainer and shared worker keys (if missing) plus one key per named worker.
+def _write_public(path: Path, public: bytes) -> None:
+    """A public key file as pyzmq writes one (for a public file lost beside its secret one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#   ZeroMQ CURVE Public Certificate, written by netrl --keygen\n\nmetadata\ncurve\n'
+                    f'    public-key = "{public.decode()}"\n')
 
-    Existing keys are kept (regenerating the server key would lock out every deployed client) unless ``force``.
-    Returns the files written.
+
+def _public_of(secret_file: Path) -> bytes:
+    public, _ = _load(secret_file, "secret key", "delete the folder it is in and run `python -m netrl --keygen` again")
+    return public
+
+
+def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool = False) -> list[Path]:
+    """Create the server, trainer and shared worker keys (if missing) plus one key per named worker, and repair
+    what a client folder or the server's allow-lists lack: a missing or outdated copy of the server's public key
+    (written again: copy that client's folder to its machine again), a missing allow-list entry.
+
+    Existing keypairs are kept (regenerating the server key would lock out every deployed client) unless ``force``.
+    Every folder under ``keys_dir`` is made private (0700) before a secret is written. Returns the files written.
     """
     root = Path(keys_dir)
     names = [SHARED_WORKER, *(workers or [])]
@@ -76,18 +92,36 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
     server_dir = root / "server"
     if force and root.exists():
         shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in [root, *root.rglob("*")]:  # first: a secret file is 0644 for a moment as pyzmq writes it
+        if folder.is_dir():
+            os.chmod(folder, 0o700)
+    server_public_file = server_dir / "server.key"
     if not (server_dir / "server.key_secret").exists():
+        if any(root.glob("*/*.key_secret")) or any(root.glob("workers/*/*.key_secret")):
+            log.warning("%s has no server secret key: making a new server keypair; the clients' copies of the "
+                        "server's public key are updated, so copy trainer/ and workers/<name>/ to their machines "
+                        "again", server_dir)
         written += _create_pair(server_dir, "server")
-    server_public = server_dir / "server.key"
+    server_public = _public_of(server_dir / "server.key_secret")
+    if not server_public_file.exists() or _load(server_public_file, "server public key", "")[0] != server_public:
+        _write_public(server_public_file, server_public)
+        written.append(server_public_file)
+    existing = sorted(p.parent.name for p in root.glob("workers/*/*.key_secret") if p.stem == p.parent.name)
+    names = list(dict.fromkeys([*names, *existing]))  # workers made before are repaired too
     clients = [("trainer", root / "trainer", "trainers")] + [(n, root / "workers" / n, "workers") for n in names]
     for name, folder, allow in clients:
-        if (folder / f"{name}.key_secret").exists():
-            continue
-        public, secret = _create_pair(folder, name)
-        shutil.copyfile(server_public, folder / "server.key")
-        (server_dir / allow).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(public, server_dir / allow / f"{name}.key")
-        written += [public, secret, folder / "server.key"]
+        if not (folder / f"{name}.key_secret").exists():
+            written += _create_pair(folder, name)
+        public = _public_of(folder / f"{name}.key_secret")
+        copies = [(folder / f"{name}.key", public), (folder / "server.key", server_public),
+                  (server_dir / allow / f"{name}.key", public)]
+        for path, key in copies:
+            if not path.exists() or _load(path, "public key", "")[0] != key:
+                if path in written:  # just made by _create_pair
+                    continue
+                _write_public(path, key)
+                written.append(path)
     for folder in [root, *root.rglob("*")]:
         if folder.is_dir():
             os.chmod(folder, 0o700)
@@ -98,9 +132,26 @@ def _load(path: Path, what: str, hint: str) -> tuple[bytes, bytes | None]:
     if not path.exists():
         raise SecurityError(f"{what} {path} is missing: {hint}")
     try:
-        return zmq.auth.load_certificate(path)
+        public, secret = zmq.auth.load_certificate(path)
     except Exception as exc:
         raise SecurityError(f"{what} {path} is not a valid CURVE key file ({exc})") from None
+    for kind, key in (("public", public), ("secret", secret)):
+        problem = _z85_problem(key) if key is not None else None
+        if problem:  # ZeroMQ would refuse it with a bare "Invalid argument" once the socket is set up
+            raise SecurityError(f"{what} {path} holds a damaged {kind} key ({problem}): copy the file again from the "
+                                "machine where `python -m netrl --keygen` ran")
+    return public, secret
+
+
+def _z85_problem(key: bytes) -> str | None:
+    """Why ``key`` is not a CURVE key in Z85 (40 characters for 32 bytes), or None."""
+    if len(key) != 40:
+        return f"{len(key)} characters where a key has 40"
+    try:
+        z85.decode(key)
+    except (ValueError, KeyError, TypeError):
+        return "characters outside Z85"
+    return None
 
 
 def _check_private(path: Path) -> None:
@@ -168,6 +219,9 @@ class KeyRing:
             for path in sorted(folder.glob("*.key")) if folder.exists() else []:
                 try:
                     public, _ = zmq.auth.load_certificate(path)
+                    problem = _z85_problem(public)
+                    if problem:
+                        raise ValueError(problem)
                 except Exception as exc:
                     log.warning("ignoring unreadable public key %s: %s", path, exc)
                     continue

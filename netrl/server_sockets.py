@@ -72,9 +72,9 @@ class ServerSockets:
         for role, port in self.ports.items():
             sock = new_socket(self.ctx, zmq.ROUTER, self.net.max_message_bytes, hwm=1000,
                               handshake_s=self.net.handshake_timeout_s)
+            self.by_role[role] = sock  # first: close() closes it even if an option below fails (or term() hangs)
             if self.auth is not None:
                 self.auth.secure(sock, role)
-            self.by_role[role] = sock
             self.monitors[role] = sock.get_monitor_socket(_FAILED_HANDSHAKES)
             bind(sock, self.bind_ip, port, f"network.{role}_port")
         if self.status_port is not None:  # never beyond loopback; diagnostics must not stop the relay

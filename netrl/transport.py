@@ -196,12 +196,16 @@ class ClientLink:
         """Create the socket, connect and say HELLO."""
         self._connections += 1
         sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes, handshake_s=self.net.handshake_timeout_s)
+        self.sock = sock  # first: _close_socket() closes it even if an option below fails (or term() hangs)
         sock.setsockopt(zmq.ROUTING_ID, f"{self.role}:{self.session}:{self._connections}".encode())
         if self.keys is not None:
-            sock.curve_publickey = self.keys.public
-            sock.curve_secretkey = self.keys.secret
-            sock.curve_serverkey = self.keys.server_public
-        self.sock = sock
+            try:
+                sock.curve_publickey = self.keys.public
+                sock.curve_secretkey = self.keys.secret
+                sock.curve_serverkey = self.keys.server_public
+            except zmq.ZMQError:
+                self._close_socket()
+                raise
         self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
         try:
             sock.connect(self.endpoint)

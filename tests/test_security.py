@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,9 +24,10 @@ from netrl.__main__ import main
 from netrl.agents.sac import MLPActor
 from netrl.config import NetworkConfig
 from netrl.errors import SecurityError
-from netrl.keys import ClientKeys, client_keys, keygen, server_keys
+from netrl.keys import ClientKeys, KeyRing, ServerKeys, client_keys, keygen, server_keys
 from netrl.launch import free_port
 from netrl.server import Server
+from netrl.server_sockets import ServerSockets
 from netrl.status import format_status
 from netrl.transport import ClientLink, handshake_failure, new_session
 from netrl.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
@@ -81,6 +85,91 @@ def test_keygen_writes_what_each_machine_needs_with_private_secrets(tmp_path: Pa
     assert client_keys(keys, "worker", "someone-else").folder.name == "worker"  # the shared worker key
     with pytest.raises(SecurityError, match="not valid key names"):
         keygen(keys, ["../evil"])
+
+
+def cut_key(path: Path, field: str) -> None:
+    """Drop the last character of a key in a key file, as a bad copy-paste would."""
+    text = path.read_text()
+    start = text.index(f'{field} = "') + len(f'{field} = "')
+    path.write_text(text[:start + 39] + text[start + 40:])
+
+
+def test_a_damaged_key_is_refused_naming_its_file_and_a_failed_socket_option_leaves_no_socket(
+        tmp_path: Path) -> None:
+    # A key one character short passed the loader; ZeroMQ then refused it with a bare "Invalid argument" while
+    # the socket was set up, and the socket, never recorded, kept the context from terminating: the server hung
+    # with no output, the worker and the trainer after a traceback.
+    keys = tmp_path / "keys"
+    keygen(keys)
+    cut_key(keys / "server" / "server.key_secret", "secret-key")
+    with pytest.raises(SecurityError, match=r"server secret key .*server.key_secret holds a damaged secret key \(39 "
+                                            r"characters where a key has 40\): copy the file again"):
+        server_keys(keys)
+    cut_key(keys / "workers" / "worker" / "server.key", "public-key")
+    with pytest.raises(SecurityError, match=r"server public key .*workers/worker/server.key holds a damaged public "
+                                            r"key \(39 characters"):
+        client_keys(keys, "worker", "w")
+    good = client_keys(keys, "trainer", "trainer")
+    ctx = zmq.Context()
+    link = ClientLink(ctx, NetworkConfig(), "trainer", "trainer", new_session(), free_port(),
+                      keys=dataclasses.replace(good, secret=good.secret[:39]))  # past the loader's check
+    with pytest.raises(zmq.ZMQError):
+        link.open()
+    assert link.sock is None
+    ctx.term()  # returns: the socket was closed (before, this hung for ever)
+    server = ServerKeys(good.server_public, b"x" * 39, keys / "server")
+    sockets = ServerSockets(NetworkConfig(), "127.0.0.1", free_port(), free_port(), server, None)
+    with pytest.raises(zmq.ZMQError) as failed:  # kept, as a server closing while the error propagates keeps it
+        sockets.open()
+    done = threading.Thread(target=sockets.close, daemon=True)
+    done.start()
+    done.join(10)
+    assert not done.is_alive(), failed  # close() terminated the context (before, it waited on the unrecorded socket)
+
+
+def test_keygen_repairs_client_folders_and_allow_lists(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Keygen took a client as done once its secret existed: a lost server folder got a new keypair but no
+    # allow-lists, every client kept the old server key, and a lost server.key stopped keygen with a traceback.
+    keys = tmp_path / "keys"
+    keygen(keys, ["robot-1"])
+    old_server = server_keys(keys).public
+    shutil.rmtree(keys / "server")
+    with caplog.at_level(logging.WARNING, logger="netrl.keys"):
+        written = {p.relative_to(keys).as_posix() for p in keygen(keys)}
+    assert "copy trainer/ and workers/<name>/ to their machines again" in caplog.text
+    assert {"server/trainers/trainer.key", "server/workers/worker.key", "server/workers/robot-1.key",
+            "trainer/server.key", "workers/worker/server.key", "workers/robot-1/server.key"} <= written
+    server = server_keys(keys)
+    assert server.public != old_server
+    ring = KeyRing(server.allow_dir)
+    for role, name in [("trainer", "trainer"), ("worker", "worker"), ("worker", "robot-1")]:
+        client = client_keys(keys, role, name)  # type: ignore[arg-type]
+        assert client.server_public == server.public and ring.name(role, client.public) == name
+    (keys / "server" / "server.key").unlink()  # the public file alone: rebuilt from the secret one
+    (keys / "server" / "workers" / "robot-1.key").unlink()
+    written = {p.relative_to(keys).as_posix() for p in keygen(keys, ["robot-9"])}
+    assert {"server/server.key", "server/workers/robot-1.key", "server/workers/robot-9.key",
+            "workers/robot-9/server.key"} <= written
+    assert client_keys(keys, "worker", "robot-9").server_public == server_keys(keys).public == server.public
+    assert keygen(keys, ["robot-9"]) == []
+
+
+def test_keygen_never_leaves_a_secret_key_readable_by_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyzmq writes a secret file 0644 and netrl made it 0600 after, in folders others could enter.
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o755)
+    (keys / "workers").mkdir(mode=0o755)
+    real = zmq.auth.create_certificates
+    modes: list[int] = []
+
+    def create(folder: Any, name: str) -> Any:
+        modes.append(stat.S_IMODE(keys.stat().st_mode))
+        return real(folder, name)
+
+    monkeypatch.setattr(zmq.auth, "create_certificates", create)
+    keygen(keys, ["robot-1"])
+    assert len(modes) == 4 and all(mode == 0o700 for mode in modes)  # nobody else can reach the files meanwhile
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in [keys, *keys.rglob("*")] if p.is_dir())
 
 
 def test_missing_or_exposed_keys_are_refused_with_instructions(tmp_path: Path) -> None:
