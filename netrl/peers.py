@@ -53,6 +53,7 @@ class Peer:
     reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
     bad_reports: int = 0  # heartbeats with counters that were ignored
     key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
+    told_trainer: int | None = None  # a worker: whether a trainer is connected, as the server last told it
 
     @property
     def label(self) -> str:

@@ -368,13 +368,17 @@ class Server:
         self.out.stream_weights(worker)
 
     def _heartbeats(self, now: float) -> None:
+        connected = int(self.peers.trainer is not None)  # why a throttled worker waits: told as soon as it changes
         for peer in self.peers.values():
             if peer.liveness.expired(now):
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
+            elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told_trainer != connected):
+                # a busy worker's link never falls idle: without this, it kept the news of the last idle moment
+                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
+                                               body={"stats": {"trainer_connected": connected}})):
+                    peer.told_trainer = connected
             elif peer.liveness.heartbeat_due(now):
-                trainer = {"trainer_connected": int(self.peers.trainer is not None)}  # why a throttled worker waits
-                self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
-                                         body={"stats": trainer} if peer.role == "worker" else {}))
+                self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body={}))
 
     @property
     def schema(self) -> SampleSchema | None:

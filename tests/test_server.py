@@ -470,3 +470,36 @@ def test_a_server_that_cannot_bind_reports_the_error_and_no_shutdown_summary(
         with caplog.at_level(logging.INFO), pytest.raises(TransportError, match="could not bind"):
             second.run(threading.Event())
     assert "server stopped" not in caplog.text  # it never served: a summary of zeros read like a normal stop
+
+
+def test_a_busy_worker_hears_at_once_that_a_trainer_came_or_went(tmp_path: Path) -> None:
+    # Whether a trainer is connected rode only on idle heartbeats; a worker whose packets kept the link busy kept
+    # "no trainer is connected to the server" in its status line for as long as it was busy.
+    net = NetworkConfig(heartbeat_interval_s=1.0, heartbeat_liveness=10)
+    with running_server(network=net, spool_dir=tmp_path / "spool", max_packet_delay_s=0.01) as (srv, ctx):
+        worker = Peer(ctx, srv.worker_port, "worker", "w")
+        assert worker.hello().type is MsgType.WELCOME
+        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+        told: list[tuple[float, int]] = []  # (when, trainer_connected) of each HEARTBEAT the worker got
+        events: dict[str, float] = {}
+        start, seq = time.monotonic(), 0
+        while time.monotonic() - start < 3.0:
+            elapsed = time.monotonic() - start
+            if elapsed > 1.2 and "joined" not in events:
+                assert trainer.hello().type is MsgType.WELCOME
+                events["joined"] = time.monotonic()
+            if elapsed > 2.2 and "left" not in events:
+                trainer.send(Message(MsgType.BYE, "trainer", body={"reason": "done"}))
+                events["left"] = time.monotonic()
+            seq += 1  # a packet every 50 ms: spooled and acknowledged while no trainer is there, so never idle
+            worker.send(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4))
+            end = time.monotonic() + 0.05
+            while (msg := worker.recv(max(0.0, end - time.monotonic()))) is not None:
+                if msg.type is MsgType.HEARTBEAT and "stats" in msg.body:
+                    told.append((time.monotonic(), msg.body["stats"]["trainer_connected"]))
+                if time.monotonic() >= end:
+                    break
+        joined = [t - events["joined"] for t, connected in told if connected == 1]
+        left = [t - events["left"] for t, connected in told if connected == 0 and t > events["left"]]
+        assert joined and joined[0] < 0.5, told  # not after the next idle heartbeat interval (1 s)
+        assert left and left[0] < 0.5, told
