@@ -279,6 +279,7 @@ class Server:
         if role == "trainer":
             self._trainer_joined(peer)
         else:
+            self.status.worker_joined(peer)
             self._send_weights(peer)
             self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
 
@@ -301,6 +302,8 @@ class Server:
     def _forget(self, peer: Peer) -> None:
         self.peers.remove(peer)
         self.out.forget(peer)
+        if peer.role == "worker":
+            self.status.worker_left(peer)
         if peer.role == "trainer":
             self.intake.progress = None
             if self.relay is not None:

@@ -17,7 +17,7 @@ import zmq
 
 from netrl.broadcast import WeightCache
 from netrl.intake import SampleIntake
-from netrl.peers import PeerTable
+from netrl.peers import Peer, PeerTable
 from netrl.server_sockets import ServerSockets
 from netrl.status import Rates, answer_status, status_line
 
@@ -45,11 +45,28 @@ class ServerStatus:
         self.rates = Rates()
         self.started = time.time()
         self._next_tick = self._next_status_line = 0.0
+        # samples dropped by workers that left, by session (its last report), so that the total never falls
+        self._departed: dict[str, int] = {}
+        self._departed_folded = 0  # those of the sessions forgotten beyond MAX_DEPARTED
+
+    MAX_DEPARTED = 10_000
+
+    def worker_left(self, peer: Peer) -> None:
+        dropped = int(peer.reported.get("dropped_samples", 0))
+        if dropped:
+            self._departed[peer.session] = dropped
+            if len(self._departed) > self.MAX_DEPARTED:
+                self._departed_folded += self._departed.pop(next(iter(self._departed)))
+
+    def worker_joined(self, peer: Peer) -> None:
+        """A worker (re)connected: its own reports count its session's drops again."""
+        self._departed.pop(peer.session, None)
 
     def snapshot(self) -> dict[str, Any]:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
         workers = [p.describe() for p in self.peers.workers()]
         by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
+        by_workers += sum(self._departed.values()) + self._departed_folded  # those gone count too
         relay = self.intake.relay
         return {
             "session": self.session, "uptime_s": time.time() - self.started, "ports": dict(self.sockets.ports),

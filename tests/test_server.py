@@ -503,3 +503,33 @@ def test_a_busy_worker_hears_at_once_that_a_trainer_came_or_went(tmp_path: Path)
         left = [t - events["left"] for t, connected in told if connected == 0 and t > events["left"]]
         assert joined and joined[0] < 0.5, told  # not after the next idle heartbeat interval (1 s)
         assert left and left[0] < 0.5, told
+
+
+def test_samples_dropped_by_a_worker_that_left_still_count_in_the_snapshot(server: tuple[Server, zmq.Context]
+                                                                           ) -> None:
+    # The snapshot summed the drops of the workers connected now: a worker that dropped samples and left took
+    # them out of --status, which then said 0 while its log said they were lost.
+    srv, ctx = server
+
+    def report(peer: Peer, dropped: int) -> None:
+        peer.send(Message(MsgType.HEARTBEAT, peer.name, body={"stats": {"dropped_samples": dropped}}))
+
+    def dropped_after(expected: int) -> int:
+        deadline = time.monotonic() + 2.0
+        while srv.snapshot()["dropped"] != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return int(srv.snapshot()["dropped"])
+
+    a, b = Peer(ctx, srv.worker_port, "worker", "a"), Peer(ctx, srv.worker_port, "worker", "b")
+    assert a.hello().type is MsgType.WELCOME and b.hello().type is MsgType.WELCOME
+    report(a, 7)
+    report(b, 5)
+    assert dropped_after(12) == 12
+    a.send(Message(MsgType.BYE, "a", body={"reason": "done"}))
+    time.sleep(0.3)
+    assert dropped_after(12) == 12 and len(srv.snapshot()["workers"]) == 1
+    again = Peer(ctx, srv.worker_port, "worker", "a")
+    again.session = a.session  # the same worker process, reconnected: its reports are cumulative
+    assert again.hello().type is MsgType.WELCOME
+    report(again, 9)
+    assert dropped_after(14) == 14  # 9 + 5, not 7 + 9 + 5
