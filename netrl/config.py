@@ -210,7 +210,9 @@ class Config:
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
     status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", ge(0))
-    seed: int | None = _f(None, "random seed (null: random)", optional(ge(0)))  # gymnasium and numpy refuse < 0
+    # gymnasium and numpy refuse seeds < 0
+    seed: int | None = _f(None, "random seed (null: random); each worker adds a number made from its worker_id, so "
+                          "workers explore differently, and each the same way every run", optional(ge(0)))
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
     keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder)
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,12 @@ from netrl.worker_packets import PacketMaker
 __all__ = ["RolloutWorker"]
 
 log = logging.getLogger(__name__)
+
+
+def worker_seed(seed: int | None, worker_id: str) -> int | None:
+    """A worker's own seed, from the config's ``seed`` and its name: workers started from one config.json must
+    not collect the same episodes and actions, and a worker's stream stays the same from run to run."""
+    return None if seed is None else (seed + zlib.crc32(worker_id.encode())) % 2**32
 
 
 class RolloutWorker:
@@ -163,7 +170,8 @@ class RolloutWorker:
                          network=cfg.network, overlap=pipeline.overlap,
                          throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
                          max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
-                         flush_timeout_s=w.flush_timeout_s, compression=w.compression, seed=cfg.seed,
+                         flush_timeout_s=w.flush_timeout_s, compression=w.compression,
+                         seed=worker_seed(cfg.seed, worker_id),
                          episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
                          keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                          status_interval_s=cfg.status_interval_s)
@@ -172,6 +180,8 @@ class RolloutWorker:
                 name_lock.release()
             raise
         worker.name_lock = name_lock
+        if worker.seed is not None:  # the actor's sampling: this process's torch stream is this worker's
+            torch.manual_seed(worker.seed)
         return worker
 
     @property
