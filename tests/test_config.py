@@ -425,3 +425,22 @@ def test_the_netrl_command_finds_a_pipeline_module_in_the_folder_it_starts_in(tm
     done = subprocess.run([str(command), "--worker"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "not_a_pipeline(cfg) returned a dict, not a netrl.pipelines.Pipeline" in done.stdout  # the log
+
+
+def test_the_gym_pipeline_takes_module_colon_env_id_as_its_own_error_advises(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # gymnasium.spec() neither imports nor strips a "module:" prefix, so the gym pipeline refused the form its own
+    # error message suggests, which GenericGymEnv (gymnasium.make) accepts.
+    (tmp_path / "my_robot_envs.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register(id='MyPendulum-v0', entry_point='gymnasium.envs.classic_control:PendulumEnv')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from netrl.pipelines import make_pipeline
+
+    pipeline = make_pipeline(config_from_dict({"env": {"id": "my_robot_envs:MyPendulum-v0"}}))
+    env = pipeline.env_cls()
+    assert env.action_space.shape == (1,)
+    env.close()
+    with pytest.raises(ConfigError, match=r'env\.id "no_such_module:MyPendulum-v0" names the module "no_such_module" '
+                                          r"to import first, which does not import \(No module named"):
+        make_pipeline(config_from_dict({"env": {"id": "no_such_module:MyPendulum-v0"}}))

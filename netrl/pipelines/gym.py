@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import gymnasium
 
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
@@ -17,9 +19,15 @@ __all__ = ["gym_pipeline"]
 
 def gym_pipeline(cfg: Config) -> Pipeline:
     """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions SAC cannot take."""
+    module, _, name = cfg.env.id.rpartition(":")  # "module:EnvId" imports the module, as gymnasium.make does
     try:
-        gymnasium.spec(cfg.env.id)
-    except gymnasium.error.Error as exc:  # NameNotFound, VersionNotFound, ...; "module:Id" imports the module
+        if module:
+            importlib.import_module(module)
+        gymnasium.spec(name)
+    except ImportError as exc:
+        raise ConfigError([f'env.id "{cfg.env.id}" names the module "{module}" to import first, which does not import '
+                           f"({exc})"]) from None
+    except gymnasium.error.Error as exc:  # NameNotFound, VersionNotFound, ...
         raise ConfigError([f'env.id "{cfg.env.id}" is not a Gymnasium env this machine has ({exc}); install the '
                            'package that registers it, or write "module:EnvId" to import it first']) from None
     env = GenericGymEnv(cfg.env.id, dict(cfg.env.kwargs))  # once, to see its action space (and its kwargs work)
