@@ -15,6 +15,7 @@ Import this module (or use the id ``"netrl.envs_image:ImageReach-v0"``) to regis
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import cv2
@@ -34,10 +35,12 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     def __init__(self, size: int = 64, stack: int = 4, max_steps: int = 50, noise: float = 3.0, speed: float = 0.1,
                  goal_radius: float = 0.12, render_mode: str | None = None) -> None:
-        if size < 16 or stack < 1 or max_steps < 1 or noise < 0 or speed <= 0 or goal_radius <= 0:
+        # the start is drawn over 3 goal radii from the target, inside [-0.85, 0.85]^2: at most 0.85 * sqrt(2) away
+        # from a target at the centre, so a radius from 0.4 on has no start there (reset() looped for ever)
+        if size < 16 or stack < 1 or max_steps < 1 or noise < 0 or speed <= 0 or not 0 < goal_radius < 0.4:
             raise ValueError(f"ImageReachEnv needs size >= 16, stack >= 1, max_steps >= 1, noise >= 0, speed > 0 and "
-                             f"goal_radius > 0 (got size={size}, stack={stack}, max_steps={max_steps}, noise={noise}, "
-                             f"speed={speed}, goal_radius={goal_radius})")
+                             f"0 < goal_radius < 0.4 (got size={size}, stack={stack}, max_steps={max_steps}, "
+                             f"noise={noise}, speed={speed}, goal_radius={goal_radius})")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array' (got {render_mode!r})")
         self.size, self.stack, self.max_steps = size, stack, max_steps
@@ -78,10 +81,12 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self._target = self.np_random.uniform(-0.75, 0.75, 2)
-        while True:
+        for tries in itertools.count(1):
             self._pos = self.np_random.uniform(-0.85, 0.85, 2)
             if np.linalg.norm(self._pos - self._target) > 3 * self.goal_radius:
                 break
+            if tries % 1000 == 0:  # a large radius and a central target leave starts only in the far corners
+                self._target = self.np_random.uniform(-0.75, 0.75, 2)
         self._steps = 0
         return self._observe(first=True), {}
 
