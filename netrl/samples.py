@@ -207,7 +207,11 @@ class BufferBuilder:
             for name, leaf in leaves:
                 if name not in cols:
                     raise ValueError(f"sample structure changed: new leaf {name!r}; keep observations fixed")
-                cols[name][i] = leaf
+                col = cols[name]
+                if np.shape(leaf) != col.shape[1:]:  # numpy would broadcast (1,) or a scalar into every value
+                    raise ValueError(f"{name} has the shape {np.shape(leaf)} in this step, and {col.shape[1:]} in the "
+                                     "first: keep observations and actions the same shape every step")
+                col[i] = leaf
         cols["rew"][i] = rew
         cols["terminated"][i] = terminated
         cols["truncated"][i] = truncated

@@ -182,6 +182,23 @@ def test_builder_packets_are_self_contained() -> None:
     np.testing.assert_array_equal(second.transition_end, [False, True])
 
 
+def test_a_leaf_whose_shape_changes_after_the_first_row_is_refused_not_broadcast() -> None:
+    # numpy broadcast a (1,) leaf into a (3,) column: an env that returned one bad observation on an episode's
+    # last step (which the actor never sees) stored [7, 7, 7] without a word.
+    b = BufferBuilder(capacity=10, overlap=1)
+    act = np.zeros(2, np.float32)
+    b.add(act, (np.zeros(3, np.float32), 1.0), 0.0, False, False, True, 0)
+    with pytest.raises(ValueError, match=r"obs/0 has the shape \(1,\) in this step, and \(3,\) in the first"):
+        b.add(act, (np.array([7.0], np.float32), 1.0), 1.0, True, False, False, 0)
+    with pytest.raises(ValueError, match=r"obs/1 has the shape \(2,\) in this step, and \(\) in the first"):
+        b.add(act, (np.zeros(3, np.float32), np.zeros(2)), 1.0, True, False, False, 0)
+    with pytest.raises(ValueError, match=r"act has the shape \(\) in this step"):
+        b.add(0.5, (np.zeros(3, np.float32), 1.0), 1.0, True, False, False, 0)
+    b.add(act, (np.ones(3, np.float32), 2.0), 1.0, True, False, False, 0)  # a good row still goes in
+    buf = b.cut()
+    assert buf is not None and len(buf) == 2
+
+
 # -- hostile input -----------------------------------------------------------------------------------------
 
 
