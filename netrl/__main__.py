@@ -214,8 +214,12 @@ def _main(argv: Sequence[str] | None) -> int:
     # --plot of a folder or file, and --keygen with --keys-dir, need nothing from a config file: without one, the
     # defaults do (a missing config.json is an error for every other use)
     self_contained = (args.role == "plot" and Path(args.plot).exists()) or (args.role == "keygen" and args.keys_dir)
+    if args.role == "plot" and not self_contained and not Path(args.config).exists():
+        errors.append(ConfigError([f"--plot {args.plot}: no such run folder or CSV file here, and no {args.config} "
+                                   "to find a run of that name under its weights_folder"], "command line"))
     try:
-        cfg = load_config(None if self_contained and not Path(args.config).exists() else args.config, overrides)
+        cfg = load_config(None if self_contained or (args.role == "plot" and not Path(args.config).exists())
+                          else args.config, overrides)
     except ConfigError as exc:
         errors.append(exc)
     if errors:  # the flags' problems and the file's, all at once
@@ -232,6 +236,13 @@ def _main(argv: Sequence[str] | None) -> int:
             from netrl.status import dump_json, format_status, query_status
 
             snapshot = query_status(cfg.server.status_port, stop=stop)
+            ports, mine = snapshot.get("ports") or {}, {"trainer": cfg.network.trainer_port,
+                                                         "worker": cfg.network.worker_port}
+            if ports and ports != mine:  # e.g. another server on this machine with the same server.status_port
+                log.warning("the server on status port %d listens on trainer port %s and worker port %s, not the "
+                            "%d and %d of %s: another server (each needs its own server.status_port), or one "
+                            "started with --trainer-port/--worker-port", cfg.server.status_port, ports.get("trainer"),
+                            ports.get("worker"), mine["trainer"], mine["worker"], args.config)
             try:
                 print(dump_json(snapshot) if args.json else format_status(snapshot), flush=True)
             except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted

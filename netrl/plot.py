@@ -11,7 +11,7 @@ import csv
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from netrl.errors import NetrlError
 from netrl.metrics import read_table
@@ -80,6 +80,23 @@ def _floats(rows: list[dict[str, str]], key: str) -> list[float | None]:
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Render ``run_dir``'s metrics to a PNG and return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_run(run_dir)
+    out = out or run_dir / "learning.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _legend(ax: Any) -> None:
+    """A legend, if anything in ``ax`` has a label (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def draw_run(run_dir: Path) -> Any:
+    """The figure :func:`plot_run` saves (the caller closes it)."""
     metrics_file = run_dir / "metrics.csv"
     episode_files = sorted(run_dir.glob("episodes_*.csv"))
     if not metrics_file.exists() and not episode_files:
@@ -108,30 +125,28 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
                 mean = [sum(known[i - 9:i + 1]) / 10 for i in range(9, len(known))]
                 ax_ret.plot(steps[9:], mean, "-", label=f"{name} mean of last 10")
     ax_ret.set(title="Episode return", xlabel="env steps", ylabel="return")
-    ax_ret.legend(fontsize=7)
+    _legend(ax_ret)
     m = _rows(metrics_file, {"wall_s": float, "samples_per_s": float, "steps_per_s": float,
                                  "trained_steps": int, "lag_mean": float, "lag_max": float})
     if m:  # no rows yet: the trainer writes one per round
+        line = "-" if len(m) > 1 else "o"  # a line through one point draws nothing
         wall, t = [], 0.0
         for w in _floats(m, "wall_s"):
             t += w or 0.0
             wall.append(t)
-        ax_rate.plot(wall, _floats(m, "samples_per_s"), label="samples/s received")
-        ax_rate.plot(wall, _floats(m, "steps_per_s"), label="training steps/s")
+        ax_rate.plot(wall, _floats(m, "samples_per_s"), line, label="samples/s received")
+        ax_rate.plot(wall, _floats(m, "steps_per_s"), line, label="training steps/s")
         ax_rate.set(title="Throughput", xlabel="training wall time (s)", ylabel="per second")
-        ax_rate.legend(fontsize=7)
+        _legend(ax_rate)
         trained = _column(m, "trained_steps", int)
         for key in [k for k in m[0] if k.startswith("loss_")]:
-            ax_loss.plot(trained, _floats(m, key), label=key.removeprefix("loss_"))
+            ax_loss.plot(trained, _floats(m, key), line, label=key.removeprefix("loss_"))
         ax_loss.set(title="Losses", xlabel="training steps", yscale="symlog")
-        ax_loss.legend(fontsize=7)
+        _legend(ax_loss)
         for key in ("lag_mean", "lag_max"):
-            ax_lag.plot(trained, _floats(m, key), label=key)
+            ax_lag.plot(trained, _floats(m, key), line, label=key)
         ax_lag.set(title="Policy lag (weight versions)", xlabel="training steps")
-        ax_lag.legend(fontsize=7)
+        _legend(ax_lag)
     fig.suptitle(run_dir.name)
     fig.tight_layout()
-    out = out or run_dir / "learning.png"
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig

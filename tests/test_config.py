@@ -203,8 +203,8 @@ def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
     assert capsys.readouterr().err == "netrl: interrupted\n"
 
 
-def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)  # no config.json here
     assert main(["--keygen", "--keys-dir", str(tmp_path / "keys")]) == 0
     assert (tmp_path / "keys" / "server" / "server.key").exists()
@@ -213,6 +213,10 @@ def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(tmp_path:
     (run / "episodes_w1.csv").write_text("env_steps,return,test\n200,-1200.5,0\n")
     assert main(["--plot", str(run)]) == 0 and (run / "learning.png").exists()
     assert main(["--plot", "run-name-only"]) == 2  # a run name is looked up under weights_folder: config needed
+    # it said "invalid config.json: config.json does not exist", as if the config were the problem
+    assert capsys.readouterr().err == ("netrl: invalid command line (1 problem)\n  --plot run-name-only: no such run "
+                                       "folder or CSV file here, and no config.json to find a run of that name under "
+                                       "its weights_folder\n")
 
 
 def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,6 +51,15 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
     ports = json.loads(config.read_text())["network"]
     assert snapshot["ports"] == {"trainer": ports["trainer_port"], "worker": ports["worker_port"]}
     assert f"(trainer port {ports['trainer_port']}, worker port {ports['worker_port']})" in table.stdout
+    # another server's config that shares this status port: the snapshot is not its server's, and --status says so
+    other = json.loads(config.read_text())
+    other["network"].update(trainer_port=free_port(), worker_port=free_port())
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    elsewhere = netrl("--status", "--config", str(tmp_path / "other.json"))
+    assert elsewhere.returncode == 0 and "robot-7" in elsewhere.stdout
+    assert (f"listens on trainer port {ports['trainer_port']} and worker port {ports['worker_port']}, not the "
+            f"{other['network']['trainer_port']} and {other['network']['worker_port']} of") in elsewhere.stderr
+    assert "listens on" not in table.stderr
 
     for p in (worker, trainer, server):
         p.send_signal(signal.SIGINT)
@@ -232,3 +241,34 @@ def test_status_stops_waiting_when_asked_to(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 1.0  # not the 3 s timeout
     with pytest.raises(TransportError, match="no netrl server answered"):
         query_status(free_port(), timeout_s=0.3)
+
+
+def test_plot_of_a_run_with_one_round_draws_its_points(tmp_path: Path) -> None:
+    # A line through one point draws nothing: a run with one round showed three empty panels, and a run with no
+    # episodes printed matplotlib's "No artists with labels found to put in legend" warning.
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from netrl.plot import draw_run
+
+    (tmp_path / "metrics.csv").write_text("epoch,round,trained_steps,wall_s,samples_per_s,steps_per_s,lag_mean,"
+                                          "lag_max,loss_actor\n0,0,100,1.5,10,20,0.5,1,0.25\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        fig = draw_run(tmp_path)
+    try:
+        ax_ret, ax_rate, ax_loss, ax_lag = fig.axes
+        drawn = [line for ax in (ax_rate, ax_loss, ax_lag) for line in ax.lines]
+        assert len(drawn) == 5 and all(line.get_marker() == "o" for line in drawn)  # visible as points
+        assert ax_ret.get_legend() is None and ax_rate.get_legend() is not None
+    finally:
+        plt.close(fig)
+    (tmp_path / "metrics.csv").write_text("epoch,round,trained_steps,wall_s,samples_per_s,steps_per_s,lag_mean,"
+                                          "lag_max,loss_actor\n0,0,100,1.5,10,20,0.5,1,0.25\n0,1,200,1.5,10,20,0.5,1,"
+                                          "0.2\n")
+    fig = draw_run(tmp_path)
+    try:
+        assert all(line.get_marker() == "None" and line.get_linestyle() == "-" for line in fig.axes[1].lines)
+    finally:
+        plt.close(fig)
