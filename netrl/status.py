@@ -141,10 +141,16 @@ def count_of(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
+STATUS_LINE_WORKERS = 10  # workers the server's status line names
+
+
 def status_line(s: dict[str, Any]) -> str:
     """The server's periodic one-line summary of a snapshot."""
     rates = s.get("rates", {})
-    versions = " ".join(f"{w['name']}:{version_label(w['version'])}" for w in s["workers"])
+    shown = s["workers"][:STATUS_LINE_WORKERS]  # a line, even with a thousand workers
+    versions = " ".join(f"{w['name']}:{version_label(w['version'])}" for w in shown)
+    if len(s["workers"]) > len(shown):
+        versions += f" and {len(s['workers']) - len(shown):,} more (--status lists them)"
     return (f"status | {count_of(len(s['workers']), 'worker')} [{versions or '-'}] | trainer "
             f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
             f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
@@ -195,11 +201,15 @@ def format_status(s: dict[str, Any]) -> str:
          if trainer else "trainer: not connected"),
         f"{count_of(len(s.get('workers', [])), 'worker')}:",
     ]
-    lines.append(f"  {'worker':<20} {'address':<16} {'key':<10} {'weights':>7} {'samples':>10} {'backlog':>8} "
-                 f"{'dropped':>8} {'last seen':>10}")
-    for w in sorted(s.get("workers", []), key=lambda w: w["name"]):
+    workers = sorted(s.get("workers", []), key=lambda w: w["name"])
+    # as wide as the longest name and key (names are at most 64 characters): cut, host-2 and host-3 looked the same
+    name_w = max([20, *(len(w["name"]) for w in workers)])
+    key_w = max([10, *(len(w.get("key", "")) for w in workers)])
+    lines.append(f"  {'worker':<{name_w}} {'address':<16} {'key':<{key_w}} {'weights':>7} {'samples':>10} "
+                 f"{'backlog':>8} {'dropped':>8} {'last seen':>10}")
+    for w in workers:
         reported = w.get("reported", {})
-        lines.append(f"  {w['name'][:20]:<20} {w['address'][:16]:<16} {w.get('key', '')[:10]:<10} "
+        lines.append(f"  {w['name']:<{name_w}} {w['address'][:16]:<16} {w.get('key', ''):<{key_w}} "
                      f"{version_label(w['version']):>7} {w['samples']:>10,} "
                      f"{reported.get('backlog_packets', 0):>8} {reported.get('dropped_samples', 0):>8} "
                      f"{_ago(w.get('last_seen'), now):>10}")

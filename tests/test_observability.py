@@ -152,6 +152,21 @@ def test_status_counts_workers_in_the_right_number() -> None:
         assert f"\n{words}:\n" in format_status(s)
 
 
+def test_status_of_many_workers_with_long_names_tells_them_apart_and_keeps_the_line_short() -> None:
+    # Names were cut to 20 characters (keys to 10): default names like <long-host>-2 and -3 looked the same, and the
+    # server's status line named all of 300 workers in 7,000 characters.
+    snapshot = {"session": "abcdef0123", "uptime_s": 3.0, "trainer": None, "progress": None, "weights_version": 2,
+                "rates": {}, "rejected": 0, "refused": 0, "dropped": 0, "stats": {}}
+    host = "gpu-lab-workstation-17"
+    workers = [{"name": f"{host}-{i}", "address": "127.0.0.1", "key": f"{host}-{i}", "version": 2, "samples": i,
+                "reported": {}, "last_seen": None} for i in range(2, 302)]
+    s = {**snapshot, "workers": workers}
+    rows = format_status(s).splitlines()[-300:]
+    assert len({row.split()[0] for row in rows}) == 300 and len({row.split()[2] for row in rows}) == 300
+    line = status_line(s)
+    assert len(line) < 600 and "300 workers [" in line and "and 290 more (--status lists them)" in line
+
+
 def test_a_flood_of_one_problem_is_logged_sparsely() -> None:
     assert [n for n in range(1, 3001) if worth_logging(n)] == [*range(1, 11), 1000, 2000, 3000]
     assert [n for n in range(1, 301) if worth_logging(n, first=5, every=100)] == [1, 2, 3, 4, 5, 100, 200, 300]
