@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from netrl.errors import NetrlError, ProtocolError, TransportError
-from netrl.wire import Message, MsgType, decode, encode
+from netrl.wire import MAX_HEADER_BYTES, Message, MsgType, decode, encode
 
 __all__ = ["Rates", "StatusClock", "format_status", "query_status", "worth_logging"]
 
@@ -124,6 +124,12 @@ def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> b
     try:
         body = {"snapshot": snapshot()} if request is not None and request.type is MsgType.STATUS else {}
         reply = encode(Message(MsgType.STATUS, "server", body=body))
+        listed = body["snapshot"]["workers"] if body else []
+        keep = len(listed)
+        while len(reply[0]) > MAX_HEADER_BYTES and keep:  # thousands of workers: list as many as a header takes
+            keep //= 2
+            body["snapshot"] = {**body["snapshot"], "workers": listed[:keep], "workers_omitted": len(listed) - keep}
+            reply = encode(Message(MsgType.STATUS, "server", body=body))
     except Exception as exc:  # (the status port is loopback-only and asked by hand: no flood to fear here)
         log.exception("could not answer a status request")
         reply = encode(Message(MsgType.STATUS, "server", body={"snapshot": {"error": repr(exc)[:300]}}))
@@ -199,8 +205,10 @@ def format_status(s: dict[str, Any]) -> str:
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
          f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
          if trainer else "trainer: not connected"),
-        f"{count_of(len(s.get('workers', [])), 'worker')}:",
+        f"{count_of(len(s.get('workers', [])) + s.get('workers_omitted', 0), 'worker')}:",
     ]
+    if s.get("workers_omitted"):
+        lines.append(f"  ({s['workers_omitted']:,} not listed: the snapshot of so many would exceed a message header)")
     workers = sorted(s.get("workers", []), key=lambda w: w["name"])
     # as wide as the longest name and key (names are at most 64 characters): cut, host-2 and host-3 looked the same
     name_w = max([20, *(len(w["name"]) for w in workers)])

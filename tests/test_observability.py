@@ -287,3 +287,34 @@ def test_plot_of_a_run_with_one_round_draws_its_points(tmp_path: Path) -> None:
         assert all(line.get_marker() == "None" and line.get_linestyle() == "-" for line in fig.axes[1].lines)
     finally:
         plt.close(fig)
+
+
+def test_a_snapshot_of_thousands_of_workers_still_answers_listing_what_fits() -> None:
+    # Each worker takes up to ~1.5 KB of the snapshot (32 reported counters): from about 700 such workers the reply
+    # passed the 1 MiB header limit and --status failed with "header ... exceeds".
+    import threading
+
+    import zmq
+
+    from netrl.status import answer_status, query_status
+
+    workers = [{"name": f"robot-{i:05d}", "address": "10.0.0.1", "key": "worker", "version": 3, "samples": i,
+                "last_seen": None, "reported": {f"counter_number_{j:02d}": 10**12 + j for j in range(32)}}
+               for i in range(3000)]
+    snapshot = {"session": "abcdef0123", "uptime_s": 3.0, "trainer": None, "progress": None, "weights_version": 3,
+                "rates": {}, "rejected": 0, "refused": 0, "dropped": 0, "stats": {}, "workers": workers}
+    ctx = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    port = rep.bind_to_random_port("tcp://127.0.0.1")
+    answered = threading.Thread(target=lambda: rep.poll(10_000) and answer_status(rep, lambda: snapshot))
+    answered.start()
+    try:
+        got = query_status(port, timeout_s=10.0)
+    finally:
+        answered.join(10)
+        rep.close(0)
+        ctx.term()
+    listed, omitted = len(got["workers"]), got["workers_omitted"]
+    assert 0 < listed < 3000 and listed + omitted == 3000
+    table = format_status(got)
+    assert "3,000 workers:" in table and f"({omitted:,} not listed: the snapshot of so many" in table
