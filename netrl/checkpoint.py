@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.errors import CheckpointError
+from netrl.folderlock import sync_folder
 from netrl.weight_files import torch_load, torch_save
 
 __all__ = ["exists", "load_checkpoint", "load_state", "published_version", "record_published", "save_checkpoint"]
@@ -42,6 +43,8 @@ def _replace(tmp: Path, dest: Path, fsync: bool) -> None:
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
     os.replace(tmp, dest)
+    if fsync:  # the new name, too
+        sync_folder(dest.parent)
 
 
 def exists(run_dir: Path) -> bool:

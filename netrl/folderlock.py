@@ -19,7 +19,7 @@ from pathlib import Path
 
 from netrl.errors import FolderInUse, NetrlError
 
-__all__ = ["FolderLock", "make_folder"]
+__all__ = ["FolderLock", "make_folder", "sync_folder"]
 
 LOCK_NAME = "LOCK"
 
@@ -123,3 +123,13 @@ else:
 
     def _unlock(fd: int) -> None:  # closing the file releases a flock
         pass
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the files created, renamed or removed in ``folder`` survive a power cut: the names live in the folder,
+    and fsync of a file does not write its folder (POSIX)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

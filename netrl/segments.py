@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import crc32c
 import msgpack
 
-from netrl.folderlock import make_folder
+from netrl.folderlock import make_folder, sync_folder
 
 __all__ = ["Position", "Record", "SegmentLog", "check_meta"]
 
@@ -256,10 +256,13 @@ class SegmentLog:
         if self._file is None:
             path = self._path(self._segment)
             free = sorted(self.dir.glob("*.free"))
-            if free and not path.exists():
+            new = not path.exists()
+            if free and new:
                 os.replace(free[0], path)  # overwritten in place: its pages are already in the page cache
             self._file = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             os.lseek(self._file, self._end, os.SEEK_SET)
+            if new and self.fsync:  # or a power cut could lose the new file's name, and every record in it
+                sync_folder(self.dir)
             if self._segments is not None and self._segment not in self._segments:
                 self._segments.append(self._segment)
         return self._file

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from netrl.errors import NetrlError
+from netrl.folderlock import sync_folder
 from netrl.segments import Position, Record, SegmentLog, check_meta
 from netrl.wire import frames_nbytes
 
@@ -95,8 +96,14 @@ class Spool:
 
     def _save_head(self) -> None:
         tmp = self.dir / "HEAD.tmp"
-        tmp.write_text(json.dumps({"segment": self.head.segment, "offset": self.head.offset}))
+        with tmp.open("w") as f:
+            f.write(json.dumps({"segment": self.head.segment, "offset": self.head.offset}))
+            if self.log.fsync:  # before the segments the head left are dropped, after a power cut too
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, self.dir / "HEAD")
+        if self.log.fsync:
+            sync_folder(self.dir)
 
     def fits(self, nbytes: int) -> bool:
         return self.bytes + nbytes <= self.max_bytes

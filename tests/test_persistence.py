@@ -195,6 +195,35 @@ def test_a_wide_gap_between_segment_files_is_named_as_a_range(tmp_path: Path, ca
         caplog.text
 
 
+def test_fsync_also_syncs_the_folders_new_files_and_renames_live_in(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsync of a file does not write its folder: with fsync on, a power cut could still lose a new segment file's
+    # name (and every acknowledged record in it), and the spool's HEAD was never fsynced at all.
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    spool = Spool(tmp_path / "spool", max_bytes=10_000, fsync=True)
+    spool.push([b"x" * 10], {"worker": "w", "session": "s", "seq": 1, "steps": 1})
+    assert str(tmp_path / "spool") in synced  # the new segment file's name
+    (packet,) = spool.take(upto(1, 10_000))
+    synced.clear()
+    spool.ack(packet.position)  # the head moves: saved (here at once, the first time), before any segment is dropped
+    spool.close()
+    assert synced == [str(tmp_path / "spool" / "HEAD.tmp"), str(tmp_path / "spool")]
+    synced.clear()
+    checkpoint.save_checkpoint(tmp_path / "run", {"w": torch.zeros(1)}, {"epoch": 0}, fsync=True)
+    assert synced.count(str(tmp_path / "run" / "checkpoint")) == 3  # agent, state and CURRENT each renamed there
+    synced.clear()
+    log = SegmentLog(tmp_path / "nosync")
+    log.append([b"a"], {"i": 1})
+    assert synced == []  # fsync off: nothing
+
+
 def raw_record(segment: int, meta: Any, lengths: Any, data: bytes) -> bytes:
     """A record as segments.py writes one, with any metadata and frame lengths (its checksum right)."""
     header = msgpack.packb({"m": meta, "l": lengths})
