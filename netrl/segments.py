@@ -92,6 +92,9 @@ class SegmentLog:
             log.warning("%s: segment files %s are missing between %s and %s: the records they held are lost",
                         self.dir, ", ".join(names), self._path(segments[0]).name, self._path(segments[-1]).name)
         self._segment = segments[-1] if segments else 1
+        if not segments and not readonly:  # numbers start again at 1: a free file's old records could carry them
+            for free in self.dir.glob("*.free"):
+                free.unlink()
         if readonly:
             self._end = self._path(self._segment).stat().st_size if segments else 0
         else:

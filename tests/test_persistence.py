@@ -224,6 +224,23 @@ def test_fsync_also_syncs_the_folders_new_files_and_renames_live_in(tmp_path: Pa
     assert synced == []  # fsync off: nothing
 
 
+def test_free_files_left_without_any_segment_file_are_not_reused_as_new_segments(tmp_path: Path) -> None:
+    # Numbers start again at 1 when every segment file is gone (deleted by hand): a recycled file that was once
+    # segment 1 still holds records naming segment 1, which were read back as new ones after the new records.
+    log = SegmentLog(tmp_path, segment_bytes=200, recycle=4)
+    for i in range(12):
+        log.append([b"%02d" % i * 20], {"i": i})
+    log.drop_before(log.end())
+    log.close()
+    assert list(tmp_path.glob("*.free"))
+    for seg in tmp_path.glob("*.seg"):
+        seg.unlink()
+    fresh = SegmentLog(tmp_path, segment_bytes=200, recycle=4)
+    fresh.append([b"new"], {"i": 99})
+    fresh.close()
+    assert [r.meta["i"] for r in SegmentLog(tmp_path, segment_bytes=200).read()] == [99]
+
+
 def raw_record(segment: int, meta: Any, lengths: Any, data: bytes) -> bytes:
     """A record as segments.py writes one, with any metadata and frame lengths (its checksum right)."""
     header = msgpack.packb({"m": meta, "l": lengths})
