@@ -62,6 +62,10 @@ class ConvEncoder(nn.Module):
         if not isinstance(observation_space, gymnasium.spaces.Box) or shape is None or len(shape) != 3:
             raise ValueError(f"ConvEncoder needs a (stack, height, width) Box observation space "
                              f"(got {observation_space})")
+        if observation_space.dtype != np.uint8:  # forward() scales by 1/255: a float space would come out 255x small
+            raise ValueError(f"ConvEncoder takes uint8 frames (0-255), which it scales to [0, 1] (got a "
+                             f"{observation_space.dtype} space: convert frames to uint8, or give the encoder your own "
+                             "scaling)")
         stack, height, width = shape
         if min(height, width) < 16:
             raise ValueError(f"ConvEncoder needs frames of at least 16x16 pixels (got {height}x{width})")
