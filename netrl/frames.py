@@ -44,9 +44,24 @@ _PNG_STRATEGIES = {"rle": cv2.IMWRITE_PNG_STRATEGY_RLE, "default": cv2.IMWRITE_P
                    "huffman": cv2.IMWRITE_PNG_STRATEGY_HUFFMAN_ONLY, "filtered": cv2.IMWRITE_PNG_STRATEGY_FILTERED}
 
 
-def encoded_capacity(height: int, width: int) -> int:
-    """Bytes reserved per encoded frame: PNG of incompressible data and JPEG at quality 100 both stay below it."""
-    return 2 * height * width + 1024
+def encoded_capacity(height: int, width: int, codec: Literal["png", "jpeg"] = "jpeg") -> int:
+    """Bytes reserved per encoded frame: more than any ``height x width`` frame takes with ``codec``, whatever its
+    pixels and the JPEG quality. JPEG's bound, the default, also holds for PNG.
+
+    PNG: ``height`` rows of a filter byte and ``width`` pixels, deflated. Deflate expands such data by at most 1/8
+    + 1/64 + 11 bytes (zlib's ``deflateBound`` for any settings, with its wrapper), the IDAT chunks that carry it
+    cost 12 bytes each (libpng writes 8 KiB chunks; we allow 1 KiB), and the signature, IHDR and IEND 45 bytes.
+
+    JPEG (grayscale: one 8x8 block per MCU): a block codes its DC difference in at most 27 bits and each of its 63
+    AC coefficients in at most 26 (a Huffman code of up to 16 bits, then up to 11 or 10 magnitude bits): 209
+    bytes, doubled because a zero byte is stuffed after every 0xFF. Markers and tables take under 1 KiB.
+    """
+    if codec == "png":
+        data = height * (width + 1)
+        deflated = data + (data + 7) // 8 + (data + 63) // 64 + 11
+        return deflated + 12 * (deflated // 1024 + 1) + 45
+    blocks = -(-height // 8) * -(-width // 8)
+    return 2 * 209 * blocks + 1024
 
 
 def encode_frame(frame: np.ndarray, codec: FrameCodec, quality: int = 95, png_level: int = 1,
@@ -107,10 +122,12 @@ class FrameStackCompressor:
         if self.codec == "raw":
             return act, newest, rew, terminated, truncated, info
         data = encode_frame(np.ascontiguousarray(newest), self.codec, self.quality, self.png_level, self.png_strategy)
-        payload = np.zeros(encoded_capacity(*newest.shape), np.uint8)
+        height, width = newest.shape
+        payload = np.zeros(encoded_capacity(height, width, self.codec), np.uint8)
         if len(data) > payload.shape[0]:
             raise ValueError(f"a {newest.shape} frame encoded to {len(data)} bytes with {self.codec}, more than the "
-                             f"{payload.shape[0]} reserved; lower the JPEG quality or use codec='png'")
+                             f"{payload.shape[0]} that encoded_capacity reserves as a bound: please report this, with "
+                             f"your OpenCV version ({cv2.__version__})")
         payload[:len(data)] = np.frombuffer(data, np.uint8)
         return act, (payload, np.int32(len(data))), rew, terminated, truncated, info
 

@@ -16,7 +16,7 @@ from netrl.agents.sac import SACAgent
 from netrl.config import Config
 from netrl.envs import GenericGymEnv
 from netrl.envs_image import ENV_ID, ImageReachEnv
-from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame
+from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame, encoded_capacity
 from netrl.pipelines import make_pipeline
 from netrl.pipelines.image import image_pipeline
 from netrl.samples import Buffer
@@ -149,6 +149,24 @@ def test_frame_codecs_round_trip_and_reject_bad_input() -> None:
     with pytest.raises(ValueError, match="uint8 observation"):
         FrameStackCompressor()(np.zeros(2), np.zeros((4, 8, 8), np.float32), 0.0, False, False, {})
     assert cv2.imdecode(data, cv2.IMREAD_GRAYSCALE) is not None
+
+
+@pytest.mark.parametrize("codec", ["png", "jpeg"])
+def test_every_encoded_frame_fits_its_capacity_whatever_its_shape_and_pixels(codec: str) -> None:
+    """The worst cases: noise (uniform, and black-or-white) at JPEG quality 100 or PNG level 0 to 9, and thin or odd
+    shapes, whose JPEG blocks are mostly padding (2x640 at quality 100 took twice the old 2 * H * W + 1024)."""
+    rng = np.random.default_rng(0)
+    shapes = [(2, 640), (1, 640), (3, 640), (5, 640), (640, 2), (480, 5), (1, 1), (7, 9), (17, 33), (64, 64), (9, 999)]
+    options = [{"quality": 100}, {"quality": 90}] if codec == "jpeg" else [
+        {"png_level": level, "png_strategy": strategy} for level in (0, 1, 9) for strategy in ("rle", "default")]
+    for h, w in shapes:
+        for frame in (rng.integers(0, 256, (h, w), dtype=np.uint8), rng.integers(0, 2, (h, w), dtype=np.uint8) * 255):
+            for kwargs in options:
+                compressor = FrameStackCompressor(codec, **kwargs)  # type: ignore[arg-type]
+                payload, nbytes = compressor(None, np.stack([frame] * 2), 0.0, False, False, {})[1]
+                assert payload.shape == (encoded_capacity(h, w, codec),) and 0 < nbytes <= payload.shape[0]
+                assert decode_frame(payload, int(nbytes)).shape == (h, w)
+    assert encoded_capacity(64, 64, "png") < encoded_capacity(64, 64, "jpeg") == encoded_capacity(64, 64)
 
 
 def test_cnn_sac_trains_on_rebuilt_stacks_and_worker_actor_loads_its_weights() -> None:
