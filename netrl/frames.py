@@ -23,6 +23,7 @@ so use the codecs with ``compression="zstd"`` or ``"lz4"``, never ``"none"``.
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any, Literal
 
 import cv2
@@ -31,7 +32,8 @@ import numpy as np
 from netrl.history import NEVER, HistoryMemory
 from netrl.samples import Buffer
 
-__all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "PngStrategy", "decode_frame", "encode_frame"]
+__all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "PngStrategy", "decode_frame", "encode_frame",
+           "frame_header"]
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +85,53 @@ def decode_frame(payload: np.ndarray, nbytes: int) -> np.ndarray:
     """Inverse of :func:`encode_frame` for the first ``nbytes`` of ``payload``: a 2-D uint8 frame."""
     if not 0 < nbytes <= payload.shape[0]:
         raise ValueError(f"encoded frame length {nbytes} is outside 1..{payload.shape[0]}")
-    frame = cv2.imdecode(payload[:nbytes], cv2.IMREAD_GRAYSCALE)
+    # Ignoring EXIF orientation keeps the decoded size the one the header declares (see frame_header).
+    frame = cv2.imdecode(payload[:nbytes], cv2.IMREAD_GRAYSCALE | cv2.IMREAD_IGNORE_ORIENTATION)
     if frame is None:
         raise ValueError(f"{nbytes} bytes of an encoded frame are neither valid PNG nor JPEG")
     return frame
+
+
+_PNG_HEAD = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR"  # the signature, then the IHDR chunk's length (13) and type
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15 (C4, C8, CC are DHT, JPG, DAC)
+
+
+def frame_header(data: bytes) -> tuple[Literal["png", "jpeg"], int, int] | None:
+    """``(codec, height, width)`` that an encoded frame's header declares, read without decoding any pixel, or
+    None if the header cannot be read the way libpng and libjpeg read it, or declares no pixels.
+
+    PNG: the IHDR chunk must come right after the signature. JPEG: the first SOF marker, reached by following the
+    segment lengths from SOI; anything libjpeg would skip as garbage, or a scan before the SOF, refuses the frame.
+    """
+    if data.startswith(_PNG_HEAD):
+        if len(data) < 33:  # IHDR's 13 bytes and its CRC
+            return None
+        width, height = struct.unpack_from(">II", data, 16)
+        return ("png", height, width) if height and width else None
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            i += 1
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # RSTn, TEM: no length
+            i += 2
+        elif marker in _JPEG_SOF:
+            if i + 9 > len(data):
+                return None
+            height, width = struct.unpack_from(">HH", data, i + 5)  # after the length and the sample precision
+            return ("jpeg", height, width) if height and width else None  # height 0: set by a later DNL marker
+        elif marker in (0x00, 0xD8, 0xD9, 0xDA):  # not a marker, a second SOI, EOI or a scan before the SOF
+            return None
+        else:
+            length = (data[i + 2] << 8) | data[i + 3]  # counts itself, not the marker
+            if length < 2:
+                return None
+            i += 2 + length
+    return None
 
 
 class FrameStackCompressor:
@@ -136,8 +181,9 @@ class FrameStackMemory(HistoryMemory):
     """Replay memory for ``(S, H, W)`` uint8 frame stacks that stores each frame once (see the module docstring).
 
     Accepts packets whose observations are a frame per row (``FrameStackCompressor(codec="raw")``), or a
-    ``(payload, nbytes)`` pair of encoded frames (``"png"``/``"jpeg"``), which are decoded on arrival. The pipeline
-    must set ``overlap >= stack`` so that every packet carries the frames its first stacks read.
+    ``(payload, nbytes)`` pair of encoded frames (``"png"``/``"jpeg"``), which are decoded on arrival once their
+    headers declare the size of the frames stored. A packet that fails a check raises ValueError and is not stored.
+    The pipeline must set ``overlap >= stack`` so that every packet carries the frames its first stacks read.
 
     Args:
         stack: frames per observation (``S``).
@@ -156,14 +202,44 @@ class FrameStackMemory(HistoryMemory):
             return obs
         if (isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[0], np.ndarray) and obs[0].ndim == 2
                 and obs[0].dtype == np.uint8 and np.asarray(obs[1]).shape == (len(buffer),)):
-            payload, nbytes = obs[0], np.asarray(obs[1])
-            frames = [decode_frame(payload[i], int(nbytes[i])) for i in range(len(buffer))]
-            shapes = sorted({f.shape for f in frames})
-            if len(shapes) > 1:
-                raise ValueError(f"encoded frames of one packet decode to different sizes: {shapes}")
-            return np.stack(frames)
+            return self._decode(obs[0], np.asarray(obs[1]))
         raise ValueError("FrameStackMemory expects one uint8 frame per row, or (payload, nbytes) of encoded frames, "
                          "as FrameStackCompressor sends them: is the worker's sample_compressor one?")
+
+    def _decode(self, payload: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Decode the rows' frames once every row's header declares the expected size: that of the frames stored or,
+        in a first packet, row 0's, which must fit the packet's rows (so decoding takes no more memory than the
+        packet). A PNG of 3000x3000 zeros takes 9 KB: a packet of them is refused before any pixel is decoded."""
+        n, cap = payload.shape
+        stored = self._cols.get("frame")
+        want = tuple(stored.shape[1:]) if stored is not None else None
+        whose = "the memory stores" if stored is not None else "row 0 holds"
+        for i in range(n):
+            size = int(nbytes[i])
+            head = frame_header(payload[i, :size].tobytes()) if 0 < size <= cap else None
+            if head is None:
+                raise ValueError(f"row {i}: {size} bytes of an encoded frame are neither valid PNG nor JPEG (no "
+                                 f"readable header, or outside the {cap}-byte row)")
+            codec, height, width = head
+            if want is None:  # capacity >= pixels, so the frames take no more memory than the packet
+                if encoded_capacity(height, width, codec) > cap:
+                    raise ValueError(f"row {i}: a {height}x{width} {codec} frame does not fit this packet's "
+                                     f"{cap}-byte rows: the packet is malformed")
+                want = (height, width)
+            elif (height, width) != want:
+                raise ValueError(f"row {i}: an encoded frame declares {height}x{width} pixels, but {whose} "
+                                 f"{want[0]}x{want[1]} frames: every worker must send frames of one size")
+        frames = np.empty((n, *(want or (0, 0))), np.uint8)
+        for i in range(n):
+            try:
+                frame = decode_frame(payload[i], int(nbytes[i]))
+            except ValueError as exc:
+                raise ValueError(f"row {i}: {exc}") from None
+            if frame.shape != want:  # not the size its header declares
+                raise ValueError(f"row {i}: an encoded frame decodes to {frame.shape}, not the {want} its header "
+                                 f"declares: the packet is malformed")
+            frames[i] = frame
+        return frames
 
     def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
         frames = self._frames(buffer)

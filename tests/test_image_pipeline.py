@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from netrl import frames as frames_module
 from netrl.agents.cnn import CNNActor, CNNActorCritic
 from netrl.agents.sac import SACAgent
 from netrl.config import Config
@@ -167,6 +168,76 @@ def test_every_encoded_frame_fits_its_capacity_whatever_its_shape_and_pixels(cod
                 assert payload.shape == (encoded_capacity(h, w, codec),) and 0 < nbytes <= payload.shape[0]
                 assert decode_frame(payload, int(nbytes)).shape == (h, w)
     assert encoded_capacity(64, 64, "png") < encoded_capacity(64, 64, "jpeg") == encoded_capacity(64, 64)
+
+
+def encoded_packet(frames: list[bytes], width: int) -> Buffer:
+    """A packet of encoded frames laid out as FrameStackCompressor sends them, in rows of ``width`` bytes."""
+    n = len(frames)
+    payload, nbytes = np.zeros((n, width), np.uint8), np.array([len(f) for f in frames], np.int32)
+    for i, data in enumerate(frames):
+        payload[i, :len(data)] = np.frombuffer(data, np.uint8)
+    flags = np.zeros(n, bool)
+    return Buffer(act=np.arange(n, dtype=np.float32)[:, None], obs=(payload, nbytes), rew=np.zeros(n, np.float32),
+                  terminated=flags, truncated=flags, reset=np.arange(n) == 0, context=flags,
+                  policy_version=np.zeros(n, np.int64))
+
+
+def test_frame_headers_are_read_as_libpng_and_libjpeg_read_them() -> None:
+    frame = np.random.default_rng(0).integers(0, 256, (37, 70), dtype=np.uint8)
+    for codec in ("png", "jpeg"):
+        assert frames_module.frame_header(encode_frame(frame, codec)) == (codec, 37, 70)  # type: ignore[arg-type]
+    jpeg = encode_frame(frame, "jpeg")
+    padded = jpeg[:2] + b"\xff\xfe\x00\x07hello" + b"\xff\xff" + jpeg[2:]  # a comment, then a fill byte
+    assert frames_module.frame_header(padded) == ("jpeg", 37, 70)
+    assert decode_frame(np.frombuffer(padded, np.uint8), len(padded)).shape == (37, 70)
+    sof = jpeg.index(b"\xff\xc0")
+    unreadable = [b"", b"\x89PNG\r\n\x1a\n" + bytes(40), encode_frame(frame, "png")[:30], jpeg[:sof + 6],
+                  jpeg[:sof] + b"\x00" + jpeg[sof:],  # a byte libjpeg would skip as garbage
+                  jpeg[:2] + b"\xff\xda\x00\x02" + jpeg[2:],  # a scan before the frame header
+                  jpeg[:sof + 5] + b"\x00\x00" + jpeg[sof + 7:]]  # height 0: set after the scan (DNL)
+    assert all(frames_module.frame_header(data) is None for data in unreadable)
+    huge = jpeg[:sof + 5] + (3000).to_bytes(2, "big") * 2 + jpeg[sof + 9:]
+    assert frames_module.frame_header(huge) == ("jpeg", 3000, 3000)
+
+
+def test_frames_whose_headers_declare_another_size_are_refused_before_any_pixel_is_decoded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PNG of 3000x3000 zeros takes 8.8 KB: in a 2 KB packet of 60 such rows, it made the trainer allocate 1 GB."""
+    decoded: list[int] = []
+    real_decode = frames_module.decode_frame
+    monkeypatch.setattr(frames_module, "decode_frame", lambda payload, n: decoded.append(n) or real_decode(payload, n))
+    width = encoded_capacity(64, 64)
+    good = [encode_frame(np.full((64, 64), 10 * i, np.uint8), "jpeg") for i in range(6)]
+    bomb = encode_frame(np.zeros((3000, 3000), np.uint8), "png", png_level=9)
+    jpeg = good[0]
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg_bomb = jpeg[:sof + 5] + (3000).to_bytes(2, "big") * 2 + jpeg[sof + 9:]
+    assert len(bomb) < width
+
+    fresh = FrameStackMemory(memory_size=100, stack=4)
+    with pytest.raises(ValueError, match="row 0: a 3000x3000 png frame does not fit this packet's 27776-byte rows"):
+        fresh.append_buffer(encoded_packet([bomb] * 3, width))
+    assert decoded == [] and len(fresh) == 0
+
+    memory = FrameStackMemory(memory_size=100, stack=4)
+    memory.append_buffer(encoded_packet(good, width))
+    stored, decoded[:] = len(memory), []
+    for bad in (bomb, jpeg_bomb):
+        with pytest.raises(ValueError, match="row 2: an encoded frame declares 3000x3000 pixels, but the memory "
+                                             "stores 64x64 frames"):
+            memory.append_buffer(encoded_packet([*good[:2], bad, *good[3:]], width))
+        assert decoded == [] and len(memory) == stored
+    for data, n in [(b"\x89PNG" + bytes(100), 104), (jpeg[:sof], sof), (jpeg, 0), (jpeg, width + 1)]:
+        packet = encoded_packet([*good[:3], data, *good[4:]], width)
+        packet.obs[1][3] = n
+        with pytest.raises(ValueError, match=f"row 3: {n} bytes of an encoded frame are neither valid PNG nor JPEG"):
+            memory.append_buffer(packet)
+        assert decoded == [] and len(memory) == stored
+    with pytest.raises(ValueError, match="row 3: 200 bytes of an encoded frame are neither"):  # its header is fine
+        memory.append_buffer(encoded_packet([*good[:3], jpeg[:200], *good[4:]], width))
+    decoded[:] = []
+    memory.append_buffer(encoded_packet(good, width))  # good frames still decode
+    assert len(decoded) == 6 and len(memory) == 2 * stored
 
 
 def test_cnn_sac_trains_on_rebuilt_stacks_and_worker_actor_loads_its_weights() -> None:
