@@ -195,6 +195,9 @@ class FrameStackMemory(HistoryMemory):
             raise ValueError(f"stack must be between 1 and 64 frames (got {stack})")
         self.stack = stack
         super().__init__(*args, **kwargs)
+        if self.memory_size <= stack:
+            raise ValueError(f"memory_size ({self.memory_size}) must be larger than stack ({stack}): a transition "
+                             f"reads stack + 1 rows, so a smaller memory could never hold one")
 
     def _frames(self, buffer: Buffer) -> np.ndarray:
         obs = buffer.obs

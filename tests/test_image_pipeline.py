@@ -240,6 +240,19 @@ def test_frames_whose_headers_declare_another_size_are_refused_before_any_pixel_
     assert len(decoded) == 6 and len(memory) == 2 * stored
 
 
+def test_a_memory_too_small_for_one_transition_is_refused_by_name() -> None:
+    for size in (1, 3, 4):  # a transition of 4-frame stacks reads 5 rows
+        with pytest.raises(ValueError, match=rf"memory_size \({size}\) must be larger than stack \(4\)"):
+            FrameStackMemory(memory_size=size, stack=4)
+    n = 20
+    flags = np.zeros(n, bool)
+    memory = FrameStackMemory(memory_size=5, stack=4)
+    memory.append_buffer(Buffer(act=np.arange(n, dtype=np.float32)[:, None], obs=np.zeros((n, 2, 2), np.uint8),
+                                rew=np.zeros(n, np.float32), terminated=flags, truncated=flags,
+                                reset=np.arange(n) == 0, context=flags, policy_version=np.zeros(n, np.int64)))
+    assert len(memory) == 1  # the smallest memory allowed holds one
+
+
 def test_cnn_sac_trains_on_rebuilt_stacks_and_worker_actor_loads_its_weights() -> None:
     torch.manual_seed(0)
     pipe = make_pipeline(dataclasses.replace(SMALL, env=dataclasses.replace(SMALL.env, pipeline="image")))
