@@ -3,7 +3,7 @@
 An image env observes a stack of the last ``S`` grayscale frames, ``(S, H, W)`` uint8, newest last; at an
 episode's first observation the stack holds ``S`` copies of the first frame (Gymnasium's FrameStackObservation
 with ``padding_type="reset"`` does the same). Consecutive stacks share ``S - 1`` frames, so the worker sends
-only the newest frame of each row::
+only the newest frame of each row (the compressor raises ValueError at the first stack that breaks this)::
 
     worker:  obs (S, H, W) --FrameStackCompressor--> newest frame (H, W), or its PNG/JPEG bytes
     wire:    one frame per row, plus ``S`` context rows per packet (pipeline ``overlap = S``)
@@ -137,6 +137,11 @@ def frame_header(data: bytes) -> tuple[Literal["png", "jpeg"], int, int] | None:
 class FrameStackCompressor:
     """``sample_compressor`` for stacked frames: keep only the newest frame, optionally PNG or JPEG encoded.
 
+    Stateful: it checks every stack against the previous one and raises ValueError at the first that breaks the
+    convention FrameStackMemory rebuilds (module docstring), e.g. Gymnasium's ``padding_type="zero"``. Unlike
+    ActionBufferCompressor's seams, which mark gaps that occur in normal runs, such a stack means a misconfigured
+    env whose every episode would be rebuilt wrong, so it stops the worker. Use one instance per worker.
+
     Args:
         codec: ``"raw"`` (the frame as is), ``"png"`` (lossless) or ``"jpeg"`` (lossy).
         quality: JPEG quality, 1..100.
@@ -156,6 +161,9 @@ class FrameStackCompressor:
         if png_strategy not in _PNG_STRATEGIES:
             raise ValueError(f"png_strategy must be one of {sorted(_PNG_STRATEGIES)} (got {png_strategy!r})")
         self.codec, self.quality, self.png_level, self.png_strategy = codec, quality, png_level, png_strategy
+        self._tail: bytes | None = None  # the previous stack's last S - 1 frames: this one must start with them
+        self._next_is_first = True  # the worker records an episode's first row first, and after every end
+        self._unsure = False  # the previous row began an episode without S equal frames, unless it was a probe
 
     def __call__(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool,
                  info: dict[str, Any]) -> tuple[Any, Any, float, bool, bool, dict[str, Any]]:
@@ -163,6 +171,7 @@ class FrameStackCompressor:
         if frames.ndim != 3 or frames.dtype != np.uint8:
             raise ValueError(f"FrameStackCompressor expects a (stack, height, width) uint8 observation "
                              f"(got {frames.dtype} {frames.shape})")
+        self._check_stack(frames, terminated or truncated)
         newest = frames[-1]
         if self.codec == "raw":
             return act, newest, rew, terminated, truncated, info
@@ -175,6 +184,29 @@ class FrameStackCompressor:
                              f"your OpenCV version ({cv2.__version__})")
         payload[:len(data)] = np.frombuffer(data, np.uint8)
         return act, (payload, np.int32(len(data))), rew, terminated, truncated, info
+
+    def _check_stack(self, frames: np.ndarray, episode_ends: bool) -> None:
+        """Raise ValueError unless ``frames`` continues the previous stack, or holds S equal frames (a first row).
+
+        A first row that does not repeat one frame raises only once the next row continues it: the first call may
+        be SampleSchema's probe with a random stack (a trainer probes its own instance, which may also serve a
+        local worker). S equal frames pass where a continuation was expected: an episode stopped early, unseen.
+        """
+        head, tail = frames[:-1].tobytes(), frames[1:].tobytes()
+        follows, repeats = head == self._tail, head == tail
+        first, unsure, probe = self._next_is_first, self._unsure, self._tail is None
+        self._tail, self._next_is_first, self._unsure = tail, episode_ends, probe and not repeats
+        if repeats or probe or (follows and not first and not unsure):
+            return
+        s = len(frames)
+        problem = (f"an episode's first observation is not {s} copies of one frame" if first or unsure else
+                   f"an observation does not continue the previous one (its first {s - 1} frames are not the "
+                   f"previous observation's last {s - 1})")
+        raise ValueError(f"FrameStackCompressor: {problem}. FrameStackMemory rebuilds each stack from the newest "
+                         f"frames of earlier rows, so a stack must hold the last {s} frames, newest last, and an "
+                         f"episode's first stack {s} copies of its first frame: with Gymnasium's "
+                         f"FrameStackObservation, use padding_type='reset' (its default), not 'zero' or a custom "
+                         f"padding")
 
 
 class FrameStackMemory(HistoryMemory):
