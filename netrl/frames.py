@@ -3,7 +3,7 @@
 An image env observes a stack of the last ``S`` grayscale frames, ``(S, H, W)`` uint8, newest last; at an
 episode's first observation the stack holds ``S`` copies of the first frame (Gymnasium's FrameStackObservation
 with ``padding_type="reset"`` does the same). Consecutive stacks share ``S - 1`` frames, so the worker sends
-only the newest frame of each row::
+only the newest frame of each row (the compressor raises ValueError at the first stack that breaks this)::
 
     worker:  obs (S, H, W) --FrameStackCompressor--> newest frame (H, W), or its PNG/JPEG bytes
     wire:    one frame per row, plus ``S`` context rows per packet (pipeline ``overlap = S``)
@@ -23,6 +23,7 @@ so use the codecs with ``compression="zstd"`` or ``"lz4"``, never ``"none"``.
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any, Literal
 
 import cv2
@@ -31,7 +32,8 @@ import numpy as np
 from netrl.history import NEVER, HistoryMemory
 from netrl.samples import Buffer
 
-__all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "PngStrategy", "decode_frame", "encode_frame"]
+__all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "PngStrategy", "decode_frame", "encode_frame",
+           "frame_header"]
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +46,24 @@ _PNG_STRATEGIES = {"rle": cv2.IMWRITE_PNG_STRATEGY_RLE, "default": cv2.IMWRITE_P
                    "huffman": cv2.IMWRITE_PNG_STRATEGY_HUFFMAN_ONLY, "filtered": cv2.IMWRITE_PNG_STRATEGY_FILTERED}
 
 
-def encoded_capacity(height: int, width: int) -> int:
-    """Bytes reserved per encoded frame: PNG of incompressible data and JPEG at quality 100 both stay below it."""
-    return 2 * height * width + 1024
+def encoded_capacity(height: int, width: int, codec: Literal["png", "jpeg"] = "jpeg") -> int:
+    """Bytes reserved per encoded frame: more than any ``height x width`` frame takes with ``codec``, whatever its
+    pixels and the JPEG quality. JPEG's bound, the default, also holds for PNG.
+
+    PNG: ``height`` rows of a filter byte and ``width`` pixels, deflated. Deflate expands such data by at most 1/8
+    + 1/64 + 11 bytes (zlib's ``deflateBound`` for any settings, with its wrapper), the IDAT chunks that carry it
+    cost 12 bytes each (libpng writes 8 KiB chunks; we allow 1 KiB), and the signature, IHDR and IEND 45 bytes.
+
+    JPEG (grayscale: one 8x8 block per MCU): a block codes its DC difference in at most 27 bits and each of its 63
+    AC coefficients in at most 26 (a Huffman code of up to 16 bits, then up to 11 or 10 magnitude bits): 209
+    bytes, doubled because a zero byte is stuffed after every 0xFF. Markers and tables take under 1 KiB.
+    """
+    if codec == "png":
+        data = height * (width + 1)
+        deflated = data + (data + 7) // 8 + (data + 63) // 64 + 11
+        return deflated + 12 * (deflated // 1024 + 1) + 45
+    blocks = -(-height // 8) * -(-width // 8)
+    return 2 * 209 * blocks + 1024
 
 
 def encode_frame(frame: np.ndarray, codec: FrameCodec, quality: int = 95, png_level: int = 1,
@@ -68,14 +85,62 @@ def decode_frame(payload: np.ndarray, nbytes: int) -> np.ndarray:
     """Inverse of :func:`encode_frame` for the first ``nbytes`` of ``payload``: a 2-D uint8 frame."""
     if not 0 < nbytes <= payload.shape[0]:
         raise ValueError(f"encoded frame length {nbytes} is outside 1..{payload.shape[0]}")
-    frame = cv2.imdecode(payload[:nbytes], cv2.IMREAD_GRAYSCALE)
+    # Ignoring EXIF orientation keeps the decoded size the one the header declares (see frame_header).
+    frame = cv2.imdecode(payload[:nbytes], cv2.IMREAD_GRAYSCALE | cv2.IMREAD_IGNORE_ORIENTATION)
     if frame is None:
         raise ValueError(f"{nbytes} bytes of an encoded frame are neither valid PNG nor JPEG")
     return frame
 
 
+_PNG_HEAD = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR"  # the signature, then the IHDR chunk's length (13) and type
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15 (C4, C8, CC are DHT, JPG, DAC)
+
+
+def frame_header(data: bytes) -> tuple[Literal["png", "jpeg"], int, int] | None:
+    """``(codec, height, width)`` that an encoded frame's header declares, read without decoding any pixel, or
+    None if the header cannot be read the way libpng and libjpeg read it, or declares no pixels.
+
+    PNG: the IHDR chunk must come right after the signature. JPEG: the first SOF marker, reached by following the
+    segment lengths from SOI; anything libjpeg would skip as garbage, or a scan before the SOF, refuses the frame.
+    """
+    if data.startswith(_PNG_HEAD):
+        if len(data) < 33:  # IHDR's 13 bytes and its CRC
+            return None
+        width, height = struct.unpack_from(">II", data, 16)
+        return ("png", height, width) if height and width else None
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            i += 1
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # RSTn, TEM: no length
+            i += 2
+        elif marker in _JPEG_SOF:
+            if i + 9 > len(data):
+                return None
+            height, width = struct.unpack_from(">HH", data, i + 5)  # after the length and the sample precision
+            return ("jpeg", height, width) if height and width else None  # height 0: set by a later DNL marker
+        elif marker in (0x00, 0xD8, 0xD9, 0xDA):  # not a marker, a second SOI, EOI or a scan before the SOF
+            return None
+        else:
+            length = (data[i + 2] << 8) | data[i + 3]  # counts itself, not the marker
+            if length < 2:
+                return None
+            i += 2 + length
+    return None
+
+
 class FrameStackCompressor:
     """``sample_compressor`` for stacked frames: keep only the newest frame, optionally PNG or JPEG encoded.
+
+    Stateful: it checks every stack against the previous one and raises ValueError at the first that breaks the
+    convention FrameStackMemory rebuilds (module docstring), e.g. Gymnasium's ``padding_type="zero"``. Unlike
+    ActionBufferCompressor's seams, which mark gaps that occur in normal runs, such a stack means a misconfigured
+    env whose every episode would be rebuilt wrong, so it stops the worker. Use one instance per worker.
 
     Args:
         codec: ``"raw"`` (the frame as is), ``"png"`` (lossless) or ``"jpeg"`` (lossy).
@@ -96,6 +161,9 @@ class FrameStackCompressor:
         if png_strategy not in _PNG_STRATEGIES:
             raise ValueError(f"png_strategy must be one of {sorted(_PNG_STRATEGIES)} (got {png_strategy!r})")
         self.codec, self.quality, self.png_level, self.png_strategy = codec, quality, png_level, png_strategy
+        self._tail: bytes | None = None  # the previous stack's last S - 1 frames: this one must start with them
+        self._next_is_first = True  # the worker records an episode's first row first, and after every end
+        self._unsure = False  # the previous row began an episode without S equal frames, unless it was a probe
 
     def __call__(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool,
                  info: dict[str, Any]) -> tuple[Any, Any, float, bool, bool, dict[str, Any]]:
@@ -103,24 +171,51 @@ class FrameStackCompressor:
         if frames.ndim != 3 or frames.dtype != np.uint8:
             raise ValueError(f"FrameStackCompressor expects a (stack, height, width) uint8 observation "
                              f"(got {frames.dtype} {frames.shape})")
+        self._check_stack(frames, terminated or truncated)
         newest = frames[-1]
         if self.codec == "raw":
             return act, newest, rew, terminated, truncated, info
         data = encode_frame(np.ascontiguousarray(newest), self.codec, self.quality, self.png_level, self.png_strategy)
-        payload = np.zeros(encoded_capacity(*newest.shape), np.uint8)
+        height, width = newest.shape
+        payload = np.zeros(encoded_capacity(height, width, self.codec), np.uint8)
         if len(data) > payload.shape[0]:
             raise ValueError(f"a {newest.shape} frame encoded to {len(data)} bytes with {self.codec}, more than the "
-                             f"{payload.shape[0]} reserved; lower the JPEG quality or use codec='png'")
+                             f"{payload.shape[0]} that encoded_capacity reserves as a bound: please report this, with "
+                             f"your OpenCV version ({cv2.__version__})")
         payload[:len(data)] = np.frombuffer(data, np.uint8)
         return act, (payload, np.int32(len(data))), rew, terminated, truncated, info
+
+    def _check_stack(self, frames: np.ndarray, episode_ends: bool) -> None:
+        """Raise ValueError unless ``frames`` continues the previous stack, or holds S equal frames (a first row).
+
+        A first row that does not repeat one frame raises only once the next row continues it: the first call may
+        be SampleSchema's probe with a random stack (a trainer probes its own instance, which may also serve a
+        local worker). S equal frames pass where a continuation was expected: an episode stopped early, unseen.
+        """
+        head, tail = frames[:-1].tobytes(), frames[1:].tobytes()
+        follows, repeats = head == self._tail, head == tail
+        first, unsure, probe = self._next_is_first, self._unsure, self._tail is None
+        self._tail, self._next_is_first, self._unsure = tail, episode_ends, probe and not repeats
+        if repeats or probe or (follows and not first and not unsure):
+            return
+        s = len(frames)
+        problem = (f"an episode's first observation is not {s} copies of one frame" if first or unsure else
+                   f"an observation does not continue the previous one (its first {s - 1} frames are not the "
+                   f"previous observation's last {s - 1})")
+        raise ValueError(f"FrameStackCompressor: {problem}. FrameStackMemory rebuilds each stack from the newest "
+                         f"frames of earlier rows, so a stack must hold the last {s} frames, newest last, and an "
+                         f"episode's first stack {s} copies of its first frame: with Gymnasium's "
+                         f"FrameStackObservation, use padding_type='reset' (its default), not 'zero' or a custom "
+                         f"padding")
 
 
 class FrameStackMemory(HistoryMemory):
     """Replay memory for ``(S, H, W)`` uint8 frame stacks that stores each frame once (see the module docstring).
 
     Accepts packets whose observations are a frame per row (``FrameStackCompressor(codec="raw")``), or a
-    ``(payload, nbytes)`` pair of encoded frames (``"png"``/``"jpeg"``), which are decoded on arrival. The pipeline
-    must set ``overlap >= stack`` so that every packet carries the frames its first stacks read.
+    ``(payload, nbytes)`` pair of encoded frames (``"png"``/``"jpeg"``), which are decoded on arrival once their
+    headers declare the size of the frames stored. A packet that fails a check raises ValueError and is not stored.
+    The pipeline must set ``overlap >= stack`` so that every packet carries the frames its first stacks read.
 
     Args:
         stack: frames per observation (``S``).
@@ -132,6 +227,9 @@ class FrameStackMemory(HistoryMemory):
             raise ValueError(f"stack must be between 1 and 64 frames (got {stack})")
         self.stack = stack
         super().__init__(*args, **kwargs)
+        if self.memory_size <= stack:
+            raise ValueError(f"memory_size ({self.memory_size}) must be larger than stack ({stack}): a transition "
+                             f"reads stack + 1 rows, so a smaller memory could never hold one")
 
     def _frames(self, buffer: Buffer) -> np.ndarray:
         obs = buffer.obs
@@ -139,14 +237,44 @@ class FrameStackMemory(HistoryMemory):
             return obs
         if (isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[0], np.ndarray) and obs[0].ndim == 2
                 and obs[0].dtype == np.uint8 and np.asarray(obs[1]).shape == (len(buffer),)):
-            payload, nbytes = obs[0], np.asarray(obs[1])
-            frames = [decode_frame(payload[i], int(nbytes[i])) for i in range(len(buffer))]
-            shapes = sorted({f.shape for f in frames})
-            if len(shapes) > 1:
-                raise ValueError(f"encoded frames of one packet decode to different sizes: {shapes}")
-            return np.stack(frames)
+            return self._decode(obs[0], np.asarray(obs[1]))
         raise ValueError("FrameStackMemory expects one uint8 frame per row, or (payload, nbytes) of encoded frames, "
                          "as FrameStackCompressor sends them: is the worker's sample_compressor one?")
+
+    def _decode(self, payload: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Decode the rows' frames once every row's header declares the expected size: that of the frames stored or,
+        in a first packet, row 0's, which must fit the packet's rows (so decoding takes no more memory than the
+        packet). A PNG of 3000x3000 zeros takes 9 KB: a packet of them is refused before any pixel is decoded."""
+        n, cap = payload.shape
+        stored = self._cols.get("frame")
+        want = tuple(stored.shape[1:]) if stored is not None else None
+        whose = "the memory stores" if stored is not None else "row 0 holds"
+        for i in range(n):
+            size = int(nbytes[i])
+            head = frame_header(payload[i, :size].tobytes()) if 0 < size <= cap else None
+            if head is None:
+                raise ValueError(f"row {i}: {size} bytes of an encoded frame are neither valid PNG nor JPEG (no "
+                                 f"readable header, or outside the {cap}-byte row)")
+            codec, height, width = head
+            if want is None:  # capacity >= pixels, so the frames take no more memory than the packet
+                if encoded_capacity(height, width, codec) > cap:
+                    raise ValueError(f"row {i}: a {height}x{width} {codec} frame does not fit this packet's "
+                                     f"{cap}-byte rows: the packet is malformed")
+                want = (height, width)
+            elif (height, width) != want:
+                raise ValueError(f"row {i}: an encoded frame declares {height}x{width} pixels, but {whose} "
+                                 f"{want[0]}x{want[1]} frames: every worker must send frames of one size")
+        frames = np.empty((n, *(want or (0, 0))), np.uint8)
+        for i in range(n):
+            try:
+                frame = decode_frame(payload[i], int(nbytes[i]))
+            except ValueError as exc:
+                raise ValueError(f"row {i}: {exc}") from None
+            if frame.shape != want:  # not the size its header declares
+                raise ValueError(f"row {i}: an encoded frame decodes to {frame.shape}, not the {want} its header "
+                                 f"declares: the packet is malformed")
+            frames[i] = frame
+        return frames
 
     def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
         frames = self._frames(buffer)
