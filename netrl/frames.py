@@ -47,23 +47,23 @@ _PNG_STRATEGIES = {"rle": cv2.IMWRITE_PNG_STRATEGY_RLE, "default": cv2.IMWRITE_P
 
 
 def encoded_capacity(height: int, width: int, codec: Literal["png", "jpeg"] = "jpeg") -> int:
-    """Bytes reserved per encoded frame: more than any ``height x width`` frame takes with ``codec``, whatever its
-    pixels and the JPEG quality. JPEG's bound, the default, also holds for PNG.
+    """Bytes reserved per encoded frame of ``height x width`` pixels with ``codec``. JPEG's, the default, is the
+    larger, so it also holds a PNG.
 
-    PNG: ``height`` rows of a filter byte and ``width`` pixels, deflated. Deflate expands such data by at most 1/8
-    + 1/64 + 11 bytes (zlib's ``deflateBound`` for any settings, with its wrapper), the IDAT chunks that carry it
-    cost 12 bytes each (libpng writes 8 KiB chunks; we allow 1 KiB), and the signature, IHDR and IEND 45 bytes.
+    PNG: a true bound. ``height`` rows of a filter byte and ``width`` pixels, deflated: deflate expands such data by
+    at most 1/8 + 1/64 + 11 bytes (zlib's ``deflateBound`` for any settings, with its wrapper), the IDAT chunks that
+    carry it cost 12 bytes each (libpng writes 8 KiB chunks; we allow 1 KiB), and the signature, IHDR and IEND 45.
 
-    JPEG (grayscale: one 8x8 block per MCU): a block codes its DC difference in at most 27 bits and each of its 63
-    AC coefficients in at most 26 (a Huffman code of up to 16 bits, then up to 11 or 10 magnitude bits): 209
-    bytes, doubled because a zero byte is stuffed after every 0xFF. Markers and tables take under 1 KiB.
+    JPEG: 2 bytes per pixel of the frame padded to whole 8x8 blocks, plus 1 KiB of markers and tables. The worst
+    frames measured (noise, salt and pepper, at quality 100) take 1.9; a thin frame is mostly padding, which the old
+    2 bytes per pixel missed. A true bound (about 6.5 bytes per pixel, 0xFF stuffing included) would triple every
+    row, so :class:`FrameStackCompressor` re-encodes the rare frame beyond this one at a lower quality instead.
     """
     if codec == "png":
         data = height * (width + 1)
         deflated = data + (data + 7) // 8 + (data + 63) // 64 + 11
         return deflated + 12 * (deflated // 1024 + 1) + 45
-    blocks = -(-height // 8) * -(-width // 8)
-    return 2 * 209 * blocks + 1024
+    return 2 * (-(-height // 8) * 8) * (-(-width // 8) * 8) + 1024
 
 
 def encode_frame(frame: np.ndarray, codec: FrameCodec, quality: int = 95, png_level: int = 1,
@@ -161,6 +161,7 @@ class FrameStackCompressor:
         if png_strategy not in _PNG_STRATEGIES:
             raise ValueError(f"png_strategy must be one of {sorted(_PNG_STRATEGIES)} (got {png_strategy!r})")
         self.codec, self.quality, self.png_level, self.png_strategy = codec, quality, png_level, png_strategy
+        self.reencoded = 0  # JPEG frames over encoded_capacity, sent at a lower quality
         self._tail: bytes | None = None  # the previous stack's last S - 1 frames: this one must start with them
         self._next_is_first = True  # the worker records an episode's first row first, and after every end
         self._unsure = False  # the previous row began an episode without S equal frames, unless it was a probe
@@ -175,13 +176,24 @@ class FrameStackCompressor:
         newest = frames[-1]
         if self.codec == "raw":
             return act, newest, rew, terminated, truncated, info
-        data = encode_frame(np.ascontiguousarray(newest), self.codec, self.quality, self.png_level, self.png_strategy)
+        frame = np.ascontiguousarray(newest)
+        data = encode_frame(frame, self.codec, self.quality, self.png_level, self.png_strategy)
         height, width = newest.shape
         payload = np.zeros(encoded_capacity(height, width, self.codec), np.uint8)
+        quality = self.quality
+        while len(data) > payload.shape[0] and self.codec == "jpeg" and quality > 10:
+            quality = max(10, quality - 10)  # a frame beyond the measured worst case: lose detail, not the run
+            data = encode_frame(frame, "jpeg", quality)
+        if quality != self.quality:
+            self.reencoded += 1
+            if self.reencoded == 1 or self.reencoded % 1000 == 0:
+                log.warning("a %dx%d frame took more than the %d bytes reserved at JPEG quality %d: sent at quality "
+                            "%d (%d frames so far); frames like it (noise) do better with a lower quality or png",
+                            height, width, payload.shape[0], self.quality, quality, self.reencoded)
         if len(data) > payload.shape[0]:
             raise ValueError(f"a {newest.shape} frame encoded to {len(data)} bytes with {self.codec}, more than the "
-                             f"{payload.shape[0]} that encoded_capacity reserves as a bound: please report this, with "
-                             f"your OpenCV version ({cv2.__version__})")
+                             f"{payload.shape[0]} that encoded_capacity reserves: please report this, with your "
+                             f"OpenCV version ({cv2.__version__})")
         payload[:len(data)] = np.frombuffer(data, np.uint8)
         return act, (payload, np.int32(len(data))), rew, terminated, truncated, info
 
@@ -219,13 +231,18 @@ class FrameStackMemory(HistoryMemory):
 
     Args:
         stack: frames per observation (``S``).
+        frame_shape: ``(H, W)`` of every frame, if known (the image pipeline knows it): encoded frames of another
+            size are refused from the first packet on. Without it, the first packet's frames set the size.
         *args, **kwargs: :class:`~netrl.memory.MemoryDataloading`'s arguments.
     """
 
-    def __init__(self, *args: Any, stack: int = 4, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, stack: int = 4, frame_shape: tuple[int, int] | None = None, **kwargs: Any) -> None:
         if not 1 <= stack <= 64:
             raise ValueError(f"stack must be between 1 and 64 frames (got {stack})")
+        if frame_shape is not None and not (len(frame_shape) == 2 and min(frame_shape) > 0):
+            raise ValueError(f"frame_shape must be (height, width) in pixels (got {frame_shape})")
         self.stack = stack
+        self.frame_shape = tuple(frame_shape) if frame_shape is not None else None
         super().__init__(*args, **kwargs)
         if self.memory_size <= stack:
             raise ValueError(f"memory_size ({self.memory_size}) must be larger than stack ({stack}): a transition "
@@ -247,8 +264,9 @@ class FrameStackMemory(HistoryMemory):
         packet). A PNG of 3000x3000 zeros takes 9 KB: a packet of them is refused before any pixel is decoded."""
         n, cap = payload.shape
         stored = self._cols.get("frame")
-        want = tuple(stored.shape[1:]) if stored is not None else None
-        whose = "the memory stores" if stored is not None else "row 0 holds"
+        want = tuple(stored.shape[1:]) if stored is not None else self.frame_shape
+        whose = ("the memory stores" if stored is not None else "the memory takes (frame_shape)" if want is not None
+                 else "row 0 holds")
         for i in range(n):
             size = int(nbytes[i])
             head = frame_header(payload[i, :size].tobytes()) if 0 < size <= cap else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Literal
 
 import cv2
@@ -177,6 +178,44 @@ def test_every_encoded_frame_fits_its_capacity_whatever_its_shape_and_pixels(cod
     assert encoded_capacity(64, 64, "png") < encoded_capacity(64, 64, "jpeg") == encoded_capacity(64, 64)
 
 
+def test_a_jpeg_frame_beyond_its_reserved_bytes_is_sent_at_a_lower_quality_not_refused(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # JPEG's reserve is measured, not a bound (a bound would triple every row): a frame beyond it must not stop
+    # the worker mid-run.
+    frame = np.random.default_rng(1).integers(0, 256, (64, 64), dtype=np.uint8)
+    full = len(encode_frame(frame, "jpeg", 95))
+    monkeypatch.setattr(frames_module, "encoded_capacity", lambda h, w, codec="jpeg": full // 2)
+    compressor = FrameStackCompressor("jpeg", quality=95)
+    with caplog.at_level(logging.WARNING, logger="netrl.frames"):
+        for _ in range(3):
+            payload, nbytes = compressor(None, np.stack([frame] * 4), 0.0, False, False, {})[1]
+            assert payload.shape == (full // 2,) and 0 < nbytes <= full // 2
+    decoded = decode_frame(payload, int(nbytes))
+    assert decoded.shape == (64, 64) and np.abs(decoded.astype(int) - frame).mean() < 60  # the same frame, coarser
+    assert compressor.reencoded == 3
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "took more than the" in warnings[0] and "at JPEG quality 95: sent at quality" in \
+        warnings[0]
+
+
+def test_a_memory_that_knows_its_frame_shape_refuses_another_from_the_first_packet() -> None:
+    # Without it, the first packet's frames set the size: a hostile first packet could fix a wrong one, and every
+    # honest packet after it was refused.
+    width = encoded_capacity(64, 64)
+    small = [encode_frame(np.full((32, 32), 10 * i, np.uint8), "png") for i in range(6)]
+    memory = FrameStackMemory(memory_size=100, stack=4, frame_shape=(64, 64))
+    with pytest.raises(ValueError, match=r"row 0: an encoded frame declares 32x32 pixels, but the memory takes "
+                                         r"\(frame_shape\) 64x64 frames"):
+        memory.append_buffer(encoded_packet(small, width))
+    memory.append_buffer(encoded_packet([encode_frame(np.full((64, 64), i, np.uint8), "png") for i in range(6)],
+                                        width))
+    assert len(memory) > 0
+    pipeline = image_pipeline(SMALL, size=48)
+    assert pipeline.memory_cls(memory_size=100).frame_shape == (48, 48)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"frame_shape must be \(height, width\) in pixels"):
+        FrameStackMemory(memory_size=100, stack=4, frame_shape=(64, 0))
+
+
 def encoded_packet(frames: list[bytes], width: int) -> Buffer:
     """A packet of encoded frames laid out as FrameStackCompressor sends them, in rows of ``width`` bytes."""
     n = len(frames)
@@ -227,7 +266,7 @@ def test_frames_whose_headers_declare_another_size_are_refused_before_any_pixel_
     assert len(bomb) < width
 
     fresh = FrameStackMemory(memory_size=100, stack=4)
-    with pytest.raises(ValueError, match="row 0: a 3000x3000 png frame does not fit this packet's 27776-byte rows"):
+    with pytest.raises(ValueError, match=f"row 0: a 3000x3000 png frame does not fit this packet's {width}-byte rows"):
         fresh.append_buffer(encoded_packet([bomb] * 3, width))
     assert decoded == [] and len(fresh) == 0
 

@@ -42,7 +42,7 @@ def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, c
     return Pipeline(
         env_cls=partial(GenericGymEnv, id=f"netrl.envs_image:{ENV_ID}", gym_kwargs=gym_kwargs),
         actor_module_cls=partial(CNNActor, hidden_sizes=hidden, head=head),
-        memory_cls=partial(FrameStackMemory, stack=stack),
+        memory_cls=partial(FrameStackMemory, stack=stack, frame_shape=(gym_kwargs["size"], gym_kwargs["size"])),
         training_agent_cls=partial(
             SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=hidden, head=head), gamma=a.gamma, polyak=a.polyak,
             alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
