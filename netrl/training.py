@@ -179,6 +179,7 @@ class TrainingOffline:
         self._last_wanted = -1
         self._last_report_at = 0.0
         self._round = _RoundStats()
+        self._resumed_elapsed: float | None = None  # the restored round's wall time, until its clock runs again
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def spaces(self) -> tuple[Any, Any]:
@@ -338,6 +339,8 @@ class TrainingOffline:
         self.round, self.round_steps = int(state.get("round", 0)), int(state.get("round_steps", 0))
         if "round_stats" in state:  # what the round under way had counted, from before the stop
             self._round = _RoundStats.from_state(state["round_stats"])
+            # its clock runs on from when training does: rebuilding the memory is not the round's time
+            self._resumed_elapsed = float(state["round_stats"].get("elapsed_s", 0.0))
 
     def _report(self, source: SampleSource, force: bool = False) -> None:
         wanted, now = self.wanted(), time.monotonic()
@@ -357,6 +360,8 @@ class TrainingOffline:
         if self.agent_scheduler is not None:
             self.agent_scheduler(self.agent, self.epoch)
         profiler = cProfile.Profile() if self.profiling else None
+        if self._resumed_elapsed is not None:
+            self._round.started, self._resumed_elapsed = time.monotonic() - self._resumed_elapsed, None
         first_round, first_step = self.round, self.round_steps  # mid-epoch after a resume, else 0, 0
         for rnd in range(first_round, self.rounds):
             self.round, self.round_steps = rnd, first_step if rnd == first_round else 0

@@ -304,6 +304,7 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     after.build()
     after.load_state(state)
     after.add(lagged_packet(20, 2, lag=1, episode_return=None), new=True)  # from the sample log, after the checkpoint
+    time.sleep(2.0)  # rebuilding a large memory takes a while: not the round's time
     rows = list(after.run_epoch(ListSource([lagged_packet(40, 3, lag=2, episode_return=7.0)]),  # type: ignore[arg-type]
                                 threading.Event()))
     assert len(rows) == 1 and rows[0]["trained_steps"] == 10
@@ -313,7 +314,7 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     assert row["episodes"] == 2 and row["return_mean"] == pytest.approx(1.0) and row["return_max"] == 7.0
     assert (row["lag_min"], row["lag_max"]) == (1, 3)
     assert row["lag_mean"] == pytest.approx((29 * 3 + 19 * 1 + 39 * 2) / (29 + 19 + 39))
-    assert row["wall_s"] >= 0.3  # the round's time up to the checkpoint counts
+    assert 0.3 <= row["wall_s"] < 2.0  # the round's time up to the checkpoint counts, the rebuild's does not
 
 
 def test_the_cnn_encoder_refuses_frames_it_would_scale_wrongly() -> None:
