@@ -76,7 +76,7 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| relay {r['kind']}, {count_of(r['workers'], 'worker')}, {r['security']} | "
                          f"{r['netrl_samples_s']:,.0f} samples/s ({r['netrl_mb_s']:,.0f} MB/s) | "
                          f"{r['raw_forwarded_samples_s']:,.0f} ({r['raw_forwarded_mb_s']:,.0f} MB/s) | "
-                         f"{r['ratio_forwarded']:.0%} | {r['raw_samples_s']:,.0f} ({r['raw_mb_s']:,.0f} MB/s) | "
+                         f"{r['ratio_forwarded']:.1%} | {r['raw_samples_s']:,.0f} ({r['raw_mb_s']:,.0f} MB/s) | "
                          f"{r['ratio']:.0%} | {target} |")
         elif r["section"] == "broadcast":
             lines.append(f"| broadcast {r['params']} params, {count_of(r['workers'], 'worker')}, {r['security']} | "
