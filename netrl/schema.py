@@ -40,10 +40,12 @@ class SampleSchema:
     @classmethod
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                     sample_compressor: Callable[..., Any] | None = None) -> SampleSchema:
-        """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any)."""
+        """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any, called once
+        with a random row and ``info={"probe": True}``: a compressor that checks rows against the ones before should
+        neither check nor count it)."""
         act, obs = action_space.sample(), observation_space.sample()
         if sample_compressor is not None:
-            act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {})
+            act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {"probe": True})
         act_spec, act_leaves = flatten(act, "act")
         obs_spec, obs_leaves = flatten(obs, "obs")
         leaves = {name: (np.asarray(v).dtype.str, tuple(np.asarray(v).shape)) for name, v in act_leaves + obs_leaves}

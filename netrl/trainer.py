@@ -12,6 +12,7 @@ each send: see :mod:`netrl.checkpoint`) and, once connected, after the newest th
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import os
 import threading
@@ -157,7 +158,8 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config,
                                      run_id=self.wandb_run_id)
         self.metrics.rewind(training.total_updates)
-        schema = SampleSchema.from_spaces(training.observation_space, training.action_space, self.sample_compressor)
+        schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
+                                          _probe_copy(self.sample_compressor))
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
                                      self._record_version)
@@ -392,3 +394,14 @@ def _number_after(training: TrainingOffline, version: int, source: str) -> None:
         log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
                  training.version)
         training.version = version
+
+
+def _probe_copy(compressor: Any) -> Any:
+    """The sample compressor to probe for the schema: a copy, as the worker probes, because one that keeps state
+    (FrameStackCompressor, ActionBufferCompressor) may be the very instance a worker in this process is using."""
+    if compressor is None:
+        return None
+    try:
+        return copy.deepcopy(compressor)
+    except Exception:  # it cannot be copied (it holds a lock, say): probe it, as before
+        return compressor
