@@ -70,6 +70,14 @@ def _write_public(path: Path, public: bytes) -> None:
                     f'    public-key = "{public.decode()}"\n')
 
 
+def _holds(path: Path, public: bytes) -> bool:
+    """Whether the public key file ``path`` holds ``public`` (False if it is missing, damaged or another key's)."""
+    try:
+        return path.exists() and _load(path, "public key", "")[0] == public
+    except SecurityError:
+        return False
+
+
 def _public_of(secret_file: Path) -> bytes:
     public, _ = _load(secret_file, "secret key", "delete the folder it is in and run `python -m netrl --keygen` again")
     return public
@@ -104,7 +112,7 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
                         "again", server_dir)
         written += _create_pair(server_dir, "server")
     server_public = _public_of(server_dir / "server.key_secret")
-    if not server_public_file.exists() or _load(server_public_file, "server public key", "")[0] != server_public:
+    if not _holds(server_public_file, server_public):
         _write_public(server_public_file, server_public)
         written.append(server_public_file)
     existing = sorted(p.parent.name for p in root.glob("workers/*/*.key_secret") if p.stem == p.parent.name)
@@ -117,7 +125,7 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
         copies = [(folder / f"{name}.key", public), (folder / "server.key", server_public),
                   (server_dir / allow / f"{name}.key", public)]
         for path, key in copies:
-            if not path.exists() or _load(path, "public key", "")[0] != key:
+            if not _holds(path, key):
                 if path in written:  # just made by _create_pair
                     continue
                 _write_public(path, key)

@@ -152,6 +152,9 @@ def test_keygen_repairs_client_folders_and_allow_lists(tmp_path: Path, caplog: p
             "workers/robot-9/server.key"} <= written
     assert client_keys(keys, "worker", "robot-9").server_public == server_keys(keys).public == server.public
     assert keygen(keys, ["robot-9"]) == []
+    cut_key(keys / "trainer" / "server.key", "public-key")  # a damaged copy is written again, not a traceback
+    assert [p.relative_to(keys).as_posix() for p in keygen(keys)] == ["trainer/server.key"]
+    assert client_keys(keys, "trainer", "trainer").server_public == server.public
 
 
 def test_keygen_never_leaves_a_secret_key_readable_by_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
