@@ -63,6 +63,13 @@ def _create_pair(folder: Path, name: str) -> tuple[Path, Path]:
     return Path(public), Path(secret)
 
 
+def _make_private(root: Path) -> None:
+    """Make ``root`` and every folder under it 0700."""
+    for folder in [root, *root.rglob("*")]:
+        if folder.is_dir():
+            os.chmod(folder, 0o700)
+
+
 def _write_public(path: Path, public: bytes) -> None:
     """A public key file as pyzmq writes one (for a public file lost beside its secret one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,9 +108,7 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
     if force and root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
-    for folder in [root, *root.rglob("*")]:  # first: a secret file is 0644 for a moment as pyzmq writes it
-        if folder.is_dir():
-            os.chmod(folder, 0o700)
+    _make_private(root)  # first: a secret file is 0644 for a moment as pyzmq writes it
     server_public_file = server_dir / "server.key"
     if not (server_dir / "server.key_secret").exists():
         if any(root.glob("*/*.key_secret")) or any(root.glob("workers/*/*.key_secret")):
@@ -126,13 +131,9 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
                   (server_dir / allow / f"{name}.key", public)]
         for path, key in copies:
             if not _holds(path, key):
-                if path in written:  # just made by _create_pair
-                    continue
                 _write_public(path, key)
                 written.append(path)
-    for folder in [root, *root.rglob("*")]:
-        if folder.is_dir():
-            os.chmod(folder, 0o700)
+    _make_private(root)  # and the folders made since
     return written
 
 
