@@ -202,8 +202,8 @@ class FrameStackCompressor:
         """Raise ValueError unless ``frames`` continues the previous stack, or holds S equal frames (a first row).
 
         A first row that does not repeat one frame raises only once the next row continues it: the first call may
-        be SampleSchema's probe with a random stack (a trainer probes its own instance, which may also serve a
-        local worker). S equal frames pass where a continuation was expected: an episode stopped early, unseen.
+        be a probe with a random stack by code that does not mark it (SampleSchema marks its own, info["probe"],
+        which __call__ skips). S equal frames pass where a continuation was expected: an episode stopped early.
         """
         head, tail = frames[:-1].tobytes(), frames[1:].tobytes()
         follows, repeats = head == self._tail, head == tail

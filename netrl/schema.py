@@ -9,6 +9,7 @@ is unaffected.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import numpy as np
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
 from netrl.samples import Spec, flatten, spec_leaves
 
-__all__ = ["SampleSchema", "load_schema", "save_schema"]
+__all__ = ["SampleSchema", "load_schema", "probe_copy", "save_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,16 @@ log = logging.getLogger(__name__)
 _SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and sample compressor? In Python, give the "
                     "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
 
+
+
+def probe_copy(sample_compressor: Any) -> Any | None:
+    """A copy of ``sample_compressor`` to probe for the schema (None for None, or if it cannot be copied):
+    one that keeps state (ActionBufferCompressor, FrameStackCompressor) may be the very instance a worker uses."""
+    try:
+        return copy.deepcopy(sample_compressor)
+    except Exception as exc:
+        log.debug("sample_compressor cannot be copied (%s)", exc)
+        return None
 
 @dataclass(frozen=True)
 class SampleSchema:

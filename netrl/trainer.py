@@ -12,7 +12,6 @@ each send: see :mod:`netrl.checkpoint`) and, once connected, after the newest th
 from __future__ import annotations
 
 import collections
-import copy
 import logging
 import os
 import threading
@@ -30,7 +29,7 @@ from netrl.errors import CheckpointError, NetrlError, ProtocolError
 from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
-from netrl.schema import SampleSchema
+from netrl.schema import SampleSchema, probe_copy
 from netrl.segments import Position
 from netrl.trainer_link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
@@ -158,8 +157,9 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config,
                                      run_id=self.wandb_run_id)
         self.metrics.rewind(training.total_updates)
+        probe = probe_copy(self.sample_compressor)  # as the worker probes; if it cannot be copied, the instance
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
-                                          _probe_copy(self.sample_compressor))
+                                          self.sample_compressor if probe is None else probe)
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
                                      self._record_version)
@@ -395,13 +395,3 @@ def _number_after(training: TrainingOffline, version: int, source: str) -> None:
                  training.version)
         training.version = version
 
-
-def _probe_copy(compressor: Any) -> Any:
-    """The sample compressor to probe for the schema: a copy, as the worker probes, because one that keeps state
-    (FrameStackCompressor, ActionBufferCompressor) may be the very instance a worker in this process is using."""
-    if compressor is None:
-        return None
-    try:
-        return copy.deepcopy(compressor)
-    except Exception:  # it cannot be copied (it holds a lock, say): probe it, as before
-        return compressor

@@ -31,7 +31,7 @@ from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
 from netrl.samples import EpisodeStats
-from netrl.schema import SampleSchema
+from netrl.schema import SampleSchema, probe_copy
 from netrl.status import version_label
 from netrl.transport import new_session
 from netrl.weight_files import read_weights_file, remove_stale_temps, write_weights_file
@@ -371,10 +371,8 @@ class RolloutWorker:
     def _follow_spaces(self) -> None:
         """Send leaves in the dtypes the trainer expects from the spaces. The compressor is probed on a copy: one
         such as ActionBufferCompressor keeps state, and a random probe row would make the first real one a seam."""
-        try:
-            compressor = copy.deepcopy(self.sample_compressor)
-        except Exception as exc:  # it cannot be copied (it holds a lock, say): leaves keep the env's dtypes
-            log.debug("sample_compressor cannot be copied (%s): rows are sent in the dtypes the env gives", exc)
+        compressor = probe_copy(self.sample_compressor)
+        if compressor is None and self.sample_compressor is not None:  # it cannot be copied: the env's dtypes, then
             return
         self.packets.follow(SampleSchema.from_spaces(self.env.observation_space, self.env.action_space, compressor))
 

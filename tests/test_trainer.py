@@ -632,8 +632,7 @@ def test_the_trainers_schema_probe_leaves_a_compressor_in_use_by_a_worker_alone(
     # the one before, so a worker in the same process sharing the instance mid-episode (as tmrl's tutorial shares
     # one pipeline between its roles) made the probe raise, and the row after it would too.
     from netrl.frames import FrameStackCompressor
-    from netrl.schema import SampleSchema
-    from netrl.trainer import _probe_copy
+    from netrl.schema import SampleSchema, probe_copy
 
     obs_space = gymnasium.spaces.Box(0, 255, (4, 16, 16), np.uint8)
     act_space = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
@@ -642,7 +641,7 @@ def test_the_trainers_schema_probe_leaves_a_compressor_in_use_by_a_worker_alone(
     act = np.zeros(2, np.float32)
     compressor(act, np.stack([frames[0]] * 4), 0.0, False, False, {})  # the worker's episode so far
     compressor(act, np.stack([frames[0]] * 3 + [frames[1]]), 0.0, False, False, {})
-    schema = SampleSchema.from_spaces(obs_space, act_space, _probe_copy(compressor))  # raised: a random stack
+    schema = SampleSchema.from_spaces(obs_space, act_space, probe_copy(compressor))  # raised: a random stack
     assert schema.leaves["obs"] == ("|u1", (16, 16))
     compressor(act, np.stack([frames[0]] * 2 + [frames[1], frames[2]]), 0.0, False, False, {})  # continues fine
     SampleSchema.from_spaces(obs_space, act_space, compressor)  # even probing the instance itself leaves it be
