@@ -13,6 +13,9 @@
 * Otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first.
 * If the spool is full too, or the disk refuses it (full, too many open files), the packet is refused (the server
   sends the worker a NACK; it resends later). A packet waiting in memory stays there until the disk takes it.
+* Each connected worker is sure of its share of the spool, ``max_bytes`` split evenly between them: a worker past
+  its share spools only into room that the others' unused shares do not need, so one fast worker (a simulator
+  beside robots) cannot fill the spool while the trainer is away and leave the others refused until it drains.
 
 Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only while the trainer
 has credit, so a slow trainer never makes the server's memory grow. Beyond ``min_samples``, a bundle also takes the
@@ -29,7 +32,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 from netrl.peers import QueuedPacket
@@ -53,7 +56,8 @@ class SampleRelay:
     def __init__(self, spool: Spool, min_samples: int, max_bundle_bytes: int, max_message_bytes: int,
                  max_delay_s: float, max_queue_bytes: int, spool_after_s: float, stats: collections.Counter[str],
                  send_to_trainer: Callable[[list[Any]], bool],
-                 tell_worker: Callable[[str, MsgType, dict[str, Any]], None]) -> None:
+                 tell_worker: Callable[[str, MsgType, dict[str, Any]], None],
+                 workers: Callable[[], Collection[str]]) -> None:
         self.spool = spool
         self.min_samples, self.max_bundle_bytes, self.max_delay = min_samples, max_bundle_bytes, max_delay_s
         self.bundle_limit = max_packet_bytes(max_message_bytes)  # what the trainer accepts, less the header
@@ -61,6 +65,7 @@ class SampleRelay:
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
+        self.workers = workers  # the names of the connected workers, who share the spool
         self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
         self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
         self.held_cost: dict[str, int] = {}  # by session: what those packets cost (FRAME_OVERHEAD included)
@@ -72,7 +77,8 @@ class SampleRelay:
         self.inflight_steps = 0  # samples in bundles the trainer has not acknowledged ...
         self.inflight_spooled = 0  # ... of which the spool still counts these (until the trainer acknowledges them)
         self.last_bundle_at = 0.0
-        self._last_full_warning = self._last_spool_error = self._spool_retry_at = 0.0
+        self._last_full_warning = self._last_spool_error = self._spool_retry_at = self._last_share_warning = 0.0
+        self._stale_scan_at = 0.0  # spool_stale rests until then after keeping packets past their share
 
     # -- packets in ----------------------------------------------------------------------------------------------
     def accept(self, packet: QueuedPacket, trainer_connected: bool) -> Outcome:
@@ -91,7 +97,11 @@ class SampleRelay:
             self.queued_steps += packet.steps
             return "held"
         reason = "server queue and spool are full"
-        if self.spool.fits(packet.nbytes):
+        if not self.spool.fits(packet.nbytes):
+            self._warn_full(packet.worker)
+        elif not self._spool_share_ok(packet):
+            reason = self._over_spool_share(packet)
+        else:
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "no trainer is connected"
                          if not trainer_connected else f"the memory queue is full ({self.mem_bytes} bytes)")
@@ -99,11 +109,37 @@ class SampleRelay:
                 self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq]})  # on disk: the server has it
                 return "spooled"
             reason = "the server cannot write its spool"
-        else:
-            self._warn_full(packet.worker)
         self.stats["samples_refused"] += packet.steps
         self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0, "reason": reason})
         return "refused"
+
+    def _spool_share_ok(self, packet: QueuedPacket) -> bool:
+        """Whether ``packet`` may go to the spool as far as the workers' shares go (see the module docstring): within
+        its worker's share, or into room that no other connected worker's unused share needs. A worker with nothing
+        spooled may always spool one packet, so that a share smaller than a packet cannot shut it out."""
+        used, workers = self.spool.by_worker, self.workers()
+        share = self.spool.max_bytes // max(1, len(workers))
+        mine = used.get(packet.worker, 0)
+        if mine == 0 or mine + packet.nbytes <= share:
+            return True
+        kept = sum(max(0, share - used.get(w, 0)) for w in workers if w != packet.worker)
+        return self.spool.bytes + packet.nbytes + kept <= self.spool.max_bytes
+
+    def _over_spool_share(self, packet: QueuedPacket) -> str:
+        """Count and log (at most every 10 s) a packet refused for its worker's share of the spool; the NACK's
+        reason."""
+        self.stats["spool_share_refusals"] += 1
+        workers, mine = len(self.workers()), self.spool.by_worker.get(packet.worker, 0)
+        reason = (f"worker {packet.worker!r} has {mine} bytes in the spool, and {packet.nbytes} more would pass its "
+                  f"share ({self.spool.max_bytes} bytes between {workers} connected workers) into the room kept for "
+                  "the others")
+        now = time.monotonic()
+        if now - self._last_share_warning > 10:
+            self._last_share_warning = now
+            log.warning("refused a packet for the spool: %s; it resends once the trainer takes spooled packets "
+                        "(server.spool_max_bytes sets the spool's size; %d refused so far)", reason,
+                        self.stats["spool_share_refusals"])
+        return reason
 
     def _spool(self, packet: QueuedPacket) -> bool:
         """Append ``packet`` to the spool; False (logged, counted) if the disk refuses it (full, too many files).
@@ -264,18 +300,27 @@ class SampleRelay:
         self.spool.tick()  # the head after the last acknowledgements, and the emptied segments off the disk
         if now - self.last_bundle_at < self.spool_after:
             return
+        if now < self._stale_scan_at:
+            return
         acks: dict[str, list[int]] = collections.defaultdict(list)
+        kept: list[QueuedPacket] = []  # past their workers' shares of the spool: they stay in memory, unacknowledged
         while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
-            packet = self.queue[0]
+            packet = self.queue.popleft()
+            if not self._spool_share_ok(packet):
+                kept.append(packet)
+                continue
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "the trainer is not keeping up"
                          if trainer_connected else "no trainer is connected")
             if not self._spool(packet):
+                self.queue.appendleft(packet)
                 break  # it stays queued in memory, and its worker keeps it
-            self.queue.popleft()
             self.queued_steps -= packet.steps
             self._release(packet)
             acks[packet.session].append(packet.seq)
+        if kept:  # in their place, at the front; looked at again in a while, not on every pass of the server's loop
+            self.queue.extendleft(reversed(kept))
+            self._stale_scan_at = now + 0.5
         for session, seqs in acks.items():
             self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
 

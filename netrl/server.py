@@ -129,7 +129,8 @@ class Server:
             raise
         self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
                                  self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
-                                 self._send_to_trainer, self.intake.tell_worker)
+                                 self._send_to_trainer, self.intake.tell_worker,
+                                 lambda: [w.name for w in self.peers.workers()])
         self.intake.open(self.relay)
         self._opened = True
         self.sockets.open()

@@ -27,8 +27,8 @@ __all__ = ["COUNTERS", "ServerStatus"]
 # them from --status --json never meets a missing key.
 COUNTERS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors", "peers_lost",
             "refused_full", "rejected", "resends_ignored", "samples_dropped", "samples_in", "samples_out",
-            "samples_refused", "samples_spooled", "send_full", "spool_errors", "unknown_peer", "weights_in",
-            "weights_out", "window_refusals")
+            "samples_refused", "samples_spooled", "send_full", "spool_errors", "spool_share_refusals", "unknown_peer",
+            "weights_in", "weights_out", "window_refusals")
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,11 @@ class ServerStatus:
     def snapshot(self) -> dict[str, Any]:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
         workers = [p.describe() for p in self.peers.workers()]
+        relay = self.intake.relay
+        for w in workers:  # its packets in the spool, against its share (netrl.relay)
+            w["spooled_bytes"] = relay.spool.by_worker.get(w["name"], 0) if relay else 0
         by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
         by_workers += sum(self._departed.values()) + self._departed_folded  # those gone count too
-        relay = self.intake.relay
         return {
             "session": self.session, "uptime_s": time.time() - self.started, "ports": dict(self.sockets.ports),
             "workers": workers,

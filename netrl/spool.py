@@ -39,7 +39,8 @@ class SpooledPacket(NamedTuple):
 class Spool:
     """A disk queue with a persistent head, a read cursor, and out-of-order acknowledgements.
 
-    ``max_bytes`` caps the packets waiting. On disk, the folder can also hold the acknowledged start of the oldest
+    ``max_bytes`` caps the packets waiting; ``by_worker`` counts their bytes by worker name (for the relay's
+    per-worker share). On disk, the folder can also hold the acknowledged start of the oldest
     segment, and emptied segment files kept for reuse (see :mod:`netrl.segments`): as many as fit in a quarter of
     ``max_bytes``, so a small spool keeps none.
     """
@@ -52,12 +53,13 @@ class Spool:
             self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
                                   recycle=min(4, max_bytes // 4 // segment_bytes), meta_check=_meta_problem)
             self.head = self._load_head()
-            self._recount()  # sets steps, bytes, packets
+            self._recount()  # sets steps, bytes, by_worker, packets
         except OSError as exc:
             raise NetrlError(f"cannot read the server's spool in {self.dir}: {exc}") from None
         self._cursor = self.head
-        # packets handed out and not yet acknowledged, in log order: pos -> (next, steps, bytes)
-        self._outstanding: collections.OrderedDict[Position, tuple[Position, int, int]] = collections.OrderedDict()
+        # packets handed out and not yet acknowledged, in log order: pos -> (next, steps, bytes, worker)
+        self._outstanding: collections.OrderedDict[Position, tuple[Position, int, int, str]] = \
+            collections.OrderedDict()
         self._acked: set[Position] = set()
         self._head_saved = self.head
         self._head_saved_at = 0.0
@@ -110,8 +112,10 @@ class Spool:
 
     def push(self, frames: list[Any], meta: dict[str, Any]) -> None:
         self.log.append(frames, meta)
+        size = frames_nbytes(frames)
         self.steps += int(meta["steps"])
-        self.bytes += frames_nbytes(frames)
+        self.bytes += size
+        self.by_worker[meta["worker"]] += size
         self.packets += 1
 
     def take(self, more: Callable[[int, int, int, int, int, int], bool]) -> list[SpooledPacket]:
@@ -126,7 +130,7 @@ class Spool:
             if out and not more(len(out), steps, nbytes, size, inflated, decoded):
                 break
             out.append(SpooledPacket(rec.position, rec.meta, rec.frames, size))
-            self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size)
+            self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size, rec.meta["worker"])
             self._cursor = rec.next
             steps += int(rec.meta["steps"])
             nbytes += size
@@ -140,10 +144,13 @@ class Spool:
     def _recount(self) -> None:
         """Count the packets waiting from the head: at start, and after the log skipped damage that :meth:`push`
         had counted."""
-        waiting = [(int(rec.meta["steps"]), _size(rec)) for rec in self.log.read(self.head)]
+        waiting = [(int(rec.meta["steps"]), _size(rec), rec.meta["worker"]) for rec in self.log.read(self.head)]
         self._damage_seen = self.log.damaged  # after reading: what this read found is counted already
-        self.steps = sum(steps for steps, _ in waiting)
-        self.bytes = sum(size for _, size in waiting)
+        self.steps = sum(steps for steps, _, _ in waiting)
+        self.bytes = sum(size for _, size, _ in waiting)
+        self.by_worker: collections.Counter[str] = collections.Counter()
+        for _, size, worker in waiting:
+            self.by_worker[worker] += size
         self.packets = len(waiting)
 
     def pending(self) -> bool:
@@ -157,11 +164,14 @@ class Spool:
         self._acked.add(position)
         moved = False
         while self._outstanding and next(iter(self._outstanding)) in self._acked:
-            first, (nxt, steps, size) = self._outstanding.popitem(last=False)
+            first, (nxt, steps, size, worker) = self._outstanding.popitem(last=False)
             self._acked.discard(first)
             self.head = nxt
             self.steps -= steps
             self.bytes -= size
+            self.by_worker[worker] -= size
+            if self.by_worker[worker] <= 0:
+                del self.by_worker[worker]
             self.packets -= 1
             moved = True
         if moved:

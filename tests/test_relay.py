@@ -20,14 +20,15 @@ from netrl.wire import BUNDLE_HEADER_ROOM, MsgType, decode
 class Relay:
     """A SampleRelay whose trainer and workers are lists."""
 
-    def __init__(self, tmp_path: Path, min_samples: int, max_bundle_bytes: int, max_message_bytes: int = 1 << 30
-                 ) -> None:
+    def __init__(self, tmp_path: Path, min_samples: int, max_bundle_bytes: int, max_message_bytes: int = 1 << 30,
+                 spool_bytes: int = 1 << 20) -> None:
         self.bundles: list[list[Any]] = []
         self.told: list[tuple[str, MsgType, dict[str, Any]]] = []
-        self.relay = SampleRelay(Spool(tmp_path / "spool", 1 << 20), min_samples, max_bundle_bytes, max_message_bytes,
-                                 max_delay_s=10.0, max_queue_bytes=1 << 30, spool_after_s=60.0,
-                                 stats=collections.Counter(),
-                                 send_to_trainer=self._send, tell_worker=lambda *told: self.told.append(told))
+        self.workers: list[str] = []  # the connected workers' names
+        self.relay = SampleRelay(Spool(tmp_path / "spool", spool_bytes), min_samples, max_bundle_bytes,
+                                 max_message_bytes, max_delay_s=10.0, max_queue_bytes=1 << 30, spool_after_s=60.0,
+                                 stats=collections.Counter(), send_to_trainer=self._send,
+                                 tell_worker=lambda *told: self.told.append(told), workers=lambda: self.workers)
 
     def _send(self, frames: list[Any]) -> bool:
         self.bundles.append(frames)
@@ -244,3 +245,73 @@ def test_a_spooled_packet_over_a_lowered_message_limit_is_dropped_loudly_and_the
         caplog.text and "network.max_message_bytes is" in caplog.text
     relay.trainer_acked([1, 2])
     assert relay.spool.packets == 0 and relay.stats["samples_out"] == 8  # the dropped one no longer waits either
+
+
+# -- each worker's share of the spool ----------------------------------------------------------------------------
+def _offer(r: Relay, worker: str, seq: int, nbytes: int = 100, trainer: bool = False) -> str:
+    """A packet of ``nbytes`` real bytes from ``worker`` (its session is its name)."""
+    return r.relay.accept(QueuedPacket(worker, worker, seq, 4, [bytes(nbytes)], nbytes, 0.0), trainer)
+
+
+def test_a_worker_past_its_share_of_the_spool_cannot_shut_the_others_out(tmp_path: Path) -> None:
+    # No trainer: a fast simulator beside a robot filled the whole spool, and the robot's packets were refused
+    # until the trainer came back and drained it.
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20, spool_bytes=1000)
+    r.workers = ["sim", "robot"]
+    assert [_offer(r, "sim", seq) for seq in range(1, 9)] == ["spooled"] * 5 + ["refused"] * 3  # 500 of 1,000 bytes
+    nack = r.told[-1]
+    assert nack[:2] == ("sim", MsgType.NACK) and nack[2]["retry_s"] > 0  # it keeps the packet and resends it
+    assert nack[2]["reason"] == ("worker 'sim' has 500 bytes in the spool, and 100 more would pass its share (1000 "
+                                 "bytes between 2 connected workers) into the room kept for the others")
+    assert r.relay.stats["spool_share_refusals"] == 3 and r.relay.stats["samples_refused"] == 12
+    assert [_offer(r, "robot", seq) for seq in range(1, 3)] == ["spooled"] * 2
+    assert r.relay.spool.by_worker == {"sim": 500, "robot": 200}
+    r.workers = ["sim"]  # the robot left: what its share kept is anyone's now, and its packets stay
+    assert [_offer(r, "sim", seq) for seq in range(9, 13)] == ["spooled"] * 3 + ["refused"]  # the spool is full
+    assert r.relay.stats["spool_share_refusals"] == 3  # full, not past a share
+    r.relay.add_credit(1)  # the trainer takes the spool, and its acknowledgements free the shares
+    r.relay.flush(now=0.0, trainer_connected=True)
+    r.relay.trainer_acked([1])
+    assert r.relay.spool.by_worker == {} and r.relay.spool.bytes == 0
+
+
+def test_a_worker_with_nothing_spooled_may_spool_a_packet_bigger_than_its_share(tmp_path: Path) -> None:
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20, spool_bytes=1000)
+    r.workers = ["a", "b", "c", "d"]  # shares of 250 bytes
+    assert _offer(r, "a", 1, nbytes=400) == "spooled"
+    assert _offer(r, "a", 2) == "refused"  # past its share: the room left is the others'
+    assert [_offer(r, w, 1, nbytes=200) for w in "bcd"] == ["spooled"] * 3
+
+
+def test_stale_packets_past_their_workers_share_stay_in_memory_in_order(tmp_path: Path) -> None:
+    # A trainer connected but taking nothing: packets waiting in memory are spooled after spool_after_s, and
+    # acknowledged, which opened the simulator's window again and again until it held the whole spool.
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20, spool_bytes=1000)
+    r.workers = ["sim", "robot"]
+    assert [_offer(r, "sim", seq) for seq in range(1, 6)] == ["spooled"] * 5  # its share
+    r.told.clear()
+    for worker, seq in (("sim", 6), ("robot", 1), ("sim", 7), ("robot", 2)):
+        assert _offer(r, worker, seq, trainer=True) == "held"
+    r.relay.spool_stale(now=120.0, trainer_connected=True)
+    assert r.told == [("robot", MsgType.ACK, {"seqs": [1, 2]})]  # the simulator's wait, unacknowledged
+    assert [(p.worker, p.seq) for p in r.relay.queue] == [("sim", 6), ("sim", 7)]
+    assert r.relay.queued_steps == 8 and r.relay.spool.by_worker == {"sim": 500, "robot": 200}
+    r.relay.add_credit(1)
+    r.relay.flush(now=120.0, trainer_connected=True)  # the spool first: bundle 1 takes the spool and the queue
+    assert not r.relay.queue and r.relay.queued_steps == 0
+
+
+def test_the_spool_counts_each_workers_bytes_across_a_restart(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    for i, worker in enumerate(["a", "b", "a"]):
+        spool.push([bytes(100 + i)], {"worker": worker, "session": worker, "seq": i, "steps": 1})
+    assert spool.by_worker == {"a": 202, "b": 101}
+    spool.close()
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    assert spool.by_worker == {"a": 202, "b": 101}
+    taken = spool.take(lambda *sizes: True)
+    spool.ack(taken[1].position)  # out of order: nothing leaves the spool until the head moves
+    assert spool.by_worker == {"a": 202, "b": 101}
+    spool.ack(taken[0].position)
+    assert spool.by_worker == {"a": 102}
+    spool.close()

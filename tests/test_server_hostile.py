@@ -209,6 +209,30 @@ def test_a_worker_that_ignores_its_window_gets_nacks_and_leaves_room_for_the_oth
         assert srv.stats["resends_ignored"] == 1
 
 
+def test_with_no_trainer_a_fast_worker_takes_only_its_share_of_the_spool(tmp_path: Path) -> None:
+    # (names and sessions of one length: every packet has the same size)
+    packet_bytes = sum(len(f) for f in encode(samples_message(sample_buffer(5), "sim", "01234567", 1, 4)))
+    with running_server(network=NET, spool_dir=tmp_path / "spool", spool_max_bytes=10 * packet_bytes) as (srv, ctx):
+        sim, robot = Peer(ctx, srv.worker_port, "worker", "sim"), Peer(ctx, srv.worker_port, "worker", "bot")
+        sim.hello(), robot.hello()
+        for seq in range(1, 11):  # no trainer: all to the spool, as fast as it can
+            sim.send(samples_message(sample_buffer(5), "sim", sim.session, seq, seq * 4))
+        wait_until(lambda: srv.stats["samples_spooled"] + srv.stats["samples_refused"] >= 40, 10, "all ten settled")
+        replies = [m for m in iter(lambda: sim.recv(0.1), None) if m.type in (MsgType.ACK, MsgType.NACK)]
+        acked = [seq for m in replies if m.type is MsgType.ACK for seq in m.body["seqs"]]
+        nacks = [m for m in replies if m.type is MsgType.NACK]
+        assert acked == [1, 2, 3, 4, 5] and [seq for m in nacks for seq in m.body["seqs"]] == [6, 7, 8, 9, 10]
+        assert "would pass its share" in nacks[0].body["reason"] and nacks[0].body["retry_s"] > 0
+        for seq in range(1, 6):
+            robot.send(samples_message(sample_buffer(5), "bot", robot.session, seq, seq * 4))
+        wait_until(lambda: srv.stats["samples_spooled"] >= 40, 10, "the robot's packets spooled")
+        snap = srv.snapshot()
+        assert {w["name"]: w["spooled_bytes"] for w in snap["workers"]} == {"sim": 5 * packet_bytes,
+                                                                            "bot": 5 * packet_bytes}
+        assert snap["stats"]["spool_share_refusals"] == 5
+        assert "beyond its share of the spool 5 " in format_status(snap)
+
+
 # -- two trainers ----------------------------------------------------------------------------------------------
 def _trainer_link(ctx: zmq.Context, srv: Server, session: str) -> ClientLink:
     link = ClientLink(ctx, NET, "trainer", "trainer", session, srv.trainer_port)
