@@ -58,6 +58,7 @@ class WorkerLink(NetThread):
         self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
         self.inflight: set[int] = set()
         self.server_window: int | None = None  # the share of the server's memory it grants this worker
+        self.weights_ack: int | None = None  # a weight version received whose ACK the link has not taken yet
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet this thread took from the control path
@@ -191,6 +192,7 @@ class WorkerLink(NetThread):
         if self.backlog and self.counts["connections"]:
             log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
         self.counts["connections"] += 1
+        self.weights_ack = None  # the server's new session for this worker waits for no ACK
         self.server_window = self.link.welcome.get("window")
         self.inflight.clear()
         self.inflight_bytes = 0
@@ -198,7 +200,15 @@ class WorkerLink(NetThread):
         self.unsent = OrderedDict.fromkeys(self.backlog)
         self._pump()
 
+    def _ack_weights(self) -> None:
+        """Acknowledge the weight version received last. The server sends this worker no other version until it
+        has the ACK, so one the link refuses (its queue full of packets) is kept and sent again at every tick."""
+        if self.weights_ack is not None and self.link.send(
+                encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [self.weights_ack]}))):
+            self.weights_ack = None
+
     def on_tick(self) -> None:
+        self._ack_weights()
         self._status_line()
         if self.flushing.is_set() and self.backlog:
             self.link.reconnect_now()  # the flush timeout is shorter than the longest back-off
@@ -254,7 +264,8 @@ class WorkerLink(NetThread):
             if self.on_weights is not None:
                 self.weight_stats = self.on_weights(msg)
             if msg.body["part"] == msg.body["parts"] - 1:  # the whole version arrived: the server may send the next
-                self.link.send(encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [msg.policy_version]})))
+                self.weights_ack = msg.policy_version
+                self._ack_weights()
         elif msg.type is MsgType.ACK:
             self.server_window = msg.body.get("window", self.server_window)
             for seq in msg.body["seqs"]:

@@ -30,7 +30,7 @@ from netrl.launch import free_port
 from netrl.pipelines.image import image_pipeline
 from netrl.transport import new_session
 from netrl.util import partial
-from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME, encode, samples_message
+from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME, Message, MsgType, decode, encode, samples_message
 from netrl.worker import RolloutWorker, default_worker_id
 from netrl.worker_link import WorkerLink
 from netrl.worker_packets import PacketMaker
@@ -287,6 +287,32 @@ def test_the_status_line_says_when_a_worker_waits_for_the_trainer(caplog: pytest
             r"\(0.0 MiB\) \| acked 0, dropped 0 samples \| last return -12.3")
     assert re.fullmatch(line + r" \| waiting for the trainer to ask for samples \(worker.throttle\)", lines[0])
     assert re.fullmatch(line, lines[1]) and re.fullmatch(line, lines[2])
+
+
+def test_a_weights_ack_the_link_refuses_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker whose queue to the server was full of packets (after an outage) lost the ACK of the weights it had
+    # just loaded, and the server, waiting for it, never sent that worker another version.
+    link = WorkerLink(NetworkConfig(), "w", "s" * 16, free_port(), None, 1 << 20, 1 << 20)  # never started
+    sent: list[Message] = []
+    full = [True]
+
+    def send(frames: list[Any]) -> bool:
+        if full[0]:
+            return False
+        sent.append(decode(frames))
+        return True
+
+    monkeypatch.setattr(link.link, "send", send)
+    try:
+        link.on_message(Message(MsgType.WEIGHTS, "server", policy_version=3, body={"part": 0, "parts": 1}))
+        link.on_tick()
+        assert sent == []  # still refused
+        full[0] = False
+        link.on_tick()
+        link.on_tick()
+        assert [(m.type, m.body["seqs"]) for m in sent] == [(MsgType.ACK, [3])]  # once
+    finally:
+        link.halt()
 
 
 def test_a_stopping_worker_reconnects_without_waiting_out_its_back_off_to_deliver_its_backlog(
