@@ -101,6 +101,9 @@ class TrainerLink(NetThread):
         self.received = 0  # bundles received on the current connection
         self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
         self.weights_version = -1
+        self._unsent: list[list[Any]] = []  # parts of the newest version not yet given to the socket
+        self._writing: list[zmq.MessageTracker] = []  # the sends of the version given to it last ...
+        self._writing_version = -1  # ... and its number
         self.last_progress: list[Any] | None = None
         self._snapshots: list[_Snapshot] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
@@ -186,10 +189,11 @@ class TrainerLink(NetThread):
         if self.schema is not None:  # first, so that the server checks packets before queueing them
             self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
-        weights = [] if self._outnumbered(self.weights_version) else self.weights
-        for frames in [*weights, self.last_progress]:
-            if frames is not None:
-                self.link.send(frames)
+        self._unsent = [] if self._outnumbered(self.weights_version) else list(self.weights)
+        self._writing, self._writing_version = [], -1  # (a new socket: the old one dropped what it held)
+        self._send_weights()
+        if self.last_progress is not None:
+            self.link.send(self.last_progress)
 
     def _note_server_version(self) -> None:
         """The newest version the server has seen is taken, unless it can only be this session's own."""
@@ -220,6 +224,7 @@ class TrainerLink(NetThread):
 
     def on_tick(self) -> None:
         self._grant()
+        self._send_weights()
         self._status_line()
 
     def _status_line(self) -> None:
@@ -254,11 +259,40 @@ class TrainerLink(NetThread):
             part, version, payload = int(payload[0].bytes), int(payload[1].bytes), payload[2:]
             if self._outnumbered(version):
                 return
+            if part == 0 and self._unsent and self.weights_version != self._writing_version:
+                self._superseded(version)
             self.weights = [payload] if part == 0 else [*self.weights, payload]
+            self._unsent = [payload] if part == 0 else [*self._unsent, payload]
             self.weights_version = version
-        else:
-            self.last_progress = payload
+            self._send_weights()
+            return
+        self.last_progress = payload
         self.link.send(payload)
+
+    def _send_weights(self) -> None:
+        """Give the socket the newest version's unsent parts. A version starts only once ZeroMQ has written every
+        part of the one before: on a link slower than the trainer publishes, a newer version replaces the one
+        waiting, unsent, instead of versions queueing without limit, in memory and in age."""
+        if not self._unsent or not self.link.ready:
+            return
+        if self.weights_version != self._writing_version:
+            if not all(t.done for t in self._writing):
+                return  # the next tick looks again
+            self._writing, self._writing_version = [], self.weights_version
+        while self._unsent:
+            tracker = self.link.send_tracked(self._unsent[0])
+            if tracker is None:
+                return  # the socket's queue is full: the next tick goes on
+            self._writing.append(tracker)
+            del self._unsent[0]
+
+    def _superseded(self, version: int) -> None:
+        self.stats["weights_superseded"] += 1
+        if worth_logging(self.stats["weights_superseded"]):
+            log.info("weights v%d replace v%d, which waited for the link to the server to take the version before "
+                     "it: the link is slower than the trainer publishes (%d versions skipped so far; "
+                     "trainer.update_model_interval sets how often it publishes)", version, self.weights_version,
+                     self.stats["weights_superseded"])
 
     def on_message(self, msg: Message) -> None:
         if msg.type is not MsgType.BUNDLE:

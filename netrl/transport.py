@@ -235,6 +235,22 @@ class ClientLink:
         """Send a message if the link is ready; False means the caller must keep it and retry."""
         return self.ready and self._send_raw(frames)
 
+    def send_tracked(self, frames: Sequence[Any]) -> zmq.MessageTracker | None:
+        """:meth:`send`, returning a tracker that is done once ZeroMQ has written the message to the connection (or
+        dropped it with its socket); None: not sent. Frames received with ``copy=False`` are sent without a copy."""
+        if not self.ready or self.sock is None:
+            return None
+        last = frames[-1]
+        tracked = zmq.Frame(last.buffer if isinstance(last, zmq.Frame) else last, track=True)
+        try:
+            for frame in frames[:-1]:  # only a message's first frame can meet the high-water mark
+                self.sock.send(frame, zmq.SNDMORE | zmq.NOBLOCK, copy=False)
+            tracker = self.sock.send(tracked, zmq.NOBLOCK, copy=False, track=True)
+        except zmq.Again:
+            return None
+        self._liveness.sent()
+        return tracker
+
     def maintain(self) -> None:
         """Heartbeat when idle, notice a silent server, and reconnect once the back-off delay has passed."""
         self._check_handshakes()

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import threading
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,10 +76,15 @@ class FakeLink(TrainerLink):
         self.worker_session = new_session()  # a worker process per link: a restart's packets are not duplicates
         self.link.ready = True
         self.link.send = self._send  # type: ignore[method-assign]
+        self.link.send_tracked = self._send_tracked  # type: ignore[method-assign]
 
     def _send(self, frames: Sequence[Any]) -> bool:
         self.sent.append(decode(frames))
         return True
+
+    def _send_tracked(self, frames: Sequence[Any]) -> Any:
+        self._send(frames)
+        return types.SimpleNamespace(done=True)  # written at once
 
     def welcome(self, server_session: str, weights_version: int) -> int:
         """A WELCOME from the server; returns the version the link now counts as taken."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -385,3 +386,57 @@ def test_an_actor_off_the_cpu_gets_each_version_checked_apart_and_copied_in(capl
     bad[0].arrays["chunk"] = chunk
     receiver(bad[0])
     assert receiver.version == 2 and "contains NaN or infinity" in caplog.text
+
+
+class _Tracker:
+    done = False
+
+
+def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A trainer publishing faster than its link to the server carried the weights queued every version: its memory
+    # grew by megabytes a second, and the workers' weights fell further behind without limit.
+    from netrl.delivery import Deliveries
+    from netrl.trainer_link import TrainerLink
+
+    link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: its commands are called here
+    sent: list[tuple[int, int]] = []  # (version, part) given to the socket
+    trackers: list[_Tracker] = []
+    full = [False]
+
+    def send_tracked(frames: list[Any]) -> _Tracker | None:
+        if full[0]:
+            return None
+        msg = decode(frames)
+        sent.append((msg.policy_version, msg.body["part"]))
+        trackers.append(_Tracker())
+        return trackers[-1]
+
+    def publish(version: int, parts: int = 1) -> None:
+        flat = np.zeros(parts * 64, np.uint8)
+        for msg in weight_parts("trainer", "s", version, 0, flat, [["w", "uint8", [parts * 64], 0]], 64):
+            link.on_command([zmq.Frame(b) for b in (b"weights", b"%d" % msg.body["part"], b"%d" % version,
+                                                    *encode(msg))])
+
+    monkeypatch.setattr(link.link, "ready", True)
+    monkeypatch.setattr(link.link, "send_tracked", send_tracked)
+    try:
+        publish(1, parts=2)
+        assert sent == [(1, 0), (1, 1)]  # the parts of one version go at once
+        publish(2)
+        publish(3)  # v1 is not written yet: v3 replaces v2, which never goes
+        link.on_tick()
+        assert sent == [(1, 0), (1, 1)] and link.stats["weights_superseded"] == 1
+        trackers[0].done = True
+        link.on_tick()
+        assert len(sent) == 2  # every part of v1 must be written first
+        trackers[1].done = True
+        link.on_tick()
+        assert sent[2:] == [(3, 0)]
+        trackers[2].done = True
+        full[0] = True  # the socket's queue is full: a version's parts wait, and go on at the next tick
+        publish(4, parts=3)
+        full[0] = False
+        link.on_tick()
+        assert sent[3:] == [(4, 0), (4, 1), (4, 2)] and link.weights_version == 4 and len(link.weights) == 3
+    finally:
+        link.halt()
