@@ -288,7 +288,9 @@ class TrainerLink(NetThread):
 
     def _superseded(self, version: int) -> None:
         self.stats["weights_superseded"] += 1
-        if worth_logging(self.stats["weights_superseded"]):
+        if not self.link.ready:  # waiting for a reconnect, which sends the newest version
+            log.debug("weights v%d replace v%d, which waited for the server", version, self.weights_version)
+        elif worth_logging(self.stats["weights_superseded"]):
             log.info("weights v%d replace v%d, which waited for the link to the server to take the version before "
                      "it: the link is slower than the trainer publishes (%d versions skipped so far; "
                      "trainer.update_model_interval sets how often it publishes)", version, self.weights_version,
