@@ -1,7 +1,7 @@
 """Command line: ``python -m netrl --server | --worker | --trainer | --demo``.
 
 Loads config.json once, applies the flags, sets up logging (role and pid on every line), maps SIGINT and SIGTERM
-to a stop event, and runs the role. Exit codes: 0 done, 1 runtime error, 2 invalid config or usage.
+(and SIGHUP) to a stop event, and runs the role. Exit codes: 0 done, 1 runtime error, 2 invalid config or usage.
 """
 
 from __future__ import annotations
@@ -127,7 +127,9 @@ def setup_logging(role: str, level: str) -> None:
 
 
 def install_stop_signals(stop: threading.Event) -> None:
-    """First SIGINT/SIGTERM sets ``stop`` for a clean shutdown; a second SIGINT interrupts at once."""
+    """First SIGINT/SIGTERM/SIGHUP sets ``stop`` for a clean shutdown; a second SIGINT interrupts at once. (SIGHUP:
+    the terminal or ssh session the role runs in closed, whose default action ended a trainer without its
+    checkpoint and a worker without delivering its backlog.)"""
 
     def handler(signum: int, frame: Any) -> None:
         if stop.is_set() and signum == signal.SIGINT:
@@ -137,6 +139,31 @@ def install_stop_signals(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    if hasattr(signal, "SIGHUP"):  # (not on Windows)
+        signal.signal(signal.SIGHUP, handler)
+
+
+def watch_launcher(stop: threading.Event, grace_s: float = 0.0) -> None:
+    """A role started by :func:`netrl.launch.spawn_role` (the demo's, a benchmark's) stops cleanly once the process
+    that started it is gone, however it went (SIGKILL, a crash): its roles run in their own sessions, so no signal
+    reaches them then, and they ran on for ever and held their folders against the next start. A server waits
+    ``grace_s`` first, as the demo stops it last: its workers deliver what they hold before it goes."""
+    from netrl.launch import LAUNCHER_ENV
+
+    launcher = os.environ.pop(LAUNCHER_ENV, None)  # not for processes this one starts
+    if launcher is None or not launcher.isdigit():
+        return
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            if os.getppid() != int(launcher):
+                log.warning("the process that started this one (pid %s) is gone: stopping%s", launcher,
+                            f" in {grace_s:.0f} s" if grace_s else "")
+                stop.wait(grace_s)
+                stop.set()
+                return
+
+    threading.Thread(target=watch, name="netrl-launcher-watch", daemon=True).start()
 
 
 def configure_torch(cfg: Config, role: str) -> None:
@@ -229,6 +256,7 @@ def _main(argv: Sequence[str] | None) -> int:
     setup_logging(args.role, "WARNING" if args.role == "status" else args.log_level)
     stop = threading.Event()
     install_stop_signals(stop)
+    watch_launcher(stop, grace_s=3.0 if args.role == "server" else 0.0)
     try:
         if args.role == "keygen":
             run_keygen(cfg, [w.strip() for w in args.workers.split(",") if w.strip()])

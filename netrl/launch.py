@@ -24,9 +24,11 @@ from netrl.errors import NetrlError
 from netrl.folderlock import FolderLock
 from netrl.metrics import read_rows
 
-__all__ = ["free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
+__all__ = ["LAUNCHER_ENV", "free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
 
 log = logging.getLogger(__name__)
+
+LAUNCHER_ENV = "NETRL_LAUNCHER_PID"  # set by spawn_role: the pid whose exit stops the role
 
 
 def free_port() -> int:
@@ -52,10 +54,12 @@ def write_config(cfg: Config | dict[str, Any], path: str | Path, **sections: dic
 
 def spawn_role(role: str, config_path: str | Path, *extra: str, log_level: str = "INFO",
                stdout: IO[Any] | int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``python -m netrl --<role>`` in its own process group."""
+    """Start ``python -m netrl --<role>`` in its own process group (the launcher forwards Ctrl+C itself); it stops
+    cleanly once this process is gone (``LAUNCHER_ENV``, see :func:`netrl.__main__.watch_launcher`)."""
     cmd = [sys.executable, "-m", "netrl", f"--{role}", "--config", str(config_path), "--log-level", log_level, *extra]
     return subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+                            env={**os.environ, **(env or {}), LAUNCHER_ENV: str(os.getpid())},
+                            start_new_session=True)
 
 
 def stop_processes(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0,

@@ -104,6 +104,54 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp
     assert not alive, f"demo children still running: {alive}"
 
 
+def test_roles_stop_cleanly_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    # The demo's roles run in their own sessions: killed (SIGKILL, a crash), the demo left all three running for
+    # ever, holding their folders: the next demo there failed on the spool folder.
+    config = small_config(tmp_path, trainer={"epochs": 1000})
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "trainer started" not in log.read_text() and time.monotonic() < deadline:
+            assert demo.poll() is None, log.read_text()
+            time.sleep(0.2)
+        children = psutil.Process(demo.pid).children()
+        assert len(children) == 3, log.read_text()[-2000:]
+    finally:
+        os.kill(demo.pid, signal.SIGKILL)  # the demo alone, not its children
+        demo.wait()
+    _, alive = psutil.wait_procs(children, timeout=20)
+    for p in alive:
+        p.kill()
+    assert not alive, f"still running after the demo was killed: {alive}"
+    text = log.read_text()
+    assert text.count(f"the process that started this one (pid {demo.pid}) is gone: stopping") == 3, text[-3000:]
+    assert "gone: stopping in 3 s" in text  # the server, last: its workers deliver what they hold first
+    # (their exit codes go to no one; the demo's worker logs warnings only)
+    assert text.count("exited cleanly") == 2 and "unacknowledged" not in text, text[-3000:]
+
+
+def test_sighup_stops_a_role_cleanly(tmp_path: Path) -> None:
+    # A closed terminal or ssh session sends SIGHUP, whose default action ended a trainer without its checkpoint.
+    from netrl.launch import spawn_role
+
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        server = spawn_role("server", small_config(tmp_path), stdout=out)
+    try:
+        deadline = time.monotonic() + 30
+        while "server listening" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        server.send_signal(signal.SIGHUP)
+        assert server.wait(timeout=10) == 0, log.read_text()
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert "received SIGHUP: stopping" in log.read_text()
+
+
 def test_a_demo_whose_server_cannot_start_fails_instead_of_reporting_success(tmp_path: Path) -> None:
     from netrl.folderlock import FolderLock
 
