@@ -26,7 +26,7 @@ import torch
 
 from netrl.config import Config, NetworkConfig
 from netrl.envs import check_action, check_observation, check_sample_compressor, check_spaces
-from netrl.errors import NetrlError
+from netrl.errors import CheckpointError, NetrlError
 from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
@@ -220,7 +220,15 @@ class RolloutWorker:
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
-        state, meta = read_weights_file(path)
+        try:
+            state, meta = read_weights_file(path)
+        except CheckpointError as exc:  # e.g. truncated by a power cut while it was being saved
+            if self.standalone:  # its only weights: running the actor untrained instead would go unnoticed
+                raise CheckpointError(f"{exc}: this standalone worker runs the weights in it; copy the trainer's "
+                                      "policy.pt (and its .json) there again, or delete it to run untrained") from None
+            log.warning("ignoring %s, which cannot be read (%s): the server sends the current weights once this worker "
+                        "is connected, and they replace the file", path, exc)
+            return
         problems = check_weights(self.actor, state)
         if problems:
             log.warning("ignoring %s, which does not fit this actor: %s", path, "; ".join(problems[:3]))

@@ -648,3 +648,36 @@ def test_workers_started_from_one_seeded_config_collect_different_but_reproducib
     assert not np.array_equal(obs_a[0], obs_b[0])  # another start state ...
     assert not np.array_equal(act_a[1:20], act_b[1:20])  # ... and other exploration
     assert np.array_equal(obs_a, obs_a2) and np.array_equal(act_a, act_a2)  # the same worker: the same data
+
+
+@pytest.mark.parametrize("damage", ["truncated", "sidecar"])
+def test_an_unreadable_saved_policy_is_ignored_by_a_connected_worker_and_refused_standalone(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    # A policy file cut short (a power cut while the worker saved it) stopped the worker at every start, though the
+    # server sends it the current weights anyway.
+    from netrl.errors import CheckpointError
+    from netrl.weight_files import write_weights_file
+
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    path = tmp_path / "worker_policy.pt"
+    env = env_cls()
+    write_weights_file(path, MLPActor(env.observation_space, env.action_space, hidden_sizes=(16,)), {"version": 7})
+    env.close()
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        path.with_name(path.name + ".json").write_text('{"version": 7, "crc32c": 1')
+    actor = partial(MLPActor, hidden_sizes=(16,))
+    worker = RolloutWorker(env_cls, actor, model_path=str(path), server_port=free_port())
+    try:
+        with caplog.at_level(logging.WARNING, logger="netrl.worker"):
+            worker.start()
+        assert worker.version == -1 and f"ignoring {path}, which cannot be read" in caplog.text
+    finally:
+        worker.close()
+    standalone = RolloutWorker(env_cls, actor, model_path=str(path), standalone=True)
+    try:
+        with pytest.raises(CheckpointError, match="this standalone worker runs the weights in it"):
+            standalone.start()
+    finally:
+        standalone.close()
