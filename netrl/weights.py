@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from netrl.broadcast import check_layout
+from netrl.errors import NetrlError
+from netrl.wire import ALLOWED_DTYPES
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "copy_tensors",
            "flat_arrays", "flat_layout", "flat_views", "load_weights", "snapshot_into", "state_arrays", "sum_is_finite",
@@ -29,8 +31,13 @@ def _dtype_name(dtype: Any) -> str:
 
 
 @functools.cache
-def _np_dtype(dtype: torch.dtype) -> np.dtype[Any]:
-    return np.dtype(_dtype_name(dtype))
+def _np_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
+    """The numpy dtype a tensor of ``dtype`` travels as; None for one the wire does not carry (bfloat16, complex)."""
+    try:
+        np_dtype = np.dtype(_dtype_name(dtype))
+    except TypeError:  # no numpy twin: bfloat16, the float8 types
+        return None
+    return np_dtype if np_dtype.str in ALLOWED_DTYPES else None
 
 
 def state_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -137,6 +144,10 @@ def flat_layout(module: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[l
     layout, offset = [], 0
     for name, t in state.items():
         dtype = _np_dtype(t.dtype)
+        if dtype is None:
+            raise NetrlError(f"the actor's tensor {name!r} is {t.dtype}, which netrl's weights do not carry (they "
+                             "carry bool, integers, float16, float32 and float64): convert the actor, e.g. with "
+                             ".float(), and train it in bfloat16 with torch.autocast instead")
         layout.append([name, dtype.str, list(t.shape), offset])
         offset += -(-t.numel() * dtype.itemsize // _ALIGN) * _ALIGN
     return layout, offset

@@ -440,3 +440,21 @@ def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monke
         assert sent[3:] == [(4, 0), (4, 1), (4, 2)] and link.weights_version == 4 and len(link.weights) == 3
     finally:
         link.halt()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex64])
+def test_an_actor_with_tensors_the_wire_cannot_carry_is_refused_by_name(dtype: torch.dtype) -> None:
+    # A bfloat16 actor stopped the trainer at its first publication with numpy's "data type 'bfloat16' not
+    # understood"; a complex one made a layout every worker refuses.
+    from netrl.delivery import Deliveries
+    from netrl.errors import NetrlError
+    from netrl.trainer_link import TrainerLink
+
+    actor = torch.nn.Linear(3, 2)
+    actor.bias.data = actor.bias.data.to(dtype)
+    link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started
+    try:
+        with pytest.raises(NetrlError, match=rf"the actor's tensor 'bias' is {dtype}, which netrl's weights do not"):
+            link.publish(actor, 1, 0)
+    finally:
+        link.halt()
