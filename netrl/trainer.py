@@ -145,7 +145,11 @@ class Trainer:
         training.build()
         self._lock.acquire()  # creates the folder
         remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
-        deliveries, sample_log = self._restore(training)
+        deliveries, sample_log = self._restore(training, stop)
+        if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
+            if sample_log is not None:
+                sample_log.close()
+            return
         if training.epoch >= training.epochs:
             log.warning("%s holds a finished run (%d of %d epochs): nothing to train. To train it further, raise "
                         "the epochs (Python: TrainingOffline(epochs=...); config.json: trainer.epochs); to start a "
@@ -178,8 +182,10 @@ class Trainer:
             if not stop.is_set():
                 self._save()
 
-    def _restore(self, training: TrainingOffline) -> tuple[Deliveries, SampleLog | None]:
-        """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log."""
+    def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
+        """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is
+        set meanwhile (a log of a million image rows takes minutes): then it returns at once, with the memory and
+        the deliveries part-built, and the caller must neither train nor save."""
         saved = checkpoint.load_checkpoint(self.run_dir) if self.resume else None
         if not self.resume and (checkpoint.exists(self.run_dir) or (self.run_dir / "samples").exists()):
             raise CheckpointError(f"{self.run_dir} already holds a checkpoint or sample log and trainer.resume is "
@@ -211,6 +217,10 @@ class Trainer:
                      len(training.memory), held)
 
         for rec in sample_log.read():
+            if stop.is_set():
+                log.info("stopped while rebuilding the replay memory (%d samples read): nothing was trained, and the "
+                         "next start rebuilds it from the start of the sample log", restored + after)
+                return deliveries, sample_log
             try:
                 buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes))  # as on arrival
             except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)

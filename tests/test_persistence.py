@@ -12,6 +12,7 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -638,7 +639,8 @@ def test_a_restarted_trainer_numbers_weights_after_any_version_in_its_sample_log
     training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=8, seed=0)
     training.build()
     training.version = 121  # what load_state(checkpoint) sets
-    Trainer(partial(lambda: training), run_dir=tmp_path, wandb_mode="disabled")._restore(training)
+    trainer = Trainer(partial(lambda: training), run_dir=tmp_path, wandb_mode="disabled")
+    trainer._restore(training, threading.Event())
     assert training.version == 139 and len(training.memory or []) == n - 1  # the next version is v140
 
 
@@ -909,5 +911,6 @@ def test_a_restart_keeps_every_logged_packet_the_configured_message_limit_let_in
     training = TrainingOffline(env_cls=(space, gymnasium.spaces.Box(-1, 1, (1,), np.float32)), memory_size=300,
                                batch_size=4, seed=0, device="cpu")
     training.build()
-    Trainer(lambda: training, run_dir=tmp_path, network=net, wandb_mode="disabled")._restore(training)
+    trainer = Trainer(lambda: training, run_dir=tmp_path, network=net, wandb_mode="disabled")
+    trainer._restore(training, threading.Event())
     assert training.memory is not None and len(training.memory) == n - 1

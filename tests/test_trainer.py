@@ -573,6 +573,27 @@ def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
     assert re.search(r"persist_samples is off, so the replay memory starts empty: the \d+ transitions", caplog.text)
 
 
+def test_a_stop_while_the_memory_is_rebuilt_ends_the_start_at_once_and_saves_nothing(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first Ctrl+C was ignored until the whole sample log was read (11 s for a million rows, minutes for images).
+    make_trainer(tmp_path, epochs=1).run()
+    before = checkpoint.load_state(tmp_path)
+    stop, added = threading.Event(), []
+    real_add = TrainingOffline.add
+
+    def add(self: TrainingOffline, buf: Any, new: bool = True) -> int:
+        added.append(len(buf))
+        stop.set()  # Ctrl+C after the first packet
+        return real_add(self, buf, new=new)
+
+    monkeypatch.setattr(TrainingOffline, "add", add)
+    with caplog.at_level(logging.INFO, logger="netrl.trainer"):
+        make_trainer(tmp_path, epochs=2).run(stop)
+    assert len(added) == 1 and "stopped while rebuilding the replay memory" in caplog.text
+    assert checkpoint.load_state(tmp_path) == before  # a part-built memory and delivery state are never saved
+    assert "trainer started" not in caplog.text
+
+
 def test_a_damaged_sample_log_record_is_skipped_with_a_warning_and_the_run_resumes(
         tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
     make_trainer(tmp_path, epochs=1).run()
