@@ -15,6 +15,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,11 @@ def torch_load(path: Path, data: bytes | None = None) -> Any:
         raise CheckpointError(f"cannot read {path}: {reason}") from None
 
 
-def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """Write ``path`` (state_dict) and its sidecar ``path.json`` (meta: version, session...) so that a reader always
-    labels the weights it finds correctly. Raises OSError when a write fails, leaving the previous files as they were.
+def write_weights_file(path: str | Path, module: torch.nn.Module | Mapping[str, torch.Tensor],
+                       meta: dict[str, Any]) -> None:
+    """Write ``path`` (the state_dict of ``module``, or ``module`` if it is one) and its sidecar ``path.json``
+    (meta: version, session...) so that a reader always labels the weights it finds correctly. Raises OSError when
+    a write fails, leaving the previous files as they were.
 
     Two files cannot be replaced at once, so the sidecar goes first and describes both the new file and the one it
     replaces (that one's whole label, with its ``crc32c``, as ``previous``); :func:`read_weights_file` matches the
@@ -78,7 +81,7 @@ def write_weights_file(path: str | Path, module: torch.nn.Module, meta: dict[str
         old = {}
     previous = {k: v for k, v in old.items() if k != "previous"} if "crc32c" in old else None
     try:
-        torch_save(module.state_dict(), tmp)
+        torch_save(module.state_dict() if isinstance(module, torch.nn.Module) else dict(module), tmp)
         tmp_side.write_text(json.dumps({**meta, "crc32c": crc32c.crc32c(tmp.read_bytes()), "previous": previous},
                                        indent=1))
         os.replace(tmp_side, side)

@@ -92,8 +92,63 @@ class _Bound:
     own: dict[str, torch.Tensor]  # the module's tensors (state_dict(keep_vars=True)), views of flat
 
 
+class _Saver:
+    """Writes received weights to disk on its own thread, the newest version first: on a slow disk (an SD card, a
+    stalled network mount) the network thread, which used to write them, sent no heartbeat for seconds and the
+    server dropped the worker again and again. A version that arrives while another is written waits; a newer one
+    replaces it, unwritten. :meth:`close` writes the one waiting."""
+
+    def __init__(self, write: Callable[[dict[str, torch.Tensor], int, str], None]) -> None:
+        self._write = write
+        self._cond = threading.Condition()
+        self._next: tuple[dict[str, torch.Tensor], int, str] | None = None
+        self._writing = self._closed = False
+        self._thread: threading.Thread | None = None  # started with the first version
+
+    def put(self, state: dict[str, torch.Tensor], version: int, session: str) -> None:
+        with self._cond:
+            self._next = (state, version, session)
+            self._cond.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="netrl-weight-saver", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._next is None and not self._closed:
+                    self._cond.wait()
+                if self._next is None:
+                    return
+                job, self._next, self._writing = self._next, None, True
+            try:
+                self._write(*job)
+            except Exception:  # (a disk's refusal is handled inside): a bug must not end the saving for good
+                log.exception("saving received weights v%d failed", job[1])
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every version put is written (or replaced); False if that took over ``timeout`` s."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._next is None and not self._writing, timeout)
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # a daemon: it cannot keep the process from exiting
+                log.warning("the received weights were still being written to disk after %.0f s: the file may hold "
+                            "an older version (a restart is sent the current one by the server anyway)", timeout)
+
+
 class WeightReceiver:
-    """Network thread: check received weights against the actor, load them into a spare one, save them.
+    """Network thread: check received weights against the actor, load them into a spare one, save them (on a
+    thread of their own).
 
     A version laid out like the worker's own actor (the usual case) is assembled straight into a spare CPU actor's
     buffer, which its tensors view (:class:`_Bound`), and proven finite with one sum; any other version is
@@ -107,7 +162,7 @@ class WeightReceiver:
     _KEEP_LOADED_AT = 1000  # versions remembered in loaded_at (a benchmark polls it)
 
     def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
-                 save: Callable[[torch.nn.Module, int, str], None]) -> None:
+                 save: Callable[[dict[str, torch.Tensor], int, str], None] | None) -> None:
         self.template_actor, self.save = template_actor, save
         self.specs = weight_specs(template_actor)
         self.slot = WeightSlot(spare, lambda: copy.deepcopy(template_actor))
@@ -120,6 +175,7 @@ class WeightReceiver:
         self._on_cpu = all(t.device.type == "cpu" for t in template_actor.state_dict().values())
         self._target: _Bound | None = None  # the spare actor the version being assembled lands in
         self._save_failing = False
+        self._saver = _Saver(self._write) if save is not None else None  # None: nothing to keep on disk
         self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
 
     def __call__(self, msg: Message) -> dict[str, Any]:
@@ -161,8 +217,18 @@ class WeightReceiver:
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
                 "weights v%d ready (%d received)", version, self.counts["weights_received"])
-        self._save(module, version, session)
+        if self._saver is not None:  # a copy: once the control path lets go of this actor, the next version lands there
+            self._saver.put({k: t.detach().clone() for k, t in module.state_dict().items()}, version, session)
         return self.stats()
+
+    def saved(self, timeout: float = 10.0) -> bool:
+        """Wait until the versions received so far are on disk (or replaced by newer ones); False on a timeout."""
+        return self._saver is None or self._saver.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write the version waiting to be saved, if any (the worker's close)."""
+        if self._saver is not None:
+            self._saver.close(timeout)
 
     def _landing(self, nbytes: int, layout: Any) -> np.ndarray | None:
         """Part 0: the buffer of the spare CPU actor a version in the worker's own layout is assembled in (the one
@@ -211,11 +277,12 @@ class WeightReceiver:
         self.assembler.release(flat)
         return module
 
-    def _save(self, module: torch.nn.Module, version: int, session: str) -> None:
-        """Keep the weights on disk: a convenience for the next start, so a failed write (a full disk) is logged
-        when it starts and when it ends, counted, and never stops the worker."""
+    def _write(self, state: dict[str, torch.Tensor], version: int, session: str) -> None:
+        """Saver thread: keep the weights on disk. A convenience for the next start, so a failed write (a full disk)
+        is logged when it starts and when it ends, counted, and never stops the worker."""
+        assert self.save is not None
         try:
-            self.save(module, version, session)
+            self.save(state, version, session)
         except OSError as exc:
             self.counts["weights_save_failed"] += 1
             if not self._save_failing:

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +212,8 @@ class RolloutWorker:
             log.warning("%s does not exist: this standalone worker runs its actor as initialised, untrained",
                         self.model_path)
         if not self.standalone and self.local_packets is None:
-            self.weights = WeightReceiver(self.template_actor, copy.deepcopy(self.actor), self.version, self.save_model)
+            self.weights = WeightReceiver(self.template_actor, copy.deepcopy(self.actor), self.version,
+                                          self.save_model if self.model_path else None)
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
@@ -237,8 +238,9 @@ class RolloutWorker:
         self.version = int(meta.get("version", -1))
         log.info("loaded policy v%d from %s", self.version, path)
 
-    def save_model(self, module: torch.nn.Module, version: int, session: str) -> None:
-        """Network thread: keep the newest weights at ``model_path`` (and every N-th in the history)."""
+    def save_model(self, module: torch.nn.Module | Mapping[str, torch.Tensor], version: int, session: str) -> None:
+        """Keep the newest weights (an actor or its state_dict) at ``model_path`` (and every N-th in the history).
+        The worker calls it on a thread of its own (see :class:`~netrl.weight_receiver.WeightReceiver`)."""
         if not self.model_path:
             return
         meta = {"version": version, "trainer_session": session, "saved_at": time.time()}
@@ -257,6 +259,8 @@ class RolloutWorker:
                 self._close_net(self.net)
         finally:
             try:
+                if self.weights is not None:  # after the network thread: no version comes any more
+                    self.weights.close()
                 if self.env is not None:
                     self.env.close()
             finally:

@@ -267,6 +267,8 @@ def test_weights_that_cannot_be_saved_are_still_used_and_the_failure_is_logged_o
         for m in weight_msgs(flat, layout, version):
             receiver(m)
         assert receiver.version == version  # loaded and used whether or not it could be saved
+        assert receiver.saved()  # (written on a thread of its own)
+    receiver.close()
     assert saved == [3] and receiver.counts["weights_save_failed"] == 2
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "could not save weights v1" in errors[0].getMessage()
@@ -458,3 +460,35 @@ def test_an_actor_with_tensors_the_wire_cannot_carry_is_refused_by_name(dtype: t
             link.publish(actor, 1, 0)
     finally:
         link.halt()
+
+
+def test_a_slow_disk_never_holds_the_network_thread_and_only_the_newest_waiting_version_is_written() -> None:
+    # The network thread wrote each version itself: with a disk taking 4 s per write it sent no heartbeat meanwhile,
+    # and the server declared the worker lost 7 times in 25 s.
+    import threading
+
+    from netrl.weight_receiver import WeightReceiver
+
+    actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
+    disk_free, saved = threading.Event(), []
+
+    def save(state: dict[str, torch.Tensor], version: int, session: str) -> None:
+        assert disk_free.wait(10)
+        saved.append((version, float(state["net.0.bias"][0])))
+
+    receiver = WeightReceiver(actor, MLPActor(OBS, ACT, hidden_sizes=(8,)), -1, save)
+    layout, nbytes = flat_layout(actor)
+    flat = np.zeros(nbytes, np.uint8)
+    t0 = time.monotonic()
+    for version in (1, 2, 3):
+        with torch.no_grad():
+            actor.net[0].bias[0] = version
+        snapshot_into(actor, layout, flat)
+        for m in weight_msgs(flat, layout, version):
+            receiver(m)
+        assert receiver.version == version
+    assert time.monotonic() - t0 < 2 and not saved  # all three loaded while the disk held the first write
+    disk_free.set()
+    assert receiver.saved()
+    receiver.close()
+    assert saved == [(1, 1.0), (3, 3.0)]  # v2 was replaced while it waited; each file holds its own version
