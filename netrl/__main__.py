@@ -15,11 +15,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netrl import __version__
-from netrl.config import FLAG_KEYS, Config, check_value, describe_fields, load_config
-from netrl.errors import ConfigError, NetrlError
+
+# Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and netrl.config
+# imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions that need it.
+if TYPE_CHECKING:
+    from netrl.config import Config
 
 log = logging.getLogger("netrl")
 
@@ -27,6 +30,8 @@ ROLES = ("server", "worker", "trainer", "demo")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from netrl.config import describe_fields
+
     keys = "\n".join(f"  {k:<44} {d:<12} {h}" for k, d, h in describe_fields())
     p = argparse.ArgumentParser(
         prog="python -m netrl",
@@ -96,6 +101,8 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
 
     Each value is checked here, on its own, so that a bad flag is reported as the flag, not as config.json; a
     rejected flag is left out of the overrides."""
+    from netrl.config import FLAG_KEYS, check_value
+
     overrides: dict[str, Any] = {}
     problems: list[str] = []
     for flag, key in FLAG_KEYS.items():
@@ -171,6 +178,8 @@ def configure_torch(cfg: Config, role: str) -> None:
     Only the role's own device is checked: one config.json serves a GPU trainer and CPU-only workers."""
     import torch
 
+    from netrl.errors import ConfigError
+
     wanted = {"worker.device": cfg.worker.device} if role == "worker" else {"trainer.device": cfg.trainer.device}
     missing = [f'{key} is "{device}", but this torch {torch.__version__} has no '
                f'{"CUDA" if device.startswith("cuda") else "MPS"} device; use "cpu" (or null for the trainer)'
@@ -232,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from netrl.config import load_config
+    from netrl.errors import ConfigError, NetrlError
+
     args = _parser().parse_args(argv)
     if args.plot:
         args.role = "plot"

@@ -198,9 +198,18 @@ def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("netrl.__main__.load_config", interrupted)  # what Ctrl+C in the first moments looks like
+    monkeypatch.setattr("netrl.config.load_config", interrupted)  # what Ctrl+C in the first moments looks like
     assert main(["--server"]) == 1
     assert capsys.readouterr().err == "netrl: interrupted\n"
+
+
+def test_the_command_line_module_imports_only_the_standard_library_before_main() -> None:
+    # its imports run outside main()'s try: a Ctrl+C while netrl.config imported numpy (a tenth of a second) was a
+    # KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
+    out = subprocess.run([sys.executable, "-c", "import sys, netrl.__main__; print(sorted(m for m in sys.modules if "
+                          "m.split('.')[0] in ('numpy', 'zmq', 'torch') or m.startswith('netrl.')))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "['netrl.__main__']\n"
 
 
 def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
