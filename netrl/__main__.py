@@ -75,12 +75,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 
-# Flags that only some roles use: given to another, they would be ignored without a word (the demo picks free ports
-# on localhost; --status asks the server on this machine through server.status_port).
+# Flags that only some roles use: given to another, they would be ignored without a word, and the user misled (a
+# `--server --run-name B` is no server for run B: its spool, with run A's samples, goes to run B's trainer).
 _FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",), "bind_ip": ("server",),
                "worker_id": ("worker",), "epochs": ("trainer", "demo"), "wandb": ("trainer", "demo"),
                "server_ip": ("worker", "trainer"), "trainer_port": ("server", "trainer"),
-               "worker_port": ("server", "worker")}
+               "worker_port": ("server", "worker"), "run_name": ("worker", "trainer", "demo"),
+               "keys_dir": ("server", "worker", "trainer", "demo", "keygen")}
+# Why a role does not use a flag, where that is not plain
+_FREE_PORTS = "it picks free ports on localhost"
+_WHY_NOT = {("demo", "server_ip"): _FREE_PORTS, ("demo", "trainer_port"): _FREE_PORTS,
+            ("demo", "worker_port"): _FREE_PORTS, ("plot", "run_name"): "give the run as --plot RUN",
+            ("server", "run_name"): "a server serves every run: its spool, server.spool_dir (default "
+                                    "<weights_folder>/server-spool), is shared by them all"}
 
 
 def _flags_for_other_roles(args: argparse.Namespace) -> list[str]:
@@ -89,10 +96,11 @@ def _flags_for_other_roles(args: argparse.Namespace) -> list[str]:
     for flag, roles in _FLAG_ROLES.items():
         if getattr(args, flag) in (None, "", False) or args.role in roles:
             continue
-        why = (" (it picks free ports on localhost)" if args.role == "demo" and flag in ("server_ip", "trainer_port",
-                                                                                        "worker_port") else "")
-        problems.append(f"--{flag.replace('_', '-')} is for {' and '.join('--' + r for r in roles)}; --{args.role} "
-                        f"does not use it{why}")
+        names = [f"--{r}" for r in roles]
+        either = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        why = _WHY_NOT.get((args.role, flag))
+        problems.append(f"--{flag.replace('_', '-')} is for {either}; --{args.role} does not use it"
+                        + (f" ({why})" if why else ""))
     return problems
 
 
@@ -205,6 +213,13 @@ def run_keygen(cfg: Config, workers: list[str]) -> None:
 
 def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json",
              episodes: int | None = None) -> None:
+    """Run ``role`` (one of :data:`ROLES`) until it ends or ``stop`` is set.
+
+    Raises:
+        ValueError: ``role`` is not one of :data:`ROLES` (it used to run a trainer).
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: run_role runs {', '.join(ROLES)}")
     if cfg.security == "none" and role in ("worker", "trainer"):
         log.warning("SECURITY IS OFF (\"security\": \"none\"): this %s talks to the server unencrypted and "
                     "unauthenticated; anyone on the path can read or forge its traffic", role)
@@ -226,7 +241,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         from netrl.worker import RolloutWorker
 
         RolloutWorker.from_config(cfg, pipeline).run(cfg.worker.test_episode_interval, episodes, stop=stop)
-    else:
+    else:  # (the trainer: ROLES holds no other)
         from netrl.trainer import Trainer
 
         Trainer.from_config(cfg, pipeline).run(stop)
@@ -245,9 +260,11 @@ def _main(argv: Sequence[str] | None) -> int:
     from netrl.errors import ConfigError, NetrlError
 
     args = _parser().parse_args(argv)
-    if args.plot:
+    if args.plot is not None:  # `--plot ""` (an unset shell variable) too: it left no role, and ran a trainer
         args.role = "plot"
     overrides, flag_problems = _flag_overrides(args)
+    if args.plot is not None and not args.plot.strip():
+        flag_problems.append(f"--plot needs a run name, a run folder or a CSV file (got {json.dumps(args.plot)})")
     flag_problems += _flags_for_other_roles(args)
     errors = [ConfigError(flag_problems, "command line")] if flag_problems else []
     # --plot of a folder or file, and --keygen with --keys-dir, need nothing from a config file: without one, the

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -268,7 +269,7 @@ def test_cli_reports_unreadable_config_paths(tmp_path: Path, capsys: pytest.Capt
 def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty.json"
     empty.write_text("{}")
-    assert main(["--server", "--config", str(empty), "--trainer-port", "70000", "--run-name", " "]) == 2
+    assert main(["--trainer", "--config", str(empty), "--trainer-port", "70000", "--run-name", " "]) == 2
     assert capsys.readouterr().err == ("netrl: invalid command line (2 problems)\n"
                                        "  --trainer-port must be a TCP port between 1 and 65535 (got 70000)\n"
                                        '  --run-name must not be empty (got " ")\n')
@@ -353,6 +354,34 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
     assert ("--trainer-port is for --server and --trainer; --demo does not use it (it picks free ports on localhost)"
             in capsys.readouterr().err)
+    # a server has no run: `--server --run-name expB` served run B the samples run A left in the server's spool
+    assert main(["--server", "--config", str(ROOT / "config.json"), "--run-name", "expB"]) == 2
+    assert capsys.readouterr().err == (
+        "netrl: invalid command line (1 problem)\n  --run-name is for --worker, --trainer and --demo; --server does "
+        "not use it (a server serves every run: its spool, server.spool_dir (default <weights_folder>/server-spool), "
+        "is shared by them all)\n")
+    assert main(["--keygen", "--keys-dir", "k", "--run-name", "x"]) == 2
+    assert "--run-name is for --worker, --trainer and --demo; --keygen does not use it\n" in capsys.readouterr().err
+    assert main(["--status", "--config", str(ROOT / "config.json"), "--run-name", "x", "--keys-dir", "k"]) == 2
+    err = capsys.readouterr().err
+    assert "--run-name is for --worker, --trainer and --demo; --status does not use it\n" in err
+    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --status does not use it\n" in err
+    assert main(["--plot", str(ROOT), "--run-name", "x", "--keys-dir", "k"]) == 2
+    err = capsys.readouterr().err
+    assert ("--run-name is for --worker, --trainer and --demo; --plot does not use it (give the run as --plot RUN)\n"
+            in err)
+    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --plot does not use it\n" in err
+
+
+def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--plot "$RUN"` with RUN unset: "" is false, so no role was set, and run_role() fell through to the trainer
+    assert main(["--plot", "", "--config", str(ROOT / "config.json")]) == 2
+    assert capsys.readouterr().err == ('netrl: invalid command line (1 problem)\n  --plot needs a run name, a run '
+                                       'folder or a CSV file (got "")\n')
+    from netrl.__main__ import run_role
+
+    with pytest.raises(ValueError, match="unknown role 'plot': run_role runs server, worker, trainer, demo"):
+        run_role("plot", Config(), threading.Event())
 
 
 OWN_PIPELINE = '''
