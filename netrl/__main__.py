@@ -275,7 +275,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                    "to find a run of that name under its weights_folder"], "command line"))
     try:
         cfg = load_config(None if self_contained or (args.role == "plot" and not Path(args.config).exists())
-                          else args.config, overrides)
+                          else args.config, overrides, args.role)
     except ConfigError as exc:
         errors.append(exc)
     if errors:  # the flags' problems and the file's, all at once

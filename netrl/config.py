@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -228,9 +229,22 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.weights_folder) / self.run_name
 
+    @property
+    def server_spool_dir(self) -> Path:
+        """The folder a server started with this config spools into."""
+        return Path(self.server.spool_dir) if self.server.spool_dir else Path(self.weights_folder) / "server-spool"
 
-def _cross_checks(cfg: Config) -> list[Problem]:
-    """Checks on the whole config (the version, and rules between fields); each message names every field."""
+
+# The roles a check between fields applies to (None: a config loaded without a role, as by the Python API, gets
+# every check). A worker or trainer on another machine never binds the server's ports, so a clash among them is no
+# concern of theirs; the demo's server gets free ports of its own.
+_SERVER_ROLES = (None, "server")
+_RUN_ROLES = (None, "worker", "trainer")  # the roles that write into <weights_folder>/<run_name>/
+
+
+def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
+    """Checks on the whole config (the version, and rules between fields) for ``role``; each message names every
+    field."""
     problems: list[Problem] = []
     if cfg.config_version != CONFIG_VERSION:
         problems.append((("config_version",),
@@ -238,8 +252,15 @@ def _cross_checks(cfg: Config) -> list[Problem]:
     ports = {"network.trainer_port": cfg.network.trainer_port, "network.worker_port": cfg.network.worker_port,
              "server.status_port": cfg.server.status_port}
     for (a, pa), (b, pb) in itertools.combinations(ports.items(), 2):
-        if pa == pb:
+        if pa == pb and role in _SERVER_ROLES:
             problems.append(((a, b), f"{a} and {b} must differ (both {pa})"))
+    if role in _RUN_ROLES and os.path.realpath(cfg.run_dir) == os.path.realpath(cfg.server_spool_dir):
+        # the trainer then found the server's lock on its run folder, and blamed a second trainer
+        spool = ("server.spool_dir" if cfg.server.spool_dir else "server.spool_dir is null: <weights_folder>/"
+                 "server-spool")
+        problems.append((("run_name", "weights_folder", "server.spool_dir"),
+                         f'run_name "{cfg.run_name}" makes the run folder {cfg.run_dir} the server\'s spool folder '
+                         f"({spool}): choose another run_name (--run-name), or another server.spool_dir"))
     if cfg.memory.memory_size < cfg.memory.batch_size:
         problems.append((("memory.memory_size", "memory.batch_size"),
                          f"memory.memory_size ({cfg.memory.memory_size}) must be >= memory.batch_size "
@@ -273,11 +294,11 @@ def _cross_checks(cfg: Config) -> list[Problem]:
     return problems
 
 
-def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None) -> Config:
+def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, role: str | None = None) -> Config:
     """The config, or a :class:`ConfigError` from ``source`` (naming the command-line flags too when a problem
     involves one of the ``flagged`` keys) with every problem found. Every field is checked; a whole-config check
-    runs unless a field it involves was rejected (the config then holds that field's default, which would make its
-    message wrong)."""
+    runs if it concerns ``role``, and unless a field it involves was rejected (the config then holds that field's
+    default, which would make its message wrong)."""
     rejected: list[tuple[str, str]] = []
     cfg = typing.cast(Config, build_dataclass(Config, data, "", rejected))
     bad = {key for key, _ in rejected}
@@ -286,7 +307,7 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None) 
         return any(b == "" or key == b or key.startswith(b + ".") for b in bad)
 
     problems: list[Problem] = [((key,), message) for key, message in rejected]
-    problems += [p for p in _cross_checks(cfg) if not any(involves_bad(k) for k in p[0])]
+    problems += [p for p in _cross_checks(cfg, role) if not any(involves_bad(k) for k in p[0])]
     if problems:
         if any(key in (flagged or {}) for keys, _ in problems for key in keys):
             source = f"{source} with the command-line flags"
@@ -309,9 +330,10 @@ def check_value(key: str, value: Any) -> str | None:
     return field_problem(fields[leaf], typing.get_type_hints(cls)[leaf], value)[0]
 
 
-def config_from_dict(data: Any, source: str = "config") -> Config:
-    """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found."""
-    return _validate(data, source)
+def config_from_dict(data: Any, source: str = "config", role: str | None = None) -> Config:
+    """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found (for ``role``,
+    as :func:`load_config`)."""
+    return _validate(data, source, role=role)
 
 
 class _DuplicateKey(Exception):
@@ -347,15 +369,19 @@ def _read_text(path: Path) -> str:
     raise ConfigError([problem], str(path))
 
 
-def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> Config:
+def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None,
+                role: str | None = None) -> Config:
     """Load config.json (None: the defaults), apply ``overrides`` (dotted key -> value, from CLI flags) and validate.
+
+    ``role`` (``"server"``, ``"worker"``...) limits the checks between fields to those that concern it: a remote
+    worker is not refused for a clash between ports only the server binds. None (the default) checks everything.
 
     Raises:
         ConfigError: the file is missing, unreadable or not JSON, or has invalid values (all problems listed). When
             a problem involves an overridden key, the error names the command-line flags as well as the file.
     """
     if path is None:
-        return _validate(_apply(overrides or {}, {}), "defaults", overrides)
+        return _validate(_apply(overrides or {}, {}), "defaults", overrides, role)
     path = Path(path)
     text = _read_text(path)
     try:
@@ -364,7 +390,7 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
     except _DuplicateKey as exc:
         raise ConfigError([f'{path} sets "{exc}" twice in one object; keep one of them'], str(path)) from None
-    return _validate(_apply(overrides or {}, data), path.name, overrides)
+    return _validate(_apply(overrides or {}, data), path.name, overrides, role)
 
 
 def _apply(overrides: Mapping[str, Any], data: Any) -> Any:

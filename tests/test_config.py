@@ -307,6 +307,38 @@ def test_field_problems_do_not_hide_each_other() -> None:
     ]
 
 
+def test_port_clashes_concern_only_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # a remote worker was refused for --worker-port 55557 because of server.status_port, which it never uses
+    ran = []
+    monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append((role, cfg)))
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--worker", "--config", str(empty), "--server-ip", "203.0.113.7", "--worker-port", "55557"]) == 0
+    assert main(["--trainer", "--config", str(empty), "--server-ip", "203.0.113.7", "--trainer-port", "55556"]) == 0
+    assert [(role, cfg.network.worker_port, cfg.network.trainer_port) for role, cfg in ran] == [
+        ("worker", 55557, 55555), ("trainer", 55556, 55556)]
+    assert main(["--server", "--config", str(empty), "--worker-port", "55557"]) == 2  # the server binds them all
+    assert capsys.readouterr().err.endswith("  network.worker_port and server.status_port must differ (both 55557)\n")
+    with pytest.raises(ConfigError, match=r"network\.trainer_port and network\.worker_port must differ"):
+        load_config(empty, {"network.trainer_port": 55556})  # without a role (the Python API): every check
+
+
+def test_a_run_folder_that_is_the_server_spool_folder_is_refused() -> None:
+    # run_name "server-spool" made the trainer find the server's lock on its run folder, and blame a second trainer
+    assert problems({"run_name": "server-spool"}) == [
+        'run_name "server-spool" makes the run folder weights/server-spool the server\'s spool folder '
+        "(server.spool_dir is null: <weights_folder>/server-spool): choose another run_name (--run-name), or another "
+        "server.spool_dir"]
+    assert problems({"run_name": "a", "weights_folder": "w", "server": {"spool_dir": "./w/a"}}) == [
+        'run_name "a" makes the run folder w/a the server\'s spool folder (server.spool_dir): choose another run_name '
+        "(--run-name), or another server.spool_dir"]
+    config_from_dict({"run_name": "server-spool"}, role="server")  # a server has no run folder
+    config_from_dict({"run_name": "server-spool", "server": {"spool_dir": "spool"}})
+    config_from_dict({"server": {"spool_dir": "weights/pendulum-sac/server-spool"}})  # the demo's: inside the run
+
+
 def test_readme_config_table_matches_the_defaults() -> None:
     readme = (ROOT / "README.md").read_text()
     for key, default, help_text in describe_fields():
