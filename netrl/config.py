@@ -20,7 +20,7 @@ import itertools
 import json
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,9 +34,11 @@ from netrl.config_checks import (
     folder,
     ge,
     gt,
+    home,
     host,
     nonempty,
     optional,
+    optional_folder,
     pipeline_name,
     port,
     sizes,
@@ -79,10 +81,13 @@ def flag_for(key: str) -> str | None:
     return next((f"--{dest.replace('_', '-')}" for dest, k in FLAG_KEYS.items() if k == key), None)
 
 
-def _f(default: Any, help: str, check: Check | None = None) -> Any:
+def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A field with its ``help`` line, the ``check`` its value must pass, and a ``convert`` applied before the check
+    (see :func:`netrl.config_build.field_problem`)."""
+    metadata = {"help": help, "check": check, "convert": convert}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, "check": check})
-    return field(default=default, metadata={"help": help, "check": check})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,8 @@ class ServerConfig:
     max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", gt(0))
     max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", ge(1))
     spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", gt(0))
-    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
+    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)",
+                               optional_folder, home)
     spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
                               "may also keep up to a quarter more in emptied 64 MB files for reuse)", ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
@@ -208,14 +214,14 @@ class WandbConfig:
 class Config:
     config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
     run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", file_name)
-    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder)
+    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder, home)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
     status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", ge(0))
     # gymnasium and numpy refuse seeds < 0
     seed: int | None = _f(None, "random seed (null: random); each worker adds a number made from its worker_id, so "
                           "workers explore differently, and each the same way every run", optional(ge(0)))
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
-    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder)
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder, home)
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     server: ServerConfig = field(default_factory=ServerConfig)

@@ -6,13 +6,14 @@ in :mod:`netrl.config` lists every problem.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILT_IN_PIPELINES", "Check", "between", "file_name", "folder", "ge", "gt", "host", "nonempty", "optional",
-           "pipeline_name", "port", "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "Check", "between", "file_name", "folder", "ge", "gt", "home", "host", "nonempty",
+           "optional", "optional_folder", "pipeline_name", "port", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -75,10 +76,20 @@ def torch_device(v: str) -> str | None:
     return None if DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
 
 
+def home(v: Any) -> Any:
+    """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``, run before its
+    check): JSON has no shell to expand it, and a literal ``~`` folder appeared in the current one."""
+    return os.path.expanduser(v) if isinstance(v, str) else v
+
+
 def folder(v: str) -> str | None:
-    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file."""
+    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file. A leading ``~`` is
+    expanded before (see :func:`home`): one still there names no home folder."""
     if not v.strip():
         return "must not be empty"
+    if v.startswith("~"):
+        return (f"starts with {v.split('/')[0]}, but this machine has no such home folder (is HOME set?): give the "
+                "full path, or ./~... for a folder of that name")
     path = Path(v)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
@@ -92,3 +103,10 @@ def sizes(v: list[int]) -> str | None:
 
 def optional(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
+
+
+def optional_folder(v: str | None) -> str | None:
+    """:func:`folder`, or null for the default; "" is not taken for null (a user who wrote it meant something)."""
+    if v is not None and not v.strip():
+        return "must not be empty (null: the default)"
+    return optional(folder)(v)

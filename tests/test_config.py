@@ -160,6 +160,31 @@ def test_folders_that_are_files_are_refused(tmp_path: Path) -> None:
     ]
 
 
+def test_the_spool_folder_is_checked_like_the_other_folders(tmp_path: Path) -> None:
+    # "afile/spool" failed only when the server started, without naming the key; "" was silently null
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert problems({"server": {"spool_dir": str(afile / "spool")}}) == [
+        f'server.spool_dir lies inside {afile}, which is a file (got "{afile / "spool"}")']
+    assert problems({"server": {"spool_dir": ""}}) == [
+        'server.spool_dir must not be empty (null: the default) (got "")']
+    assert config_from_dict({"server": {"spool_dir": None}}).server_spool_dir == Path("weights/server-spool")
+
+
+def test_a_leading_tilde_in_a_folder_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # JSON has no shell to expand it: "~/netrl-keys" made a folder named "~" in the current one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = config_from_dict({"keys_dir": "~/k", "weights_folder": "~", "server": {"spool_dir": "~/s"}})
+    assert (cfg.keys_dir, cfg.weights_folder, cfg.server.spool_dir) == (
+        str(tmp_path / "home" / "k"), str(tmp_path / "home"), str(tmp_path / "home" / "s"))
+    assert main(["--keygen", "--keys-dir", "~/keys"]) == 0  # a quoted flag, as config.json
+    assert (tmp_path / "home" / "keys" / "server" / "server.key").exists() and not (tmp_path / "~").exists()
+    assert problems({"keys_dir": "~no-such-user-netrl/k"}) == [
+        "keys_dir starts with ~no-such-user-netrl, but this machine has no such home folder (is HOME set?): give the "
+        'full path, or ./~... for a folder of that name (got "~no-such-user-netrl/k")']
+
+
 def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Path) -> None:
     twice = tmp_path / "config.json"
     twice.write_text('{"trainer": {"epochs": 3, "epochs": 30}}')
