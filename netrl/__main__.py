@@ -201,6 +201,16 @@ def configure_torch(cfg: Config, role: str) -> None:
         torch.manual_seed(cfg.seed)
 
 
+def folders_used(role: str, cfg: Config) -> str:
+    """The absolute folders ``role`` uses, for its first log line: relative paths in config.json are relative to the
+    folder netrl starts in (as in tmrl), not to the config file, so the same --config started elsewhere quietly
+    starts a new run, or finds no keys."""
+    folders = [("spool folder", cfg.server_spool_dir) if role == "server" else ("run folder", cfg.run_dir)]
+    if cfg.security == "curve":
+        folders.append(("keys folder", Path(cfg.keys_dir)))
+    return ", ".join(f"{what} {os.path.abspath(path)}" for what, path in folders)
+
+
 def run_keygen(cfg: Config, workers: list[str]) -> None:
     from netrl.keys import keygen
 
@@ -208,7 +218,8 @@ def run_keygen(cfg: Config, workers: list[str]) -> None:
     for path in written:
         log.info("wrote %s", path)
     log.info("keys in %s/: keep server/ on the server, copy trainer/ to the trainer machine and workers/<name>/ to "
-             "each worker (see the README's Security section)%s", cfg.keys_dir, "" if written else "; nothing new")
+             "each worker (see the README's Security section)%s", os.path.abspath(cfg.keys_dir),
+             "" if written else "; nothing new")
 
 
 def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json",
@@ -311,6 +322,7 @@ def _main(argv: Sequence[str] | None) -> int:
             run_dir = given if given.is_dir() else given.parent if given.is_file() else Path(cfg.weights_folder) / given
             log.info("wrote %s", plot_run(run_dir))
         else:
+            log.info("%s", folders_used(args.role, cfg))
             run_role(args.role, cfg, stop, args.config, args.episodes)
     except ConfigError as exc:  # found once the role started (a device, an env id): still a config problem
         log.error("%s", exc)

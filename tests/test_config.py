@@ -350,6 +350,22 @@ def test_port_clashes_concern_only_the_server(tmp_path: Path, monkeypatch: pytes
         load_config(empty, {"network.trainer_port": 55556})  # without a role (the Python API): every check
 
 
+def test_each_role_logs_the_absolute_folders_it_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # relative folders are relative to the folder netrl starts in, not to the config file: say which ones those are
+    monkeypatch.setattr("netrl.__main__.run_role", lambda *args: None)
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "config.json").write_text('{"weights_folder": "w", "server": {"spool_dir": "../s"}}')
+    assert main(["--worker", "--config", "project/config.json"]) == 0
+    assert f"run folder {tmp_path}/w/pendulum-sac, keys folder {tmp_path}/keys\n" in capsys.readouterr().out
+    assert main(["--server", "--config", "project/config.json"]) == 0
+    assert f"spool folder {tmp_path.parent}/s, keys folder {tmp_path}/keys\n" in capsys.readouterr().out
+    assert main(["--keygen", "--keys-dir", "k"]) == 0
+    assert f"keys in {tmp_path}/k/: keep server/ on the server" in capsys.readouterr().out
+
+
 def test_a_run_folder_that_is_the_server_spool_folder_is_refused() -> None:
     # run_name "server-spool" made the trainer find the server's lock on its run folder, and blame a second trainer
     assert problems({"run_name": "server-spool"}) == [
