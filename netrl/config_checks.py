@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILT_IN_PIPELINES", "Check", "between", "file_name", "folder", "ge", "gt", "home", "host", "nonempty",
-           "optional", "optional_folder", "pipeline_name", "port", "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge", "gt", "home",
+           "host", "nonempty", "optional", "optional_folder", "pipeline_name", "port", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -62,11 +62,21 @@ def host(v: str) -> str | None:
     return None if HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
 
 
+# The longest run_name, in bytes: file systems allow 255 for a name, and netrl makes longer ones from it (the demo
+# moves a finished run to <run_name>-<date>-<time>, beside its lock .<run_name>.demo-lock)
+MAX_NAME_BYTES = 200
+
+
 def file_name(v: str) -> str | None:
     if not v.strip():
         return "must not be empty"
-    return None if v not in (".", "..") and not set("/\\") & set(v) else (
-        "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)")
+    if v in (".", "..") or set("/\\") & set(v):
+        return "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)"
+    size = len(v.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:  # it passed, then the role that made the folder stopped with "File name too long"
+        return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file systems allow 255 for a name, and "
+                "netrl makes longer names from it")
+    return None
 
 
 DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")

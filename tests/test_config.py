@@ -127,6 +127,19 @@ def test_values_that_would_fail_later_are_refused_up_front() -> None:
     assert (cfg.network.server_ip, cfg.server.bind_ip) == ("gpu-box.lan", "0.0.0.0")
 
 
+def test_a_run_name_too_long_for_the_file_system_is_refused(tmp_path: Path) -> None:
+    # 300 characters passed, then the role stopped with "OSError: File name too long" making the folder
+    long = "r" * 300
+    assert problems({"run_name": long}) == [
+        "run_name must be at most 200 bytes in UTF-8, not 300: file systems allow 255 for a name, and netrl makes "
+        f'longer names from it (got "{long}")']
+    assert len(problems({"run_name": "é" * 101})) == 1  # bytes, not characters: 202 of them
+    longest = "r" * 200
+    (tmp_path / f".{longest}.demo-lock").touch()  # the longest name netrl makes from it fits (the demo's)
+    (tmp_path / f"{longest}-20250101-120000").mkdir()
+    assert config_from_dict({"run_name": longest}).run_name == longest
+
+
 def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> None:
     from netrl.__main__ import configure_torch
     from netrl.envs import GenericGymEnv
