@@ -124,7 +124,17 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
             overrides[key] = value
     if args.episodes is not None and args.episodes < 1:
         problems.append(f"--episodes must be >= 1 (got {args.episodes}); leave it out to run until stopped")
+    if args.role == "keygen":  # found by keygen, they were a runtime error (exit 1) that did not name the flag
+        from netrl.keys import worker_name_problem
+
+        problems += [f"--workers {json.dumps(name)} {problem}" for name in _worker_names(args)
+                     if (problem := worker_name_problem(name))]
     return overrides, problems
+
+
+def _worker_names(args: argparse.Namespace) -> list[str]:
+    """The names in ``--workers robot-1,robot-2`` (spaces around a name and empty entries left out)."""
+    return [name.strip() for name in args.workers.split(",") if name.strip()]
 
 
 def setup_logging(role: str, level: str) -> None:
@@ -299,7 +309,7 @@ def _main(argv: Sequence[str] | None) -> int:
     watch_launcher(stop, grace_s=3.0 if args.role == "server" else 0.0)
     try:
         if args.role == "keygen":
-            run_keygen(cfg, [w.strip() for w in args.workers.split(",") if w.strip()])
+            run_keygen(cfg, _worker_names(args))
         elif args.role == "status":
             from netrl.status import dump_json, format_status, query_status
 

@@ -267,6 +267,26 @@ def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
                                        "its weights_folder\n")
 
 
+def test_keygen_worker_names_are_checked_as_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "robot 1" was a runtime error (exit 1) naming no flag; "worker" silently meant the shared key
+    keys = str(tmp_path / "keys")
+    assert main(["--keygen", "--keys-dir", keys, "--workers", "robot-1,robot 1, worker ,server"]) == 2
+    assert capsys.readouterr().err == (
+        "netrl: invalid command line (3 problems)\n"
+        '  --workers "robot 1" is not a valid worker name: it must be 1 to 64 letters, digits, \'.\', \'_\' or \'-\', '
+        "starting with a letter or digit\n"
+        '  --workers "worker" is reserved: it names the shared worker key, which --keygen always makes; give this '
+        "worker another name\n"
+        '  --workers "server" is reserved: a worker\'s key folder holds the server\'s public key as server.key; give '
+        "this worker another name\n")
+    assert not (tmp_path / "keys").exists()
+    from netrl.errors import SecurityError
+    from netrl.keys import keygen
+
+    with pytest.raises(SecurityError, match="'worker' is reserved"):  # the Python API refuses them too
+        keygen(keys, ["worker"])
+
+
 def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(ROOT / "config.json", {"network.server_ip": "10.0.0.2", "run_name": "x",
                                              "network.worker_port": 6001})
