@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import json
 import os
+import sys
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -305,6 +306,10 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, 
     involves one of the ``flagged`` keys) with every problem found. Every field is checked; a whole-config check
     runs if it concerns ``role``, and unless a field it involves was rejected (the config then holds that field's
     default, which would make its message wrong)."""
+    deep = _too_deep(data)
+    if deep is not None:
+        raise ConfigError([f"{deep} nests objects and lists more than {MAX_DEPTH} levels deep; no setting needs that "
+                           "many"], source)
     rejected: list[tuple[str, str]] = []
     cfg = typing.cast(Config, build_dataclass(Config, data, "", rejected))
     bad = {key for key, _ in rejected}
@@ -319,6 +324,27 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, 
             source = f"{source} with the command-line flags"
         raise ConfigError([message for _, message in problems], source)
     return cfg
+
+
+# The deepest nesting of objects and lists a config may have (env.kwargs is the user's): a config that parsed but
+# nests hundreds of levels stopped a trainer with RecursionError when it saved its config beside its checkpoints
+MAX_DEPTH = 32
+
+
+def _too_deep(data: Any) -> str | None:
+    """The key (at most section.field, e.g. env.kwargs) under which ``data`` nests deeper than :data:`MAX_DEPTH`, or
+    None. Walked without recursion: recursion is what the limit is for."""
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(data, 1, ())]
+    while stack:
+        node, depth, where = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_DEPTH:
+            return ".".join(where) or "the config"
+        named = isinstance(node, dict) and len(where) == depth - 1 < 2  # objects all the way down from the top
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack += [(child, depth + 1, (*where, str(key)) if named else where) for key, child in items]
+    return None
 
 
 def check_value(key: str, value: Any) -> str | None:
@@ -396,6 +422,13 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
     except _DuplicateKey as exc:
         raise ConfigError([f'{path} sets "{exc}" twice in one object; keep one of them'], str(path)) from None
+    except RecursionError:  # JSON, but deeper than Python's parser goes: it was a traceback
+        raise ConfigError([f"{path} is not valid JSON here: its objects and lists nest deeper than Python reads; no "
+                           f"setting needs more than {MAX_DEPTH} levels"], str(path)) from None
+    except ValueError as exc:  # JSON, but a number Python refuses to read (an integer of thousands of digits)
+        why = (f"a number in it has more than {sys.get_int_max_str_digits()} digits, which Python refuses to read"
+               if "integer string conversion" in str(exc) else str(exc))
+        raise ConfigError([f"{path} is not valid JSON here: {why}; no setting takes such a value"], str(path)) from None
     return _validate(_apply(overrides or {}, data), path.name, overrides, role)
 
 

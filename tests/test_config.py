@@ -208,6 +208,27 @@ def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Pat
     assert load_config(bom).trainer.epochs == 3
 
 
+def test_json_that_python_cannot_read_is_a_config_error_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    digits = tmp_path / "digits.json"  # JSON allows any number of digits; Python refuses more than 4300
+    digits.write_text('{"seed": ' + "9" * 5000 + "}")
+    assert main(["--server", "--config", str(digits)]) == 2
+    assert capsys.readouterr().err == (
+        f"netrl: invalid {digits} (1 problem)\n  {digits} is not valid JSON here: a number in it has more than "
+        f"{sys.get_int_max_str_digits()} digits, which Python refuses to read; no setting takes such a value\n")
+    deep = tmp_path / "deep.json"  # deeper than Python's parser goes: RecursionError
+    deep.write_text('{"env": {"kwargs": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}}")
+    with pytest.raises(ConfigError, match="is not valid JSON here: its objects and lists nest deeper than Python "
+                                          "reads; no setting needs more than 32 levels"):
+        load_config(deep)
+    # deep enough to parse, but a trainer stopped with RecursionError saving its config beside its checkpoints
+    deep.write_text('{"env": {"kwargs": {"a": ' + "[" * 500 + "]" * 500 + "}}}")
+    with pytest.raises(ConfigError) as info:
+        load_config(deep)
+    assert info.value.problems == ["env.kwargs nests objects and lists more than 32 levels deep; no setting needs "
+                                   "that many"]
+
+
 def test_error_message_counts_problems() -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict({"trainer": {"steps": 0}, "x": 1}, "config.json")
