@@ -101,8 +101,14 @@ class EnvConfig:
 
 
 def seconds(v: float) -> str | None:
-    """A network interval or delay: ZeroMQ takes some as 32-bit milliseconds."""
+    """An interval, delay or timeout: ZeroMQ takes some as 32-bit milliseconds, and a wait beyond
+    threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) stopped a role with OverflowError."""
     return None if 0 < v <= MAX_SECONDS else f"must be > 0 and at most {MAX_SECONDS:g} (a day)"
+
+
+def seconds_or_zero(v: float) -> str | None:
+    """As :func:`seconds`, where 0 means none (no wait, no status lines)."""
+    return None if 0 <= v <= MAX_SECONDS else f"must be >= 0 and at most {MAX_SECONDS:g} (a day)"
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,10 @@ class ServerConfig:
     min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", ge(1))
     max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
                                "waiting up to this size (fewer messages and acknowledgements under load)", ge(1))
-    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", gt(0))
+    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", seconds)
     max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", ge(1))
-    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", gt(0))
+    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled",
+                               seconds)
     spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)",
                                optional_folder, home)
     spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
@@ -148,7 +155,7 @@ class WorkerConfig:
                                optional(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
     device: str = _f("cpu", "inference device of the worker's policy", torch_device)
     min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", ge(1))
-    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", gt(0))
+    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", seconds)
     max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", optional(ge(1)))
     test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", ge(0))
     throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
@@ -157,7 +164,8 @@ class WorkerConfig:
                                 ge(1))
     send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
                                 "them: image packets at full speed need about 32 MB)", ge(1))
-    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", ge(0))
+    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged",
+                                 seconds_or_zero)
     compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
                             "CPU, but finds little in noisy camera frames) or none")
 
@@ -217,7 +225,8 @@ class Config:
     run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", file_name)
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder, home)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
-    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", ge(0))
+    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)",
+                                seconds_or_zero)
     # gymnasium and numpy refuse seeds < 0
     seed: int | None = _f(None, "random seed (null: random); each worker adds a number made from its worker_id, so "
                           "workers explore differently, and each the same way every run", optional(ge(0)))

@@ -140,6 +140,20 @@ def test_a_run_name_too_long_for_the_file_system_is_refused(tmp_path: Path) -> N
     assert config_from_dict({"run_name": longest}).run_name == longest
 
 
+def test_every_seconds_field_is_bounded_like_the_network_ones() -> None:
+    # worker.flush_timeout_s 1e12 stopped the worker with OverflowError (beyond threading.TIMEOUT_MAX) at its end
+    assert problems({"status_interval_s": 1e12, "worker": {"flush_timeout_s": 1e12, "max_packet_delay_s": 1e12},
+                     "server": {"max_packet_delay_s": 1e12, "spool_after_s": 86400.5}}) == [
+        "status_interval_s must be >= 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "worker.flush_timeout_s must be >= 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "worker.max_packet_delay_s must be > 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "server.max_packet_delay_s must be > 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "server.spool_after_s must be > 0 and at most 86400 (a day) (got 86400.5)",
+    ]
+    cfg = config_from_dict({"status_interval_s": 0, "worker": {"flush_timeout_s": 0}})  # 0: none, no wait
+    assert (cfg.status_interval_s, cfg.worker.flush_timeout_s) == (0.0, 0.0)
+
+
 def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> None:
     from netrl.__main__ import configure_torch
     from netrl.envs import GenericGymEnv
@@ -369,7 +383,7 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: p
 def test_field_problems_do_not_hide_each_other() -> None:
     assert problems({"agent": {"hidden_sizes": [0]}, "config_version": 2, "status_interval_s": -1}) == [
         "agent.hidden_sizes must be a non-empty list of sizes >= 1 (got [0])",
-        "status_interval_s must be >= 0 (got -1)",
+        "status_interval_s must be >= 0 and at most 86400 (a day) (got -1)",
         "config_version 2 is not supported; this netrl reads 1",
     ]
     # a check between fields still runs next to a field problem, but not on a field that was rejected
