@@ -15,11 +15,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netrl import __version__
-from netrl.config import FLAG_KEYS, Config, check_value, describe_fields, load_config
-from netrl.errors import ConfigError, NetrlError
+
+# Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and netrl.config
+# imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions that need it.
+if TYPE_CHECKING:
+    from netrl.config import Config
 
 log = logging.getLogger("netrl")
 
@@ -27,6 +30,8 @@ ROLES = ("server", "worker", "trainer", "demo")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from netrl.config import describe_fields
+
     keys = "\n".join(f"  {k:<44} {d:<12} {h}" for k, d, h in describe_fields())
     p = argparse.ArgumentParser(
         prog="python -m netrl",
@@ -70,12 +75,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 
-# Flags that only some roles use: given to another, they would be ignored without a word (the demo picks free ports
-# on localhost; --status asks the server on this machine through server.status_port).
+# Flags that only some roles use: given to another, they would be ignored without a word, and the user misled (a
+# `--server --run-name B` is no server for run B: its spool, with run A's samples, goes to run B's trainer).
 _FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",), "bind_ip": ("server",),
                "worker_id": ("worker",), "epochs": ("trainer", "demo"), "wandb": ("trainer", "demo"),
                "server_ip": ("worker", "trainer"), "trainer_port": ("server", "trainer"),
-               "worker_port": ("server", "worker")}
+               "worker_port": ("server", "worker"), "run_name": ("worker", "trainer", "demo"),
+               "keys_dir": ("server", "worker", "trainer", "demo", "keygen")}
+# Why a role does not use a flag, where that is not plain
+_FREE_PORTS = "it picks free ports on localhost"
+_WHY_NOT = {("demo", "server_ip"): _FREE_PORTS, ("demo", "trainer_port"): _FREE_PORTS,
+            ("demo", "worker_port"): _FREE_PORTS, ("plot", "run_name"): "give the run as --plot RUN",
+            ("server", "run_name"): "a server serves every run: its spool, server.spool_dir (default "
+                                    "<weights_folder>/server-spool), is shared by them all"}
 
 
 def _flags_for_other_roles(args: argparse.Namespace) -> list[str]:
@@ -84,10 +96,11 @@ def _flags_for_other_roles(args: argparse.Namespace) -> list[str]:
     for flag, roles in _FLAG_ROLES.items():
         if getattr(args, flag) in (None, "", False) or args.role in roles:
             continue
-        why = (" (it picks free ports on localhost)" if args.role == "demo" and flag in ("server_ip", "trainer_port",
-                                                                                        "worker_port") else "")
-        problems.append(f"--{flag.replace('_', '-')} is for {' and '.join('--' + r for r in roles)}; --{args.role} "
-                        f"does not use it{why}")
+        names = [f"--{r}" for r in roles]
+        either = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        why = _WHY_NOT.get((args.role, flag))
+        problems.append(f"--{flag.replace('_', '-')} is for {either}; --{args.role} does not use it"
+                        + (f" ({why})" if why else ""))
     return problems
 
 
@@ -96,6 +109,8 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
 
     Each value is checked here, on its own, so that a bad flag is reported as the flag, not as config.json; a
     rejected flag is left out of the overrides."""
+    from netrl.config import FLAG_KEYS, check_value
+
     overrides: dict[str, Any] = {}
     problems: list[str] = []
     for flag, key in FLAG_KEYS.items():
@@ -109,7 +124,17 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
             overrides[key] = value
     if args.episodes is not None and args.episodes < 1:
         problems.append(f"--episodes must be >= 1 (got {args.episodes}); leave it out to run until stopped")
+    if args.role == "keygen":  # found by keygen, they were a runtime error (exit 1) that did not name the flag
+        from netrl.keys import worker_name_problem
+
+        problems += [f"--workers {json.dumps(name)} {problem}" for name in _worker_names(args)
+                     if (problem := worker_name_problem(name))]
     return overrides, problems
+
+
+def _worker_names(args: argparse.Namespace) -> list[str]:
+    """The names in ``--workers robot-1,robot-2`` (spaces around a name and empty entries left out)."""
+    return [name.strip() for name in args.workers.split(",") if name.strip()]
 
 
 def setup_logging(role: str, level: str) -> None:
@@ -171,6 +196,8 @@ def configure_torch(cfg: Config, role: str) -> None:
     Only the role's own device is checked: one config.json serves a GPU trainer and CPU-only workers."""
     import torch
 
+    from netrl.errors import ConfigError
+
     wanted = {"worker.device": cfg.worker.device} if role == "worker" else {"trainer.device": cfg.trainer.device}
     missing = [f'{key} is "{device}", but this torch {torch.__version__} has no '
                f'{"CUDA" if device.startswith("cuda") else "MPS"} device; use "cpu" (or null for the trainer)'
@@ -184,6 +211,16 @@ def configure_torch(cfg: Config, role: str) -> None:
         torch.manual_seed(cfg.seed)
 
 
+def folders_used(role: str, cfg: Config) -> str:
+    """The absolute folders ``role`` uses, for its first log line: relative paths in config.json are relative to the
+    folder netrl starts in (as in tmrl), not to the config file, so the same --config started elsewhere quietly
+    starts a new run, or finds no keys."""
+    folders = [("spool folder", cfg.server_spool_dir) if role == "server" else ("run folder", cfg.run_dir)]
+    if cfg.security == "curve":
+        folders.append(("keys folder", Path(cfg.keys_dir)))
+    return ", ".join(f"{what} {os.path.abspath(path)}" for what, path in folders)
+
+
 def run_keygen(cfg: Config, workers: list[str]) -> None:
     from netrl.keys import keygen
 
@@ -191,11 +228,19 @@ def run_keygen(cfg: Config, workers: list[str]) -> None:
     for path in written:
         log.info("wrote %s", path)
     log.info("keys in %s/: keep server/ on the server, copy trainer/ to the trainer machine and workers/<name>/ to "
-             "each worker (see the README's Security section)%s", cfg.keys_dir, "" if written else "; nothing new")
+             "each worker (see the README's Security section)%s", os.path.abspath(cfg.keys_dir),
+             "" if written else "; nothing new")
 
 
 def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "config.json",
              episodes: int | None = None) -> None:
+    """Run ``role`` (one of :data:`ROLES`) until it ends or ``stop`` is set.
+
+    Raises:
+        ValueError: ``role`` is not one of :data:`ROLES` (it used to run a trainer).
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: run_role runs {', '.join(ROLES)}")
     if cfg.security == "none" and role in ("worker", "trainer"):
         log.warning("SECURITY IS OFF (\"security\": \"none\"): this %s talks to the server unencrypted and "
                     "unauthenticated; anyone on the path can read or forge its traffic", role)
@@ -217,7 +262,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         from netrl.worker import RolloutWorker
 
         RolloutWorker.from_config(cfg, pipeline).run(cfg.worker.test_episode_interval, episodes, stop=stop)
-    else:
+    else:  # (the trainer: ROLES holds no other)
         from netrl.trainer import Trainer
 
         Trainer.from_config(cfg, pipeline).run(stop)
@@ -232,10 +277,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from netrl.config import load_config
+    from netrl.errors import ConfigError, NetrlError
+
     args = _parser().parse_args(argv)
-    if args.plot:
+    if args.plot is not None:  # `--plot ""` (an unset shell variable) too: it left no role, and ran a trainer
         args.role = "plot"
     overrides, flag_problems = _flag_overrides(args)
+    if args.plot is not None and not args.plot.strip():
+        flag_problems.append(f"--plot needs a run name, a run folder or a CSV file (got {json.dumps(args.plot)})")
     flag_problems += _flags_for_other_roles(args)
     errors = [ConfigError(flag_problems, "command line")] if flag_problems else []
     # --plot of a folder or file, and --keygen with --keys-dir, need nothing from a config file: without one, the
@@ -246,7 +296,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                    "to find a run of that name under its weights_folder"], "command line"))
     try:
         cfg = load_config(None if self_contained or (args.role == "plot" and not Path(args.config).exists())
-                          else args.config, overrides)
+                          else args.config, overrides, args.role)
     except ConfigError as exc:
         errors.append(exc)
     if errors:  # the flags' problems and the file's, all at once
@@ -259,7 +309,7 @@ def _main(argv: Sequence[str] | None) -> int:
     watch_launcher(stop, grace_s=3.0 if args.role == "server" else 0.0)
     try:
         if args.role == "keygen":
-            run_keygen(cfg, [w.strip() for w in args.workers.split(",") if w.strip()])
+            run_keygen(cfg, _worker_names(args))
         elif args.role == "status":
             from netrl.status import dump_json, format_status, query_status
 
@@ -282,6 +332,7 @@ def _main(argv: Sequence[str] | None) -> int:
             run_dir = given if given.is_dir() else given.parent if given.is_file() else Path(cfg.weights_folder) / given
             log.info("wrote %s", plot_run(run_dir))
         else:
+            log.info("%s", folders_used(args.role, cfg))
             run_role(args.role, cfg, stop, args.config, args.episodes)
     except ConfigError as exc:  # found once the role started (a device, an env id): still a config problem
         log.error("%s", exc)

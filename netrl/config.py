@@ -18,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,9 +35,11 @@ from netrl.config_checks import (
     folder,
     ge,
     gt,
+    home,
     host,
     nonempty,
     optional,
+    optional_folder,
     pipeline_name,
     port,
     sizes,
@@ -78,10 +82,13 @@ def flag_for(key: str) -> str | None:
     return next((f"--{dest.replace('_', '-')}" for dest, k in FLAG_KEYS.items() if k == key), None)
 
 
-def _f(default: Any, help: str, check: Check | None = None) -> Any:
+def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A field with its ``help`` line, the ``check`` its value must pass, and a ``convert`` applied before the check
+    (see :func:`netrl.config_build.field_problem`)."""
+    metadata = {"help": help, "check": check, "convert": convert}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, "check": check})
-    return field(default=default, metadata={"help": help, "check": check})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,14 @@ class EnvConfig:
 
 
 def seconds(v: float) -> str | None:
-    """A network interval or delay: ZeroMQ takes some as 32-bit milliseconds."""
+    """An interval, delay or timeout: ZeroMQ takes some as 32-bit milliseconds, and a wait beyond
+    threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) stopped a role with OverflowError."""
     return None if 0 < v <= MAX_SECONDS else f"must be > 0 and at most {MAX_SECONDS:g} (a day)"
+
+
+def seconds_or_zero(v: float) -> str | None:
+    """As :func:`seconds`, where 0 means none (no wait, no status lines)."""
+    return None if 0 <= v <= MAX_SECONDS else f"must be >= 0 and at most {MAX_SECONDS:g} (a day)"
 
 
 @dataclass(frozen=True)
@@ -119,10 +132,12 @@ class ServerConfig:
     min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", ge(1))
     max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
                                "waiting up to this size (fewer messages and acknowledgements under load)", ge(1))
-    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", gt(0))
+    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", seconds)
     max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", ge(1))
-    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled", gt(0))
-    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)")
+    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled",
+                               seconds)
+    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)",
+                               optional_folder, home)
     spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
                               "may also keep up to a quarter more in emptied 64 MB files for reuse)", ge(0))
     fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
@@ -140,7 +155,7 @@ class WorkerConfig:
                                optional(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
     device: str = _f("cpu", "inference device of the worker's policy", torch_device)
     min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", ge(1))
-    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", gt(0))
+    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", seconds)
     max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", optional(ge(1)))
     test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", ge(0))
     throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
@@ -149,7 +164,8 @@ class WorkerConfig:
                                 ge(1))
     send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
                                 "them: image packets at full speed need about 32 MB)", ge(1))
-    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged", ge(0))
+    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged",
+                                 seconds_or_zero)
     compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
                             "CPU, but finds little in noisy camera frames) or none")
 
@@ -207,14 +223,15 @@ class WandbConfig:
 class Config:
     config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
     run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", file_name)
-    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder)
+    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder, home)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
-    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)", ge(0))
+    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)",
+                                seconds_or_zero)
     # gymnasium and numpy refuse seeds < 0
     seed: int | None = _f(None, "random seed (null: random); each worker adds a number made from its worker_id, so "
                           "workers explore differently, and each the same way every run", optional(ge(0)))
     security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
-    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder)
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder, home)
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -228,9 +245,22 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.weights_folder) / self.run_name
 
+    @property
+    def server_spool_dir(self) -> Path:
+        """The folder a server started with this config spools into."""
+        return Path(self.server.spool_dir) if self.server.spool_dir else Path(self.weights_folder) / "server-spool"
 
-def _cross_checks(cfg: Config) -> list[Problem]:
-    """Checks on the whole config (the version, and rules between fields); each message names every field."""
+
+# The roles a check between fields applies to (None: a config loaded without a role, as by the Python API, gets
+# every check). A worker or trainer on another machine never binds the server's ports, so a clash among them is no
+# concern of theirs; the demo's server gets free ports of its own.
+_SERVER_ROLES = (None, "server")
+_RUN_ROLES = (None, "worker", "trainer")  # the roles that write into <weights_folder>/<run_name>/
+
+
+def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
+    """Checks on the whole config (the version, and rules between fields) for ``role``; each message names every
+    field."""
     problems: list[Problem] = []
     if cfg.config_version != CONFIG_VERSION:
         problems.append((("config_version",),
@@ -238,8 +268,15 @@ def _cross_checks(cfg: Config) -> list[Problem]:
     ports = {"network.trainer_port": cfg.network.trainer_port, "network.worker_port": cfg.network.worker_port,
              "server.status_port": cfg.server.status_port}
     for (a, pa), (b, pb) in itertools.combinations(ports.items(), 2):
-        if pa == pb:
+        if pa == pb and role in _SERVER_ROLES:
             problems.append(((a, b), f"{a} and {b} must differ (both {pa})"))
+    if role in _RUN_ROLES and os.path.realpath(cfg.run_dir) == os.path.realpath(cfg.server_spool_dir):
+        # the trainer then found the server's lock on its run folder, and blamed a second trainer
+        spool = ("server.spool_dir" if cfg.server.spool_dir else "server.spool_dir is null: <weights_folder>/"
+                 "server-spool")
+        problems.append((("run_name", "weights_folder", "server.spool_dir"),
+                         f'run_name "{cfg.run_name}" makes the run folder {cfg.run_dir} the server\'s spool folder '
+                         f"({spool}): choose another run_name (--run-name), or another server.spool_dir"))
     if cfg.memory.memory_size < cfg.memory.batch_size:
         problems.append((("memory.memory_size", "memory.batch_size"),
                          f"memory.memory_size ({cfg.memory.memory_size}) must be >= memory.batch_size "
@@ -273,11 +310,15 @@ def _cross_checks(cfg: Config) -> list[Problem]:
     return problems
 
 
-def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None) -> Config:
+def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, role: str | None = None) -> Config:
     """The config, or a :class:`ConfigError` from ``source`` (naming the command-line flags too when a problem
     involves one of the ``flagged`` keys) with every problem found. Every field is checked; a whole-config check
-    runs unless a field it involves was rejected (the config then holds that field's default, which would make its
-    message wrong)."""
+    runs if it concerns ``role``, and unless a field it involves was rejected (the config then holds that field's
+    default, which would make its message wrong)."""
+    deep = _too_deep(data)
+    if deep is not None:
+        raise ConfigError([f"{deep} nests objects and lists more than {MAX_DEPTH} levels deep; no setting needs that "
+                           "many"], source)
     rejected: list[tuple[str, str]] = []
     cfg = typing.cast(Config, build_dataclass(Config, data, "", rejected))
     bad = {key for key, _ in rejected}
@@ -286,12 +327,33 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None) 
         return any(b == "" or key == b or key.startswith(b + ".") for b in bad)
 
     problems: list[Problem] = [((key,), message) for key, message in rejected]
-    problems += [p for p in _cross_checks(cfg) if not any(involves_bad(k) for k in p[0])]
+    problems += [p for p in _cross_checks(cfg, role) if not any(involves_bad(k) for k in p[0])]
     if problems:
         if any(key in (flagged or {}) for keys, _ in problems for key in keys):
             source = f"{source} with the command-line flags"
         raise ConfigError([message for _, message in problems], source)
     return cfg
+
+
+# The deepest nesting of objects and lists a config may have (env.kwargs is the user's): a config that parsed but
+# nests hundreds of levels stopped a trainer with RecursionError when it saved its config beside its checkpoints
+MAX_DEPTH = 32
+
+
+def _too_deep(data: Any) -> str | None:
+    """The key (at most section.field, e.g. env.kwargs) under which ``data`` nests deeper than :data:`MAX_DEPTH`, or
+    None. Walked without recursion: recursion is what the limit is for."""
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(data, 1, ())]
+    while stack:
+        node, depth, where = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_DEPTH:
+            return ".".join(where) or "the config"
+        named = isinstance(node, dict) and len(where) == depth - 1 < 2  # objects all the way down from the top
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack += [(child, depth + 1, (*where, str(key)) if named else where) for key, child in items]
+    return None
 
 
 def check_value(key: str, value: Any) -> str | None:
@@ -309,9 +371,10 @@ def check_value(key: str, value: Any) -> str | None:
     return field_problem(fields[leaf], typing.get_type_hints(cls)[leaf], value)[0]
 
 
-def config_from_dict(data: Any, source: str = "config") -> Config:
-    """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found."""
-    return _validate(data, source)
+def config_from_dict(data: Any, source: str = "config", role: str | None = None) -> Config:
+    """Build a :class:`Config` from parsed JSON, raising :class:`ConfigError` with every problem found (for ``role``,
+    as :func:`load_config`)."""
+    return _validate(data, source, role=role)
 
 
 class _DuplicateKey(Exception):
@@ -347,15 +410,19 @@ def _read_text(path: Path) -> str:
     raise ConfigError([problem], str(path))
 
 
-def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> Config:
+def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None,
+                role: str | None = None) -> Config:
     """Load config.json (None: the defaults), apply ``overrides`` (dotted key -> value, from CLI flags) and validate.
+
+    ``role`` (``"server"``, ``"worker"``...) limits the checks between fields to those that concern it: a remote
+    worker is not refused for a clash between ports only the server binds. None (the default) checks everything.
 
     Raises:
         ConfigError: the file is missing, unreadable or not JSON, or has invalid values (all problems listed). When
             a problem involves an overridden key, the error names the command-line flags as well as the file.
     """
     if path is None:
-        return _validate(_apply(overrides or {}, {}), "defaults", overrides)
+        return _validate(_apply(overrides or {}, {}), "defaults", overrides, role)
     path = Path(path)
     text = _read_text(path)
     try:
@@ -364,7 +431,14 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
     except _DuplicateKey as exc:
         raise ConfigError([f'{path} sets "{exc}" twice in one object; keep one of them'], str(path)) from None
-    return _validate(_apply(overrides or {}, data), path.name, overrides)
+    except RecursionError:  # JSON, but deeper than Python's parser goes: it was a traceback
+        raise ConfigError([f"{path} is not valid JSON here: its objects and lists nest deeper than Python reads; no "
+                           f"setting needs more than {MAX_DEPTH} levels"], str(path)) from None
+    except ValueError as exc:  # JSON, but a number Python refuses to read (an integer of thousands of digits)
+        why = (f"a number in it has more than {sys.get_int_max_str_digits()} digits, which Python refuses to read"
+               if "integer string conversion" in str(exc) else str(exc))
+        raise ConfigError([f"{path} is not valid JSON here: {why}; no setting takes such a value"], str(path)) from None
+    return _validate(_apply(overrides or {}, data), path.name, overrides, role)
 
 
 def _apply(overrides: Mapping[str, Any], data: Any) -> Any:

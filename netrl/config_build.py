@@ -72,10 +72,14 @@ def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
 
 
 def field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str | None, Any]:
-    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value)."""
+    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value). A field's ``convert``
+    (e.g. expanding ``~`` in a folder) runs before its ``check``, so the check sees the value the config holds."""
     ok, conv = _convert(value, tp)
     if not ok:
         return f"must be {_type_name(tp)}", value
+    convert = f.metadata.get("convert")
+    if convert:
+        conv = convert(conv)
     check = f.metadata.get("check")
     return (check(conv) if check else None), conv
 

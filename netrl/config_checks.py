@@ -6,13 +6,14 @@ in :mod:`netrl.config` lists every problem.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILT_IN_PIPELINES", "Check", "between", "file_name", "folder", "ge", "gt", "host", "nonempty", "optional",
-           "pipeline_name", "port", "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge", "gt", "home",
+           "host", "nonempty", "optional", "optional_folder", "pipeline_name", "port", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -61,11 +62,21 @@ def host(v: str) -> str | None:
     return None if HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
 
 
+# The longest run_name, in bytes: file systems allow 255 for a name, and netrl makes longer ones from it (the demo
+# moves a finished run to <run_name>-<date>-<time>, beside its lock .<run_name>.demo-lock)
+MAX_NAME_BYTES = 200
+
+
 def file_name(v: str) -> str | None:
     if not v.strip():
         return "must not be empty"
-    return None if v not in (".", "..") and not set("/\\") & set(v) else (
-        "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)")
+    if v in (".", "..") or set("/\\") & set(v):
+        return "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)"
+    size = len(v.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:  # it passed, then the role that made the folder stopped with "File name too long"
+        return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file systems allow 255 for a name, and "
+                "netrl makes longer names from it")
+    return None
 
 
 DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")
@@ -75,10 +86,20 @@ def torch_device(v: str) -> str | None:
     return None if DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
 
 
+def home(v: Any) -> Any:
+    """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``, run before its
+    check): JSON has no shell to expand it, and a literal ``~`` folder appeared in the current one."""
+    return os.path.expanduser(v) if isinstance(v, str) else v
+
+
 def folder(v: str) -> str | None:
-    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file."""
+    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file. A leading ``~`` is
+    expanded before (see :func:`home`): one still there names no home folder."""
     if not v.strip():
         return "must not be empty"
+    if v.startswith("~"):
+        return (f"starts with {v.split('/')[0]}, but this machine has no such home folder (is HOME set?): give the "
+                "full path, or ./~... for a folder of that name")
     path = Path(v)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
@@ -92,3 +113,10 @@ def sizes(v: list[int]) -> str | None:
 
 def optional(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
+
+
+def optional_folder(v: str | None) -> str | None:
+    """:func:`folder`, or null for the default; "" is not taken for null (a user who wrote it meant something)."""
+    if v is not None and not v.strip():
+        return "must not be empty (null: the default)"
+    return optional(folder)(v)

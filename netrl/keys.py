@@ -33,11 +33,15 @@ from netrl.errors import SecurityError
 from netrl.status import worth_logging
 from netrl.wire import PEER_NAME, PEER_NAME_RULE
 
-__all__ = ["ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen", "server_keys"]
+__all__ = ["RESERVED_WORKER_NAMES", "ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen",
+           "server_keys", "worker_name_problem"]
 
 log = logging.getLogger(__name__)
 
 SHARED_WORKER = "worker"
+# Names a worker's own key cannot take, and why (a worker *named* "worker" is fine: it uses the shared key)
+RESERVED_WORKER_NAMES = {SHARED_WORKER: "it names the shared worker key, which --keygen always makes",
+                         "server": "a worker's key folder holds the server's public key as server.key"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,14 @@ def _public_of(secret_file: Path) -> bytes:
     return public
 
 
+def worker_name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as the name of a worker's own key (keygen's ``workers``), or None."""
+    if not PEER_NAME.fullmatch(name):
+        return f"is not a valid worker name: it must be {PEER_NAME_RULE}"
+    why = RESERVED_WORKER_NAMES.get(name)
+    return f"is reserved: {why}; give this worker another name" if why else None
+
+
 def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool = False) -> list[Path]:
     """Create the server, trainer and shared worker keys (if missing) plus one key per named worker, and repair
     what a client folder or the server's allow-lists lack: a missing or outdated copy of the server's public key
@@ -99,10 +111,10 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
     Every folder under ``keys_dir`` is made private (0700) before a secret is written. Returns the files written.
     """
     root = Path(keys_dir)
-    names = [SHARED_WORKER, *(workers or [])]
-    bad = [n for n in names if not PEER_NAME.fullmatch(n)]
+    bad = [f"{name!r} {problem}" for name in workers or [] if (problem := worker_name_problem(name))]
     if bad:
-        raise SecurityError(f"worker names {bad} are not valid key names ({PEER_NAME_RULE})")
+        raise SecurityError(f"worker names that are not valid key names: {'; '.join(bad)}")
+    names = [SHARED_WORKER, *(workers or [])]
     written: list[Path] = []
     server_dir = root / "server"
     if force and root.exists():

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -126,6 +127,33 @@ def test_values_that_would_fail_later_are_refused_up_front() -> None:
     assert (cfg.network.server_ip, cfg.server.bind_ip) == ("gpu-box.lan", "0.0.0.0")
 
 
+def test_a_run_name_too_long_for_the_file_system_is_refused(tmp_path: Path) -> None:
+    # 300 characters passed, then the role stopped with "OSError: File name too long" making the folder
+    long = "r" * 300
+    assert problems({"run_name": long}) == [
+        "run_name must be at most 200 bytes in UTF-8, not 300: file systems allow 255 for a name, and netrl makes "
+        f'longer names from it (got "{long}")']
+    assert len(problems({"run_name": "é" * 101})) == 1  # bytes, not characters: 202 of them
+    longest = "r" * 200
+    (tmp_path / f".{longest}.demo-lock").touch()  # the longest name netrl makes from it fits (the demo's)
+    (tmp_path / f"{longest}-20250101-120000").mkdir()
+    assert config_from_dict({"run_name": longest}).run_name == longest
+
+
+def test_every_seconds_field_is_bounded_like_the_network_ones() -> None:
+    # worker.flush_timeout_s 1e12 stopped the worker with OverflowError (beyond threading.TIMEOUT_MAX) at its end
+    assert problems({"status_interval_s": 1e12, "worker": {"flush_timeout_s": 1e12, "max_packet_delay_s": 1e12},
+                     "server": {"max_packet_delay_s": 1e12, "spool_after_s": 86400.5}}) == [
+        "status_interval_s must be >= 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "worker.flush_timeout_s must be >= 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "worker.max_packet_delay_s must be > 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "server.max_packet_delay_s must be > 0 and at most 86400 (a day) (got 1000000000000.0)",
+        "server.spool_after_s must be > 0 and at most 86400 (a day) (got 86400.5)",
+    ]
+    cfg = config_from_dict({"status_interval_s": 0, "worker": {"flush_timeout_s": 0}})  # 0: none, no wait
+    assert (cfg.status_interval_s, cfg.worker.flush_timeout_s) == (0.0, 0.0)
+
+
 def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> None:
     from netrl.__main__ import configure_torch
     from netrl.envs import GenericGymEnv
@@ -159,6 +187,31 @@ def test_folders_that_are_files_are_refused(tmp_path: Path) -> None:
     ]
 
 
+def test_the_spool_folder_is_checked_like_the_other_folders(tmp_path: Path) -> None:
+    # "afile/spool" failed only when the server started, without naming the key; "" was silently null
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert problems({"server": {"spool_dir": str(afile / "spool")}}) == [
+        f'server.spool_dir lies inside {afile}, which is a file (got "{afile / "spool"}")']
+    assert problems({"server": {"spool_dir": ""}}) == [
+        'server.spool_dir must not be empty (null: the default) (got "")']
+    assert config_from_dict({"server": {"spool_dir": None}}).server_spool_dir == Path("weights/server-spool")
+
+
+def test_a_leading_tilde_in_a_folder_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # JSON has no shell to expand it: "~/netrl-keys" made a folder named "~" in the current one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = config_from_dict({"keys_dir": "~/k", "weights_folder": "~", "server": {"spool_dir": "~/s"}})
+    assert (cfg.keys_dir, cfg.weights_folder, cfg.server.spool_dir) == (
+        str(tmp_path / "home" / "k"), str(tmp_path / "home"), str(tmp_path / "home" / "s"))
+    assert main(["--keygen", "--keys-dir", "~/keys"]) == 0  # a quoted flag, as config.json
+    assert (tmp_path / "home" / "keys" / "server" / "server.key").exists() and not (tmp_path / "~").exists()
+    assert problems({"keys_dir": "~no-such-user-netrl/k"}) == [
+        "keys_dir starts with ~no-such-user-netrl, but this machine has no such home folder (is HOME set?): give the "
+        'full path, or ./~... for a folder of that name (got "~no-such-user-netrl/k")']
+
+
 def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Path) -> None:
     twice = tmp_path / "config.json"
     twice.write_text('{"trainer": {"epochs": 3, "epochs": 30}}')
@@ -167,6 +220,27 @@ def test_a_key_set_twice_is_an_error_and_a_byte_order_mark_is_fine(tmp_path: Pat
     bom = tmp_path / "bom.json"
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"trainer": {"epochs": 3}}')
     assert load_config(bom).trainer.epochs == 3
+
+
+def test_json_that_python_cannot_read_is_a_config_error_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    digits = tmp_path / "digits.json"  # JSON allows any number of digits; Python refuses more than 4300
+    digits.write_text('{"seed": ' + "9" * 5000 + "}")
+    assert main(["--server", "--config", str(digits)]) == 2
+    assert capsys.readouterr().err == (
+        f"netrl: invalid {digits} (1 problem)\n  {digits} is not valid JSON here: a number in it has more than "
+        f"{sys.get_int_max_str_digits()} digits, which Python refuses to read; no setting takes such a value\n")
+    deep = tmp_path / "deep.json"  # deeper than Python's parser goes: RecursionError
+    deep.write_text('{"env": {"kwargs": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}}")
+    with pytest.raises(ConfigError, match="is not valid JSON here: its objects and lists nest deeper than Python "
+                                          "reads; no setting needs more than 32 levels"):
+        load_config(deep)
+    # deep enough to parse, but a trainer stopped with RecursionError saving its config beside its checkpoints
+    deep.write_text('{"env": {"kwargs": {"a": ' + "[" * 500 + "]" * 500 + "}}}")
+    with pytest.raises(ConfigError) as info:
+        load_config(deep)
+    assert info.value.problems == ["env.kwargs nests objects and lists more than 32 levels deep; no setting needs "
+                                   "that many"]
 
 
 def test_error_message_counts_problems() -> None:
@@ -198,9 +272,18 @@ def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("netrl.__main__.load_config", interrupted)  # what Ctrl+C in the first moments looks like
+    monkeypatch.setattr("netrl.config.load_config", interrupted)  # what Ctrl+C in the first moments looks like
     assert main(["--server"]) == 1
     assert capsys.readouterr().err == "netrl: interrupted\n"
+
+
+def test_the_command_line_module_imports_only_the_standard_library_before_main() -> None:
+    # its imports run outside main()'s try: a Ctrl+C while netrl.config imported numpy (a tenth of a second) was a
+    # KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
+    out = subprocess.run([sys.executable, "-c", "import sys, netrl.__main__; print(sorted(m for m in sys.modules if "
+                          "m.split('.')[0] in ('numpy', 'zmq', 'torch') or m.startswith('netrl.')))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "['netrl.__main__']\n"
 
 
 def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
@@ -217,6 +300,26 @@ def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
     assert capsys.readouterr().err == ("netrl: invalid command line (1 problem)\n  --plot run-name-only: no such run "
                                        "folder or CSV file here, and no config.json to find a run of that name under "
                                        "its weights_folder\n")
+
+
+def test_keygen_worker_names_are_checked_as_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "robot 1" was a runtime error (exit 1) naming no flag; "worker" silently meant the shared key
+    keys = str(tmp_path / "keys")
+    assert main(["--keygen", "--keys-dir", keys, "--workers", "robot-1,robot 1, worker ,server"]) == 2
+    assert capsys.readouterr().err == (
+        "netrl: invalid command line (3 problems)\n"
+        '  --workers "robot 1" is not a valid worker name: it must be 1 to 64 letters, digits, \'.\', \'_\' or \'-\', '
+        "starting with a letter or digit\n"
+        '  --workers "worker" is reserved: it names the shared worker key, which --keygen always makes; give this '
+        "worker another name\n"
+        '  --workers "server" is reserved: a worker\'s key folder holds the server\'s public key as server.key; give '
+        "this worker another name\n")
+    assert not (tmp_path / "keys").exists()
+    from netrl.errors import SecurityError
+    from netrl.keys import keygen
+
+    with pytest.raises(SecurityError, match="'worker' is reserved"):  # the Python API refuses them too
+        keygen(keys, ["worker"])
 
 
 def test_cli_flags_override_config_and_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -259,7 +362,7 @@ def test_cli_reports_unreadable_config_paths(tmp_path: Path, capsys: pytest.Capt
 def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty.json"
     empty.write_text("{}")
-    assert main(["--server", "--config", str(empty), "--trainer-port", "70000", "--run-name", " "]) == 2
+    assert main(["--trainer", "--config", str(empty), "--trainer-port", "70000", "--run-name", " "]) == 2
     assert capsys.readouterr().err == ("netrl: invalid command line (2 problems)\n"
                                        "  --trainer-port must be a TCP port between 1 and 65535 (got 70000)\n"
                                        '  --run-name must not be empty (got " ")\n')
@@ -280,7 +383,7 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: p
 def test_field_problems_do_not_hide_each_other() -> None:
     assert problems({"agent": {"hidden_sizes": [0]}, "config_version": 2, "status_interval_s": -1}) == [
         "agent.hidden_sizes must be a non-empty list of sizes >= 1 (got [0])",
-        "status_interval_s must be >= 0 (got -1)",
+        "status_interval_s must be >= 0 and at most 86400 (a day) (got -1)",
         "config_version 2 is not supported; this netrl reads 1",
     ]
     # a check between fields still runs next to a field problem, but not on a field that was rejected
@@ -295,6 +398,54 @@ def test_field_problems_do_not_hide_each_other() -> None:
         'config_version must be an integer (got "2")',
         "network must be an object (got [])",
     ]
+
+
+def test_port_clashes_concern_only_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # a remote worker was refused for --worker-port 55557 because of server.status_port, which it never uses
+    ran = []
+    monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append((role, cfg)))
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--worker", "--config", str(empty), "--server-ip", "203.0.113.7", "--worker-port", "55557"]) == 0
+    assert main(["--trainer", "--config", str(empty), "--server-ip", "203.0.113.7", "--trainer-port", "55556"]) == 0
+    assert [(role, cfg.network.worker_port, cfg.network.trainer_port) for role, cfg in ran] == [
+        ("worker", 55557, 55555), ("trainer", 55556, 55556)]
+    assert main(["--server", "--config", str(empty), "--worker-port", "55557"]) == 2  # the server binds them all
+    assert capsys.readouterr().err.endswith("  network.worker_port and server.status_port must differ (both 55557)\n")
+    with pytest.raises(ConfigError, match=r"network\.trainer_port and network\.worker_port must differ"):
+        load_config(empty, {"network.trainer_port": 55556})  # without a role (the Python API): every check
+
+
+def test_each_role_logs_the_absolute_folders_it_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # relative folders are relative to the folder netrl starts in, not to the config file: say which ones those are
+    monkeypatch.setattr("netrl.__main__.run_role", lambda *args: None)
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "config.json").write_text('{"weights_folder": "w", "server": {"spool_dir": "../s"}}')
+    assert main(["--worker", "--config", "project/config.json"]) == 0
+    assert f"run folder {tmp_path}/w/pendulum-sac, keys folder {tmp_path}/keys\n" in capsys.readouterr().out
+    assert main(["--server", "--config", "project/config.json"]) == 0
+    assert f"spool folder {tmp_path.parent}/s, keys folder {tmp_path}/keys\n" in capsys.readouterr().out
+    assert main(["--keygen", "--keys-dir", "k"]) == 0
+    assert f"keys in {tmp_path}/k/: keep server/ on the server" in capsys.readouterr().out
+
+
+def test_a_run_folder_that_is_the_server_spool_folder_is_refused() -> None:
+    # run_name "server-spool" made the trainer find the server's lock on its run folder, and blame a second trainer
+    assert problems({"run_name": "server-spool"}) == [
+        'run_name "server-spool" makes the run folder weights/server-spool the server\'s spool folder '
+        "(server.spool_dir is null: <weights_folder>/server-spool): choose another run_name (--run-name), or another "
+        "server.spool_dir"]
+    assert problems({"run_name": "a", "weights_folder": "w", "server": {"spool_dir": "./w/a"}}) == [
+        'run_name "a" makes the run folder w/a the server\'s spool folder (server.spool_dir): choose another run_name '
+        "(--run-name), or another server.spool_dir"]
+    config_from_dict({"run_name": "server-spool"}, role="server")  # a server has no run folder
+    config_from_dict({"run_name": "server-spool", "server": {"spool_dir": "spool"}})
+    config_from_dict({"server": {"spool_dir": "weights/pendulum-sac/server-spool"}})  # the demo's: inside the run
 
 
 def test_readme_config_table_matches_the_defaults() -> None:
@@ -344,6 +495,34 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
     assert ("--trainer-port is for --server and --trainer; --demo does not use it (it picks free ports on localhost)"
             in capsys.readouterr().err)
+    # a server has no run: `--server --run-name expB` served run B the samples run A left in the server's spool
+    assert main(["--server", "--config", str(ROOT / "config.json"), "--run-name", "expB"]) == 2
+    assert capsys.readouterr().err == (
+        "netrl: invalid command line (1 problem)\n  --run-name is for --worker, --trainer and --demo; --server does "
+        "not use it (a server serves every run: its spool, server.spool_dir (default <weights_folder>/server-spool), "
+        "is shared by them all)\n")
+    assert main(["--keygen", "--keys-dir", "k", "--run-name", "x"]) == 2
+    assert "--run-name is for --worker, --trainer and --demo; --keygen does not use it\n" in capsys.readouterr().err
+    assert main(["--status", "--config", str(ROOT / "config.json"), "--run-name", "x", "--keys-dir", "k"]) == 2
+    err = capsys.readouterr().err
+    assert "--run-name is for --worker, --trainer and --demo; --status does not use it\n" in err
+    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --status does not use it\n" in err
+    assert main(["--plot", str(ROOT), "--run-name", "x", "--keys-dir", "k"]) == 2
+    err = capsys.readouterr().err
+    assert ("--run-name is for --worker, --trainer and --demo; --plot does not use it (give the run as --plot RUN)\n"
+            in err)
+    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --plot does not use it\n" in err
+
+
+def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--plot "$RUN"` with RUN unset: "" is false, so no role was set, and run_role() fell through to the trainer
+    assert main(["--plot", "", "--config", str(ROOT / "config.json")]) == 2
+    assert capsys.readouterr().err == ('netrl: invalid command line (1 problem)\n  --plot needs a run name, a run '
+                                       'folder or a CSV file (got "")\n')
+    from netrl.__main__ import run_role
+
+    with pytest.raises(ValueError, match="unknown role 'plot': run_role runs server, worker, trainer, demo"):
+        run_role("plot", Config(), threading.Event())
 
 
 OWN_PIPELINE = '''
