@@ -99,8 +99,11 @@ def _returns(metrics: Path) -> list[float]:
     return [float(r["return_mean"]) for r in read_rows(metrics) if r.get("return_mean")]
 
 
-def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
-    """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C."""
+def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: str = "INFO") -> None:
+    """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C.
+
+    ``log_level`` is the launcher's ``--log-level``, and the three roles log at it too; at the default INFO the
+    worker logs warnings only, so that the trainer's round lines are what the demo shows."""
     from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
 
     run_dir = cfg.run_dir
@@ -121,12 +124,12 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
 
             if keygen(cfg.keys_dir):
                 log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
-        _run_demo(cfg, run_dir, stop)
+        _run_demo(cfg, run_dir, stop, log_level)
     finally:
         lock.release()
 
 
-def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event) -> None:
+def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str) -> None:
     ports = {"trainer_port": free_port(), "worker_port": free_port()}
     # the spool lives in the run folder: a finished demo moved aside takes its samples with it
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
@@ -136,10 +139,10 @@ def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event) -> None:
     log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
              "`python -m netrl --status --config %s` shows the server's state", cfg.env.id, ports["trainer_port"],
              ports["worker_port"], run_dir, demo_cfg)
-    server = spawn_role("server", demo_cfg)
+    server = spawn_role("server", demo_cfg, log_level=log_level)
     time.sleep(0.5)
-    trainer = spawn_role("trainer", demo_cfg)
-    worker = spawn_role("worker", demo_cfg, log_level="WARNING")
+    trainer = spawn_role("trainer", demo_cfg, log_level=log_level)
+    worker = spawn_role("worker", demo_cfg, log_level="WARNING" if log_level == "INFO" else log_level)
     early = None
     try:
         while not stop.is_set() and trainer.poll() is None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.conftest import small_config
 
@@ -167,3 +168,20 @@ def test_a_demo_whose_server_cannot_start_fails_instead_of_reporting_success(tmp
     assert done.returncode == 1, text[-2000:]
     assert "the demo's server exited early (code 1)" in text and "the demo did not run to its end" in text
     assert "demo done" not in text and "exited cleanly" not in text.splitlines()[-1]
+
+
+@pytest.mark.parametrize("level", ["WARNING", "INFO", "DEBUG"])
+def test_the_demos_log_level_reaches_its_three_roles(tmp_path: Path, level: str) -> None:
+    # --demo --log-level ERROR left the server, trainer and worker at INFO: spawned without a level.
+    done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(small_config(tmp_path)),
+                           "--log-level", level], capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-2000:]
+    lines = {(role, mark): f" {mark} [{role} " in text for role in ("server", "trainer", "worker") for mark in "DI"}
+    if level == "WARNING":
+        assert not any(lines.values()), text[-2000:]
+    elif level == "INFO":  # the worker logs warnings only, so that the trainer's round lines stand out
+        assert lines == {("server", "D"): False, ("server", "I"): True, ("trainer", "D"): False,
+                         ("trainer", "I"): True, ("worker", "D"): False, ("worker", "I"): False}, text[-2000:]
+    else:
+        assert all(lines.values()), text[-2000:]
