@@ -115,10 +115,11 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
     try:
         state = load_state(run_dir) if cfg.trainer.resume else None
         if state is not None and state["epoch"] >= cfg.trainer.epochs:  # a finished demo: watch it learn again
-            old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-            run_dir.rename(old)
-            log.info("demo: %s/ held a finished run (%d of %d epochs); moved it to %s/ and starting a new one", run_dir,
-                     state["epoch"], cfg.trainer.epochs, old)
+            _move_aside(run_dir, f"held a finished run ({state['epoch']} of {cfg.trainer.epochs} epochs)")
+        elif not cfg.trainer.resume and any((run_dir / name).exists() for name in _EARLIER_RUN):
+            # the trainer refuses such a folder (it never overwrites a run), and the spool would feed the old
+            # samples to the new run: resume false asks for a new run, as a finished one does
+            _move_aside(run_dir, "held an earlier run and trainer.resume is false")
         if cfg.security == "curve":
             from netrl.keys import keygen
 
@@ -127,6 +128,16 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
         _run_demo(cfg, run_dir, stop, log_level)
     finally:
         lock.release()
+
+
+_EARLIER_RUN = ("checkpoint", "samples", "server-spool")  # what a new run must not start from
+
+
+def _move_aside(run_dir: Path, why: str) -> None:
+    """Rename ``run_dir`` with the time appended, so the demo's new run starts from an empty folder."""
+    old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(old)
+    log.info("demo: %s/ %s; moved it to %s/ and starting a new one", run_dir, why, old)
 
 
 def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str) -> None:

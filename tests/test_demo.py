@@ -185,3 +185,15 @@ def test_the_demos_log_level_reaches_its_three_roles(tmp_path: Path, level: str)
                          ("trainer", "I"): True, ("worker", "D"): False, ("worker", "I"): False}, text[-2000:]
     else:
         assert all(lines.values()), text[-2000:]
+
+
+def test_a_demo_with_resume_false_moves_an_earlier_run_aside(tmp_path: Path) -> None:
+    # The trainer refuses a folder holding a checkpoint or sample log when trainer.resume is false: the demo started
+    # all three roles, then failed with exit code 1.
+    run_dir = tmp_path / "weights" / "test"
+    (run_dir / "samples").mkdir(parents=True)  # as an earlier run leaves it
+    text = _run("demo", small_config(tmp_path, trainer={"resume": False}), 120)
+    assert f"demo: {run_dir}/ held an earlier run and trainer.resume is false; moved it to" in text, text[-2000:]
+    (old,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("test-")]
+    assert (old / "samples").is_dir() and (run_dir / "checkpoint" / "CURRENT").exists()
+
