@@ -105,7 +105,9 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
     ``log_level`` is the launcher's ``--log-level``, and the three roles log at it too; at the default INFO the
     worker logs warnings only, so that the trainer's round lines are what the demo shows."""
     from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
+    from netrl.pipelines import make_pipeline
 
+    make_pipeline(cfg)  # as the worker and the trainer will: a bad env.id is exit code 2 before anything starts
     run_dir = cfg.run_dir
     # one demo per run folder, held before the folder is moved aside or its config rewritten (the other demo's
     # --status hint would point nowhere); the lock file sits next to the folder, which may be renamed

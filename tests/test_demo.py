@@ -197,3 +197,12 @@ def test_a_demo_with_resume_false_moves_an_earlier_run_aside(tmp_path: Path) -> 
     (old,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("test-")]
     assert (old / "samples").is_dir() and (run_dir / "checkpoint" / "CURRENT").exists()
 
+
+def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tmp_path: Path) -> None:
+    config = small_config(tmp_path, env={"id": "NoSuchEnv-v0"})
+    done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text[-2000:]
+    assert 'env.id "NoSuchEnv-v0" is not a Gymnasium env' in text
+    assert not any(f"[{role} " in text for role in ("server", "trainer", "worker")), text[-2000:]
