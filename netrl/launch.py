@@ -149,8 +149,10 @@ def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str)
                             server={"bind_ip": "127.0.0.1", "status_port": free_port(),
                                     "spool_dir": str(run_dir / "server-spool")})
     metrics = run_dir / "metrics.csv"  # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
+    # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1" (the default) misled
+    what = f"{cfg.env.id} (the gym pipeline)" if cfg.env.pipeline == "gym" else f"the {cfg.env.pipeline} pipeline"
     log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
-             "`python -m netrl --status --config %s` shows the server's state", cfg.env.id, ports["trainer_port"],
+             "`python -m netrl --status --config %s` shows the server's state", what, ports["trainer_port"],
              ports["worker_port"], run_dir, demo_cfg)
     server = spawn_role("server", demo_cfg, log_level=log_level)
     time.sleep(0.5)

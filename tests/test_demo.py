@@ -206,3 +206,25 @@ def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tm
     assert done.returncode == 2, text[-2000:]
     assert 'env.id "NoSuchEnv-v0" is not a Gymnasium env' in text
     assert not any(f"[{role} " in text for role in ("server", "trainer", "worker")), text[-2000:]
+
+
+@pytest.mark.parametrize(("env", "announced"), [({"pipeline": "drone"}, "demo: the drone pipeline on localhost"),
+                                                ({}, "demo: Pendulum-v1 (the gym pipeline) on localhost")])
+def test_the_demo_announces_the_pipeline_it_runs(tmp_path: Path, env: dict[str, str], announced: str) -> None:
+    # The drone and image demos announced "demo: Pendulum-v1 on localhost": env.id, which only the gym pipeline uses.
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config",
+                                 str(small_config(tmp_path, env=env))], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "on localhost" not in log.read_text() and time.monotonic() < deadline:
+            assert demo.poll() is None, log.read_text()
+            time.sleep(0.1)
+        demo.send_signal(signal.SIGINT)
+        demo.wait(timeout=20)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert announced in log.read_text(), log.read_text()[-2000:]
