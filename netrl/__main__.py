@@ -252,7 +252,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
     if role == "demo":
         from netrl.launch import run_demo
 
-        run_demo(cfg, config_path, stop)
+        run_demo(cfg, config_path, stop, logging.getLevelName(logging.getLogger().level))
         return
     configure_torch(cfg, role)
     from netrl.pipelines import make_pipeline

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import Batch
-from netrl.memory import MemoryDataloading, check_columns, draw_ends, nth_end, run_sample_preprocessor
+from netrl.memory import MemoryDataloading, allocate_ring, check_columns, draw_ends, nth_end, run_sample_preprocessor
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 
 __all__ = ["NEVER", "HistoryMemory", "transition_needs"]
@@ -110,7 +110,7 @@ class HistoryMemory(MemoryDataloading):
             raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
                              "run the same pipeline")
         cap = self.memory_size
-        stored = self._cols or {k: np.zeros((cap, *v.shape[1:]), v.dtype) for k, v in columns.items()}
+        stored = self._cols or allocate_ring(cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()})
         check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
         if not self._cols:
             self._act_spec, self._cols = act_spec, stored

@@ -99,10 +99,15 @@ def _returns(metrics: Path) -> list[float]:
     return [float(r["return_mean"]) for r in read_rows(metrics) if r.get("return_mean")]
 
 
-def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
-    """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C."""
-    from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
+def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: str = "INFO") -> None:
+    """Server, trainer and one worker on localhost (free ports), until the trainer finishes or Ctrl+C.
 
+    ``log_level`` is the launcher's ``--log-level``, and the three roles log at it too; at the default INFO the
+    worker logs warnings only, so that the trainer's round lines are what the demo shows."""
+    from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
+    from netrl.pipelines import make_pipeline
+
+    make_pipeline(cfg)  # as the worker and the trainer will: a bad env.id is exit code 2 before anything starts
     run_dir = cfg.run_dir
     # one demo per run folder, held before the folder is moved aside or its config rewritten (the other demo's
     # --status hint would point nowhere); the lock file sits next to the folder, which may be renamed
@@ -112,34 +117,47 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event) -> None:
     try:
         state = load_state(run_dir) if cfg.trainer.resume else None
         if state is not None and state["epoch"] >= cfg.trainer.epochs:  # a finished demo: watch it learn again
-            old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-            run_dir.rename(old)
-            log.info("demo: %s/ held a finished run (%d of %d epochs); moved it to %s/ and starting a new one", run_dir,
-                     state["epoch"], cfg.trainer.epochs, old)
+            _move_aside(run_dir, f"held a finished run ({state['epoch']} of {cfg.trainer.epochs} epochs)")
+        elif not cfg.trainer.resume and any((run_dir / name).exists() for name in _EARLIER_RUN):
+            # the trainer refuses such a folder (it never overwrites a run), and the spool would feed the old
+            # samples to the new run: resume false asks for a new run, as a finished one does
+            _move_aside(run_dir, "held an earlier run and trainer.resume is false")
         if cfg.security == "curve":
             from netrl.keys import keygen
 
             if keygen(cfg.keys_dir):
                 log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
-        _run_demo(cfg, run_dir, stop)
+        _run_demo(cfg, run_dir, stop, log_level)
     finally:
         lock.release()
 
 
-def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event) -> None:
+_EARLIER_RUN = ("checkpoint", "samples", "server-spool")  # what a new run must not start from
+
+
+def _move_aside(run_dir: Path, why: str) -> None:
+    """Rename ``run_dir`` with the time appended, so the demo's new run starts from an empty folder."""
+    old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(old)
+    log.info("demo: %s/ %s; moved it to %s/ and starting a new one", run_dir, why, old)
+
+
+def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str) -> None:
     ports = {"trainer_port": free_port(), "worker_port": free_port()}
     # the spool lives in the run folder: a finished demo moved aside takes its samples with it
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
                             server={"bind_ip": "127.0.0.1", "status_port": free_port(),
                                     "spool_dir": str(run_dir / "server-spool")})
     metrics = run_dir / "metrics.csv"  # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
+    # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1" (the default) misled
+    what = f"{cfg.env.id} (the gym pipeline)" if cfg.env.pipeline == "gym" else f"the {cfg.env.pipeline} pipeline"
     log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
-             "`python -m netrl --status --config %s` shows the server's state", cfg.env.id, ports["trainer_port"],
+             "`python -m netrl --status --config %s` shows the server's state", what, ports["trainer_port"],
              ports["worker_port"], run_dir, demo_cfg)
-    server = spawn_role("server", demo_cfg)
+    server = spawn_role("server", demo_cfg, log_level=log_level)
     time.sleep(0.5)
-    trainer = spawn_role("trainer", demo_cfg)
-    worker = spawn_role("worker", demo_cfg, log_level="WARNING")
+    trainer = spawn_role("trainer", demo_cfg, log_level=log_level)
+    worker = spawn_role("worker", demo_cfg, log_level="WARNING" if log_level == "INFO" else log_level)
     early = None
     try:
         while not stop.is_set() and trainer.poll() is None:

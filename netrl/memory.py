@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import Batch
+from netrl.errors import ConfigError
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 from netrl.util import takes_args
 
@@ -124,6 +125,34 @@ def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray],
 
 
 DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
+
+
+def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
+    """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``.
+
+    Their size is known only when the first packet shows a row's shapes, long after the config was accepted and the
+    trainer connected: a ``memory_size`` this machine cannot hold is reported here as the config problem it is,
+    with the bytes it needs, and not as numpy's traceback (MemoryError; ValueError past numpy's largest array).
+    """
+    row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in rows.values())
+    need = memory_size * row_bytes
+    try:
+        return {name: np.zeros((memory_size, *shape), dtype) for name, (shape, dtype) in rows.items()}
+    except (MemoryError, ValueError) as exc:
+        if isinstance(exc, ValueError) and need < np.iinfo(np.intp).max:
+            raise  # not numpy's "array is too big"
+        import psutil  # here: only this error needs it
+
+        available = psutil.virtual_memory().available
+        raise ConfigError([f"memory.memory_size is {memory_size}: the replay memory needs {_gib(need)} for it "
+                           f"({row_bytes} bytes per row) and could not allocate them; this machine has "
+                           f"{_gib(available)} available, about {available // max(row_bytes, 1)} rows: lower "
+                           "memory.memory_size to fit (leave room for the trainer itself), or train on a machine "
+                           "with more memory"]) from None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
 
 
 class MemoryDataloading(ABC):
@@ -334,11 +363,10 @@ class ReplayMemory(MemoryDataloading):
     # -- storage -------------------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Empty ring columns for the act/obs leaves of ``columns`` (their per-row shape and dtype) and the rest."""
-        cap = self.memory_size
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
                  "policy_version": np.int64, "weight": np.float32}
-        return {name: np.zeros(cap, fixed[name]) if name in fixed else np.zeros((cap, *col.shape[1:]), col.dtype)
-                for name, col in columns.items()}
+        return allocate_ring(self.memory_size, {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
+                                                for name, col in columns.items()})
 
     def append_buffer(self, buffer: Buffer) -> None:
         """Store a packet's rows. A packet that does not fit (another structure, per-row shape or kind of dtype than

@@ -210,8 +210,12 @@ class Server:
                  held)
 
     # -- receiving -----------------------------------------------------------------------------------------
+    # The stop event is seen only between polls (a SIGINT does not end one): a wait of heartbeat_interval_s / 2
+    # made an idle server with 60 s heartbeats take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
+    MAX_POLL_S = 0.25
+
     def _poll_timeout_ms(self) -> int:
-        timeout = self.net.heartbeat_interval_s / 2
+        timeout = min(self.net.heartbeat_interval_s / 2, self.MAX_POLL_S)
         deadline = self.relay.next_deadline(self.peers.trainer is not None) if self.relay else None
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.conftest import small_config
 
@@ -167,3 +168,63 @@ def test_a_demo_whose_server_cannot_start_fails_instead_of_reporting_success(tmp
     assert done.returncode == 1, text[-2000:]
     assert "the demo's server exited early (code 1)" in text and "the demo did not run to its end" in text
     assert "demo done" not in text and "exited cleanly" not in text.splitlines()[-1]
+
+
+@pytest.mark.parametrize("level", ["WARNING", "INFO", "DEBUG"])
+def test_the_demos_log_level_reaches_its_three_roles(tmp_path: Path, level: str) -> None:
+    # --demo --log-level ERROR left the server, trainer and worker at INFO: spawned without a level.
+    done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(small_config(tmp_path)),
+                           "--log-level", level], capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-2000:]
+    lines = {(role, mark): f" {mark} [{role} " in text for role in ("server", "trainer", "worker") for mark in "DI"}
+    if level == "WARNING":
+        assert not any(lines.values()), text[-2000:]
+    elif level == "INFO":  # the worker logs warnings only, so that the trainer's round lines stand out
+        assert lines == {("server", "D"): False, ("server", "I"): True, ("trainer", "D"): False,
+                         ("trainer", "I"): True, ("worker", "D"): False, ("worker", "I"): False}, text[-2000:]
+    else:
+        assert all(lines.values()), text[-2000:]
+
+
+def test_a_demo_with_resume_false_moves_an_earlier_run_aside(tmp_path: Path) -> None:
+    # The trainer refuses a folder holding a checkpoint or sample log when trainer.resume is false: the demo started
+    # all three roles, then failed with exit code 1.
+    run_dir = tmp_path / "weights" / "test"
+    (run_dir / "samples").mkdir(parents=True)  # as an earlier run leaves it
+    text = _run("demo", small_config(tmp_path, trainer={"resume": False}), 120)
+    assert f"demo: {run_dir}/ held an earlier run and trainer.resume is false; moved it to" in text, text[-2000:]
+    (old,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("test-")]
+    assert (old / "samples").is_dir() and (run_dir / "checkpoint" / "CURRENT").exists()
+
+
+def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tmp_path: Path) -> None:
+    config = small_config(tmp_path, env={"id": "NoSuchEnv-v0"})
+    done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text[-2000:]
+    assert 'env.id "NoSuchEnv-v0" is not a Gymnasium env' in text
+    assert not any(f"[{role} " in text for role in ("server", "trainer", "worker")), text[-2000:]
+
+
+@pytest.mark.parametrize(("env", "announced"), [({"pipeline": "drone"}, "demo: the drone pipeline on localhost"),
+                                                ({}, "demo: Pendulum-v1 (the gym pipeline) on localhost")])
+def test_the_demo_announces_the_pipeline_it_runs(tmp_path: Path, env: dict[str, str], announced: str) -> None:
+    # The drone and image demos announced "demo: Pendulum-v1 on localhost": env.id, which only the gym pipeline uses.
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config",
+                                 str(small_config(tmp_path, env=env))], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "on localhost" not in log.read_text() and time.monotonic() < deadline:
+            assert demo.poll() is None, log.read_text()
+            time.sleep(0.1)
+        demo.send_signal(signal.SIGINT)
+        demo.wait(timeout=20)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert announced in log.read_text(), log.read_text()[-2000:]

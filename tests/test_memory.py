@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from netrl.actbuf import ActionBufferMemory
+from netrl.errors import ConfigError
 from netrl.frames import FrameStackMemory
 from netrl.memory import MemoryDataloading, ReplayMemory, save_dataset
 from netrl.samples import Buffer, BufferBuilder
@@ -514,6 +515,18 @@ def test_get_transition_returns_copies_that_later_packets_leave_alone() -> None:
 def test_sizes_that_are_not_positive_are_refused_by_name(memory_cls: Any, kwargs: dict[str, int], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         memory_cls(**{"memory_size": 10, **kwargs})
+
+
+@pytest.mark.parametrize("size", [10**14, 10**18])  # more than any machine holds; past numpy's largest array
+@pytest.mark.parametrize("memory_cls", [ReplayMemory, functools.partial(FrameStackMemory, stack=2)])
+def test_a_memory_size_the_machine_cannot_hold_is_a_config_error_naming_the_key(memory_cls: Any, size: int) -> None:
+    # It allocates at the first packet, after the trainer connected: it died there with numpy's traceback.
+    mem = memory_cls(memory_size=size)
+    image = isinstance(mem, FrameStackMemory)
+    with pytest.raises(ConfigError, match=rf"memory.memory_size is {size}: the replay memory needs [\d,.]+ GiB for it "
+                                          rf"\({32 if image else 39} bytes per row\).*lower memory.memory_size"):
+        mem.append_buffer(packet(4, obs=np.zeros((4, 2, 2), np.uint8)) if image else packet(4))
+    assert len(mem) == 0
 
 
 @pytest.mark.parametrize(("rows", "item", "held"), [(0, 0, 0), (4, 3, 3), (4, -1, 3)])

@@ -533,3 +533,23 @@ def test_samples_dropped_by_a_worker_that_left_still_count_in_the_snapshot(serve
     assert again.hello().type is MsgType.WELCOME
     report(again, 9)
     assert dropped_after(14) == 14  # 9 + 5, not 7 + 9 + 5
+
+
+def test_an_idle_server_with_long_heartbeats_stops_promptly(tmp_path: Path) -> None:
+    # The loop polled for heartbeat_interval_s / 2 and sees the stop event only between polls: with 60 s heartbeats
+    # (the limit is a day), an idle server took up to 30 s to obey Ctrl+C.
+    import threading
+
+    from netrl.launch import free_port
+
+    srv = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool",
+                 network=NetworkConfig(heartbeat_interval_s=60.0, handshake_timeout_s=600.0))
+    srv.open()
+    stop = threading.Event()
+    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
+    thread.start()
+    time.sleep(0.5)  # into an idle poll
+    t0 = time.monotonic()
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - t0 < 1.0
