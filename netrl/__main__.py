@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     role.add_argument("--trainer", action="store_const", const="trainer", dest="role",
                       help="train on received samples and publish weights")
     role.add_argument("--demo", action="store_const", const="demo", dest="role",
-                      help="start a server, a trainer and a worker on localhost with Pendulum-v1")
+                      help="start a server, a trainer and a worker on localhost with config.json's pipeline "
+                           "(Pendulum-v1 by default)")
     role.add_argument("--keygen", action="store_const", const="keygen", dest="role",
                       help="create CURVE keys in keys_dir: server, trainer, a shared worker key, and --workers")
     role.add_argument("--status", action="store_const", const="status", dest="role",
