@@ -141,6 +141,15 @@ class Trainer:
         try:
             try:
                 self._train(run_stop)
+            except KeyboardInterrupt:
+                # With stop already set, this is the CLI's second Ctrl+C (the first set stop), which must interrupt
+                # at once, not start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
+                again = run_stop.is_set()
+                if again:
+                    log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
+                                "checkpoint in %s", self.run_dir)
+                self._close(raise_errors=False, failing=True, save=not again)
+                raise
             except BaseException:
                 self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
                 raise
@@ -378,14 +387,25 @@ class Trainer:
             return
         self._close(raise_errors=True)
 
-    def _close(self, raise_errors: bool, failing: bool = False) -> None:
+    def _close(self, raise_errors: bool, failing: bool = False, save: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._close_steps(raise_errors, failing, save)
+        finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
+            if self.net is not None and self.net.sample_log is not None:
+                self.net.sample_log.close()
+            if self.metrics is not None:
+                self.metrics.close()
+            self._lock.release()
+
+    def _close_steps(self, raise_errors: bool, failing: bool, save: bool) -> None:
         failed: Exception | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
-        if self._saved is not None and self._progress() != self._saved:  # stopped mid-epoch, or failed
+        unsaved = self._saved is not None and self._progress() != self._saved  # stopped mid-epoch, or failed
+        if save and unsaved:
             try:
                 self._save()
             except NetrlError as exc:  # says what to do: one line is enough
@@ -397,17 +417,14 @@ class Trainer:
                 if not raise_errors:  # log it, and report the error that stopped training, not one chained on it
                     log.exception("saving the checkpoint and the policy failed too; the error that stopped the "
                                   "trainer follows")
-        if self.net is not None and self.net.sample_log is not None:
-            self.net.sample_log.close()
-        if self.metrics is not None:
-            self.metrics.close()
-        self._lock.release()
         if failing and self.net is None:  # it never got to train: the error that follows says it all
             return
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
         if failed:
             policy = "the policy could not be saved"
+        elif unsaved and not save:
+            policy = "what it trained since its last save is not saved"
         elif not self._policy_saved:
             policy = "no policy saved (nothing was trained)"
         else:

@@ -687,3 +687,33 @@ def test_close_from_another_thread_stops_the_run_which_saves_and_closes_itself(t
     state = checkpoint.load_state(tmp_path)
     assert state is not None and state["total_updates"] == trainer.training.total_updates  # saved after it stopped
 
+
+def test_a_second_interrupt_during_a_save_starts_no_other_save(tmp_path: Path, links: type[Links],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    saves: list[int] = []
+    stop = threading.Event()
+    real_save = checkpoint.save_checkpoint
+
+    def interrupted(run_dir: Path, agent_state: dict[str, Any], state: dict[str, Any], fsync: bool = False) -> Path:
+        saves.append(state["total_updates"])
+        stop.set()  # the first Ctrl+C, as the CLI's handler has it
+        raise KeyboardInterrupt  # the second, in the middle of the end-of-epoch checkpoint
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, epochs=2).run(stop)
+    assert saves == [20]  # the save it cut short, and no other
+    stop.clear()
+    links.at[3] = lambda link: stop.set()  # the first Ctrl+C mid-epoch; the second cuts short the save at the stop
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, epochs=2).run(stop)
+    assert len(saves) == 2
+    monkeypatch.setattr(checkpoint, "save_checkpoint", real_save)
+
+    def notebook_interrupt(link: FakeLink) -> None:
+        raise KeyboardInterrupt  # a notebook's Ctrl+C, with no stop event set: what was trained is saved
+
+    links.at[3] = notebook_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, epochs=2).run()  # the run folder was let go
+    assert checkpoint.exists(tmp_path)
