@@ -32,7 +32,7 @@ import zmq
 from netrl.admission import Admission
 from netrl.broadcast import WeightCache
 from netrl.config import Config, NetworkConfig
-from netrl.errors import ProtocolError, VersionMismatch
+from netrl.errors import NetrlError, ProtocolError, VersionMismatch
 from netrl.folderlock import FolderLock
 from netrl.intake import SampleIntake
 from netrl.keys import ServerKeys, server_keys
@@ -44,6 +44,7 @@ from netrl.server_sockets import ServerSockets
 from netrl.server_status import ServerStatus
 from netrl.spool import Spool
 from netrl.transport import new_session
+from netrl.util import RunStop
 from netrl.wire import Message, MsgType, check_role, decode
 
 __all__ = ["Server"]
@@ -97,6 +98,11 @@ class Server:
         self.relay: SampleRelay | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._opened = self._closed = self._listening = False
+        self._state = threading.Lock()  # guards _closed, _runner and _stop: run() and close() may come from two threads
+        self._runner: threading.Thread | None = None  # the thread in run()
+        self._stop = RunStop(None)  # what run() watches; close() from another thread sets it
+        self._idle = threading.Event()  # no thread is in run()
+        self._idle.set()
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
@@ -120,7 +126,12 @@ class Server:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
-        """Open the spool and bind both ports (TransportError names the config key to change)."""
+        """Open the spool and bind both ports (TransportError names the config key to change). Does nothing on an
+        open server; raises NetrlError on a closed one."""
+        if self._closed:
+            raise self._closed_error()
+        if self._opened:
+            return
         self._lock.acquire()
         try:
             self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
@@ -141,29 +152,45 @@ class Server:
                  f"CURVE keys from {keys.allow_dir}" if keys else "UNENCRYPTED", self.session[:8], self.spool_dir)
 
     def run(self, stop: threading.Event) -> None:
-        """Relay until ``stop`` is set."""
+        """Relay until ``stop`` is set, then close: a server runs once (a closed one raises NetrlError)."""
+        with self._state:
+            if self._closed:
+                raise self._closed_error()
+            if self._runner is not None:
+                raise NetrlError(f"this Server is already running (run() was called in {self._runner.name}): call "
+                                 "run() once; a second server needs other ports and another spool folder")
+            self._runner, self._stop = threading.current_thread(), RunStop(stop)
+            self._idle.clear()
         try:
-            if not self._opened:
-                self.open()
-            poller = zmq.Poller()
-            socks, status, monitors = self.sockets.by_role, self.sockets.status, self.sockets.monitors
-            for sock in [*socks.values(), *monitors.values()]:
-                poller.register(sock, zmq.POLLIN)
-            if status is not None:
-                poller.register(status, zmq.POLLIN)
-            while not stop.is_set():
-                events = dict(poller.poll(self._poll_timeout_ms()))
-                for role, sock in socks.items():
-                    if sock in events:
-                        self._drain(role, sock)
-                    if monitors[role] in events:
-                        self.admission.failed_handshakes(role)
-                now = time.monotonic()
-                if status is not None and status in events:
-                    self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
-                self._housekeeping(now)
+            self._serve(self._stop)
         finally:
-            self.close()
+            try:
+                self.close()
+            finally:
+                with self._state:
+                    self._runner = None
+                    self._idle.set()
+
+    def _serve(self, stop: threading.Event) -> None:
+        """run()'s poll loop: only its thread uses the sockets until it closes them."""
+        self.open()
+        poller = zmq.Poller()
+        socks, status, monitors = self.sockets.by_role, self.sockets.status, self.sockets.monitors
+        for sock in [*socks.values(), *monitors.values()]:
+            poller.register(sock, zmq.POLLIN)
+        if status is not None:
+            poller.register(status, zmq.POLLIN)
+        while not stop.is_set():
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            for role, sock in socks.items():
+                if sock in events:
+                    self._drain(role, sock)
+                if monitors[role] in events:
+                    self.admission.failed_handshakes(role)
+            now = time.monotonic()
+            if status is not None and status in events:
+                self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
+            self._housekeeping(now)
 
     def _housekeeping(self, now: float) -> None:
         """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
@@ -186,10 +213,20 @@ class Server:
                               "later at the earliest)", self.stats["internal_errors"])
 
     def close(self) -> None:
-        """Say BYE to every peer, close the spool and release the sockets. Idempotent."""
-        if self._closed:
+        """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
+        while :meth:`run` runs, it stops the loop as ``stop`` would and waits for run() to close (ZeroMQ sockets
+        must not be closed under the thread that polls them)."""
+        with self._state:
+            runner = self._runner if self._runner is not threading.current_thread() else None
+            if runner is not None:
+                self._stop.set()
+            elif self._closed:
+                return
+            else:
+                self._closed = True
+        if runner is not None:
+            self._idle.wait()
             return
-        self._closed = True
         for peer in self.peers.values():
             self.out.send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         self.sockets.close()
@@ -208,6 +245,10 @@ class Server:
                  "memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
                  self.stats["samples_spooled"], self.spool.packets if self.spool else 0, self.stats["samples_refused"],
                  held)
+
+    def _closed_error(self) -> NetrlError:
+        return NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and spool folder are "
+                          "released; create a new Server to serve again")
 
     # -- receiving -----------------------------------------------------------------------------------------
     # The stop event is seen only between polls (a SIGINT does not end one): a wait of heartbeat_interval_s / 2

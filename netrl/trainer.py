@@ -34,6 +34,7 @@ from netrl.segments import Position
 from netrl.trainer_link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
 from netrl.transport import new_session
+from netrl.util import RunStop
 from netrl.weight_files import remove_stale_temps, write_weights_file
 from netrl.wire import buffer_from_message, decode
 
@@ -94,6 +95,11 @@ class Trainer:
         self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
         self._policy_saved = False  # by this run (the closing log line must not claim an older file)
         self._closed = False
+        self._state = threading.Lock()  # guards the next three: run() and close() may come from two threads
+        self._used = False  # run() or close() was called: the Trainer cannot run (again)
+        self._runner: threading.Thread | None = None  # the thread in run()
+        self._stop = RunStop(None)  # what run() watches; close() from another thread sets it
+        self._ran = threading.Event()  # run() has closed and returned
         self._lock = FolderLock(self.run_dir, "run folder", "two trainers would interleave its sample log and "
                                 "checkpoints; stop that one first, or give this trainer another run folder "
                                 "(config.json: run_name; Python: Trainer(run_dir=...))")
@@ -119,13 +125,39 @@ class Trainer:
                    status_interval_s=cfg.status_interval_s)
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close."""
+        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close.
+
+        A Trainer runs once: its run folder lock, network thread and sample log are gone once it closes, so a second
+        run() (or a run() after close()) raises NetrlError; a new Trainer on the same ``run_dir`` resumes."""
+        with self._state:
+            if self._runner is not None:
+                raise NetrlError(f"this Trainer is already running (run() was called in {self._runner.name}): "
+                                 "call run() once; to train two runs at once, create a Trainer for each")
+            if self._used:
+                raise NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; create a new "
+                                 f"Trainer on {self.run_dir} to resume from its checkpoint")
+            self._used, self._runner = True, threading.current_thread()
+            self._stop = run_stop = RunStop(stop)
         try:
-            self._train(stop or threading.Event())
-        except BaseException:
-            self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
-            raise
-        self.close()
+            try:
+                self._train(run_stop)
+            except KeyboardInterrupt:
+                # With stop already set, this is the CLI's second Ctrl+C (the first set stop), which must interrupt
+                # at once, not start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
+                again = run_stop.is_set()
+                if again:
+                    log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
+                                "checkpoint in %s", self.run_dir)
+                self._close(raise_errors=False, failing=True, save=not again)
+                raise
+            except BaseException:
+                self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
+                raise
+            self.close()
+        finally:
+            with self._state:
+                self._runner = None
+            self._ran.set()
 
     def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
                        key: str | None = None, stop: threading.Event | None = None) -> None:
@@ -353,17 +385,37 @@ class Trainer:
 
     def close(self) -> None:
         """Checkpoint and save the policy if anything changed since the last save, disconnect and flush metrics.
-        Idempotent."""
+        Idempotent. Called from another thread while :meth:`run` runs, it stops the run as its ``stop`` would and
+        waits until run() has saved and closed (the training loop must not go on under a checkpoint)."""
+        with self._state:
+            self._used = True  # a run() after close() would lock the run folder again and never release it
+            runner = self._runner
+            if runner is not None and runner is not threading.current_thread():
+                self._stop.set()
+        if runner is not None and runner is not threading.current_thread():
+            self._ran.wait()
+            return
         self._close(raise_errors=True)
 
-    def _close(self, raise_errors: bool, failing: bool = False) -> None:
+    def _close(self, raise_errors: bool, failing: bool = False, save: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._close_steps(raise_errors, failing, save)
+        finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
+            if self.net is not None and self.net.sample_log is not None:
+                self.net.sample_log.close()
+            if self.metrics is not None:
+                self.metrics.close()
+            self._lock.release()
+
+    def _close_steps(self, raise_errors: bool, failing: bool, save: bool) -> None:
         failed: Exception | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
-        if self._saved is not None and self._progress() != self._saved:  # stopped mid-epoch, or failed
+        unsaved = self._saved is not None and self._progress() != self._saved  # stopped mid-epoch, or failed
+        if save and unsaved:
             try:
                 self._save()
             except NetrlError as exc:  # says what to do: one line is enough
@@ -375,17 +427,14 @@ class Trainer:
                 if not raise_errors:  # log it, and report the error that stopped training, not one chained on it
                     log.exception("saving the checkpoint and the policy failed too; the error that stopped the "
                                   "trainer follows")
-        if self.net is not None and self.net.sample_log is not None:
-            self.net.sample_log.close()
-        if self.metrics is not None:
-            self.metrics.close()
-        self._lock.release()
         if failing and self.net is None:  # it never got to train: the error that follows says it all
             return
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
         if failed:
             policy = "the policy could not be saved"
+        elif unsaved and not save:
+            policy = "what it trained since its last save is not saved"
         elif not self._policy_saved:
             policy = "no policy saved (nothing was trained)"
         else:

@@ -34,6 +34,7 @@ from netrl.samples import EpisodeStats
 from netrl.schema import SampleSchema, probe_copy
 from netrl.status import version_label
 from netrl.transport import new_session
+from netrl.util import RunStop
 from netrl.weight_files import read_weights_file, remove_stale_temps, write_weights_file
 from netrl.weight_receiver import WeightReceiver
 from netrl.weights import check_weights, load_weights
@@ -147,7 +148,14 @@ class RolloutWorker:
         self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
         self._saved_versions = 0
-        self._closed = False
+        self._state = threading.Lock()  # guards the next four: run() and close() may come from two threads
+        self._closed = False  # close() was called: the worker cannot start or run (again)
+        self._shut = False  # close() has begun its teardown (once)
+        self._runner: threading.Thread | None = None  # the thread in run() or run_episode()
+        self._stop = RunStop(None)  # what that thread watches; close() from another thread sets it
+        self._idle = threading.Event()  # no thread is in run() or run_episode()
+        self._idle.set()
+        self._started = False
         self.name_lock: FolderLock | None = None  # from_config's: keeps worker_id this process's own in the run folder
         self._checked = False  # the first observations and action were checked against the spaces
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
@@ -191,7 +199,13 @@ class RolloutWorker:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Build the env and actor, load ``model_path`` if present, and connect (unless standalone)."""
+        """Build the env and actor, load ``model_path`` if present, and connect (unless standalone). Does nothing on
+        a started worker (a second env and network thread would be left running); raises NetrlError on a closed
+        one."""
+        if self._closed:
+            raise self._closed_error()
+        if self._started:
+            return
         self.env = self.env_cls()
         check_spaces(self.env.observation_space, self.env.action_space)
         self._follow_spaces()
@@ -219,6 +233,7 @@ class RolloutWorker:
                                   self.status_interval, lambda: self.last_return)
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
             self.net.start()
+        self._started = True
 
     def _load_model_file(self, path: str) -> None:
         try:
@@ -250,10 +265,20 @@ class RolloutWorker:
             write_weights_file(f"{self.model_path_history}_v{version:06d}.pt", module, meta)
 
     def close(self) -> None:
-        """Send what is left, disconnect and close the env. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Send what is left, disconnect and close the env. Idempotent. Called from another thread while
+        :meth:`run` or :meth:`run_episode` runs, it stops that thread as its ``stop`` would, and waits for it: only
+        that thread may step the env and hand packets over."""
+        with self._state:
+            self._closed = True
+            runner = self._runner if self._runner is not threading.current_thread() else None
+            if runner is not None:
+                self._stop.set()
+        if runner is not None:
+            self._idle.wait()  # run() closes on its way out, delivering its backlog; run_episode() leaves it to us
+        with self._state:
+            if self._shut:
+                return
+            self._shut = True
         try:
             if self.net is not None:
                 self._close_net(self.net)
@@ -293,20 +318,23 @@ class RolloutWorker:
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,
             stop: threading.Event | None = None) -> None:
-        """Run training episodes (plus one test episode after every ``test_episode_interval``) until stopped."""
-        stop = stop or threading.Event()
-        if self.env is None:
-            self.start()
+        """Run training episodes (plus one test episode after every ``test_episode_interval``) until stopped, then
+        close: a worker runs once."""
+        stop = self._enter(stop)
         try:
+            self.start()
             train_episodes = 0
             while not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
-                if self.run_episode(test=False, stop=stop) is None:
+                if self._episode(False, stop) is None:
                     break
                 train_episodes += 1
                 if test_episode_interval > 0 and train_episodes % test_episode_interval == 0:
-                    self.run_episode(test=True, stop=stop)
+                    self._episode(True, stop)
         finally:
-            self.close()
+            try:
+                self.close()
+            finally:
+                self._leave()
 
     def run_episode(self, test: bool = False, stop: threading.Event | None = None) -> EpisodeStats | None:
         """One episode (starting the worker first if needed); returns its stats, or None when ``stop`` interrupted
@@ -314,9 +342,36 @@ class RolloutWorker:
         if not isinstance(test, (bool, np.bool_)):  # tmrl's run_episode(max_samples, train) would pass a count here
             raise TypeError(f"run_episode(test) takes True (a test episode) or False, not {test!r}; the episode length "
                             "is RolloutWorker(max_samples_per_episode=...)")
-        if self.env is None:
+        run_stop = self._enter(stop)
+        try:
             self.start()
-        steps = self.episode_steps(test, stop or threading.Event())
+            return self._episode(test, run_stop)
+        finally:
+            self._leave()
+
+    def _enter(self, stop: threading.Event | None) -> RunStop:
+        """Make the calling thread the one that steps the env; returns the event it is to watch."""
+        with self._state:
+            if self._closed:
+                raise self._closed_error()
+            if self._runner is not None:
+                raise NetrlError(f"worker {self.worker_id} is already running in {self._runner.name}: only one thread "
+                                 "may step its env; to collect in parallel, create a RolloutWorker for each thread")
+            self._runner, self._stop = threading.current_thread(), RunStop(stop)
+            self._idle.clear()
+            return self._stop
+
+    def _leave(self) -> None:
+        with self._state:
+            self._runner = None
+            self._idle.set()
+
+    def _closed_error(self) -> NetrlError:
+        return NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network thread are gone; "
+                          "create a new one")
+
+    def _episode(self, test: bool, stop: threading.Event) -> EpisodeStats | None:
+        steps = self.episode_steps(test, stop)
         while True:
             try:
                 next(steps)

@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 import zmq
 
 from netrl.config import NetworkConfig
-from netrl.errors import MalformedMessage
+from netrl.errors import MalformedMessage, NetrlError
+from netrl.launch import free_port
 from netrl.relay import SampleRelay
 from netrl.server import Server
 from netrl.spool import Spool
@@ -33,6 +35,7 @@ from netrl.wire import (
     samples_message,
 )
 from tests.conftest import running_server
+from tests.reliability import wait_until
 from tests.test_wire import sample_buffer, weights_message
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
@@ -553,3 +556,46 @@ def test_an_idle_server_with_long_heartbeats_stops_promptly(tmp_path: Path) -> N
     stop.set()
     thread.join(10)
     assert not thread.is_alive() and time.monotonic() - t0 < 1.0
+
+
+def test_a_server_runs_once_and_one_closed_before_running_holds_nothing(tmp_path: Path) -> None:
+    def server() -> Server:
+        return Server(trainer_port=ports[0], worker_port=ports[1], spool_dir=tmp_path / "spool")
+
+    ports = free_port(), free_port()
+    stop = threading.Event()
+    stop.set()  # each run() opens, then closes at once
+    srv = server()
+    srv.run(stop)
+    with pytest.raises(NetrlError, match=r"this Server \(worker port \d+\) is closed: .*; create a new Server"):
+        srv.run(stop)  # it would serve nothing, without a word
+    closed_first = server()
+    closed_first.close()
+    with pytest.raises(NetrlError, match="is closed"):
+        closed_first.run(stop)  # it would bind the ports and lock the spool folder for good
+    opened = server()
+    opened.open()
+    opened.close()
+    last = server()
+    last.open()  # the ports and the spool folder are free: nothing above kept them
+    last.close()
+
+
+def test_close_from_another_thread_stops_run_which_closes_its_own_sockets(tmp_path: Path) -> None:
+    srv = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            srv.run(threading.Event())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: srv._listening, 10, "the server listening", poll=0.02)
+    srv.close()  # returns once run() has closed
+    assert not thread.is_alive() and errors == []
+    again = Server(trainer_port=srv.trainer_port, worker_port=srv.worker_port, spool_dir=tmp_path / "spool")
+    again.open()  # the ports and the spool folder are free
+    again.close()

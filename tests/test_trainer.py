@@ -675,3 +675,66 @@ def test_the_trainers_schema_probe_leaves_a_compressor_in_use_by_a_worker_alone(
     compressor(act, np.stack([frames[0], frames[1], frames[2], frames[3]]), 0.0, False, False, {})
     with pytest.raises(ValueError, match="does not continue the previous one"):  # the check itself still works
         compressor(act, np.stack([frames[5]] * 3 + [frames[4]]), 0.0, False, False, {})
+
+
+def test_a_trainer_runs_once_and_a_second_run_says_to_create_a_new_trainer(tmp_path: Path, links: type[Links]) -> None:
+    trainer = make_trainer(tmp_path, epochs=1)
+    trainer.run()
+    with pytest.raises(NetrlError, match=f"a Trainer runs once; create a new Trainer on {tmp_path} to resume"):
+        trainer.run()  # a notebook cell run again: it would lock the run folder and never let it go
+    closed = make_trainer(tmp_path, epochs=2)
+    closed.close()
+    with pytest.raises(NetrlError, match="runs once"):
+        closed.run()
+    resumed = make_trainer(tmp_path, epochs=2)
+    resumed.run()  # the run folder is free
+    assert len(links.made) == 2 and resumed.training is not None and resumed.training.total_updates == 40
+
+
+def test_close_from_another_thread_stops_the_run_which_saves_and_closes_itself(tmp_path: Path,
+                                                                               links: type[Links]) -> None:
+    trainer = make_trainer(tmp_path, epochs=1)
+    closer = threading.Thread(target=trainer.close)
+
+    def close_meanwhile(link: FakeLink) -> None:
+        closer.start()
+        closer.join(0.5)  # it waits for run() to stop, and run() for this: training goes on once it timed out
+
+    links.at[4] = close_meanwhile
+    trainer.run()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert trainer.training is not None and 0 < trainer.training.total_updates < 20  # stopped mid-epoch
+    state = checkpoint.load_state(tmp_path)
+    assert state is not None and state["total_updates"] == trainer.training.total_updates  # saved after it stopped
+
+
+def test_a_second_interrupt_during_a_save_starts_no_other_save(tmp_path: Path, links: type[Links],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    saves: list[int] = []
+    stop = threading.Event()
+    real_save = checkpoint.save_checkpoint
+
+    def interrupted(run_dir: Path, agent_state: dict[str, Any], state: dict[str, Any], fsync: bool = False) -> Path:
+        saves.append(state["total_updates"])
+        stop.set()  # the first Ctrl+C, as the CLI's handler has it
+        raise KeyboardInterrupt  # the second, in the middle of the end-of-epoch checkpoint
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, epochs=2).run(stop)
+    assert saves == [20]  # the save it cut short, and no other
+    stop.clear()
+    links.at[3] = lambda link: stop.set()  # the first Ctrl+C mid-epoch; the second cuts short the save at the stop
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, epochs=2).run(stop)
+    assert len(saves) == 2
+    monkeypatch.setattr(checkpoint, "save_checkpoint", real_save)
+
+    def notebook_interrupt(link: FakeLink) -> None:
+        raise KeyboardInterrupt  # a notebook's Ctrl+C, with no stop event set: what was trained is saved
+
+    links.at[3] = notebook_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, epochs=2).run()  # the run folder was let go
+    assert checkpoint.exists(tmp_path)

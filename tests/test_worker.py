@@ -681,3 +681,54 @@ def test_an_unreadable_saved_policy_is_ignored_by_a_connected_worker_and_refused
             standalone.start()
     finally:
         standalone.close()
+
+
+def test_a_worker_starts_once_and_a_closed_one_says_to_create_a_new_one(tmp_path: Path) -> None:
+    envs: list[GenericGymEnv] = []
+
+    def make_env() -> GenericGymEnv:
+        envs.append(GenericGymEnv(id="Pendulum-v1"))
+        return envs[-1]
+
+    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
+        def make_worker() -> RolloutWorker:
+            return RolloutWorker(make_env, partial(MLPActor, hidden_sizes=(8,)), server_ip="127.0.0.1",
+                                 server_port=srv.worker_port, worker_id="w", seed=0, min_samples_per_worker_packet=10,
+                                 max_samples_per_episode=20, flush_timeout_s=5.0)
+
+        worker = make_worker()
+        worker.start()
+        net = worker.net
+        worker.start()  # does nothing: a second env and network thread would be left running
+        worker.run(nb_episodes=1)
+        assert len(envs) == 1 and worker.net is net and net is not None and not net.is_alive()
+        for again in (worker.run, worker.start, worker.run_episode):  # e.g. a notebook cell run again
+            with pytest.raises(NetrlError, match=r"this RolloutWorker \(w\) is closed: .*; create a new one"):
+                again()
+        closed_first = make_worker()
+        closed_first.close()
+        with pytest.raises(NetrlError, match="is closed"):
+            closed_first.run(nb_episodes=1)
+        assert len(envs) == 1 and closed_first.net is None  # it built nothing it would not close
+
+
+def test_close_from_another_thread_stops_run_which_delivers_its_samples(tmp_path: Path) -> None:
+    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
+        worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                               server_ip="127.0.0.1", server_port=srv.worker_port, worker_id="w", seed=0,
+                               min_samples_per_worker_packet=7, max_samples_per_episode=50, flush_timeout_s=5.0)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                worker.run()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_until(lambda: worker.produced > 100, 20, "100 env steps")
+        worker.close()  # returns once run() has stopped and closed
+        assert not thread.is_alive() and errors == []
+        net = worker.net
+        assert net is not None and net.dropped()["acked_samples"] == worker.produced  # the last ones too
