@@ -296,15 +296,18 @@ class SampleRelay:
     def spool_stale(self, now: float, trainer_connected: bool) -> None:
         """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
         acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
-        queue: spooling then would only add disk work, and the workers' send windows already bound the queue.)"""
+        queue: spooling then would only add disk work, and the workers' send windows already bound the queue.) With
+        no trainer connected, every packet waiting goes at once, as a new one would: a worker stopping just after the
+        trainer waited ``spool_after_s`` for its ACKs, and gave up on its last packets first."""
         self.spool.tick()  # the head after the last acknowledgements, and the emptied segments off the disk
-        if now - self.last_bundle_at < self.spool_after:
+        wait = self.spool_after if trainer_connected else 0.0
+        if now - self.last_bundle_at < wait:
             return
         if now < self._stale_scan_at:
             return
         acks: dict[str, list[int]] = collections.defaultdict(list)
         kept: list[QueuedPacket] = []  # past their workers' shares of the spool: they stay in memory, unacknowledged
-        while self.queue and now - self.queue[0].received > self.spool_after and self.spool.fits(self.queue[0].nbytes):
+        while self.queue and now - self.queue[0].received >= wait and self.spool.fits(self.queue[0].nbytes):
             packet = self.queue.popleft()
             if not self._spool_share_ok(packet):
                 kept.append(packet)

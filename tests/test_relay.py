@@ -315,3 +315,19 @@ def test_the_spool_counts_each_workers_bytes_across_a_restart(tmp_path: Path) ->
     spool.ack(taken[0].position)
     assert spool.by_worker == {"a": 102}
     spool.close()
+
+
+def test_with_the_trainer_gone_packets_waiting_in_memory_are_spooled_at_once(tmp_path: Path) -> None:
+    # They waited spool_after_s (2 s by default) for a trainer: a worker stopped together with the trainer (the
+    # demo's Ctrl+C) gave up on its last ACKs first, and reported its last packets lost.
+    r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
+    r.workers = ["w/a"]
+    r.packet("a", 1)
+    r.packet("a", 2)
+    r.relay.add_credit(1)
+    r.relay.flush(now=0.0, trainer_connected=True)  # bundle 1 takes both; the trainer leaves before its ACK
+    r.packet("a", 3)
+    r.relay.trainer_left()
+    r.relay.spool_stale(now=0.5, trainer_connected=False)  # well within spool_after_s (60 s here)
+    assert not r.relay.queue and r.relay.spool.packets == 3
+    assert r.told == [("a", MsgType.ACK, {"seqs": [1, 2, 3]})]
