@@ -260,9 +260,15 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
 
     pipeline = make_pipeline(cfg)
     if role == "worker":
+        from netrl.errors import NetrlError
         from netrl.worker import RolloutWorker
 
-        RolloutWorker.from_config(cfg, pipeline).run(cfg.worker.test_episode_interval, episodes, stop=stop)
+        worker = RolloutWorker.from_config(cfg, pipeline)
+        worker.run(cfg.worker.test_episode_interval, episodes, stop=stop)
+        if worker.samples_unacknowledged:  # e.g. --episodes N with the server unreachable: a script must see it
+            raise NetrlError(f"worker {worker.worker_id} stopped with {worker.samples_unacknowledged} samples the "
+                             "server had not acknowledged (see the warnings above): they are lost unless it spooled "
+                             "them")
     else:  # (the trainer: ROLES holds no other)
         from netrl.trainer import Trainer
 

@@ -148,6 +148,7 @@ class RolloutWorker:
         self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
         self._saved_versions = 0
+        self.samples_unacknowledged = 0  # at close: samples the server never acknowledged, lost unless it spooled them
         self._state = threading.Lock()  # guards the next four: run() and close() may come from two threads
         self._closed = False  # close() was called: the worker cannot start or run (again)
         self._shut = False  # close() has begun its teardown (once)
@@ -307,6 +308,7 @@ class RolloutWorker:
         c = net.dropped()
         unacked_packets, unacked = net.unacknowledged()
         unacked += lost
+        self.samples_unacknowledged = unacked
         level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
         log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
                 "%d rejected, %d unacknowledged", self.worker_id, self.session, self.produced, self.seq,

@@ -732,3 +732,18 @@ def test_close_from_another_thread_stops_run_which_delivers_its_samples(tmp_path
         assert not thread.is_alive() and errors == []
         net = worker.net
         assert net is not None and net.dropped()["acked_samples"] == worker.produced  # the last ones too
+
+
+def test_a_worker_that_stops_with_samples_unacknowledged_exits_with_code_1(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # `--worker --episodes N` with the server unreachable logged the loss, then "exited cleanly" with code 0: a
+    # script could not tell it from a run whose samples all arrived.
+    from netrl.__main__ import main
+    from tests.conftest import small_config
+
+    config = small_config(tmp_path, worker={"throttle": False, "flush_timeout_s": 0.3}, security="none")
+    assert main(["--worker", "--config", str(config), "--episodes", "1"]) == 1  # no server is running
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert re.search(r"worker \S+ stopped with \d+ samples the server had not acknowledged", text), text[-2000:]
+    assert "exited cleanly" not in text
