@@ -39,12 +39,12 @@ from netrl.keys import ServerKeys, server_keys
 from netrl.outbound import Outbound
 from netrl.peers import Peer, PeerTable
 from netrl.relay import SampleRelay
+from netrl.runs import Runs
 from netrl.schema import SampleSchema
 from netrl.server_sockets import ServerSockets
 from netrl.server_status import ServerStatus
 from netrl.spool import Spool
 from netrl.transport import new_session
-from netrl.util import RunStop
 from netrl.wire import Message, MsgType, check_role, decode
 
 __all__ = ["Server"]
@@ -97,12 +97,12 @@ class Server:
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
         self.stats: collections.Counter[str] = collections.Counter()
-        self._opened = self._closed = self._listening = False
-        self._state = threading.Lock()  # guards _closed, _runner and _stop: run() and close() may come from two threads
-        self._runner: threading.Thread | None = None  # the thread in run()
-        self._stop = RunStop(None)  # what run() watches; close() from another thread sets it
-        self._idle = threading.Event()  # no thread is in run()
-        self._idle.set()
+        self._opened = self._listening = False
+        self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
+                                             "spool folder are released; create a new Server to serve again"),
+                          lambda runner: NetrlError(f"this Server is already running (run() was called in "
+                                                    f"{runner.name}): call run() once; a second server needs other "
+                                                    "ports and another spool folder"))
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
@@ -128,8 +128,7 @@ class Server:
     def open(self) -> None:
         """Open the spool and bind both ports (TransportError names the config key to change). Does nothing on an
         open server; raises NetrlError on a closed one."""
-        if self._closed:
-            raise self._closed_error()
+        self._runs.check_open()
         if self._opened:
             return
         self._lock.acquire()
@@ -153,23 +152,14 @@ class Server:
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set, then close: a server runs once (a closed one raises NetrlError)."""
-        with self._state:
-            if self._closed:
-                raise self._closed_error()
-            if self._runner is not None:
-                raise NetrlError(f"this Server is already running (run() was called in {self._runner.name}): call "
-                                 "run() once; a second server needs other ports and another spool folder")
-            self._runner, self._stop = threading.current_thread(), RunStop(stop)
-            self._idle.clear()
+        run_stop = self._runs.enter(stop)
         try:
-            self._serve(self._stop)
+            self._serve(run_stop)
         finally:
             try:
                 self.close()
             finally:
-                with self._state:
-                    self._runner = None
-                    self._idle.set()
+                self._runs.leave()
 
     def _serve(self, stop: threading.Event) -> None:
         """run()'s poll loop: only its thread uses the sockets until it closes them."""
@@ -216,16 +206,7 @@ class Server:
         """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
         while :meth:`run` runs, it stops the loop as ``stop`` would and waits for run() to close (ZeroMQ sockets
         must not be closed under the thread that polls them)."""
-        with self._state:
-            runner = self._runner if self._runner is not threading.current_thread() else None
-            if runner is not None:
-                self._stop.set()
-            elif self._closed:
-                return
-            else:
-                self._closed = True
-        if runner is not None:
-            self._idle.wait()
+        if self._runs.close() or not self._runs.shut_once():
             return
         for peer in self.peers.values():
             self.out.send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
@@ -245,10 +226,6 @@ class Server:
                  "memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
                  self.stats["samples_spooled"], self.spool.packets if self.spool else 0, self.stats["samples_refused"],
                  held)
-
-    def _closed_error(self) -> NetrlError:
-        return NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and spool folder are "
-                          "released; create a new Server to serve again")
 
     # -- receiving -----------------------------------------------------------------------------------------
     # The stop event is seen only between polls (a SIGINT does not end one): a wait of heartbeat_interval_s / 2

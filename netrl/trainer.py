@@ -29,12 +29,12 @@ from netrl.errors import CheckpointError, NetrlError, ProtocolError
 from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import MetricsLogger, WandbMode
+from netrl.runs import Runs
 from netrl.schema import SampleSchema, probe_copy
 from netrl.segments import Position
 from netrl.trainer_link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
 from netrl.transport import new_session
-from netrl.util import RunStop
 from netrl.weight_files import remove_stale_temps, write_weights_file
 from netrl.wire import buffer_from_message, decode
 
@@ -95,11 +95,11 @@ class Trainer:
         self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
         self._policy_saved = False  # by this run (the closing log line must not claim an older file)
         self._closed = False
-        self._state = threading.Lock()  # guards the next three: run() and close() may come from two threads
-        self._used = False  # run() or close() was called: the Trainer cannot run (again)
-        self._runner: threading.Thread | None = None  # the thread in run()
-        self._stop = RunStop(None)  # what run() watches; close() from another thread sets it
-        self._ran = threading.Event()  # run() has closed and returned
+        self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; "
+                                             f"create a new Trainer on {self.run_dir} to resume from its checkpoint"),
+                          lambda runner: NetrlError(f"this Trainer is already running (run() was called in "
+                                                    f"{runner.name}): call run() once; to train two runs at once, "
+                                                    "create a Trainer for each"))
         self._lock = FolderLock(self.run_dir, "run folder", "two trainers would interleave its sample log and "
                                 "checkpoints; stop that one first, or give this trainer another run folder "
                                 "(config.json: run_name; Python: Trainer(run_dir=...))")
@@ -129,15 +129,7 @@ class Trainer:
 
         A Trainer runs once: its run folder lock, network thread and sample log are gone once it closes, so a second
         run() (or a run() after close()) raises NetrlError; a new Trainer on the same ``run_dir`` resumes."""
-        with self._state:
-            if self._runner is not None:
-                raise NetrlError(f"this Trainer is already running (run() was called in {self._runner.name}): "
-                                 "call run() once; to train two runs at once, create a Trainer for each")
-            if self._used:
-                raise NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; create a new "
-                                 f"Trainer on {self.run_dir} to resume from its checkpoint")
-            self._used, self._runner = True, threading.current_thread()
-            self._stop = run_stop = RunStop(stop)
+        run_stop = self._runs.enter(stop, once=True)
         try:
             try:
                 self._train(run_stop)
@@ -155,9 +147,7 @@ class Trainer:
                 raise
             self.close()
         finally:
-            with self._state:
-                self._runner = None
-            self._ran.set()
+            self._runs.leave()
 
     def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
                        key: str | None = None, stop: threading.Event | None = None) -> None:
@@ -387,13 +377,7 @@ class Trainer:
         """Checkpoint and save the policy if anything changed since the last save, disconnect and flush metrics.
         Idempotent. Called from another thread while :meth:`run` runs, it stops the run as its ``stop`` would and
         waits until run() has saved and closed (the training loop must not go on under a checkpoint)."""
-        with self._state:
-            self._used = True  # a run() after close() would lock the run folder again and never release it
-            runner = self._runner
-            if runner is not None and runner is not threading.current_thread():
-                self._stop.set()
-        if runner is not None and runner is not threading.current_thread():
-            self._ran.wait()
+        if self._runs.close():  # (and a run() after close() would lock the run folder again, never to release it)
             return
         self._close(raise_errors=True)
 

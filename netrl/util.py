@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -39,24 +37,3 @@ def takes_args(fn: Callable[..., Any], n: int) -> bool:
 def prod(iterable: Iterable[int]) -> int:
     """Product of the items (1 for an empty iterable), as ``tmrl.util.prod``."""
     return math.prod(iterable)
-
-
-class RunStop(threading.Event):
-    """The event a role's ``run()`` watches: set when the caller's ``stop`` is, or by the role's ``close()`` called
-    from another thread. close() sets this one, not the caller's, which other roles in the process may watch too."""
-
-    def __init__(self, stop: threading.Event | None) -> None:
-        super().__init__()
-        self.outer = stop
-
-    def is_set(self) -> bool:
-        return super().is_set() or (self.outer is not None and self.outer.is_set())
-
-    def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():  # the caller's event cannot wake this one: look at it every 50 ms
-            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-            if left <= 0:
-                return False
-            super().wait(left)
-        return True

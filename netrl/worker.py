@@ -30,11 +30,11 @@ from netrl.errors import CheckpointError, NetrlError
 from netrl.folderlock import FolderLock
 from netrl.keys import ClientKeys, client_keys
 from netrl.metrics import CsvLog
+from netrl.runs import Runs, RunStop
 from netrl.samples import EpisodeStats
 from netrl.schema import SampleSchema, probe_copy
 from netrl.status import version_label
 from netrl.transport import new_session
-from netrl.util import RunStop
 from netrl.weight_files import read_weights_file, remove_stale_temps, write_weights_file
 from netrl.weight_receiver import WeightReceiver
 from netrl.weights import check_weights, load_weights
@@ -149,13 +149,11 @@ class RolloutWorker:
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
         self._saved_versions = 0
         self.samples_unacknowledged = 0  # at close: samples the server never acknowledged, lost unless it spooled them
-        self._state = threading.Lock()  # guards the next four: run() and close() may come from two threads
-        self._closed = False  # close() was called: the worker cannot start or run (again)
-        self._shut = False  # close() has begun its teardown (once)
-        self._runner: threading.Thread | None = None  # the thread in run() or run_episode()
-        self._stop = RunStop(None)  # what that thread watches; close() from another thread sets it
-        self._idle = threading.Event()  # no thread is in run() or run_episode()
-        self._idle.set()
+        self._runs = Runs(lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network "
+                                             "thread are gone; create a new one"),
+                          lambda runner: NetrlError(f"worker {self.worker_id} is already running in {runner.name}: "
+                                                    "only one thread may step its env; to collect in parallel, "
+                                                    "create a RolloutWorker for each thread"))
         self._started = False
         self.name_lock: FolderLock | None = None  # from_config's: keeps worker_id this process's own in the run folder
         self._checked = False  # the first observations and action were checked against the spaces
@@ -203,8 +201,7 @@ class RolloutWorker:
         """Build the env and actor, load ``model_path`` if present, and connect (unless standalone). Does nothing on
         a started worker (a second env and network thread would be left running); raises NetrlError on a closed
         one."""
-        if self._closed:
-            raise self._closed_error()
+        self._runs.check_open()
         if self._started:
             return
         self.env = self.env_cls()
@@ -269,17 +266,9 @@ class RolloutWorker:
         """Send what is left, disconnect and close the env. Idempotent. Called from another thread while
         :meth:`run` or :meth:`run_episode` runs, it stops that thread as its ``stop`` would, and waits for it: only
         that thread may step the env and hand packets over."""
-        with self._state:
-            self._closed = True
-            runner = self._runner if self._runner is not threading.current_thread() else None
-            if runner is not None:
-                self._stop.set()
-        if runner is not None:
-            self._idle.wait()  # run() closes on its way out, delivering its backlog; run_episode() leaves it to us
-        with self._state:
-            if self._shut:
-                return
-            self._shut = True
+        self._runs.close()  # run() closes on its way out, delivering its backlog; run_episode() leaves it to us
+        if not self._runs.shut_once():
+            return
         try:
             if self.net is not None:
                 self._close_net(self.net)
@@ -353,24 +342,10 @@ class RolloutWorker:
 
     def _enter(self, stop: threading.Event | None) -> RunStop:
         """Make the calling thread the one that steps the env; returns the event it is to watch."""
-        with self._state:
-            if self._closed:
-                raise self._closed_error()
-            if self._runner is not None:
-                raise NetrlError(f"worker {self.worker_id} is already running in {self._runner.name}: only one thread "
-                                 "may step its env; to collect in parallel, create a RolloutWorker for each thread")
-            self._runner, self._stop = threading.current_thread(), RunStop(stop)
-            self._idle.clear()
-            return self._stop
+        return self._runs.enter(stop)
 
     def _leave(self) -> None:
-        with self._state:
-            self._runner = None
-            self._idle.set()
-
-    def _closed_error(self) -> NetrlError:
-        return NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network thread are gone; "
-                          "create a new one")
+        self._runs.leave()
 
     def _episode(self, test: bool, stop: threading.Event) -> EpisodeStats | None:
         steps = self.episode_steps(test, stop)

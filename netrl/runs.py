@@ -1,0 +1,96 @@
+"""How the library roles (Server, Trainer, RolloutWorker) run: one thread at a time, stopped by ``close()`` from
+another thread, never run again once closed.
+
+A role keeps one :class:`Runs`. Its ``run()`` enters with the caller's ``stop`` and watches the :class:`RunStop`
+it gets back; its ``close()`` calls :meth:`Runs.close` first, which, from another thread than the running one,
+stops that run and waits for it to end (the run closes the role on its way out: sockets, the env and the training
+loop belong to its thread), and then tears down once (:meth:`Runs.shut_once`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from netrl.errors import NetrlError
+
+__all__ = ["RunStop", "Runs"]
+
+
+class RunStop(threading.Event):
+    """The event a role's ``run()`` watches: set when the caller's ``stop`` is, or by the role's ``close()`` called
+    from another thread. close() sets this one, not the caller's, which other roles in the process may watch too."""
+
+    def __init__(self, stop: threading.Event | None) -> None:
+        super().__init__()
+        self.outer = stop
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self.outer is not None and self.outer.is_set())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():  # the caller's event cannot wake this one: look at it every 50 ms
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            super().wait(left)
+        return True
+
+
+class Runs:
+    """Which thread runs a role, whether it may run (again), and its teardown, done once."""
+
+    def __init__(self, closed_error: Callable[[], NetrlError], busy_error: Callable[[threading.Thread], NetrlError]
+                 ) -> None:
+        self._closed_error, self._busy_error = closed_error, busy_error
+        self._lock = threading.Lock()  # run() and close() may come from two threads
+        self.closed = False  # close() was called (or a run that runs once began): no run may start
+        self._shut = False  # the teardown has begun
+        self.runner: threading.Thread | None = None
+        self.stop = RunStop(None)  # what the runner watches
+        self._idle = threading.Event()  # no thread is running
+        self._idle.set()
+
+    def enter(self, stop: threading.Event | None, once: bool = False) -> RunStop:
+        """Make the calling thread the runner and return the event it is to watch; ``once``: no later run may
+        start. Raises the role's error when another thread runs it, or when it is closed."""
+        with self._lock:
+            if self.runner is not None:
+                raise self._busy_error(self.runner)
+            if self.closed:
+                raise self._closed_error()
+            self.closed = self.closed or once
+            self.runner, self.stop = threading.current_thread(), RunStop(stop)
+            self._idle.clear()
+            return self.stop
+
+    def leave(self) -> None:
+        with self._lock:
+            self.runner = None
+            self._idle.set()
+
+    def close(self) -> bool:
+        """Close: no run may start any more. Called from another thread than the runner, stop the run and wait for
+        it to end; returns True then (the run has closed the role on its way out, or left that to the caller)."""
+        with self._lock:
+            self.closed = True
+            runner = self.runner if self.runner is not threading.current_thread() else None
+            if runner is not None:
+                self.stop.set()
+        if runner is None:
+            return False
+        self._idle.wait()
+        return True
+
+    def shut_once(self) -> bool:
+        """True the first time only: the caller tears the role down."""
+        with self._lock:
+            first, self._shut = not self._shut, True
+            return first
+
+    def check_open(self) -> None:
+        """Raise the role's error if it is closed (before building what a run needs)."""
+        if self.closed:
+            raise self._closed_error()
