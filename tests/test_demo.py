@@ -81,9 +81,9 @@ def test_a_finished_run_is_reported_and_the_demo_starts_a_new_one(tmp_path: Path
     assert "spool" not in text or "from before this start" not in text, text[-2000:]
 
 
-def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp_path: Path) -> None:
+def _training_demo(tmp_path: Path, log: Path) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
+    """A demo that trains for long, once its trainer has started, and its three roles."""
     config = small_config(tmp_path, trainer={"epochs": 1000})
-    log = tmp_path / "demo.log"
     with log.open("wb") as out:
         demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -94,6 +94,15 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp
             time.sleep(0.2)
         children = psutil.Process(demo.pid).children()
         assert len(children) == 3, log.read_text()[-2000:]
+    except BaseException:
+        os.killpg(demo.pid, signal.SIGKILL)
+        raise
+    return demo, children
+
+
+def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    demo, children = _training_demo(tmp_path, tmp_path / "demo.log")
+    try:
         demo.send_signal(signal.SIGINT)
         time.sleep(0.3)
         demo.send_signal(signal.SIGINT)  # impatient: while the demo waits for its children
@@ -108,21 +117,10 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp
 def test_roles_stop_cleanly_when_their_launcher_is_killed(tmp_path: Path) -> None:
     # The demo's roles run in their own sessions: killed (SIGKILL, a crash), the demo left all three running for
     # ever, holding their folders: the next demo there failed on the spool folder.
-    config = small_config(tmp_path, trainer={"epochs": 1000})
     log = tmp_path / "demo.log"
-    with log.open("wb") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while "trainer started" not in log.read_text() and time.monotonic() < deadline:
-            assert demo.poll() is None, log.read_text()
-            time.sleep(0.2)
-        children = psutil.Process(demo.pid).children()
-        assert len(children) == 3, log.read_text()[-2000:]
-    finally:
-        os.kill(demo.pid, signal.SIGKILL)  # the demo alone, not its children
-        demo.wait()
+    demo, children = _training_demo(tmp_path, log)
+    os.kill(demo.pid, signal.SIGKILL)  # the demo alone, not its children
+    demo.wait()
     _, alive = psutil.wait_procs(children, timeout=20)
     for p in alive:
         p.kill()
