@@ -137,7 +137,12 @@ _EARLIER_RUN = ("checkpoint", "samples", "server-spool")  # what a new run must 
 
 def _move_aside(run_dir: Path, why: str) -> None:
     """Rename ``run_dir`` with the time appended, so the demo's new run starts from an empty folder."""
-    old = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    old = run_dir.with_name(f"{run_dir.name}-{stamp}")
+    n = 1
+    while old.exists():  # a run moved aside within the same second: the rename failed with OSError
+        n += 1
+        old = run_dir.with_name(f"{run_dir.name}-{stamp}-{n}")
     run_dir.rename(old)
     log.info("demo: %s/ %s; moved it to %s/ and starting a new one", run_dir, why, old)
 

@@ -226,3 +226,19 @@ def test_the_demo_announces_the_pipeline_it_runs(tmp_path: Path, env: dict[str, 
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
     assert announced in log.read_text(), log.read_text()[-2000:]
+
+
+def test_runs_moved_aside_within_one_second_get_folders_of_their_own(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The second rename of the same second failed with OSError: the timestamped folder was taken.
+    from netrl import launch
+
+    monkeypatch.setattr(launch.time, "strftime", lambda fmt: "20261127-101010")
+    run = tmp_path / "run"
+    for n in range(3):
+        (run / "checkpoint").mkdir(parents=True)
+        (run / "mark").write_text(str(n))
+        launch._move_aside(run, "held an earlier run")
+    assert not run.exists()
+    assert [(tmp_path / name / "mark").read_text() for name in ("run-20261127-101010", "run-20261127-101010-2",
+                                                                "run-20261127-101010-3")] == ["0", "1", "2"]
