@@ -115,7 +115,7 @@ class Server:
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
         s = cfg.server
-        spool_dir = s.spool_dir or Path(cfg.weights_folder) / "server-spool"
+        spool_dir = cfg.server_spool_dir
         keys = server_keys(cfg.keys_dir) if cfg.security == "curve" else None
         return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
                    worker_port=cfg.network.worker_port, network=cfg.network, max_bundle_bytes=s.max_bundle_bytes,
