@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from netrl.config import Config, config_to_dict
-from netrl.errors import NetrlError
+from netrl.errors import ConfigError, NetrlError
 from netrl.folderlock import FolderLock
 from netrl.metrics import read_rows
 
@@ -175,6 +175,9 @@ def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str)
     finally:
         codes = stop_processes([worker, trainer], then=[server])
     if early or codes[1] not in (0, None):
+        if 2 in codes:  # a role found a config problem the launcher could not (e.g. a device this machine lacks)
+            raise ConfigError([f"a role of the demo refused it (exit codes worker/trainer/server {codes}); its log "
+                               "above names the setting"], "config for the demo")
         raise NetrlError(f"the demo did not run to its end: exit codes worker/trainer/server {codes}; its log above "
                          "says why")
     returns = _returns(metrics)

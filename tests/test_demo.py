@@ -206,6 +206,16 @@ def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tm
     assert not any(f"[{role} " in text for role in ("server", "trainer", "worker")), text[-2000:]
 
 
+def test_a_demo_whose_trainer_refuses_the_config_exits_2(tmp_path: Path) -> None:
+    # A problem only a role can see (a device this machine lacks) made the demo exit 1, as for a crash.
+    config = small_config(tmp_path, trainer={"device": "cuda"})
+    done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], capture_output=True,
+                          text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text[-2000:]
+    assert 'trainer.device is "cuda", but this torch' in text and "a role of the demo refused it" in text
+
+
 @pytest.mark.parametrize(("env", "announced"), [({"pipeline": "drone"}, "demo: the drone pipeline on localhost"),
                                                 ({}, "demo: Pendulum-v1 (the gym pipeline) on localhost")])
 def test_the_demo_announces_the_pipeline_it_runs(tmp_path: Path, env: dict[str, str], announced: str) -> None:
