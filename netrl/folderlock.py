@@ -60,7 +60,7 @@ class FolderLock:
             self.holder = holder
             if holder == str(os.getpid()):  # e.g. a notebook's second Trainer on the folder of one not closed
                 raise FolderInUse(f"the {self.what} {self.path.parent} is in use by this process (pid {holder}), by "
-                                  "an object not closed yet: close() it first, or use another folder") from None
+                                  f"an object not closed yet (close() it first); otherwise {self.fix}") from None
             raise FolderInUse(f"the {self.what} {self.path.parent} is in use by another process (pid {holder}): "
                               f"{self.fix}") from None
         os.ftruncate(fd, 0)

@@ -725,7 +725,8 @@ def test_a_folder_has_one_live_holder_and_a_dead_holder_leaves_no_stale_lock(tmp
     first.acquire()  # idempotent
     # held by this very process (a notebook's Trainer not closed): "another process" named the reader's own pid
     with pytest.raises(FolderInUse, match=rf"run folder {tmp_path / 'run'} is in use by this process "
-                                          rf"\(pid {os.getpid()}\), by an object not closed yet: close\(\) it"):
+                                          rf"\(pid {os.getpid()}\), by an object not closed yet \(close\(\) it "
+                                          rf"first\); otherwise stop it"):
         FolderLock(tmp_path / "run", "run folder", "stop it").acquire()
     holder = ("import sys, time; from netrl.folderlock import FolderLock; "
               "FolderLock(sys.argv[1], 'x', 'y').acquire(); print('held', flush=True); time.sleep(60)")

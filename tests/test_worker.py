@@ -109,9 +109,9 @@ def test_a_worker_from_config_is_named_after_its_host_and_keeps_that_name_across
             "'robot-lab-2'") in caplog.text
     assert first.episode_log is not None and first.episode_log.path == cfg.run_dir / "episodes_robot-lab.csv"
     assert first.model_path == str(cfg.run_dir / "worker_policy_robot-lab.pt")
-    with pytest.raises(FolderInUse, match=r"worker name 'robot-lab-2' in the run folder .* is in use by another "
-                                          rf"process \(pid {os.getpid()}\): give each worker on this machine its own "
-                                          r"--worker-id"):
+    with pytest.raises(FolderInUse, match=r"worker name 'robot-lab-2' in the run folder .* is in use by this "
+                                          rf"process \(pid {os.getpid()}\), .* otherwise give each worker on this "
+                                          r"machine its own --worker-id"):
         claim_worker_id(cfg.run_dir, "robot-lab-2")  # a name given twice is refused, not shared
     first.close()  # as when it stops or crashes (the OS releases its lock): its restart takes the same name again
     restarted = RolloutWorker.from_config(cfg, make_pipeline(cfg))
