@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -196,23 +197,25 @@ def test_a_demo_with_resume_false_moves_an_earlier_run_aside(tmp_path: Path) -> 
     assert (old / "samples").is_dir() and (run_dir / "checkpoint" / "CURRENT").exists()
 
 
-def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tmp_path: Path) -> None:
-    config = small_config(tmp_path, env={"id": "NoSuchEnv-v0"})
+def _demo_to_its_end(tmp_path: Path, **sections: Any) -> tuple[int, str]:
+    """Run a demo with ``sections`` of config until it exits by itself: its exit code and output."""
+    config = small_config(tmp_path, **sections)
     done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], capture_output=True,
-                          text=True, timeout=60)
-    text = done.stdout + done.stderr
-    assert done.returncode == 2, text[-2000:]
+                          text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tmp_path: Path) -> None:
+    code, text = _demo_to_its_end(tmp_path, env={"id": "NoSuchEnv-v0"})
+    assert code == 2, text[-2000:]
     assert 'env.id "NoSuchEnv-v0" is not a Gymnasium env' in text
     assert not any(f"[{role} " in text for role in ("server", "trainer", "worker")), text[-2000:]
 
 
 def test_a_demo_whose_trainer_refuses_the_config_exits_2(tmp_path: Path) -> None:
     # A problem only a role can see (a device this machine lacks) made the demo exit 1, as for a crash.
-    config = small_config(tmp_path, trainer={"device": "cuda"})
-    done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(config)], capture_output=True,
-                          text=True, timeout=120)
-    text = done.stdout + done.stderr
-    assert done.returncode == 2, text[-2000:]
+    code, text = _demo_to_its_end(tmp_path, trainer={"device": "cuda"})
+    assert code == 2, text[-2000:]
     assert 'trainer.device is "cuda", but this torch' in text and "a role of the demo refused it" in text
 
 
