@@ -205,6 +205,17 @@ class RolloutWorker:
         if self._started:
             return
         self.env = self.env_cls()
+        try:
+            self._build()
+        except BaseException:  # e.g. the actor's constructor raised: a second start() built a second env beside it
+            env, self.env = self.env, None
+            env.close()
+            raise
+        self._started = True
+
+    def _build(self) -> None:
+        """start() once the env exists: the actor, its saved weights and the network thread (started last)."""
+        assert self.env is not None
         check_spaces(self.env.observation_space, self.env.action_space)
         self._follow_spaces()
         log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
@@ -231,7 +242,6 @@ class RolloutWorker:
                                   self.status_interval, lambda: self.last_return)
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
             self.net.start()
-        self._started = True
 
     def _load_model_file(self, path: str) -> None:
         try:

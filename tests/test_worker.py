@@ -747,3 +747,25 @@ def test_a_worker_that_stops_with_samples_unacknowledged_exits_with_code_1(
     text = out.out + out.err
     assert re.search(r"worker \S+ stopped with \d+ samples the server had not acknowledged", text), text[-2000:]
     assert "exited cleanly" not in text
+
+
+def test_a_start_that_fails_halfway_closes_the_env_it_built() -> None:
+    # The actor's constructor raised after the env was built: the env stayed open, and a second start() built
+    # another beside it.
+    closed: list[int] = []
+
+    class Env(GenericGymEnv):
+        def close(self) -> None:
+            closed.append(id(self))
+            super().close()
+
+    def broken_actor(*args: Any) -> Any:
+        raise RuntimeError("the actor's constructor failed")
+
+    worker = RolloutWorker(partial(Env, id="Pendulum-v1"), broken_actor, standalone=True)
+    for attempt in (1, 2):
+        with pytest.raises(RuntimeError, match="constructor failed"):
+            worker.start()
+        assert len(closed) == attempt and worker.env is None
+    worker.close()
+    assert len(closed) == 2  # nothing left for close() to close
