@@ -9,6 +9,7 @@ with a few fancy-indexing calls, with no per-item Python code.
 
 from __future__ import annotations
 
+import logging
 import os
 import zipfile
 from abc import ABC, abstractmethod
@@ -23,6 +24,8 @@ from netrl.agents.base import Batch
 from netrl.errors import ConfigError
 from netrl.samples import Buffer, flatten, row, tree_map, unflatten
 from netrl.util import takes_args
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "ReplayMemory", "collate", "save_dataset"]
 
@@ -134,21 +137,28 @@ def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]
     trainer connected: a ``memory_size`` this machine cannot hold is reported here as the config problem it is,
     with the bytes it needs, and not as numpy's traceback (MemoryError; ValueError past numpy's largest array).
     """
+    import psutil  # here: only allocations need it
+
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in rows.values())
     need = memory_size * row_bytes
     try:
-        return {name: np.zeros((memory_size, *shape), dtype) for name, (shape, dtype) in rows.items()}
+        ring = {name: np.zeros((memory_size, *shape), dtype) for name, (shape, dtype) in rows.items()}
     except (MemoryError, ValueError) as exc:
         if isinstance(exc, ValueError) and need < np.iinfo(np.intp).max:
             raise  # not numpy's "array is too big"
-        import psutil  # here: only this error needs it
-
         available = psutil.virtual_memory().available
         raise ConfigError([f"memory.memory_size is {memory_size}: the replay memory needs {_gib(need)} for it "
                            f"({row_bytes} bytes per row) and could not allocate them; this machine has "
                            f"{_gib(available)} available, about {available // max(row_bytes, 1)} rows: lower "
                            "memory.memory_size to fit (leave room for the trainer itself), or train on a machine "
                            "with more memory"]) from None
+    available = psutil.virtual_memory().available
+    if need > available:  # the pages come as the ring fills: the system would kill the trainer then, without a word
+        log.warning("memory.memory_size %d needs %s for the replay memory (%d bytes per row), more than the %s this "
+                    "machine has available: the trainer will be killed as the memory fills, unless memory is freed "
+                    "by then; lower memory.memory_size to about %d rows to be sure", memory_size, _gib(need), row_bytes,
+                    _gib(available), available // max(row_bytes, 1))
+    return ring
 
 
 def _gib(nbytes: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 import re
 import warnings
@@ -527,6 +528,23 @@ def test_a_memory_size_the_machine_cannot_hold_is_a_config_error_naming_the_key(
                                           rf"\({32 if image else 39} bytes per row\).*lower memory.memory_size"):
         mem.append_buffer(packet(4, obs=np.zeros((4, 2, 2), np.uint8)) if image else packet(4))
     assert len(mem) == 0
+
+
+def test_a_memory_size_over_the_memory_available_is_warned_of_at_allocation(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # numpy gets the pages lazily: a ring larger than the RAM allocated fine, and the system killed the trainer
+    # without a word once the memory filled.
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=39 * 1000))
+    with caplog.at_level(logging.WARNING, logger="netrl.memory"):
+        ReplayMemory(memory_size=999).append_buffer(packet(4))  # 39 bytes per row: 38,961 bytes fit
+        assert not caplog.records
+        ReplayMemory(memory_size=2000).append_buffer(packet(4))
+    assert len(caplog.records) == 1 and "memory.memory_size 2000 needs" in caplog.text
+    assert "lower memory.memory_size to about 1000 rows" in caplog.text
 
 
 @pytest.mark.parametrize(("rows", "item", "held"), [(0, 0, 0), (4, 3, 3), (4, -1, 3)])
