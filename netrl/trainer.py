@@ -437,4 +437,3 @@ def _number_after(training: TrainingOffline, version: int, source: str) -> None:
         log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
                  training.version)
         training.version = version
-
