@@ -90,6 +90,11 @@ class Runs:
             first, self._shut = not self._shut, True
             return first
 
+    @property
+    def shutting(self) -> bool:
+        """The teardown has begun (:meth:`shut_once` was called)."""
+        return self._shut
+
     def check_open(self) -> None:
         """Raise the role's error if it is closed (before building what a run needs)."""
         if self.closed:

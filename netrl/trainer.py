@@ -94,7 +94,6 @@ class Trainer:
         self.metrics: MetricsLogger | None = None
         self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
         self._policy_saved = False  # by this run (the closing log line must not claim an older file)
-        self._closed = False
         self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; "
                                              f"create a new Trainer on {self.run_dir} to resume from its checkpoint"),
                           lambda runner: NetrlError(f"this Trainer is already running (run() was called in "
@@ -348,7 +347,7 @@ class Trainer:
     def _number_actor(self, training: TrainingOffline) -> None:
         """Give the actor a version of its own before it is saved, so that no number names two actors: published
         while the network thread runs (after an epoch: the workers get it too), else noted like a sent one."""
-        if self.net is not None and not self._closed:
+        if self.net is not None and not self._runs.shutting:
             try:
                 training.publish(self.net)
                 return
@@ -382,9 +381,8 @@ class Trainer:
         self._close(raise_errors=True)
 
     def _close(self, raise_errors: bool, failing: bool = False, save: bool = True) -> None:
-        if self._closed:
+        if not self._runs.shut_once():
             return
-        self._closed = True
         try:
             self._close_steps(raise_errors, failing, save)
         finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
