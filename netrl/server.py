@@ -106,7 +106,8 @@ class Server:
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
-        self.out = Outbound(self.sockets, self.stats, self.weights, self._lost)
+        self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
+        self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
                                    self.admission, self.stats, self.out.must_send)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
@@ -181,6 +182,8 @@ class Server:
             if status is not None and status in events:
                 self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
             self._housekeeping(now)
+            if self._gone:
+                self._forget_gone()
 
     def _housekeeping(self, now: float) -> None:
         """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
@@ -267,6 +270,9 @@ class Server:
             if msg.type is MsgType.HELLO:
                 self._hello(role, rid, msg, frames[0])
                 return
+            if peer is None and msg.type is MsgType.BYE:  # from a peer already forgotten: it is leaving anyway
+                log.debug("a BYE from a %s this server does not know (already forgotten)", role)
+                return
             if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
                 self.stats["unknown_peer"] += 1
                 self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
@@ -310,6 +316,21 @@ class Server:
         assert self.relay is not None
         self.relay.trainer_joined()
         self.weights.trainer_session(peer.session, self.peers.values())
+
+    def _lost_on_send(self, peer: Peer, why: str) -> None:
+        """A send found ``peer`` gone (its connection closed, or it reads nothing): it is forgotten at the end of this
+        pass of the loop, after its socket is read once more. A client that stops says BYE and closes at once: a
+        send to it in between found the connection closed while the BYE still waited unread, so a clean stop was
+        logged as a lost peer, and its BYE then as a message before HELLO."""
+        self._gone.setdefault((peer.role, peer.rid), (peer, why))
+
+    def _forget_gone(self) -> None:
+        gone, self._gone = self._gone, {}
+        for role in {role for role, _ in gone}:
+            self._drain(role, self.sockets.by_role[role])  # a BYE among them forgets its peer as a clean stop
+        for (role, rid), (peer, why) in gone.items():
+            if self.peers.get(role, rid) is peer:
+                self._lost(peer, why)
 
     def _lost(self, peer: Peer, why: str) -> None:
         """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""

@@ -599,3 +599,33 @@ def test_close_from_another_thread_stops_run_which_closes_its_own_sockets(tmp_pa
     again = Server(trainer_port=srv.trainer_port, worker_port=srv.worker_port, spool_dir=tmp_path / "spool")
     again.open()  # the ports and the spool folder are free
     again.close()
+
+
+def test_a_peer_that_says_bye_and_closes_at_once_is_logged_as_a_clean_stop(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A worker stopping says BYE and closes its socket. A send to it in between (weights the trainer had just
+    # published) found the connection closed while the BYE waited unread: the server logged the worker as lost,
+    # and its BYE then as "a bye message before HELLO", with a request to say HELLO to a peer that had gone.
+    srv = Server(trainer_port=free_port(), worker_port=free_port(), network=NET, spool_dir=tmp_path / "spool")
+    srv.open()  # the loop's steps are driven by hand below, in the order the race takes
+    ctx = zmq.Context()
+    sock = srv.sockets.by_role["worker"]
+    try:
+        peer = Peer(ctx, srv.worker_port, "worker", "w")
+        peer.send(Message(MsgType.HELLO, "w", body={"role": "worker", "netrl_version": "0.1.0", "worker_id": "w",
+                                                    "session": peer.session}))
+        wait_until(lambda: sock.poll(50) and (srv._drain("worker", sock) or True) and bool(srv.peers.workers()), 5,
+                   "the HELLO")
+        (known,) = srv.peers.workers()
+        peer.send(Message(MsgType.BYE, "w", body={"reason": "worker stopping"}))
+        assert sock.poll(2000)  # the BYE waits in the server's socket, unread
+        peer.sock.close()
+        with caplog.at_level(logging.INFO, logger="netrl"):
+            wait_until(lambda: srv.out.send(known, Message(MsgType.HEARTBEAT, "server")) is False and bool(srv._gone),
+                       5, "a send to find the connection closed")
+            srv._forget_gone()  # the end of the loop's pass
+        assert "disconnected (worker stopping)" in caplog.text and "lost" not in caplog.text, caplog.text
+        assert not srv.peers.workers() and "before HELLO" not in caplog.text
+    finally:
+        srv.close()
+        ctx.destroy(0)
