@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from netrl import __version__
 
-# Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and netrl.config
-# imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions that need it.
+# Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and
+# netrl.config.sections imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions
+# that need it.
 if TYPE_CHECKING:
-    from netrl.config import Config
+    from netrl.config.sections import Config
 
 log = logging.getLogger("netrl")
 
@@ -30,7 +31,7 @@ ROLES = ("server", "worker", "trainer", "demo")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from netrl.config import describe_fields
+    from netrl.config.sections import describe_fields
 
     keys = "\n".join(f"  {k:<44} {d:<12} {h}" for k, d, h in describe_fields())
     p = argparse.ArgumentParser(
@@ -110,7 +111,7 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
 
     Each value is checked here, on its own, so that a bad flag is reported as the flag, not as config.json; a
     rejected flag is left out of the overrides."""
-    from netrl.config import FLAG_KEYS, check_value
+    from netrl.config.sections import FLAG_KEYS, check_value
 
     overrides: dict[str, Any] = {}
     problems: list[str] = []
@@ -126,7 +127,7 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
     if args.episodes is not None and args.episodes < 1:
         problems.append(f"--episodes must be >= 1 (got {args.episodes}); leave it out to run until stopped")
     if args.role == "keygen":  # found by keygen, they were a runtime error (exit 1) that did not name the flag
-        from netrl.keys import worker_name_problem
+        from netrl.net.keys import worker_name_problem
 
         problems += [f"--workers {json.dumps(name)} {problem}" for name in _worker_names(args)
                      if (problem := worker_name_problem(name))]
@@ -223,7 +224,7 @@ def folders_used(role: str, cfg: Config) -> str:
 
 
 def run_keygen(cfg: Config, workers: list[str]) -> None:
-    from netrl.keys import keygen
+    from netrl.net.keys import keygen
 
     written = keygen(cfg.keys_dir, workers)
     for path in written:
@@ -246,7 +247,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         log.warning("SECURITY IS OFF (\"security\": \"none\"): this %s talks to the server unencrypted and "
                     "unauthenticated; anyone on the path can read or forge its traffic", role)
     if role == "server":  # the server never imports torch: it only moves bytes
-        from netrl.server import Server
+        from netrl.server.server import Server
 
         Server.from_config(cfg).run(stop)
         return
@@ -256,12 +257,12 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         run_demo(cfg, config_path, stop, logging.getLevelName(logging.getLogger().level))
         return
     configure_torch(cfg, role)
-    from netrl.pipelines import make_pipeline
+    from netrl.pipelines.base import make_pipeline
 
     pipeline = make_pipeline(cfg)
     if role == "worker":
         from netrl.errors import NetrlError
-        from netrl.worker import RolloutWorker
+        from netrl.worker.worker import RolloutWorker
 
         worker = RolloutWorker.from_config(cfg, pipeline)
         worker.run(cfg.worker.test_episode_interval, episodes, stop=stop)
@@ -270,7 +271,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
                              "server had not acknowledged (see the warnings above): they are lost unless it spooled "
                              "them")
     else:  # (the trainer: ROLES holds no other)
-        from netrl.trainer import Trainer
+        from netrl.trainer.trainer import Trainer
 
         Trainer.from_config(cfg, pipeline).run(stop)
 
@@ -284,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from netrl.config import load_config
+    from netrl.config.sections import load_config
     from netrl.errors import ConfigError, NetrlError
 
     args = _parser().parse_args(argv)
@@ -318,7 +319,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.role == "keygen":
             run_keygen(cfg, _worker_names(args))
         elif args.role == "status":
-            from netrl.status import dump_json, format_status, query_status
+            from netrl.monitor.status import dump_json, format_status, query_status
 
             snapshot = query_status(cfg.server.status_port, stop=stop)
             ports, mine = snapshot.get("ports") or {}, {"trainer": cfg.network.trainer_port,
@@ -333,7 +334,7 @@ def _main(argv: Sequence[str] | None) -> int:
             except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit flush fails again
         elif args.role == "plot":
-            from netrl.plot import plot_run
+            from netrl.monitor.plot import plot_run
 
             given = Path(args.plot)  # a run folder, one of its CSV files, or a run name under weights_folder
             run_dir = given if given.is_dir() else given.parent if given.is_file() else Path(cfg.weights_folder) / given

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from netrl.config import Config, config_to_dict
+from netrl.config.sections import Config, config_to_dict
 from netrl.errors import ConfigError, NetrlError
-from netrl.folderlock import FolderLock
-from netrl.metrics import read_rows
+from netrl.monitor.metrics import read_rows
+from netrl.storage.folderlock import FolderLock
 
 __all__ = ["LAUNCHER_ENV", "free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
 
@@ -104,8 +104,10 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
 
     ``log_level`` is the launcher's ``--log-level``, and the three roles log at it too; at the default INFO the
     worker logs warnings only, so that the trainer's round lines are what the demo shows."""
-    from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
-    from netrl.pipelines import make_pipeline
+    from netrl.pipelines.base import make_pipeline
+    from netrl.storage.checkpoint import (
+        load_state,  # here: it imports torch, which the launcher's other users never need
+    )
 
     make_pipeline(cfg)  # as the worker and the trainer will: a bad env.id is exit code 2 before anything starts
     run_dir = cfg.run_dir
@@ -123,7 +125,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
             # samples to the new run: resume false asks for a new run, as a finished one does
             _move_aside(run_dir, "held an earlier run and trainer.resume is false")
         if cfg.security == "curve":
-            from netrl.keys import keygen
+            from netrl.net.keys import keygen
 
             if keygen(cfg.keys_dir):
                 log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from netrl.config import describe_fields
+from netrl.config.sections import describe_fields
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- config-table -->", "<!-- /config-table -->"

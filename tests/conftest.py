@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import zmq
 
-from netrl.config import Config
-from netrl.keys import keygen
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.server import Server
+from netrl.net.keys import keygen
+from netrl.server.server import Server
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 

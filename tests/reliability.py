@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from netrl.segments import SegmentLog
-from netrl.wire import buffer_from_message, decode
+from netrl.protocol.wire import buffer_from_message, decode
+from netrl.storage.segments import SegmentLog
 
 SUMMARY = re.compile(r"worker (\S+) session (\w+): (\d+) samples produced in (\d+) packets; (\d+) acknowledged, "
                      r"(\d+) dropped, (\d+) rejected, (\d+) unacknowledged")
@@ -51,7 +51,7 @@ def delivered(run_dir: Path) -> dict[tuple[str, int], int]:
 
 def spooled(spool_dir: Path) -> dict[tuple[str, int], int]:
     """(session, seq) -> samples, for packets still in a stopped server's spool (after its HEAD)."""
-    from netrl.spool import Spool
+    from netrl.server.spool import Spool
 
     if not spool_dir.exists():
         return {}

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from netrl.actbuf import ActionBufferCompressor, ActionBufferMemory
+from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory
 from netrl.samples import BufferBuilder
 from tests.recording import same
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import zmq
 
-from netrl.broadcast import WeightCache
-from netrl.config import NetworkConfig
+from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.peers import MAX_REPORTED
-from netrl.server import Server
-from netrl.wire import Message, MsgType, decode, encode, samples_message
+from netrl.protocol.wire import Message, MsgType, decode, encode, samples_message
+from netrl.server.peers import MAX_REPORTED
+from netrl.server.server import Server
+from netrl.server.weight_cache import WeightCache
 from tests.conftest import running_server
 from tests.test_server import NET, Peer, weights
 from tests.test_wire import sample_buffer, weights_message
@@ -151,7 +151,7 @@ def test_a_bye_reason_is_logged_quoted_and_short(server: tuple[Server, zmq.Conte
     srv, ctx = server
     worker = Peer(ctx, srv.worker_port, "worker", "w")
     worker.hello()
-    with caplog.at_level(logging.INFO, logger="netrl.server"):
+    with caplog.at_level(logging.INFO, logger="netrl.server.server"):
         worker.send(Message(MsgType.BYE, "w", body={"reason": "bye\n12:00:00 I forged line" + "x" * 10_000}))
         settle()
     line = next(r.getMessage() for r in caplog.records if "disconnected" in r.getMessage())
@@ -210,7 +210,7 @@ def test_two_connected_workers_of_one_name_are_warned_about_unless_the_first_fel
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     network = NetworkConfig(heartbeat_interval_s=0.5, heartbeat_liveness=8)  # dropped once silent for 4 s
     with running_server(network=network, spool_dir=tmp_path / "spool") as (srv, ctx), \
-            caplog.at_level(logging.INFO, logger="netrl.admission"):
+            caplog.at_level(logging.INFO, logger="netrl.server.admission"):
         first = Peer(ctx, srv.worker_port, "worker", "robot-1")
         other = Peer(ctx, srv.worker_port, "worker", "robot-2")
         assert first.hello().type is MsgType.WELCOME and other.hello().type is MsgType.WELCOME

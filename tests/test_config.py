@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from netrl.__main__ import main
-from netrl.config import Config, config_from_dict, config_to_dict, describe_fields, load_config
+from netrl.config.sections import Config, config_from_dict, config_to_dict, describe_fields, load_config
 from netrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,8 +156,8 @@ def test_every_seconds_field_is_bounded_like_the_network_ones() -> None:
 
 def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> None:
     from netrl.__main__ import configure_torch
-    from netrl.envs import GenericGymEnv
-    from netrl.pipelines import make_pipeline
+    from netrl.envs.gym import GenericGymEnv
+    from netrl.pipelines.base import make_pipeline
 
     assert problems({"trainer": {"device": "tpu"}}) == [
         'trainer.device must be a torch device: "cpu", "cuda", "cuda:N" or "mps" (got "tpu")']
@@ -272,14 +272,14 @@ def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("netrl.config.load_config", interrupted)  # what Ctrl+C in the first moments looks like
+    monkeypatch.setattr("netrl.config.sections.load_config", interrupted)  # what Ctrl+C in the first moments looks like
     assert main(["--server"]) == 1
     assert capsys.readouterr().err == "netrl: interrupted\n"
 
 
 def test_the_command_line_module_imports_only_the_standard_library_before_main() -> None:
-    # its imports run outside main()'s try: a Ctrl+C while netrl.config imported numpy (a tenth of a second) was a
-    # KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
+    # its imports run outside main()'s try: a Ctrl+C while netrl.config.sections imported numpy (a tenth of a second)
+    # was a KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
     out = subprocess.run([sys.executable, "-c", "import sys, netrl.__main__; print(sorted(m for m in sys.modules if "
                           "m.split('.')[0] in ('numpy', 'zmq', 'torch') or m.startswith('netrl.')))"],
                          capture_output=True, text=True, check=True).stdout
@@ -316,7 +316,7 @@ def test_keygen_worker_names_are_checked_as_the_flag(tmp_path: Path, capsys: pyt
         "this worker another name\n")
     assert not (tmp_path / "keys").exists()
     from netrl.errors import SecurityError
-    from netrl.keys import keygen
+    from netrl.net.keys import keygen
 
     with pytest.raises(SecurityError, match="'worker' is reserved"):  # the Python API refuses them too
         keygen(keys, ["worker"])
@@ -528,8 +528,8 @@ def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.Cap
 OWN_PIPELINE = '''
 import gymnasium, numpy as np
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.memory import ReplayMemory
-from netrl.pipelines import Pipeline
+from netrl.memory.base import ReplayMemory
+from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
 
@@ -564,9 +564,9 @@ def not_a_pipeline(cfg):
 
 def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from netrl.pipelines import make_pipeline
-    from netrl.trainer import Trainer
-    from netrl.worker import RolloutWorker
+    from netrl.pipelines.base import make_pipeline
+    from netrl.trainer.trainer import Trainer
+    from netrl.worker.worker import RolloutWorker
 
     (tmp_path / "my_pipeline.py").write_text(OWN_PIPELINE)
     monkeypatch.syspath_prepend(str(tmp_path))  # what `python -m netrl` does for the folder it starts in
@@ -618,7 +618,7 @@ def test_the_gym_pipeline_takes_module_colon_env_id_as_its_own_error_advises(tmp
         "import gymnasium\n"
         "gymnasium.register(id='MyPendulum-v0', entry_point='gymnasium.envs.classic_control:PendulumEnv')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from netrl.pipelines import make_pipeline
+    from netrl.pipelines.base import make_pipeline
 
     pipeline = make_pipeline(config_from_dict({"env": {"id": "my_robot_envs:MyPendulum-v0"}}))
     env = pipeline.env_cls()

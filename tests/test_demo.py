@@ -47,10 +47,10 @@ def _demo_until(config: Path, log: Path, rounds: str) -> str:
 def test_demo_runs_all_three_roles_and_ctrl_c_stops_them_and_a_restart_resumes(tmp_path: Path) -> None:
     config = small_config(tmp_path, trainer={"epochs": 1000})
     csv = tmp_path / "weights" / "test" / "metrics.csv"
-    _demo_until(config, tmp_path / "demo.log", "netrl.metrics: epoch")  # a round's line
+    _demo_until(config, tmp_path / "demo.log", "netrl.monitor.metrics: epoch")  # a round's line
     first = csv.read_text().splitlines()
     assert len(first) >= 2  # a header and a round
-    text = _demo_until(config, tmp_path / "demo2.log", "netrl.metrics: epoch")
+    text = _demo_until(config, tmp_path / "demo2.log", "netrl.monitor.metrics: epoch")
     assert "loaded checkpoint" in text, text[-2000:]
     # the resumed demo keeps the rounds its first start logged, and adds its own after them
     assert csv.read_text().splitlines()[:len(first)] == first
@@ -153,7 +153,7 @@ def test_sighup_stops_a_role_cleanly(tmp_path: Path) -> None:
 
 
 def test_a_demo_whose_server_cannot_start_fails_instead_of_reporting_success(tmp_path: Path) -> None:
-    from netrl.folderlock import FolderLock
+    from netrl.storage.folderlock import FolderLock
 
     config = small_config(tmp_path)
     spool = FolderLock(tmp_path / "weights" / "test" / "server-spool", "spool folder", "")

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.actbuf import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
-from netrl.pipelines import make_pipeline
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
+from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
+from netrl.pipelines.base import make_pipeline
 from netrl.pipelines.drone import drone_pipeline, drone_rtgym_config
 from netrl.samples import Buffer
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded, same
 
 FAST = 0.005  # seconds per step in these tests

@@ -17,10 +17,10 @@ from pathlib import Path
 import zmq
 from hypothesis import HealthCheck, given, settings
 
-from netrl.keys import client_keys, server_keys
 from netrl.launch import free_port
-from netrl.status import query_status
-from netrl.wire import Message, MsgType, decode, encode, encode_bundle
+from netrl.monitor.status import query_status
+from netrl.net.keys import client_keys, server_keys
+from netrl.protocol.wire import Message, MsgType, decode, encode, encode_bundle
 from tests.conftest import Procs, small_config
 from tests.hostile import hostile_samples, hostile_server_messages, hostile_worker_messages, valid_packet
 from tests.reliability import delivered, wait_until

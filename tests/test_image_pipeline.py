@@ -12,25 +12,25 @@ import numpy as np
 import pytest
 import torch
 
-from netrl import frames as frames_module
 from netrl.agents.cnn import CNNActor, CNNActorCritic
 from netrl.agents.sac import SACAgent
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
-from netrl.envs_image import ENV_ID, ImageReachEnv
-from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame, encoded_capacity
-from netrl.pipelines import make_pipeline
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
+from netrl.envs.image import ENV_ID, ImageReachEnv
+from netrl.memory import frames as frames_module
+from netrl.memory.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame, encoded_capacity
+from netrl.pipelines.base import make_pipeline
 from netrl.pipelines.image import image_pipeline
+from netrl.protocol.schema import SampleSchema
 from netrl.samples import Buffer
-from netrl.schema import SampleSchema
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded, same
 
 SMALL = Config(agent=dataclasses.replace(Config().agent, hidden_sizes=[32]))
 
 
 def test_env_renders_stacks_without_a_display_and_repeats_the_first_frame() -> None:
-    env = GenericGymEnv(f"netrl.envs_image:{ENV_ID}", {"max_steps": 3})
+    env = GenericGymEnv(f"netrl.envs.image:{ENV_ID}", {"max_steps": 3})
     obs, _ = env.reset(seed=0)
     assert obs.shape == (4, 64, 64) and obs.dtype == np.uint8
     assert all(np.array_equal(obs[0], obs[i]) for i in range(4))  # a reset stack repeats the first frame
@@ -186,7 +186,7 @@ def test_a_jpeg_frame_beyond_its_reserved_bytes_is_sent_at_a_lower_quality_not_r
     full = len(encode_frame(frame, "jpeg", 95))
     monkeypatch.setattr(frames_module, "encoded_capacity", lambda h, w, codec="jpeg": full // 2)
     compressor = FrameStackCompressor("jpeg", quality=95)
-    with caplog.at_level(logging.WARNING, logger="netrl.frames"):
+    with caplog.at_level(logging.WARNING, logger="netrl.memory.frames"):
         for _ in range(3):
             payload, nbytes = compressor(None, np.stack([frame] * 4), 0.0, False, False, {})[1]
             assert payload.shape == (full // 2,) and 0 < nbytes <= full // 2

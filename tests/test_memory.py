@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.actbuf import ActionBufferMemory
 from netrl.errors import ConfigError
-from netrl.frames import FrameStackMemory
-from netrl.memory import MemoryDataloading, ReplayMemory, save_dataset
+from netrl.memory.action_buffer import ActionBufferMemory
+from netrl.memory.base import MemoryDataloading, ReplayMemory, save_dataset
+from netrl.memory.frames import FrameStackMemory
 from netrl.samples import Buffer, BufferBuilder
 
 
@@ -539,7 +539,7 @@ def test_a_memory_size_over_the_memory_available_is_warned_of_at_allocation(
     import psutil
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=39 * 1000))
-    with caplog.at_level(logging.WARNING, logger="netrl.memory"):
+    with caplog.at_level(logging.WARNING, logger="netrl.memory.base"):
         ReplayMemory(memory_size=999).append_buffer(packet(4))  # 39 bytes per row: 38,961 bytes fit
         assert not caplog.records
         ReplayMemory(memory_size=2000).append_buffer(packet(4))

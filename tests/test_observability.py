@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from netrl.launch import free_port
-from netrl.metrics import resolve_wandb_mode
-from netrl.status import Rates, StatusClock, format_status, status_line, worth_logging
+from netrl.monitor.metrics import resolve_wandb_mode
+from netrl.monitor.status import Rates, StatusClock, format_status, status_line, worth_logging
 from tests.conftest import Procs, small_config
 from tests.reliability import delivered, wait_until
 from tests.test_delivery import FAST_TRAINER
@@ -73,12 +73,12 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
 
 
 def test_every_counter_the_server_keeps_is_listed_for_the_snapshot() -> None:
-    from netrl.server_status import COUNTERS
+    from netrl.server.status import COUNTERS
 
-    root = Path(__file__).resolve().parent.parent / "netrl"
+    root = Path(__file__).resolve().parent.parent / "netrl" / "server"
     used = set()
-    for module in ("server", "admission", "intake", "relay", "broadcast", "server_status", "server_sockets", "spool"):
-        used |= set(re.findall(r'stats\["(\w+)"\]', (root / f"{module}.py").read_text()))
+    for module in root.glob("*.py"):
+        used |= set(re.findall(r'stats\["(\w+)"\]', module.read_text()))
     assert used and used <= set(COUNTERS), used - set(COUNTERS)
 
 
@@ -108,7 +108,7 @@ def test_a_restarted_trainer_logs_on_into_the_same_wandb_run(tmp_path: Path, mon
 
     import wandb
 
-    from netrl.metrics import MetricsLogger
+    from netrl.monitor.metrics import MetricsLogger
 
     started: list[dict[str, object]] = []
 
@@ -186,7 +186,7 @@ def test_status_lines_report_rates_since_the_previous_line() -> None:
 def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from netrl.errors import NetrlError
-    from netrl.plot import plot_run
+    from netrl.monitor.plot import plot_run
 
     header = "epoch,round,trained_steps,wall_s,samples_per_s,steps_per_s,lag_mean,lag_max,loss_actor\n"
     metrics, episodes = tmp_path / "metrics.csv", tmp_path / "episodes_w1.csv"
@@ -197,7 +197,7 @@ def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
     metrics.write_text(header + "0,0,100,1.5,1,1,0,0,0.5\n0,1,200,oops,1,1,0,0,0.5\n0,2,300,1.5,1,1,0,0,x\n"
                        "0,3,400,1.5,1,1,0,0,0.25\n")
     episodes.write_text("env_steps,return,test\n200,-1200.5,0\n4\x0000,-900.0,0\n600,-800.0,1\n")
-    with caplog.at_level(logging.WARNING, logger="netrl.plot"):
+    with caplog.at_level(logging.WARNING, logger="netrl.monitor.plot"):
         assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"
     assert [r.getMessage() for r in caplog.records] == [
         f"{episodes}: skipped 1 row(s) with a value that is not a number, the first where env_steps is '4\\x0000' (a "
@@ -209,7 +209,7 @@ def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
     metrics.write_text(header + "0,0,100,1.5,1,1,0,0,0.5\n0,1,2\n0,2,300,1.5,1,1,0,0,0.5,7\n0,3,400,1.5,1,1,0,0,0.25\n"
                        "0,4,50")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="netrl.plot"):
+    with caplog.at_level(logging.WARNING, logger="netrl.monitor.plot"):
         assert plot_run(tmp_path).exists()
     assert [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()] == [
         f"{metrics}: skipped 2 row(s) with other than 9 fields (a line a crash cut short, or a damaged disk); the "
@@ -224,8 +224,8 @@ def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
 
 
 def test_status_gives_weights_and_samples_for_workers_only() -> None:
-    from netrl.peers import Peer
-    from netrl.transport import Liveness
+    from netrl.net.transport import Liveness
+    from netrl.server.peers import Peer
 
     def described(role: str) -> dict[str, object]:
         return Peer(b"id", role, role, "s1", "127.0.0.1", Liveness(1.0, 3)).describe()
@@ -246,7 +246,7 @@ def test_status_stops_waiting_when_asked_to(tmp_path: Path) -> None:
 
     from netrl.errors import NetrlError, TransportError
     from netrl.launch import free_port
-    from netrl.status import query_status
+    from netrl.monitor.status import query_status
 
     stop = threading.Event()
     stop.set()  # Ctrl+C, as __main__ maps it
@@ -265,7 +265,7 @@ def test_plot_of_a_run_with_one_round_draws_its_points(tmp_path: Path) -> None:
 
     import matplotlib.pyplot as plt
 
-    from netrl.plot import draw_run
+    from netrl.monitor.plot import draw_run
 
     (tmp_path / "metrics.csv").write_text("epoch,round,trained_steps,wall_s,samples_per_s,steps_per_s,lag_mean,"
                                           "lag_max,loss_actor\n0,0,100,1.5,10,20,0.5,1,0.25\n")
@@ -296,7 +296,7 @@ def test_a_snapshot_of_thousands_of_workers_still_answers_listing_what_fits() ->
 
     import zmq
 
-    from netrl.status import answer_status, query_status
+    from netrl.monitor.status import answer_status, query_status
 
     workers = [{"name": f"robot-{i:05d}", "address": "10.0.0.1", "key": "worker", "version": 3, "samples": i,
                 "last_seen": None, "reported": {f"counter_number_{j:02d}": 10**12 + j for j in range(32)}}

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from netrl.broadcast import WeightCache
-from netrl.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
-from netrl.peers import Peer
-from netrl.transport import Liveness
-from netrl.wire import Message, MsgType, decode, samples_message, weight_parts
+from netrl.net.transport import Liveness
+from netrl.protocol.wire import Message, MsgType, decode, samples_message, weight_parts
+from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
+from netrl.server.peers import Peer
+from netrl.server.weight_cache import WeightCache
 from tests.conftest import running_server
 from tests.test_server import NET
 from tests.test_server import Peer as RawPeer

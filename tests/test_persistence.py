@@ -26,25 +26,25 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from netrl import checkpoint
 from netrl.agents.sac import MLPActor
-from netrl.config import NetworkConfig
-from netrl.delivery import Deliveries, SampleLog
-from netrl.envs import GenericGymEnv
+from netrl.config.sections import NetworkConfig
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import CheckpointError, FolderInUse, NetrlError
-from netrl.folderlock import FolderLock
 from netrl.launch import free_port
-from netrl.memory import ReplayMemory
+from netrl.memory.base import ReplayMemory
+from netrl.protocol.wire import encode, samples_message
 from netrl.samples import Buffer
-from netrl.segments import Position, SegmentLog
-from netrl.server import Server
-from netrl.spool import Spool
-from netrl.trainer import Trainer
+from netrl.server.server import Server
+from netrl.server.spool import Spool
+from netrl.storage import checkpoint
+from netrl.storage.folderlock import FolderLock
+from netrl.storage.segments import Position, SegmentLog
+from netrl.storage.weight_files import read_weights_file, write_weights_file
+from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from netrl.weight_files import read_weights_file, write_weights_file
-from netrl.wire import encode, samples_message
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
 
@@ -86,7 +86,7 @@ def test_a_damaged_record_is_skipped_and_reported_once_and_the_records_around_it
     log.close()
     path = flip_byte(log, 2)
     size = path.stat().st_size
-    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+    with caplog.at_level(logging.INFO, logger="netrl.storage.segments"):
         reopened = SegmentLog(tmp_path, segment_bytes=segment_bytes)  # before: an OSError stopped the process
         assert [r.meta["i"] for r in reopened.read()] == [0, 1, 3, 4]  # only the damaged record is lost
         assert [r.meta["i"] for r in reopened.read()] == [0, 1, 3, 4]
@@ -106,13 +106,13 @@ def test_a_whole_last_record_with_a_bad_checksum_is_reported_as_lost_not_cut_as_
         log.append([b"payload-%d" % i], {"i": i})
     log.close()
     path = flip_byte(log, 2)
-    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+    with caplog.at_level(logging.INFO, logger="netrl.storage.segments"):
         assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "the last record, at offset" in caplog.text and "fails its checksum" in caplog.text
     caplog.clear()
     path.write_bytes(path.read_bytes() + b"NRL3\x00")  # a write cut short by a crash: nothing acknowledged is lost
-    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+    with caplog.at_level(logging.INFO, logger="netrl.storage.segments"):
         assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
     assert [r.levelno for r in caplog.records] == [logging.INFO] and "a torn write" in caplog.text
 
@@ -131,7 +131,7 @@ def test_a_last_record_with_a_damaged_magic_or_segment_number_is_reported_as_los
     data = bytearray(path.read_bytes())
     data[last.offset + field] ^= 0x01
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+    with caplog.at_level(logging.INFO, logger="netrl.storage.segments"):
         assert [r.meta["i"] for r in SegmentLog(tmp_path).read()] == [0, 1]
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "the last record, at offset" in caplog.text and "has a damaged magic or segment number" in caplog.text
@@ -148,7 +148,7 @@ def test_a_log_of_another_netrl_format_is_never_cut(tmp_path: Path, caplog: pyte
     old = {path: path.read_bytes().replace(b"NRL3", b"NRL2") for path in paths}
     for path, data in old.items():
         path.write_bytes(data)
-    with caplog.at_level(logging.INFO, logger="netrl.segments"):
+    with caplog.at_level(logging.INFO, logger="netrl.storage.segments"):
         reopened = SegmentLog(tmp_path, segment_bytes=100)
         assert list(reopened.read()) == []
         reopened.append([b"new"], {"i": 9})
@@ -171,7 +171,7 @@ def test_files_with_names_the_log_never_writes_are_ignored_with_a_warning(
     strays = {"1.seg": b"one", "4294967296.seg": b"big", "notes.seg": b"mine"}
     for name, data in strays.items():
         (tmp_path / name).write_bytes(data)
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         reopened = SegmentLog(tmp_path)
         reopened.append([b"b"], {"i": 2})
         assert [r.meta["i"] for r in reopened.read()] == [1, 2]
@@ -188,7 +188,7 @@ def test_a_wide_gap_between_segment_files_is_named_as_a_range(tmp_path: Path, ca
     log.append([b"a"], {"i": 1})
     log.close()
     (tmp_path / "99999999.seg").write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         reopened = SegmentLog(tmp_path)
         reopened.append([b"b"], {"i": 2})
     assert [r.meta["i"] for r in reopened.read()] == [1, 2]
@@ -262,7 +262,7 @@ def test_intact_records_the_spool_or_the_sample_log_cannot_use_are_skipped_and_r
                raw_record(1, {**good, "seq": 6}, [4], b"good")]
     (tmp_path / "spool").mkdir()
     (tmp_path / "spool" / "00000001.seg").write_bytes(b"".join(records))
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         spool = Spool(tmp_path / "spool", max_bytes=10_000)
         assert (spool.packets, spool.steps) == (2, 20)
         assert [p.meta["seq"] for p in spool.take(upto(100, 10_000))] == [1, 6]
@@ -277,7 +277,7 @@ def test_intact_records_the_spool_or_the_sample_log_cannot_use_are_skipped_and_r
     (tmp_path / "log" / "00000001.seg").write_bytes(raw_record(1, entry, [1], b"a") + raw_record(
         1, {"stream": "w/s", "seq": 2, "samples": 5, "recv_version": 3}, [1], b"b") + raw_record(
         1, {**entry, "seq": 3, "recv_version": "3"}, [1], b"c") + raw_record(1, {**entry, "seq": 4}, [1], b"d"))
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         sample_log = SampleLog(tmp_path / "log", keep_rows=100)
         assert [r.meta["seq"] for r in sample_log.read()] == [1, 4]
     assert "cannot use (its metadata has no 'rows')" in caplog.text
@@ -293,7 +293,7 @@ def test_a_missing_segment_file_is_reported_and_the_others_are_read(
     segments = log.segments()
     assert len(segments) >= 3
     (tmp_path / f"{segments[1]:08d}.seg").unlink()  # deleted by hand
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         kept = [r.meta["i"] for r in SegmentLog(tmp_path, segment_bytes=100).read()]
     assert kept == [0, 1, 4, 5]
     assert f"segment files {segments[1]:08d}.seg are missing" in caplog.text and "records they held are lost" in \
@@ -407,7 +407,7 @@ def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
         spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
     spool.close()
     flip_byte(spool.log, 1)
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         again = Spool(tmp_path, max_bytes=10_000)  # before: an OSError stopped the server at start
     assert (again.packets, again.steps) == (3, 30)
     taken = again.take(upto(1000, 0))
@@ -450,7 +450,7 @@ def test_damage_found_while_the_server_runs_is_skipped_and_the_spool_still_drain
     segments = spool.log.segments()
     (tmp_path / f"{segments[1]:08d}.seg").unlink()  # packets 3 and 4, deleted under the running server
     flip_byte(spool.log, -1)  # and packet 8, the newest, damaged on disk
-    with caplog.at_level(logging.WARNING, logger="netrl.segments"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
         taken = spool.take(upto(1000, 1 << 20))  # before: FileNotFoundError on every try, the spool stalled
     assert [p.meta["seq"] for p in taken] == [1, 2, 5, 6, 7]
     assert "was deleted while in use" in caplog.text and "is damaged from offset" in caplog.text
@@ -471,7 +471,7 @@ def test_a_spool_segment_deleted_under_its_head_is_reported(tmp_path: Path, capl
     spool.close()
     assert json.loads((tmp_path / "HEAD").read_text())["segment"] == 1
     (tmp_path / "00000001.seg").unlink()  # by hand, with packet 2 in it
-    with caplog.at_level(logging.WARNING, logger="netrl.spool"):
+    with caplog.at_level(logging.WARNING, logger="netrl.server.spool"):
         again = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000)
     assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [3, 4, 5, 6]
     assert "segment files 00000001.seg to 00000001.seg are missing" in caplog.text and "are lost" in caplog.text
@@ -559,7 +559,7 @@ def test_checkpoint_is_atomic_and_a_damaged_one_gives_way_to_the_one_before(
     (tmp_path / "checkpoint" / "agent_000004.pt").write_bytes(b"half a file")
     assert checkpoint.load_checkpoint(tmp_path)[1]["epoch"] == 3  # type: ignore[index]
     (tmp_path / "checkpoint" / "agent_000003.pt").write_bytes(b"garbage")  # the current one is damaged
-    with caplog.at_level(logging.WARNING, logger="netrl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.checkpoint"):
         agent, state = checkpoint.load_checkpoint(tmp_path)  # type: ignore[misc]
     assert state["epoch"] == 2 and torch.equal(agent["w"], torch.full((2,), 2.0))  # the one kept for this
     assert re.search(r"cannot read .*agent_000003\.pt: not a tensor file netrl wrote \(.*\): resuming from checkpoint "
@@ -662,24 +662,24 @@ def test_weights_keep_their_version_label_whenever_the_writer_is_killed(
             raise Killed
         real_replace(src, dst)
 
-    monkeypatch.setattr("netrl.weight_files.os.replace", killed_before_the_weights)
+    monkeypatch.setattr("netrl.storage.weight_files.os.replace", killed_before_the_weights)
     with pytest.raises(Killed):
         write_weights_file(path, linear[2], {"version": 2, "trained_steps": 700})
     assert calls == ["policy.pt.json", "policy.pt"]
     state, meta = read_weights_file(path)
     assert meta["version"] == 1 and torch.equal(state["weight"], linear[1].weight)  # old weights, old label
     assert meta["trained_steps"] == 600  # and the old counts, not the new version's
-    monkeypatch.setattr("netrl.weight_files.os.replace", real_replace)
+    monkeypatch.setattr("netrl.storage.weight_files.os.replace", real_replace)
     write_weights_file(path, linear[3], {"version": 3})  # the next save, by the restarted writer
     state, meta = read_weights_file(path)
     assert meta["version"] == 3 and torch.equal(state["weight"], linear[3].weight)
 
-    monkeypatch.setattr("netrl.weight_files.os.replace", killed_before_the_weights)
+    monkeypatch.setattr("netrl.storage.weight_files.os.replace", killed_before_the_weights)
     for version in (4, 5):  # killed twice at the same point: the label cannot be known
         with pytest.raises(Killed):
             write_weights_file(path, linear[0], {"version": version})
-    monkeypatch.setattr("netrl.weight_files.os.replace", real_replace)
-    with caplog.at_level(logging.WARNING, logger="netrl.weight_files"):
+    monkeypatch.setattr("netrl.storage.weight_files.os.replace", real_replace)
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.weight_files"):
         state, meta = read_weights_file(path)
     assert meta == {} and torch.equal(state["weight"], linear[3].weight)  # unknown, never a wrong label
     assert "policy.pt.json does not describe" in caplog.text and "taken as of unknown version" in caplog.text
@@ -728,7 +728,7 @@ def test_a_folder_has_one_live_holder_and_a_dead_holder_leaves_no_stale_lock(tmp
                                           rf"\(pid {os.getpid()}\), by an object not closed yet \(close\(\) it "
                                           rf"first\); otherwise stop it"):
         FolderLock(tmp_path / "run", "run folder", "stop it").acquire()
-    holder = ("import sys, time; from netrl.folderlock import FolderLock; "
+    holder = ("import sys, time; from netrl.storage.folderlock import FolderLock; "
               "FolderLock(sys.argv[1], 'x', 'y').acquire(); print('held', flush=True); time.sleep(60)")
     first.release()
     child = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
@@ -770,23 +770,23 @@ def test_a_child_forked_while_a_lock_is_held_does_not_keep_it_after_its_parent(t
 
 def test_a_file_system_without_locks_is_named_and_a_worker_runs_unlocked_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import netrl.folderlock
-    from netrl.worker_names import claim_worker_id, host_name
+    import netrl.storage.folderlock
+    from netrl.worker.names import claim_worker_id, host_name
 
     def no_locks(fd: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(netrl.folderlock, "_lock", no_locks)  # as on some network file systems
+    monkeypatch.setattr(netrl.storage.folderlock, "_lock", no_locks)  # as on some network file systems
     with pytest.raises(NetrlError, match=rf"cannot lock the run folder {tmp_path}: \[Errno {errno.ENOLCK}\] No locks "
                                          "available; its file system may not support file locks: choose a folder on "
                                          "a local disk"):  # before: "in use by another process (pid unknown)"
         FolderLock(tmp_path, "run folder", "stop it").acquire()
-    with caplog.at_level(logging.WARNING, logger="netrl.worker_names"):
+    with caplog.at_level(logging.WARNING, logger="netrl.worker.names"):
         name, lock = claim_worker_id(tmp_path / "run", None)  # before: tried names without end, a file for each
     assert (name, lock) == (host_name(), None) and len(list((tmp_path / "run").iterdir())) == 1
     assert f"this worker runs as {host_name()!r} with no lock on that name, so another worker" in caplog.text
     (tmp_path / "file").write_text("")
-    with caplog.at_level(logging.WARNING, logger="netrl.worker_names"):  # a run folder that cannot be made
+    with caplog.at_level(logging.WARNING, logger="netrl.worker.names"):  # a run folder that cannot be made
         assert claim_worker_id(tmp_path / "file" / "run", "robot-1") == ("robot-1", None)
     assert (f"cannot use {tmp_path / 'file' / 'run'} as the run folder: {tmp_path / 'file'} is a file, not a folder: "
             "move it away, or choose another folder; this worker runs as 'robot-1' with no lock") in caplog.text
@@ -825,7 +825,7 @@ def test_a_weights_file_that_cannot_be_written_raises_oserror_and_keeps_the_prev
     script = """
 import resource, sys, torch
 from pathlib import Path
-from netrl.weight_files import write_weights_file
+from netrl.storage.weight_files import write_weights_file
 path = Path(sys.argv[1])
 write_weights_file(path, torch.nn.Linear(2, 2), {"version": 1})
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
@@ -846,7 +846,7 @@ except OSError as exc:
 def test_a_spool_drained_in_a_burst_records_its_head_and_frees_its_segments_soon_after(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("netrl.spool.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("netrl.server.spool.time.monotonic", lambda: clock[0])
     spool = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1_000)
     for seq in range(12):  # about one 900-byte packet per segment
         spool.push([b"x" * 900], {"worker": "w", "session": "s", "seq": seq, "steps": 1})
@@ -897,7 +897,7 @@ def test_damage_anywhere_loses_only_the_records_it_touches(tmp_path_factory: pyt
 def test_a_restart_keeps_every_logged_packet_the_configured_message_limit_let_in(tmp_path: Path) -> None:
     import gymnasium
 
-    from netrl.wire import decode
+    from netrl.protocol.wire import decode
 
     row, n = 1 << 20, 260  # 260 MiB once inflated: over decode()'s default limit of 256 MiB, under the 512 MiB set
     buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.zeros((n, row), np.uint8), rew=np.zeros(n, np.float32),

@@ -29,13 +29,14 @@ import gymnasium
 import numpy as np
 import pytest
 
-import netrl.worker as worker_module
-from netrl import weight_receiver, weights
-from netrl.config import load_config
+import netrl.worker.worker as worker_module
+from netrl.config.sections import load_config
+from netrl.envs.realtime import StepTimer, period_stats
 from netrl.launch import stop_processes
-from netrl.pipelines import make_pipeline
-from netrl.realtime import StepTimer, period_stats
-from netrl.worker import RolloutWorker
+from netrl.pipelines.base import make_pipeline
+from netrl.protocol import weights
+from netrl.worker import weight_receiver
+from netrl.worker.worker import RolloutWorker
 from tests.conftest import Procs, small_config
 
 SLOW_LOAD_S = 0.15
@@ -43,10 +44,10 @@ LATE_CALL_S = SLOW_LOAD_S / 2  # a load on the control path would delay the next
 
 
 def slowed_loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float, str]]:
-    """Make every weight message a worker handles (:class:`netrl.weight_receiver.WeightReceiver` assembles, checks
-    and loads each version there) and every other weight load (:func:`netrl.weights.load_weights`, as from a policy
-    file) take SLOW_LOAD_S longer; returns the list of (start, end, thread name) it fills. A loader that went around
-    both would record no loads, and the test would fail on their count."""
+    """Make every weight message a worker handles (:class:`netrl.worker.weight_receiver.WeightReceiver` assembles,
+    checks and loads each version there) and every other weight load (:func:`netrl.protocol.weights.load_weights`, as
+    from a policy file) take SLOW_LOAD_S longer; returns the list of (start, end, thread name) it fills. A loader that
+    went around both would record no loads, and the test would fail on their count."""
     loads: list[tuple[float, float, str]] = []
     receive = weight_receiver.WeightReceiver.__call__
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from netrl.peers import QueuedPacket
-from netrl.relay import FRAME_OVERHEAD, MAX_BUNDLE_PARTS, SampleRelay
-from netrl.spool import Spool
-from netrl.wire import BUNDLE_HEADER_ROOM, MsgType, decode
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, MsgType, decode
+from netrl.server.peers import QueuedPacket
+from netrl.server.relay import FRAME_OVERHEAD, MAX_BUNDLE_PARTS, SampleRelay
+from netrl.server.spool import Spool
 
 
 class Relay:
@@ -236,7 +236,7 @@ def test_a_spooled_packet_over_a_lowered_message_limit_is_dropped_loudly_and_the
     r = Relay(tmp_path, min_samples=100, max_bundle_bytes=1 << 20, max_message_bytes=BUNDLE_HEADER_ROOM + 1000)
     relay = r.relay  # restarted with the lower limit, on the same spool
     assert relay.spool.packets == 3
-    with caplog.at_level(logging.ERROR, logger="netrl.relay"):
+    with caplog.at_level(logging.ERROR, logger="netrl.server.relay"):
         relay.add_credit(4)
         relay.flush(now=0.0, trainer_connected=True)
     assert [r.bundle_contents(i) for i in range(len(r.bundles))] == [[b"1" * 100], [b"3" * 100]]

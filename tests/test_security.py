@@ -22,16 +22,16 @@ import zmq.auth
 
 from netrl.__main__ import main
 from netrl.agents.sac import MLPActor
-from netrl.config import NetworkConfig
+from netrl.config.sections import NetworkConfig
 from netrl.errors import SecurityError
-from netrl.keys import ClientKeys, KeyRing, ServerKeys, client_keys, keygen, server_keys
 from netrl.launch import free_port
-from netrl.server import Server
-from netrl.server_sockets import ServerSockets
-from netrl.status import format_status
-from netrl.transport import ClientLink, handshake_failure, new_session
-from netrl.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
-from netrl.wire import Message, MsgType, samples_message
+from netrl.monitor.status import format_status
+from netrl.net.keys import ClientKeys, KeyRing, ServerKeys, client_keys, keygen, server_keys
+from netrl.net.transport import ClientLink, handshake_failure, new_session
+from netrl.protocol.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
+from netrl.protocol.wire import Message, MsgType, samples_message
+from netrl.server.server import Server
+from netrl.server.sockets import ServerSockets
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
 from tests.test_server import Peer
@@ -134,7 +134,7 @@ def test_keygen_repairs_client_folders_and_allow_lists(tmp_path: Path, caplog: p
     keygen(keys, ["robot-1"])
     old_server = server_keys(keys).public
     shutil.rmtree(keys / "server")
-    with caplog.at_level(logging.WARNING, logger="netrl.keys"):
+    with caplog.at_level(logging.WARNING, logger="netrl.net.keys"):
         written = {p.relative_to(keys).as_posix() for p in keygen(keys)}
     assert "copy trainer/ and workers/<name>/ to their machines again" in caplog.text
     assert {"server/trainers/trainer.key", "server/workers/worker.key", "server/workers/robot-1.key",
@@ -257,7 +257,7 @@ def test_clients_without_the_right_keys_can_neither_send_nor_receive(
 
 
 def encode_samples(name: str, session: str) -> list:  # type: ignore[type-arg]
-    from netrl.wire import encode
+    from netrl.protocol.wire import encode
 
     return encode(samples_message(sample_buffer(5), name, session, 1, 5))
 

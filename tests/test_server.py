@@ -17,14 +17,11 @@ import numpy as np
 import pytest
 import zmq
 
-from netrl.config import NetworkConfig
+from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage, NetrlError
 from netrl.launch import free_port
-from netrl.relay import SampleRelay
-from netrl.server import Server
-from netrl.spool import Spool
-from netrl.status import format_status
-from netrl.wire import (
+from netrl.monitor.status import format_status
+from netrl.protocol.wire import (
     BUNDLE_HEADER_ROOM,
     PROTOCOL_VERSION,
     Message,
@@ -34,6 +31,9 @@ from netrl.wire import (
     encode,
     samples_message,
 )
+from netrl.server.relay import SampleRelay
+from netrl.server.server import Server
+from netrl.server.spool import Spool
 from tests.conftest import running_server
 from tests.reliability import wait_until
 from tests.test_wire import sample_buffer, weights_message
@@ -330,9 +330,9 @@ def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: 
 
 
 def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path: Path) -> None:
-    from netrl.peers import QueuedPacket
-    from netrl.relay import memory_cost
-    from netrl.worker_link import WorkerLink
+    from netrl.server.peers import QueuedPacket
+    from netrl.server.relay import memory_cost
+    from netrl.worker.link import WorkerLink
 
     frames = encode(samples_message(sample_buffer(500), "w", "s", 1, 499))
     packet_bytes = sum(len(f) for f in frames)
@@ -384,7 +384,7 @@ def test_a_packet_the_trainer_could_not_accept_is_refused_for_good(tmp_path: Pat
 
 def test_a_worker_with_a_larger_message_limit_drops_what_the_server_cannot_take(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from netrl.worker_link import WorkerLink
+    from netrl.worker.link import WorkerLink
 
     server_net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, max_message_bytes=1 << 16)
     big = encode(samples_message(sample_buffer(2000), "w", "s", 1, 2000))  # ~80 KB: over the server's 64 KiB

@@ -15,14 +15,14 @@ import zmq
 
 from netrl.errors import NetrlError
 from netrl.launch import free_port
-from netrl.peers import MAX_COUNT, PeerTable, QueuedPacket
-from netrl.peers import Peer as ServerPeer
-from netrl.relay import memory_cost
-from netrl.server import Server
-from netrl.server_status import ServerStatus
-from netrl.status import format_status, query_status
-from netrl.transport import ClientLink, Liveness
-from netrl.wire import Message, MsgType, encode, samples_message
+from netrl.monitor.status import format_status, query_status
+from netrl.net.transport import ClientLink, Liveness
+from netrl.protocol.wire import Message, MsgType, encode, samples_message
+from netrl.server.peers import MAX_COUNT, PeerTable, QueuedPacket
+from netrl.server.peers import Peer as ServerPeer
+from netrl.server.relay import memory_cost
+from netrl.server.server import Server
+from netrl.server.status import ServerStatus
 from tests.conftest import running_server
 from tests.reliability import wait_until
 from tests.test_server import NET, Peer
@@ -92,7 +92,7 @@ def test_a_status_line_that_fails_is_logged_and_the_loop_goes_on(tmp_path: Path,
     def bug(snapshot: dict[str, Any]) -> str:
         raise OverflowError("cannot convert float infinity to integer")
 
-    monkeypatch.setattr("netrl.server_status.status_line", bug)
+    monkeypatch.setattr("netrl.server.status.status_line", bug)
     with running_server(network=NET, spool_dir=tmp_path / "spool", status_interval_s=0.1) as (srv, ctx):
         worker = Peer(ctx, srv.worker_port, "worker", "w")
         assert worker.hello().type is MsgType.WELCOME

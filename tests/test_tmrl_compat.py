@@ -22,18 +22,18 @@ import torch
 
 from netrl.agents.base import Batch
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import SampleRejected
-from netrl.memory import MemoryDataloading
+from netrl.memory.base import MemoryDataloading
 from netrl.nn import copy_shared, no_grad
 from netrl.pipelines.drone import drone_pipeline
-from netrl.schema import SampleSchema
-from netrl.trainer import Trainer
+from netrl.protocol.schema import SampleSchema
+from netrl.protocol.wire import decode, encode, samples_message
+from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import cached_property, partial
-from netrl.wire import decode, encode, samples_message
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Time-step timed out"),
@@ -218,10 +218,10 @@ def test_a_workers_packets_wait_for_min_samples_as_in_tmrl(monkeypatch: pytest.M
     than the action buffer, or its __len__ stays 0 for good). A set delay cuts packets short."""
     import types
 
-    import netrl.worker_packets
+    import netrl.worker.packets
 
     clock = iter(range(10**6))
-    monkeypatch.setattr(netrl.worker_packets, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
+    monkeypatch.setattr(netrl.worker.packets, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
 
     def packet_rows(**kw: Any) -> list[int]:
         worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
@@ -303,7 +303,7 @@ def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug
                       str(tmp_path / "hist"), 10)  # type: ignore[misc]
     worker = RolloutWorker(env_cls, MLPActor, model_path=str(tmp_path / "w.pt"), model_history=2, standalone=True)
     assert worker.model_path_history == str(tmp_path / "w_history")  # model_history works without naming it
-    with caplog.at_level(logging.WARNING, logger="netrl.worker"):
+    with caplog.at_level(logging.WARNING, logger="netrl.worker.worker"):
         worker.start()  # deployment with a path that does not exist says so
     worker.close()
     assert f"{tmp_path / 'w.pt'} does not exist: this standalone worker runs its actor as initialised" in caplog.text

@@ -25,23 +25,23 @@ import pytest
 import torch
 
 import netrl.__main__
-from netrl import checkpoint
 from netrl.actor import ActorModule
 from netrl.agents.base import Batch, TrainingAgent
 from netrl.agents.sac import MLPActorCritic, SACAgent
-from netrl.config import NetworkConfig
-from netrl.delivery import Deliveries, SampleLog
+from netrl.config.sections import NetworkConfig
 from netrl.errors import CheckpointError, NetrlError
-from netrl.metrics import MetricsLogger
-from netrl.msgtypes import MAX_POLICY_VERSION
+from netrl.monitor.metrics import MetricsLogger
+from netrl.net.transport import new_session
+from netrl.protocol.messages import MAX_POLICY_VERSION
+from netrl.protocol.wire import Message, MsgType, decode, encode, samples_message
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
-from netrl.segments import Position
-from netrl.trainer import Trainer
-from netrl.trainer_link import FOREIGN_VERSION_LIMIT, TrainerLink
+from netrl.storage import checkpoint
+from netrl.storage.segments import Position
+from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.link import FOREIGN_VERSION_LIMIT, TrainerLink
+from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
-from netrl.transport import new_session
 from netrl.util import partial
-from netrl.wire import Message, MsgType, decode, encode, samples_message
 from tests.conftest import small_config
 
 OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)  # Pendulum's layout, as the CLI's default pipeline has it
@@ -127,7 +127,7 @@ def links(monkeypatch: pytest.MonkeyPatch) -> type[Links]:
             super().start()
             self.made.append(self)
 
-    monkeypatch.setattr("netrl.trainer.TrainerLink", Link)
+    monkeypatch.setattr("netrl.trainer.trainer.TrainerLink", Link)
     return Link
 
 
@@ -369,7 +369,7 @@ def test_the_trainer_logs_a_live_status_line_between_rounds(
         links.at[fetch] = tick
     links.at[6] = lambda link: setattr(link, "episode", -123.4)  # from here, each packet reports an episode:
     # the loop ingests every 2 steps, so at fetch 9 it holds those of fetches 6 and 7
-    with caplog.at_level(logging.INFO, logger="netrl.trainer_link"):
+    with caplog.at_level(logging.INFO, logger="netrl.trainer.link"):
         trainer.run()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status |")]
     assert len(lines) == 2  # the first tick only starts the clock
@@ -394,7 +394,7 @@ def test_a_status_line_that_cannot_read_the_loop_never_stops_the_network_thread(
 
     link = TrainerLink(NetworkConfig(), "trainer", new_session(), 1, 8, Deliveries(), None, None, None, 1e-9, broken)
     try:
-        with caplog.at_level(logging.INFO, logger="netrl.trainer_link"):
+        with caplog.at_level(logging.INFO, logger="netrl.trainer.link"):
             for _ in range(3):
                 link.on_tick()  # raising here would end the network thread, and the trainer with it
     finally:
@@ -529,7 +529,7 @@ def test_tmrls_unlimited_epochs_train_until_stopped(tmp_path: Path, links: type[
     trainer = make_trainer(tmp_path, epochs=np.inf)  # the tutorial's advice; "%d" of it broke the start line
     stop = threading.Event()
     links.at = dict.fromkeys(range(1, 10_000), lambda link: stop.set() if trainer.training.epoch >= 2 else None)  # type: ignore[union-attr]
-    with caplog.at_level(logging.INFO, logger="netrl.trainer"):
+    with caplog.at_level(logging.INFO, logger="netrl.trainer.trainer"):
         trainer.run(stop)
     assert "started: unlimited epochs x 2 rounds x 10 steps" in caplog.text
     assert len(metrics(tmp_path)) >= 4  # 2 rounds per epoch: it went on past the first epochs
@@ -545,7 +545,7 @@ def test_run_with_wandb_is_run_with_wandb_online(tmp_path: Path, links: type[Lin
             seen.append((mode, project, entity, run_id))
             super().__init__(run_dir, run_name, "disabled")
 
-    monkeypatch.setattr("netrl.trainer.MetricsLogger", Logger)
+    monkeypatch.setattr("netrl.trainer.trainer.MetricsLogger", Logger)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     make_trainer(tmp_path / "a", epochs=1).run_with_wandb(entity="lab", project="drone", run_id="r1", key="k" * 40)
     assert seen == [("online", "drone", "lab", "r1")]
@@ -559,16 +559,16 @@ def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
     import shutil
 
     make_trainer(tmp_path, epochs=1).run()
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
         make_trainer(tmp_path, epochs=1).run()  # the sample log is whole: nothing to warn about
     assert "transitions" not in caplog.text
     shutil.rmtree(tmp_path / "samples")  # say, only checkpoint/ was copied to a new machine
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
         make_trainer(tmp_path, epochs=1).run()
     assert re.search(r"does not reach the checkpoint's position, so the replay memory holds 0 of the \d+ transitions",
                      caplog.text)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
         make_trainer(tmp_path, epochs=1, persist_samples=False).run()
     assert re.search(r"persist_samples is off, so the replay memory starts empty: the \d+ transitions", caplog.text)
 
@@ -587,7 +587,7 @@ def test_a_stop_while_the_memory_is_rebuilt_ends_the_start_at_once_and_saves_not
         return real_add(self, buf, new=new)
 
     monkeypatch.setattr(TrainingOffline, "add", add)
-    with caplog.at_level(logging.INFO, logger="netrl.trainer"):
+    with caplog.at_level(logging.INFO, logger="netrl.trainer.trainer"):
         make_trainer(tmp_path, epochs=2).run(stop)
     assert len(added) == 1 and "stopped while rebuilding the replay memory" in caplog.text
     assert checkpoint.load_state(tmp_path) == before  # a part-built memory and delivery state are never saved
@@ -658,8 +658,8 @@ def test_the_trainers_schema_probe_leaves_a_compressor_in_use_by_a_worker_alone(
     # The trainer probed its sample compressor with a random row. FrameStackCompressor checks each stack against
     # the one before, so a worker in the same process sharing the instance mid-episode (as tmrl's tutorial shares
     # one pipeline between its roles) made the probe raise, and the row after it would too.
-    from netrl.frames import FrameStackCompressor
-    from netrl.schema import SampleSchema, probe_copy
+    from netrl.memory.frames import FrameStackCompressor
+    from netrl.protocol.schema import SampleSchema, probe_copy
 
     obs_space = gymnasium.spaces.Box(0, 255, (4, 16, 16), np.uint8)
     act_space = gymnasium.spaces.Box(-1, 1, (2,), np.float32)

@@ -14,21 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from netrl import checkpoint
 from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.envs import GenericGymEnv
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
-from netrl.frames import FrameStackMemory, encode_frame, encoded_capacity
 from netrl.local import run_local
-from netrl.memory import ReplayMemory
-from netrl.metrics import MetricsLogger, format_round
+from netrl.memory.base import ReplayMemory
+from netrl.memory.frames import FrameStackMemory, encode_frame, encoded_capacity
+from netrl.monitor.metrics import MetricsLogger, format_round
 from netrl.samples import Buffer, EpisodeStats
-from netrl.trainer import Trainer
+from netrl.storage import checkpoint
+from netrl.storage.weight_files import read_weights_file
+from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from netrl.weight_files import read_weights_file
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 
 
 def pendulum_training(**kw: object) -> tuple[TrainingOffline, RolloutWorker]:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from netrl.config import NetworkConfig
+from netrl.config.sections import NetworkConfig
 from netrl.errors import TransportError
 from netrl.launch import free_port
-from netrl.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
-from netrl.wire import Message, MsgType, decode, encode
+from netrl.net.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
+from netrl.protocol.wire import Message, MsgType, decode, encode
 from tests.conftest import running_server
 
 
@@ -79,7 +79,7 @@ def test_a_server_that_never_answers_is_reported_once_not_on_every_retry(caplog:
         link.close()
         ctx.destroy(0)
     assert link._unanswered >= 5  # it kept trying
-    said = [r.getMessage() for r in caplog.records if r.name == "netrl.transport"]
+    said = [r.getMessage() for r in caplog.records if r.name == "netrl.net.transport"]
     assert len(said) == 1 and said[0].startswith(f"no answer from the server at tcp://127.0.0.1:{port}")
     assert "attempt 1)" in said[0] and not any("lost the server" in s for s in said)
     assert "is a netrl server running at 127.0.0.1 and reachable from here? check --server-ip, network.worker_port " \
@@ -102,7 +102,7 @@ def test_a_server_address_that_does_not_resolve_is_named(caplog: pytest.LogCaptu
 
 def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() -> None:
     from netrl.errors import NetrlError
-    from netrl.netthread import NetThread
+    from netrl.net.thread import NetThread
 
     class Idle(NetThread):
         def on_message(self, msg: Message) -> None:
@@ -177,7 +177,7 @@ def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(cap
 def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from netrl.worker_link import WorkerLink
+    from netrl.worker.link import WorkerLink
     from tests.test_server import Peer
 
     net = NetworkConfig(heartbeat_interval_s=0.05, heartbeat_liveness=40)
@@ -238,7 +238,7 @@ def test_a_restarted_server_that_rejects_every_message_in_flight_gets_one_hello(
     # After a server restart, each message the client sent before the new server heard its HELLO comes back as
     # "unknown peer"; answering each with a HELLO made the server drop and re-admit the peer as often (a worker
     # logged "reconnected" 3 times, a trainer 6). A HELLO the server never answered is sent again, though.
-    caplog.set_level(logging.INFO, logger="netrl.transport")
+    caplog.set_level(logging.INFO, logger="netrl.net.transport")
     ctx = zmq.Context()
     fake = ctx.socket(zmq.ROUTER)
     port = fake.bind_to_random_port("tcp://127.0.0.1")

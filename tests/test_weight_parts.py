@@ -13,10 +13,9 @@ import torch
 import zmq
 
 from netrl.agents.sac import MLPActor
-from netrl.config import NetworkConfig
+from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.server import Server
-from netrl.weights import (
+from netrl.protocol.weights import (
     PART_BYTES,
     WeightAssembler,
     check_weights,
@@ -25,7 +24,8 @@ from netrl.weights import (
     load_weights,
     snapshot_into,
 )
-from netrl.wire import Message, MsgType, decode, encode, weight_parts
+from netrl.protocol.wire import Message, MsgType, decode, encode, weight_parts
+from netrl.server.server import Server
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
 from tests.test_server import Peer
@@ -189,7 +189,7 @@ def weight_msgs(flat: np.ndarray, layout: list, version: int, part_bytes: int = 
 
 def test_a_worker_proves_its_own_layout_finite_with_one_sum_and_checks_anything_else_exactly(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import netrl.weight_receiver as wr
+    import netrl.worker.weight_receiver as wr
 
     checked: list[int] = []
     exact = wr.check_weights
@@ -247,9 +247,9 @@ def test_a_worker_proves_its_own_layout_finite_with_one_sum_and_checks_anything_
 
 def test_weights_that_cannot_be_saved_are_still_used_and_the_failure_is_logged_once(
         caplog: pytest.LogCaptureFixture) -> None:
-    from netrl.weight_receiver import WeightReceiver
+    from netrl.worker.weight_receiver import WeightReceiver
 
-    caplog.set_level("INFO", logger="netrl.weight_receiver")
+    caplog.set_level("INFO", logger="netrl.worker.weight_receiver")
     actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
     failing = {1, 2}
     saved: list[int] = []
@@ -278,7 +278,7 @@ def test_weights_that_cannot_be_saved_are_still_used_and_the_failure_is_logged_o
 
 def test_versions_in_the_workers_layout_land_in_spare_actors_own_buffers_and_a_failed_one_keeps_the_pending(
         caplog: pytest.LogCaptureFixture) -> None:
-    from netrl.weight_receiver import WeightReceiver
+    from netrl.worker.weight_receiver import WeightReceiver
 
     sender = MLPActor(OBS, ACT, hidden_sizes=(16,))
     current = MLPActor(OBS, ACT, hidden_sizes=(16,))
@@ -323,8 +323,8 @@ class TwoTensors(torch.nn.Module):
 
 @pytest.mark.parametrize("n", [20, 300_001])  # a version in one part, and one in two; both with padding
 def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout_anew(n: int) -> None:
-    from netrl.delivery import Deliveries
-    from netrl.trainer_link import TrainerLink
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.link import TrainerLink
 
     link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: the test reads its pipe
 
@@ -365,7 +365,7 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
 
 
 def test_an_actor_off_the_cpu_gets_each_version_checked_apart_and_copied_in(caplog: pytest.LogCaptureFixture) -> None:
-    from netrl.weight_receiver import WeightReceiver
+    from netrl.worker.weight_receiver import WeightReceiver
 
     sender = MLPActor(OBS, ACT, hidden_sizes=(16,))
     receiver = WeightReceiver(MLPActor(OBS, ACT, hidden_sizes=(16,)), MLPActor(OBS, ACT, hidden_sizes=(16,)), -1,
@@ -397,8 +397,8 @@ class _Tracker:
 def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
     # A trainer publishing faster than its link to the server carried the weights queued every version: its memory
     # grew by megabytes a second, and the workers' weights fell further behind without limit.
-    from netrl.delivery import Deliveries
-    from netrl.trainer_link import TrainerLink
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.link import TrainerLink
 
     link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: its commands are called here
     sent: list[tuple[int, int]] = []  # (version, part) given to the socket
@@ -448,9 +448,9 @@ def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monke
 def test_an_actor_with_tensors_the_wire_cannot_carry_is_refused_by_name(dtype: torch.dtype) -> None:
     # A bfloat16 actor stopped the trainer at its first publication with numpy's "data type 'bfloat16' not
     # understood"; a complex one made a layout every worker refuses.
-    from netrl.delivery import Deliveries
     from netrl.errors import NetrlError
-    from netrl.trainer_link import TrainerLink
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.link import TrainerLink
 
     actor = torch.nn.Linear(3, 2)
     actor.bias.data = actor.bias.data.to(dtype)
@@ -467,7 +467,7 @@ def test_a_slow_disk_never_holds_the_network_thread_and_only_the_newest_waiting_
     # and the server declared the worker lost 7 times in 25 s.
     import threading
 
-    from netrl.weight_receiver import WeightReceiver
+    from netrl.worker.weight_receiver import WeightReceiver
 
     actor = MLPActor(OBS, ACT, hidden_sizes=(8,))
     disk_free, saved = threading.Event(), []

@@ -16,13 +16,13 @@ import torch
 import zmq
 
 from netrl.agents.sac import MLPActor
-from netrl.broadcast import MAX_LAYOUT_ENTRIES, OVERHEAD_ROOM_BYTES, WeightCache, check_layout
-from netrl.config import NetworkConfig
+from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.server import Server
-from netrl.weight_receiver import WeightReceiver
-from netrl.weights import flat_layout, snapshot_into
-from netrl.wire import Message, MsgType, decode, encode, frames_nbytes, weight_parts
+from netrl.protocol.weights import flat_layout, snapshot_into
+from netrl.protocol.wire import Message, MsgType, decode, encode, frames_nbytes, weight_parts
+from netrl.server.server import Server
+from netrl.server.weight_cache import MAX_LAYOUT_ENTRIES, OVERHEAD_ROOM_BYTES, WeightCache, check_layout
+from netrl.worker.weight_receiver import WeightReceiver
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS
 from tests.test_server import Peer

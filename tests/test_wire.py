@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netrl.errors import MalformedMessage, ProtocolError, RoleViolation, VersionMismatch
-from netrl.samples import Buffer, BufferBuilder, EpisodeStats
-from netrl.wire import (
+from netrl.protocol.wire import (
     PROTOCOL_VERSION,
     Message,
     MsgType,
@@ -24,6 +23,7 @@ from netrl.wire import (
     encode_bundle,
     samples_message,
 )
+from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 
 
 def sample_buffer(n: int = 5, image: bool = False) -> Buffer:
@@ -284,7 +284,7 @@ def test_header_keys_must_be_strings() -> None:
 
 
 def test_policy_versions_are_bounded_so_a_trainer_can_always_number_after_them() -> None:
-    from netrl.msgtypes import MAX_POLICY_VERSION
+    from netrl.protocol.messages import MAX_POLICY_VERSION
 
     buf = sample_buffer()
     buf.policy_version[-1] = MAX_POLICY_VERSION  # the largest any message may name: fine

@@ -20,20 +20,20 @@ import numpy as np
 import pytest
 import torch
 
-import netrl.worker
+import netrl.worker.worker
 from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
-from netrl.config import NetworkConfig, config_from_dict
-from netrl.envs import GenericGymEnv
+from netrl.config.sections import NetworkConfig, config_from_dict
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError, NetrlError
 from netrl.launch import free_port
+from netrl.net.transport import new_session
 from netrl.pipelines.image import image_pipeline
-from netrl.transport import new_session
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, PEER_NAME, Message, MsgType, decode, encode, samples_message
 from netrl.util import partial
-from netrl.wire import BUNDLE_HEADER_ROOM, PEER_NAME, Message, MsgType, decode, encode, samples_message
-from netrl.worker import RolloutWorker, default_worker_id
-from netrl.worker_link import WorkerLink
-from netrl.worker_packets import PacketMaker
+from netrl.worker.link import WorkerLink
+from netrl.worker.packets import PacketMaker
+from netrl.worker.worker import RolloutWorker, default_worker_id
 from tests.conftest import running_server
 from tests.reliability import wait_until
 from tests.test_wire import sample_buffer
@@ -96,13 +96,13 @@ def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch
 def test_a_worker_from_config_is_named_after_its_host_and_keeps_that_name_across_restarts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from netrl.errors import FolderInUse
-    from netrl.pipelines import make_pipeline
-    from netrl.worker_names import claim_worker_id
+    from netrl.pipelines.base import make_pipeline
+    from netrl.worker.names import claim_worker_id
 
     monkeypatch.setattr(socket, "gethostname", lambda: "robot lab")
     cfg = config_from_dict({"weights_folder": str(tmp_path), "security": "none"})
     first = RolloutWorker.from_config(cfg, make_pipeline(cfg))
-    with caplog.at_level(logging.INFO, logger="netrl.worker_names"):
+    with caplog.at_level(logging.INFO, logger="netrl.worker.names"):
         second = RolloutWorker.from_config(cfg, make_pipeline(cfg))  # another worker on this machine, running too
     assert (first.worker_id, second.worker_id) == ("robot-lab", "robot-lab-2")
     assert (f"worker names taken by other workers on this machine: robot-lab (pid {os.getpid()}); this worker is "
@@ -132,7 +132,7 @@ def test_a_restarted_worker_continues_the_episode_and_step_counts_of_its_csv(
         worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
                                max_samples_per_episode=5, worker_id="w", episode_log=str(csv_path), seed=0)
         worker.local_packets = []  # no network; samples are still recorded and counted
-        with caplog.at_level(logging.INFO, logger="netrl.worker"):
+        with caplog.at_level(logging.INFO, logger="netrl.worker.worker"):
             worker.run(nb_episodes=2)
     with csv_path.open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -142,8 +142,8 @@ def test_a_restarted_worker_continues_the_episode_and_step_counts_of_its_csv(
 
 
 def test_a_csv_line_cut_short_by_a_crash_neither_swallows_the_next_row_nor_breaks_the_plot(tmp_path: Path) -> None:
-    from netrl.metrics import CsvLog
-    from netrl.plot import plot_run
+    from netrl.monitor.metrics import CsvLog
+    from netrl.monitor.plot import plot_run
 
     path = tmp_path / "episodes_w.csv"
     log = CsvLog(path)
@@ -164,8 +164,8 @@ def test_a_csv_line_cut_short_by_a_crash_neither_swallows_the_next_row_nor_break
 
 def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_and_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from netrl.metrics import CsvLog
-    from netrl.plot import plot_run
+    from netrl.monitor.metrics import CsvLog
+    from netrl.monitor.plot import plot_run
 
     path = tmp_path / "episodes_w.csv"
     row = {"time": 0.0, "episode": 1, "test": 0, "return": -1.0, "length": 5, "env_steps": 5, "policy_version": 1}
@@ -190,7 +190,7 @@ def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_an
         return real_open(self, mode, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", full_disk)
-    with caplog.at_level(logging.INFO, logger="netrl.metrics"):
+    with caplog.at_level(logging.INFO, logger="netrl.monitor.metrics"):
         restarted.write({**row, "episode": 4})
         restarted.write({**row, "episode": 5, "new_column": 1})  # a new column cannot be written either
         assert "could not write to" in caplog.text and "No space left" in caplog.text
@@ -205,7 +205,7 @@ def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_an
 
 def test_a_csv_the_disk_refuses_to_read_stops_neither_the_trainer_nor_a_worker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from netrl.metrics import CsvLog, MetricsLogger
+    from netrl.monitor.metrics import CsvLog, MetricsLogger
 
     path = tmp_path / "metrics.csv"
     path.write_text("epoch,round,trained_steps\n0,0,10\n0,1,20\n")
@@ -217,7 +217,7 @@ def test_a_csv_the_disk_refuses_to_read_stops_neither_the_trainer_nor_a_worker(
         return real_open(self, mode, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", failing_reads)
-    with caplog.at_level(logging.INFO, logger="netrl.metrics"):
+    with caplog.at_level(logging.INFO, logger="netrl.monitor.metrics"):
         metrics = MetricsLogger(tmp_path, "run", wandb_mode="disabled")  # before: the OSError stopped the trainer
         metrics.rewind(10)  # a resumed trainer drops the rounds past its checkpoint: here it cannot, and says so
         assert CsvLog(path).last_ints("round", "trained_steps") == [0, 0]  # a worker's counts start again
@@ -270,7 +270,7 @@ def test_the_status_line_says_when_a_worker_waits_for_the_trainer(caplog: pytest
     link = WorkerLink(NetworkConfig(), "robot-1", "s" * 16, free_port(), None, 1 << 20, 1 << 20,
                       lambda: produced[0], status_interval_s=1e-9, last_return=lambda: -12.34)
     try:
-        with caplog.at_level(logging.INFO, logger="netrl.worker_link"):
+        with caplog.at_level(logging.INFO, logger="netrl.worker.link"):
             produced[0] = 200
             link.waiting_for_pace = True  # as the control path sets it while throttled
             link._status_line()
@@ -342,7 +342,7 @@ def test_packets_waiting_in_the_pipe_for_a_starved_network_thread_are_bounded_an
     link = WorkerLink(NetworkConfig(), "w", "s" * 16, free_port(), None, max_backlog_bytes=size * 5 // 2,
                       send_window_bytes=size)
     try:
-        with caplog.at_level(logging.WARNING, logger="netrl.worker_link"):
+        with caplog.at_level(logging.WARNING, logger="netrl.worker.link"):
             handed = [link.hand_over([seq.to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
                       for seq in range(1, 5)]  # not started yet: nothing takes packets off the pipe
         assert handed == [True, True, False, False]
@@ -365,7 +365,7 @@ def test_a_worker_hands_its_packets_over_through_the_bounded_pipe(monkeypatch: p
                            server_ip="127.0.0.1", server_port=free_port(), worker_id="w", seed=0,
                            min_samples_per_worker_packet=4, max_backlog_bytes=1, send_window_bytes=1,
                            flush_timeout_s=0.1)
-    with caplog.at_level(logging.INFO, logger="netrl.worker"):
+    with caplog.at_level(logging.INFO, logger="netrl.worker.worker"):
         worker.run(nb_episodes=1)  # closes the worker at the end
     assert worker.net is not None
     dropped = worker.net.dropped()
@@ -569,9 +569,9 @@ def test_a_first_action_that_does_not_fit_the_space_names_actor_module_act(actio
 
 def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     checks: list[str] = []
-    real_obs, real_act = netrl.worker.check_observation, netrl.worker.check_action
-    monkeypatch.setattr(netrl.worker, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
-    monkeypatch.setattr(netrl.worker, "check_action", lambda *a: checks.append("act") or real_act(*a))
+    real_obs, real_act = netrl.worker.worker.check_observation, netrl.worker.worker.check_action
+    monkeypatch.setattr(netrl.worker.worker, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
+    monkeypatch.setattr(netrl.worker.worker, "check_action", lambda *a: checks.append("act") or real_act(*a))
     worker = RolloutWorker(TwoPartEnv, partial(FixedActor, action=torch.zeros(2, dtype=torch.float64)),
                            standalone=True)  # a float64 tensor fits a float32 Box, as gymnasium takes it
     worker.run(nb_episodes=3)
@@ -580,7 +580,7 @@ def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytes
 
 def test_plotting_a_run_that_has_logged_nothing_yet_says_so(tmp_path: Path) -> None:
     from netrl.errors import NetrlError
-    from netrl.plot import plot_run
+    from netrl.monitor.plot import plot_run
 
     (tmp_path / "checkpoint").mkdir()  # a run folder, but no round and no episode finished yet
     with pytest.raises(NetrlError, match=r"has no metrics.csv or episodes_\*.csv yet: the trainer writes"):
@@ -604,7 +604,7 @@ class Float64Env(TwoPartEnv):
 def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
     # The worker accepted float64 observations for a float32 space (they cast within their kind), but sent them as
     # float64, and the trainer refused every packet for good: its schema comes from the spaces.
-    from netrl.schema import SampleSchema
+    from netrl.protocol.schema import SampleSchema
     from tests.recording import local_packets
 
     worker = RolloutWorker(Float64Env, partial(FixedActor, action=np.zeros(2)),  # float64 actions too
@@ -619,7 +619,7 @@ def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
 
 
 def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() -> None:
-    from netrl.envs import check_spaces
+    from netrl.envs.gym import check_spaces
 
     with pytest.raises(ValueError, match=re.escape(
             "action_space is a Discrete; netrl carries Box actions only (its samples, memories and SAC agent, "
@@ -630,7 +630,7 @@ def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() 
 def test_workers_started_from_one_seeded_config_collect_different_but_reproducible_data(tmp_path: Path) -> None:
     # Every worker reset its env with the config's seed and seeded torch with it: two workers started from one
     # config.json with "seed": 1 collected the same episodes, frame for frame and action for action.
-    from netrl.pipelines import make_pipeline
+    from netrl.pipelines.base import make_pipeline
     from tests.recording import local_packets
 
     def first_episode(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -656,7 +656,7 @@ def test_an_unreadable_saved_policy_is_ignored_by_a_connected_worker_and_refused
     # A policy file cut short (a power cut while the worker saved it) stopped the worker at every start, though the
     # server sends it the current weights anyway.
     from netrl.errors import CheckpointError
-    from netrl.weight_files import write_weights_file
+    from netrl.storage.weight_files import write_weights_file
 
     env_cls = partial(GenericGymEnv, id="Pendulum-v1")
     path = tmp_path / "worker_policy.pt"
@@ -670,7 +670,7 @@ def test_an_unreadable_saved_policy_is_ignored_by_a_connected_worker_and_refused
     actor = partial(MLPActor, hidden_sizes=(16,))
     worker = RolloutWorker(env_cls, actor, model_path=str(path), server_port=free_port())
     try:
-        with caplog.at_level(logging.WARNING, logger="netrl.worker"):
+        with caplog.at_level(logging.WARNING, logger="netrl.worker.worker"):
             worker.start()
         assert worker.version == -1 and f"ignoring {path}, which cannot be read" in caplog.text
     finally:

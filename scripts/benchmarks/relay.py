@@ -25,14 +25,14 @@ import numpy as np
 import zmq
 
 from benchmarks.common import KINDS, child, forward, kill, packet, result, schema
-from netrl.config import Config, config_to_dict
-from netrl.delivery import Deliveries, SampleLog
-from netrl.keys import client_keys, keygen
+from netrl.config.sections import Config, config_to_dict
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.monitor.status import count_of
+from netrl.net.keys import client_keys, keygen
+from netrl.net.transport import new_session
+from netrl.protocol.wire import encode, frames_nbytes, samples_message
 from netrl.samples import Buffer
-from netrl.status import count_of
-from netrl.transport import new_session
-from netrl.wire import encode, frames_nbytes, samples_message
+from netrl.trainer.delivery import Deliveries, SampleLog
 
 
 # -- child processes ----------------------------------------------------------------------------------------
@@ -45,8 +45,8 @@ def _ready_then_wait(go: str) -> None:
 
 def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
     """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
-    from netrl.config import load_config
-    from netrl.worker_link import WorkerLink
+    from netrl.config.sections import load_config
+    from netrl.worker.link import WorkerLink
 
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None
@@ -80,8 +80,8 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
 def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir: str) -> None:
     """The trainer side of the real delivery path (TrainerLink with its sample log), counting what arrives."""
     warmup, seconds = float(warmup_s), float(seconds_s)
-    from netrl.config import load_config
-    from netrl.trainer import TrainerLink
+    from netrl.config.sections import load_config
+    from netrl.trainer.trainer import TrainerLink
 
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None

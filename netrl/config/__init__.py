@@ -1,0 +1,1 @@
+"""Configuration: the sections of config.json as frozen dataclasses, how they are loaded, checked and built."""

@@ -1,0 +1,102 @@
+"""The server's account of itself: the snapshot that ``python -m netrl --status`` shows, and the status line it logs.
+
+:class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes none of them but
+the count of rejected messages. The server's loop calls :meth:`ServerStatus.answer` when a ``--status`` request
+waits, and :meth:`ServerStatus.tick` on every pass: once a second it samples the sample rates, and every
+``status_interval_s`` it logs one :func:`~netrl.monitor.status.status_line` while any peer is connected.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from netrl.monitor.status import Rates, answer_status, status_line
+from netrl.server.intake import SampleIntake
+from netrl.server.peers import Peer, PeerTable
+from netrl.server.sockets import ServerSockets
+from netrl.server.weight_cache import WeightCache
+
+__all__ = ["COUNTERS", "ServerStatus"]
+
+# The server's counters, in every snapshot from the start (at 0 until they count), so that a script reading one of
+# them from --status --json never meets a missing key.
+COUNTERS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors", "peers_lost",
+            "refused_full", "rejected", "resends_ignored", "samples_dropped", "samples_in", "samples_out",
+            "samples_refused", "samples_spooled", "send_full", "spool_errors", "spool_share_refusals", "unknown_peer",
+            "weights_in", "weights_out", "window_refusals")
+
+log = logging.getLogger(__name__)
+
+
+class ServerStatus:
+    """Connected peers, rates, queues and counters of one server session. ``intake`` supplies the trainer's
+    progress and, once the server is open, the relay."""
+
+    def __init__(self, session: str, peers: PeerTable, weights: WeightCache, intake: SampleIntake,
+                 sockets: ServerSockets, stats: collections.Counter[str], interval_s: float) -> None:
+        self.session, self.peers, self.weights, self.intake = session, peers, weights, intake
+        self.sockets, self.stats = sockets, stats
+        self.interval = interval_s
+        self.rates = Rates()
+        self.started = time.time()
+        self._next_tick = self._next_status_line = 0.0
+        # samples dropped by workers that left, by session (its last report), so that the total never falls
+        self._departed: dict[str, int] = {}
+        self._departed_folded = 0  # those of the sessions forgotten beyond MAX_DEPARTED
+
+    MAX_DEPARTED = 10_000
+
+    def worker_left(self, peer: Peer) -> None:
+        dropped = int(peer.reported.get("dropped_samples", 0))
+        if dropped:
+            self._departed[peer.session] = dropped
+            if len(self._departed) > self.MAX_DEPARTED:
+                self._departed_folded += self._departed.pop(next(iter(self._departed)))
+
+    def worker_joined(self, peer: Peer) -> None:
+        """A worker (re)connected: its own reports count its session's drops again."""
+        self._departed.pop(peer.session, None)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Connected peers, rates, queues and counters (what ``--status`` shows)."""
+        workers = [p.describe() for p in self.peers.workers()]
+        relay = self.intake.relay
+        for w in workers:  # its packets in the spool, against its share (netrl.server.relay)
+            w["spooled_bytes"] = relay.spool.by_worker.get(w["name"], 0) if relay else 0
+        by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
+        by_workers += sum(self._departed.values()) + self._departed_folded  # those gone count too
+        return {
+            "session": self.session, "uptime_s": time.time() - self.started, "ports": dict(self.sockets.ports),
+            "workers": workers,
+            "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
+            "progress": self.intake.progress,
+            "weights_version": self.weights.complete_version,
+            "rates": self.rates.rates(),
+            **(relay.snapshot() if relay else {}),
+            "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
+            "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
+            "failed_handshakes": {role: self.stats[f"failed_handshakes_{role}"] for role in ("trainer", "worker")},
+            "dropped": by_workers,  # refused samples are not lost: their workers resend them
+            "stats": {**dict.fromkeys(COUNTERS, 0), **self.stats},
+        }
+
+    def answer(self, sock: zmq.Socket) -> None:
+        """Answer one ``--status`` request waiting on ``sock`` (a malformed one is counted as rejected)."""
+        if not answer_status(sock, self.snapshot):
+            self.stats["rejected"] += 1
+
+    def tick(self, now: float) -> None:
+        """Once a second: sample the rates; every ``status_interval_s``: one status line."""
+        if now < self._next_tick:
+            return
+        self._next_tick = now + 1.0
+        self.rates.record({"samples_in": self.stats["samples_in"], "samples_out": self.stats["samples_out"]}, now)
+        if self.interval and now >= self._next_status_line:
+            self._next_status_line = now + self.interval
+            if self._next_status_line - self.interval > 0 and self.peers:
+                log.info("%s", status_line(self.snapshot()))

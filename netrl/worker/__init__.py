@@ -1,0 +1,3 @@
+"""The RolloutWorker role: everything only a worker process runs.
+
+Internal apart from the role class, :class:`netrl.RolloutWorker`."""
