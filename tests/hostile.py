@@ -12,7 +12,8 @@ import numpy as np
 import zstandard
 from hypothesis import strategies as st
 
-from netrl.protocol.wire import PROTOCOL_VERSION, Message, MsgType, encode, samples_message
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import PROTOCOL_VERSION, encode, samples_message
 from netrl.samples import BufferBuilder
 from tests.test_wire import weights_message
 

@@ -20,7 +20,8 @@ import zmq
 
 from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.protocol.wire import Message, MsgType, decode, encode, samples_message
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import decode, encode, samples_message
 from netrl.server.peers import MAX_REPORTED
 from netrl.server.server import Server
 from netrl.server.weight_cache import WeightCache

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from netrl.launch import free_port
 from netrl.monitor.status import query_status
 from netrl.net.keys import client_keys, server_keys
-from netrl.protocol.wire import Message, MsgType, decode, encode, encode_bundle
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import decode, encode, encode_bundle
 from tests.conftest import Procs, small_config
 from tests.hostile import hostile_samples, hostile_server_messages, hostile_worker_messages, valid_packet
 from tests.reliability import delivered, wait_until

@@ -11,7 +11,8 @@ import numpy as np
 import zmq
 
 from netrl.net.transport import Liveness
-from netrl.protocol.wire import Message, MsgType, decode, samples_message, weight_parts
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import decode, samples_message, weight_parts
 from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
 from netrl.server.peers import Peer
 from netrl.server.weight_cache import WeightCache

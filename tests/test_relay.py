@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from netrl.protocol.wire import BUNDLE_HEADER_ROOM, MsgType, decode
+from netrl.protocol.messages import MsgType
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, decode
 from netrl.server.peers import QueuedPacket
 from netrl.server.relay import FRAME_OVERHEAD, MAX_BUNDLE_PARTS, SampleRelay
 from netrl.server.spool import Spool

@@ -28,8 +28,9 @@ from netrl.launch import free_port
 from netrl.monitor.status import format_status
 from netrl.net.keys import ClientKeys, KeyRing, ServerKeys, client_keys, keygen, server_keys
 from netrl.net.transport import ClientLink, handshake_failure, new_session
+from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
-from netrl.protocol.wire import Message, MsgType, samples_message
+from netrl.protocol.wire import samples_message
 from netrl.server.server import Server
 from netrl.server.sockets import ServerSockets
 from tests.conftest import running_server

@@ -21,11 +21,10 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage, NetrlError
 from netrl.launch import free_port
 from netrl.monitor.status import format_status
+from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import (
     BUNDLE_HEADER_ROOM,
     PROTOCOL_VERSION,
-    Message,
-    MsgType,
     buffer_from_message,
     decode,
     encode,

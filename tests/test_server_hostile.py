@@ -17,7 +17,8 @@ from netrl.errors import NetrlError
 from netrl.launch import free_port
 from netrl.monitor.status import format_status, query_status
 from netrl.net.transport import ClientLink, Liveness
-from netrl.protocol.wire import Message, MsgType, encode, samples_message
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import encode, samples_message
 from netrl.server.peers import MAX_COUNT, PeerTable, QueuedPacket
 from netrl.server.peers import Peer as ServerPeer
 from netrl.server.relay import memory_cost

@@ -32,8 +32,8 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import CheckpointError, NetrlError
 from netrl.monitor.metrics import MetricsLogger
 from netrl.net.transport import new_session
-from netrl.protocol.messages import MAX_POLICY_VERSION
-from netrl.protocol.wire import Message, MsgType, decode, encode, samples_message
+from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
+from netrl.protocol.wire import decode, encode, samples_message
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 from netrl.storage import checkpoint
 from netrl.storage.segments import Position

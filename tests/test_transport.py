@@ -14,7 +14,8 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import TransportError
 from netrl.launch import free_port
 from netrl.net.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
-from netrl.protocol.wire import Message, MsgType, decode, encode
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import decode, encode
 from tests.conftest import running_server
 
 

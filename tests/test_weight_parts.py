@@ -15,6 +15,7 @@ import zmq
 from netrl.agents.sac import MLPActor
 from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
+from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import (
     PART_BYTES,
     WeightAssembler,
@@ -24,7 +25,7 @@ from netrl.protocol.weights import (
     load_weights,
     snapshot_into,
 )
-from netrl.protocol.wire import Message, MsgType, decode, encode, weight_parts
+from netrl.protocol.wire import decode, encode, weight_parts
 from netrl.server.server import Server
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS

@@ -18,8 +18,9 @@ import zmq
 from netrl.agents.sac import MLPActor
 from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
+from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import flat_layout, snapshot_into
-from netrl.protocol.wire import Message, MsgType, decode, encode, frames_nbytes, weight_parts
+from netrl.protocol.wire import decode, encode, frames_nbytes, weight_parts
 from netrl.server.server import Server
 from netrl.server.weight_cache import MAX_LAYOUT_ENTRIES, OVERHEAD_ROOM_BYTES, WeightCache, check_layout
 from netrl.worker.weight_receiver import WeightReceiver

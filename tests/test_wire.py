@@ -12,17 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netrl.errors import MalformedMessage, ProtocolError, RoleViolation, VersionMismatch
-from netrl.protocol.wire import (
-    PROTOCOL_VERSION,
-    Message,
-    MsgType,
-    buffer_from_message,
-    check_role,
-    decode,
-    encode,
-    encode_bundle,
-    samples_message,
-)
+from netrl.protocol.messages import Message, MsgType, check_role
+from netrl.protocol.wire import PROTOCOL_VERSION, buffer_from_message, decode, encode, encode_bundle, samples_message
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 
 

@@ -29,7 +29,8 @@ from netrl.errors import ConfigError, NetrlError
 from netrl.launch import free_port
 from netrl.net.transport import new_session
 from netrl.pipelines.image import image_pipeline
-from netrl.protocol.wire import BUNDLE_HEADER_ROOM, PEER_NAME, Message, MsgType, decode, encode, samples_message
+from netrl.protocol.messages import PEER_NAME, Message, MsgType
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, decode, encode, samples_message
 from netrl.util import partial
 from netrl.worker.link import WorkerLink
 from netrl.worker.packets import PacketMaker

@@ -19,7 +19,8 @@ from typing import Any
 import zmq
 
 from netrl.errors import NetrlError, ProtocolError, TransportError
-from netrl.protocol.wire import MAX_HEADER_BYTES, Message, MsgType, decode, encode
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import MAX_HEADER_BYTES, decode, encode
 
 __all__ = ["Rates", "StatusClock", "format_status", "query_status", "worth_logging"]
 

@@ -31,7 +31,7 @@ from zmq.utils import z85
 
 from netrl.errors import SecurityError
 from netrl.monitor.status import worth_logging
-from netrl.protocol.wire import PEER_NAME, PEER_NAME_RULE
+from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 
 __all__ = ["RESERVED_WORKER_NAMES", "ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen",
            "server_keys", "worker_name_problem"]

@@ -20,7 +20,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import NetrlError
 from netrl.net.keys import ClientKeys
 from netrl.net.transport import ClientLink
-from netrl.protocol.wire import Message
+from netrl.protocol.messages import Message
 
 __all__ = ["NetThread"]
 

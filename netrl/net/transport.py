@@ -30,8 +30,8 @@ from netrl.config.sections import NetworkConfig, flag_for
 from netrl.errors import ProtocolError, TransportError, VersionMismatch
 from netrl.monitor.status import worth_logging
 from netrl.net.keys import ClientKeys
-from netrl.protocol.messages import printable
-from netrl.protocol.wire import Message, MsgType, decode, encode
+from netrl.protocol.messages import Message, MsgType, printable
+from netrl.protocol.wire import decode, encode
 
 __all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
 

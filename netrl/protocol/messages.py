@@ -1,7 +1,7 @@
-"""The message vocabulary: the types of message, the body fields each type carries, which role may send which type,
-and the names and versions a peer may announce. It knows nothing of msgpack or frames: :mod:`netrl.protocol.wire`
-encodes and decodes, and checks every decoded body with :func:`check_body` (the server then checks the sender with
-:func:`check_role`).
+"""The message vocabulary: the types of message, :class:`Message` (one message, decoded or to be encoded), the body
+fields each type carries, which role may send which type, and the names and versions a peer may announce. It knows
+nothing of msgpack or frames: :mod:`netrl.protocol.wire` encodes and decodes, and checks every decoded body with
+:func:`check_body` (the server then checks the sender with :func:`check_role`).
 """
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from __future__ import annotations
 import enum
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from netrl.errors import MalformedMessage, RoleViolation
 
-if TYPE_CHECKING:
-    from netrl.protocol.wire import Message
-
 __all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "MIN_MESSAGE_BYTES", "PEER_NAME", "PEER_NAME_RULE",
-           "VERSION_TEXT", "MsgType", "check_body", "check_role", "printable"]
+           "VERSION_TEXT", "Message", "MsgType", "check_body", "check_role", "printable"]
 
 # The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
 # forge a log line or a terminal escape.
@@ -50,6 +50,19 @@ class MsgType(str, enum.Enum):
     PACE = "pace"  # server -> worker: how many samples it may have produced in total
     SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
     STATUS = "status"  # status tool <-> server (loopback status port): request, and the snapshot in reply
+
+
+@dataclass
+class Message:
+    """A decoded (or to-be-encoded) message. ``arrays`` keeps its order on the wire."""
+
+    type: MsgType
+    sender: str = ""
+    seq: int = 0
+    policy_version: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    parts: list[list[Any]] = field(default_factory=list)  # BUNDLE only: the frames of each SAMPLES part
 
 
 # Body fields per message type: name -> (python types, required). Anything else in a body is malformed.

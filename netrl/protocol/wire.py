@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -39,11 +38,7 @@ import numpy as np
 
 from netrl.errors import MalformedMessage, VersionMismatch
 from netrl.protocol.codecs import CODECS, Codec, check_declared_size, compress, decompress
-from netrl.protocol.messages import ALLOWED_FROM as ALLOWED_FROM  # `X as X`: re-exported (worker, keys, tests use them)
-from netrl.protocol.messages import BODY_SCHEMA as BODY_SCHEMA
-from netrl.protocol.messages import MAX_POLICY_VERSION, VERSION_TEXT, MsgType, check_body, check_role
-from netrl.protocol.messages import PEER_NAME as PEER_NAME
-from netrl.protocol.messages import PEER_NAME_RULE as PEER_NAME_RULE
+from netrl.protocol.messages import MAX_POLICY_VERSION, VERSION_TEXT, Message, MsgType, check_body
 from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
@@ -51,10 +46,7 @@ __all__ = [
     "BUNDLE_HEADER_ROOM",
     "PROTOCOL_VERSION",
     "Codec",
-    "Message",
-    "MsgType",
     "buffer_from_message",
-    "check_role",
     "decode",
     "encode",
     "encode_bundle",
@@ -81,18 +73,6 @@ def max_packet_bytes(max_message_bytes: int) -> int:
     """The largest sample packet (or run of packets in one bundle) a trainer with this limit can accept."""
     return max_message_bytes - BUNDLE_HEADER_ROOM
 
-
-@dataclass
-class Message:
-    """A decoded (or to-be-encoded) message. ``arrays`` keeps its order on the wire."""
-
-    type: MsgType
-    sender: str = ""
-    seq: int = 0
-    policy_version: int = 0
-    body: dict[str, Any] = field(default_factory=dict)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    parts: list[list[Any]] = field(default_factory=list)  # BUNDLE only: the frames of each SAMPLES part
 
 
 def encode(msg: Message, compression: Codec = "none") -> list[Any]:

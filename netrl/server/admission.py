@@ -22,7 +22,8 @@ import zmq
 from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import worth_logging
 from netrl.net.transport import Liveness
-from netrl.protocol.wire import Message, MsgType, encode
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import encode
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import zmq
 
-from netrl.protocol.wire import Message, MsgType, encode
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import encode
 from netrl.server.peers import Peer
 from netrl.server.sockets import ServerSockets
 from netrl.server.weight_cache import WeightCache

@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
-from netrl.protocol.wire import MsgType, encode_bundle, max_packet_bytes
+from netrl.protocol.messages import MsgType
+from netrl.protocol.wire import encode_bundle, max_packet_bytes
 from netrl.server.peers import QueuedPacket
 from netrl.server.spool import Spool, SpooledPacket
 

@@ -35,8 +35,9 @@ from netrl.errors import NetrlError, ProtocolError, VersionMismatch
 from netrl.lifecycle import Runs
 from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
+from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import Message, MsgType, check_role, decode
+from netrl.protocol.wire import decode
 from netrl.server.admission import Admission
 from netrl.server.intake import SampleIntake
 from netrl.server.outbound import Outbound

@@ -33,10 +33,10 @@ from netrl.errors import NetrlError, ProtocolError, SampleRejected
 from netrl.monitor.status import StatusClock, version_label, worth_logging
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import NetThread
-from netrl.protocol.messages import MAX_POLICY_VERSION
+from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
-from netrl.protocol.wire import Message, MsgType, buffer_from_message, decode, encode, weight_parts
+from netrl.protocol.wire import buffer_from_message, decode, encode, weight_parts
 from netrl.samples import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog

@@ -19,7 +19,8 @@ from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import StatusClock, version_label, worth_logging
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import NetThread
-from netrl.protocol.wire import Message, MsgType, encode, frames_nbytes, max_packet_bytes
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
 
 __all__ = ["WorkerLink"]
 

@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 
 from netrl.errors import FolderInUse, NetrlError
-from netrl.protocol.wire import PEER_NAME
+from netrl.protocol.messages import PEER_NAME
 from netrl.storage.folderlock import FolderLock, make_folder
 
 __all__ = ["MAX_WORKERS_PER_HOST", "claim_worker_id", "default_worker_id", "host_name"]
@@ -31,8 +31,8 @@ MAX_WORKERS_PER_HOST = 1000  # default names tried, <host> to <host>-1000, befor
 
 
 def host_name() -> str:
-    """This machine's host name as a valid worker name (:data:`netrl.protocol.wire.PEER_NAME`): other characters become
-    '-', and a long one is cut to 64 characters."""
+    """This machine's host name as a valid worker name (:data:`netrl.protocol.messages.PEER_NAME`): other characters
+    become '-', and a long one is cut to 64 characters."""
     host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-") or "worker"
     return host[:64]
 

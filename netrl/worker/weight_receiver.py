@@ -20,6 +20,7 @@ import torch
 
 from netrl.errors import ProtocolError
 from netrl.monitor.status import worth_logging
+from netrl.protocol.messages import Message
 from netrl.protocol.weights import (
     KnownLayout,
     WeightAssembler,
@@ -30,7 +31,6 @@ from netrl.protocol.weights import (
     tensor_views,
     weight_specs,
 )
-from netrl.protocol.wire import Message
 
 __all__ = ["WeightReceiver", "WeightSlot"]
 

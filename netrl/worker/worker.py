@@ -32,9 +32,10 @@ from netrl.monitor.metrics import CsvLog
 from netrl.monitor.status import version_label
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
+from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weights import check_weights, load_weights
-from netrl.protocol.wire import PEER_NAME, PEER_NAME_RULE, Codec
+from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import read_weights_file, remove_stale_temps, write_weights_file

@@ -200,8 +200,9 @@ def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, version
 
 def broadcast_raw(hidden: int, workers: int, security: str, versions: int, interval: float,
                   forwarded: bool = False) -> dict[int, float]:
+    from netrl.protocol.messages import Message, MsgType
     from netrl.protocol.weights import state_arrays
-    from netrl.protocol.wire import Message, MsgType, encode
+    from netrl.protocol.wire import encode
 
     arrays = state_arrays(_actor(hidden))
     port = free_port()
