@@ -36,8 +36,8 @@ from netrl.agents.base import Batch, TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs.gym import check_spaces
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading, ReplayMemory
-from netrl.monitor.status import worth_logging
 from netrl.samples import Buffer
+from netrl.util import worth_logging
 
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
 

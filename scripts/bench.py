@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from netrl.monitor.status import count_of  # imports no torch: relay children stay light
+from netrl.util import count_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("WANDB_MODE", "disabled")

@@ -14,7 +14,9 @@ import pytest
 
 from netrl.launch import free_port
 from netrl.monitor.metrics import resolve_wandb_mode
-from netrl.monitor.status import Rates, StatusClock, format_status, status_line, worth_logging
+from netrl.monitor.status import Rates, StatusClock, format_status
+from netrl.server.status import status_line
+from netrl.util import worth_logging
 from tests.conftest import Procs, small_config
 from tests.reliability import delivered, wait_until
 from tests.test_delivery import FAST_TRAINER
@@ -296,7 +298,8 @@ def test_a_snapshot_of_thousands_of_workers_still_answers_listing_what_fits() ->
 
     import zmq
 
-    from netrl.monitor.status import answer_status, query_status
+    from netrl.monitor.status import query_status
+    from netrl.server.status import answer_status
 
     workers = [{"name": f"robot-{i:05d}", "address": "10.0.0.1", "key": "worker", "version": 3, "samples": i,
                 "last_seen": None, "reported": {f"counter_number_{j:02d}": 10**12 + j for j in range(32)}}

@@ -13,24 +13,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from netrl.errors import NetrlError, ProtocolError, TransportError
+from netrl.errors import NetrlError, TransportError
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.wire import MAX_HEADER_BYTES, decode, encode
+from netrl.protocol.wire import decode, encode
+from netrl.util import count_of, version_label
 
-__all__ = ["Rates", "StatusClock", "format_status", "query_status", "worth_logging"]
+__all__ = ["Rates", "StatusClock", "dump_json", "format_status", "query_status"]
 
 log = logging.getLogger(__name__)
-
-
-def worth_logging(count: int, first: int = 10, every: int = 1000) -> bool:
-    """Whether the ``count``-th occurrence of a problem is logged: the first ``first``, then every ``every``-th, so
-    that every kind of problem shows but a flood of one cannot fill the disk."""
-    return count <= first or count % every == 0
 
 
 class StatusClock:
@@ -106,62 +100,6 @@ def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1",
         return snapshot
     finally:
         ctx.destroy(0)
-
-
-def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> bool:
-    """Answer one STATUS request waiting on the server's REP socket; False if the request was malformed.
-
-    A snapshot that cannot be built or encoded (a bug) is logged and answered with ``{"error": ...}``: a REP socket
-    that leaves a request unanswered can never answer another one."""
-    try:
-        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-    except zmq.Again:
-        return True
-    request: Message | None = None
-    try:
-        request = decode(frames, 1 << 16)
-    except ProtocolError as exc:
-        log.warning("rejected a status request: %s", exc)
-    try:
-        body = {"snapshot": snapshot()} if request is not None and request.type is MsgType.STATUS else {}
-        reply = encode(Message(MsgType.STATUS, "server", body=body))
-        listed = body["snapshot"]["workers"] if body else []
-        keep = len(listed)
-        while len(reply[0]) > MAX_HEADER_BYTES and keep:  # thousands of workers: list as many as a header takes
-            keep //= 2
-            body["snapshot"] = {**body["snapshot"], "workers": listed[:keep], "workers_omitted": len(listed) - keep}
-            reply = encode(Message(MsgType.STATUS, "server", body=body))
-    except Exception as exc:  # (the status port is loopback-only and asked by hand: no flood to fear here)
-        log.exception("could not answer a status request")
-        reply = encode(Message(MsgType.STATUS, "server", body={"snapshot": {"error": repr(exc)[:300]}}))
-    sock.send_multipart(reply)
-    return request is not None
-
-
-def version_label(version: Any) -> str:
-    """``v3``, or ``none`` before any weights arrived (versions start at 1; -1 means none)."""
-    return f"v{version}" if isinstance(version, int) and version >= 0 else "none"
-
-
-def count_of(n: int, noun: str) -> str:
-    """``1 worker``, ``3 workers``: a count with its noun in the right number (English plural in -s)."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
-
-
-STATUS_LINE_WORKERS = 10  # workers the server's status line names
-
-
-def status_line(s: dict[str, Any]) -> str:
-    """The server's periodic one-line summary of a snapshot."""
-    rates = s.get("rates", {})
-    shown = s["workers"][:STATUS_LINE_WORKERS]  # a line, even with a thousand workers
-    versions = " ".join(f"{w['name']}:{version_label(w['version'])}" for w in shown)
-    if len(s["workers"]) > len(shown):
-        versions += f" and {len(s['workers']) - len(shown):,} more (--status lists them)"
-    return (f"status | {count_of(len(s['workers']), 'worker')} [{versions or '-'}] | trainer "
-            f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
-            f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
-            f"{s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
 
 
 def _server_drops(s: dict[str, Any]) -> str:

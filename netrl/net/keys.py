@@ -30,8 +30,8 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from netrl.errors import SecurityError
-from netrl.monitor.status import worth_logging
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
+from netrl.util import worth_logging
 
 __all__ = ["RESERVED_WORKER_NAMES", "ClientKeys", "KeyRing", "ServerAuth", "ServerKeys", "client_keys", "keygen",
            "server_keys", "worker_name_problem"]

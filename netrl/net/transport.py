@@ -28,10 +28,10 @@ from zmq.utils.monitor import recv_monitor_message
 from netrl import __version__
 from netrl.config.sections import NetworkConfig, flag_for
 from netrl.errors import ProtocolError, TransportError, VersionMismatch
-from netrl.monitor.status import worth_logging
 from netrl.net.keys import ClientKeys
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import decode, encode
+from netrl.util import worth_logging
 
 __all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
 

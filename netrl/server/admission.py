@@ -20,12 +20,12 @@ from typing import Any
 import zmq
 
 from netrl.config.sections import NetworkConfig
-from netrl.monitor.status import worth_logging
 from netrl.net.transport import Liveness
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
+from netrl.util import worth_logging
 
 __all__ = ["Admission"]
 

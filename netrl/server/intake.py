@@ -29,13 +29,13 @@ import numpy as np
 
 from netrl.config.sections import NetworkConfig
 from netrl.errors import ProtocolError, SampleRejected
-from netrl.monitor.status import worth_logging
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema, load_schema, save_schema
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, frames_nbytes
 from netrl.server.admission import Admission
 from netrl.server.peers import MAX_COUNT, MAX_REPORTED, Peer, PeerTable, QueuedPacket
 from netrl.server.relay import SampleRelay, memory_cost
+from netrl.util import worth_logging
 
 __all__ = ["SampleIntake"]
 

@@ -3,7 +3,7 @@
 :class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes none of them but
 the count of rejected messages. The server's loop calls :meth:`ServerStatus.answer` when a ``--status`` request
 waits, and :meth:`ServerStatus.tick` on every pass: once a second it samples the sample rates, and every
-``status_interval_s`` it logs one :func:`~netrl.monitor.status.status_line` while any peer is connected.
+``status_interval_s`` it logs one :func:`status_line` while any peer is connected.
 """
 
 from __future__ import annotations
@@ -11,17 +11,22 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from netrl.monitor.status import Rates, answer_status, status_line
+from netrl.errors import ProtocolError
+from netrl.monitor.status import Rates
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import MAX_HEADER_BYTES, decode, encode
 from netrl.server.intake import SampleIntake
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
 from netrl.server.weight_cache import WeightCache
+from netrl.util import count_of, version_label
 
-__all__ = ["COUNTERS", "ServerStatus"]
+__all__ = ["COUNTERS", "ServerStatus", "answer_status", "status_line"]
 
 # The server's counters, in every snapshot from the start (at 0 until they count), so that a script reading one of
 # them from --status --json never meets a missing key.
@@ -31,6 +36,52 @@ COUNTERS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worke
             "weights_in", "weights_out", "window_refusals")
 
 log = logging.getLogger(__name__)
+
+
+STATUS_LINE_WORKERS = 10  # workers the server's status line names
+
+
+def status_line(s: dict[str, Any]) -> str:
+    """The server's periodic one-line summary of a snapshot."""
+    rates = s.get("rates", {})
+    shown = s["workers"][:STATUS_LINE_WORKERS]  # a line, even with a thousand workers
+    versions = " ".join(f"{w['name']}:{version_label(w['version'])}" for w in shown)
+    if len(s["workers"]) > len(shown):
+        versions += f" and {len(s['workers']) - len(shown):,} more (--status lists them)"
+    return (f"status | {count_of(len(s['workers']), 'worker')} [{versions or '-'}] | trainer "
+            f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
+            f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
+            f"{s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
+
+
+def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> bool:
+    """Answer one STATUS request waiting on the server's REP socket; False if the request was malformed.
+
+    A snapshot that cannot be built or encoded (a bug) is logged and answered with ``{"error": ...}``: a REP socket
+    that leaves a request unanswered can never answer another one."""
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return True
+    request: Message | None = None
+    try:
+        request = decode(frames, 1 << 16)
+    except ProtocolError as exc:
+        log.warning("rejected a status request: %s", exc)
+    try:
+        body = {"snapshot": snapshot()} if request is not None and request.type is MsgType.STATUS else {}
+        reply = encode(Message(MsgType.STATUS, "server", body=body))
+        listed = body["snapshot"]["workers"] if body else []
+        keep = len(listed)
+        while len(reply[0]) > MAX_HEADER_BYTES and keep:  # thousands of workers: list as many as a header takes
+            keep //= 2
+            body["snapshot"] = {**body["snapshot"], "workers": listed[:keep], "workers_omitted": len(listed) - keep}
+            reply = encode(Message(MsgType.STATUS, "server", body=body))
+    except Exception as exc:  # (the status port is loopback-only and asked by hand: no flood to fear here)
+        log.exception("could not answer a status request")
+        reply = encode(Message(MsgType.STATUS, "server", body={"snapshot": {"error": repr(exc)[:300]}}))
+    sock.send_multipart(reply)
+    return request is not None
 
 
 class ServerStatus:

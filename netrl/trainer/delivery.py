@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from netrl.errors import NetrlError
-from netrl.monitor.status import worth_logging
 from netrl.storage.segments import Position, Record, SegmentLog, check_meta
+from netrl.util import worth_logging
 
 __all__ = ["Deliveries", "SampleLog"]
 

@@ -30,7 +30,7 @@ import zmq
 
 from netrl.config.sections import NetworkConfig
 from netrl.errors import NetrlError, ProtocolError, SampleRejected
-from netrl.monitor.status import StatusClock, version_label, worth_logging
+from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import NetThread
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
@@ -40,6 +40,7 @@ from netrl.protocol.wire import buffer_from_message, decode, encode, weight_part
 from netrl.samples import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.util import version_label, worth_logging
 
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
 # here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from netrl.config.sections import NetworkConfig
-from netrl.monitor.status import StatusClock, version_label, worth_logging
+from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import NetThread
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
+from netrl.util import version_label, worth_logging
 
 __all__ = ["WorkerLink"]
 

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from netrl.errors import ProtocolError
-from netrl.monitor.status import worth_logging
 from netrl.protocol.messages import Message
 from netrl.protocol.weights import (
     KnownLayout,
@@ -31,6 +30,7 @@ from netrl.protocol.weights import (
     tensor_views,
     weight_specs,
 )
+from netrl.util import worth_logging
 
 __all__ = ["WeightReceiver", "WeightSlot"]
 

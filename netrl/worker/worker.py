@@ -29,7 +29,6 @@ from netrl.envs.gym import check_action, check_observation, check_sample_compres
 from netrl.errors import CheckpointError, NetrlError
 from netrl.lifecycle import Runs, RunStop
 from netrl.monitor.metrics import CsvLog
-from netrl.monitor.status import version_label
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
@@ -39,6 +38,7 @@ from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import read_weights_file, remove_stale_temps, write_weights_file
+from netrl.util import version_label
 from netrl.worker.link import WorkerLink
 from netrl.worker.names import claim_worker_id, default_worker_id
 from netrl.worker.packets import PacketMaker

@@ -28,8 +28,8 @@ import zmq
 from benchmarks.common import child, forward, kill
 from netrl.config.sections import Config, config_to_dict
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.monitor.status import count_of
 from netrl.net.keys import keygen
+from netrl.util import count_of
 
 SIZES = {"0.1M": 313, "1M": 997, "10M": 3160}  # hidden width h of an MLP actor (3 -> h -> h -> 1): about h^2 params
 WARMUP = 2  # versions published before the measured ones (see the module docstring)

@@ -27,12 +27,12 @@ import zmq
 from benchmarks.common import KINDS, child, forward, kill, packet, result, schema
 from netrl.config.sections import Config, config_to_dict
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.monitor.status import count_of
 from netrl.net.keys import client_keys, keygen
 from netrl.net.transport import new_session
 from netrl.protocol.wire import encode, frames_nbytes, samples_message
 from netrl.samples import Buffer
 from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.util import count_of
 
 
 # -- child processes ----------------------------------------------------------------------------------------
