@@ -20,9 +20,9 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import flat_layout, snapshot_into
-from netrl.protocol.wire import decode, encode, frames_nbytes, weight_parts
+from netrl.protocol.wire import MAX_LAYOUT_ENTRIES, check_layout, decode, encode, frames_nbytes, weight_parts
 from netrl.server.server import Server
-from netrl.server.weight_cache import MAX_LAYOUT_ENTRIES, OVERHEAD_ROOM_BYTES, WeightCache, check_layout
+from netrl.server.weight_cache import OVERHEAD_ROOM_BYTES, WeightCache
 from netrl.worker.weight_receiver import WeightReceiver
 from tests.conftest import running_server
 from tests.test_sac import ACT, OBS

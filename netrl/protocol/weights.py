@@ -1,6 +1,6 @@
 """Actor weights as numpy arrays, for the wire (files: :mod:`netrl.storage.weight_files`).
 
-Weights received from the network are checked for a well-formed layout (:func:`netrl.server.weight_cache.check_layout`),
+Weights received from the network are checked for a well-formed layout (:func:`netrl.protocol.wire.check_layout`),
 against the receiving model's parameter names, shapes and dtypes, and for finiteness before anything is loaded.
 """
 
@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from netrl.errors import NetrlError
-from netrl.protocol.wire import ALLOWED_DTYPES
-from netrl.server.weight_cache import check_layout
+from netrl.protocol.wire import ALLOWED_DTYPES, check_layout
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "copy_tensors",
            "flat_arrays", "flat_layout", "flat_views", "load_weights", "snapshot_into", "state_arrays", "sum_is_finite",
@@ -129,9 +128,8 @@ def load_weights(module: torch.nn.Module, arrays: Mapping[str, Any], assign: boo
 # The trainer copies the actor's tensors into one flat, aligned, reusable buffer and sends it in parts of at most
 # PART_BYTES, so the server can forward part i while part i+1 is still arriving (a relay that overlaps its two hops).
 # Part 0 carries the layout: [[name, dtype, shape, offset], ...]. A worker copies each part into place and, when
-# all parts are in, loads views of the buffer into a spare actor. The layout checks
-# (netrl.server.weight_cache.check_layout) live with the server's cache, which applies them too and must not import
-# torch.
+# all parts are in, loads views of the buffer into a spare actor. The layout checks (check_layout) live in the wire
+# module, which imports no torch, because the server's cache applies them too.
 
 PART_BYTES = 1 << 20
 _ALIGN = 64
@@ -188,7 +186,7 @@ def snapshot_into(module: torch.nn.Module | Mapping[str, torch.Tensor], layout: 
 
 def flat_arrays(flat: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarray]:
     """Views of each tensor in a flat buffer. Raises :class:`~netrl.errors.MalformedMessage` when the layout is
-    malformed or does not fit the buffer (see :func:`~netrl.server.weight_cache.check_layout`)."""
+    malformed or does not fit the buffer (see :func:`~netrl.protocol.wire.check_layout`)."""
     check_layout(layout, flat.nbytes)
     return {name: np.frombuffer(flat, dtype=np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
             for name, dtype, shape, offset in layout}

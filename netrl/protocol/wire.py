@@ -29,6 +29,7 @@ What the message types are, the body fields of each (``BODY_SCHEMA``) and which 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Codec",
     "buffer_from_message",
+    "check_layout",
     "decode",
     "encode",
     "encode_bundle",
@@ -66,7 +68,10 @@ MAX_EPISODES_PER_PACKET = 10_000
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
 # max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
 BUNDLE_HEADER_ROOM = 32 << 10
+MAX_LAYOUT_ENTRIES = 1 << 16  # tensors in one version (a large transformer has a few thousand)
+MAX_LAYOUT_DIMS = 32  # dimensions of one tensor (numpy's limit is 64)
 ALLOWED_DTYPES = frozenset({"|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
 
 
 def max_packet_bytes(max_message_bytes: int) -> int:
@@ -240,6 +245,57 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     elif mtype is MsgType.WEIGHTS:
         _check_weights_part(msg)
     return msg
+
+
+def _short(value: Any) -> str:
+    """A hostile value, quoted for a log line but never at length."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_layout(layout: Any, nbytes: int) -> None:
+    """Raise :class:`~netrl.errors.MalformedMessage`, naming the first problem, unless ``layout`` is
+    ``[[name, dtype, shape, offset], ...]`` (see :func:`netrl.protocol.weights.flat_layout`) for a ``nbytes``-byte
+    buffer: at most :data:`MAX_LAYOUT_ENTRIES` entries with distinct non-empty names, dtype strings from
+    :data:`ALLOWED_DTYPES`, shapes of at most :data:`MAX_LAYOUT_DIMS` non-negative ints, and
+    tensors that lie inside the buffer without overlapping. The server checks part 0 with it and each worker a version's
+    layout before viewing the buffer."""
+    if not isinstance(layout, list) or not layout:
+        raise MalformedMessage(f"the layout must be a non-empty list of [name, dtype, shape, offset] (got "
+                               f"{_short(layout)})")
+    if len(layout) > MAX_LAYOUT_ENTRIES:
+        raise MalformedMessage(f"the layout lists {len(layout)} tensors, over the limit of {MAX_LAYOUT_ENTRIES}")
+    names: set[str] = set()
+    spans: list[tuple[int, int, str]] = []  # (offset, size, name) of each tensor that takes any bytes
+    for i, entry in enumerate(layout):
+        if not (isinstance(entry, list) and len(entry) == 4):
+            raise MalformedMessage(f"layout entry {i} is not [name, dtype, shape, offset] (got {_short(entry)})")
+        name, dtype, shape, offset = entry
+        if not isinstance(name, str) or not name:
+            raise MalformedMessage(f"layout entry {i} has the name {_short(name)}, not a non-empty string")
+        label = f"layout entry {i} ({_short(name)})"
+        if name in names:
+            raise MalformedMessage(f"{label} names a tensor listed before it")
+        if not (isinstance(dtype, str) and dtype in ALLOWED_DTYPES):
+            raise MalformedMessage(f"{label} has the dtype {_short(dtype)}, not one of {sorted(ALLOWED_DTYPES)}")
+        if not (isinstance(shape, list) and len(shape) <= MAX_LAYOUT_DIMS
+                and all(type(d) is int and d >= 0 for d in shape)):  # `type(d) is int`: no bools
+            raise MalformedMessage(f"{label} has the shape {_short(shape)}, not a list of at most {MAX_LAYOUT_DIMS} "
+                                   "non-negative integers")
+        if type(offset) is not int or offset < 0:
+            raise MalformedMessage(f"{label} has the offset {_short(offset)}, not a non-negative integer")
+        size = math.prod(shape) * _ITEMSIZE[dtype]
+        if offset + size > nbytes:
+            raise MalformedMessage(f"tensor {_short(name)} at offset {offset} ({size} bytes) lies outside the "
+                                   f"{nbytes}-byte buffer")
+        names.add(name)
+        if size:
+            spans.append((offset, size, name))
+    spans.sort()
+    for (start, size, name), (after, _, other) in itertools.pairwise(spans):
+        if start + size > after:  # sorted by offset: any overlap shows between neighbours
+            raise MalformedMessage(f"tensors {_short(name)} and {_short(other)} overlap (bytes {after} to "
+                                   f"{start + size - 1})")
 
 
 def _check_weights_part(msg: Message) -> None:

@@ -6,89 +6,31 @@ version only after acknowledging the one it received completely (a slow worker g
 version); a newer version preempts one still streaming, starting from its first part.
 
 The cache refuses a version unless its parts are exactly those :func:`~netrl.protocol.wire.weight_parts` makes (part 0
-sets the part size) and part 0's layout passes :func:`check_layout`, which the workers apply too. This module never
-imports torch: the server only moves bytes.
+sets the part size) and part 0's layout passes :func:`~netrl.protocol.wire.check_layout`, which each worker applies
+too. This module never imports torch: the server only moves bytes.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from netrl.errors import MalformedMessage, ProtocolError
-from netrl.protocol.wire import ALLOWED_DTYPES, frames_nbytes
+from netrl.errors import ProtocolError
+from netrl.protocol.wire import check_layout, frames_nbytes
 from netrl.server.peers import Peer
 
-__all__ = ["MAX_LAYOUT_DIMS", "MAX_LAYOUT_ENTRIES", "OVERHEAD_ROOM_BYTES", "PART_OVERHEAD_BYTES", "WeightCache",
-           "check_layout"]
+__all__ = ["OVERHEAD_ROOM_BYTES", "PART_OVERHEAD_BYTES", "WeightCache"]
 
 log = logging.getLogger(__name__)
 
-MAX_LAYOUT_ENTRIES = 1 << 16  # tensors in one version (a large transformer has a few thousand)
-MAX_LAYOUT_DIMS = 32  # dimensions of one tensor (numpy's limit is 64)
 # What a cached part costs the server beyond its frames (Python and zmq objects): measured at ~950 bytes. A version's
 # frames plus this per part must fit in max_bytes + OVERHEAD_ROOM_BYTES, so that neither many tiny parts nor huge
 # headers make a version within max_bytes take far more memory; the room keeps a version of max_bytes in 1 MiB
 # parts (1 KiB of bookkeeping per MiB, plus its layout) within the limit.
 PART_OVERHEAD_BYTES = 1024
 OVERHEAD_ROOM_BYTES = 16 << 20
-_ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
 
-
-def _short(value: Any) -> str:
-    """A hostile value, quoted for a log line but never at length."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_layout(layout: Any, nbytes: int) -> None:
-    """Raise :class:`~netrl.errors.MalformedMessage`, naming the first problem, unless ``layout`` is
-    ``[[name, dtype, shape, offset], ...]`` (see :func:`netrl.protocol.weights.flat_layout`) for a ``nbytes``-byte
-    buffer: at most :data:`MAX_LAYOUT_ENTRIES` entries with distinct non-empty names, dtype strings from
-    :data:`~netrl.protocol.wire.ALLOWED_DTYPES`, shapes of at most :data:`MAX_LAYOUT_DIMS` non-negative ints, and
-    tensors that lie inside the buffer without overlapping. The server checks part 0 with it and each worker a version's
-    layout before viewing the buffer."""
-    if not isinstance(layout, list) or not layout:
-        raise MalformedMessage(f"the layout must be a non-empty list of [name, dtype, shape, offset] (got "
-                               f"{_short(layout)})")
-    if len(layout) > MAX_LAYOUT_ENTRIES:
-        raise MalformedMessage(f"the layout lists {len(layout)} tensors, over the limit of {MAX_LAYOUT_ENTRIES}")
-    names: set[str] = set()
-    spans: list[tuple[int, int, str]] = []  # (offset, size, name) of each tensor that takes any bytes
-    for i, entry in enumerate(layout):
-        if not (isinstance(entry, list) and len(entry) == 4):
-            raise MalformedMessage(f"layout entry {i} is not [name, dtype, shape, offset] (got {_short(entry)})")
-        name, dtype, shape, offset = entry
-        if not isinstance(name, str) or not name:
-            raise MalformedMessage(f"layout entry {i} has the name {_short(name)}, not a non-empty string")
-        label = f"layout entry {i} ({_short(name)})"
-        if name in names:
-            raise MalformedMessage(f"{label} names a tensor listed before it")
-        if not (isinstance(dtype, str) and dtype in ALLOWED_DTYPES):
-            raise MalformedMessage(f"{label} has the dtype {_short(dtype)}, not one of {sorted(ALLOWED_DTYPES)}")
-        if not (isinstance(shape, list) and len(shape) <= MAX_LAYOUT_DIMS
-                and all(type(d) is int and d >= 0 for d in shape)):  # `type(d) is int`: no bools
-            raise MalformedMessage(f"{label} has the shape {_short(shape)}, not a list of at most {MAX_LAYOUT_DIMS} "
-                                   "non-negative integers")
-        if type(offset) is not int or offset < 0:
-            raise MalformedMessage(f"{label} has the offset {_short(offset)}, not a non-negative integer")
-        size = math.prod(shape) * _ITEMSIZE[dtype]
-        if offset + size > nbytes:
-            raise MalformedMessage(f"tensor {_short(name)} at offset {offset} ({size} bytes) lies outside the "
-                                   f"{nbytes}-byte buffer")
-        names.add(name)
-        if size:
-            spans.append((offset, size, name))
-    spans.sort()
-    for (start, size, name), (after, _, other) in itertools.pairwise(spans):
-        if start + size > after:  # sorted by offset: any overlap shows between neighbours
-            raise MalformedMessage(f"tensors {_short(name)} and {_short(other)} overlap (bytes {after} to "
-                                   f"{start + size - 1})")
 
 
 class WeightCache:
