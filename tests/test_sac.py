@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.agents.base import Batch
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.samples import Batch
 from netrl.util import partial
 
 OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.agents.base import Batch
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
@@ -30,6 +29,7 @@ from netrl.nn import copy_shared, no_grad
 from netrl.pipelines.drone import drone_pipeline
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode, encode, samples_message
+from netrl.samples import Batch
 from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import cached_property, partial

@@ -26,7 +26,7 @@ import torch
 
 import netrl.__main__
 from netrl.actor import ActorModule
-from netrl.agents.base import Batch, TrainingAgent
+from netrl.agents.base import TrainingAgent
 from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.config.sections import NetworkConfig
 from netrl.errors import CheckpointError, NetrlError
@@ -34,7 +34,7 @@ from netrl.monitor.metrics import MetricsLogger
 from netrl.net.transport import new_session
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
 from netrl.protocol.wire import decode, encode, samples_message
-from netrl.samples import Buffer, BufferBuilder, EpisodeStats
+from netrl.samples import Batch, Buffer, BufferBuilder, EpisodeStats
 from netrl.storage import checkpoint
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog

@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.agents.base import Batch
 from netrl.errors import ConfigError
-from netrl.samples import Buffer, flatten, row, tree_map, unflatten
+from netrl.samples import Batch, Buffer, flatten, row, tree_map, unflatten
 from netrl.util import takes_args
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.agents.base import Batch
 from netrl.memory.base import (
     MemoryDataloading,
     allocate_ring,
@@ -34,7 +33,7 @@ from netrl.memory.base import (
     nth_end,
     run_sample_preprocessor,
 )
-from netrl.samples import Buffer, flatten, row, tree_map, unflatten
+from netrl.samples import Batch, Buffer, flatten, row, tree_map, unflatten
 
 __all__ = ["NEVER", "HistoryMemory", "transition_needs"]
 
