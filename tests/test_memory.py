@@ -16,8 +16,10 @@ import torch
 
 from netrl.errors import ConfigError
 from netrl.memory.action_buffer import ActionBufferMemory
-from netrl.memory.base import MemoryDataloading, ReplayMemory, save_dataset
+from netrl.memory.base import MemoryDataloading
+from netrl.memory.dataset import save_dataset
 from netrl.memory.frames import FrameStackMemory
+from netrl.memory.replay import ReplayMemory
 from netrl.samples import Buffer, BufferBuilder
 
 

@@ -31,7 +31,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import CheckpointError, FolderInUse, NetrlError
 from netrl.launch import free_port
-from netrl.memory.base import ReplayMemory
+from netrl.memory.replay import ReplayMemory
 from netrl.protocol.wire import encode, samples_message
 from netrl.samples import Buffer
 from netrl.server.server import Server

@@ -19,8 +19,8 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
 from netrl.local import run_local
-from netrl.memory.base import ReplayMemory
 from netrl.memory.frames import FrameStackMemory, encode_frame, encoded_capacity
+from netrl.memory.replay import ReplayMemory
 from netrl.monitor.metrics import MetricsLogger, format_round
 from netrl.samples import Buffer, EpisodeStats
 from netrl.storage import checkpoint

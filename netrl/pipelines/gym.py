@@ -10,7 +10,7 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
-from netrl.memory.base import ReplayMemory
+from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.memory.base import MemoryDataloading, ReplayMemory, collate
+from netrl.memory.base import MemoryDataloading, collate
+from netrl.memory.replay import ReplayMemory
 from netrl.samples import Buffer
 
 ROWS = 1_000_000
