@@ -19,13 +19,13 @@ _EXPORTS = {
     "GenericGymEnv": "netrl.envs.gym",
     "MemoryDataloading": "netrl.memory.base",
     "NetrlError": "netrl.errors",
-    "ReplayMemory": "netrl.memory.base",
+    "ReplayMemory": "netrl.memory.replay",
     "RolloutWorker": "netrl.worker.worker",
     "Server": "netrl.server.server",
     "Trainer": "netrl.trainer.trainer",
     "TrainingAgent": "netrl.training",
     "TrainingOffline": "netrl.training",
-    "load_config": "netrl.config.sections",
+    "load_config": "netrl.config.load",
     "partial": "netrl.util",
 }
 

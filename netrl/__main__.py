@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from netrl import __version__
 
 # Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and
-# netrl.config.sections imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions
+# netrl.config imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions
 # that need it.
 if TYPE_CHECKING:
     from netrl.config.sections import Config
@@ -111,7 +111,8 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
 
     Each value is checked here, on its own, so that a bad flag is reported as the flag, not as config.json; a
     rejected flag is left out of the overrides."""
-    from netrl.config.sections import FLAG_KEYS, check_value
+    from netrl.config.load import check_value
+    from netrl.config.sections import FLAG_KEYS
 
     overrides: dict[str, Any] = {}
     problems: list[str] = []
@@ -285,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from netrl.config.sections import load_config
+    from netrl.config.load import load_config
     from netrl.errors import ConfigError, NetrlError
 
     args = _parser().parse_args(argv)

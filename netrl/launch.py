@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from netrl.config.sections import Config, config_to_dict
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config
 from netrl.errors import ConfigError, NetrlError
 from netrl.monitor.metrics import read_rows
 from netrl.storage.folderlock import FolderLock

@@ -30,7 +30,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch
 
-from netrl.config.sections import Config, config_from_dict, config_to_dict
+from netrl.config.load import config_from_dict, config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.local import run_local
 from netrl.net.keys import keygen

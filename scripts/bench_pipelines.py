@@ -40,7 +40,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import numpy as np
 import torch
 
-from netrl.config.sections import Config, config_from_dict, config_to_dict, load_config
+from netrl.config.load import config_from_dict, config_to_dict, load_config
+from netrl.config.sections import Config
 from netrl.envs.image import ImageReachEnv
 from netrl.envs.realtime import StepTimer, period_stats
 from netrl.launch import free_port, spawn_role, stop_processes, write_config

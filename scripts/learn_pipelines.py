@@ -33,7 +33,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import numpy as np
 import torch
 
-from netrl.config.sections import Config, config_from_dict, config_to_dict
+from netrl.config.load import config_from_dict, config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import keygen
 from netrl.pipelines.base import make_pipeline

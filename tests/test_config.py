@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from netrl.__main__ import main
-from netrl.config.sections import Config, config_from_dict, config_to_dict, describe_fields, load_config
+from netrl.config.load import config_from_dict, config_to_dict, load_config
+from netrl.config.sections import Config, describe_fields
 from netrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,13 +273,13 @@ def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("netrl.config.sections.load_config", interrupted)  # what Ctrl+C in the first moments looks like
+    monkeypatch.setattr("netrl.config.load.load_config", interrupted)  # what Ctrl+C in the first moments looks like
     assert main(["--server"]) == 1
     assert capsys.readouterr().err == "netrl: interrupted\n"
 
 
 def test_the_command_line_module_imports_only_the_standard_library_before_main() -> None:
-    # its imports run outside main()'s try: a Ctrl+C while netrl.config.sections imported numpy (a tenth of a second)
+    # its imports run outside main()'s try: a Ctrl+C while netrl.config imported numpy (a tenth of a second)
     # was a KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
     out = subprocess.run([sys.executable, "-c", "import sys, netrl.__main__; print(sorted(m for m in sys.modules if "
                           "m.split('.')[0] in ('numpy', 'zmq', 'torch') or m.startswith('netrl.')))"],
@@ -528,7 +529,7 @@ def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.Cap
 OWN_PIPELINE = '''
 import gymnasium, numpy as np
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.memory.base import ReplayMemory
+from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 

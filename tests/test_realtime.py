@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import netrl.worker.worker as worker_module
-from netrl.config.sections import load_config
+from netrl.config.load import load_config
 from netrl.envs.realtime import StepTimer, period_stats
 from netrl.launch import stop_processes
 from netrl.pipelines.base import make_pipeline

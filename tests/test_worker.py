@@ -23,7 +23,8 @@ import torch
 import netrl.worker.worker
 from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
-from netrl.config.sections import NetworkConfig, config_from_dict
+from netrl.config.load import config_from_dict
+from netrl.config.sections import NetworkConfig
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError, NetrlError
 from netrl.launch import free_port

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from netrl.config.sections import Config, NetworkConfig, config_to_dict
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.gym import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError, ProtocolError
 from netrl.lifecycle import Runs

@@ -26,7 +26,8 @@ import numpy as np
 import zmq
 
 from benchmarks.common import child, forward, kill
-from netrl.config.sections import Config, config_to_dict
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import keygen
 from netrl.util import count_of
@@ -49,7 +50,7 @@ def child_worker(cfg_path: str, hidden: str, name: str) -> None:
     import torch
 
     from netrl.agents.sac import MLPActor
-    from netrl.config.sections import load_config
+    from netrl.config.load import load_config
     from netrl.envs.gym import GenericGymEnv
     from netrl.net.keys import client_keys
     from netrl.util import partial
@@ -80,7 +81,7 @@ def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) ->
     """A real TrainerLink publishing ``versions`` versions of an actor, ``interval`` seconds apart."""
     import torch
 
-    from netrl.config.sections import load_config
+    from netrl.config.load import load_config
     from netrl.net.keys import client_keys
     from netrl.net.transport import new_session
     from netrl.trainer.delivery import Deliveries

@@ -13,7 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from netrl.config.sections import Config, config_from_dict, config_to_dict
+from netrl.config.load import config_from_dict, config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import keygen
 

@@ -25,7 +25,8 @@ import numpy as np
 import zmq
 
 from benchmarks.common import KINDS, child, forward, kill, packet, result, schema
-from netrl.config.sections import Config, config_to_dict
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import client_keys, keygen
 from netrl.net.transport import new_session
@@ -45,7 +46,7 @@ def _ready_then_wait(go: str) -> None:
 
 def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
     """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
-    from netrl.config.sections import load_config
+    from netrl.config.load import load_config
     from netrl.worker.link import WorkerLink
 
     cfg = load_config(cfg_path)
@@ -80,7 +81,7 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
 def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir: str) -> None:
     """The trainer side of the real delivery path (TrainerLink with its sample log), counting what arrives."""
     warmup, seconds = float(warmup_s), float(seconds_s)
-    from netrl.config.sections import load_config
+    from netrl.config.load import load_config
     from netrl.trainer.trainer import TrainerLink
 
     cfg = load_config(cfg_path)
