@@ -34,7 +34,7 @@ import torch
 
 from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
-from netrl.envs.gym import check_spaces
+from netrl.envs.checks import check_spaces
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
 from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, Buffer

@@ -621,7 +621,7 @@ def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
 
 
 def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() -> None:
-    from netrl.envs.gym import check_spaces
+    from netrl.envs.checks import check_spaces
 
     with pytest.raises(ValueError, match=re.escape(
             "action_space is a Discrete; netrl carries Box actions only (its samples, memories and SAC agent, "

@@ -24,7 +24,7 @@ import torch
 
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
-from netrl.envs.gym import check_sample_compressor
+from netrl.envs.checks import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError, ProtocolError
 from netrl.lifecycle import Runs
 from netrl.monitor.metrics import MetricsLogger, WandbMode

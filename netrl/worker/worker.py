@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from netrl.config.sections import Config, NetworkConfig
-from netrl.envs.gym import check_action, check_observation, check_sample_compressor, check_spaces
+from netrl.envs.checks import check_action, check_observation, check_sample_compressor, check_spaces
 from netrl.errors import CheckpointError, NetrlError
 from netrl.lifecycle import Runs, RunStop
 from netrl.monitor.metrics import CsvLog
