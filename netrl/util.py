@@ -4,12 +4,14 @@ that log lines in every layer share."""
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["cached_property", "count_of", "partial", "prod", "takes_args", "version_label", "worth_logging"]
+__all__ = ["cached_property", "count_of", "lazy_exports", "partial", "prod", "takes_args", "version_label",
+           "worth_logging"]
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -54,3 +56,19 @@ def version_label(version: Any) -> str:
 def count_of(n: int, noun: str) -> str:
     """``1 worker``, ``3 workers``: a count with its noun in the right number (English plural in -s)."""
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) for ``exports`` (name -> module): each name is imported
+    on first use, so importing the package stays cheap (no torch, OpenCV or Gymnasium until a class is needed)."""
+
+    def getattr_(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    def dir_() -> list[str]:
+        return sorted(exports)
+
+    return getattr_, dir_

@@ -284,7 +284,7 @@ def test_the_command_line_module_imports_only_the_standard_library_before_main()
     out = subprocess.run([sys.executable, "-c", "import sys, netrl.__main__; print(sorted(m for m in sys.modules if "
                           "m.split('.')[0] in ('numpy', 'zmq', 'torch') or m.startswith('netrl.')))"],
                          capture_output=True, text=True, check=True).stdout
-    assert out == "['netrl.__main__']\n"
+    assert out == "['netrl.__main__', 'netrl.util']\n"  # util: the lazy exports of netrl/__init__, stdlib only
 
 
 def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
@@ -529,7 +529,7 @@ def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.Cap
 OWN_PIPELINE = '''
 import gymnasium, numpy as np
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.memory.replay import ReplayMemory
+from netrl.memory import ReplayMemory
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 

@@ -1,4 +1,4 @@
-"""Ready-made pipelines: the classes a worker and a trainer must agree on, built from config.
+"""A pipeline: the classes a worker and a trainer must agree on; :func:`make_pipeline` builds the one config names.
 
 A pipeline bundles what tmrl users pass to ``RolloutWorker`` and ``TrainingOffline``: the env class, the actor
 class, the sample compressor, the memory class and the training agent class.
