@@ -1,4 +1,5 @@
-"""Rewrite the configuration table in README.md from netrl/config.py (run after changing a config field)."""
+"""Rewrite the configuration table in docs/configuration.md from netrl/config/sections.py (run after changing a
+config field)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from netrl.config.sections import describe_fields
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 START, END = "<!-- config-table -->", "<!-- /config-table -->"
 
 
@@ -18,11 +19,11 @@ def table() -> str:
 
 
 def main() -> None:
-    text = README.read_text()
+    text = PAGE.read_text()
     new = re.sub(f"{re.escape(START)}.*?{re.escape(END)}", f"{START}\n{table()}\n{END}", text, flags=re.S)
     if START not in text:
-        raise SystemExit(f"README.md lacks the {START} ... {END} markers")
-    README.write_text(new)
+        raise SystemExit(f"{PAGE} lacks the {START} ... {END} markers")
+    PAGE.write_text(new)
 
 
 if __name__ == "__main__":
