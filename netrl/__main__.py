@@ -231,7 +231,7 @@ def run_keygen(cfg: Config, workers: list[str]) -> None:
     for path in written:
         log.info("wrote %s", path)
     log.info("keys in %s/: keep server/ on the server, copy trainer/ to the trainer machine and workers/<name>/ to "
-             "each worker (see the README's Security section)%s", os.path.abspath(cfg.keys_dir),
+             "each worker (see docs/security.md)%s", os.path.abspath(cfg.keys_dir),
              "" if written else "; nothing new")
 
 

@@ -449,12 +449,6 @@ def test_a_run_folder_that_is_the_server_spool_folder_is_refused() -> None:
     config_from_dict({"server": {"spool_dir": "weights/pendulum-sac/server-spool"}})  # the demo's: inside the run
 
 
-def test_readme_config_table_matches_the_defaults() -> None:
-    readme = (ROOT / "README.md").read_text()
-    for key, default, help_text in describe_fields():
-        assert f"| `{key}` | `{default}` | {help_text} |" in readme, f"README config table is stale for {key}"
-
-
 def test_help_documents_every_flag_and_key() -> None:
     out = subprocess.run([sys.executable, "-m", "netrl", "--help"], capture_output=True, text=True, check=True).stdout
     for flag in ("--server", "--worker", "--trainer", "--demo", "--config", "--server-ip", "--bind-ip",

@@ -80,7 +80,7 @@ def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[A
 class EnvConfig:
     pipeline: str = _f(
         "gym", 'ready-made pipeline: gym (any Gymnasium id with continuous actions), drone, image; or your own, as '
-        '"module:function" (see the README)', pipeline_name)
+        '"module:function" (see docs/configuration.md)', pipeline_name)
     id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
 
@@ -237,7 +237,7 @@ class Config:
 
 
 def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key path, default, help) for every field, used for the README table and ``--help``."""
+    """(key path, default, help) for every field, used for docs/configuration.md and ``--help``."""
     rows: list[tuple[str, str, str]] = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
