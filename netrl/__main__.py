@@ -258,7 +258,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         run_demo(cfg, config_path, stop, logging.getLevelName(logging.getLogger().level))
         return
     configure_torch(cfg, role)
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
 
     pipeline = make_pipeline(cfg)
     if role == "worker":

@@ -105,7 +105,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
 
     ``log_level`` is the launcher's ``--log-level``, and the three roles log at it too; at the default INFO the
     worker logs warnings only, so that the trainer's round lines are what the demo shows."""
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
     from netrl.storage.checkpoint import (
         load_state,  # here: it imports torch, which the launcher's other users never need
     )

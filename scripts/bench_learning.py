@@ -35,7 +35,7 @@ from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.local import run_local
 from netrl.net.keys import keygen
-from netrl.pipelines.base import make_pipeline
+from netrl.pipelines.make import make_pipeline
 from netrl.trainer.trainer import Trainer
 from netrl.worker.worker import RolloutWorker
 

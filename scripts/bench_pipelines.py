@@ -48,7 +48,7 @@ from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.memory.base import collate
 from netrl.memory.frames import FrameStackCompressor, FrameStackMemory, decode_frame
 from netrl.net.keys import client_keys, keygen
-from netrl.pipelines.base import make_pipeline
+from netrl.pipelines.make import make_pipeline
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer, BufferBuilder
 from netrl.training import TrainingOffline

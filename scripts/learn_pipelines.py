@@ -37,7 +37,7 @@ from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import keygen
-from netrl.pipelines.base import make_pipeline
+from netrl.pipelines.make import make_pipeline
 from netrl.protocol.weights import load_weights
 from netrl.storage.weight_files import read_weights_file
 

@@ -158,7 +158,7 @@ def test_every_seconds_field_is_bounded_like_the_network_ones() -> None:
 def test_devices_env_ids_and_env_kwargs_that_cannot_work_are_config_errors() -> None:
     from netrl.__main__ import configure_torch
     from netrl.envs.gym import GenericGymEnv
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
 
     assert problems({"trainer": {"device": "tpu"}}) == [
         'trainer.device must be a torch device: "cpu", "cuda", "cuda:N" or "mps" (got "tpu")']
@@ -559,7 +559,7 @@ def not_a_pipeline(cfg):
 
 def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
     from netrl.trainer.trainer import Trainer
     from netrl.worker.worker import RolloutWorker
 
@@ -613,7 +613,7 @@ def test_the_gym_pipeline_takes_module_colon_env_id_as_its_own_error_advises(tmp
         "import gymnasium\n"
         "gymnasium.register(id='MyPendulum-v0', entry_point='gymnasium.envs.classic_control:PendulumEnv')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
 
     pipeline = make_pipeline(config_from_dict({"env": {"id": "my_robot_envs:MyPendulum-v0"}}))
     env = pipeline.env_cls()

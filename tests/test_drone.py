@@ -17,8 +17,8 @@ import torch
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
-from netrl.pipelines.base import make_pipeline
 from netrl.pipelines.drone import drone_pipeline, drone_rtgym_config
+from netrl.pipelines.make import make_pipeline
 from netrl.samples import Buffer
 from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded, same

@@ -19,8 +19,8 @@ from netrl.envs.gym import GenericGymEnv
 from netrl.envs.image import ENV_ID, ImageReachEnv
 from netrl.memory import frames as frames_module
 from netrl.memory.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame, encoded_capacity
-from netrl.pipelines.base import make_pipeline
 from netrl.pipelines.image import image_pipeline
+from netrl.pipelines.make import make_pipeline
 from netrl.protocol.schema import SampleSchema
 from netrl.samples import Buffer
 from netrl.worker.worker import RolloutWorker

@@ -33,7 +33,7 @@ import netrl.worker.worker as worker_module
 from netrl.config.load import load_config
 from netrl.envs.realtime import StepTimer, period_stats
 from netrl.launch import stop_processes
-from netrl.pipelines.base import make_pipeline
+from netrl.pipelines.make import make_pipeline
 from netrl.protocol import weights
 from netrl.worker import weight_receiver
 from netrl.worker.worker import RolloutWorker

@@ -98,7 +98,7 @@ def test_worker_ids_are_names_the_server_accepts(monkeypatch: pytest.MonkeyPatch
 def test_a_worker_from_config_is_named_after_its_host_and_keeps_that_name_across_restarts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from netrl.errors import FolderInUse
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
     from netrl.worker.names import claim_worker_id
 
     monkeypatch.setattr(socket, "gethostname", lambda: "robot lab")
@@ -632,7 +632,7 @@ def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() 
 def test_workers_started_from_one_seeded_config_collect_different_but_reproducible_data(tmp_path: Path) -> None:
     # Every worker reset its env with the config's seed and seeded torch with it: two workers started from one
     # config.json with "seed": 1 collected the same episodes, frame for frame and action for action.
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
     from tests.recording import local_packets
 
     def first_episode(name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ _EXPORTS = {
     "drone_pipeline": "netrl.pipelines.drone",
     "gym_pipeline": "netrl.pipelines.gym",
     "image_pipeline": "netrl.pipelines.image",
-    "make_pipeline": "netrl.pipelines.base",
+    "make_pipeline": "netrl.pipelines.make",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -58,7 +58,7 @@ def single(tmp: Path, rounds: int, steps: int) -> dict[str, float]:
     import torch
 
     from netrl.local import run_local
-    from netrl.pipelines.base import make_pipeline
+    from netrl.pipelines.make import make_pipeline
     from netrl.trainer.trainer import Trainer
     from netrl.worker.worker import RolloutWorker
 
