@@ -166,7 +166,7 @@ RL_ENTRY_POINTS = ["netrl.training", "netrl.memory", "netrl.agents", "netrl.envs
 
 def loaded_after_import(module: str) -> list[str]:
     code = (f"import sys, {module}; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'zmq', 'msgpack', 'torch'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'zmq', 'msgpack', 'torch', 'gymnasium'}))")
     return ast.literal_eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                            check=True).stdout)
 
@@ -181,7 +181,7 @@ def test_the_check_sees_what_a_module_loads() -> None:
     assert {"zmq", "msgpack", "torch"} <= set(loaded_after_import("netrl.local"))
 
 
-def test_the_server_code_never_imports_torch() -> None:
+def test_the_server_code_never_imports_torch_or_gymnasium() -> None:
     server_side = [m for m in RUNTIME_GRAPH if within(m, ["netrl.server"])]
     reach = set(server_side)
     todo = list(server_side)
@@ -192,5 +192,7 @@ def test_the_server_code_never_imports_torch() -> None:
                 if name not in reach and (name in RUNTIME_GRAPH or not name.startswith("netrl")):
                     reach.add(name)
                     todo.append(name)
-    assert "torch" not in reach, sorted(m for m in reach if "torch" in RUNTIME_GRAPH.get(m, set()))
+    for heavy in ("torch", "gymnasium"):
+        assert heavy not in reach, sorted(m for m in reach if heavy in RUNTIME_GRAPH.get(m, set()))
+    # nor gymnasium: the server checks packets against the trainer's schema, and needs no spaces (10 MiB less)
     assert loaded_after_import("netrl.server.server") == ["msgpack", "zmq"]

@@ -15,13 +15,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gymnasium
 import numpy as np
 
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
 from netrl.samples import Spec, flatten, spec_leaves
+
+if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
+    import gymnasium
 
 __all__ = ["SampleSchema", "load_schema", "probe_copy", "save_schema"]
 
@@ -32,7 +34,6 @@ _SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and s
                     "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
 
 
-
 def probe_copy(sample_compressor: Any) -> Any | None:
     """A copy of ``sample_compressor`` to probe for the schema (None for None, or if it cannot be copied):
     one that keeps state (ActionBufferCompressor, FrameStackCompressor) may be the very instance a worker uses."""
@@ -41,6 +42,7 @@ def probe_copy(sample_compressor: Any) -> Any | None:
     except Exception as exc:
         log.debug("sample_compressor cannot be copied (%s)", exc)
         return None
+
 
 @dataclass(frozen=True)
 class SampleSchema:
