@@ -41,6 +41,13 @@ SECOND_LEVEL = {
 }
 
 
+def test_the_key_functions_a_library_user_needs_are_where_the_security_page_says() -> None:
+    from netrl.net import keys
+
+    assert {"keygen", "server_keys", "client_keys"} <= set(keys.__all__)
+    assert "netrl/net/keys.py" in (ROOT / "docs" / "security.md").read_text()
+
+
 @pytest.mark.parametrize("package", sorted(SECOND_LEVEL))
 def test_second_level_entry_points_are_pinned(package: str) -> None:
     module = importlib.import_module(package)
