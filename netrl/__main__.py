@@ -127,7 +127,7 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
             overrides[key] = value
     if args.episodes is not None and args.episodes < 1:
         problems.append(f"--episodes must be >= 1 (got {args.episodes}); leave it out to run until stopped")
-    if args.role == "keygen":  # found by keygen, they were a runtime error (exit 1) that did not name the flag
+    if args.role == "keygen":  # here, not in keygen: a bad name is then a usage error (exit 2) that names the flag
         from netrl.net.keys import worker_name_problem
 
         problems += [f"--workers {json.dumps(name)} {problem}" for name in _worker_names(args)
@@ -156,7 +156,7 @@ def setup_logging(role: str, level: str) -> None:
 
 def install_stop_signals(stop: threading.Event) -> None:
     """First SIGINT/SIGTERM/SIGHUP sets ``stop`` for a clean shutdown; a second SIGINT interrupts at once. (SIGHUP:
-    the terminal or ssh session the role runs in closed, whose default action ended a trainer without its
+    the terminal or ssh session the role runs in closed; its default action would end a trainer without its
     checkpoint and a worker without delivering its backlog.)"""
 
     def handler(signum: int, frame: Any) -> None:
@@ -174,7 +174,7 @@ def install_stop_signals(stop: threading.Event) -> None:
 def watch_launcher(stop: threading.Event, grace_s: float = 0.0) -> None:
     """A role started by :func:`netrl.launch.spawn_role` (the demo's, a benchmark's) stops cleanly once the process
     that started it is gone, however it went (SIGKILL, a crash): its roles run in their own sessions, so no signal
-    reaches them then, and they ran on for ever and held their folders against the next start. A server waits
+    reaches them then, and they would run on for ever, holding their folders against the next start. A server waits
     ``grace_s`` first, as the demo stops it last: its workers deliver what they hold before it goes."""
     from netrl.launch import LAUNCHER_ENV
 
@@ -240,7 +240,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
     """Run ``role`` (one of :data:`ROLES`) until it ends or ``stop`` is set.
 
     Raises:
-        ValueError: ``role`` is not one of :data:`ROLES` (it used to run a trainer).
+        ValueError: ``role`` is not one of :data:`ROLES` (checked first: the last branch runs a trainer).
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}: run_role runs {', '.join(ROLES)}")
@@ -290,7 +290,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from netrl.errors import ConfigError, NetrlError
 
     args = _parser().parse_args(argv)
-    if args.plot is not None:  # `--plot ""` (an unset shell variable) too: it left no role, and ran a trainer
+    if args.plot is not None:  # `--plot ""` (an unset shell variable) too, which would otherwise leave no role
         args.role = "plot"
     overrides, flag_problems = _flag_overrides(args)
     if args.plot is not None and not args.plot.strip():

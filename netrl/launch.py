@@ -143,7 +143,7 @@ def _move_aside(run_dir: Path, why: str) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     old = run_dir.with_name(f"{run_dir.name}-{stamp}")
     n = 1
-    while old.exists():  # a run moved aside within the same second: the rename failed with OSError
+    while old.exists():  # a run moved aside within the same second: renaming onto it would fail with OSError
         n += 1
         old = run_dir.with_name(f"{run_dir.name}-{stamp}-{n}")
     run_dir.rename(old)
@@ -157,7 +157,7 @@ def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str)
                             server={"bind_ip": "127.0.0.1", "status_port": free_port(),
                                     "spool_dir": str(run_dir / "server-spool")})
     metrics = run_dir / "metrics.csv"  # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
-    # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1" (the default) misled
+    # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1" (the default) would mislead
     what = f"{cfg.env.id} (the gym pipeline)" if cfg.env.pipeline == "gym" else f"the {cfg.env.pipeline} pipeline"
     log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
              "`python -m netrl --status --config %s` shows the server's state", what, ports["trainer_port"],

@@ -73,7 +73,7 @@ def file_name(v: str) -> str | None:
     if v in (".", "..") or set("/\\") & set(v):
         return "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)"
     size = len(v.encode("utf-8", "surrogatepass"))
-    if size > MAX_NAME_BYTES:  # it passed, then the role that made the folder stopped with "File name too long"
+    if size > MAX_NAME_BYTES:  # else it passes here and stops the role that makes the folder: "File name too long"
         return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file systems allow 255 for a name, and "
                 "netrl makes longer names from it")
     return None
@@ -88,7 +88,7 @@ def torch_device(v: str) -> str | None:
 
 def home(v: Any) -> Any:
     """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``, run before its
-    check): JSON has no shell to expand it, and a literal ``~`` folder appeared in the current one."""
+    check): JSON has no shell to expand it, and a literal ``~`` folder would appear in the current one."""
     return os.path.expanduser(v) if isinstance(v, str) else v
 
 

@@ -45,7 +45,7 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
         if pa == pb and role in _SERVER_ROLES:
             problems.append(((a, b), f"{a} and {b} must differ (both {pa})"))
     if role in _RUN_ROLES and os.path.realpath(cfg.run_dir) == os.path.realpath(cfg.server_spool_dir):
-        # the trainer then found the server's lock on its run folder, and blamed a second trainer
+        # the trainer would find the server's lock on its run folder and blame a second trainer
         spool = ("server.spool_dir" if cfg.server.spool_dir else "server.spool_dir is null: <weights_folder>/"
                  "server-spool")
         problems.append((("run_name", "weights_folder", "server.spool_dir"),
@@ -109,8 +109,8 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, 
     return cfg
 
 
-# The deepest nesting of objects and lists a config may have (env.kwargs is the user's): a config that parsed but
-# nests hundreds of levels stopped a trainer with RecursionError when it saved its config beside its checkpoints
+# The deepest nesting of objects and lists a config may have (env.kwargs is the user's): deeper nesting would overflow
+# the stack when the config is saved beside a checkpoint
 MAX_DEPTH = 32
 
 
@@ -205,7 +205,7 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
         raise ConfigError([f"{path} is not valid JSON: {exc}"], str(path)) from None
     except _DuplicateKey as exc:
         raise ConfigError([f'{path} sets "{exc}" twice in one object; keep one of them'], str(path)) from None
-    except RecursionError:  # JSON, but deeper than Python's parser goes: it was a traceback
+    except RecursionError:  # JSON, but deeper than Python's parser goes: a ConfigError, not a traceback
         raise ConfigError([f"{path} is not valid JSON here: its objects and lists nest deeper than Python reads; no "
                            f"setting needs more than {MAX_DEPTH} levels"], str(path)) from None
     except ValueError as exc:  # JSON, but a number Python refuses to read (an integer of thousands of digits)

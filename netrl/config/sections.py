@@ -87,7 +87,7 @@ class EnvConfig:
 
 def seconds(v: float) -> str | None:
     """An interval, delay or timeout: ZeroMQ takes some as 32-bit milliseconds, and a wait beyond
-    threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) stopped a role with OverflowError."""
+    threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) would stop a role with OverflowError."""
     return None if 0 < v <= MAX_SECONDS else f"must be > 0 and at most {MAX_SECONDS:g} (a day)"
 
 

@@ -36,7 +36,7 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def __init__(self, size: int = 64, stack: int = 4, max_steps: int = 50, noise: float = 3.0, speed: float = 0.1,
                  goal_radius: float = 0.12, render_mode: str | None = None) -> None:
         # the start is drawn over 3 goal radii from the target, inside [-0.85, 0.85]^2: at most 0.85 * sqrt(2) away
-        # from a target at the centre, so a radius from 0.4 on has no start there (reset() looped for ever)
+        # from a target at the centre, so a radius from 0.4 on has no start there (reset() would loop for ever)
         if size < 16 or stack < 1 or max_steps < 1 or noise < 0 or speed <= 0 or not 0 < goal_radius < 0.4:
             raise ValueError(f"ImageReachEnv needs size >= 16, stack >= 1, max_steps >= 1, noise >= 0, speed > 0 and "
                              f"0 < goal_radius < 0.4 (got size={size}, stack={stack}, max_steps={max_steps}, "

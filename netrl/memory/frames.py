@@ -55,8 +55,8 @@ def encoded_capacity(height: int, width: int, codec: Literal["png", "jpeg"] = "j
     carry it cost 12 bytes each (libpng writes 8 KiB chunks; we allow 1 KiB), and the signature, IHDR and IEND 45.
 
     JPEG: 2 bytes per pixel of the frame padded to whole 8x8 blocks, plus 1 KiB of markers and tables. The worst
-    frames measured (noise, salt and pepper, at quality 100) take 1.9; a thin frame is mostly padding, which the old
-    2 bytes per pixel missed. A true bound (about 6.5 bytes per pixel, 0xFF stuffing included) would triple every
+    frames measured (noise, salt and pepper, at quality 100) take 1.9; a thin frame is mostly padding, so the padded
+    size is what counts. A true bound (about 6.5 bytes per pixel, 0xFF stuffing included) would triple every
     row, so :class:`FrameStackCompressor` re-encodes the rare frame beyond this one at a lower quality instead.
     """
     if codec == "png":

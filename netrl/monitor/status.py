@@ -151,7 +151,7 @@ def format_status(s: dict[str, Any]) -> str:
     if s.get("workers_omitted"):
         lines.append(f"  ({s['workers_omitted']:,} not listed: the snapshot of so many would exceed a message header)")
     workers = sorted(s.get("workers", []), key=lambda w: w["name"])
-    # as wide as the longest name and key (names are at most 64 characters): cut, host-2 and host-3 looked the same
+    # as wide as the longest name and key (names are at most 64 characters): a cut name loses its -2 or -3 suffix
     name_w = max([20, *(len(w["name"]) for w in workers)])
     key_w = max([10, *(len(w.get("key", "")) for w in workers)])
     lines.append(f"  {'worker':<{name_w}} {'address':<16} {'key':<{key_w}} {'weights':>7} {'samples':>10} "

@@ -18,7 +18,7 @@ Records are written with one ``writev`` and no copy of the data, so a killed pro
 
 Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and overwritten
 in place as a later segment, because writing into pages the page cache already holds is several times faster
-than into fresh ones (on this project's VMs, 370 MB/s against 2-10 GB/s). A recycled file still holds its old
+than into fresh ones (on this project's VMs, 2-10 GB/s against 370 MB/s). A recycled file still holds its old
 records past the new ones; each record names its segment, so an old record never passes for a new one.
 """
 

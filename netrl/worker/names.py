@@ -66,7 +66,7 @@ def claim_worker_id(run_dir: Path, worker_id: str | None) -> tuple[str, FolderLo
                 raise
             taken.append(f"{name} (pid {lock.holder})")
             continue
-        except NetrlError as exc:  # no lock here: run anyway, as the worker did before names were locked
+        except NetrlError as exc:  # no lock here: run anyway, unlocked (the lock only keeps names apart)
             log.warning("%s; this worker runs as %r with no lock on that name, so another worker on this machine "
                         "could take the same name and files", exc, name)
             return name, None

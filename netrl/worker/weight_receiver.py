@@ -94,9 +94,9 @@ class _Bound:
 
 class _Saver:
     """Writes received weights to disk on its own thread, the newest version first: on a slow disk (an SD card, a
-    stalled network mount) the network thread, which used to write them, sent no heartbeat for seconds and the
-    server dropped the worker again and again. A version that arrives while another is written waits; a newer one
-    replaces it, unwritten. :meth:`close` writes the one waiting."""
+    stalled network mount) a write on the network thread would hold back its heartbeats for seconds, and the server
+    would drop the worker. A version that arrives while another is written waits; a newer one replaces it,
+    unwritten. :meth:`close` writes the one waiting."""
 
     def __init__(self, write: Callable[[dict[str, torch.Tensor], int, str], None]) -> None:
         self._write = write

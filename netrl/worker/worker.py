@@ -164,7 +164,7 @@ class RolloutWorker:
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
         w = cfg.worker
-        worker_id, name_lock = claim_worker_id(cfg.run_dir, w.worker_id)  # by default the host name (worker_names)
+        worker_id, name_lock = claim_worker_id(cfg.run_dir, w.worker_id)  # default: the host name (netrl.worker.names)
         if w.throttle and pipeline.realtime:
             log.info("worker.throttle is ignored: the %s pipeline's env runs in real time, and pausing it would "
                      "change what it learns", cfg.env.pipeline)
@@ -208,7 +208,7 @@ class RolloutWorker:
         self.env = self.env_cls()
         try:
             self._build()
-        except BaseException:  # e.g. the actor's constructor raised: a second start() built a second env beside it
+        except BaseException:  # e.g. the actor's constructor raised: a second start() would build another env beside it
             env, self.env = self.env, None
             env.close()
             raise
