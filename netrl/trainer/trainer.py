@@ -6,8 +6,7 @@ The Trainer checkpoints after every epoch and when stopped. A restarted Trainer 
 replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
 continues the weight version numbering after the newest version it ever sent out (noted in the run folder before
 each send: see :mod:`netrl.storage.checkpoint`) and, once connected, after the newest the server or a worker has seen
-(see
-:mod:`netrl.trainer.link`).
+(see :mod:`netrl.trainer.link`).
 """
 
 from __future__ import annotations
