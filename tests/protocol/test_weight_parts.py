@@ -27,9 +27,9 @@ from netrl.protocol.weights import (
 )
 from netrl.protocol.wire import decode, encode, weight_parts
 from netrl.server.server import Server
+from tests.agents.test_sac import ACT, OBS
 from tests.conftest import running_server
-from tests.test_sac import ACT, OBS
-from tests.test_server import Peer
+from tests.server.test_server import Peer
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
 

@@ -34,8 +34,8 @@ from netrl.server.relay import SampleRelay
 from netrl.server.server import Server
 from netrl.server.spool import Spool
 from tests.conftest import running_server
+from tests.protocol.test_wire import sample_buffer, weights_message
 from tests.reliability import wait_until
-from tests.test_wire import sample_buffer, weights_message
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
 

@@ -37,8 +37,8 @@ from netrl.worker.link import WorkerLink
 from netrl.worker.packets import PacketMaker
 from netrl.worker.worker import RolloutWorker, default_worker_id
 from tests.conftest import running_server
+from tests.protocol.test_wire import sample_buffer
 from tests.reliability import wait_until
-from tests.test_wire import sample_buffer
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])

@@ -33,10 +33,10 @@ from netrl.protocol.weights import all_finite, check_weights, state_arrays, tens
 from netrl.protocol.wire import samples_message
 from netrl.server.server import Server
 from netrl.server.sockets import ServerSockets
+from tests.agents.test_sac import ACT, OBS
 from tests.conftest import running_server
-from tests.test_sac import ACT, OBS
-from tests.test_server import Peer
-from tests.test_wire import sample_buffer, weights_message
+from tests.protocol.test_wire import sample_buffer, weights_message
+from tests.server.test_server import Peer
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
 

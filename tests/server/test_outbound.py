@@ -17,9 +17,9 @@ from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
 from netrl.server.peers import Peer
 from netrl.server.weight_cache import WeightCache
 from tests.conftest import running_server
-from tests.test_server import NET
-from tests.test_server import Peer as RawPeer
-from tests.test_wire import sample_buffer
+from tests.protocol.test_wire import sample_buffer
+from tests.server.test_server import NET
+from tests.server.test_server import Peer as RawPeer
 
 
 class FullSocket:

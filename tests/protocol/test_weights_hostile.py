@@ -24,10 +24,10 @@ from netrl.protocol.wire import MAX_LAYOUT_ENTRIES, check_layout, decode, encode
 from netrl.server.server import Server
 from netrl.server.weight_cache import OVERHEAD_ROOM_BYTES, WeightCache
 from netrl.worker.weight_receiver import WeightReceiver
+from tests.agents.test_sac import ACT, OBS
 from tests.conftest import running_server
-from tests.test_sac import ACT, OBS
-from tests.test_server import Peer
-from tests.test_wire import weights_message
+from tests.protocol.test_wire import weights_message
+from tests.server.test_server import Peer
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
 

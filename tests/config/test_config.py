@@ -18,7 +18,7 @@ from netrl.config.load import config_from_dict, config_to_dict, load_config
 from netrl.config.sections import Config, describe_fields
 from netrl.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def problems(data: dict) -> list[str]:

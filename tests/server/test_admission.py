@@ -26,8 +26,8 @@ from netrl.server.peers import MAX_REPORTED
 from netrl.server.server import Server
 from netrl.server.weight_cache import WeightCache
 from tests.conftest import running_server
-from tests.test_server import NET, Peer, weights
-from tests.test_wire import sample_buffer, weights_message
+from tests.protocol.test_wire import sample_buffer, weights_message
+from tests.server.test_server import NET, Peer, weights
 
 
 @pytest.fixture

@@ -25,9 +25,9 @@ from netrl.server.relay import memory_cost
 from netrl.server.server import Server
 from netrl.server.status import ServerStatus
 from tests.conftest import running_server
+from tests.protocol.test_wire import sample_buffer
 from tests.reliability import wait_until
-from tests.test_server import NET, Peer
-from tests.test_wire import sample_buffer
+from tests.server.test_server import NET, Peer
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(t
     from types import SimpleNamespace
 
     from netrl.worker.link import WorkerLink
-    from tests.test_server import Peer
+    from tests.server.test_server import Peer
 
     net = NetworkConfig(heartbeat_interval_s=0.05, heartbeat_liveness=40)
     with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):

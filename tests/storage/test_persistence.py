@@ -45,8 +45,8 @@ from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
+from tests.agents.test_sac import ACT, OBS
 from tests.conftest import running_server
-from tests.test_sac import ACT, OBS
 
 NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
 

@@ -19,7 +19,7 @@ from netrl.server.status import status_line
 from netrl.util import worth_logging
 from tests.conftest import Procs, small_config
 from tests.reliability import delivered, wait_until
-from tests.test_delivery import FAST_TRAINER
+from tests.system.test_delivery import FAST_TRAINER
 
 
 def netrl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +77,7 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
 def test_every_counter_the_server_keeps_is_listed_for_the_snapshot() -> None:
     from netrl.server.status import COUNTERS
 
-    root = Path(__file__).resolve().parent.parent / "netrl" / "server"
+    root = Path(__file__).resolve().parents[2] / "netrl" / "server"
     used = set()
     for module in root.glob("*.py"):
         used |= set(re.findall(r'stats\["(\w+)"\]', module.read_text()))

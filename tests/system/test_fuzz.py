@@ -25,7 +25,7 @@ from netrl.protocol.wire import decode, encode, encode_bundle
 from tests.conftest import Procs, small_config
 from tests.hostile import hostile_samples, hostile_server_messages, hostile_worker_messages, valid_packet
 from tests.reliability import delivered, wait_until
-from tests.test_delivery import FAST_TRAINER
+from tests.system.test_delivery import FAST_TRAINER
 
 ATTACK = settings(max_examples=6000, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))

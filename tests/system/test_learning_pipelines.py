@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Time-step tim
 
 
 def learn_script() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "scripts" / "learn_pipelines.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "learn_pipelines.py"
     spec = importlib.util.spec_from_file_location("learn_pipelines", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
