@@ -1,25 +1,18 @@
-"""Shared fixtures: free ports, small configs, and process tracking that fails a test which leaves one behind."""
+"""Fixtures: process tracking that fails a test which leaves one behind, and logging restored after each test."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import zmq
 
-from netrl.config.sections import Config
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.net.keys import keygen
-from netrl.server.server import Server
+from netrl.launch import spawn_role, stop_processes
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 
@@ -33,45 +26,6 @@ def _root_logging_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-def small_config(tmp_path: Path, **sections: Any) -> Path:
-    """A config for fast tests: free ports, short training, wandb disabled, outputs under tmp_path."""
-    keygen(tmp_path / "keys")  # tests run with the secure default: CURVE
-    base: dict[str, Any] = {
-        "run_name": "test", "weights_folder": str(tmp_path / "weights"), "seed": 1, "keys_dir": str(tmp_path / "keys"),
-        "network": {"trainer_port": free_port(), "worker_port": free_port(), "heartbeat_interval_s": 0.2,
-                    "heartbeat_liveness": 5, "reconnect_initial_s": 0.1, "reconnect_max_s": 1.0},
-        "server": {"min_samples_per_server_packet": 20, "max_packet_delay_s": 0.02, "status_port": free_port()},
-        "worker": {"min_samples_per_worker_packet": 10, "test_episode_interval": 0},
-        "trainer": {"epochs": 1, "rounds": 2, "steps": 60, "update_model_interval": 20,
-                    "update_buffer_interval": 10, "start_training": 100, "worker_lead": 50},
-        "memory": {"memory_size": 10_000, "batch_size": 32},
-        "agent": {"hidden_sizes": [32, 32]},
-        "wandb": {"mode": "disabled"},
-    }
-    for name, values in sections.items():
-        base.setdefault(name, {}).update(values) if isinstance(values, dict) else base.__setitem__(name, values)
-    return write_config(Config(), tmp_path / "config.json", **base)
-
-
-@contextlib.contextmanager
-def running_server(**kwargs: Any) -> Iterator[tuple[Server, zmq.Context]]:
-    """A Server on free ports (unless given) in a thread of this process, plus a context for fake peers; both closed
-    after."""
-    srv = Server(**{"trainer_port": free_port(), "worker_port": free_port(), **kwargs})
-    srv.open()  # bound before this returns: a test that starts two servers knows which one got a port first
-    stop = threading.Event()
-    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
-    thread.start()
-    ctx = zmq.Context()
-    try:
-        yield srv, ctx
-    finally:
-        stop.set()
-        thread.join(5)
-        ctx.destroy(0)
-        assert not thread.is_alive(), "server did not stop within 5 s"
 
 
 class Procs:

@@ -14,9 +14,7 @@ import torch
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.samples import Batch
 from netrl.util import partial
-
-OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
-ACT = gymnasium.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+from tests.fakes import ACT, OBS
 
 
 def make_agent(**kw: object) -> SACAgent:

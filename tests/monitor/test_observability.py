@@ -17,9 +17,9 @@ from netrl.monitor.metrics import resolve_wandb_mode
 from netrl.monitor.status import Rates, StatusClock, format_status
 from netrl.server.status import status_line
 from netrl.util import worth_logging
-from tests.conftest import Procs, small_config
-from tests.reliability import delivered, wait_until
-from tests.system.test_delivery import FAST_TRAINER
+from tests.conftest import Procs
+from tests.fakes import FAST_TRAINER, small_config, wait_until
+from tests.reliability import delivered
 
 
 def netrl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -33,12 +33,7 @@ from netrl.protocol.weights import all_finite, check_weights, state_arrays, tens
 from netrl.protocol.wire import samples_message
 from netrl.server.server import Server
 from netrl.server.sockets import ServerSockets
-from tests.agents.test_sac import ACT, OBS
-from tests.conftest import running_server
-from tests.protocol.test_wire import sample_buffer, weights_message
-from tests.server.test_server import Peer
-
-NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
+from tests.fakes import ACT, NET, OBS, Peer, running_server, sample_buffer, weights_message
 
 
 def curve_peer(ctx: zmq.Context, port: int, role: str, name: str, public: bytes | None, secret: bytes | None,

@@ -16,7 +16,7 @@ from netrl.launch import free_port
 from netrl.net.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode
-from tests.conftest import running_server
+from tests.fakes import running_server
 
 
 def drive(link: ClientLink, done: Callable[[], object], timeout: float) -> None:
@@ -179,7 +179,7 @@ def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(t
     from types import SimpleNamespace
 
     from netrl.worker.link import WorkerLink
-    from tests.server.test_server import Peer
+    from tests.fakes import Peer
 
     net = NetworkConfig(heartbeat_interval_s=0.05, heartbeat_liveness=40)
     with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):

@@ -13,7 +13,6 @@ import torch
 import zmq
 
 from netrl.agents.sac import MLPActor
-from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import (
@@ -27,11 +26,7 @@ from netrl.protocol.weights import (
 )
 from netrl.protocol.wire import decode, encode, weight_parts
 from netrl.server.server import Server
-from tests.agents.test_sac import ACT, OBS
-from tests.conftest import running_server
-from tests.server.test_server import Peer
-
-NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
+from tests.fakes import ACT, OBS, PATIENT_NET, Peer, running_server
 
 
 def parts_of(actor: torch.nn.Module, version: int, part_bytes: int, session: str = "t") -> list[Message]:
@@ -133,7 +128,7 @@ def test_a_version_in_one_part_is_viewed_in_place_and_never_reused() -> None:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(network=NET, spool_dir=tmp_path / "spool") as running:
+    with running_server(network=PATIENT_NET, spool_dir=tmp_path / "spool") as running:
         yield running
 
 
@@ -327,7 +322,7 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
     from netrl.trainer.delivery import Deliveries
     from netrl.trainer.link import TrainerLink
 
-    link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: the test reads its pipe
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: the test reads its pipe
 
     def published(actor: torch.nn.Module, version: int) -> None:
         link.publish(actor, version, 0)
@@ -401,7 +396,8 @@ def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monke
     from netrl.trainer.delivery import Deliveries
     from netrl.trainer.link import TrainerLink
 
-    link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: its commands are called here
+    # never started: its commands are called here
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None)
     sent: list[tuple[int, int]] = []  # (version, part) given to the socket
     trackers: list[_Tracker] = []
     full = [False]
@@ -455,7 +451,7 @@ def test_an_actor_with_tensors_the_wire_cannot_carry_is_refused_by_name(dtype: t
 
     actor = torch.nn.Linear(3, 2)
     actor.bias.data = actor.bias.data.to(dtype)
-    link = TrainerLink(NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started
     try:
         with pytest.raises(NetrlError, match=rf"the actor's tensor 'bias' is {dtype}, which netrl's weights do not"):
             link.publish(actor, 1, 0)

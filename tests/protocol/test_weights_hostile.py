@@ -16,7 +16,6 @@ import torch
 import zmq
 
 from netrl.agents.sac import MLPActor
-from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import flat_layout, snapshot_into
@@ -24,12 +23,7 @@ from netrl.protocol.wire import MAX_LAYOUT_ENTRIES, check_layout, decode, encode
 from netrl.server.server import Server
 from netrl.server.weight_cache import OVERHEAD_ROOM_BYTES, WeightCache
 from netrl.worker.weight_receiver import WeightReceiver
-from tests.agents.test_sac import ACT, OBS
-from tests.conftest import running_server
-from tests.protocol.test_wire import weights_message
-from tests.server.test_server import Peer
-
-NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
+from tests.fakes import ACT, OBS, PATIENT_NET, Peer, running_server, weights_message
 
 
 def part(version: int, i: int, parts: int, offset: int, nbytes: int, layout: list[Any], chunk: np.ndarray,
@@ -143,7 +137,7 @@ def test_the_server_refuses_a_version_with_a_malformed_layout_and_keeps_the_last
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(network=NET, spool_dir=tmp_path / "spool") as running:
+    with running_server(network=PATIENT_NET, spool_dir=tmp_path / "spool") as running:
         yield running
 
 

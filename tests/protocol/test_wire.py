@@ -14,23 +14,8 @@ from hypothesis import strategies as st
 from netrl.errors import MalformedMessage, ProtocolError, RoleViolation, VersionMismatch
 from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.wire import PROTOCOL_VERSION, buffer_from_message, decode, encode, encode_bundle, samples_message
-from netrl.samples import Buffer, BufferBuilder, EpisodeStats
-
-
-def sample_buffer(n: int = 5, image: bool = False) -> Buffer:
-    rng = np.random.default_rng(0)
-    if image:  # image-like: a flat background with a bright moving square
-        frames = np.full((n, 4, 16, 16), 30, np.uint8)
-        for i in range(n):
-            frames[i, :, i % 12: i % 12 + 4, 5:9] = 220
-    obs = (frames if image
-           else (rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32)))
-    return Buffer(
-        act=rng.normal(size=(n, 2)).astype(np.float32), obs=obs, rew=rng.normal(size=n).astype(np.float32),
-        terminated=np.arange(n) == n - 1, truncated=np.zeros(n, bool), reset=np.arange(n) == 0,
-        context=np.zeros(n, bool), policy_version=np.arange(n, dtype=np.int64),
-        episodes=[EpisodeStats(-12.5, 200, False, 3), EpisodeStats(-1.0, 5, True, 4)],
-    )
+from netrl.samples import Buffer, BufferBuilder
+from tests.fakes import sample_buffer, weights_message
 
 
 def samples_frames(n: int = 5, compression: str = "none", image: bool = False) -> list[bytes]:
@@ -46,14 +31,6 @@ def with_header(frames: list[bytes], **changes: object) -> list[bytes]:
     h = header(frames)
     h.update(changes)
     return [msgpack.packb(h), *frames[1:]]
-
-
-def weights_message(version: int, session: str = "t", sender: str = "trainer", value: float | None = None) -> Message:
-    """A one-part WEIGHTS message holding one tensor "w" of three floats (all equal to ``value`` or ``version``)."""
-    flat = np.full(3, version if value is None else value, np.float32).view(np.uint8)
-    return Message(MsgType.WEIGHTS, sender, policy_version=version, arrays={"chunk": flat},
-                   body={"trained_steps": version, "session": session, "part": 0, "parts": 1, "offset": 0,
-                         "nbytes": flat.nbytes, "layout": [["w", "<f4", [3], 0]]})
 
 
 ALL_MESSAGES = [

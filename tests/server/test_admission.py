@@ -25,9 +25,7 @@ from netrl.protocol.wire import decode, encode, samples_message
 from netrl.server.peers import MAX_REPORTED
 from netrl.server.server import Server
 from netrl.server.weight_cache import WeightCache
-from tests.conftest import running_server
-from tests.protocol.test_wire import sample_buffer, weights_message
-from tests.server.test_server import NET, Peer, weights
+from tests.fakes import NET, Peer, running_server, sample_buffer, weights_message
 
 
 @pytest.fixture
@@ -54,7 +52,7 @@ def test_a_trainers_routing_id_on_the_worker_port_is_just_another_worker(server:
     copycat.send(Message(MsgType.BYE, "copycat"))
     settle()
     assert srv.peers.trainer is not None  # its BYE ended the copycat only
-    trainer.send(weights(1))
+    trainer.send(weights_message(1, "t1"))
     settle()
     assert srv.weights.complete_version == 1
 
@@ -127,14 +125,14 @@ def test_a_worker_acknowledges_only_the_weights_it_was_sent(server: tuple[Server
     srv, ctx = server
     trainer, worker = Peer(ctx, srv.trainer_port, "trainer", "trainer"), Peer(ctx, srv.worker_port, "worker", "w")
     trainer.hello()
-    trainer.send(weights(1))
+    trainer.send(weights_message(1, "t1"))
     worker.hello()
     assert worker.expect(MsgType.WEIGHTS).policy_version == 1
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [2**62]}))  # a version it was never sent
     settle()
     assert srv.peers.workers()[0].version == -1 and srv.stats["rejected"] == 1
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [1]}))
-    trainer.send(weights(2))
+    trainer.send(weights_message(2, "t1"))
     assert worker.expect(MsgType.WEIGHTS).policy_version == 2  # it still gets every new version
     assert srv.peers.workers()[0].version == 1
 
@@ -190,7 +188,7 @@ def test_a_version_its_trainer_left_unfinished_gives_way_to_the_last_complete_on
     srv, ctx = server
     trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
     trainer.hello()
-    trainer.send(weights(1))
+    trainer.send(weights_message(1, "t1"))
     half = weights_message(2)
     half.body.update(parts=2, nbytes=2 * half.arrays["chunk"].nbytes)
     trainer.send(half)  # part 0 of 2, and then the trainer is gone

@@ -24,10 +24,7 @@ from netrl.server.peers import Peer as ServerPeer
 from netrl.server.relay import memory_cost
 from netrl.server.server import Server
 from netrl.server.status import ServerStatus
-from tests.conftest import running_server
-from tests.protocol.test_wire import sample_buffer
-from tests.reliability import wait_until
-from tests.server.test_server import NET, Peer
+from tests.fakes import NET, Peer, running_server, sample_buffer, wait_until
 
 
 @pytest.fixture

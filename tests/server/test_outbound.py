@@ -16,10 +16,8 @@ from netrl.protocol.wire import decode, samples_message, weight_parts
 from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
 from netrl.server.peers import Peer
 from netrl.server.weight_cache import WeightCache
-from tests.conftest import running_server
-from tests.protocol.test_wire import sample_buffer
-from tests.server.test_server import NET
-from tests.server.test_server import Peer as RawPeer
+from tests.fakes import NET, running_server, sample_buffer
+from tests.fakes import Peer as RawPeer
 
 
 class FullSocket:

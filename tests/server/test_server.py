@@ -33,44 +33,7 @@ from netrl.protocol.wire import (
 from netrl.server.relay import SampleRelay
 from netrl.server.server import Server
 from netrl.server.spool import Spool
-from tests.conftest import running_server
-from tests.protocol.test_wire import sample_buffer, weights_message
-from tests.reliability import wait_until
-
-NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5)
-
-
-class Peer:
-    """A raw DEALER speaking the wire protocol, for driving the server by hand."""
-
-    def __init__(self, ctx: zmq.Context, port: int, role: str, name: str, rid: bytes | None = None) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if rid is not None:
-            self.sock.setsockopt(zmq.ROUTING_ID, rid)
-        self.sock.connect(f"tcp://127.0.0.1:{port}")
-        self.role, self.name, self.session = role, name, os.urandom(4).hex()
-
-    def send(self, msg: Message) -> None:
-        self.sock.send_multipart(encode(msg))
-
-    def hello(self, role: str | None = None) -> Message:
-        self.send(Message(MsgType.HELLO, self.name, body={"role": role or self.role, "netrl_version": "0.1.0",
-                                                          "worker_id": self.name, "session": self.session}))
-        return self.expect(MsgType.WELCOME, MsgType.REJECT)
-
-    def recv(self, timeout: float = 2.0) -> Message | None:
-        if not self.sock.poll(int(timeout * 1000)):
-            return None
-        return decode(self.sock.recv_multipart())
-
-    def expect(self, *types: MsgType, timeout: float = 2.0) -> Message:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = self.recv(deadline - time.monotonic())
-            if msg is not None and msg.type in types:
-                return msg
-        raise AssertionError(f"{self.name} got no {[t.value for t in types]} within {timeout} s")
+from tests.fakes import NET, Peer, running_server, sample_buffer, wait_until, weights_message
 
 
 @pytest.fixture
@@ -80,16 +43,12 @@ def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
         yield running
 
 
-def weights(version: int, session: str = "t1") -> Message:
-    return weights_message(version, session)
-
-
 def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
     trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
     assert trainer.hello().type is MsgType.WELCOME
-    trainer.send(weights(1))
-    trainer.send(weights(2))
+    trainer.send(weights_message(1, "t1"))
+    trainer.send(weights_message(2, "t1"))
     time.sleep(0.2)
     worker = Peer(ctx, srv.worker_port, "worker", "late")
     t0 = time.monotonic()
@@ -97,8 +56,8 @@ def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.
     got = worker.expect(MsgType.WEIGHTS)
     assert time.monotonic() - t0 < 1.0
     assert got.policy_version == 2 and got.arrays["chunk"].view(np.float32)[0] == 2  # the newest only
-    trainer.send(weights(3))
-    trainer.send(weights(4))  # v3 is still unacknowledged: v4 replaces it at the server
+    trainer.send(weights_message(3, "t1"))
+    trainer.send(weights_message(4, "t1"))  # v3 is still unacknowledged: v4 replaces it at the server
     worker.send(Message(MsgType.ACK, "late", body={"seqs": [2]}))
     assert worker.expect(MsgType.WEIGHTS).policy_version in (3, 4)
 
@@ -107,12 +66,12 @@ def test_a_new_trainer_is_told_the_newest_version_any_trainer_published(server: 
     srv, ctx = server
     first = Peer(ctx, srv.trainer_port, "trainer", "trainer")
     assert first.hello().body["weights_version"] == -1  # nothing published yet
-    first.send(weights(7, "t1"))
-    first.send(weights(9, "t1"))
+    first.send(weights_message(7, "t1"))
+    first.send(weights_message(9, "t1"))
     time.sleep(0.2)
     second = Peer(ctx, srv.trainer_port, "trainer", "trainer")  # e.g. the same trainer restarted after a crash
     assert second.hello().body["weights_version"] == 9
-    second.send(weights(3, "t2"))  # the cache now holds the new session's v3, but v9 was still published
+    second.send(weights_message(3, "t2"))  # the cache now holds the new session's v3, but v9 was still published
     time.sleep(0.2)
     third = Peer(ctx, srv.trainer_port, "trainer", "trainer")
     assert third.hello().body["weights_version"] == 9
@@ -182,7 +141,7 @@ def test_bad_input_is_counted_and_the_server_keeps_relaying(server: tuple[Server
     attacker.sock.send_multipart([os.urandom(40)])  # random bytes before any HELLO
     attacker.sock.send_multipart([b"", b"", b""])
     attacker.hello()
-    attacker.send(weights(99))  # a worker may not publish weights
+    attacker.send(weights_message(99, "t1"))  # a worker may not publish weights
     frames = encode(samples_message(sample_buffer(5), "evil", attacker.session, 1, 5))
     header: dict[str, Any] = msgpack.unpackb(frames[0])
     header["arrays"][0]["dtype"] = "|O"

@@ -45,10 +45,7 @@ from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
-from tests.agents.test_sac import ACT, OBS
-from tests.conftest import running_server
-
-NET = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=10)
+from tests.fakes import ACT, OBS, PATIENT_NET, running_server
 
 
 def test_segment_log_cuts_a_torn_tail_and_keeps_everything_before(tmp_path: Path) -> None:
@@ -793,7 +790,7 @@ def test_a_file_system_without_locks_is_named_and_a_worker_runs_unlocked_there(
 
 
 def test_a_second_server_on_a_spool_in_use_is_refused_before_touching_it(tmp_path: Path) -> None:
-    with running_server(network=NET, spool_dir=tmp_path / "spool"):
+    with running_server(network=PATIENT_NET, spool_dir=tmp_path / "spool"):
         second = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
         with pytest.raises(FolderInUse, match="spool folder .* is in use .*another spool folder "
                                               r"\(config.json: server.spool_dir\)"):

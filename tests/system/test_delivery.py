@@ -14,11 +14,9 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import Procs, small_config
-from tests.reliability import delivered, first_line, log_time, spooled, wait_until, worker_summary
-
-FAST_TRAINER = {"epochs": 100_000, "rounds": 1, "steps": 100, "start_training": 100, "worker_lead": 300,
-                "update_model_interval": 20}
+from tests.conftest import Procs
+from tests.fakes import FAST_TRAINER, small_config, wait_until
+from tests.reliability import delivered, first_line, log_time, spooled, worker_summary
 
 
 def check_exactly_once(run_dir: Path, logs: list[str]) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import small_config
+from tests.fakes import small_config
 
 
 def _demo_until(config: Path, log: Path, rounds: str) -> str:

@@ -22,10 +22,10 @@ from netrl.monitor.status import query_status
 from netrl.net.keys import client_keys, server_keys
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode, encode_bundle
-from tests.conftest import Procs, small_config
+from tests.conftest import Procs
+from tests.fakes import FAST_TRAINER, small_config, wait_until
 from tests.hostile import hostile_samples, hostile_server_messages, hostile_worker_messages, valid_packet
-from tests.reliability import delivered, wait_until
-from tests.system.test_delivery import FAST_TRAINER
+from tests.reliability import delivered
 
 ATTACK = settings(max_examples=6000, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))

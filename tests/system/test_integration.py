@@ -8,7 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.conftest import Procs, small_config
+from tests.conftest import Procs
+from tests.fakes import small_config
 
 
 def test_three_roles_learn_exchange_weights_and_stop_on_sigint(tmp_path: Path, procs: Procs) -> None:

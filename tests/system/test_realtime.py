@@ -37,7 +37,8 @@ from netrl.pipelines.make import make_pipeline
 from netrl.protocol import weights
 from netrl.worker import weight_receiver
 from netrl.worker.worker import RolloutWorker
-from tests.conftest import Procs, small_config
+from tests.conftest import Procs
+from tests.fakes import small_config
 
 SLOW_LOAD_S = 0.15
 LATE_CALL_S = SLOW_LOAD_S / 2  # a load on the control path would delay the next step() call by SLOW_LOAD_S at least

@@ -42,7 +42,7 @@ from netrl.trainer.link import FOREIGN_VERSION_LIMIT, TrainerLink
 from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from tests.conftest import small_config
+from tests.fakes import small_config
 
 OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)  # Pendulum's layout, as the CLI's default pipeline has it
 ACT = gymnasium.spaces.Box(-2, 2, (1,), np.float32)

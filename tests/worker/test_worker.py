@@ -36,9 +36,7 @@ from netrl.util import partial
 from netrl.worker.link import WorkerLink
 from netrl.worker.packets import PacketMaker
 from netrl.worker.worker import RolloutWorker, default_worker_id
-from tests.conftest import running_server
-from tests.protocol.test_wire import sample_buffer
-from tests.reliability import wait_until
+from tests.fakes import running_server, sample_buffer, wait_until
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
@@ -741,7 +739,7 @@ def test_a_worker_that_stops_with_samples_unacknowledged_exits_with_code_1(
     # `--worker --episodes N` with the server unreachable logged the loss, then "exited cleanly" with code 0: a
     # script could not tell it from a run whose samples all arrived.
     from netrl.__main__ import main
-    from tests.conftest import small_config
+    from tests.fakes import small_config
 
     config = small_config(tmp_path, worker={"throttle": False, "flush_timeout_s": 0.3}, security="none")
     assert main(["--worker", "--config", str(config), "--episodes", "1"]) == 1  # no server is running
