@@ -74,11 +74,50 @@ def small_config(tmp_path: Path, **sections: Any) -> Path:
     return write_config(Config(), tmp_path / "config.json", **base)
 
 
+# a user's own pipeline module, config.json's env.pipeline "my_pipeline:build"
+OWN_PIPELINE = '''
+import gymnasium, numpy as np
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.memory import ReplayMemory
+from netrl.pipelines.base import Pipeline
+from netrl.util import partial
+
+
+class Drift(gymnasium.Env):
+    """The user's env: its one setting comes from config.json's env.kwargs."""
+    observation_space = gymnasium.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, drift):
+        self.drift, self.t = drift, 0
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([self.drift, self.t / 10], np.float32)
+        return obs, -float(abs(action[0] - self.drift)), False, self.t >= 5, {}
+
+
+def build(cfg):
+    return Pipeline(env_cls=partial(Drift, drift=cfg.env.kwargs["drift"]),
+                    actor_module_cls=partial(MLPActor, hidden_sizes=(8,)), memory_cls=ReplayMemory,
+                    training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))))
+
+
+def not_a_pipeline(cfg):
+    return {"env_cls": Drift}
+'''
+
+
 # -- samples and weights ------------------------------------------------------------------------------------------
 
 
 def sample_buffer(n: int = 5, image: bool = False) -> Buffer:
-    """``n`` rows of two episodes' worth of stats: tuple observations of 3 and 2 floats, or 4x16x16 image stacks."""
+    """A packet of ``n`` rows (reset first, terminated last) with two episode summaries; its observations are a
+    tuple of 3 and 2 floats, or 4x16x16 uint8 image stacks."""
     rng = np.random.default_rng(0)
     if image:  # image-like: a flat background with a bright moving square
         frames = np.full((n, 4, 16, 16), 30, np.uint8)
@@ -155,3 +194,4 @@ class Peer:
             if msg is not None and msg.type in types:
                 return msg
         raise AssertionError(f"{self.name} got no {[t.value for t in types]} within {timeout} s")
+
