@@ -315,13 +315,3 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     assert (row["lag_min"], row["lag_max"]) == (1, 3)
     assert row["lag_mean"] == pytest.approx((29 * 3 + 19 * 1 + 39 * 2) / (29 + 19 + 39))
     assert 0.3 <= row["wall_s"] < 2.0  # the round's time up to the checkpoint counts, the rebuild's does not
-
-
-def test_the_cnn_encoder_refuses_frames_it_would_scale_wrongly() -> None:
-    # forward() divides by 255: a float [0, 1] image space was accepted and its inputs came out 255 times too small.
-    from netrl.agents.cnn import ConvEncoder
-
-    with pytest.raises(ValueError, match=r"ConvEncoder takes uint8 frames \(0-255\), which it scales to \[0, 1\] \(got "
-                                         r"a float32 space"):
-        ConvEncoder(gymnasium.spaces.Box(0.0, 1.0, (4, 64, 64), np.float32))
-    assert ConvEncoder(gymnasium.spaces.Box(0, 255, (4, 64, 64), np.uint8)).features == 64

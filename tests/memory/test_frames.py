@@ -1,4 +1,5 @@
-"""The image pipeline: ImageReach frames sent once, stacks rebuilt by FrameStackMemory, and the CNN SAC."""
+"""Frame stacks sent one frame at a time: FrameStackCompressor, the frame codecs, and the stacks FrameStackMemory
+rebuilds."""
 
 from __future__ import annotations
 
@@ -12,54 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.agents.cnn import CNNActor, CNNActorCritic
-from netrl.agents.sac import SACAgent
+from netrl.agents.cnn import CNNActor
 from netrl.config.sections import Config
-from netrl.envs.gym import GenericGymEnv
-from netrl.envs.image import ENV_ID, ImageReachEnv
+from netrl.envs.image import ImageReachEnv
 from netrl.memory import frames as frames_module
 from netrl.memory.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame, encoded_capacity
 from netrl.pipelines.image import image_pipeline
-from netrl.pipelines.make import make_pipeline
 from netrl.protocol.schema import SampleSchema
 from netrl.samples import Buffer
 from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded, same
 
 SMALL = Config(agent=dataclasses.replace(Config().agent, hidden_sizes=[32]))
-
-
-def test_env_renders_stacks_without_a_display_and_repeats_the_first_frame() -> None:
-    env = GenericGymEnv(f"netrl.envs.image:{ENV_ID}", {"max_steps": 3})
-    obs, _ = env.reset(seed=0)
-    assert obs.shape == (4, 64, 64) and obs.dtype == np.uint8
-    assert all(np.array_equal(obs[0], obs[i]) for i in range(4))  # a reset stack repeats the first frame
-    obs1, rew, _, _, info = env.step(np.array([1.0, 0.0], np.float32))
-    np.testing.assert_array_equal(obs1[:3], obs[1:])  # stacks shift by one frame per step
-    assert not np.array_equal(obs1[3], obs[3]) and rew == -info["distance"]
-    env.step(np.zeros(2, np.float32))
-    assert env.step(np.zeros(2, np.float32))[3]  # truncated after max_steps
-    assert env.render().shape == (64, 64, 3)
-    with pytest.raises(ValueError, match="noise >= 0"):
-        ImageReachEnv(noise=-1)
-    with pytest.raises(ValueError, match=r"0 < goal_radius < 0\.4 \(got .*goal_radius=0\.5\)"):
-        ImageReachEnv(goal_radius=0.5)  # no start is 3 radii from a central target: reset() looped for ever
-    wide = ImageReachEnv(goal_radius=0.39)
-    for seed in range(20):  # a central target leaves starts only in the corners: found, or another target drawn
-        wide.reset(seed=seed)
-        assert np.linalg.norm(wide._pos - wide._target) > 3 * 0.39
-
-
-def test_env_reaches_the_goal_and_terminates() -> None:
-    env = ImageReachEnv(max_steps=200)
-    env.reset(seed=1)
-    for _ in range(200):
-        direction = env._target - env._pos
-        _, rew, terminated, truncated, _ = env.step((direction / max(np.abs(direction).max(), 1e-9)).astype(
-            np.float32))
-        if terminated or truncated:
-            break
-    assert terminated and rew > -env.goal_radius
 
 
 @pytest.mark.parametrize("codec", ["raw", "png", "jpeg"])
@@ -373,35 +338,3 @@ def test_a_worker_whose_env_pads_stacks_with_zeros_stops_at_its_second_row() -> 
     with pytest.raises(ValueError, match="an episode's first observation is not 4 copies"):
         list(local_packets(worker, [False]))
     assert worker.produced == 0  # the row of the first step raised, and nothing was sent
-
-
-def test_cnn_sac_trains_on_rebuilt_stacks_and_worker_actor_loads_its_weights() -> None:
-    torch.manual_seed(0)
-    pipe = make_pipeline(dataclasses.replace(SMALL, env=dataclasses.replace(SMALL.env, pipeline="image")))
-    env = pipe.env_cls()
-    obs_space, act_space = env.observation_space, env.action_space
-    agent = pipe.training_agent_cls(observation_space=obs_space, action_space=act_space, device="cpu")
-    assert isinstance(agent, SACAgent) and isinstance(agent.model, CNNActorCritic)
-    worker = RolloutWorker(pipe.env_cls, pipe.actor_module_cls, pipe.sample_compressor, min_samples_per_worker_packet=8,
-                           overlap=pipe.overlap, seed=0)
-    memory = pipe.memory_cls(memory_size=500, batch_size=16, seed=0)
-    for buf in local_packets(worker, [False] * 3):
-        memory.append_buffer(over_the_wire(buf))
-    encoder = agent.model.critic.encoder
-    before = [p.detach().clone() for p in encoder.parameters()]
-    for _ in range(3):
-        metrics = agent.train(memory.sample())
-    assert all(np.isfinite(v) for v in metrics.values())
-    assert any(not torch.equal(b, p) for b, p in zip(before, encoder.parameters(), strict=True))  # the critic trains it
-    assert agent.get_actor().encoder is encoder  # shared, read detached by the actor
-    actor = pipe.actor_module_cls(obs_space, act_space)
-    assert isinstance(actor, CNNActor) and actor.encoder is not encoder
-    actor.load_state_dict(agent.get_actor().state_dict())
-    obs, _ = env.reset(seed=0)
-    act = actor.act_(obs, test=True)
-    assert act.shape == (2,) and np.all(np.abs(act) <= 1)
-    with torch.no_grad():
-        want = agent.get_actor()(torch.as_tensor(obs)[None], test=True, with_logprob=False)[0][0].numpy()
-    np.testing.assert_allclose(act, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="stack, height, width"):
-        CNNActor(gymnasium.spaces.Box(0, 1, (4,)), act_space)
