@@ -22,6 +22,7 @@ from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode
 from netrl.samples import Buffer, EpisodeStats
 from netrl.server.server import Server
+from netrl.storage.segments import SegmentLog
 
 T = TypeVar("T")
 
@@ -195,3 +196,20 @@ class Peer:
                 return msg
         raise AssertionError(f"{self.name} got no {[t.value for t in types]} within {timeout} s")
 
+
+# -- on disk ----------------------------------------------------------------------------------------------------
+
+
+def flip_byte(log: SegmentLog, index: int, back: int = 3) -> Path:
+    """Flip one byte inside the data of the ``index``-th record of ``log`` (closed), as a failing disk would."""
+    record = list(log.read())[index]
+    path = log.dir / f"{record.position.segment:08d}.seg"
+    data = bytearray(path.read_bytes())
+    data[record.next.offset - back] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def upto(min_steps: int, max_bytes: int) -> Callable[[int, int, int, int, int, int], bool]:
+    """A bundling rule for Spool.take: at least ``min_steps`` samples, then more while they fit in ``max_bytes``."""
+    return lambda count, steps, nbytes, size, inflated, next_inflated: steps < min_steps or nbytes + size <= max_bytes

@@ -29,6 +29,7 @@ from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
+from tests.fakes import ACT, OBS
 
 
 def pendulum_training(**kw: object) -> tuple[TrainingOffline, RolloutWorker]:
@@ -315,3 +316,27 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     assert (row["lag_min"], row["lag_max"]) == (1, 3)
     assert row["lag_mean"] == pytest.approx((29 * 3 + 19 * 1 + 39 * 2) / (29 + 19 + 39))
     assert 0.3 <= row["wall_s"] < 2.0  # the round's time up to the checkpoint counts, the rebuild's does not
+
+
+@pytest.mark.parametrize("stale_weight", [0.0, 0.25])
+def test_stale_samples_are_dropped_or_down_weighted(stale_weight: float) -> None:
+    training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=64, max_policy_lag=2,
+                               stale_sample_weight=stale_weight, seed=0)
+    training.build()
+    n = 9  # a reset row, then 8 steps chosen by policies v10, v10, v9, v8, v7, v6, v5, v3
+    versions = np.array([0, 10, 10, 9, 8, 7, 6, 5, 3])
+    buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.arange(n, dtype=np.float32)[:, None],
+                 rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                 reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=versions, recv_version=10)
+    assert training.add(buf) == 8  # every env step counts as received, stale or not
+    assert training._round.stale == 4  # lag 3, 4, 5 and 7 exceed max_policy_lag=2
+    memory = training.memory
+    assert isinstance(memory, ReplayMemory)
+    batch = memory.sample()
+    next_obs = batch.next_obs.numpy()[:, 0].astype(int)
+    if stale_weight == 0.0:
+        assert len(memory) == 4 and set(next_obs) <= {1, 2, 3, 4} and batch.weight is None
+    else:
+        assert len(memory) == 8 and batch.weight is not None
+        expected = np.where(versions[next_obs] < 8, stale_weight, 1.0)
+        np.testing.assert_allclose(batch.weight.numpy(), expected)
