@@ -1,7 +1,9 @@
-"""Fixtures: process tracking that fails a test which leaves one behind, and logging restored after each test."""
+"""Fixtures: servers in a thread of the test (``server``, ``make_server``), process tracking that fails a test
+which leaves one behind, and logging restored after each test."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -9,10 +11,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
 
-from netrl.launch import spawn_role, stop_processes
+from netrl.launch import free_port, spawn_role, stop_processes
+from netrl.server.server import Server
+from tests.fakes import NET, MakeServer, running_server
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 
@@ -26,6 +32,37 @@ def _root_logging_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "server(**settings): Server settings for the server fixture, over its defaults")
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[MakeServer]:
+    """``make_server(**settings)`` starts a Server in a thread of this process and returns it with a zmq context for
+    fake peers. The server gets free ports and a spool folder under tmp_path (spool, then spool-2, ...) unless the
+    settings name them, and Server's defaults for everything else. Each one is stopped after the test."""
+    started: list[tuple[Server, zmq.Context]] = []
+    with contextlib.ExitStack() as servers:
+
+        def make(**settings: Any) -> tuple[Server, zmq.Context]:
+            n = len(started) + 1
+            settings.setdefault("spool_dir", tmp_path / ("spool" if n == 1 else f"spool-{n}"))
+            started.append(servers.enter_context(running_server(**settings)))
+            return started[-1]
+
+        yield make
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest, make_server: MakeServer) -> tuple[Server, zmq.Context]:
+    """A server set up for fake peers: fast heartbeats (NET: a silent peer is lost after 1 s), bundles from 5 samples,
+    10 ms packet delay, and a status port. A test, or a module with ``pytestmark``, changes any setting with
+    ``@pytest.mark.server(**settings)``; a test that needs two servers, or keys of its own, calls make_server."""
+    marker = request.node.get_closest_marker("server")
+    return make_server(**{"min_samples_per_server_packet": 5, "network": NET, "max_packet_delay_s": 0.01,
+                          "status_port": free_port(), **(marker.kwargs if marker else {})})
 
 
 class Procs:

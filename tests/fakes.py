@@ -25,6 +25,7 @@ from netrl.server.server import Server
 from netrl.storage.segments import SegmentLog
 
 T = TypeVar("T")
+MakeServer = Callable[..., tuple[Server, zmq.Context]]  # the make_server fixture
 
 # -- waiting ----------------------------------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from netrl.protocol.weights import all_finite, check_weights, state_arrays, tens
 from netrl.protocol.wire import samples_message
 from netrl.server.server import Server
 from netrl.server.sockets import ServerSockets
-from tests.fakes import ACT, NET, OBS, Peer, running_server, sample_buffer, weights_message
+from tests.fakes import ACT, NET, OBS, MakeServer, Peer, sample_buffer, weights_message
 
 
 def curve_peer(ctx: zmq.Context, port: int, role: str, name: str, public: bytes | None, secret: bytes | None,
@@ -49,12 +48,12 @@ def curve_peer(ctx: zmq.Context, port: int, role: str, name: str, public: bytes 
 
 
 @pytest.fixture
-def secured(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context, Path]]:
+def secured(tmp_path: Path, make_server: MakeServer) -> tuple[Server, zmq.Context, Path]:
     keys = tmp_path / "keys"
     keygen(keys, ["robot-1"])
-    with running_server(min_samples_per_server_packet=1, network=NET, max_packet_delay_s=0.01,
-                        spool_dir=tmp_path / "spool", keys=server_keys(keys)) as (srv, ctx):
-        yield srv, ctx, keys
+    srv, ctx = make_server(min_samples_per_server_packet=1, network=NET, max_packet_delay_s=0.01,
+                           keys=server_keys(keys))
+    return srv, ctx, keys
 
 
 def keyed(ctx: zmq.Context, srv: Server, keys: Path, role: str, name: str) -> Peer:
@@ -336,18 +335,18 @@ def test_all_finite_finds_any_bad_element_and_passes_sums_that_overflow(dtype: t
     assert not finite(np.array([np.inf, -np.inf], dtype))  # the sum is NaN
 
 
-def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Context, Path]) -> None:
+def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Context, Path],
+                                                  make_server: MakeServer) -> None:
     srv, _, keys = secured
     assert all(s.getsockopt(zmq.MAXMSGSIZE) == NET.max_message_bytes for s in srv.sockets.by_role.values())
-    with running_server(network=NetworkConfig(max_message_bytes=1 << 16), spool_dir=Path(keys).parent / "spool2",
-                        keys=server_keys(keys)) as (small, small_ctx):
-        k = client_keys(keys, "worker", "worker")
-        big = curve_peer(small_ctx, small.worker_port, "worker", "big", k.public, k.secret, k.server_public)
-        big.hello()
-        big.sock.send_multipart([b"x" * (1 << 17)])  # over the cap: libzmq drops the connection, not the server
-        time.sleep(0.5)
-        fine = curve_peer(small_ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
-        assert fine.hello().type is MsgType.WELCOME
+    small, small_ctx = make_server(network=NetworkConfig(max_message_bytes=1 << 16), keys=server_keys(keys))
+    k = client_keys(keys, "worker", "worker")
+    big = curve_peer(small_ctx, small.worker_port, "worker", "big", k.public, k.secret, k.server_public)
+    big.hello()
+    big.sock.send_multipart([b"x" * (1 << 17)])  # over the cap: libzmq drops the connection, not the server
+    time.sleep(0.5)
+    fine = curve_peer(small_ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
+    assert fine.hello().type is MsgType.WELCOME
 
 
 def handshake_error(ctx: zmq.Context, port: int, keys: ClientKeys | None, caplog: pytest.LogCaptureFixture) -> str:
@@ -372,7 +371,7 @@ def handshake_error(ctx: zmq.Context, port: int, keys: ClientKeys | None, caplog
 
 
 def test_a_failed_handshake_says_what_to_fix(secured: tuple[Server, zmq.Context, Path], tmp_path: Path,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+                                             caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     srv, ctx, keys = secured
     said = handshake_error(ctx, srv.worker_port, None, caplog)
     assert "disagree on security" in said and "the server uses CURVE" in said and "None" not in said
@@ -389,9 +388,9 @@ def test_a_failed_handshake_says_what_to_fix(secured: tuple[Server, zmq.Context,
     stranger_public = zmq.auth.load_certificate(zmq.auth.create_certificates(tmp_path, "stranger")[0])[0]
     said = handshake_error(ctx, srv.worker_port, dataclasses.replace(right, server_public=stranger_public), caplog)
     assert f"{right.folder}/server.key is not this server's public key" in said
-    with running_server(network=NET, spool_dir=tmp_path / "open-spool") as (open_srv, _):  # "security": "none"
-        caplog.clear()
-        said = handshake_error(ctx, open_srv.worker_port, right, caplog)
+    open_srv, _ = make_server(network=NET, spool_dir=tmp_path / "open-spool")  # "security": "none"
+    caplog.clear()
+    said = handshake_error(ctx, open_srv.worker_port, right, caplog)
     assert "the server runs with \"security\": \"none\"" in said or "the server has \"security\": \"none\"" in said
 
 

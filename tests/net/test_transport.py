@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import zmq
@@ -16,7 +15,7 @@ from netrl.launch import free_port
 from netrl.net.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode
-from tests.fakes import running_server
+from tests.fakes import MakeServer
 
 
 def drive(link: ClientLink, done: Callable[[], object], timeout: float) -> None:
@@ -127,27 +126,27 @@ def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() 
         thread.halt()
 
 
-def test_a_link_that_never_falls_idle_still_reports_its_counters(tmp_path: Path) -> None:
+def test_a_link_that_never_falls_idle_still_reports_its_counters(make_server: MakeServer) -> None:
     net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=20)
-    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):
-        link = ClientLink(ctx, net, "worker", "busy", new_session(), srv.worker_port)
-        dropped = [0]
-        link.heartbeat_body = lambda: {"stats": {"dropped_samples": dropped[0]}}
-        try:
-            link.open()
-            drive(link, lambda: link.ready, 5)
-            assert link.ready
-            reports = []
-            for step in range(60):  # 1.2 s of traffic every 20 ms: no heartbeat is ever due for idleness
-                dropped[0] = step
-                link._liveness.sent()
-                link.receive()
-                link.maintain()
-                time.sleep(0.02)
-                workers = srv.peers.workers()
-                reports.append(workers[0].reported.get("dropped_samples") if workers else None)
-        finally:
-            link.close()
+    srv, ctx = make_server(network=net)
+    link = ClientLink(ctx, net, "worker", "busy", new_session(), srv.worker_port)
+    dropped = [0]
+    link.heartbeat_body = lambda: {"stats": {"dropped_samples": dropped[0]}}
+    try:
+        link.open()
+        drive(link, lambda: link.ready, 5)
+        assert link.ready
+        reports = []
+        for step in range(60):  # 1.2 s of traffic every 20 ms: no heartbeat is ever due for idleness
+            dropped[0] = step
+            link._liveness.sent()
+            link.receive()
+            link.maintain()
+            time.sleep(0.02)
+            workers = srv.peers.workers()
+            reports.append(workers[0].reported.get("dropped_samples") if workers else None)
+    finally:
+        link.close()
     seen = {r for r in reports if r is not None}
     assert len(seen) >= 5 and max(seen) >= 45, reports  # reported every interval, and current
 
@@ -175,63 +174,63 @@ def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(cap
     assert link.fatal and "\n" not in link.fatal
 
 
-def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(tmp_path: Path) -> None:
+def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(make_server: MakeServer) -> None:
     from types import SimpleNamespace
 
     from netrl.worker.link import WorkerLink
     from tests.fakes import Peer
 
     net = NetworkConfig(heartbeat_interval_s=0.05, heartbeat_liveness=40)
-    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):
-        link = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
+    srv, ctx = make_server(network=net)
+    link = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
 
-        def until(connected: int) -> None:
-            drive(link, lambda: link.server_stats.get("trainer_connected") == connected, 5)
-            assert link.server_stats.get("trainer_connected") == connected
+    def until(connected: int) -> None:
+        drive(link, lambda: link.server_stats.get("trainer_connected") == connected, 5)
+        assert link.server_stats.get("trainer_connected") == connected
 
-        try:
-            link.open()
-            until(0)  # the trainer finished, or has not started: the worker's status line says so
-            assert "no trainer is connected to the server" in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
-            trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-            assert trainer.hello().type is MsgType.WELCOME
-            until(1)
-            assert "no trainer" not in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
-        finally:
-            link.close()
+    try:
+        link.open()
+        until(0)  # the trainer finished, or has not started: the worker's status line says so
+        assert "no trainer is connected to the server" in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
+        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+        assert trainer.hello().type is MsgType.WELCOME
+        until(1)
+        assert "no trainer" not in WorkerLink._waiting(SimpleNamespace(link=link))  # type: ignore[arg-type]
+    finally:
+        link.close()
 
 
 def test_a_client_keeps_the_servers_heartbeat_pace_when_its_own_config_differs(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     client_net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=3, reconnect_initial_s=0.05,
                                reconnect_max_s=0.1)  # expects a message every 0.3 s; the server heartbeats every 1 s
-    with running_server(network=NetworkConfig(heartbeat_interval_s=1.0), spool_dir=tmp_path / "spool") as (srv, ctx):
-        link = ClientLink(ctx, client_net, "worker", "robot-1", new_session(), srv.worker_port)
-        link.open()
-        try:
-            drive(link, lambda: False, 2.5)
-            assert link.ready and link._connections == 1  # never declared the server lost
-        finally:
-            link.close()
+    srv, ctx = make_server(network=NetworkConfig(heartbeat_interval_s=1.0))
+    link = ClientLink(ctx, client_net, "worker", "robot-1", new_session(), srv.worker_port)
+    link.open()
+    try:
+        drive(link, lambda: False, 2.5)
+        assert link.ready and link._connections == 1  # never declared the server lost
+    finally:
+        link.close()
     assert "the server's network.heartbeat_interval_s is 1 s and this worker's is 0.1 s: using the server's" in (
         caplog.text)
 
 
-def test_a_worker_a_full_server_refuses_tries_again_and_gets_in_once_a_place_frees(tmp_path: Path) -> None:
+def test_a_worker_a_full_server_refuses_tries_again_and_gets_in_once_a_place_frees(make_server: MakeServer) -> None:
     net = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=3)
-    with running_server(network=net, spool_dir=tmp_path / "spool", max_workers=1) as (srv, ctx):
-        dead = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
-        dead.open()
-        drive(dead, lambda: dead.ready, 3)
-        dead._close_socket()  # its process died without BYE: the server holds its place for 0.3 s
-        restarted = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
-        restarted.open()
-        try:
-            drive(restarted, lambda: restarted.ready, 5)
-            assert restarted.ready and restarted.fatal is None and srv.stats["refused_full"] >= 1
-        finally:
-            restarted.close()
-            dead.close()
+    srv, ctx = make_server(network=net, max_workers=1)
+    dead = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
+    dead.open()
+    drive(dead, lambda: dead.ready, 3)
+    dead._close_socket()  # its process died without BYE: the server holds its place for 0.3 s
+    restarted = ClientLink(ctx, net, "worker", "robot-1", new_session(), srv.worker_port)
+    restarted.open()
+    try:
+        drive(restarted, lambda: restarted.ready, 5)
+        assert restarted.ready and restarted.fatal is None and srv.stats["refused_full"] >= 1
+    finally:
+        restarted.close()
+        dead.close()
 
 
 def test_a_restarted_server_that_rejects_every_message_in_flight_gets_one_hello(

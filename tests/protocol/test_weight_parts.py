@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +24,9 @@ from netrl.protocol.weights import (
 )
 from netrl.protocol.wire import decode, encode, weight_parts
 from netrl.server.server import Server
-from tests.fakes import ACT, OBS, PATIENT_NET, Peer, running_server
+from tests.fakes import ACT, OBS, PATIENT_NET, Peer
+
+pytestmark = pytest.mark.server(network=PATIENT_NET)  # fake peers that pause up to 2 s stay connected
 
 
 def parts_of(actor: torch.nn.Module, version: int, part_bytes: int, session: str = "t") -> list[Message]:
@@ -124,12 +124,6 @@ def test_a_version_in_one_part_is_viewed_in_place_and_never_reused() -> None:
     later, _ = assemble(a, parts_of(actor, 2, 200))
     assert later.flags.writeable and later.ctypes.data != chunk.ctypes.data
     assert torch.equal(other.mu.weight, actor.mu.weight)  # the loaded actor still reads the untouched frame
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(network=PATIENT_NET, spool_dir=tmp_path / "spool") as running:
-        yield running
 
 
 def received(peer: Peer, timeout: float = 1.0) -> list[tuple[int, int]]:

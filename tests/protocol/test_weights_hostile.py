@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +21,9 @@ from netrl.protocol.wire import MAX_LAYOUT_ENTRIES, check_layout, decode, encode
 from netrl.server.server import Server
 from netrl.server.weight_cache import OVERHEAD_ROOM_BYTES, WeightCache
 from netrl.worker.weight_receiver import WeightReceiver
-from tests.fakes import ACT, OBS, PATIENT_NET, Peer, running_server, weights_message
+from tests.fakes import ACT, OBS, PATIENT_NET, Peer, weights_message
+
+pytestmark = pytest.mark.server(network=PATIENT_NET)  # fake peers that pause up to 2 s stay connected
 
 
 def part(version: int, i: int, parts: int, offset: int, nbytes: int, layout: list[Any], chunk: np.ndarray,
@@ -133,12 +133,6 @@ def test_the_server_refuses_a_version_with_a_malformed_layout_and_keeps_the_last
         assert problem is not None and "weights v2 have a bad layout" in problem, case
         assert why in problem, case
         assert cache.version == cache.complete_version == 1 and cache.nparts == 1, case  # not cached, not relayed
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(network=PATIENT_NET, spool_dir=tmp_path / "spool") as running:
-        yield running
 
 
 def weight_versions(peer: Peer, timeout: float) -> list[int]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,14 +23,9 @@ from netrl.protocol.wire import decode, encode, samples_message
 from netrl.server.peers import MAX_REPORTED
 from netrl.server.server import Server
 from netrl.server.weight_cache import WeightCache
-from tests.fakes import NET, Peer, running_server, sample_buffer, weights_message
+from tests.fakes import MakeServer, Peer, sample_buffer, weights_message
 
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(min_samples_per_server_packet=5, network=NET, max_packet_delay_s=0.01,
-                        spool_dir=tmp_path / "spool", max_weights_bytes=1 << 16) as running:
-        yield running
+pytestmark = pytest.mark.server(max_weights_bytes=1 << 16)
 
 
 def settle() -> None:
@@ -206,10 +199,10 @@ def test_a_version_its_trainer_left_unfinished_gives_way_to_the_last_complete_on
 
 
 def test_two_connected_workers_of_one_name_are_warned_about_unless_the_first_fell_silent(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     network = NetworkConfig(heartbeat_interval_s=0.5, heartbeat_liveness=8)  # dropped once silent for 4 s
-    with running_server(network=network, spool_dir=tmp_path / "spool") as (srv, ctx), \
-            caplog.at_level(logging.INFO, logger="netrl.server.admission"):
+    srv, ctx = make_server(network=network)
+    with caplog.at_level(logging.INFO, logger="netrl.server.admission"):
         first = Peer(ctx, srv.worker_port, "worker", "robot-1")
         other = Peer(ctx, srv.worker_port, "worker", "robot-2")
         assert first.hello().type is MsgType.WELCOME and other.hello().type is MsgType.WELCOME

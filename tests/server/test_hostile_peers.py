@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
 
 from netrl.errors import NetrlError
-from netrl.launch import free_port
 from netrl.monitor.status import format_status, query_status
 from netrl.net.transport import ClientLink, Liveness
 from netrl.protocol.messages import Message, MsgType
@@ -24,14 +21,7 @@ from netrl.server.peers import Peer as ServerPeer
 from netrl.server.relay import memory_cost
 from netrl.server.server import Server
 from netrl.server.status import ServerStatus
-from tests.fakes import NET, Peer, running_server, sample_buffer, wait_until
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(min_samples_per_server_packet=5, network=NET, max_packet_delay_s=0.01,
-                        spool_dir=tmp_path / "spool", status_port=free_port()) as running:
-        yield running
+from tests.fakes import NET, MakeServer, Peer, sample_buffer, wait_until
 
 
 def settle() -> None:
@@ -85,18 +75,19 @@ def test_a_status_snapshot_that_fails_is_answered_and_the_server_keeps_serving(
     assert worker.hello().type is MsgType.WELCOME  # and the relay still runs
 
 
-def test_a_status_line_that_fails_is_logged_and_the_loop_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_a_status_line_that_fails_is_logged_and_the_loop_goes_on(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture,
+                                                                 make_server: MakeServer) -> None:
     def bug(snapshot: dict[str, Any]) -> str:
         raise OverflowError("cannot convert float infinity to integer")
 
     monkeypatch.setattr("netrl.server.status.status_line", bug)
-    with running_server(network=NET, spool_dir=tmp_path / "spool", status_interval_s=0.1) as (srv, ctx):
-        worker = Peer(ctx, srv.worker_port, "worker", "w")
-        assert worker.hello().type is MsgType.WELCOME
-        time.sleep(0.5)
-        assert srv.stats["internal_errors"] >= 1
-        assert Peer(ctx, srv.worker_port, "worker", "w2").hello().type is MsgType.WELCOME
+    srv, ctx = make_server(network=NET, status_interval_s=0.1)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    assert worker.hello().type is MsgType.WELCOME
+    time.sleep(0.5)
+    assert srv.stats["internal_errors"] >= 1
+    assert Peer(ctx, srv.worker_port, "worker", "w2").hello().type is MsgType.WELCOME
     assert "internal error in the server's loop" in caplog.text
 
 
@@ -167,68 +158,67 @@ def test_idle_workers_do_not_dilute_the_busy_workers_share(server: tuple[Server,
 
 
 # -- the send window -------------------------------------------------------------------------------------------
-def test_a_worker_that_ignores_its_window_gets_nacks_and_leaves_room_for_the_others(tmp_path: Path) -> None:
+def test_a_worker_that_ignores_its_window_gets_nacks_and_leaves_room_for_the_others(make_server: MakeServer) -> None:
     frames = encode(samples_message(sample_buffer(5), "evil", "s", 1, 4))
     packet_bytes = sum(len(f) for f in frames)
     cost = memory_cost(QueuedPacket("evil", "s", 1, 4, frames, packet_bytes, 0.0))
     assert cost > 5 * packet_bytes  # a tiny packet: holding it costs far more than its bytes
     queue = 100 * cost
-    with running_server(network=NET, spool_dir=tmp_path / "spool", max_queue_bytes=queue, spool_after_s=60,
-                        spool_max_bytes=20 * packet_bytes) as (srv, ctx):
-        assert srv.relay is not None
-        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-        trainer.hello()  # connected, but it grants no credit: packets wait at the server, in memory
-        evil = Peer(ctx, srv.worker_port, "worker", "evil")
-        assert evil.hello().body["window"] == queue // 2  # alone: half the memory, the rest is room for others
-        for seq in range(1, 151):  # it ignores its window
-            evil.send(samples_message(sample_buffer(5), "evil", evil.session, seq, seq * 4))
-        # every packet held or refused (a fixed pause was too short for 150 packets on a loaded machine)
-        wait_until(lambda: len(srv.relay.held) + srv.stats["window_refusals"] >= 150, 10, "the server to take all")
-        held, held_packets = srv.relay.held_cost[evil.session], sum(s == evil.session for s, _ in srv.relay.held)
-        assert queue // 2 - 2 * cost < held <= queue // 2 and srv.stats["samples_spooled"] == 0  # its share, no more
-        replies = []
-        while (msg := evil.recv(0.1)) is not None:
-            replies += [msg] if msg.type in (MsgType.NACK, MsgType.ACK) else []
-        nacks = [m for m in replies if m.type is MsgType.NACK]
-        assert len(nacks) == 150 - held_packets and srv.stats["window_refusals"] == len(nacks)
-        assert nacks[0].body["retry_s"] > 0 and "over this worker's window" in nacks[0].body["reason"]
-        told = [m.body["window"] for m in replies if m.type is MsgType.ACK]
-        assert told[0] == pytest.approx(queue // 2 * packet_bytes / cost, rel=0.05)  # the share, in its bytes
-        assert f"packets refused beyond their worker's window {len(nacks)}" in format_status(srv.snapshot())
-        honest = Peer(ctx, srv.worker_port, "worker", "honest")
-        honest.hello()
-        honest.send(samples_message(sample_buffer(5), "honest", honest.session, 1, 4))
-        settle()
-        assert srv.relay.held_cost[honest.session] > 0  # in memory: room was left for it
-        while (msg := honest.recv(0.1)) is not None:
-            assert msg.type is not MsgType.NACK
-        evil.send(samples_message(sample_buffer(5), "evil", evil.session, 1, 4))  # a resend of a held packet
-        settle()
-        assert srv.stats["resends_ignored"] == 1
+    srv, ctx = make_server(network=NET, max_queue_bytes=queue, spool_after_s=60, spool_max_bytes=20 * packet_bytes)
+    assert srv.relay is not None
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    trainer.hello()  # connected, but it grants no credit: packets wait at the server, in memory
+    evil = Peer(ctx, srv.worker_port, "worker", "evil")
+    assert evil.hello().body["window"] == queue // 2  # alone: half the memory, the rest is room for others
+    for seq in range(1, 151):  # it ignores its window
+        evil.send(samples_message(sample_buffer(5), "evil", evil.session, seq, seq * 4))
+    # every packet held or refused (a fixed pause was too short for 150 packets on a loaded machine)
+    wait_until(lambda: len(srv.relay.held) + srv.stats["window_refusals"] >= 150, 10, "the server to take all")
+    held, held_packets = srv.relay.held_cost[evil.session], sum(s == evil.session for s, _ in srv.relay.held)
+    assert queue // 2 - 2 * cost < held <= queue // 2 and srv.stats["samples_spooled"] == 0  # its share, no more
+    replies = []
+    while (msg := evil.recv(0.1)) is not None:
+        replies += [msg] if msg.type in (MsgType.NACK, MsgType.ACK) else []
+    nacks = [m for m in replies if m.type is MsgType.NACK]
+    assert len(nacks) == 150 - held_packets and srv.stats["window_refusals"] == len(nacks)
+    assert nacks[0].body["retry_s"] > 0 and "over this worker's window" in nacks[0].body["reason"]
+    told = [m.body["window"] for m in replies if m.type is MsgType.ACK]
+    assert told[0] == pytest.approx(queue // 2 * packet_bytes / cost, rel=0.05)  # the share, in its bytes
+    assert f"packets refused beyond their worker's window {len(nacks)}" in format_status(srv.snapshot())
+    honest = Peer(ctx, srv.worker_port, "worker", "honest")
+    honest.hello()
+    honest.send(samples_message(sample_buffer(5), "honest", honest.session, 1, 4))
+    settle()
+    assert srv.relay.held_cost[honest.session] > 0  # in memory: room was left for it
+    while (msg := honest.recv(0.1)) is not None:
+        assert msg.type is not MsgType.NACK
+    evil.send(samples_message(sample_buffer(5), "evil", evil.session, 1, 4))  # a resend of a held packet
+    settle()
+    assert srv.stats["resends_ignored"] == 1
 
 
-def test_with_no_trainer_a_fast_worker_takes_only_its_share_of_the_spool(tmp_path: Path) -> None:
+def test_with_no_trainer_a_fast_worker_takes_only_its_share_of_the_spool(make_server: MakeServer) -> None:
     # (names and sessions of one length: every packet has the same size)
     packet_bytes = sum(len(f) for f in encode(samples_message(sample_buffer(5), "sim", "01234567", 1, 4)))
-    with running_server(network=NET, spool_dir=tmp_path / "spool", spool_max_bytes=10 * packet_bytes) as (srv, ctx):
-        sim, robot = Peer(ctx, srv.worker_port, "worker", "sim"), Peer(ctx, srv.worker_port, "worker", "bot")
-        sim.hello(), robot.hello()
-        for seq in range(1, 11):  # no trainer: all to the spool, as fast as it can
-            sim.send(samples_message(sample_buffer(5), "sim", sim.session, seq, seq * 4))
-        wait_until(lambda: srv.stats["samples_spooled"] + srv.stats["samples_refused"] >= 40, 10, "all ten settled")
-        replies = [m for m in iter(lambda: sim.recv(0.1), None) if m.type in (MsgType.ACK, MsgType.NACK)]
-        acked = [seq for m in replies if m.type is MsgType.ACK for seq in m.body["seqs"]]
-        nacks = [m for m in replies if m.type is MsgType.NACK]
-        assert acked == [1, 2, 3, 4, 5] and [seq for m in nacks for seq in m.body["seqs"]] == [6, 7, 8, 9, 10]
-        assert "would pass its share" in nacks[0].body["reason"] and nacks[0].body["retry_s"] > 0
-        for seq in range(1, 6):
-            robot.send(samples_message(sample_buffer(5), "bot", robot.session, seq, seq * 4))
-        wait_until(lambda: srv.stats["samples_spooled"] >= 40, 10, "the robot's packets spooled")
-        snap = srv.snapshot()
-        assert {w["name"]: w["spooled_bytes"] for w in snap["workers"]} == {"sim": 5 * packet_bytes,
-                                                                            "bot": 5 * packet_bytes}
-        assert snap["stats"]["spool_share_refusals"] == 5
-        assert "beyond its share of the spool 5 " in format_status(snap)
+    srv, ctx = make_server(network=NET, spool_max_bytes=10 * packet_bytes)
+    sim, robot = Peer(ctx, srv.worker_port, "worker", "sim"), Peer(ctx, srv.worker_port, "worker", "bot")
+    sim.hello(), robot.hello()
+    for seq in range(1, 11):  # no trainer: all to the spool, as fast as it can
+        sim.send(samples_message(sample_buffer(5), "sim", sim.session, seq, seq * 4))
+    wait_until(lambda: srv.stats["samples_spooled"] + srv.stats["samples_refused"] >= 40, 10, "all ten settled")
+    replies = [m for m in iter(lambda: sim.recv(0.1), None) if m.type in (MsgType.ACK, MsgType.NACK)]
+    acked = [seq for m in replies if m.type is MsgType.ACK for seq in m.body["seqs"]]
+    nacks = [m for m in replies if m.type is MsgType.NACK]
+    assert acked == [1, 2, 3, 4, 5] and [seq for m in nacks for seq in m.body["seqs"]] == [6, 7, 8, 9, 10]
+    assert "would pass its share" in nacks[0].body["reason"] and nacks[0].body["retry_s"] > 0
+    for seq in range(1, 6):
+        robot.send(samples_message(sample_buffer(5), "bot", robot.session, seq, seq * 4))
+    wait_until(lambda: srv.stats["samples_spooled"] >= 40, 10, "the robot's packets spooled")
+    snap = srv.snapshot()
+    assert {w["name"]: w["spooled_bytes"] for w in snap["workers"]} == {"sim": 5 * packet_bytes,
+                                                                        "bot": 5 * packet_bytes}
+    assert snap["stats"]["spool_share_refusals"] == 5
+    assert "beyond its share of the spool 5 " in format_status(snap)
 
 
 # -- two trainers ----------------------------------------------------------------------------------------------

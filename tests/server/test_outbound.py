@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from netrl.protocol.wire import decode, samples_message, weight_parts
 from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
 from netrl.server.peers import Peer
 from netrl.server.weight_cache import WeightCache
-from tests.fakes import NET, running_server, sample_buffer
+from tests.fakes import NET, MakeServer, sample_buffer
 from tests.fakes import Peer as RawPeer
 
 
@@ -94,52 +93,51 @@ def slow_worker(ctx: zmq.Context, port: int) -> RawPeer:
     return worker
 
 
-def test_a_worker_whose_queue_was_full_still_gets_every_weight_part_and_every_ack(tmp_path: Path) -> None:
+def test_a_worker_whose_queue_was_full_still_gets_every_weight_part_and_every_ack(make_server: MakeServer) -> None:
     parts, part_bytes = 1500, 8192  # more parts than the server queues for one peer
-    with running_server(network=NET, spool_dir=tmp_path / "spool", min_samples_per_server_packet=1,
-                        max_packet_delay_s=0.01) as (srv, ctx):
-        trainer = RawPeer(ctx, srv.trainer_port, "trainer", "trainer")
-        assert trainer.hello().type is MsgType.WELCOME
-        trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 100}))
-        worker = slow_worker(ctx, srv.worker_port)
-        assert worker.hello().type is MsgType.WELCOME
-        flat = np.arange(parts * part_bytes, dtype=np.uint32).astype(np.uint8)
-        for msg in weight_parts("trainer", trainer.session, 1, 0, flat, [["w", "|u1", [flat.nbytes], 0]],
-                                part_bytes):
-            trainer.send(msg)
+    srv, ctx = make_server(network=NET, min_samples_per_server_packet=1, max_packet_delay_s=0.01)
+    trainer = RawPeer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert trainer.hello().type is MsgType.WELCOME
+    trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 100}))
+    worker = slow_worker(ctx, srv.worker_port)
+    assert worker.hello().type is MsgType.WELCOME
+    flat = np.arange(parts * part_bytes, dtype=np.uint32).astype(np.uint8)
+    for msg in weight_parts("trainer", trainer.session, 1, 0, flat, [["w", "|u1", [flat.nbytes], 0]],
+                            part_bytes):
+        trainer.send(msg)
 
-        def keep_alive() -> None:
-            worker.send(Message(MsgType.HEARTBEAT, "slow"))
-            trainer.send(Message(MsgType.HEARTBEAT, "trainer"))
+    def keep_alive() -> None:
+        worker.send(Message(MsgType.HEARTBEAT, "slow"))
+        trainer.send(Message(MsgType.HEARTBEAT, "trainer"))
 
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:  # the worker reads nothing meanwhile
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # the worker reads nothing meanwhile
+        keep_alive()
+        time.sleep(0.1)
+    full = srv.stats["send_full"]
+    assert full > 0  # its queue did fill
+    for seq in (1, 2, 3):  # relayed and acknowledged by the trainer while the worker's queue is full
+        worker.send(samples_message(sample_buffer(), "slow", worker.session, seq, 5 * seq))
+    acked_bundles = 0
+    deadline = time.monotonic() + 3.0
+    while acked_bundles < 3 and time.monotonic() < deadline:
+        msg = trainer.recv(0.1)
+        if msg is not None and msg.type is MsgType.BUNDLE:
+            trainer.send(Message(MsgType.ACK, "trainer", body={"seqs": [msg.seq]}))
+            acked_bundles += len(msg.parts)
+        keep_alive()
+    assert acked_bundles == 3 and srv.stats["send_full"] > full  # the ACKs met a full queue too
+    chunks: list[bytes] = []
+    acked: set[int] = set()
+    deadline = time.monotonic() + 10.0
+    while (len(chunks) < parts or acked != {1, 2, 3}) and time.monotonic() < deadline:
+        msg = worker.recv(0.05)  # now it reads everything
+        if msg is None:
             keep_alive()
-            time.sleep(0.1)
-        full = srv.stats["send_full"]
-        assert full > 0  # its queue did fill
-        for seq in (1, 2, 3):  # relayed and acknowledged by the trainer while the worker's queue is full
-            worker.send(samples_message(sample_buffer(), "slow", worker.session, seq, 5 * seq))
-        acked_bundles = 0
-        deadline = time.monotonic() + 3.0
-        while acked_bundles < 3 and time.monotonic() < deadline:
-            msg = trainer.recv(0.1)
-            if msg is not None and msg.type is MsgType.BUNDLE:
-                trainer.send(Message(MsgType.ACK, "trainer", body={"seqs": [msg.seq]}))
-                acked_bundles += len(msg.parts)
-            keep_alive()
-        assert acked_bundles == 3 and srv.stats["send_full"] > full  # the ACKs met a full queue too
-        chunks: list[bytes] = []
-        acked: set[int] = set()
-        deadline = time.monotonic() + 10.0
-        while (len(chunks) < parts or acked != {1, 2, 3}) and time.monotonic() < deadline:
-            msg = worker.recv(0.05)  # now it reads everything
-            if msg is None:
-                keep_alive()
-            elif msg.type is MsgType.WEIGHTS:
-                chunks.append(msg.arrays["chunk"].tobytes())
-            elif msg.type is MsgType.ACK:
-                acked |= set(msg.body["seqs"])
-        assert acked == {1, 2, 3}
-        assert len(chunks) == parts and b"".join(chunks) == flat.tobytes()
-        assert [p.name for p in srv.peers.workers()] == ["slow"]  # it was slow, not lost
+        elif msg.type is MsgType.WEIGHTS:
+            chunks.append(msg.arrays["chunk"].tobytes())
+        elif msg.type is MsgType.ACK:
+            acked |= set(msg.body["seqs"])
+    assert acked == {1, 2, 3}
+    assert len(chunks) == parts and b"".join(chunks) == flat.tobytes()
+    assert [p.name for p in srv.peers.workers()] == ["slow"]  # it was slow, not lost

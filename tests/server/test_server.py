@@ -8,7 +8,6 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,7 @@ from netrl.protocol.wire import (
 from netrl.server.relay import SampleRelay
 from netrl.server.server import Server
 from netrl.server.spool import Spool
-from tests.fakes import NET, Peer, running_server, sample_buffer, wait_until, weights_message
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Server, zmq.Context]]:
-    with running_server(min_samples_per_server_packet=5, network=NET, max_packet_delay_s=0.01,
-                        spool_dir=tmp_path / "spool") as running:
-        yield running
+from tests.fakes import NET, MakeServer, Peer, sample_buffer, wait_until, weights_message
 
 
 def test_late_joiner_gets_the_newest_weights_at_hello(server: tuple[Server, zmq.Context]) -> None:
@@ -202,42 +194,41 @@ def test_silent_peers_are_declared_lost_with_the_backlog_a_worker_last_reported(
                      caplog.text), caplog.text
 
 
-def test_workers_beyond_max_workers_are_refused_with_the_key_to_raise(tmp_path: Path) -> None:
-    with running_server(network=NET, spool_dir=tmp_path / "spool", max_workers=2) as (srv, ctx):
-        first, second = Peer(ctx, srv.worker_port, "worker", "w1"), Peer(ctx, srv.worker_port, "worker", "w2")
-        assert first.hello().type is MsgType.WELCOME and second.hello().type is MsgType.WELCOME
-        third = Peer(ctx, srv.worker_port, "worker", "w3")
-        reply = third.hello()
-        assert reply.type is MsgType.REJECT and "already has 2 workers connected" in reply.body["reason"]
-        assert "server.max_workers" in reply.body["reason"]
-        assert first.hello().type is MsgType.WELCOME  # a connected worker saying HELLO again keeps its place
-        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-        assert trainer.hello().type is MsgType.WELCOME  # the cap is on workers only
-        assert sorted(p.name for p in srv.peers.workers()) == ["w1", "w2"]
-        assert srv.stats["refused_full"] == 1
+def test_workers_beyond_max_workers_are_refused_with_the_key_to_raise(make_server: MakeServer) -> None:
+    srv, ctx = make_server(network=NET, max_workers=2)
+    first, second = Peer(ctx, srv.worker_port, "worker", "w1"), Peer(ctx, srv.worker_port, "worker", "w2")
+    assert first.hello().type is MsgType.WELCOME and second.hello().type is MsgType.WELCOME
+    third = Peer(ctx, srv.worker_port, "worker", "w3")
+    reply = third.hello()
+    assert reply.type is MsgType.REJECT and "already has 2 workers connected" in reply.body["reason"]
+    assert "server.max_workers" in reply.body["reason"]
+    assert first.hello().type is MsgType.WELCOME  # a connected worker saying HELLO again keeps its place
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert trainer.hello().type is MsgType.WELCOME  # the cap is on workers only
+    assert sorted(p.name for p in srv.peers.workers()) == ["w1", "w2"]
+    assert srv.stats["refused_full"] == 1
 
 
-def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(tmp_path: Path) -> None:
+def test_a_full_spool_refuses_packets_with_a_nack_that_says_why(make_server: MakeServer) -> None:
     frames = encode(samples_message(sample_buffer(5), "w", "s", 1, 5))
     packet_bytes = sum(len(f) for f in frames)
-    with running_server(network=NET, spool_dir=tmp_path / "spool", spool_max_bytes=int(2.5 * packet_bytes)) as (srv,
-                                                                                                               ctx):
-        worker = Peer(ctx, srv.worker_port, "worker", "w")
-        worker.hello()
-        replies = []
-        for seq in range(1, 5):  # no trainer: each packet goes to the spool, which holds two
-            worker.sock.send_multipart(encode(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4)))
-            replies.append(worker.expect(MsgType.ACK, MsgType.NACK))
-        assert [r.type for r in replies] == [MsgType.ACK, MsgType.ACK, MsgType.NACK, MsgType.NACK]
-        assert replies[2].body["seqs"] == [3] and "spool are full" in replies[2].body["reason"]
-        assert replies[2].body["retry_s"] > 0  # the worker keeps the packet and resends it later
-        assert srv.stats["samples_refused"] == 8 and srv.stats["samples_spooled"] == 8
-        snapshot = srv.snapshot()
-        assert snapshot["refused"] == 8 and snapshot["dropped"] == 0 and len(srv.peers) == 1  # refused, not lost
+    srv, ctx = make_server(network=NET, spool_max_bytes=int(2.5 * packet_bytes))
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker.hello()
+    replies = []
+    for seq in range(1, 5):  # no trainer: each packet goes to the spool, which holds two
+        worker.sock.send_multipart(encode(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4)))
+        replies.append(worker.expect(MsgType.ACK, MsgType.NACK))
+    assert [r.type for r in replies] == [MsgType.ACK, MsgType.ACK, MsgType.NACK, MsgType.NACK]
+    assert replies[2].body["seqs"] == [3] and "spool are full" in replies[2].body["reason"]
+    assert replies[2].body["retry_s"] > 0  # the worker keeps the packet and resends it later
+    assert srv.stats["samples_refused"] == 8 and srv.stats["samples_spooled"] == 8
+    snapshot = srv.snapshot()
+    assert snapshot["refused"] == 8 and snapshot["dropped"] == 0 and len(srv.peers) == 1  # refused, not lost
 
 
 def test_a_disk_that_refuses_the_spool_costs_neither_packets_nor_the_server(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     def disk_full(*args: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -246,48 +237,49 @@ def test_a_disk_that_refuses_the_spool_costs_neither_packets_nor_the_server(
 
     monkeypatch.setattr(Spool, "push", disk_full)
     monkeypatch.setattr(SampleRelay, "spool_stale", bug)  # fails on every pass of the loop
-    with running_server(network=NET, spool_dir=tmp_path / "spool", max_packet_delay_s=0.01) as (srv, ctx):
-        worker = Peer(ctx, srv.worker_port, "worker", "w")
-        worker.hello()
-        packet = encode(samples_message(sample_buffer(5), "w", worker.session, 1, 4))
-        worker.sock.send_multipart(packet)  # no trainer: it would go to the spool
-        nack = worker.expect(MsgType.NACK)
-        assert nack.body["reason"] == "the server cannot write its spool" and nack.body["retry_s"] > 0
-        time.sleep(0.3)
-        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-        assert trainer.hello().type is MsgType.WELCOME  # still serving, heartbeats and all
-        trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
-        worker.sock.send_multipart(packet)  # the worker kept it and resends: now it goes straight through
-        parts = [buffer_from_message(decode(p)) for p in trainer.expect(MsgType.BUNDLE).parts]
-        assert [p.seq for p in parts] == [1]
-        assert srv.stats["spool_errors"] == 1 and srv.stats["internal_errors"] > 3
+    srv, ctx = make_server(network=NET, max_packet_delay_s=0.01)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker.hello()
+    packet = encode(samples_message(sample_buffer(5), "w", worker.session, 1, 4))
+    worker.sock.send_multipart(packet)  # no trainer: it would go to the spool
+    nack = worker.expect(MsgType.NACK)
+    assert nack.body["reason"] == "the server cannot write its spool" and nack.body["retry_s"] > 0
+    time.sleep(0.3)
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert trainer.hello().type is MsgType.WELCOME  # still serving, heartbeats and all
+    trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
+    worker.sock.send_multipart(packet)  # the worker kept it and resends: now it goes straight through
+    parts = [buffer_from_message(decode(p)) for p in trainer.expect(MsgType.BUNDLE).parts]
+    assert [p.seq for p in parts] == [1]
+    assert srv.stats["spool_errors"] == 1 and srv.stats["internal_errors"] > 3
     logged = [r for r in caplog.records if "internal error in the server's loop" in r.getMessage()]
     assert len(logged) == 1  # once a minute at most, however often it fails
 
 
 def test_an_unreadable_saved_layout_is_ignored_until_the_trainer_sends_its_own(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     (tmp_path / "spool").mkdir()
     (tmp_path / "spool" / "schema.json").write_text('{"act": "float32[2]", "obs"')  # cut short by a crash
-    with running_server(network=NET, spool_dir=tmp_path / "spool") as (srv, ctx):
-        assert srv.schema is None and "ignoring the saved sample layout" in caplog.text
-        worker = Peer(ctx, srv.worker_port, "worker", "w")
-        assert worker.hello().type is MsgType.WELCOME  # and it relays
+    srv, ctx = make_server(network=NET)
+    assert srv.schema is None and "ignoring the saved sample layout" in caplog.text
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    assert worker.hello().type is MsgType.WELCOME  # and it relays
 
 
-def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_taken_status_port_costs_only_the_status_port(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                         make_server: MakeServer) -> None:
     from netrl.launch import free_port
 
     port = free_port()
-    with running_server(network=NET, spool_dir=tmp_path / "a", status_port=port) as (first, _):
-        with running_server(network=NET, spool_dir=tmp_path / "b", status_port=port) as (second, ctx):
-            worker = Peer(ctx, second.worker_port, "worker", "w")
-            assert worker.hello().type is MsgType.WELCOME  # the second server relays all the same
-            assert first.sockets.status is not None and second.sockets.status is None
+    first, _ = make_server(network=NET, spool_dir=tmp_path / "a", status_port=port)
+    second, ctx = make_server(network=NET, spool_dir=tmp_path / "b", status_port=port)
+    worker = Peer(ctx, second.worker_port, "worker", "w")
+    assert worker.hello().type is MsgType.WELCOME  # the second server relays all the same
+    assert first.sockets.status is not None and second.sockets.status is None
     assert "relaying without a status port" in caplog.text and "server.status_port" in caplog.text
 
 
-def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path: Path) -> None:
+def test_workers_share_half_the_servers_memory_and_keep_to_their_share(make_server: MakeServer) -> None:
     from netrl.server.peers import QueuedPacket
     from netrl.server.relay import memory_cost
     from netrl.worker.link import WorkerLink
@@ -296,97 +288,96 @@ def test_workers_share_half_the_servers_memory_and_keep_to_their_share(tmp_path:
     packet_bytes = sum(len(f) for f in frames)
     cost = memory_cost(QueuedPacket("w", "s", 1, 499, frames, packet_bytes, 0.0))  # bytes, plus holding them
     queue = 20 * packet_bytes
-    with running_server(network=NET, spool_dir=tmp_path / "spool", max_queue_bytes=queue,
-                        spool_after_s=60) as (srv, ctx):
-        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-        trainer.hello()  # connected, but it grants no credit: packets wait at the server, in memory
-        first = Peer(ctx, srv.worker_port, "worker", "first")
-        assert first.hello().body["window"] == queue // 2
-        link = WorkerLink(NET, "w", "s", srv.worker_port, None, max_backlog_bytes=1 << 30, send_window_bytes=1 << 30)
-        link.start()
-        try:
-            shrunk = first.expect(MsgType.ACK)  # a second worker joined: the first one's share halves
-            assert shrunk.body == {"seqs": [], "window": queue // 4}
-            for seq in range(1, 41):  # 40 packets, twice what the server holds in memory
-                body = encode(samples_message(sample_buffer(500), "w", "s", seq, seq * 499))
-                link.command([seq.to_bytes(8, "little") + (499).to_bytes(8, "little"), *body])
-            for _ in range(15):  # (the fake peers keep alive)
-                trainer.send(Message(MsgType.HEARTBEAT, "trainer"))
-                first.send(Message(MsgType.HEARTBEAT, "first"))
-                time.sleep(0.1)
-            assert 0 < srv.relay.held_cost["s"] <= queue // 4  # its share of the memory, not 40 packets
-            assert srv.stats["samples_spooled"] == 0  # and nothing overflowed to disk
-            # WELCOME's window counted bytes, not what holding them costs: what its first window took beyond its
-            # share was refused (it resends it), and an ACK told it the window that fits
-            assert link.server_window == pytest.approx(queue // 4 * packet_bytes / cost, rel=0.01)
-            assert link.counts["nacked_packets"] == srv.stats["window_refusals"] <= 2
-        finally:
-            link.halt(0.5)
+    srv, ctx = make_server(network=NET, max_queue_bytes=queue, spool_after_s=60)
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    trainer.hello()  # connected, but it grants no credit: packets wait at the server, in memory
+    first = Peer(ctx, srv.worker_port, "worker", "first")
+    assert first.hello().body["window"] == queue // 2
+    link = WorkerLink(NET, "w", "s", srv.worker_port, None, max_backlog_bytes=1 << 30, send_window_bytes=1 << 30)
+    link.start()
+    try:
+        shrunk = first.expect(MsgType.ACK)  # a second worker joined: the first one's share halves
+        assert shrunk.body == {"seqs": [], "window": queue // 4}
+        for seq in range(1, 41):  # 40 packets, twice what the server holds in memory
+            body = encode(samples_message(sample_buffer(500), "w", "s", seq, seq * 499))
+            link.command([seq.to_bytes(8, "little") + (499).to_bytes(8, "little"), *body])
+        for _ in range(15):  # (the fake peers keep alive)
+            trainer.send(Message(MsgType.HEARTBEAT, "trainer"))
+            first.send(Message(MsgType.HEARTBEAT, "first"))
+            time.sleep(0.1)
+        assert 0 < srv.relay.held_cost["s"] <= queue // 4  # its share of the memory, not 40 packets
+        assert srv.stats["samples_spooled"] == 0  # and nothing overflowed to disk
+        # WELCOME's window counted bytes, not what holding them costs: what its first window took beyond its
+        # share was refused (it resends it), and an ACK told it the window that fits
+        assert link.server_window == pytest.approx(queue // 4 * packet_bytes / cost, rel=0.01)
+        assert link.counts["nacked_packets"] == srv.stats["window_refusals"] <= 2
+    finally:
+        link.halt(0.5)
 
 
-def test_a_packet_the_trainer_could_not_accept_is_refused_for_good(tmp_path: Path) -> None:
+def test_a_packet_the_trainer_could_not_accept_is_refused_for_good(make_server: MakeServer) -> None:
     net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, max_message_bytes=1 << 16)
     big = encode(samples_message(sample_buffer(1000), "w", "s", 1, 1000))  # ~40 KB: fits 64 KiB, not 64 less 32
     assert (1 << 16) - BUNDLE_HEADER_ROOM < sum(len(f) for f in big) < 1 << 16
-    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, ctx):
-        worker = Peer(ctx, srv.worker_port, "worker", "w")
-        worker.hello()
-        worker.send(samples_message(sample_buffer(1000), "w", worker.session, 1, 1000))
-        nack = worker.expect(MsgType.NACK)
-        assert nack.body["seqs"] == [1] and nack.body["retry_s"] == 0  # never resent: it can never fit
-        assert "network.max_message_bytes (65536)" in nack.body["reason"]
-        worker.send(samples_message(sample_buffer(5), "w", worker.session, 2, 1005))
-        assert worker.expect(MsgType.ACK).body["seqs"] == [2]  # the server carries on relaying
-        assert srv.stats["rejected"] == 1 and srv.relay is not None and srv.relay.spool.packets == 1
+    srv, ctx = make_server(network=net)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker.hello()
+    worker.send(samples_message(sample_buffer(1000), "w", worker.session, 1, 1000))
+    nack = worker.expect(MsgType.NACK)
+    assert nack.body["seqs"] == [1] and nack.body["retry_s"] == 0  # never resent: it can never fit
+    assert "network.max_message_bytes (65536)" in nack.body["reason"]
+    worker.send(samples_message(sample_buffer(5), "w", worker.session, 2, 1005))
+    assert worker.expect(MsgType.ACK).body["seqs"] == [2]  # the server carries on relaying
+    assert srv.stats["rejected"] == 1 and srv.relay is not None and srv.relay.spool.packets == 1
 
 
 def test_a_worker_with_a_larger_message_limit_drops_what_the_server_cannot_take(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     from netrl.worker.link import WorkerLink
 
     server_net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, max_message_bytes=1 << 16)
     big = encode(samples_message(sample_buffer(2000), "w", "s", 1, 2000))  # ~80 KB: over the server's 64 KiB
-    with running_server(network=server_net, spool_dir=tmp_path / "spool") as (srv, _):
-        link = WorkerLink(NET, "w", "s", srv.worker_port, None, max_backlog_bytes=1 << 30, send_window_bytes=1 << 30)
-        link.start()
-        try:
-            deadline = time.monotonic() + 5
-            while not link.link.ready and time.monotonic() < deadline:
-                time.sleep(0.02)
-            link.command([(1).to_bytes(8, "little") + (2000).to_bytes(8, "little"), *big])
-            small = encode(samples_message(sample_buffer(5), "w", "s", 2, 2005))
-            link.command([(2).to_bytes(8, "little") + (5).to_bytes(8, "little"), *small])
-            assert link.flush(2, 5.0)  # the small one is acknowledged: the connection survived
-            assert link.counts["rejected_packets"] == 1 and link.counts["rejected_samples"] == 2000
-            assert link.counts["connections"] == 1 and link.counts["acked_samples"] == 5
-        finally:
-            link.halt(0.5)
+    srv, _ = make_server(network=server_net)
+    link = WorkerLink(NET, "w", "s", srv.worker_port, None, max_backlog_bytes=1 << 30, send_window_bytes=1 << 30)
+    link.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not link.link.ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+        link.command([(1).to_bytes(8, "little") + (2000).to_bytes(8, "little"), *big])
+        small = encode(samples_message(sample_buffer(5), "w", "s", 2, 2005))
+        link.command([(2).to_bytes(8, "little") + (5).to_bytes(8, "little"), *small])
+        assert link.flush(2, 5.0)  # the small one is acknowledged: the connection survived
+        assert link.counts["rejected_packets"] == 1 and link.counts["rejected_samples"] == 2000
+        assert link.counts["connections"] == 1 and link.counts["acked_samples"] == 5
+    finally:
+        link.halt(0.5)
     said = caplog.text
     assert "the server's network.max_message_bytes is 65536 and this worker's is 268435456" in said
     assert "packet 1 of 2000 samples is dropped" in said
 
 
-def test_a_connection_that_never_finishes_its_handshake_is_closed_and_counted(tmp_path: Path,
-                                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_connection_that_never_finishes_its_handshake_is_closed_and_counted(caplog: pytest.LogCaptureFixture,
+                                                                             make_server: MakeServer) -> None:
     import socket
 
     net = NetworkConfig(heartbeat_interval_s=0.2, heartbeat_liveness=5, handshake_timeout_s=0.5)
-    with running_server(network=net, spool_dir=tmp_path / "spool") as (srv, _):
-        conn = socket.create_connection(("127.0.0.1", srv.worker_port))  # a flood's half-open connection
-        conn.settimeout(5.0)
-        t0 = time.monotonic()
-        try:
-            while conn.recv(4096):  # the server's greeting, then nothing until it gives up on us
-                pass
-        except ConnectionResetError:
+    srv, _ = make_server(network=net)
+    conn = socket.create_connection(("127.0.0.1", srv.worker_port))  # a flood's half-open connection
+    conn.settimeout(5.0)
+    t0 = time.monotonic()
+    try:
+        while conn.recv(4096):  # the server's greeting, then nothing until it gives up on us
             pass
-        finally:
-            conn.close()
-        assert time.monotonic() - t0 < 3.0  # ZeroMQ's default would hold it for 30 s
-        deadline = time.monotonic() + 2
-        while not srv.stats["failed_handshakes_worker"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert srv.snapshot()["failed_handshakes"] == {"trainer": 0, "worker": 1}  # counted for --status
+    except ConnectionResetError:
+        pass
+    finally:
+        conn.close()
+    assert time.monotonic() - t0 < 3.0  # ZeroMQ's default would hold it for 30 s
+    deadline = time.monotonic() + 2
+    while not srv.stats["failed_handshakes_worker"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.snapshot()["failed_handshakes"] == {"trainer": 0, "worker": 1}  # counted for --status
     assert "a connection to the worker port failed its handshake: it sent nothing before " in caplog.text
 
 
@@ -420,50 +411,50 @@ def test_a_flooded_port_is_drained_a_budget_at_a_time(tmp_path: Path, monkeypatc
 
 
 def test_a_server_that_cannot_bind_reports_the_error_and_no_shutdown_summary(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, make_server: MakeServer) -> None:
     import threading
 
     from netrl.errors import TransportError
     from netrl.launch import free_port
 
-    with running_server(spool_dir=tmp_path / "first") as (first, _):
-        second = Server(trainer_port=first.trainer_port, worker_port=free_port(), spool_dir=tmp_path / "second")
-        with caplog.at_level(logging.INFO), pytest.raises(TransportError, match="could not bind"):
-            second.run(threading.Event())
+    first, _ = make_server(spool_dir=tmp_path / "first")
+    second = Server(trainer_port=first.trainer_port, worker_port=free_port(), spool_dir=tmp_path / "second")
+    with caplog.at_level(logging.INFO), pytest.raises(TransportError, match="could not bind"):
+        second.run(threading.Event())
     assert "server stopped" not in caplog.text  # it never served: a summary of zeros read like a normal stop
 
 
-def test_a_busy_worker_hears_at_once_that_a_trainer_came_or_went(tmp_path: Path) -> None:
+def test_a_busy_worker_hears_at_once_that_a_trainer_came_or_went(make_server: MakeServer) -> None:
     # Whether a trainer is connected rode only on idle heartbeats; a worker whose packets kept the link busy kept
     # "no trainer is connected to the server" in its status line for as long as it was busy.
     net = NetworkConfig(heartbeat_interval_s=1.0, heartbeat_liveness=10)
-    with running_server(network=net, spool_dir=tmp_path / "spool", max_packet_delay_s=0.01) as (srv, ctx):
-        worker = Peer(ctx, srv.worker_port, "worker", "w")
-        assert worker.hello().type is MsgType.WELCOME
-        trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-        told: list[tuple[float, int]] = []  # (when, trainer_connected) of each HEARTBEAT the worker got
-        events: dict[str, float] = {}
-        start, seq = time.monotonic(), 0
-        while time.monotonic() - start < 3.0:
-            elapsed = time.monotonic() - start
-            if elapsed > 1.2 and "joined" not in events:
-                assert trainer.hello().type is MsgType.WELCOME
-                events["joined"] = time.monotonic()
-            if elapsed > 2.2 and "left" not in events:
-                trainer.send(Message(MsgType.BYE, "trainer", body={"reason": "done"}))
-                events["left"] = time.monotonic()
-            seq += 1  # a packet every 50 ms: spooled and acknowledged while no trainer is there, so never idle
-            worker.send(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4))
-            end = time.monotonic() + 0.05
-            while (msg := worker.recv(max(0.0, end - time.monotonic()))) is not None:
-                if msg.type is MsgType.HEARTBEAT and "stats" in msg.body:
-                    told.append((time.monotonic(), msg.body["stats"]["trainer_connected"]))
-                if time.monotonic() >= end:
-                    break
-        joined = [t - events["joined"] for t, connected in told if connected == 1]
-        left = [t - events["left"] for t, connected in told if connected == 0 and t > events["left"]]
-        assert joined and joined[0] < 0.5, told  # not after the next idle heartbeat interval (1 s)
-        assert left and left[0] < 0.5, told
+    srv, ctx = make_server(network=net, max_packet_delay_s=0.01)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    assert worker.hello().type is MsgType.WELCOME
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    told: list[tuple[float, int]] = []  # (when, trainer_connected) of each HEARTBEAT the worker got
+    events: dict[str, float] = {}
+    start, seq = time.monotonic(), 0
+    while time.monotonic() - start < 3.0:
+        elapsed = time.monotonic() - start
+        if elapsed > 1.2 and "joined" not in events:
+            assert trainer.hello().type is MsgType.WELCOME
+            events["joined"] = time.monotonic()
+        if elapsed > 2.2 and "left" not in events:
+            trainer.send(Message(MsgType.BYE, "trainer", body={"reason": "done"}))
+            events["left"] = time.monotonic()
+        seq += 1  # a packet every 50 ms: spooled and acknowledged while no trainer is there, so never idle
+        worker.send(samples_message(sample_buffer(5), "w", worker.session, seq, seq * 4))
+        end = time.monotonic() + 0.05
+        while (msg := worker.recv(max(0.0, end - time.monotonic()))) is not None:
+            if msg.type is MsgType.HEARTBEAT and "stats" in msg.body:
+                told.append((time.monotonic(), msg.body["stats"]["trainer_connected"]))
+            if time.monotonic() >= end:
+                break
+    joined = [t - events["joined"] for t, connected in told if connected == 1]
+    left = [t - events["left"] for t, connected in told if connected == 0 and t > events["left"]]
+    assert joined and joined[0] < 0.5, told  # not after the next idle heartbeat interval (1 s)
+    assert left and left[0] < 0.5, told
 
 
 def test_samples_dropped_by_a_worker_that_left_still_count_in_the_snapshot(server: tuple[Server, zmq.Context]

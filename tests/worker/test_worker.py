@@ -36,7 +36,7 @@ from netrl.util import partial
 from netrl.worker.link import WorkerLink
 from netrl.worker.packets import PacketMaker
 from netrl.worker.worker import RolloutWorker, default_worker_id
-from tests.fakes import running_server, sample_buffer, wait_until
+from tests.fakes import MakeServer, running_server, sample_buffer, wait_until
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
@@ -427,7 +427,7 @@ def test_every_finished_episode_travels_with_the_packet_of_its_last_row(monkeypa
         assert sum(len(buf.episodes) for buf in sent) == 3 and worker.packets.pending_episodes == []
 
 
-def test_a_worker_the_server_refuses_still_closes_its_env_and_network_thread(tmp_path: Path) -> None:
+def test_a_worker_the_server_refuses_still_closes_its_env_and_network_thread(make_server: MakeServer) -> None:
     closed: list[bool] = []
 
     class Env(GenericGymEnv):
@@ -435,12 +435,12 @@ def test_a_worker_the_server_refuses_still_closes_its_env_and_network_thread(tmp
             closed.append(True)
             super().close()
 
-    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
-        worker = RolloutWorker(partial(Env, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
-                               server_ip="127.0.0.1", server_port=srv.trainer_port,  # the wrong port: refused
-                               worker_id="w", seed=0, min_samples_per_worker_packet=100_000, flush_timeout_s=0.2)
-        with pytest.raises(NetrlError, match="this is the trainer port"):
-            worker.run(nb_episodes=1000)
+    srv, _ = make_server()
+    worker = RolloutWorker(partial(Env, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           server_ip="127.0.0.1", server_port=srv.trainer_port,  # the wrong port: refused
+                           worker_id="w", seed=0, min_samples_per_worker_packet=100_000, flush_timeout_s=0.2)
+    with pytest.raises(NetrlError, match="this is the trainer port"):
+        worker.run(nb_episodes=1000)
     assert closed == [True] and worker.net is not None and worker.net.ctx.closed  # close() went all the way
 
 
@@ -468,24 +468,25 @@ def test_rows_from_before_a_test_episode_leave_after_max_packet_delay(monkeypatc
         worker.close()
 
 
-def test_a_worker_whose_last_packet_was_dropped_at_the_pipe_stops_without_waiting_for_it(tmp_path: Path) -> None:
-    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
-        worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
-                               server_ip="127.0.0.1", server_port=srv.worker_port, worker_id="w", seed=0,
-                               min_samples_per_worker_packet=50, flush_timeout_s=10.0)
-        worker.run_episode(test=False)
-        net = worker.net
-        assert net is not None
-        wait_until(lambda: not net.backlog and net.last_seq == worker.packets.seq, 10, "every packet acknowledged",
-                   poll=0.02)
-        obs, _ = worker.env.reset()
-        worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=True)
-        worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=False)
-        net.piped_bytes += 1 << 40  # as if its network thread were far behind: the last packet is dropped
-        t0 = time.monotonic()
-        worker.close()
-        assert time.monotonic() - t0 < 5  # not the 10 s flush timeout, waiting for a packet that never comes
-        assert net.dropped()["dropped_packets"] == 1
+def test_a_worker_whose_last_packet_was_dropped_at_the_pipe_stops_without_waiting_for_it(
+        make_server: MakeServer) -> None:
+    srv, _ = make_server()
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           server_ip="127.0.0.1", server_port=srv.worker_port, worker_id="w", seed=0,
+                           min_samples_per_worker_packet=50, flush_timeout_s=10.0)
+    worker.run_episode(test=False)
+    net = worker.net
+    assert net is not None
+    wait_until(lambda: not net.backlog and net.last_seq == worker.packets.seq, 10, "every packet acknowledged",
+               poll=0.02)
+    obs, _ = worker.env.reset()
+    worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=True)
+    worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=False)
+    net.piped_bytes += 1 << 40  # as if its network thread were far behind: the last packet is dropped
+    t0 = time.monotonic()
+    worker.close()
+    assert time.monotonic() - t0 < 5  # not the 10 s flush timeout, waiting for a packet that never comes
+    assert net.dropped()["dropped_packets"] == 1
 
 
 def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
@@ -683,55 +684,55 @@ def test_an_unreadable_saved_policy_is_ignored_by_a_connected_worker_and_refused
         standalone.close()
 
 
-def test_a_worker_starts_once_and_a_closed_one_says_to_create_a_new_one(tmp_path: Path) -> None:
+def test_a_worker_starts_once_and_a_closed_one_says_to_create_a_new_one(make_server: MakeServer) -> None:
     envs: list[GenericGymEnv] = []
 
     def make_env() -> GenericGymEnv:
         envs.append(GenericGymEnv(id="Pendulum-v1"))
         return envs[-1]
 
-    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
-        def make_worker() -> RolloutWorker:
-            return RolloutWorker(make_env, partial(MLPActor, hidden_sizes=(8,)), server_ip="127.0.0.1",
-                                 server_port=srv.worker_port, worker_id="w", seed=0, min_samples_per_worker_packet=10,
-                                 max_samples_per_episode=20, flush_timeout_s=5.0)
+    srv, _ = make_server()
+    def make_worker() -> RolloutWorker:
+        return RolloutWorker(make_env, partial(MLPActor, hidden_sizes=(8,)), server_ip="127.0.0.1",
+                             server_port=srv.worker_port, worker_id="w", seed=0, min_samples_per_worker_packet=10,
+                             max_samples_per_episode=20, flush_timeout_s=5.0)
 
-        worker = make_worker()
-        worker.start()
-        net = worker.net
-        worker.start()  # does nothing: a second env and network thread would be left running
-        worker.run(nb_episodes=1)
-        assert len(envs) == 1 and worker.net is net and net is not None and not net.is_alive()
-        for again in (worker.run, worker.start, worker.run_episode):  # e.g. a notebook cell run again
-            with pytest.raises(NetrlError, match=r"this RolloutWorker \(w\) is closed: .*; create a new one"):
-                again()
-        closed_first = make_worker()
-        closed_first.close()
-        with pytest.raises(NetrlError, match="is closed"):
-            closed_first.run(nb_episodes=1)
-        assert len(envs) == 1 and closed_first.net is None  # it built nothing it would not close
+    worker = make_worker()
+    worker.start()
+    net = worker.net
+    worker.start()  # does nothing: a second env and network thread would be left running
+    worker.run(nb_episodes=1)
+    assert len(envs) == 1 and worker.net is net and net is not None and not net.is_alive()
+    for again in (worker.run, worker.start, worker.run_episode):  # e.g. a notebook cell run again
+        with pytest.raises(NetrlError, match=r"this RolloutWorker \(w\) is closed: .*; create a new one"):
+            again()
+    closed_first = make_worker()
+    closed_first.close()
+    with pytest.raises(NetrlError, match="is closed"):
+        closed_first.run(nb_episodes=1)
+    assert len(envs) == 1 and closed_first.net is None  # it built nothing it would not close
 
 
-def test_close_from_another_thread_stops_run_which_delivers_its_samples(tmp_path: Path) -> None:
-    with running_server(spool_dir=tmp_path / "spool") as (srv, _):
-        worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
-                               server_ip="127.0.0.1", server_port=srv.worker_port, worker_id="w", seed=0,
-                               min_samples_per_worker_packet=7, max_samples_per_episode=50, flush_timeout_s=5.0)
-        errors: list[BaseException] = []
+def test_close_from_another_thread_stops_run_which_delivers_its_samples(make_server: MakeServer) -> None:
+    srv, _ = make_server()
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           server_ip="127.0.0.1", server_port=srv.worker_port, worker_id="w", seed=0,
+                           min_samples_per_worker_packet=7, max_samples_per_episode=50, flush_timeout_s=5.0)
+    errors: list[BaseException] = []
 
-        def run() -> None:
-            try:
-                worker.run()
-            except BaseException as exc:
-                errors.append(exc)
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
 
-        thread = threading.Thread(target=run)
-        thread.start()
-        wait_until(lambda: worker.produced > 100, 20, "100 env steps")
-        worker.close()  # returns once run() has stopped and closed
-        assert not thread.is_alive() and errors == []
-        net = worker.net
-        assert net is not None and net.dropped()["acked_samples"] == worker.produced  # the last ones too
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: worker.produced > 100, 20, "100 env steps")
+    worker.close()  # returns once run() has stopped and closed
+    assert not thread.is_alive() and errors == []
+    net = worker.net
+    assert net is not None and net.dropped()["acked_samples"] == worker.produced  # the last ones too
 
 
 def test_a_worker_that_stops_with_samples_unacknowledged_exits_with_code_1(
