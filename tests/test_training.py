@@ -297,7 +297,7 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     before.start(source)  # type: ignore[arg-type]
     assert list(before.run_epoch(source, stop)) == []  # type: ignore[arg-type]
     assert before.round_steps == 4
-    time.sleep(0.3)
+    time.sleep(0.3)  # time passes on purpose: the round's time so far, which its row must count
     state = json.loads(json.dumps(before.state()))  # as the checkpoint's state file holds it
 
     after = vector_training(rounds=1, steps=10, start_training=0, update_buffer_interval=1,

@@ -32,7 +32,7 @@ from netrl.protocol.weights import all_finite, check_weights, state_arrays, tens
 from netrl.protocol.wire import samples_message
 from netrl.server.server import Server
 from netrl.server.sockets import ServerSockets
-from tests.fakes import ACT, NET, OBS, MakeServer, Peer, sample_buffer, weights_message
+from tests.fakes import ACT, NET, OBS, MakeServer, Peer, sample_buffer, wait_until, weights_message
 
 
 def curve_peer(ctx: zmq.Context, port: int, role: str, name: str, public: bytes | None, secret: bytes | None,
@@ -234,7 +234,7 @@ def test_clients_without_the_right_keys_can_neither_send_nor_receive(
             peer.send(Message(MsgType.HELLO, "intruder", body={"role": "worker", "netrl_version": "0.1.0",
                                                                "worker_id": "intruder", "session": peer.session}))
             peer.sock.send_multipart(encode_samples("intruder", peer.session))
-    time.sleep(1.0)
+    time.sleep(1.0)  # time passes on purpose: a second in which nothing the intruders sent may be answered
     for name, peer in intruders.items():
         assert peer.recv(0.2) is None, f"{name}: got a reply"  # no WELCOME, no WEIGHTS, nothing at all
     assert srv.stats["samples_in"] == 0 and not [p for p in srv.peers.values() if p.role == "worker"]
@@ -270,7 +270,7 @@ def test_a_worker_key_cannot_publish_weights(secured: tuple[Server, zmq.Context,
     victim = keyed(ctx, srv, keys, "worker", "robot-1")
     assert victim.hello().type is MsgType.WELCOME
     captured.send(weights_message(999, session="x", sender="worker", value=0.0))
-    time.sleep(0.5)
+    wait_until(lambda: srv.stats["rejected"], 5, "the worker's weights refused", poll=0.02)
     assert not srv.weights.parts and srv.stats["rejected"] == 1  # refused and logged as a role violation
     while (msg := victim.recv(0.2)) is not None:
         assert msg.type is not MsgType.WEIGHTS
@@ -343,8 +343,9 @@ def test_every_receiving_socket_caps_message_size(secured: tuple[Server, zmq.Con
     k = client_keys(keys, "worker", "worker")
     big = curve_peer(small_ctx, small.worker_port, "worker", "big", k.public, k.secret, k.server_public)
     big.hello()
+    dropped = big.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     big.sock.send_multipart([b"x" * (1 << 17)])  # over the cap: libzmq drops the connection, not the server
-    time.sleep(0.5)
+    assert dropped.poll(5000), "the server kept a connection that sent more than max_message_bytes"
     fine = curve_peer(small_ctx, small.worker_port, "worker", "fine", k.public, k.secret, k.server_public)
     assert fine.hello().type is MsgType.WELCOME
 

@@ -59,7 +59,7 @@ def test_the_drone_leaves_the_global_random_state_alone() -> None:
             env.step(np.array([0.3, -0.3], np.float32))  # each command and observation draws a delay in a thread
     finally:
         env.close()
-    time.sleep(0.1)  # let the last delayed threads draw
+    time.sleep(0.1)  # time passes on purpose: the drone's delay threads draw meanwhile, and must not use `random`
     assert random.getstate() == state
 
 

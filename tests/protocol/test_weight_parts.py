@@ -24,7 +24,7 @@ from netrl.protocol.weights import (
 )
 from netrl.protocol.wire import decode, encode, weight_parts
 from netrl.server.server import Server
-from tests.fakes import ACT, OBS, PATIENT_NET, Peer
+from tests.fakes import ACT, OBS, PATIENT_NET, Peer, wait_until
 
 pytestmark = pytest.mark.server(network=PATIENT_NET)  # fake peers that pause up to 2 s stay connected
 
@@ -167,7 +167,7 @@ def test_a_worker_gets_the_next_version_only_after_acknowledging(server: tuple[S
     for version in (1, 2, 3):
         for m in parts_of(actor, version, 1 << 20, trainer.session):
             trainer.send(m)
-        time.sleep(0.1)
+        wait_until(lambda v=version: srv.weights.complete_version == v, 5, f"v{version} cached", poll=0.02)
     assert received(worker) == [(1, 0)]  # v2 and v3 wait: v1 is not acknowledged yet
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [1]}))
     assert received(worker) == [(3, 0)]  # then the newest, not every version

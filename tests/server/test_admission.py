@@ -23,13 +23,9 @@ from netrl.protocol.wire import decode, encode, samples_message
 from netrl.server.peers import MAX_REPORTED
 from netrl.server.server import Server
 from netrl.server.weight_cache import WeightCache
-from tests.fakes import MakeServer, Peer, sample_buffer, weights_message
+from tests.fakes import MakeServer, Peer, sample_buffer, wait_until, weights_message
 
 pytestmark = pytest.mark.server(max_weights_bytes=1 << 16)
-
-
-def settle() -> None:
-    time.sleep(0.3)
 
 
 def test_a_trainers_routing_id_on_the_worker_port_is_just_another_worker(server: tuple[Server, zmq.Context]) -> None:
@@ -39,15 +35,14 @@ def test_a_trainers_routing_id_on_the_worker_port_is_just_another_worker(server:
     copycat = Peer(ctx, srv.worker_port, "worker", "copycat", rid=b"trainer:abc:1")
     assert copycat.hello().type is MsgType.WELCOME  # a worker, known by (worker port, id)
     copycat.send(weights_message(10**6, session="evil", sender="trainer", value=0.0))
-    settle()
+    wait_until(lambda: srv.stats["rejected"], 5, "the copycat's weights refused", poll=0.02)
     assert srv.weights.version == -1 and srv.stats["rejected"] == 1  # a worker may not send weights
     assert srv.peers.trainer is not None and srv.peers.trainer.name == "trainer"
     copycat.send(Message(MsgType.BYE, "copycat"))
-    settle()
+    wait_until(lambda: not srv.peers.workers(), 5, "the copycat gone", poll=0.02)
     assert srv.peers.trainer is not None  # its BYE ended the copycat only
     trainer.send(weights_message(1, "t1"))
-    settle()
-    assert srv.weights.complete_version == 1
+    wait_until(lambda: srv.weights.complete_version == 1, 5, "the trainer's weights cached", poll=0.02)
 
 
 def test_a_session_belongs_to_one_worker_and_never_to_the_trainer(server: tuple[Server, zmq.Context]) -> None:
@@ -64,7 +59,7 @@ def test_a_session_belongs_to_one_worker_and_never_to_the_trainer(server: tuple[
     impostor = Peer(ctx, srv.worker_port, "worker", "trainer")
     impostor.session = trainer.session
     assert impostor.hello().type is MsgType.WELCOME  # a worker like any other: the trainer is not replaced
-    settle()
+    # (no wait: the server answered that HELLO once it had handled it)
     assert srv.peers.trainer is not None and srv.peers.trainer.session == trainer.session
     again = Peer(ctx, srv.worker_port, "worker", "robot-1")  # the victim itself, reconnecting, takes its session
     again.session = victim.session
@@ -87,7 +82,7 @@ def test_a_packet_must_come_from_the_worker_and_session_that_said_hello(server: 
     assert srv.stats["samples_in"] == 0 and srv.stats["rejected"] == 2
     victim.sock.send_multipart(encode(samples_message(sample_buffer(5), "robot-1", victim.session, 1, 5)))
     assert victim.expect(MsgType.ACK, MsgType.NACK).type is MsgType.ACK  # the real seq 1 is still its own
-    settle()
+    wait_until(lambda: srv.stats["samples_in"], 5, "the victim's packet queued", poll=0.02)
     assert srv.stats["samples_in"] == 4
 
 
@@ -97,7 +92,7 @@ def test_hello_again_on_one_connection_replaces_its_own_entry(server: tuple[Serv
     for i in range(30):
         peer.session = f"session-{i}"
         assert peer.hello().type is MsgType.WELCOME
-    settle()
+    wait_until(lambda: list(srv.peers.workers_by_session) == ["session-29"], 5, "the last HELLO's entry", poll=0.02)
     assert len(srv.peers) == 1 and list(srv.peers.workers_by_session) == ["session-29"]
 
 
@@ -108,8 +103,7 @@ def test_heartbeat_stats_keep_a_few_short_counters(server: tuple[Server, zmq.Con
     stats: dict[str, Any] = {"dropped_samples": 3, "x" * 500: 1, "Bad\nName": 2, "text": "no"}
     stats.update({f"counter_{i}": i for i in range(2000)})
     worker.send(Message(MsgType.HEARTBEAT, "chatty", body={"stats": stats}))
-    settle()
-    reported = srv.peers.workers()[0].reported
+    reported = wait_until(lambda: srv.peers.workers()[0].reported, 5, "the heartbeat's counters", poll=0.02)
     assert len(reported) == MAX_REPORTED and reported["dropped_samples"] == 3
     assert all(len(k) <= 40 and k.isidentifier() for k in reported)
 
@@ -122,7 +116,7 @@ def test_a_worker_acknowledges_only_the_weights_it_was_sent(server: tuple[Server
     worker.hello()
     assert worker.expect(MsgType.WEIGHTS).policy_version == 1
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [2**62]}))  # a version it was never sent
-    settle()
+    wait_until(lambda: srv.stats["rejected"], 5, "the acknowledgement refused", poll=0.02)
     assert srv.peers.workers()[0].version == -1 and srv.stats["rejected"] == 1
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [1]}))
     trainer.send(weights_message(2, "t1"))
@@ -145,8 +139,8 @@ def test_a_bye_reason_is_logged_quoted_and_short(server: tuple[Server, zmq.Conte
     worker.hello()
     with caplog.at_level(logging.INFO, logger="netrl.server.server"):
         worker.send(Message(MsgType.BYE, "w", body={"reason": "bye\n12:00:00 I forged line" + "x" * 10_000}))
-        settle()
-    line = next(r.getMessage() for r in caplog.records if "disconnected" in r.getMessage())
+        line = wait_until(lambda: next((r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()),
+                                       None), 5, "the BYE logged", poll=0.02)
     assert "\n" not in line and "'bye\\n12:00:00 I forged line" in line and len(line) < 400
 
 
@@ -189,8 +183,7 @@ def test_a_version_its_trainer_left_unfinished_gives_way_to_the_last_complete_on
     early.hello()
     assert early.expect(MsgType.WEIGHTS).policy_version == 2  # cut-through: the part that arrived
     trainer.send(Message(MsgType.BYE, "trainer"))
-    settle()
-    assert srv.snapshot()["weights_version"] == 1
+    wait_until(lambda: srv.snapshot()["weights_version"] == 1, 5, "v2 abandoned with its trainer", poll=0.02)
     late = Peer(ctx, srv.worker_port, "worker", "late")
     late.hello()
     got = late.expect(MsgType.WEIGHTS)
@@ -209,15 +202,16 @@ def test_two_connected_workers_of_one_name_are_warned_about_unless_the_first_fel
         assert "has the name of" not in caplog.text
         twin = Peer(ctx, srv.worker_port, "worker", "robot-1")  # another process, another session: both are served
         assert twin.hello().type is MsgType.WELCOME
-        settle()
-        said = [r for r in caplog.records if "has the name of" in r.getMessage()]
+        said = wait_until(lambda: [r for r in caplog.records if "has the name of" in r.getMessage()], 5,
+                          "the warning about the twin", poll=0.02)
         assert len(said) == 1 and said[0].levelno == logging.WARNING
         assert "give each worker its own --worker-id" in said[0].getMessage()
         assert said[0].getMessage().count("'robot-1'") == 2 and len(srv.peers.workers()) == 3
         time.sleep(2.2)  # robot-2 falls silent for over half that: as a worker whose machine went down
         restarted = Peer(ctx, srv.worker_port, "worker", "robot-2")  # its restart, under the same (default) name
         assert restarted.hello().type is MsgType.WELCOME
-        settle()
+        wait_until(lambda: len([r for r in caplog.records if "has the name of" in r.getMessage()]) > 1, 5,
+                   "the note about the restart", poll=0.02)
     said = [r for r in caplog.records if "has the name of" in r.getMessage()]
     assert len(said) == 2 and said[1].levelno == logging.INFO
     assert "taken for an earlier run of it that ended; it is dropped once silent for 4 s" in said[1].getMessage()

@@ -24,10 +24,6 @@ from netrl.server.status import ServerStatus
 from tests.fakes import NET, MakeServer, Peer, sample_buffer, wait_until
 
 
-def settle() -> None:
-    time.sleep(0.3)
-
-
 def progress(trainer: Peer, wanted: int, samples: int = 0) -> None:
     trainer.send(Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 0, "samples": samples,
                                                             "wanted": wanted}))
@@ -43,7 +39,7 @@ def test_heartbeat_counters_that_are_not_counts_are_ignored_and_status_keeps_ans
     stats: dict[Any, Any] = {"dropped_samples": float("nan"), "backlog_bytes": float("inf"), "produced": 2**64 - 1,
                              "backlog_packets": True, b"": 1, "version": -1, "acked_samples": 12.0}
     worker.send(Message(MsgType.HEARTBEAT, "evil", body={"stats": stats}))
-    settle()
+    wait_until(lambda: srv.peers.workers()[0].bad_reports == 1, 5, "the heartbeat read", poll=0.02)
     assert srv.peers.workers()[0].reported == {"version": -1, "acked_samples": 12.0}
     assert srv.peers.workers()[0].produced == 0  # 2**64 - 1 is no count: it would overflow every PACE
     snapshot = query_status(srv.sockets.status_port)  # once made the server exit (int(nan): ValueError)
@@ -53,7 +49,7 @@ def test_heartbeat_counters_that_are_not_counts_are_ignored_and_status_keeps_ans
     assert len(warnings) == 1 and "worker 'evil'" in warnings[0] and "'dropped_samples'=nan" in warnings[0]
     for _ in range(5):  # every heartbeat says it again: logged a few times, not every time
         worker.send(Message(MsgType.HEARTBEAT, "evil", body={"stats": stats}))
-    settle()
+    wait_until(lambda: srv.peers.workers()[0].bad_reports == 6, 5, "the five heartbeats read", poll=0.02)
     assert len([r for r in caplog.records if "heartbeat counters" in r.getMessage()]) == 3
 
 
@@ -85,8 +81,7 @@ def test_a_status_line_that_fails_is_logged_and_the_loop_goes_on(monkeypatch: py
     srv, ctx = make_server(network=NET, status_interval_s=0.1)
     worker = Peer(ctx, srv.worker_port, "worker", "w")
     assert worker.hello().type is MsgType.WELCOME
-    time.sleep(0.5)
-    assert srv.stats["internal_errors"] >= 1
+    wait_until(lambda: srv.stats["internal_errors"], 5, "a status line (every 0.1 s) to fail", poll=0.02)
     assert Peer(ctx, srv.worker_port, "worker", "w2").hello().type is MsgType.WELCOME
     assert "internal error in the server's loop" in caplog.text
 
@@ -101,12 +96,12 @@ def test_one_huge_count_never_stalls_the_other_workers_pace(server: tuple[Server
     honest.hello()
     evil.send(Message(MsgType.HEARTBEAT, "evil", body={"stats": {"produced": 2**64 - 1}}))
     evil.send(samples_message(sample_buffer(5), "evil", evil.session, 1, 2**63 - 1))  # int64: the wire lets it by
-    settle()
+    wait_until(lambda: srv.stats["samples_in"], 5, "the evil packet queued", poll=0.02)
     progress(trainer, 100)
     assert honest.expect(MsgType.PACE).body["allowance"] == 48  # (100 less the evil packet's 4 samples) / 2
     assert 0 < evil.expect(MsgType.PACE).body["allowance"] <= MAX_COUNT
     progress(trainer, 2**63 - 1, samples=-5)  # refused: counts from 0 to 2**53 only
-    settle()
+    wait_until(lambda: srv.stats["rejected"], 5, "the PROGRESS refused", poll=0.02)
     assert srv.stats["rejected"] == 1 and srv.intake.progress is not None and srv.intake.progress["wanted"] == 100
     progress(trainer, 1000)
     assert honest.expect(MsgType.PACE).body["allowance"] > 50
@@ -134,7 +129,7 @@ def test_idle_workers_do_not_dilute_the_busy_workers_share(server: tuple[Server,
     idle = [Peer(ctx, srv.worker_port, "worker", f"idle{i}") for i in range(5)]
     for peer in idle:
         peer.hello()
-    settle()
+    wait_until(lambda: len(srv.peers.workers()) == 6, 5, "six workers", poll=0.02)
     progress(trainer, 600)
     assert busy.expect(MsgType.PACE).body["allowance"] == 100  # all new: an equal share each
     assert all(p.expect(MsgType.PACE).body["allowance"] == 100 for p in idle)
@@ -147,7 +142,8 @@ def test_idle_workers_do_not_dilute_the_busy_workers_share(server: tuple[Server,
             allowance = msg.body["allowance"] if msg.type is MsgType.PACE else allowance
     produced = allowance
     busy.send(Message(MsgType.HEARTBEAT, "busy", body={"stats": {"produced": produced}}))
-    settle()
+    wait_until(lambda: next(p for p in srv.peers.workers() if p.name == "busy").produced == produced, 5,
+               "the busy worker's count", poll=0.02)
     while busy.recv(0.05) is not None:
         pass
     progress(trainer, 1200, samples=100)
@@ -188,12 +184,12 @@ def test_a_worker_that_ignores_its_window_gets_nacks_and_leaves_room_for_the_oth
     honest = Peer(ctx, srv.worker_port, "worker", "honest")
     honest.hello()
     honest.send(samples_message(sample_buffer(5), "honest", honest.session, 1, 4))
-    settle()
+    wait_until(lambda: srv.relay.held_cost.get(honest.session), 5, "the honest packet taken", poll=0.02)
     assert srv.relay.held_cost[honest.session] > 0  # in memory: room was left for it
     while (msg := honest.recv(0.1)) is not None:
         assert msg.type is not MsgType.NACK
     evil.send(samples_message(sample_buffer(5), "evil", evil.session, 1, 4))  # a resend of a held packet
-    settle()
+    wait_until(lambda: srv.stats["resends_ignored"], 5, "the resend ignored", poll=0.02)
     assert srv.stats["resends_ignored"] == 1
 
 

@@ -15,7 +15,7 @@ from netrl.protocol.wire import decode, samples_message, weight_parts
 from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
 from netrl.server.peers import Peer
 from netrl.server.weight_cache import WeightCache
-from tests.fakes import NET, MakeServer, sample_buffer
+from tests.fakes import NET, MakeServer, sample_buffer, wait_until
 from tests.fakes import Peer as RawPeer
 
 
@@ -110,11 +110,8 @@ def test_a_worker_whose_queue_was_full_still_gets_every_weight_part_and_every_ac
         worker.send(Message(MsgType.HEARTBEAT, "slow"))
         trainer.send(Message(MsgType.HEARTBEAT, "trainer"))
 
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:  # the worker reads nothing meanwhile
-        keep_alive()
-        time.sleep(0.1)
-    full = srv.stats["send_full"]
+    # the worker reads nothing meanwhile
+    full = wait_until(lambda: keep_alive() or srv.stats["send_full"], 5, "the slow worker's queue full", poll=0.1)
     assert full > 0  # its queue did fill
     for seq in (1, 2, 3):  # relayed and acknowledged by the trainer while the worker's queue is full
         worker.send(samples_message(sample_buffer(), "slow", worker.session, seq, 5 * seq))

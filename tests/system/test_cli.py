@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from netrl.config.sections import describe_fields
@@ -29,15 +28,18 @@ def test_ctrl_c_after_a_role_is_done_ends_the_process_at_once_with_its_exit_code
     program = ("import runpy, sys, threading, time\n"
                "threading.Thread(target=time.sleep, args=(30,)).start()\n"
                f"sys.argv = ['netrl', '--keygen', '--keys-dir', {str(tmp_path / 'keys')!r}]\n"
-               "runpy.run_module('netrl', run_name='__main__', alter_sys=True)\n")
+               "try:\n"
+               "    runpy.run_module('netrl', run_name='__main__', alter_sys=True)\n"
+               "finally:\n"  # sys.exit(program()) raises SystemExit once program() set its Ctrl+C handler
+               "    print('program() returned', flush=True)\n")
     proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path)
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:  # wait until main() has returned
-            if "exited cleanly" in line:
+        for line in proc.stdout:  # wait until main() and program() have returned
+            if "program() returned" in line:
                 break
-        time.sleep(0.5)  # main() logs this line just before it returns
+        assert "program() returned" in line
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 0  # not 30 s later, and not 130
         assert proc.stderr is not None and "Traceback" not in proc.stderr.read()

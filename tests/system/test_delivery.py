@@ -47,7 +47,7 @@ def test_server_kill9_mid_stream_loses_nothing_and_workers_carry_on(tmp_path: Pa
     server.send_signal(signal.SIGKILL)  # mid-stream: workers hold unacknowledged packets, the spool may hold some
     server.wait()
     before = sum(delivered(run_dir).values())
-    time.sleep(1.0)
+    time.sleep(1.0)  # time passes on purpose: an outage, in which the workers keep what they cannot send
     server = procs.spawn("server", config)  # same spool folder
     for w in workers:  # the same worker processes resume on their own
         assert w.wait(timeout=120) == 0, procs.log(w)[-3000:]
@@ -159,7 +159,7 @@ def test_slow_trainer_keeps_server_memory_bounded_and_counts_add_up(tmp_path: Pa
     run_dir = tmp_path / "weights" / "test"
     server = procs.spawn("server", config)
     procs.wait_for(server, "server listening")
-    time.sleep(1.0)
+    time.sleep(1.0)  # time passes on purpose: the idle server settles before its size is taken as the baseline
     proc = psutil.Process(server.pid)
     idle_rss = proc.memory_info().rss
     trainer = procs.spawn("trainer", config)

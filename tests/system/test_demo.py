@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.fakes import small_config
+from tests.fakes import small_config, wait_until
 
 
 def _demo_until(config: Path, log: Path, rounds: str) -> str:
@@ -102,10 +102,13 @@ def _training_demo(tmp_path: Path, log: Path) -> tuple[subprocess.Popen[bytes], 
 
 
 def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp_path: Path) -> None:
-    demo, children = _training_demo(tmp_path, tmp_path / "demo.log")
+    log = tmp_path / "demo.log"
+    demo, children = _training_demo(tmp_path, log)
     try:
         demo.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        # the demo passes its first Ctrl+C on to its roles: once its trainer says so, it waits for them
+        wait_until(lambda: log.read_text().count("received SIGINT: stopping") >= 2, 10, "the first Ctrl+C passed on",
+                   poll=0.05)
         demo.send_signal(signal.SIGINT)  # impatient: while the demo waits for its children
         demo.wait(timeout=10)
     finally:

@@ -392,8 +392,13 @@ def test_the_first_action_after_a_wait_for_the_trainer_uses_the_weights_that_cam
     record = worker._record
     monkeypatch.setattr(worker, "_record", lambda *a, **kw: (tagged.append(kw.get("version", -1)), record(*a, **kw)))
 
+    failed: list[AssertionError] = []
+
     def trainer() -> None:  # trains while the worker waits: a new version first, then a larger allowance
-        time.sleep(0.2)
+        try:
+            wait_until(lambda: net.waiting_for_pace, 10, "the worker to wait for its allowance", poll=0.01)
+        except AssertionError as exc:  # reported below; the worker still gets its allowance, or it waits for ever
+            failed.append(exc)
         weights.slot.put(7, "s" * 16, copy.deepcopy(worker.actor))
         with net.pace_cond:
             net.allowance, net.paced = 10, True
@@ -406,6 +411,7 @@ def test_the_first_action_after_a_wait_for_the_trainer_uses_the_weights_that_cam
     finally:
         helper.join()
         worker.close()
+    assert not failed, failed
     assert tagged[-1] == 7 and worker.version == 7  # not the version from before the wait
 
 
