@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import pickle
 import re
@@ -320,7 +321,13 @@ def test_a_six_argument_sample_preprocessor_is_accepted_and_applied(memory_cls: 
 
 
 def test_a_sample_preprocessor_without_a_readable_signature_is_accepted() -> None:
-    ReplayMemory(memory_size=10, sample_preprocessor=max)  # a builtin: the first sample() would tell
+    with pytest.raises(ValueError, match="no signature found"):  # a builtin: its arguments cannot be checked
+        inspect.signature(max)
+    mem = ReplayMemory(memory_size=100, batch_size=16, seed=0, sample_preprocessor=max)  # accepted when built
+    assert mem.sample_preprocessor is max
+    fill(mem, [(0, 10, True)])
+    with pytest.raises(ValueError, match="truth value of an array"):  # kept and called: the first sample() tells
+        mem.sample()
 
 
 def old_preprocessor(obs: Any, act: Any, rew: Any, next_obs: Any, done: Any) -> tuple[Any, ...]:
