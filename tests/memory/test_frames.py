@@ -20,7 +20,7 @@ from netrl.memory import frames as frames_module
 from netrl.memory.frames import FrameStackCompressor, FrameStackMemory, decode_frame, encode_frame, encoded_capacity
 from netrl.pipelines.image import image_pipeline
 from netrl.protocol.schema import SampleSchema
-from netrl.samples import Buffer
+from netrl.samples import Buffer, BufferBuilder
 from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded, same
 
@@ -288,23 +288,42 @@ class Ticks(gymnasium.Env[np.ndarray, np.ndarray]):
         return np.full((16, 16), 10 * self.episode + self.t, np.uint8), 0.0, False, self.t >= 3, {}
 
 
-def record(env: gymnasium.Env[Any, Any], compressor: FrameStackCompressor, steps: int = 3) -> None:
-    """Pass one episode's rows through ``compressor`` as a worker records them: the first observation, then steps."""
+def record(env: gymnasium.Env[Any, Any], compressor: FrameStackCompressor, steps: int = 3,
+           rows: list[tuple[Any, ...]] | None = None) -> None:
+    """Pass one episode's rows through ``compressor`` as a worker records them: the first observation, then steps.
+    With ``rows``, append ``(the env's stack, what the compressor passed, reset, terminated, truncated)`` for each."""
     act = np.zeros(2, np.float32)
-    compressor(act, env.reset()[0], 0.0, False, False, {})
+    obs = env.reset()[0]
+    passed = compressor(act, obs, 0.0, False, False, {})
+    if rows is not None:
+        rows.append((np.array(obs), passed[1], True, False, False))
     for _ in range(steps):
         obs, rew, terminated, truncated, info = env.step(act)
-        compressor(act, obs, float(rew), terminated, truncated, info)
+        passed = compressor(act, obs, float(rew), terminated, truncated, info)
+        if rows is not None:
+            rows.append((np.array(obs), passed[1], False, terminated, truncated))
 
 
 def test_the_compressor_passes_stacks_as_the_memory_rebuilds_them_after_a_probe_or_a_stopped_episode() -> None:
     env = gymnasium.wrappers.FrameStackObservation(Ticks(), 4)  # padding_type="reset"
     compressor = FrameStackCompressor()
     SampleSchema.from_spaces(env.observation_space, env.action_space, compressor)  # a random stack, as a trainer's
-    record(env, compressor)
-    record(env, compressor, steps=1)  # stopped before its end: the next episode starts unannounced
+    rows: list[tuple[Any, ...]] = []
+    record(env, compressor, rows=rows)
+    record(env, compressor, steps=1, rows=rows)  # stopped before its end: the next episode starts unannounced
     for _ in range(3):
-        record(env, compressor)
+        record(env, compressor, rows=rows)
+    builder = BufferBuilder(len(rows))
+    for i, (_, frame, reset, terminated, truncated) in enumerate(rows):  # each row's action is its index
+        builder.add(np.full(1, i, np.float32), frame, 0.0, terminated, truncated, reset, 0)
+    memory = FrameStackMemory(memory_size=100, stack=4)
+    memory.append_buffer(builder.cut())
+    assert len(memory) == len(rows) - 5  # a transition ends at every row but the first of each of the 5 episodes
+    for i in range(len(memory)):
+        obs, act, _, next_obs, *_ = memory.get_transition(i)
+        row = int(act[0])
+        np.testing.assert_array_equal(obs, rows[row - 1][0])  # the stacks the env produced, rebuilt exactly
+        np.testing.assert_array_equal(next_obs, rows[row][0])
 
 
 def test_the_compressor_refuses_stacks_the_memory_would_rebuild_otherwise() -> None:
