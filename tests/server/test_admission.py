@@ -183,7 +183,8 @@ def test_a_version_its_trainer_left_unfinished_gives_way_to_the_last_complete_on
     early.hello()
     assert early.expect(MsgType.WEIGHTS).policy_version == 2  # cut-through: the part that arrived
     trainer.send(Message(MsgType.BYE, "trainer"))
-    wait_until(lambda: srv.snapshot()["weights_version"] == 1, 5, "v2 abandoned with its trainer", poll=0.02)
+    wait_until(lambda: srv.weights.version == 1, 5, "v2 abandoned with its trainer", poll=0.02)
+    assert srv.snapshot()["weights_version"] == 1
     late = Peer(ctx, srv.worker_port, "worker", "late")
     late.hello()
     got = late.expect(MsgType.WEIGHTS)
