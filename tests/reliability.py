@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -60,16 +59,6 @@ def spooled(spool_dir: Path) -> dict[tuple[str, int], int]:
         return {(p.meta["session"], p.meta["seq"]): int(p.meta["steps"]) for p in spool.take(lambda *_: True)}
     finally:
         spool.close()
-
-
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def log_time(line: str) -> float:

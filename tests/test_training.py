@@ -29,6 +29,7 @@ from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
+from tests.fakes import ACT, OBS
 
 
 def pendulum_training(**kw: object) -> tuple[TrainingOffline, RolloutWorker]:
@@ -296,7 +297,7 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     before.start(source)  # type: ignore[arg-type]
     assert list(before.run_epoch(source, stop)) == []  # type: ignore[arg-type]
     assert before.round_steps == 4
-    time.sleep(0.3)
+    time.sleep(0.3)  # time passes on purpose: the round's time so far, which its row must count
     state = json.loads(json.dumps(before.state()))  # as the checkpoint's state file holds it
 
     after = vector_training(rounds=1, steps=10, start_training=0, update_buffer_interval=1,
@@ -317,11 +318,25 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     assert 0.3 <= row["wall_s"] < 2.0  # the round's time up to the checkpoint counts, the rebuild's does not
 
 
-def test_the_cnn_encoder_refuses_frames_it_would_scale_wrongly() -> None:
-    # forward() divides by 255: a float [0, 1] image space was accepted and its inputs came out 255 times too small.
-    from netrl.agents.cnn import ConvEncoder
-
-    with pytest.raises(ValueError, match=r"ConvEncoder takes uint8 frames \(0-255\), which it scales to \[0, 1\] \(got "
-                                         r"a float32 space"):
-        ConvEncoder(gymnasium.spaces.Box(0.0, 1.0, (4, 64, 64), np.float32))
-    assert ConvEncoder(gymnasium.spaces.Box(0, 255, (4, 64, 64), np.uint8)).features == 64
+@pytest.mark.parametrize("stale_weight", [0.0, 0.25])
+def test_stale_samples_are_dropped_or_down_weighted(stale_weight: float) -> None:
+    training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=64, max_policy_lag=2,
+                               stale_sample_weight=stale_weight, seed=0)
+    training.build()
+    n = 9  # a reset row, then 8 steps chosen by policies v10, v10, v9, v8, v7, v6, v5, v3
+    versions = np.array([0, 10, 10, 9, 8, 7, 6, 5, 3])
+    buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.arange(n, dtype=np.float32)[:, None],
+                 rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                 reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=versions, recv_version=10)
+    assert training.add(buf) == 8  # every env step counts as received, stale or not
+    assert training._round.stale == 4  # lag 3, 4, 5 and 7 exceed max_policy_lag=2
+    memory = training.memory
+    assert isinstance(memory, ReplayMemory)
+    batch = memory.sample()
+    next_obs = batch.next_obs.numpy()[:, 0].astype(int)
+    if stale_weight == 0.0:
+        assert len(memory) == 4 and set(next_obs) <= {1, 2, 3, 4} and batch.weight is None
+    else:
+        assert len(memory) == 8 and batch.weight is not None
+        expected = np.where(versions[next_obs] < 8, stale_weight, 1.0)
+        np.testing.assert_allclose(batch.weight.numpy(), expected)
