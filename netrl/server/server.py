@@ -114,6 +114,12 @@ class Server:
                                    self.admission, self.stats, self.out.must_send)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
+        # what the server does with each message a peer may send it after HELLO (check_role has let it through)
+        self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
+            MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self.intake.on_heartbeat,
+            MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
+            MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
+            MsgType.BYE: self._forget_leaving}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -290,7 +296,7 @@ class Server:
             self.admission.reject(role, rid, peer, str(exc))
             return
         peer.last_seen = time.time()
-        handler = getattr(self, f"_on_{msg.type.value}", None)
+        handler = self.handlers.get(msg.type)
         if handler is None:
             self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
             return
@@ -357,20 +363,14 @@ class Server:
             self.weights.trainer_left()
             self._stream_weights()
 
-    # -- handlers, one per message type --------------------------------------------------------------------
-    def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_samples(peer, msg, frames)
-
-    def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_heartbeat(peer, msg, frames)
-
-    def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    # -- the server's own handlers (self.handlers) ---------------------------------------------------------
+    def _forget_leaving(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
         log.info("%s disconnected (%s)", peer.label, (reason if reason.isprintable() else repr(reason)) or "no reason "
                  "given")
         self._forget(peer)
 
-    def _on_ack(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
             problem = peer.weights_acked(seqs)
@@ -382,11 +382,11 @@ class Server:
         assert self.relay is not None
         self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
-    def _on_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    def _add_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         assert self.relay is not None
         self.relay.add_credit(msg.body["bundles"])
 
-    def _on_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    def _cache_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         b = msg.body
         completed = self.weights.completed
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
@@ -401,12 +401,6 @@ class Server:
     def _stream_weights(self) -> None:
         for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
             self._send_weights(worker)
-
-    def _on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_schema(peer, msg, frames)
-
-    def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_progress(peer, msg, frames)
 
     # -- sending (netrl.server.outbound) ---------------------------------------------------------------------------
     def _send_to_trainer(self, frames: list[Any]) -> bool:
