@@ -74,16 +74,6 @@ def test_status_plot_and_status_lines_of_a_running_system(tmp_path: Path, procs:
     assert netrl("--plot", "no-such-run", "--config", str(config)).returncode == 1
 
 
-def test_every_counter_the_server_keeps_is_listed_for_the_snapshot() -> None:
-    from netrl.server.status import COUNTERS
-
-    root = Path(__file__).resolve().parent.parent / "netrl" / "server"
-    used = set()
-    for module in root.glob("*.py"):
-        used |= set(re.findall(r'stats\["(\w+)"\]', module.read_text()))
-    assert used and used <= set(COUNTERS), used - set(COUNTERS)
-
-
 def test_rates_are_per_second_over_a_window() -> None:
     rates = Rates(window_s=5.0)
     for t in range(10):

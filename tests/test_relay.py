@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from netrl.protocol.messages import MsgType
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, decode
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import QueuedPacket
 from netrl.server.relay import FRAME_OVERHEAD, MAX_BUNDLE_PARTS, SampleRelay
 from netrl.server.spool import Spool
@@ -28,7 +28,7 @@ class Relay:
         self.workers: list[str] = []  # the connected workers' names
         self.relay = SampleRelay(Spool(tmp_path / "spool", spool_bytes), min_samples, max_bundle_bytes,
                                  max_message_bytes, max_delay_s=10.0, max_queue_bytes=1 << 30, spool_after_s=60.0,
-                                 stats=collections.Counter(), send_to_trainer=self._send,
+                                 stats=ServerCounters(), send_to_trainer=self._send,
                                  tell_worker=lambda *told: self.told.append(told), workers=lambda: self.workers)
 
     def _send(self, frames: list[Any]) -> bool:

@@ -18,7 +18,6 @@ and logs what is rejected.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema, load_schema, save_schema
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, frames_nbytes
 from netrl.server.admission import Admission
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import MAX_COUNT, MAX_REPORTED, Peer, PeerTable, QueuedPacket
 from netrl.server.relay import SampleRelay, memory_cost
 from netrl.util import worth_logging
@@ -54,7 +54,7 @@ class SampleIntake:
     """
 
     def __init__(self, net: NetworkConfig, max_queue_bytes: int, schema_path: Path, peers: PeerTable,
-                 admission: Admission, stats: collections.Counter[str],
+                 admission: Admission, stats: ServerCounters,
                  send: Callable[[Peer, Message], None]) -> None:
         self.net, self.max_queue_bytes, self.schema_path = net, max_queue_bytes, schema_path
         self.peers, self.admission, self.stats, self.send = peers, admission, stats, send
@@ -104,7 +104,7 @@ class SampleIntake:
         if outcome in ("held", "spooled"):
             peer.samples += steps
             peer.packets += 1
-            self.stats["samples_in"] += steps
+            self.stats.samples_in += steps
 
     def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
         """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
@@ -118,7 +118,7 @@ class SampleIntake:
         window would otherwise take the whole queue, then the spool; one that keeps to it sees this only for its
         first window, before the server has seen what its packets cost."""
         peer.over_window += 1
-        self.stats["window_refusals"] += 1
+        self.stats.window_refusals += 1
         reason = (f"over this worker's window: its unacknowledged packets take {held} of the {self.window()} bytes of "
                   f"the server's memory it may use; keep to the window of the latest ACK ({self.window_for(peer)} "
                   "bytes of packets) and wait for ACKs")

@@ -12,15 +12,15 @@ sample packet against the trainer's schema (compressed images are relayed withou
 checks their contents), and hands packets to :class:`~netrl.server.relay.SampleRelay`, which decides where each waits
 and when its worker is acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`) and
 streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE
-allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats["rejected"]``),
+allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats.rejected``),
 logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
 window and PACE;
-:class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line.
+:class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part counts what it
+does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -39,6 +39,7 @@ from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode
 from netrl.server.admission import Admission
+from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
@@ -98,7 +99,7 @@ class Server:
         self.weights = WeightCache(max_weights_bytes)
         self.spool: Spool | None = None
         self.relay: SampleRelay | None = None
-        self.stats: collections.Counter[str] = collections.Counter()
+        self.stats = ServerCounters()
         self._opened = self._listening = False
         self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
                                              "spool folder are released; create a new Server to serve again"),
@@ -207,11 +208,11 @@ class Server:
         try:
             step()
         except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
-            self.stats["internal_errors"] += 1
+            self.stats.internal_errors += 1
             if now >= self._next_internal_error_log:
                 self._next_internal_error_log = now + 60.0
                 log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
-                              "later at the earliest)", self.stats["internal_errors"])
+                              "later at the earliest)", self.stats.internal_errors)
 
     def close(self) -> None:
         """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
@@ -234,8 +235,8 @@ class Server:
         log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
                  "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
                  "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
-                 "memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
-                 self.stats["samples_spooled"], self.spool.packets if self.spool else 0, self.stats["samples_refused"],
+                 "memory (their workers still have them)", self.stats.samples_out, self.stats.rejected,
+                 self.stats.samples_spooled, self.spool.packets if self.spool else 0, self.stats.samples_refused,
                  held)
 
     # -- receiving -----------------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class Server:
             try:
                 self._receive(role, frames)
             except Exception:  # a bug must not take the relay down: log it loudly, count it, carry on
-                self.stats["internal_errors"] += 1
+                self.stats.internal_errors += 1
                 log.exception("internal error while handling a message on the %s port", role)
 
     def _receive(self, role: str, frames: list[Any]) -> None:
@@ -282,7 +283,7 @@ class Server:
                 log.debug("a BYE from a %s this server does not know (already forgotten)", role)
                 return
             if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
-                self.stats["unknown_peer"] += 1
+                self.stats.unknown_peer += 1
                 self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
                                              "server restart, every client sends one); asked it to say HELLO", first=1)
                 self.admission.reply(role, rid, "unknown peer: say HELLO")
@@ -342,7 +343,7 @@ class Server:
 
     def _lost(self, peer: Peer, why: str) -> None:
         """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""
-        self.stats["peers_lost"] += 1
+        self.stats.peers_lost += 1
         packets, nbytes = peer.reported.get("backlog_packets", 0), peer.reported.get("backlog_bytes", 0)
         if packets:
             log.warning("%s lost (%s); it last reported %d unacknowledged packets (%.1f MiB): it resends them if it "
@@ -395,7 +396,7 @@ class Server:
             self.admission.reject("trainer", peer.rid, peer, problem)
         elif self.weights.completed > completed:
             log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
-            self.stats["weights_in"] += 1
+            self.stats.weights_in += 1
         self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
 
     def _stream_weights(self) -> None:
