@@ -83,22 +83,16 @@ class Server:
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
                  status_port: int | None = None, status_interval_s: float = 10.0,
                  max_weights_bytes: int = 1 << 30, max_workers: int = 1000) -> None:
-        self.min_samples, self.max_bundle_bytes = min_samples_per_server_packet, max_bundle_bytes
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
         self.net = network or NetworkConfig()
-        self.max_delay = max_packet_delay_s
-        self.max_queue_bytes = max_queue_bytes
-        self.spool_after = spool_after_s
-        self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
+        self.spool_dir = spool_dir
         self._next_internal_error_log = 0.0
         self.sockets = ServerSockets(self.net, bind_ip, trainer_port, worker_port, keys, status_port)
         self.session = new_session()
         self.peers = PeerTable()
         self.weights = WeightCache(max_weights_bytes)
-        self.spool: Spool | None = None
-        self.relay: SampleRelay | None = None
         self.stats = ServerCounters()
         self._opened = self._listening = False
         self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
@@ -111,8 +105,13 @@ class Server:
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
         self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
         self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
+        self.spool = Spool(spool_dir, spool_max_bytes, fsync)
+        self.relay = SampleRelay(self.spool, min_samples_per_server_packet, max_bundle_bytes,
+                                 self.net.max_message_bytes, max_packet_delay_s, max_queue_bytes, spool_after_s,
+                                 self.stats, self._send_to_trainer, self._tell_worker,
+                                 lambda: [w.name for w in self.peers.workers()])
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
-                                   self.admission, self.stats, self.out.must_send)
+                                   self.admission, self.relay, self.stats, self.out.must_send)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
         # what the server does with each message a peer may send it after HELLO (check_role has let it through)
@@ -143,15 +142,11 @@ class Server:
             return
         self._lock.acquire()
         try:
-            self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
+            self.spool.open()
         except BaseException:
             self._lock.release()
             raise
-        self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
-                                 self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
-                                 self._send_to_trainer, self.intake.tell_worker,
-                                 lambda: [w.name for w in self.peers.workers()])
-        self.intake.open(self.relay)
+        self.intake.open()
         self._opened = True
         self.sockets.open()
         self._listening = True
@@ -197,7 +192,6 @@ class Server:
     def _housekeeping(self, now: float) -> None:
         """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
         relay, trainer = self.relay, self.peers.trainer is not None
-        assert relay is not None
         steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
                                            lambda: self._heartbeats(now), lambda: self.status.tick(now)]
@@ -223,21 +217,19 @@ class Server:
         for peer in self.peers.values():
             self.out.send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         self.sockets.close()
-        if self.spool is not None:
-            try:
-                self.spool.close()
-            except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
-                log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
+        try:
+            self.spool.close()
+        except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
+            log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         self._lock.release()
         if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
             return
-        held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
                  "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
                  "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
                  "memory (their workers still have them)", self.stats.samples_out, self.stats.rejected,
-                 self.stats.samples_spooled, self.spool.packets if self.spool else 0, self.stats.samples_refused,
-                 held)
+                 self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
+                 self.relay.held_packets())
 
     # -- receiving -----------------------------------------------------------------------------------------
     # The stop event is seen only between polls (a SIGINT does not end one): a wait of heartbeat_interval_s / 2
@@ -246,7 +238,7 @@ class Server:
 
     def _poll_timeout_ms(self) -> int:
         timeout = min(self.net.heartbeat_interval_s / 2, self.MAX_POLL_S)
-        deadline = self.relay.next_deadline(self.peers.trainer is not None) if self.relay else None
+        deadline = self.relay.next_deadline(self.peers.trainer is not None)
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         if self.out.waiting():  # a peer's queue was full: try again soon
@@ -322,7 +314,6 @@ class Server:
             self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
 
     def _trainer_joined(self, peer: Peer) -> None:
-        assert self.relay is not None
         self.relay.trainer_joined()
         self.weights.trainer_session(peer.session, self.peers.values())
 
@@ -359,8 +350,7 @@ class Server:
             self.status.worker_left(peer)
         if peer.role == "trainer":
             self.intake.progress = None
-            if self.relay is not None:
-                self.relay.trainer_left()
+            self.relay.trainer_left()
             self.weights.trainer_left()
             self._stream_weights()
 
@@ -380,11 +370,9 @@ class Server:
                 return
             self._send_weights(peer)
             return
-        assert self.relay is not None
         self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
     def _add_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        assert self.relay is not None
         self.relay.add_credit(msg.body["bundles"])
 
     def _cache_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
@@ -407,6 +395,9 @@ class Server:
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
         return trainer is not None and self.out.send_frames(trainer, frames) is True
+
+    def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
+        self.intake.tell_worker(session, kind, body)  # (the intake is built after the relay, which it takes)
 
     def _send_weights(self, worker: Peer) -> None:
         self.out.stream_weights(worker)

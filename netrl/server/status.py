@@ -79,7 +79,7 @@ def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> b
 
 class ServerStatus:
     """Connected peers, rates, queues and counters of one server session. ``intake`` supplies the trainer's
-    progress and, once the server is open, the relay."""
+    progress and the relay."""
 
     def __init__(self, session: str, peers: PeerTable, weights: WeightCache, intake: SampleIntake,
                  sockets: ServerSockets, stats: ServerCounters, interval_s: float) -> None:
@@ -111,7 +111,7 @@ class ServerStatus:
         workers = [p.describe() for p in self.peers.workers()]
         relay = self.intake.relay
         for w in workers:  # its packets in the spool, against its share (netrl.server.relay)
-            w["spooled_bytes"] = relay.spool.by_worker.get(w["name"], 0) if relay else 0
+            w["spooled_bytes"] = relay.spool.by_worker.get(w["name"], 0)
         by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
         by_workers += sum(self._departed.values()) + self._departed_folded  # those gone count too
         return {
@@ -121,7 +121,7 @@ class ServerStatus:
             "progress": self.intake.progress,
             "weights_version": self.weights.complete_version,
             "rates": self.rates.rates(),
-            **(relay.snapshot() if relay else {}),
+            **relay.snapshot(),
             "rejected": self.stats.rejected, "refused": self.stats.samples_refused,
             "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
             "failed_handshakes": {"trainer": self.stats.failed_handshakes_trainer,

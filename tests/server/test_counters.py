@@ -42,7 +42,7 @@ def test_the_snapshot_lists_every_declared_counter_and_every_part_counts_in_the_
     srv = Server(spool_dir=tmp_path / "spool")
     try:
         assert srv.snapshot()["stats"] == dict.fromkeys(STATUS_KEYS, 0)  # at 0 until they count: no key missing
-        assert all(part.stats is srv.stats for part in (srv.admission, srv.out, srv.intake, srv.status))
+        assert all(part.stats is srv.stats for part in (srv.admission, srv.out, srv.intake, srv.relay, srv.status))
         srv.stats.window_refusals += 2
         srv.stats.handshake_failed("worker")
         snapshot = srv.snapshot()
