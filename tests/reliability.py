@@ -54,7 +54,7 @@ def spooled(spool_dir: Path) -> dict[tuple[str, int], int]:
 
     if not spool_dir.exists():
         return {}
-    spool = Spool(spool_dir, max_bytes=1 << 40)
+    spool = Spool(spool_dir, max_bytes=1 << 40).open()
     try:
         return {(p.meta["session"], p.meta["seq"]): int(p.meta["steps"]) for p in spool.take(lambda *_: True)}
     finally:

@@ -1,15 +1,30 @@
 """A role's network thread: owns a :class:`~netrl.net.transport.ClientLink` and an inproc pipe from the role's main
-thread.
+thread, and the layout of the commands that cross that pipe.
 
 ZeroMQ sockets are not thread-safe, so a worker's or trainer's main thread (env steps, training) never touches the
-link's socket and never blocks on the network: it hands frames over an inproc PAIR pipe, zero-copy, and reads
+link's socket and never blocks on the network: it hands commands over an inproc PAIR pipe, zero-copy, and reads
 results from whatever thread-safe state the subclass (:class:`~netrl.worker.link.WorkerLink`,
 :class:`~netrl.trainer.link.TrainerLink`) exposes.
+
+A command is one multipart message on the pipe. Its first frame, the head, is the command's kind (one byte, a
+:class:`Command`) and a fixed set of little-endian integers; the frames after it are handed over as they are,
+zero-copy (a message encoded by :mod:`netrl.protocol.wire`, for the network thread to send)::
+
+    PACKET     worker    head: u8 1 | u64 seq | u64 steps     then one SAMPLES message: the packet, kept until acked
+    CREDIT     trainer   head: u8 2                           nothing: the loop took bundles, grant credit now
+    WEIGHTS    trainer   head: u8 3 | u32 part | i64 version  then one WEIGHTS message: that part of the version
+    PROGRESS   trainer   head: u8 4                           then one PROGRESS message
+
+:func:`command_head` writes a head and :func:`read_command` reads it back. A head no command has (an unknown kind,
+or the wrong size for its kind) is a bug in the role, not input from a peer: it raises ValueError, and a network
+thread that meets one stops with it, which the main thread's next command reports.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,9 +37,40 @@ from netrl.net.keys import ClientKeys
 from netrl.net.transport import ClientLink
 from netrl.protocol.messages import Message
 
-__all__ = ["NetThread"]
+__all__ = ["Command", "NetThread", "command_head", "read_command"]
 
 log = logging.getLogger(__name__)
+
+
+class Command(enum.IntEnum):
+    """What a role's main thread asks of its network thread: the first byte of a command's head."""
+
+    PACKET = 1  # worker: send a sample packet, and keep it until the server acknowledges it
+    CREDIT = 2  # trainer: the training loop took bundles
+    WEIGHTS = 3  # trainer: a part of a weight version to send
+    PROGRESS = 4  # trainer: the training loop's progress, for the server's pacing
+
+
+# Each command's head: its kind, then its integers (the module docstring shows them).
+_HEADS = {Command.PACKET: struct.Struct("<BQQ"), Command.CREDIT: struct.Struct("<B"),
+          Command.WEIGHTS: struct.Struct("<BIq"), Command.PROGRESS: struct.Struct("<B")}
+_BY_BYTE = {int(kind): (kind, head) for kind, head in _HEADS.items()}
+
+
+def command_head(kind: Command, *values: int) -> bytes:
+    """The first frame of a ``kind`` command carrying ``values`` (struct.error if they do not fit its head)."""
+    return _HEADS[kind].pack(kind, *values)
+
+
+def read_command(head: Any) -> tuple[Command, tuple[int, ...]]:
+    """The kind and integers of a command's head (a zmq.Frame or bytes); ValueError for a head no command has."""
+    view = memoryview(head)
+    known = _BY_BYTE.get(view[0]) if view.nbytes else None
+    if known is None or view.nbytes != known[1].size:
+        what = f"a {known[0].name} command's head of {view.nbytes} bytes" if known else "an unknown command"
+        raise ValueError(f"{what} ({bytes(view[:32]).hex() or 'empty'}) on a network thread's pipe: a bug in its "
+                         f"role, which must build commands with command_head()")
+    return known[0], known[1].unpack(view)[1:]
 
 
 class NetThread(threading.Thread):
@@ -54,8 +100,9 @@ class NetThread(threading.Thread):
 
     # -- main-thread side ---------------------------------------------------------------------------------
     def command(self, frames: Sequence[Any], track: bool = False) -> zmq.MessageTracker | None:
-        """Hand frames to the network thread (zero-copy, never blocks). With ``track``, the returned tracker is
-        done once ZeroMQ no longer holds the frames' memory anywhere (all sends that reused it are complete).
+        """Hand a command to the network thread: its head (:func:`command_head`), then its frames (zero-copy, never
+        blocks). With ``track``, the returned tracker is done once ZeroMQ no longer holds the last frame's memory
+        anywhere (all sends that reused it are complete).
 
         Raises NetrlError once the network thread has ended (its end of the pipe is closed, so a send would block
         forever)."""
@@ -128,6 +175,7 @@ class NetThread(threading.Thread):
         raise NotImplementedError
 
     def on_command(self, frames: list[Any]) -> None:
+        """A command from the main thread: ``frames[0]`` is its head (:func:`read_command`), the rest its frames."""
         raise NotImplementedError
 
     def on_tick(self) -> None:

@@ -23,6 +23,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.net.transport import Liveness
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
 from netrl.util import worth_logging
@@ -36,7 +37,7 @@ class Admission:
     """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
 
     def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
-                 stats: collections.Counter[str], forget: Callable[[Peer], None], max_workers: int) -> None:
+                 stats: ServerCounters, forget: Callable[[Peer], None], max_workers: int) -> None:
         self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
         self.max_workers = max_workers
         self.forget = forget  # the server's: drops a peer and whatever it was doing
@@ -68,7 +69,7 @@ class Admission:
             return None
         replaced = self.peers.replaced_by(peer)
         if role == "worker" and not replaced and self.peers.worker_count() >= self.max_workers:
-            self.stats["refused_full"] += 1
+            self.stats.refused_full += 1
             # for now: a worker that died without BYE frees its place within the liveness window
             self.refuse(role, rid, None, f"{self.max_workers} workers are connected (server.max_workers)",
                         f"the server already has {self.max_workers} workers connected, its server.max_workers: raise "
@@ -116,8 +117,8 @@ class Admission:
         self.reply(role, rid, told, retry_s)
 
     def reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
-        """Count a bad message in ``stats["rejected"]`` and log it (the sender is not told)."""
-        self.stats["rejected"] += 1
+        """Count a bad message in ``stats.rejected`` and log it (the sender is not told)."""
+        self.stats.rejected += 1
         self.log_rejection(role, rid, peer, reason)
 
     def log_rejection(self, role: str, rid: bytes, peer: Peer | None, reason: str, first: int = 10) -> None:
@@ -144,11 +145,10 @@ class Admission:
         try:
             failed = self.sockets.failed_handshakes(role)
         except Exception:  # diagnostics must not take the relay down
-            self.stats["internal_errors"] += 1
+            self.stats.internal_errors += 1
             log.exception("internal error while reading the %s port's handshake events", role)
             return
         for why in failed:
-            self.stats[f"failed_handshakes_{role}"] += 1
-            count = self.stats[f"failed_handshakes_{role}"]
+            count = self.stats.handshake_failed(role)
             if worth_logging(count):
                 log.warning("a connection to the %s port failed its handshake: %s (%d so far)", role, why, count)

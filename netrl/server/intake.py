@@ -18,7 +18,6 @@ and logs what is rejected.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema, load_schema, save_schema
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, frames_nbytes
 from netrl.server.admission import Admission
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import MAX_COUNT, MAX_REPORTED, Peer, PeerTable, QueuedPacket
 from netrl.server.relay import SampleRelay, memory_cost
 from netrl.util import worth_logging
@@ -49,29 +49,27 @@ IDLE_HEARTBEATS = 4
 class SampleIntake:
     """Worker packets checked for the relay, and each worker's window and PACE allowance.
 
-    The server constructs it (no I/O), hands it the relay in :meth:`open`, and routes SAMPLES, SCHEMA and PROGRESS
+    The server constructs it (no I/O), then calls :meth:`open`, and routes SAMPLES, HEARTBEAT, SCHEMA and PROGRESS
     to its ``on_*`` methods; the relay acknowledges workers through :meth:`tell_worker`.
     """
 
     def __init__(self, net: NetworkConfig, max_queue_bytes: int, schema_path: Path, peers: PeerTable,
-                 admission: Admission, stats: collections.Counter[str],
+                 admission: Admission, relay: SampleRelay, stats: ServerCounters,
                  send: Callable[[Peer, Message], None]) -> None:
         self.net, self.max_queue_bytes, self.schema_path = net, max_queue_bytes, schema_path
         self.peers, self.admission, self.stats, self.send = peers, admission, stats, send
-        self.relay: SampleRelay | None = None
+        self.relay = relay
         self.schema: SampleSchema | None = None
         self.progress: dict[str, int] | None = None  # the trainer's latest PROGRESS (None: no trainer)
         self.workers_joined = False  # since the last pass of the server's loop
 
-    def open(self, relay: SampleRelay) -> None:
-        """Take the relay, and the layout a previous run saved (checked until the trainer sends its own)."""
-        self.relay = relay
+    def open(self) -> None:
+        """Read the layout a previous run saved (packets are checked against it until the trainer sends its own)."""
         self.schema = load_schema(self.schema_path)
 
     # -- packets in ----------------------------------------------------------------------------------------------
     def on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         """A worker's packet: refused with a NACK unless it passes every check, else handed to the relay."""
-        assert self.relay is not None
         if msg.body["session"] != peer.session or msg.sender != peer.name:  # the trainer trusts these names
             self._refuse(peer, msg.seq, f"the packet says it is from worker {msg.sender[:64]!r}, session "
                          f"{msg.body['session'][:16]!r}, but this connection said HELLO as {peer.name!r}, session "
@@ -104,7 +102,7 @@ class SampleIntake:
         if outcome in ("held", "spooled"):
             peer.samples += steps
             peer.packets += 1
-            self.stats["samples_in"] += steps
+            self.stats.samples_in += steps
 
     def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
         """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
@@ -118,7 +116,7 @@ class SampleIntake:
         window would otherwise take the whole queue, then the spool; one that keeps to it sees this only for its
         first window, before the server has seen what its packets cost."""
         peer.over_window += 1
-        self.stats["window_refusals"] += 1
+        self.stats.window_refusals += 1
         reason = (f"over this worker's window: its unacknowledged packets take {held} of the {self.window()} bytes of "
                   f"the server's memory it may use; keep to the window of the latest ACK ({self.window_for(peer)} "
                   "bytes of packets) and wait for ACKs")
@@ -205,7 +203,7 @@ class SampleIntake:
         """Raise the workers' PACE allowances to cover the samples the trainer wants beyond those on the way."""
         if self.progress is None:
             return
-        wanted = self.progress["wanted"] - self.progress["samples"] - (self.relay.on_the_way() if self.relay else 0)
+        wanted = self.progress["wanted"] - self.progress["samples"] - self.relay.on_the_way()
         for worker, allowance in self.peers.raised_allowances(wanted, IDLE_HEARTBEATS * self.net.heartbeat_interval_s):
             self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))  # kept if its queue
             worker.allowance = allowance  # is full (netrl.server.outbound)

@@ -24,6 +24,7 @@ import zmq
 
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import Peer
 from netrl.server.sockets import ServerSockets
 from netrl.server.weight_cache import WeightCache
@@ -41,7 +42,7 @@ class Outbound:
     """Sends to peers on the server's sockets; ``lost`` is called for a peer whose connection closed or that does
     not read its messages."""
 
-    def __init__(self, sockets: ServerSockets, stats: collections.Counter[str], weights: WeightCache,
+    def __init__(self, sockets: ServerSockets, stats: ServerCounters, weights: WeightCache,
                  lost: Callable[[Peer, str], None]) -> None:
         self.sockets, self.stats, self.weights, self.lost = sockets, stats, weights, lost
         self.outboxes: dict[bytes, collections.deque[Message]] = {}  # by routing id: messages a full queue refused
@@ -57,7 +58,7 @@ class Outbound:
         try:
             sock.send_multipart([peer.rid, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self.stats["send_full"] += 1
+            self.stats.send_full += 1
             return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
@@ -101,7 +102,7 @@ class Outbound:
             return results[-1] is True
 
         if self.weights.stream(worker, send):
-            self.stats["weights_out"] += 1
+            self.stats.weights_out += 1
         if results and results[-1] is False:
             self.blocked[worker.rid] = worker  # its queue filled mid-version: retry() resumes it
 

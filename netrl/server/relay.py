@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from netrl.protocol.messages import MsgType
 from netrl.protocol.wire import encode_bundle, max_packet_bytes
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import QueuedPacket
 from netrl.server.spool import Spool, SpooledPacket
 
@@ -55,7 +56,7 @@ class SampleRelay:
     """Sample packets between the workers and the trainer. The server owns it and supplies the two sends."""
 
     def __init__(self, spool: Spool, min_samples: int, max_bundle_bytes: int, max_message_bytes: int,
-                 max_delay_s: float, max_queue_bytes: int, spool_after_s: float, stats: collections.Counter[str],
+                 max_delay_s: float, max_queue_bytes: int, spool_after_s: float, stats: ServerCounters,
                  send_to_trainer: Callable[[list[Any]], bool],
                  tell_worker: Callable[[str, MsgType, dict[str, Any]], None],
                  workers: Callable[[], Collection[str]]) -> None:
@@ -87,7 +88,7 @@ class SampleRelay:
         worker's share of the memory is enforced before: :meth:`netrl.server.intake.SampleIntake.on_samples`.)"""
         key = (packet.session, packet.seq)
         if key in self.held:  # a resend of a packet still held: it is acknowledged with the original
-            self.stats["resends_ignored"] += 1
+            self.stats.resends_ignored += 1
             return "duplicate"
         cost = memory_cost(packet)
         if trainer_connected and self.mem_bytes + cost <= self.max_queue_bytes:
@@ -110,7 +111,7 @@ class SampleRelay:
                 self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq]})  # on disk: the server has it
                 return "spooled"
             reason = "the server cannot write its spool"
-        self.stats["samples_refused"] += packet.steps
+        self.stats.samples_refused += packet.steps
         self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0, "reason": reason})
         return "refused"
 
@@ -129,7 +130,7 @@ class SampleRelay:
     def _over_spool_share(self, packet: QueuedPacket) -> str:
         """Count and log (at most every 10 s) a packet refused for its worker's share of the spool; the NACK's
         reason."""
-        self.stats["spool_share_refusals"] += 1
+        self.stats.spool_share_refusals += 1
         workers, mine = len(self.workers()), self.spool.by_worker.get(packet.worker, 0)
         reason = (f"worker {packet.worker!r} has {mine} bytes in the spool, and {packet.nbytes} more would pass its "
                   f"share ({self.spool.max_bytes} bytes between {workers} connected workers) into the room kept for "
@@ -139,7 +140,7 @@ class SampleRelay:
             self._last_share_warning = now
             log.warning("refused a packet for the spool: %s; it resends once the trainer takes spooled packets "
                         "(server.spool_max_bytes sets the spool's size; %d refused so far)", reason,
-                        self.stats["spool_share_refusals"])
+                        self.stats.spool_share_refusals)
         return reason
 
     def _spool(self, packet: QueuedPacket) -> bool:
@@ -153,19 +154,19 @@ class SampleRelay:
         except OSError as exc:
             self._spool_failed(exc)
             return False
-        self.stats["samples_spooled"] += packet.steps
+        self.stats.samples_spooled += packet.steps
         return True
 
     def _spool_failed(self, exc: OSError) -> None:
         """The disk refused the spool: the packets stay with their workers (or in memory), nothing is lost."""
-        self.stats["spool_errors"] += 1
+        self.stats.spool_errors += 1
         now = time.monotonic()
         self._spool_retry_at = now + 1.0
         if now - self._last_spool_error > 10:
             self._last_spool_error = now
             log.error("cannot use the spool in %s (%s); packets stay with their workers until it works again: free "
                       "disk space there, or raise the open-file limit (ulimit -n) (%d spool errors so far)",
-                      self.spool.dir, exc, self.stats["spool_errors"])
+                      self.spool.dir, exc, self.stats.spool_errors)
 
     # -- the trainer ---------------------------------------------------------------------------------------------
     def trainer_joined(self) -> None:
@@ -192,7 +193,7 @@ class SampleRelay:
         for seq in bundle_seqs:
             for packet in self.inflight.pop(seq, []):
                 self.inflight_steps -= packet.steps
-                self.stats["samples_out"] += packet.steps  # once delivered: resends count once
+                self.stats.samples_out += packet.steps  # once delivered: resends count once
                 if packet.spool_position is not None:
                     self.inflight_spooled -= packet.steps
                     self.spool.ack(packet.spool_position)
@@ -257,7 +258,7 @@ class SampleRelay:
             self.inflight_steps += steps
             self.inflight_spooled += sum(p.steps for p in packets if p.spool_position is not None)
             self.credit -= 1
-            self.stats["bundles_out"] += 1
+            self.stats.bundles_out += 1
             self.last_bundle_at = now
 
     def _deliverable(self, sp: SpooledPacket) -> bool:
@@ -268,12 +269,12 @@ class SampleRelay:
         if sp.nbytes <= self.bundle_limit and inflated <= self.max_message_bytes:
             return True
         steps = int(sp.meta["steps"])
-        self.stats["samples_dropped"] += steps
+        self.stats.samples_dropped += steps
         log.error("spooled packet %d of worker %s (%d samples, %d bytes, %d decoded) is over what the trainer takes: "
                   "network.max_message_bytes is %d (%d bytes for one packet, less the bundle header); it was spooled "
                   "under a larger limit. Dropped (%d samples so far): restart the server and the trainer with the "
                   "limit raised to keep such packets", sp.meta["seq"], sp.meta["worker"], steps, sp.nbytes, inflated,
-                  self.max_message_bytes, self.bundle_limit, self.stats["samples_dropped"])
+                  self.max_message_bytes, self.bundle_limit, self.stats.samples_dropped)
         self.spool.ack(sp.position)
         return False
 
@@ -358,7 +359,7 @@ class SampleRelay:
             self._last_full_warning = now
             log.warning("memory queue (%d bytes) and spool (%d of %d bytes) are full: refusing packets from worker %r "
                         "until the trainer catches up (%d samples refused so far)", self.mem_bytes, self.spool.bytes,
-                        self.spool.max_bytes, who, self.stats["samples_refused"])
+                        self.spool.max_bytes, who, self.stats.samples_refused)
 
 
 def memory_cost(packet: QueuedPacket) -> int:

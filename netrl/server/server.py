@@ -12,15 +12,15 @@ sample packet against the trainer's schema (compressed images are relayed withou
 checks their contents), and hands packets to :class:`~netrl.server.relay.SampleRelay`, which decides where each waits
 and when its worker is acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`) and
 streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE
-allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats["rejected"]``),
+allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats.rejected``),
 logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
 window and PACE;
-:class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line.
+:class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part counts what it
+does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -39,6 +39,7 @@ from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode
 from netrl.server.admission import Admission
+from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
@@ -82,23 +83,17 @@ class Server:
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
                  status_port: int | None = None, status_interval_s: float = 10.0,
                  max_weights_bytes: int = 1 << 30, max_workers: int = 1000) -> None:
-        self.min_samples, self.max_bundle_bytes = min_samples_per_server_packet, max_bundle_bytes
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
         self.net = network or NetworkConfig()
-        self.max_delay = max_packet_delay_s
-        self.max_queue_bytes = max_queue_bytes
-        self.spool_after = spool_after_s
-        self.spool_dir, self.spool_max_bytes, self.fsync = spool_dir, spool_max_bytes, fsync
+        self.spool_dir = spool_dir
         self._next_internal_error_log = 0.0
         self.sockets = ServerSockets(self.net, bind_ip, trainer_port, worker_port, keys, status_port)
         self.session = new_session()
         self.peers = PeerTable()
         self.weights = WeightCache(max_weights_bytes)
-        self.spool: Spool | None = None
-        self.relay: SampleRelay | None = None
-        self.stats: collections.Counter[str] = collections.Counter()
+        self.stats = ServerCounters()
         self._opened = self._listening = False
         self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
                                              "spool folder are released; create a new Server to serve again"),
@@ -110,10 +105,21 @@ class Server:
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
         self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
         self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
+        self.spool = Spool(spool_dir, spool_max_bytes, fsync)
+        self.relay = SampleRelay(self.spool, min_samples_per_server_packet, max_bundle_bytes,
+                                 self.net.max_message_bytes, max_packet_delay_s, max_queue_bytes, spool_after_s,
+                                 self.stats, self._send_to_trainer, self._tell_worker,
+                                 lambda: [w.name for w in self.peers.workers()])
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
-                                   self.admission, self.stats, self.out.must_send)
+                                   self.admission, self.relay, self.stats, self.out.must_send)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
+        # what the server does with each message a peer may send it after HELLO (check_role has let it through)
+        self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
+            MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self.intake.on_heartbeat,
+            MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
+            MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
+            MsgType.BYE: self._forget_leaving}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -136,15 +142,11 @@ class Server:
             return
         self._lock.acquire()
         try:
-            self.spool = Spool(self.spool_dir, self.spool_max_bytes, self.fsync)
+            self.spool.open()
         except BaseException:
             self._lock.release()
             raise
-        self.relay = SampleRelay(self.spool, self.min_samples, self.max_bundle_bytes, self.net.max_message_bytes,
-                                 self.max_delay, self.max_queue_bytes, self.spool_after, self.stats,
-                                 self._send_to_trainer, self.intake.tell_worker,
-                                 lambda: [w.name for w in self.peers.workers()])
-        self.intake.open(self.relay)
+        self.intake.open()
         self._opened = True
         self.sockets.open()
         self._listening = True
@@ -190,7 +192,6 @@ class Server:
     def _housekeeping(self, now: float) -> None:
         """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
         relay, trainer = self.relay, self.peers.trainer is not None
-        assert relay is not None
         steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
                                            lambda: self._heartbeats(now), lambda: self.status.tick(now)]
@@ -201,11 +202,11 @@ class Server:
         try:
             step()
         except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
-            self.stats["internal_errors"] += 1
+            self.stats.internal_errors += 1
             if now >= self._next_internal_error_log:
                 self._next_internal_error_log = now + 60.0
                 log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
-                              "later at the earliest)", self.stats["internal_errors"])
+                              "later at the earliest)", self.stats.internal_errors)
 
     def close(self) -> None:
         """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
@@ -216,21 +217,19 @@ class Server:
         for peer in self.peers.values():
             self.out.send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
         self.sockets.close()
-        if self.spool is not None:
-            try:
-                self.spool.close()
-            except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
-                log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
+        try:
+            self.spool.close()
+        except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
+            log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         self._lock.release()
         if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
             return
-        held = self.relay.held_packets() if self.relay else 0
         log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
                  "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
                  "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
-                 "memory (their workers still have them)", self.stats["samples_out"], self.stats["rejected"],
-                 self.stats["samples_spooled"], self.spool.packets if self.spool else 0, self.stats["samples_refused"],
-                 held)
+                 "memory (their workers still have them)", self.stats.samples_out, self.stats.rejected,
+                 self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
+                 self.relay.held_packets())
 
     # -- receiving -----------------------------------------------------------------------------------------
     # The stop event is seen only between polls (a SIGINT does not end one): a wait of heartbeat_interval_s / 2
@@ -239,7 +238,7 @@ class Server:
 
     def _poll_timeout_ms(self) -> int:
         timeout = min(self.net.heartbeat_interval_s / 2, self.MAX_POLL_S)
-        deadline = self.relay.next_deadline(self.peers.trainer is not None) if self.relay else None
+        deadline = self.relay.next_deadline(self.peers.trainer is not None)
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         if self.out.waiting():  # a peer's queue was full: try again soon
@@ -258,7 +257,7 @@ class Server:
             try:
                 self._receive(role, frames)
             except Exception:  # a bug must not take the relay down: log it loudly, count it, carry on
-                self.stats["internal_errors"] += 1
+                self.stats.internal_errors += 1
                 log.exception("internal error while handling a message on the %s port", role)
 
     def _receive(self, role: str, frames: list[Any]) -> None:
@@ -276,7 +275,7 @@ class Server:
                 log.debug("a BYE from a %s this server does not know (already forgotten)", role)
                 return
             if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
-                self.stats["unknown_peer"] += 1
+                self.stats.unknown_peer += 1
                 self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
                                              "server restart, every client sends one); asked it to say HELLO", first=1)
                 self.admission.reply(role, rid, "unknown peer: say HELLO")
@@ -290,7 +289,7 @@ class Server:
             self.admission.reject(role, rid, peer, str(exc))
             return
         peer.last_seen = time.time()
-        handler = getattr(self, f"_on_{msg.type.value}", None)
+        handler = self.handlers.get(msg.type)
         if handler is None:
             self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
             return
@@ -315,7 +314,6 @@ class Server:
             self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
 
     def _trainer_joined(self, peer: Peer) -> None:
-        assert self.relay is not None
         self.relay.trainer_joined()
         self.weights.trainer_session(peer.session, self.peers.values())
 
@@ -336,7 +334,7 @@ class Server:
 
     def _lost(self, peer: Peer, why: str) -> None:
         """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""
-        self.stats["peers_lost"] += 1
+        self.stats.peers_lost += 1
         packets, nbytes = peer.reported.get("backlog_packets", 0), peer.reported.get("backlog_bytes", 0)
         if packets:
             log.warning("%s lost (%s); it last reported %d unacknowledged packets (%.1f MiB): it resends them if it "
@@ -352,25 +350,18 @@ class Server:
             self.status.worker_left(peer)
         if peer.role == "trainer":
             self.intake.progress = None
-            if self.relay is not None:
-                self.relay.trainer_left()
+            self.relay.trainer_left()
             self.weights.trainer_left()
             self._stream_weights()
 
-    # -- handlers, one per message type --------------------------------------------------------------------
-    def _on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_samples(peer, msg, frames)
-
-    def _on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_heartbeat(peer, msg, frames)
-
-    def _on_bye(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    # -- the server's own handlers (self.handlers) ---------------------------------------------------------
+    def _forget_leaving(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
         log.info("%s disconnected (%s)", peer.label, (reason if reason.isprintable() else repr(reason)) or "no reason "
                  "given")
         self._forget(peer)
 
-    def _on_ack(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
             problem = peer.weights_acked(seqs)
@@ -379,14 +370,12 @@ class Server:
                 return
             self._send_weights(peer)
             return
-        assert self.relay is not None
         self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
-    def _on_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        assert self.relay is not None
+    def _add_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.relay.add_credit(msg.body["bundles"])
 
-    def _on_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+    def _cache_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         b = msg.body
         completed = self.weights.completed
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
@@ -395,23 +384,20 @@ class Server:
             self.admission.reject("trainer", peer.rid, peer, problem)
         elif self.weights.completed > completed:
             log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
-            self.stats["weights_in"] += 1
+            self.stats.weights_in += 1
         self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
 
     def _stream_weights(self) -> None:
         for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
             self._send_weights(worker)
 
-    def _on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_schema(peer, msg, frames)
-
-    def _on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        self.intake.on_progress(peer, msg, frames)
-
     # -- sending (netrl.server.outbound) ---------------------------------------------------------------------------
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
         return trainer is not None and self.out.send_frames(trainer, frames) is True
+
+    def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
+        self.intake.tell_worker(session, kind, body)  # (the intake is built after the relay, which it takes)
 
     def _send_weights(self, worker: Peer) -> None:
         self.out.stream_weights(worker)

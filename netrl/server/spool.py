@@ -39,34 +39,49 @@ class SpooledPacket(NamedTuple):
 class Spool:
     """A disk queue with a persistent head, a read cursor, and out-of-order acknowledgements.
 
-    ``max_bytes`` caps the packets waiting; ``by_worker`` counts their bytes by worker name (for the relay's
-    per-worker share). On disk, the folder can also hold the acknowledged start of the oldest
-    segment, and emptied segment files kept for reuse (see :mod:`netrl.storage.segments`): as many as fit in a quarter
-    of ``max_bytes``, so a small spool keeps none.
+    Construct (no I/O), then :meth:`open`, which reads the folder, and :meth:`close`. ``max_bytes`` caps
+    the packets waiting; ``by_worker`` counts their bytes by worker name (for the relay's per-worker share). On
+    disk, the folder can also hold the acknowledged start of the oldest segment, and emptied segment files kept for
+    reuse (see :mod:`netrl.storage.segments`): as many as fit in a quarter of ``max_bytes``, so a small spool keeps
+    none.
     """
 
     def __init__(self, directory: str | Path, max_bytes: int, fsync: bool = False,
                  segment_bytes: int = 64 << 20) -> None:
         self.dir = Path(directory)
         self.max_bytes = max_bytes
-        try:  # damage is skipped and reported inside; this is the disk or the folder refusing
-            self.log = SegmentLog(self.dir, segment_bytes=segment_bytes, fsync=fsync,
-                                  recycle=min(4, max_bytes // 4 // segment_bytes), meta_check=_meta_problem)
-            self.head = self._load_head()
-            self._recount()  # sets steps, bytes, by_worker, packets
-        except OSError as exc:
-            raise NetrlError(f"cannot read the server's spool in {self.dir}: {exc}") from None
-        self._cursor = self.head
+        self.fsync, self.segment_bytes = fsync, segment_bytes
+        self.log: SegmentLog  # the folder's log, from open() on
+        self._opened = False
+        # what waits on disk: nothing known until open() counts it from the head
+        self.head = self._cursor = self._head_saved = Position(0, 0)
+        self.steps = self.bytes = self.packets = self._damage_seen = 0
+        self.by_worker: collections.Counter[str] = collections.Counter()
         # packets handed out and not yet acknowledged, in log order: pos -> (next, steps, bytes, worker)
         self._outstanding: collections.OrderedDict[Position, tuple[Position, int, int, str]] = \
             collections.OrderedDict()
         self._acked: set[Position] = set()
-        self._head_saved = self.head
         self._head_saved_at = 0.0
         self._head_failing = False
+
+    def open(self) -> Spool:
+        """Open the folder (created if missing; a torn tail is cut) and count the packets waiting from the saved
+        head. Does nothing on an open spool. Returns the spool, so that ``Spool(...).open()`` reads as one step."""
+        if self._opened:
+            return self
+        try:  # damage is skipped and reported inside; this is the disk or the folder refusing
+            self.log = SegmentLog(self.dir, segment_bytes=self.segment_bytes, fsync=self.fsync,
+                                  recycle=min(4, self.max_bytes // 4 // self.segment_bytes), meta_check=_meta_problem)
+            self.head = self._load_head()
+            self._recount()  # sets steps, bytes, by_worker, packets
+        except OSError as exc:
+            raise NetrlError(f"cannot read the server's spool in {self.dir}: {exc}") from None
+        self._cursor = self._head_saved = self.head
+        self._opened = True
         if self.packets:
             log.info("spool %s holds %d packets (%d samples) from before this start", self.dir, self.packets,
                      self.steps)
+        return self
 
     def _load_head(self) -> Position:
         path = self.dir / "HEAD"
@@ -148,7 +163,7 @@ class Spool:
         self._damage_seen = self.log.damaged  # after reading: what this read found is counted already
         self.steps = sum(steps for steps, _, _ in waiting)
         self.bytes = sum(size for _, size, _ in waiting)
-        self.by_worker: collections.Counter[str] = collections.Counter()
+        self.by_worker = collections.Counter()
         for _, size, worker in waiting:
             self.by_worker[worker] += size
         self.packets = len(waiting)
@@ -217,6 +232,10 @@ class Spool:
         self._acked.clear()
 
     def close(self) -> None:
+        """Record the head and close the log's file (an append opens it again). Nothing to do on a spool never
+        opened."""
+        if not self._opened:
+            return
         self._persist_head()
         self.log.close()
 

@@ -8,7 +8,6 @@ waits, and :meth:`ServerStatus.tick` on every pass: once a second it samples the
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -20,20 +19,14 @@ from netrl.errors import ProtocolError
 from netrl.monitor.status import Rates
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import MAX_HEADER_BYTES, decode, encode
+from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
 from netrl.server.weight_cache import WeightCache
 from netrl.util import count_of, version_label
 
-__all__ = ["COUNTERS", "ServerStatus", "answer_status", "status_line"]
-
-# The server's counters, in every snapshot from the start (at 0 until they count), so that a script reading one of
-# them from --status --json never meets a missing key.
-COUNTERS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors", "peers_lost",
-            "refused_full", "rejected", "resends_ignored", "samples_dropped", "samples_in", "samples_out",
-            "samples_refused", "samples_spooled", "send_full", "spool_errors", "spool_share_refusals", "unknown_peer",
-            "weights_in", "weights_out", "window_refusals")
+__all__ = ["ServerStatus", "answer_status", "status_line"]
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +79,10 @@ def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> b
 
 class ServerStatus:
     """Connected peers, rates, queues and counters of one server session. ``intake`` supplies the trainer's
-    progress and, once the server is open, the relay."""
+    progress and the relay."""
 
     def __init__(self, session: str, peers: PeerTable, weights: WeightCache, intake: SampleIntake,
-                 sockets: ServerSockets, stats: collections.Counter[str], interval_s: float) -> None:
+                 sockets: ServerSockets, stats: ServerCounters, interval_s: float) -> None:
         self.session, self.peers, self.weights, self.intake = session, peers, weights, intake
         self.sockets, self.stats = sockets, stats
         self.interval = interval_s
@@ -118,7 +111,7 @@ class ServerStatus:
         workers = [p.describe() for p in self.peers.workers()]
         relay = self.intake.relay
         for w in workers:  # its packets in the spool, against its share (netrl.server.relay)
-            w["spooled_bytes"] = relay.spool.by_worker.get(w["name"], 0) if relay else 0
+            w["spooled_bytes"] = relay.spool.by_worker.get(w["name"], 0)
         by_workers = sum(int(w["reported"].get("dropped_samples", 0)) for w in workers)
         by_workers += sum(self._departed.values()) + self._departed_folded  # those gone count too
         return {
@@ -128,25 +121,26 @@ class ServerStatus:
             "progress": self.intake.progress,
             "weights_version": self.weights.complete_version,
             "rates": self.rates.rates(),
-            **(relay.snapshot() if relay else {}),
-            "rejected": self.stats["rejected"], "refused": self.stats["samples_refused"],
+            **relay.snapshot(),
+            "rejected": self.stats.rejected, "refused": self.stats.samples_refused,
             "unknown_keys": dict(auth.ring.refused) if (auth := self.sockets.auth) else {},
-            "failed_handshakes": {role: self.stats[f"failed_handshakes_{role}"] for role in ("trainer", "worker")},
+            "failed_handshakes": {"trainer": self.stats.failed_handshakes_trainer,
+                                  "worker": self.stats.failed_handshakes_worker},
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
-            "stats": {**dict.fromkeys(COUNTERS, 0), **self.stats},
+            "stats": self.stats.as_dict(),  # every counter, at 0 until it counts: no key a script reads goes missing
         }
 
     def answer(self, sock: zmq.Socket) -> None:
         """Answer one ``--status`` request waiting on ``sock`` (a malformed one is counted as rejected)."""
         if not answer_status(sock, self.snapshot):
-            self.stats["rejected"] += 1
+            self.stats.rejected += 1
 
     def tick(self, now: float) -> None:
         """Once a second: sample the rates; every ``status_interval_s``: one status line."""
         if now < self._next_tick:
             return
         self._next_tick = now + 1.0
-        self.rates.record({"samples_in": self.stats["samples_in"], "samples_out": self.stats["samples_out"]}, now)
+        self.rates.record({"samples_in": self.stats.samples_in, "samples_out": self.stats.samples_out}, now)
         if self.interval and now >= self._next_status_line:
             self._next_status_line = now + self.interval
             if self._next_status_line - self.interval > 0 and self.peers:

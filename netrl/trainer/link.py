@@ -32,7 +32,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import NetrlError, ProtocolError, SampleRejected
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
-from netrl.net.thread import NetThread
+from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
@@ -121,7 +121,8 @@ class TrainerLink(NetThread):
             self.ingested = end
             taken += 1
         if taken:
-            self.command([b"credit"])  # wake the network thread: it can grant the server new credit right away
+            # wake the network thread: it can grant the server new credit right away
+            self.command([command_head(Command.CREDIT)])
         return out
 
     def wait(self, timeout: float) -> None:
@@ -149,7 +150,8 @@ class TrainerLink(NetThread):
         copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
         for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, snap.flat, layout,
                                 PART_BYTES):
-            tracker = self.command([b"weights", b"%d" % msg.body["part"], b"%d" % version, *encode(msg)], track=True)
+            tracker = self.command([command_head(Command.WEIGHTS, msg.body["part"], version), *encode(msg)],
+                                   track=True)
             assert tracker is not None
             snap.trackers.append(tracker)
         self._snapshots.append(snap)
@@ -174,7 +176,7 @@ class TrainerLink(NetThread):
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         msg = Message(MsgType.PROGRESS, self.link.name,
                       body={"trained_steps": trained_steps, "samples": samples, "wanted": wanted})
-        self.command([b"progress", *encode(msg)])
+        self.command([command_head(Command.PROGRESS), *encode(msg)])
 
     def taken_version(self) -> int:
         return self.taken
@@ -253,12 +255,12 @@ class TrainerLink(NetThread):
                  self.link.state(), waiting)
 
     def on_command(self, frames: list[Any]) -> None:
-        kind, payload = frames[0].bytes, frames[1:]
-        if kind == b"credit":
+        (kind, values), payload = read_command(frames[0]), frames[1:]
+        if kind is Command.CREDIT:
             self._grant()
             return
-        if kind == b"weights":
-            part, version, payload = int(payload[0].bytes), int(payload[1].bytes), payload[2:]
+        if kind is Command.WEIGHTS:
+            part, version = values
             if self._outnumbered(version):
                 return
             if part == 0 and self._unsent and self.weights_version != self._writing_version:
@@ -268,6 +270,9 @@ class TrainerLink(NetThread):
             self.weights_version = version
             self._send_weights()
             return
+        if kind is not Command.PROGRESS:
+            raise ValueError(f"a {kind.name} command on the trainer's network thread, which takes CREDIT, WEIGHTS and "
+                             "PROGRESS")
         self.last_progress = payload
         self.link.send(payload)
 

@@ -1,8 +1,8 @@
 """The worker's network thread: sample packets out (kept until acknowledged), weights and pacing in.
 
 It never touches the env or the policy: the control path hands it encoded packets through an inproc pipe
-(:meth:`NetThread.command`), and weights are passed to a callback that loads them off the control path. It needs
-no torch, so benchmarks and tools can drive the real delivery path with synthetic packets.
+(:meth:`NetThread.command`, as PACKET commands), and weights are passed to a callback that loads them off the control
+path. It needs no torch, so benchmarks and tools can drive the real delivery path with synthetic packets.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
-from netrl.net.thread import NetThread
+from netrl.net.thread import Command, NetThread, read_command
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
 from netrl.util import version_label, worth_logging
@@ -32,6 +32,15 @@ class _Outgoing(NamedTuple):
     frames: list[Any]
     nbytes: int
     steps: int
+
+
+def _packet(head: Any) -> tuple[int, int]:
+    """The seq and transitions of a PACKET command's head: the only command a worker's network thread takes."""
+    kind, values = read_command(head)
+    if kind is not Command.PACKET:
+        raise ValueError(f"a {kind.name} command on a worker's network thread, which takes PACKET commands only")
+    seq, steps = values
+    return seq, steps
 
 
 class WorkerLink(NetThread):
@@ -93,15 +102,15 @@ class WorkerLink(NetThread):
 
     # -- packets out --------------------------------------------------------------------------------------
     def hand_over(self, frames: list[Any]) -> bool:
-        """Control path: hand this thread a packet, as a head frame (seq, then transitions, 8 bytes each, little
-        endian) and the message's frames. Never blocks.
+        """Control path: hand this thread a packet, as a PACKET command: its head (seq and transitions, see
+        :mod:`netrl.net.thread`) and the message's frames. Never blocks.
 
         The pipe is bounded too: while ``max_backlog_bytes`` of packets wait in it (this thread is so short of CPU
         that it does not even take them), a further packet is dropped here, counted with the dropped ones and
         logged, rather than taking memory without limit; the backlog drops packets beyond the same limit. Returns
         False for a dropped packet."""
         nbytes, waiting = frames_nbytes(frames[1:]), self.piped_bytes - self.taken_bytes
-        steps = int.from_bytes(bytes(frames[0])[8:16], "little")
+        seq, steps = _packet(frames[0])
         if waiting and waiting + nbytes > self.max_backlog_bytes:
             self.pipe_drops["dropped_packets"] += 1
             self.pipe_drops["dropped_samples"] += steps
@@ -113,7 +122,7 @@ class WorkerLink(NetThread):
                             "here so far. The machine is short of CPU for this worker", self.worker_id, waiting,
                             self.max_backlog_bytes, self.pipe_drops["dropped_samples"])  # not counts: another
             return False  # thread's dict, which may grow while this one reads it
-        self.handed_seq = int.from_bytes(bytes(frames[0])[:8], "little")
+        self.handed_seq = seq
         self.piped_bytes += nbytes
         self.piped_packets += 1
         self.piped_samples += steps
@@ -127,7 +136,7 @@ class WorkerLink(NetThread):
                 sum(p.steps for p in self.backlog.values()) + self.piped_samples - self.taken_samples)
 
     def on_command(self, frames: list[Any]) -> None:
-        seq, steps = int.from_bytes(frames[0].bytes[:8], "little"), int.from_bytes(frames[0].bytes[8:], "little")
+        seq, steps = _packet(frames[0])
         packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
         self.taken_bytes += packet.nbytes
         self.taken_packets += 1

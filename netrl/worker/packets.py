@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from netrl.errors import ConfigError
+from netrl.net.thread import Command, command_head
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, max_packet_bytes, samples_message
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
@@ -90,7 +91,8 @@ class PacketMaker:
         return buf
 
     def to_frames(self, buf: Buffer, produced: int) -> list[Any]:
-        """Number ``buf`` and encode it for the network thread: a head frame (seq, transitions), then the message."""
+        """Number ``buf`` and encode it for the network thread: a PACKET command (its head carries the seq and the
+        transitions), then the message."""
         self.seq += 1
         msg = samples_message(buf, self.worker_id, self.session, self.seq, produced)
         frames = encode(msg, self.compression)
@@ -98,8 +100,7 @@ class PacketMaker:
         # the server would refuse it, and every packet like it: stop and say what to change
         if nbytes > max_packet_bytes(self.max_message_bytes):
             raise ConfigError([self._too_big(len(buf), nbytes)])
-        head = self.seq.to_bytes(8, "little") + int(np.count_nonzero(buf.transition_end)).to_bytes(8, "little")
-        return [head, *frames]
+        return [command_head(Command.PACKET, self.seq, int(np.count_nonzero(buf.transition_end))), *frames]
 
     def _check_packet_size(self) -> None:
         """Once the first row shows a sample's size: say now, not when the first packet closes, that packets of

@@ -29,6 +29,7 @@ from netrl.config.load import config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import client_keys, keygen
+from netrl.net.thread import Command, command_head
 from netrl.net.transport import new_session
 from netrl.protocol.wire import encode, frames_nbytes, samples_message
 from netrl.samples import Buffer
@@ -71,7 +72,7 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
                     continue
             seq += 1
             frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), codec)
-            link.command([seq.to_bytes(8, "little") + int(steps).to_bytes(8, "little"), *frames])
+            link.command([command_head(Command.PACKET, seq, int(steps)), *frames])
     except KeyboardInterrupt:
         pass
     finally:

@@ -12,6 +12,7 @@ import zmq
 
 from netrl.agents.sac import MLPActor
 from netrl.errors import MalformedMessage
+from netrl.net.thread import Command, command_head
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import (
     PART_BYTES,
@@ -324,7 +325,7 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
         flat = np.zeros(nbytes, np.uint8)
         for _ in range(-(-nbytes // PART_BYTES)):
             frames = link._pipe_in.recv_multipart()  # a copy, as the network thread's send leaves the buffer
-            msg = decode(frames[3:])
+            msg = decode(frames[1:])  # after the command head
             flat[msg.body["offset"]:msg.body["offset"] + msg.arrays["chunk"].nbytes] = msg.arrays["chunk"]
             assert msg.body["layout"] in ([], layout)
         got = flat_arrays(flat, layout)
@@ -407,7 +408,7 @@ def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monke
     def publish(version: int, parts: int = 1) -> None:
         flat = np.zeros(parts * 64, np.uint8)
         for msg in weight_parts("trainer", "s", version, 0, flat, [["w", "uint8", [parts * 64], 0]], 64):
-            link.on_command([zmq.Frame(b) for b in (b"weights", b"%d" % msg.body["part"], b"%d" % version,
+            link.on_command([zmq.Frame(b) for b in (command_head(Command.WEIGHTS, msg.body["part"], version),
                                                     *encode(msg))])
 
     monkeypatch.setattr(link.link, "ready", True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ import zmq
 from netrl.net.transport import Liveness
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, samples_message, weight_parts
+from netrl.server.counters import ServerCounters
 from netrl.server.outbound import ACK_CHUNK, MAX_OUTBOX, Outbound
 from netrl.server.peers import Peer
 from netrl.server.weight_cache import WeightCache
@@ -39,7 +39,7 @@ class FakeSockets:
 
 def make_outbound() -> tuple[Outbound, FullSocket, Peer, list[str]]:
     sockets, lost = FakeSockets(), []
-    out = Outbound(sockets, collections.Counter(), WeightCache(1 << 20),  # type: ignore[arg-type]
+    out = Outbound(sockets, ServerCounters(), WeightCache(1 << 20),  # type: ignore[arg-type]
                    lambda peer, why: (lost.append(why), out.forget(peer)))
     peer = Peer(b"w1", "worker", "w1", "s" * 16, "127.0.0.1", Liveness(1.0, 3))
     return out, sockets.by_role["worker"], peer, lost

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from netrl.protocol.messages import MsgType
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, decode
+from netrl.server.counters import ServerCounters
 from netrl.server.peers import QueuedPacket
 from netrl.server.relay import FRAME_OVERHEAD, MAX_BUNDLE_PARTS, SampleRelay
 from netrl.server.spool import Spool
@@ -26,9 +26,9 @@ class Relay:
         self.bundles: list[list[Any]] = []
         self.told: list[tuple[str, MsgType, dict[str, Any]]] = []
         self.workers: list[str] = []  # the connected workers' names
-        self.relay = SampleRelay(Spool(tmp_path / "spool", spool_bytes), min_samples, max_bundle_bytes,
+        self.relay = SampleRelay(Spool(tmp_path / "spool", spool_bytes).open(), min_samples, max_bundle_bytes,
                                  max_message_bytes, max_delay_s=10.0, max_queue_bytes=1 << 30, spool_after_s=60.0,
-                                 stats=collections.Counter(), send_to_trainer=self._send,
+                                 stats=ServerCounters(), send_to_trainer=self._send,
                                  tell_worker=lambda *told: self.told.append(told), workers=lambda: self.workers)
 
     def _send(self, frames: list[Any]) -> bool:
@@ -303,12 +303,12 @@ def test_stale_packets_past_their_workers_share_stay_in_memory_in_order(tmp_path
 
 
 def test_the_spool_counts_each_workers_bytes_across_a_restart(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "spool", 1 << 20)
+    spool = Spool(tmp_path / "spool", 1 << 20).open()
     for i, worker in enumerate(["a", "b", "a"]):
         spool.push([bytes(100 + i)], {"worker": worker, "session": worker, "seq": i, "steps": 1})
     assert spool.by_worker == {"a": 202, "b": 101}
     spool.close()
-    spool = Spool(tmp_path / "spool", 1 << 20)
+    spool = Spool(tmp_path / "spool", 1 << 20).open()
     assert spool.by_worker == {"a": 202, "b": 101}
     taken = spool.take(lambda *sizes: True)
     spool.ack(taken[1].position)  # out of order: nothing leaves the spool until the head moves

@@ -20,6 +20,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage, NetrlError
 from netrl.launch import free_port
 from netrl.monitor.status import format_status
+from netrl.net.thread import Command, command_head
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import (
     BUNDLE_HEADER_ROOM,
@@ -301,7 +302,7 @@ def test_workers_share_half_the_servers_memory_and_keep_to_their_share(make_serv
         assert shrunk.body == {"seqs": [], "window": queue // 4}
         for seq in range(1, 41):  # 40 packets, twice what the server holds in memory
             body = encode(samples_message(sample_buffer(500), "w", "s", seq, seq * 499))
-            link.command([seq.to_bytes(8, "little") + (499).to_bytes(8, "little"), *body])
+            link.command([command_head(Command.PACKET, seq, 499), *body])
         # a fixed 1.5 s, not a wait for one event: the checks below need the exchange settled (the link's window
         # full, every NACK counted at both ends), which no single counter marks
         for _ in range(15):  # (the fake peers keep alive)
@@ -347,9 +348,9 @@ def test_a_worker_with_a_larger_message_limit_drops_what_the_server_cannot_take(
         deadline = time.monotonic() + 5
         while not link.link.ready and time.monotonic() < deadline:
             time.sleep(0.02)
-        link.command([(1).to_bytes(8, "little") + (2000).to_bytes(8, "little"), *big])
+        link.command([command_head(Command.PACKET, 1, 2000), *big])
         small = encode(samples_message(sample_buffer(5), "w", "s", 2, 2005))
-        link.command([(2).to_bytes(8, "little") + (5).to_bytes(8, "little"), *small])
+        link.command([command_head(Command.PACKET, 2, 5), *small])
         assert link.flush(2, 5.0)  # the small one is acknowledged: the connection survived
         assert link.counts["rejected_packets"] == 1 and link.counts["rejected_samples"] == 2000
         assert link.counts["connections"] == 1 and link.counts["acked_samples"] == 5

@@ -186,7 +186,7 @@ def test_fsync_also_syncs_the_folders_new_files_and_renames_live_in(tmp_path: Pa
         real(fd)
 
     monkeypatch.setattr(os, "fsync", recording)
-    spool = Spool(tmp_path / "spool", max_bytes=10_000, fsync=True)
+    spool = Spool(tmp_path / "spool", max_bytes=10_000, fsync=True).open()
     spool.push([b"x" * 10], {"worker": "w", "session": "s", "seq": 1, "steps": 1})
     assert str(tmp_path / "spool") in synced  # the new segment file's name
     (packet,) = spool.take(upto(1, 10_000))
@@ -241,7 +241,7 @@ def test_intact_records_the_spool_or_the_sample_log_cannot_use_are_skipped_and_r
     (tmp_path / "spool").mkdir()
     (tmp_path / "spool" / "00000001.seg").write_bytes(b"".join(records))
     with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
-        spool = Spool(tmp_path / "spool", max_bytes=10_000)
+        spool = Spool(tmp_path / "spool", max_bytes=10_000).open()
         assert (spool.packets, spool.steps) == (2, 20)
         assert [p.meta["seq"] for p in spool.take(upto(100, 10_000))] == [1, 6]
     assert "holds a record this version of netrl cannot use (its metadata's 'steps' is None, not a non-negative " \
@@ -333,7 +333,7 @@ def test_a_spool_or_sample_log_the_disk_refuses_stops_with_one_clear_error(tmp_p
     (tmp_path / "spool").mkdir()
     (tmp_path / "spool" / "00000001.seg").mkdir()  # a folder where a segment file belongs: reading it fails
     with pytest.raises(NetrlError, match=r"cannot read the server's spool in .*spool: \[Errno 21\] Is a directory"):
-        Spool(tmp_path / "spool", max_bytes=10_000)
+        Spool(tmp_path / "spool", max_bytes=10_000).open()
     (tmp_path / "samples").mkdir()
     (tmp_path / "samples" / "00000001.seg").mkdir()
     with pytest.raises(NetrlError, match=r"cannot read the trainer's sample log in .*samples: \[Errno 21\]"):

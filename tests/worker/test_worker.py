@@ -28,6 +28,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError, NetrlError
 from netrl.launch import free_port
+from netrl.net.thread import Command, command_head
 from netrl.net.transport import new_session
 from netrl.pipelines.image import image_pipeline
 from netrl.protocol.messages import PEER_NAME, Message, MsgType
@@ -328,7 +329,7 @@ def test_a_stopping_worker_reconnects_without_waiting_out_its_back_off_to_delive
         wait_until(lambda: not link.link.ready, 5, "the server's BYE", poll=0.02)  # reconnecting in 30 s
         with running_server(network=net, spool_dir=tmp_path / "spool", **ports) as (srv, _):  # back at once
             frames = encode(samples_message(sample_buffer(5), "w", session, 1, 5))
-            link.command([(1).to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
+            link.command([command_head(Command.PACKET, 1, 4), *frames])
             assert link.flush(1, 3.0)  # within a stop's flush_timeout_s, not after the back-off
             assert srv.stats["samples_spooled"] == 4
     finally:
@@ -343,7 +344,7 @@ def test_packets_waiting_in_the_pipe_for_a_starved_network_thread_are_bounded_an
                       send_window_bytes=size)
     try:
         with caplog.at_level(logging.WARNING, logger="netrl.worker.link"):
-            handed = [link.hand_over([seq.to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
+            handed = [link.hand_over([command_head(Command.PACKET, seq, 4), *frames])
                       for seq in range(1, 5)]  # not started yet: nothing takes packets off the pipe
         assert handed == [True, True, False, False]
         stats = link._heartbeat_stats()["stats"]
@@ -353,7 +354,7 @@ def test_packets_waiting_in_the_pipe_for_a_starved_network_thread_are_bounded_an
         link.start()  # no server: the packets stay in its backlog, but the pipe empties
         wait_until(lambda: link.taken_bytes == link.piped_bytes, 5, "the pipe to be taken", poll=0.02)
         assert sorted(link.backlog) == [1, 2]
-        assert link.hand_over([(5).to_bytes(8, "little") + (4).to_bytes(8, "little"), *frames])
+        assert link.hand_over([command_head(Command.PACKET, 5, 4), *frames])
     finally:
         link.halt()
 
