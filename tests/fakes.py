@@ -3,6 +3,7 @@ messages, small spaces and configs, a server in a thread, and waiting for a cond
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import threading
@@ -214,3 +215,12 @@ def flip_byte(log: SegmentLog, index: int, back: int = 3) -> Path:
 def upto(min_steps: int, max_bytes: int) -> Callable[[int, int, int, int, int, int], bool]:
     """A bundling rule for Spool.take: at least ``min_steps`` samples, then more while they fit in ``max_bytes``."""
     return lambda count, steps, nbytes, size, inflated, next_inflated: steps < min_steps or nbytes + size <= max_bytes
+
+
+def imported_modules(node: ast.AST) -> list[str] | None:
+    """The modules an ``import`` or ``from ... import`` statement names (None for any other node)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return None

@@ -11,6 +11,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.fakes import imported_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -130,12 +132,7 @@ def netrl_imports() -> list[tuple[str, str]]:
                 found.append((f"{rel(page)}:{first_line + (exc.lineno or 1) - 1}", f"<does not parse: {exc.msg}>"))
                 continue
             for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    modules = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    modules = [node.module or ""]
-                else:
-                    continue
+                modules = imported_modules(node) or []
                 if any(m == "netrl" or m.startswith("netrl.") for m in modules):
                     found.append((f"{rel(page)}:{first_line + node.lineno - 1}", ast.unparse(node)))
     return found

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import netrl
+from tests.fakes import imported_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "netrl").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
@@ -92,13 +93,7 @@ def scan(paths: list[Path]) -> list[str]:
     for path in paths:
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
+            for name in imported_modules(node) or []:
                 if name.split(".")[0] in {"pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"}:
                     problems.append(f"{path}:{node.lineno} imports {name}")
         for call in _calls(tree):

@@ -42,15 +42,21 @@ def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -
     again.close()
 
 
-@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}', '{"segment": 1, "offset": 30}',
-                                  '{"segment": 1, "offset": -5}', '{"segment": 1e400, "offset": 0}'])
-def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_nothing(
-        tmp_path: Path, head: str, caplog: pytest.LogCaptureFixture) -> None:
-    spool = Spool(tmp_path, max_bytes=10_000).open()
+def three_packets_first_acked(folder: Path) -> Spool:
+    """A closed spool of packets 1 to 3 whose HEAD has moved past packet 1."""
+    spool = Spool(folder, max_bytes=10_000).open()
     for seq in range(1, 4):
         spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
     spool.ack(spool.take(upto(1, 0))[0].position)
     spool.close()
+    return spool
+
+
+@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}', '{"segment": 1, "offset": 30}',
+                                  '{"segment": 1, "offset": -5}', '{"segment": 1e400, "offset": 0}'])
+def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_nothing(
+        tmp_path: Path, head: str, caplog: pytest.LogCaptureFixture) -> None:
+    three_packets_first_acked(tmp_path)
     (tmp_path / "HEAD").write_text(head)  # garbage, a position past the log's end, or inside a packet
     again = Spool(tmp_path, max_bytes=10_000).open()
     assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [1, 2, 3]  # 1 again: the trainer discards it
@@ -82,11 +88,7 @@ def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
 @pytest.mark.parametrize("where", ["data", "header"])
 def test_damage_at_the_spool_head_is_skipped_or_resends_the_spool_and_says_where_it_is(
         tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture) -> None:
-    spool = Spool(tmp_path, max_bytes=10_000).open()
-    for seq in range(1, 4):
-        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
-    spool.ack(spool.take(upto(1, 0))[0].position)
-    spool.close()
+    spool = three_packets_first_acked(tmp_path)
     head = json.loads((tmp_path / "HEAD").read_text())
     # Packet 2, where HEAD points, is damaged: HEAD itself reads well.
     flip_byte(spool.log, 1, back=3 if where == "data" else (list(spool.log.read())[1].next.offset - head["offset"]))
