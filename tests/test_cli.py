@@ -48,8 +48,8 @@ def test_ctrl_c_before_the_signal_handlers_is_one_line_not_a_traceback(
 
 
 def test_the_command_line_module_imports_only_the_standard_library_before_main() -> None:
-    # its imports run outside main()'s try: a Ctrl+C while netrl.config imported numpy (a tenth of a second)
-    # was a KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
+    # its imports run outside main()'s try: a Ctrl+C while netrl.config imports numpy (a tenth of a second)
+    # would be a KeyboardInterrupt traceback and exit code -2, not "netrl: interrupted" and 1
     out = subprocess.run([sys.executable, "-c", "import sys, netrl.__main__; print(sorted(m for m in sys.modules if "
                           "m.split('.')[0] in ('numpy', 'zmq', 'torch') or m.startswith('netrl.')))"],
                          capture_output=True, text=True, check=True).stdout
@@ -66,14 +66,14 @@ def test_plot_of_a_folder_and_keygen_with_keys_dir_need_no_config_file(
     (run / "episodes_w1.csv").write_text("env_steps,return,test\n200,-1200.5,0\n")
     assert main(["--plot", str(run)]) == 0 and (run / "learning.png").exists()
     assert main(["--plot", "run-name-only"]) == 2  # a run name is looked up under weights_folder: config needed
-    # it said "invalid config.json: config.json does not exist", as if the config were the problem
+    # not "invalid config.json: config.json does not exist", as if the config were the problem
     assert capsys.readouterr().err == ("netrl: invalid command line (1 problem)\n  --plot run-name-only: no such run "
                                        "folder or CSV file here, and no config.json to find a run of that name under "
                                        "its weights_folder\n")
 
 
 def test_keygen_worker_names_are_checked_as_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # "robot 1" was a runtime error (exit 1) naming no flag; "worker" silently meant the shared key
+    # unchecked, "robot 1" would fail at run time (exit 1) naming no flag, and "worker" silently mean the shared key
     keys = str(tmp_path / "keys")
     assert main(["--keygen", "--keys-dir", keys, "--workers", "robot-1,robot 1, worker ,server"]) == 2
     assert capsys.readouterr().err == (
@@ -136,7 +136,7 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: p
     assert capsys.readouterr().err == ("netrl: invalid command line (2 problems)\n"
                                        "  --trainer-port must be a TCP port between 1 and 65535 (got 70000)\n"
                                        '  --run-name must not be empty (got " ")\n')
-    assert main(["--worker", "--config", str(empty), "--episodes", "0"]) == 2  # once ran and did nothing
+    assert main(["--worker", "--config", str(empty), "--episodes", "0"]) == 2  # it would run and do nothing
     assert "--episodes must be >= 1 (got 0); leave it out to run until stopped" in capsys.readouterr().err
     bad = tmp_path / "config.json"  # a bad flag and a bad file: both reported, each under its own heading
     bad.write_text(json.dumps({"trainer": {"steps": -1}}))
@@ -152,7 +152,7 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path, capsys: p
 
 def test_port_clashes_concern_only_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    # a remote worker was refused for --worker-port 55557 because of server.status_port, which it never uses
+    # a remote worker must not be refused for --worker-port 55557 because of server.status_port, which it never uses
     ran = []
     monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append((role, cfg)))
     monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
@@ -192,7 +192,7 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
     assert ("--trainer-port is for --server and --trainer; --demo does not use it (it picks free ports on localhost)"
             in capsys.readouterr().err)
-    # a server has no run: `--server --run-name expB` served run B the samples run A left in the server's spool
+    # a server has no run: `--server --run-name expB` would serve run B the samples run A left in the server's spool
     assert main(["--server", "--config", str(ROOT / "config.json"), "--run-name", "expB"]) == 2
     assert capsys.readouterr().err == (
         "netrl: invalid command line (1 problem)\n  --run-name is for --worker, --trainer and --demo; --server does "
@@ -212,7 +212,7 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
 
 
 def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.CaptureFixture[str]) -> None:
-    # `--plot "$RUN"` with RUN unset: "" is false, so no role was set, and run_role() fell through to the trainer
+    # `--plot "$RUN"` with RUN unset: "" is false, so no role would be set, and run_role() would run the trainer
     assert main(["--plot", "", "--config", str(ROOT / "config.json")]) == 2
     assert capsys.readouterr().err == ('netrl: invalid command line (1 problem)\n  --plot needs a run name, a run '
                                        'folder or a CSV file (got "")\n')

@@ -169,7 +169,7 @@ def training(memory_cls: Any, **kw: Any) -> TrainingOffline:
 
 def test_a_memory_with_the_tutorials_signature_is_built_without_seed() -> None:
     t = training(partial(MyMemoryDataloading, act_buf_len=4), seed=3)
-    t.build()  # the tutorial's __init__ has no seed argument: passing one raised a TypeError
+    t.build()  # the tutorial's __init__ has no seed argument: passing one would raise a TypeError
     assert isinstance(t.memory, MyMemoryDataloading) and t.memory.nb_steps == 10
     t = training(partial(SeededTutorialMemory, act_buf_len=4), seed=3)
     t.build()
@@ -294,8 +294,8 @@ def test_tmrls_nn_helpers_give_a_gradient_free_view_that_follows_training() -> N
 
 def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl took
-    # standalone=10 and model_history=<a path>, and the worker sent nothing.
+    # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl would take
+    # standalone=10 and model_history=<a path>, and the worker would send nothing.
     env_cls = partial(GenericGymEnv, id="Pendulum-v1")
     with pytest.raises(TypeError, match="positional argument"):
         RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 100, 200, str(tmp_path / "w.pt"), None, False,

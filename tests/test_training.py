@@ -118,7 +118,7 @@ def test_wandb_online_without_a_key_is_a_config_error_that_says_what_to_do(tmp_p
 
 def test_the_trainer_reports_its_progress_at_least_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     # Before training starts in earnest, the samples the trainer wants stay put; the server's --status still needs
-    # the training steps (it showed 0 while the trainer ran at 48 steps/s)
+    # the training steps (without them it shows 0 while the trainer runs at 48 steps/s)
     class Source:
         def __init__(self) -> None:
             self.reports: list[tuple[int, int, int]] = []
@@ -206,8 +206,8 @@ def vector_training(**kw: Any) -> TrainingOffline:
 
 
 def test_the_first_round_after_a_resume_counts_the_samples_that_arrived_before_it() -> None:
-    # A resumed trainer adds the packets it acknowledged after its checkpoint before training again; the round
-    # under way used to start its statistics afresh, so metrics.csv's round_samples never counted them.
+    # A resumed trainer adds the packets it acknowledged after its checkpoint before training again; a round under
+    # way that started its statistics afresh would leave them out of metrics.csv's round_samples.
     training = vector_training(rounds=2, steps=5, start_training=0)
     training.build()
     training.add(vector_packet(20, seq=1), new=True)  # from the sample log, after the checkpoint
@@ -288,8 +288,8 @@ def lagged_packet(n: int, seq: int, lag: int, episode_return: float | None) -> B
 
 
 def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() -> None:
-    # The checkpoint kept where in the round a stopped trainer was, but not what the round had counted: the resumed
-    # round's metrics.csv row covered only the part after the resume (its samples, episodes, losses and lag).
+    # A checkpoint that kept where in the round a stopped trainer was, but not what the round had counted, would
+    # make the resumed round's metrics.csv row cover only the part after the resume (samples, episodes, losses, lag).
     stop = threading.Event()
     before = vector_training(rounds=1, steps=10, start_training=0,
                              training_agent_cls=partial(PhaseAgent, phase=1.0, stop=stop, stop_after=4))

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 Outcome = Literal["held", "spooled", "refused", "duplicate"]
 MAX_BUNDLE_PARTS = 4096  # far below what a header may list (wire.MAX_EPISODES_PER_PACKET * 4 array items)
 # Memory a held frame costs beyond its bytes (its zmq.Frame and message, the lists and sets holding it): measured
-# at 400-460 bytes with pyzmq 27 on CPython 3.11. Without it, 64 MiB of 560-byte packets (9 frames) took 450 MiB.
+# at 400-460 bytes with pyzmq 27 on CPython 3.11. Without it, 64 MiB of 560-byte packets (9 frames) would take 450 MiB.
 FRAME_OVERHEAD = 512
 
 
@@ -299,8 +299,8 @@ class SampleRelay:
         """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
         acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
         queue: spooling then would only add disk work, and the workers' send windows already bound the queue.) With
-        no trainer connected, every packet waiting goes at once, as a new one would: a worker stopping just after the
-        trainer waited ``spool_after_s`` for its ACKs, and gave up on its last packets first."""
+        no trainer connected, every packet waiting goes at once, as a new one would: otherwise a worker that stops just
+        after the trainer left would wait ``spool_after_s`` for its ACKs, and give up on its last packets first."""
         self.spool.tick()  # the head after the last acknowledgements, and the emptied segments off the disk
         wait = self.spool_after if trainer_connected else 0.0
         if now - self.last_bundle_at < wait:

@@ -14,9 +14,8 @@ and when its worker is acknowledged. The newest weights are cached (:class:`~net
 streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE
 allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats.rejected``),
 logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
-window and PACE;
-:class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part counts what it
-does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
+window and PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part
+counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
 """
 
 from __future__ import annotations
@@ -232,8 +231,8 @@ class Server:
                  self.relay.held_packets())
 
     # -- receiving -----------------------------------------------------------------------------------------
-    # The stop event is seen only between polls (a SIGINT does not end one): a wait of heartbeat_interval_s / 2
-    # made an idle server with 60 s heartbeats take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
+    # The stop event is seen only between polls (a SIGINT does not end one): waiting heartbeat_interval_s / 2 alone
+    # would make an idle server with 60 s heartbeats take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
     MAX_POLL_S = 0.25
 
     def _poll_timeout_ms(self) -> int:
@@ -247,8 +246,8 @@ class Server:
 
     def _drain(self, role: str, sock: zmq.Socket, budget: int = 32) -> None:
         # A few messages per pass, so that a burst from many workers never holds up bundles to the trainer: with a
-        # budget of 1,000, 16 workers filling their windows kept the server accepting for seconds while it sent the
-        # trainer 8 bundles per pass (3,000 samples/s instead of 700,000).
+        # budget of 1,000, 16 workers filling their windows keep the server accepting for seconds while it sends the
+        # trainer 8 bundles per pass (measured: 3,000 samples/s instead of 700,000).
         for _ in range(budget):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -320,8 +319,8 @@ class Server:
     def _lost_on_send(self, peer: Peer, why: str) -> None:
         """A send found ``peer`` gone (its connection closed, or it reads nothing): it is forgotten at the end of this
         pass of the loop, after its socket is read once more. A client that stops says BYE and closes at once: a
-        send to it in between found the connection closed while the BYE still waited unread, so a clean stop was
-        logged as a lost peer, and its BYE then as a message before HELLO."""
+        send to it in between finds the connection closed while the BYE still waits unread, and forgetting the peer
+        right then would log a clean stop as a lost peer, and its BYE as a message before HELLO."""
         self._gone.setdefault((peer.role, peer.rid), (peer, why))
 
     def _forget_gone(self) -> None:
@@ -408,7 +407,7 @@ class Server:
             if peer.liveness.expired(now):
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
             elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told_trainer != connected):
-                # a busy worker's link never falls idle: without this, it kept the news of the last idle moment
+                # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
                 if self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
                                                body={"stats": {"trainer_connected": connected}})):
                     peer.told_trainer = connected

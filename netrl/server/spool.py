@@ -39,11 +39,10 @@ class SpooledPacket(NamedTuple):
 class Spool:
     """A disk queue with a persistent head, a read cursor, and out-of-order acknowledgements.
 
-    Construct (no I/O), then :meth:`open`, which reads the folder, and :meth:`close`. ``max_bytes`` caps
-    the packets waiting; ``by_worker`` counts their bytes by worker name (for the relay's per-worker share). On
-    disk, the folder can also hold the acknowledged start of the oldest segment, and emptied segment files kept for
-    reuse (see :mod:`netrl.storage.segments`): as many as fit in a quarter of ``max_bytes``, so a small spool keeps
-    none.
+    Construct (no I/O), then :meth:`open`, which reads the folder, and :meth:`close`. ``max_bytes`` caps the packets
+    waiting; ``by_worker`` counts their bytes by worker name (for the relay's per-worker share). On disk, the folder
+    can also hold the acknowledged start of the oldest segment, and emptied segment files kept for reuse (see
+    :mod:`netrl.storage.segments`): as many as fit in a quarter of ``max_bytes``, so a small spool keeps none.
     """
 
     def __init__(self, directory: str | Path, max_bytes: int, fsync: bool = False,

@@ -4,9 +4,9 @@
 :class:`~netrl.training.SampleSource`. For every bundle it receives it:
 
 1. decodes and checks each sample packet, and drops packets it has already seen
-(:class:`~netrl.trainer.delivery.Deliveries`); 2. appends each new packet to the sample log on disk
-(:class:`~netrl.trainer.delivery.SampleLog`); 3. queues the packets for the training loop and acknowledges the bundle;
-the server then acknowledges the workers.
+   (:class:`~netrl.trainer.delivery.Deliveries`);
+2. appends each new packet to the sample log on disk (:class:`~netrl.trainer.delivery.SampleLog`);
+3. queues the packets for the training loop and acknowledges the bundle; the server then acknowledges the workers.
 
 It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
 It also tells the loop which weight versions an earlier trainer session may have published (the server's WELCOME,

@@ -47,10 +47,10 @@ class WorkerLink(NetThread):
     """The worker's network thread: packets out (kept until acknowledged), weights and pace in.
 
     A packet stays in the backlog until the server acknowledges it (the server does so once the packet is on its
-    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight, and no more
-    than the server's share of its memory for this worker (sent in WELCOME and every ACK); a NACK (server full)
-    makes a packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent
-    again. Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
+    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight, and no more than the
+    server's share of its memory for this worker (sent in WELCOME and every ACK); a NACK (server full) makes a
+    packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent again.
+    Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
     """
 
     def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int, keys: ClientKeys | None,

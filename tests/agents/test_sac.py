@@ -65,7 +65,8 @@ def test_state_dict_round_trip_resumes_identically() -> None:
 
 def test_a_resume_trains_at_the_learning_rates_and_fixed_alpha_configured_now(
         caplog: pytest.LogCaptureFixture) -> None:
-    # The optimizers' states carry their learning rates: a run resumed with a lower one kept training at the old.
+    # The optimizers' states carry their learning rates: loaded as they are, a run resumed with a lower one would
+    # keep training at the old.
     a = make_agent(lr_actor=1e-3, lr_critic=1e-3, alpha=0.2, learn_entropy_coef=False)
     a.train(batch())
     b = make_agent(lr_actor=1e-5, lr_critic=2e-5, alpha=0.05, learn_entropy_coef=False)

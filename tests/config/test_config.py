@@ -59,7 +59,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "worker": {"compression": "gzip", "worker_id": "robot 1"},
     })
     assert found == [
-        "seed must be >= 0 (got -1)",  # gymnasium and numpy refuse it: a traceback once the role started
+        "seed must be >= 0 (got -1)",  # gymnasium and numpy refuse it: a traceback once the role starts
         "trainer.steps must be >= 1 (got -3)",
         "trainer.max_training_steps_per_env_step must be > 0 (got 0)",
         'unknown key "memory.capasity"',  # nothing close enough to suggest
@@ -125,7 +125,7 @@ def test_values_that_would_fail_later_are_refused_up_front() -> None:
 
 
 def test_a_run_name_too_long_for_the_file_system_is_refused(tmp_path: Path) -> None:
-    # 300 characters passed, then the role stopped with "OSError: File name too long" making the folder
+    # unchecked, 300 characters would pass, then stop the role with "OSError: File name too long" making the folder
     long = "r" * 300
     assert problems({"run_name": long}) == [
         "run_name must be at most 200 bytes in UTF-8, not 300: file systems allow 255 for a name, and netrl makes "
@@ -138,7 +138,7 @@ def test_a_run_name_too_long_for_the_file_system_is_refused(tmp_path: Path) -> N
 
 
 def test_every_seconds_field_is_bounded_like_the_network_ones() -> None:
-    # worker.flush_timeout_s 1e12 stopped the worker with OverflowError (beyond threading.TIMEOUT_MAX) at its end
+    # worker.flush_timeout_s 1e12 would stop the worker with OverflowError (beyond threading.TIMEOUT_MAX) at its end
     assert problems({"status_interval_s": 1e12, "worker": {"flush_timeout_s": 1e12, "max_packet_delay_s": 1e12},
                      "server": {"max_packet_delay_s": 1e12, "spool_after_s": 86400.5}}) == [
         "status_interval_s must be >= 0 and at most 86400 (a day) (got 1000000000000.0)",
@@ -185,7 +185,7 @@ def test_folders_that_are_files_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_spool_folder_is_checked_like_the_other_folders(tmp_path: Path) -> None:
-    # "afile/spool" failed only when the server started, without naming the key; "" was silently null
+    # unchecked, "afile/spool" would fail only when the server starts, without naming the key; "" would mean null
     afile = tmp_path / "afile"
     afile.write_text("")
     assert problems({"server": {"spool_dir": str(afile / "spool")}}) == [
@@ -196,7 +196,7 @@ def test_the_spool_folder_is_checked_like_the_other_folders(tmp_path: Path) -> N
 
 
 def test_a_leading_tilde_in_a_folder_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # JSON has no shell to expand it: "~/netrl-keys" made a folder named "~" in the current one
+    # JSON has no shell to expand it: unexpanded, "~/netrl-keys" would make a folder named "~" in the current one
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     cfg = config_from_dict({"keys_dir": "~/k", "weights_folder": "~", "server": {"spool_dir": "~/s"}})
@@ -232,7 +232,7 @@ def test_json_that_python_cannot_read_is_a_config_error_not_a_traceback(
     with pytest.raises(ConfigError, match="is not valid JSON here: its objects and lists nest deeper than Python "
                                           "reads; no setting needs more than 32 levels"):
         load_config(deep)
-    # deep enough to parse, but a trainer stopped with RecursionError saving its config beside its checkpoints
+    # deep enough to parse, but it would overflow the stack when a trainer saves its config beside its checkpoints
     deep.write_text('{"env": {"kwargs": {"a": ' + "[" * 500 + "]" * 500 + "}}}")
     with pytest.raises(ConfigError) as info:
         load_config(deep)
@@ -267,7 +267,7 @@ def test_field_problems_do_not_hide_each_other() -> None:
 
 
 def test_a_run_folder_that_is_the_server_spool_folder_is_refused() -> None:
-    # run_name "server-spool" made the trainer find the server's lock on its run folder, and blame a second trainer
+    # run_name "server-spool" would make the trainer find the server's lock on its run folder and blame a second one
     assert problems({"run_name": "server-spool"}) == [
         'run_name "server-spool" makes the run folder weights/server-spool the server\'s spool folder '
         "(server.spool_dir is null: <weights_folder>/server-spool): choose another run_name (--run-name), or another "
@@ -318,8 +318,8 @@ def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
 
 def test_the_gym_pipeline_takes_module_colon_env_id_as_its_own_error_advises(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # gymnasium.spec() neither imports nor strips a "module:" prefix, so the gym pipeline refused the form its own
-    # error message suggests, which GenericGymEnv (gymnasium.make) accepts.
+    # gymnasium.spec() neither imports nor strips a "module:" prefix: a gym pipeline that passed the name to it as
+    # it is would refuse the form its own error message suggests, which GenericGymEnv (gymnasium.make) accepts.
     (tmp_path / "my_robot_envs.py").write_text(
         "import gymnasium\n"
         "gymnasium.register(id='MyPendulum-v0', entry_point='gymnasium.envs.classic_control:PendulumEnv')\n")

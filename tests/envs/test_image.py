@@ -23,7 +23,7 @@ def test_env_renders_stacks_without_a_display_and_repeats_the_first_frame() -> N
     with pytest.raises(ValueError, match="noise >= 0"):
         ImageReachEnv(noise=-1)
     with pytest.raises(ValueError, match=r"0 < goal_radius < 0\.4 \(got .*goal_radius=0\.5\)"):
-        ImageReachEnv(goal_radius=0.5)  # no start is 3 radii from a central target: reset() looped for ever
+        ImageReachEnv(goal_radius=0.5)  # no start is 3 radii from a central target: reset() would loop for ever
     wide = ImageReachEnv(goal_radius=0.39)
     for seed in range(20):  # a central target leaves starts only in the corners: found, or another target drawn
         wide.reset(seed=seed)

@@ -128,7 +128,8 @@ def test_frame_codecs_round_trip_and_reject_bad_input() -> None:
 @pytest.mark.parametrize("codec", ["png", "jpeg"])
 def test_every_encoded_frame_fits_its_capacity_whatever_its_shape_and_pixels(codec: Literal["png", "jpeg"]) -> None:
     """The worst cases: noise (uniform, and black-or-white) at JPEG quality 100 or PNG level 0 to 9, and thin or odd
-    shapes, whose JPEG blocks are mostly padding (2x640 at quality 100 took twice the old 2 * H * W + 1024)."""
+    shapes, whose JPEG blocks are mostly padding (2x640 at quality 100 takes twice 2 * H * W + 1024, a bound that
+    leaves the padding out)."""
     rng = np.random.default_rng(0)
     shapes = [(2, 640), (1, 640), (3, 640), (5, 640), (640, 2), (480, 5), (1, 1), (7, 9), (17, 33), (64, 64), (9, 999)]
     options = [{"quality": 100}, {"quality": 90}] if codec == "jpeg" else [
@@ -165,7 +166,7 @@ def test_a_jpeg_frame_beyond_its_reserved_bytes_is_sent_at_a_lower_quality_not_r
 
 def test_a_memory_that_knows_its_frame_shape_refuses_another_from_the_first_packet() -> None:
     # Without it, the first packet's frames set the size: a hostile first packet could fix a wrong one, and every
-    # honest packet after it was refused.
+    # honest packet after it would be refused.
     width = encoded_capacity(64, 64)
     small = [encode_frame(np.full((32, 32), 10 * i, np.uint8), "png") for i in range(6)]
     memory = FrameStackMemory(memory_size=100, stack=4, frame_shape=(64, 64))
@@ -213,7 +214,8 @@ def test_frame_headers_are_read_as_libpng_and_libjpeg_read_them() -> None:
 
 def test_frames_whose_headers_declare_another_size_are_refused_before_any_pixel_is_decoded(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A PNG of 3000x3000 zeros takes 8.8 KB: in a 2 KB packet of 60 such rows, it made the trainer allocate 1 GB."""
+    """A PNG of 3000x3000 zeros takes 8.8 KB: decoded, a 2 KB packet of 60 such rows would make the trainer allocate
+    1 GB."""
     decoded: list[int] = []
     real_decode = frames_module.decode_frame
 
@@ -327,7 +329,8 @@ def test_the_compressor_passes_stacks_as_the_memory_rebuilds_them_after_a_probe_
 
 
 def test_the_compressor_refuses_stacks_the_memory_would_rebuild_otherwise() -> None:
-    """Gymnasium's padding_type="zero" made FrameStackMemory rebuild 6 of 12 transitions wrong, silently."""
+    """Accepted, gymnasium's padding_type="zero" would make FrameStackMemory rebuild 6 of 12 transitions wrong,
+    silently."""
     act = np.zeros(2, np.float32)
     zero = gymnasium.wrappers.FrameStackObservation(Ticks(), 4, padding_type="zero")
     compressor = FrameStackCompressor("png")

@@ -530,7 +530,8 @@ def test_sizes_that_are_not_positive_are_refused_by_name(memory_cls: Any, kwargs
 @pytest.mark.parametrize("size", [10**14, 10**18])  # more than any machine holds; past numpy's largest array
 @pytest.mark.parametrize("memory_cls", [ReplayMemory, functools.partial(FrameStackMemory, stack=2)])
 def test_a_memory_size_the_machine_cannot_hold_is_a_config_error_naming_the_key(memory_cls: Any, size: int) -> None:
-    # It allocates at the first packet, after the trainer connected: it died there with numpy's traceback.
+    # It allocates at the first packet, after the trainer connects: unchecked, it would die there with numpy's
+    # traceback.
     mem = memory_cls(memory_size=size)
     image = isinstance(mem, FrameStackMemory)
     with pytest.raises(ConfigError, match=rf"memory.memory_size is {size}: the replay memory needs [\d,.]+ GiB for it "
@@ -541,8 +542,8 @@ def test_a_memory_size_the_machine_cannot_hold_is_a_config_error_naming_the_key(
 
 def test_a_memory_size_over_the_memory_available_is_warned_of_at_allocation(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    # numpy gets the pages lazily: a ring larger than the RAM allocated fine, and the system killed the trainer
-    # without a word once the memory filled.
+    # numpy gets the pages lazily: a ring larger than the RAM allocates fine, and the system kills the trainer
+    # without a word once the memory fills.
     import types
 
     import psutil
@@ -573,8 +574,8 @@ def test_get_transition_out_of_range_names_the_index_and_the_length(memory_cls: 
 @pytest.mark.parametrize("memory_cls", [ReplayMemory, functools.partial(FrameStackMemory, stack=2)])
 def test_a_memory_of_mostly_stale_rows_samples_without_drawing_rows_per_transition_times_the_batch(
         memory_cls: Any) -> None:
-    # Rejection sampling drew batch * rows / transitions random rows: with 3 of 100,000 rows ending a transition (the
-    # rest stale, weight 0), one sample() took 0.8 s and 290 MB.
+    # Rejection sampling would draw batch * rows / transitions random rows: with 3 of 100,000 rows ending a
+    # transition (the rest stale, weight 0), one sample() would take 0.8 s and 290 MB.
     n = 100_000
     weight = np.zeros(n, np.float32)
     weight[[10, 5_000, n - 1]] = 1.0

@@ -28,7 +28,7 @@ def test_wandb_auto_mode_follows_wandbs_own_switch_then_the_api_key(monkeypatch:
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert resolve_wandb_mode("auto") == "online"
     assert resolve_wandb_mode("disabled") == "disabled"
-    monkeypatch.setenv("WANDB_MODE", "disabled")  # wandb's off switch was overridden by offline runs on disk
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # wandb's off switch: offline runs on disk must not override it
     assert resolve_wandb_mode("auto") == "disabled"
     monkeypatch.setenv("WANDB_MODE", "dryrun")  # wandb's old name for offline
     assert resolve_wandb_mode("auto") == "offline"
@@ -85,8 +85,8 @@ def test_status_counts_workers_in_the_right_number() -> None:
 
 
 def test_status_of_many_workers_with_long_names_tells_them_apart_and_keeps_the_line_short() -> None:
-    # Names were cut to 20 characters (keys to 10): default names like <long-host>-2 and -3 looked the same, and the
-    # server's status line named all of 300 workers in 7,000 characters.
+    # Names cut to 20 characters (keys to 10) would make default names like <long-host>-2 and -3 look the same, and
+    # a status line that named all of 300 workers would take 7,000 characters.
     snapshot = {"session": "abcdef0123", "uptime_s": 3.0, "trainer": None, "progress": None, "weights_version": 2,
                 "rates": {}, "rejected": 0, "refused": 0, "dropped": 0, "stats": {}}
     host = "gpu-lab-workstation-17"
@@ -190,8 +190,8 @@ def test_status_stops_waiting_when_asked_to(tmp_path: Path) -> None:
 
 
 def test_plot_of_a_run_with_one_round_draws_its_points(tmp_path: Path) -> None:
-    # A line through one point draws nothing: a run with one round showed three empty panels, and a run with no
-    # episodes printed matplotlib's "No artists with labels found to put in legend" warning.
+    # A line through one point draws nothing: drawn as lines, a run with one round would show three empty panels,
+    # and a run with no episodes would print matplotlib's "No artists with labels found to put in legend" warning.
     import warnings
 
     import matplotlib.pyplot as plt
@@ -221,8 +221,8 @@ def test_plot_of_a_run_with_one_round_draws_its_points(tmp_path: Path) -> None:
 
 
 def test_a_snapshot_of_thousands_of_workers_still_answers_listing_what_fits() -> None:
-    # Each worker takes up to ~1.5 KB of the snapshot (32 reported counters): from about 700 such workers the reply
-    # passed the 1 MiB header limit and --status failed with "header ... exceeds".
+    # Each worker takes up to ~1.5 KB of the snapshot (32 reported counters): listing them all, from about 700 such
+    # workers the reply would pass the 1 MiB header limit and --status would fail with "header ... exceeds".
     import threading
 
     import zmq

@@ -97,7 +97,7 @@ def test_a_role_refuses_a_command_of_the_other_role() -> None:
 
 def test_a_network_thread_that_meets_a_malformed_command_stops_and_the_next_command_says_why(thread: Reader) -> None:
     thread.start()
-    thread.command([b"credit"])  # a head from before commands were typed
+    thread.command([b"credit"])  # an untyped head, not one command_head() builds
     thread.join(5)
     assert not thread.is_alive() and isinstance(thread.error, ValueError)
     with pytest.raises(NetrlError, match=r"network thread has stopped .*an unknown command"):

@@ -91,9 +91,9 @@ def cut_key(path: Path, field: str) -> None:
 
 def test_a_damaged_key_is_refused_naming_its_file_and_a_failed_socket_option_leaves_no_socket(
         tmp_path: Path) -> None:
-    # A key one character short passed the loader; ZeroMQ then refused it with a bare "Invalid argument" while
-    # the socket was set up, and the socket, never recorded, kept the context from terminating: the server hung
-    # with no output, the worker and the trainer after a traceback.
+    # Unchecked, a key one character short would pass the loader; ZeroMQ then refuses it with a bare "Invalid
+    # argument" while the socket is set up, and a socket never recorded keeps the context from terminating: the
+    # server would hang with no output, the worker and the trainer after a traceback.
     keys = tmp_path / "keys"
     keygen(keys)
     cut_key(keys / "server" / "server.key_secret", "secret-key")
@@ -111,7 +111,7 @@ def test_a_damaged_key_is_refused_naming_its_file_and_a_failed_socket_option_lea
     with pytest.raises(zmq.ZMQError):
         link.open()
     assert link.sock is None
-    ctx.term()  # returns: the socket was closed (before, this hung for ever)
+    ctx.term()  # returns: the socket was closed (one left open would hang this for ever)
     server = ServerKeys(good.server_public, b"x" * 39, keys / "server")
     sockets = ServerSockets(NetworkConfig(), "127.0.0.1", free_port(), free_port(), server, None)
     with pytest.raises(zmq.ZMQError) as failed:  # kept, as a server closing while the error propagates keeps it
@@ -119,12 +119,13 @@ def test_a_damaged_key_is_refused_naming_its_file_and_a_failed_socket_option_lea
     done = threading.Thread(target=sockets.close, daemon=True)
     done.start()
     done.join(10)
-    assert not done.is_alive(), failed  # close() terminated the context (before, it waited on the unrecorded socket)
+    assert not done.is_alive(), failed  # close() terminated the context (an unrecorded socket would keep it waiting)
 
 
 def test_keygen_repairs_client_folders_and_allow_lists(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # Keygen took a client as done once its secret existed: a lost server folder got a new keypair but no
-    # allow-lists, every client kept the old server key, and a lost server.key stopped keygen with a traceback.
+    # Keygen must not take a client as done once its secret exists: a lost server folder would get a new keypair
+    # but no allow-lists, every client would keep the old server key, and a lost server.key would stop keygen with a
+    # traceback.
     keys = tmp_path / "keys"
     keygen(keys, ["robot-1"])
     old_server = server_keys(keys).public
@@ -153,7 +154,8 @@ def test_keygen_repairs_client_folders_and_allow_lists(tmp_path: Path, caplog: p
 
 
 def test_keygen_never_leaves_a_secret_key_readable_by_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # pyzmq writes a secret file 0644 and netrl made it 0600 after, in folders others could enter.
+    # pyzmq writes a secret file 0644, which netrl makes 0600 after: in a folder others can enter, it is readable
+    # meanwhile.
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o755)
     (keys / "workers").mkdir(mode=0o755)

@@ -118,7 +118,7 @@ def test_a_command_after_the_network_thread_failed_raises_instead_of_blocking() 
     try:
         assert thread.error is not None and not thread.is_alive()
         with pytest.raises(NetrlError, match="trainer cannot continue: its network thread has stopped"):
-            thread.command([b"weights"])  # blocked forever before: the pipe had no reader left
+            thread.command([b"weights"])  # the pipe has no reader left: a send would block forever
         thread.link.fatal = "replaced by another trainer"  # a REJECT from the server: the reason, not the symptom
         with pytest.raises(NetrlError, match=r"network thread has stopped \(replaced by another trainer\)"):
             thread.command([b"weights"])
@@ -236,8 +236,8 @@ def test_a_worker_a_full_server_refuses_tries_again_and_gets_in_once_a_place_fre
 def test_a_restarted_server_that_rejects_every_message_in_flight_gets_one_hello(
         caplog: pytest.LogCaptureFixture) -> None:
     # After a server restart, each message the client sent before the new server heard its HELLO comes back as
-    # "unknown peer"; answering each with a HELLO made the server drop and re-admit the peer as often (a worker
-    # logged "reconnected" 3 times, a trainer 6). A HELLO the server never answered is sent again, though.
+    # "unknown peer"; answering each with a HELLO would make the server drop and re-admit the peer as often (and
+    # the client log "reconnected" as often). A HELLO the server never answered is sent again, though.
     caplog.set_level(logging.INFO, logger="netrl.net.transport")
     ctx = zmq.Context()
     fake = ctx.socket(zmq.ROUTER)

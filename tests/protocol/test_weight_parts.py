@@ -386,8 +386,8 @@ class _Tracker:
 
 
 def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A trainer publishing faster than its link to the server carried the weights queued every version: its memory
-    # grew by megabytes a second, and the workers' weights fell further behind without limit.
+    # A trainer publishing faster than its link to the server carries the weights must not queue every version:
+    # its memory would grow by megabytes a second, and the workers' weights fall further behind without limit.
     from netrl.trainer.delivery import Deliveries
     from netrl.trainer.link import TrainerLink
 
@@ -438,8 +438,8 @@ def test_on_a_slow_link_the_trainer_sends_the_newest_version_not_every_one(monke
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex64])
 def test_an_actor_with_tensors_the_wire_cannot_carry_is_refused_by_name(dtype: torch.dtype) -> None:
-    # A bfloat16 actor stopped the trainer at its first publication with numpy's "data type 'bfloat16' not
-    # understood"; a complex one made a layout every worker refuses.
+    # Unchecked, a bfloat16 actor would stop the trainer at its first publication with numpy's "data type
+    # 'bfloat16' not understood"; a complex one would make a layout every worker refuses.
     from netrl.errors import NetrlError
     from netrl.trainer.delivery import Deliveries
     from netrl.trainer.link import TrainerLink
@@ -455,8 +455,8 @@ def test_an_actor_with_tensors_the_wire_cannot_carry_is_refused_by_name(dtype: t
 
 
 def test_a_slow_disk_never_holds_the_network_thread_and_only_the_newest_waiting_version_is_written() -> None:
-    # The network thread wrote each version itself: with a disk taking 4 s per write it sent no heartbeat meanwhile,
-    # and the server declared the worker lost 7 times in 25 s.
+    # A network thread that writes each version itself sends no heartbeat while a disk takes 4 s per write: the
+    # server would declare the worker lost 7 times in 25 s.
     import threading
 
     from netrl.worker.weight_receiver import WeightReceiver

@@ -109,7 +109,7 @@ def test_a_worker_rejects_a_version_with_a_malformed_layout_and_keeps_its_actor(
     assert rx.version == 1
     nbytes = rx.known.nbytes
     layout, why = BAD_LAYOUTS[case]
-    stats = rx(part(2, 0, 1, 0, nbytes, layout, np.zeros(nbytes, np.uint8)))  # raised TypeError for a list dtype
+    stats = rx(part(2, 0, 1, 0, nbytes, layout, np.zeros(nbytes, np.uint8)))  # a list dtype: rejected, not a TypeError
     assert stats["version"] == rx.version == 1 and rx.counts["weights_rejected"] == 1
     assert len(errors(caplog)) == 1 and "rejected weights v2" in errors(caplog)[0]
     assert why.replace("64-byte", f"{nbytes}-byte") in errors(caplog)[0]
@@ -155,7 +155,7 @@ def test_a_malformed_layout_from_the_trainer_never_reaches_a_worker(
     assert weight_versions(worker, 0.5) == [1]
     worker.send(Message(MsgType.ACK, "w", body={"seqs": [1]}))
     bad = weights_message(2, trainer.session)
-    bad.body["layout"] = [["w", ["<f4"], [1], 0]]  # the audit's case: every worker died on it
+    bad.body["layout"] = [["w", ["<f4"], [1], 0]]  # the audit's case: every worker would die on it
     trainer.send(bad)
     assert weight_versions(worker, 0.5) == []
     assert srv.stats["rejected"] == 1 and srv.snapshot()["weights_version"] == 1
@@ -197,7 +197,7 @@ def test_the_server_abandons_a_version_whose_headers_take_too_much_memory() -> N
     cache = WeightCache(max_bytes=1 << 20)
     assert cache_add(cache, weights_message(1)) is None
     layout, parts = [["w", "|u1", [64 * 40], 0]], 40
-    # frames far larger than their parts (the wire now bounds every header field of a part but part 0's layout, so
+    # frames far larger than their parts (the wire bounds every header field of a part but part 0's layout, so
     # this stands for whatever a future field could carry): each part's frames take ~1 MB
     fat = [bytes(1_000_000), bytes(64)]
     problems = [cache.add(2, i, parts, 64 * i, 64 * parts, 64, fat, layout if i == 0 else [])

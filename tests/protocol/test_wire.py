@@ -151,8 +151,8 @@ def test_builder_packets_are_self_contained() -> None:
 
 
 def test_a_leaf_whose_shape_changes_after_the_first_row_is_refused_not_broadcast() -> None:
-    # numpy broadcast a (1,) leaf into a (3,) column: an env that returned one bad observation on an episode's
-    # last step (which the actor never sees) stored [7, 7, 7] without a word.
+    # numpy broadcasts a (1,) leaf into a (3,) column: unchecked, an env that returns one bad observation on an
+    # episode's last step (which the actor never sees) would store [7, 7, 7] without a word.
     b = BufferBuilder(capacity=10, overlap=1)
     act = np.zeros(2, np.float32)
     b.add(act, (np.zeros(3, np.float32), 1.0), 0.0, False, False, True, 0)
@@ -246,7 +246,7 @@ def test_the_arrays_of_one_message_cannot_together_inflate_past_the_size_limit()
 
 def test_header_keys_must_be_strings() -> None:
     h = header(samples_frames())
-    h[b""] = 0  # the only bytes key msgpack lets through here (max_bin_len=0): it used to raise a TypeError
+    h[b""] = 0  # the only bytes key msgpack lets through here (max_bin_len=0): unchecked, it would raise a TypeError
     with pytest.raises(MalformedMessage, match="header keys must be strings"):
         decode([msgpack.packb(h, use_bin_type=True), *samples_frames()[1:]])
 
@@ -283,7 +283,7 @@ def test_a_session_id_is_a_short_name_in_samples_and_weights(session: str) -> No
 
 
 def test_a_welcome_cannot_announce_a_message_limit_no_config_allows() -> None:
-    # a fake server's max_message_bytes of 0 made a worker drop every packet as too large for the server
+    # a fake server's max_message_bytes of 0 would make a worker drop every packet as too large for the server
     welcome = Message(MsgType.WELCOME, "server", body={"server_session": "x", "heartbeat_interval_s": 0.5,
                                                        "max_message_bytes": 0})
     with pytest.raises(MalformedMessage, match="welcome max_message_bytes 0 is under 65536"):

@@ -42,7 +42,7 @@ def test_heartbeat_counters_that_are_not_counts_are_ignored_and_status_keeps_ans
     wait_until(lambda: srv.peers.workers()[0].bad_reports == 1, 5, "the heartbeat read", poll=0.02)
     assert srv.peers.workers()[0].reported == {"version": -1, "acked_samples": 12.0}
     assert srv.peers.workers()[0].produced == 0  # 2**64 - 1 is no count: it would overflow every PACE
-    snapshot = query_status(srv.sockets.status_port)  # once made the server exit (int(nan): ValueError)
+    snapshot = query_status(srv.sockets.status_port)  # a kept NaN would make the server exit (int(nan): ValueError)
     assert snapshot["dropped"] == 0 and snapshot["workers"][0]["name"] == "evil"
     assert "evil" in format_status(snapshot)
     warnings = [r.getMessage() for r in caplog.records if "ignored 5 heartbeat counters" in r.getMessage()]
@@ -92,7 +92,7 @@ def test_one_huge_count_never_stalls_the_other_workers_pace(server: tuple[Server
     trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
     trainer.hello()
     evil, honest = Peer(ctx, srv.worker_port, "worker", "evil"), Peer(ctx, srv.worker_port, "worker", "honest")
-    evil.hello()  # paced first: its PACE once failed to encode, and the PACEs after it were never sent
+    evil.hello()  # paced first: if its PACE failed to encode, the PACEs after it would never be sent
     honest.hello()
     evil.send(Message(MsgType.HEARTBEAT, "evil", body={"stats": {"produced": 2**64 - 1}}))
     evil.send(samples_message(sample_buffer(5), "evil", evil.session, 1, 2**63 - 1))  # int64: the wire lets it by
@@ -168,7 +168,7 @@ def test_a_worker_that_ignores_its_window_gets_nacks_and_leaves_room_for_the_oth
     assert evil.hello().body["window"] == queue // 2  # alone: half the memory, the rest is room for others
     for seq in range(1, 151):  # it ignores its window
         evil.send(samples_message(sample_buffer(5), "evil", evil.session, seq, seq * 4))
-    # every packet held or refused (a fixed pause was too short for 150 packets on a loaded machine)
+    # every packet held or refused (a fixed pause is too short for 150 packets on a loaded machine)
     wait_until(lambda: len(srv.relay.held) + srv.stats["window_refusals"] >= 150, 10, "the server to take all")
     held, held_packets = srv.relay.held_cost[evil.session], sum(s == evil.session for s, _ in srv.relay.held)
     assert queue // 2 - 2 * cost < held <= queue // 2 and srv.stats["samples_spooled"] == 0  # its share, no more
@@ -241,7 +241,7 @@ def test_a_second_trainer_stops_the_first_with_a_reject_that_says_why(
     _drive([first], 0.3)
     assert first.ready
     second = _trainer_link(ctx, srv, "second-session")
-    _drive([first, second], 2.0)  # heartbeats both ways: the first once said HELLO again, and so on for ever
+    _drive([first, second], 2.0)  # heartbeats both ways: unless told to stop, the first would say HELLO again, for ever
     assert first.fatal is not None and not first.fatal.startswith("unknown peer")
     assert "replaced by another trainer (session second-session at '127.0.0.1')" in first.fatal
     assert "so this one stops; to keep it, stop the other trainer" in first.fatal and len(first.fatal) < 250

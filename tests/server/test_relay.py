@@ -72,7 +72,7 @@ def test_under_load_one_bundle_and_one_ack_per_worker_cover_many_packets(tmp_pat
 
 
 def test_the_memory_queue_counts_what_holding_a_packet_costs(tmp_path: Path) -> None:
-    # 560-byte packets of 9 frames once took 450 MiB of memory for the 64 MiB the queue counted
+    # counting bytes only, 560-byte packets of 9 frames would take 450 MiB of memory for the 64 MiB the queue counts
     r = Relay(tmp_path, min_samples=1000, max_bundle_bytes=1 << 20)
     cost = 100 + 9 * FRAME_OVERHEAD
     r.relay.max_queue_bytes = 10 * cost
@@ -213,7 +213,7 @@ def test_spooled_samples_on_their_way_to_the_trainer_are_counted_once_for_pacing
 
 def test_a_queue_that_cannot_leave_sets_no_deadline_for_the_servers_loop(tmp_path: Path) -> None:
     # The server's loop polls until the next deadline: one already passed, with no trainer or no credit to send
-    # to, made it wake every millisecond until the trainer caught up.
+    # to, would make it wake every millisecond until the trainer catches up.
     r = Relay(tmp_path, min_samples=100, max_bundle_bytes=1 << 20)
     assert r.relay.next_deadline(trainer_connected=True) is None  # nothing queued
     r.packet("a", 1)  # received at 0.0, 4 of the 100 samples wanted
@@ -227,8 +227,8 @@ def test_a_queue_that_cannot_leave_sets_no_deadline_for_the_servers_loop(tmp_pat
 
 def test_a_spooled_packet_over_a_lowered_message_limit_is_dropped_loudly_and_the_rest_flows(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # Spooled under a larger network.max_message_bytes, such a packet went first in every bundle; the trainer's
-    # socket refused it by closing the connection, so nothing behind it ever reached the trainer.
+    # Spooled under a larger network.max_message_bytes, such a packet would go first in every bundle; the trainer's
+    # socket refuses it by closing the connection, so nothing behind it would ever reach the trainer.
     spooled = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
     for seq, size in [(1, 100), (2, 5000), (3, 100)]:
         packet = QueuedPacket("w/a", "a", seq, 4, [b"%d" % seq * size], size, 0.0)
@@ -255,8 +255,8 @@ def _offer(r: Relay, worker: str, seq: int, nbytes: int = 100, trainer: bool = F
 
 
 def test_a_worker_past_its_share_of_the_spool_cannot_shut_the_others_out(tmp_path: Path) -> None:
-    # No trainer: a fast simulator beside a robot filled the whole spool, and the robot's packets were refused
-    # until the trainer came back and drained it.
+    # No trainer: without shares, a fast simulator beside a robot would fill the whole spool, and the robot's packets
+    # would be refused until the trainer came back and drained it.
     r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20, spool_bytes=1000)
     r.workers = ["sim", "robot"]
     assert [_offer(r, "sim", seq) for seq in range(1, 9)] == ["spooled"] * 5 + ["refused"] * 3  # 500 of 1,000 bytes
@@ -286,7 +286,7 @@ def test_a_worker_with_nothing_spooled_may_spool_a_packet_bigger_than_its_share(
 
 def test_stale_packets_past_their_workers_share_stay_in_memory_in_order(tmp_path: Path) -> None:
     # A trainer connected but taking nothing: packets waiting in memory are spooled after spool_after_s, and
-    # acknowledged, which opened the simulator's window again and again until it held the whole spool.
+    # acknowledged, which without shares would open the simulator's window again and again until it filled the spool.
     r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20, spool_bytes=1000)
     r.workers = ["sim", "robot"]
     assert [_offer(r, "sim", seq) for seq in range(1, 6)] == ["spooled"] * 5  # its share
@@ -319,8 +319,8 @@ def test_the_spool_counts_each_workers_bytes_across_a_restart(tmp_path: Path) ->
 
 
 def test_with_the_trainer_gone_packets_waiting_in_memory_are_spooled_at_once(tmp_path: Path) -> None:
-    # They waited spool_after_s (2 s by default) for a trainer: a worker stopped together with the trainer (the
-    # demo's Ctrl+C) gave up on its last ACKs first, and reported its last packets lost.
+    # If they waited spool_after_s (2 s by default) for a trainer, a worker stopped together with the trainer (the
+    # demo's Ctrl+C) would give up on its last ACKs first, and report its last packets lost.
     r = Relay(tmp_path, min_samples=1, max_bundle_bytes=1 << 20)
     r.workers = ["w/a"]
     r.packet("a", 1)

@@ -311,8 +311,8 @@ def test_workers_share_half_the_servers_memory_and_keep_to_their_share(make_serv
             time.sleep(0.1)
         assert 0 < srv.relay.held_cost["s"] <= queue // 4  # its share of the memory, not 40 packets
         assert srv.stats["samples_spooled"] == 0  # and nothing overflowed to disk
-        # WELCOME's window counted bytes, not what holding them costs: what its first window took beyond its
-        # share was refused (it resends it), and an ACK told it the window that fits
+        # WELCOME's window counts bytes, not what holding them costs: what its first window takes beyond its
+        # share is refused (it resends it), and an ACK tells it the window that fits
         assert link.server_window == pytest.approx(queue // 4 * packet_bytes / cost, rel=0.01)
         assert link.counts["nacked_packets"] == srv.stats["window_refusals"] <= 2
     finally:
@@ -400,7 +400,7 @@ class _Backlog:
 
 def test_a_flooded_port_is_drained_a_budget_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Between two passes the server's loop flushes bundles to the trainer: a burst from many workers must not hold
-    # them up (draining everything at once once kept the server accepting for seconds, at 1% of its rate).
+    # them up (draining everything at once would keep the server accepting for seconds, at 1% of its rate).
     srv = Server(network=NET, spool_dir=str(tmp_path / "spool"))
     seen: list[str] = []
     monkeypatch.setattr(srv, "_receive", lambda role, frames: seen.append(role))
@@ -425,12 +425,12 @@ def test_a_server_that_cannot_bind_reports_the_error_and_no_shutdown_summary(
     second = Server(trainer_port=first.trainer_port, worker_port=free_port(), spool_dir=tmp_path / "second")
     with caplog.at_level(logging.INFO), pytest.raises(TransportError, match="could not bind"):
         second.run(threading.Event())
-    assert "server stopped" not in caplog.text  # it never served: a summary of zeros read like a normal stop
+    assert "server stopped" not in caplog.text  # it never served: a summary of zeros would read like a normal stop
 
 
 def test_a_busy_worker_hears_at_once_that_a_trainer_came_or_went(make_server: MakeServer) -> None:
-    # Whether a trainer is connected rode only on idle heartbeats; a worker whose packets kept the link busy kept
-    # "no trainer is connected to the server" in its status line for as long as it was busy.
+    # If the news of whether a trainer is connected rode only on idle heartbeats, a worker whose packets keep the
+    # link busy would keep "no trainer is connected to the server" in its status line for as long as it is busy.
     net = NetworkConfig(heartbeat_interval_s=1.0, heartbeat_liveness=10)
     srv, ctx = make_server(network=net, max_packet_delay_s=0.01)
     worker = Peer(ctx, srv.worker_port, "worker", "w")
@@ -463,8 +463,8 @@ def test_a_busy_worker_hears_at_once_that_a_trainer_came_or_went(make_server: Ma
 
 def test_samples_dropped_by_a_worker_that_left_still_count_in_the_snapshot(server: tuple[Server, zmq.Context]
                                                                            ) -> None:
-    # The snapshot summed the drops of the workers connected now: a worker that dropped samples and left took
-    # them out of --status, which then said 0 while its log said they were lost.
+    # Summing the drops of the workers connected now, a snapshot would lose those of a worker that dropped samples
+    # and left: --status would say 0 while its log says they were lost.
     srv, ctx = server
 
     def report(peer: Peer, dropped: int) -> None:
@@ -492,8 +492,8 @@ def test_samples_dropped_by_a_worker_that_left_still_count_in_the_snapshot(serve
 
 
 def test_an_idle_server_with_long_heartbeats_stops_promptly(tmp_path: Path) -> None:
-    # The loop polled for heartbeat_interval_s / 2 and sees the stop event only between polls: with 60 s heartbeats
-    # (the limit is a day), an idle server took up to 30 s to obey Ctrl+C.
+    # The loop sees the stop event only between polls: polling for heartbeat_interval_s / 2 with 60 s heartbeats
+    # (the limit is a day), an idle server would take up to 30 s to obey Ctrl+C.
     import threading
 
     from netrl.launch import free_port
@@ -556,9 +556,10 @@ def test_close_from_another_thread_stops_run_which_closes_its_own_sockets(tmp_pa
 
 def test_a_peer_that_says_bye_and_closes_at_once_is_logged_as_a_clean_stop(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # A worker stopping says BYE and closes its socket. A send to it in between (weights the trainer had just
-    # published) found the connection closed while the BYE waited unread: the server logged the worker as lost,
-    # and its BYE then as "a bye message before HELLO", with a request to say HELLO to a peer that had gone.
+    # A worker stopping says BYE and closes its socket. A send to it in between (weights the trainer has just
+    # published) finds the connection closed while the BYE waits unread: forgetting it then, the server would log
+    # the worker as lost, and its BYE as "a bye message before HELLO", with a request to say HELLO to a peer that
+    # has gone.
     srv = Server(trainer_port=free_port(), worker_port=free_port(), network=NET, spool_dir=tmp_path / "spool")
     srv.open()  # the loop's steps are driven by hand below, in the order the race takes
     ctx = zmq.Context()

@@ -113,13 +113,13 @@ def test_damage_found_while_the_server_runs_is_skipped_and_the_spool_still_drain
     (tmp_path / f"{segments[1]:08d}.seg").unlink()  # packets 3 and 4, deleted under the running server
     flip_byte(spool.log, -1)  # and packet 8, the newest, damaged on disk
     with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
-        taken = spool.take(upto(1000, 1 << 20))  # before: FileNotFoundError on every try, the spool stalled
+        taken = spool.take(upto(1000, 1 << 20))  # not FileNotFoundError on every try, stalling the spool
     assert [p.meta["seq"] for p in taken] == [1, 2, 5, 6, 7]
     assert "was deleted while in use" in caplog.text and "is damaged from offset" in caplog.text
-    assert not spool.pending() and spool.take(upto(1000, 1 << 20)) == []  # before: empty bundles for ever
+    assert not spool.pending() and spool.take(upto(1000, 1 << 20)) == []  # not empty bundles for ever
     for p in taken:
         spool.ack(p.position)
-    assert (spool.packets, spool.steps, spool.bytes) == (0, 0, 0)  # before: the lost packets stayed counted
+    assert (spool.packets, spool.steps, spool.bytes) == (0, 0, 0)  # the lost packets do not stay counted
     spool.push([b"y" * 400], {"worker": "w", "session": "s", "seq": 9, "steps": 10})
     assert spool.pending() and [p.meta["seq"] for p in spool.take(upto(1, 0))] == [9]
     spool.close()

@@ -65,7 +65,7 @@ def test_a_damaged_record_is_skipped_and_reported_once_and_the_records_around_it
     path = flip_byte(log, 2)
     size = path.stat().st_size
     with caplog.at_level(logging.INFO, logger="netrl.storage.segments"):
-        reopened = SegmentLog(tmp_path, segment_bytes=segment_bytes)  # before: an OSError stopped the process
+        reopened = SegmentLog(tmp_path, segment_bytes=segment_bytes)  # damage is not an OSError that stops the process
         assert [r.meta["i"] for r in reopened.read()] == [0, 1, 3, 4]  # only the damaged record is lost
         assert [r.meta["i"] for r in reopened.read()] == [0, 1, 3, 4]
         reopened.append([b"new"], {"i": 5})
@@ -98,8 +98,8 @@ def test_a_whole_last_record_with_a_bad_checksum_is_reported_as_lost_not_cut_as_
 @pytest.mark.parametrize("field", [0, 8])  # the magic, the segment number: fields the checksum does not vouch for
 def test_a_last_record_with_a_damaged_magic_or_segment_number_is_reported_as_lost_not_cut_as_a_torn_write(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, field: int) -> None:
-    # Such a record reads as one that belongs to no segment of this log, as a recycled file's old records do, and
-    # was cut with only an INFO line about a torn write, though it had been acknowledged.
+    # Such a record reads as one that belongs to no segment of this log, as a recycled file's old records do: taken
+    # for one, it would be cut with only an INFO line about a torn write, though it has been acknowledged.
     log = SegmentLog(tmp_path)
     for i in range(3):
         log.append([b"payload-%d" % i], {"i": i})
@@ -116,8 +116,8 @@ def test_a_last_record_with_a_damaged_magic_or_segment_number_is_reported_as_los
 
 
 def test_a_log_of_another_netrl_format_is_never_cut(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # After an upgrade that changed the format, the last segment of an old spool was truncated to 0 bytes with an
-    # INFO line; a middle one was reported as damage, without saying why.
+    # Read as this format after an upgrade that changed it, the last segment of an old spool would be truncated to
+    # 0 bytes with an INFO line, and a middle one reported as damage, without saying why.
     log = SegmentLog(tmp_path, segment_bytes=100)  # two records per segment
     for i in range(4):
         log.append([b"payload-%d" % i], {"i": i})
@@ -141,8 +141,8 @@ def test_a_log_of_another_netrl_format_is_never_cut(tmp_path: Path, caplog: pyte
 
 def test_files_with_names_the_log_never_writes_are_ignored_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # "1.seg" stopped the log from opening (it looked for 00000001.seg); "4294967296.seg", beyond the header's
-    # 32-bit segment number, was cut to 0 bytes and the next append raised struct.error.
+    # "1.seg" would stop the log from opening (it would look for 00000001.seg); "4294967296.seg", beyond the
+    # header's 32-bit segment number, would be cut to 0 bytes and the next append raise struct.error.
     log = SegmentLog(tmp_path)
     log.append([b"a"], {"i": 1})
     log.close()
@@ -160,8 +160,8 @@ def test_files_with_names_the_log_never_writes_are_ignored_with_a_warning(
 
 def test_a_wide_gap_between_segment_files_is_named_as_a_range(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                                 ) -> None:
-    # The missing names were listed one by one, from a set of every number between: a stray 99999999.seg beside
-    # 00000001.seg took gigabytes (and 4294967296.seg beside it, more than the machine had).
+    # Listing the missing names one by one, from a set of every number between, a stray 99999999.seg beside
+    # 00000001.seg would take gigabytes (and 4294967296.seg beside it, more than the machine has).
     log = SegmentLog(tmp_path)
     log.append([b"a"], {"i": 1})
     log.close()
@@ -177,7 +177,7 @@ def test_a_wide_gap_between_segment_files_is_named_as_a_range(tmp_path: Path, ca
 def test_fsync_also_syncs_the_folders_new_files_and_renames_live_in(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # fsync of a file does not write its folder: with fsync on, a power cut could still lose a new segment file's
-    # name (and every acknowledged record in it), and the spool's HEAD was never fsynced at all.
+    # name (and every acknowledged record in it), and the spool's HEAD needs an fsync of its own.
     synced: list[str] = []
     real = os.fsync
 
@@ -205,7 +205,7 @@ def test_fsync_also_syncs_the_folders_new_files_and_renames_live_in(tmp_path: Pa
 
 def test_free_files_left_without_any_segment_file_are_not_reused_as_new_segments(tmp_path: Path) -> None:
     # Numbers start again at 1 when every segment file is gone (deleted by hand): a recycled file that was once
-    # segment 1 still holds records naming segment 1, which were read back as new ones after the new records.
+    # segment 1 still holds records naming segment 1, which would be read back as new ones after the new records.
     log = SegmentLog(tmp_path, segment_bytes=200, recycle=4)
     for i in range(12):
         log.append([b"%02d" % i * 20], {"i": i})
@@ -229,8 +229,8 @@ def raw_record(segment: int, meta: Any, lengths: Any, data: bytes) -> bytes:
 
 def test_intact_records_the_spool_or_the_sample_log_cannot_use_are_skipped_and_reported(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # A record with a good checksum but other metadata (another version's, or not the owner's) stopped the server
-    # (KeyError: 'steps') and the trainer (KeyError: 'rows') on every start.
+    # A record with a good checksum but other metadata (another version's, or not the owner's) would stop the
+    # server (KeyError: 'steps') and the trainer (KeyError: 'rows') on every start.
     good = {"worker": "w", "session": "s", "seq": 1, "steps": 10}
     records = [raw_record(1, good, [4], b"good"),
                raw_record(1, {**good, "seq": 2, "steps": None}, [4], b"bad1"),
@@ -477,7 +477,7 @@ def test_a_folder_has_one_live_holder_and_a_dead_holder_leaves_no_stale_lock(tmp
     first = FolderLock(tmp_path / "run", "run folder", "stop it")
     first.acquire()
     first.acquire()  # idempotent
-    # held by this very process (a notebook's Trainer not closed): "another process" named the reader's own pid
+    # held by this very process (a notebook's Trainer not closed): "another process" would name the reader's own pid
     with pytest.raises(FolderInUse, match=rf"run folder {tmp_path / 'run'} is in use by this process "
                                           rf"\(pid {os.getpid()}\), by an object not closed yet \(close\(\) it "
                                           rf"first\); otherwise stop it"):
@@ -515,7 +515,7 @@ def test_a_child_forked_while_a_lock_is_held_does_not_keep_it_after_its_parent(t
         assert running.wait(30)
         lock.release()  # as when the parent ends; the child runs on
         again = FolderLock(tmp_path, "run folder", "stop it")
-        again.acquire()  # before: FolderInUse, as the child's copy of the lock file kept the lock
+        again.acquire()  # not FolderInUse: the child's copy of the lock file does not keep the lock
         again.release()
     finally:
         child.kill()
@@ -533,10 +533,10 @@ def test_a_file_system_without_locks_is_named_and_a_worker_runs_unlocked_there(
     monkeypatch.setattr(netrl.storage.folderlock, "_lock", no_locks)  # as on some network file systems
     with pytest.raises(NetrlError, match=rf"cannot lock the run folder {tmp_path}: \[Errno {errno.ENOLCK}\] No locks "
                                          "available; its file system may not support file locks: choose a folder on "
-                                         "a local disk"):  # before: "in use by another process (pid unknown)"
+                                         "a local disk"):  # not "in use by another process (pid unknown)"
         FolderLock(tmp_path, "run folder", "stop it").acquire()
     with caplog.at_level(logging.WARNING, logger="netrl.worker.names"):
-        name, lock = claim_worker_id(tmp_path / "run", None)  # before: tried names without end, a file for each
+        name, lock = claim_worker_id(tmp_path / "run", None)  # not names tried without end, a file for each
     assert (name, lock) == (host_name(), None) and len(list((tmp_path / "run").iterdir())) == 1
     assert f"this worker runs as {host_name()!r} with no lock on that name, so another worker" in caplog.text
     (tmp_path / "file").write_text("")

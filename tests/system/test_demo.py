@@ -119,8 +119,8 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_no_process_behind(tmp
 
 
 def test_roles_stop_cleanly_when_their_launcher_is_killed(tmp_path: Path) -> None:
-    # The demo's roles run in their own sessions: killed (SIGKILL, a crash), the demo left all three running for
-    # ever, holding their folders: the next demo there failed on the spool folder.
+    # The demo's roles run in their own sessions: with the demo killed (SIGKILL, a crash), all three would run on for
+    # ever, holding their folders, and the next demo there would fail on the spool folder.
     log = tmp_path / "demo.log"
     demo, children = _training_demo(tmp_path, log)
     os.kill(demo.pid, signal.SIGKILL)  # the demo alone, not its children
@@ -137,7 +137,7 @@ def test_roles_stop_cleanly_when_their_launcher_is_killed(tmp_path: Path) -> Non
 
 
 def test_sighup_stops_a_role_cleanly(tmp_path: Path) -> None:
-    # A closed terminal or ssh session sends SIGHUP, whose default action ended a trainer without its checkpoint.
+    # A closed terminal or ssh session sends SIGHUP, whose default action would end a trainer without its checkpoint.
     from netrl.launch import spawn_role
 
     log = tmp_path / "server.log"
@@ -174,7 +174,7 @@ def test_a_demo_whose_server_cannot_start_fails_instead_of_reporting_success(tmp
 
 @pytest.mark.parametrize("level", ["WARNING", "INFO", "DEBUG"])
 def test_the_demos_log_level_reaches_its_three_roles(tmp_path: Path, level: str) -> None:
-    # --demo --log-level ERROR left the server, trainer and worker at INFO: spawned without a level.
+    # Spawned without a level, the server, trainer and worker of --demo --log-level ERROR would log at INFO.
     done = subprocess.run([sys.executable, "-m", "netrl", "--demo", "--config", str(small_config(tmp_path)),
                            "--log-level", level], capture_output=True, text=True, timeout=120)
     text = done.stdout + done.stderr
@@ -190,8 +190,8 @@ def test_the_demos_log_level_reaches_its_three_roles(tmp_path: Path, level: str)
 
 
 def test_a_demo_with_resume_false_moves_an_earlier_run_aside(tmp_path: Path) -> None:
-    # The trainer refuses a folder holding a checkpoint or sample log when trainer.resume is false: the demo started
-    # all three roles, then failed with exit code 1.
+    # The trainer refuses a folder holding a checkpoint or sample log when trainer.resume is false: with the earlier
+    # run left in place, the demo would start all three roles, then fail with exit code 1.
     run_dir = tmp_path / "weights" / "test"
     (run_dir / "samples").mkdir(parents=True)  # as an earlier run leaves it
     text = _run("demo", small_config(tmp_path, trainer={"resume": False}), 120)
@@ -216,7 +216,7 @@ def test_a_demo_with_an_env_id_gymnasium_lacks_exits_2_before_starting_a_role(tm
 
 
 def test_a_demo_whose_trainer_refuses_the_config_exits_2(tmp_path: Path) -> None:
-    # A problem only a role can see (a device this machine lacks) made the demo exit 1, as for a crash.
+    # A problem only a role can see (a device this machine lacks) is a config error (2), not a crash (1).
     code, text = _demo_to_its_end(tmp_path, trainer={"device": "cuda"})
     assert code == 2, text[-2000:]
     assert 'trainer.device is "cuda", but this torch' in text and "a role of the demo refused it" in text
@@ -225,7 +225,7 @@ def test_a_demo_whose_trainer_refuses_the_config_exits_2(tmp_path: Path) -> None
 @pytest.mark.parametrize(("env", "announced"), [({"pipeline": "drone"}, "demo: the drone pipeline on localhost"),
                                                 ({}, "demo: Pendulum-v1 (the gym pipeline) on localhost")])
 def test_the_demo_announces_the_pipeline_it_runs(tmp_path: Path, env: dict[str, str], announced: str) -> None:
-    # The drone and image demos announced "demo: Pendulum-v1 on localhost": env.id, which only the gym pipeline uses.
+    # The drone and image demos must not announce the gym pipeline's env.id ("demo: Pendulum-v1 on localhost").
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         demo = subprocess.Popen([sys.executable, "-m", "netrl", "--demo", "--config",
@@ -246,7 +246,7 @@ def test_the_demo_announces_the_pipeline_it_runs(tmp_path: Path, env: dict[str, 
 
 def test_runs_moved_aside_within_one_second_get_folders_of_their_own(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # The second rename of the same second failed with OSError: the timestamped folder was taken.
+    # A second rename within the same second would fail with OSError: the timestamped folder is taken.
     from netrl import launch
 
     monkeypatch.setattr(launch.time, "strftime", lambda fmt: "20261127-101010")

@@ -7,12 +7,12 @@ slower than it is (a large model, a slow disk). Were it on the control path, the
 the step would overrun: rtgym's elastic clock absorbs a stall only up to one time step.
 
 The verdict rests on causes, not on raw periods. On these shared 2-core VMs the dummy drone overruns on its own:
-alone, with no netrl code running, it showed periods up to 264 ms and caller gaps up to 63 ms a few times a minute.
+alone, with no netrl code running, it shows periods up to 264 ms and caller gaps up to 63 ms a few times a minute.
 So the test checks that (1) every load ran on the network thread, never on the control thread; (2) the steps with a
 load or a swap were not late calls, allowing for the machine's own rare stalls: a load on the control path would
 make every load's step late, so at most a quarter of them may be; and (3) the loop kept its 20 Hz median. Overruns
-that happened inside the env's time step while the control path was on time are reported, not failed.
-The jitter of real 1M-parameter loads is measured by scripts/bench_pipelines.py, not here.
+that happened inside the env's time step while the control path was on time are reported, not failed. The jitter
+of real 1M-parameter loads is measured by scripts/bench_pipelines.py, not here.
 """
 
 from __future__ import annotations

@@ -173,8 +173,8 @@ def test_a_trainer_numbers_after_the_servers_newest_version_and_publishes_again_
 def test_a_worker_naming_versions_no_one_published_moves_the_numbering_at_most_to_half_the_largest_version(
         tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
     # The trainer numbers after versions it never published (another session's, still with workers), but takes a
-    # worker's word only up to FOREIGN_VERSION_LIMIT. Before, samples naming v2**63-1 made the trainer number past
-    # int64: its lag arithmetic overflowed, and the restarted trainer died again replaying its sample log.
+    # worker's word only up to FOREIGN_VERSION_LIMIT. Without it, samples naming v2**63-1 would make the trainer number
+    # past int64: its lag arithmetic would overflow, and the restarted trainer die again replaying its sample log.
     def foreign(version: int) -> Callable[[FakeLink], None]:
         return lambda link: setattr(link, "packet_version", version)
 
@@ -204,7 +204,7 @@ def test_a_logged_packet_that_todays_checks_refuse_is_skipped_on_restart_not_fat
     log.append([msgpack.packb(header), *old[1:]], "w/x", 1, 6, 0)
     log.close()
     with caplog.at_level(logging.WARNING):
-        make_trainer(tmp_path, epochs=2).run()  # before: the MalformedMessage stopped every restart
+        make_trainer(tmp_path, epochs=2).run()  # skipped: the MalformedMessage would stop every restart
     assert "skipped a packet in the sample log at" in caplog.text and "is not a valid id" in caplog.text
     assert checkpoint.load_state(tmp_path)["epoch"] == 2  # type: ignore[index]
 
@@ -425,7 +425,7 @@ def test_an_agent_without_state_dict_is_warned_once_checkpoints_its_actor_and_re
         tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO):
         trainer = make_trainer(tmp_path, epochs=1, agent=TutorialAgent)
-        trainer.run()  # used to train an epoch, then fail in the checkpoint, twice
+        trainer.run()  # without the fallback to its actor, it would train an epoch, then fail in the checkpoint, twice
     assert caplog.text.count("TutorialAgent does not implement state_dict() and load_state_dict(): checkpoints will "
                              "hold its actor's weights") == 1
     assert "Implement TutorialAgent.state_dict() and TutorialAgent.load_state_dict(state)" in caplog.text
@@ -526,7 +526,7 @@ def test_weights_numbered_before_the_welcome_said_the_number_was_taken_are_never
 
 def test_tmrls_unlimited_epochs_train_until_stopped(tmp_path: Path, links: type[Links],
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    trainer = make_trainer(tmp_path, epochs=np.inf)  # the tutorial's advice; "%d" of it broke the start line
+    trainer = make_trainer(tmp_path, epochs=np.inf)  # the tutorial's advice; "%d" of it would break the start line
     stop = threading.Event()
     links.at = dict.fromkeys(range(1, 10_000), lambda link: stop.set() if trainer.training.epoch >= 2 else None)  # type: ignore[union-attr]
     with caplog.at_level(logging.INFO, logger="netrl.trainer.trainer"):
@@ -575,7 +575,7 @@ def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
 
 def test_a_stop_while_the_memory_is_rebuilt_ends_the_start_at_once_and_saves_nothing(
         tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The first Ctrl+C was ignored until the whole sample log was read (11 s for a million rows, minutes for images).
+    # The first Ctrl+C must not wait until the whole sample log is read (11 s for a million rows, minutes for images).
     make_trainer(tmp_path, epochs=1).run()
     before = checkpoint.load_state(tmp_path)
     stop, added = threading.Event(), []
@@ -606,7 +606,7 @@ def test_a_damaged_sample_log_record_is_skipped_with_a_warning_and_the_run_resum
     data[records[1].next.offset - 3] ^= 0xFF  # a failing disk flips a byte in the second packet
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.INFO):
-        make_trainer(tmp_path, epochs=2).run()  # before: an OSError traceback stopped every restart
+        make_trainer(tmp_path, epochs=2).run()  # skipped: an OSError traceback would stop every restart
     assert f"{path} is damaged from offset {records[1].position.offset} to {records[2].position.offset}" in caplog.text
     assert re.search(r"rebuilt the replay memory from the sample log: \d+ samples from before the checkpoint",
                      caplog.text)
@@ -624,7 +624,7 @@ def test_a_damaged_sample_log_record_is_skipped_with_a_warning_and_the_run_resum
     with caplog.at_level(logging.INFO):
         make_trainer(tmp_path, epochs=3).run()
     assert "is damaged from offset" in caplog.text and "restored to its checkpoint state" in caplog.text
-    assert "does not reach the checkpoint" not in caplog.text  # before: it said so, and "holds 55 of the 55"
+    assert "does not reach the checkpoint" not in caplog.text  # a false alarm would say "holds 55 of the 55"
 
 
 def test_a_damaged_checkpoint_gives_way_to_the_one_before_and_the_run_goes_on(
@@ -634,7 +634,7 @@ def test_a_damaged_checkpoint_gives_way_to_the_one_before_and_the_run_goes_on(
     assert sorted(p.name for p in folder.glob("agent_*.pt")) == ["agent_000001.pt", "agent_000002.pt"]
     (folder / "agent_000002.pt").write_bytes(b"PK\x03\x04 a failing disk")
     with caplog.at_level(logging.INFO):
-        make_trainer(tmp_path, epochs=3).run()  # before: "cannot read ..." and exit 1
+        make_trainer(tmp_path, epochs=3).run()  # not "cannot read ..." and exit 1
     assert "resuming from checkpoint 1, the one before it" in caplog.text
     assert "replay memory restored to its checkpoint state" in caplog.text  # the log replays up to checkpoint 1...
     assert "does not reach the checkpoint" not in caplog.text  # ...and on from there
@@ -655,9 +655,10 @@ def test_resuming_with_another_model_says_what_changed_and_what_to_do(tmp_path: 
 
 
 def test_the_trainers_schema_probe_leaves_a_compressor_in_use_by_a_worker_alone() -> None:
-    # The trainer probed its sample compressor with a random row. FrameStackCompressor checks each stack against
-    # the one before, so a worker in the same process sharing the instance mid-episode (as tmrl's tutorial shares
-    # one pipeline between its roles) made the probe raise, and the row after it would too.
+    # The trainer probes its sample compressor with a random row. FrameStackCompressor checks each stack against
+    # the one before, so with a worker in the same process sharing the instance mid-episode (as tmrl's tutorial
+    # shares one pipeline between its roles), a probe of the instance's own state would raise, and so would the
+    # worker's next row.
     from netrl.memory.frames import FrameStackCompressor
     from netrl.protocol.schema import SampleSchema, probe_copy
 
@@ -668,7 +669,7 @@ def test_the_trainers_schema_probe_leaves_a_compressor_in_use_by_a_worker_alone(
     act = np.zeros(2, np.float32)
     compressor(act, np.stack([frames[0]] * 4), 0.0, False, False, {})  # the worker's episode so far
     compressor(act, np.stack([frames[0]] * 3 + [frames[1]]), 0.0, False, False, {})
-    schema = SampleSchema.from_spaces(obs_space, act_space, probe_copy(compressor))  # raised: a random stack
+    schema = SampleSchema.from_spaces(obs_space, act_space, probe_copy(compressor))  # a random stack, probed on a copy
     assert schema.leaves["obs"] == ("|u1", (16, 16))
     compressor(act, np.stack([frames[0]] * 2 + [frames[1], frames[2]]), 0.0, False, False, {})  # continues fine
     SampleSchema.from_spaces(obs_space, act_space, compressor)  # even probing the instance itself leaves it be

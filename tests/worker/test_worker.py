@@ -174,12 +174,12 @@ def test_a_csv_with_damaged_bytes_reads_and_a_row_the_disk_refuses_is_skipped_an
     for episode in (1, 2, 3):
         log.write({**row, "episode": episode, "env_steps": 5 * episode})
     path.write_bytes(path.read_bytes().replace(b"\n0.0,2,0,-1.0", b"\n0.0,\xff\xfe,0,-1.0"))  # not UTF-8
-    restarted = CsvLog(path)  # before: UnicodeDecodeError
+    restarted = CsvLog(path)  # not UnicodeDecodeError
     assert restarted.last_ints("episode", "env_steps") == [3, 15]
     before = path.read_bytes()
     quoted = before.replace(b"\n0.0,3,", b'\n0.0,"3,')  # a damaged quote opens a field it never closes
     path.write_bytes(quoted + b"0.0,4,0,-1.0,5,20,1\n")
-    assert CsvLog(path).last_ints("episode", "env_steps") == [4, 20]  # before: every later line read as one cell
+    assert CsvLog(path).last_ints("episode", "env_steps") == [4, 20]  # not every later line read as one cell
     path.write_bytes(before)
     assert plot_run(tmp_path).read_bytes()[:4] == b"\x89PNG"
 
@@ -219,7 +219,7 @@ def test_a_csv_the_disk_refuses_to_read_stops_neither_the_trainer_nor_a_worker(
 
     monkeypatch.setattr(Path, "open", failing_reads)
     with caplog.at_level(logging.INFO, logger="netrl.monitor.metrics"):
-        metrics = MetricsLogger(tmp_path, "run", wandb_mode="disabled")  # before: the OSError stopped the trainer
+        metrics = MetricsLogger(tmp_path, "run", wandb_mode="disabled")  # the OSError does not stop the trainer
         metrics.rewind(10)  # a resumed trainer drops the rounds past its checkpoint: here it cannot, and says so
         assert CsvLog(path).last_ints("round", "trained_steps") == [0, 0]  # a worker's counts start again
         metrics.csv.write({"epoch": 0, "round": 2, "trained_steps": 30})  # skipped: its columns are unknown
@@ -245,7 +245,7 @@ def test_a_csv_the_disk_refuses_to_read_stops_neither_the_trainer_nor_a_worker(
     resumed = MetricsLogger(tmp_path, "run", wandb_mode="disabled")
     resumed.rewind(20)  # the header reads now: the round past the checkpoint goes, under the file's own columns
     resumed.close()
-    assert path.read_text() == "epoch,round,trained_steps\n0,0,10\n0,1,20\n"  # before: every value wiped
+    assert path.read_text() == "epoch,round,trained_steps\n0,0,10\n0,1,20\n"  # not every value wiped
 
 
 def test_an_episodes_first_observation_is_never_sent_alone() -> None:
@@ -291,8 +291,8 @@ def test_the_status_line_says_when_a_worker_waits_for_the_trainer(caplog: pytest
 
 
 def test_a_weights_ack_the_link_refuses_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A worker whose queue to the server was full of packets (after an outage) lost the ACK of the weights it had
-    # just loaded, and the server, waiting for it, never sent that worker another version.
+    # A worker whose queue to the server is full of packets (after an outage) may see the link refuse the ACK of the
+    # weights it has just loaded: unless it is sent again, the server, waiting for it, never sends it another version.
     link = WorkerLink(NetworkConfig(), "w", "s" * 16, free_port(), None, 1 << 20, 1 << 20)  # never started
     sent: list[Message] = []
     full = [True]
@@ -610,8 +610,8 @@ class Float64Env(TwoPartEnv):
 
 
 def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
-    # The worker accepted float64 observations for a float32 space (they cast within their kind), but sent them as
-    # float64, and the trainer refused every packet for good: its schema comes from the spaces.
+    # The worker accepts float64 observations for a float32 space (they cast within their kind): sent as float64,
+    # they would make the trainer refuse every packet for good, as its schema comes from the spaces.
     from netrl.protocol.schema import SampleSchema
     from tests.recording import local_packets
 
@@ -623,7 +623,7 @@ def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
     schema = SampleSchema.from_spaces(Float64Env.observation_space, Float64Env.action_space)
     for b in packets:
         message = samples_message(b, "w", "s", 1, len(b))
-        schema.check(message.body, message.arrays, "w")  # what the trainer checks: it raised here
+        schema.check(message.body, message.arrays, "w")  # what the trainer checks: float64 arrays would raise here
 
 
 def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() -> None:
@@ -636,8 +636,8 @@ def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() 
 
 
 def test_workers_started_from_one_seeded_config_collect_different_but_reproducible_data(tmp_path: Path) -> None:
-    # Every worker reset its env with the config's seed and seeded torch with it: two workers started from one
-    # config.json with "seed": 1 collected the same episodes, frame for frame and action for action.
+    # If every worker reset its env with the config's seed and seeded torch with it, two workers started from one
+    # config.json with "seed": 1 would collect the same episodes, frame for frame and action for action.
     from netrl.pipelines.make import make_pipeline
     from tests.recording import local_packets
 
@@ -661,7 +661,7 @@ def test_workers_started_from_one_seeded_config_collect_different_but_reproducib
 @pytest.mark.parametrize("damage", ["truncated", "sidecar"])
 def test_an_unreadable_saved_policy_is_ignored_by_a_connected_worker_and_refused_standalone(
         tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
-    # A policy file cut short (a power cut while the worker saved it) stopped the worker at every start, though the
+    # A policy file cut short (a power cut while the worker saved it) must not stop the worker at every start: the
     # server sends it the current weights anyway.
     from netrl.errors import CheckpointError
     from netrl.storage.weight_files import write_weights_file
@@ -744,8 +744,8 @@ def test_close_from_another_thread_stops_run_which_delivers_its_samples(make_ser
 
 def test_a_worker_that_stops_with_samples_unacknowledged_exits_with_code_1(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    # `--worker --episodes N` with the server unreachable logged the loss, then "exited cleanly" with code 0: a
-    # script could not tell it from a run whose samples all arrived.
+    # `--worker --episodes N` with the server unreachable logs the loss: exiting "cleanly" with code 0, it would
+    # leave a script unable to tell it from a run whose samples all arrived.
     from netrl.__main__ import main
     from tests.fakes import small_config
 
@@ -758,8 +758,8 @@ def test_a_worker_that_stops_with_samples_unacknowledged_exits_with_code_1(
 
 
 def test_a_start_that_fails_halfway_closes_the_env_it_built() -> None:
-    # The actor's constructor raised after the env was built: the env stayed open, and a second start() built
-    # another beside it.
+    # If the actor's constructor raises after the env is built, the env must not stay open, nor a second start()
+    # build another beside it.
     closed: list[int] = []
 
     class Env(GenericGymEnv):
