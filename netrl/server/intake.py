@@ -205,5 +205,6 @@ class SampleIntake:
             return
         wanted = self.progress["wanted"] - self.progress["samples"] - self.relay.on_the_way()
         for worker, allowance in self.peers.raised_allowances(wanted, IDLE_HEARTBEATS * self.net.heartbeat_interval_s):
-            self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))  # kept if its queue
-            worker.allowance = allowance  # is full (netrl.server.outbound)
+            # kept and sent later if its queue is full (netrl.server.outbound)
+            self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))
+            worker.allowance = allowance

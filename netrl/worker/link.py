@@ -117,11 +117,12 @@ class WorkerLink(NetThread):
             now = time.monotonic()
             if now - self._last_pipe_warning > 10:
                 self._last_pipe_warning = now
+                # pipe_drops, not counts: counts is the network thread's, and may grow while this thread reads it
                 log.warning("worker %s network thread is behind: %d bytes of packets wait for it (limit "
                             "worker.max_backlog_bytes = %d), so the newest packet was dropped; %d samples dropped "
                             "here so far. The machine is short of CPU for this worker", self.worker_id, waiting,
-                            self.max_backlog_bytes, self.pipe_drops["dropped_samples"])  # not counts: another
-            return False  # thread's dict, which may grow while this one reads it
+                            self.max_backlog_bytes, self.pipe_drops["dropped_samples"])
+            return False
         self.handed_seq = seq
         self.piped_bytes += nbytes
         self.piped_packets += 1
