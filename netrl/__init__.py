@@ -3,40 +3,40 @@
 RolloutWorkers run a policy on robots or game PCs and send compressed sample packets through a central Server
 to a Trainer, which keeps a replay memory, optimises a TrainingAgent (SAC by default) and sends versioned
 actor weights back. Importing netrl is cheap: the classes below load on first use.
+
+The public API is this package's ``__all__`` and that of :mod:`netrl.agents`, :mod:`netrl.memory`,
+:mod:`netrl.envs`, :mod:`netrl.pipelines`, :mod:`netrl.config` and :mod:`netrl.errors`. The packages under
+``protocol``, ``net``, ``storage`` and ``monitor``, and the role packages' modules, are internal.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from netrl.util import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "ActorModule": "netrl.actor",
+    "Batch": "netrl.samples",
     "Buffer": "netrl.samples",
-    "Config": "netrl.config",
-    "GenericGymEnv": "netrl.envs",
-    "MemoryDataloading": "netrl.memory",
+    "Config": "netrl.config.sections",
+    "GenericGymEnv": "netrl.envs.gym",
+    "MemoryDataloading": "netrl.memory.base",
     "NetrlError": "netrl.errors",
-    "ReplayMemory": "netrl.memory",
-    "RolloutWorker": "netrl.worker",
-    "Server": "netrl.server",
-    "Trainer": "netrl.trainer",
-    "TrainingAgent": "netrl.training",
+    "Pipeline": "netrl.pipelines.base",
+    "ReplayMemory": "netrl.memory.replay",
+    "RolloutWorker": "netrl.worker.worker",
+    "Server": "netrl.server.server",
+    "Trainer": "netrl.trainer.trainer",
+    "TrainingAgent": "netrl.agents.base",
     "TrainingOffline": "netrl.training",
-    "load_config": "netrl.config",
+    "load_config": "netrl.config.load",
     "partial": "netrl.util",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'netrl' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, _dir = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

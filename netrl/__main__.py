@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from netrl import __version__
 
-# Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and netrl.config
-# imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions that need it.
+# Only the standard library at the top: a Ctrl+C while this module imports is outside main()'s try, and
+# netrl.config imports numpy (a tenth of a second); everything of netrl's own is imported inside the functions
+# that need it.
 if TYPE_CHECKING:
-    from netrl.config import Config
+    from netrl.config.sections import Config
 
 log = logging.getLogger("netrl")
 
@@ -30,7 +31,7 @@ ROLES = ("server", "worker", "trainer", "demo")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from netrl.config import describe_fields
+    from netrl.config.sections import describe_fields
 
     keys = "\n".join(f"  {k:<44} {d:<12} {h}" for k, d, h in describe_fields())
     p = argparse.ArgumentParser(
@@ -110,7 +111,8 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
 
     Each value is checked here, on its own, so that a bad flag is reported as the flag, not as config.json; a
     rejected flag is left out of the overrides."""
-    from netrl.config import FLAG_KEYS, check_value
+    from netrl.config.load import check_value
+    from netrl.config.sections import FLAG_KEYS
 
     overrides: dict[str, Any] = {}
     problems: list[str] = []
@@ -125,8 +127,8 @@ def _flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]
             overrides[key] = value
     if args.episodes is not None and args.episodes < 1:
         problems.append(f"--episodes must be >= 1 (got {args.episodes}); leave it out to run until stopped")
-    if args.role == "keygen":  # found by keygen, they were a runtime error (exit 1) that did not name the flag
-        from netrl.keys import worker_name_problem
+    if args.role == "keygen":  # here, not in keygen: a bad name is then a usage error (exit 2) that names the flag
+        from netrl.net.keys import worker_name_problem
 
         problems += [f"--workers {json.dumps(name)} {problem}" for name in _worker_names(args)
                      if (problem := worker_name_problem(name))]
@@ -154,7 +156,7 @@ def setup_logging(role: str, level: str) -> None:
 
 def install_stop_signals(stop: threading.Event) -> None:
     """First SIGINT/SIGTERM/SIGHUP sets ``stop`` for a clean shutdown; a second SIGINT interrupts at once. (SIGHUP:
-    the terminal or ssh session the role runs in closed, whose default action ended a trainer without its
+    the terminal or ssh session the role runs in closed; its default action would end a trainer without its
     checkpoint and a worker without delivering its backlog.)"""
 
     def handler(signum: int, frame: Any) -> None:
@@ -172,7 +174,7 @@ def install_stop_signals(stop: threading.Event) -> None:
 def watch_launcher(stop: threading.Event, grace_s: float = 0.0) -> None:
     """A role started by :func:`netrl.launch.spawn_role` (the demo's, a benchmark's) stops cleanly once the process
     that started it is gone, however it went (SIGKILL, a crash): its roles run in their own sessions, so no signal
-    reaches them then, and they ran on for ever and held their folders against the next start. A server waits
+    reaches them then, and they would run on for ever, holding their folders against the next start. A server waits
     ``grace_s`` first, as the demo stops it last: its workers deliver what they hold before it goes."""
     from netrl.launch import LAUNCHER_ENV
 
@@ -223,13 +225,13 @@ def folders_used(role: str, cfg: Config) -> str:
 
 
 def run_keygen(cfg: Config, workers: list[str]) -> None:
-    from netrl.keys import keygen
+    from netrl.net.keys import keygen
 
     written = keygen(cfg.keys_dir, workers)
     for path in written:
         log.info("wrote %s", path)
     log.info("keys in %s/: keep server/ on the server, copy trainer/ to the trainer machine and workers/<name>/ to "
-             "each worker (see the README's Security section)%s", os.path.abspath(cfg.keys_dir),
+             "each worker (see docs/security.md)%s", os.path.abspath(cfg.keys_dir),
              "" if written else "; nothing new")
 
 
@@ -238,7 +240,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
     """Run ``role`` (one of :data:`ROLES`) until it ends or ``stop`` is set.
 
     Raises:
-        ValueError: ``role`` is not one of :data:`ROLES` (it used to run a trainer).
+        ValueError: ``role`` is not one of :data:`ROLES` (checked first: the last branch runs a trainer).
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}: run_role runs {', '.join(ROLES)}")
@@ -246,7 +248,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         log.warning("SECURITY IS OFF (\"security\": \"none\"): this %s talks to the server unencrypted and "
                     "unauthenticated; anyone on the path can read or forge its traffic", role)
     if role == "server":  # the server never imports torch: it only moves bytes
-        from netrl.server import Server
+        from netrl.server.server import Server
 
         Server.from_config(cfg).run(stop)
         return
@@ -256,12 +258,12 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         run_demo(cfg, config_path, stop, logging.getLevelName(logging.getLogger().level))
         return
     configure_torch(cfg, role)
-    from netrl.pipelines import make_pipeline
+    from netrl.pipelines.make import make_pipeline
 
     pipeline = make_pipeline(cfg)
     if role == "worker":
         from netrl.errors import NetrlError
-        from netrl.worker import RolloutWorker
+        from netrl.worker.worker import RolloutWorker
 
         worker = RolloutWorker.from_config(cfg, pipeline)
         worker.run(cfg.worker.test_episode_interval, episodes, stop=stop)
@@ -270,7 +272,7 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
                              "server had not acknowledged (see the warnings above): they are lost unless it spooled "
                              "them")
     else:  # (the trainer: ROLES holds no other)
-        from netrl.trainer import Trainer
+        from netrl.trainer.trainer import Trainer
 
         Trainer.from_config(cfg, pipeline).run(stop)
 
@@ -284,11 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from netrl.config import load_config
+    from netrl.config.load import load_config
     from netrl.errors import ConfigError, NetrlError
 
     args = _parser().parse_args(argv)
-    if args.plot is not None:  # `--plot ""` (an unset shell variable) too: it left no role, and ran a trainer
+    if args.plot is not None:  # `--plot ""` (an unset shell variable) too, which would otherwise leave no role
         args.role = "plot"
     overrides, flag_problems = _flag_overrides(args)
     if args.plot is not None and not args.plot.strip():
@@ -318,7 +320,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.role == "keygen":
             run_keygen(cfg, _worker_names(args))
         elif args.role == "status":
-            from netrl.status import dump_json, format_status, query_status
+            from netrl.monitor.status import dump_json, format_status, query_status
 
             snapshot = query_status(cfg.server.status_port, stop=stop)
             ports, mine = snapshot.get("ports") or {}, {"trainer": cfg.network.trainer_port,
@@ -333,7 +335,7 @@ def _main(argv: Sequence[str] | None) -> int:
             except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit flush fails again
         elif args.role == "plot":
-            from netrl.plot import plot_run
+            from netrl.monitor.plot import plot_run
 
             given = Path(args.plot)  # a run folder, one of its CSV files, or a run name under weights_folder
             run_dir = given if given.is_dir() else given.parent if given.is_file() else Path(cfg.weights_folder) / given

@@ -94,4 +94,5 @@ class CheckpointError(NetrlError):
 
 
 class FolderInUse(NetrlError):
-    """Another live process holds the run folder or spool folder this process was given (see netrl.folderlock)."""
+    """Another live process holds the run folder or spool folder this process was given (see
+    netrl.storage.folderlock)."""

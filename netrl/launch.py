@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from netrl.config import Config, config_to_dict
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config
 from netrl.errors import ConfigError, NetrlError
-from netrl.folderlock import FolderLock
-from netrl.metrics import read_rows
+from netrl.monitor.metrics import read_rows
+from netrl.storage.folderlock import FolderLock
 
 __all__ = ["LAUNCHER_ENV", "free_port", "run_demo", "spawn_role", "stop_processes", "write_config"]
 
@@ -104,8 +105,10 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
 
     ``log_level`` is the launcher's ``--log-level``, and the three roles log at it too; at the default INFO the
     worker logs warnings only, so that the trainer's round lines are what the demo shows."""
-    from netrl.checkpoint import load_state  # here: it imports torch, which the launcher's other users never need
-    from netrl.pipelines import make_pipeline
+    from netrl.pipelines.make import make_pipeline
+    from netrl.storage.checkpoint import (
+        load_state,  # here: it imports torch, which the launcher's other users never need
+    )
 
     make_pipeline(cfg)  # as the worker and the trainer will: a bad env.id is exit code 2 before anything starts
     run_dir = cfg.run_dir
@@ -123,7 +126,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
             # samples to the new run: resume false asks for a new run, as a finished one does
             _move_aside(run_dir, "held an earlier run and trainer.resume is false")
         if cfg.security == "curve":
-            from netrl.keys import keygen
+            from netrl.net.keys import keygen
 
             if keygen(cfg.keys_dir):
                 log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
@@ -140,7 +143,7 @@ def _move_aside(run_dir: Path, why: str) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     old = run_dir.with_name(f"{run_dir.name}-{stamp}")
     n = 1
-    while old.exists():  # a run moved aside within the same second: the rename failed with OSError
+    while old.exists():  # a run moved aside within the same second: renaming onto it would fail with OSError
         n += 1
         old = run_dir.with_name(f"{run_dir.name}-{stamp}-{n}")
     run_dir.rename(old)
@@ -154,7 +157,7 @@ def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str)
                             server={"bind_ip": "127.0.0.1", "status_port": free_port(),
                                     "spool_dir": str(run_dir / "server-spool")})
     metrics = run_dir / "metrics.csv"  # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
-    # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1" (the default) misled
+    # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1" (the default) would mislead
     what = f"{cfg.env.id} (the gym pipeline)" if cfg.env.pipeline == "gym" else f"the {cfg.env.pipeline} pipeline"
     log.info("demo: %s on localhost (trainer port %d, worker port %d); Ctrl+C stops all three. Outputs go to %s/; "
              "`python -m netrl --status --config %s` shows the server's state", what, ports["trainer_port"],

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from netrl.protocol.weights import load_weights, state_arrays
 from netrl.samples import Buffer
 from netrl.training import TrainingOffline
-from netrl.weights import load_weights, state_arrays
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 
 __all__ = ["LocalSource", "run_local"]
 

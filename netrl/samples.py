@@ -1,4 +1,5 @@
-"""Samples as columns: what a worker packs, the wire carries and ``MemoryDataloading.append_buffer`` receives.
+"""Samples as columns: what a worker packs, the wire carries and ``MemoryDataloading.append_buffer`` receives; and
+:class:`Batch`, the transitions a memory hands a ``TrainingAgent``.
 
 A worker produces one *row* per env step, tmrl style: ``(act, obs, rew, terminated, truncated, info)``, where
 ``act`` is the action that led to ``obs``. After ``reset()`` it adds a row for the first observation, flagged
@@ -23,11 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Buffer", "BufferBuilder", "EpisodeStats", "Spec", "flatten", "row", "tree_map", "unflatten"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "Spec", "flatten", "row", "tree_map", "unflatten"]
 
 Spec = Any  # str (leaf name) | list[Spec] (tuple) | dict[str, Spec]
 MAX_TREE_LEAVES = 64
@@ -263,3 +267,21 @@ class BufferBuilder:
 
     def spec(self) -> tuple[Spec, Spec]:
         return self._act_spec, self._obs_spec
+
+
+class Batch(NamedTuple):
+    """A batch of transitions, collated on the training device.
+
+    Read its fields by name (``batch.obs``, ``batch.act``...) or unpack all seven:
+    ``o, a, r, o2, terminated, truncated, weight = batch``. ``terminated`` stops bootstrapping; ``truncated`` (time
+    limit or ``max_samples_per_episode``) does not. ``weight`` is a per-transition loss weight, or None when every
+    weight is 1 (no stale samples down-weighted).
+    """
+
+    obs: Any
+    act: torch.Tensor
+    rew: torch.Tensor
+    next_obs: Any
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    weight: torch.Tensor | None = None

@@ -32,12 +32,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from netrl.agents.base import Batch, TrainingAgent, has_state_dict
+from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
-from netrl.envs import check_spaces
-from netrl.memory import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading, ReplayMemory
-from netrl.samples import Buffer
-from netrl.status import worth_logging
+from netrl.envs.checks import check_spaces
+from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
+from netrl.memory.replay import ReplayMemory
+from netrl.samples import Batch, Buffer
+from netrl.util import worth_logging
 
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
 

@@ -1,14 +1,17 @@
-"""Small helpers kept from tmrl's ``tmrl.util`` so that ported code imports the same names."""
+"""Small helpers: those kept from tmrl's ``tmrl.util`` (so that ported code imports the same names), and the few
+that log lines in every layer share."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["cached_property", "partial", "prod", "takes_args"]
+__all__ = ["cached_property", "count_of", "lazy_exports", "partial", "prod", "takes_args", "version_label",
+           "worth_logging"]
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -37,3 +40,35 @@ def takes_args(fn: Callable[..., Any], n: int) -> bool:
 def prod(iterable: Iterable[int]) -> int:
     """Product of the items (1 for an empty iterable), as ``tmrl.util.prod``."""
     return math.prod(iterable)
+
+
+def worth_logging(count: int, first: int = 10, every: int = 1000) -> bool:
+    """Whether the ``count``-th occurrence of a problem is logged: the first ``first``, then every ``every``-th, so
+    that every kind of problem shows but a flood of one cannot fill the disk."""
+    return count <= first or count % every == 0
+
+
+def version_label(version: Any) -> str:
+    """``v3``, or ``none`` before any weights arrived (versions start at 1; -1 means none)."""
+    return f"v{version}" if isinstance(version, int) and version >= 0 else "none"
+
+
+def count_of(n: int, noun: str) -> str:
+    """``1 worker``, ``3 workers``: a count with its noun in the right number (English plural in -s)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) for ``exports`` (name -> module): each name is imported
+    on first use, so importing the package stays cheap (no torch, OpenCV or Gymnasium until a class is needed)."""
+
+    def getattr_(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    def dir_() -> list[str]:
+        return sorted(exports)
+
+    return getattr_, dir_

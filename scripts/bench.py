@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from netrl.status import count_of  # imports no torch: relay children stay light
+from netrl.util import count_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -58,7 +58,7 @@ def _verdict(ok: bool) -> str:
 
 
 def summary(results: list[dict[str, Any]]) -> list[str]:
-    """A markdown table of every figure against its target (this is what the README shows).
+    """A markdown table of every figure against its target (docs/benchmarks.md shows it in full).
 
     Relay and broadcast targets are judged against raw ZeroMQ over the same path as netrl's (worker -> a zero-copy
     forwarding process -> trainer, and back for weights): a relay moves every byte twice, and on two cores raw

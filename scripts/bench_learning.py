@@ -30,13 +30,14 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch
 
-from netrl.config import Config, config_from_dict, config_to_dict
-from netrl.keys import keygen
+from netrl.config.load import config_from_dict, config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.local import run_local
-from netrl.pipelines import make_pipeline
-from netrl.trainer import Trainer
-from netrl.worker import RolloutWorker
+from netrl.net.keys import keygen
+from netrl.pipelines.make import make_pipeline
+from netrl.trainer.trainer import Trainer
+from netrl.worker.worker import RolloutWorker
 
 THRESHOLD = -200.0
 WINDOW = 10

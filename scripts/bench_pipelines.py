@@ -40,19 +40,20 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import numpy as np
 import torch
 
-from netrl.config import Config, config_from_dict, config_to_dict, load_config
-from netrl.envs_image import ImageReachEnv
-from netrl.frames import FrameStackCompressor, FrameStackMemory, decode_frame
-from netrl.keys import client_keys, keygen
+from netrl.config.load import config_from_dict, config_to_dict, load_config
+from netrl.config.sections import Config
+from netrl.envs.image import ImageReachEnv
+from netrl.envs.realtime import StepTimer, period_stats
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.memory import collate
-from netrl.pipelines import make_pipeline
-from netrl.realtime import StepTimer, period_stats
+from netrl.memory.base import collate
+from netrl.memory.frames import FrameStackCompressor, FrameStackMemory, decode_frame
+from netrl.net.keys import client_keys, keygen
+from netrl.pipelines.make import make_pipeline
+from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer, BufferBuilder
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from netrl.wire import buffer_from_message, decode, encode, samples_message
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 
 PACKET = 100  # samples per packet
 
@@ -168,7 +169,7 @@ class PublishEvery(TrainingOffline):
 
 def fake_trainer(config_path: str, interval: float) -> None:
     from netrl.__main__ import install_stop_signals, setup_logging
-    from netrl.trainer import Trainer
+    from netrl.trainer.trainer import Trainer
 
     cfg = load_config(config_path)
     setup_logging("trainer", "INFO")

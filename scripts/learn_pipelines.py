@@ -33,12 +33,13 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import numpy as np
 import torch
 
-from netrl.config import Config, config_from_dict, config_to_dict
-from netrl.keys import keygen
+from netrl.config.load import config_from_dict, config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.pipelines import make_pipeline
-from netrl.weight_files import read_weights_file
-from netrl.weights import load_weights
+from netrl.net.keys import keygen
+from netrl.pipelines.make import make_pipeline
+from netrl.protocol.weights import load_weights
+from netrl.storage.weight_files import read_weights_file
 
 # Trainer settings per pipeline: the drone's samples come at 20 Hz, so it trains several steps per sample.
 SETTINGS: dict[str, dict[str, Any]] = {

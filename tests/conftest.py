@@ -1,4 +1,5 @@
-"""Shared fixtures: free ports, small configs, and process tracking that fails a test which leaves one behind."""
+"""Fixtures: servers in a thread of the test (``server``, ``make_server``), process tracking that fails a test
+which leaves one behind, and logging restored after each test."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import logging
 import os
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import zmq
 
-from netrl.config import Config
-from netrl.keys import keygen
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.server import Server
+from netrl.launch import free_port, spawn_role, stop_processes
+from netrl.server.server import Server
+from tests.fakes import NET, MakeServer, running_server
 
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 
@@ -35,43 +34,35 @@ def _root_logging_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
-def small_config(tmp_path: Path, **sections: Any) -> Path:
-    """A config for fast tests: free ports, short training, wandb disabled, outputs under tmp_path."""
-    keygen(tmp_path / "keys")  # tests run with the secure default: CURVE
-    base: dict[str, Any] = {
-        "run_name": "test", "weights_folder": str(tmp_path / "weights"), "seed": 1, "keys_dir": str(tmp_path / "keys"),
-        "network": {"trainer_port": free_port(), "worker_port": free_port(), "heartbeat_interval_s": 0.2,
-                    "heartbeat_liveness": 5, "reconnect_initial_s": 0.1, "reconnect_max_s": 1.0},
-        "server": {"min_samples_per_server_packet": 20, "max_packet_delay_s": 0.02, "status_port": free_port()},
-        "worker": {"min_samples_per_worker_packet": 10, "test_episode_interval": 0},
-        "trainer": {"epochs": 1, "rounds": 2, "steps": 60, "update_model_interval": 20,
-                    "update_buffer_interval": 10, "start_training": 100, "worker_lead": 50},
-        "memory": {"memory_size": 10_000, "batch_size": 32},
-        "agent": {"hidden_sizes": [32, 32]},
-        "wandb": {"mode": "disabled"},
-    }
-    for name, values in sections.items():
-        base.setdefault(name, {}).update(values) if isinstance(values, dict) else base.__setitem__(name, values)
-    return write_config(Config(), tmp_path / "config.json", **base)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "server(**settings): Server settings for the server fixture, over its defaults")
 
 
-@contextlib.contextmanager
-def running_server(**kwargs: Any) -> Iterator[tuple[Server, zmq.Context]]:
-    """A Server on free ports (unless given) in a thread of this process, plus a context for fake peers; both closed
-    after."""
-    srv = Server(**{"trainer_port": free_port(), "worker_port": free_port(), **kwargs})
-    srv.open()  # bound before this returns: a test that starts two servers knows which one got a port first
-    stop = threading.Event()
-    thread = threading.Thread(target=srv.run, args=(stop,), daemon=True)
-    thread.start()
-    ctx = zmq.Context()
-    try:
-        yield srv, ctx
-    finally:
-        stop.set()
-        thread.join(5)
-        ctx.destroy(0)
-        assert not thread.is_alive(), "server did not stop within 5 s"
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[MakeServer]:
+    """``make_server(**settings)`` starts a Server in a thread of this process and returns it with a zmq context for
+    fake peers. The server gets free ports and a spool folder under tmp_path (spool, then spool-2, ...) unless the
+    settings name them, and Server's defaults for everything else. Each one is stopped after the test."""
+    started: list[tuple[Server, zmq.Context]] = []
+    with contextlib.ExitStack() as servers:
+
+        def make(**settings: Any) -> tuple[Server, zmq.Context]:
+            n = len(started) + 1
+            settings.setdefault("spool_dir", tmp_path / ("spool" if n == 1 else f"spool-{n}"))
+            started.append(servers.enter_context(running_server(**settings)))
+            return started[-1]
+
+        yield make
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest, make_server: MakeServer) -> tuple[Server, zmq.Context]:
+    """A server set up for fake peers: fast heartbeats (NET: a silent peer is lost after 1 s), bundles from 5 samples,
+    10 ms packet delay, and a status port. A test, or a module with ``pytestmark``, changes any setting with
+    ``@pytest.mark.server(**settings)``; a test that needs two servers, or keys of its own, calls make_server."""
+    marker = request.node.get_closest_marker("server")
+    return make_server(**{"min_samples_per_server_packet": 5, "network": NET, "max_packet_delay_s": 0.01,
+                          "status_port": free_port(), **(marker.kwargs if marker else {})})
 
 
 class Procs:

@@ -12,9 +12,10 @@ import numpy as np
 import zstandard
 from hypothesis import strategies as st
 
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import PROTOCOL_VERSION, encode, samples_message
 from netrl.samples import BufferBuilder
-from netrl.wire import PROTOCOL_VERSION, Message, MsgType, encode, samples_message
-from tests.test_wire import weights_message
+from tests.fakes import weights_message
 
 OBS_DIM, ACT_DIM = 3, 1  # the Pendulum layout the test trainer expects
 

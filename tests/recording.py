@@ -12,9 +12,9 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer, flatten
-from netrl.wire import buffer_from_message, decode, encode, samples_message
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 
 
 class Recorder(gymnasium.Wrapper):

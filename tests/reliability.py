@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
-from netrl.segments import SegmentLog
-from netrl.wire import buffer_from_message, decode
+from netrl.protocol.wire import buffer_from_message, decode
+from netrl.storage.segments import SegmentLog
 
 SUMMARY = re.compile(r"worker (\S+) session (\w+): (\d+) samples produced in (\d+) packets; (\d+) acknowledged, "
                      r"(\d+) dropped, (\d+) rejected, (\d+) unacknowledged")
@@ -51,25 +50,15 @@ def delivered(run_dir: Path) -> dict[tuple[str, int], int]:
 
 def spooled(spool_dir: Path) -> dict[tuple[str, int], int]:
     """(session, seq) -> samples, for packets still in a stopped server's spool (after its HEAD)."""
-    from netrl.spool import Spool
+    from netrl.server.spool import Spool
 
     if not spool_dir.exists():
         return {}
-    spool = Spool(spool_dir, max_bytes=1 << 40)
+    spool = Spool(spool_dir, max_bytes=1 << 40).open()
     try:
         return {(p.meta["session"], p.meta["seq"]): int(p.meta["steps"]) for p in spool.take(lambda *_: True)}
     finally:
         spool.close()
-
-
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def log_time(line: str) -> float:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import netrl
+from tests.fakes import imported_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "netrl").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
@@ -15,12 +19,60 @@ SOURCES = sorted((ROOT / "netrl").rglob("*.py")) + sorted((ROOT / "scripts").rgl
 
 def test_public_names_are_pinned() -> None:
     assert netrl.__all__ == [
-        "__version__", "ActorModule", "Buffer", "Config", "GenericGymEnv", "MemoryDataloading", "NetrlError",
-        "ReplayMemory", "RolloutWorker", "Server", "Trainer", "TrainingAgent", "TrainingOffline", "load_config",
-        "partial",
+        "__version__", "ActorModule", "Batch", "Buffer", "Config", "GenericGymEnv", "MemoryDataloading", "NetrlError",
+        "Pipeline", "ReplayMemory", "RolloutWorker", "Server", "Trainer", "TrainingAgent", "TrainingOffline",
+        "load_config", "partial",
     ]
     for name in netrl.__all__:
         assert getattr(netrl, name) is not None
+
+
+SECOND_LEVEL = {
+    "netrl.agents": ["Batch", "CNNActorCritic", "MLPActor", "MLPActorCritic", "SACAgent", "TrainingAgent"],
+    "netrl.memory": ["ActionBufferCompressor", "ActionBufferMemory", "FrameStackCompressor", "FrameStackMemory",
+                     "HistoryMemory", "MemoryDataloading", "ReplayMemory", "read_dataset", "save_dataset"],
+    "netrl.envs": ["GenericGymEnv", "ImageReachEnv", "StepTimer", "check_spaces"],
+    "netrl.pipelines": ["Pipeline", "drone_pipeline", "gym_pipeline", "image_pipeline", "make_pipeline"],
+    "netrl.config": ["AgentConfig", "Config", "EnvConfig", "MemoryConfig", "NetworkConfig", "ServerConfig",
+                     "TrainerConfig", "WandbConfig", "WorkerConfig", "check_value", "config_from_dict",
+                     "config_to_dict", "describe_fields", "load_config"],
+    "netrl.errors": ["CheckpointError", "ConfigError", "FolderInUse", "MalformedMessage", "NetrlError", "PeerLost",
+                     "ProtocolError", "RoleViolation", "SampleRejected", "SecurityError", "TransportError",
+                     "VersionMismatch"],
+}
+
+
+def test_the_key_functions_a_library_user_needs_are_where_the_security_page_says() -> None:
+    from netrl.net import keys
+
+    assert {"keygen", "server_keys", "client_keys"} <= set(keys.__all__)
+    assert "netrl/net/keys.py" in (ROOT / "docs" / "security.md").read_text()
+
+
+@pytest.mark.parametrize("package", sorted(SECOND_LEVEL))
+def test_second_level_entry_points_are_pinned(package: str) -> None:
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == SECOND_LEVEL[package]
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = module.Nope
+
+
+def test_the_top_level_names_are_the_ones_their_packages_export() -> None:
+    """One class, one object: netrl.ReplayMemory is netrl.memory.ReplayMemory, not a second import of it."""
+    for package, names in SECOND_LEVEL.items():
+        module = importlib.import_module(package)
+        for name in set(names) & set(netrl.__all__):
+            assert getattr(netrl, name) is getattr(module, name), (package, name)
+
+
+@pytest.mark.parametrize("package", ["netrl.envs", "netrl.pipelines"])
+def test_lazy_entry_points_import_nothing_heavy_until_a_name_is_used(package: str) -> None:
+    code = (f"import sys, {package}; "
+            "print([m for m in ('torch', 'cv2', 'gymnasium', 'zmq') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_import_is_cheap_and_has_no_side_effects() -> None:
@@ -41,13 +93,7 @@ def scan(paths: list[Path]) -> list[str]:
     for path in paths:
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
+            for name in imported_modules(node) or []:
                 if name.split(".")[0] in {"pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"}:
                     problems.append(f"{path}:{node.lineno} imports {name}")
         for call in _calls(tree):

@@ -2,9 +2,8 @@
 
 The compressor is the tutorial's (``obs[:4]``) with netrl's 6-tuple signature; the memory is the tutorial's
 list-based ``MyMemoryDataloading``, which reads ``buffer.memory`` and rebuilds the action buffer in
-``get_transition``, with the README's edits only: rows and transitions carry ``terminated`` and ``truncated`` where
-tmrl had ``done``. Batches come from the base
-class's per-item ``sample()``, as in tmrl.
+``get_transition``, with the edits docs/tmrl.md lists only: rows and transitions carry ``terminated`` and ``truncated``
+where tmrl had ``done``. Batches come from the base class's per-item ``sample()``, as in tmrl.
 """
 
 from __future__ import annotations
@@ -20,20 +19,20 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.agents.base import Batch
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import SampleRejected
-from netrl.memory import MemoryDataloading
+from netrl.memory.base import MemoryDataloading
 from netrl.nn import copy_shared, no_grad
 from netrl.pipelines.drone import drone_pipeline
-from netrl.schema import SampleSchema
-from netrl.trainer import Trainer
+from netrl.protocol.schema import SampleSchema
+from netrl.protocol.wire import decode, encode, samples_message
+from netrl.samples import Batch
+from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import cached_property, partial
-from netrl.wire import decode, encode, samples_message
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire, recorded
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Time-step timed out"),
@@ -145,9 +144,9 @@ ACT_SPACE = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
 
 
 def test_every_documented_batch_unpacking_works() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    snippets = re.findall(r"`([^`\n]*= batch)`", readme) + re.findall(r"``([^`]*= batch)``", Batch.__doc__ or "")
-    assert len(snippets) >= 2  # the README and the docstring both show one
+    guide = (Path(__file__).parents[1] / "docs" / "tmrl.md").read_text()
+    snippets = re.findall(r"`([^`\n]*= batch)`", guide) + re.findall(r"``([^`]*= batch)``", Batch.__doc__ or "")
+    assert len(snippets) >= 2  # the tmrl guide and the docstring both show one
     batch = Batch(*(torch.zeros(2) for _ in range(7)))
     for snippet in snippets:
         exec(snippet, {"batch": batch})  # raises if the names do not match the fields
@@ -170,7 +169,7 @@ def training(memory_cls: Any, **kw: Any) -> TrainingOffline:
 
 def test_a_memory_with_the_tutorials_signature_is_built_without_seed() -> None:
     t = training(partial(MyMemoryDataloading, act_buf_len=4), seed=3)
-    t.build()  # the tutorial's __init__ has no seed argument: passing one raised a TypeError
+    t.build()  # the tutorial's __init__ has no seed argument: passing one would raise a TypeError
     assert isinstance(t.memory, MyMemoryDataloading) and t.memory.nb_steps == 10
     t = training(partial(SeededTutorialMemory, act_buf_len=4), seed=3)
     t.build()
@@ -218,10 +217,10 @@ def test_a_workers_packets_wait_for_min_samples_as_in_tmrl(monkeypatch: pytest.M
     than the action buffer, or its __len__ stays 0 for good). A set delay cuts packets short."""
     import types
 
-    import netrl.worker_packets
+    import netrl.worker.packets
 
     clock = iter(range(10**6))
-    monkeypatch.setattr(netrl.worker_packets, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
+    monkeypatch.setattr(netrl.worker.packets, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
 
     def packet_rows(**kw: Any) -> list[int]:
         worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
@@ -295,15 +294,15 @@ def test_tmrls_nn_helpers_give_a_gradient_free_view_that_follows_training() -> N
 
 def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl took
-    # standalone=10 and model_history=<a path>, and the worker sent nothing.
+    # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl would take
+    # standalone=10 and model_history=<a path>, and the worker would send nothing.
     env_cls = partial(GenericGymEnv, id="Pendulum-v1")
     with pytest.raises(TypeError, match="positional argument"):
         RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 100, 200, str(tmp_path / "w.pt"), None, False,
                       str(tmp_path / "hist"), 10)  # type: ignore[misc]
     worker = RolloutWorker(env_cls, MLPActor, model_path=str(tmp_path / "w.pt"), model_history=2, standalone=True)
     assert worker.model_path_history == str(tmp_path / "w_history")  # model_history works without naming it
-    with caplog.at_level(logging.WARNING, logger="netrl.worker"):
+    with caplog.at_level(logging.WARNING, logger="netrl.worker.worker"):
         worker.start()  # deployment with a path that does not exist says so
     worker.close()
     assert f"{tmp_path / 'w.pt'} does not exist: this standalone worker runs its actor as initialised" in caplog.text

@@ -14,21 +14,22 @@ import numpy as np
 import pytest
 import torch
 
-from netrl import checkpoint
 from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.envs import GenericGymEnv
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
-from netrl.frames import FrameStackMemory, encode_frame, encoded_capacity
 from netrl.local import run_local
-from netrl.memory import ReplayMemory
-from netrl.metrics import MetricsLogger, format_round
+from netrl.memory.frames import FrameStackMemory, encode_frame, encoded_capacity
+from netrl.memory.replay import ReplayMemory
+from netrl.monitor.metrics import MetricsLogger, format_round
 from netrl.samples import Buffer, EpisodeStats
-from netrl.trainer import Trainer
+from netrl.storage import checkpoint
+from netrl.storage.weight_files import read_weights_file
+from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from netrl.weight_files import read_weights_file
-from netrl.worker import RolloutWorker
+from netrl.worker.worker import RolloutWorker
+from tests.fakes import ACT, OBS
 
 
 def pendulum_training(**kw: object) -> tuple[TrainingOffline, RolloutWorker]:
@@ -117,7 +118,7 @@ def test_wandb_online_without_a_key_is_a_config_error_that_says_what_to_do(tmp_p
 
 def test_the_trainer_reports_its_progress_at_least_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     # Before training starts in earnest, the samples the trainer wants stay put; the server's --status still needs
-    # the training steps (it showed 0 while the trainer ran at 48 steps/s)
+    # the training steps (without them it shows 0 while the trainer runs at 48 steps/s)
     class Source:
         def __init__(self) -> None:
             self.reports: list[tuple[int, int, int]] = []
@@ -205,8 +206,8 @@ def vector_training(**kw: Any) -> TrainingOffline:
 
 
 def test_the_first_round_after_a_resume_counts_the_samples_that_arrived_before_it() -> None:
-    # A resumed trainer adds the packets it acknowledged after its checkpoint before training again; the round
-    # under way used to start its statistics afresh, so metrics.csv's round_samples never counted them.
+    # A resumed trainer adds the packets it acknowledged after its checkpoint before training again; a round under
+    # way that started its statistics afresh would leave them out of metrics.csv's round_samples.
     training = vector_training(rounds=2, steps=5, start_training=0)
     training.build()
     training.add(vector_packet(20, seq=1), new=True)  # from the sample log, after the checkpoint
@@ -287,8 +288,8 @@ def lagged_packet(n: int, seq: int, lag: int, episode_return: float | None) -> B
 
 
 def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() -> None:
-    # The checkpoint kept where in the round a stopped trainer was, but not what the round had counted: the resumed
-    # round's metrics.csv row covered only the part after the resume (its samples, episodes, losses and lag).
+    # A checkpoint that kept where in the round a stopped trainer was, but not what the round had counted, would
+    # make the resumed round's metrics.csv row cover only the part after the resume (samples, episodes, losses, lag).
     stop = threading.Event()
     before = vector_training(rounds=1, steps=10, start_training=0,
                              training_agent_cls=partial(PhaseAgent, phase=1.0, stop=stop, stop_after=4))
@@ -296,7 +297,7 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     before.start(source)  # type: ignore[arg-type]
     assert list(before.run_epoch(source, stop)) == []  # type: ignore[arg-type]
     assert before.round_steps == 4
-    time.sleep(0.3)
+    time.sleep(0.3)  # time passes on purpose: the round's time so far, which its row must count
     state = json.loads(json.dumps(before.state()))  # as the checkpoint's state file holds it
 
     after = vector_training(rounds=1, steps=10, start_training=0, update_buffer_interval=1,
@@ -317,11 +318,25 @@ def test_a_round_cut_short_by_a_stop_reports_all_of_itself_after_the_resume() ->
     assert 0.3 <= row["wall_s"] < 2.0  # the round's time up to the checkpoint counts, the rebuild's does not
 
 
-def test_the_cnn_encoder_refuses_frames_it_would_scale_wrongly() -> None:
-    # forward() divides by 255: a float [0, 1] image space was accepted and its inputs came out 255 times too small.
-    from netrl.agents.cnn import ConvEncoder
-
-    with pytest.raises(ValueError, match=r"ConvEncoder takes uint8 frames \(0-255\), which it scales to \[0, 1\] \(got "
-                                         r"a float32 space"):
-        ConvEncoder(gymnasium.spaces.Box(0.0, 1.0, (4, 64, 64), np.float32))
-    assert ConvEncoder(gymnasium.spaces.Box(0, 255, (4, 64, 64), np.uint8)).features == 64
+@pytest.mark.parametrize("stale_weight", [0.0, 0.25])
+def test_stale_samples_are_dropped_or_down_weighted(stale_weight: float) -> None:
+    training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=64, max_policy_lag=2,
+                               stale_sample_weight=stale_weight, seed=0)
+    training.build()
+    n = 9  # a reset row, then 8 steps chosen by policies v10, v10, v9, v8, v7, v6, v5, v3
+    versions = np.array([0, 10, 10, 9, 8, 7, 6, 5, 3])
+    buf = Buffer(act=np.zeros((n, 1), np.float32), obs=np.arange(n, dtype=np.float32)[:, None],
+                 rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                 reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=versions, recv_version=10)
+    assert training.add(buf) == 8  # every env step counts as received, stale or not
+    assert training._round.stale == 4  # lag 3, 4, 5 and 7 exceed max_policy_lag=2
+    memory = training.memory
+    assert isinstance(memory, ReplayMemory)
+    batch = memory.sample()
+    next_obs = batch.next_obs.numpy()[:, 0].astype(int)
+    if stale_weight == 0.0:
+        assert len(memory) == 4 and set(next_obs) <= {1, 2, 3, 4} and batch.weight is None
+    else:
+        assert len(memory) == 8 and batch.weight is not None
+        expected = np.where(versions[next_obs] < 8, stale_weight, 1.0)
+        np.testing.assert_allclose(batch.weight.numpy(), expected)

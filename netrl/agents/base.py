@@ -1,4 +1,4 @@
-"""The TrainingAgent interface (tmrl's name and meaning) and the Batch it trains on.
+"""The TrainingAgent interface (tmrl's name and meaning); the Batch it trains on is in :mod:`netrl.samples`.
 
 Calling sequence, as the Trainer drives it::
 
@@ -13,32 +13,14 @@ Calling sequence, as the Trainer drives it::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium
-import torch
 
 from netrl.actor import ActorModule
+from netrl.samples import Batch
 
 __all__ = ["Batch", "TrainingAgent", "has_state_dict"]
-
-
-class Batch(NamedTuple):
-    """A batch of transitions, collated on the training device.
-
-    Read its fields by name (``batch.obs``, ``batch.act``...) or unpack all seven:
-    ``o, a, r, o2, terminated, truncated, weight = batch``. ``terminated`` stops bootstrapping; ``truncated`` (time
-    limit or ``max_samples_per_episode``) does not. ``weight`` is a per-transition loss weight, or None when every
-    weight is 1 (no stale samples down-weighted).
-    """
-
-    obs: Any
-    act: torch.Tensor
-    rew: torch.Tensor
-    next_obs: Any
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    weight: torch.Tensor | None = None
 
 
 class TrainingAgent(ABC):

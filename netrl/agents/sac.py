@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from netrl.actor import ActorModule
-from netrl.agents.base import Batch, TrainingAgent
+from netrl.agents.base import TrainingAgent
+from netrl.samples import Batch
 
 log = logging.getLogger(__name__)
 

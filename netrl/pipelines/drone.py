@@ -6,10 +6,10 @@ the observation carries the last 4 actions (rtgym's action buffer) to stay Marko
     obs = (pos_x, pos_y, target_x, target_y, a[t-3], a[t-2], a[t-1], a[t])     # 4 x (1,) + 4 x (2,) float32
     reward = -|pos - target|; terminated when closer than 0.01; truncated after 100 steps (5 s)
 
-As in the tutorial, the worker's :class:`~netrl.actbuf.ActionBufferCompressor` drops the action buffer and the
-trainer's :class:`~netrl.actbuf.ActionBufferMemory` rebuilds it (exactly, across episode ends: the buffer is not
-reset between episodes). The env runs in real time, so the worker is never paused by pacing, and a
-:class:`~netrl.realtime.StepTimer` logs its step periods. Settings are module
+As in the tutorial, the worker's :class:`~netrl.memory.action_buffer.ActionBufferCompressor` drops the action buffer and
+the trainer's :class:`~netrl.memory.action_buffer.ActionBufferMemory` rebuilds it (exactly, across episode ends: the
+buffer is not reset between episodes). The env runs in real time, so the worker is never paused by pacing, and a
+:class:`~netrl.envs.realtime.StepTimer` logs its step periods. Settings are module
 constants; :func:`drone_pipeline` takes them as arguments for tests and benchmarks.
 """
 
@@ -23,12 +23,12 @@ import numpy as np
 import rtgym.tuto.dummy_drone
 from rtgym import DEFAULT_CONFIG_DICT, DummyRCDrone, RealTimeGymInterface
 
-from netrl.actbuf import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
-from netrl.pipelines import Pipeline
-from netrl.realtime import StepTimer
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
+from netrl.envs.realtime import StepTimer
+from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
+from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
 __all__ = ["ACT_BUF_LEN", "ENV_ID", "EP_MAX_LENGTH", "TIME_STEP", "DummyRCDroneInterface", "drone_env",

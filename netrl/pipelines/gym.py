@@ -7,11 +7,11 @@ import importlib
 import gymnasium
 
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
-from netrl.memory import ReplayMemory
-from netrl.pipelines import Pipeline
+from netrl.memory.replay import ReplayMemory
+from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
 __all__ = ["gym_pipeline"]

@@ -16,11 +16,11 @@ from typing import Any
 
 from netrl.agents.cnn import CNNActor, CNNActorCritic, EncoderHead
 from netrl.agents.sac import SACAgent
-from netrl.config import Config
-from netrl.envs import GenericGymEnv
-from netrl.envs_image import ENV_ID
-from netrl.frames import FrameCodec, FrameStackCompressor, FrameStackMemory
-from netrl.pipelines import Pipeline
+from netrl.config.sections import Config
+from netrl.envs.gym import GenericGymEnv
+from netrl.envs.image import ENV_ID
+from netrl.memory.frames import FrameCodec, FrameStackCompressor, FrameStackMemory
+from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
 __all__ = ["FRAME_CODEC", "FRAME_SIZE", "STACK", "image_pipeline"]
@@ -35,12 +35,12 @@ ENCODER_HEAD: EncoderHead = "keypoints"  # "keypoints" (spatial softmax) or "lin
 def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, codec: FrameCodec = FRAME_CODEC,
                    quality: int = JPEG_QUALITY, env_kwargs: dict[str, Any] | None = None,
                    head: EncoderHead = ENCODER_HEAD) -> Pipeline:
-    """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs_image.ImageReachEnv`)."""
+    """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs.image.ImageReachEnv`)."""
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
     gym_kwargs = {"size": size, "stack": stack, **(env_kwargs or {})}
     return Pipeline(
-        env_cls=partial(GenericGymEnv, id=f"netrl.envs_image:{ENV_ID}", gym_kwargs=gym_kwargs),
+        env_cls=partial(GenericGymEnv, id=f"netrl.envs.image:{ENV_ID}", gym_kwargs=gym_kwargs),
         actor_module_cls=partial(CNNActor, hidden_sizes=hidden, head=head),
         memory_cls=partial(FrameStackMemory, stack=stack, frame_shape=(gym_kwargs["size"], gym_kwargs["size"])),
         training_agent_cls=partial(

@@ -26,10 +26,11 @@ import numpy as np
 import zmq
 
 from benchmarks.common import child, forward, kill
-from netrl.config import Config, config_to_dict
-from netrl.keys import keygen
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.status import count_of
+from netrl.net.keys import keygen
+from netrl.util import count_of
 
 SIZES = {"0.1M": 313, "1M": 997, "10M": 3160}  # hidden width h of an MLP actor (3 -> h -> h -> 1): about h^2 params
 WARMUP = 2  # versions published before the measured ones (see the module docstring)
@@ -49,11 +50,11 @@ def child_worker(cfg_path: str, hidden: str, name: str) -> None:
     import torch
 
     from netrl.agents.sac import MLPActor
-    from netrl.config import load_config
-    from netrl.envs import GenericGymEnv
-    from netrl.keys import client_keys
+    from netrl.config.load import load_config
+    from netrl.envs.gym import GenericGymEnv
+    from netrl.net.keys import client_keys
     from netrl.util import partial
-    from netrl.worker import RolloutWorker
+    from netrl.worker.worker import RolloutWorker
 
     torch.set_num_threads(1)
     cfg = load_config(cfg_path)
@@ -80,11 +81,11 @@ def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) ->
     """A real TrainerLink publishing ``versions`` versions of an actor, ``interval`` seconds apart."""
     import torch
 
-    from netrl.config import load_config
-    from netrl.delivery import Deliveries
-    from netrl.keys import client_keys
-    from netrl.trainer import TrainerLink
-    from netrl.transport import new_session
+    from netrl.config.load import load_config
+    from netrl.net.keys import client_keys
+    from netrl.net.transport import new_session
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.trainer import TrainerLink
 
     torch.set_num_threads(1)
     cfg = load_config(cfg_path)
@@ -200,8 +201,9 @@ def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, version
 
 def broadcast_raw(hidden: int, workers: int, security: str, versions: int, interval: float,
                   forwarded: bool = False) -> dict[int, float]:
-    from netrl.weights import state_arrays
-    from netrl.wire import Message, MsgType, encode
+    from netrl.protocol.messages import Message, MsgType
+    from netrl.protocol.weights import state_arrays
+    from netrl.protocol.wire import encode
 
     arrays = state_arrays(_actor(hidden))
     port = free_port()

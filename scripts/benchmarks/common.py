@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import zmq
 
+from netrl.protocol.schema import SampleSchema
 from netrl.samples import Buffer
-from netrl.schema import SampleSchema
 
 BENCH = str(Path(__file__).resolve().parent.parent / "bench.py")
 KINDS: dict[str, dict[str, Any]] = {  # rows per packet, the layout of one row, and the worker's packet codec
@@ -41,7 +41,7 @@ def packet(kind: str) -> Buffer:
 
 def _camera_frames(n: int) -> np.ndarray:
     """``n`` observations (4x64x64 frame stacks) of ImageReach under random actions, resetting between episodes."""
-    from netrl.envs_image import ImageReachEnv
+    from netrl.envs.image import ImageReachEnv
 
     env = ImageReachEnv()
     env.action_space.seed(0)

@@ -13,9 +13,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from netrl.config import Config, config_from_dict, config_to_dict
-from netrl.keys import keygen
+from netrl.config.load import config_from_dict, config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.net.keys import keygen
 
 
 def _config(tmp: Path, rounds: int, steps: int) -> dict[str, Any]:
@@ -57,9 +58,9 @@ def single(tmp: Path, rounds: int, steps: int) -> dict[str, float]:
     import torch
 
     from netrl.local import run_local
-    from netrl.pipelines import make_pipeline
-    from netrl.trainer import Trainer
-    from netrl.worker import RolloutWorker
+    from netrl.pipelines.make import make_pipeline
+    from netrl.trainer.trainer import Trainer
+    from netrl.worker.worker import RolloutWorker
 
     cfg = config_from_dict({**_config(tmp / "single", rounds, steps), "security": "none"})  # no network here
     torch.set_num_threads(1)

@@ -25,14 +25,16 @@ import numpy as np
 import zmq
 
 from benchmarks.common import KINDS, child, forward, kill, packet, result, schema
-from netrl.config import Config, config_to_dict
-from netrl.delivery import Deliveries, SampleLog
-from netrl.keys import client_keys, keygen
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.net.keys import client_keys, keygen
+from netrl.net.thread import Command, command_head
+from netrl.net.transport import new_session
+from netrl.protocol.wire import encode, frames_nbytes, samples_message
 from netrl.samples import Buffer
-from netrl.status import count_of
-from netrl.transport import new_session
-from netrl.wire import encode, frames_nbytes, samples_message
+from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.util import count_of
 
 
 # -- child processes ----------------------------------------------------------------------------------------
@@ -45,8 +47,8 @@ def _ready_then_wait(go: str) -> None:
 
 def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
     """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
-    from netrl.config import load_config
-    from netrl.worker_link import WorkerLink
+    from netrl.config.load import load_config
+    from netrl.worker.link import WorkerLink
 
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None
@@ -70,7 +72,7 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
                     continue
             seq += 1
             frames = encode(samples_message(buf, worker_id, link.link.session, seq, seq * steps), codec)
-            link.command([seq.to_bytes(8, "little") + int(steps).to_bytes(8, "little"), *frames])
+            link.command([command_head(Command.PACKET, seq, int(steps)), *frames])
     except KeyboardInterrupt:
         pass
     finally:
@@ -80,8 +82,8 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
 def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir: str) -> None:
     """The trainer side of the real delivery path (TrainerLink with its sample log), counting what arrives."""
     warmup, seconds = float(warmup_s), float(seconds_s)
-    from netrl.config import load_config
-    from netrl.trainer import TrainerLink
+    from netrl.config.load import load_config
+    from netrl.trainer.trainer import TrainerLink
 
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.memory import MemoryDataloading, ReplayMemory, collate
+from netrl.memory.base import MemoryDataloading, collate
+from netrl.memory.replay import ReplayMemory
 from netrl.samples import Buffer
 
 ROWS = 1_000_000
@@ -72,7 +73,7 @@ def _interleaved(memory: MemoryDataloading, rounds: int, fast_per_round: int) ->
 
 
 def bench_replay(quick: bool) -> list[dict[str, Any]]:
-    from netrl.frames import FrameStackMemory
+    from netrl.memory.frames import FrameStackMemory
 
     rows, rounds = (200_000, 4) if quick else (ROWS, 10)
     rng = np.random.default_rng(0)

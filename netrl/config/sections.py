@@ -1,0 +1,251 @@
+"""The sections of config.json as frozen dataclasses: every setting, its default, its ``help`` line and its check.
+
+Loaded once in ``__main__`` (:func:`netrl.config.load.load_config`) and passed down. The field checks live in
+:mod:`netrl.config.checks`; turning parsed JSON into the dataclasses (type conversion, unknown keys) in
+:mod:`netrl.config.build`; reading the file and the rules between fields in :mod:`netrl.config.load`.
+
+Secrets (CURVE secret keys, the wandb API key) never live here: they come from files or environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from netrl.config.checks import (
+    Check,
+    between,
+    file_name,
+    folder,
+    ge,
+    gt,
+    home,
+    host,
+    nonempty,
+    optional,
+    optional_folder,
+    pipeline_name,
+    port,
+    sizes,
+    torch_device,
+)
+from netrl.protocol.codecs import Codec
+from netrl.protocol.messages import MAX_SECONDS, MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
+
+__all__ = [
+    "FLAG_KEYS",
+    "AgentConfig",
+    "Config",
+    "EnvConfig",
+    "MemoryConfig",
+    "NetworkConfig",
+    "ServerConfig",
+    "TrainerConfig",
+    "WandbConfig",
+    "WorkerConfig",
+    "describe_fields",
+    "flag_for",
+]
+
+CONFIG_VERSION = 1
+Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
+
+# The command-line flags that set a config key (argparse's name for each flag -> the key it sets). Messages that tell
+# the user to change one of these keys name the flag too: the user may have set it either way.
+FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
+             "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
+             "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
+
+
+def flag_for(key: str) -> str | None:
+    """The command-line flag that sets config key ``key`` (``--worker-port``), or None if no flag does."""
+    return next((f"--{dest.replace('_', '-')}" for dest, k in FLAG_KEYS.items() if k == key), None)
+
+
+def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A field with its ``help`` line, the ``check`` its value must pass, and a ``convert`` applied before the check
+    (see :func:`netrl.config.build.field_problem`)."""
+    metadata = {"help": help, "check": check, "convert": convert}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    pipeline: str = _f(
+        "gym", 'ready-made pipeline: gym (any Gymnasium id with continuous actions), drone, image; or your own, as '
+        '"module:function" (see docs/configuration.md)', pipeline_name)
+    id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
+    kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
+
+
+def seconds(v: float) -> str | None:
+    """An interval, delay or timeout: ZeroMQ takes some as 32-bit milliseconds, and a wait beyond
+    threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) would stop a role with OverflowError."""
+    return None if 0 < v <= MAX_SECONDS else f"must be > 0 and at most {MAX_SECONDS:g} (a day)"
+
+
+def seconds_or_zero(v: float) -> str | None:
+    """As :func:`seconds`, where 0 means none (no wait, no status lines)."""
+    return None if 0 <= v <= MAX_SECONDS else f"must be >= 0 and at most {MAX_SECONDS:g} (a day)"
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", host)
+    trainer_port: int = _f(55555, "server port the trainer connects to", port)
+    worker_port: int = _f(55556, "server port the workers connect to", port)
+    heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", seconds)
+    heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", ge(2))
+    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", seconds)
+    reconnect_max_s: float = _f(8.0, "longest reconnect delay", seconds)
+    max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
+                                "but 32 KiB of it: the room for the server's bundle header)", ge(MIN_MESSAGE_BYTES))
+    handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
+                                    "closed (bounds what half-open connections hold)", seconds)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", host)
+    min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", ge(1))
+    max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
+                               "waiting up to this size (fewer messages and acknowledgements under load)", ge(1))
+    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", seconds)
+    max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", ge(1))
+    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled",
+                               seconds)
+    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)",
+                               optional_folder, home)
+    spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
+                              "may also keep up to a quarter more in emptied 64 MB files for reuse)", ge(0))
+    fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
+    status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", port)
+    max_weights_bytes: int = _f(2**30, "largest weight version the server caches and relays (an actor of 10M float32 "
+                                "parameters is 40 MB; two versions may be held while a new one arrives)", ge(1))
+    max_workers: int = _f(1000, "workers connected at once; a new worker beyond it is refused with a message naming "
+                          "this key (a connected worker saying HELLO again keeps its place)", ge(1))
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str | None = _f(None, "name of this worker in logs, status and its file names (default: the host "
+                               "name; <host>-2, -3... for more workers on one machine)",
+                               optional(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
+    device: str = _f("cpu", "inference device of the worker's policy", torch_device)
+    min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", ge(1))
+    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", seconds)
+    max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", optional(ge(1)))
+    test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", ge(0))
+    throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
+    model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", ge(0))
+    max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for resending; oldest dropped beyond",
+                                ge(1))
+    send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
+                                "them: image packets at full speed need about 32 MB)", ge(1))
+    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged",
+                                 seconds_or_zero)
+    compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
+                            "CPU, but finds little in noisy camera frames) or none")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    epochs: int = _f(3, "epochs to train; a checkpoint is written after each", ge(1))
+    rounds: int = _f(4, "rounds per epoch; metrics are logged after each", ge(1))
+    steps: int = _f(1000, "training steps per round", ge(1))
+    update_model_interval: int = _f(20, "training steps between weight publications", ge(1))
+    update_buffer_interval: int = _f(20, "training steps between pulls of new samples into memory", ge(1))
+    max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", gt(0))
+    start_training: int = _f(1000, "samples in memory before training starts", ge(0))
+    worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", ge(1))
+    device: str | None = _f(None, "training device (null: cuda if available, else cpu)", optional(torch_device))
+    resume: bool = _f(True, "resume from the run's checkpoint when one exists")
+    persist_samples: bool = _f(True, "log received packets to disk so a restart rebuilds the replay memory")
+    fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
+    max_policy_lag: int | None = _f(None, "samples older than this many weight versions are stale (null: off)",
+                                    optional(ge(0)))
+    stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)", between(0.0, 1.0))
+    credit_window: int = _f(8, "bundles the server may send ahead of the training loop", ge(1))
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    memory_size: int = _f(1_000_000, "capacity of the replay memory in rows (each episode's reset row and each "
+                          "packet's context rows take slots too, so a full memory holds somewhat fewer transitions)",
+                          ge(1))
+    batch_size: int = _f(256, "transitions per training batch", ge(1))
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    gamma: float = _f(0.99, "discount factor", between(0.0, 1.0))
+    polyak: float = _f(0.995, "target network averaging factor", between(0.0, 1.0))
+    alpha: float = _f(0.2, "initial entropy coefficient", gt(0))
+    lr_actor: float = _f(1e-3, "actor learning rate", gt(0))
+    lr_critic: float = _f(1e-3, "critic learning rate", gt(0))
+    lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", gt(0))
+    learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
+    target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
+    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", sizes)
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    mode: Literal["auto", "offline", "online", "disabled"] = _f(
+        "auto", "wandb mode; auto is online when WANDB_API_KEY is set, offline otherwise")
+    project: str = _f("netrl", "wandb project", nonempty)
+    entity: str | None = _f(None, "wandb entity (team or user)")
+
+
+@dataclass(frozen=True)
+class Config:
+    config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
+    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", file_name)
+    weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder, home)
+    torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
+    status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)",
+                                seconds_or_zero)
+    # gymnasium and numpy refuse seeds < 0
+    seed: int | None = _f(None, "random seed (null: random); each worker adds a number made from its worker_id, so "
+                          "workers explore differently, and each the same way every run", optional(ge(0)))
+    security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder, home)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.weights_folder) / self.run_name
+
+    @property
+    def server_spool_dir(self) -> Path:
+        """The folder a server started with this config spools into."""
+        return Path(self.server.spool_dir) if self.server.spool_dir else Path(self.weights_folder) / "server-spool"
+
+
+def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key path, default, help) for every field, used for docs/configuration.md and ``--help``."""
+    rows: list[tuple[str, str, str]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe_fields(typing.cast(type, hints[f.name]), key + ".")
+            continue
+        factory = f.default_factory
+        default = factory() if callable(factory) else f.default
+        rows.append((key, json.dumps(default), f.metadata.get("help", "")))
+    return rows

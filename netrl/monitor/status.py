@@ -1,0 +1,169 @@
+"""Seeing what a running system does: rates, the server's status snapshot, and ``python -m netrl --status``.
+
+The server answers STATUS requests on ``server.status_port``, bound to 127.0.0.1 only: run ``--status`` on the
+server machine (or tunnel the port). The snapshot lists connected workers (address, key, weight version, samples,
+last seen, and the counters they report), the trainer's progress, sample rates in and out, the spool, and the
+rejected and dropped counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from netrl.errors import NetrlError, TransportError
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import decode, encode
+from netrl.util import count_of, version_label
+
+__all__ = ["Rates", "StatusClock", "dump_json", "format_status", "query_status"]
+
+log = logging.getLogger(__name__)
+
+
+class StatusClock:
+    """When a role's periodic status line is due, and its counters' per-second rates since the previous line.
+
+    Started with ``counters``, the first line is due ``interval_s`` later; without, the first :meth:`rates` call only
+    starts the clock (for counters that may not start at zero, such as a resumed trainer's)."""
+
+    def __init__(self, interval_s: float, counters: dict[str, float] | None = None) -> None:
+        self.interval = interval_s
+        self._at = time.monotonic() if counters is not None else None
+        self._counters = dict(counters or {})
+
+    def due(self) -> bool:
+        return bool(self.interval) and (self._at is None or time.monotonic() - self._at >= self.interval)
+
+    def rates(self, counters: dict[str, float]) -> dict[str, float] | None:
+        """Per-second rates of ``counters`` since the previous call (None for the call that starts the clock)."""
+        now = time.monotonic()
+        at, before = self._at, self._counters
+        self._at, self._counters = now, dict(counters)
+        if at is None:
+            return None
+        span = max(now - at, 1e-9)
+        return {k: (v - before.get(k, 0.0)) / span for k, v in counters.items()}
+
+
+class Rates:
+    """Per-second rates of growing counters, over a sliding window."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._history: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
+
+    def record(self, counters: dict[str, float], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._history.append((now, dict(counters)))
+        while len(self._history) > 2 and now - self._history[1][0] >= self.window_s:
+            self._history.popleft()
+
+    def rates(self) -> dict[str, float]:
+        if len(self._history) < 2:
+            return {}
+        (t0, first), (t1, last) = self._history[0], self._history[-1]
+        span = max(t1 - t0, 1e-9)
+        return {k: (last[k] - first.get(k, 0.0)) / span for k in last}
+
+
+def query_status(port: int, timeout_s: float = 3.0, host: str = "127.0.0.1",
+                 stop: threading.Event | None = None) -> dict[str, Any]:
+    """Ask the server on this machine for its snapshot. Raises TransportError if it does not answer, and NetrlError
+    if ``stop`` is set while it waits (Ctrl+C)."""
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+        sock.connect(f"tcp://{host}:{port}")
+        sock.send_multipart(encode(Message(MsgType.STATUS, "status")))
+        deadline = time.monotonic() + timeout_s
+        while not sock.poll(50):
+            if stop is not None and stop.is_set():
+                raise NetrlError("interrupted while waiting for the server's status")
+            if time.monotonic() >= deadline:
+                raise TransportError(f"no netrl server answered on {host}:{port} within {timeout_s:.0f} s: is it "
+                                     "running on this machine? (--status talks to the loopback-only "
+                                     "`server.status_port`)")
+        reply = decode(sock.recv_multipart())
+        snapshot = dict(reply.body.get("snapshot", {}))
+        if "error" in snapshot:
+            raise NetrlError(f"the server on {host}:{port} could not report its status "
+                             f"({str(snapshot['error'])[:300]}); its log has the details: please report it as a bug")
+        return snapshot
+    finally:
+        ctx.destroy(0)
+
+
+def _server_drops(s: dict[str, Any]) -> str:
+    """The samples the server dropped, when there are any (spooled packets over a lowered message limit)."""
+    dropped = s.get("stats", {}).get("samples_dropped", 0)
+    return f", by the server (spooled under a larger network.max_message_bytes) {dropped:,}" if dropped else ""
+
+
+def _ago(t: float | None, now: float) -> str:
+    return "-" if not t else f"{now - t:.1f}s ago"
+
+
+def _per_port(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} on the {role} port" for role, n in counts.items())
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """The snapshot as a few readable lines and a table of workers."""
+    now = time.time()
+    rates = s.get("rates", {})
+    spool = s.get("spool", {})
+    trainer = s.get("trainer")
+    progress = s.get("progress") or {}
+    unknown_keys = _per_port(s.get("unknown_keys", {})) or "none checked (security none)"
+    failed = _per_port(s.get("failed_handshakes", {})) or "-"
+    ports = s.get("ports") or {}
+    where = f" (trainer port {ports.get('trainer')}, worker port {ports.get('worker')})" if ports else ""
+    lines = [
+        f"server session {s.get('session', '?')[:8]}{where}, up {s.get('uptime_s', 0):.0f} s, "
+        f"weights {version_label(s.get('weights_version'))}",
+        f"samples in {rates.get('samples_in', 0):,.0f}/s, out {rates.get('samples_out', 0):,.0f}/s; queued "
+        f"{s.get('queued_samples', 0):,} ({s.get('queued_bytes', 0) / 2**20:.1f} MiB), in flight "
+        f"{s.get('inflight_samples', 0):,}",
+        f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
+        f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
+        f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
+        f"{s.get('dropped', 0):,}{_server_drops(s)}; samples refused by the spool (full, or past the worker's share) "
+        f"{s.get('refused', 0):,}; packets refused beyond their worker's window "
+        f"{s.get('stats', {}).get('window_refusals', 0):,}, beyond its share of the spool "
+        f"{s.get('stats', {}).get('spool_share_refusals', 0):,} (workers keep and resend them, so one can be refused "
+        "more than once)",
+        f"connections refused for unknown keys: {unknown_keys}; other failed handshakes: {failed}; messages before "
+        f"HELLO {s.get('stats', {}).get('unknown_peer', 0):,}",
+        (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "
+         f"{progress.get('samples', 0):,} samples, last seen {_ago(trainer.get('last_seen'), now)}"
+         if trainer else "trainer: not connected"),
+        f"{count_of(len(s.get('workers', [])) + s.get('workers_omitted', 0), 'worker')}:",
+    ]
+    if s.get("workers_omitted"):
+        lines.append(f"  ({s['workers_omitted']:,} not listed: the snapshot of so many would exceed a message header)")
+    workers = sorted(s.get("workers", []), key=lambda w: w["name"])
+    # as wide as the longest name and key (names are at most 64 characters): a cut name loses its -2 or -3 suffix
+    name_w = max([20, *(len(w["name"]) for w in workers)])
+    key_w = max([10, *(len(w.get("key", "")) for w in workers)])
+    lines.append(f"  {'worker':<{name_w}} {'address':<16} {'key':<{key_w}} {'weights':>7} {'samples':>10} "
+                 f"{'backlog':>8} {'dropped':>8} {'last seen':>10}")
+    for w in workers:
+        reported = w.get("reported", {})
+        lines.append(f"  {w['name']:<{name_w}} {w['address'][:16]:<16} {w.get('key', ''):<{key_w}} "
+                     f"{version_label(w['version']):>7} {w['samples']:>10,} "
+                     f"{reported.get('backlog_packets', 0):>8} {reported.get('dropped_samples', 0):>8} "
+                     f"{_ago(w.get('last_seen'), now):>10}")
+    return "\n".join(lines)
+
+
+def dump_json(snapshot: dict[str, Any]) -> str:
+    return json.dumps(snapshot, indent=1, sort_keys=True)

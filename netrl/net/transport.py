@@ -1,0 +1,434 @@
+"""ZeroMQ plumbing shared by all roles: sockets, liveness, reconnect back-off and the client link.
+
+The server binds two ROUTER sockets (trainer port, worker port). Each worker and the trainer hold one DEALER
+:class:`ClientLink` to it, which follows the ZeroMQ Guide's Paranoid Pirate pattern:
+
+* the first message on every connection is HELLO (role, protocol and netrl versions, name, session);
+* whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as one;
+* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost: the client closes its socket and
+  reconnects with exponential back-off, then says HELLO again; the server forgets it.
+
+Every socket has ``linger=0``, a maximum message size and high-water marks; every poll has a finite timeout.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from netrl import __version__
+from netrl.config.sections import NetworkConfig, flag_for
+from netrl.errors import ProtocolError, TransportError, VersionMismatch
+from netrl.net.keys import ClientKeys
+from netrl.protocol.messages import Message, MsgType, printable
+from netrl.protocol.wire import decode, encode
+from netrl.util import worth_logging
+
+__all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
+
+log = logging.getLogger(__name__)
+
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+
+
+def new_session() -> str:
+    """A random id for one process run: (worker name, session, seq) identifies every sample packet."""
+    return os.urandom(8).hex()
+
+
+def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000,
+               handshake_s: float | None = None) -> zmq.Socket:
+    """A socket with the options every netrl socket needs (``handshake_s``: how long a new connection may take to
+    finish its ZeroMQ handshake before it is closed; ZeroMQ's default is 30 s)."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if handshake_s is not None:
+        sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise instead of silently dropping to unknown peers
+    return sock
+
+
+def bind(sock: zmq.Socket, host: str, port: int, port_key: str, host_key: str = "server.bind_ip") -> str:
+    """Bind or raise a :class:`TransportError` that says which setting to change: the port (``port_key``) when it
+    is taken or not allowed, else the address (``host_key``)."""
+    endpoint = f"tcp://{host}:{port}"
+
+    def setting(key: str) -> str:  # the user may have set it with its flag: name both
+        flag = flag_for(key)
+        return f"`{key}` (or {flag})" if flag else f"`{key}`"
+
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        if exc.errno == zmq.EADDRINUSE:
+            hint = f"is another netrl server running? change {setting(port_key)}"
+        elif exc.errno == errno.EACCES:
+            hint = f"ports below 1024 need privileges; change {setting(port_key)}"
+        else:
+            hint = f"is {host} an address of this machine? change {setting(host_key)} (0.0.0.0 binds every interface)"
+        raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint}") from None
+    return endpoint
+
+
+def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None) -> str:
+    """Why a client's ZeroMQ handshake failed, in words that say what to fix.
+
+    Which event a security mismatch raises is a race: the side that notices first sends an error and closes, and
+    the other side then often sees HANDSHAKE_FAILED_NO_DETAIL. Only a CURVE client can have the wrong server key.
+    """
+    sides = ("the server uses CURVE and this process has \"security\": \"none\"" if keys is None else
+             "this process uses CURVE and the server has \"security\": \"none\"")
+    mismatch = f"the server and this {role} disagree on security: {sides}; set the same \"security\" in both configs"
+    if keys is None or (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+        return mismatch
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        port_key = f"network.{role}_port"
+        return (f"the server refused this {role}'s key: either this is not the server's {role} port (check "
+                f"{port_key}, {flag_for(port_key)}), or add {keys.folder}/*.key to the server's keys/server/{role}s/ "
+                "allow-list, or use keys made by the server's --keygen")
+    return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's public key (copy it "
+            "from the server's keys/server/server.key), or the server runs with \"security\": \"none\" (set the "
+            "same security on both)")
+
+
+class Liveness:
+    """Paranoid Pirate liveness: a peer is lost when nothing arrived for ``interval * liveness`` seconds."""
+
+    def __init__(self, interval: float, liveness: int) -> None:
+        self.interval = interval
+        self.window = interval * liveness
+        self.last_heard = time.monotonic()
+        self.last_sent = time.monotonic()
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+
+    def sent(self) -> None:
+        self.last_sent = time.monotonic()
+
+    def expired(self, now: float) -> bool:
+        return now - self.last_heard > self.window
+
+    def heartbeat_due(self, now: float) -> bool:
+        return now - self.last_sent >= self.interval
+
+
+class Backoff:
+    """Exponential reconnect delays with jitter: initial, 2x, 4x ... up to ``maximum``."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.delay = initial
+        self._rng = random.Random()  # its own: never moves the user's global random state (or a seeded run's)
+
+    def next(self) -> float:
+        delay = self.delay * self._rng.uniform(0.8, 1.2)
+        self.delay = min(self.delay * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.initial
+
+
+class ClientLink:
+    """A worker's or trainer's connection to the server.
+
+    Calling sequence (from one thread, the link's owner; :class:`NetThread` does this)::
+
+        link = ClientLink(ctx, net, "worker", "robot-1", new_session(), port, on_ready=resend)
+        link.open()
+        while not stop.is_set():
+            poll link.sock (and other sockets) with a finite timeout
+            for msg in link.receive():             # WELCOME/REJECT/HEARTBEAT/BYE are handled inside
+                handle(msg)
+            link.send(encode(...))                 # returns False unless the link is ready
+            link.maintain()                        # heartbeats, liveness, reconnect with back-off
+        link.close()
+    """
+
+    def __init__(self, ctx: zmq.Context, net: NetworkConfig, role: str, name: str, session: str,
+                 port: int, on_ready: Callable[[], None] | None = None, keys: ClientKeys | None = None) -> None:
+        self.ctx = ctx
+        self.net = net
+        self.role = role
+        self.name = name
+        self.session = session
+        self.endpoint = f"tcp://{net.server_ip}:{port}"
+        self.on_ready = on_ready
+        self.keys = keys  # None: no encryption (security "none")
+        self.sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self.handshake_failures = 0
+        self.handshake_problem: str | None = None  # why the newest handshake failed, until one succeeds
+        self._last_handshake_log = 0.0
+        self.ready = False
+        self.welcome: dict[str, Any] = {}  # the body of the last WELCOME
+        self.fatal: str | None = None  # set when the server refused us for good (e.g. version mismatch)
+        self.rejected_messages = 0
+        self._liveness = Liveness(net.heartbeat_interval_s, net.heartbeat_liveness)
+        self._backoff = Backoff(net.reconnect_initial_s, net.reconnect_max_s)
+        self._reconnect_at: float | None = None
+        self._connections = 0
+        self._was_ready = False
+        self._unanswered, self._last_unanswered_log = 0, 0.0  # connection attempts without a WELCOME in a row
+        self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
+        self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
+        self._reported_at = 0.0  # when a HEARTBEAT last carried them
+        self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
+
+    def open(self) -> None:
+        """Create the socket, connect and say HELLO."""
+        self._connections += 1
+        sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes, handshake_s=self.net.handshake_timeout_s)
+        self.sock = sock  # first: _close_socket() closes it even if an option below fails (or term() hangs)
+        sock.setsockopt(zmq.ROUTING_ID, f"{self.role}:{self.session}:{self._connections}".encode())
+        if self.keys is not None:
+            try:
+                sock.curve_publickey = self.keys.public
+                sock.curve_secretkey = self.keys.secret
+                sock.curve_serverkey = self.keys.server_public
+            except zmq.ZMQError:
+                self._close_socket()
+                raise
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError:
+            self._close_socket()  # or the context could never terminate
+            raise
+        self.ready = False
+        self._liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
+        self._send_hello()
+
+    def _send_hello(self) -> None:
+        body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session}
+        sent = self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
+        self._hello_at = time.monotonic() if sent else None
+
+    def _send_raw(self, frames: Sequence[Any]) -> bool:
+        if self.sock is None:
+            return False
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False  # high-water mark reached: the caller keeps the data and retries later
+        self._liveness.sent()
+        return True
+
+    def send(self, frames: Sequence[Any]) -> bool:
+        """Send a message if the link is ready; False means the caller must keep it and retry."""
+        return self.ready and self._send_raw(frames)
+
+    def send_tracked(self, frames: Sequence[Any]) -> zmq.MessageTracker | None:
+        """:meth:`send`, returning a tracker that is done once ZeroMQ has written the message to the connection (or
+        dropped it with its socket); None: not sent. Frames received with ``copy=False`` are sent without a copy."""
+        if not self.ready or self.sock is None:
+            return None
+        last = frames[-1]
+        tracked = zmq.Frame(last.buffer if isinstance(last, zmq.Frame) else last, track=True)
+        try:
+            for frame in frames[:-1]:  # only a message's first frame can meet the high-water mark
+                self.sock.send(frame, zmq.SNDMORE | zmq.NOBLOCK, copy=False)
+            tracker = self.sock.send(tracked, zmq.NOBLOCK, copy=False, track=True)
+        except zmq.Again:
+            return None
+        self._liveness.sent()
+        return tracker
+
+    def maintain(self) -> None:
+        """Heartbeat when idle, notice a silent server, and reconnect once the back-off delay has passed."""
+        self._check_handshakes()
+        now = time.monotonic()
+        if self.sock is None:
+            if self._reconnect_at is not None and now >= self._reconnect_at and self.fatal is None:
+                self._reconnect_at = None
+                self.open()
+            return
+        if self._liveness.expired(now):
+            self._lose(f"no message from the server for {self._liveness.window:.1f} s")
+        elif self._liveness.heartbeat_due(now) or (self.heartbeat_body is not None and self.ready
+                                                   and now - self._reported_at >= self._liveness.interval):
+            # A busy link never falls idle, but its counters (a worker's drops) must reach --status all the same:
+            # a heartbeat that carries them goes out every interval either way.
+            body = self.heartbeat_body() if self.heartbeat_body else {}
+            if self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body))):
+                self._reported_at = now
+
+    def reconnect_now(self) -> None:
+        """Skip what is left of the reconnect back-off (for a worker delivering its last packets before it stops)."""
+        if self.sock is None and self._reconnect_at is not None:
+            self._reconnect_at = min(self._reconnect_at, time.monotonic())
+
+    def receive(self) -> list[Message]:
+        """Drain available messages; returns those the role must handle."""
+        out: list[Message] = []
+        while self.sock is not None:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._liveness.heard()
+            try:
+                msg = decode(frames, self.net.max_message_bytes)
+            except VersionMismatch as exc:
+                if not self.ready:  # the server itself speaks another version: nothing will ever work
+                    self._rejected(f"{exc}; install the same netrl version on the server and this {self.role}")
+                    continue
+                self._malformed(exc)
+                continue
+            except ProtocolError as exc:
+                self._malformed(exc)
+                continue
+            if msg.type is MsgType.WELCOME:
+                self._welcome(msg)
+            elif msg.type is MsgType.REJECT:
+                self._rejected(printable(msg.body["reason"]), msg.body.get("retry_s"))
+            elif msg.type is MsgType.BYE:
+                self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
+            elif msg.type is MsgType.HEARTBEAT:
+                stats = msg.body.get("stats")
+                if isinstance(stats, dict):  # what the server says of itself, e.g. whether a trainer is connected
+                    self.server_stats = stats
+            else:
+                out.append(msg)
+        return out
+
+    def _malformed(self, exc: Exception) -> None:
+        self.rejected_messages += 1
+        if worth_logging(self.rejected_messages):
+            log.warning("dropped a malformed message from the server at %s (%d so far): %s", self.endpoint,
+                        self.rejected_messages, exc)
+
+    def _welcome(self, msg: Message) -> None:
+        self.ready = True
+        self._hello_at = None
+        self.server_stats = {}  # maybe another server process: what the last one said is stale
+        self._unanswered = 0
+        self.welcome = msg.body
+        self._backoff.reset()
+        interval = float(msg.body["heartbeat_interval_s"])
+        if interval != self._liveness.interval:  # both sides must expect heartbeats at the same pace
+            log.warning("the server's network.heartbeat_interval_s is %g s and this %s's is %g s: using the "
+                        "server's; set the same value on every machine", interval, self.role, self._liveness.interval)
+            self._liveness.interval, self._liveness.window = interval, interval * self.net.heartbeat_liveness
+        verb = "reconnected to" if self._was_ready else "connected to"
+        self._was_ready = True
+        log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
+                 printable(msg.body["server_session"], 64))
+        server_max = msg.body.get("max_message_bytes", self.net.max_message_bytes)
+        if server_max != self.net.max_message_bytes:  # ZeroMQ resets a connection over a message above its limit
+            log.error("the server's network.max_message_bytes is %d and this %s's is %d: set the same value on every "
+                      "machine; a message larger than the receiver's limit is never delivered (ZeroMQ drops the "
+                      "connection instead)", server_max, self.role, self.net.max_message_bytes)
+        if self.on_ready:
+            self.on_ready()
+
+    def _rejected(self, reason: str, retry_s: float | None = None) -> None:
+        if reason.startswith("unknown peer"):
+            # The server restarted and forgot us: introduce ourselves again right away, once. Every message sent
+            # before the new server heard our HELLO comes back with this REJECT, and each HELLO more would make it
+            # drop and re-admit this peer again. A HELLO unanswered for a heartbeat interval was lost (the server
+            # restarted again): these REJECTs keep the link alive, so only a new HELLO gets it in.
+            if self._hello_at is not None and time.monotonic() - self._hello_at < self._liveness.interval:
+                return
+            log.info("server at %s does not know this %s any more; saying HELLO again", self.endpoint, self.role)
+            self.ready = False
+            self._send_hello()
+            return
+        if retry_s is not None:  # refused for now (e.g. the server is full): not for good
+            log.warning("server at %s refused this %s for now: %s; trying again in %.1f s", self.endpoint, self.role,
+                        reason, retry_s)
+            self.ready = False
+            self._close_socket()
+            self._reconnect_at = time.monotonic() + retry_s
+            return
+        log.error("server at %s refused this %s: %s", self.endpoint, self.role, reason)
+        self.fatal = reason
+        self._close_socket()
+
+    def _lose(self, why: str) -> None:
+        delay = self._backoff.next()
+        if self.ready:
+            self._unanswered = 0
+            log.warning("lost the server at %s (%s); reconnecting in %.1f s", self.endpoint, why, delay)
+        else:  # this connection never got a WELCOME: say so once, then every 30 s, not on every retry
+            self._unanswered += 1
+            now = time.monotonic()
+            if self._unanswered == 1 or now - self._last_unanswered_log >= 30:
+                self._last_unanswered_log = now
+                log.warning("no answer from the server at %s (%s; attempt %d); trying again in %.1f s, then "
+                            "waiting up to %.0f s between attempts: %s", self.endpoint, why, self._unanswered, delay,
+                            self.net.reconnect_max_s, self._where_to_look())
+        self._close_socket()
+        self._reconnect_at = time.monotonic() + delay
+
+    def _where_to_look(self) -> str:
+        """What to check when no server answers: a name that does not resolve, or the server and its port."""
+        host = self.net.server_ip
+        try:
+            socket.getaddrinfo(host, None)  # only when logging: at most every 30 s
+        except OSError as exc:
+            return f"{host!r} is not an address or a name this machine can resolve ({exc}); check --server-ip"
+        port_key = "network.trainer_port" if self.role == "trainer" else "network.worker_port"
+        return (f"is a netrl server running at {host} and reachable from here? check --server-ip, {port_key} "
+                f"({flag_for(port_key)}) and the server's server.bind_ip (it must listen on an interface this machine "
+                "reaches)")
+
+    def _check_handshakes(self) -> None:
+        """Turn ZeroMQ's handshake events into log lines that say what to fix."""
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_problem = None
+                continue
+            self.handshake_failures += 1
+            why = handshake_failure(event["event"], event["value"], self.role, self.keys)
+            self.handshake_problem = why
+            now = time.monotonic()
+            if now - self._last_handshake_log < 30 and self.handshake_failures > 1:
+                continue
+            self._last_handshake_log = now
+            log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
+
+    def state(self) -> str:
+        """The connection in a few words, for status lines: a failing handshake says why in every one of them."""
+        if self.ready:
+            return "connected"
+        return f"unreachable: {self.handshake_problem}" if self.handshake_problem else "unreachable"
+
+    def _close_socket(self) -> None:
+        self.ready = False
+        self._hello_at = None
+        if self.sock is not None:
+            self.sock.disable_monitor()
+            self.sock.close(linger=0)
+            self.sock = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+
+    def close(self, reason: str = "shutting down") -> None:
+        """Say BYE and close, giving queued messages (last acknowledgements, BYE) up to 1 s to leave. Idempotent."""
+        if self.sock is not None and self.ready:
+            self._send_raw(encode(Message(MsgType.BYE, self.name, body={"reason": reason})))
+            self.sock.disable_monitor()
+            self.sock.close(linger=1000)
+            self.sock = None
+        self._close_socket()
+        self._reconnect_at = None

@@ -1,0 +1,26 @@
+"""A pipeline: the classes a worker and a trainer must agree on (:func:`netrl.pipelines.make.make_pipeline` builds the
+one config names).
+
+A pipeline bundles what tmrl users pass to ``RolloutWorker`` and ``TrainingOffline``: the env class, the actor
+class, the sample compressor, the memory class and the training agent class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Pipeline"]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    env_cls: Callable[[], Any]
+    actor_module_cls: Callable[..., Any]
+    memory_cls: Callable[..., Any]
+    training_agent_cls: Callable[..., Any]
+    sample_compressor: Callable[..., Any] | None = None
+    obs_preprocessor: Callable[..., Any] | None = None
+    overlap: int = 1  # rows of history a memory needs before a transition (see netrl.samples)
+    realtime: bool = False  # a real-time env must never be paused by pacing

@@ -1,0 +1,160 @@
+"""The message vocabulary: the types of message, :class:`Message` (one message, decoded or to be encoded), the body
+fields each type carries, which role may send which type, and the names and versions a peer may announce. It knows
+nothing of msgpack or frames: :mod:`netrl.protocol.wire` encodes and decodes, and checks every decoded body with
+:func:`check_body` (the server then checks the sender with :func:`check_role`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from netrl.errors import MalformedMessage, RoleViolation
+
+__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "MIN_MESSAGE_BYTES", "PEER_NAME", "PEER_NAME_RULE",
+           "VERSION_TEXT", "Message", "MsgType", "check_body", "check_role", "printable"]
+
+# The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
+# forge a log line or a terminal escape.
+PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PEER_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a HELLO's netrl_version
+
+# The largest weight version any message may name: 70 years of 1,000 publications a second, and far enough from
+# int64's limit that no arithmetic on versions overflows (a trainer takes a version it never published as taken
+# only up to half of it: see netrl.trainer.link).
+MAX_POLICY_VERSION = 2**41
+MIN_MESSAGE_BYTES = 1 << 16  # the smallest network.max_message_bytes (netrl.config.sections checks the same bound)
+# the longest network interval or delay (netrl.config.sections too): ZeroMQ takes int32 milliseconds
+MAX_SECONDS = 86_400.0
+
+
+class MsgType(str, enum.Enum):
+    HELLO = "hello"  # client -> server: first message on every connection
+    WELCOME = "welcome"  # server -> client: HELLO accepted
+    REJECT = "reject"  # server -> client: refused, with a reason
+    HEARTBEAT = "heartbeat"  # both ways, when nothing else was sent for a heartbeat interval
+    BYE = "bye"  # either side: clean goodbye
+    SAMPLES = "samples"  # worker -> server: a packet of sample rows
+    BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
+    ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs), worker -> server (weights)
+    NACK = "nack"  # server -> worker: packets refused for now (spool full); resend them after retry_s
+    CREDIT = "credit"  # trainer -> server: how many more bundles it can take
+    WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
+    PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
+    PACE = "pace"  # server -> worker: how many samples it may have produced in total
+    SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
+    STATUS = "status"  # status tool <-> server (loopback status port): request, and the snapshot in reply
+
+
+@dataclass
+class Message:
+    """A decoded (or to-be-encoded) message. ``arrays`` keeps its order on the wire."""
+
+    type: MsgType
+    sender: str = ""
+    seq: int = 0
+    policy_version: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    parts: list[list[Any]] = field(default_factory=list)  # BUNDLE only: the frames of each SAMPLES part
+
+
+# Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
+_INT = (int,)
+_STR = (str,)
+BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
+    MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
+                    "session": (_STR, True)},
+    MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
+                      "window": (_INT, False), "weights_version": (_INT, False),
+                      "max_message_bytes": (_INT, False)},
+    MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
+    MsgType.HEARTBEAT: {"stats": ((dict,), False)},
+    MsgType.BYE: {"reason": (_STR, False)},
+    MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
+                      "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
+    MsgType.BUNDLE: {"parts": ((list,), True)},
+    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False)},
+    MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
+    MsgType.CREDIT: {"bundles": (_INT, True)},
+    MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
+                      "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
+    MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
+    MsgType.PACE: {"allowance": (_INT, True)},
+    MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True)},
+    MsgType.STATUS: {"snapshot": ((dict,), False)},
+}
+
+# Which message types each role may send. The server drops anything else and logs a RoleViolation.
+ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
+    "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
+    "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
+                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE}),
+}
+
+
+def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
+    """Raise :class:`MalformedMessage` unless ``body`` holds exactly the fields :data:`BODY_SCHEMA` allows for
+    ``mtype``, of their types, with every required one present (a HELLO's names and version are checked too)."""
+    schema = BODY_SCHEMA[mtype]
+    for key, value in body.items():
+        if key not in schema:
+            raise MalformedMessage(f"{mtype.value} body has unexpected field {key!r}")
+        types, _ = schema[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise MalformedMessage(f"{mtype.value} body field {key!r} has the wrong type ({type(value).__name__})")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
+        if isinstance(value, float) and not math.isfinite(value):  # a NaN delay would never end
+            raise MalformedMessage(f"{mtype.value} body field {key!r} is {value}, not a finite number")
+    missing = [k for k, (_, required) in schema.items() if required and k not in body]
+    if missing:
+        raise MalformedMessage(f"{mtype.value} body lacks required field(s) {missing}")
+    if mtype is MsgType.HELLO:
+        _check_hello(body)
+    elif mtype in (MsgType.WELCOME, MsgType.REJECT):
+        _check_from_server(mtype, body)
+    elif mtype in (MsgType.SAMPLES, MsgType.WEIGHTS) and not PEER_NAME.fullmatch(body["session"]):
+        # logged, shown by --status, saved next to a worker's weights and kept per packet in the trainer's log
+        raise MalformedMessage(f"{mtype.value} session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
+
+
+def _check_hello(body: dict[str, Any]) -> None:
+    if body["role"] not in ALLOWED_FROM:
+        raise MalformedMessage(f"HELLO role {body['role'][:40]!r} is neither 'worker' nor 'trainer'")
+    if not PEER_NAME.fullmatch(body["worker_id"]):
+        raise MalformedMessage(f"HELLO worker_id {body['worker_id'][:40]!r} is not a valid name ({PEER_NAME_RULE})")
+    if not PEER_NAME.fullmatch(body["session"]):  # logged and shown by --status, like the name
+        raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
+    if not VERSION_TEXT.fullmatch(body["netrl_version"]):
+        raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+
+
+def _check_from_server(mtype: MsgType, body: dict[str, Any]) -> None:
+    """The numbers a client acts on: intervals and delays it waits, and the server's message limit."""
+    for key in ("heartbeat_interval_s", "retry_s"):
+        if key in body and not 0 < body[key] <= MAX_SECONDS:
+            raise MalformedMessage(f"{mtype.value} {key} {body[key]} is not between 0 and {MAX_SECONDS:g} s")
+    if not MIN_MESSAGE_BYTES <= body.get("max_message_bytes", MIN_MESSAGE_BYTES):
+        # network.max_message_bytes has this minimum: below it, a worker would drop every packet as too large
+        raise MalformedMessage(f"welcome max_message_bytes {body['max_message_bytes']} is under {MIN_MESSAGE_BYTES}, "
+                               "the smallest network.max_message_bytes")
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """``text`` from a peer (a REJECT's reason, say), fit for one log line: control characters and terminal escapes
+    shown escaped, at most ``limit`` characters."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown if len(text) <= limit else f"{shown}... ({len(text) - limit} more characters)"
+
+
+def check_role(role: str, msg: Message) -> None:
+    """Raise :class:`RoleViolation` when ``role`` may not send ``msg.type``."""
+    if msg.type not in ALLOWED_FROM.get(role, frozenset()):
+        raise RoleViolation(f"a {role} may not send {msg.type.value} messages")

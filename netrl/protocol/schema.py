@@ -1,0 +1,120 @@
+"""What a sample packet must look like: the layout the trainer expects, checked at the server and the trainer.
+
+The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed through the pipeline's
+sample compressor, and sends it to the server (SCHEMA message). Both check every packet against it: the act/obs
+trees, each leaf's dtype and per-row shape, and that floating-point data (observations, actions, rewards) is
+finite. A packet that fails names the worker and the field, and is rejected and counted; the rest of the traffic
+is unaffected.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
+from netrl.samples import Spec, flatten, spec_leaves
+
+if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
+    import gymnasium
+
+__all__ = ["SampleSchema", "load_schema", "probe_copy", "save_schema"]
+
+log = logging.getLogger(__name__)
+
+# The usual cause of a packet that does not fit: the trainer derives its layout from the workers' sample compressor
+_SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and sample compressor? In Python, give the "
+                    "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
+
+
+def probe_copy(sample_compressor: Any) -> Any | None:
+    """A copy of ``sample_compressor`` to probe for the schema (None for None, or if it cannot be copied):
+    one that keeps state (ActionBufferCompressor, FrameStackCompressor) may be the very instance a worker uses."""
+    try:
+        return copy.deepcopy(sample_compressor)
+    except Exception as exc:
+        log.debug("sample_compressor cannot be copied (%s)", exc)
+        return None
+
+
+@dataclass(frozen=True)
+class SampleSchema:
+    act_spec: Spec
+    obs_spec: Spec
+    leaves: dict[str, tuple[str, tuple[int, ...]]]  # leaf name -> (dtype string, shape of one row)
+
+    @classmethod
+    def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                    sample_compressor: Callable[..., Any] | None = None) -> SampleSchema:
+        """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any, called once
+        with a random row and ``info={"probe": True}``: a compressor that checks rows against the ones before should
+        neither check nor count it)."""
+        act, obs = action_space.sample(), observation_space.sample()
+        if sample_compressor is not None:
+            act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {"probe": True})
+        act_spec, act_leaves = flatten(act, "act")
+        obs_spec, obs_leaves = flatten(obs, "obs")
+        leaves = {name: (np.asarray(v).dtype.str, tuple(np.asarray(v).shape)) for name, v in act_leaves + obs_leaves}
+        return cls(act_spec, obs_spec, leaves)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"act": self.act_spec, "obs": self.obs_spec,
+                "leaves": [[name, dtype, list(shape)] for name, (dtype, shape) in self.leaves.items()]}
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> SampleSchema:
+        """Parse a SCHEMA message body (untrusted: every field is checked)."""
+        try:
+            act, obs, leaves = body["act"], body["obs"], body["leaves"]
+            names = spec_leaves(act) + spec_leaves(obs)
+            parsed = {str(n): (str(d), tuple(int(x) for x in s)) for n, d, s in leaves}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedMessage(f"schema is malformed ({exc})") from None
+        if sorted(names) != sorted(parsed) or any(len(s) > 8 or min(s, default=0) < 0 for _, s in parsed.values()):
+            raise MalformedMessage("schema leaves do not match its act/obs specs")
+        return cls(act, obs, parsed)
+
+    def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str) -> None:
+        """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this schema."""
+        for key, spec in (("act", self.act_spec), ("obs", self.obs_spec)):
+            if body[key] != spec:
+                raise SampleRejected(f"packet from {worker}: the {key} structure {body[key]!r} differs from the "
+                                     f"trainer's {spec!r}{_SAME_COMPRESSOR}")
+        for name, (dtype, shape) in self.leaves.items():
+            arr = arrays[name]
+            if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
+                raise SampleRejected(f"packet from {worker}: field {name!r} has dtype {arr.dtype.str} and row shape "
+                                     f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}"
+                                     f"{_SAME_COMPRESSOR}")
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise SampleRejected(f"packet from {worker}: field {name!r} contains NaN or infinity")
+        if not np.isfinite(arrays["rew"]).all():
+            raise SampleRejected(f"packet from {worker}: field 'rew' contains NaN or infinity")
+
+
+def load_schema(path: Path) -> SampleSchema | None:
+    """The schema a server saved at ``path`` (the trainer's last), or None (also when it cannot be read)."""
+    if not path.exists():
+        return None
+    try:
+        return SampleSchema.from_wire(json.loads(path.read_text()))
+    except (OSError, ValueError, ProtocolError) as exc:  # the trainer sends it again when it connects
+        log.warning("ignoring the saved sample layout %s (%s): packets are checked against the layout the trainer "
+                    "sends when it connects", path, exc)
+        return None
+
+
+def save_schema(path: Path, body: dict[str, Any]) -> None:
+    """Save the trainer's schema, so a restarted server checks packets before the trainer reconnects."""
+    try:
+        path.write_text(json.dumps(body))
+    except OSError as exc:
+        log.warning("could not save the sample layout to %s (%s): after a restart, this server checks packets "
+                    "against it only once the trainer reconnects", path, exc)

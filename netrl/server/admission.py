@@ -1,0 +1,154 @@
+"""Who may talk to the server, and the server's account of what it refused.
+
+:class:`Admission` checks each HELLO (the right port, a worker name its CURVE key may use) and adds the new
+:class:`~netrl.server.peers.Peer` to the table. It rejects bad messages with a count in the server's stats and a log
+line per peer that a flood cannot multiply, replies REJECT where the peer can act on the reason, and logs connections
+that failed their ZeroMQ handshake before any message arrived. A trainer session that replaces another is logged
+loudly, and the old trainer is told to stop (two trainers would split the samples between their runs). The
+server's loop calls it; it never sends a WELCOME (that carries the server's state:
+:meth:`netrl.server.server.Server._hello`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from netrl.config.sections import NetworkConfig
+from netrl.net.transport import Liveness
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import encode
+from netrl.server.counters import ServerCounters
+from netrl.server.peers import Peer, PeerTable
+from netrl.server.sockets import ServerSockets
+from netrl.util import worth_logging
+
+__all__ = ["Admission"]
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
+
+    def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
+                 stats: ServerCounters, forget: Callable[[Peer], None], max_workers: int) -> None:
+        self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
+        self.max_workers = max_workers
+        self.forget = forget  # the server's: drops a peer and whatever it was doing
+        self._rejections_logged: collections.Counter[bytes] = collections.Counter()
+
+    def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> Peer | None:
+        """The new peer for a HELLO on ``role``'s port, or None after refusing it with a REJECT that says why.
+
+        Only an accepted HELLO replaces anything: the same connection saying HELLO again, its worker session
+        reconnecting (same name and key), or the old trainer."""
+        body = msg.body
+        if body["role"] != role:
+            self.refuse(role, rid, None, f"a {body['role']} connected to the {role} port",
+                        f"this is the {role} port; a {body['role']} must connect to the other port")
+            return None
+        key = ""
+        if self.sockets.auth is not None:
+            key = self.sockets.auth.key_name(role, rid_frame)
+            problem = self.sockets.auth.worker_name_problem(key, body["worker_id"]) if role == "worker" else None
+            if problem:
+                self.refuse(role, rid, None, problem, problem)
+                return None
+        liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
+        peer = Peer(rid, role, body["worker_id"], body["session"], rid_frame.get("Peer-Address") or "?", liveness,
+                    key=key)
+        problem = self.peers.session_problem(peer)
+        if problem:
+            self.refuse(role, rid, None, problem, problem)
+            return None
+        replaced = self.peers.replaced_by(peer)
+        if role == "worker" and not replaced and self.peers.worker_count() >= self.max_workers:
+            self.stats.refused_full += 1
+            # for now: a worker that died without BYE frees its place within the liveness window
+            self.refuse(role, rid, None, f"{self.max_workers} workers are connected (server.max_workers)",
+                        f"the server already has {self.max_workers} workers connected, its server.max_workers: raise "
+                        "it in the server's config, or stop a worker",
+                        retry_s=max(1.0, self.net.heartbeat_interval_s * self.net.heartbeat_liveness))
+            return None
+        for old in replaced:
+            if role == "trainer" and old.rid != rid and old.session != peer.session:
+                self._trainer_replaced(old, peer)
+            else:  # the same process: a network blip, or a HELLO again on the same connection
+                log.info("%s %s", old.label, "said HELLO again" if old.rid == rid else "replaced by a new connection")
+            self.forget(old)
+        self.peers.add(peer)
+        log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
+        twins = [w for w in self.peers.workers() if w.name == peer.name and w is not peer] if role == "worker" else []
+        drop_after = self.net.heartbeat_interval_s * self.net.heartbeat_liveness
+        for twin in twins:
+            silent = time.time() - twin.last_seen
+            if silent > drop_after / 2:  # half its heartbeats missed: an earlier run of it that ended, restarted
+                log.info("%s has the name of %s, silent for %.1f s: taken for an earlier run of it that ended; it is "
+                         "dropped once silent for %.0f s", peer.label, twin.label, silent, drop_after)
+                continue
+            log.warning("%s has the name of %s, connected too: unless that is an earlier run of it that died (dropped "
+                        "once silent for %.0f s), give each worker its own --worker-id (worker.worker_id): the "
+                        "server's logs and status cannot tell them apart (by default a worker takes its host name)",
+                        peer.label, twin.label, drop_after)
+        return peer
+
+    def _trainer_replaced(self, old: Peer, new: Peer) -> None:
+        """Another trainer process took over: the newest trainer gets the samples. If the old one still runs (two
+        trainers on one server), a REJECT stops it; without one, it would say HELLO again on its next message and the
+        two would take turns, splitting the samples between their runs. (One that crashed never reads it.)"""
+        log.warning("%s replaces %s, last heard from %.1f s ago: the new trainer gets the samples from now on; if the "
+                    "old one is still running, it is told to stop (two trainers on one server would split the "
+                    "samples between their runs)", new.label, old.label, time.time() - old.last_seen)
+        self.reply("trainer", old.rid, f"replaced by another trainer (session {new.session[:16]} at "
+                   f"{new.address[:48]!r}): a server serves one trainer at a time, so this one stops; to keep it, stop "
+                   "the other trainer and restart this one, or give each trainer its own server")
+
+    def refuse(self, role: str, rid: bytes, peer: Peer | None, reason: str, told: str,
+               retry_s: float | None = None) -> None:
+        """Reject a message and tell its sender ``told`` (a REJECT, which a netrl client logs and acts on: it gives
+        up, unless ``retry_s`` says when to try again)."""
+        self.reject(role, rid, peer, reason)
+        self.reply(role, rid, told, retry_s)
+
+    def reject(self, role: str, rid: bytes, peer: Peer | None, reason: str) -> None:
+        """Count a bad message in ``stats.rejected`` and log it (the sender is not told)."""
+        self.stats.rejected += 1
+        self.log_rejection(role, rid, peer, reason)
+
+    def log_rejection(self, role: str, rid: bytes, peer: Peer | None, reason: str, first: int = 10) -> None:
+        """Log the first ``first`` rejections of a connection, then every 1000th."""
+        if len(self._rejections_logged) > 10_000:  # a flood from ever new connections must not grow it forever
+            self._rejections_logged.clear()
+        self._rejections_logged[rid] += 1
+        count = self._rejections_logged[rid]
+        if worth_logging(count, first):
+            who = peer.label if peer else f"unidentified {role} {rid[:24]!r}"
+            log.warning("rejected a message from %s: %s (%d rejected from this peer)", who, reason, count)
+
+    def reply(self, role: str, rid: bytes, reason: str, retry_s: float | None = None) -> None:
+        """A REJECT to a connection that may not be a peer (yet): a courtesy, never an error."""
+        body: dict[str, Any] = {"reason": reason} if retry_s is None else {"reason": reason, "retry_s": retry_s}
+        msg = Message(MsgType.REJECT, "server", body=body)
+        try:
+            self.sockets.by_role[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass  # the peer is gone or flooding us
+
+    def failed_handshakes(self, role: str) -> None:
+        """Count and log the connections on ``role``'s port that failed their handshake since the last call."""
+        try:
+            failed = self.sockets.failed_handshakes(role)
+        except Exception:  # diagnostics must not take the relay down
+            self.stats.internal_errors += 1
+            log.exception("internal error while reading the %s port's handshake events", role)
+            return
+        for why in failed:
+            count = self.stats.handshake_failed(role)
+            if worth_logging(count):
+                log.warning("a connection to the %s port failed its handshake: %s (%d so far)", role, why, count)

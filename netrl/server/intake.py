@@ -1,0 +1,210 @@
+"""What the server takes from workers: the checks a sample packet passes before the relay, and how much each worker
+may send.
+
+::
+
+    worker  --SAMPLES-->  sender, size and layout checks --> SampleRelay.accept()   (or a NACK: never resent)
+                          beyond the worker's share of the memory --> a NACK: resend later
+    worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples produced (for pacing)
+    trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a restarted server)
+    trainer --PROGRESS--> a PACE allowance per worker: the samples the trainer still wants, split between the workers
+                          that are producing
+    worker  <--ACK--      every ACK carries the worker's window: its share of the server's memory, in the bytes of
+                          its packets (a packet takes FRAME_OVERHEAD per frame beyond its bytes: a tiny one, many times)
+
+The server's loop routes these messages here and supplies the send; :class:`~netrl.server.admission.Admission` counts
+and logs what is rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from netrl.config.sections import NetworkConfig
+from netrl.errors import ProtocolError, SampleRejected
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.schema import SampleSchema, load_schema, save_schema
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, frames_nbytes
+from netrl.server.admission import Admission
+from netrl.server.counters import ServerCounters
+from netrl.server.peers import MAX_COUNT, MAX_REPORTED, Peer, PeerTable, QueuedPacket
+from netrl.server.relay import SampleRelay, memory_cost
+from netrl.util import worth_logging
+
+__all__ = ["SampleIntake"]
+
+log = logging.getLogger(__name__)
+
+# A worker that reports no new samples for this many heartbeat intervals while it has allowance left takes no share
+# of the trainer's wish (a producing worker reports its count in every heartbeat).
+IDLE_HEARTBEATS = 4
+
+
+class SampleIntake:
+    """Worker packets checked for the relay, and each worker's window and PACE allowance.
+
+    The server constructs it (no I/O), then calls :meth:`open`, and routes SAMPLES, HEARTBEAT, SCHEMA and PROGRESS
+    to its ``on_*`` methods; the relay acknowledges workers through :meth:`tell_worker`.
+    """
+
+    def __init__(self, net: NetworkConfig, max_queue_bytes: int, schema_path: Path, peers: PeerTable,
+                 admission: Admission, relay: SampleRelay, stats: ServerCounters,
+                 send: Callable[[Peer, Message], None]) -> None:
+        self.net, self.max_queue_bytes, self.schema_path = net, max_queue_bytes, schema_path
+        self.peers, self.admission, self.stats, self.send = peers, admission, stats, send
+        self.relay = relay
+        self.schema: SampleSchema | None = None
+        self.progress: dict[str, int] | None = None  # the trainer's latest PROGRESS (None: no trainer)
+        self.workers_joined = False  # since the last pass of the server's loop
+
+    def open(self) -> None:
+        """Read the layout a previous run saved (packets are checked against it until the trainer sends its own)."""
+        self.schema = load_schema(self.schema_path)
+
+    # -- packets in ----------------------------------------------------------------------------------------------
+    def on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        """A worker's packet: refused with a NACK unless it passes every check, else handed to the relay."""
+        if msg.body["session"] != peer.session or msg.sender != peer.name:  # the trainer trusts these names
+            self._refuse(peer, msg.seq, f"the packet says it is from worker {msg.sender[:64]!r}, session "
+                         f"{msg.body['session'][:16]!r}, but this connection said HELLO as {peer.name!r}, session "
+                         f"{peer.session[:16]!r}")
+            return
+        nbytes = frames_nbytes(frames)
+        if nbytes > self.relay.bundle_limit:
+            self._refuse(peer, msg.seq, f"a packet of {nbytes} bytes cannot reach the trainer, whose messages are "
+                         f"capped at network.max_message_bytes ({self.net.max_message_bytes}) with "
+                         f"{BUNDLE_HEADER_ROOM} bytes kept for the bundle header: send fewer samples per packet")
+            return
+        if self.schema is not None:
+            try:
+                self.schema.check(msg.body, msg.arrays, peer.label)
+            except SampleRejected as exc:
+                self._refuse(peer, msg.seq, str(exc))
+                return
+        a = msg.arrays
+        steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
+        inflated = sum(arr.nbytes for arr in a.values())  # compressed arrays are declared-size stand-ins here
+        packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic(),
+                              inflated=inflated)
+        cost, held = memory_cost(packet), self.relay.held_cost.get(peer.session, 0)
+        peer.bytes_in, peer.cost_in = peer.bytes_in + nbytes, peer.cost_in + cost
+        if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:  # (resends: ok)
+            self._over_window(peer, msg.seq, nbytes, held)
+            return
+        peer.produced_up_to(msg.body["produced"])
+        outcome = self.relay.accept(packet, self.peers.trainer is not None)
+        if outcome in ("held", "spooled"):
+            peer.samples += steps
+            peer.packets += 1
+            self.stats.samples_in += steps
+
+    def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
+        """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
+        self.admission.reject("worker", peer.rid, peer, reason)
+        self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "reason": f"rejected: "
+                                                              f"{reason}"}))
+
+    def _over_window(self, peer: Peer, seq: int, nbytes: int, held: int) -> None:
+        """A packet beyond the worker's share of the server's memory: a NACK (it resends once the server has
+        acknowledged others), and the window that fits the share if it was told another. A worker that ignores its
+        window would otherwise take the whole queue, then the spool; one that keeps to it sees this only for its
+        first window, before the server has seen what its packets cost."""
+        peer.over_window += 1
+        self.stats.window_refusals += 1
+        reason = (f"over this worker's window: its unacknowledged packets take {held} of the {self.window()} bytes of "
+                  f"the server's memory it may use; keep to the window of the latest ACK ({self.window_for(peer)} "
+                  "bytes of packets) and wait for ACKs")
+        if worth_logging(peer.over_window, first=3):
+            log.warning("refused a packet of %d bytes from %s, %s (%d refused so far)", nbytes, peer.label, reason,
+                        peer.over_window)
+        self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 1.0, "reason": reason}))
+        if peer.window != self.window_for(peer):
+            self.tell_worker(peer.session, MsgType.ACK, {"seqs": []})
+
+    def on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        """A peer's heartbeat: its counters for --status and, from a worker, the samples it has produced."""
+        stats = msg.body.get("stats")
+        if not isinstance(stats, dict):
+            return
+        ignored = peer.report(stats)
+        if ignored:
+            peer.bad_reports += 1
+            if worth_logging(peer.bad_reports, first=3):
+                log.warning("ignored %d heartbeat counters from %s: %s (kept: up to %d short lowercase names, each "
+                            "with a finite number within +-2**53; %d heartbeats with others so far)", len(ignored),
+                            peer.label, ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else ""), MAX_REPORTED,
+                            peer.bad_reports)
+        produced = peer.reported.get("produced")
+        if peer.role == "worker" and type(produced) is int and produced > peer.produced:
+            # a worker that reconnected to a restarted server: pace it from its real count, not from zero
+            peer.produced_up_to(produced)
+            self.pace()
+
+    def on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        """The trainer's sample layout: every packet is checked against it from now on, also after a restart."""
+        try:
+            schema = SampleSchema.from_wire(msg.body)
+        except ProtocolError as exc:
+            self.admission.reject("trainer", peer.rid, peer, str(exc))
+            return
+        if schema != self.schema:
+            self.schema = schema
+            log.info("sample layout from the trainer: %d fields, checked on every packet", len(schema.leaves))
+            save_schema(self.schema_path, msg.body)
+
+    # -- how much each worker may send ---------------------------------------------------------------------------
+    def window(self) -> int:
+        """Memory each worker's packets may take at the server (their bytes and FRAME_OVERHEAD per frame): its share
+        of ``max_queue_bytes`` (:meth:`PeerTable.window`). Beyond it, its packets are refused with a NACK."""
+        return self.peers.window(self.max_queue_bytes)
+
+    def window_for(self, worker: Peer) -> int:
+        """The window told to ``worker``: the bytes of its packets that fit its share of the memory, as far as its
+        packets so far tell (the worker counts their bytes, the server what holding them costs)."""
+        share = self.window()
+        return max(1, share * worker.bytes_in // worker.cost_in) if worker.cost_in else share
+
+    def tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
+        """The relay's ACK or NACK to a worker; an ACK also tells it its current window."""
+        worker = self.peers.workers_by_session.get(session)
+        if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
+            if kind is MsgType.ACK:
+                body = {**body, "window": self.window_for(worker)}
+                worker.window = body["window"]
+            self.send(worker, Message(kind, "server", body=body))
+
+    def after_joins(self) -> None:
+        """Workers joined since the last pass: everyone's share of the server's memory shrank, and the trainer's
+        wanted samples are split between more workers."""
+        if not self.workers_joined:
+            return
+        self.workers_joined = False
+        for worker in self.peers.workers():
+            if worker.window != self.window_for(worker):
+                self.tell_worker(worker.session, MsgType.ACK, {"seqs": []})
+        self.pace()
+
+    def on_progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        """The trainer's PROGRESS (samples it has and wants): the workers' allowances follow it."""
+        wrong = {k: v for k, v in msg.body.items() if not 0 <= v < MAX_COUNT}
+        if wrong:  # check_body let through any int64: these feed the pacing arithmetic
+            self.admission.reject("trainer", peer.rid, peer, f"progress counts {wrong} are not between 0 and 2**53")
+            return
+        self.progress = dict(msg.body)
+        self.pace()
+
+    def pace(self) -> None:
+        """Raise the workers' PACE allowances to cover the samples the trainer wants beyond those on the way."""
+        if self.progress is None:
+            return
+        wanted = self.progress["wanted"] - self.progress["samples"] - self.relay.on_the_way()
+        for worker, allowance in self.peers.raised_allowances(wanted, IDLE_HEARTBEATS * self.net.heartbeat_interval_s):
+            # kept and sent later if its queue is full (netrl.server.outbound)
+            self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))
+            worker.allowance = allowance

@@ -1,0 +1,205 @@
+"""The server's bookkeeping: connected peers and the packets it holds for the trainer."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from netrl.net.transport import Liveness
+from netrl.storage.segments import Position
+
+__all__ = ["MAX_COUNT", "MAX_REPORTED", "Peer", "PeerTable", "QueuedPacket", "is_count"]
+
+REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats, e.g. "dropped_samples"
+MAX_REPORTED = 32  # counters kept per peer
+# The largest count the server takes from a peer (samples produced or wanted, a heartbeat counter): far beyond any
+# run, exact as a float, and any sum of two still fits the wire's 64-bit integers (a PACE allowance, say).
+MAX_COUNT = 2**53
+
+
+def is_count(value: Any) -> bool:
+    """A finite int or float within +-MAX_COUNT (not a bool, not NaN): what a heartbeat counter may be. (A worker
+    reports ``version`` -1 before it has weights, so small negatives are fine.)"""
+    return type(value) in (int, float) and -MAX_COUNT < value < MAX_COUNT  # NaN fails both comparisons
+
+
+@dataclass
+class Peer:
+    """A connected worker or trainer, keyed by its ZeroMQ routing id."""
+
+    rid: bytes
+    role: str
+    name: str
+    session: str
+    address: str
+    liveness: Liveness
+    connected_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+    version: int = -1  # newest weight version the worker acknowledged
+    inflight_version: int | None = None  # weight version sent completely but not yet acknowledged
+    streaming: int | None = None  # weight version whose parts are being sent
+    sent_parts: int = 0
+    samples: int = 0
+    packets: int = 0
+    produced: int = 0  # env steps the worker has produced, as of its latest packet or heartbeat
+    produced_at: float = field(default_factory=time.monotonic)  # when ``produced`` last rose (or it connected)
+    allowance: int = 0  # PACE last sent
+    window: int = 0  # the bytes it may have in flight it was last told (its share of the server's memory)
+    bytes_in: int = 0  # bytes of its packets so far (what the worker counts against its window) ...
+    cost_in: int = 0  # ... and the memory they take at the server (relay.memory_cost)
+    over_window: int = 0  # packets refused because its packets held took its share of the memory
+    reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
+    bad_reports: int = 0  # heartbeats with counters that were ignored
+    key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
+    told_trainer: int | None = None  # a worker: whether a trainer is connected, as the server last told it
+
+    @property
+    def label(self) -> str:
+        key = f", key {self.key}" if self.key else ""
+        return f"{self.role} {self.name!r} ({self.address}, session {self.session[:8]}{key})"
+
+    def report(self, stats: dict[Any, Any]) -> list[str]:
+        """Keep a heartbeat's counters for --status: at most MAX_REPORTED short names with counts (:func:`is_count`),
+        not whatever a peer sends (the snapshot must stay small, and a NaN or a 2**64 would break it and the pacing).
+        Returns what it ignored, as ``key=value`` texts safe to log."""
+        kept: dict[str, Any] = {}
+        ignored = []
+        for k, v in stats.items():
+            if isinstance(k, str) and REPORTED_NAME.fullmatch(k) and is_count(v) and len(kept) < MAX_REPORTED:
+                kept[k] = v
+            else:
+                ignored.append(f"{k!r:.48}={v!r:.32}")
+        self.reported = kept
+        return ignored
+
+    def produced_up_to(self, produced: int) -> None:
+        """The worker says it has produced this many env steps (a packet's or a heartbeat's count)."""
+        produced = min(produced, MAX_COUNT)
+        if produced > self.produced:
+            self.produced, self.produced_at = produced, time.monotonic()
+
+    def weights_acked(self, versions: list[int]) -> str | None:
+        """A worker's ACK of the weight version it received completely; what is wrong with it, or None. An ACK
+        that crossed a new trainer session's reset (nothing in flight) is harmless and ignored."""
+        if self.inflight_version is None:
+            return None
+        if versions != [self.inflight_version]:
+            return f"acknowledged weights {versions[:4]} but was sent v{self.inflight_version}"
+        self.version, self.inflight_version = self.inflight_version, None
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What --status shows of it (weights and samples only for a worker: the trainer's are in "progress")."""
+        about = {"name": self.name, "session": self.session, "address": self.address,
+                 "connected_at": self.connected_at, "last_seen": self.last_seen, "key": self.key,
+                 "reported": dict(self.reported)}
+        if self.role == "worker":  # the version this trainer session sent it, or else the one it says it holds
+            held = self.version if self.version >= 0 else int(self.reported.get("version", -1))  # (a restart)
+            about.update(version=held, samples=self.samples, packets=self.packets)
+        return about
+
+
+class PeerTable:
+    """The connected peers, by port and ZeroMQ routing id, and workers by session; at most one is the trainer.
+
+    A routing id is chosen by the client, so it names a peer only together with the port (the role) it came in on:
+    a worker-port connection that copies the trainer's id is another peer, never the trainer.
+    """
+
+    def __init__(self) -> None:
+        self.by_rid: dict[tuple[str, bytes], Peer] = {}
+        self.workers_by_session: dict[str, Peer] = {}
+        self.trainer: Peer | None = None
+
+    def __len__(self) -> int:
+        return len(self.by_rid)
+
+    def get(self, role: str, rid: bytes) -> Peer | None:
+        return self.by_rid.get((role, rid))
+
+    def values(self) -> list[Peer]:
+        """A copy, so that a send which forgets an unreachable peer does not upset the loop."""
+        return list(self.by_rid.values())
+
+    def workers(self) -> list[Peer]:
+        return list(self.workers_by_session.values())
+
+    def worker_count(self) -> int:
+        """Connected workers, without building a list (asked on every acknowledgement)."""
+        return len(self.workers_by_session)
+
+    def window(self, max_queue_bytes: int) -> int:
+        """Memory each worker's packets may take at the server: together, half of what the server holds in memory,
+        the rest being room for joins and stragglers. (Without this, many workers' windows overflow the memory queue
+        into the disk spool while the trainer keeps up.)"""
+        return max(1, max_queue_bytes // 2 // max(1, self.worker_count()))
+
+    def raised_allowances(self, wanted: int, idle_after_s: float) -> list[tuple[Peer, int]]:
+        """Split the ``wanted`` samples between the workers that are producing (each may produce its share beyond
+        what it has); returns the workers whose allowance rises, with the new allowance, to be told (only throttled
+        workers wait for it; the caller sets ``allowance`` once the PACE is sent, so a lost one is sent again).
+
+        A worker that has had allowance left for ``idle_after_s`` without producing (a slow env, a stuck or idle
+        process) keeps what it has but takes no share: otherwise every idle connection would shrink the busy
+        workers' shares. It is paced again as soon as it produces or runs out of allowance."""
+        workers = self.workers()
+        now = time.monotonic()
+        busy = [w for w in workers if w.produced >= w.allowance or now - w.produced_at < idle_after_s] or workers
+        share = -(-min(max(0, wanted), MAX_COUNT) // max(1, len(busy)))
+        raised = [(w, min(w.produced + share, MAX_COUNT)) for w in busy]  # clamped: always fits a PACE
+        return [(w, allowance) for w, allowance in raised if allowance > w.allowance]
+
+    def session_problem(self, new: Peer) -> str | None:
+        """Why a worker may not take this session: another connected worker holds it (a reconnecting worker keeps
+        its name and key)."""
+        old = self.workers_by_session.get(new.session) if new.role == "worker" else None
+        if old is None or (old.name, old.key) == (new.name, new.key):
+            return None
+        return (f"session {new.session[:8]} belongs to the connected worker {old.name!r}"
+                f"{f' (key {old.key})' if old.key else ''}; each worker process has its own")
+
+    def replaced_by(self, new: Peer) -> list[Peer]:
+        """The entries a new connection replaces: one that said HELLO again on the same connection, its own worker
+        session reconnecting, or (a trainer) the old trainer."""
+        same_connection = self.by_rid.get((new.role, new.rid))
+        old = self.trainer if new.role == "trainer" else self.workers_by_session.get(new.session)
+        return [p for p in (same_connection, old if old is not same_connection else None) if p is not None]
+
+    def add(self, peer: Peer) -> None:
+        """Add a peer; whatever :meth:`replaced_by` names must have been removed first."""
+        assert not self.replaced_by(peer), "add() after removing the peers it replaces"
+        self.by_rid[(peer.role, peer.rid)] = peer
+        if peer.role == "trainer":
+            self.trainer = peer
+        else:
+            self.workers_by_session[peer.session] = peer
+
+    def remove(self, peer: Peer) -> None:
+        if self.by_rid.get((peer.role, peer.rid)) is peer:
+            del self.by_rid[(peer.role, peer.rid)]
+        if self.workers_by_session.get(peer.session) is peer:
+            del self.workers_by_session[peer.session]
+        if peer is self.trainer:
+            self.trainer = None
+
+
+@dataclass
+class QueuedPacket:
+    """A worker's sample packet held by the server: its frames, unchanged, and where it came from."""
+
+    worker: str
+    session: str
+    seq: int
+    steps: int
+    frames: list[Any]
+    nbytes: int
+    received: float
+    spool_position: Position | None = None  # set when the packet was read back from the spool
+    inflated: int = 0  # bytes its arrays take once the trainer decompresses them (0: those on the wire)
+
+    @property
+    def trainer_bytes(self) -> int:
+        """What the packet takes at the trainer, decoded: compressed images may take far more than on the wire."""
+        return max(self.inflated, self.nbytes)

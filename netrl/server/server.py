@@ -1,0 +1,424 @@
+"""Server: relays sample packets from workers to the trainer and weights from the trainer to every worker.
+
+One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a loopback-only status
+socket (opened and secured by :class:`~netrl.server.sockets.ServerSockets`)::
+
+    worker --SAMPLES--> [checks] --> SampleRelay (memory queue / disk spool) --BUNDLE--> trainer
+    worker <--ACK------------------- SampleRelay <--ACK-------------------------------- trainer
+    worker <--WEIGHTS parts--------- newest-weights cache <--WEIGHTS parts------------- trainer
+
+The server authenticates peers (CURVE keys per port), checks every message against its sender's role and every
+sample packet against the trainer's schema (compressed images are relayed without decompressing them: the trainer
+checks their contents), and hands packets to :class:`~netrl.server.relay.SampleRelay`, which decides where each waits
+and when its worker is acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`) and
+streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE
+allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats.rejected``),
+logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
+window and PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part
+counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from netrl.config.sections import Config, NetworkConfig
+from netrl.errors import NetrlError, ProtocolError, VersionMismatch
+from netrl.lifecycle import Runs
+from netrl.net.keys import ServerKeys, server_keys
+from netrl.net.transport import new_session
+from netrl.protocol.messages import Message, MsgType, check_role
+from netrl.protocol.schema import SampleSchema
+from netrl.protocol.wire import decode
+from netrl.server.admission import Admission
+from netrl.server.counters import ServerCounters
+from netrl.server.intake import SampleIntake
+from netrl.server.outbound import Outbound
+from netrl.server.peers import Peer, PeerTable
+from netrl.server.relay import SampleRelay
+from netrl.server.sockets import ServerSockets
+from netrl.server.spool import Spool
+from netrl.server.status import ServerStatus
+from netrl.server.weight_cache import WeightCache
+from netrl.storage.folderlock import FolderLock
+
+__all__ = ["Server"]
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    """The central relay. Construct (no I/O), then ``run(stop)``; ``close()`` is idempotent.
+
+    Args:
+        min_samples_per_server_packet: samples bundled before sending to the trainer (tmrl's name).
+        bind_ip: interface to bind; 127.0.0.1 by default.
+        trainer_port, worker_port: the two ports (tmrl's defaults 55555 and 55556).
+        network: heartbeat, size and reconnect settings.
+        max_bundle_bytes: beyond ``min_samples_per_server_packet``, a bundle takes the packets already waiting up to
+            this size.
+        max_packet_delay_s: a bundle is sent after this long even if it has fewer samples.
+        max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
+        spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
+        spool_dir, spool_max_bytes, fsync: the disk spool.
+        keys: the server's CURVE keypair and allow-lists; None runs unencrypted (``"security": "none"``).
+        status_port: loopback port answering ``python -m netrl --status`` (None: no status port).
+        status_interval_s: seconds between status log lines (0: none).
+        max_weights_bytes: the largest weight version cached and relayed.
+        max_workers: workers connected at once; a new one beyond it is refused.
+    """
+
+    def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
+                 trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
+                 max_bundle_bytes: int = 4 << 20, max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20,
+                 spool_after_s: float = 2.0, spool_dir: str | Path = "weights/server-spool",
+                 spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
+                 status_port: int | None = None, status_interval_s: float = 10.0,
+                 max_weights_bytes: int = 1 << 30, max_workers: int = 1000) -> None:
+        self.bind_ip = bind_ip
+        self.trainer_port = trainer_port
+        self.worker_port = worker_port
+        self.net = network or NetworkConfig()
+        self.spool_dir = spool_dir
+        self._next_internal_error_log = 0.0
+        self.sockets = ServerSockets(self.net, bind_ip, trainer_port, worker_port, keys, status_port)
+        self.session = new_session()
+        self.peers = PeerTable()
+        self.weights = WeightCache(max_weights_bytes)
+        self.stats = ServerCounters()
+        self._opened = self._listening = False
+        self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
+                                             "spool folder are released; create a new Server to serve again"),
+                          lambda runner: NetrlError(f"this Server is already running (run() was called in "
+                                                    f"{runner.name}): call run() once; a second server needs other "
+                                                    "ports and another spool folder"))
+        self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
+                                "first, or give this server another spool folder (config.json: server.spool_dir)")
+        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
+        self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
+        self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
+        self.spool = Spool(spool_dir, spool_max_bytes, fsync)
+        self.relay = SampleRelay(self.spool, min_samples_per_server_packet, max_bundle_bytes,
+                                 self.net.max_message_bytes, max_packet_delay_s, max_queue_bytes, spool_after_s,
+                                 self.stats, self._send_to_trainer, self._tell_worker,
+                                 lambda: [w.name for w in self.peers.workers()])
+        self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
+                                   self.admission, self.relay, self.stats, self.out.must_send)
+        self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
+                                   status_interval_s)
+        # what the server does with each message a peer may send it after HELLO (check_role has let it through)
+        self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
+            MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self.intake.on_heartbeat,
+            MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
+            MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
+            MsgType.BYE: self._forget_leaving}
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Server:
+        s = cfg.server
+        spool_dir = cfg.server_spool_dir
+        keys = server_keys(cfg.keys_dir) if cfg.security == "curve" else None
+        return cls(s.min_samples_per_server_packet, bind_ip=s.bind_ip, trainer_port=cfg.network.trainer_port,
+                   worker_port=cfg.network.worker_port, network=cfg.network, max_bundle_bytes=s.max_bundle_bytes,
+                   max_packet_delay_s=s.max_packet_delay_s, max_queue_bytes=s.max_queue_bytes,
+                   spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
+                   fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s,
+                   max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the spool and bind both ports (TransportError names the config key to change). Does nothing on an
+        open server; raises NetrlError on a closed one."""
+        self._runs.check_open()
+        if self._opened:
+            return
+        self._lock.acquire()
+        try:
+            self.spool.open()
+        except BaseException:
+            self._lock.release()
+            raise
+        self.intake.open()
+        self._opened = True
+        self.sockets.open()
+        self._listening = True
+        keys = self.sockets.keys
+        log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
+                 self.bind_ip, self.trainer_port, self.worker_port,
+                 f"CURVE keys from {keys.allow_dir}" if keys else "UNENCRYPTED", self.session[:8], self.spool_dir)
+
+    def run(self, stop: threading.Event) -> None:
+        """Relay until ``stop`` is set, then close: a server runs once (a closed one raises NetrlError)."""
+        run_stop = self._runs.enter(stop)
+        try:
+            self._serve(run_stop)
+        finally:
+            try:
+                self.close()
+            finally:
+                self._runs.leave()
+
+    def _serve(self, stop: threading.Event) -> None:
+        """run()'s poll loop: only its thread uses the sockets until it closes them."""
+        self.open()
+        poller = zmq.Poller()
+        socks, status, monitors = self.sockets.by_role, self.sockets.status, self.sockets.monitors
+        for sock in [*socks.values(), *monitors.values()]:
+            poller.register(sock, zmq.POLLIN)
+        if status is not None:
+            poller.register(status, zmq.POLLIN)
+        while not stop.is_set():
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            for role, sock in socks.items():
+                if sock in events:
+                    self._drain(role, sock)
+                if monitors[role] in events:
+                    self.admission.failed_handshakes(role)
+            now = time.monotonic()
+            if status is not None and status in events:
+                self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
+            self._housekeeping(now)
+            if self._gone:
+                self._forget_gone()
+
+    def _housekeeping(self, now: float) -> None:
+        """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
+        relay, trainer = self.relay, self.peers.trainer is not None
+        steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer),
+                                           lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
+                                           lambda: self._heartbeats(now), lambda: self.status.tick(now)]
+        for step in steps:
+            self._guarded(step, now)
+
+    def _guarded(self, step: Callable[[], None], now: float) -> None:
+        try:
+            step()
+        except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
+            self.stats.internal_errors += 1
+            if now >= self._next_internal_error_log:
+                self._next_internal_error_log = now + 60.0
+                log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
+                              "later at the earliest)", self.stats.internal_errors)
+
+    def close(self) -> None:
+        """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
+        while :meth:`run` runs, it stops the loop as ``stop`` would and waits for run() to close (ZeroMQ sockets
+        must not be closed under the thread that polls them)."""
+        if self._runs.close() or not self._runs.shut_once():
+            return
+        for peer in self.peers.values():
+            self.out.send(peer, Message(MsgType.BYE, "server", body={"reason": "server shutting down"}))
+        self.sockets.close()
+        try:
+            self.spool.close()
+        except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
+            log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
+        self._lock.release()
+        if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
+            return
+        log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
+                 "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
+                 "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
+                 "memory (their workers still have them)", self.stats.samples_out, self.stats.rejected,
+                 self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
+                 self.relay.held_packets())
+
+    # -- receiving -----------------------------------------------------------------------------------------
+    # The stop event is seen only between polls (a SIGINT does not end one): waiting heartbeat_interval_s / 2 alone
+    # would make an idle server with 60 s heartbeats take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
+    MAX_POLL_S = 0.25
+
+    def _poll_timeout_ms(self) -> int:
+        timeout = min(self.net.heartbeat_interval_s / 2, self.MAX_POLL_S)
+        deadline = self.relay.next_deadline(self.peers.trainer is not None)
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+        if self.out.waiting():  # a peer's queue was full: try again soon
+            timeout = min(timeout, 0.01)
+        return max(1, int(timeout * 1000))
+
+    def _drain(self, role: str, sock: zmq.Socket, budget: int = 32) -> None:
+        # A few messages per pass, so that a burst from many workers never holds up bundles to the trainer: with a
+        # budget of 1,000, 16 workers filling their windows keep the server accepting for seconds while it sends the
+        # trainer 8 bundles per pass (measured: 3,000 samples/s instead of 700,000).
+        for _ in range(budget):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._receive(role, frames)
+            except Exception:  # a bug must not take the relay down: log it loudly, count it, carry on
+                self.stats.internal_errors += 1
+                log.exception("internal error while handling a message on the %s port", role)
+
+    def _receive(self, role: str, frames: list[Any]) -> None:
+        rid = frames[0].bytes
+        peer = self.peers.get(role, rid)
+        if peer is not None:
+            peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
+        try:
+            # compressed images stay compressed: the server checks their layout, the trainer their contents
+            msg = decode(frames[1:], self.net.max_message_bytes, inflate=False)
+            if msg.type is MsgType.HELLO:
+                self._hello(role, rid, msg, frames[0])
+                return
+            if peer is None and msg.type is MsgType.BYE:  # from a peer already forgotten: it is leaving anyway
+                log.debug("a BYE from a %s this server does not know (already forgotten)", role)
+                return
+            if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
+                self.stats.unknown_peer += 1
+                self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
+                                             "server restart, every client sends one); asked it to say HELLO", first=1)
+                self.admission.reply(role, rid, "unknown peer: say HELLO")
+                return
+            check_role(peer.role, msg)
+        except VersionMismatch as exc:
+            self.admission.refuse(role, rid, peer, f"{exc}; install the same netrl version on the server and the "
+                                  f"{role}", str(exc))
+            return
+        except ProtocolError as exc:
+            self.admission.reject(role, rid, peer, str(exc))
+            return
+        peer.last_seen = time.time()
+        handler = self.handlers.get(msg.type)
+        if handler is None:
+            self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
+            return
+        handler(peer, msg, frames[1:])
+
+    def _hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> None:
+        peer = self.admission.hello(role, rid, msg, rid_frame)
+        if peer is None:
+            return
+        welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
+                   "max_message_bytes": self.net.max_message_bytes}
+        if role == "worker":
+            welcome["window"] = peer.window = self.intake.window_for(peer)
+        else:  # a restarted trainer numbers its weights after these, so that no number names two actors
+            welcome["weights_version"] = self.weights.newest
+        self.out.send(peer, Message(MsgType.WELCOME, "server", body=welcome))
+        if role == "trainer":
+            self._trainer_joined(peer)
+        else:
+            self.status.worker_joined(peer)
+            self._send_weights(peer)
+            self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
+
+    def _trainer_joined(self, peer: Peer) -> None:
+        self.relay.trainer_joined()
+        self.weights.trainer_session(peer.session, self.peers.values())
+
+    def _lost_on_send(self, peer: Peer, why: str) -> None:
+        """A send found ``peer`` gone (its connection closed, or it reads nothing): it is forgotten at the end of this
+        pass of the loop, after its socket is read once more. A client that stops says BYE and closes at once: a
+        send to it in between finds the connection closed while the BYE still waits unread, and forgetting the peer
+        right then would log a clean stop as a lost peer, and its BYE as a message before HELLO."""
+        self._gone.setdefault((peer.role, peer.rid), (peer, why))
+
+    def _forget_gone(self) -> None:
+        gone, self._gone = self._gone, {}
+        for role in {role for role, _ in gone}:
+            self._drain(role, self.sockets.by_role[role])  # a BYE among them forgets its peer as a clean stop
+        for (role, rid), (peer, why) in gone.items():
+            if self.peers.get(role, rid) is peer:
+                self._lost(peer, why)
+
+    def _lost(self, peer: Peer, why: str) -> None:
+        """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""
+        self.stats.peers_lost += 1
+        packets, nbytes = peer.reported.get("backlog_packets", 0), peer.reported.get("backlog_bytes", 0)
+        if packets:
+            log.warning("%s lost (%s); it last reported %d unacknowledged packets (%.1f MiB): it resends them if it "
+                        "reconnects, and they are lost if it died", peer.label, why, packets, nbytes / 2**20)
+        else:
+            log.info("%s lost (%s)", peer.label, why)
+        self._forget(peer)
+
+    def _forget(self, peer: Peer) -> None:
+        self.peers.remove(peer)
+        self.out.forget(peer)
+        if peer.role == "worker":
+            self.status.worker_left(peer)
+        if peer.role == "trainer":
+            self.intake.progress = None
+            self.relay.trainer_left()
+            self.weights.trainer_left()
+            self._stream_weights()
+
+    # -- the server's own handlers (self.handlers) ---------------------------------------------------------
+    def _forget_leaving(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
+        log.info("%s disconnected (%s)", peer.label, (reason if reason.isprintable() else repr(reason)) or "no reason "
+                 "given")
+        self._forget(peer)
+
+    def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
+        if peer.role == "worker":  # a worker acknowledges the weight version it received completely
+            problem = peer.weights_acked(seqs)
+            if problem:
+                self.admission.reject("worker", peer.rid, peer, problem)
+                return
+            self._send_weights(peer)
+            return
+        self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
+
+    def _add_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        self.relay.add_credit(msg.body["bundles"])
+
+    def _cache_weights(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        b = msg.body
+        completed = self.weights.completed
+        problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
+                                   msg.arrays["chunk"].nbytes, frames, b["layout"])
+        if problem:
+            self.admission.reject("trainer", peer.rid, peer, problem)
+        elif self.weights.completed > completed:
+            log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
+            self.stats.weights_in += 1
+        self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
+
+    def _stream_weights(self) -> None:
+        for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
+            self._send_weights(worker)
+
+    # -- sending (netrl.server.outbound) ---------------------------------------------------------------------------
+    def _send_to_trainer(self, frames: list[Any]) -> bool:
+        trainer = self.peers.trainer
+        return trainer is not None and self.out.send_frames(trainer, frames) is True
+
+    def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
+        self.intake.tell_worker(session, kind, body)  # (the intake is built after the relay, which it takes)
+
+    def _send_weights(self, worker: Peer) -> None:
+        self.out.stream_weights(worker)
+
+    def _heartbeats(self, now: float) -> None:
+        connected = int(self.peers.trainer is not None)  # why a throttled worker waits: told as soon as it changes
+        for peer in self.peers.values():
+            if peer.liveness.expired(now):
+                self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
+            elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told_trainer != connected):
+                # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
+                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
+                                               body={"stats": {"trainer_connected": connected}})):
+                    peer.told_trainer = connected
+            elif peer.liveness.heartbeat_due(now):
+                self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body={}))
+
+    @property
+    def schema(self) -> SampleSchema | None:
+        """The layout sample packets are checked against: the trainer's (None until it is known)."""
+        return self.intake.schema
+
+    def snapshot(self) -> dict[str, Any]:
+        """Connected peers, rates, queues and counters (what ``--status`` shows)."""
+        return self.status.snapshot()

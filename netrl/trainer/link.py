@@ -1,0 +1,366 @@
+"""The trainer's network thread: bundles of sample packets in, weights and progress out.
+
+:class:`TrainerLink` keeps the connection alive while training runs and is the training loop's
+:class:`~netrl.training.SampleSource`. For every bundle it receives it:
+
+1. decodes and checks each sample packet, and drops packets it has already seen
+   (:class:`~netrl.trainer.delivery.Deliveries`);
+2. appends each new packet to the sample log on disk (:class:`~netrl.trainer.delivery.SampleLog`);
+3. queues the packets for the training loop and acknowledges the bundle; the server then acknowledges the workers.
+
+It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
+It also tells the loop which weight versions an earlier trainer session may have published (the server's WELCOME,
+and packets naming versions this session never published), so that no number ever names two actors.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from netrl.config.sections import NetworkConfig
+from netrl.errors import NetrlError, ProtocolError, SampleRejected
+from netrl.monitor.status import StatusClock
+from netrl.net.keys import ClientKeys
+from netrl.net.thread import Command, NetThread, command_head, read_command
+from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
+from netrl.protocol.schema import SampleSchema
+from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
+from netrl.protocol.wire import buffer_from_message, decode, encode, weight_parts
+from netrl.samples import Buffer
+from netrl.storage.segments import Position
+from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.util import version_label, worth_logging
+
+# A version named by a worker's samples that this session never published is taken (numbered after) only up to
+# here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.
+FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
+
+__all__ = ["TrainerLink", "trainer_label", "write_failed"]
+
+log = logging.getLogger(__name__)
+
+
+def write_failed(what: str, path: Path, exc: OSError) -> str:
+    """Advice for a failed write: the path, the OS error and what to do."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free disk space there, or move the run folder to a disk with room and point weights_folder at it"
+    else:
+        fix = "check that this process can write there (permissions, a read-only or failing disk, ulimit -n)"
+    return f"could not write {what} {path} ({exc}): {fix}"
+
+
+def trainer_label(name: str) -> str:
+    """How the logs name a trainer: "trainer", or "trainer 'gpu-box'" for one with another name."""
+    return "trainer" if name == "trainer" else f"trainer {name!r}"
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    """A flat buffer the trainer copies an actor into, the tensors viewing it for that actor's layout, and the
+    sends of the version in it that are still reading it."""
+
+    flat: np.ndarray
+    layout: list[list[Any]]
+    views: list[torch.Tensor]
+    trackers: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
+
+
+class TrainerLink(NetThread):
+    """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
+
+    def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
+                 deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
+                 keys: ClientKeys | None = None, status_interval_s: float = 0.0,
+                 live: Callable[[], dict[str, Any]] | None = None,
+                 record_version: Callable[[int], None] | None = None) -> None:
+        super().__init__(net, "trainer", name, session, port, keys=keys)
+        self.live = live  # TrainingOffline.live
+        self.record_version = record_version  # notes a version on disk before it is sent (Trainer._record_version)
+        self._status = StatusClock(status_interval_s)
+        self.schema = schema
+        self.credit_window = credit_window
+        self.deliveries = deliveries
+        self.sample_log = sample_log
+        self.lock = threading.Lock()  # guards deliveries and the sample log against checkpoint snapshots
+        self.inbox: collections.deque[tuple[list[Buffer], Position | None]] = collections.deque()
+        self.new_data = threading.Event()
+        self.version = 0  # the newest published weight version, written by the training thread
+        self.taken = -1  # the newest version that may name another session's weights, written by the network thread
+        self.server_session = ""  # the server process that sent the last WELCOME
+        self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
+        self.granted = 0  # credits granted on the current connection
+        self.received = 0  # bundles received on the current connection
+        self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
+        self.weights_version = -1
+        self._unsent: list[list[Any]] = []  # parts of the newest version not yet given to the socket
+        self._writing: list[zmq.MessageTracker] = []  # the sends of the version given to it last ...
+        self._writing_version = -1  # ... and its number
+        self.last_progress: list[Any] | None = None
+        self._snapshots: list[_Snapshot] = []  # reusable flat buffers
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # -- SampleSource, called from the training thread --------------------------------------------------
+    def fetch(self) -> list[Buffer]:
+        self._check()
+        out: list[Buffer] = []
+        taken = 0
+        while self.inbox:
+            bufs, end = self.inbox.popleft()
+            out += bufs
+            self.ingested = end
+            taken += 1
+        if taken:
+            # wake the network thread: it can grant the server new credit right away
+            self.command([command_head(Command.CREDIT)])
+        return out
+
+    def wait(self, timeout: float) -> None:
+        self.new_data.wait(timeout)
+        self.new_data.clear()
+        self._check()
+
+    def _check(self) -> None:
+        if self.error is not None or self.link.fatal:
+            raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
+        """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
+        if version > MAX_POLICY_VERSION:  # only a server that was sent such a version can have made this number
+            raise NetrlError(f"cannot number weights v{version}: the largest weight version is v{MAX_POLICY_VERSION}, "
+                             f"and the server reports v{self.taken} as taken. Another trainer, or a peer holding the "
+                             "trainer key, sent it that version: restart the server to clear its weights cache, and "
+                             "check who holds keys/trainer/")
+        if self.record_version is not None:
+            self.record_version(version)
+        self.version = version
+        state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
+        layout, nbytes = flat_layout(state)
+        snap = self._free_snapshot(layout, nbytes)
+        copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
+        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, snap.flat, layout,
+                                PART_BYTES):
+            tracker = self.command([command_head(Command.WEIGHTS, msg.body["part"], version), *encode(msg)],
+                                   track=True)
+            assert tracker is not None
+            snap.trackers.append(tracker)
+        self._snapshots.append(snap)
+        log.debug("published weights v%d in %d parts", version, len(snap.trackers))
+
+    def _free_snapshot(self, layout: list[list[Any]], nbytes: int) -> _Snapshot:
+        """A buffer no send still reads, with views for ``layout``: the network thread keeps the newest version
+        until the next one."""
+        for i, snap in enumerate(self._snapshots):
+            if snap.flat.nbytes == nbytes and all(t.done for t in snap.trackers):
+                del self._snapshots[i]
+                if snap.layout != layout:  # another actor of the same size: view it anew, padding zeroed again
+                    snap.flat.fill(0)
+                    snap = _Snapshot(snap.flat, layout, flat_views(snap.flat, layout))
+                snap.trackers.clear()
+                return snap
+        if len(self._snapshots) > 4:
+            self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
+        flat = np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
+        return _Snapshot(flat, layout, flat_views(flat, layout))
+
+    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
+        msg = Message(MsgType.PROGRESS, self.link.name,
+                      body={"trained_steps": trained_steps, "samples": samples, "wanted": wanted})
+        self.command([command_head(Command.PROGRESS), *encode(msg)])
+
+    def taken_version(self) -> int:
+        return self.taken
+
+    def delivery_state(self) -> dict[str, Any]:
+        """Packets seen so far, consistent with the sample log (for a checkpoint)."""
+        with self.lock:
+            return self.deliveries.to_json()
+
+    # -- network thread ---------------------------------------------------------------------------------
+    def on_ready(self) -> None:
+        self.granted = self.received = 0
+        self._note_server_version()
+        if self.schema is not None:  # first, so that the server checks packets before queueing them
+            self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
+        self._grant()
+        self._unsent = [] if self._outnumbered(self.weights_version) else list(self.weights)
+        self._writing, self._writing_version = [], -1  # (a new socket: the old one dropped what it held)
+        self._send_weights()
+        if self.last_progress is not None:
+            self.link.send(self.last_progress)
+
+    def _note_server_version(self) -> None:
+        """The newest version the server has seen is taken, unless it can only be this session's own."""
+        reported = self.link.welcome.get("weights_version", -1)
+        server = self.link.welcome.get("server_session", "")
+        same_server, self.server_session = server == self.server_session, server
+        # Back on the server process that told us its versions at our first WELCOME: what it has now, up to our
+        # newest, is ours (it never names two actors). A new server process may have them from another session.
+        if same_server and reported <= self.version:
+            return
+        if reported > self.taken:
+            self.taken = reported
+            self.new_data.set()  # wake the training loop: it publishes again under a new number
+
+    def _outnumbered(self, version: int) -> bool:
+        """Weights numbered before a WELCOME said the number is taken are never sent: the loop publishes the actor
+        again under a new number (publish() numbers after taken_version()), so no sample carries a number that
+        reads as stale."""
+        return version <= self.taken
+
+    def _grant(self) -> None:
+        """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
+        if not self.link.ready or self.error is not None:
+            return
+        extra = self.credit_window - (self.granted - self.received) - len(self.inbox)
+        if extra > 0 and self.link.send(encode(Message(MsgType.CREDIT, self.link.name, body={"bundles": extra}))):
+            self.granted += extra
+
+    def on_tick(self) -> None:
+        self._grant()
+        self._send_weights()
+        self._status_line()
+
+    def _status_line(self) -> None:
+        """Every ``status_interval_s``: one line with the loop's rates and state (the first tick only starts)."""
+        if self.live is None or not self._status.due():
+            return
+        try:
+            s = self.live()
+        except Exception:  # e.g. a user's memory whose __len__ is not safe from this thread: never stop training
+            log.exception("could not read the training loop's counters for the status line; no more status lines")
+            self.live = None
+            return
+        rates = self._status.rates({"trained_steps": s["trained_steps"], "samples": s["samples"]})
+        if rates is None:
+            return
+        lag = "-" if s["lag"] is None else f"{s['lag'][0]}/{s['lag'][1]:.1f}/{s['lag'][2]}"
+        ret = "-" if s["return_mean"] is None else f"{s['return_mean']:.1f} over {s['episodes']} eps this round"
+        waiting = (f" | training starts at {s['start_training']:,} samples" if s["samples"] < s["start_training"]
+                   else "")
+        log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
+                 "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
+                 rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",
+                 100 * s["memory_len"] / max(1, s["memory_size"]), version_label(s["version"]), lag, ret,
+                 self.link.state(), waiting)
+
+    def on_command(self, frames: list[Any]) -> None:
+        (kind, values), payload = read_command(frames[0]), frames[1:]
+        if kind is Command.CREDIT:
+            self._grant()
+            return
+        if kind is Command.WEIGHTS:
+            part, version = values
+            if self._outnumbered(version):
+                return
+            if part == 0 and self._unsent and self.weights_version != self._writing_version:
+                self._superseded(version)
+            self.weights = [payload] if part == 0 else [*self.weights, payload]
+            self._unsent = [payload] if part == 0 else [*self._unsent, payload]
+            self.weights_version = version
+            self._send_weights()
+            return
+        if kind is not Command.PROGRESS:
+            raise ValueError(f"a {kind.name} command on the trainer's network thread, which takes CREDIT, WEIGHTS and "
+                             "PROGRESS")
+        self.last_progress = payload
+        self.link.send(payload)
+
+    def _send_weights(self) -> None:
+        """Give the socket the newest version's unsent parts. A version starts only once ZeroMQ has written every
+        part of the one before: on a link slower than the trainer publishes, a newer version replaces the one
+        waiting, unsent, instead of versions queueing without limit, in memory and in age."""
+        if not self._unsent or not self.link.ready:
+            return
+        if self.weights_version != self._writing_version:
+            if not all(t.done for t in self._writing):
+                return  # the next tick looks again
+            self._writing, self._writing_version = [], self.weights_version
+        while self._unsent:
+            tracker = self.link.send_tracked(self._unsent[0])
+            if tracker is None:
+                return  # the socket's queue is full: the next tick goes on
+            self._writing.append(tracker)
+            del self._unsent[0]
+
+    def _superseded(self, version: int) -> None:
+        self.stats["weights_superseded"] += 1
+        if not self.link.ready:  # waiting for a reconnect, which sends the newest version
+            log.debug("weights v%d replace v%d, which waited for the server", version, self.weights_version)
+        elif worth_logging(self.stats["weights_superseded"]):
+            log.info("weights v%d replace v%d, which waited for the link to the server to take the version before "
+                     "it: the link is slower than the trainer publishes (%d versions skipped so far; "
+                     "trainer.update_model_interval sets how often it publishes)", version, self.weights_version,
+                     self.stats["weights_superseded"])
+
+    def on_message(self, msg: Message) -> None:
+        if msg.type is not MsgType.BUNDLE:
+            log.debug("ignored a %s message from the server", msg.type.value)
+            return
+        if self.error is not None:  # stopping after a failed write: the server keeps what it cannot deliver
+            return
+        bufs = []
+        for part in msg.parts:
+            try:
+                sample_msg = decode(part, self.link.net.max_message_bytes)
+                if sample_msg.type is not MsgType.SAMPLES:
+                    raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
+                if self.schema is not None:
+                    self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
+                buf = buffer_from_message(sample_msg)
+                newest = int(buf.policy_version.max(initial=-1))
+                if newest > max(self.version, self.taken, FOREIGN_VERSION_LIMIT):
+                    raise SampleRejected(f"{buf.worker} names weights v{newest}, which this trainer session never "
+                                         f"published; versions it did not publish are taken only up to "
+                                         f"v{FOREIGN_VERSION_LIMIT}")
+            except (ProtocolError, SampleRejected) as exc:
+                self.stats["rejected"] += 1
+                if worth_logging(self.stats["rejected"]):
+                    log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
+                                self.stats["rejected"], exc)
+                continue
+            if newest > max(self.version, self.taken):  # a version this session never published: another's
+                self.stats["foreign_versions"] += 1
+                if worth_logging(self.stats["foreign_versions"]):
+                    log.warning("%s sent samples from weights v%d, which this trainer session never published (its "
+                                "newest is v%d): new versions are numbered after it, so that no number names two "
+                                "actors", buf.worker, newest, max(self.version, self.taken))
+                self.taken = newest
+            buf.recv_version = max(self.version, self.taken)  # what the loop is about to number after: lag >= 0
+            with self.lock:
+                if self.deliveries.seen(buf.worker, buf.seq):
+                    self.stats["duplicates"] += 1  # resent after a reconnect or a server restart
+                    continue
+                if self.sample_log is not None:  # on disk before it is acknowledged
+                    try:
+                        self.sample_log.append(part, buf.worker, buf.seq, len(buf), buf.recv_version)
+                    except OSError as exc:
+                        self._stop_after_failed_write(exc)
+                        return  # no ACK: the server and the worker keep this bundle's packets
+                self.deliveries.add(buf.worker, buf.seq)  # only once it is on disk: a checkpoint may save this
+            bufs.append(buf)
+        self.stats["bundles"] += 1
+        self.received += 1
+        self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
+        self.new_data.set()
+        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
+
+    def _stop_after_failed_write(self, exc: OSError) -> None:
+        """End this thread cleanly; the training loop raises the advice at its next fetch or wait."""
+        assert self.sample_log is not None
+        advice = write_failed("the sample log in", self.sample_log.log.dir, exc)
+        self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes from its last checkpoint. "
+                                "Nothing is lost: packets the log does not hold were not acknowledged, so the server "
+                                "and the workers still have them")
+        self.stop_soon()
+        self.new_data.set()

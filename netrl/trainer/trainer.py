@@ -1,0 +1,438 @@
+"""Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
+
+The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread; a network thread
+(:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
+The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
+replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
+continues the weight version numbering after the newest version it ever sent out (noted in the run folder before
+each send: see :mod:`netrl.storage.checkpoint`) and, once connected, after the newest the server or a worker has seen
+(see :mod:`netrl.trainer.link`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from netrl.config.load import config_to_dict
+from netrl.config.sections import Config, NetworkConfig
+from netrl.envs.checks import check_sample_compressor
+from netrl.errors import CheckpointError, NetrlError, ProtocolError
+from netrl.lifecycle import Runs
+from netrl.monitor.metrics import MetricsLogger, WandbMode
+from netrl.net.keys import ClientKeys, client_keys
+from netrl.net.transport import new_session
+from netrl.protocol.schema import SampleSchema, probe_copy
+from netrl.protocol.wire import buffer_from_message, decode
+from netrl.storage import checkpoint
+from netrl.storage.folderlock import FolderLock
+from netrl.storage.segments import Position
+from netrl.storage.weight_files import remove_stale_temps, write_weights_file
+from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.link import TrainerLink, trainer_label, write_failed
+from netrl.training import TrainingOffline
+
+__all__ = ["Trainer", "TrainerLink"]
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Runs a :class:`TrainingOffline` against the server (tmrl's ``Trainer``), with checkpoints and resume.
+
+    Args:
+        training_cls: a callable returning a :class:`TrainingOffline` (usually a ``partial``).
+        server_ip: address of the server.
+        model_path: where the trainer saves its current policy (state_dict + JSON) after every epoch.
+        server_port, network, name: connection settings.
+        run_dir: folder for the checkpoint, the sample log, metrics.csv and wandb files.
+        wandb_mode, wandb_project, wandb_entity: wandb settings ("disabled" turns it off).
+        credit_window: bundles the server may send ahead of the training loop.
+        resume: continue from the checkpoint in ``run_dir`` if there is one.
+        persist_samples: keep a sample log so that a restart rebuilds the replay memory.
+        fsync: fsync the sample log and checkpoints.
+        sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
+        keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
+        status_interval_s: seconds between status log lines (0: none).
+    """
+
+    def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
+                 model_path: str | None = None, *, server_port: int = 55555, network: NetworkConfig | None = None,
+                 name: str = "trainer", run_dir: str | Path = "weights/run", run_name: str = "run",
+                 wandb_mode: WandbMode = "offline", wandb_project: str = "netrl", wandb_entity: str | None = None,
+                 config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
+                 persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
+                 keys: ClientKeys | None = None, status_interval_s: float = 0.0) -> None:
+        if sample_compressor is not None:
+            check_sample_compressor(sample_compressor)
+        self.training_cls = training_cls
+        self.network = network or NetworkConfig()
+        if server_ip is not None:
+            from dataclasses import replace
+
+            self.network = replace(self.network, server_ip=server_ip)
+        self.server_port = server_port
+        self.run_dir = Path(run_dir)
+        self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
+        self.name, self.run_name = name, run_name
+        self.wandb = (wandb_mode, wandb_project, wandb_entity)
+        self.wandb_run_id: str | None = None  # resume this wandb run (run_with_wandb)
+        self.config = config
+        self.credit_window = credit_window
+        self.resume, self.persist_samples, self.fsync = resume, persist_samples, fsync
+        self.sample_compressor, self.keys = sample_compressor, keys
+        self.status_interval = status_interval_s
+        self.session = new_session()
+        self.training: TrainingOffline | None = None
+        self.net: TrainerLink | None = None
+        self.metrics: MetricsLogger | None = None
+        self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
+        self._policy_saved = False  # by this run (the closing log line must not claim an older file)
+        self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; "
+                                             f"create a new Trainer on {self.run_dir} to resume from its checkpoint"),
+                          lambda runner: NetrlError(f"this Trainer is already running (run() was called in "
+                                                    f"{runner.name}): call run() once; to train two runs at once, "
+                                                    "create a Trainer for each"))
+        self._lock = FolderLock(self.run_dir, "run folder", "two trainers would interleave its sample log and "
+                                "checkpoints; stop that one first, or give this trainer another run folder "
+                                "(config.json: run_name; Python: Trainer(run_dir=...))")
+
+    @classmethod
+    def from_config(cls, cfg: Config, pipeline: Any) -> Trainer:
+        t, m = cfg.trainer, cfg.memory
+        training_cls = lambda: TrainingOffline(  # noqa: E731
+            env_cls=pipeline.env_cls, memory_cls=pipeline.memory_cls, training_agent_cls=pipeline.training_agent_cls,
+            epochs=t.epochs, rounds=t.rounds, steps=t.steps, update_model_interval=t.update_model_interval,
+            update_buffer_interval=t.update_buffer_interval,
+            max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
+            device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
+            stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
+            seed=cfg.seed)
+        return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
+                   server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
+                   run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
+                   wandb_entity=cfg.wandb.entity, config=config_to_dict(cfg), credit_window=t.credit_window,
+                   resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
+                   sample_compressor=pipeline.sample_compressor,
+                   keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None,
+                   status_interval_s=cfg.status_interval_s)
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close.
+
+        A Trainer runs once: its run folder lock, network thread and sample log are gone once it closes, so a second
+        run() (or a run() after close()) raises NetrlError; a new Trainer on the same ``run_dir`` resumes."""
+        run_stop = self._runs.enter(stop, once=True)
+        try:
+            try:
+                self._train(run_stop)
+            except KeyboardInterrupt:
+                # With stop already set, this is the CLI's second Ctrl+C (the first set stop), which must interrupt
+                # at once, not start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
+                again = run_stop.is_set()
+                if again:
+                    log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
+                                "checkpoint in %s", self.run_dir)
+                self._close(raise_errors=False, failing=True, save=not again)
+                raise
+            except BaseException:
+                self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
+                raise
+            self.close()
+        finally:
+            self._runs.leave()
+
+    def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
+                       key: str | None = None, stop: threading.Event | None = None) -> None:
+        """tmrl's name for :meth:`run` with wandb online: ``entity`` and ``project`` replace the constructor's
+        (None keeps them), ``run_id`` resumes that wandb run, and ``key`` is the API key (better: leave it None and
+        set ``WANDB_API_KEY`` or run ``wandb login``, so that it stays out of your code). :meth:`run` logs to wandb
+        too, offline by default."""
+        if key is not None:
+            os.environ["WANDB_API_KEY"] = key
+        _, default_project, default_entity = self.wandb
+        self.wandb = ("online", project or default_project, entity or default_entity)
+        self.wandb_run_id = run_id
+        self.run(stop)
+
+    def _train(self, stop: threading.Event) -> None:
+        self.training = training = self.training_cls()
+        training.build()
+        self._lock.acquire()  # creates the folder
+        remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
+        deliveries, sample_log = self._restore(training, stop)
+        if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
+            if sample_log is not None:
+                sample_log.close()
+            return
+        if training.epoch >= training.epochs:
+            log.warning("%s holds a finished run (%d of %d epochs): nothing to train. To train it further, raise "
+                        "the epochs (Python: TrainingOffline(epochs=...); config.json: trainer.epochs); to start a "
+                        "new run, choose another folder (Python: Trainer(run_dir=...); config.json: run_name)",
+                        self.run_dir, training.epoch, training.epochs)
+            if sample_log is not None:
+                sample_log.close()
+            return
+        self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config,
+                                     run_id=self.wandb_run_id)
+        self.metrics.rewind(training.total_updates)
+        probe = probe_copy(self.sample_compressor)  # as the worker probes; if it cannot be copied, the instance
+        schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
+                                          self.sample_compressor if probe is None else probe)
+        self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
+                                     deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
+                                     self._record_version)
+        net.version = training.version
+        self._saved = self._progress()  # what the checkpoint on disk (if any) holds
+        if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish nothing, save nothing
+            return
+        net.start()
+        training.start(net)
+        epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"  # tmrl's np.inf
+        log.info("%s started: %s epochs x %d rounds x %d steps on %s", trainer_label(self.name), epochs,
+                 training.rounds, training.steps, training.device)
+        while training.epoch < training.epochs and not stop.is_set():
+            for stats in training.run_epoch(net, stop):
+                self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"]})
+            if not stop.is_set():
+                self._save()
+
+    def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
+        """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is
+        set meanwhile (a log of a million image rows takes minutes): then it returns at once, with the memory and
+        the deliveries part-built, and the caller must neither train nor save."""
+        saved = checkpoint.load_checkpoint(self.run_dir) if self.resume else None
+        if not self.resume and (checkpoint.exists(self.run_dir) or (self.run_dir / "samples").exists()):
+            raise CheckpointError(f"{self.run_dir} already holds a checkpoint or sample log and trainer.resume is "
+                                  "false: set trainer.resume to true to continue that run, or choose another run_name")
+        state: dict[str, Any] = {}
+        if saved is not None:
+            agent_state, state = saved
+            self._load_agent(training, agent_state, state.get("agent_state", "full"))
+            training.load_state(state)
+        deliveries = Deliveries(state.get("deliveries"))
+        _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
+        held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
+        if not self.persist_samples:
+            if held:
+                log.warning("trainer.persist_samples is off, so the replay memory starts empty: the %d transitions "
+                            "it held at the checkpoint are lost (the server and workers do not send them again)",
+                            held)
+            return deliveries, None
+        memory_size = training.memory_size
+        assert memory_size is not None  # build() resolved it
+        sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
+        at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
+        restored = after = newest = 0
+        matched = at_checkpoint is None
+
+        def reached() -> None:
+            assert training.memory is not None
+            log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
+                     len(training.memory), held)
+
+        for rec in sample_log.read():
+            if stop.is_set():
+                log.info("stopped while rebuilding the replay memory (%d samples read): nothing was trained, and the "
+                         "next start rebuilds it from the start of the sample log", restored + after)
+                return deliveries, sample_log
+            try:
+                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes))  # as on arrival
+            except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
+                log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
+                continue
+            buf.recv_version = int(rec.meta["recv_version"])
+            newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
+            new = at_checkpoint is None or rec.position >= at_checkpoint
+            if new and not matched:  # the first record after the checkpoint, with a damaged one just before it
+                matched = True
+                reached()
+            steps = training.add(buf, new=new)
+            deliveries.add(buf.worker, buf.seq)
+            restored += 0 if new else steps
+            after += steps if new else 0
+            if not new and rec.next == at_checkpoint:
+                matched = True
+                reached()
+        if restored or after:
+            log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
+                     "received after it; memory holds %d transitions", restored, after,
+                     len(training.memory) if training.memory is not None else 0)
+        if not matched and held:  # e.g. samples/ deleted or not copied with checkpoint/, or its end damaged
+            log.warning("the sample log in %s does not reach the checkpoint's position, so the replay memory holds "
+                        "%d of the %d transitions it held at the checkpoint: the missing ones are lost (they were "
+                        "acknowledged, so nobody sends them again)", self.run_dir / "samples",
+                        len(training.memory) if training.memory is not None else 0, held)
+        _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
+        return deliveries, sample_log
+
+    def _record_version(self, version: int) -> None:
+        """Note a weight version in the run folder before it is sent (see :func:`checkpoint.record_published`)."""
+        try:
+            checkpoint.record_published(self.run_dir, version, self.fsync)
+        except OSError as exc:
+            raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
+                                  f"; v{version} was not sent, so no number names two actors") from None
+
+    @staticmethod
+    def _load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:
+        """Restore the agent: all of it (``kind`` "full"), or only its actor when the checkpoint was saved from an
+        agent without ``state_dict`` ("actor")."""
+        agent = training.agent
+        assert agent is not None
+        name = type(agent).__name__
+        if kind == "full" and training.agent_has_state:
+            try:
+                agent.load_state_dict(agent_state)
+            except (RuntimeError, KeyError, ValueError) as exc:  # e.g. other layer sizes, or another env's spaces
+                detail = "; ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
+                raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): the model or the env "
+                                      "changed since it was saved; revert that change to resume, or start a new run "
+                                      "(--run-name, config.json: run_name)") from None
+            return
+        if kind == "full":
+            log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): the agent starts "
+                        "afresh (the counters still continue)", name)
+            return
+        actor = agent.get_actor()
+        try:
+            actor.load_state_dict(agent_state.get("actor", {}))
+        except (RuntimeError, AttributeError) as exc:
+            log.warning("the checkpoint's actor does not fit %s's actor, which starts afresh: %s", name, exc)
+            return
+        log.warning("the checkpoint holds only the actor's weights (saved from an agent without state_dict()): "
+                    "restored them into %s's actor; the rest of %s (critics, target networks, optimisers) starts "
+                    "afresh", name, name)
+
+    def _progress(self) -> tuple[Any, ...]:
+        """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
+        t, net = self.training, self.net
+        assert t is not None
+        return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
+
+    def _save(self) -> None:
+        self.save_policy()  # first: it may number the actor, which the checkpoint then records
+        self.checkpoint()
+        self._policy_saved = True
+        self._saved = self._progress()
+
+    def checkpoint(self) -> None:
+        """Save agent, counters, weight version, sample-log position and delivery state (atomically)."""
+        training, net = self.training, self.net
+        if training is None or training.agent is None or net is None:
+            return
+        state = {**training.state(), "memory_len": len(training.memory) if training.memory is not None else 0,
+                 "log_position": list(net.ingested) if net.ingested is not None else None,
+                 "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
+                 "config": self.config, "agent_state": "full" if training.agent_has_state else "actor"}
+        if training.agent_has_state:
+            agent_state = training.agent.state_dict()
+        else:  # an agent without state_dict() (see TrainingOffline.build): its actor's weights are what is known
+            actor = training.agent.get_actor()
+            agent_state = {"actor": actor.state_dict()} if isinstance(actor, torch.nn.Module) else {}
+        try:
+            path = checkpoint.save_checkpoint(self.run_dir, agent_state, state, self.fsync)
+        except OSError as exc:
+            raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
+                                  "previous checkpoint is intact") from None
+        log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
+                 training.epoch, training.total_updates, training.version, state["memory_len"])
+
+    def _number_actor(self, training: TrainingOffline) -> None:
+        """Give the actor a version of its own before it is saved, so that no number names two actors: published
+        while the network thread runs (after an epoch: the workers get it too), else noted like a sent one."""
+        if self.net is not None and not self._runs.shutting:
+            try:
+                training.publish(self.net)
+                return
+            except NetrlError:  # the network thread has stopped
+                pass
+        training.version = max(training.version, self.net.taken_version() if self.net else -1) + 1
+        self._record_version(training.version)
+        training.published_updates = training.total_updates
+
+    def save_policy(self) -> None:
+        """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
+        training = self.training
+        if training is None or training.agent is None:
+            return
+        if training.published_updates != training.total_updates:  # trained since the version it last sent
+            self._number_actor(training)
+        meta = {"version": training.version, "trained_steps": training.total_updates,
+                "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
+                "pid": os.getpid()}
+        try:
+            write_weights_file(self.model_path, training.agent.get_actor(), meta)
+        except OSError as exc:
+            raise CheckpointError(write_failed("the policy to", self.model_path, exc)) from None
+
+    def close(self) -> None:
+        """Checkpoint and save the policy if anything changed since the last save, disconnect and flush metrics.
+        Idempotent. Called from another thread while :meth:`run` runs, it stops the run as its ``stop`` would and
+        waits until run() has saved and closed (the training loop must not go on under a checkpoint)."""
+        if self._runs.close():  # (and a run() after close() would lock the run folder again, never to release it)
+            return
+        self._close(raise_errors=True)
+
+    def _close(self, raise_errors: bool, failing: bool = False, save: bool = True) -> None:
+        if not self._runs.shut_once():
+            return
+        try:
+            self._close_steps(raise_errors, failing, save)
+        finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
+            if self.net is not None and self.net.sample_log is not None:
+                self.net.sample_log.close()
+            if self.metrics is not None:
+                self.metrics.close()
+            self._lock.release()
+
+    def _close_steps(self, raise_errors: bool, failing: bool, save: bool) -> None:
+        failed: Exception | None = None
+        if self.net is not None:
+            self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
+        unsaved = self._saved is not None and self._progress() != self._saved  # stopped mid-epoch, or failed
+        if save and unsaved:
+            try:
+                self._save()
+            except NetrlError as exc:  # says what to do: one line is enough
+                failed = exc
+                if not raise_errors:
+                    log.error("%s (the error that stopped the trainer follows)", exc)
+            except Exception as exc:  # user code (the agent, the actor) failed while saving
+                failed = exc
+                if not raise_errors:  # log it, and report the error that stopped training, not one chained on it
+                    log.exception("saving the checkpoint and the policy failed too; the error that stopped the "
+                                  "trainer follows")
+        if failing and self.net is None:  # it never got to train: the error that follows says it all
+            return
+        stats = self.net.stats if self.net is not None else collections.Counter()
+        malformed = self.net.link.rejected_messages if self.net is not None else 0
+        if failed:
+            policy = "the policy could not be saved"
+        elif unsaved and not save:
+            policy = "what it trained since its last save is not saved"
+        elif not self._policy_saved:
+            policy = "no policy saved (nothing was trained)"
+        else:
+            policy = f"policy saved to {self.model_path}"
+        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
+                 "messages from the server, %d duplicate packets dropped", " by the error that follows" if failing
+                 else "", policy, stats["rejected"], self.training.unstored if self.training else 0, malformed,
+                 stats["duplicates"])
+        if failed is not None and raise_errors:
+            raise failed
+
+
+def _number_after(training: TrainingOffline, version: int, source: str) -> None:
+    """Continue the weight version numbering after ``version`` if it is newer: no number may name two actors."""
+    if version > training.version:
+        log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
+                 training.version)
+        training.version = version

@@ -1,0 +1,310 @@
+"""A worker's incoming weights, on its network thread: assembled from parts, checked, loaded into a spare actor.
+
+The control path picks the loaded actor up between two env steps with :meth:`WeightSlot.swap`, a pointer swap,
+so a weight update never delays a real-time step.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from netrl.errors import ProtocolError
+from netrl.protocol.messages import Message
+from netrl.protocol.weights import (
+    KnownLayout,
+    WeightAssembler,
+    check_weights,
+    flat_arrays,
+    load_weights,
+    sum_is_finite,
+    tensor_views,
+    weight_specs,
+)
+from netrl.util import worth_logging
+
+__all__ = ["WeightReceiver", "WeightSlot"]
+
+log = logging.getLogger(__name__)
+
+
+class WeightSlot:
+    """Hands a fully loaded actor from the network thread to the control path (double buffering).
+
+    Every actor is in one place at a time: the control path's (current), pending (loaded, not yet swapped in),
+    the network thread's (being written), or spare. A pending actor stays pending until a newer one is put in its
+    place, so a version that fails midway never costs the control path the one before it. That takes at most three
+    actors; ``make`` builds the third when the first new version comes before the control path swapped in the
+    last."""
+
+    def __init__(self, spare: torch.nn.Module, make: Callable[[], torch.nn.Module]) -> None:
+        self._lock = threading.Lock()
+        self._pending: tuple[int, str, torch.nn.Module] | None = None
+        self._spares = [spare]
+        self._make = make
+
+    def take_spare(self) -> torch.nn.Module:
+        """Network thread: an actor that neither the control path nor the pending slot holds."""
+        with self._lock:
+            if self._spares:
+                return self._spares.pop()
+        return self._make()
+
+    def give_back(self, module: torch.nn.Module) -> None:
+        """Network thread: a taken actor that got no version (the version was rejected)."""
+        with self._lock:
+            self._spares.append(module)
+
+    def put(self, version: int, session: str, module: torch.nn.Module) -> None:
+        with self._lock:
+            if self._pending is not None:  # never swapped in: a spare again
+                self._spares.append(self._pending[2])
+            self._pending = (version, session, module)
+
+    def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
+        """Control path: the pending actor, if any; ``current`` becomes a spare."""
+        if self._pending is None:  # cheap check without the lock; the lock below makes it exact
+            return None
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._spares.append(current)
+            return pending
+
+
+@dataclasses.dataclass
+class _Bound:
+    """A CPU actor whose tensors view one flat buffer in the worker's own layout, for as long as it lives: a
+    version in that layout is written straight into the buffer, and nothing is re-pointed per version."""
+
+    module: torch.nn.Module
+    flat: np.ndarray
+    whole: torch.Tensor | None  # the buffer as one tensor, for the one-sum finiteness proof (KnownLayout.views)
+    own: dict[str, torch.Tensor]  # the module's tensors (state_dict(keep_vars=True)), views of flat
+
+
+class _Saver:
+    """Writes received weights to disk on its own thread, the newest version first: on a slow disk (an SD card, a
+    stalled network mount) a write on the network thread would hold back its heartbeats for seconds, and the server
+    would drop the worker. A version that arrives while another is written waits; a newer one replaces it,
+    unwritten. :meth:`close` writes the one waiting."""
+
+    def __init__(self, write: Callable[[dict[str, torch.Tensor], int, str], None]) -> None:
+        self._write = write
+        self._cond = threading.Condition()
+        self._next: tuple[dict[str, torch.Tensor], int, str] | None = None
+        self._writing = self._closed = False
+        self._thread: threading.Thread | None = None  # started with the first version
+
+    def put(self, state: dict[str, torch.Tensor], version: int, session: str) -> None:
+        with self._cond:
+            self._next = (state, version, session)
+            self._cond.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="netrl-weight-saver", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._next is None and not self._closed:
+                    self._cond.wait()
+                if self._next is None:
+                    return
+                job, self._next, self._writing = self._next, None, True
+            try:
+                self._write(*job)
+            except Exception:  # (a disk's refusal is handled inside): a bug must not end the saving for good
+                log.exception("saving received weights v%d failed", job[1])
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every version put is written (or replaced); False if that took over ``timeout`` s."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._next is None and not self._writing, timeout)
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # a daemon: it cannot keep the process from exiting
+                log.warning("the received weights were still being written to disk after %.0f s: the file may hold "
+                            "an older version (a restart is sent the current one by the server anyway)", timeout)
+
+
+class WeightReceiver:
+    """Network thread: check received weights against the actor, load them into a spare one, save them (on a
+    thread of their own).
+
+    A version laid out like the worker's own actor (the usual case) is assembled straight into a spare CPU actor's
+    buffer, which its tensors view (:class:`_Bound`), and proven finite with one sum; any other version is
+    assembled apart, checked tensor by tensor and copied into a spare actor.
+
+    Nothing a server sends stops the thread: a version that does not fit (parts out of order, a malformed layout,
+    weights that do not match the actor or are not finite) is rejected, counted once in ``weights_rejected`` and
+    logged, and the actor in use stays. The rest of a rejected version's parts are dropped, counted in
+    ``weight_parts_dropped`` (a new part 0 starts it again)."""
+
+    _KEEP_LOADED_AT = 1000  # versions remembered in loaded_at (a benchmark polls it)
+
+    def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
+                 save: Callable[[dict[str, torch.Tensor], int, str], None] | None) -> None:
+        self.template_actor, self.save = template_actor, save
+        self.specs = weight_specs(template_actor)
+        self.slot = WeightSlot(spare, lambda: copy.deepcopy(template_actor))
+        self.version, self.session = version, ""
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
+        self.known = KnownLayout(template_actor)
+        self.assembler = WeightAssembler(max_bytes=self.known.nbytes)  # a bigger version is rejected early
+        self._bound: dict[int, _Bound] = {}  # id(module) -> its buffer (CPU actors only)
+        self._on_cpu = all(t.device.type == "cpu" for t in template_actor.state_dict().values())
+        self._target: _Bound | None = None  # the spare actor the version being assembled lands in
+        self._save_failing = False
+        self._saver = _Saver(self._write) if save is not None else None  # None: nothing to keep on disk
+        self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
+
+    def __call__(self, msg: Message) -> dict[str, Any]:
+        b, version, session = msg.body, msg.policy_version, msg.body["session"]
+        if session == self.session and version <= self.version:
+            return self.stats()  # already have it (e.g. re-sent after a reconnect)
+        if (session, version) == self._rejected:
+            if b["part"]:
+                self.counts["weight_parts_dropped"] += 1  # the version was rejected (and logged) once: not per part
+                return self.stats()
+            self._rejected = None  # sent again from its part 0: a new try
+        try:
+            into = self._landing(b["nbytes"], b["layout"]) if b["part"] == 0 else None
+            self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
+                               msg.arrays["chunk"], into)
+            if not self.assembler.done:
+                return self.stats()
+            flat, layout = self.assembler.take()
+        except ValueError as exc:
+            return self._reject(session, version, str(exc))
+        target, self._target = self._target, None
+        if target is not None:  # assembled in place: the actor already holds the version
+            problems = [] if sum_is_finite(target.whole) else check_weights(
+                self.specs, {k: t.detach() for k, t in target.own.items()})
+            if problems:
+                self.slot.give_back(target.module)
+                return self._reject(session, version, "; ".join(problems[:5]))
+            module = target.module
+        else:
+            loaded = self._load_copy(session, version, flat, layout)
+            if loaded is None:
+                return self.stats()
+            module = loaded
+        self.slot.put(version, session, module)
+        self.loaded_at[version] = time.time()
+        if len(self.loaded_at) > self._KEEP_LOADED_AT:  # one entry per version would grow for as long as it runs
+            del self.loaded_at[next(iter(self.loaded_at))]
+        self.version, self.session = version, session
+        self.counts["weights_received"] += 1
+        log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
+                "weights v%d ready (%d received)", version, self.counts["weights_received"])
+        if self._saver is not None:  # a copy: once the control path lets go of this actor, the next version lands there
+            self._saver.put({k: t.detach().clone() for k, t in module.state_dict().items()}, version, session)
+        return self.stats()
+
+    def saved(self, timeout: float = 10.0) -> bool:
+        """Wait until the versions received so far are on disk (or replaced by newer ones); False on a timeout."""
+        return self._saver is None or self._saver.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write the version waiting to be saved, if any (the worker's close)."""
+        if self._saver is not None:
+            self._saver.close(timeout)
+
+    def _landing(self, nbytes: int, layout: Any) -> np.ndarray | None:
+        """Part 0: the buffer of the spare CPU actor a version in the worker's own layout is assembled in (the one
+        taken for the version before, if that one never finished); None for any other version."""
+        if not self._on_cpu or nbytes != self.known.nbytes or layout != self.known.layout:
+            self._drop_target()  # (an actor on another device: assembled apart, then copied there)
+            return None
+        if self._target is None:
+            self._target = self._bind(self.slot.take_spare())
+        return self._target.flat
+
+    def _bind(self, module: torch.nn.Module) -> _Bound:
+        """A CPU module's _Bound, made on its first version."""
+        bound = self._bound.get(id(module))
+        if bound is not None and bound.module is module:
+            return bound
+        own = module.state_dict(keep_vars=True)
+        flat = np.zeros(self.known.nbytes, np.uint8)  # zero padding, as the trainer's: see KnownLayout
+        views, whole = self.known.views(flat)
+        load_weights(module, views, assign=True, own=own)  # from now on its tensors view flat
+        bound = self._bound[id(module)] = _Bound(module, flat, whole, own)
+        return bound
+
+    def _drop_target(self) -> None:
+        if self._target is not None:
+            self.slot.give_back(self._target.module)
+            self._target = None
+
+    def _load_copy(self, session: str, version: int, flat: np.ndarray, layout: list[Any]) -> torch.nn.Module | None:
+        """A version assembled apart: checked, then copied into a spare actor (None: rejected)."""
+        if self.known.matches(flat, layout):  # the worker's own layout, for an actor not on the CPU
+            tensors, finite = self.known.tensors(flat)
+        else:
+            try:
+                tensors, finite = tensor_views(flat_arrays(flat, layout)), False
+            except ProtocolError as exc:
+                self._reject(session, version, str(exc), flat)
+                return None
+        if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
+            problems = check_weights(self.specs, tensors)
+            if problems:
+                self._reject(session, version, "; ".join(problems[:5]), flat)
+                return None
+        module = self.slot.take_spare()
+        load_weights(module, tensors)  # a copy: into a bound actor's own buffer, or onto the actor's device
+        self.assembler.release(flat)
+        return module
+
+    def _write(self, state: dict[str, torch.Tensor], version: int, session: str) -> None:
+        """Saver thread: keep the weights on disk. A convenience for the next start, so a failed write (a full disk)
+        is logged when it starts and when it ends, counted, and never stops the worker."""
+        assert self.save is not None
+        try:
+            self.save(state, version, session)
+        except OSError as exc:
+            self.counts["weights_save_failed"] += 1
+            if not self._save_failing:
+                log.error("could not save weights v%d (%s); the worker goes on with them loaded, and a restart "
+                          "would start from the last saved version: free disk space there or check permissions",
+                          version, exc)
+            self._save_failing = True
+            return
+        if self._save_failing:
+            log.info("saving received weights works again (v%d saved)", version)
+        self._save_failing = False
+
+    def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
+        self.assembler.release(flat)
+        self._drop_target()
+        self._rejected = (session, version)
+        self.counts["weights_rejected"] += 1
+        if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions
+            why = why if len(why) <= 2000 else why[:2000] + "..."  # it may quote tensor names of any length
+            log.error("rejected weights v%d from the server (%d rejected so far; the worker keeps the actor it has): "
+                      "%s", version, self.counts["weights_rejected"], why)
+        return self.stats()
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.version, **self.counts}

@@ -1,0 +1,191 @@
+"""The server's spool on disk: it resumes from HEAD, acknowledges out of order, skips damage and says where, and keeps
+emptied segments for reuse."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from netrl.errors import FolderInUse
+from netrl.launch import free_port
+from netrl.server.server import Server
+from netrl.server.spool import Spool
+from tests.fakes import PATIENT_NET, flip_byte, running_server, upto
+
+
+def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000).open()
+    for seq in range(1, 7):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    assert (spool.packets, spool.steps) == (6, 60)
+    first = spool.take(upto(20, 0))
+    second = spool.take(upto(20, 0))
+    assert [p.meta["seq"] for p in first + second] == [1, 2, 3, 4]
+    spool.ack(second[0].position)  # out of order: the head cannot move past 1 and 2 yet
+    assert spool.packets == 6
+    for p in first:
+        spool.ack(p.position)
+    assert (spool.packets, spool.steps) == (3, 30)  # 1, 2 and 3 are done; 4 is out but not acknowledged
+    spool.close()
+    again = Spool(tmp_path, max_bytes=10_000).open()  # a restarted server resends from the persisted head
+    assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [4, 5, 6]
+    again.rewind()
+    assert [p.meta["seq"] for p in again.take(upto(1, 0))] == [4]
+    again.rewind()
+    assert [p.meta["seq"] for p in again.take(upto(1, 250))] == [4, 5]  # then while 100-byte packets fit
+    again.rewind()
+    assert [p.meta["seq"] for p in again.take(upto(0, 50))] == [4]  # at least one packet, however big
+    assert not again.fits(10_000) and again.fits(100)
+    again.close()
+
+
+def three_packets_first_acked(folder: Path) -> Spool:
+    """A closed spool of packets 1 to 3 whose HEAD has moved past packet 1."""
+    spool = Spool(folder, max_bytes=10_000).open()
+    for seq in range(1, 4):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.ack(spool.take(upto(1, 0))[0].position)
+    spool.close()
+    return spool
+
+
+@pytest.mark.parametrize("head", ["{torn", '{"segment": 9, "offset": 0}', '{"segment": 1, "offset": 30}',
+                                  '{"segment": 1, "offset": -5}', '{"segment": 1e400, "offset": 0}'])
+def test_an_unreadable_spool_head_resends_the_spool_from_its_start_and_loses_nothing(
+        tmp_path: Path, head: str, caplog: pytest.LogCaptureFixture) -> None:
+    three_packets_first_acked(tmp_path)
+    (tmp_path / "HEAD").write_text(head)  # garbage, a position past the log's end, or inside a packet
+    again = Spool(tmp_path, max_bytes=10_000).open()
+    assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [1, 2, 3]  # 1 again: the trainer discards it
+    unreadable = ("{torn", '{"segment": 1, "offset": -5}', '{"segment": 1e400, "offset": 0}')
+    problem = "HEAD is unreadable" if head in unreadable else "where the spool has no readable packet"
+    assert problem in caplog.text and "sent again from its start" in caplog.text
+    again.close()
+
+
+def test_a_damaged_spool_packet_is_reported_and_the_others_are_sent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000).open()
+    for seq in range(1, 5):
+        spool.push([b"x" * 100], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.close()
+    flip_byte(spool.log, 1)
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
+        again = Spool(tmp_path, max_bytes=10_000).open()  # damage is skipped and reported, not raised
+    assert (again.packets, again.steps) == (3, 30)
+    taken = again.take(upto(1000, 0))
+    assert [p.meta["seq"] for p in taken] == [1, 3, 4]
+    assert "is damaged from offset" in caplog.text and "are lost and skipped" in caplog.text
+    for p in taken:
+        again.ack(p.position)
+    again.close()
+    assert Spool(tmp_path, max_bytes=10_000).open().packets == 0  # the head moved past the damage: none sent again
+
+
+@pytest.mark.parametrize("where", ["data", "header"])
+def test_damage_at_the_spool_head_is_skipped_or_resends_the_spool_and_says_where_it_is(
+        tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture) -> None:
+    spool = three_packets_first_acked(tmp_path)
+    head = json.loads((tmp_path / "HEAD").read_text())
+    # Packet 2, where HEAD points, is damaged: HEAD itself reads well.
+    flip_byte(spool.log, 1, back=3 if where == "data" else (list(spool.log.read())[1].next.offset - head["offset"]))
+    again = Spool(tmp_path, max_bytes=10_000).open()
+    taken = [p.meta["seq"] for p in again.take(upto(1000, 0))]
+    if where == "data":  # the record still starts at HEAD, and a reader skips it: nothing is sent again
+        assert taken == [3] and "is damaged from offset" in caplog.text and "HEAD" not in caplog.text
+    else:  # no record can be found at HEAD: the whole spool again (1 too; the trainer discards it)
+        assert taken == [1, 3]
+        assert (f"HEAD leads to {(head['segment'], head['offset'])}, where the spool has no readable packet"
+                in caplog.text and "sent again from its start" in caplog.text and "is unreadable" not in caplog.text)
+    again.close()
+
+
+def test_damage_found_while_the_server_runs_is_skipped_and_the_spool_still_drains(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000).open()
+    for seq in range(1, 9):  # about two 400-byte packets per segment
+        spool.push([b"x" * 400], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    assert (spool.packets, spool.steps) == (8, 80)
+    segments = spool.log.segments()
+    (tmp_path / f"{segments[1]:08d}.seg").unlink()  # packets 3 and 4, deleted under the running server
+    flip_byte(spool.log, -1)  # and packet 8, the newest, damaged on disk
+    with caplog.at_level(logging.WARNING, logger="netrl.storage.segments"):
+        taken = spool.take(upto(1000, 1 << 20))  # not FileNotFoundError on every try, stalling the spool
+    assert [p.meta["seq"] for p in taken] == [1, 2, 5, 6, 7]
+    assert "was deleted while in use" in caplog.text and "is damaged from offset" in caplog.text
+    assert not spool.pending() and spool.take(upto(1000, 1 << 20)) == []  # not empty bundles for ever
+    for p in taken:
+        spool.ack(p.position)
+    assert (spool.packets, spool.steps, spool.bytes) == (0, 0, 0)  # the lost packets do not stay counted
+    spool.push([b"y" * 400], {"worker": "w", "session": "s", "seq": 9, "steps": 10})
+    assert spool.pending() and [p.meta["seq"] for p in spool.take(upto(1, 0))] == [9]
+    spool.close()
+
+
+def test_a_spool_segment_deleted_under_its_head_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000).open()
+    for seq in range(1, 7):  # about two 400-byte packets per segment
+        spool.push([b"x" * 400], {"worker": "w", "session": "s", "seq": seq, "steps": 10})
+    spool.ack(spool.take(upto(1, 0))[0].position)
+    spool.close()
+    assert json.loads((tmp_path / "HEAD").read_text())["segment"] == 1
+    (tmp_path / "00000001.seg").unlink()  # by hand, with packet 2 in it
+    with caplog.at_level(logging.WARNING, logger="netrl.server.spool"):
+        again = Spool(tmp_path, max_bytes=100_000, segment_bytes=1_000).open()
+    assert [p.meta["seq"] for p in again.take(upto(1000, 0))] == [3, 4, 5, 6]
+    assert "segment files 00000001.seg to 00000001.seg are missing" in caplog.text and "are lost" in caplog.text
+    again.close()
+
+
+@pytest.mark.parametrize("max_bytes", [3_000, 16_000, 1 << 20])
+def test_spool_keeps_emptied_segments_for_reuse_within_a_quarter_of_its_cap(tmp_path: Path, max_bytes: int) -> None:
+    spool = Spool(tmp_path, max_bytes=max_bytes, segment_bytes=1_000).open()
+    for seq in range(12):  # about one 900-byte packet per segment
+        while not spool.fits(900):
+            for p in spool.take(upto(1, 0)):
+                spool.ack(p.position)
+            spool.close()  # persists the head, which drops the emptied segments
+        spool.push([b"x" * 900], {"worker": "w", "session": "s", "seq": seq, "steps": 1})
+    for p in spool.take(upto(1 << 30, 0)):
+        spool.ack(p.position)
+    spool.close()
+    free = list(tmp_path.glob("*.free"))
+    assert sum(f.stat().st_size for f in free) <= max_bytes // 4
+    assert len(free) == min(4, max_bytes // 4 // 1_000)  # 0 for the smallest spool: it keeps nothing
+    assert Spool(tmp_path, max_bytes=max_bytes, segment_bytes=1_000).open().packets == 0
+
+
+def test_a_second_server_on_a_spool_in_use_is_refused_before_touching_it(tmp_path: Path) -> None:
+    with running_server(network=PATIENT_NET, spool_dir=tmp_path / "spool"):
+        second = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
+        with pytest.raises(FolderInUse, match="spool folder .* is in use .*another spool folder "
+                                              r"\(config.json: server.spool_dir\)"):
+            second.open()
+        second.close()
+    third = Server(trainer_port=free_port(), worker_port=free_port(), spool_dir=tmp_path / "spool")
+    third.open()  # the first let it go when it closed
+    third.close()
+
+
+def test_a_spool_drained_in_a_burst_records_its_head_and_frees_its_segments_soon_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("netrl.server.spool.time.monotonic", lambda: clock[0])
+    spool = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1_000).open()
+    for seq in range(12):  # about one 900-byte packet per segment
+        spool.push([b"x" * 900], {"worker": "w", "session": "s", "seq": seq, "steps": 1})
+    for p in spool.take(upto(1 << 30, 0)):
+        spool.ack(p.position)  # a burst: the head is saved at the first acknowledgement only
+    assert spool.packets == 0 and len(list(tmp_path.glob("*.seg"))) >= 11
+    spool.tick()  # too soon after the last save
+    assert len(list(tmp_path.glob("*.seg"))) >= 11
+    clock[0] += 0.5
+    spool.tick()  # a pass of the server's loop, with nothing else happening
+    assert len(list(tmp_path.glob("*.seg"))) <= 1
+    crashed = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1_000).open()  # no close: as after a crash
+    assert crashed.packets == 0  # the head on disk covers the whole burst
+    crashed.close()
+    spool.close()
