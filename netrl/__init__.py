@@ -36,7 +36,7 @@ _EXPORTS = {
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
-__getattr__, _dir = lazy_exports(__name__, _EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)[0]  # __dir__ below also lists __version__
 
 
 def __dir__() -> list[str]:

@@ -26,7 +26,7 @@ def _dataset_error(path: str | os.PathLike[str], problem: str) -> str:
             "with save_dataset)")
 
 
-def read_columns(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def _read_columns(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """The columns of a :func:`save_dataset` file, with an error that says what to do for anything else."""
     p = Path(path)
     if p.is_dir():
@@ -84,7 +84,7 @@ def _spec_from_names(names: list[str], prefix: str) -> Any:
 def read_dataset(path: str | os.PathLike[str]) -> Buffer:
     """The rows of a :func:`save_dataset` file as one :class:`~netrl.samples.Buffer` (see
     :meth:`~netrl.memory.MemoryDataloading.load_dataset` for the errors and dtypes)."""
-    cols = read_columns(path)
+    cols = _read_columns(path)
     leaves = {k: v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
               for k, v in cols.items() if k.startswith(("act", "obs"))}
     act = unflatten(_spec_from_names([k for k in leaves if k.startswith("act")], "act"), leaves)
