@@ -13,6 +13,7 @@
     ├── TransportError          a socket could not be bound or connected (says which config key to change)
     ├── SecurityError           keys are missing or a setting would expose an unencrypted port
     ├── FolderInUse             another live process holds this run folder or spool folder
+    ├── EnvFailure              an env call hung, or a thread of the env died (the worker stops, exit code 1)
     └── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
 
 Every message says what went wrong and, where there is one, what to do about it.
@@ -23,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "EnvFailure",
     "FolderInUse",
     "MalformedMessage",
     "NetrlError",
@@ -96,3 +98,7 @@ class CheckpointError(NetrlError):
 class FolderInUse(NetrlError):
     """Another live process holds the run folder or spool folder this process was given (see
     netrl.storage.folderlock)."""
+
+
+class EnvFailure(NetrlError):
+    """An env call did not return within its time limit, or a thread of the process (one the env runs) died."""

@@ -36,8 +36,8 @@ SECOND_LEVEL = {
     "netrl.config": ["AgentConfig", "Config", "EnvConfig", "MemoryConfig", "NetworkConfig", "ServerConfig",
                      "TrainerConfig", "WandbConfig", "WorkerConfig", "check_value", "config_from_dict",
                      "config_to_dict", "describe_fields", "load_config"],
-    "netrl.errors": ["CheckpointError", "ConfigError", "FolderInUse", "MalformedMessage", "NetrlError", "PeerLost",
-                     "ProtocolError", "RoleViolation", "SampleRejected", "SecurityError", "TransportError",
+    "netrl.errors": ["CheckpointError", "ConfigError", "EnvFailure", "FolderInUse", "MalformedMessage", "NetrlError",
+                     "PeerLost", "ProtocolError", "RoleViolation", "SampleRejected", "SecurityError", "TransportError",
                      "VersionMismatch"],
 }
 

@@ -151,6 +151,13 @@ class WorkerConfig:
                                 "them: image packets at full speed need about 32 MB)", ge(1))
     flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged",
                                  seconds_or_zero)
+    env_timeout_factor: float = _f(50.0, "an env call (reset or step) running longer than this multiple of the "
+                                   "mean of earlier ones (and env_timeout_min_s) is reported, and the worker stops "
+                                   "with exit code 1; a thread of the env that dies stops it at once (0: no limit, and "
+                                   "env calls run on the worker's thread, for envs that step in microseconds)",
+                                   between(0.0, 1e6))
+    env_timeout_min_s: float = _f(5.0, "no env call is declared hung sooner; the first reset and the first step "
+                                  "may take env_timeout_factor times this (a game loading, a robot homing)", seconds)
     compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
                             "CPU, but finds little in noisy camera frames) or none")
 

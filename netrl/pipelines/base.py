@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["Pipeline"]
 
@@ -24,3 +24,6 @@ class Pipeline:
     obs_preprocessor: Callable[..., Any] | None = None
     overlap: int = 1  # rows of history a memory needs before a transition (see netrl.samples)
     realtime: bool = False  # a real-time env must never be paused by pacing
+    # When an env call hangs or a thread of the env dies (netrl.envs.guard): "stop" the worker with exit code 1, or
+    # "reset": start a new episode, on a new env if the old one is stuck (three failures in a row still stop it).
+    on_env_failure: Literal["stop", "reset"] = "stop"

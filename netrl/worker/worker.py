@@ -19,14 +19,15 @@ import time
 import zlib
 from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_action, check_observation, check_sample_compressor, check_spaces
-from netrl.errors import CheckpointError, NetrlError
+from netrl.envs.guard import EnvCaller
+from netrl.errors import CheckpointError, EnvFailure, NetrlError
 from netrl.lifecycle import Runs, RunStop
 from netrl.monitor.metrics import CsvLog
 from netrl.net.keys import ClientKeys, client_keys
@@ -87,6 +88,8 @@ class RolloutWorker:
         episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
         keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
         status_interval_s: seconds between status log lines (0: none).
+        env_timeout_factor, env_timeout_min_s: when an env call counts as hung (:mod:`netrl.envs.guard`).
+        on_env_failure: what a hung env call or a dead env thread does: "stop" (raise EnvFailure) or "reset".
 
     The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
     which netrl does not take, so a call in that order would give every later value to the wrong parameter.
@@ -103,7 +106,8 @@ class RolloutWorker:
                  max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 32 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
-                 status_interval_s: float = 0.0) -> None:
+                 status_interval_s: float = 0.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
+                 on_env_failure: Literal["stop", "reset"] = "stop") -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         if max_packet_delay_s is not None and not max_packet_delay_s > 0:
@@ -142,6 +146,11 @@ class RolloutWorker:
         self.produced = 0  # env steps recorded for training
         self.episodes_done = 0
         self.env: Any = None
+        self.env_calls: EnvCaller | None = None  # runs the env's calls on its own thread, under watch
+        self.env_timeout = (env_timeout_factor, env_timeout_min_s)
+        self.on_env_failure = on_env_failure
+        self.env_failures = 0  # env calls that hung or met a dead thread, and were reset (on_env_failure "reset")
+        self._failures_in_a_row = 0
         self.actor: Any = None
         self.template_actor: Any = None
         self.net: WorkerLink | None = None
@@ -182,7 +191,8 @@ class RolloutWorker:
                          seed=worker_seed(cfg.seed, worker_id),
                          episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
                          keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
-                         status_interval_s=cfg.status_interval_s)
+                         status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
+                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure)
         except BaseException:
             if name_lock is not None:
                 name_lock.release()
@@ -205,14 +215,19 @@ class RolloutWorker:
         self._runs.check_open()
         if self._started:
             return
-        self.env = self.env_cls()
+        self._new_env()
         try:
             self._build()
         except BaseException:  # e.g. the actor's constructor raised: a second start() would build another env beside it
-            env, self.env = self.env, None
-            env.close()
+            calls, self.env, self.env_calls = self.env_calls, None, None
+            assert calls is not None
+            calls.close()
             raise
         self._started = True
+
+    def _new_env(self) -> None:
+        self.env_calls = EnvCaller(self.env_cls, f"worker {self.worker_id}", *self.env_timeout)
+        self.env = self.env_calls.env
 
     def _build(self) -> None:
         """start() once the env exists: the actor, its saved weights and the network thread (started last)."""
@@ -287,8 +302,8 @@ class RolloutWorker:
             try:
                 if self.weights is not None:  # after the network thread: no version comes any more
                     self.weights.close()
-                if self.env is not None:
-                    self.env.close()
+                if self.env_calls is not None:
+                    self.env_calls.close()
             finally:
                 if self.name_lock is not None:  # the name is free for this worker's restart
                     self.name_lock.release()
@@ -364,12 +379,33 @@ class RolloutWorker:
             try:
                 next(steps)
             except StopIteration as done:
+                self._failures_in_a_row = 0
                 return done.value
+            except EnvFailure as exc:
+                self._env_failed(exc)
+                steps = self.episode_steps(test, stop)  # a new episode: its reset row starts a new trajectory
+
+    def _env_failed(self, exc: EnvFailure) -> None:
+        """Reset after a failed env call if the pipeline allows it (on a new env if the old one is stuck); raise
+        otherwise, or after three failures in a row."""
+        self._failures_in_a_row += 1
+        if self.on_env_failure != "reset" or self._failures_in_a_row >= 3:
+            more = "" if self.on_env_failure != "reset" else f" ({self._failures_in_a_row} failures in a row)"
+            raise EnvFailure(f"{exc}; worker {self.worker_id} stops{more}") from exc.__cause__
+        self.env_failures += 1
+        log.error("%s; the episode is dropped and the env %s (the pipeline's on_env_failure is \"reset\")", exc,
+                  "rebuilt, since the old one is stuck" if self.env_calls and self.env_calls.stuck else "reset")
+        assert self.env_calls is not None
+        if self.env_calls.stuck:
+            old = self.env_calls
+            self._new_env()
+            old.close()
 
     def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         """One episode as a generator that yields after every env step (the single-process mode drives it)."""
         collect = not test and not self.standalone
-        obs, info = self.env.reset(seed=self.seed if self.episodes_done == 0 else None)
+        assert self.env_calls is not None
+        obs, info = self.env_calls.call("reset", self.env.reset, seed=self.seed if self.episodes_done == 0 else None)
         if not self._checked:
             check_observation(obs, self.env.observation_space, "the first observation from the env's reset()")
         if collect:
@@ -388,7 +424,7 @@ class RolloutWorker:
             act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
             if not self._checked:
                 check_action(act, self.env.action_space, type(self.actor).__name__)
-            obs, rew, terminated, truncated, info = self.env.step(act)
+            obs, rew, terminated, truncated, info = self.env_calls.call("step", self.env.step, act)
             if not self._checked:
                 check_observation(obs, self.env.observation_space, "the observation from the env's first step()")
                 self._checked = True
