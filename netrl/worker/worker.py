@@ -242,6 +242,7 @@ class RolloutWorker:
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
+            self.net.link.hello_extra = {**self.packets.bounds(), "paced": self.throttle}
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
