@@ -78,12 +78,13 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                       "window": (_INT, False), "weights_version": (_INT, False),
                       "max_message_bytes": (_INT, False)},
     MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
-    MsgType.HEARTBEAT: {"stats": ((dict,), False)},
+    MsgType.HEARTBEAT: {"stats": ((dict,), False), "flushing": (_BOOL, False)},  # flushing: a worker stopping
     MsgType.BYE: {"reason": (_STR, False)},
     MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
                       "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
     MsgType.BUNDLE: {"parts": ((list,), True)},
-    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False)},
+    # spooled: the server has the packets on disk, and the trainer not yet
+    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False)},
     MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
     MsgType.CREDIT: {"bundles": (_INT, True)},
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),

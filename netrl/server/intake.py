@@ -102,7 +102,7 @@ class SampleIntake:
         if self._over_pace(peer, msg.seq, steps):
             return
         peer.produced_up_to(msg.body["produced"])
-        outcome = self.relay.accept(packet, self.peers.trainer is not None)
+        outcome = self.relay.accept(packet, self.peers.trainer is not None, spool_now=peer.flushing)
         if outcome in ("held", "spooled"):
             peer.samples += steps
             peer.packets += 1
@@ -176,7 +176,13 @@ class SampleIntake:
             self.tell_worker(peer.session, MsgType.ACK, {"seqs": []})
 
     def on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        """A peer's heartbeat: its counters for --status and, from a worker, the samples it has produced."""
+        """A peer's heartbeat: its counters for --status and, from a worker, the samples it has produced, and
+        whether it is stopping (its packets then go to the spool at once, and it is told so)."""
+        if msg.body.get("flushing") and peer.role == "worker" and not peer.flushing:
+            peer.flushing = True
+            moved = self.relay.spool_now(peer.session)
+            log.info("%s is stopping: %d of its packets waiting in memory went to the spool, and so do the ones it "
+                     "still sends", peer.label, moved)
         stats = msg.body.get("stats")
         if not isinstance(stats, dict):
             return

@@ -62,6 +62,7 @@ class Peer:
     pace_budget: int = 0  # samples it may still deliver: PACE raises granted, less the samples accepted since
     over_pace: int = 0  # packets refused because they went beyond its PACE allowance
     oversized: int = 0  # packets refused because they went beyond its declared bounds or the server's
+    flushing: bool = False  # it is stopping: its packets go to the spool at once, so that its stop is quick and safe
 
     @property
     def label(self) -> str:
