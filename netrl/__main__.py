@@ -269,8 +269,8 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         worker.run(cfg.worker.test_episode_interval, episodes, stop=stop)
         if worker.samples_unacknowledged:  # e.g. --episodes N with the server unreachable: a script must see it
             raise NetrlError(f"worker {worker.worker_id} stopped with {worker.samples_unacknowledged} samples the "
-                             "server had not acknowledged (see the warnings above): they are lost unless it spooled "
-                             "them")
+                             "server had not acknowledged (see the warnings above): it had neither spooled them nor "
+                             "delivered them to the trainer, so they may be lost")
     else:  # (the trainer: ROLES holds no other)
         from netrl.trainer.trainer import Trainer
 

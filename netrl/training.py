@@ -296,7 +296,10 @@ class TrainingOffline:
         stale = ends & (lag > self.max_policy_lag) if self.max_policy_lag is not None else None
         if stale is not None and stale.any():
             buf.weight = np.where(stale, np.float32(self.stale_sample_weight), np.float32(1.0))
-        steps = int(np.count_nonzero(ends))
+        # what the memory keeps: a packet longer than the memory keeps only its newest rows, and the count (and the
+        # pacing built on it) must not claim the others
+        kept = ends[-self.memory_size:] if self.memory_size and len(ends) > self.memory_size else ends
+        steps = int(np.count_nonzero(kept))
         try:
             self.memory.append_buffer(buf)
         except ValueError as exc:  # e.g. image bytes that do not decode: a bad packet costs itself, not the run

@@ -131,6 +131,9 @@ class ServerConfig:
                                 "parameters is 40 MB; two versions may be held while a new one arrives)", ge(1))
     max_workers: int = _f(1000, "workers connected at once; a new worker beyond it is refused with a message naming "
                           "this key (a connected worker saying HELLO again keeps its place)", ge(1))
+    max_rows_per_packet: int = _f(65_536, "most rows a sample packet may hold, whatever a worker declares at HELLO "
+                                  "(a worker's own bound is its worker.min_samples_per_worker_packet plus a few "
+                                  "context rows); the trainer applies it too", ge(1))
 
 
 @dataclass(frozen=True)

@@ -138,9 +138,11 @@ def format_status(s: dict[str, Any]) -> str:
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog full) "
         f"{s.get('dropped', 0):,}{_server_drops(s)}; samples refused by the spool (full, or past the worker's share) "
         f"{s.get('refused', 0):,}; packets refused beyond their worker's window "
-        f"{s.get('stats', {}).get('window_refusals', 0):,}, beyond its share of the spool "
+        f"{s.get('stats', {}).get('window_refusals', 0):,}, beyond its PACE allowance "
+        f"{s.get('stats', {}).get('pace_refusals', 0):,}, beyond its share of the spool "
         f"{s.get('stats', {}).get('spool_share_refusals', 0):,} (workers keep and resend them, so one can be refused "
-        "more than once)",
+        "more than once); packets larger than their worker declared "
+        f"{s.get('stats', {}).get('oversized_packets', 0):,}",
         f"connections refused for unknown keys: {unknown_keys}; other failed handshakes: {failed}; messages before "
         f"HELLO {s.get('stats', {}).get('unknown_peer', 0):,}",
         (f"trainer {trainer['name']!r} at {trainer['address']}, {progress.get('trained_steps', 0):,} training steps, "

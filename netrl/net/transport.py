@@ -188,6 +188,7 @@ class ClientLink:
         self._was_ready = False
         self._unanswered, self._last_unanswered_log = 0, 0.0  # connection attempts without a WELCOME in a row
         self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
+        self.hello_extra: dict[str, Any] = {}  # extra HELLO fields, e.g. a worker's packet bounds
         self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
         self._reported_at = 0.0  # when a HEARTBEAT last carried them
         self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
@@ -217,7 +218,8 @@ class ClientLink:
         self._send_hello()
 
     def _send_hello(self) -> None:
-        body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session}
+        body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session,
+                **self.hello_extra}
         sent = self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
         self._hello_at = time.monotonic() if sent else None
 

@@ -43,7 +43,7 @@ class MsgType(str, enum.Enum):
     SAMPLES = "samples"  # worker -> server: a packet of sample rows
     BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
     ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs), worker -> server (weights)
-    NACK = "nack"  # server -> worker: packets refused for now (spool full); resend them after retry_s
+    NACK = "nack"  # server -> worker: packets refused for now (spool full, over PACE); resend them after retry_s
     CREDIT = "credit"  # trainer -> server: how many more bundles it can take
     WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
     PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
@@ -68,19 +68,23 @@ class Message:
 # Body fields per message type: name -> (python types, required). Anything else in a body is malformed.
 _INT = (int,)
 _STR = (str,)
+_BOOL = (bool,)
 BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
+    # a worker's HELLO also declares the largest packet it makes (rows, bytes inflated) and whether it keeps to PACE
     MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
-                    "session": (_STR, True)},
+                    "session": (_STR, True), "max_rows": (_INT, False), "max_bytes": (_INT, False),
+                    "paced": (_BOOL, False)},
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
                       "window": (_INT, False), "weights_version": (_INT, False),
                       "max_message_bytes": (_INT, False)},
     MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
-    MsgType.HEARTBEAT: {"stats": ((dict,), False)},
+    MsgType.HEARTBEAT: {"stats": ((dict,), False), "flushing": (_BOOL, False)},  # flushing: a worker stopping
     MsgType.BYE: {"reason": (_STR, False)},
     MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
                       "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
     MsgType.BUNDLE: {"parts": ((list,), True)},
-    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False)},
+    # spooled: the server has the packets on disk, and the trainer not yet
+    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False)},
     MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
     MsgType.CREDIT: {"bundles": (_INT, True)},
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
@@ -134,6 +138,9 @@ def _check_hello(body: dict[str, Any]) -> None:
         raise MalformedMessage(f"HELLO session {body['session'][:40]!r} is not a valid id ({PEER_NAME_RULE})")
     if not VERSION_TEXT.fullmatch(body["netrl_version"]):
         raise MalformedMessage(f"HELLO netrl_version {body['netrl_version'][:40]!r} is not a version number")
+    for key in ("max_rows", "max_bytes"):
+        if key in body and body[key] < 1:
+            raise MalformedMessage(f"HELLO {key} {body[key]} is not a positive number")
 
 
 def _check_from_server(mtype: MsgType, body: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -47,6 +47,8 @@ __all__ = [
     "BUNDLE_HEADER_ROOM",
     "PROTOCOL_VERSION",
     "Codec",
+    "PacketLimits",
+    "PacketTooLarge",
     "buffer_from_message",
     "check_layout",
     "decode",
@@ -54,6 +56,7 @@ __all__ = [
     "encode_bundle",
     "frames_nbytes",
     "max_packet_bytes",
+    "sample_row_bytes",
     "samples_message",
     "split_bundle",
     "weight_parts",
@@ -77,6 +80,34 @@ _ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
 def max_packet_bytes(max_message_bytes: int) -> int:
     """The largest sample packet (or run of packets in one bundle) a trainer with this limit can accept."""
     return max_message_bytes - BUNDLE_HEADER_ROOM
+
+
+# The most one row's sample columns take: rew and policy_version may be 8-byte numbers, the four flags a byte each.
+SAMPLE_COLUMN_ROW_BYTES = 20
+
+
+def sample_row_bytes(leaves: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    """The most bytes one row of a packet takes with these act/obs leaves (name -> (dtype, row shape), as in a
+    :class:`~netrl.protocol.schema.SampleSchema`), its sample columns included."""
+    return SAMPLE_COLUMN_ROW_BYTES + sum(_ITEMSIZE.get(dtype, 8) * math.prod(shape) for dtype, shape in leaves.values())
+
+
+class PacketLimits(NamedTuple):
+    """How large a SAMPLES packet may be, checked by :func:`decode` before anything is inflated: its rows (the
+    header's ``n``) and the bytes its arrays take once decompressed (their declared sizes). ``source`` says where
+    each bound comes from, for the error message (e.g. "declared by the worker at HELLO")."""
+
+    rows: int
+    inflated_bytes: int
+    source: str = ""
+
+
+class PacketTooLarge(MalformedMessage):
+    """A sample packet beyond its :class:`PacketLimits`: refused before it was inflated. ``seq`` is the packet's."""
+
+    def __init__(self, message: str, seq: int) -> None:
+        super().__init__(message)
+        self.seq = seq
 
 
 
@@ -190,7 +221,8 @@ def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) ->
     return name, arr
 
 
-def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = True) -> Message:
+def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = True,
+           limits: PacketLimits | None = None) -> Message:
     """Parse and validate frames into a :class:`Message`.
 
     With ``inflate=False`` (the server, which reads sample packets but relays them as they came), integer arrays
@@ -198,7 +230,12 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     they come back as read-only zeros of their shape and dtype. Boolean and float arrays are always inflated and
     checked, and the trainer decodes everything in full before anything reaches its memory.
 
+    ``limits`` bounds a SAMPLES packet's rows and inflated bytes; both are checked from the header, before any
+    array is decompressed (and decompression never yields more than an array declares: see
+    :func:`~netrl.protocol.codecs.decompress`).
+
     Raises:
+        PacketTooLarge: a SAMPLES packet beyond ``limits``.
         MalformedMessage: the frames do not follow the layout in this module's docstring.
         VersionMismatch: the header carries another protocol version.
     """
@@ -234,6 +271,8 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     if len(frames) != 1 + len(specs):
         raise MalformedMessage(f"header lists {len(specs)} arrays but {len(frames) - 1} data frames follow")
     budget = max_bytes
+    if mtype is MsgType.SAMPLES and limits is not None:
+        budget = min(budget, _check_limits(msg, specs, limits))
     for spec, frame in zip(specs, frames[1:], strict=True):
         name, arr = _array(spec, frame, budget, max_bytes, inflate)
         if name in msg.arrays:
@@ -245,6 +284,23 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     elif mtype is MsgType.WEIGHTS:
         _check_weights_part(msg)
     return msg
+
+
+def _check_limits(msg: Message, specs: list[Any], limits: PacketLimits) -> int:
+    """Raise :class:`PacketTooLarge` for a packet whose header declares more rows, or more inflated bytes, than
+    ``limits``; the bytes its arrays may still take. (Each array's own entry is checked later, as it is read.)"""
+    rows, declared = msg.body["n"], 0
+    where = f" ({limits.source})" if limits.source else ""
+    if rows > limits.rows:
+        raise PacketTooLarge(f"samples packet {msg.seq} declares {rows} rows, over the bound of {limits.rows} rows per "
+                             f"packet{where}", msg.seq)
+    for spec in specs:  # a bad entry is refused by _array, in order; here only what the header claims counts
+        nbytes = spec.get("nbytes") if type(spec) is dict else None
+        declared += nbytes if type(nbytes) is int and nbytes > 0 else 0
+    if declared > limits.inflated_bytes:
+        raise PacketTooLarge(f"samples packet {msg.seq} declares arrays of {declared} bytes once inflated, over the "
+                             f"bound of {limits.inflated_bytes} bytes per packet{where}", msg.seq)
+    return limits.inflated_bytes
 
 
 def _short(value: Any) -> str:

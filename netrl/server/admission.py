@@ -37,9 +37,10 @@ class Admission:
     """The server's gate: HELLO checks, rejections and failed handshakes (counted in ``stats``, logged sparingly)."""
 
     def __init__(self, net: NetworkConfig, sockets: ServerSockets, peers: PeerTable,
-                 stats: ServerCounters, forget: Callable[[Peer], None], max_workers: int) -> None:
+                 stats: ServerCounters, forget: Callable[[Peer], None], max_workers: int,
+                 max_rows_per_packet: int = 65_536) -> None:
         self.net, self.sockets, self.peers, self.stats = net, sockets, peers, stats
-        self.max_workers = max_workers
+        self.max_workers, self.max_rows_per_packet = max_workers, max_rows_per_packet
         self.forget = forget  # the server's: drops a peer and whatever it was doing
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
 
@@ -63,7 +64,7 @@ class Admission:
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         peer = Peer(rid, role, body["worker_id"], body["session"], rid_frame.get("Peer-Address") or "?", liveness,
                     key=key)
-        problem = self.peers.session_problem(peer)
+        problem = self.peers.session_problem(peer) or self._declared(peer, body)
         if problem:
             self.refuse(role, rid, None, problem, problem)
             return None
@@ -81,6 +82,8 @@ class Admission:
                 self._trainer_replaced(old, peer)
             else:  # the same process: a network blip, or a HELLO again on the same connection
                 log.info("%s %s", old.label, "said HELLO again" if old.rid == rid else "replaced by a new connection")
+                if role == "worker" and old.session == peer.session:
+                    peer.carry_over(old)
             self.forget(old)
         self.peers.add(peer)
         log.info("%s connected (netrl %s)", peer.label, body["netrl_version"])
@@ -97,6 +100,20 @@ class Admission:
                         "server's logs and status cannot tell them apart (by default a worker takes its host name)",
                         peer.label, twin.label, drop_after)
         return peer
+
+    def _declared(self, peer: Peer, body: dict[str, Any]) -> str | None:
+        """Take a worker's declared packet bounds and pacing; why it may not connect (packets no server cap lets
+        through would be refused one by one), or None."""
+        if peer.role != "worker":
+            return None
+        peer.max_rows, peer.max_bytes = body.get("max_rows", 0), body.get("max_bytes", 0)
+        peer.paced = body.get("paced", True)
+        if peer.max_rows > self.max_rows_per_packet:
+            return (f"worker {peer.name!r} makes packets of up to {peer.max_rows} rows, over this server's "
+                    f"server.max_rows_per_packet ({self.max_rows_per_packet}): lower the worker's "
+                    "worker.min_samples_per_worker_packet, or raise server.max_rows_per_packet on the server and the "
+                    "trainer")
+        return None
 
     def _trainer_replaced(self, old: Peer, new: Peer) -> None:
         """Another trainer process took over: the newest trainer gets the samples. If the old one still runs (two

@@ -30,7 +30,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import ProtocolError, SampleRejected
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema, load_schema, save_schema
-from netrl.protocol.wire import BUNDLE_HEADER_ROOM, frames_nbytes
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, PacketLimits, PacketTooLarge, frames_nbytes, sample_row_bytes
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import MAX_COUNT, MAX_REPORTED, Peer, PeerTable, QueuedPacket
@@ -55,11 +55,13 @@ class SampleIntake:
 
     def __init__(self, net: NetworkConfig, max_queue_bytes: int, schema_path: Path, peers: PeerTable,
                  admission: Admission, relay: SampleRelay, stats: ServerCounters,
-                 send: Callable[[Peer, Message], None]) -> None:
+                 send: Callable[[Peer, Message], None], max_rows_per_packet: int = 65_536) -> None:
         self.net, self.max_queue_bytes, self.schema_path = net, max_queue_bytes, schema_path
+        self.max_rows_per_packet = max_rows_per_packet
         self.peers, self.admission, self.stats, self.send = peers, admission, stats, send
         self.relay = relay
         self.schema: SampleSchema | None = None
+        self._row_bytes: tuple[SampleSchema | None, int] = (None, 0)  # the layout's most bytes per row
         self.progress: dict[str, int] | None = None  # the trainer's latest PROGRESS (None: no trainer)
         self.workers_joined = False  # since the last pass of the server's loop
 
@@ -97,12 +99,58 @@ class SampleIntake:
         if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:  # (resends: ok)
             self._over_window(peer, msg.seq, nbytes, held)
             return
+        if self._over_pace(peer, msg.seq, steps):
+            return
         peer.produced_up_to(msg.body["produced"])
-        outcome = self.relay.accept(packet, self.peers.trainer is not None)
+        outcome = self.relay.accept(packet, self.peers.trainer is not None, spool_now=peer.flushing)
         if outcome in ("held", "spooled"):
             peer.samples += steps
             peer.packets += 1
+            peer.pace_budget -= steps
             self.stats.samples_in += steps
+
+    def packet_limits(self, peer: Peer | None) -> PacketLimits:
+        """How large a packet from ``peer`` may be, checked before it is inflated: the rows and bytes it declared at
+        HELLO, within ``server.max_rows_per_packet``, the trainer's layout (rows times the bytes of a row) and
+        ``network.max_message_bytes``."""
+        rows, nbytes = self.max_rows_per_packet, self.net.max_message_bytes
+        source = f"server.max_rows_per_packet is {rows}"
+        if peer is not None and peer.max_rows:
+            rows = min(rows, peer.max_rows)
+            source = f"the worker declared {peer.max_rows} rows at HELLO; {source}"
+        if peer is not None and peer.max_bytes:
+            nbytes = min(nbytes, peer.max_bytes)
+            source += f"; it declared {peer.max_bytes} bytes"
+        if self.schema is not None:
+            if self._row_bytes[0] is not self.schema:  # asked for every message: computed once per layout
+                self._row_bytes = (self.schema, sample_row_bytes(self.schema.leaves))
+            nbytes = min(nbytes, rows * self._row_bytes[1])
+        return PacketLimits(rows, nbytes, source)
+
+    def on_oversized(self, peer: Peer, exc: PacketTooLarge) -> None:
+        """A packet beyond its worker's bounds, refused before it was inflated: counted, and a NACK tells the worker
+        not to resend it (an honest worker never makes one: its bounds are its own configuration)."""
+        peer.oversized += 1
+        self.stats.oversized_packets += 1
+        self._refuse(peer, exc.seq, str(exc))
+
+    def _over_pace(self, peer: Peer, seq: int, steps: int) -> bool:
+        """While the trainer paces, a packet beyond the samples its worker was allowed (PACE) is held back with a
+        NACK (the worker resends it once a PACE allows more): a worker that ignores its allowance would otherwise
+        take the other workers' share. Real-time workers (``paced`` false at HELLO) are never held."""
+        if (self.progress is None or not peer.paced or steps <= max(0, peer.pace_budget)
+                or (peer.session, seq) in self.relay.held):
+            return False
+        peer.over_pace += 1
+        self.stats.pace_refusals += 1
+        reason = (f"over this worker's PACE allowance: the trainer paces the samples it takes, and this worker may "
+                  f"deliver {max(0, peer.pace_budget)} more (its allowance is {peer.allowance} samples produced in "
+                  f"all), not the {steps} of this packet; a throttled worker waits for its allowance")
+        if worth_logging(peer.over_pace, first=3):
+            log.warning("held back a packet of %d samples from %s, %s (%d held back so far)", steps, peer.label,
+                        reason, peer.over_pace)
+        self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 1.0, "reason": reason}))
+        return True
 
     def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
         """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
@@ -128,7 +176,13 @@ class SampleIntake:
             self.tell_worker(peer.session, MsgType.ACK, {"seqs": []})
 
     def on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        """A peer's heartbeat: its counters for --status and, from a worker, the samples it has produced."""
+        """A peer's heartbeat: its counters for --status and, from a worker, the samples it has produced, and
+        whether it is stopping (its packets then go to the spool at once, and it is told so)."""
+        if msg.body.get("flushing") and peer.role == "worker" and not peer.flushing:
+            peer.flushing = True
+            moved = self.relay.spool_now(peer.session)
+            log.info("%s is stopping: %d of its packets waiting in memory went to the spool, and so do the ones it "
+                     "still sends", peer.label, moved)
         stats = msg.body.get("stats")
         if not isinstance(stats, dict):
             return
@@ -207,4 +261,4 @@ class SampleIntake:
         for worker, allowance in self.peers.raised_allowances(wanted, IDLE_HEARTBEATS * self.net.heartbeat_interval_s):
             # kept and sent later if its queue is full (netrl.server.outbound)
             self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))
-            worker.allowance = allowance
+            worker.granted(allowance)

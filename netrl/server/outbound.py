@@ -132,5 +132,6 @@ class Outbound:
 def _merges(last: Message, msg: Message) -> bool:
     if msg.type not in _MERGED or len(last.body["seqs"]) + len(msg.body["seqs"]) > ACK_CHUNK:
         return False
-    return msg.type is MsgType.ACK or (last.body.get("reason"), last.body.get("retry_s")) == (
-        msg.body.get("reason"), msg.body.get("retry_s"))
+    if msg.type is MsgType.ACK:  # "spooled" and "delivered to the trainer" stay apart: a stopping worker tells them
+        return bool(last.body.get("spooled")) == bool(msg.body.get("spooled"))
+    return (last.body.get("reason"), last.body.get("retry_s")) == (msg.body.get("reason"), msg.body.get("retry_s"))

@@ -54,6 +54,15 @@ class Peer:
     bad_reports: int = 0  # heartbeats with counters that were ignored
     key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
     told_trainer: int | None = None  # a worker: whether a trainer is connected, as the server last told it
+    # a worker's HELLO: the largest packet it makes (0: not declared, the server's caps alone), and whether it keeps
+    # to PACE (a real-time worker does not: its packets are never held for pacing)
+    max_rows: int = 0
+    max_bytes: int = 0
+    paced: bool = True
+    pace_budget: int = 0  # samples it may still deliver: PACE raises granted, less the samples accepted since
+    over_pace: int = 0  # packets refused because they went beyond its PACE allowance
+    oversized: int = 0  # packets refused because they went beyond its declared bounds or the server's
+    flushing: bool = False  # it is stopping: its packets go to the spool at once, so that its stop is quick and safe
 
     @property
     def label(self) -> str:
@@ -73,6 +82,18 @@ class Peer:
                 ignored.append(f"{k!r:.48}={v!r:.32}")
         self.reported = kept
         return ignored
+
+    def granted(self, allowance: int) -> None:
+        """A PACE raising its allowance to ``allowance`` was sent: what that lets it produce beyond what it had (or
+        beyond its count, if it has used up its allowance) is added to what it may deliver."""
+        self.pace_budget += max(0, allowance - max(self.allowance, self.produced))
+        self.allowance = allowance
+
+    def carry_over(self, old: Peer) -> None:
+        """Its own session reconnecting (a network blip): keep what the server granted and counted, so that
+        resending its unacknowledged packets neither costs it its allowance nor lets it take more than its share."""
+        self.produced, self.produced_at, self.allowance = old.produced, old.produced_at, old.allowance
+        self.pace_budget, self.over_pace, self.oversized = old.pace_budget, old.over_pace, old.oversized
 
     def produced_up_to(self, produced: int) -> None:
         """The worker says it has produced this many env steps (a packet's or a heartbeat's count)."""
@@ -97,7 +118,8 @@ class Peer:
                  "reported": dict(self.reported)}
         if self.role == "worker":  # the version this trainer session sent it, or else the one it says it holds
             held = self.version if self.version >= 0 else int(self.reported.get("version", -1))  # (a restart)
-            about.update(version=held, samples=self.samples, packets=self.packets)
+            about.update(version=held, samples=self.samples, packets=self.packets, paced=self.paced,
+                         over_pace=self.over_pace, oversized=self.oversized)
         return about
 
 

@@ -83,15 +83,16 @@ class SampleRelay:
         self._stale_scan_at = 0.0  # spool_stale rests until then after keeping packets past their share
 
     # -- packets in ----------------------------------------------------------------------------------------------
-    def accept(self, packet: QueuedPacket, trainer_connected: bool) -> Outcome:
+    def accept(self, packet: QueuedPacket, trainer_connected: bool, spool_now: bool = False) -> Outcome:
         """Hold, spool or refuse a worker's packet, and tell the worker when that settles it (ACK or NACK). (Each
-        worker's share of the memory is enforced before: :meth:`netrl.server.intake.SampleIntake.on_samples`.)"""
+        worker's share of the memory is enforced before: :meth:`netrl.server.intake.SampleIntake.on_samples`.)
+        ``spool_now``: the worker is stopping, so the packet goes to the spool rather than wait in memory."""
         key = (packet.session, packet.seq)
         if key in self.held:  # a resend of a packet still held: it is acknowledged with the original
             self.stats.resends_ignored += 1
             return "duplicate"
         cost = memory_cost(packet)
-        if trainer_connected and self.mem_bytes + cost <= self.max_queue_bytes:
+        if trainer_connected and not spool_now and self.mem_bytes + cost <= self.max_queue_bytes:
             self.queue.append(packet)
             self.held.add(key)
             self.held_cost[packet.session] = self.held_cost.get(packet.session, 0) + cost
@@ -107,8 +108,8 @@ class SampleRelay:
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "no trainer is connected"
                          if not trainer_connected else f"the memory queue is full ({self.mem_bytes} bytes)")
-            if self._spool(packet):
-                self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq]})  # on disk: the server has it
+            if self._spool(packet):  # on disk: the server has it
+                self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq], "spooled": True})
                 return "spooled"
             reason = "the server cannot write its spool"
         self.stats.samples_refused += packet.steps
@@ -327,7 +328,27 @@ class SampleRelay:
             self.queue.extendleft(reversed(kept))
             self._stale_scan_at = now + 0.5
         for session, seqs in acks.items():
-            self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
+            self.tell_worker(session, MsgType.ACK, {"seqs": seqs, "spooled": True})
+
+    def spool_now(self, session: str) -> int:
+        """A stopping worker's packets waiting in memory go to the spool at once, and it is told they are spooled:
+        otherwise it would wait for the trainer, or for ``spool_after_s``, and could stop first, its last packets
+        unconfirmed. Those past its share of the spool, or that the disk refuses, stay in memory. Returns how many
+        moved."""
+        moved: list[int] = []
+        kept: collections.deque[QueuedPacket] = collections.deque()
+        for packet in self.queue:
+            if (packet.session == session and self.spool.fits(packet.nbytes) and self._spool_share_ok(packet)
+                    and self._spool(packet)):
+                self.queued_steps -= packet.steps
+                self._release(packet)
+                moved.append(packet.seq)
+            else:
+                kept.append(packet)
+        self.queue = kept
+        if moved:
+            self.tell_worker(session, MsgType.ACK, {"seqs": moved, "spooled": True})
+        return len(moved)
 
     def _release(self, packet: QueuedPacket) -> None:
         """A packet held in memory is settled (the trainer or the spool has it): its worker's window opens."""

@@ -36,7 +36,7 @@ from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import decode
+from netrl.protocol.wire import PacketTooLarge, decode
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
@@ -73,6 +73,7 @@ class Server:
         status_interval_s: seconds between status log lines (0: none).
         max_weights_bytes: the largest weight version cached and relayed.
         max_workers: workers connected at once; a new one beyond it is refused.
+        max_rows_per_packet: rows a sample packet may hold, whatever its worker declares.
     """
 
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
@@ -81,7 +82,8 @@ class Server:
                  spool_after_s: float = 2.0, spool_dir: str | Path = "weights/server-spool",
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
                  status_port: int | None = None, status_interval_s: float = 10.0,
-                 max_weights_bytes: int = 1 << 30, max_workers: int = 1000) -> None:
+                 max_weights_bytes: int = 1 << 30, max_workers: int = 1000,
+                 max_rows_per_packet: int = 65_536) -> None:
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
@@ -101,7 +103,8 @@ class Server:
                                                     "ports and another spool folder"))
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
-        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers)
+        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers,
+                                   max_rows_per_packet)
         self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
         self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
         self.spool = Spool(spool_dir, spool_max_bytes, fsync)
@@ -110,7 +113,7 @@ class Server:
                                  self.stats, self._send_to_trainer, self._tell_worker,
                                  lambda: [w.name for w in self.peers.workers()])
         self.intake = SampleIntake(self.net, max_queue_bytes, Path(spool_dir) / "schema.json", self.peers,
-                                   self.admission, self.relay, self.stats, self.out.must_send)
+                                   self.admission, self.relay, self.stats, self.out.must_send, max_rows_per_packet)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
         # what the server does with each message a peer may send it after HELLO (check_role has let it through)
@@ -130,7 +133,8 @@ class Server:
                    max_packet_delay_s=s.max_packet_delay_s, max_queue_bytes=s.max_queue_bytes,
                    spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
                    fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s,
-                   max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers)
+                   max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers,
+                   max_rows_per_packet=s.max_rows_per_packet)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -266,7 +270,7 @@ class Server:
             peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
         try:
             # compressed images stay compressed: the server checks their layout, the trainer their contents
-            msg = decode(frames[1:], self.net.max_message_bytes, inflate=False)
+            msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
                 self._hello(role, rid, msg, frames[0])
                 return
@@ -280,6 +284,12 @@ class Server:
                 self.admission.reply(role, rid, "unknown peer: say HELLO")
                 return
             check_role(peer.role, msg)
+        except PacketTooLarge as exc:  # checked before inflating
+            if peer is not None and peer.role == "worker":
+                self.intake.on_oversized(peer, exc)
+            else:
+                self.admission.reject(role, rid, peer, str(exc))
+            return
         except VersionMismatch as exc:
             self.admission.refuse(role, rid, peer, f"{exc}; install the same netrl version on the server and the "
                                   f"{role}", str(exc))

@@ -36,7 +36,7 @@ from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
-from netrl.protocol.wire import buffer_from_message, decode, encode, weight_parts
+from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode, weight_parts
 from netrl.samples import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
@@ -89,6 +89,7 @@ class TrainerLink(NetThread):
         self.record_version = record_version  # notes a version on disk before it is sent (Trainer._record_version)
         self._status = StatusClock(status_interval_s)
         self.schema = schema
+        self.packet_limits: PacketLimits | None = None  # checked on every packet before it is inflated
         self.credit_window = credit_window
         self.deliveries = deliveries
         self.sample_log = sample_log
@@ -312,7 +313,7 @@ class TrainerLink(NetThread):
         bufs = []
         for part in msg.parts:
             try:
-                sample_msg = decode(part, self.link.net.max_message_bytes)
+                sample_msg = decode(part, self.link.net.max_message_bytes, limits=self.packet_limits)
                 if sample_msg.type is not MsgType.SAMPLES:
                     raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
                 if self.schema is not None:

@@ -30,7 +30,7 @@ from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
 from netrl.protocol.schema import SampleSchema, probe_copy
-from netrl.protocol.wire import buffer_from_message, decode
+from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sample_row_bytes
 from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.segments import Position
@@ -61,6 +61,8 @@ class Trainer:
         sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
         keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
         status_interval_s: seconds between status log lines (0: none).
+        max_rows_per_packet: rows a sample packet may hold (the server's ``server.max_rows_per_packet``): a packet
+            beyond it, or beyond that many rows of the expected layout in bytes, is refused before it is inflated.
     """
 
     def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
@@ -69,7 +71,8 @@ class Trainer:
                  wandb_mode: WandbMode = "offline", wandb_project: str = "netrl", wandb_entity: str | None = None,
                  config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
                  persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
-                 keys: ClientKeys | None = None, status_interval_s: float = 0.0) -> None:
+                 keys: ClientKeys | None = None, status_interval_s: float = 0.0,
+                 max_rows_per_packet: int = 65_536) -> None:
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
         self.training_cls = training_cls
@@ -89,6 +92,7 @@ class Trainer:
         self.resume, self.persist_samples, self.fsync = resume, persist_samples, fsync
         self.sample_compressor, self.keys = sample_compressor, keys
         self.status_interval = status_interval_s
+        self.max_rows_per_packet = max_rows_per_packet
         self.session = new_session()
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
@@ -122,7 +126,7 @@ class Trainer:
                    resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
                    sample_compressor=pipeline.sample_compressor,
                    keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None,
-                   status_interval_s=cfg.status_interval_s)
+                   status_interval_s=cfg.status_interval_s, max_rows_per_packet=cfg.server.max_rows_per_packet)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close.
@@ -190,6 +194,9 @@ class Trainer:
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
                                      self._record_version)
         net.version = training.version
+        rows = self.max_rows_per_packet
+        net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
+            schema.leaves)), f"server.max_rows_per_packet is {rows}, in the trainer's config too")
         self._saved = self._progress()  # what the checkpoint on disk (if any) holds
         if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish nothing, save nothing
             return

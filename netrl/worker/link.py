@@ -82,6 +82,7 @@ class WorkerLink(NetThread):
         self.pipe_drops = collections.Counter({"dropped_packets": 0, "dropped_samples": 0})
         self._last_pipe_warning = 0.0
         self.flushing = threading.Event()  # set by flush(): the worker is stopping, so reconnect without back-off
+        self._told_flushing = False  # the server knows, on this connection, that this worker is stopping
         self.weight_stats: dict[str, Any] = {}
         self.allowance = 0
         self.pace_cond = threading.Condition()
@@ -204,6 +205,7 @@ class WorkerLink(NetThread):
         if self.backlog and self.counts["connections"]:
             log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
         self.counts["connections"] += 1
+        self._told_flushing = False
         self.weights_ack = None  # the server's new session for this worker waits for no ACK
         self.server_window = self.link.welcome.get("window")
         self.inflight.clear()
@@ -224,6 +226,10 @@ class WorkerLink(NetThread):
         self._status_line()
         if self.flushing.is_set() and self.backlog:
             self.link.reconnect_now()  # the flush timeout is shorter than the longest back-off
+        if self.flushing.is_set() and self.link.ready and not self._told_flushing:
+            # the server then spools this worker's packets at once and says so, rather than hold them for the trainer
+            self._told_flushing = self.link.send(encode(Message(MsgType.HEARTBEAT, self.worker_id,
+                                                                body={**self._heartbeat_stats(), "flushing": True})))
         if self.waiting:
             now = time.monotonic()
             ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
@@ -280,11 +286,15 @@ class WorkerLink(NetThread):
                 self._ack_weights()
         elif msg.type is MsgType.ACK:
             self.server_window = msg.body.get("window", self.server_window)
+            spooled = msg.body.get("spooled") is True  # on the server's disk: safe, though the trainer lacks them
             for seq in msg.body["seqs"]:
                 packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None
                 if packet is not None:
                     self.counts["acked_packets"] += 1
                     self.counts["acked_samples"] += packet.steps
+                    if spooled:
+                        self.counts["spooled_packets"] += 1
+                        self.counts["spooled_samples"] += packet.steps
                     self._forget(seq, packet)
             self._pump()
         elif msg.type is MsgType.NACK:

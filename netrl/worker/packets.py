@@ -21,7 +21,15 @@ import numpy as np
 from netrl.errors import ConfigError
 from netrl.net.thread import Command, command_head
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import BUNDLE_HEADER_ROOM, Codec, encode, frames_nbytes, max_packet_bytes, samples_message
+from netrl.protocol.wire import (
+    BUNDLE_HEADER_ROOM,
+    Codec,
+    encode,
+    frames_nbytes,
+    max_packet_bytes,
+    sample_row_bytes,
+    samples_message,
+)
 from netrl.samples import Buffer, BufferBuilder, EpisodeStats
 
 __all__ = ["PacketMaker"]
@@ -50,11 +58,20 @@ class PacketMaker:
         self._builder = BufferBuilder(min_samples + overlap + 2, overlap)
         self._first_unsent = 0.0
         self._size_checked = False  # the packet size was checked against the server's limit
+        self._row_bytes = 0  # the most one row takes, from the spaces (0: not known, see follow)
+
+    def bounds(self) -> dict[str, int]:
+        """The largest packet this worker makes, as its HELLO declares it: the rows of one block of columns (a packet
+        is cut before they overflow, context rows included) and, once the spaces are known, their bytes inflated.
+        The server and the trainer refuse a packet beyond them before inflating it."""
+        rows = self._builder.capacity
+        return {"max_rows": rows, "max_bytes": rows * self._row_bytes} if self._row_bytes else {"max_rows": rows}
 
     def follow(self, schema: SampleSchema) -> None:
         """Store leaves in the dtypes ``schema`` (the env's spaces, after the sample compressor) gives them, which
         the trainer expects: an env whose float32 space returns float64 observations still sends float32."""
         self._builder.dtypes = {name: np.dtype(dtype) for name, (dtype, _shape) in schema.leaves.items()}
+        self._row_bytes = sample_row_bytes(schema.leaves)
 
     def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
             reset: bool, version: int, networked: bool) -> None:

@@ -158,7 +158,7 @@ class RolloutWorker:
         self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
         self._saved_versions = 0
-        self.samples_unacknowledged = 0  # at close: samples the server never acknowledged, lost unless it spooled them
+        self.samples_unacknowledged = 0  # at close: samples the server neither spooled nor delivered (at risk)
         self._runs = Runs(lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network "
                                              "thread are gone; create a new one"),
                           lambda runner: NetrlError(f"worker {self.worker_id} is already running in {runner.name}: "
@@ -257,6 +257,7 @@ class RolloutWorker:
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
+            self.net.link.hello_extra = {**self.packets.bounds(), "paced": self.throttle}
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
@@ -325,12 +326,15 @@ class RolloutWorker:
         unacked += lost
         self.samples_unacknowledged = unacked
         level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
+        spooled = (f"; {c['spooled_samples']} of the acknowledged samples are spooled at the server (safe on its "
+                   "disk: the trainer gets them when it catches up)") if c["spooled_samples"] else ""
         log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
-                "%d rejected, %d unacknowledged", self.worker_id, self.session, self.produced, self.seq,
-                c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked)
+                "%d rejected, %d unacknowledged%s", self.worker_id, self.session, self.produced, self.seq,
+                c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked, spooled)
         if not flushed and unacked_packets:
-            log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: they are lost unless "
-                        "the server already spooled them", self.worker_id, unacked_packets, unacked - lost)
+            log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: the server had neither "
+                        "spooled them nor delivered them to the trainer, so they are lost if they did not reach it or "
+                        "if it stops before the trainer takes them", self.worker_id, unacked_packets, unacked - lost)
 
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,

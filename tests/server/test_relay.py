@@ -174,7 +174,7 @@ def test_a_disk_that_refuses_the_spool_loses_nothing(tmp_path: Path, monkeypatch
     monkeypatch.undo()  # the disk has room again: the packet is spooled and acknowledged
     relay._spool_retry_at = 0.0
     relay.spool_stale(now=121.0, trainer_connected=False)
-    assert not relay.queue and spool.packets == 1 and r.told == [("a", MsgType.ACK, {"seqs": [2]})]
+    assert not relay.queue and spool.packets == 1 and r.told == [("a", MsgType.ACK, {"seqs": [2], "spooled": True})]
 
 
 def test_a_spool_that_cannot_be_read_sends_no_empty_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,7 +294,7 @@ def test_stale_packets_past_their_workers_share_stay_in_memory_in_order(tmp_path
     for worker, seq in (("sim", 6), ("robot", 1), ("sim", 7), ("robot", 2)):
         assert _offer(r, worker, seq, trainer=True) == "held"
     r.relay.spool_stale(now=120.0, trainer_connected=True)
-    assert r.told == [("robot", MsgType.ACK, {"seqs": [1, 2]})]  # the simulator's wait, unacknowledged
+    assert r.told == [("robot", MsgType.ACK, {"seqs": [1, 2], "spooled": True})]  # the simulator's wait, unacknowledged
     assert [(p.worker, p.seq) for p in r.relay.queue] == [("sim", 6), ("sim", 7)]
     assert r.relay.queued_steps == 8 and r.relay.spool.by_worker == {"sim": 500, "robot": 200}
     r.relay.add_credit(1)
@@ -331,4 +331,4 @@ def test_with_the_trainer_gone_packets_waiting_in_memory_are_spooled_at_once(tmp
     r.relay.trainer_left()
     r.relay.spool_stale(now=0.5, trainer_connected=False)  # well within spool_after_s (60 s here)
     assert not r.relay.queue and r.relay.spool.packets == 3
-    assert r.told == [("a", MsgType.ACK, {"seqs": [1, 2, 3]})]
+    assert r.told == [("a", MsgType.ACK, {"seqs": [1, 2, 3], "spooled": True})]
