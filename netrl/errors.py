@@ -13,7 +13,8 @@
     ├── TransportError          a socket could not be bound or connected (says which config key to change)
     ├── SecurityError           keys are missing or a setting would expose an unencrypted port
     ├── FolderInUse             another live process holds this run folder or spool folder
-    └── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
+    ├── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
+    └── TrainingDiverged        training steps kept going non-finite (trainer.max_nonfinite_steps in a row)
 
 Every message says what went wrong and, where there is one, what to do about it.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "RoleViolation",
     "SampleRejected",
     "SecurityError",
+    "TrainingDiverged",
     "TransportError",
     "VersionMismatch",
 ]
@@ -96,3 +98,8 @@ class CheckpointError(NetrlError):
 class FolderInUse(NetrlError):
     """Another live process holds the run folder or spool folder this process was given (see
     netrl.storage.folderlock)."""
+
+
+class TrainingDiverged(NetrlError):
+    """Training steps kept making the losses or the agent's state non-finite: each was undone, and after
+    ``trainer.max_nonfinite_steps`` of them in a row the trainer stops (exit code 1)."""
