@@ -435,11 +435,11 @@ class Trainer:
         else:
             policy = f"policy saved to {self.model_path}"
         guards = self.training.safeguards if self.training else None
-        log.info("trainer stopped%s; %s; %d sample packets rejected, %d refused for their values, %d the memory could "
-                 "not store, %d malformed messages from the server, %d duplicate packets dropped, %d training steps "
-                 "undone (not finite)", " by the error that follows" if failing else "", policy, stats["rejected"],
-                 guards.refused if guards else 0, self.training.unstored if self.training else 0, malformed,
-                 stats["duplicates"], guards.nonfinite_steps if guards else 0)
+        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
+                 "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
+                 "steps undone (not finite)", " by the error that follows" if failing else "", policy,
+                 stats["rejected"], self.training.unstored if self.training else 0, malformed, stats["duplicates"],
+                 guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
         if failed is not None and raise_errors:
             raise failed
 
