@@ -209,11 +209,11 @@ def test_a_user_agent_without_state_dict_is_undone_too_when_only_its_gradient_go
         list(t.run_epoch(source, threading.Event()))  # type: ignore[arg-type]
     # The 4th call's loss is finite, so only the check of the whole state at the round's end sees its weights:
     # back to the state last checked, the start, undoing the 4 steps since.
-    assert agent.calls == 4 and t.safeguards is not None and t.safeguards.nonfinite_steps == 1
+    assert agent.calls == 4 and torch.equal(agent.actor.lin.weight, initial)
+    assert t.safeguards is not None and t.safeguards.nonfinite_steps == 1
     assert ("the agent's state after training step 4 was not finite (actor.lin.weight, opt.state[0].momentum_buffer) "
             "(packets came lately from w): the agent and its optimisers are back at their last finite state, undoing "
             "the last 4 training steps (1 time so far") in caplog.text
-    assert torch.equal(agent.actor.lin.weight, initial)
     assert not agent.opt.state[agent.actor.lin.weight]["momentum_buffer"].any()  # as a new optimiser's: zeros
     agent.poison = set()
     t.epoch, t.epochs = 0, 2
