@@ -14,7 +14,8 @@
     ├── SecurityError           keys are missing or a setting would expose an unencrypted port
     ├── FolderInUse             another live process holds this run folder or spool folder
     ├── EnvFailure              an env call hung, or a thread of the env died (the worker stops, exit code 1)
-    └── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
+    ├── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
+    └── TrainingDiverged        training steps kept going non-finite (trainer.max_nonfinite_steps in a row)
 
 Every message says what went wrong and, where there is one, what to do about it.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "RoleViolation",
     "SampleRejected",
     "SecurityError",
+    "TrainingDiverged",
     "TransportError",
     "VersionMismatch",
 ]
@@ -102,3 +104,8 @@ class FolderInUse(NetrlError):
 
 class EnvFailure(NetrlError):
     """An env call did not return within its time limit, or a thread of the process (one the env runs) died."""
+
+
+class TrainingDiverged(NetrlError):
+    """Training steps kept making the losses or the agent's state non-finite: each was undone, and after
+    ``trainer.max_nonfinite_steps`` of them in a row the trainer stops (exit code 1)."""

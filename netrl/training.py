@@ -34,9 +34,10 @@ import torch
 
 from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
-from netrl.envs.checks import check_spaces
+from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
 from netrl.memory.replay import ReplayMemory
+from netrl.safeguards import Safeguards
 from netrl.samples import Batch, Buffer
 from netrl.util import worth_logging
 
@@ -163,6 +164,8 @@ class TrainingOffline:
     memory_size: int | None = None
     batch_size: int | None = None
     seed: int | None = None
+    max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.safeguards)
+    max_nonfinite_steps: int = 100  # non-finite training steps in a row, each undone, before TrainingDiverged (0: off)
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -171,6 +174,7 @@ class TrainingOffline:
         self.round = self.round_steps = 0  # the round of the epoch under way, and its training steps so far
         self.version = 0
         self.unstored = 0  # packets the memory refused (ValueError): skipped, logged and counted
+        self.safeguards: Safeguards | None = None  # value limits, the undo of non-finite steps (see build)
         self.published_updates = -1  # total_updates when the actor was last published as ``version``
         self.memory: MemoryDataloading | None = None
         self.agent: TrainingAgent | None = None
@@ -203,6 +207,8 @@ class TrainingOffline:
         self.observation_space, self.action_space = obs_space, act_space
         self.memory = self._build_memory(device)
         self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
+        self.safeguards = Safeguards(value_limits(obs_space, act_space, self.max_abs_reward), self.agent,
+                                     self.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(self.agent)
         if not self.agent_has_state:
             name = type(self.agent).__name__
@@ -257,8 +263,11 @@ class TrainingOffline:
     def publish(self, source: SampleSource) -> None:
         """Send the actor under the next free number (above any the source says is taken: see _renumber)."""
         assert self.agent is not None
+        actor = self.agent.get_actor()
+        if self.safeguards is not None and not self.safeguards.publishable(actor):
+            return
         self.version = max(self.version, source.taken_version()) + 1
-        source.publish(self.agent.get_actor(), self.version, self.total_updates)
+        source.publish(actor, self.version, self.total_updates)
         self.published_updates = self.total_updates
 
     def _renumber(self, source: SampleSource) -> bool:
@@ -290,6 +299,8 @@ class TrainingOffline:
         replaying the sample log after a restart makes the same staleness decisions.
         """
         assert self.memory is not None
+        if self.safeguards is not None and self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
+            return 0
         ends = ~(buf.reset | buf.context)
         recv = buf.recv_version if buf.recv_version >= 0 else self.version
         lag = recv - np.maximum(buf.policy_version, 0)
@@ -334,13 +345,15 @@ class TrainingOffline:
         """The loop's counters, for a checkpoint."""
         return {"epoch": self.epoch, "total_updates": self.total_updates, "total_samples": self.total_samples,
                 "version": self.version, "round": self.round, "round_steps": self.round_steps,
-                "round_stats": self._round.to_state()}
+                "round_stats": self._round.to_state(), **(self.safeguards.state() if self.safeguards else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.epoch, self.total_updates = int(state["epoch"]), int(state["total_updates"])
         self.total_samples, self.version = int(state["total_samples"]), int(state["version"])
         # where in the epoch a stopped trainer was (checkpoints before these keys resume at the epoch's start)
         self.round, self.round_steps = int(state.get("round", 0)), int(state.get("round_steps", 0))
+        if self.safeguards is not None:
+            self.safeguards.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
             self._round = _RoundStats.from_state(state["round_stats"])
             # its clock runs on from when training does: rebuilding the memory is not the round's time
@@ -364,6 +377,8 @@ class TrainingOffline:
         if self.agent_scheduler is not None:
             self.agent_scheduler(self.agent, self.epoch)
         profiler = cProfile.Profile() if self.profiling else None
+        assert self.safeguards is not None
+        self.safeguards.begin()  # the state a non-finite step goes back to (a checkpoint's, loaded after build)
         if self._resumed_elapsed is not None:
             self._round.started, self._resumed_elapsed = time.monotonic() - self._resumed_elapsed, None
         first_round, first_step = self.round, self.round_steps  # mid-epoch after a resume, else 0, 0
@@ -378,7 +393,8 @@ class TrainingOffline:
                 if stop.is_set():
                     return
                 renumbered = self._renumber(source)  # checked every step: it costs a method call
-                if not renumbered and self.total_updates % self.update_model_interval == 0 and self.total_updates > 0:
+                if (not renumbered and self.total_updates % self.update_model_interval == 0 and self.total_updates > 0
+                        and self.published_updates != self.total_updates):  # (not again after a step was undone)
                     self.publish(source)
                 if profiler:
                     profiler.enable()
@@ -394,12 +410,15 @@ class TrainingOffline:
                 self._round.sample_s += t1 - t0
                 if profiler:
                     profiler.disable()
+                self.round_steps += 1  # a step undone takes its place in the round, but trains nothing
+                if not self.safeguards.accept(metrics, self.memory, self.total_updates + 1):
+                    continue
                 self.total_updates += 1
-                self.round_steps += 1
                 self._round.steps += 1
                 for k, v in metrics.items():
                     self._round.metric_sums[k] = self._round.metric_sums.get(k, 0.0) + float(v)
                 self._report(source)
+            self.safeguards.settle(self.total_updates)  # a round ends on a finite state, which a save may keep
             yield self._round_summary(rnd)
             self._round = _RoundStats()  # after the round, not before: the first one keeps what arrived before it
         self.epoch, self.round, self.round_steps = self.epoch + 1, 0, 0
@@ -438,6 +457,7 @@ class TrainingOffline:
             "test_return_mean": float(np.mean(r.test_returns)) if r.test_returns else None,
             "lag_min": lag[0] if lag else None, "lag_mean": lag[1] if lag else None, "lag_max": lag[2] if lag else None,
             "stale_samples": r.stale,
+            **(self.safeguards.state() if self.safeguards else {}),
         }
         for k, total in r.metric_sums.items():
             stats[k] = total / r.steps if r.steps else None

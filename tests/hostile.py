@@ -21,12 +21,12 @@ OBS_DIM, ACT_DIM = 3, 1  # the Pendulum layout the test trainer expects
 
 
 def valid_packet(session: str, seq: int, rows: int = 6, sender: str = "fuzz") -> list[bytes]:
-    """A well-formed SAMPLES message with the Pendulum layout."""
+    """A well-formed SAMPLES message with the Pendulum layout, its values within Pendulum's spaces."""
     b = BufferBuilder(rows + 2, 1)
     rng = np.random.default_rng(seq)
-    b.add(np.zeros(ACT_DIM, np.float32), rng.normal(size=OBS_DIM).astype(np.float32), 0.0, False, False, True, 1)
+    b.add(np.zeros(ACT_DIM, np.float32), rng.uniform(-1, 1, OBS_DIM).astype(np.float32), 0.0, False, False, True, 1)
     for _ in range(rows - 1):
-        b.add(rng.normal(size=ACT_DIM).astype(np.float32), rng.normal(size=OBS_DIM).astype(np.float32),
+        b.add(rng.uniform(-1, 1, ACT_DIM).astype(np.float32), rng.uniform(-1, 1, OBS_DIM).astype(np.float32),
               float(rng.normal()), False, False, False, 1)
     buf = b.cut()
     assert buf is not None

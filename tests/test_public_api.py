@@ -37,8 +37,8 @@ SECOND_LEVEL = {
                      "TrainerConfig", "WandbConfig", "WorkerConfig", "check_value", "config_from_dict",
                      "config_to_dict", "describe_fields", "load_config"],
     "netrl.errors": ["CheckpointError", "ConfigError", "EnvFailure", "FolderInUse", "MalformedMessage", "NetrlError",
-                     "PeerLost", "ProtocolError", "RoleViolation", "SampleRejected", "SecurityError", "TransportError",
-                     "VersionMismatch"],
+                     "PeerLost", "ProtocolError", "RoleViolation", "SampleRejected", "SecurityError",
+                     "TrainingDiverged", "TransportError", "VersionMismatch"],
 }
 
 

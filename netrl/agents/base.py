@@ -8,6 +8,8 @@ Calling sequence, as the Trainer drives it::
     actor = agent.get_actor()                       # an ActorModule; its state_dict is sent to the workers
     agent.state_dict() / agent.load_state_dict(d)   # optional, for checkpoints: tensors only, loaded with
                                                     # weights_only=True; without them a checkpoint keeps the actor only
+    agent.state_tensors()                           # what a training step may change, for the loop to undo a step
+                                                    # that went non-finite (netrl.agents.guard); found by default
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import gymnasium
+import torch
 
 from netrl.actor import ActorModule
+from netrl.agents.guard import find_state_tensors
 from netrl.samples import Batch
 
 __all__ = ["Batch", "TrainingAgent", "has_state_dict"]
@@ -38,6 +42,13 @@ class TrainingAgent(ABC):
     @abstractmethod
     def get_actor(self) -> ActorModule:
         """The current actor; the Trainer publishes its ``state_dict`` to the workers."""
+
+    def state_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` for every tensor a training step may change. The training loop copies them after each
+        finite step and copies them back when a step's losses or state are not finite. The default finds the
+        ``nn.Module``s, optimisers and tensors among this agent's attributes (:func:`~netrl.agents.guard.
+        find_state_tensors`); override it if the agent keeps them elsewhere, or changes state that is not a tensor."""
+        return find_state_tensors(self)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume training: nested dicts of tensors and plain numbers only."""

@@ -183,6 +183,12 @@ class TrainerConfig:
                                     optional(ge(0)))
     stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)", between(0.0, 1.0))
     credit_window: int = _f(8, "bundles the server may send ahead of the training loop", ge(1))
+    max_abs_reward: float = _f(1e6, "packets with a reward beyond this magnitude are refused (named and counted): far "
+                               "above the scales SAC learns well at (about 1 to 100 per step), far below what makes "
+                               "float32 values overflow", gt(0))
+    max_nonfinite_steps: int = _f(100, "training steps in a row whose losses or weights are not finite (each one "
+                                  "skipped and undone) before the trainer stops with exit code 1 (0: no such "
+                                  "guard, and no copy of the agent's state each step)", ge(0))
 
 
 @dataclass(frozen=True)

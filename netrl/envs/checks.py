@@ -3,15 +3,18 @@ and a sample compressor's signature. Each names the leaf or argument that is wro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 import numpy as np
 
+from netrl.limits import Bounds, ValueLimits
 from netrl.util import takes_args
 
-__all__ = ["check_action", "check_observation", "check_sample_compressor", "check_spaces", "fit_problem"]
+__all__ = ["check_action", "check_observation", "check_sample_compressor", "check_spaces", "fit_problem",
+           "value_limits"]
 
 
 def check_spaces(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> None:
@@ -100,3 +103,49 @@ def check_sample_compressor(compressor: Callable[..., Any]) -> None:
                         "(act, obs, rew, terminated, truncated, info), and return them in that order. tmrl before "
                         "0.5 (and its older tutorial) used 5, (prev_act, obs, rew, done, info): split done into "
                         "terminated (the episode ended) and truncated (it was cut short, e.g. by a time limit)")
+
+
+def value_limits(observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                 max_abs_reward: float = math.inf) -> ValueLimits:
+    """The values rows of these spaces may hold, by leaf name as packets carry them (``obs/1``, ``act``).
+
+    A float Box leaf is bounded by the space's finite bounds (infinite ones leave only finiteness to check); an
+    integer Box leaf by its bounds where they are narrower than its dtype's range; a Discrete or MultiDiscrete leaf
+    by ``start`` to ``start + n - 1``. Other spaces' leaves are only checked for finiteness."""
+    bounds: dict[str, Bounds] = {}
+
+    def walk(space: gymnasium.Space, name: str, path: str) -> None:
+        if isinstance(space, gymnasium.spaces.Tuple):
+            for i, s in enumerate(space.spaces):
+                walk(s, f"{name}/{i}", f"{path}[{i}]")
+        elif isinstance(space, gymnasium.spaces.Dict):
+            for k, s in space.spaces.items():
+                walk(s, f"{name}/{k}", f"{path}[{k!r}]")
+        elif isinstance(space, gymnasium.spaces.Box):
+            found = _box_bounds(space, path)
+            if found is not None:
+                bounds[name] = found
+        elif isinstance(space, gymnasium.spaces.Discrete):  # a range of integers: exact bounds
+            first = int(space.start)
+            bounds[name] = Bounds(np.array(first), np.array(first + int(space.n) - 1), path, exact=True)
+        elif isinstance(space, gymnasium.spaces.MultiDiscrete):
+            starts = np.asarray(space.start, np.int64)
+            bounds[name] = Bounds(starts, starts + np.asarray(space.nvec, np.int64) - 1, path, exact=True)
+
+    walk(observation_space, "obs", "observation_space")
+    walk(action_space, "act", "action_space")
+    return ValueLimits(bounds, max_abs_reward)
+
+
+def _box_bounds(space: gymnasium.spaces.Box, path: str) -> Bounds | None:
+    """A Box's bounds, or None where they bound nothing a row's dtype could hold (unbounded floats, full-range
+    integers such as uint8 images: checking them would cost a pass over every frame and refuse nothing)."""
+    low = np.broadcast_to(np.asarray(space.low, np.float64), space.shape)
+    high = np.broadcast_to(np.asarray(space.high, np.float64), space.shape)
+    kind = np.dtype(space.dtype).kind
+    if kind == "f":
+        return Bounds(low, high, path) if np.isfinite(low).any() or np.isfinite(high).any() else None
+    if kind in "iu":
+        info = np.iinfo(np.dtype(space.dtype).str)
+        return Bounds(low, high, path, exact=True) if (low > info.min).any() or (high < info.max).any() else None
+    return None

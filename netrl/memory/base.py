@@ -25,7 +25,7 @@ from netrl.util import takes_args
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "allocate_ring",
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
            "check_columns", "collate", "draw_ends", "nth_end", "run_sample_preprocessor", "to_tensor"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
@@ -129,6 +129,26 @@ def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray],
 DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
 
 
+class WorkerIds:
+    """Small integers for worker names, so a memory keeps each row's worker in an int32 column (4 bytes a row): the
+    training loop names the workers whose samples were in a batch that made a training step go wrong."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def column(self, name: str, n: int) -> np.ndarray:
+        """``n`` rows of ``name``'s id."""
+        if name not in self._ids:
+            self._ids[name] = len(self.names)
+            self.names.append(name)
+        return np.full(n, self._ids[name], np.int32)
+
+    def named(self, ids: np.ndarray) -> list[str]:
+        """The names of these ids, sorted, each once."""
+        return sorted(self.names[int(i)] or "(unnamed)" for i in np.unique(ids))
+
+
 def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
     """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``.
 
@@ -227,6 +247,11 @@ class MemoryDataloading(ABC):
 
     def sample_indices(self) -> np.ndarray:
         return self.rng.integers(0, len(self), size=self.batch_size)
+
+    def batch_workers(self) -> list[str] | None:
+        """The workers whose samples were in the batch :meth:`sample` returned last, or None when this memory does
+        not keep track (the training loop then names the workers whose packets it stored lately)."""
+        return None
 
     def sample(self) -> Batch:
         """One batch on ``self.device``. This generic version calls ``get_transition`` per item."""

@@ -27,6 +27,7 @@ import torch
 
 from netrl.memory.base import (
     MemoryDataloading,
+    WorkerIds,
     allocate_ring,
     check_columns,
     draw_ends,
@@ -79,6 +80,8 @@ class HistoryMemory(MemoryDataloading):
         self._ordered: np.ndarray | None = None  # valid rows in logical order, for get_transition
         self._weighted = False  # True once a packet carried loss weights below 1 (stale samples)
         self.total_appended = 0
+        self._workers = WorkerIds()
+        self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
         if self.obs_preprocessor is not None:
             raise ValueError(f"{type(self).__name__} rebuilds observations per batch and takes no obs_preprocessor; "
@@ -111,7 +114,8 @@ class HistoryMemory(MemoryDataloading):
         weight = getattr(buffer, "weight", None)
         columns.update(rew=np.asarray(buffer.rew, np.float32), terminated=np.asarray(buffer.terminated),
                        truncated=np.asarray(buffer.truncated), policy_version=np.asarray(buffer.policy_version),
-                       need=need, weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32))
+                       need=need, weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32),
+                       worker=self._workers.column(buffer.worker, n))
         if self._cols and (act_spec != self._act_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
                              "run the same pipeline")
@@ -198,8 +202,11 @@ class HistoryMemory(MemoryDataloading):
         trunc = self._take("truncated", self._cols["truncated"], idx).astype(np.float32)
         return o, act, r, o2, term, trunc
 
+    def batch_workers(self) -> list[str] | None:
+        return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
+
     def sample(self) -> Batch:
-        idx = self.sample_indices()
+        idx = self._sampled = self.sample_indices()
         o, a, r, o2, term, trunc = self._transitions(idx)
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))

@@ -9,6 +9,7 @@ import numpy as np
 from netrl.memory.base import (
     MemoryDataloading,
     Transition,
+    WorkerIds,
     allocate_ring,
     check_columns,
     draw_ends,
@@ -40,13 +41,15 @@ class ReplayMemory(MemoryDataloading):
         self.total_appended = 0
         self._weighted = False
         self._ordered: np.ndarray | None = None  # sampleable rows oldest first (_ordered_ends); reset on append
+        self._workers = WorkerIds()
+        self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
 
     # -- storage -------------------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Empty ring columns for the act/obs leaves of ``columns`` (their per-row shape and dtype) and the rest."""
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
-                 "policy_version": np.int64, "weight": np.float32}
+                 "policy_version": np.int64, "weight": np.float32, "worker": np.int32}
         return allocate_ring(self.memory_size, {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
                                                 for name, col in columns.items()})
 
@@ -69,7 +72,8 @@ class ReplayMemory(MemoryDataloading):
         columns.update(rew=np.asarray(buffer.rew), terminated=np.asarray(buffer.terminated),
                        truncated=np.asarray(buffer.truncated), end=buffer.transition_end,
                        policy_version=np.asarray(buffer.policy_version),
-                       weight=np.ones(n, np.float32) if buffer.weight is None else np.asarray(buffer.weight))
+                       weight=np.ones(n, np.float32) if buffer.weight is None else np.asarray(buffer.weight),
+                       worker=self._workers.column(buffer.worker, n))
         stored = self._cols or self._allocate(columns)
         check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
         if not self._cols:
@@ -122,8 +126,11 @@ class ReplayMemory(MemoryDataloading):
         np.take(col, idx, axis=0, out=out)
         return out
 
+    def batch_workers(self) -> list[str] | None:
+        return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
+
     def sample(self) -> Batch:
-        idx = self.sample_indices()
+        idx = self._sampled = self.sample_indices()
         prev = (idx - 1) % self.memory_size
         leaves_now = {n: self._gather("now:" + n, n, idx) for n in self._cols if n.startswith("obs")}
         leaves_prev = {n: self._gather("prev:" + n, n, prev) for n in self._cols if n.startswith("obs")}

@@ -2,9 +2,10 @@
 
 The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed through the pipeline's
 sample compressor, and sends it to the server (SCHEMA message). Both check every packet against it: the act/obs
-trees, each leaf's dtype and per-row shape, and that floating-point data (observations, actions, rewards) is
-finite. A packet that fails names the worker and the field, and is rejected and counted; the rest of the traffic
-is unaffected.
+trees, each leaf's dtype and per-row shape, and the values (:class:`~netrl.limits.ValueLimits`): floating-point data
+(observations, actions, rewards) finite, float leaves within the bounds of the spaces, rewards within
+``trainer.max_abs_reward``. A packet that fails names the worker, the field, the row and the value, and is rejected
+and counted; the rest of the traffic is unaffected.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import copy
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
+from netrl.limits import ValueLimits
 from netrl.samples import Spec, flatten, spec_leaves
 
 if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
@@ -49,24 +51,31 @@ class SampleSchema:
     act_spec: Spec
     obs_spec: Spec
     leaves: dict[str, tuple[str, tuple[int, ...]]]  # leaf name -> (dtype string, shape of one row)
+    limits: ValueLimits = field(default_factory=ValueLimits)  # finiteness only, unless the trainer sent bounds
 
     @classmethod
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
-                    sample_compressor: Callable[..., Any] | None = None) -> SampleSchema:
+                    sample_compressor: Callable[..., Any] | None = None,
+                    limits: ValueLimits | None = None) -> SampleSchema:
         """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any, called once
         with a random row and ``info={"probe": True}``: a compressor that checks rows against the ones before should
-        neither check nor count it)."""
+        neither check nor count it). ``limits`` (the spaces' bounds) are kept for the leaves the compressor returns
+        as it got them: one that rescales or re-encodes a leaf makes its bounds meaningless."""
         act, obs = action_space.sample(), observation_space.sample()
+        raw = dict(flatten(act, "act")[1] + flatten(obs, "obs")[1])
         if sample_compressor is not None:
             act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {"probe": True})
         act_spec, act_leaves = flatten(act, "act")
         obs_spec, obs_leaves = flatten(obs, "obs")
         leaves = {name: (np.asarray(v).dtype.str, tuple(np.asarray(v).shape)) for name, v in act_leaves + obs_leaves}
-        return cls(act_spec, obs_spec, leaves)
+        kept = {name for name, v in act_leaves + obs_leaves
+                if name in raw and np.shape(raw[name]) == np.shape(v) and np.array_equal(raw[name], v)}
+        return cls(act_spec, obs_spec, leaves, limits.only(kept) if limits is not None else ValueLimits())
 
     def to_wire(self) -> dict[str, Any]:
         return {"act": self.act_spec, "obs": self.obs_spec,
-                "leaves": [[name, dtype, list(shape)] for name, (dtype, shape) in self.leaves.items()]}
+                "leaves": [[name, dtype, list(shape)] for name, (dtype, shape) in self.leaves.items()],
+                "limits": self.limits.to_wire()}
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> SampleSchema:
@@ -79,7 +88,12 @@ class SampleSchema:
             raise MalformedMessage(f"schema is malformed ({exc})") from None
         if sorted(names) != sorted(parsed) or any(len(s) > 8 or min(s, default=0) < 0 for _, s in parsed.values()):
             raise MalformedMessage("schema leaves do not match its act/obs specs")
-        return cls(act, obs, parsed)
+        floats = {n: v for n, v in parsed.items() if n in set(names) and v[0].lstrip("<>|=")[:1] == "f"}
+        try:  # an older trainer's schema has none: finiteness is checked all the same
+            limits = ValueLimits.from_wire(body["limits"], floats) if "limits" in body else ValueLimits()
+        except (ValueError, TypeError) as exc:
+            raise MalformedMessage(f"schema limits are malformed ({exc})") from None
+        return cls(act, obs, parsed, limits)
 
     def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str) -> None:
         """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this schema."""
@@ -93,10 +107,11 @@ class SampleSchema:
                 raise SampleRejected(f"packet from {worker}: field {name!r} has dtype {arr.dtype.str} and row shape "
                                      f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}"
                                      f"{_SAME_COMPRESSOR}")
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                raise SampleRejected(f"packet from {worker}: field {name!r} contains NaN or infinity")
-        if not np.isfinite(arrays["rew"]).all():
-            raise SampleRejected(f"packet from {worker}: field 'rew' contains NaN or infinity")
+        # float leaves only: the server's relay-only decode leaves compressed integer arrays compressed
+        floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}
+        problem = self.limits.problem(floats, arrays["rew"], arrays.get("reset"))
+        if problem:
+            raise SampleRejected(f"packet from {worker}: {problem}")
 
 
 def load_schema(path: Path) -> SampleSchema | None:

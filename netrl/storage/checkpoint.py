@@ -23,11 +23,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from netrl.errors import CheckpointError
 from netrl.storage.folderlock import sync_folder
 from netrl.storage.weight_files import torch_load, torch_save
 
-__all__ = ["exists", "load_checkpoint", "load_state", "published_version", "record_published", "save_checkpoint"]
+__all__ = ["exists", "load_checkpoint", "load_state", "nonfinite_entries", "published_version", "record_published",
+           "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,33 @@ def exists(run_dir: Path) -> bool:
     return (_dir(run_dir) / "CURRENT").exists()
 
 
+def nonfinite_entries(state: Any, prefix: str = "") -> list[str]:
+    """Key paths of the floating-point tensors in a nested dict/list ``state`` that hold a NaN or an infinity."""
+    if isinstance(state, torch.Tensor):
+        finite = not (state.is_floating_point() or state.is_complex()) or bool(torch.isfinite(state).all())
+        return [] if finite else [prefix or "(the tensor)"]
+    if isinstance(state, dict):
+        return [p for k, v in state.items() for p in nonfinite_entries(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(state, (list, tuple)):
+        return [p for i, v in enumerate(state) for p in nonfinite_entries(v, f"{prefix}[{i}]")]
+    return []
+
+
+def _named(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
 def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str, Any], fsync: bool = False) -> Path:
-    """Write a new checkpoint and make it current; returns the state file's path."""
+    """Write a new checkpoint and make it current; returns the state file's path.
+
+    Raises:
+        CheckpointError: the agent's state holds a NaN or an infinity (nothing is written: a restart would resume
+            from the poison).
+    """
+    bad = nonfinite_entries(agent_state)
+    if bad:
+        raise CheckpointError(f"not saving a checkpoint: the agent's {_named(bad)} hold NaN or infinity; the previous "
+                              f"checkpoint in {_dir(run_dir)} is intact, and a restarted trainer resumes from it")
     folder = _dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     number = _current(folder) + 1
@@ -141,9 +169,13 @@ def _read(folder: Path, number: int, tensors: bool) -> tuple[dict[str, Any], dic
     if not tensors:
         return {}, state
     try:
-        return torch_load(folder / str(state.get("agent_file"))), state
+        agent_state = torch_load(folder / str(state.get("agent_file")))
     except CheckpointError as exc:
         raise _Unreadable(str(exc)) from None
+    bad = nonfinite_entries(agent_state)
+    if bad:  # an older netrl saved poisoned training; the one before may be healthy
+        raise _Unreadable(f"checkpoint {number} holds NaN or infinity in the agent's {_named(bad)}")
+    return agent_state, state
 
 
 def _load(run_dir: Path, tensors: bool) -> tuple[int, dict[str, Any], dict[str, Any]] | None:

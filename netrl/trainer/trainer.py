@@ -118,7 +118,7 @@ class Trainer:
             max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
             device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
             stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
-            seed=cfg.seed)
+            seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps)
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
@@ -188,8 +188,12 @@ class Trainer:
                                      run_id=self.wandb_run_id)
         self.metrics.rewind(training.total_updates)
         probe = probe_copy(self.sample_compressor)  # as the worker probes; if it cannot be copied, the instance
+        guards = training.safeguards
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
-                                          self.sample_compressor if probe is None else probe)
+                                          self.sample_compressor if probe is None else probe,
+                                          guards.limits if guards is not None else None)
+        if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
+            guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
                                      self._record_version)
@@ -325,6 +329,9 @@ class Trainer:
         return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
 
     def _save(self) -> None:
+        guards = self.training.safeguards if self.training is not None else None
+        if guards is not None and self.training is not None:  # stopped mid-round: keep only a finite state
+            guards.settle(self.training.total_updates)
         self.save_policy()  # first: it may number the actor, which the checkpoint then records
         self.checkpoint()
         self._policy_saved = True
@@ -372,6 +379,11 @@ class Trainer:
             return
         if training.published_updates != training.total_updates:  # trained since the version it last sent
             self._number_actor(training)
+        bad = checkpoint.nonfinite_entries(training.agent.get_actor().state_dict())
+        if bad:  # the loop undoes non-finite steps: this agent changed its actor where StateGuard could not see it
+            raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold NaN or infinity; "
+                                  f"{self.model_path} keeps the last finite one. Make the agent's state_tensors() list "
+                                  "every tensor its train() changes")
         meta = {"version": training.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
                 "pid": os.getpid()}
@@ -429,10 +441,12 @@ class Trainer:
             policy = "no policy saved (nothing was trained)"
         else:
             policy = f"policy saved to {self.model_path}"
+        guards = self.training.safeguards if self.training else None
         log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
-                 "messages from the server, %d duplicate packets dropped", " by the error that follows" if failing
-                 else "", policy, stats["rejected"], self.training.unstored if self.training else 0, malformed,
-                 stats["duplicates"])
+                 "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
+                 "steps undone (not finite)", " by the error that follows" if failing else "", policy,
+                 stats["rejected"], self.training.unstored if self.training else 0, malformed, stats["duplicates"],
+                 guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
         if failed is not None and raise_errors:
             raise failed
 
