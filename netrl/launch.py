@@ -32,11 +32,20 @@ log = logging.getLogger(__name__)
 LAUNCHER_ENV = "NETRL_LAUNCHER_PID"  # set by spawn_role: the pid whose exit stops the role
 
 
+_GIVEN: set[int] = set()  # ports free_port returned in this process
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process was not given before: a config
+    takes several ports before anything binds them, and the kernel may hand out a port it just gave again."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise OSError("no free TCP port on 127.0.0.1 that this process was not given before")
 
 
 def write_config(cfg: Config | dict[str, Any], path: str | Path, **sections: dict[str, Any]) -> Path:
