@@ -107,13 +107,32 @@ def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None
 
 
 class Liveness:
-    """Paranoid Pirate liveness: a peer is lost when nothing arrived for ``interval * liveness`` seconds."""
+    """Paranoid Pirate liveness: a peer is lost when nothing arrived from it for :attr:`window` seconds.
+
+    The window is ``interval * liveness``, or longer on a link whose round trip needs it: heartbeats carry the
+    sender's clock (``t``), and the peer echoes the newest one it got with the time it held it (``echo``, ``held``),
+    so each side measures the round trip on its own clock and keeps a smoothed one and its variation, as TCP does
+    for its retransmission timeout. Over a long lossy link TCP holds everything behind a lost segment for a
+    retransmission timeout or more, so the window grows to ``interval + RTT_FACTOR * (srtt + 4 * rttvar)`` when
+    that is longer (at most ``MAX_STRETCH`` times the configured window); on a LAN it stays as configured.
+    """
+
+    RTT_FACTOR = 6.0
+    MAX_STRETCH = 10.0
 
     def __init__(self, interval: float, liveness: int) -> None:
+        self.liveness = liveness
         self.interval = interval
         self.window = interval * liveness
         self.last_heard = time.monotonic()
         self.last_sent = time.monotonic()
+        self.srtt: float | None = None  # smoothed round trip, seconds (None until a heartbeat came back)
+        self.rttvar = 0.0
+        self._peer_t: tuple[float, float] | None = None  # the peer's newest heartbeat clock, and when it came
+
+    def set_interval(self, interval: float) -> None:
+        self.interval = interval
+        self._update_window()
 
     def heard(self) -> None:
         self.last_heard = time.monotonic()
@@ -126,6 +145,40 @@ class Liveness:
 
     def heartbeat_due(self, now: float) -> bool:
         return now - self.last_sent >= self.interval
+
+    def stamp(self) -> dict[str, float]:
+        """The round-trip fields of a heartbeat about to be sent."""
+        now = time.monotonic()
+        body = {"t": now}
+        if self._peer_t is not None:
+            body["echo"], body["held"] = self._peer_t[0], now - self._peer_t[1]
+        return body
+
+    def on_heartbeat(self, body: dict[str, object]) -> None:
+        """Take a received heartbeat's round-trip fields (a peer without them, or with nonsense, changes nothing)."""
+        now = time.monotonic()
+        t, echo, held = body.get("t"), body.get("echo"), body.get("held")
+        if isinstance(t, float):
+            self._peer_t = (t, now)
+        if not (isinstance(echo, float) and isinstance(held, (float, int))):
+            return
+        rtt = now - echo - held
+        if not 0.0 <= rtt <= self.MAX_STRETCH * self.liveness * self.interval:  # not our clock's: ignored
+            return
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:  # RFC 6298's gains
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self._update_window()
+
+    def _update_window(self) -> None:
+        base = self.interval * self.liveness
+        if self.srtt is None:
+            self.window = base
+            return
+        needed = self.interval + self.RTT_FACTOR * (self.srtt + 4 * self.rttvar)
+        self.window = max(base, min(needed, self.MAX_STRETCH * base))
 
 
 class Backoff:
@@ -191,6 +244,8 @@ class ClientLink:
         self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
         self._reported_at = 0.0  # when a HEARTBEAT last carried them
         self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
+        self._connecting_since: float | None = None  # the first attempt of the connection being made
+        self.connect_s: float | None = None  # how long the last connection took to be made, retries included
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -217,6 +272,8 @@ class ClientLink:
         self._send_hello()
 
     def _send_hello(self) -> None:
+        if self._connecting_since is None:  # (a retry after a lost HELLO keeps the first attempt's time)
+            self._connecting_since = time.monotonic()
         body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session}
         sent = self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
         self._hello_at = time.monotonic() if sent else None
@@ -260,13 +317,14 @@ class ClientLink:
                 self._reconnect_at = None
                 self.open()
             return
-        if self._liveness.expired(now):
+        # Messages waiting unread prove the server alive: an owner busy with a backlog must not drop a healthy link.
+        if self._liveness.expired(now) and not self.input_waiting():
             self._lose(f"no message from the server for {self._liveness.window:.1f} s")
         elif self._liveness.heartbeat_due(now) or (self.heartbeat_body is not None and self.ready
                                                    and now - self._reported_at >= self._liveness.interval):
             # A busy link never falls idle, but its counters (a worker's drops) must reach --status all the same:
             # a heartbeat that carries them goes out every interval either way.
-            body = self.heartbeat_body() if self.heartbeat_body else {}
+            body = {**(self.heartbeat_body() if self.heartbeat_body else {}), **self._liveness.stamp()}
             if self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body))):
                 self._reported_at = now
 
@@ -275,10 +333,22 @@ class ClientLink:
         if self.sock is None and self._reconnect_at is not None:
             self._reconnect_at = min(self._reconnect_at, time.monotonic())
 
-    def receive(self) -> list[Message]:
-        """Drain available messages; returns those the role must handle."""
+    def input_waiting(self) -> bool:
+        """Whether messages from the server wait, unread, on the socket."""
+        return self.sock is not None and bool(int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    def keepalive(self) -> None:
+        """Send a heartbeat if one is due, for an owner in the middle of a long piece of work (the server must not
+        take a busy client for a dead one)."""
+        if self.sock is not None and self._liveness.heartbeat_due(time.monotonic()):
+            self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=self._liveness.stamp())))
+
+    def receive(self, limit: int | None = None) -> list[Message]:
+        """Read up to ``limit`` waiting messages (all of them by default); returns those the role must handle."""
         out: list[Message] = []
-        while self.sock is not None:
+        read = 0
+        while self.sock is not None and (limit is None or read < limit):
+            read += 1
             try:
                 frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -302,6 +372,7 @@ class ClientLink:
             elif msg.type is MsgType.BYE:
                 self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
             elif msg.type is MsgType.HEARTBEAT:
+                self._liveness.on_heartbeat(msg.body)
                 stats = msg.body.get("stats")
                 if isinstance(stats, dict):  # what the server says of itself, e.g. whether a trainer is connected
                     self.server_stats = stats
@@ -326,11 +397,13 @@ class ClientLink:
         if interval != self._liveness.interval:  # both sides must expect heartbeats at the same pace
             log.warning("the server's network.heartbeat_interval_s is %g s and this %s's is %g s: using the "
                         "server's; set the same value on every machine", interval, self.role, self._liveness.interval)
-            self._liveness.interval, self._liveness.window = interval, interval * self.net.heartbeat_liveness
+            self._liveness.set_interval(interval)
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True
-        log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
-                 printable(msg.body["server_session"], 64))
+        if self._connecting_since is not None:
+            self.connect_s, self._connecting_since = time.monotonic() - self._connecting_since, None
+        log.info("%s %s server at %s (server session %s) in %.2f s", verb, self.role, self.endpoint,
+                 printable(msg.body["server_session"], 64), self.connect_s or 0.0)
         server_max = msg.body.get("max_message_bytes", self.net.max_message_bytes)
         if server_max != self.net.max_message_bytes:  # ZeroMQ resets a connection over a message above its limit
             log.error("the server's network.max_message_bytes is %d and this %s's is %d: set the same value on every "
@@ -405,6 +478,11 @@ class ClientLink:
                 continue
             self._last_handshake_log = now
             log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
+
+    @property
+    def liveness(self) -> Liveness:
+        """This connection's liveness: its window and the round trip measured so far."""
+        return self._liveness
 
     def state(self) -> str:
         """The connection in a few words, for status lines: a failing handshake says why in every one of them."""
