@@ -37,7 +37,7 @@ __all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "ne
 
 log = logging.getLogger(__name__)
 
-_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
@@ -246,6 +246,7 @@ class ClientLink:
         self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
         self._connecting_since: float | None = None  # the first attempt of the connection being made
         self.connect_s: float | None = None  # how long the last connection took to be made, retries included
+        self._handshaking_since: float | None = None  # when the TCP connection whose handshake runs was made
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -261,7 +262,7 @@ class ClientLink:
             except zmq.ZMQError:
                 self._close_socket()
                 raise
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake, and to wait for one
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError:
@@ -318,7 +319,10 @@ class ClientLink:
                 self.open()
             return
         # Messages waiting unread prove the server alive: an owner busy with a backlog must not drop a healthy link.
-        if self._liveness.expired(now) and not self.input_waiting():
+        # Nor does a handshake under way, which ZeroMQ itself ends after handshake_timeout_s.
+        handshaking = (self._handshaking_since is not None
+                       and now - self._handshaking_since < self.net.handshake_timeout_s)
+        if self._liveness.expired(now) and not handshaking and not self.input_waiting():
             self._lose(f"no message from the server for {self._liveness.window:.1f} s")
         elif self._liveness.heartbeat_due(now) or (self.heartbeat_body is not None and self.ready
                                                    and now - self._reported_at >= self._liveness.interval):
@@ -467,8 +471,16 @@ class ClientLink:
         """Turn ZeroMQ's handshake events into log lines that say what to fix."""
         while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
+            # The connection and its handshake are the server talking: a handshake of several round trips over a
+            # long link (7 with CURVE) must not make the link give up on a server that answers.
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self._handshaking_since = time.monotonic()
+                self._liveness.heard()
+                continue
+            self._handshaking_since = None
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshake_problem = None
+                self._liveness.heard()
                 continue
             self.handshake_failures += 1
             why = handshake_failure(event["event"], event["value"], self.role, self.keys)
@@ -493,6 +505,7 @@ class ClientLink:
     def _close_socket(self) -> None:
         self.ready = False
         self._hello_at = None
+        self._handshaking_since = None
         if self.sock is not None:
             self.sock.disable_monitor()
             self.sock.close(linger=0)

@@ -44,11 +44,14 @@ class WanStats:
 
 class WanLink:
     def __init__(self, target_port: int, rtt_ms: float = 200.0, loss: float = 0.05, bandwidth_mbit: float = 10.0,
-                 buffer_bytes: int = 4 << 20, target_host: str = "127.0.0.1", seed: int = 1) -> None:
+                 buffer_bytes: int = 4 << 20, target_host: str = "127.0.0.1", seed: int = 1,
+                 loss_from_s: float = 0.0) -> None:
         self.target = (target_host, target_port)
         self.one_way = rtt_ms / 2000.0
         self.rto = max(0.2, 2 * rtt_ms / 1000.0)
         self.loss = loss
+        self.loss_from_s = loss_from_s  # segments are lost only this long after the link opened (a link turning bad)
+        self._opened_at = 0.0
         self.bytes_per_s = bandwidth_mbit * 1e6 / 8
         self.buffer_bytes = buffer_bytes
         self.stats = WanStats()
@@ -82,6 +85,7 @@ class WanLink:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         server = await asyncio.start_server(self._accept, sock=self._listener)
+        self._opened_at = asyncio.get_running_loop().time()
         self._ready.set()
         async with server:
             await self._stop.wait()
@@ -127,7 +131,7 @@ class WanLink:
                     state["free_at"] = start + len(seg) / self.bytes_per_s
                     at = state["free_at"] + self.one_way
                     self.stats.segments += 1
-                    if self._rng.random() < self.loss:
+                    if now - self._opened_at >= self.loss_from_s and self._rng.random() < self.loss:
                         self.stats.lost += 1
                         at += self.rto
                     at = state["last"] = max(at, state["last"])  # in order: nothing overtakes a lost segment
