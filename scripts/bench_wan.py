@@ -4,7 +4,8 @@ setting at its default, CURVE on), the worker connected to the server's worker p
 bandwidth; its docstring gives the model), side by side with the same run over a direct link.
 
 Reports, per run:
-  reconnects          times the worker lost the server (and the server the worker)
+  reconnects          times the worker lost the server (and the server the worker) once connected
+  TCP connections     connections the worker opened through the emulated link (1: it never had to try again)
   connect             the worker's first connection: HELLO to WELCOME, retries included (its log line says)
   version latency     for each weight version the worker got: the trainer's publish to the worker having it loaded
                       and ready for its next step (median, p90, max; both from the roles' logs, on one machine's clock)
@@ -128,11 +129,13 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    head = "| run | minutes | reconnects (worker / server) | connect | version latency median / p90 / max | " \
-           "versions got / published | samples/s |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    head = "| run | minutes | reconnects (worker / server) | TCP connections | first connection | " \
+           "version latency median / p90 / max | versions got / published | samples/s |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in results:
+        tcp = r["link"]["tcp_connections"] if "link" in r else "-"
         lines.append(f"| {r['run']} | {r['minutes']:g} | {r['worker_reconnects']} / {r['server_lost_worker']} | "
+                     f"{tcp} | "
                      f"{num(r['connect_s'], '.2f')} s | {num(r['latency_median_s'], '.2f')} / "
                      f"{num(r['latency_p90_s'], '.2f')} / {num(r['latency_max_s'], '.2f')} s | "
                      f"{r['received']} / {r['published']} | {num(r['samples_s'], ',.0f')} |")

@@ -5,8 +5,10 @@ The server binds two ROUTER sockets (trainer port, worker port). Each worker and
 
 * the first message on every connection is HELLO (role, protocol and netrl versions, name, session);
 * whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as one;
-* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost: the client closes its socket and
-  reconnects with exponential back-off, then says HELLO again; the server forgets it.
+* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost, or for longer on a link whose measured
+  round trip needs it (:class:`Liveness`): the client closes its socket and reconnects with exponential back-off,
+  then says HELLO again; the server forgets it. Messages waiting unread, and a connection's handshake, count as
+  the peer talking.
 
 Every socket has ``linger=0``, a maximum message size and high-water marks; every poll has a finite timeout.
 """
