@@ -12,7 +12,7 @@ segment is delivered at
   timeout, ``RTO = max(200 ms, 2 * RTT)``, and everything behind it waits for it (head-of-line blocking), as a
   receiver's TCP holds in-order data behind a hole. Losses close together overlap, as TCP retransmits them within
   the same timeout; the model does not shrink a congestion window, so on a real lossy path throughput is lower
-  (roughly ``MSS / RTT * 1.22 / sqrt(loss)`` for one TCP stream: 0.35 Mbit/s at 200 ms and 5%);
+  (roughly ``MSS / RTT * 1.22 / sqrt(loss)`` for one TCP stream: 0.32 Mbit/s at 200 ms and 5%);
 * **buffer**: at most ``buffer_bytes`` wait in the forwarder per direction (a socket buffer on the path); beyond
   it the forwarder stops reading, so the sender's own buffers fill as they would over a slow link.
 
