@@ -87,7 +87,9 @@ def run(label: str, minutes: float, folder: Path, link: dict[str, float] | None)
         while time.time() < end and all(p.poll() is None for p in procs):
             time.sleep(min(5.0, max(0.0, end - time.time())))
         crashed = [p.args[3] for p in procs if p.poll() is not None]
-        stop_processes([procs[2], procs[1], procs[0]], timeout=20)
+        # before the stop, which the count is not about
+        tcp_connections = wan.stats.connections if wan is not None else 0
+        stop_processes([procs[2], procs[1]], timeout=20, then=[procs[0]])  # the server last
         for f in logs.values():
             f.close()
     server, trainer, worker = (Path(folder / f"{r}.log").read_text(errors="replace")
@@ -112,7 +114,7 @@ def run(label: str, minutes: float, folder: Path, link: dict[str, float] | None)
     }
     if wan is not None:
         result["link"] = {**(link or {}), "segments": wan.stats.segments, "lost_segments": wan.stats.lost,
-                          "tcp_connections": wan.stats.connections, "bytes": wan.stats.bytes}
+                          "tcp_connections": tcp_connections, "bytes": wan.stats.bytes}
     return result
 
 
