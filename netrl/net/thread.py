@@ -26,6 +26,7 @@ import enum
 import logging
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,6 +81,9 @@ class NetThread(threading.Thread):
     """
 
     POLL_MS = 20
+    # One pass reads messages for at most this long (and at least one), then heartbeats and liveness get their turn:
+    # a backlog of bundles after a stall must not keep them waiting until the peer takes this side for dead.
+    READ_BUDGET_S = 0.05
 
     def __init__(self, net: NetworkConfig, role: str, name: str, session: str, port: int,
                  keys: ClientKeys | None = None) -> None:
@@ -148,8 +152,7 @@ class NetThread(threading.Thread):
                         poller.register(polled, zmq.POLLIN)
                 events = dict(poller.poll(self.POLL_MS))
                 if polled is not None and polled in events:
-                    for msg in self.link.receive():
-                        self.on_message(msg)
+                    self._read()
                 if self._pipe_in in events:
                     while True:
                         try:
@@ -167,6 +170,16 @@ class NetThread(threading.Thread):
             self.link.close()
             self._pipe_in.close(linger=0)
             self.on_finish()
+
+    def _read(self) -> None:
+        """Handle waiting messages for at most READ_BUDGET_S; the rest wait for the next pass (the poll returns at
+        once while they do)."""
+        deadline = time.monotonic() + self.READ_BUDGET_S
+        while True:
+            for msg in self.link.receive(limit=1):
+                self.on_message(msg)
+            if time.monotonic() >= deadline or not self.link.input_waiting():
+                return
 
     def on_ready(self) -> None:
         """Called after every WELCOME (first connect and reconnects)."""

@@ -5,8 +5,10 @@ The server binds two ROUTER sockets (trainer port, worker port). Each worker and
 
 * the first message on every connection is HELLO (role, protocol and netrl versions, name, session);
 * whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as one;
-* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost: the client closes its socket and
-  reconnects with exponential back-off, then says HELLO again; the server forgets it.
+* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost, or for longer on a link whose measured
+  round trip needs it (:class:`Liveness`): the client closes its socket and reconnects with exponential back-off,
+  then says HELLO again; the server forgets it. Messages waiting unread, and a connection's handshake, count as
+  the peer talking.
 
 Every socket has ``linger=0``, a maximum message size and high-water marks; every poll has a finite timeout.
 """
@@ -37,7 +39,7 @@ __all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "ne
 
 log = logging.getLogger(__name__)
 
-_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
@@ -107,13 +109,32 @@ def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None
 
 
 class Liveness:
-    """Paranoid Pirate liveness: a peer is lost when nothing arrived for ``interval * liveness`` seconds."""
+    """Paranoid Pirate liveness: a peer is lost when nothing arrived from it for :attr:`window` seconds.
+
+    The window is ``interval * liveness``, or longer on a link whose round trip needs it: heartbeats carry the
+    sender's clock (``t``), and the peer echoes the newest one it got with the time it held it (``echo``, ``held``),
+    so each side measures the round trip on its own clock and keeps a smoothed one and its variation, as TCP does
+    for its retransmission timeout. Over a long lossy link TCP holds everything behind a lost segment for a
+    retransmission timeout or more, so the window grows to ``interval + RTT_FACTOR * (srtt + 4 * rttvar)`` when
+    that is longer (at most ``MAX_STRETCH`` times the configured window); on a LAN it stays as configured.
+    """
+
+    RTT_FACTOR = 6.0
+    MAX_STRETCH = 10.0
 
     def __init__(self, interval: float, liveness: int) -> None:
+        self.liveness = liveness
         self.interval = interval
         self.window = interval * liveness
         self.last_heard = time.monotonic()
         self.last_sent = time.monotonic()
+        self.srtt: float | None = None  # smoothed round trip, seconds (None until a heartbeat came back)
+        self.rttvar = 0.0
+        self._peer_t: tuple[float, float] | None = None  # the peer's newest heartbeat clock, and when it came
+
+    def set_interval(self, interval: float) -> None:
+        self.interval = interval
+        self._update_window()
 
     def heard(self) -> None:
         self.last_heard = time.monotonic()
@@ -126,6 +147,40 @@ class Liveness:
 
     def heartbeat_due(self, now: float) -> bool:
         return now - self.last_sent >= self.interval
+
+    def stamp(self) -> dict[str, float]:
+        """The round-trip fields of a heartbeat about to be sent."""
+        now = time.monotonic()
+        body = {"t": now}
+        if self._peer_t is not None:
+            body["echo"], body["held"] = self._peer_t[0], now - self._peer_t[1]
+        return body
+
+    def on_heartbeat(self, body: dict[str, object]) -> None:
+        """Take a received heartbeat's round-trip fields (a peer without them, or with nonsense, changes nothing)."""
+        now = time.monotonic()
+        t, echo, held = body.get("t"), body.get("echo"), body.get("held")
+        if isinstance(t, float):
+            self._peer_t = (t, now)
+        if not (isinstance(echo, float) and isinstance(held, (float, int))):
+            return
+        rtt = now - echo - held
+        if not 0.0 <= rtt <= self.MAX_STRETCH * self.liveness * self.interval:  # not our clock's: ignored
+            return
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:  # RFC 6298's gains
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self._update_window()
+
+    def _update_window(self) -> None:
+        base = self.interval * self.liveness
+        if self.srtt is None:
+            self.window = base
+            return
+        needed = self.interval + self.RTT_FACTOR * (self.srtt + 4 * self.rttvar)
+        self.window = max(base, min(needed, self.MAX_STRETCH * base))
 
 
 class Backoff:
@@ -192,6 +247,9 @@ class ClientLink:
         self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
         self._reported_at = 0.0  # when a HEARTBEAT last carried them
         self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
+        self._connecting_since: float | None = None  # the first attempt of the connection being made
+        self.connect_s: float | None = None  # how long the last connection took to be made, retries included
+        self._handshaking_since: float | None = None  # when the TCP connection whose handshake runs was made
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -207,7 +265,7 @@ class ClientLink:
             except zmq.ZMQError:
                 self._close_socket()
                 raise
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake, and to wait for one
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError:
@@ -218,6 +276,8 @@ class ClientLink:
         self._send_hello()
 
     def _send_hello(self) -> None:
+        if self._connecting_since is None:  # (a retry after a lost HELLO keeps the first attempt's time)
+            self._connecting_since = time.monotonic()
         body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session,
                 **self.hello_extra}
         sent = self._send_raw(encode(Message(MsgType.HELLO, self.name, body=body)))
@@ -262,13 +322,17 @@ class ClientLink:
                 self._reconnect_at = None
                 self.open()
             return
-        if self._liveness.expired(now):
+        # Messages waiting unread prove the server alive: an owner busy with a backlog must not drop a healthy link.
+        # Nor does a handshake under way, which ZeroMQ itself ends after handshake_timeout_s.
+        handshaking = (self._handshaking_since is not None
+                       and now - self._handshaking_since < self.net.handshake_timeout_s)
+        if self._liveness.expired(now) and not handshaking and not self.input_waiting():
             self._lose(f"no message from the server for {self._liveness.window:.1f} s")
         elif self._liveness.heartbeat_due(now) or (self.heartbeat_body is not None and self.ready
                                                    and now - self._reported_at >= self._liveness.interval):
             # A busy link never falls idle, but its counters (a worker's drops) must reach --status all the same:
             # a heartbeat that carries them goes out every interval either way.
-            body = self.heartbeat_body() if self.heartbeat_body else {}
+            body = {**(self.heartbeat_body() if self.heartbeat_body else {}), **self._liveness.stamp()}
             if self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body))):
                 self._reported_at = now
 
@@ -277,10 +341,22 @@ class ClientLink:
         if self.sock is None and self._reconnect_at is not None:
             self._reconnect_at = min(self._reconnect_at, time.monotonic())
 
-    def receive(self) -> list[Message]:
-        """Drain available messages; returns those the role must handle."""
+    def input_waiting(self) -> bool:
+        """Whether messages from the server wait, unread, on the socket."""
+        return self.sock is not None and bool(int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    def keepalive(self) -> None:
+        """Send a heartbeat if one is due, for an owner in the middle of a long piece of work (the server must not
+        take a busy client for a dead one)."""
+        if self.sock is not None and self._liveness.heartbeat_due(time.monotonic()):
+            self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=self._liveness.stamp())))
+
+    def receive(self, limit: int | None = None) -> list[Message]:
+        """Read up to ``limit`` waiting messages (all of them by default); returns those the role must handle."""
         out: list[Message] = []
-        while self.sock is not None:
+        read = 0
+        while self.sock is not None and (limit is None or read < limit):
+            read += 1
             try:
                 frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -304,6 +380,7 @@ class ClientLink:
             elif msg.type is MsgType.BYE:
                 self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
             elif msg.type is MsgType.HEARTBEAT:
+                self._liveness.on_heartbeat(msg.body)
                 stats = msg.body.get("stats")
                 if isinstance(stats, dict):  # what the server says of itself, e.g. whether a trainer is connected
                     self.server_stats = stats
@@ -328,11 +405,13 @@ class ClientLink:
         if interval != self._liveness.interval:  # both sides must expect heartbeats at the same pace
             log.warning("the server's network.heartbeat_interval_s is %g s and this %s's is %g s: using the "
                         "server's; set the same value on every machine", interval, self.role, self._liveness.interval)
-            self._liveness.interval, self._liveness.window = interval, interval * self.net.heartbeat_liveness
+            self._liveness.set_interval(interval)
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True
-        log.info("%s %s server at %s (server session %s)", verb, self.role, self.endpoint,
-                 printable(msg.body["server_session"], 64))
+        if self._connecting_since is not None:
+            self.connect_s, self._connecting_since = time.monotonic() - self._connecting_since, None
+        log.info("%s %s server at %s (server session %s) in %.2f s", verb, self.role, self.endpoint,
+                 printable(msg.body["server_session"], 64), self.connect_s or 0.0)
         server_max = msg.body.get("max_message_bytes", self.net.max_message_bytes)
         if server_max != self.net.max_message_bytes:  # ZeroMQ resets a connection over a message above its limit
             log.error("the server's network.max_message_bytes is %d and this %s's is %d: set the same value on every "
@@ -396,8 +475,16 @@ class ClientLink:
         """Turn ZeroMQ's handshake events into log lines that say what to fix."""
         while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
+            # The connection and its handshake are the server talking: a handshake of several round trips over a
+            # long link (7 with CURVE) must not make the link give up on a server that answers.
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self._handshaking_since = time.monotonic()
+                self._liveness.heard()
+                continue
+            self._handshaking_since = None
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshake_problem = None
+                self._liveness.heard()
                 continue
             self.handshake_failures += 1
             why = handshake_failure(event["event"], event["value"], self.role, self.keys)
@@ -408,6 +495,11 @@ class ClientLink:
             self._last_handshake_log = now
             log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
 
+    @property
+    def liveness(self) -> Liveness:
+        """This connection's liveness: its window and the round trip measured so far."""
+        return self._liveness
+
     def state(self) -> str:
         """The connection in a few words, for status lines: a failing handshake says why in every one of them."""
         if self.ready:
@@ -417,6 +509,7 @@ class ClientLink:
     def _close_socket(self) -> None:
         self.ready = False
         self._hello_at = None
+        self._handshaking_since = None
         if self.sock is not None:
             self.sock.disable_monitor()
             self.sock.close(linger=0)

@@ -78,7 +78,10 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                       "window": (_INT, False), "weights_version": (_INT, False),
                       "max_message_bytes": (_INT, False)},
     MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
-    MsgType.HEARTBEAT: {"stats": ((dict,), False), "flushing": (_BOOL, False)},  # flushing: a worker stopping
+    # flushing: a worker stopping; t: the sender's clock; echo, held: the newest t it got from the peer, and how long
+    # ago (round-trip time)
+    MsgType.HEARTBEAT: {"stats": ((dict,), False), "flushing": (_BOOL, False), "t": ((float,), False),
+                        "echo": ((float,), False), "held": ((float, int), False)},
     MsgType.BYE: {"reason": (_STR, False)},
     MsgType.SAMPLES: {"n": (_INT, True), "act": ((str, list, dict), True), "obs": ((str, list, dict), True),
                       "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},

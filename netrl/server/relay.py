@@ -50,6 +50,7 @@ MAX_BUNDLE_PARTS = 4096  # far below what a header may list (wire.MAX_EPISODES_P
 # Memory a held frame costs beyond its bytes (its zmq.Frame and message, the lists and sets holding it): measured
 # at 400-460 bytes with pyzmq 27 on CPython 3.11. Without it, 64 MiB of 560-byte packets (9 frames) would take 450 MiB.
 FRAME_OVERHEAD = 512
+MAX_BUNDLES_PER_PASS = 1  # bundles one flush builds: one of 4,096 packets takes the loop a good part of a second
 
 
 class SampleRelay:
@@ -79,6 +80,7 @@ class SampleRelay:
         self.inflight_steps = 0  # samples in bundles the trainer has not acknowledged ...
         self.inflight_spooled = 0  # ... of which the spool still counts these (until the trainer acknowledges them)
         self.last_bundle_at = 0.0
+        self.cut_short = False  # the last flush stopped at MAX_BUNDLES_PER_PASS with credit left
         self._last_full_warning = self._last_spool_error = self._spool_retry_at = self._last_share_warning = 0.0
         self._stale_scan_at = 0.0  # spool_stale rests until then after keeping packets past their share
 
@@ -215,9 +217,17 @@ class SampleRelay:
             return None
         return self.queue[0].received + self.max_delay
 
-    def flush(self, now: float, trainer_connected: bool) -> None:
-        """Bundle spooled, then queued packets for the trainer while it has credit."""
+    def flush(self, now: float, trainer_connected: bool, max_bundles: int | None = None) -> None:
+        """Bundle spooled, then queued packets for the trainer while it has credit, at most ``max_bundles`` of them
+        (the server's loop builds ``MAX_BUNDLES_PER_PASS`` per pass, so that its heartbeats go out on time while it
+        drains a spool); :attr:`cut_short` says whether that limit stopped it with credit left."""
+        self.cut_short = False
+        built = 0
         while trainer_connected and self.credit > 0:
+            if max_bundles is not None and built >= max_bundles:
+                self.cut_short = True
+                return
+            built += 1
             spooled = self.spool.pending() and now >= self._spool_retry_at  # a spool that failed rests a second
             if not spooled and (not self.queue or (self.queued_steps < self.min_samples
                                                    and now - self.queue[0].received < self.max_delay)):

@@ -42,7 +42,7 @@ from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
-from netrl.server.relay import SampleRelay
+from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
 from netrl.server.sockets import ServerSockets
 from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
@@ -118,7 +118,7 @@ class Server:
                                    status_interval_s)
         # what the server does with each message a peer may send it after HELLO (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
-            MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self.intake.on_heartbeat,
+            MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
             MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
             MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
             MsgType.BYE: self._forget_leaving}
@@ -195,7 +195,7 @@ class Server:
     def _housekeeping(self, now: float) -> None:
         """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
         relay, trainer = self.relay, self.peers.trainer is not None
-        steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer),
+        steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer, MAX_BUNDLES_PER_PASS),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
                                            lambda: self._heartbeats(now), lambda: self.status.tick(now)]
         for step in steps:
@@ -244,6 +244,8 @@ class Server:
         deadline = self.relay.next_deadline(self.peers.trainer is not None)
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+        if self.relay.cut_short:  # bundles left to build, one per pass
+            return 0
         if self.out.waiting():  # a peer's queue was full: try again soon
             timeout = min(timeout, 0.01)
         return max(1, int(timeout * 1000))
@@ -381,6 +383,10 @@ class Server:
             return
         self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
+    def _heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        peer.liveness.on_heartbeat(msg.body)  # the round trip, for the window that declares it lost
+        self.intake.on_heartbeat(peer, msg, frames)
+
     def _add_credit(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         self.relay.add_credit(msg.body["bundles"])
 
@@ -413,16 +419,19 @@ class Server:
 
     def _heartbeats(self, now: float) -> None:
         connected = int(self.peers.trainer is not None)  # why a throttled worker waits: told as soon as it changes
+        # Messages waiting unread on a port may be the silent peer's: only a port the loop has caught up with tells.
+        unread = {role: bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+                  for role, sock in self.sockets.by_role.items()}
         for peer in self.peers.values():
-            if peer.liveness.expired(now):
+            if peer.liveness.expired(now) and not unread[peer.role]:
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
             elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told_trainer != connected):
                 # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
-                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
-                                               body={"stats": {"trainer_connected": connected}})):
+                body = {"stats": {"trainer_connected": connected}, **peer.liveness.stamp()}
+                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
                     peer.told_trainer = connected
             elif peer.liveness.heartbeat_due(now):
-                self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body={}))
+                self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp()))
 
     @property
     def schema(self) -> SampleSchema | None:

@@ -45,6 +45,7 @@ from netrl.util import version_label, worth_logging
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
 # here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.
 FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
+KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
 
 __all__ = ["TrainerLink", "trainer_label", "write_failed"]
 
@@ -311,7 +312,9 @@ class TrainerLink(NetThread):
         if self.error is not None:  # stopping after a failed write: the server keeps what it cannot deliver
             return
         bufs = []
-        for part in msg.parts:
+        for i, part in enumerate(msg.parts):
+            if i % KEEPALIVE_PARTS == KEEPALIVE_PARTS - 1:  # a bundle of 4,096 packets can take seconds on a busy CPU
+                self.link.keepalive()
             try:
                 sample_msg = decode(part, self.link.net.max_message_bytes, limits=self.packet_limits)
                 if sample_msg.type is not MsgType.SAMPLES:
