@@ -23,6 +23,7 @@ import numpy as np
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
 from netrl.limits import ValueLimits
 from netrl.samples import Spec, flatten, spec_leaves
+from netrl.spaces import carried_sample
 
 if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
     import gymnasium
@@ -57,11 +58,13 @@ class SampleSchema:
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                     sample_compressor: Callable[..., Any] | None = None,
                     limits: ValueLimits | None = None) -> SampleSchema:
-        """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any, called once
-        with a random row and ``info={"probe": True}``: a compressor that checks rows against the ones before should
-        neither check nor count it). ``limits`` (the spaces' bounds) are kept for the leaves the compressor returns
-        as it got them: one that rescales or re-encodes a leaf makes its bounds meaningless."""
-        act, obs = action_space.sample(), observation_space.sample()
+        """The layout of rows a worker produces for these spaces, in the dtypes leaves travel in
+        (:func:`netrl.spaces.storage_dtype`: a Discrete action is a scalar of the smallest integer dtype that holds
+        its values), after ``sample_compressor``, if any, called once with a random row and ``info={"probe": True}``
+        (a compressor that checks rows against the ones before should neither check nor count it). ``limits`` (the
+        spaces' bounds) are kept for the leaves the compressor returns as it got them: one that rescales or
+        re-encodes a leaf makes its bounds meaningless."""
+        act, obs = carried_sample(action_space), carried_sample(observation_space)
         raw = dict(flatten(act, "act")[1] + flatten(obs, "obs")[1])
         if sample_compressor is not None:
             act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {"probe": True})
