@@ -170,8 +170,8 @@ def _check_int_fits(name: str, leaf: Any, dtype: np.dtype[Any]) -> None:
     low, high = int(arr.min()), int(arr.max())
     if low < info.min or high > info.max:
         bad = low if low < info.min else high
-        raise ValueError(f"{name} holds {bad}, which its space's values ({dtype}, {info.min}..{info.max}) cannot "
-                         "hold: keep observations and actions within their spaces")
+        raise ValueError(f"{name} holds {bad}, which {dtype} ({info.min}..{info.max}), the dtype its space's values "
+                         "travel in, cannot hold: keep observations and actions within their spaces")
 
 
 class BufferBuilder:

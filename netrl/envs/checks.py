@@ -16,7 +16,7 @@ from netrl.spaces import integer_range, space_kind
 from netrl.util import takes_args
 
 __all__ = ["ACTION_MASK", "check_action", "check_observation", "check_sample_compressor", "check_spaces",
-           "fit_problem", "mask_problem", "mask_size", "space_problems", "value_limits"]
+           "fit_problem", "fit_problems", "mask_problem", "mask_size", "space_problems", "value_limits"]
 
 
 ACTION_MASK = "action_mask"  # Gymnasium's, PettingZoo's and TorchRL's key for the actions allowed in a state
@@ -123,27 +123,27 @@ def fit_problem(value: Any, space: gymnasium.Space, path: str) -> str | None:
     is fine, float to int is not); Discrete, MultiDiscrete and MultiBinary leaves integers (or bools) of the
     space's shape within its values. Tuple spaces take tuples or lists of as many parts, Dict spaces dicts with the
     same keys."""
+    problems = fit_problems(value, space, path)
+    return problems[0] if problems else None
+
+
+def fit_problems(value: Any, space: gymnasium.Space, path: str) -> list[str]:
+    """Every reason ``value`` does not fit ``space``, one per leaf (see :func:`fit_problem`)."""
     if isinstance(space, gymnasium.spaces.Tuple):
         if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
             got = f"a {type(value).__name__}"
             if isinstance(value, (tuple, list)):
                 got = f"{len(value)} part{'' if len(value) == 1 else 's'}"
-            return f"{path} is a Tuple of {len(space.spaces)} parts, got {got}"
-        for i, (v, s) in enumerate(zip(value, space.spaces, strict=True)):
-            problem = fit_problem(v, s, f"{path}[{i}]")
-            if problem:
-                return problem
-        return None
+            return [f"{path} is a Tuple of {len(space.spaces)} parts, got {got}"]
+        return [p for i, (v, s) in enumerate(zip(value, space.spaces, strict=True))
+                for p in fit_problems(v, s, f"{path}[{i}]")]
     if isinstance(space, gymnasium.spaces.Dict):
         if not isinstance(value, dict) or set(value) != set(space.spaces):
             got = f"keys {sorted(value)}" if isinstance(value, dict) else f"a {type(value).__name__}"
-            return f"{path} is a Dict with keys {sorted(space.spaces)}, got {got}"
-        for k, s in space.spaces.items():
-            problem = fit_problem(value[k], s, f"{path}[{k!r}]")
-            if problem:
-                return problem
-        return None
-    return _leaf_fit_problem(value, space, path)
+            return [f"{path} is a Dict with keys {sorted(space.spaces)}, got {got}"]
+        return [p for k, s in space.spaces.items() for p in fit_problems(value[k], s, f"{path}[{k!r}]")]
+    problem = _leaf_fit_problem(value, space, path)
+    return [problem] if problem else []
 
 
 def _leaf_fit_problem(value: Any, space: gymnasium.Space, path: str) -> str | None:
