@@ -13,6 +13,7 @@ The RL half: the packet encoding is the network's, so :mod:`netrl.__main__` pass
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = ["PreflightReport", "WireCheck", "preflight", "random_action"]
 # ValueError (or a NetrlError) naming the field when the server or the trainer would refuse it
 WireCheck = Callable[[Buffer, gymnasium.Space, gymnasium.Space, Any], Buffer]
 PACKET_ROWS = 32
+_PLACE = re.compile(r"\b(env step|episode|packet|row) \d+")
 
 
 @dataclass
@@ -45,19 +47,29 @@ class PreflightReport:
 
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    seen: dict[str, int] = field(default_factory=dict)  # a problem without its place -> how often it showed
+    _keys: list[str] = field(default_factory=list, repr=False)  # each problem's key in seen
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
-    def add(self, problem: str) -> None:
-        if problem not in self.problems:
-            self.problems.append(problem)
+    def add(self, problem: str, where: str = "") -> None:
+        """Keep ``problem`` (found at ``where``) unless the same one, wherever it was, showed before: count it then."""
+        key = _PLACE.sub("#", problem)
+        if key not in self.seen:
+            self.problems.append(f"{where}: {problem}" if where else problem)
+            self._keys.append(key)
+        self.seen[key] = self.seen.get(key, 0) + 1
 
     def format(self) -> str:
         head = ("env check passed" if self.ok else
                 f"env check found {len(self.problems)} problem{'' if len(self.problems) == 1 else 's'}")
-        lines = [head, *(f"  checked: {c}" for c in self.checked), *(f"  problem: {p}" for p in self.problems)]
+        lines = [head, *(f"  checked: {c}" for c in self.checked)]
+        for p, key in zip(self.problems, self._keys, strict=True):
+            times = self.seen[key]
+            lines.append(f"  problem: {p}" + (f" (and {times - 1} more time{'' if times == 2 else 's'})"
+                                                 if times > 1 else ""))
         return "\n".join(lines)
 
 
@@ -126,7 +138,9 @@ def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] |
     builder = BufferBuilder(PACKET_ROWS + overlap, overlap)
     builder.dtypes = {name: np.dtype(d) for name, (d, _) in expected.items()}
     memory = _memory(memory_cls, report)
-    limits = value_limits(obs_space, act_space) if compressor is None else None  # wire checks cover the rest
+    # the values' checks, where no wire route brings the trainer's (with a compressor, its schema knows which leaves
+    # keep the spaces' bounds)
+    limits = value_limits(obs_space, act_space) if compressor is None and through_wire is None else None
     act_space.seed(seed)
     packets, rows, episodes = 0, 0, 0
 
@@ -224,10 +238,10 @@ def _placeholder(env: Any, act_space: gymnasium.Space) -> Any:
 def _observation(obs: Any, obs_space: gymnasium.Space, act_space: gymnasium.Space, where: str,
                  report: PreflightReport, terminal: bool) -> None:
     problems = fit_problems(obs, obs_space, "observation_space")
-    if not problems and not terminal:
-        problems = [p for p in [mask_problem(obs, act_space)] if p]
+    if not terminal:  # a mask may be checked whatever else is wrong: mask_problem passes over one it cannot read
+        problems += [p for p in [mask_problem(obs, act_space)] if p]
     for problem in problems:
-        report.add(f"{where}: {problem}")
+        report.add(problem, where)
 
 
 def _add(builder: BufferBuilder, compressor: Callable[..., Any] | None, act: Any, obs: Any, rew: float,
@@ -237,12 +251,12 @@ def _add(builder: BufferBuilder, compressor: Callable[..., Any] | None, act: Any
         try:
             act, obs, rew, terminated, truncated, info = compressor(act, obs, rew, terminated, truncated, info)
         except Exception as exc:
-            report.add(f"the sample compressor failed at {where}: {type(exc).__name__}: {exc}")
+            report.add(f"the sample compressor failed: {type(exc).__name__}: {exc}", where)
             return False
     try:
         builder.add(act, obs, float(rew), terminated, truncated, reset, 0)
     except (ValueError, TypeError) as exc:
-        report.add(f"the packet builder refused the row of {where}: {exc}")
+        report.add(f"the packet builder refused its row: {exc}", where)
         return False
     return True
 
@@ -251,27 +265,27 @@ def _packet(buf: Buffer, number: int, expected: dict[str, tuple[str, tuple[int, 
             limits: Any, through_wire: WireCheck | None, obs_space: gymnasium.Space, act_space: gymnasium.Space,
             compressor: Any, memory: Any) -> None:
     leaves = dict(flatten(buf.act, "act")[1] + flatten(buf.obs, "obs")[1])
-    for name, (dtype, shape) in expected.items():
+    for name, (dtype, shape) in expected.items() if through_wire is None else ():  # else the route's schema checks
         got = leaves.get(name)
         if got is not None and (got.dtype.str != dtype or got.shape[1:] != shape):
-            report.add(f"packet {number}: {name} is {got.dtype.name} of row shape {got.shape[1:]}, but the spaces "
+            report.add(f"{name} is {got.dtype.name} of row shape {got.shape[1:]}, but the spaces "
                        f"(after the sample compressor) give {np.dtype(dtype).name} {shape}: the trainer would refuse "
-                       "every packet; make the env (or the compressor) return what its spaces say")
+                       "every packet; make the env (or the compressor) return what its spaces say", f"packet {number}")
     if limits is not None:
         problem = limits.buffer_problem(buf)
         if problem:
-            report.add(f"packet {number}: {problem}")
+            report.add(problem, f"packet {number}")
     if through_wire is not None:
         try:
             buf = through_wire(buf, obs_space, act_space, compressor)
         except Exception as exc:  # the server's or trainer's refusal, whatever its class
-            report.add(f"packet {number} would be refused: {exc}")
+            report.add(f"it would be refused: {exc}", f"packet {number}")
             return
     if memory is not None:
         try:
             memory.append_buffer(buf)
         except Exception as exc:
-            report.add(f"the memory refused packet {number}: {type(exc).__name__}: {exc}")
+            report.add(f"the memory refused it: {type(exc).__name__}: {exc}", f"packet {number}")
 
 
 def _batch(memory: Any, expected: dict[str, tuple[str, tuple[int, ...]]], report: PreflightReport) -> None:
