@@ -37,6 +37,7 @@ from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weights import check_weights, load_weights
 from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats
+from netrl.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import read_weights_file, remove_stale_temps, write_weights_file
 from netrl.util import version_label
@@ -411,7 +412,8 @@ class RolloutWorker:
         assert self.env_calls is not None
         obs, info = self.env_calls.call("reset", self.env.reset, seed=self.seed if self.episodes_done == 0 else None)
         if not self._checked:
-            check_observation(obs, self.env.observation_space, "the first observation from the env's reset()")
+            check_observation(obs, self.env.observation_space, "the first observation from the env's reset()",
+                              self.env.action_space)
         if collect:
             self._record(self._default_action(), obs, 0.0, False, False, info, reset=True)
         ret, length = 0.0, 0
@@ -430,7 +432,8 @@ class RolloutWorker:
                 check_action(act, self.env.action_space, type(self.actor).__name__)
             obs, rew, terminated, truncated, info = self.env_calls.call("step", self.env.step, act)
             if not self._checked:
-                check_observation(obs, self.env.observation_space, "the observation from the env's first step()")
+                check_observation(obs, self.env.observation_space, "the observation from the env's first step()",
+                                  self.env.action_space, bool(terminated))
                 self._checked = True
             length += 1
             ret += float(rew)
@@ -473,7 +476,7 @@ class RolloutWorker:
 
     def _default_action(self) -> Any:
         default = getattr(self.env, "default_action", None)
-        return np.zeros(self.env.action_space.shape, self.env.action_space.dtype) if default is None else default
+        return default_value(self.env.action_space) if default is None else default
 
     def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
                 reset: bool, version: int = -1) -> None:
