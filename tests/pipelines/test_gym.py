@@ -59,3 +59,14 @@ def test_actions_neither_agent_takes_are_refused_naming_the_env_and_the_space() 
             make_pipeline(config_from_dict({"env": {"id": "NetrlTestTextActions-v0"}}))
     finally:
         gymnasium.registry.pop("NetrlTestTextActions-v0")
+
+
+def test_bad_dqn_settings_are_all_named_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"agent": {"target_update_interval": 0, "exploration_final_eps": 1.5,
+                                    "exploration_steps": -1, "exploration_initial_eps": "x"}})
+    assert sorted(err.value.problems) == [
+        'agent.exploration_final_eps must be between 0.0 and 1.0 (got 1.5)',
+        'agent.exploration_initial_eps must be a finite number (got "x")',
+        "agent.exploration_steps must be >= 0 (got -1)",
+        "agent.target_update_interval must be >= 1 (got 0)"]
