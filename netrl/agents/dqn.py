@@ -220,8 +220,8 @@ class DQNAgent(TrainingAgent):
         self.q_target = copy.deepcopy(self.actor.q).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.actor.q.parameters(), lr=lr)
         self.gamma, self.target_update_interval = gamma, target_update_interval
-        self.eps_initial, self.eps_final, self.eps_steps = exploration_initial_eps, exploration_final_eps, \
-            exploration_steps
+        self.eps_initial, self.eps_final = exploration_initial_eps, exploration_final_eps
+        self.eps_steps = exploration_steps
         self.lr = lr
         self.sizes = self.actor.sizes
         self.starts = torch.as_tensor(self.actor._starts, device=device)
@@ -256,8 +256,7 @@ class DQNAgent(TrainingAgent):
         self.steps += 1
         steps = int(self.steps)
         if steps % self.target_update_interval == 0:
-            with torch.no_grad():
-                torch._foreach_copy_(list(self.q_target.parameters()), list(self.actor.q.parameters()))
+            self.q_target.load_state_dict(self.actor.q.state_dict())
         # Linear decay over training steps; the workers see it with the next weight version.
         fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
         self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))

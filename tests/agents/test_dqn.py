@@ -71,26 +71,30 @@ def test_truncation_bootstraps_but_termination_does_not() -> None:
     assert loss(terminated=1.0) != loss()
 
 
-def test_the_target_takes_the_online_argmax_among_the_actions_the_next_state_allows() -> None:
+def test_the_target_values_the_online_argmax_among_the_actions_the_next_state_allows() -> None:
     agent = make_agent(MASKED)
-    n = 6
-    o = masked_obs(n, torch.ones(n, 4))
-    a = torch.tensor([0, 1, 2, 3, 0, 1])
-    r = torch.randn(n)
-    with torch.no_grad():
-        o2_feats = torch.randn(n, 3)
-        q_next = agent.actor.q({"obs": o2_feats, MASK_KEY: torch.ones(n, 4)})
-    worst = q_next.argmin(-1)  # the next state allows only the action the unmasked max would never take
-    mask2 = F.one_hot(worst, 4)
-    o2 = {"obs": o2_feats, MASK_KEY: mask2.to(torch.uint8)}
-    with torch.no_grad():
-        y = r + 0.9 * agent.q_target(o2).gather(1, worst[:, None]).squeeze(1)  # target == online at the start
-        expected = F.smooth_l1_loss(agent.actor.q(o).gather(1, a[:, None]).squeeze(1), y).item()
-        unmasked_y = r + 0.9 * q_next.max(-1).values
     agent.gamma = 0.9
+    with torch.no_grad():  # a target network that differs from the online one, as it does between copies
+        for p in agent.q_target.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    n = 64
+    g = torch.Generator().manual_seed(2)
+    o, a, r = masked_obs(n, torch.ones(n, 4)), torch.randint(0, 4, (n,), generator=g), torch.randn(n, generator=g)
+    mask2 = torch.zeros(n, 4, dtype=torch.uint8)
+    mask2[torch.arange(n), torch.randint(0, 4, (n,), generator=g)] = 1
+    mask2[torch.arange(n), torch.randint(0, 4, (n,), generator=g)] = 1  # one or two allowed actions per state
+    o2 = masked_obs(n, mask2)
+    with torch.no_grad():
+        q_online, q_target = agent.actor.q(o2), agent.q_target(o2)
+        a2 = q_online.masked_fill(mask2 == 0, -torch.inf).argmax(-1)
+        y = r + 0.9 * q_target.gather(1, a2[:, None]).squeeze(1)
+        expected = F.smooth_l1_loss(agent.actor.q(o).gather(1, a[:, None]).squeeze(1), y).item()
+        # what the test tells apart: the unmasked argmax, and plain DQN's max of the target over allowed actions
+        unmasked = r + 0.9 * q_target.gather(1, q_online.argmax(-1, keepdim=True)).squeeze(1)
+        plain = r + 0.9 * q_target.masked_fill(mask2 == 0, -torch.inf).max(-1).values
+    assert not torch.allclose(y, unmasked) and not torch.allclose(y, plain)
     got = agent.train(Batch(o, a.to(torch.uint8), r, o2, torch.zeros(n), torch.zeros(n)))["loss_q"]
     assert got == pytest.approx(expected, rel=1e-5)
-    assert not torch.allclose(y, unmasked_y)  # the mask changed the target: the test can tell the two apart
 
 
 def test_the_actor_never_picks_a_masked_action_greedy_or_exploring() -> None:
