@@ -107,6 +107,10 @@ def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
                     return {"steps": steps, "wall_s": round(wall, 1)}
                 next_eval = steps + EVAL_EVERY
             if steps >= max_steps:
+                problems = [line for line in (tmp / "pipeline.log").read_text(errors="replace").splitlines()
+                            if " W [" in line or " E [" in line]
+                print(f"  netrl seed {seed}: not reached; the pipeline's last warnings and errors:",
+                      *problems[-20:] or ["(none)"], sep="\n    ", flush=True)
                 return None
             time.sleep(0.5)
     finally:
