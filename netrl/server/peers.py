@@ -59,6 +59,7 @@ class Peer:
     max_rows: int = 0
     max_bytes: int = 0
     paced: bool = True
+    num_envs: int = 1  # envs it runs (worker.num_envs): its packets' env column stays below it
     pace_budget: int = 0  # samples it may still deliver: PACE raises granted, less the samples accepted since
     over_pace: int = 0  # packets refused because they went beyond its PACE allowance
     oversized: int = 0  # packets refused because they went beyond its declared bounds or the server's
