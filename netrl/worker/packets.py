@@ -88,6 +88,10 @@ class PacketMaker:
             if networked:
                 self._check_packet_size()
 
+    def __len__(self) -> int:
+        """Rows not sent yet."""
+        return len(self._builder)
+
     @property
     def unsent_transitions(self) -> int:
         return self._builder.transitions

@@ -18,6 +18,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Generator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ from netrl.util import version_label
 from netrl.worker.link import WorkerLink
 from netrl.worker.names import claim_worker_id, default_worker_id
 from netrl.worker.packets import PacketMaker
+from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import WeightReceiver
 
 __all__ = ["RolloutWorker"]
@@ -90,6 +92,9 @@ class RolloutWorker:
         status_interval_s: seconds between status log lines (0: none).
         env_timeout_factor, env_timeout_min_s: when an env call counts as hung (:mod:`netrl.envs.guard`).
         on_env_failure: what a hung env call or a dead env thread does: "stop" (raise EnvFailure) or "reset".
+        num_envs: envs this worker runs, stepped together in one Gymnasium vector env (:mod:`netrl.worker.vector`):
+            the actor must take batches (see :mod:`netrl.actor`).
+        vectorization: "sync" (the envs step one after another in this process) or "async" (a process per env).
 
     The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
     which netrl does not take, so a call in that order would give every later value to the wrong parameter.
@@ -107,7 +112,12 @@ class RolloutWorker:
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
                  status_interval_s: float = 0.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
-                 on_env_failure: Literal["stop", "reset"] = "stop") -> None:
+                 on_env_failure: Literal["stop", "reset"] = "stop", num_envs: int = 1,
+                 vectorization: Vectorization = "sync") -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs must be an integer >= 1 (got {num_envs!r})")
+        if vectorization not in ("sync", "async"):
+            raise ValueError(f'vectorization must be "sync" or "async" (got {vectorization!r})')
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         if max_packet_delay_s is not None and not max_packet_delay_s > 0:
@@ -157,6 +167,9 @@ class RolloutWorker:
         self.weights: WeightReceiver | None = None
         self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
+        self.num_envs, self.vectorization = int(num_envs), vectorization
+        # several envs: their rows go to per-env packet makers; self.packets only numbers and encodes the packets
+        self.vec = VectorEnvs(self, self.num_envs) if self.num_envs > 1 else None
         self._saved_versions = 0
         self.samples_unacknowledged = 0  # at close: samples the server neither spooled nor delivered (at risk)
         self._runs = Runs(lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network "
@@ -192,7 +205,8 @@ class RolloutWorker:
                          episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
                          keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                          status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
-                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure)
+                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
+                         num_envs=w.num_envs, vectorization=w.vectorization)
         except BaseException:
             if name_lock is not None:
                 name_lock.release()
@@ -226,21 +240,32 @@ class RolloutWorker:
         self._started = True
 
     def _new_env(self) -> None:
-        self.env_calls = EnvCaller(self.env_cls, f"worker {self.worker_id}", *self.env_timeout)
+        make = self.env_cls if self.vec is None else partial(make_vector_env, self.env_cls, self.num_envs,
+                                                             self.vectorization)
+        self.env_calls = EnvCaller(make, f"worker {self.worker_id}", *self.env_timeout)
         self.env = self.env_calls.env
+
+    @property
+    def observation_space(self) -> Any:
+        """One env's observation space (a vector env's ``single_observation_space``)."""
+        return getattr(self.env, "single_observation_space", None) or self.env.observation_space
+
+    @property
+    def action_space(self) -> Any:
+        return getattr(self.env, "single_action_space", None) or self.env.action_space
 
     def _build(self) -> None:
         """start() once the env exists: the actor, its saved weights and the network thread (started last)."""
         assert self.env is not None
-        check_spaces(self.env.observation_space, self.env.action_space)
+        check_spaces(self.observation_space, self.action_space)
         self._follow_spaces()
-        log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
-                 self.env.action_space)
+        log.info("worker %s: observation space %s, action space %s%s", self.worker_id, self.observation_space,
+                 self.action_space, f", {self.num_envs} envs ({self.vectorization})" if self.vec else "")
         if self.episode_log is not None:
             # A worker restarted with the same id appends to the same CSV: it counts episodes and env steps on from
             # the last row, so that --plot draws one learning curve rather than two on top of each other.
             self._logged_episodes, self._logged_steps = self.episode_log.last_ints("episode", "env_steps")
-        self.actor = self.actor_module_cls(self.env.observation_space, self.env.action_space).to(self.device)
+        self.actor = self.actor_module_cls(self.observation_space, self.action_space).to(self.device)
         self.actor.eval()
         self.template_actor = copy.deepcopy(self.actor)
         for saved in {Path(p).parent for p in (self.model_path, self.model_path_history) if p}:
@@ -257,7 +282,8 @@ class RolloutWorker:
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
-            self.net.link.hello_extra = {**self.packets.bounds(), "paced": self.throttle}
+            bounds = self.packets.bounds() if self.vec is None else self.vec.bounds()
+            self.net.link.hello_extra = {**bounds, "paced": self.throttle}
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
@@ -310,10 +336,11 @@ class RolloutWorker:
                     self.name_lock.release()
 
     def _close_net(self, net: WorkerLink) -> None:
-        unsent, lost = self.packets.unsent_transitions, 0
-        if self.packets.pending_episodes and not unsent:  # e.g. after a final test episode
+        rows = self.packets if self.vec is None else self.vec
+        unsent, lost = rows.unsent_transitions, 0
+        if rows.pending_episodes and not unsent:  # e.g. after a final test episode
             log.info("worker %s: the stats of its last %d episodes stay in its episode log: no samples are left "
-                     "to carry them to the trainer", self.worker_id, len(self.packets.pending_episodes))
+                     "to carry them to the trainer", self.worker_id, len(rows.pending_episodes))
         try:
             self._send_packet()
         except NetrlError as exc:  # its network thread had stopped (e.g. the server refused this worker)
@@ -345,7 +372,12 @@ class RolloutWorker:
         try:
             self.start()
             train_episodes = 0
-            while not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
+            if self.vec is not None:
+                self.vec.test_interval = test_episode_interval
+            while self.vec is not None and not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
+                ended = self._guarded(lambda: self.vec.step() if self.pace(stop) else None)  # type: ignore[union-attr]
+                train_episodes += sum(not e.test for e in ended or ())
+            while self.vec is None and not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
                 if self._episode(False, stop) is None:
                     break
                 train_episodes += 1
@@ -377,6 +409,18 @@ class RolloutWorker:
     def _leave(self) -> None:
         self._runs.leave()
 
+    def _guarded(self, step: Callable[[], Any]) -> Any:
+        """``step()`` (one vector step), after a failed env call restarting every env if the pipeline allows it."""
+        try:
+            out = step()
+        except EnvFailure as exc:
+            self._env_failed(exc)
+            assert self.vec is not None
+            self.vec.restart()
+            return None
+        self._failures_in_a_row = 0
+        return out
+
     def _episode(self, test: bool, stop: threading.Event) -> EpisodeStats | None:
         steps = self.episode_steps(test, stop)
         while True:
@@ -406,7 +450,19 @@ class RolloutWorker:
             old.close()
 
     def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
-        """One episode as a generator that yields after every env step (the single-process mode drives it)."""
+        """One episode as a generator that yields after every env step (the single-process mode drives it).
+
+        With several envs: vector steps until an episode of one of them ends, which it returns (the envs' episodes
+        go on in the next call); test episodes then come from ``run(test_episode_interval)`` alone."""
+        if self.vec is not None:
+            if test:
+                raise ValueError(f"worker {self.worker_id} runs {self.num_envs} envs: each runs its own test episodes, "
+                                 "one after every test_episode_interval of its training episodes (run()); "
+                                 "run_episode(test=True) is for one env")
+            return self.vec.steps(stop)
+        return self._one_env_steps(test, stop)
+
+    def _one_env_steps(self, test: bool, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         collect = not test and not self.standalone
         assert self.env_calls is not None
         obs, info = self.env_calls.call("reset", self.env.reset, seed=self.seed if self.episodes_done == 0 else None)
@@ -416,13 +472,8 @@ class RolloutWorker:
             self._record(self._default_action(), obs, 0.0, False, False, info, reset=True)
         ret, length = 0.0, 0
         while True:
-            if stop.is_set():
+            if not self.pace(stop, collect):
                 return None
-            self._check_net()
-            if collect and self.throttle:
-                self._wait_for_pace(stop)
-                if stop.is_set():
-                    return None
             self._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
             version = self.version  # the version that chooses this action
             act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
@@ -451,17 +502,30 @@ class RolloutWorker:
         yield
         return stats
 
+    def pace(self, stop: threading.Event, collect: bool = True) -> bool:
+        """Before an env step: check the network thread and wait for the trainer's PACE if paced; False on stop."""
+        if stop.is_set():
+            return False
+        self._check_net()
+        if collect and self.throttle:
+            self._wait_for_pace(stop)
+        return not stop.is_set()
+
+    def packets_due(self) -> bool:
+        return self.packets.due() if self.vec is None else self.vec.due()
+
     def _episode_done(self, stats: EpisodeStats) -> None:
         self.episodes_done += 1
         if not stats.test:
             self.last_return = stats.ret
         episode = self._logged_episodes + self.episodes_done
         if self.episode_log is not None:
-            self.episode_log.write({"time": time.time(), "episode": episode, "test": int(stats.test),
+            self.episode_log.write({"time": time.time(), "episode": episode, "env": stats.env, "test": int(stats.test),
                                     "return": stats.ret, "length": stats.length,
                                     "env_steps": self._logged_steps + self.produced, "policy_version": self.version})
-        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy %s)",
-                "test" if stats.test else "training", episode, stats.ret, stats.length, version_label(self.version))
+        log.log(self.episode_log_level, "%s episode %d%s: return %.1f over %d steps (policy %s)",
+                "test" if stats.test else "training", episode, f" (env {stats.env})" if self.vec else "", stats.ret,
+                stats.length, version_label(self.version))
 
     def _follow_spaces(self) -> None:
         """Send leaves in the dtypes the trainer expects from the spaces. The compressor is probed on a copy: one
@@ -469,11 +533,15 @@ class RolloutWorker:
         compressor = probe_copy(self.sample_compressor)
         if compressor is None and self.sample_compressor is not None:  # it cannot be copied: the env's dtypes, then
             return
-        self.packets.follow(SampleSchema.from_spaces(self.env.observation_space, self.env.action_space, compressor))
+        schema = SampleSchema.from_spaces(self.observation_space, self.action_space, compressor)
+        self.packets.follow(schema)
+        if self.vec is not None:
+            self.vec.follow(schema)
 
     def _default_action(self) -> Any:
-        default = getattr(self.env, "default_action", None)
-        return np.zeros(self.env.action_space.shape, self.env.action_space.dtype) if default is None else default
+        env = self.env if self.vec is None else (getattr(self.env, "envs", None) or [None])[0]  # async: no access
+        default = getattr(env, "default_action", None)
+        return np.zeros(self.action_space.shape, self.action_space.dtype) if default is None else default
 
     def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
                 reset: bool, version: int = -1) -> None:
@@ -485,7 +553,7 @@ class RolloutWorker:
             self._send_packet()
 
     def _send_packet(self) -> None:
-        buf = self.packets.cut()
+        buf = self.packets.cut() if self.vec is None else self.vec.cut()
         if buf is None:
             return
         if self.local_packets is not None:  # single-process mode: no network

@@ -560,7 +560,8 @@ def test_a_first_observation_that_does_not_fit_the_space_names_the_leaf_and_the_
 
 
 @pytest.mark.parametrize(("action", "problem"), [
-    (np.zeros((1, 2), np.float32), "action_space expects shape (2,), got shape (1, 2) (ndarray of float32)"),
+    # (1, 2) is a batch of one action (netrl.actor): act_ unwraps it; three actions for one observation do not fit
+    (np.zeros((3, 2), np.float32), "action_space expects shape (2,), got shape (3, 2) (ndarray of float32)"),
     (np.zeros(2, np.int64), None),  # fits: int casts to float, as gymnasium takes it
     (np.zeros(2, np.complex64), "action_space expects dtype float32, got complex64, which does not cast to it"),
 ])

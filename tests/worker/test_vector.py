@@ -1,0 +1,219 @@
+"""Many envs per worker (worker.num_envs): per-env episodes, autoreset, truncation, test episodes and clocks, packets
+as env-major segments, and the memory stitching each env's transitions apart."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from netrl.actor import ActorModule
+from netrl.config import load_config
+from netrl.envs.realtime import StepTimer
+from netrl.errors import ConfigError, MalformedMessage
+from netrl.memory.replay import ReplayMemory
+from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
+from netrl.samples import Buffer
+from netrl.worker.worker import RolloutWorker
+
+
+class Counter(gymnasium.Env):  # type: ignore[type-arg]
+    """obs = [tag, episode, t]; env ``tag`` ends its episodes after ``LENGTHS[tag]`` steps. Its step refuses an action
+    that is not its own tag (the batched actor returns each env's tag), so a row given to the wrong env fails."""
+
+    LENGTHS = (3, 5, 4)
+    made: list[Counter] = []
+
+    def __init__(self) -> None:
+        self.tag = len(Counter.made)
+        Counter.made.append(self)
+        self.length = self.LENGTHS[self.tag % len(self.LENGTHS)]
+        self.observation_space = gymnasium.spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = gymnasium.spaces.Box(-1e6, 1e6, (1,), np.float32)
+        self.ep, self.t = -1, 0
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.ep, self.t = self.ep + 1, 0
+        return self._obs(), {}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.tag, self.ep, self.t], np.float32)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        assert action.shape == (1,) and action[0] == self.tag, (action, self.tag)
+        self.t += 1
+        return self._obs(), 1.0, self.t >= self.length, False, {}
+
+
+class TagActor(ActorModule):
+    """Acts each env's tag, for a whole batch; counts its calls and their test flags."""
+
+    def __init__(self, observation_space: Any, action_space: Any) -> None:
+        super().__init__(observation_space, action_space)
+        self.p = torch.nn.Parameter(torch.zeros(1))
+        self.calls: list[tuple[int, bool]] = []
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        self.calls.append((obs.shape[0], test))
+        return obs[:, :1].numpy().copy()
+
+
+class SingleActor(TagActor):
+    """tmrl style: the first observation's action only."""
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        return obs[0, :1].numpy().copy()
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters() -> None:
+    Counter.made = []
+
+
+def memory_of(packets: list[Buffer]) -> ReplayMemory:
+    mem = ReplayMemory(memory_size=10_000, batch_size=4)
+    for buf in packets:  # through the wire, as the trainer gets them
+        mem.append_buffer(buffer_from_message(decode(encode(samples_message(buf, "w", "s", 1, 0)))))
+    return mem
+
+
+def test_every_transition_stays_within_one_env_one_episode_and_one_packet() -> None:
+    worker = RolloutWorker(Counter, TagActor, num_envs=3, seed=0, min_samples_per_worker_packet=4,
+                           max_samples_per_episode=4)
+    worker.local_packets = []
+    worker.run(0, nb_episodes=12)
+    worker._send_packet()  # the rows left at the end (a networked worker sends them as it closes)
+    packets = worker.local_packets
+    assert len(packets) >= 4
+    for buf in packets:
+        assert buf.env is not None and np.all(np.diff(buf.env.astype(int)) >= 0)
+        starts = np.flatnonzero(np.diff(np.concatenate([[-1], buf.env.astype(int)])))
+        assert np.all(buf.reset[starts] | buf.context[starts])  # each env's segment starts with context or reset
+        assert set(buf.env.tolist()) == {0, 1, 2}
+    mem = memory_of(packets)
+    assert len(mem) == worker.produced > 0
+    for k in range(len(mem)):
+        o, a, _r, o2, term, trunc, _ = mem.get_transition(k)
+        assert (o2[0], o2[1], o2[2]) == (o[0], o[1], o[2] + 1) and a[0] == o[0], (o, a, o2)
+        # env 1's 5-step episodes are cut at 4 (max_samples_per_episode): truncated, never terminated
+        assert (term, trunc) == ((o2[2] == Counter.LENGTHS[int(o[0])], False) if o[0] != 1 else (False, o2[2] == 4))
+    assert mem._cols["env"][:mem._size].max() == 2  # the memory keeps each row's env
+    # one batched act() call per vector step, for all three envs
+    assert {n for n, _ in worker.actor.calls} == {3}
+
+
+def test_autoreset_records_the_final_observation_and_the_next_reset_row_per_env() -> None:
+    worker = RolloutWorker(Counter, TagActor, num_envs=2, seed=0, min_samples_per_worker_packet=100)
+    worker.local_packets = []
+    worker.run(0, nb_episodes=4)  # env 0 ends episodes at steps 3, 6, 9; env 1 at 5
+    worker._send_packet()
+    rows = [(int(e), tuple(o.tolist()), bool(r), bool(t)) for buf in worker.local_packets
+            for e, o, r, t in zip(buf.env, buf.obs, buf.reset, buf.terminated, strict=True)]
+    env0 = [(o, r, t) for e, o, r, t in rows if e == 0]
+    assert env0[:5] == [((0, 0, 0), True, False), ((0, 0, 1), False, False), ((0, 0, 2), False, False),
+                        ((0, 0, 3), False, True), ((0, 1, 0), True, False)]  # final obs, then the next first one
+    stats = sorted((e.env, e.length, e.ret) for buf in worker.local_packets for e in buf.episodes)
+    assert stats[:3] == [(0, 3, 3.0), (0, 3, 3.0), (0, 3, 3.0)] and (1, 5, 5.0) in stats
+    assert worker.episodes_done >= 4
+
+
+def test_each_env_runs_its_own_test_episodes_unrecorded_and_acted_on_with_test_true() -> None:
+    worker = RolloutWorker(Counter, TagActor, num_envs=3, seed=0, min_samples_per_worker_packet=5)
+    worker.local_packets = []
+    worker.run(1, nb_episodes=9)  # a test episode after every training episode of each env
+    worker._send_packet()
+    episodes = [e for buf in worker.local_packets for e in buf.episodes]
+    tests = [e for e in episodes if e.test]
+    assert {e.env for e in tests} == {0, 1, 2}
+    for env in range(3):  # per env, training and test episodes alternate
+        flags = [e.test for e in episodes if e.env == env]
+        assert flags == [i % 2 == 1 for i in range(len(flags))]
+    # test episodes' rows are not recorded: every recorded observation belongs to a training episode
+    recorded = {(int(o[0]), int(o[1])) for buf in worker.local_packets for o in buf.obs}
+    assert {e for e, _ in recorded} == {0, 1, 2} and all(ep % 2 == 0 for _, ep in recorded)
+    assert any(test for _, test in worker.actor.calls) and any(n < 3 for n, _ in worker.actor.calls)
+
+
+def test_a_packet_that_would_join_two_envs_is_refused_naming_worker_and_row() -> None:
+    worker = RolloutWorker(Counter, TagActor, num_envs=2, seed=0, min_samples_per_worker_packet=4)
+    worker.local_packets = []
+    worker.run(0, nb_episodes=4)
+    buf = next(b for b in worker.local_packets[1:] if b.context[0])
+    seam = int(np.flatnonzero(np.diff(buf.env.astype(int)))[0]) + 1
+    decode(encode(samples_message(buf, "w", "s", 7, 0)))  # as sent: accepted
+    buf.context[seam] = buf.reset[seam] = False  # env 1's first row now ends a transition from env 0's last
+    with pytest.raises(MalformedMessage, match=rf"packet 7 from 'w': row {seam} starts env 1's segment"):
+        decode(encode(samples_message(buf, "w", "s", 7, 0)))
+    buf.env[-1] = 0  # env-major order broken
+    with pytest.raises(MalformedMessage, match="goes from 1 back to 0"):
+        decode(encode(samples_message(buf, "w", "s", 7, 0)))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_num_envs_below_one_is_refused(bad: Any, tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match=rf"num_envs must be an integer >= 1 \(got {bad!r}\)"):
+        RolloutWorker(Counter, TagActor, num_envs=bad)
+    if isinstance(bad, int) and not isinstance(bad, bool):
+        path = tmp_path / "config.json"
+        path.write_text(f'{{"worker": {{"num_envs": {bad}, "vectorization": "threads"}}}}')
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert "worker.num_envs must be >= 1" in str(err.value) and "worker.vectorization" in str(err.value)
+
+
+def test_an_actor_that_cannot_take_a_batch_is_named() -> None:
+    worker = RolloutWorker(Counter, SingleActor, num_envs=2, seed=0)
+    worker.local_packets = []
+    with pytest.raises(ValueError, match=r"SingleActor.act returned an array of shape \(1,\) for a batch of 2 "):
+        worker.run(0, nb_episodes=1)
+
+
+def test_one_env_is_unchanged_single_observations_and_no_env_column() -> None:
+    worker = RolloutWorker(Counter, TagActor, seed=0, min_samples_per_worker_packet=4)
+    worker.local_packets = []
+    stats = worker.run_episode()
+    assert stats is not None and (stats.length, stats.env) == (3, 0)
+    assert worker.vec is None and {n for n, _ in worker.actor.calls} == {1}
+    assert all(buf.env is None for buf in worker.local_packets)
+
+
+def test_run_episode_with_several_envs_returns_the_first_episode_that_ends() -> None:
+    worker = RolloutWorker(Counter, TagActor, num_envs=2, seed=0)
+    worker.local_packets = []
+    try:
+        first = worker.run_episode()
+        assert first is not None and (first.env, first.length) == (0, 3)
+        with pytest.raises(ValueError, match="runs 2 envs: each runs its own test episodes"):
+            worker.run_episode(test=True)
+    finally:
+        worker.close()
+
+
+def test_a_real_time_env_keeps_its_own_clock_per_env() -> None:
+    timers: list[StepTimer] = []
+
+    def timed() -> StepTimer:  # as the drone pipeline builds its env: one StepTimer per env
+        timers.append(StepTimer(Counter(), nominal_s=0.01))
+        return timers[-1]
+
+    worker = RolloutWorker(timed, TagActor, num_envs=2, seed=0)
+    worker.local_packets = []
+    worker.run(0, nb_episodes=4)  # 4 training episodes end: env 0 after 3, 6, 9 steps; env 1 after 5
+    assert len(timers) == 2
+    steps = [sum(1 for b in worker.local_packets for e in b.env if e == i) for i in range(2)]
+    # each clock counts only its own env's steps, from its own resets (none the other env's)
+    assert [t.steps for t in timers] == [9, 9] and sum(steps) > 0
+    assert timers[0].periods != timers[1].periods
+
+
+def test_async_vectorization_steps_envs_in_processes() -> None:
+    worker = RolloutWorker(Counter, TagActor, num_envs=2, vectorization="async", seed=0)
+    worker.local_packets = []
+    stop = threading.Event()
+    worker.run(0, nb_episodes=3, stop=stop)
+    assert worker.produced >= 9 and {e.env for b in worker.local_packets for e in b.episodes} == {0, 1}
