@@ -26,7 +26,7 @@ import copy
 import threading
 from collections.abc import Callable, Generator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import gymnasium
 import numpy as np
@@ -34,9 +34,6 @@ import numpy as np
 from netrl.envs.checks import check_action, check_observation
 from netrl.samples import Buffer, EpisodeStats, concat_segments, row, tree_map
 from netrl.worker.packets import PacketMaker
-
-if TYPE_CHECKING:
-    from netrl.worker.worker import RolloutWorker
 
 __all__ = ["VectorEnvs", "make_vector_env"]
 
@@ -55,7 +52,7 @@ def make_vector_env(env_cls: Callable[[], Any], num_envs: int, vectorization: Ve
 class VectorEnvs:
     """A worker's ``N`` envs: steps them together, and keeps every episode, packet and clock per env."""
 
-    def __init__(self, worker: RolloutWorker, num_envs: int) -> None:
+    def __init__(self, worker: Any, num_envs: int) -> None:  # a RolloutWorker (which imports this module)
         self.worker, self.n = worker, num_envs
         w = worker
         self.makers = [PacketMaker(w.worker_id, w.session, w.min_samples, w.overlap, w.max_delay, w.compression,

@@ -28,20 +28,20 @@ import torch
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_action, check_observation, check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
-from netrl.errors import CheckpointError, EnvFailure, NetrlError
+from netrl.errors import EnvFailure, NetrlError
 from netrl.lifecycle import Runs, RunStop
 from netrl.monitor.metrics import CsvLog
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
-from netrl.protocol.weights import check_weights, load_weights
 from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats
 from netrl.storage.folderlock import FolderLock
-from netrl.storage.weight_files import read_weights_file, remove_stale_temps, write_weights_file
+from netrl.storage.weight_files import remove_stale_temps
 from netrl.util import version_label
 from netrl.worker.link import WorkerLink
+from netrl.worker.model_files import load_model_file, save_model_file
 from netrl.worker.names import claim_worker_id, default_worker_id
 from netrl.worker.packets import PacketMaker
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
@@ -287,33 +287,19 @@ class RolloutWorker:
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
-        try:
-            state, meta = read_weights_file(path)
-        except CheckpointError as exc:  # e.g. truncated by a power cut while it was being saved
-            if self.standalone:  # its only weights: running the actor untrained instead would go unnoticed
-                raise CheckpointError(f"{exc}: this standalone worker runs the weights in it; copy the trainer's "
-                                      "policy.pt (and its .json) there again, or delete it to run untrained") from None
-            log.warning("ignoring %s, which cannot be read (%s): the server sends the current weights once this worker "
-                        "is connected, and they replace the file", path, exc)
-            return
-        problems = check_weights(self.actor, state)
-        if problems:
-            log.warning("ignoring %s, which does not fit this actor: %s", path, "; ".join(problems[:3]))
-            return
-        load_weights(self.actor, state)
-        self.version = int(meta.get("version", -1))
-        log.info("loaded policy v%d from %s", self.version, path)
+        version = load_model_file(path, self.actor, self.standalone)
+        if version is not None:
+            self.version = version
 
     def save_model(self, module: torch.nn.Module | Mapping[str, torch.Tensor], version: int, session: str) -> None:
         """Keep the newest weights (an actor or its state_dict) at ``model_path`` (and every N-th in the history).
         The worker calls it on a thread of its own (see :class:`~netrl.worker.weight_receiver.WeightReceiver`)."""
         if not self.model_path:
             return
-        meta = {"version": version, "trainer_session": session, "saved_at": time.time()}
-        write_weights_file(self.model_path, module, meta)
+        save_model_file(self.model_path, module, version, session)
         self._saved_versions += 1
         if self.model_history and self.model_path_history and self._saved_versions % self.model_history == 0:
-            write_weights_file(f"{self.model_path_history}_v{version:06d}.pt", module, meta)
+            save_model_file(f"{self.model_path_history}_v{version:06d}.pt", module, version, session)
 
     def close(self) -> None:
         """Send what is left, disconnect and close the env. Idempotent. Called from another thread while
