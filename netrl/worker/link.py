@@ -93,6 +93,27 @@ class WorkerLink(NetThread):
         self._last_drop_warning = 0.0
         self.link.heartbeat_body = self._heartbeat_stats
 
+
+    def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event, send: Callable[[], None],
+                      check: Callable[[], None]) -> None:
+        """Block the control path while the worker has ``produced`` as many samples as the trainer's PACE allows:
+        ``send`` first (the trainer may be waiting for exactly these rows), then ``check`` the network as it waits."""
+        if produced() < self.allowance:
+            return
+        send()
+        waited = time.monotonic()
+        self.waiting_for_pace = True  # the status line says why the worker makes no steps
+        try:
+            with self.pace_cond:
+                while produced() >= self.allowance and not stop.is_set():
+                    self.pace_cond.wait(0.05)
+                    if time.monotonic() - waited > 10 and not self.paced:
+                        log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
+                                 self.worker_id)
+                        waited = time.monotonic()
+                    check()
+        finally:
+            self.waiting_for_pace = False
     def _heartbeat_stats(self) -> dict[str, Any]:
         return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
                           "backlog_bytes": self.backlog_bytes, **self.weight_stats, **self.dropped()}}

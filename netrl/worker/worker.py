@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Generator, Mapping
 from functools import partial
 from pathlib import Path
@@ -26,12 +25,12 @@ import numpy as np
 import torch
 
 from netrl.config.sections import Config, NetworkConfig
-from netrl.envs.checks import check_action, check_observation, check_sample_compressor, check_spaces
+from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
 from netrl.errors import EnvFailure, NetrlError
 from netrl.lifecycle import Runs, RunStop
 from netrl.monitor.metrics import CsvLog
-from netrl.net.keys import ClientKeys, client_keys
+from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
@@ -40,22 +39,18 @@ from netrl.samples import EpisodeStats
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
 from netrl.util import version_label
+from netrl.worker.episode import close_net, one_env_steps
 from netrl.worker.link import WorkerLink
 from netrl.worker.model_files import load_model_file, save_model_file
-from netrl.worker.names import claim_worker_id, default_worker_id
+from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
+from netrl.worker.setup import worker_from_config
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import WeightReceiver
 
 __all__ = ["RolloutWorker"]
 
 log = logging.getLogger(__name__)
-
-
-def worker_seed(seed: int | None, worker_id: str) -> int | None:
-    """A worker's own seed, from the config's ``seed`` and its name: workers started from one config.json must
-    not collect the same episodes and actions, and a worker's stream stays the same from run to run."""
-    return None if seed is None else (seed + zlib.crc32(worker_id.encode())) % 2**32
 
 
 class RolloutWorker:
@@ -185,36 +180,8 @@ class RolloutWorker:
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
-        w = cfg.worker
-        worker_id, name_lock = claim_worker_id(cfg.run_dir, w.worker_id)  # default: the host name (netrl.worker.names)
-        if w.throttle and pipeline.realtime:
-            log.info("worker.throttle is ignored: the %s pipeline's env runs in real time, and pausing it would "
-                     "change what it learns", cfg.env.pipeline)
-        try:
-            worker = cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
-                         cfg.network.server_ip, w.min_samples_per_worker_packet,
-                         np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
-                         str(cfg.run_dir / f"worker_policy_{worker_id}.pt"), pipeline.obs_preprocessor,
-                         model_path_history=str(cfg.run_dir / f"worker_policy_{worker_id}"),
-                         model_history=w.model_history, server_port=cfg.network.worker_port, worker_id=worker_id,
-                         network=cfg.network, overlap=pipeline.overlap,
-                         throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
-                         max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
-                         flush_timeout_s=w.flush_timeout_s, compression=w.compression,
-                         seed=worker_seed(cfg.seed, worker_id),
-                         episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
-                         keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
-                         status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
-                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
-                         num_envs=w.num_envs, vectorization=w.vectorization)
-        except BaseException:
-            if name_lock is not None:
-                name_lock.release()
-            raise
-        worker.name_lock = name_lock
-        if worker.seed is not None:  # the actor's sampling: this process's torch stream is this worker's
-            torch.manual_seed(worker.seed)
-        return worker
+        """The worker ``cfg.worker`` describes, running ``pipeline``'s env and actor (see :mod:`netrl.worker.setup`)."""
+        return worker_from_config(cls, cfg, pipeline)
 
     @property
     def seq(self) -> int:
@@ -310,7 +277,7 @@ class RolloutWorker:
             return
         try:
             if self.net is not None:
-                self._close_net(self.net)
+                close_net(self, self.net)
         finally:
             try:
                 if self.weights is not None:  # after the network thread: no version comes any more
@@ -320,34 +287,6 @@ class RolloutWorker:
             finally:
                 if self.name_lock is not None:  # the name is free for this worker's restart
                     self.name_lock.release()
-
-    def _close_net(self, net: WorkerLink) -> None:
-        rows = self.packets if self.vec is None else self.vec
-        unsent, lost = rows.unsent_transitions, 0
-        if rows.pending_episodes and not unsent:  # e.g. after a final test episode
-            log.info("worker %s: the stats of its last %d episodes stay in its episode log: no samples are left "
-                     "to carry them to the trainer", self.worker_id, len(rows.pending_episodes))
-        try:
-            self._send_packet()
-        except NetrlError as exc:  # its network thread had stopped (e.g. the server refused this worker)
-            lost = unsent
-            log.warning("worker %s could not hand over its last %d samples: %s", self.worker_id, unsent, exc)
-        flushed = net.flush(net.handed_seq, self.flush_timeout)  # not one dropped at the pipe: it never arrives
-        net.halt()
-        c = net.dropped()
-        unacked_packets, unacked = net.unacknowledged()
-        unacked += lost
-        self.samples_unacknowledged = unacked
-        level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
-        spooled = (f"; {c['spooled_samples']} of the acknowledged samples are spooled at the server (safe on its "
-                   "disk: the trainer gets them when it catches up)") if c["spooled_samples"] else ""
-        log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
-                "%d rejected, %d unacknowledged%s", self.worker_id, self.session, self.produced, self.seq,
-                c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked, spooled)
-        if not flushed and unacked_packets:
-            log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: the server had neither "
-                        "spooled them nor delivered them to the trainer, so they are lost if they did not reach it or "
-                        "if it stops before the trainer takes them", self.worker_id, unacked_packets, unacked - lost)
 
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,
@@ -446,47 +385,7 @@ class RolloutWorker:
                                  "one after every test_episode_interval of its training episodes (run()); "
                                  "run_episode(test=True) is for one env")
             return self.vec.steps(stop)
-        return self._one_env_steps(test, stop)
-
-    def _one_env_steps(self, test: bool, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
-        collect = not test and not self.standalone
-        assert self.env_calls is not None
-        obs, info = self.env_calls.call("reset", self.env.reset, seed=self.seed if self.episodes_done == 0 else None)
-        if not self._checked:
-            check_observation(obs, self.env.observation_space, "the first observation from the env's reset()")
-        if collect:
-            self._record(self._default_action(), obs, 0.0, False, False, info, reset=True)
-        ret, length = 0.0, 0
-        while True:
-            if not self.pace(stop, collect):
-                return None
-            self._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
-            version = self.version  # the version that chooses this action
-            act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
-            if not self._checked:
-                check_action(act, self.env.action_space, type(self.actor).__name__)
-            obs, rew, terminated, truncated, info = self.env_calls.call("step", self.env.step, act)
-            if not self._checked:
-                check_observation(obs, self.env.observation_space, "the observation from the env's first step()")
-                self._checked = True
-            length += 1
-            ret += float(rew)
-            if length >= self.max_samples_per_episode and not terminated:
-                truncated = True  # a forced reset is a time limit: the trainer still bootstraps
-            stats = EpisodeStats(ret, length, test, self.version) if terminated or truncated else None
-            if stats is not None and not self.standalone:  # before the last row: they leave in the same packet
-                self.packets.pending_episodes.append(stats)
-            if collect:
-                self._record(act, obs, rew, terminated, truncated, info, reset=False, version=version)
-            elif self.packets.due():  # rows from before a test episode still leave after max_packet_delay_s
-                self._send_packet()
-            if terminated or truncated:
-                break
-            yield
-        assert stats is not None  # the loop ends only with an episode's end
-        self._episode_done(stats)
-        yield
-        return stats
+        return one_env_steps(self, test, stop)
 
     def pace(self, stop: threading.Event, collect: bool = True) -> bool:
         """Before an env step: check the network thread and wait for the trainer's PACE if paced; False on stop."""
@@ -558,23 +457,8 @@ class RolloutWorker:
             self.version = version
 
     def _wait_for_pace(self, stop: threading.Event) -> None:
-        net = self.net
-        if net is None or self.produced < net.allowance:
-            return
-        self._send_packet()  # the trainer may be waiting for exactly these rows
-        waited = time.monotonic()
-        net.waiting_for_pace = True  # the status line says why the worker makes no steps
-        try:
-            with net.pace_cond:
-                while self.produced >= net.allowance and not stop.is_set():
-                    net.pace_cond.wait(0.05)
-                    if time.monotonic() - waited > 10 and not net.paced:
-                        log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
-                                 self.worker_id)
-                        waited = time.monotonic()
-                    self._check_net()
-        finally:
-            net.waiting_for_pace = False
+        if self.net is not None:
+            self.net.wait_for_pace(lambda: self.produced, stop, self._send_packet, self._check_net)
 
     def _check_net(self) -> None:
         net = self.net
