@@ -56,7 +56,7 @@ class VectorEnvs:
         self.worker, self.n = worker, num_envs
         w = worker
         self.makers = [PacketMaker(w.worker_id, w.session, w.min_samples, w.overlap, w.max_delay, w.compression,
-                                   w.network.max_message_bytes, _own_copy(w.sample_compressor, i))
+                                   w.network.max_message_bytes, _own_copy(w.sample_compressor, i), num_envs)
                        for i in range(num_envs)]
         self.test_interval = 0  # run(): a test episode after every this many training episodes of an env
         self.obs: Any = None  # the envs' current observations (None: reset them all first)
@@ -188,7 +188,8 @@ class VectorEnvs:
 
     def _record(self, i: int, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool,
                 info: dict[str, Any], version: int, reset: bool = False) -> None:
-        self.makers[i].add(act, obs, rew, terminated, truncated, info, reset, version, networked=False)
+        networked = i == 0 and self.worker.local_packets is None and self.worker.net is not None  # checks for all
+        self.makers[i].add(act, obs, rew, terminated, truncated, info, reset, version, networked=networked)
         if not reset:
             self.worker.produced += 1
 

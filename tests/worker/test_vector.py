@@ -3,64 +3,21 @@ as env-major segments, and the memory stitching each env's transitions apart."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
-import gymnasium
 import numpy as np
 import pytest
-import torch
 
-from netrl.actor import ActorModule
 from netrl.config import load_config
 from netrl.envs.realtime import StepTimer
 from netrl.errors import ConfigError, MalformedMessage
 from netrl.memory.replay import ReplayMemory
-from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
+from netrl.protocol.wire import BUNDLE_HEADER_ROOM, buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer
 from netrl.worker.worker import RolloutWorker
-
-
-class Counter(gymnasium.Env):  # type: ignore[type-arg]
-    """obs = [tag, episode, t]; env ``tag`` ends its episodes after ``LENGTHS[tag]`` steps. Its step refuses an action
-    that is not its own tag (the batched actor returns each env's tag), so a row given to the wrong env fails."""
-
-    LENGTHS = (3, 5, 4)
-    made: list[Counter] = []
-
-    def __init__(self) -> None:
-        self.tag = len(Counter.made)
-        Counter.made.append(self)
-        self.length = self.LENGTHS[self.tag % len(self.LENGTHS)]
-        self.observation_space = gymnasium.spaces.Box(-1e6, 1e6, (3,), np.float32)
-        self.action_space = gymnasium.spaces.Box(-1e6, 1e6, (1,), np.float32)
-        self.ep, self.t = -1, 0
-
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        self.ep, self.t = self.ep + 1, 0
-        return self._obs(), {}
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self.tag, self.ep, self.t], np.float32)
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        assert action.shape == (1,) and action[0] == self.tag, (action, self.tag)
-        self.t += 1
-        return self._obs(), 1.0, self.t >= self.length, False, {}
-
-
-class TagActor(ActorModule):
-    """Acts each env's tag, for a whole batch; counts its calls and their test flags."""
-
-    def __init__(self, observation_space: Any, action_space: Any) -> None:
-        super().__init__(observation_space, action_space)
-        self.p = torch.nn.Parameter(torch.zeros(1))
-        self.calls: list[tuple[int, bool]] = []
-
-    def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        self.calls.append((obs.shape[0], test))
-        return obs[:, :1].numpy().copy()
+from tests.fakes import NET, Counter, TagActor
 
 
 class SingleActor(TagActor):
@@ -217,3 +174,18 @@ def test_async_vectorization_steps_envs_in_processes() -> None:
     stop = threading.Event()
     worker.run(0, nb_episodes=3, stop=stop)
     assert worker.produced >= 9 and {e.env for b in worker.local_packets for e in b.episodes} == {0, 1}
+
+
+def test_packets_of_all_envs_too_large_for_the_server_stop_the_worker_at_its_first_row_naming_num_envs(
+        server: Any) -> None:
+    srv, _ = server
+    # one env's packet of 4 + 1 rows (3 + 1 floats and 22 bytes a row: 190 bytes) fits; three envs' do not
+    net = dataclasses.replace(NET, max_message_bytes=BUNDLE_HEADER_ROOM + 400)
+    worker = RolloutWorker(Counter, TagActor, num_envs=3, server_ip="127.0.0.1", server_port=srv.worker_port,
+                           worker_id="big", network=net, seed=0, min_samples_per_worker_packet=4, flush_timeout_s=0.5)
+    try:
+        with pytest.raises(ConfigError, match=r"a packet of 15 samples takes \d+ bytes uncompressed.*"
+                                              r"or worker.num_envs \(3\)"):
+            worker.run(0, nb_episodes=1)
+    finally:
+        worker.close()
