@@ -120,7 +120,7 @@ class Peer:
         if self.role == "worker":  # the version this trainer session sent it, or else the one it says it holds
             held = self.version if self.version >= 0 else int(self.reported.get("version", -1))  # (a restart)
             about.update(version=held, samples=self.samples, packets=self.packets, paced=self.paced,
-                         over_pace=self.over_pace, oversized=self.oversized)
+                         over_pace=self.over_pace, oversized=self.oversized, envs=self.num_envs)
         return about
 
 

@@ -248,6 +248,7 @@ class RolloutWorker:
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
+            self.net.num_envs = self.num_envs
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
             bounds = self.packets.bounds() if self.vec is None else self.vec.bounds()
             self.net.link.hello_extra = {**bounds, "paced": self.throttle}

@@ -17,7 +17,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer
 from netrl.worker.worker import RolloutWorker
-from tests.fakes import NET, Counter, TagActor
+from tests.fakes import NET, Counter, TagActor, wait_until
 
 
 class SingleActor(TagActor):
@@ -189,3 +189,30 @@ def test_packets_of_all_envs_too_large_for_the_server_stop_the_worker_at_its_fir
             worker.run(0, nb_episodes=1)
     finally:
         worker.close()
+
+
+def test_the_episodes_csv_names_each_episodes_env_and_status_shows_the_envs(tmp_path: Any,
+                                                                           server: Any) -> None:
+    import csv
+
+    from netrl.monitor.status import format_status
+
+    srv, _ = server
+    log = tmp_path / "episodes_vec.csv"
+    worker = RolloutWorker(Counter, TagActor, num_envs=2, server_ip="127.0.0.1", server_port=srv.worker_port,
+                           worker_id="vec", network=NET, seed=0, episode_log=str(log), flush_timeout_s=2.0)
+    try:
+        worker.start()
+        wait_until(lambda: srv.peers.workers(), 5, "the worker's HELLO", poll=0.02)
+        table = format_status(srv.snapshot())
+        worker.run(0, nb_episodes=5)
+    finally:
+        worker.close()
+    with log.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["env"], r["length"]) for r in rows][:3] == [("0", "3"), ("1", "5"), ("0", "3")]  # steps 3, 5, 6
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] <= worker.produced  # env steps of all envs together
+    header, row = [line.split() for line in table.splitlines()[-2:]]
+    # counted from the right: the key column is blank without CURVE; then samples, backlog, dropped, "last seen"
+    assert header[-6] == "envs" and row[0] == "vec" and row[-6] == "2"
