@@ -216,3 +216,23 @@ def test_the_episodes_csv_names_each_episodes_env_and_status_shows_the_envs(tmp_
     header, row = [line.split() for line in table.splitlines()[-2:]]
     # counted from the right: the key column is blank without CURVE; then samples, backlog, dropped, "last seen"
     assert header[-6] == "envs" and row[0] == "vec" and row[-6] == "2"
+
+
+def test_the_single_process_mode_trains_on_a_vector_worker() -> None:
+    import gymnasium.spaces
+
+    from netrl.agents.sac import MLPActor
+    from netrl.envs.gym import GenericGymEnv
+    from netrl.local import run_local
+    from netrl.training import TrainingOffline
+    from netrl.util import partial
+
+    env = partial(GenericGymEnv, id="Pendulum-v1")
+    worker = RolloutWorker(env, MLPActor, num_envs=4, seed=0, max_samples_per_episode=25)
+    training = TrainingOffline(env_cls=env, memory_cls=ReplayMemory, memory_size=5000, batch_size=16, epochs=1,
+                               rounds=1, steps=20, start_training=100, device="cpu")
+    run_local(training, worker, threading.Event())
+    assert worker.produced >= 100 and worker.episodes_done >= 4  # 4 envs x 25 steps
+    assert training.memory is not None and len(training.memory) == worker.produced  # no transition lost or joined
+    assert set(training.memory._cols["env"][:training.memory._size].tolist()) == {0, 1, 2, 3}
+    assert isinstance(worker.observation_space, gymnasium.spaces.Box) and worker.observation_space.shape == (3,)
