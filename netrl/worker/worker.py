@@ -357,6 +357,8 @@ class RolloutWorker:
                 return done.value
             except EnvFailure as exc:
                 self._env_failed(exc)
+                if self.vec is not None:
+                    self.vec.restart()
                 steps = self.episode_steps(test, stop)  # a new episode: its reset row starts a new trajectory
 
     def _env_failed(self, exc: EnvFailure) -> None:

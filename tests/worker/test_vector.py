@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -236,3 +237,29 @@ def test_the_single_process_mode_trains_on_a_vector_worker() -> None:
     assert training.memory is not None and len(training.memory) == worker.produced  # no transition lost or joined
     assert set(training.memory._cols["env"][:training.memory._size].tolist()) == {0, 1, 2, 3}
     assert isinstance(worker.observation_space, gymnasium.spaces.Box) and worker.observation_space.shape == (3,)
+
+
+class Hangs(Counter):
+    """Env 1 of the first vector env hangs in its 4th step: the worker (on_env_failure "reset") builds new envs."""
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.tag == 1 and self.ep == 0 and self.t == 3:
+            time.sleep(1.0)
+        return super().step(action)
+
+
+def test_a_hung_env_restarts_every_env_with_a_reset_row_and_no_transition_joins_old_and_new() -> None:
+    worker = RolloutWorker(Hangs, TagActor, num_envs=2, seed=0, min_samples_per_worker_packet=3,
+                           env_timeout_factor=2.0, env_timeout_min_s=0.2, on_env_failure="reset")
+    worker.local_packets = []
+    worker.run(0, nb_episodes=6)
+    worker._send_packet()
+    assert worker.env_failures == 1 and len(Counter.made) == 4  # a new vector env of two new envs
+    mem = memory_of(worker.local_packets)
+    assert len(mem) == worker.produced
+    tags = set()
+    for k in range(len(mem)):
+        o, a, _r, o2, *_ = mem.get_transition(k)
+        assert (o2[0], o2[1], o2[2]) == (o[0], o[1], o[2] + 1) and a[0] == o[0], (o, a, o2)
+        tags.add(int(o[0]))
+    assert tags == {0, 1, 2, 3}
