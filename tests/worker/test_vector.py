@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 
@@ -263,3 +264,50 @@ def test_a_hung_env_restarts_every_env_with_a_reset_row_and_no_transition_joins_
         assert (o2[0], o2[1], o2[2]) == (o[0], o[1], o[2] + 1) and a[0] == o[0], (o, a, o2)
         tags.add(int(o[0]))
     assert tags == {0, 1, 2, 3}
+
+
+class MaskedChoice(gymnasium.Env):  # type: ignore[type-arg]
+    """Discrete(3) actions with an action mask that allows only action ``t % 3`` (obs["t"] is the step count)."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Dict({
+            "t": gymnasium.spaces.Box(0, 100, (1,), np.float32), "action_mask": gymnasium.spaces.MultiBinary(3)})
+        self.action_space = gymnasium.spaces.Discrete(3)
+        self.t = 0
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        mask = np.zeros(3, np.int8)
+        mask[self.t % 3] = 1
+        return {"t": np.array([self.t], np.float32), "action_mask": mask}
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        assert int(action) == self.t % 3, (action, self.t)  # only the allowed action
+        self.t += 1
+        return self._obs(), 1.0, self.t >= 4 + int(self.np_random.integers(3)), False, {}
+
+
+class MaskActor(TagActor):
+    """Takes the first allowed action of each env, as a batch of Discrete actions (shape (B,))."""
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        return obs["action_mask"].numpy().argmax(axis=1)
+
+
+def test_discrete_actions_and_masks_travel_per_env_from_a_vector_worker() -> None:
+    worker = RolloutWorker(MaskedChoice, MaskActor, num_envs=3, seed=0, min_samples_per_worker_packet=5)
+    worker.local_packets = []
+    worker.run(0, nb_episodes=6)
+    worker._send_packet()
+    buf = worker.local_packets[0]
+    assert buf.act.dtype == np.uint8 and buf.act.shape == (len(buf),)  # a Discrete(3) action per row
+    mem = memory_of(worker.local_packets)
+    assert len(mem) == worker.produced
+    for k in range(len(mem)):
+        o, a, _r, o2, *_ = mem.get_transition(k)
+        assert o2["t"][0] == o["t"][0] + 1 and o["action_mask"][int(a)] == 1  # the action its state's mask allowed
+        assert o2["action_mask"][int(o2["t"][0]) % 3] == 1  # the next state's own mask, for the bootstrap
