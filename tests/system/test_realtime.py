@@ -29,7 +29,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-import netrl.worker.worker as worker_module
+import netrl.worker.model_files as model_files
 from netrl.config.load import load_config
 from netrl.envs.realtime import StepTimer, period_stats
 from netrl.launch import stop_processes
@@ -60,7 +60,7 @@ def slowed_loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float, st
         return out
 
     monkeypatch.setattr(weight_receiver.WeightReceiver, "__call__", lambda self, msg: timed(lambda: receive(self, msg)))
-    monkeypatch.setattr(worker_module, "load_weights", lambda *a, **k: timed(lambda: weights.load_weights(*a, **k)))
+    monkeypatch.setattr(model_files, "load_weights", lambda *a, **k: timed(lambda: weights.load_weights(*a, **k)))
     return loads
 
 
