@@ -413,13 +413,15 @@ class Server:
 
     def _heartbeats(self, now: float) -> None:
         connected = int(self.peers.trainer is not None)  # why a throttled worker waits: told as soon as it changes
+        news: dict[str, int] = {"trainer_connected": connected}
+        if self.intake.progress is not None:  # a worker acts at random until it holds worker.init_random_frames
+            news["trainer_samples"] = self.intake.progress["samples"]  # (a busy worker hears it in its PACEs)
         for peer in self.peers.values():
             if peer.liveness.expired(now):
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
             elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told_trainer != connected):
                 # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
-                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server",
-                                               body={"stats": {"trainer_connected": connected}})):
+                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body={"stats": news})):
                     peer.told_trainer = connected
             elif peer.liveness.heartbeat_due(now):
                 self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body={}))

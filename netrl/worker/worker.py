@@ -90,6 +90,8 @@ class RolloutWorker:
         status_interval_s: seconds between status log lines (0: none).
         env_timeout_factor, env_timeout_min_s: when an env call counts as hung (:mod:`netrl.envs.guard`).
         on_env_failure: what a hung env call or a dead env thread does: "stop" (raise EnvFailure) or "reset".
+        init_random_frames: act uniformly at random from the action space until the trainer holds this many samples
+            (as the server tells; in test episodes and standalone, never); 0: off.
 
     The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
     which netrl does not take, so a call in that order would give every later value to the wrong parameter.
@@ -107,7 +109,7 @@ class RolloutWorker:
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
                  status_interval_s: float = 0.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
-                 on_env_failure: Literal["stop", "reset"] = "stop") -> None:
+                 on_env_failure: Literal["stop", "reset"] = "stop", init_random_frames: int = 0) -> None:
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         if max_packet_delay_s is not None and not max_packet_delay_s > 0:
@@ -169,6 +171,12 @@ class RolloutWorker:
         self._checked = False  # the first observations and action were checked against the spaces
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
         self.episode_log_level = logging.INFO
+        if init_random_frames < 0:
+            raise ValueError(f"init_random_frames must be >= 0 (got {init_random_frames})")
+        self.init_random_frames = init_random_frames
+        self.trainer_samples: int | None = None  # the samples the trainer holds, as last told (see _choose_action)
+        self._random_source: Any = None  # the action space random actions come from, seeded on first use
+        self._actor_checked = False  # the actor's first action was checked against the action space
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
@@ -192,7 +200,8 @@ class RolloutWorker:
                          episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
                          keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                          status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
-                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure)
+                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
+                         init_random_frames=w.init_random_frames)
         except BaseException:
             if name_lock is not None:
                 name_lock.release()
@@ -425,9 +434,7 @@ class RolloutWorker:
                     return None
             self._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
             version = self.version  # the version that chooses this action
-            act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
-            if not self._checked:
-                check_action(act, self.env.action_space, type(self.actor).__name__)
+            act = self._choose_action(obs, test)
             obs, rew, terminated, truncated, info = self.env_calls.call("step", self.env.step, act)
             if not self._checked:
                 check_observation(obs, self.env.observation_space, "the observation from the env's first step()")
@@ -450,6 +457,30 @@ class RolloutWorker:
         self._episode_done(stats)
         yield
         return stats
+
+    def _choose_action(self, obs: Any, test: bool) -> Any:
+        """The actor's action, or a uniformly random one while the trainer holds fewer than ``init_random_frames``
+        samples (never in a test episode, nor standalone: no trainer to ask). The actor's first action is checked."""
+        if self.init_random_frames and not test and not self.standalone:
+            if self.net is not None:  # the server says it in every PACE, and in the heartbeats of an idle link
+                told = [n for n in (self.net.trainer_samples, self.net.link.server_stats.get("trainer_samples"))
+                        if type(n) is int]
+                self.trainer_samples = max(told, default=self.trainer_samples)
+            if self.trainer_samples is None or self.trainer_samples < self.init_random_frames:
+                if self._random_source is None:  # this worker's seed: reproducible, and unlike other workers'
+                    self._random_source = copy.deepcopy(self.env.action_space)
+                    self._random_source.seed(self.seed)
+                    log.info("worker %s acts at random until the trainer holds %d samples (worker.init_random_frames)",
+                             self.worker_id, self.init_random_frames)
+                return self._random_source.sample()
+            log.info("worker %s: the trainer holds %d samples (worker.init_random_frames is %d): acting with the "
+                     "policy from now on", self.worker_id, self.trainer_samples, self.init_random_frames)
+            self.init_random_frames = 0  # for good: a trainer restarted with fewer samples does not undo it
+        act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
+        if not self._actor_checked:
+            check_action(act, self.env.action_space, type(self.actor).__name__)
+            self._actor_checked = True
+        return act
 
     def _episode_done(self, stats: EpisodeStats) -> None:
         self.episodes_done += 1
