@@ -178,12 +178,14 @@ class Trainer:
                 sample_log.close()
             return
         if training.epoch >= training.epochs or training.frames_done():
-            done = (f"{training.epoch} of {training.epochs} epochs" if training.epoch >= training.epochs else
-                    f"{training.total_samples} samples of trainer.total_frames {training.total_frames}")
-            log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the epochs "
-                        "(Python: TrainingOffline(epochs=...); config.json: trainer.epochs) or trainer.total_frames; "
-                        "to start a new run, choose another folder (Python: Trainer(run_dir=...); config.json: "
-                        "run_name)", self.run_dir, done)
+            done, setting = ((f"{training.epoch} of {int(training.epochs)} epochs", "epochs")
+                             if training.epoch >= training.epochs else
+                             (f"{training.total_samples} samples of total_frames {training.total_frames}",
+                              "total_frames"))
+            log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the %s "
+                        "(Python: TrainingOffline(%s=...); config.json: trainer.%s); to start a new run, choose "
+                        "another folder (Python: Trainer(run_dir=...); config.json: run_name)", self.run_dir, done,
+                        setting, setting, setting)
             if sample_log is not None:
                 sample_log.close()
             return
