@@ -15,6 +15,12 @@ Every packet after the first starts with ``overlap`` *context* rows copied from 
 (``reset`` flags included), so every packet is self-contained: a memory never has to stitch rows from two packets
 together, and packets from several workers may arrive interleaved.
 
+A worker that runs several envs (``worker.num_envs``) sends one packet per cut holding every env's rows as
+*env-major segments*: ``[env 0's rows][env 1's rows]...``, each segment starting with that env's own context rows (or,
+in its first packet, its reset row), and the ``env`` column says which env each row came from. Each env's transitions
+are therefore stitched within its own segment, exactly as a one-env packet's are, and each env's trajectory is
+contiguous in a memory's ring.
+
 Observations and actions may be nested tuples, lists or dicts of arrays (rtgym's Tuple spaces); they travel as
 flat named leaves (``obs/0``, ``obs/1``, ...) plus a small *spec* that rebuilds the nesting. ``info`` stays on the
 worker: put anything the trainer needs into the observation or the sample compressor's output.
@@ -31,7 +37,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "Spec", "flatten", "row", "tree_map", "unflatten"]
+__all__ = ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "Spec", "concat_segments", "flatten", "row", "tree_map",
+           "unflatten"]
 
 Spec = Any  # str (leaf name) | list[Spec] (tuple) | dict[str, Spec]
 MAX_TREE_LEAVES = 64
@@ -45,6 +52,7 @@ class EpisodeStats(NamedTuple):
     length: int
     test: bool
     policy_version: int
+    env: int = 0  # which of its worker's envs ran it (worker.num_envs)
 
 
 def flatten(tree: Any, prefix: str) -> tuple[Spec, list[tuple[str, Any]]]:
@@ -130,6 +138,12 @@ class Buffer:
     episodes: list[EpisodeStats] = field(default_factory=list)
     weight: np.ndarray | None = None  # per-row loss weight set by the trainer (0 drops a stale transition)
     recv_version: int = -1  # the trainer's weight version when the packet arrived (for policy lag)
+    env: np.ndarray | None = None  # per-row env index within the worker (uint16); None: every row is env 0's
+
+    @property
+    def envs(self) -> np.ndarray:
+        """The ``env`` column, zeros when the packet has none (a one-env worker of an older netrl, a dataset)."""
+        return np.zeros(len(self), np.uint16) if self.env is None else self.env
 
     def __len__(self) -> int:
         return int(self.rew.shape[0])
@@ -267,6 +281,38 @@ class BufferBuilder:
 
     def spec(self) -> tuple[Spec, Spec]:
         return self._act_spec, self._obs_spec
+
+
+def concat_segments(segments: list[tuple[int, Buffer]]) -> Buffer:
+    """One packet from several envs' packets ``(env index, packet)``, env-major, with the ``env`` column set.
+
+    Each packet keeps its own context rows in front, so no transition joins two envs (see the module docstring)."""
+    segments = sorted(segments, key=lambda s: s[0])
+    if len(segments) == 1:
+        env, buf = segments[0]
+        buf.env = np.full(len(buf), env, np.uint16)
+        return buf
+    bufs = [b for _, b in segments]
+
+    def cat(*cols: np.ndarray) -> np.ndarray:
+        return np.concatenate(cols)
+
+    def cat_tree(trees: list[Any]) -> Any:
+        first = trees[0]
+        if isinstance(first, (tuple, list)):
+            return type(first)(cat_tree([t[i] for t in trees]) for i in range(len(first)))
+        if isinstance(first, dict):
+            return {k: cat_tree([t[k] for t in trees]) for k in first}
+        return cat(*trees)
+
+    return Buffer(
+        act=cat_tree([b.act for b in bufs]), obs=cat_tree([b.obs for b in bufs]),
+        rew=cat(*(b.rew for b in bufs)), terminated=cat(*(b.terminated for b in bufs)),
+        truncated=cat(*(b.truncated for b in bufs)), reset=cat(*(b.reset for b in bufs)),
+        context=cat(*(b.context for b in bufs)), policy_version=cat(*(b.policy_version for b in bufs)),
+        episodes=[e for b in bufs for e in b.episodes],
+        env=cat(*(np.full(len(b), env, np.uint16) for env, b in segments)),
+    )
 
 
 class Batch(NamedTuple):

@@ -1,5 +1,6 @@
 """What tests share, in one place, so that no test file imports another: fake peers, sample buffers and weight
-messages, small spaces and configs, a server in a thread, and waiting for a condition with a deadline."""
+messages, small spaces and configs, a counting env with a batched actor, a server in a thread, and waiting for a
+condition with a deadline."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from typing import Any, TypeVar
 
 import gymnasium
 import numpy as np
+import torch
 import zmq
 
+from netrl.actor import ActorModule
 from netrl.config.sections import Config, NetworkConfig
 from netrl.launch import free_port, write_config
 from netrl.net.keys import keygen
@@ -142,6 +145,51 @@ def weights_message(version: int, session: str = "t", sender: str = "trainer", v
     return Message(MsgType.WEIGHTS, sender, policy_version=version, arrays={"chunk": flat},
                    body={"trained_steps": version, "session": session, "part": 0, "parts": 1, "offset": 0,
                          "nbytes": flat.nbytes, "layout": [["w", "<f4", [3], 0]]})
+
+
+# -- envs and actors for many envs per worker -----------------------------------------------------------------------
+
+
+class Counter(gymnasium.Env):  # type: ignore[type-arg]
+    """obs = [tag, episode, t]; env ``tag`` ends its episodes after ``LENGTHS[tag]`` steps. Its step refuses an action
+    that is not its own tag (the batched actor returns each env's tag), so a row given to the wrong env fails."""
+
+    LENGTHS = (3, 5, 4)
+    made: list[Counter] = []
+
+    def __init__(self) -> None:
+        self.tag = len(Counter.made)
+        Counter.made.append(self)
+        self.length = self.LENGTHS[self.tag % len(self.LENGTHS)]
+        self.observation_space = gymnasium.spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = gymnasium.spaces.Box(-1e6, 1e6, (1,), np.float32)
+        self.ep, self.t = -1, 0
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.ep, self.t = self.ep + 1, 0
+        return self._obs(), {}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.tag, self.ep, self.t], np.float32)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        assert action.shape == (1,) and action[0] == self.tag, (action, self.tag)
+        self.t += 1
+        return self._obs(), 1.0, self.t >= self.length, False, {}
+
+
+class TagActor(ActorModule):
+    """Acts each env's tag, for a whole batch; counts its calls and their test flags."""
+
+    def __init__(self, observation_space: Any, action_space: Any) -> None:
+        super().__init__(observation_space, action_space)
+        self.p = torch.nn.Parameter(torch.zeros(1))
+        self.calls: list[tuple[int, bool]] = []
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        self.calls.append((obs.shape[0], test))
+        return obs[:, :1].numpy().copy()
 
 
 # -- a server in a thread, and fake peers ------------------------------------------------------------------------

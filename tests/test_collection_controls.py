@@ -19,16 +19,17 @@ from netrl.worker.worker import RolloutWorker
 
 
 class CountingActor(MLPActor):
-    """SAC's actor that counts its actions (class-wide: the worker swaps in copies when weights arrive)."""
+    """SAC's actor that counts the actions it chose (class-wide: the worker swaps in copies when weights arrive)."""
 
     calls = 0
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        CountingActor.calls += 1
+        CountingActor.calls += len(obs)  # one per observation of the batch
         return super().act(obs, test)
 
 
-def training_and_worker(total_frames: int | None, init_random_frames: int) -> tuple[TrainingOffline, RolloutWorker]:
+def training_and_worker(total_frames: int | None, init_random_frames: int,
+                        num_envs: int = 1) -> tuple[TrainingOffline, RolloutWorker]:
     env_cls = partial(GenericGymEnv, id="Pendulum-v1")
     training = TrainingOffline(env_cls=env_cls, memory_cls=ReplayMemory,
                                training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic,
@@ -38,7 +39,8 @@ def training_and_worker(total_frames: int | None, init_random_frames: int) -> tu
                                max_training_steps_per_env_step=0.25,
                                total_frames=total_frames)
     worker = RolloutWorker(env_cls, partial(CountingActor, hidden_sizes=(16,)), min_samples_per_worker_packet=4,
-                           max_samples_per_episode=30, seed=0, init_random_frames=init_random_frames)
+                           max_samples_per_episode=30, seed=0, init_random_frames=init_random_frames,
+                           num_envs=num_envs)
     CountingActor.calls = 0
     return training, worker
 
@@ -55,6 +57,14 @@ def test_training_stops_at_total_frames_and_the_worker_acts_at_random_until_the_
     # every later action is the actor's
     assert CountingActor.calls == 400 - 150
     assert worker.init_random_frames == 0  # for good
+
+
+def test_a_vector_worker_acts_at_random_in_all_its_envs_until_the_trainer_holds_its_frames() -> None:
+    training, worker = training_and_worker(total_frames=400, init_random_frames=150, num_envs=4)
+    run_local(training, worker, threading.Event())
+    assert training.frames_done() and training.total_samples == worker.produced == 400
+    # the first wish of 150 samples took 38 vector steps of 4 envs, all at random; then one batch of 4 per step
+    assert CountingActor.calls == 400 - 152
 
 
 def test_without_the_controls_the_actor_chooses_every_action_and_the_epochs_end_training() -> None:

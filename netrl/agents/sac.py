@@ -105,7 +105,7 @@ class MLPActor(ActorModule):
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
         a, _ = self.forward(obs, test=test, with_logprob=False)
-        return a[0].detach().cpu().numpy().reshape(self.action_space.shape)
+        return a.detach().cpu().numpy().reshape((-1, *(self.action_space.shape or ())))  # one action per observation
 
 
 class TwinQ(nn.Module):

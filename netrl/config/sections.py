@@ -163,6 +163,11 @@ class WorkerConfig:
                                   "may take env_timeout_factor times this (a game loading, a robot homing)", seconds)
     compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
                             "CPU, but finds little in noisy camera frames) or none")
+    num_envs: int = _f(1, "copies of the pipeline's env one worker runs, stepped together with one batched act() per "
+                       "step (each env keeps its own episodes, test episodes and packet segments)", ge(1))
+    vectorization: Literal["sync", "async"] = _f("sync", "how a worker with num_envs > 1 steps its envs: sync (one "
+                                                 "after another in the worker) or async (a process per env, for "
+                                                 "envs whose step is slow)")
     init_random_frames: int = _f(0, "act uniformly at random from the action space until the trainer holds this "
                                  "many samples (TorchRL's collectors' name; SB3's learning_starts), then with the "
                                  "policy for good; never in test episodes (0: off, as random actions can be unsafe on "

@@ -26,7 +26,7 @@ from netrl.util import takes_args
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
-           "check_columns", "collate", "draw_ends", "nth_end", "run_sample_preprocessor", "to_tensor"]
+           "check_columns", "collate", "draw_ends", "env_column", "nth_end", "run_sample_preprocessor", "to_tensor"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
 
@@ -127,6 +127,12 @@ def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray],
 
 
 DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
+
+
+def env_column(buffer: Buffer, n: int) -> np.ndarray:
+    """A packet's ``env`` column (which of its worker's envs each row came from), zeros when it has none."""
+    env = getattr(buffer, "env", None)
+    return np.zeros(n, np.uint16) if env is None else np.asarray(env, np.uint16)
 
 
 class WorkerIds:

@@ -31,6 +31,7 @@ from netrl.memory.base import (
     allocate_ring,
     check_columns,
     draw_ends,
+    env_column,
     nth_end,
     run_sample_preprocessor,
 )
@@ -115,7 +116,7 @@ class HistoryMemory(MemoryDataloading):
         columns.update(rew=np.asarray(buffer.rew, np.float32), terminated=np.asarray(buffer.terminated),
                        truncated=np.asarray(buffer.truncated), policy_version=np.asarray(buffer.policy_version),
                        need=need, weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32),
-                       worker=self._workers.column(buffer.worker, n))
+                       worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
         if self._cols and (act_spec != self._act_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
                              "run the same pipeline")

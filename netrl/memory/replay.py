@@ -13,6 +13,7 @@ from netrl.memory.base import (
     allocate_ring,
     check_columns,
     draw_ends,
+    env_column,
     nth_end,
     run_sample_preprocessor,
     to_tensor,
@@ -49,7 +50,8 @@ class ReplayMemory(MemoryDataloading):
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Empty ring columns for the act/obs leaves of ``columns`` (their per-row shape and dtype) and the rest."""
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
-                 "policy_version": np.int64, "weight": np.float32, "worker": np.int32}
+                 "policy_version": np.int64, "weight": np.float32, "worker": np.int32,
+                 "env": np.uint16}
         return allocate_ring(self.memory_size, {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
                                                 for name, col in columns.items()})
 
@@ -73,7 +75,7 @@ class ReplayMemory(MemoryDataloading):
                        truncated=np.asarray(buffer.truncated), end=buffer.transition_end,
                        policy_version=np.asarray(buffer.policy_version),
                        weight=np.ones(n, np.float32) if buffer.weight is None else np.asarray(buffer.weight),
-                       worker=self._workers.column(buffer.worker, n))
+                       worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
         stored = self._cols or self._allocate(columns)
         check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
         if not self._cols:

@@ -156,12 +156,15 @@ def format_status(s: dict[str, Any]) -> str:
     # as wide as the longest name and key (names are at most 64 characters): a cut name loses its -2 or -3 suffix
     name_w = max([20, *(len(w["name"]) for w in workers)])
     key_w = max([10, *(len(w.get("key", "")) for w in workers)])
-    lines.append(f"  {'worker':<{name_w}} {'address':<16} {'key':<{key_w}} {'weights':>7} {'samples':>10} "
-                 f"{'backlog':>8} {'dropped':>8} {'last seen':>10}")
+    # a worker with several envs (worker.num_envs): its samples are the sum over its envs
+    envs = any(w.get("envs", 1) > 1 for w in workers)
+    lines.append(f"  {'worker':<{name_w}} {'address':<16} {'key':<{key_w}} {'weights':>7} "
+                 f"{'envs ' if envs else ''}{'samples':>10} {'backlog':>8} {'dropped':>8} {'last seen':>10}")
     for w in workers:
         reported = w.get("reported", {})
+        env_cell = f"{w.get('envs', 1):>4} " if envs else ""
         lines.append(f"  {w['name']:<{name_w}} {w['address'][:16]:<16} {w.get('key', ''):<{key_w}} "
-                     f"{version_label(w['version']):>7} {w['samples']:>10,} "
+                     f"{version_label(w['version']):>7} {env_cell}{w['samples']:>10,} "
                      f"{reported.get('backlog_packets', 0):>8} {reported.get('dropped_samples', 0):>8} "
                      f"{_ago(w.get('last_seen'), now):>10}")
     return "\n".join(lines)

@@ -70,10 +70,11 @@ _INT = (int,)
 _STR = (str,)
 _BOOL = (bool,)
 BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
-    # a worker's HELLO also declares the largest packet it makes (rows, bytes inflated) and whether it keeps to PACE
+    # a worker's HELLO also declares the largest packet it makes (rows, bytes inflated), whether it keeps to PACE and
+    # how many envs it runs (its packets' env column stays below it)
     MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
                     "session": (_STR, True), "max_rows": (_INT, False), "max_bytes": (_INT, False),
-                    "paced": (_BOOL, False)},
+                    "paced": (_BOOL, False), "num_envs": (_INT, False)},
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
                       "window": (_INT, False), "weights_version": (_INT, False),
                       "max_message_bytes": (_INT, False)},

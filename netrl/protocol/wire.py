@@ -68,6 +68,7 @@ MAX_ARRAYS = 512
 MAX_DIMS = 8
 MAX_NAME = 256
 MAX_EPISODES_PER_PACKET = 10_000
+MAX_ENVS = 1 << 16  # envs per worker: the per-row ``env`` column is uint16
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
 # max_message_bytes: a packet may use all of that limit but this room, or the trainer could never accept it.
 BUNDLE_HEADER_ROOM = 32 << 10
@@ -82,8 +83,9 @@ def max_packet_bytes(max_message_bytes: int) -> int:
     return max_message_bytes - BUNDLE_HEADER_ROOM
 
 
-# The most one row's sample columns take: rew and policy_version may be 8-byte numbers, the four flags a byte each.
-SAMPLE_COLUMN_ROW_BYTES = 20
+# The most one row's sample columns take: rew and policy_version may be 8-byte numbers, the four flags a byte each,
+# env 2 bytes.
+SAMPLE_COLUMN_ROW_BYTES = 22
 
 
 def sample_row_bytes(leaves: dict[str, tuple[str, tuple[int, ...]]]) -> int:
@@ -415,8 +417,10 @@ def _check_samples(msg: Message) -> None:
         if not names or not all(x == key or x.startswith(key + "/") for x in names):
             raise MalformedMessage(f"samples {key} spec must name leaves {key} or {key}/...")
         leaves += names
-    if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != set(arrays):
+    if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != set(arrays) - {"env"}:
         raise MalformedMessage("samples arrays do not match the act/obs specs and the sample columns")
+    if "env" in arrays:
+        _check_env_segments(msg, n)
     for name in leaves:
         if arrays[name].ndim < 1 or arrays[name].shape[0] != n:
             raise MalformedMessage(f"samples leaf {name!r} must have {n} rows (shape {arrays[name].shape})")
@@ -425,14 +429,38 @@ def _check_samples(msg: Message) -> None:
         raise MalformedMessage(f"samples column 'policy_version' holds {newest}, over {MAX_POLICY_VERSION}")
     episodes = body["episodes"]
     if len(episodes) > MAX_EPISODES_PER_PACKET or not all(_episode_ok(e) for e in episodes):
-        raise MalformedMessage("samples episodes must be [return, length, test, policy_version] lists, with a "
-                               f"finite return, a length >= 0 and a policy_version from -1 to {MAX_POLICY_VERSION}")
+        raise MalformedMessage("samples episodes must be [return, length, test, policy_version(, env)] lists, with "
+                               "a finite return, a length >= 0, a policy_version from -1 to "
+                               f"{MAX_POLICY_VERSION} and an env from 0 to {MAX_ENVS - 1}")
+
+
+def _check_env_segments(msg: Message, n: int) -> None:
+    """The ``env`` column: uint16, non-decreasing (env-major segments), and every segment starting with a context or
+    reset row. A segment starting with a row that ends a transition would join it to the row before it: another
+    env's, or another packet's."""
+    env, fresh = msg.arrays["env"], ~(msg.arrays["reset"] | msg.arrays["context"])
+    who = f"samples packet {msg.seq} from {_short(msg.sender)}"
+    if env.shape != (n,) or env.dtype != np.uint16:
+        raise MalformedMessage(f"{who}: column 'env' must have shape ({n},) and dtype uint16 (got {env.shape}, "
+                               f"{env.dtype})")
+    steps = np.diff(env.astype(np.int32))
+    back = np.flatnonzero(steps < 0)
+    if len(back):
+        raise MalformedMessage(f"{who}: column 'env' goes from {int(env[back[0]])} back to {int(env[back[0] + 1])} "
+                               f"at row {int(back[0]) + 1}: a packet holds each env's rows as one segment, in env "
+                               "order")
+    starts = np.concatenate([[0], np.flatnonzero(steps) + 1])
+    joins = starts[fresh[starts]]
+    if len(joins):
+        raise MalformedMessage(f"{who}: row {int(joins[0])} starts env {int(env[joins[0]])}'s segment but is neither a "
+                               "context nor a reset row, so its transition would join another env's or another "
+                               "packet's rows")
 
 
 def _episode_ok(e: Any) -> bool:
-    return (isinstance(e, list) and len(e) == 4 and isinstance(e[0], (int, float)) and math.isfinite(e[0])
+    return (isinstance(e, list) and len(e) in (4, 5) and isinstance(e[0], (int, float)) and math.isfinite(e[0])
             and type(e[1]) is int and 0 <= e[1] < 2**63 and isinstance(e[2], bool) and type(e[3]) is int
-            and -1 <= e[3] <= MAX_POLICY_VERSION)
+            and -1 <= e[3] <= MAX_POLICY_VERSION and (len(e) == 4 or (type(e[4]) is int and 0 <= e[4] < MAX_ENVS)))
 
 
 def samples_message(buf: Buffer, sender: str, session: str, seq: int, produced: int) -> Message:
@@ -442,8 +470,11 @@ def samples_message(buf: Buffer, sender: str, session: str, seq: int, produced: 
     arrays = dict(act_leaves + obs_leaves)
     arrays.update(rew=buf.rew, terminated=buf.terminated, truncated=buf.truncated, reset=buf.reset,
                   context=buf.context, policy_version=buf.policy_version)
+    if buf.env is not None:
+        arrays["env"] = buf.env
     body = {"n": len(buf), "act": act_spec, "obs": obs_spec, "produced": produced, "session": session,
-            "episodes": [[float(e.ret), int(e.length), bool(e.test), int(e.policy_version)] for e in buf.episodes]}
+            "episodes": [[float(e.ret), int(e.length), bool(e.test), int(e.policy_version), int(e.env)]
+                         for e in buf.episodes]}
     version = int(buf.policy_version.max()) if len(buf) else 0
     return Message(MsgType.SAMPLES, sender, seq, version, body, arrays)
 
@@ -454,6 +485,6 @@ def buffer_from_message(msg: Message) -> Buffer:
     return Buffer(
         act=unflatten(b["act"], a), obs=unflatten(b["obs"], a), rew=a["rew"], terminated=a["terminated"],
         truncated=a["truncated"], reset=a["reset"], context=a["context"], policy_version=a["policy_version"],
-        worker=f"{msg.sender}/{b['session']}", seq=msg.seq,
-        episodes=[EpisodeStats(float(e[0]), e[1], e[2], e[3]) for e in b["episodes"]],
+        worker=f"{msg.sender}/{b['session']}", seq=msg.seq, env=a.get("env"),
+        episodes=[EpisodeStats(float(e[0]), e[1], e[2], e[3], e[4] if len(e) > 4 else 0) for e in b["episodes"]],
     )

@@ -22,7 +22,7 @@ import zmq
 from netrl.config.sections import NetworkConfig
 from netrl.net.transport import Liveness
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.wire import encode
+from netrl.protocol.wire import MAX_ENVS, encode
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
@@ -108,6 +108,10 @@ class Admission:
             return None
         peer.max_rows, peer.max_bytes = body.get("max_rows", 0), body.get("max_bytes", 0)
         peer.paced = body.get("paced", True)
+        peer.num_envs = body.get("num_envs", 1)
+        if not 1 <= peer.num_envs <= MAX_ENVS:
+            return (f"worker {peer.name!r} declares {peer.num_envs} envs at HELLO: worker.num_envs must be 1 to "
+                    f"{MAX_ENVS}")
         if peer.max_rows > self.max_rows_per_packet:
             return (f"worker {peer.name!r} makes packets of up to {peer.max_rows} rows, over this server's "
                     f"server.max_rows_per_packet ({self.max_rows_per_packet}): lower the worker's "

@@ -90,6 +90,12 @@ class SampleIntake:
                 self._refuse(peer, msg.seq, str(exc))
                 return
         a = msg.arrays
+        env = a.get("env")
+        if env is not None and len(env) and int(env[-1]) >= peer.num_envs:  # non-decreasing (wire): the last is max
+            self._refuse(peer, msg.seq, f"packet {msg.seq} from {peer.label} has rows of env {int(env[-1])} (row "
+                         f"{int(np.argmax(env >= peer.num_envs))}), but the worker declared {peer.num_envs} envs at "
+                         "HELLO")
+            return
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
         inflated = sum(arr.nbytes for arr in a.values())  # compressed arrays are declared-size stand-ins here
         packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic(),

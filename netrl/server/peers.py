@@ -59,6 +59,7 @@ class Peer:
     max_rows: int = 0
     max_bytes: int = 0
     paced: bool = True
+    num_envs: int = 1  # envs it runs (worker.num_envs): its packets' env column stays below it
     pace_budget: int = 0  # samples it may still deliver: PACE raises granted, less the samples accepted since
     over_pace: int = 0  # packets refused because they went beyond its PACE allowance
     oversized: int = 0  # packets refused because they went beyond its declared bounds or the server's
@@ -119,7 +120,7 @@ class Peer:
         if self.role == "worker":  # the version this trainer session sent it, or else the one it says it holds
             held = self.version if self.version >= 0 else int(self.reported.get("version", -1))  # (a restart)
             about.update(version=held, samples=self.samples, packets=self.packets, paced=self.paced,
-                         over_pace=self.over_pace, oversized=self.oversized)
+                         over_pace=self.over_pace, oversized=self.oversized, envs=self.num_envs)
         return about
 
 

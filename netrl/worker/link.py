@@ -63,6 +63,7 @@ class WorkerLink(NetThread):
         self.produced = produced or (lambda: 0)
         self.on_weights = on_weights  # called on this thread; returns counters to report in heartbeats
         self.last_return = last_return or (lambda: None)
+        self.num_envs = 1  # the worker's envs: the status line's steps/s are their sum
         self._status = StatusClock(status_interval_s, {"produced": 0})
         self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
         self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
@@ -93,6 +94,28 @@ class WorkerLink(NetThread):
         self.last_rejection = ""  # why the newest rejected packet was refused (the status line repeats it)
         self._last_drop_warning = 0.0
         self.link.heartbeat_body = self._heartbeat_stats
+
+
+    def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event, send: Callable[[], None],
+                      check: Callable[[], None]) -> None:
+        """Block the control path while the worker has ``produced`` as many samples as the trainer's PACE allows:
+        ``send`` first (the trainer may be waiting for exactly these rows), then ``check`` the network as it waits."""
+        if produced() < self.allowance:
+            return
+        send()
+        waited = time.monotonic()
+        self.waiting_for_pace = True  # the status line says why the worker makes no steps
+        try:
+            with self.pace_cond:
+                while produced() >= self.allowance and not stop.is_set():
+                    self.pace_cond.wait(0.05)
+                    if time.monotonic() - waited > 10 and not self.paced:
+                        log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
+                                 self.worker_id)
+                        waited = time.monotonic()
+                    check()
+        finally:
+            self.waiting_for_pace = False
 
     def _heartbeat_stats(self) -> dict[str, Any]:
         return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
@@ -247,8 +270,9 @@ class WorkerLink(NetThread):
         rates = self._status.rates({"produced": self.produced()})
         assert rates is not None  # the clock started with the link
         ret = self.last_return()
-        log.info("status | worker %s | %.0f steps/s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
+        log.info("status | worker %s | %.0f steps/s%s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
                  "acked %d, dropped %d samples | last return %s%s", self.worker_id, rates["produced"],
+                 f" over {self.num_envs} envs" if self.num_envs > 1 else "",
                  version_label(self.weight_stats.get("version")), self.link.state(),
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.dropped()["dropped_samples"], "-" if ret is None else f"{ret:.1f}",

@@ -43,16 +43,20 @@ class PacketMaker:
             :class:`~netrl.worker.worker.RolloutWorker`).
         max_message_bytes: ``network.max_message_bytes``, which bounds a packet.
         sample_compressor: applied to each row before it is stored (None: rows are stored as they are).
+        envs: the worker's envs, whose segments share each packet (see :mod:`netrl.worker.vector`): the size check
+            counts them all.
     """
 
     def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int, max_delay_s: float | None,
-                 compression: Codec, max_message_bytes: int, sample_compressor: Callable[..., Any] | None) -> None:
+                 compression: Codec, max_message_bytes: int, sample_compressor: Callable[..., Any] | None,
+                 envs: int = 1) -> None:
         self.worker_id, self.session = worker_id, session
         self.min_samples, self.overlap = min_samples, overlap
         self.max_delay = math.inf if max_delay_s is None else max_delay_s  # None: wait for min_samples rows
         self.compression: Codec = compression
         self.max_message_bytes = max_message_bytes
         self.sample_compressor = sample_compressor
+        self.envs = envs
         self.seq = 0  # packets numbered so far
         self.pending_episodes: list[EpisodeStats] = []  # finished since the previous packet: they go with the next
         self._builder = BufferBuilder(min_samples + overlap + 2, overlap)
@@ -87,6 +91,10 @@ class PacketMaker:
             self._size_checked = True
             if networked:
                 self._check_packet_size()
+
+    def __len__(self) -> int:
+        """Rows not sent yet."""
+        return len(self._builder)
 
     @property
     def unsent_transitions(self) -> int:
@@ -123,7 +131,7 @@ class PacketMaker:
         """Once the first row shows a sample's size: say now, not when the first packet closes, that packets of
         ``min_samples_per_worker_packet`` rows cannot reach the trainer. Compression does not help: a receiver
         refuses a message whose arrays inflate past its limit (a small message must not claim gigabytes)."""
-        rows = self.min_samples + self.overlap
+        rows = (self.min_samples + self.overlap) * self.envs
         nbytes = rows * self._builder.row_nbytes
         if nbytes > max_packet_bytes(self.max_message_bytes):
             raise ConfigError([self._too_big(rows, nbytes, " uncompressed" if self.compression != "none" else "")])
@@ -132,5 +140,6 @@ class PacketMaker:
         """Why packets of ``rows`` samples taking ``nbytes`` cannot be sent (the server would refuse every one)."""
         return (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} bytes{how}, more than the server "
                 f"relays (network.max_message_bytes = {self.max_message_bytes}, less {BUNDLE_HEADER_ROOM} "
-                f"for the bundle header): lower worker.min_samples_per_worker_packet ({self.min_samples}) or raise "
-                "network.max_message_bytes on every machine")
+                f"for the bundle header): lower worker.min_samples_per_worker_packet ({self.min_samples})"
+                f"{f' or worker.num_envs ({self.envs})' if self.envs > 1 else ''} or raise network.max_message_bytes "
+                "on every machine")

@@ -16,8 +16,8 @@ import dataclasses
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Generator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,35 +25,32 @@ import numpy as np
 import torch
 
 from netrl.config.sections import Config, NetworkConfig
-from netrl.envs.checks import check_action, check_observation, check_sample_compressor, check_spaces
+from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
-from netrl.errors import CheckpointError, EnvFailure, NetrlError
+from netrl.errors import EnvFailure, NetrlError
 from netrl.lifecycle import Runs, RunStop
 from netrl.monitor.metrics import CsvLog
-from netrl.net.keys import ClientKeys, client_keys
+from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
-from netrl.protocol.weights import check_weights, load_weights
 from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats
 from netrl.storage.folderlock import FolderLock
-from netrl.storage.weight_files import read_weights_file, remove_stale_temps, write_weights_file
+from netrl.storage.weight_files import remove_stale_temps
 from netrl.util import version_label
+from netrl.worker.episode import close_net, one_env_steps
 from netrl.worker.link import WorkerLink
-from netrl.worker.names import claim_worker_id, default_worker_id
+from netrl.worker.model_files import load_model_file, save_model_file
+from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
+from netrl.worker.setup import worker_from_config
+from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import WeightReceiver
 
 __all__ = ["RolloutWorker"]
 
 log = logging.getLogger(__name__)
-
-
-def worker_seed(seed: int | None, worker_id: str) -> int | None:
-    """A worker's own seed, from the config's ``seed`` and its name: workers started from one config.json must
-    not collect the same episodes and actions, and a worker's stream stays the same from run to run."""
-    return None if seed is None else (seed + zlib.crc32(worker_id.encode())) % 2**32
 
 
 class RolloutWorker:
@@ -90,6 +87,9 @@ class RolloutWorker:
         status_interval_s: seconds between status log lines (0: none).
         env_timeout_factor, env_timeout_min_s: when an env call counts as hung (:mod:`netrl.envs.guard`).
         on_env_failure: what a hung env call or a dead env thread does: "stop" (raise EnvFailure) or "reset".
+        num_envs: envs this worker runs, stepped together in one Gymnasium vector env (:mod:`netrl.worker.vector`):
+            the actor must take batches (see :mod:`netrl.actor`).
+        vectorization: "sync" (the envs step one after another in this process) or "async" (a process per env).
         init_random_frames: act uniformly at random from the action space until the trainer holds this many samples
             (as the server tells; in test episodes and standalone, never); 0: off.
 
@@ -109,7 +109,12 @@ class RolloutWorker:
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
                  status_interval_s: float = 0.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
-                 on_env_failure: Literal["stop", "reset"] = "stop", init_random_frames: int = 0) -> None:
+                 on_env_failure: Literal["stop", "reset"] = "stop", num_envs: int = 1,
+                 vectorization: Vectorization = "sync", init_random_frames: int = 0) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs must be an integer >= 1 (got {num_envs!r})")
+        if vectorization not in ("sync", "async"):
+            raise ValueError(f'vectorization must be "sync" or "async" (got {vectorization!r})')
         if min_samples_per_worker_packet < 1:
             raise ValueError(f"min_samples_per_worker_packet must be >= 1 (got {min_samples_per_worker_packet})")
         if max_packet_delay_s is not None and not max_packet_delay_s > 0:
@@ -159,6 +164,9 @@ class RolloutWorker:
         self.weights: WeightReceiver | None = None
         self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
                                    self.compression, self.network.max_message_bytes, self.sample_compressor)
+        self.num_envs, self.vectorization = int(num_envs), vectorization
+        # several envs: their rows go to per-env packet makers; self.packets only numbers and encodes the packets
+        self.vec = VectorEnvs(self, self.num_envs) if self.num_envs > 1 else None
         self._saved_versions = 0
         self.samples_unacknowledged = 0  # at close: samples the server neither spooled nor delivered (at risk)
         self._runs = Runs(lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network "
@@ -174,42 +182,14 @@ class RolloutWorker:
         if init_random_frames < 0:
             raise ValueError(f"init_random_frames must be >= 0 (got {init_random_frames})")
         self.init_random_frames = init_random_frames
-        self.trainer_samples: int | None = None  # the samples the trainer holds, as last told (see _choose_action)
+        self.trainer_samples: int | None = None  # the samples the trainer holds, as last told (see random_actions)
         self._random_source: Any = None  # the action space random actions come from, seeded on first use
-        self._actor_checked = False  # the actor's first action was checked against the action space
+        self.actor_checked = False  # the actor's first action was checked (random ones may come first)
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
-        w = cfg.worker
-        worker_id, name_lock = claim_worker_id(cfg.run_dir, w.worker_id)  # default: the host name (netrl.worker.names)
-        if w.throttle and pipeline.realtime:
-            log.info("worker.throttle is ignored: the %s pipeline's env runs in real time, and pausing it would "
-                     "change what it learns", cfg.env.pipeline)
-        try:
-            worker = cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor, w.device,
-                         cfg.network.server_ip, w.min_samples_per_worker_packet,
-                         np.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
-                         str(cfg.run_dir / f"worker_policy_{worker_id}.pt"), pipeline.obs_preprocessor,
-                         model_path_history=str(cfg.run_dir / f"worker_policy_{worker_id}"),
-                         model_history=w.model_history, server_port=cfg.network.worker_port, worker_id=worker_id,
-                         network=cfg.network, overlap=pipeline.overlap,
-                         throttle=w.throttle and not pipeline.realtime, max_packet_delay_s=w.max_packet_delay_s,
-                         max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
-                         flush_timeout_s=w.flush_timeout_s, compression=w.compression,
-                         seed=worker_seed(cfg.seed, worker_id),
-                         episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
-                         keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
-                         status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
-                         env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
-                         init_random_frames=w.init_random_frames)
-        except BaseException:
-            if name_lock is not None:
-                name_lock.release()
-            raise
-        worker.name_lock = name_lock
-        if worker.seed is not None:  # the actor's sampling: this process's torch stream is this worker's
-            torch.manual_seed(worker.seed)
-        return worker
+        """The worker ``cfg.worker`` describes, running ``pipeline``'s env and actor (see :mod:`netrl.worker.setup`)."""
+        return worker_from_config(cls, cfg, pipeline)
 
     @property
     def seq(self) -> int:
@@ -235,21 +215,32 @@ class RolloutWorker:
         self._started = True
 
     def _new_env(self) -> None:
-        self.env_calls = EnvCaller(self.env_cls, f"worker {self.worker_id}", *self.env_timeout)
+        make = self.env_cls if self.vec is None else partial(make_vector_env, self.env_cls, self.num_envs,
+                                                             self.vectorization)
+        self.env_calls = EnvCaller(make, f"worker {self.worker_id}", *self.env_timeout)
         self.env = self.env_calls.env
+
+    @property
+    def observation_space(self) -> Any:
+        """One env's observation space (a vector env's ``single_observation_space``)."""
+        return getattr(self.env, "single_observation_space", None) or self.env.observation_space
+
+    @property
+    def action_space(self) -> Any:
+        return getattr(self.env, "single_action_space", None) or self.env.action_space
 
     def _build(self) -> None:
         """start() once the env exists: the actor, its saved weights and the network thread (started last)."""
         assert self.env is not None
-        check_spaces(self.env.observation_space, self.env.action_space)
+        check_spaces(self.observation_space, self.action_space)
         self._follow_spaces()
-        log.info("worker %s: observation space %s, action space %s", self.worker_id, self.env.observation_space,
-                 self.env.action_space)
+        log.info("worker %s: observation space %s, action space %s%s", self.worker_id, self.observation_space,
+                 self.action_space, f", {self.num_envs} envs ({self.vectorization})" if self.vec else "")
         if self.episode_log is not None:
             # A worker restarted with the same id appends to the same CSV: it counts episodes and env steps on from
             # the last row, so that --plot draws one learning curve rather than two on top of each other.
             self._logged_episodes, self._logged_steps = self.episode_log.last_ints("episode", "env_steps")
-        self.actor = self.actor_module_cls(self.env.observation_space, self.env.action_space).to(self.device)
+        self.actor = self.actor_module_cls(self.observation_space, self.action_space).to(self.device)
         self.actor.eval()
         self.template_actor = copy.deepcopy(self.actor)
         for saved in {Path(p).parent for p in (self.model_path, self.model_path_history) if p}:
@@ -265,38 +256,26 @@ class RolloutWorker:
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
                                   self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
                                   self.status_interval, lambda: self.last_return)
+            self.net.num_envs = self.num_envs
             self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
-            self.net.link.hello_extra = {**self.packets.bounds(), "paced": self.throttle}
+            bounds = self.packets.bounds() if self.vec is None else self.vec.bounds()
+            self.net.link.hello_extra = {**bounds, "paced": self.throttle}
             self.net.start()
 
     def _load_model_file(self, path: str) -> None:
-        try:
-            state, meta = read_weights_file(path)
-        except CheckpointError as exc:  # e.g. truncated by a power cut while it was being saved
-            if self.standalone:  # its only weights: running the actor untrained instead would go unnoticed
-                raise CheckpointError(f"{exc}: this standalone worker runs the weights in it; copy the trainer's "
-                                      "policy.pt (and its .json) there again, or delete it to run untrained") from None
-            log.warning("ignoring %s, which cannot be read (%s): the server sends the current weights once this worker "
-                        "is connected, and they replace the file", path, exc)
-            return
-        problems = check_weights(self.actor, state)
-        if problems:
-            log.warning("ignoring %s, which does not fit this actor: %s", path, "; ".join(problems[:3]))
-            return
-        load_weights(self.actor, state)
-        self.version = int(meta.get("version", -1))
-        log.info("loaded policy v%d from %s", self.version, path)
+        version = load_model_file(path, self.actor, self.standalone)
+        if version is not None:
+            self.version = version
 
     def save_model(self, module: torch.nn.Module | Mapping[str, torch.Tensor], version: int, session: str) -> None:
         """Keep the newest weights (an actor or its state_dict) at ``model_path`` (and every N-th in the history).
         The worker calls it on a thread of its own (see :class:`~netrl.worker.weight_receiver.WeightReceiver`)."""
         if not self.model_path:
             return
-        meta = {"version": version, "trainer_session": session, "saved_at": time.time()}
-        write_weights_file(self.model_path, module, meta)
+        save_model_file(self.model_path, module, version, session)
         self._saved_versions += 1
         if self.model_history and self.model_path_history and self._saved_versions % self.model_history == 0:
-            write_weights_file(f"{self.model_path_history}_v{version:06d}.pt", module, meta)
+            save_model_file(f"{self.model_path_history}_v{version:06d}.pt", module, version, session)
 
     def close(self) -> None:
         """Send what is left, disconnect and close the env. Idempotent. Called from another thread while
@@ -307,7 +286,7 @@ class RolloutWorker:
             return
         try:
             if self.net is not None:
-                self._close_net(self.net)
+                close_net(self, self.net)
         finally:
             try:
                 if self.weights is not None:  # after the network thread: no version comes any more
@@ -318,33 +297,6 @@ class RolloutWorker:
                 if self.name_lock is not None:  # the name is free for this worker's restart
                     self.name_lock.release()
 
-    def _close_net(self, net: WorkerLink) -> None:
-        unsent, lost = self.packets.unsent_transitions, 0
-        if self.packets.pending_episodes and not unsent:  # e.g. after a final test episode
-            log.info("worker %s: the stats of its last %d episodes stay in its episode log: no samples are left "
-                     "to carry them to the trainer", self.worker_id, len(self.packets.pending_episodes))
-        try:
-            self._send_packet()
-        except NetrlError as exc:  # its network thread had stopped (e.g. the server refused this worker)
-            lost = unsent
-            log.warning("worker %s could not hand over its last %d samples: %s", self.worker_id, unsent, exc)
-        flushed = net.flush(net.handed_seq, self.flush_timeout)  # not one dropped at the pipe: it never arrives
-        net.halt()
-        c = net.dropped()
-        unacked_packets, unacked = net.unacknowledged()
-        unacked += lost
-        self.samples_unacknowledged = unacked
-        level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
-        spooled = (f"; {c['spooled_samples']} of the acknowledged samples are spooled at the server (safe on its "
-                   "disk: the trainer gets them when it catches up)") if c["spooled_samples"] else ""
-        log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
-                "%d rejected, %d unacknowledged%s", self.worker_id, self.session, self.produced, self.seq,
-                c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked, spooled)
-        if not flushed and unacked_packets:
-            log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: the server had neither "
-                        "spooled them nor delivered them to the trainer, so they are lost if they did not reach it or "
-                        "if it stops before the trainer takes them", self.worker_id, unacked_packets, unacked - lost)
-
     # -- the control path -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,
             stop: threading.Event | None = None) -> None:
@@ -354,7 +306,12 @@ class RolloutWorker:
         try:
             self.start()
             train_episodes = 0
-            while not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
+            if self.vec is not None:
+                self.vec.test_interval = test_episode_interval
+            while self.vec is not None and not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
+                ended = self._guarded(lambda: self.vec.step() if self.pace(stop) else None)  # type: ignore[union-attr]
+                train_episodes += sum(not e.test for e in ended or ())
+            while self.vec is None and not stop.is_set() and (nb_episodes is None or train_episodes < nb_episodes):
                 if self._episode(False, stop) is None:
                     break
                 train_episodes += 1
@@ -386,6 +343,18 @@ class RolloutWorker:
     def _leave(self) -> None:
         self._runs.leave()
 
+    def _guarded(self, step: Callable[[], Any]) -> Any:
+        """``step()`` (one vector step), after a failed env call restarting every env if the pipeline allows it."""
+        try:
+            out = step()
+        except EnvFailure as exc:
+            self._env_failed(exc)
+            assert self.vec is not None
+            self.vec.restart()
+            return None
+        self._failures_in_a_row = 0
+        return out
+
     def _episode(self, test: bool, stop: threading.Event) -> EpisodeStats | None:
         steps = self.episode_steps(test, stop)
         while True:
@@ -396,6 +365,8 @@ class RolloutWorker:
                 return done.value
             except EnvFailure as exc:
                 self._env_failed(exc)
+                if self.vec is not None:
+                    self.vec.restart()
                 steps = self.episode_steps(test, stop)  # a new episode: its reset row starts a new trajectory
 
     def _env_failed(self, exc: EnvFailure) -> None:
@@ -415,72 +386,54 @@ class RolloutWorker:
             old.close()
 
     def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
-        """One episode as a generator that yields after every env step (the single-process mode drives it)."""
-        collect = not test and not self.standalone
-        assert self.env_calls is not None
-        obs, info = self.env_calls.call("reset", self.env.reset, seed=self.seed if self.episodes_done == 0 else None)
-        if not self._checked:
-            check_observation(obs, self.env.observation_space, "the first observation from the env's reset()")
-        if collect:
-            self._record(self._default_action(), obs, 0.0, False, False, info, reset=True)
-        ret, length = 0.0, 0
-        while True:
-            if stop.is_set():
-                return None
-            self._check_net()
-            if collect and self.throttle:
-                self._wait_for_pace(stop)
-                if stop.is_set():
-                    return None
-            self._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
-            version = self.version  # the version that chooses this action
-            act = self._choose_action(obs, test)
-            obs, rew, terminated, truncated, info = self.env_calls.call("step", self.env.step, act)
-            if not self._checked:
-                check_observation(obs, self.env.observation_space, "the observation from the env's first step()")
-                self._checked = True
-            length += 1
-            ret += float(rew)
-            if length >= self.max_samples_per_episode and not terminated:
-                truncated = True  # a forced reset is a time limit: the trainer still bootstraps
-            stats = EpisodeStats(ret, length, test, self.version) if terminated or truncated else None
-            if stats is not None and not self.standalone:  # before the last row: they leave in the same packet
-                self.packets.pending_episodes.append(stats)
-            if collect:
-                self._record(act, obs, rew, terminated, truncated, info, reset=False, version=version)
-            elif self.packets.due():  # rows from before a test episode still leave after max_packet_delay_s
-                self._send_packet()
-            if terminated or truncated:
-                break
-            yield
-        assert stats is not None  # the loop ends only with an episode's end
-        self._episode_done(stats)
-        yield
-        return stats
+        """One episode as a generator that yields after every env step (the single-process mode drives it).
 
-    def _choose_action(self, obs: Any, test: bool) -> Any:
-        """The actor's action, or a uniformly random one while the trainer holds fewer than ``init_random_frames``
-        samples (never in a test episode, nor standalone: no trainer to ask). The actor's first action is checked."""
-        if self.init_random_frames and not test and not self.standalone:
-            if self.net is not None:  # the server says it in every PACE, and in the heartbeats of an idle link
-                told = [n for n in (self.net.trainer_samples, self.net.link.server_stats.get("trainer_samples"))
-                        if type(n) is int]
-                self.trainer_samples = max(told, default=self.trainer_samples)
-            if self.trainer_samples is None or self.trainer_samples < self.init_random_frames:
-                if self._random_source is None:  # this worker's seed: reproducible, and unlike other workers'
-                    self._random_source = copy.deepcopy(self.env.action_space)
-                    self._random_source.seed(self.seed)
-                    log.info("worker %s acts at random until the trainer holds %d samples (worker.init_random_frames)",
-                             self.worker_id, self.init_random_frames)
-                return self._random_source.sample()
+        With several envs: vector steps until an episode of one of them ends, which it returns (the envs' episodes
+        go on in the next call); test episodes then come from ``run(test_episode_interval)`` alone."""
+        if self.vec is not None:
+            if test:
+                raise ValueError(f"worker {self.worker_id} runs {self.num_envs} envs: each runs its own test episodes, "
+                                 "one after every test_episode_interval of its training episodes (run()); "
+                                 "run_episode(test=True) is for one env")
+            return self.vec.steps(stop)
+        return one_env_steps(self, test, stop)
+
+    def pace(self, stop: threading.Event, collect: bool = True) -> bool:
+        """Before an env step: check the network thread and wait for the trainer's PACE if paced; False on stop."""
+        if stop.is_set():
+            return False
+        self._check_net()
+        if collect and self.throttle:
+            self._wait_for_pace(stop)
+        return not stop.is_set()
+
+    def packets_due(self) -> bool:
+        return self.packets.due() if self.vec is None else self.vec.due()
+
+    def random_actions(self, n: int | None = None) -> Any | None:
+        """A uniformly random action (``n`` of them, stacked, for a vector worker's training episodes) while the
+        trainer holds fewer than ``init_random_frames`` samples; None once it holds them (for good: a trainer
+        restarted with fewer does not undo it), and always for a standalone worker (no trainer to ask). The caller
+        asks only for training episodes: a test episode shows the policy."""
+        if not self.init_random_frames or self.standalone:
+            return None
+        if self.net is not None:  # the server says it in every PACE, and in the heartbeats of an idle link
+            told = [t for t in (self.net.trainer_samples, self.net.link.server_stats.get("trainer_samples"))
+                    if type(t) is int]
+            self.trainer_samples = max(told, default=self.trainer_samples)
+        if self.trainer_samples is not None and self.trainer_samples >= self.init_random_frames:
             log.info("worker %s: the trainer holds %d samples (worker.init_random_frames is %d): acting with the "
                      "policy from now on", self.worker_id, self.trainer_samples, self.init_random_frames)
-            self.init_random_frames = 0  # for good: a trainer restarted with fewer samples does not undo it
-        act = self.actor.act_(self.obs_preprocessor(obs) if self.obs_preprocessor else obs, test=test)
-        if not self._actor_checked:
-            check_action(act, self.env.action_space, type(self.actor).__name__)
-            self._actor_checked = True
-        return act
+            self.init_random_frames = 0
+            return None
+        if self._random_source is None:  # this worker's seed: reproducible, and unlike other workers'
+            self._random_source = copy.deepcopy(self.action_space)
+            self._random_source.seed(self.seed)
+            log.info("worker %s acts at random until the trainer holds %d samples (worker.init_random_frames)",
+                     self.worker_id, self.init_random_frames)
+        if n is None:
+            return self._random_source.sample()
+        return np.stack([self._random_source.sample() for _ in range(n)])
 
     def _episode_done(self, stats: EpisodeStats) -> None:
         self.episodes_done += 1
@@ -488,11 +441,12 @@ class RolloutWorker:
             self.last_return = stats.ret
         episode = self._logged_episodes + self.episodes_done
         if self.episode_log is not None:
-            self.episode_log.write({"time": time.time(), "episode": episode, "test": int(stats.test),
+            self.episode_log.write({"time": time.time(), "episode": episode, "env": stats.env, "test": int(stats.test),
                                     "return": stats.ret, "length": stats.length,
                                     "env_steps": self._logged_steps + self.produced, "policy_version": self.version})
-        log.log(self.episode_log_level, "%s episode %d: return %.1f over %d steps (policy %s)",
-                "test" if stats.test else "training", episode, stats.ret, stats.length, version_label(self.version))
+        log.log(self.episode_log_level, "%s episode %d%s: return %.1f over %d steps (policy %s)",
+                "test" if stats.test else "training", episode, f" (env {stats.env})" if self.vec else "", stats.ret,
+                stats.length, version_label(self.version))
 
     def _follow_spaces(self) -> None:
         """Send leaves in the dtypes the trainer expects from the spaces. The compressor is probed on a copy: one
@@ -500,11 +454,15 @@ class RolloutWorker:
         compressor = probe_copy(self.sample_compressor)
         if compressor is None and self.sample_compressor is not None:  # it cannot be copied: the env's dtypes, then
             return
-        self.packets.follow(SampleSchema.from_spaces(self.env.observation_space, self.env.action_space, compressor))
+        schema = SampleSchema.from_spaces(self.observation_space, self.action_space, compressor)
+        self.packets.follow(schema)
+        if self.vec is not None:
+            self.vec.follow(schema)
 
     def _default_action(self) -> Any:
-        default = getattr(self.env, "default_action", None)
-        return np.zeros(self.env.action_space.shape, self.env.action_space.dtype) if default is None else default
+        env = self.env if self.vec is None else (getattr(self.env, "envs", None) or [None])[0]  # async: no access
+        default = getattr(env, "default_action", None)
+        return np.zeros(self.action_space.shape, self.action_space.dtype) if default is None else default
 
     def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
                 reset: bool, version: int = -1) -> None:
@@ -516,7 +474,7 @@ class RolloutWorker:
             self._send_packet()
 
     def _send_packet(self) -> None:
-        buf = self.packets.cut()
+        buf = self.packets.cut() if self.vec is None else self.vec.cut()
         if buf is None:
             return
         if self.local_packets is not None:  # single-process mode: no network
@@ -535,23 +493,8 @@ class RolloutWorker:
             self.version = version
 
     def _wait_for_pace(self, stop: threading.Event) -> None:
-        net = self.net
-        if net is None or self.produced < net.allowance:
-            return
-        self._send_packet()  # the trainer may be waiting for exactly these rows
-        waited = time.monotonic()
-        net.waiting_for_pace = True  # the status line says why the worker makes no steps
-        try:
-            with net.pace_cond:
-                while self.produced >= net.allowance and not stop.is_set():
-                    net.pace_cond.wait(0.05)
-                    if time.monotonic() - waited > 10 and not net.paced:
-                        log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
-                                 self.worker_id)
-                        waited = time.monotonic()
-                    self._check_net()
-        finally:
-            net.waiting_for_pace = False
+        if self.net is not None:
+            self.net.wait_for_pace(lambda: self.produced, stop, self._send_packet, self._check_net)
 
     def _check_net(self) -> None:
         net = self.net

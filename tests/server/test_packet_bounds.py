@@ -111,8 +111,8 @@ def test_a_worker_declares_the_largest_packet_it_makes_and_whether_it_keeps_to_p
         worker.start()
         peer = wait_until(lambda: srv.peers.workers(), 5, "the worker's HELLO", poll=0.02)[0]
         # 7 rows, a context row and room for an episode's first observation; Pendulum's rows: 3 + 1 floats, plus
-        # at most 20 bytes of sample columns
-        assert (peer.max_rows, peer.max_bytes, peer.paced) == (10, 10 * (16 + 20), False)
+        # at most 22 bytes of sample columns (the env column's 2 included)
+        assert (peer.max_rows, peer.max_bytes, peer.paced, peer.num_envs) == (10, 10 * (16 + 22), False, 1)
         worker.run_episode()
     finally:
         worker.close()

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import netrl.worker.episode
 import netrl.worker.worker
 from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
@@ -560,7 +561,8 @@ def test_a_first_observation_that_does_not_fit_the_space_names_the_leaf_and_the_
 
 
 @pytest.mark.parametrize(("action", "problem"), [
-    (np.zeros((1, 2), np.float32), "action_space expects shape (2,), got shape (1, 2) (ndarray of float32)"),
+    # (1, 2) is a batch of one action (netrl.actor): act_ unwraps it; three actions for one observation do not fit
+    (np.zeros((3, 2), np.float32), "action_space expects shape (2,), got shape (3, 2) (ndarray of float32)"),
     (np.zeros(2, np.int64), None),  # fits: int casts to float, as gymnasium takes it
     (np.zeros(2, np.complex64), "action_space expects dtype float32, got complex64, which does not cast to it"),
 ])
@@ -577,9 +579,10 @@ def test_a_first_action_that_does_not_fit_the_space_names_actor_module_act(actio
 
 def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     checks: list[str] = []
-    real_obs, real_act = netrl.worker.worker.check_observation, netrl.worker.worker.check_action
-    monkeypatch.setattr(netrl.worker.worker, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
-    monkeypatch.setattr(netrl.worker.worker, "check_action", lambda *a: checks.append("act") or real_act(*a))
+    loop = netrl.worker.episode  # the one-env episode loop
+    real_obs, real_act = loop.check_observation, loop.check_action
+    monkeypatch.setattr(loop, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
+    monkeypatch.setattr(loop, "check_action", lambda *a: checks.append("act") or real_act(*a))
     worker = RolloutWorker(TwoPartEnv, partial(FixedActor, action=torch.zeros(2, dtype=torch.float64)),
                            standalone=True)  # a float64 tensor fits a float32 Box, as gymnasium takes it
     worker.run(nb_episodes=3)
