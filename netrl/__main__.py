@@ -1,4 +1,4 @@
-"""Command line: ``python -m netrl --server | --worker | --trainer | --demo``.
+"""Command line: ``python -m netrl --server | --worker | --trainer | --demo | --check-env``.
 
 Loads config.json once, applies the flags, sets up logging (role and pid on every line), maps SIGINT and SIGTERM
 (and SIGHUP) to a stop event, and runs the role. Exit codes: 0 done, 1 runtime error, 2 invalid config or usage.
@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     role.add_argument("--status", action="store_const", const="status", dest="role",
                       help="print the snapshot of the server running on this machine (--json for JSON)")
     role.add_argument("--plot", metavar="RUN", help="render run RUN's learning curve and throughput to a PNG")
+    role.add_argument("--check-env", action="store_const", const="check_env", dest="role",
+                      help="build the pipeline's env, run it with random actions through the sample compressor, the "
+                           "packet checks and the memory, and report every mismatch (exit code 0, or 2)")
     p.add_argument("--config", default="config.json", help="path of the config file (default: ./config.json)")
     p.add_argument("--server-ip", help="address workers and the trainer connect to (network.server_ip)")
     p.add_argument("--bind-ip", help="interface the server binds, e.g. 0.0.0.0 (server.bind_ip)")
@@ -277,6 +280,42 @@ def run_role(role: str, cfg: Config, stop: threading.Event, config_path: str = "
         Trainer.from_config(cfg, pipeline).run(stop)
 
 
+def run_status(cfg: Config, stop: threading.Event, config_path: str, as_json: bool) -> None:
+    """``--status``: the snapshot of the server on this machine, as a table or JSON."""
+    from netrl.monitor.status import dump_json, format_status, query_status
+
+    snapshot = query_status(cfg.server.status_port, stop=stop)
+    ports, mine = snapshot.get("ports") or {}, {"trainer": cfg.network.trainer_port,
+                                                 "worker": cfg.network.worker_port}
+    if ports and ports != mine:  # e.g. another server on this machine with the same server.status_port
+        log.warning("the server on status port %d listens on trainer port %s and worker port %s, not the "
+                    "%d and %d of %s: another server (each needs its own server.status_port), or one "
+                    "started with --trainer-port/--worker-port", cfg.server.status_port, ports.get("trainer"),
+                    ports.get("worker"), mine["trainer"], mine["worker"], config_path)
+    try:
+        print(dump_json(snapshot) if as_json else format_status(snapshot), flush=True)
+    except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit flush fails again
+
+
+def run_check_env(cfg: Config) -> int:
+    """``--check-env``: the pipeline's env through everything its samples meet (see :mod:`netrl.envs.preflight`);
+    the report goes to stdout. 0 when nothing is wrong, else 2 (a problem of the env or its config)."""
+    from netrl.envs.checks import value_limits
+    from netrl.envs.preflight import preflight
+    from netrl.pipelines.make import make_pipeline
+    from netrl.protocol.schema import WireRoute
+
+    configure_torch(cfg, "worker")
+    pipeline = make_pipeline(cfg)
+    route = WireRoute(cfg.worker.compression,
+                      lambda obs, act: value_limits(obs, act, cfg.trainer.max_abs_reward))
+    report = preflight(pipeline.env_cls, pipeline.sample_compressor, pipeline.memory_cls, pipeline.overlap,
+                       seed=cfg.seed if cfg.seed is not None else 0, through_wire=route)
+    print(report.format(), flush=True)
+    return 0 if report.ok else 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -320,20 +359,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.role == "keygen":
             run_keygen(cfg, _worker_names(args))
         elif args.role == "status":
-            from netrl.monitor.status import dump_json, format_status, query_status
-
-            snapshot = query_status(cfg.server.status_port, stop=stop)
-            ports, mine = snapshot.get("ports") or {}, {"trainer": cfg.network.trainer_port,
-                                                         "worker": cfg.network.worker_port}
-            if ports and ports != mine:  # e.g. another server on this machine with the same server.status_port
-                log.warning("the server on status port %d listens on trainer port %s and worker port %s, not the "
-                            "%d and %d of %s: another server (each needs its own server.status_port), or one "
-                            "started with --trainer-port/--worker-port", cfg.server.status_port, ports.get("trainer"),
-                            ports.get("worker"), mine["trainer"], mine["worker"], args.config)
-            try:
-                print(dump_json(snapshot) if args.json else format_status(snapshot), flush=True)
-            except BrokenPipeError:  # e.g. `--status --json | head`: the reader has all it wanted
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit flush fails again
+            run_status(cfg, stop, args.config, args.json)
+        elif args.role == "check_env":
+            return run_check_env(cfg)
         elif args.role == "plot":
             from netrl.monitor.plot import plot_run
 

@@ -169,6 +169,25 @@ class Buffer:
         return rows
 
 
+def _casts(have: np.dtype[Any], want: np.dtype[Any]) -> bool:
+    """Whether a leaf of dtype ``have`` is stored as ``want``: within its kind (float64 to float32), and any integer
+    or bool into an integer (an env's int64 Discrete value into uint8; each value is checked to fit)."""
+    return np.can_cast(have, want, "same_kind") or (have.kind in "biu" and want.kind in "iu")
+
+
+def _check_int_fits(name: str, leaf: Any, dtype: np.dtype[Any]) -> None:
+    """Raise ValueError unless every value of an integer ``leaf`` fits ``dtype``: numpy would wrap it silently."""
+    arr = np.asarray(leaf)
+    if arr.dtype.kind not in "biu" or arr.size == 0:
+        return  # another kind: refused by the schema check, naming the field
+    info = np.iinfo(dtype)
+    low, high = int(arr.min()), int(arr.max())
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        raise ValueError(f"{name} holds {bad}, which {dtype} ({info.min}..{info.max}), the dtype its space's values "
+                         "travel in, cannot hold: keep observations and actions within their spaces")
+
+
 class BufferBuilder:
     """Accumulates rows into preallocated columns and cuts them into self-contained :class:`Buffer` packets.
 
@@ -203,8 +222,7 @@ class BufferBuilder:
         for name, leaf in act_leaves + obs_leaves:
             arr = np.asarray(leaf)
             want = self.dtypes.get(name, arr.dtype)
-            cols[name] = np.empty((self.capacity, *arr.shape),
-                                  dtype=want if np.can_cast(arr.dtype, want, "same_kind") else arr.dtype)
+            cols[name] = np.empty((self.capacity, *arr.shape), dtype=want if _casts(arr.dtype, want) else arr.dtype)
         cols["rew"] = np.empty(self.capacity, np.float32)
         for flag in ("terminated", "truncated", "reset", "context"):
             cols[flag] = np.empty(self.capacity, np.bool_)
@@ -229,6 +247,8 @@ class BufferBuilder:
                 if np.shape(leaf) != col.shape[1:]:  # numpy would broadcast (1,) or a scalar into every value
                     raise ValueError(f"{name} has the shape {np.shape(leaf)} in this step, and {col.shape[1:]} in the "
                                      "first: keep observations and actions the same shape every step")
+                if col.dtype.kind in "iu" and np.asarray(leaf).dtype != col.dtype:
+                    _check_int_fits(name, leaf, col.dtype)
                 col[i] = leaf
         cols["rew"][i] = rew
         cols["terminated"][i] = terminated

@@ -9,7 +9,13 @@ within 1.5x the single-process wall time.
 The last line of output is one JSON object:
 {"pipeline": {"steps_to_-200": N, "wall_s": S}, "single": {"steps_to_-200": N, "wall_s": S}}
 
+``--row cartpole`` runs the discrete row instead (scripts/benchmarks/cartpole.py): CartPole-v1 with netrl's double
+DQN through the three processes beside Stable-Baselines3's DQN (RL Zoo hyperparameters), median of 3 seeds. Target:
+a mean return >= 475 over 20 greedy episodes within 100,000 env steps and within 1.5x SB3's env steps. It needs
+``pip install -e .[bench]`` (stable-baselines3).
+
 Usage: .venv/bin/python scripts/bench_learning.py [--max-steps 15000] [--seed 1]
+       .venv/bin/python scripts/bench_learning.py --row cartpole [--seeds 1 2 3]
 
 ``--vector`` runs another comparison instead (issue 31): Pendulum-v1 with one worker of ``worker.num_envs`` 8 envs
 against one of a single env, three processes each, side by side for each of 3 seeds; target: the median env steps
@@ -133,14 +139,26 @@ def main() -> int:
     if "--vector" in sys.argv[1:]:  # a benchmark of its own: see main_vector
         return main_vector()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-steps", type=int, default=15_000, help="give up after this many env steps")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="give up after this many env steps (default: 15,000; --row cartpole: 100,000)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--row", choices=["pendulum", "cartpole"], default="pendulum")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="--row cartpole: seeds to run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.row == "cartpole":
+        from benchmarks.cartpole import report, run_row
+
+        with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
+            row = run_row(Path(d), args.seeds, args.max_steps or 100_000)
+        report(row)
+        print(json.dumps(row))
+        return 0
     with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
         tmp = Path(d)
-        pipeline = run_pipeline(tmp, args.seed, args.max_steps)
-        single = run_single(tmp, args.seed, args.max_steps)
+        max_steps = args.max_steps or 15_000
+        pipeline = run_pipeline(tmp, args.seed, max_steps)
+        single = run_single(tmp, args.seed, max_steps)
     print(f"{'run':<10} {'env steps to -200':>18} {'wall s':>8}")
     for name, r in (("pipeline", pipeline), ("single", single)):
         print(f"{name:<10} {r and r['steps_to_-200']!s:>18} {r and r['wall_s']!s:>8}")

@@ -1,12 +1,14 @@
 """Training agents. They see tensors and return metrics; they never import zmq, msgpack or netrl.config.
 
-:class:`TrainingAgent` is the interface (tmrl's); :class:`SACAgent` with :class:`MLPActorCritic` (vectors) or
-:class:`CNNActorCritic` (stacked frames) is the built-in agent.
+:class:`TrainingAgent` is the interface (tmrl's). The built-in agents: :class:`SACAgent` with
+:class:`MLPActorCritic` (vectors) or :class:`CNNActorCritic` (stacked frames) for continuous actions, and
+:class:`DQNAgent` with its :class:`DQNActor` (double DQN, dueling head, action masks) for discrete ones.
 """
 
 from netrl.agents.base import TrainingAgent
 from netrl.agents.cnn import CNNActorCritic
+from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.samples import Batch
 
-__all__ = ["Batch", "CNNActorCritic", "MLPActor", "MLPActorCritic", "SACAgent", "TrainingAgent"]
+__all__ = ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "SACAgent", "TrainingAgent"]

@@ -79,8 +79,8 @@ def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[A
 @dataclass(frozen=True)
 class EnvConfig:
     pipeline: str = _f(
-        "gym", 'ready-made pipeline: gym (any Gymnasium id with continuous actions), drone, image; or your own, as '
-        '"module:function" (see docs/configuration.md)', pipeline_name)
+        "gym", 'ready-made pipeline: gym (any Gymnasium id: SAC for continuous actions, DQN for discrete ones), '
+        'drone, image; or your own, as "module:function" (see docs/configuration.md)', pipeline_name)
     id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
 
@@ -217,11 +217,20 @@ class AgentConfig:
     polyak: float = _f(0.995, "target network averaging factor", between(0.0, 1.0))
     alpha: float = _f(0.2, "initial entropy coefficient", gt(0))
     lr_actor: float = _f(1e-3, "actor learning rate", gt(0))
-    lr_critic: float = _f(1e-3, "critic learning rate", gt(0))
+    lr_critic: float = _f(1e-3, "critic learning rate (DQN: its Q network's)", gt(0))
     lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", gt(0))
     learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
     target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
     hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", sizes)
+    target_update_interval: int = _f(128, "DQN (discrete actions): training steps between copies of the Q network "
+                                     "into its target", ge(1))
+    exploration_initial_eps: float = _f(1.0, "DQN: chance of a random (allowed) action when training starts",
+                                        between(0.0, 1.0))
+    exploration_final_eps: float = _f(0.04, "DQN: chance of a random (allowed) action after exploration_steps",
+                                      between(0.0, 1.0))
+    exploration_steps: int = _f(4000, "DQN: training steps over which the chance of a random action falls linearly "
+                                "from exploration_initial_eps to exploration_final_eps (workers follow with each "
+                                "weight version; test episodes act greedily)", ge(0))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 ``GenericGymEnv`` builds any registered Gymnasium env, including rtgym's ``real-time-gym-v1`` and
 ``real-time-gym-ts-v1`` (pass ``id="rtgym:real-time-gym-ts-v1"`` and ``gym_kwargs={"config": ...}``), keeps
-Gymnasium's passive env checker on, and turns float64 observations into float32 as tmrl does. Observations are
+Gymnasium's passive env checker on, and turns float64 observations into float32 as tmrl does; discrete leaves
+(Discrete, MultiDiscrete, MultiBinary) stay integers. Observations are
 always fresh arrays: rtgym reuses its action-buffer arrays between steps, so they are copied here.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from netrl.errors import ConfigError
 from netrl.samples import tree_map
+from netrl.spaces import default_value
 
 __all__ = ["GenericGymEnv", "float32_space"]
 
@@ -65,9 +67,10 @@ class GenericGymEnv(gymnasium.Wrapper):
 
     @property
     def default_action(self) -> np.ndarray:
-        """The action recorded with the first observation of an episode (rtgym's default action, else zeros)."""
+        """The action recorded with the first observation of an episode: rtgym's default action, else a valid action
+        of the space (zeros where the space holds them, e.g. a Discrete's ``start``)."""
         default = getattr(self.env.unwrapped, "default_action", None)
         space = self.action_space
         if default is None:
-            return np.zeros(space.shape or (), dtype=space.dtype or np.float32)
+            return np.asarray(default_value(space))
         return np.array(default, dtype=space.dtype, copy=True)

@@ -277,7 +277,8 @@ class MemoryDataloading(ABC):
                 o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
             items.append((o, a, np.float32(r), o2, np.float32(term), np.float32(trunc)))
         o, a, r, o2, term, trunc = collate(items, self.device)
-        return Batch(o, a.float(), r.float(), o2, term.float(), trunc.float())
+        # float64 actions (Python floats) train as float32; integer ones (Discrete) stay integers
+        return Batch(o, a.float() if a.is_floating_point() else a, r.float(), o2, term.float(), trunc.float())
 
     def __iter__(self) -> Iterator[Batch]:
         for _ in range(self.nb_steps):

@@ -1,4 +1,5 @@
-"""The generic pipeline: any Gymnasium env with Box spaces, an MLP actor and SAC (Pendulum-v1 by default)."""
+"""The generic pipeline: any Gymnasium env and an MLP actor, with the agent its action space needs: SAC for Box
+actions (Pendulum-v1, the default), double DQN for Discrete, MultiDiscrete and MultiBinary ones (CartPole-v1)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import importlib
 
 import gymnasium
 
+from netrl.agents.dqn import DQNActor, DQNAgent, is_discrete
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
@@ -18,7 +20,8 @@ __all__ = ["gym_pipeline"]
 
 
 def gym_pipeline(cfg: Config) -> Pipeline:
-    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions SAC cannot take."""
+    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions neither SAC nor DQN
+    can take."""
     module, _, name = cfg.env.id.rpartition(":")  # "module:EnvId" imports the module, as gymnasium.make does
     try:
         if module:
@@ -35,15 +38,25 @@ def gym_pipeline(cfg: Config) -> Pipeline:
         actions = env.action_space
     finally:
         env.close()
-    if not isinstance(actions, gymnasium.spaces.Box):
-        raise ConfigError([f'env.id "{cfg.env.id}" has {type(actions).__name__} actions, but the gym pipeline trains '
-                           "SAC, which needs continuous (Box) actions: choose an env with continuous actions (for "
-                           'CartPole, "MountainCarContinuous-v0" or "Pendulum-v1"), or build a pipeline with an agent '
-                           "for discrete actions"])
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
+    env_cls = partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs))
+    if is_discrete(actions):
+        return Pipeline(
+            env_cls=env_cls,
+            actor_module_cls=partial(DQNActor, hidden_sizes=hidden),
+            memory_cls=ReplayMemory,
+            training_agent_cls=partial(
+                DQNAgent, hidden_sizes=hidden, gamma=a.gamma, lr=a.lr_critic,
+                target_update_interval=a.target_update_interval, exploration_initial_eps=a.exploration_initial_eps,
+                exploration_final_eps=a.exploration_final_eps, exploration_steps=a.exploration_steps),
+        )
+    if not isinstance(actions, gymnasium.spaces.Box):
+        raise ConfigError([f'env.id "{cfg.env.id}" has {type(actions).__name__} actions, but the gym pipeline trains '
+                           "SAC for Box actions and DQN for Discrete, MultiDiscrete and MultiBinary ones: flatten the "
+                           "action space with a wrapper, or build a pipeline with an agent for these actions"])
     return Pipeline(
-        env_cls=partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs)),
+        env_cls=env_cls,
         actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
         memory_cls=ReplayMemory,
         training_agent_cls=partial(

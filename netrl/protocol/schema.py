@@ -22,12 +22,15 @@ import numpy as np
 
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
 from netrl.limits import ValueLimits
-from netrl.samples import Spec, flatten, spec_leaves
+from netrl.protocol.codecs import Codec
+from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
+from netrl.samples import Buffer, Spec, flatten, spec_leaves
+from netrl.spaces import carried_sample
 
 if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
     import gymnasium
 
-__all__ = ["SampleSchema", "load_schema", "probe_copy", "save_schema"]
+__all__ = ["SampleSchema", "WireRoute", "load_schema", "probe_copy", "save_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +60,13 @@ class SampleSchema:
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                     sample_compressor: Callable[..., Any] | None = None,
                     limits: ValueLimits | None = None) -> SampleSchema:
-        """The layout of rows a worker produces for these spaces (after ``sample_compressor``, if any, called once
-        with a random row and ``info={"probe": True}``: a compressor that checks rows against the ones before should
-        neither check nor count it). ``limits`` (the spaces' bounds) are kept for the leaves the compressor returns
-        as it got them: one that rescales or re-encodes a leaf makes its bounds meaningless."""
-        act, obs = action_space.sample(), observation_space.sample()
+        """The layout of rows a worker produces for these spaces, in the dtypes leaves travel in
+        (:func:`netrl.spaces.storage_dtype`: a Discrete action is a scalar of the smallest integer dtype that holds
+        its values), after ``sample_compressor``, if any, called once with a random row and ``info={"probe": True}``
+        (a compressor that checks rows against the ones before should neither check nor count it). ``limits`` (the
+        spaces' bounds) are kept for the leaves the compressor returns as it got them: one that rescales or
+        re-encodes a leaf makes its bounds meaningless."""
+        act, obs = carried_sample(action_space), carried_sample(observation_space)
         raw = dict(flatten(act, "act")[1] + flatten(obs, "obs")[1])
         if sample_compressor is not None:
             act, obs, *_ = sample_compressor(act, obs, 0.0, False, False, {"probe": True})
@@ -133,3 +138,29 @@ def save_schema(path: Path, body: dict[str, Any]) -> None:
     except OSError as exc:
         log.warning("could not save the sample layout to %s (%s): after a restart, this server checks packets "
                     "against it only once the trainer reconnects", path, exc)
+
+
+class WireRoute:
+    """A packet's way from a worker to the trainer's memory, without a network, for ``--check-env``: encoded with the
+    worker's ``compression``, checked as the server checks it (integer arrays left compressed) and as the trainer
+    does (layout and values, with the bounds of the spaces), and decoded. Raises :class:`SampleRejected` naming the
+    field, as they would refuse it."""
+
+    def __init__(self, compression: Codec, limits: Callable[[Any, Any], ValueLimits]) -> None:
+        self.compression, self.limits = compression, limits
+        self._schema: SampleSchema | None = None
+
+    def __call__(self, buf: Buffer, observation_space: Any, action_space: Any, sample_compressor: Any) -> Buffer:
+        if self._schema is None:
+            self._schema = SampleSchema.from_spaces(observation_space, action_space, probe_copy(sample_compressor),
+                                                    self.limits(observation_space, action_space))
+        frames = encode(samples_message(buf, "check-env", "check", 1, len(buf)), self.compression)
+        at_server = decode(frames, inflate=False)
+        self._schema.check(at_server.body, at_server.arrays, "check-env (at the server)")
+        msg = decode(frames)
+        self._schema.check(msg.body, msg.arrays, "check-env (at the trainer)")
+        leaves = {name: msg.arrays[name] for name in self._schema.leaves}
+        problem = self._schema.limits.problem(leaves, msg.arrays["rew"], msg.arrays["reset"])
+        if problem:
+            raise SampleRejected(f"packet from check-env (at the trainer): {problem}")
+        return buffer_from_message(msg)

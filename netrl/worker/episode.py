@@ -27,7 +27,8 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
     assert w.env_calls is not None
     obs, info = w.env_calls.call("reset", w.env.reset, seed=w.seed if w.episodes_done == 0 else None)
     if not w._checked:
-        check_observation(obs, w.env.observation_space, "the first observation from the env's reset()")
+        check_observation(obs, w.env.observation_space, "the first observation from the env's reset()",
+                          w.env.action_space)
     if collect:
         w._record(w._default_action(), obs, 0.0, False, False, info, reset=True)
     ret, length = 0.0, 0
@@ -44,7 +45,8 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
                 w.actor_checked = True
         obs, rew, terminated, truncated, info = w.env_calls.call("step", w.env.step, act)
         if not w._checked:
-            check_observation(obs, w.env.observation_space, "the observation from the env's first step()")
+            check_observation(obs, w.env.observation_space, "the observation from the env's first step()",
+                              w.env.action_space, bool(terminated))
             w._checked = True
         length += 1
         ret += float(rew)

@@ -131,7 +131,8 @@ class VectorEnvs:
             autoreset = term or trunc
             last = final[i] if autoreset and has_final is not None and has_final[i] else row(obs, i)
             if not self._checked:
-                check_observation(last, w.observation_space, f"the observation from env {i}'s first step()")
+                check_observation(last, w.observation_space, f"the observation from env {i}'s first step()",
+                                  w.action_space, term)
             if self.length[i] >= w.max_samples_per_episode and not autoreset:
                 trunc = cut_short[i] = True  # a forced reset is a time limit: the trainer still bootstraps
             stats = (EpisodeStats(float(self.ret[i]), int(self.length[i]), bool(self.test[i]), w.version, i)
@@ -165,7 +166,8 @@ class VectorEnvs:
         self.ret[:], self.length[:] = 0.0, 0
         for i in range(self.n):
             if not self._checked:
-                check_observation(row(obs, i), w.observation_space, f"the first observation from env {i}'s reset()")
+                check_observation(row(obs, i), w.observation_space, f"the first observation from env {i}'s reset()",
+                                  w.action_space)
             self._start(i, row(obs, i), _env_info(info, i))
         self.obs = obs
 

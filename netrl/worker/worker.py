@@ -36,6 +36,7 @@ from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats
+from netrl.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
 from netrl.util import version_label
@@ -462,7 +463,7 @@ class RolloutWorker:
     def _default_action(self) -> Any:
         env = self.env if self.vec is None else (getattr(self.env, "envs", None) or [None])[0]  # async: no access
         default = getattr(env, "default_action", None)
-        return np.zeros(self.action_space.shape, self.action_space.dtype) if default is None else default
+        return default_value(self.action_space) if default is None else default
 
     def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
                 reset: bool, version: int = -1) -> None:

@@ -629,13 +629,21 @@ def test_observations_and_actions_leave_in_the_dtypes_of_the_spaces() -> None:
         schema.check(message.body, message.arrays, "w")  # what the trainer checks: float64 arrays would raise here
 
 
-def test_a_discrete_action_space_is_refused_for_any_agent_and_says_what_to_do() -> None:
+def test_a_space_netrl_cannot_carry_is_refused_naming_every_such_leaf_and_what_to_do() -> None:
     from netrl.envs.checks import check_spaces
 
-    with pytest.raises(ValueError, match=re.escape(
-            "action_space is a Discrete; netrl carries Box actions only (its samples, memories and SAC agent, "
-            "whatever the TrainingAgent): give the env a Box action space")):
-        check_spaces(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Discrete(2))
+    spaces = gymnasium.spaces
+    obs = spaces.Dict({"name": spaces.Text(8), "ok": spaces.Discrete(3),
+                       "path": spaces.Tuple((spaces.Sequence(spaces.Discrete(2)),))})
+    with pytest.raises(ValueError) as err:
+        check_spaces(obs, spaces.Text(4))
+    assert str(err.value).split("; ")[0] == (
+        "observation_space['name'] is a Text, which netrl cannot carry: its leaves must be Box, Discrete, "
+        "MultiDiscrete or MultiBinary spaces within Tuple and Dict spaces (encode the text as a Box or MultiDiscrete "
+        "of character codes)")
+    assert "observation_space['path'][0] is a Sequence" in str(err.value)
+    assert "action_space is a Text; netrl carries Box, Discrete, MultiDiscrete and MultiBinary" in str(err.value)
+    assert "'ok'" not in str(err.value)
 
 
 def test_workers_started_from_one_seeded_config_collect_different_but_reproducible_data(tmp_path: Path) -> None:

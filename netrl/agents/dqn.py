@@ -1,0 +1,275 @@
+"""Double DQN with a dueling head, for discrete actions, in one file.
+
+Mnih et al., "Human-level control through deep reinforcement learning" (2015); van Hasselt et al., "Deep
+Reinforcement Learning with Double Q-learning" (2016); Wang et al., "Dueling Network Architectures" (2016). Read
+:meth:`DQNAgent.train` against Algorithm 1 of the DQN paper with the double-DQN target::
+
+    y = r + gamma * (1 - terminated) * Q_target(s', argmax_a' Q(s', a'))      a' among the actions s' allows
+
+Actions: ``Discrete``, and ``MultiDiscrete`` / ``MultiBinary`` as independent branches (Tavakoli et al., "Action
+Branching Architectures", 2018): one dueling advantage head per action dimension over a shared value, each branch
+trained towards the same target, whose next-state value is the mean over branches of each branch's double-DQN value.
+With one branch this is exactly double DQN.
+
+Action masks (Gymnasium's and PettingZoo's convention, TorchRL's key): a ``Dict`` observation with an
+``"action_mask"`` entry, one 0/1 per choice (``n`` for ``Discrete(n)``, ``sum(nvec)`` for ``MultiDiscrete``). The
+actor never picks a masked action, exploring included (it samples among the allowed ones), and the target's argmax
+runs over the *next* state's allowed actions. The mask is not an input of the Q network.
+
+Deviations, all common practice (SB3, CleanRL): Huber loss and gradients clipped to norm 10; a hard target copy
+every ``target_update_interval`` training steps; epsilon decays linearly over *training* steps (the agent sees no env
+steps). Epsilon is a buffer of the actor, so the workers get the current one with each weight version; test
+episodes act greedily. ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from netrl.actor import ActorModule
+from netrl.agents.base import TrainingAgent
+from netrl.samples import Batch
+
+__all__ = ["MASK_KEY", "DQNActor", "DQNAgent", "DuelingQ", "ObsEncoder", "action_branches", "is_discrete"]
+
+MASK_KEY = "action_mask"
+MAX_GRAD_NORM = 10.0  # SB3's DQN default
+
+
+def is_discrete(space: gymnasium.Space) -> bool:
+    """Whether :class:`DQNAgent` takes ``space`` as its action space."""
+    return isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete, gymnasium.spaces.MultiBinary))
+
+
+def action_branches(space: gymnasium.Space) -> tuple[list[int], np.ndarray]:
+    """The number of choices of each action dimension, and the value of each dimension's first choice."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return [int(space.n)], np.array([int(space.start)], np.int64)
+    if isinstance(space, gymnasium.spaces.MultiDiscrete):
+        return [int(n) for n in space.nvec.reshape(-1)], np.asarray(space.start, np.int64).reshape(-1)
+    if isinstance(space, gymnasium.spaces.MultiBinary):
+        return [2] * int(np.prod(space.shape)), np.zeros(int(np.prod(space.shape)), np.int64)
+    raise ValueError(f"DQN needs Discrete, MultiDiscrete or MultiBinary actions (got {space}); for Box actions use "
+                     "SACAgent")
+
+
+def _mask_problem(space: gymnasium.spaces.Dict, width: int) -> str | None:
+    mask = space.spaces[MASK_KEY]
+    if not isinstance(mask, (gymnasium.spaces.MultiBinary, gymnasium.spaces.Box)) or mask.shape != (width,):
+        return (f'observation_space["{MASK_KEY}"] is {mask}; it must be a MultiBinary({width}) or a Box of shape '
+                f"({width},): one 0/1 per choice of the action space")
+    return None
+
+
+class ObsEncoder(nn.Module):
+    """Every observation leaf but the action mask, flattened into one float vector: a ``Box`` as it is, a
+    ``Discrete`` or ``MultiDiscrete`` leaf one-hot (an index is not a magnitude), a ``MultiBinary`` leaf as 0/1."""
+
+    def __init__(self, space: gymnasium.Space) -> None:
+        super().__init__()
+        self.leaves: list[tuple[tuple[str | int, ...], str, list[int], list[int]]] = []  # path, kind, sizes, starts
+        self._add(space, ())
+        if not self.leaves:
+            raise ValueError(f"observation_space {space} has no leaf besides the action mask for the Q network to see")
+        self.dim = sum(sum(sizes) for _, _, sizes, _ in self.leaves)
+
+    def _add(self, space: gymnasium.Space, path: tuple[str | int, ...]) -> None:
+        name = "observation_space" + "".join(f"[{p!r}]" for p in path)
+        if isinstance(space, gymnasium.spaces.Dict):
+            for key, sub in space.spaces.items():
+                if not (path == () and key == MASK_KEY):
+                    self._add(sub, (*path, key))
+        elif isinstance(space, gymnasium.spaces.Tuple):
+            for i, sub in enumerate(space.spaces):
+                self._add(sub, (*path, i))
+        elif isinstance(space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary)):
+            self.leaves.append((path, "flat", [int(np.prod(space.shape))], [0]))
+        elif isinstance(space, gymnasium.spaces.Discrete):
+            self.leaves.append((path, "onehot", [int(space.n)], [int(space.start)]))
+        elif isinstance(space, gymnasium.spaces.MultiDiscrete):
+            self.leaves.append((path, "onehot", [int(n) for n in space.nvec.reshape(-1)],
+                                [int(s) for s in np.asarray(space.start).reshape(-1)]))
+        else:
+            raise ValueError(f"{name} is a {type(space).__name__}, which DQN cannot encode: use Box, Discrete, "
+                             "MultiDiscrete or MultiBinary leaves in Dict and Tuple spaces")
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        parts = []
+        for path, kind, sizes, starts in self.leaves:
+            x = obs
+            for p in path:
+                x = x[p]
+            x = x.reshape(x.shape[0], -1)
+            if kind == "flat":
+                parts.append(x.float())
+            else:
+                for j, (n, start) in enumerate(zip(sizes, starts, strict=True)):
+                    parts.append(F.one_hot(x[:, j].long() - start, n).float())
+        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+
+class DuelingQ(nn.Module):
+    """``Q(s, .)`` for every choice of every branch, ``(batch, sum(sizes))``: a shared value plus each branch's
+    advantages less their mean (Wang et al.'s choice over the max: it trains more stably)."""
+
+    def __init__(self, observation_space: gymnasium.Space, sizes: Sequence[int], hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        self.encoder = ObsEncoder(observation_space)
+        layers: list[nn.Module] = []
+        width = self.encoder.dim
+        for h in hidden_sizes:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        self.trunk = nn.Sequential(*layers)
+        self.value = nn.Linear(width, 1)
+        self.advantage = nn.Linear(width, sum(sizes))
+        self.sizes = list(sizes)
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        h = self.trunk(self.encoder(obs))
+        adv = self.advantage(h)
+        if len(self.sizes) == 1:
+            return self.value(h) + adv - adv.mean(-1, keepdim=True)
+        parts = [a - a.mean(-1, keepdim=True) for a in torch.split(adv, self.sizes, -1)]
+        return self.value(h) + torch.cat(parts, -1)
+
+
+def action_mask(obs: Any) -> torch.Tensor | None:
+    """The batch's action mask as booleans, or None when the observations carry none."""
+    if isinstance(obs, dict) and MASK_KEY in obs:
+        return obs[MASK_KEY].reshape(obs[MASK_KEY].shape[0], -1) != 0
+    return None
+
+
+def greedy(q: torch.Tensor, mask: torch.Tensor | None, sizes: Sequence[int]) -> torch.Tensor:
+    """Each branch's best allowed choice, ``(batch, branches)``."""
+    if mask is not None:
+        q = q.masked_fill(~mask, -torch.inf)  # a masked choice can never be the argmax
+    return torch.stack([part.argmax(-1) for part in torch.split(q, list(sizes), -1)], -1)
+
+
+def pick(q: torch.Tensor, choice: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``q`` of each branch's ``choice``, ``(batch, branches)``."""
+    return q.gather(1, choice + offsets)
+
+
+class DQNActor(ActorModule):
+    """Epsilon-greedy over a dueling Q network; ``epsilon`` is a buffer, so it travels with the weights."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__(observation_space, action_space)
+        self.sizes, starts = action_branches(action_space)
+        if isinstance(observation_space, gymnasium.spaces.Dict) and MASK_KEY in observation_space.spaces:
+            problem = _mask_problem(observation_space, sum(self.sizes))
+            if problem:
+                raise ValueError(problem)
+        self.q = DuelingQ(observation_space, self.sizes, hidden_sizes)
+        self.epsilon: torch.Tensor
+        self.register_buffer("epsilon", torch.tensor(1.0))
+        self._starts = starts
+        self._shape = action_space.shape or ()
+        self._dtype = action_space.dtype
+
+    def explore(self, mask: torch.Tensor | None, batch: int) -> torch.Tensor:
+        """A uniformly random allowed choice per branch, ``(batch, branches)``."""
+        if mask is None:
+            return torch.stack([torch.randint(n, (batch,), device=self.epsilon.device) for n in self.sizes], -1)
+        parts = torch.split(mask, self.sizes, -1)
+        return torch.stack([torch.multinomial(part.float(), 1).squeeze(-1) for part in parts], -1)
+
+    def act_batch(self, obs: Any, test: bool = False) -> np.ndarray:
+        """Actions for a batch of observations, ``(batch, *action_space.shape)``."""
+        q = self.q(obs)
+        mask = action_mask(obs)
+        if mask is not None:
+            for b, part in enumerate(torch.split(mask, self.sizes, -1)):
+                empty = ~part.any(-1)
+                if bool(empty.any()):
+                    raise ValueError(f'the "{MASK_KEY}" of observation {int(empty.nonzero()[0])} allows no action in '
+                                     f"action dimension {b}: an env must allow at least one action per dimension")
+        choice = greedy(q, mask, self.sizes)
+        if not test:
+            explore = torch.rand(q.shape[0], device=q.device) < self.epsilon  # each env explores on its own
+            if bool(explore.any()):
+                choice = torch.where(explore[:, None], self.explore(mask, q.shape[0]), choice)
+        actions = choice.cpu().numpy() + self._starts
+        return actions.reshape(q.shape[0], *self._shape).astype(self._dtype)
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        return self.act_batch(obs, test)  # one action per observation: act_ unwraps a batch of one (netrl.actor)
+
+
+class DQNAgent(TrainingAgent):
+    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s ``agent``."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
+                 hidden_sizes: Sequence[int] = (256, 256), gamma: float = 0.99, lr: float = 1e-3,
+                 target_update_interval: int = 128, exploration_initial_eps: float = 1.0,
+                 exploration_final_eps: float = 0.04, exploration_steps: int = 4000) -> None:
+        super().__init__(observation_space, action_space, device)
+        self.actor = DQNActor(observation_space, action_space, hidden_sizes).to(device)
+        self.q_target = copy.deepcopy(self.actor.q).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.actor.q.parameters(), lr=lr)
+        self.gamma, self.target_update_interval = gamma, target_update_interval
+        self.eps_initial, self.eps_final = exploration_initial_eps, exploration_final_eps
+        self.eps_steps = exploration_steps
+        self.lr = lr
+        self.sizes = self.actor.sizes
+        self.starts = torch.as_tensor(self.actor._starts, device=device)
+        self.offsets = torch.as_tensor(np.cumsum([0, *self.sizes[:-1]]), device=device)
+        self.steps = torch.zeros((), dtype=torch.int64)  # a tensor: a training step that goes non-finite undoes it
+        self.actor.epsilon.fill_(exploration_initial_eps)
+
+    def get_actor(self) -> ActorModule:
+        return self.actor
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        o, a, r, o2, terminated = batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated
+        n = r.shape[0]
+        choice = a.reshape(n, -1).long() - self.starts  # stored actions are values; the heads index choices
+
+        with torch.no_grad():
+            # Double DQN: the online network picks the next action among those the NEXT state allows, the target
+            # network values it. The pick is allowed, so no -inf from the mask reaches the target.
+            a2 = greedy(self.actor.q(o2), action_mask(o2), self.sizes)
+            q2 = pick(self.q_target(o2), a2, self.offsets).mean(-1)
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            y = r + self.gamma * (1.0 - terminated) * q2
+
+        q = pick(self.actor.q(o), choice, self.offsets)  # (batch, branches)
+        per_sample = F.smooth_l1_loss(q, y[:, None].expand_as(q), reduction="none").mean(-1)
+        loss = (per_sample * batch.weight).mean() if batch.weight is not None else per_sample.mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        nn.utils.clip_grad_norm_(self.actor.q.parameters(), MAX_GRAD_NORM)
+        self.optimizer.step()
+
+        self.steps += 1
+        steps = int(self.steps)
+        if steps % self.target_update_interval == 0:
+            self.q_target.load_state_dict(self.actor.q.state_dict())
+        # Linear decay over training steps; the workers see it with the next weight version.
+        fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
+        self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))
+        return {"loss_q": loss.item(), "q": q.mean().item(), "epsilon": float(self.actor.epsilon)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"actor": self.actor.state_dict(), "q_target": self.q_target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "steps": self.steps.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.q_target.load_state_dict(state["q_target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps.copy_(state["steps"])
+        for group in self.optimizer.param_groups:  # the learning rate configured now wins over the checkpoint's
+            group["lr"] = self.lr
