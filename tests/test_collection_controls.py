@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 
+from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs.gym import GenericGymEnv
 from netrl.local import run_local
@@ -56,7 +58,7 @@ def test_training_stops_at_total_frames_and_the_worker_acts_at_random_until_the_
     # the first wish (start_training + worker_lead = 150 samples) came while the trainer held none: all random;
     # every later action is the actor's
     assert CountingActor.calls == 400 - 150
-    assert worker.init_random_frames == 0  # for good
+    assert worker.random_frames is not None and worker.random_frames.done
 
 
 def test_a_vector_worker_acts_at_random_in_all_its_envs_until_the_trainer_holds_its_frames() -> None:
@@ -113,3 +115,68 @@ def test_random_actions_are_reproducible_per_seed_and_within_the_action_space() 
 def test_a_negative_init_random_frames_is_refused() -> None:
     with pytest.raises(ValueError, match=r"init_random_frames must be >= 0 \(got -5\)"):
         RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), MLPActor, init_random_frames=-5)
+
+
+class MaskedEnv(gymnasium.Env):
+    """Actions of ``action_space`` with an action mask that allows a different few each step."""
+
+    def __init__(self, action_space: gymnasium.Space) -> None:
+        self.action_space = action_space
+        width = int(action_space.n) if isinstance(action_space, gymnasium.spaces.Discrete) \
+            else int(np.sum(action_space.nvec))
+        self.observation_space = gymnasium.spaces.Dict({
+            "x": gymnasium.spaces.Box(-1, 1, (2,), np.float32), "action_mask": gymnasium.spaces.MultiBinary(width)})
+        self.rng = np.random.default_rng(0)
+        self.taken: list[tuple[Any, np.ndarray]] = []  # (action, the mask it was chosen under)
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        mask = np.zeros(self.observation_space["action_mask"].n, np.int8)
+        start = 0
+        sizes = [self.action_space.n] if isinstance(self.action_space, gymnasium.spaces.Discrete) \
+            else list(self.action_space.nvec)
+        for n in sizes:  # one or two allowed choices per dimension
+            mask[start + self.rng.choice(int(n), size=self.rng.integers(1, 3), replace=False)] = 1
+            start += int(n)
+        self.mask = mask
+        return {"x": np.zeros(2, np.float32), "action_mask": mask}
+
+    def reset(self, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.taken.append((np.array(action), self.mask))
+        return self._obs(), 0.0, False, len(self.taken) % 25 == 0, {}
+
+
+class FirstAllowed(ActorModule):
+    def act(self, obs: Any, test: bool = False) -> Any:
+        return np.zeros((len(obs["x"]), *self.action_space.shape), self.action_space.dtype)
+
+
+@pytest.mark.parametrize("space", [gymnasium.spaces.Discrete(6, start=2), gymnasium.spaces.MultiDiscrete([4, 3])])
+def test_random_actions_keep_to_the_action_mask(space: gymnasium.Space) -> None:
+    env = MaskedEnv(space)
+    worker = RolloutWorker(lambda: env, FirstAllowed, init_random_frames=10**6, seed=4, env_timeout_factor=0)
+    worker.local_packets = []
+    try:
+        for _ in range(4):
+            worker.run_episode()
+    finally:
+        worker.close()
+    assert len(env.taken) == 100
+    starts = np.ravel(np.asarray(space.start))
+    sizes = [space.n] if isinstance(space, gymnasium.spaces.Discrete) else list(space.nvec)
+    for action, mask in env.taken:
+        offsets = np.cumsum([0, *sizes[:-1]]) + (np.ravel(action) - starts)  # each dimension's entry in the mask
+        assert mask[offsets].all(), (action, mask)
+    assert len({tuple(np.ravel(a)) for a, _ in env.taken}) > 3  # random, not one fixed allowed action
+
+
+def test_a_mask_that_allows_no_action_stops_random_actions_with_the_reason() -> None:
+    from netrl.worker.random_frames import RandomFrames
+
+    frames = RandomFrames(10, gymnasium.spaces.MultiDiscrete([2, 3]), 0, "w1")
+    assert frames.actions({"action_mask": np.array([1, 0, 0, 1, 0])}).tolist() in ([0, 1],)
+    with pytest.raises(ValueError, match=r'worker w1: the observation\'s "action_mask" allows no action in action '
+                                         r"dimension 1, so no random action \(worker.init_random_frames\)"):
+        frames.actions({"action_mask": np.array([1, 1, 0, 0, 0])})

@@ -37,7 +37,7 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
             return None
         w._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
         version = w.version  # the version that chooses this action
-        act = None if test else w.random_actions()  # worker.init_random_frames
+        act = None if test else w.random_actions(obs)  # worker.init_random_frames
         if act is None:
             act = w.actor.act_(w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test=test)
             if not w.actor_checked:  # (also when random actions came first)

@@ -216,7 +216,7 @@ class VectorEnvs:
         """``n`` envs' actions: random ones for training episodes while worker.init_random_frames asks for them,
         else the actor's (its first batch checked, also when random ones came first)."""
         w = self.worker
-        acts = None if test else w.random_actions(n)
+        acts = None if test else w.random_actions(obs, n)
         if acts is not None:
             return np.asarray(acts)
         acts = np.asarray(w.actor.act_(obs, test=test, batch=True))

@@ -45,6 +45,7 @@ from netrl.worker.link import WorkerLink
 from netrl.worker.model_files import load_model_file, save_model_file
 from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
+from netrl.worker.random_frames import RandomFrames
 from netrl.worker.setup import worker_from_config
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import WeightReceiver
@@ -183,8 +184,8 @@ class RolloutWorker:
         if init_random_frames < 0:
             raise ValueError(f"init_random_frames must be >= 0 (got {init_random_frames})")
         self.init_random_frames = init_random_frames
-        self.trainer_samples: int | None = None  # the samples the trainer holds, as last told (see random_actions)
-        self._random_source: Any = None  # the action space random actions come from, seeded on first use
+        self.trainer_samples: int | None = None  # the trainer's samples, from the single-process mode (local.py)
+        self.random_frames: RandomFrames | None = None  # random actions until the trainer holds init_random_frames
         self.actor_checked = False  # the actor's first action was checked (random ones may come first)
 
     @classmethod
@@ -411,30 +412,21 @@ class RolloutWorker:
     def packets_due(self) -> bool:
         return self.packets.due() if self.vec is None else self.vec.due()
 
-    def random_actions(self, n: int | None = None) -> Any | None:
-        """A uniformly random action (``n`` of them, stacked, for a vector worker's training episodes) while the
-        trainer holds fewer than ``init_random_frames`` samples; None once it holds them (for good: a trainer
-        restarted with fewer does not undo it), and always for a standalone worker (no trainer to ask). The caller
-        asks only for training episodes: a test episode shows the policy."""
+    def random_actions(self, obs: Any, n: int | None = None) -> Any | None:
+        """Random actions for ``obs`` (``n`` observations of a vector step) while the trainer holds fewer than
+        ``init_random_frames`` samples, else None: the actor chooses (:mod:`netrl.worker.random_frames`). Never for
+        a standalone worker (no trainer to ask); the caller never asks for test episodes, which show the policy."""
         if not self.init_random_frames or self.standalone:
             return None
-        if self.net is not None:  # the server says it in every PACE, and in the heartbeats of an idle link
-            told = [t for t in (self.net.trainer_samples, self.net.link.server_stats.get("trainer_samples"))
-                    if type(t) is int]
-            self.trainer_samples = max(told, default=self.trainer_samples)
-        if self.trainer_samples is not None and self.trainer_samples >= self.init_random_frames:
-            log.info("worker %s: the trainer holds %d samples (worker.init_random_frames is %d): acting with the "
-                     "policy from now on", self.worker_id, self.trainer_samples, self.init_random_frames)
-            self.init_random_frames = 0
+        if self.random_frames is None:
+            self.random_frames = RandomFrames(self.init_random_frames, self.action_space, self.seed, self.worker_id)
+        if self.random_frames.done:  # for good
             return None
-        if self._random_source is None:  # this worker's seed: reproducible, and unlike other workers'
-            self._random_source = copy.deepcopy(self.action_space)
-            self._random_source.seed(self.seed)
-            log.info("worker %s acts at random until the trainer holds %d samples (worker.init_random_frames)",
-                     self.worker_id, self.init_random_frames)
-        if n is None:
-            return self._random_source.sample()
-        return np.stack([self._random_source.sample() for _ in range(n)])
+        if self.net is not None:
+            self.random_frames.told(self.net.trainer_samples, self.net.link.server_stats.get("trainer_samples"))
+        elif self.trainer_samples is not None:  # the single-process mode's count
+            self.random_frames.told(self.trainer_samples)
+        return None if self.random_frames.done else self.random_frames.actions(obs, n)
 
     def _episode_done(self, stats: EpisodeStats) -> None:
         self.episodes_done += 1
