@@ -52,14 +52,16 @@ class FakeTrainer(Peer):
                                                              "wanted": wanted}))
 
     def take(self) -> None:
+        """What has arrived (waiting up to 50 ms for a first message): a worker that streams never leaves a gap."""
         self._beat()
-        while (msg := self.recv(0.05)) is not None:
-            self._beat()
+        msg = self.recv(0.05)
+        while msg is not None:
             if msg.type is MsgType.BUNDLE:
                 self.send(Message(MsgType.ACK, "trainer", body={"seqs": [msg.seq]}))
                 for part in split_bundle(msg):
                     buf = buffer_from_message(decode(part))
                     self.actions += list(buf.act[~(buf.reset | buf.context)])
+            msg = self.recv(0)
 
     def _beat(self) -> None:
         if time.monotonic() - self.beat > 0.1:  # a silent peer is lost after 1 s (NET), even while bundles stream in
