@@ -202,9 +202,11 @@ def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
     each ran under the policies of those 1,600 steps, so a crossing of the training returns lags by up to 1,400 steps
     more than with one env. Every VECTOR_EVAL_EVERY env steps (the worker's episodes CSV counts all its envs) the
     worker's newest policy file plays VECTOR_EVAL_EPISODES deterministic episodes; the run is done when their mean
-    reaches THRESHOLD. The training-return crossing (first_crossing) is reported beside it."""
+    reaches THRESHOLD. Env steps are counted by the server (its status port: the samples it accepted from the worker),
+    since the CSV moves only when episodes end. The training-return crossing (first_crossing) is reported beside it."""
     import gymnasium
 
+    from netrl.monitor.status import query_status
     from netrl.storage.weight_files import read_weights_file
 
     name = f"envs{num_envs}-seed{seed}"
@@ -226,7 +228,10 @@ def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
         while True:
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"a pipeline process exited early; see {log_path}")
-            steps = env_steps(episodes)
+            try:
+                steps = sum(int(w["samples"]) for w in query_status(cfg.server.status_port, 2.0)["workers"])
+            except Exception:  # the server is not listening yet
+                steps = 0
             if steps >= next_eval and policy.exists():
                 state, _ = read_weights_file(policy)
                 actor.load_state_dict(state)
