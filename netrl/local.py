@@ -57,6 +57,7 @@ class LocalSource:
 
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         self.wanted = wanted
+        self.worker.trainer_samples = samples  # what a networked worker hears from the server
 
     def taken_version(self) -> int:
         return -1  # one process, one trainer: no other weights share its numbers
@@ -68,7 +69,7 @@ def run_local(training: TrainingOffline, worker: RolloutWorker, stop: threading.
     source = LocalSource(worker)
     training.start(source)
     try:
-        while training.epoch < training.epochs and not stop.is_set():
+        while training.epoch < training.epochs and not stop.is_set() and not training.frames_done():
             for stats in training.run_epoch(source, stop):
                 if on_round is not None:
                     on_round(stats)

@@ -12,6 +12,9 @@ single-process baseline, a local worker. Calling sequence::
 Pacing (the update-to-data ratio): training pauses while ``trained_steps >= max_training_steps_per_env_step *
 samples`` (tmrl's meaning), and the loop tells the source how many samples it wants in total,
 ``max(start_training, trained_steps / ratio) + worker_lead``, so throttled workers run no further ahead.
+
+With ``total_frames`` set (TorchRL's collectors' name), the loop stops once that many samples have arrived: an epoch
+cut short yields the round under way, and :meth:`TrainingOffline.frames_done` tells the caller to save and finish.
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ class _RoundStats:
     sample_s: float = 0.0
     train_s: float = 0.0
 
+    def add_step(self, metrics: dict[str, Any]) -> None:
+        self.steps += 1
+        for k, v in metrics.items():
+            self.metric_sums[k] = self.metric_sums.get(k, 0.0) + float(v)
+
     def add_lags(self, lags: np.ndarray) -> None:
         if lags.size:
             low, high = int(lags.min()), int(lags.max())
@@ -166,6 +174,7 @@ class TrainingOffline:
     seed: int | None = None
     max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.safeguards)
     max_nonfinite_steps: int = 100  # non-finite training steps in a row, each undone, before TrainingDiverged (0: off)
+    total_frames: int | None = None  # stop once this many samples have arrived (None: epochs decide)
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -286,7 +295,12 @@ class TrainingOffline:
     def wanted(self) -> int:
         """Total samples the trainer wants by now: the pacing target for throttled workers."""
         paced = math.ceil(self.total_updates / self.max_training_steps_per_env_step)
-        return max(self.start_training, paced) + self.worker_lead
+        wanted = max(self.start_training, paced) + self.worker_lead
+        return wanted if self.total_frames is None else min(wanted, self.total_frames)  # none beyond the last
+
+    def frames_done(self) -> bool:
+        """Whether ``total_frames`` samples have arrived: training is over."""
+        return self.total_frames is not None and self.total_samples >= self.total_frames
 
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
@@ -392,9 +406,12 @@ class TrainingOffline:
                 self._wait_until_ready(source, stop)
                 if stop.is_set():
                     return
-                renumbered = self._renumber(source)  # checked every step: it costs a method call
-                if (not renumbered and self.total_updates % self.update_model_interval == 0 and self.total_updates > 0
-                        and self.published_updates != self.total_updates):  # (not again after a step was undone)
+                if self.frames_done():  # the round so far is reported; the caller saves
+                    self.safeguards.settle(self.total_updates)
+                    yield self._round_summary(rnd)
+                    self._round = _RoundStats()
+                    return
+                if not self._renumber(source) and self._publish_due():  # renumber: checked every step (cheap)
                     self.publish(source)
                 if profiler:
                     profiler.enable()
@@ -414,9 +431,7 @@ class TrainingOffline:
                 if not self.safeguards.accept(metrics, self.memory, self.total_updates + 1):
                     continue
                 self.total_updates += 1
-                self._round.steps += 1
-                for k, v in metrics.items():
-                    self._round.metric_sums[k] = self._round.metric_sums.get(k, 0.0) + float(v)
+                self._round.add_step(metrics)
                 self._report(source)
             self.safeguards.settle(self.total_updates)  # a round ends on a finite state, which a save may keep
             yield self._round_summary(rnd)
@@ -427,12 +442,17 @@ class TrainingOffline:
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(20)
             log.info("profile of epoch %d:\n%s", self.epoch, out.getvalue())
 
+    def _publish_due(self) -> bool:
+        """Every ``update_model_interval`` training steps (not again after a step was undone)."""
+        return (self.total_updates % self.update_model_interval == 0 and self.total_updates > 0
+                and self.published_updates != self.total_updates)
+
     def _wait_until_ready(self, source: SampleSource, stop: threading.Event) -> None:
         if self._ready():
             return
         t0 = time.monotonic()
         self._report(source, force=True)
-        while not self._ready() and not stop.is_set():
+        while not self._ready() and not stop.is_set() and not self.frames_done():
             source.wait(self.sleep_between_buffer_retrieval_attempts)
             self._renumber(source)
             if self.ingest(source):

@@ -16,6 +16,12 @@ a mean return >= 475 over 20 greedy episodes within 100,000 env steps and within
 
 Usage: .venv/bin/python scripts/bench_learning.py [--max-steps 15000] [--seed 1]
        .venv/bin/python scripts/bench_learning.py --row cartpole [--seeds 1 2 3]
+
+``--vector`` runs another comparison instead (issue 31): Pendulum-v1 with one worker of ``worker.num_envs`` 8 envs
+against one of a single env, three processes each, side by side for each of 3 seeds; each is judged on its policy
+(every 500 env steps, the worker's newest policy plays 10 deterministic episodes; see run_pipeline_envs); target:
+the median env steps to a mean return >= -200 of num_envs 8 within 1.3x those of num_envs 1.
+       .venv/bin/python scripts/bench_learning.py --vector [--num-envs 8] [--seeds 1,2,3] [--max-steps 30000]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import csv
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -130,6 +137,8 @@ def run_single(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
 
 
 def main() -> int:
+    if "--vector" in sys.argv[1:]:  # a benchmark of its own: see main_vector
+        return main_vector()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=None,
                         help="give up after this many env steps (default: 15,000; --row cartpole: 100,000)")
@@ -160,6 +169,120 @@ def main() -> int:
         print(f"pipeline/single wall time: {ratio:.2f}x (target <= 1.5x, pipeline <= 10,000 steps): "
               f"{'met' if ok else 'NOT met'}")
     print(json.dumps({"pipeline": pipeline, "single": single}))
+    return 0
+
+
+# -- --vector: Pendulum-v1 with worker.num_envs 8 against num_envs 1 (issue 31) ------------------------------------
+
+VECTOR_TARGET = 1.3  # num_envs 8 reaches -200 within this many times the env steps of num_envs 1 (median of seeds)
+
+
+VECTOR_EVAL_EVERY = 500  # env steps between evaluations of the worker's newest policy
+VECTOR_EVAL_EPISODES = 10
+
+
+def evaluate_policy(actor: Any, env: Any) -> float:
+    """Mean return of VECTOR_EVAL_EPISODES deterministic episodes (seeds 1000...) of ``actor`` on ``env``."""
+    returns = []
+    for k in range(VECTOR_EVAL_EPISODES):
+        obs, _ = env.reset(seed=1000 + k)
+        done, ret = False, 0.0
+        while not done:
+            obs, r, terminated, truncated, _ = env.step(actor.act_(obs, test=True))
+            ret, done = ret + float(r), terminated or truncated
+        returns.append(ret)
+    return float(sum(returns) / len(returns))
+
+
+def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
+                      vectorization: str = "sync") -> dict[str, Any] | None:
+    """The three-process pipeline as in run_pipeline, with one worker of ``num_envs`` envs (worker.num_envs).
+
+    Judged on the policy, not on training episodes: with 8 envs, 8 episodes end together every 1,600 env steps, and
+    each ran under the policies of those 1,600 steps, so a crossing of the training returns lags by up to 1,400 steps
+    more than with one env. Every VECTOR_EVAL_EVERY env steps (the worker's episodes CSV counts all its envs) the
+    worker's newest policy file plays VECTOR_EVAL_EPISODES deterministic episodes; the run is done when their mean
+    reaches THRESHOLD. Env steps are counted by the server (its status port: the samples it accepted from the worker),
+    since the CSV moves only when episodes end. The training-return crossing (first_crossing) is reported beside it."""
+    import gymnasium
+
+    from netrl.monitor.status import query_status
+    from netrl.storage.weight_files import read_weights_file
+
+    name = f"envs{num_envs}-seed{seed}"
+    data = config_to_dict(bench_config(tmp / name, seed))
+    if num_envs != 1:  # (a netrl without the key runs the num_envs = 1 row)
+        data["worker"].update(num_envs=num_envs, vectorization=vectorization)
+    cfg = config_from_dict(data)
+    path = write_config(cfg, tmp / f"{name}.json")
+    episodes, policy = cfg.run_dir / "episodes_bench.csv", cfg.run_dir / "worker_policy_bench.pt"
+    env = gymnasium.make(cfg.env.id)
+    actor = make_pipeline(cfg).actor_module_cls(env.observation_space, env.action_space)
+    log_path = tmp / f"{name}.log"
+    logs = log_path.open("wb")
+    t0 = time.time()
+    procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
+             spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+    next_eval = VECTOR_EVAL_EVERY
+    try:
+        while True:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a pipeline process exited early; see {log_path}")
+            try:
+                steps = sum(int(w["samples"]) for w in query_status(cfg.server.status_port, 2.0)["workers"])
+            except Exception:  # the server is not listening yet
+                steps = 0
+            if steps >= next_eval and policy.exists():
+                state, _ = read_weights_file(policy)
+                actor.load_state_dict(state)
+                wall = time.time() - t0
+                score = evaluate_policy(actor, env)
+                print(f"  num_envs {num_envs}, seed {seed}: {steps} env steps, policy's mean {score:.1f}", flush=True)
+                if score >= THRESHOLD:
+                    return {"steps_to_-200": steps, "wall_s": round(wall, 1),
+                            "training_returns": first_crossing(episodes, t0)}
+                next_eval = steps + VECTOR_EVAL_EVERY
+            if steps >= max_steps:
+                return None
+            time.sleep(0.5)
+    finally:
+        stop_processes(procs)
+        env.close()
+
+
+def main_vector() -> int:
+    """``--vector``: for each seed, num_envs 1 and num_envs N (8) side by side; medians of the env steps to -200."""
+    parser = argparse.ArgumentParser(description="Pendulum-v1 to a mean return >= -200 with worker.num_envs N "
+                                     "against num_envs 1, three processes each, median over seeds")
+    parser.add_argument("--vector", action="store_true", required=True)
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--vectorization", choices=("sync", "async"), default="sync")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--max-steps", type=int, default=30_000, help="give up after this many env steps")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    runs: dict[int, list[dict[str, Any] | None]] = {1: [], args.num_envs: []}
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)  # the evaluations: as the roles, one thread each
+    with tempfile.TemporaryDirectory(prefix="netrl-bench-vector-") as d:
+        for seed in seeds:
+            for n in runs:
+                result = run_pipeline_envs(Path(d), seed, args.max_steps, n, args.vectorization)
+                runs[n].append(result)
+                print(f"seed {seed}, num_envs {n}: {result}", flush=True)
+    # a run that never got there counts as max_steps: the median stays honest about it
+    medians = {n: statistics.median([r["steps_to_-200"] if r else args.max_steps for r in rs])
+               for n, rs in runs.items()}
+    ratio = medians[args.num_envs] / medians[1]
+    print(f"{'num_envs':<10} {'median env steps to -200':>26} {'per seed':>30}")
+    for n, rs in runs.items():
+        per_seed = ", ".join(str(r["steps_to_-200"]) if r else f">{args.max_steps}" for r in rs)
+        print(f"{n:<10} {medians[n]:>26,.0f} {per_seed:>30}")
+    print(f"num_envs {args.num_envs} / num_envs 1: {ratio:.2f}x the env steps (target <= {VECTOR_TARGET}x): "
+          f"{'met' if ratio <= VECTOR_TARGET else 'NOT met'}")
+    print(json.dumps({"vector": {"num_envs": args.num_envs, "seeds": seeds,
+                                 "runs": {str(n): rs for n, rs in runs.items()},
+                                 "median_steps": {str(n): m for n, m in medians.items()}, "ratio": ratio}}))
     return 0
 
 

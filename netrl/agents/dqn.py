@@ -205,7 +205,7 @@ class DQNActor(ActorModule):
         return actions.reshape(q.shape[0], *self._shape).astype(self._dtype)
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        return self.act_batch(obs, test)[0]
+        return self.act_batch(obs, test)  # one action per observation: act_ unwraps a batch of one (netrl.actor)
 
 
 class DQNAgent(TrainingAgent):

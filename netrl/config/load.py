@@ -77,6 +77,11 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
                          f"worker.send_window_bytes ({cfg.worker.send_window_bytes}) must be <= "
                          f"worker.max_backlog_bytes ({cfg.worker.max_backlog_bytes}): what is in flight is kept in "
                          "the backlog until acknowledged"))
+    if (role in (None, "trainer") and cfg.trainer.total_frames is not None
+            and cfg.trainer.total_frames < cfg.trainer.start_training):
+        problems.append((("trainer.total_frames", "trainer.start_training"),
+                         f"trainer.total_frames ({cfg.trainer.total_frames}) must be >= trainer.start_training "
+                         f"({cfg.trainer.start_training}): training would stop before it starts"))
     if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is '

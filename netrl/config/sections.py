@@ -168,6 +168,10 @@ class WorkerConfig:
     vectorization: Literal["sync", "async"] = _f("sync", "how a worker with num_envs > 1 steps its envs: sync (one "
                                                  "after another in the worker) or async (a process per env, for "
                                                  "envs whose step is slow)")
+    init_random_frames: int = _f(0, "act uniformly at random from the action space until the trainer holds this "
+                                 "many samples (TorchRL's collectors' name; SB3's learning_starts), then with the "
+                                 "policy for good; never in test episodes (0: off, as random actions can be unsafe on "
+                                 "real hardware)", ge(0))
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,9 @@ class TrainerConfig:
     max_nonfinite_steps: int = _f(100, "training steps in a row whose losses or weights are not finite (each one "
                                   "skipped and undone) before the trainer stops with exit code 1 (0: no such "
                                   "guard, and no copy of the agent's state each step)", ge(0))
+    total_frames: int | None = _f(None, "training stops once this many env steps (samples) have arrived from all "
+                                  "workers together, with a final checkpoint and policy and exit code 0 (TorchRL's "
+                                  "collectors' name; null: no limit, trainer.epochs decides)", optional(ge(1)))
 
 
 @dataclass(frozen=True)

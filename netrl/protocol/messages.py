@@ -94,7 +94,8 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
                       "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
-    MsgType.PACE: {"allowance": (_INT, True)},
+    # trainer_samples: what the trainer holds as the allowance rises (a worker acts at random until it holds enough)
+    MsgType.PACE: {"allowance": (_INT, True), "trainer_samples": (_INT, False)},
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True),
                      "limits": ((dict,), False)},
     MsgType.STATUS: {"snapshot": ((dict,), False)},

@@ -266,5 +266,6 @@ class SampleIntake:
         wanted = self.progress["wanted"] - self.progress["samples"] - self.relay.on_the_way()
         for worker, allowance in self.peers.raised_allowances(wanted, IDLE_HEARTBEATS * self.net.heartbeat_interval_s):
             # kept and sent later if its queue is full (netrl.server.outbound)
-            self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance}))
+            self.send(worker, Message(MsgType.PACE, "server", body={"allowance": allowance,
+                                                                    "trainer_samples": self.progress["samples"]}))
             worker.granted(allowance)

@@ -118,7 +118,8 @@ class Trainer:
             max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
             device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
             stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
-            seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps)
+            seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps,
+            total_frames=t.total_frames)
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
@@ -176,11 +177,15 @@ class Trainer:
             if sample_log is not None:
                 sample_log.close()
             return
-        if training.epoch >= training.epochs:
-            log.warning("%s holds a finished run (%d of %d epochs): nothing to train. To train it further, raise "
-                        "the epochs (Python: TrainingOffline(epochs=...); config.json: trainer.epochs); to start a "
-                        "new run, choose another folder (Python: Trainer(run_dir=...); config.json: run_name)",
-                        self.run_dir, training.epoch, training.epochs)
+        if training.epoch >= training.epochs or training.frames_done():
+            done, setting = ((f"{training.epoch} of {int(training.epochs)} epochs", "epochs")
+                             if training.epoch >= training.epochs else
+                             (f"{training.total_samples} samples of total_frames {training.total_frames}",
+                              "total_frames"))
+            log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the %s "
+                        "(Python: TrainingOffline(%s=...); config.json: trainer.%s); to start a new run, choose "
+                        "another folder (Python: Trainer(run_dir=...); config.json: run_name)", self.run_dir, done,
+                        setting, setting, setting)
             if sample_log is not None:
                 sample_log.close()
             return
@@ -209,11 +214,15 @@ class Trainer:
         epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"  # tmrl's np.inf
         log.info("%s started: %s epochs x %d rounds x %d steps on %s", trainer_label(self.name), epochs,
                  training.rounds, training.steps, training.device)
-        while training.epoch < training.epochs and not stop.is_set():
+        while training.epoch < training.epochs and not stop.is_set() and not training.frames_done():
             for stats in training.run_epoch(net, stop):
                 self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"]})
             if not stop.is_set():
                 self._save()
+        if training.frames_done() and not stop.is_set():  # (saved just above)
+            log.info("%s finished: trainer.total_frames reached (%d env steps arrived from all workers together, of "
+                     "%d) after %d training steps", trainer_label(self.name), training.total_samples,
+                     training.total_frames, training.total_updates)
 
     def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
         """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is

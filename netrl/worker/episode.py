@@ -37,9 +37,12 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
             return None
         w._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
         version = w.version  # the version that chooses this action
-        act = w.actor.act_(w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test=test)
-        if not w._checked:
-            check_action(act, w.env.action_space, type(w.actor).__name__)
+        act = None if test else w.random_actions(obs)  # worker.init_random_frames
+        if act is None:
+            act = w.actor.act_(w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test=test)
+            if not w.actor_checked:  # (also when random actions came first)
+                check_action(act, w.env.action_space, type(w.actor).__name__)
+                w.actor_checked = True
         obs, rew, terminated, truncated, info = w.env_calls.call("step", w.env.step, act)
         if not w._checked:
             check_observation(obs, w.env.observation_space, "the observation from the env's first step()",

@@ -88,6 +88,7 @@ class WorkerLink(NetThread):
         self.allowance = 0
         self.pace_cond = threading.Condition()
         self.paced = False  # True once the server sent a PACE
+        self.trainer_samples: int | None = None  # what the trainer held at the newest PACE (see also server_stats)
         self.waiting_for_pace = False  # set by the control path while it waits for a larger allowance
         self.counts: collections.Counter[str] = collections.Counter()
         self.last_rejection = ""  # why the newest rejected packet was refused (the status line repeats it)
@@ -326,6 +327,7 @@ class WorkerLink(NetThread):
         elif msg.type is MsgType.PACE:
             with self.pace_cond:
                 self.allowance = max(self.allowance, msg.body["allowance"])
+                self.trainer_samples = msg.body.get("trainer_samples", self.trainer_samples)
                 self.paced = True
                 self.pace_cond.notify_all()
         else:

@@ -201,16 +201,30 @@ class VectorEnvs:
         if w.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([w.obs_preprocessor(row(obs, i)) for i in range(self.n)])
         if self.test.all() or not self.test.any():
-            return np.asarray(w.actor.act_(obs, test=bool(self.test[0]), batch=True))
+            return self._choose(obs, bool(self.test[0]), self.n)
         out: np.ndarray | None = None
         for flag in (False, True):
             idx = np.flatnonzero(self.test == flag)
-            part = np.asarray(w.actor.act_(tree_map(partial(_take, idx=idx), obs), test=flag, batch=True))
+            part = self._choose(tree_map(partial(_take, idx=idx), obs), flag, len(idx))
             if out is None:
                 out = np.empty((self.n, *part.shape[1:]), part.dtype)
             out[idx] = part
         assert out is not None
         return out
+
+    def _choose(self, obs: Any, test: bool, n: int) -> np.ndarray:
+        """``n`` envs' actions: random ones for training episodes while worker.init_random_frames asks for them,
+        else the actor's (its first batch checked, also when random ones came first)."""
+        w = self.worker
+        acts = None if test else w.random_actions(obs, n)
+        if acts is not None:
+            return np.asarray(acts)
+        acts = np.asarray(w.actor.act_(obs, test=test, batch=True))
+        if not w.actor_checked and self._checked:  # (the first step checks every env's action itself)
+            for i in range(n):
+                check_action(acts[i], w.action_space, f"{type(w.actor).__name__} (env {i})")
+            w.actor_checked = True
+        return acts
 
 
 def _own_copy(compressor: Callable[..., Any] | None, i: int) -> Callable[..., Any] | None:

@@ -45,6 +45,7 @@ from netrl.worker.link import WorkerLink
 from netrl.worker.model_files import load_model_file, save_model_file
 from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
+from netrl.worker.random_frames import RandomFrames
 from netrl.worker.setup import worker_from_config
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import WeightReceiver
@@ -91,6 +92,8 @@ class RolloutWorker:
         num_envs: envs this worker runs, stepped together in one Gymnasium vector env (:mod:`netrl.worker.vector`):
             the actor must take batches (see :mod:`netrl.actor`).
         vectorization: "sync" (the envs step one after another in this process) or "async" (a process per env).
+        init_random_frames: act uniformly at random from the action space until the trainer holds this many samples
+            (as the server tells; in test episodes and standalone, never); 0: off.
 
     The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
     which netrl does not take, so a call in that order would give every later value to the wrong parameter.
@@ -109,7 +112,7 @@ class RolloutWorker:
                  episode_log: str | None = None, keys: ClientKeys | None = None,
                  status_interval_s: float = 0.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
                  on_env_failure: Literal["stop", "reset"] = "stop", num_envs: int = 1,
-                 vectorization: Vectorization = "sync") -> None:
+                 vectorization: Vectorization = "sync", init_random_frames: int = 0) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1 (got {num_envs!r})")
         if vectorization not in ("sync", "async"):
@@ -178,6 +181,12 @@ class RolloutWorker:
         self._checked = False  # the first observations and action were checked against the spaces
         self.local_packets: list[Any] | None = None  # set by the single-process mode instead of a network
         self.episode_log_level = logging.INFO
+        if init_random_frames < 0:
+            raise ValueError(f"init_random_frames must be >= 0 (got {init_random_frames})")
+        self.init_random_frames = init_random_frames
+        self.trainer_samples: int | None = None  # the trainer's samples, from the single-process mode (local.py)
+        self.random_frames: RandomFrames | None = None  # random actions until the trainer holds init_random_frames
+        self.actor_checked = False  # the actor's first action was checked (random ones may come first)
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
@@ -402,6 +411,22 @@ class RolloutWorker:
 
     def packets_due(self) -> bool:
         return self.packets.due() if self.vec is None else self.vec.due()
+
+    def random_actions(self, obs: Any, n: int | None = None) -> Any | None:
+        """Random actions for ``obs`` (``n`` observations of a vector step) while the trainer holds fewer than
+        ``init_random_frames`` samples, else None: the actor chooses (:mod:`netrl.worker.random_frames`). Never for
+        a standalone worker (no trainer to ask); the caller never asks for test episodes, which show the policy."""
+        if not self.init_random_frames or self.standalone:
+            return None
+        if self.random_frames is None:
+            self.random_frames = RandomFrames(self.init_random_frames, self.action_space, self.seed, self.worker_id)
+        if self.random_frames.done:  # for good
+            return None
+        if self.net is not None:
+            self.random_frames.told(self.net.trainer_samples, self.net.link.server_stats.get("trainer_samples"))
+        elif self.trainer_samples is not None:  # the single-process mode's count
+            self.random_frames.told(self.trainer_samples)
+        return None if self.random_frames.done else self.random_frames.actions(obs, n)
 
     def _episode_done(self, stats: EpisodeStats) -> None:
         self.episodes_done += 1

@@ -739,3 +739,25 @@ def test_a_second_interrupt_during_a_save_starts_no_other_save(tmp_path: Path, l
     with pytest.raises(KeyboardInterrupt):
         make_trainer(tmp_path, epochs=2).run()  # the run folder was let go
     assert checkpoint.exists(tmp_path)
+
+
+def test_total_frames_ends_training_with_a_save_and_a_resumed_run_says_it_is_finished(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    trainer = make_trainer(tmp_path, epochs=1000)
+    trainer.training_cls = partial(trainer.training_cls, total_frames=40)  # packets of 5 samples
+    with caplog.at_level(logging.INFO):
+        trainer.run()
+    assert re.search(r"trainer finished: trainer\.total_frames reached \(40 env steps arrived from all workers "
+                     r"together, of 40\) after \d+ training steps", caplog.text)
+    state = checkpoint.load_state(tmp_path)
+    assert state is not None and state["total_samples"] == 40 and state["epoch"] == 0  # not the epochs: the frames
+    assert int(metrics(tmp_path)[-1]["samples"]) == 40  # the round it cut short is logged
+    assert f"policy saved to {tmp_path / 'policy.pt'}" in caplog.text
+    caplog.clear()
+    again = make_trainer(tmp_path, epochs=1000)
+    again.training_cls = partial(again.training_cls, total_frames=40)
+    with caplog.at_level(logging.WARNING):
+        again.run()
+    assert (f"{tmp_path} holds a finished run (40 samples of total_frames 40): nothing to train. To train it "
+            "further, raise the total_frames (Python: TrainingOffline(total_frames=...); config.json: "
+            "trainer.total_frames)") in caplog.text
