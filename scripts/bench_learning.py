@@ -42,6 +42,7 @@ from typing import Any
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch
+from benchmarks.common import env_steps
 
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
@@ -83,14 +84,6 @@ def first_crossing(episodes_csv: Path, t0: float) -> dict[str, Any] | None:
             if len(returns) >= WINDOW and sum(returns[-WINDOW:]) / WINDOW >= THRESHOLD:
                 return {"steps_to_-200": int(row["env_steps"]), "wall_s": round(float(row["time"]) - t0, 1)}
     return None
-
-
-def env_steps(episodes_csv: Path) -> int:
-    if not episodes_csv.exists():
-        return 0
-    with episodes_csv.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    return int(rows[-1]["env_steps"]) if rows else 0
 
 
 def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:

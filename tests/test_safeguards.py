@@ -21,6 +21,7 @@ from netrl.errors import NetrlError
 from netrl.samples import Batch, Buffer
 from netrl.training import TrainingOffline
 from netrl.util import partial
+from tests.fakes import ListSource
 
 OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
 ACT = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
@@ -36,29 +37,6 @@ def packet(seq: int, worker: str = "w", n: int = 40, field: str | None = None, v
     return Buffer(act=act, obs=obs, rew=rew, terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
                   reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64),
                   recv_version=1, worker=worker, seq=seq)
-
-
-class ListSource:
-    """Hands over its packets at the first fetch; keeps what is published, by version."""
-
-    def __init__(self, bufs: list[Buffer]) -> None:
-        self.bufs, self.published = bufs, {}  # type: list[Buffer], dict[int, dict[str, torch.Tensor]]
-
-    def fetch(self) -> list[Buffer]:
-        out, self.bufs = self.bufs, []
-        return out
-
-    def wait(self, timeout: float) -> None:
-        pass
-
-    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
-        self.published[version] = {k: v.clone() for k, v in actor.state_dict().items()}
-
-    def progress(self, *args: Any) -> None:
-        pass
-
-    def taken_version(self) -> int:
-        return -1
 
 
 def training(agent: Any = SACAgent, **kw: Any) -> TrainingOffline:

@@ -29,7 +29,7 @@ from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
-from tests.fakes import ACT, OBS
+from tests.fakes import ACT, OBS, ListSource
 
 
 def pendulum_training(**kw: object) -> tuple[TrainingOffline, RolloutWorker]:
@@ -167,29 +167,6 @@ def test_a_packet_the_memory_cannot_store_is_skipped_and_counted_not_fatal(caplo
     assert "packet 1 of worker w (5 samples) could not be stored and is skipped" in caplog.text
     assert "neither valid PNG nor JPEG" in caplog.text
     assert training.add(image_packet(None)) == 5 and len(training.memory) == 5  # the next one is stored
-
-
-class ListSource:
-    """A SampleSource that hands over a list of packets once, and keeps what was published, by version."""
-
-    def __init__(self, bufs: list[Buffer]) -> None:
-        self.bufs, self.published = bufs, {}  # type: dict[int, dict[str, torch.Tensor]]
-
-    def fetch(self) -> list[Buffer]:
-        out, self.bufs = self.bufs, []
-        return out
-
-    def wait(self, timeout: float) -> None:
-        pass
-
-    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
-        self.published[version] = {k: v.clone() for k, v in actor.state_dict().items()}
-
-    def progress(self, *args: Any) -> None:
-        pass
-
-    def taken_version(self) -> int:
-        return -1
 
 
 def vector_packet(n: int = 50, seq: int = 1) -> Buffer:

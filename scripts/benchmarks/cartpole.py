@@ -17,7 +17,6 @@ is a copy every 128 gradient steps (``target_update_interval`` 128). RL Zoo's ex
 
 from __future__ import annotations
 
-import csv
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import gymnasium
 import numpy as np
 import torch
 
+from benchmarks.common import env_steps
 from netrl.agents.dqn import DQNActor
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
@@ -72,14 +72,6 @@ def bench_config(tmp: Path, seed: int) -> Config:
     return config_from_dict(data)
 
 
-def logged_steps(episodes_csv: Path) -> int:
-    if not episodes_csv.exists():
-        return 0
-    with episodes_csv.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    return int(rows[-1]["env_steps"]) if rows else 0
-
-
 def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
     """netrl's server, trainer and worker as processes; None if they never reach THRESHOLD within max_steps."""
     cfg = bench_config(tmp / "pipeline", seed)
@@ -96,7 +88,7 @@ def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
         while True:
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"a pipeline process exited early; see {tmp / 'pipeline.log'}")
-            steps = logged_steps(episodes)
+            steps = env_steps(episodes)
             if steps >= next_eval and policy.exists():
                 state, _ = read_weights_file(policy)
                 actor.load_state_dict(state)

@@ -1,7 +1,8 @@
-"""Shared pieces of the benchmarks: synthetic packets and child processes."""
+"""Shared pieces of the benchmarks: synthetic packets, child processes and the episode logs they read."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -90,3 +91,12 @@ def kill(procs: Iterable[subprocess.Popen[str]]) -> None:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def env_steps(episodes_csv: Path) -> int:
+    """Env steps a worker's episodes CSV has logged so far (0 before its first episode)."""
+    if not episodes_csv.exists():
+        return 0
+    with episodes_csv.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return int(rows[-1]["env_steps"]) if rows else 0
