@@ -149,7 +149,7 @@ def run(pipeline: str, minutes: float, out: Path, seed: int, eval_episodes: int 
                 print(f"{(time.time() - t0) / 60:5.1f} min  env steps {int(eps[-1]['env_steps']):6d}  "
                       f"last 10 returns {np.mean([e['return'] for e in train]):8.2f}", flush=True)
     finally:
-        codes = stop_processes([worker, trainer, server], timeout=20)
+        codes = stop_processes([worker, trainer], timeout=20, then=[server])  # the server last: it acks the rest
         for f in logs.values():
             f.close()
     eps = read_episodes(episodes_csv)
