@@ -14,10 +14,12 @@ import pytest
 
 from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
+from netrl.limits import ValueLimits
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
+from netrl.safeguards import Safeguards
 from netrl.samples import Buffer
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
@@ -146,3 +148,15 @@ def test_extras_round_trip_the_wire_and_a_packet_without_them_has_none() -> None
     for name, col in back.extra.items():
         assert col.dtype == np.float32 and (col == buf.extra[name]).all()  # type: ignore[index]
     assert buffer_from_message(decode(encode(samples_message(sample_buffer(4), "w", "s", 1, 0)))).extra is None
+
+
+def test_the_training_loop_refuses_a_non_finite_extra_also_from_the_sample_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Safeguards check every packet the loop stores, those replayed from the sample log too (which no schema sees)
+    guards = Safeguards(ValueLimits(), agent=None, max_nonfinite_steps=0)
+    buf = with_extras()
+    buf.extra["state_value"][3] = -np.inf  # type: ignore[index]
+    with caplog.at_level(logging.WARNING):
+        assert guards.refuse(buf, new=False)
+    assert "extra[state_value] row 3 is -inf: values must be finite" in caplog.text
+    assert not guards.refuse(with_extras(), new=True) and guards.refused == 0
