@@ -4,12 +4,14 @@ store them as columns and hand them over in Batch.extra, which keeps the seven f
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from netrl.memory.dataset import save_dataset
 from netrl.memory.frames import FrameStackMemory
 from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, Buffer, BufferBuilder, concat_segments
@@ -107,3 +109,10 @@ def test_a_packet_whose_extras_differ_from_the_memorys_is_refused_and_leaves_it_
     with pytest.raises(ValueError, match=r"carries the extra outputs \['action_log_prob', 'state_value'\]; the memory "
                                          r"stores \[\]"):
         plain.append_buffer(packet(10, 10))
+
+
+def test_a_dataset_keeps_the_extras(tmp_path: Path) -> None:
+    save_dataset(tmp_path / "d.npz", packet(10, 0))
+    memory = ReplayMemory(memory_size=40, batch_size=16, seed=0, dataset_path=str(tmp_path / "d.npz"))
+    batch = memory.sample()
+    torch.testing.assert_close(batch.extra["state_value"], 10 * batch.act[:, 0])
