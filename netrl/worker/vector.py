@@ -213,8 +213,9 @@ class VectorEnvs:
             if out is None:
                 out = np.empty((self.n, *part.shape[1:]), part.dtype)
             out[idx] = part
-            for k, v in (part_extras or {}).items():
-                extras[k][idx] = v  # type: ignore[index]
+            if extras is not None and part_extras is not None:
+                for k, v in part_extras.items():
+                    extras[k][idx] = v
         assert out is not None
         return out, extras
 
