@@ -155,10 +155,11 @@ class ValueLimits:
                 f"{b.describe(element)}: {fix}")
 
     def buffer_problem(self, buf: Buffer) -> str | None:
-        """:meth:`problem` for a packet's columns."""
+        """:meth:`problem` for a packet's columns, its extra outputs included (``extra[<name>]``: finite)."""
         _, act = flatten(buf.act, "act")
         _, obs = flatten(buf.obs, "obs")
-        return self.problem(dict(act + obs), buf.rew, buf.reset)
+        extra = [(f"extra/{name}", col) for name, col in buf.extra.items()] if buf.extra else []
+        return self.problem(dict(act + obs + extra), buf.rew, buf.reset)
 
     # -- the SCHEMA message ---------------------------------------------------------------------------------------
     def to_wire(self, everything: bool = False) -> dict[str, Any]:

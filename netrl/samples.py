@@ -24,10 +24,17 @@ contiguous in a memory's ring.
 Observations and actions may be nested tuples, lists or dicts of arrays (rtgym's Tuple spaces); they travel as
 flat named leaves (``obs/0``, ``obs/1``, ...) plus a small *spec* that rebuilds the nesting. ``info`` stays on the
 worker: put anything the trainer needs into the observation or the sample compressor's output.
+
+*Extra outputs* (``Buffer.extra``): named per-row arrays an actor returns with its actions, as its
+``ActorModule.extra_outputs()`` declares them (an :data:`ExtraSpec`), e.g. ``action_log_prob`` and ``state_value``.
+They belong to the row of the action they came with: row ``k`` holds the action chosen from row ``k-1``'s
+observation, and the log-probability and value the actor computed with it. Reset rows, random actions and the
+worker's default action hold zeros. They travel as leaves ``extra/<name>`` and reach the agent as ``Batch.extra``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -37,12 +44,43 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "Spec", "concat_segments", "flatten", "row", "tree_map",
-           "unflatten"]
+__all__ = ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "ExtraSpec", "Spec", "check_extra_spec",
+           "concat_segments", "flatten", "row", "tree_map", "unflatten"]
 
 Spec = Any  # str (leaf name) | list[Spec] (tuple) | dict[str, Spec]
 MAX_TREE_LEAVES = 64
 MAX_TREE_DEPTH = 8
+ExtraSpec = dict[str, tuple[tuple[int, ...], str]]  # extra output name -> (per-row shape, numpy dtype string)
+EXTRA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,31}")  # a lowercase identifier of at most 32 characters
+MAX_EXTRAS = 16
+_EXTRA_KINDS = "biuf"  # numbers and flags: what the wire carries
+
+
+def check_extra_spec(spec: Any, owner: str) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """``spec`` (what ``owner.extra_outputs()`` returned) as name -> (shape, dtype); ValueError naming the entry
+    that is not a lowercase identifier of at most 32 characters mapped to (a shape of at most 8 non-negative ints,
+    a numeric or boolean numpy dtype)."""
+    if not isinstance(spec, dict) or len(spec) > MAX_EXTRAS:
+        raise ValueError(f"{owner}.extra_outputs() must return a dict of at most {MAX_EXTRAS} entries name -> (shape, "
+                         f"dtype), e.g. {{'action_log_prob': ((), 'float32')}} (got {spec!r:.80})")
+    out: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
+    for name, entry in spec.items():
+        if not isinstance(name, str) or not EXTRA_NAME.fullmatch(name):
+            raise ValueError(f"{owner}.extra_outputs() names an output {name!r}: use a lowercase identifier of at most "
+                             "32 characters ([a-z_][a-z0-9_]*), e.g. 'action_log_prob'")
+        try:
+            shape, dtype = entry
+            shape = tuple(shape)
+            dtype = np.dtype(dtype)
+        except (TypeError, ValueError):
+            raise ValueError(f"{owner}.extra_outputs()[{name!r}] is {entry!r:.80}, not (per-row shape, numpy dtype), "
+                             "e.g. ((), 'float32')") from None
+        if (len(shape) > 8 or not all(type(d) is int and d >= 0 for d in shape) or dtype.kind not in _EXTRA_KINDS
+                or dtype.itemsize > 8):
+            raise ValueError(f"{owner}.extra_outputs()[{name!r}] is {entry!r:.80}: the shape must be at most 8 "
+                             "non-negative ints and the dtype a number or bool of at most 8 bytes (float32, int64...)")
+        out[name] = (shape, dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
+    return out
 
 
 class EpisodeStats(NamedTuple):
@@ -139,6 +177,7 @@ class Buffer:
     weight: np.ndarray | None = None  # per-row loss weight set by the trainer (0 drops a stale transition)
     recv_version: int = -1  # the trainer's weight version when the packet arrived (for policy lag)
     env: np.ndarray | None = None  # per-row env index within the worker (uint16); None: every row is env 0's
+    extra: dict[str, np.ndarray] | None = None  # the actor's extra outputs per row (module docstring); None: none
 
     @property
     def envs(self) -> np.ndarray:
@@ -195,13 +234,17 @@ class BufferBuilder:
         capacity: rows per column block; a packet is cut before the block overflows.
         overlap: rows of history a memory needs before a transition (1 for plain observations, the stack
             length for memories that rebuild frame stacks).
+        extra: the extra outputs every row carries (:data:`ExtraSpec`, from the actor's ``extra_outputs()``); set
+            it, or :attr:`extra`, before the first row. A row added without them holds zeros.
     """
 
-    def __init__(self, capacity: int, overlap: int = 1) -> None:
+    def __init__(self, capacity: int, overlap: int = 1, extra: ExtraSpec | None = None) -> None:
         if capacity <= overlap:
             raise ValueError(f"capacity ({capacity}) must exceed overlap ({overlap})")
         self.capacity = capacity
         self.overlap = overlap
+        self.extra: ExtraSpec = dict(extra or {})
+        self._extra_cols: dict[str, np.ndarray] = {}  # name -> column (views of self._cols' "extra/<name>")
         # Leaf dtypes the packets must carry (e.g. the spaces' float32, for an env that returns float64): a leaf that
         # casts to its dtype within its kind is stored as that dtype; others keep their own (and are refused later).
         self.dtypes: dict[str, np.dtype[Any]] = {}
@@ -227,11 +270,14 @@ class BufferBuilder:
         for flag in ("terminated", "truncated", "reset", "context"):
             cols[flag] = np.empty(self.capacity, np.bool_)
         cols["policy_version"] = np.empty(self.capacity, np.int64)
+        for name, (shape, dtype) in check_extra_spec(self.extra, "the actor").items():
+            cols[f"extra/{name}"] = self._extra_cols[name] = np.zeros((self.capacity, *shape), dtype)
         self._cols = cols
 
     def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, reset: bool,
-            policy_version: int) -> None:
-        """Append one row. Leaves are copied: envs such as rtgym reuse their arrays between steps."""
+            policy_version: int, extra: dict[str, Any] | None = None) -> None:
+        """Append one row. Leaves are copied: envs such as rtgym reuse their arrays between steps. ``extra``: the
+        row's extra outputs, exactly those declared (None: zeros, as for a reset row or a random action)."""
         if not self._cols:
             self._allocate(act, obs)
         if self._n >= self.capacity:
@@ -256,8 +302,28 @@ class BufferBuilder:
         cols["reset"][i] = reset
         cols["context"][i] = False
         cols["policy_version"][i] = policy_version
+        if extra is not None or self._extra_cols:
+            self._add_extra(i, extra)
         self._n += 1
         self._fresh += 1
+
+    def _add_extra(self, i: int, extra: dict[str, Any] | None) -> None:
+        cols = self._extra_cols
+        if extra is None:
+            for col in cols.values():
+                col[i] = 0
+            return
+        if extra.keys() != cols.keys():
+            undeclared, missing = sorted(set(extra) - set(cols)), sorted(set(cols) - set(extra))
+            raise ValueError(f"a row's extra outputs {sorted(extra)} differ from those the actor declares "
+                             f"({sorted(cols)}): missing {missing}, undeclared {undeclared}; return exactly the ones "
+                             "ActorModule.extra_outputs() names")
+        for name, value in extra.items():
+            col = cols[name]
+            if np.shape(value) != col.shape[1:]:  # numpy would broadcast a scalar into every element
+                raise ValueError(f"extra output {name!r} has the shape {np.shape(value)} in a row; the actor declares "
+                                 f"{col.shape[1:]}")
+            col[i] = value
 
     @property
     def transitions(self) -> int:
@@ -287,6 +353,7 @@ class BufferBuilder:
             obs=unflatten(self._obs_spec, leaves),
             rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
             reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
+            extra={name: cols[f"extra/{name}"] for name in self._extra_cols} or None,
         )
         # Keep the tail as context for the next packet, even after an episode ended: some observations (rtgym's
         # action buffer without reset_act_buf) carry history across a reset.
@@ -332,18 +399,12 @@ def concat_segments(segments: list[tuple[int, Buffer]]) -> Buffer:
         context=cat(*(b.context for b in bufs)), policy_version=cat(*(b.policy_version for b in bufs)),
         episodes=[e for b in bufs for e in b.episodes],
         env=cat(*(np.full(len(b), env, np.uint16) for env, b in segments)),
+        extra={k: cat(*(b.extra[k] for b in bufs if b.extra is not None)) for k in bufs[0].extra} if bufs[0].extra
+        else None,
     )
 
 
-class Batch(NamedTuple):
-    """A batch of transitions, collated on the training device.
-
-    Read its fields by name (``batch.obs``, ``batch.act``...) or unpack all seven:
-    ``o, a, r, o2, terminated, truncated, weight = batch``. ``terminated`` stops bootstrapping; ``truncated`` (time
-    limit or ``max_samples_per_episode``) does not. ``weight`` is a per-transition loss weight, or None when every
-    weight is 1 (no stale samples down-weighted).
-    """
-
+class _Fields(NamedTuple):
     obs: Any
     act: torch.Tensor
     rew: torch.Tensor
@@ -351,3 +412,36 @@ class Batch(NamedTuple):
     terminated: torch.Tensor
     truncated: torch.Tensor
     weight: torch.Tensor | None = None
+
+
+class Batch(_Fields):
+    """A batch of transitions, collated on the training device.
+
+    Read its fields by name (``batch.obs``, ``batch.act``...) or unpack all seven:
+    ``o, a, r, o2, terminated, truncated, weight = batch``. ``terminated`` stops bootstrapping; ``truncated`` (time
+    limit or ``max_samples_per_episode``) does not. ``weight`` is a per-transition loss weight, or None when every
+    weight is 1 (no stale samples down-weighted).
+
+    ``batch.extra`` holds further named per-transition tensors, outside the seven so that unpacking keeps working:
+    the actor's extra outputs recorded with each transition's action (``action_log_prob``, ``state_value``...; see
+    the module docstring), and what a memory adds. ``{}`` when there are none. Pass it as
+    ``Batch(o, a, r, o2, term, trunc, weight, extra={...})``; ``_replace`` keeps it.
+    """
+
+    extra: dict[str, torch.Tensor]
+
+    def __new__(cls, *fields: Any, extra: dict[str, torch.Tensor] | None = None, **named: Any) -> Batch:
+        self = super().__new__(cls, *fields, **named)
+        self.extra = {} if extra is None else extra  # tuples take no slots: it lives in the instance's __dict__
+        return self
+
+    @classmethod
+    def _make(cls, iterable: Any) -> Batch:  # type: ignore[override]  # namedtuple's skips __new__: no extra
+        return cls(*iterable)
+
+    def _replace(self, **changes: Any) -> Batch:
+        extra = changes.pop("extra", self.extra)
+        return Batch(*_Fields._replace(self, **changes), extra=extra)
+
+    def __repr__(self) -> str:
+        return f"{_Fields.__repr__(self)[:-1].replace('_Fields', 'Batch', 1)}, extra={sorted(self.extra)})"

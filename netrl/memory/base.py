@@ -26,7 +26,8 @@ from netrl.util import takes_args
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
-           "check_columns", "collate", "draw_ends", "env_column", "nth_end", "run_sample_preprocessor", "to_tensor"]
+           "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "nth_end", "run_sample_preprocessor",
+           "to_tensor"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
 
@@ -127,6 +128,19 @@ def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray],
 
 
 DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
+
+
+def extra_columns(buffer: Buffer, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A packet's extra outputs as columns ``extra/<name>``; ValueError unless they are the ones the memory's
+    ``stored`` columns hold (none yet: any), since a packet without one would leave old rows' values in its slots."""
+    cols = {f"extra/{name}": np.asarray(col) for name, col in (getattr(buffer, "extra", None) or {}).items()}
+    if stored:
+        have = sorted(n[6:] for n in stored if n.startswith("extra/"))
+        if sorted(n[6:] for n in cols) != have:
+            raise ValueError(f"packet {buffer.seq} of worker {buffer.worker or '(unnamed)'} carries the extra outputs "
+                             f"{sorted(n[6:] for n in cols)}; the memory stores {have}: every worker must run the "
+                             "same actor")
+    return cols
 
 
 def env_column(buffer: Buffer, n: int) -> np.ndarray:

@@ -63,8 +63,8 @@ def save_dataset(path: str | os.PathLike[str], buffer: Buffer) -> None:
     """Write ``buffer``'s rows to an ``.npz`` file that a memory's ``dataset_path`` reads back (arrays only).
 
     Columns: ``act`` and ``obs`` (or ``act/0``, ``act/1``... for a tuple), ``rew``, ``terminated``, ``truncated``,
-    ``reset``, ``context`` and ``policy_version``, as in :class:`~netrl.samples.Buffer`. numpy adds ``.npz`` to a
-    path without it.
+    ``reset``, ``context`` and ``policy_version``, as in :class:`~netrl.samples.Buffer`, and ``extra/<name>`` for
+    each of its extra outputs. numpy adds ``.npz`` to a path without it.
     """
     act_spec, act_leaves = flatten(buffer.act, "act")
     obs_spec, obs_leaves = flatten(buffer.obs, "obs")
@@ -72,7 +72,9 @@ def save_dataset(path: str | os.PathLike[str], buffer: Buffer) -> None:
         if not (isinstance(spec, str) or (isinstance(spec, list) and all(isinstance(s, str) for s in spec))):
             raise ValueError(f"save_dataset stores {prefix} as one array or a flat tuple of arrays, and this "
                              f"buffer's {prefix} is nested as {spec!r}: flatten it into a tuple first")
-    np.savez(path, **dict(act_leaves + obs_leaves), **{c: getattr(buffer, c) for c in _DATASET_COLUMNS})
+    columns: dict[str, Any] = {**dict(act_leaves + obs_leaves), **{c: getattr(buffer, c) for c in _DATASET_COLUMNS}}
+    columns.update((f"extra/{name}", col) for name, col in (buffer.extra or {}).items())
+    np.savez(path, **columns)
 
 
 def _spec_from_names(names: list[str], prefix: str) -> Any:
@@ -91,4 +93,4 @@ def read_dataset(path: str | os.PathLike[str]) -> Buffer:
     obs = unflatten(_spec_from_names([k for k in leaves if k.startswith("obs")], "obs"), leaves)
     return Buffer(act=act, obs=obs, rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
                   reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
-                  worker="dataset")
+                  worker="dataset", extra={k[6:]: v for k, v in cols.items() if k.startswith("extra/")} or None)

@@ -32,6 +32,7 @@ from netrl.memory.base import (
     check_columns,
     draw_ends,
     env_column,
+    extra_columns,
     nth_end,
     run_sample_preprocessor,
 )
@@ -117,6 +118,7 @@ class HistoryMemory(MemoryDataloading):
                        truncated=np.asarray(buffer.truncated), policy_version=np.asarray(buffer.policy_version),
                        need=need, weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32),
                        worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
+        columns.update(extra_columns(buffer, self._cols))
         if self._cols and (act_spec != self._act_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
                              "run the same pipeline")
@@ -213,16 +215,20 @@ class HistoryMemory(MemoryDataloading):
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
+        extra = {n[6:]: _tensor(self._take(n, c, idx), d) for n, c in self._cols.items() if n.startswith("extra/")}
         return Batch(_tensor(o, d), _tensor(a, d), _tensor(r, d), _tensor(o2, d), _tensor(term, d),
-                     _tensor(trunc, d), weight)
+                     _tensor(trunc, d), weight, extra=extra)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style
         code). Raises IndexError unless ``0 <= item < len()``."""
         i = nth_end(self._ordered_ends(), item)
         o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in self._transitions(np.array([i])))
-        return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]),
-                {"policy_version": int(self._cols["policy_version"][i])})
+        info: dict[str, Any] = {"policy_version": int(self._cols["policy_version"][i])}
+        extra = {n[6:]: c[i].copy() for n, c in self._cols.items() if n.startswith("extra/")}
+        if extra:  # the actor's extra outputs recorded with the action
+            info["extra"] = extra
+        return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]), info)
 
     def policy_versions(self, idx: np.ndarray) -> np.ndarray:
         return self._cols["policy_version"][idx]

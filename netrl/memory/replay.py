@@ -14,6 +14,7 @@ from netrl.memory.base import (
     check_columns,
     draw_ends,
     env_column,
+    extra_columns,
     nth_end,
     run_sample_preprocessor,
     to_tensor,
@@ -76,6 +77,7 @@ class ReplayMemory(MemoryDataloading):
                        policy_version=np.asarray(buffer.policy_version),
                        weight=np.ones(n, np.float32) if buffer.weight is None else np.asarray(buffer.weight),
                        worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
+        columns.update(extra_columns(buffer, self._cols))
         stored = self._cols or self._allocate(columns)
         check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
         if not self._cols:
@@ -146,14 +148,16 @@ class ReplayMemory(MemoryDataloading):
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = to_tensor(self._gather("weight", "weight", idx), d) if self._weighted else None
+        extra = {n[6:]: to_tensor(self._gather(n, n, idx), d) for n in self._cols if n.startswith("extra/")}
         return Batch(to_tensor(o, d), to_tensor(a, d), to_tensor(r, d), to_tensor(o2, d), to_tensor(term, d),
-                     to_tensor(trunc, d), weight)
+                     to_tensor(trunc, d), weight, extra=extra)
 
     def get_transition(self, item: int) -> Transition:
         """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code).
 
         The arrays are copies, which later packets do not change. The observations are as stored: after
-        ``obs_preprocessor``, which this memory applies on append. Raises IndexError unless ``0 <= item < len()``.
+        ``obs_preprocessor``, which this memory applies on append. ``info["extra"]`` holds the actor's extra outputs
+        recorded with the action, if any. Raises IndexError unless ``0 <= item < len()``.
         """
         i = nth_end(self._ordered_ends(), item)
         p = (i - 1) % self.memory_size
@@ -162,8 +166,12 @@ class ReplayMemory(MemoryDataloading):
         last_obs = unflatten(self._obs_spec, {n: c[p].copy() for n, c in obs.items()})
         new_obs = unflatten(self._obs_spec, {n: c[i].copy() for n, c in obs.items()})
         act = unflatten(self._act_spec, {n: c[i].copy() for n, c in cols.items() if n.startswith("act")})
+        info: dict[str, Any] = {"policy_version": int(cols["policy_version"][i])}
+        extra = {n[6:]: c[i].copy() for n, c in cols.items() if n.startswith("extra/")}
+        if extra:
+            info["extra"] = extra
         return (last_obs, act, float(cols["rew"][i]), new_obs, bool(cols["terminated"][i]),
-                bool(cols["truncated"][i]), {"policy_version": int(cols["policy_version"][i])})
+                bool(cols["truncated"][i]), info)
 
     def policy_versions(self, idx: np.ndarray) -> np.ndarray:
         return self._cols["policy_version"][idx]

@@ -1,11 +1,12 @@
 """What a sample packet must look like: the layout the trainer expects, checked at the server and the trainer.
 
 The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed through the pipeline's
-sample compressor, and sends it to the server (SCHEMA message). Both check every packet against it: the act/obs
-trees, each leaf's dtype and per-row shape, and the values (:class:`~netrl.limits.ValueLimits`): floating-point data
-(observations, actions, rewards) finite, float leaves within the bounds of the spaces, rewards within
-``trainer.max_abs_reward``. A packet that fails names the worker, the field, the row and the value, and is rejected
-and counted; the rest of the traffic is unaffected.
+sample compressor, and from the extra outputs its actor declares (leaves ``extra/<name>``), and sends it to the
+server (SCHEMA message). Both check every packet against it: the act/obs trees, the extra outputs (none missing,
+none undeclared), each leaf's dtype and per-row shape, and the values (:class:`~netrl.limits.ValueLimits`):
+floating-point data (observations, actions, rewards, extra outputs) finite, float leaves within the bounds of the
+spaces, rewards within ``trainer.max_abs_reward``. A packet that fails names the worker, the field, the row and the
+value, and is rejected and counted; the rest of the traffic is unaffected.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
 from netrl.limits import ValueLimits
 from netrl.protocol.codecs import Codec
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
-from netrl.samples import Buffer, Spec, flatten, spec_leaves
+from netrl.samples import EXTRA_NAME, MAX_EXTRAS, Buffer, ExtraSpec, Spec, check_extra_spec, flatten, spec_leaves
 from netrl.spaces import carried_sample
 
 if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
@@ -35,6 +36,8 @@ __all__ = ["SampleSchema", "WireRoute", "load_schema", "probe_copy", "save_schem
 log = logging.getLogger(__name__)
 
 # The usual cause of a packet that does not fit: the trainer derives its layout from the workers' sample compressor
+_SAME_ACTOR = (" (ActorModule.extra_outputs() declares them: do the worker and the trainer run the same actor "
+               "class?)")
 _SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and sample compressor? In Python, give the "
                     "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
 
@@ -59,13 +62,14 @@ class SampleSchema:
     @classmethod
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                     sample_compressor: Callable[..., Any] | None = None,
-                    limits: ValueLimits | None = None) -> SampleSchema:
+                    limits: ValueLimits | None = None, extra: ExtraSpec | None = None) -> SampleSchema:
         """The layout of rows a worker produces for these spaces, in the dtypes leaves travel in
         (:func:`netrl.spaces.storage_dtype`: a Discrete action is a scalar of the smallest integer dtype that holds
         its values), after ``sample_compressor``, if any, called once with a random row and ``info={"probe": True}``
         (a compressor that checks rows against the ones before should neither check nor count it). ``limits`` (the
         spaces' bounds) are kept for the leaves the compressor returns as it got them: one that rescales or
-        re-encodes a leaf makes its bounds meaningless."""
+        re-encodes a leaf makes its bounds meaningless. ``extra``: the actor's extra outputs
+        (:func:`netrl.actor.declared_extras`), leaves ``extra/<name>``."""
         act, obs = carried_sample(action_space), carried_sample(observation_space)
         raw = dict(flatten(act, "act")[1] + flatten(obs, "obs")[1])
         if sample_compressor is not None:
@@ -73,6 +77,8 @@ class SampleSchema:
         act_spec, act_leaves = flatten(act, "act")
         obs_spec, obs_leaves = flatten(obs, "obs")
         leaves = {name: (np.asarray(v).dtype.str, tuple(np.asarray(v).shape)) for name, v in act_leaves + obs_leaves}
+        leaves.update((f"extra/{name}", (dtype.str, shape))
+                      for name, (shape, dtype) in check_extra_spec(extra or {}, "the actor").items())
         kept = {name for name, v in act_leaves + obs_leaves
                 if name in raw and np.shape(raw[name]) == np.shape(v) and np.array_equal(raw[name], v)}
         return cls(act_spec, obs_spec, leaves, limits.only(kept) if limits is not None else ValueLimits())
@@ -91,7 +97,9 @@ class SampleSchema:
             parsed = {str(n): (str(d), tuple(int(x) for x in s)) for n, d, s in leaves}
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"schema is malformed ({exc})") from None
-        if sorted(names) != sorted(parsed) or any(len(s) > 8 or min(s, default=0) < 0 for _, s in parsed.values()):
+        extras = [n for n in parsed if n.startswith("extra/") and EXTRA_NAME.fullmatch(n[6:])]
+        if (sorted(names + extras) != sorted(parsed) or len(extras) > MAX_EXTRAS
+                or any(len(s) > 8 or min(s, default=0) < 0 for _, s in parsed.values())):
             raise MalformedMessage("schema leaves do not match its act/obs specs")
         floats = {n: v for n, v in parsed.items() if n in set(names) and v[0].lstrip("<>|=")[:1] == "f"}
         try:  # an older trainer's schema has none: finiteness is checked all the same
@@ -106,12 +114,20 @@ class SampleSchema:
             if body[key] != spec:
                 raise SampleRejected(f"packet from {worker}: the {key} structure {body[key]!r} differs from the "
                                      f"trainer's {spec!r}{_SAME_COMPRESSOR}")
+        sent = {name for name in arrays if name.startswith("extra/")}
+        declared = {name for name in self.leaves if name.startswith("extra/")}
+        if sent != declared:
+            missing, undeclared = sorted(declared - sent), sorted(sent - declared)
+            raise SampleRejected(f"packet from {worker}: " + (
+                f"it lacks the extra output {missing[0][6:]!r}, which the trainer's actor declares"
+                if missing else f"it carries the extra output {undeclared[0][6:]!r}, which the trainer's actor does "
+                                "not declare") + _SAME_ACTOR)
         for name, (dtype, shape) in self.leaves.items():
             arr = arrays[name]
             if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
                 raise SampleRejected(f"packet from {worker}: field {name!r} has dtype {arr.dtype.str} and row shape "
                                      f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}"
-                                     f"{_SAME_COMPRESSOR}")
+                                     f"{_SAME_ACTOR if name in declared else _SAME_COMPRESSOR}")
         # float leaves only: the server's relay-only decode leaves compressed integer arrays compressed
         floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}
         problem = self.limits.problem(floats, arrays["rew"], arrays.get("reset"))

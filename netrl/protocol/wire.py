@@ -14,6 +14,9 @@
     frame 1+  one buffer per entry of "arrays", in order: the raw C-contiguous bytes, or their zstd/lz4
               compression when "codec" says so ("nbytes" is always the raw size).
 
+A SAMPLES message's arrays are its act/obs leaves (``act``, ``obs/0``...), the sample columns (``rew``, the flags,
+``policy_version``, ``env``) and the actor's extra outputs (``extra/<name>``), all with one row per sample.
+
 A server BUNDLE carries several worker SAMPLES messages unchanged: its header lists how many frames each part
 has (``body.parts``) and the parts' frames follow, so the relay never copies or re-encodes sample data.
 
@@ -40,7 +43,7 @@ import numpy as np
 from netrl.errors import MalformedMessage, VersionMismatch
 from netrl.protocol.codecs import CODECS, Codec, check_declared_size, compress, decompress
 from netrl.protocol.messages import MAX_POLICY_VERSION, VERSION_TEXT, Message, MsgType, check_body
-from netrl.samples import Buffer, EpisodeStats, flatten, spec_leaves, unflatten
+from netrl.samples import EXTRA_NAME, MAX_EXTRAS, Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -417,8 +420,16 @@ def _check_samples(msg: Message) -> None:
         if not names or not all(x == key or x.startswith(key + "/") for x in names):
             raise MalformedMessage(f"samples {key} spec must name leaves {key} or {key}/...")
         leaves += names
-    if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != set(arrays) - {"env"}:
+    extras = [name for name in arrays if name.startswith("extra/")]
+    bad = next((name for name in extras if not EXTRA_NAME.fullmatch(name[6:])), None)
+    if bad is not None or len(extras) > MAX_EXTRAS:
+        raise MalformedMessage(f"samples packet {msg.seq} from {_short(msg.sender)}: "
+                               + (f"array {_short(bad)} names an extra output that is not a lowercase identifier "
+                                  "of at most 32 characters" if bad is not None else
+                                  f"{len(extras)} extra outputs, over {MAX_EXTRAS}"))
+    if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != set(arrays) - {"env", *extras}:
         raise MalformedMessage("samples arrays do not match the act/obs specs and the sample columns")
+    leaves += extras
     if "env" in arrays:
         _check_env_segments(msg, n)
     for name in leaves:
@@ -472,6 +483,8 @@ def samples_message(buf: Buffer, sender: str, session: str, seq: int, produced: 
                   context=buf.context, policy_version=buf.policy_version)
     if buf.env is not None:
         arrays["env"] = buf.env
+    if buf.extra:
+        arrays.update((f"extra/{name}", col) for name, col in buf.extra.items())
     body = {"n": len(buf), "act": act_spec, "obs": obs_spec, "produced": produced, "session": session,
             "episodes": [[float(e.ret), int(e.length), bool(e.test), int(e.policy_version), int(e.env)]
                          for e in buf.episodes]}
@@ -486,5 +499,6 @@ def buffer_from_message(msg: Message) -> Buffer:
         act=unflatten(b["act"], a), obs=unflatten(b["obs"], a), rew=a["rew"], terminated=a["terminated"],
         truncated=a["truncated"], reset=a["reset"], context=a["context"], policy_version=a["policy_version"],
         worker=f"{msg.sender}/{b['session']}", seq=msg.seq, env=a.get("env"),
+        extra={name[6:]: arr for name, arr in a.items() if name.startswith("extra/")} or None,
         episodes=[EpisodeStats(float(e[0]), e[1], e[2], e[3], e[4] if len(e) > 4 else 0) for e in b["episodes"]],
     )

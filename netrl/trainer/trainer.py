@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from netrl.actor import declared_extras
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
@@ -196,7 +197,8 @@ class Trainer:
         guards = training.safeguards
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
                                           self.sample_compressor if probe is None else probe,
-                                          guards.limits if guards is not None else None)
+                                          guards.limits if guards is not None else None,
+                                          declared_extras(training.agent.get_actor() if training.agent else None))
         if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
             guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,

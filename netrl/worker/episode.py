@@ -38,8 +38,11 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
         w._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
         version = w.version  # the version that chooses this action
         act = None if test else w.random_actions(obs)  # worker.init_random_frames
+        extra = None  # a random action's extra outputs are zeros
         if act is None:
             act = w.actor.act_(w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test=test)
+            if w.extra_spec:
+                act, extra = act
             if not w.actor_checked:  # (also when random actions came first)
                 check_action(act, w.env.action_space, type(w.actor).__name__)
                 w.actor_checked = True
@@ -56,7 +59,7 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
         if stats is not None and not w.standalone:  # before the last row: they leave in the same packet
             w.packets.pending_episodes.append(stats)
         if collect:
-            w._record(act, obs, rew, terminated, truncated, info, reset=False, version=version)
+            w._record(act, obs, rew, terminated, truncated, info, reset=False, version=version, extra=extra)
         elif w.packets.due():  # rows from before a test episode still leave after max_packet_delay_s
             w._send_packet()
         if terminated or truncated:

@@ -30,7 +30,7 @@ from netrl.protocol.wire import (
     sample_row_bytes,
     samples_message,
 )
-from netrl.samples import Buffer, BufferBuilder, EpisodeStats
+from netrl.samples import Buffer, BufferBuilder, EpisodeStats, ExtraSpec
 
 __all__ = ["PacketMaker"]
 
@@ -77,16 +77,21 @@ class PacketMaker:
         self._builder.dtypes = {name: np.dtype(dtype) for name, (dtype, _shape) in schema.leaves.items()}
         self._row_bytes = sample_row_bytes(schema.leaves)
 
+    def declare_extras(self, spec: ExtraSpec) -> None:
+        """The actor's extra outputs, which every row carries (zeros where it has none): before the first row."""
+        self._builder.extra = dict(spec)
+
     def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
-            reset: bool, version: int, networked: bool) -> None:
-        """Store one row (``version``: the weights that chose its action). The first row of a ``networked`` worker
-        shows a sample's size, which is checked against what the server relays."""
+            reset: bool, version: int, networked: bool, extra: dict[str, Any] | None = None) -> None:
+        """Store one row (``version``: the weights that chose its action; ``extra``: the actor's extra outputs with
+        it, None for zeros). The first row of a ``networked`` worker shows a sample's size, which is checked against
+        what the server relays. The sample compressor never sees the extras."""
         if self.sample_compressor is not None:
             act, obs, rew, terminated, truncated, info = self.sample_compressor(act, obs, rew, terminated,
                                                                                 truncated, info)
         if len(self._builder) == 0:
             self._first_unsent = time.monotonic()
-        self._builder.add(act, obs, rew, terminated, truncated, reset, version)
+        self._builder.add(act, obs, rew, terminated, truncated, reset, version, extra)
         if not self._size_checked:
             self._size_checked = True
             if networked:

@@ -116,7 +116,7 @@ class VectorEnvs:
             self._reset_all()
         w._swap_weights()  # after any wait for the trainer, which trained and published meanwhile
         version = w.version  # the version that chooses these actions
-        acts = self._act(self.obs)
+        acts, extras = self._act(self.obs)
         if not self._checked:
             for i in range(self.n):
                 check_action(acts[i], w.action_space, f"{type(w.actor).__name__} (env {i})")
@@ -140,7 +140,8 @@ class VectorEnvs:
             if stats is not None and not w.standalone:  # before the last row: they leave in the same packet
                 self.makers[i].pending_episodes.append(stats)
             if self._collects(i):
-                self._record(i, row(acts, i), last, float(rew[i]), term, trunc, _env_info(info, i), version)
+                self._record(i, row(acts, i), last, float(rew[i]), term, trunc, _env_info(info, i), version,
+                             extra=None if extras is None else {k: v[i] for k, v in extras.items()})
             if stats is not None:
                 ended.append(stats)
                 w._episode_done(stats)
@@ -189,42 +190,57 @@ class VectorEnvs:
         return not self.test[i] and not self.worker.standalone
 
     def _record(self, i: int, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool,
-                info: dict[str, Any], version: int, reset: bool = False) -> None:
+                info: dict[str, Any], version: int, reset: bool = False, extra: dict[str, Any] | None = None) -> None:
         networked = i == 0 and self.worker.local_packets is None and self.worker.net is not None  # checks for all
-        self.makers[i].add(act, obs, rew, terminated, truncated, info, reset, version, networked=networked)
+        self.makers[i].add(act, obs, rew, terminated, truncated, info, reset, version, networked=networked,
+                           extra=extra)
         if not reset:
             self.worker.produced += 1
 
-    def _act(self, obs: Any) -> np.ndarray:
-        """All envs' actions: one batched call, or one per group when test and training episodes mix."""
+    def _act(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+        """All envs' actions, and the actor's extra outputs (None when it declares none): one batched call, or one
+        per group when test and training episodes mix."""
         w = self.worker
         if w.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([w.obs_preprocessor(row(obs, i)) for i in range(self.n)])
         if self.test.all() or not self.test.any():
             return self._choose(obs, bool(self.test[0]), self.n)
         out: np.ndarray | None = None
+        extras = self._zero_extras(self.n)
         for flag in (False, True):
             idx = np.flatnonzero(self.test == flag)
-            part = self._choose(tree_map(partial(_take, idx=idx), obs), flag, len(idx))
+            part, part_extras = self._choose(tree_map(partial(_take, idx=idx), obs), flag, len(idx))
             if out is None:
                 out = np.empty((self.n, *part.shape[1:]), part.dtype)
             out[idx] = part
+            if extras is not None and part_extras is not None:
+                for k, v in part_extras.items():
+                    extras[k][idx] = v
         assert out is not None
-        return out
+        return out, extras
 
-    def _choose(self, obs: Any, test: bool, n: int) -> np.ndarray:
-        """``n`` envs' actions: random ones for training episodes while worker.init_random_frames asks for them,
-        else the actor's (its first batch checked, also when random ones came first)."""
+    def _zero_extras(self, n: int) -> dict[str, np.ndarray] | None:
+        spec = self.worker.extra_spec
+        return {k: np.zeros((n, *shape), dtype) for k, (shape, dtype) in spec.items()} if spec else None
+
+    def _choose(self, obs: Any, test: bool, n: int) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+        """``n`` envs' actions and extra outputs: random ones for training episodes while worker.init_random_frames
+        asks for them (extras: zeros), else the actor's (its first batch checked, also when random ones came
+        first)."""
         w = self.worker
         acts = None if test else w.random_actions(obs, n)
         if acts is not None:
-            return np.asarray(acts)
-        acts = np.asarray(w.actor.act_(obs, test=test, batch=True))
+            return np.asarray(acts), self._zero_extras(n)
+        extras = None
+        acts = w.actor.act_(obs, test=test, batch=True)
+        if w.extra_spec:
+            acts, extras = acts
+        acts = np.asarray(acts)
         if not w.actor_checked and self._checked:  # (the first step checks every env's action itself)
             for i in range(n):
                 check_action(acts[i], w.action_space, f"{type(w.actor).__name__} (env {i})")
             w.actor_checked = True
-        return acts
+        return acts, extras
 
 
 def _own_copy(compressor: Callable[..., Any] | None, i: int) -> Callable[..., Any] | None:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from netrl.actor import declared_extras
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
@@ -35,7 +36,7 @@ from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.wire import Codec
-from netrl.samples import EpisodeStats
+from netrl.samples import EpisodeStats, check_extra_spec
 from netrl.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
@@ -187,6 +188,7 @@ class RolloutWorker:
         self.trainer_samples: int | None = None  # the trainer's samples, from the single-process mode (local.py)
         self.random_frames: RandomFrames | None = None  # random actions until the trainer holds init_random_frames
         self.actor_checked = False  # the actor's first action was checked (random ones may come first)
+        self.extra_spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}  # the actor's extra outputs (start)
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
@@ -235,7 +237,6 @@ class RolloutWorker:
         """start() once the env exists: the actor, its saved weights and the network thread (started last)."""
         assert self.env is not None
         check_spaces(self.observation_space, self.action_space)
-        self._follow_spaces()
         log.info("worker %s: observation space %s, action space %s%s", self.worker_id, self.observation_space,
                  self.action_space, f", {self.num_envs} envs ({self.vectorization})" if self.vec else "")
         if self.episode_log is not None:
@@ -244,6 +245,8 @@ class RolloutWorker:
             self._logged_episodes, self._logged_steps = self.episode_log.last_ints("episode", "env_steps")
         self.actor = self.actor_module_cls(self.observation_space, self.action_space).to(self.device)
         self.actor.eval()
+        self.extra_spec = check_extra_spec(declared_extras(self.actor), type(self.actor).__name__)
+        self._follow_spaces()
         self.template_actor = copy.deepcopy(self.actor)
         for saved in {Path(p).parent for p in (self.model_path, self.model_path_history) if p}:
             remove_stale_temps(saved)  # what a worker killed while saving weights left
@@ -442,12 +445,16 @@ class RolloutWorker:
                 stats.length, version_label(self.version))
 
     def _follow_spaces(self) -> None:
-        """Send leaves in the dtypes the trainer expects from the spaces. The compressor is probed on a copy: one
-        such as ActionBufferCompressor keeps state, and a random probe row would make the first real one a seam."""
+        """Send leaves in the dtypes the trainer expects from the spaces, and the actor's extra outputs in every row.
+        The compressor is probed on a copy: one such as ActionBufferCompressor keeps state, and a random probe row
+        would make the first real one a seam."""
+        extras = declared_extras(self.actor)
+        for maker in [self.packets] if self.vec is None else self.vec.makers:
+            maker.declare_extras(extras)
         compressor = probe_copy(self.sample_compressor)
         if compressor is None and self.sample_compressor is not None:  # it cannot be copied: the env's dtypes, then
             return
-        schema = SampleSchema.from_spaces(self.observation_space, self.action_space, compressor)
+        schema = SampleSchema.from_spaces(self.observation_space, self.action_space, compressor, extra=extras)
         self.packets.follow(schema)
         if self.vec is not None:
             self.vec.follow(schema)
@@ -458,9 +465,9 @@ class RolloutWorker:
         return default_value(self.action_space) if default is None else default
 
     def _record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
-                reset: bool, version: int = -1) -> None:
+                reset: bool, version: int = -1, extra: dict[str, Any] | None = None) -> None:
         self.packets.add(act, obs, rew, terminated, truncated, info, reset, version if not reset else self.version,
-                         networked=self.local_packets is None and self.net is not None)
+                         networked=self.local_packets is None and self.net is not None, extra=extra)
         if not reset:
             self.produced += 1
         if self.packets.due():
