@@ -54,6 +54,11 @@ def trainer(run_dir: Path, port: int, compressor: Any) -> Trainer:
                    sample_compressor=compressor)
 
 
+def told_trainer(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """What the trainers logged of the server's refusals."""
+    return [r for r in caplog.records if r.name == "netrl.trainer.link" and "sample layout" in r.getMessage()]
+
+
 class Running:
     """A role's run(stop) in a thread."""
 
@@ -82,7 +87,7 @@ def test_a_trainer_without_the_workers_compressor_hears_why_once_and_the_next_on
         working = Running(worker)
         roles.append(working)
         wait_until(lambda: worker.net is not None and len(worker.net.held) >= 20, 30, "20 packets held", poll=0.02)
-        told = [r for r in caplog.records if r.name == "netrl.trainer.link" and "sample layout" in r.getMessage()]
+        told = wait_until(lambda: told_trainer(caplog), 10, "the trainer's log line", poll=0.02)
         assert len(told) == 1 and told[0].levelno == logging.ERROR, [r.getMessage() for r in told]
         message = told[0].getMessage()
         assert "field 'obs' has dtype <f4 and row shape (2,); the trainer expects <f4 and (3,)" in message
@@ -112,5 +117,4 @@ def test_a_trainer_without_the_workers_compressor_hears_why_once_and_the_next_on
     got = delivered(tmp_path / "fixed")  # what entered the memory: a duplicate fails here
     assert sorted(seq for _, seq in got) == list(range(1, summary.packets + 1))  # none lost
     assert sum(got.values()) == summary.produced
-    told = [r for r in caplog.records if r.name == "netrl.trainer.link" and "sample layout" in r.getMessage()]
-    assert len(told) == 1  # the fixed trainer was told nothing
+    assert len(told_trainer(caplog)) == 1  # the fixed trainer was told nothing
