@@ -44,12 +44,14 @@ class MsgType(str, enum.Enum):
     BUNDLE = "bundle"  # server -> trainer: several SAMPLES messages, frames unchanged
     ACK = "ack"  # receipt: server -> worker (sample seqs), trainer -> server (bundle seqs), worker -> server (weights)
     NACK = "nack"  # server -> worker: packets refused for now (spool full, over PACE); resend them after retry_s
+    # (or, with a layout, once the server names another sample layout)
     CREDIT = "credit"  # trainer -> server: how many more bundles it can take
     WEIGHTS = "weights"  # trainer -> server -> workers: actor state_dict, versioned
     PROGRESS = "progress"  # trainer -> server: training steps and samples, for pacing
     PACE = "pace"  # server -> worker: how many samples it may have produced in total
     SCHEMA = "schema"  # trainer -> server: the sample layout it expects (checked at the server's edge)
     STATUS = "status"  # status tool <-> server (loopback status port): request, and the snapshot in reply
+    NOTICE = "notice"  # server -> trainer: why workers' packets are refused that the trainer can fix (its layout)
 
 
 @dataclass
@@ -89,7 +91,10 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.BUNDLE: {"parts": ((list,), True)},
     # spooled: the server has the packets on disk, and the trainer not yet
     MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False)},
-    MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True)},
+    # layout: the tag of the sample layout that refused the packets (netrl.protocol.schema.SampleSchema.tag): the
+    # worker keeps them and sends them again once the server's heartbeats name another layout
+    MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True),
+                   "layout": (_INT, False)},
     MsgType.CREDIT: {"bundles": (_INT, True)},
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
                       "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
@@ -99,6 +104,7 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True),
                      "limits": ((dict,), False)},
     MsgType.STATUS: {"snapshot": ((dict,), False)},
+    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.

@@ -12,12 +12,14 @@ value, and is rejected and counted; the rest of the traffic is unaffected.
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from netrl.spaces import carried_sample
 if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
     import gymnasium
 
-__all__ = ["SampleSchema", "WireRoute", "load_schema", "probe_copy", "save_schema"]
+__all__ = ["LayoutMismatch", "SampleSchema", "WireRoute", "load_schema", "probe_copy", "save_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,16 @@ _SAME_ACTOR = (" (ActorModule.extra_outputs() declares them: do the worker and t
                "class?)")
 _SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and sample compressor? In Python, give the "
                     "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
+
+
+class LayoutMismatch(SampleRejected):
+    """A packet whose layout (act/obs structure, a field's dtype or row shape) is not the trainer's: the packet is
+    fine, the trainer's sample compressor or pipeline usually is not, so its worker keeps it for a trainer whose
+    layout matches. ``cause`` says what differs without naming the worker: one cause, one log line."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def probe_copy(sample_compressor: Any) -> Any | None:
@@ -83,6 +95,13 @@ class SampleSchema:
                 if name in raw and np.shape(raw[name]) == np.shape(v) and np.array_equal(raw[name], v)}
         return cls(act_spec, obs_spec, leaves, limits.only(kept) if limits is not None else ValueLimits())
 
+    @functools.cached_property
+    def tag(self) -> int:
+        """A number for this layout (structure, dtypes and row shapes; not the value bounds), never 0: a worker keeps
+        the packets a layout refused until the server names another one."""
+        layout = json.dumps([self.act_spec, self.obs_spec, sorted(self.to_wire()["leaves"])], sort_keys=True)
+        return int.from_bytes(hashlib.sha256(layout.encode()).digest()[:6], "big") or 1
+
     def to_wire(self) -> dict[str, Any]:
         return {"act": self.act_spec, "obs": self.obs_spec,
                 "leaves": [[name, dtype, list(shape)] for name, (dtype, shape) in self.leaves.items()],
@@ -109,30 +128,33 @@ class SampleSchema:
         return cls(act, obs, parsed, limits)
 
     def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str) -> None:
-        """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this schema."""
+        """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this schema
+        (:class:`LayoutMismatch` when its layout is not this one's)."""
         for key, spec in (("act", self.act_spec), ("obs", self.obs_spec)):
             if body[key] != spec:
-                raise SampleRejected(f"packet from {worker}: the {key} structure {body[key]!r} differs from the "
-                                     f"trainer's {spec!r}{_SAME_COMPRESSOR}")
+                self._mismatch(worker, f"the {key} structure {body[key]!r} differs from the trainer's {spec!r}")
         sent = {name for name in arrays if name.startswith("extra/")}
         declared = {name for name in self.leaves if name.startswith("extra/")}
         if sent != declared:
             missing, undeclared = sorted(declared - sent), sorted(sent - declared)
-            raise SampleRejected(f"packet from {worker}: " + (
-                f"it lacks the extra output {missing[0][6:]!r}, which the trainer's actor declares"
-                if missing else f"it carries the extra output {undeclared[0][6:]!r}, which the trainer's actor does "
-                                "not declare") + _SAME_ACTOR)
+            self._mismatch(worker, f"it lacks the extra output {missing[0][6:]!r}, which the trainer's actor declares"
+                           if missing else f"it carries the extra output {undeclared[0][6:]!r}, which the trainer's "
+                                           "actor does not declare", _SAME_ACTOR)
         for name, (dtype, shape) in self.leaves.items():
             arr = arrays[name]
             if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
-                raise SampleRejected(f"packet from {worker}: field {name!r} has dtype {arr.dtype.str} and row shape "
-                                     f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}"
-                                     f"{_SAME_ACTOR if name in declared else _SAME_COMPRESSOR}")
+                self._mismatch(worker, f"field {name!r} has dtype {arr.dtype.str} and row shape "
+                                       f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}",
+                               _SAME_ACTOR if name in declared else _SAME_COMPRESSOR)
         # float leaves only: the server's relay-only decode leaves compressed integer arrays compressed
         floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}
         problem = self.limits.problem(floats, arrays["rew"], arrays.get("reset"))
         if problem:
             raise SampleRejected(f"packet from {worker}: {problem}")
+
+    @staticmethod
+    def _mismatch(worker: str, cause: str, hint: str = _SAME_COMPRESSOR) -> NoReturn:
+        raise LayoutMismatch(f"packet from {worker}: {cause}{hint}", cause)
 
 
 def load_schema(path: Path) -> SampleSchema | None:

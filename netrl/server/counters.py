@@ -21,6 +21,7 @@ class ServerCounters:
     failed_handshakes_trainer: int = 0  # connections to the trainer port that failed their ZeroMQ handshake
     failed_handshakes_worker: int = 0  # connections to the worker port that failed their ZeroMQ handshake
     internal_errors: int = 0  # exceptions in the server's own code that its loop caught and logged (bugs)
+    layout_refusals: int = 0  # packets refused for another sample layout than the trainer's (their workers keep them)
     oversized_packets: int = 0  # packets refused before inflating: more rows or bytes than their worker declared
     pace_refusals: int = 0  # packets held back (NACK) beyond their worker's PACE allowance while the trainer paces
     peers_lost: int = 0  # peers forgotten without a BYE: silent past their liveness, or found gone by a send

@@ -3,7 +3,9 @@ may send.
 
 ::
 
-    worker  --SAMPLES-->  sender, size and layout checks --> SampleRelay.accept()   (or a NACK: never resent)
+    worker  --SAMPLES-->  sender, size and value checks --> SampleRelay.accept()    (or a NACK: never resent)
+                          another layout than the trainer's --> a NACK naming the layout: the worker keeps the
+                          packet until the server names another (heartbeats), and the trainer gets a NOTICE
                           beyond the worker's share of the memory --> a NACK: resend later
     worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples produced (for pacing)
     trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a restarted server)
@@ -28,8 +30,8 @@ import numpy as np
 
 from netrl.config.sections import NetworkConfig
 from netrl.errors import ProtocolError, SampleRejected
-from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.schema import SampleSchema, load_schema, save_schema
+from netrl.protocol.messages import Message, MsgType, printable
+from netrl.protocol.schema import LayoutMismatch, SampleSchema, load_schema, save_schema
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, PacketLimits, PacketTooLarge, frames_nbytes, sample_row_bytes
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 # A worker that reports no new samples for this many heartbeat intervals while it has allowance left takes no share
 # of the trainer's wish (a producing worker reports its count in every heartbeat).
 IDLE_HEARTBEATS = 4
+MAX_NOTICES = 16  # causes of layout refusals told to one trainer connection (a worker could make endless causes)
 
 
 class SampleIntake:
@@ -64,6 +67,7 @@ class SampleIntake:
         self._row_bytes: tuple[SampleSchema | None, int] = (None, 0)  # the layout's most bytes per row
         self.progress: dict[str, int] | None = None  # the trainer's latest PROGRESS (None: no trainer)
         self.workers_joined = False  # since the last pass of the server's loop
+        self._noticed: tuple[bytes, set[str]] = (b"", set())  # the trainer connection, and the causes it was told
 
     def open(self) -> None:
         """Read the layout a previous run saved (packets are checked against it until the trainer sends its own)."""
@@ -86,6 +90,9 @@ class SampleIntake:
         if self.schema is not None:
             try:
                 self.schema.check(msg.body, msg.arrays, peer.label)
+            except LayoutMismatch as exc:
+                self._refuse_layout(peer, msg.seq, exc)
+                return
             except SampleRejected as exc:
                 self._refuse(peer, msg.seq, str(exc))
                 return
@@ -163,6 +170,37 @@ class SampleIntake:
         self.admission.reject("worker", peer.rid, peer, reason)
         self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "reason": f"rejected: "
                                                               f"{reason}"}))
+
+    @property
+    def layout_tag(self) -> int:
+        """The tag of the layout packets are checked against (0: none); the server's heartbeats tell the workers."""
+        return 0 if self.schema is None else self.schema.tag
+
+    def _refuse_layout(self, peer: Peer, seq: int, exc: LayoutMismatch) -> None:
+        """A packet of another layout than the trainer's: the trainer is the one to fix (its sample compressor or
+        pipeline), and the packet is fine for a trainer with the worker's layout. So its worker keeps it (the NACK
+        names this layout; the worker resends it once the server names another), and the trainer is told each cause
+        once per connection (a NOTICE)."""
+        assert self.schema is not None
+        self.stats.layout_refusals += 1
+        peer.layout_refusals += 1
+        if worth_logging(peer.layout_refusals, first=3):
+            log.warning("refused a packet from %s for the trainer's sample layout: %s; the worker keeps it and sends "
+                        "it again once a trainer with its layout connects (%d refused so far)", peer.label,
+                        printable(exc.cause), peer.layout_refusals)
+        self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "layout": self.schema.tag,
+                                                              "reason": str(exc)}))
+        trainer = self.peers.trainer
+        if trainer is None:
+            return
+        if self._noticed[0] != trainer.rid:
+            self._noticed = (trainer.rid, set())
+        told = self._noticed[1]
+        if exc.cause in told or len(told) >= MAX_NOTICES:
+            return
+        told.add(exc.cause)
+        self.send(trainer, Message(MsgType.NOTICE, "server", body={"cause": printable(exc.cause),
+                                                                   "reason": printable(str(exc), 2000)}))
 
     def _over_window(self, peer: Peer, seq: int, nbytes: int, held: int) -> None:
         """A packet beyond the worker's share of the server's memory: a NACK (it resends once the server has

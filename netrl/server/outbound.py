@@ -134,4 +134,5 @@ def _merges(last: Message, msg: Message) -> bool:
         return False
     if msg.type is MsgType.ACK:  # "spooled" and "delivered to the trainer" stay apart: a stopping worker tells them
         return bool(last.body.get("spooled")) == bool(msg.body.get("spooled"))
-    return (last.body.get("reason"), last.body.get("retry_s")) == (msg.body.get("reason"), msg.body.get("retry_s"))
+    keys = ("reason", "retry_s", "layout")  # (a NACK's layout: which one refused them)
+    return [last.body.get(k) for k in keys] == [msg.body.get(k) for k in keys]

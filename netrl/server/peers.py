@@ -53,7 +53,9 @@ class Peer:
     reported: dict[str, Any] = field(default_factory=dict)  # counters from the peer's heartbeats
     bad_reports: int = 0  # heartbeats with counters that were ignored
     key: str = ""  # name of the CURVE key it connected with ("" without CURVE)
-    told_trainer: int | None = None  # a worker: whether a trainer is connected, as the server last told it
+    # a worker: whether a trainer is connected, and the tag of the sample layout packets are checked against (0: none),
+    # as the server last told it
+    told: tuple[int, int] | None = None
     # a worker's HELLO: the largest packet it makes (0: not declared, the server's caps alone), and whether it keeps
     # to PACE (a real-time worker does not: its packets are never held for pacing)
     max_rows: int = 0
@@ -63,6 +65,7 @@ class Peer:
     pace_budget: int = 0  # samples it may still deliver: PACE raises granted, less the samples accepted since
     over_pace: int = 0  # packets refused because they went beyond its PACE allowance
     oversized: int = 0  # packets refused because they went beyond its declared bounds or the server's
+    layout_refusals: int = 0  # packets refused for another sample layout than the trainer's (it keeps them)
     flushing: bool = False  # it is stopping: its packets go to the spool at once, so that its stop is quick and safe
 
     @property

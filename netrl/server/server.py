@@ -422,17 +422,19 @@ class Server:
         # Messages waiting unread on a port may be the silent peer's: only a port the loop has caught up with tells.
         unread = {role: bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
                   for role, sock in self.sockets.by_role.items()}
-        news: dict[str, int] = {"trainer_connected": connected}
+        # the layout: a worker keeps the packets another one refused, and sends them again once it changes
+        news: dict[str, int] = {"trainer_connected": connected, "layout": self.intake.layout_tag}
+        told = (connected, news["layout"])
         if self.intake.progress is not None:  # a worker acts at random until it holds worker.init_random_frames
             news["trainer_samples"] = self.intake.progress["samples"]  # (a busy worker hears it in its PACEs)
         for peer in self.peers.values():
             if peer.liveness.expired(now) and not unread[peer.role]:
                 self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
-            elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told_trainer != connected):
+            elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told != told):
                 # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
                 body = {"stats": news, **peer.liveness.stamp()}
                 if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
-                    peer.told_trainer = connected
+                    peer.told = told
             elif peer.liveness.heartbeat_due(now):
                 self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp()))
 

@@ -33,7 +33,7 @@ from netrl.errors import NetrlError, ProtocolError, SampleRejected
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import Command, NetThread, command_head, read_command
-from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType
+from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType, printable
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode, weight_parts
@@ -45,6 +45,7 @@ from netrl.util import version_label, worth_logging
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
 # here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.
 FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
+MAX_LAYOUT_CAUSES = 64  # of the server's NOTICEs, logged once each
 KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
 
 __all__ = ["TrainerLink", "trainer_label", "write_failed"]
@@ -111,6 +112,7 @@ class TrainerLink(NetThread):
         self.last_progress: list[Any] | None = None
         self._snapshots: list[_Snapshot] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
+        self.layout_causes: set[str] = set()  # why the server refused workers' packets for this trainer's layout
 
     # -- SampleSource, called from the training thread --------------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -306,9 +308,14 @@ class TrainerLink(NetThread):
                      self.stats["weights_superseded"])
 
     def on_message(self, msg: Message) -> None:
-        if msg.type is not MsgType.BUNDLE:
+        if msg.type is MsgType.BUNDLE:
+            self._take_bundle(msg)
+        elif msg.type is MsgType.NOTICE:
+            self._notice(msg.body["cause"], msg.body["reason"])
+        else:
             log.debug("ignored a %s message from the server", msg.type.value)
-            return
+
+    def _take_bundle(self, msg: Message) -> None:
         if self.error is not None:  # stopping after a failed write: the server keeps what it cannot deliver
             return
         bufs = []
@@ -358,6 +365,17 @@ class TrainerLink(NetThread):
         self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
         self.new_data.set()
         self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
+
+    def _notice(self, cause: str, reason: str) -> None:
+        """The server refuses workers' packets for this trainer's sample layout: logged once per cause (the server
+        says each once per connection), since this trainer is the one to fix."""
+        if cause in self.layout_causes or len(self.layout_causes) >= MAX_LAYOUT_CAUSES:
+            return
+        self.layout_causes.add(cause)
+        log.error("the server refuses workers' packets: their sample layout is not this trainer's: %s. This trainer "
+                  "gets none of their samples; the workers keep them (up to worker.max_backlog_bytes each) and send "
+                  "them to the first trainer whose layout matches theirs: stop this one and start it with the "
+                  "workers' sample_compressor and pipeline (config.json: the same env.pipeline)", printable(reason))
 
     def _stop_after_failed_write(self, exc: OSError) -> None:
         """End this thread cleanly; the training loop raises the advice at its next fetch or wait."""

@@ -96,7 +96,13 @@ def close_net(w: Any, net: Any) -> None:
     log.log(level, "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
             "%d rejected, %d unacknowledged%s", w.worker_id, w.session, w.produced, w.seq,
             c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked, spooled)
-    if not flushed and unacked_packets:
+    held, held_samples = len(net.held), sum(net.backlog[seq].steps for seq in net.held)
+    if held:  # the server refused them for the trainer's layout, and no trainer with theirs came in time
+        log.warning("worker %s stopped with %d packets (%d samples) it kept for a trainer with their sample layout, "
+                    "which the server refused for the trainer's (%s): they are lost with this session", w.worker_id,
+                    held, held_samples, net.last_held_reason)
+    if not flushed and unacked_packets > held:
         log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: the server had neither "
                     "spooled them nor delivered them to the trainer, so they are lost if they did not reach it or "
-                    "if it stops before the trainer takes them", w.worker_id, unacked_packets, unacked - lost)
+                    "if it stops before the trainer takes them", w.worker_id, unacked_packets - held,
+                    unacked - lost - held_samples)

@@ -19,7 +19,7 @@ from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import Command, NetThread, read_command
-from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
 from netrl.util import version_label, worth_logging
 
@@ -50,7 +50,10 @@ class WorkerLink(NetThread):
     disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight, and no more than the
     server's share of its memory for this worker (sent in WELCOME and every ACK); a NACK (server full) makes a
     packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent again.
-    Past ``max_backlog_bytes`` the oldest packets are dropped, counted and reported loudly.
+    A packet the server refuses for another sample layout than the trainer's (a NACK naming that layout) is kept
+    (``held``) until the server's heartbeats name another layout (a trainer with its own connected), then sent again:
+    a misconfigured trainer costs no samples. Past ``max_backlog_bytes`` the oldest packets, held ones included, are
+    dropped, counted and reported loudly.
     """
 
     def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int, keys: ClientKeys | None,
@@ -68,6 +71,8 @@ class WorkerLink(NetThread):
         self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
         self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
         self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
+        self.held: dict[int, int] = {}  # packets refused for the trainer's layout: seq -> the tag of that layout
+        self._held_reasons: set[str] = set()  # why, as logged (once each)
         self.inflight: set[int] = set()
         self.server_window: int | None = None  # the share of the server's memory it grants this worker
         self.weights_ack: int | None = None  # a weight version received whose ACK the link has not taken yet
@@ -92,6 +97,7 @@ class WorkerLink(NetThread):
         self.waiting_for_pace = False  # set by the control path while it waits for a larger allowance
         self.counts: collections.Counter[str] = collections.Counter()
         self.last_rejection = ""  # why the newest rejected packet was refused (the status line repeats it)
+        self.last_held_reason = ""  # why the newest held packet was refused
         self._last_drop_warning = 0.0
         self.link.heartbeat_body = self._heartbeat_stats
 
@@ -119,7 +125,8 @@ class WorkerLink(NetThread):
 
     def _heartbeat_stats(self) -> dict[str, Any]:
         return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
-                          "backlog_bytes": self.backlog_bytes, **self.weight_stats, **self.dropped()}}
+                          "backlog_bytes": self.backlog_bytes, "held_packets": len(self.held), **self.weight_stats,
+                          **self.dropped()}}
 
     def dropped(self) -> collections.Counter[str]:
         """This thread's counts, with the packets the control path dropped at the pipe added to the dropped ones."""
@@ -199,6 +206,7 @@ class WorkerLink(NetThread):
         self.backlog_bytes -= packet.nbytes
         self.unsent.pop(seq, None)
         self.waiting.pop(seq, None)
+        self.held.pop(seq, None)
         if seq in self.inflight:
             self.inflight.discard(seq)
             self.inflight_bytes -= packet.nbytes
@@ -235,6 +243,7 @@ class WorkerLink(NetThread):
         self.inflight.clear()
         self.inflight_bytes = 0
         self.waiting.clear()
+        self.held.clear()  # maybe another server, or a trainer with their layout: they go again with the rest
         self.unsent = OrderedDict.fromkeys(self.backlog)
         self._pump()
 
@@ -254,14 +263,24 @@ class WorkerLink(NetThread):
             # the server then spools this worker's packets at once and says so, rather than hold them for the trainer
             self._told_flushing = self.link.send(encode(Message(MsgType.HEARTBEAT, self.worker_id,
                                                                 body={**self._heartbeat_stats(), "flushing": True})))
+        ready: list[int] = []
         if self.waiting:
             now = time.monotonic()
-            ready = sorted(seq for seq, t in self.waiting.items() if t <= now)
+            ready = [seq for seq, t in self.waiting.items() if t <= now]
             for seq in ready:
                 del self.waiting[seq]
-                self.unsent[seq] = None
-            if ready:
-                self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
+        layout = self.link.server_stats.get("layout") if self.link.ready else None
+        if self.held and layout:  # (0: news from before the server had the layout that refused them)
+            released = [seq for seq, tag in self.held.items() if tag != layout]  # refused by a layout now gone
+            for seq in released:
+                del self.held[seq]
+            if released:
+                log.info("worker %s sends again %d packets the server refused for the trainer's sample layout: it "
+                         "checks packets against another layout now", self.worker_id, len(released))
+            ready += released
+        if ready:
+            self.unsent.update(dict.fromkeys(ready))
+            self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
         self._pump()
 
     def _status_line(self) -> None:
@@ -277,7 +296,12 @@ class WorkerLink(NetThread):
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.dropped()["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
                  self._waiting() if self.waiting_for_pace else "")
-        if self.counts["rejected_samples"]:  # e.g. a trainer with another sample_compressor: every packet refused
+        if self.held:
+            log.warning("status | worker %s | %d packets (%d samples) held: the server refuses them for the trainer's "
+                        "sample layout (%s); they are sent again once a trainer with their layout connects",
+                        self.worker_id, len(self.held), sum(self.backlog[s].steps for s in self.held),
+                        self.last_held_reason)
+        if self.counts["rejected_samples"]:  # e.g. a packet beyond the spaces' bounds: refused for good
             log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s", self.worker_id,
                         self.counts["rejected_samples"], self.last_rejection)
 
@@ -296,9 +320,9 @@ class WorkerLink(NetThread):
         """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged (a link
         waiting out its reconnect back-off reconnects at once)."""
         self.flushing.set()
-        with self.settled:
-            self.settled.wait_for(lambda: (self.last_seq >= upto_seq and not self.backlog) or not self.is_alive(),
-                                  timeout)
+        with self.settled:  # held packets wait for another trainer: no use waiting for them here
+            self.settled.wait_for(lambda: (self.last_seq >= upto_seq and len(self.backlog) <= len(self.held))
+                                  or not self.is_alive(), timeout)
             return self.last_seq >= upto_seq and not self.backlog  # a stopped thread may have left some in the pipe
 
     # -- messages in -------------------------------------------------------------------------------------
@@ -344,12 +368,33 @@ class WorkerLink(NetThread):
             log.error("packet %d of %d samples is dropped (%d rejected so far): %s", seq, packet.steps,
                       self.counts["rejected_packets"], reason)
 
+    def _hold(self, seq: int, packet: _Outgoing, layout: int, reason: str) -> None:
+        """Keep a packet the server refused for the trainer's sample layout, until it names another layout."""
+        self.inflight.discard(seq)
+        self.inflight_bytes -= packet.nbytes
+        self.held[seq] = layout
+        self.counts["layout_refused_packets"] += 1  # a packet refused again after a resend counts again
+        self.counts["layout_refused_samples"] += packet.steps
+        self.last_held_reason = reason = printable(reason)
+        if reason not in self._held_reasons and len(self._held_reasons) < 16:
+            self._held_reasons.add(reason)
+            log.warning("worker %s keeps the packets the server refuses for the trainer's sample layout (%s): they "
+                        "are sent again once a trainer with their layout connects, up to worker.max_backlog_bytes "
+                        "(%d) of packets; beyond it the oldest are dropped", self.worker_id, reason,
+                        self.max_backlog_bytes)
+        with self.settled:  # a flush need not wait for it
+            self.settled.notify_all()
+
     def _nack(self, msg: Message) -> None:
-        """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid)."""
-        retry_s = float(msg.body["retry_s"])
+        """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid), or, when
+        the NACK names a sample layout, once the server checks packets against another."""
+        retry_s, layout = float(msg.body["retry_s"]), msg.body.get("layout")
         for seq in msg.body["seqs"]:
             packet = self.backlog.get(seq) if isinstance(seq, int) else None
             if packet is None or seq not in self.inflight:
+                continue
+            if layout is not None:
+                self._hold(seq, packet, layout, msg.body["reason"])
                 continue
             if retry_s <= 0:
                 self._reject(seq, packet, f"the server rejected it: {msg.body['reason']}")

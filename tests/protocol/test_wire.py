@@ -41,6 +41,8 @@ ALL_MESSAGES = [
     Message(MsgType.BYE, "w1", body={"reason": "bye"}),
     Message(MsgType.ACK, "trainer", body={"seqs": [1, 2, 3]}),
     Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": 1.0}),
+    Message(MsgType.NACK, "server", body={"seqs": [5], "reason": "another layout", "retry_s": 0, "layout": 7}),
+    Message(MsgType.NOTICE, "server", body={"cause": "field 'obs' has dtype <f8", "reason": "packet from w: ..."}),
     Message(MsgType.CREDIT, "trainer", body={"bundles": 4}),
     weights_message(9),
     Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 1, "samples": 2, "wanted": 3}),
