@@ -92,11 +92,14 @@ def test_the_server_refuses_each_bad_extra_naming_the_worker_field_and_row(make_
         spoil(buf)
         worker.send(samples_message(buf, "robot-1", worker.session, seq, seq * 10))
         nack = worker.expect(MsgType.NACK)
-        assert nack.body["seqs"] == [seq] and nack.body["retry_s"] == 0  # for good: resending cannot help
+        assert nack.body["seqs"] == [seq] and nack.body["retry_s"] == 0
         assert "robot-1" in nack.body["reason"] and reason in nack.body["reason"], nack.body["reason"]
+        # another layout than the trainer's is the trainer's to fix: the NACK names the layout, and the worker keeps
+        # the packet for a trainer with its own; bad values are refused for good
+        assert ("layout" in nack.body) == (spoil is not nan_in_row_6), nack.body
     worker.send(samples_message(with_extras(), "robot-1", worker.session, 99, 999))
     assert worker.expect(MsgType.ACK).body["seqs"] == [99]  # the server carries on, and takes a packet that fits
-    assert srv.stats["rejected"] == len(BAD)
+    assert (srv.stats["layout_refusals"], srv.stats["rejected"]) == (len(BAD) - 1, 1)
 
 
 class SilentLink(TrainerLink):
