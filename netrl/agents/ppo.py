@@ -190,6 +190,8 @@ class PPOAgent(TrainingAgent):
             linearly to 0 (RL Zoo's ``lin_`` schedules over ``n_timesteps``).
     """
 
+    on_policy = True  # it trains on a RolloutMemory's batches only (netrl.pipelines.make refuses others)
+
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (64, 64), gamma: float = 0.99, gae_lambda: float = 0.95,
                  lr: float = 3e-4, n_epochs: int = 10, minibatch_size: int = 64, clip_range: float = 0.2,
