@@ -35,7 +35,7 @@ worker's default action hold zeros. They travel as leaves ``extra/<name>`` and r
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -424,7 +424,7 @@ class Batch(_Fields):
 
     ``batch.extra`` holds further named per-transition tensors, outside the seven so that unpacking keeps working:
     the actor's extra outputs recorded with each transition's action (``action_log_prob``, ``state_value``...; see
-    the module docstring), and what a memory adds. ``{}`` when there are none. Pass it as
+    the module docstring), and what a memory adds (``traj_ids``). ``{}`` when there are none. Pass it as
     ``Batch(o, a, r, o2, term, trunc, weight, extra={...})``; ``_replace`` keeps it.
     """
 
@@ -436,12 +436,15 @@ class Batch(_Fields):
         return self
 
     @classmethod
-    def _make(cls, iterable: Any) -> Batch:  # type: ignore[override]  # namedtuple's skips __new__: no extra
-        return cls(*iterable)
+    def _make(cls, iterable: Iterable[Any]) -> Batch:  # type: ignore[override]  # mypy types NamedTuple's specially
+        return cls(*iterable)  # namedtuple's _make bypasses __new__, and so would leave no extra
 
     def _replace(self, **changes: Any) -> Batch:
         extra = changes.pop("extra", self.extra)
         return Batch(*_Fields._replace(self, **changes), extra=extra)
+
+    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:  # pickle and copy keep extra
+        return tuple(self), {"extra": self.extra}
 
     def __repr__(self) -> str:
         return f"{_Fields.__repr__(self)[:-1].replace('_Fields', 'Batch', 1)}, extra={sorted(self.extra)})"

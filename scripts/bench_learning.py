@@ -14,8 +14,14 @@ DQN through the three processes beside Stable-Baselines3's DQN (RL Zoo hyperpara
 a mean return >= 475 over 20 greedy episodes within 100,000 env steps and within 1.5x SB3's env steps. It needs
 ``pip install -e .[bench]`` (stable-baselines3).
 
+``--row ppo-cartpole`` and ``--row ppo-pendulum`` (``--row ppo``: both, one after the other) run the PPO rows of issue
+33 (scripts/benchmarks/ppo.py): netrl's PPO with version-synced collection from 2 workers x 8 envs, three processes,
+beside SB3's PPO with RL Zoo's hyperparameters, median of 3 seeds. Targets: CartPole-v1 to a deterministic mean
+return >= 475 within 1.3x SB3's env steps; Pendulum-v1's env steps to -250 are reported beside SB3's.
+
 Usage: .venv/bin/python scripts/bench_learning.py [--max-steps 15000] [--seed 1]
        .venv/bin/python scripts/bench_learning.py --row cartpole [--seeds 1 2 3]
+       .venv/bin/python scripts/bench_learning.py --row ppo [--seeds 1 2 3] [--max-steps N]
 
 ``--vector`` runs another comparison instead (issue 31): Pendulum-v1 with one worker of ``worker.num_envs`` 8 envs
 against one of a single env, three processes each, side by side for each of 3 seeds; each is judged on its policy
@@ -134,12 +140,28 @@ def main() -> int:
         return main_vector()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=None,
-                        help="give up after this many env steps (default: 15,000; --row cartpole: 100,000)")
+                        help="give up after this many env steps (default: 15,000; --row cartpole and ppo-cartpole: "
+                        "100,000; ppo-pendulum: 200,000)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--row", choices=["pendulum", "cartpole"], default="pendulum")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="--row cartpole: seeds to run")
+    parser.add_argument("--row", choices=["pendulum", "cartpole", "ppo", "ppo-cartpole", "ppo-pendulum"],
+                        default="pendulum")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
+                        help="--row cartpole and the ppo rows: seeds to run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.row.startswith("ppo"):
+        from benchmarks.ppo import ROWS
+        from benchmarks.ppo import report as report_ppo
+        from benchmarks.ppo import run_row as run_ppo
+
+        results = []
+        for name in (ROWS if args.row == "ppo" else [args.row]):
+            with tempfile.TemporaryDirectory(prefix="netrl-bench-ppo-") as d:
+                results.append(run_ppo(name, Path(d), args.seeds, args.max_steps))
+        for result in results:
+            report_ppo(result)
+        print(json.dumps({"ppo": results}))
+        return 0
     if args.row == "cartpole":
         from benchmarks.cartpole import report, run_row
 

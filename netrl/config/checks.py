@@ -1,7 +1,8 @@
 """The checks config fields carry: each takes a value and returns what is wrong with it, or None.
 
 :mod:`netrl.config.sections` attaches them to its dataclass fields; :mod:`netrl.config.build` runs them and
-``_validate`` in :mod:`netrl.config.sections` lists every problem.
+``_validate`` in :mod:`netrl.config.sections` lists every problem. :func:`algorithm_problems` holds the rules between
+``agent.algorithm`` and the keys it needs, which :mod:`netrl.config.load` applies with the other rules between fields.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge", "gt", "home",
-           "host", "nonempty", "optional", "optional_folder", "pipeline_name", "port", "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "algorithm_problems", "between", "file_name", "folder",
+           "ge", "gt", "home", "host", "nonempty", "optional", "optional_folder", "pipeline_name", "port", "sizes",
+           "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -120,3 +122,29 @@ def optional_folder(v: str | None) -> str | None:
     if v is not None and not v.strip():
         return "must not be empty (null: the default)"
     return optional(folder)(v)
+
+
+def algorithm_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
+    """The rules between ``agent.algorithm`` and the keys it needs, as ``(keys involved, message)``: PPO trains each
+    batch on the samples of one weight version, collected by its own policy."""
+    if cfg.agent.algorithm != "ppo":
+        return []
+    problems: list[tuple[tuple[str, ...], str]] = []
+    # trainer.collection and trainer.frames_per_batch come with the sync collection; a config without them is async
+    collection = getattr(cfg.trainer, "collection", "async")
+    if collection != "sync":
+        problems.append((("agent.algorithm", "trainer.collection"),
+                         f'agent.algorithm "ppo" needs trainer.collection "sync" (got "{collection}"): PPO trains each '
+                         "batch on samples of one weight version; set trainer.collection to \"sync\", or choose "
+                         "another agent.algorithm"))
+    if cfg.worker.init_random_frames > 0:
+        problems.append((("agent.algorithm", "worker.init_random_frames"),
+                         f"worker.init_random_frames ({cfg.worker.init_random_frames}) must be 0 with agent.algorithm "
+                         '"ppo": PPO learns from the actions its own policy chose, with their log-probabilities, and a '
+                         "random action has none"))
+    frames = getattr(cfg.trainer, "frames_per_batch", None)
+    if frames is not None and cfg.agent.minibatch_size > frames:
+        problems.append((("agent.minibatch_size", "trainer.frames_per_batch"),
+                         f"agent.minibatch_size ({cfg.agent.minibatch_size}) must be <= trainer.frames_per_batch "
+                         f"({frames}): a PPO minibatch is drawn from one batch"))
+    return problems

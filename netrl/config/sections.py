@@ -213,6 +213,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
+    algorithm: Literal["auto", "sac", "dqn", "ppo"] = _f(
+        "auto", "the gym pipeline's agent: auto (SAC for Box actions, DQN for discrete ones), sac, dqn, or ppo "
+        "(on-policy, for both; needs trainer.collection sync)")
     gamma: float = _f(0.99, "discount factor", between(0.0, 1.0))
     polyak: float = _f(0.995, "target network averaging factor", between(0.0, 1.0))
     alpha: float = _f(0.2, "initial entropy coefficient", gt(0))
@@ -231,6 +234,19 @@ class AgentConfig:
     exploration_steps: int = _f(4000, "DQN: training steps over which the chance of a random action falls linearly "
                                 "from exploration_initial_eps to exploration_final_eps (workers follow with each "
                                 "weight version; test episodes act greedily)", ge(0))
+    lr_ppo: float = _f(3e-4, "PPO: learning rate of its one optimiser (policy and value together)", gt(0))
+    ppo_epochs: int = _f(10, "PPO: passes over each collected batch", ge(1))
+    minibatch_size: int = _f(64, "PPO: transitions per gradient step within a pass", ge(1))
+    clip_range: float = _f(0.2, "PPO: epsilon of the clipped surrogate (the policy ratio counts within 1 +- this)",
+                           gt(0))
+    clip_range_vf: float | None = _f(None, "PPO: the new value is kept within this of the value recorded at action "
+                                     "time (null: no value clipping)", optional(gt(0)))
+    gae_lambda: float = _f(0.95, "PPO: lambda of generalised advantage estimation", between(0.0, 1.0))
+    ent_coef: float = _f(0.0, "PPO: weight of the entropy bonus", ge(0))
+    vf_coef: float = _f(0.5, "PPO: weight of the value loss", ge(0))
+    max_grad_norm: float = _f(0.5, "PPO: gradients are clipped to this global norm", gt(0))
+    ppo_anneal_frames: int | None = _f(None, "PPO: lr_ppo and clip_range fall linearly to 0 over this many trained env "
+                                       "steps (RL Zoo's lin_ schedules; null: constant)", optional(ge(1)))
 
 
 @dataclass(frozen=True)

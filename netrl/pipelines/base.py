@@ -7,11 +7,12 @@ class, the sample compressor, the memory class and the training agent class.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "rollout_memory"]
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,10 @@ class Pipeline:
     # When an env call hangs or a thread of the env dies (netrl.envs.guard): "stop" the worker with exit code 1, or
     # "reset": start a new episode, on a new env if the old one is stuck (three failures in a row still stop it).
     on_env_failure: Literal["stop", "reset"] = "stop"
+
+
+def rollout_memory() -> Any:
+    """netrl.memory.rollout.RolloutMemory, the memory an on-policy agent needs, imported when a pipeline needs it (it
+    loads torch; it comes with the sync collection of issue 33, merged before PPO, and is imported by name so that
+    these modules type-check without it)."""
+    return importlib.import_module("netrl.memory.rollout").RolloutMemory

@@ -1,5 +1,6 @@
-"""The generic pipeline: any Gymnasium env and an MLP actor, with the agent its action space needs: SAC for Box
-actions (Pendulum-v1, the default), double DQN for Discrete, MultiDiscrete and MultiBinary ones (CartPole-v1)."""
+"""The generic pipeline: any Gymnasium env and an MLP actor, with the agent ``agent.algorithm`` names, by default
+(auto) the one its action space needs: SAC for Box actions (Pendulum-v1, the default), double DQN for Discrete,
+MultiDiscrete and MultiBinary ones (CartPole-v1). ``ppo`` takes either, with a RolloutMemory (sync collection)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ import importlib
 import gymnasium
 
 from netrl.agents.dqn import DQNActor, DQNAgent, is_discrete
+from netrl.agents.ppo import PPOActor, PPOAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
 from netrl.memory.replay import ReplayMemory
-from netrl.pipelines.base import Pipeline
+from netrl.pipelines.base import Pipeline, rollout_memory
 from netrl.util import partial
 
 __all__ = ["gym_pipeline"]
 
 
 def gym_pipeline(cfg: Config) -> Pipeline:
-    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions neither SAC nor DQN
-    can take."""
+    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions the agent cannot
+    take."""
     module, _, name = cfg.env.id.rpartition(":")  # "module:EnvId" imports the module, as gymnasium.make does
     try:
         if module:
@@ -41,7 +43,19 @@ def gym_pipeline(cfg: Config) -> Pipeline:
     a = cfg.agent
     hidden = tuple(a.hidden_sizes)
     env_cls = partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs))
-    if is_discrete(actions):
+    algorithm = _algorithm(cfg, actions)
+    if algorithm == "ppo":
+        return Pipeline(
+            env_cls=env_cls,
+            actor_module_cls=partial(PPOActor, hidden_sizes=hidden),
+            memory_cls=rollout_memory(),  # the sync collection's: one batch, in stored order
+            training_agent_cls=partial(
+                PPOAgent, hidden_sizes=hidden, gamma=a.gamma, gae_lambda=a.gae_lambda, lr=a.lr_ppo,
+                n_epochs=a.ppo_epochs, minibatch_size=a.minibatch_size, clip_range=a.clip_range,
+                clip_range_vf=a.clip_range_vf, ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm,
+                anneal_frames=a.ppo_anneal_frames),
+        )
+    if algorithm == "dqn":
         return Pipeline(
             env_cls=env_cls,
             actor_module_cls=partial(DQNActor, hidden_sizes=hidden),
@@ -51,10 +65,6 @@ def gym_pipeline(cfg: Config) -> Pipeline:
                 target_update_interval=a.target_update_interval, exploration_initial_eps=a.exploration_initial_eps,
                 exploration_final_eps=a.exploration_final_eps, exploration_steps=a.exploration_steps),
         )
-    if not isinstance(actions, gymnasium.spaces.Box):
-        raise ConfigError([f'env.id "{cfg.env.id}" has {type(actions).__name__} actions, but the gym pipeline trains '
-                           "SAC for Box actions and DQN for Discrete, MultiDiscrete and MultiBinary ones: flatten the "
-                           "action space with a wrapper, or build a pipeline with an agent for these actions"])
     return Pipeline(
         env_cls=env_cls,
         actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
@@ -64,3 +74,23 @@ def gym_pipeline(cfg: Config) -> Pipeline:
             alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
             learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
     )
+
+
+def _algorithm(cfg: Config, actions: gymnasium.Space) -> str:
+    """``agent.algorithm``, with auto resolved from the action space; ConfigError when the agent cannot take them."""
+    box = isinstance(actions, gymnasium.spaces.Box)
+    algorithm = cfg.agent.algorithm
+    if algorithm == "auto":
+        if not (box or is_discrete(actions)):
+            raise ConfigError([f'env.id "{cfg.env.id}" has {type(actions).__name__} actions, but the gym pipeline '
+                               "trains SAC for Box actions and DQN for Discrete, MultiDiscrete and MultiBinary ones "
+                               "(PPO for both): flatten the action space with a wrapper, or build a pipeline with an "
+                               "agent for these actions"])
+        return "sac" if box else "dqn"
+    takes = {"sac": box, "dqn": is_discrete(actions), "ppo": box or is_discrete(actions)}[algorithm]
+    if not takes:
+        need = {"sac": "Box", "dqn": "Discrete, MultiDiscrete or MultiBinary",
+                "ppo": "Box, Discrete, MultiDiscrete or MultiBinary"}[algorithm]
+        raise ConfigError([f'agent.algorithm "{algorithm}" needs {need} actions, but env.id "{cfg.env.id}" has '
+                           f'{actions}: choose another agent.algorithm ("auto" picks one that fits), or another env'])
+    return algorithm

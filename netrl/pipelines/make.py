@@ -3,30 +3,65 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+from typing import Any
 
 from netrl.config.sections import Config
 from netrl.errors import ConfigError
-from netrl.pipelines.base import Pipeline
+from netrl.pipelines.base import Pipeline, rollout_memory
 
 __all__ = ["make_pipeline"]
 
 
 def make_pipeline(cfg: Config) -> Pipeline:
-    """The pipeline named by ``env.pipeline``: a built-in one, or ``module:function``'s (``function(cfg)``)."""
+    """The pipeline named by ``env.pipeline``: a built-in one, or ``module:function``'s (``function(cfg)``).
+
+    Raises ConfigError also when an on-policy agent (``agent.algorithm`` "ppo", or an agent class with ``on_policy``
+    set) comes with a memory that is not a RolloutMemory."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
-        return gym_pipeline(cfg)
-    if cfg.env.pipeline == "drone":
+        pipeline = gym_pipeline(cfg)
+    elif cfg.env.pipeline == "drone":
         from netrl.pipelines.drone import drone_pipeline
 
-        return drone_pipeline(cfg)
-    if cfg.env.pipeline == "image":
+        pipeline = drone_pipeline(cfg)
+    elif cfg.env.pipeline == "image":
         from netrl.pipelines.image import image_pipeline
 
-        return image_pipeline(cfg)
-    return _own_pipeline(cfg)
+        pipeline = image_pipeline(cfg)
+    else:
+        pipeline = _own_pipeline(cfg)
+    _check_on_policy(cfg, pipeline)
+    return pipeline
+
+
+def _unwrapped(cls: Any) -> Any:
+    while isinstance(cls, functools.partial):
+        cls = cls.func
+    return cls
+
+
+def _check_on_policy(cfg: Config, pipeline: Pipeline) -> None:
+    """An on-policy agent trains each batch once, on samples of one weight version: a replay memory would hand it
+    older ones, sampled at random, without the trajectory ids its advantages need."""
+    agent = _unwrapped(pipeline.training_agent_cls)
+    if cfg.agent.algorithm != "ppo" and not getattr(agent, "on_policy", False):
+        return
+    memory = _unwrapped(pipeline.memory_cls)
+    if isinstance(memory, type) and issubclass(memory, rollout_memory()):
+        return
+    name, memory_name = (getattr(c, "__name__", repr(c)) for c in (agent, memory))
+    if getattr(agent, "on_policy", False):
+        problem = (f'{name} is on-policy (agent.algorithm "{cfg.agent.algorithm}") and needs a RolloutMemory, but '
+                   f'env.pipeline "{cfg.env.pipeline}" gives it {memory_name}, which is not one: build the pipeline '
+                   'with memory_cls=netrl.memory.rollout.RolloutMemory (and trainer.collection "sync")')
+    else:
+        problem = (f'agent.algorithm "ppo" needs PPO with a RolloutMemory, but env.pipeline "{cfg.env.pipeline}" '
+                   f'gives {name} with {memory_name}: use env.pipeline "gym" (or a pipeline of your own that builds '
+                   "PPOAgent with RolloutMemory), or choose another agent.algorithm")
+    raise ConfigError([problem])
 
 
 def _own_pipeline(cfg: Config) -> Pipeline:
