@@ -358,18 +358,32 @@ training_cls = partial(
 # === The three roles ==================================================================================================
 
 
-def stop_on_signals() -> threading.Event:
-    """Ctrl+C (or SIGTERM) sets the event a role's run(stop) watches, so that it stops cleanly."""
+def stop_on_signals(parent: int | None) -> threading.Event:
+    """Ctrl+C (or SIGTERM) sets the event a role's run(stop) watches, so that it stops cleanly (saving what it
+    has); a second one interrupts at once. A role started by ``all`` also stops once that process is gone."""
     stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
+    if parent is not None:
+        def watch_parent() -> None:
+            while not stop.wait(1.0):
+                if os.getppid() != parent:
+                    stop.set()
+
+        threading.Thread(target=watch_parent, daemon=True).start()
     return stop
 
 
 def run_role(role: str, args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     torch.set_num_threads(1)  # one thread per process: the three share the machine's cores
-    stop = stop_on_signals()
+    stop = stop_on_signals(args.parent)
     if role == "server":  # netrl: no keys= here, so unencrypted (fine on 127.0.0.1; see docs/security.md)
         Server(min_samples_per_server_packet=20, trainer_port=args.trainer_port, worker_port=args.worker_port,
                spool_dir=run_dir / "server-spool").run(stop)
@@ -395,20 +409,32 @@ def run_all(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ports = ["--trainer-port", str(args.trainer_port), "--worker-port", str(args.worker_port), "--run-dir",
-             str(run_dir)]
+    flags = ["--trainer-port", str(args.trainer_port), "--worker-port", str(args.worker_port), "--run-dir",
+             str(run_dir), "--parent", str(os.getpid())]
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # also where SIGINT was ignored (a background job) and for SIGTERM
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     start = time.monotonic()
-    procs = {role: subprocess.Popen([sys.executable, __file__, role, *ports]) for role in ("server", "trainer")}
-    procs["worker"] = subprocess.Popen([sys.executable, __file__, "worker", *ports])
+    # each in a session of its own: a Ctrl+C reaches this process alone, which then stops each role once
+    procs = {role: subprocess.Popen([sys.executable, __file__, role, *flags], start_new_session=True)
+             for role in ("server", "trainer", "worker")}
+    interrupted = False
     try:
         while procs["trainer"].poll() is None and time.monotonic() - start < args.minutes * 60:
             for role in ("server", "worker"):
                 if procs[role].poll() is not None:
                     raise RuntimeError(f"the {role} exited early (code {procs[role].returncode})")
             time.sleep(0.5)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:  # the server last, so that it hears the others leave
         codes = {role: stop_process(procs[role]) for role in ("worker", "trainer", "server")}
     print("exit codes:", codes, flush=True)
+    if interrupted:
+        print(f"interrupted: the trainer saved its policy and checkpoint in {run_dir}; start again to resume")
+        return 130
     if codes["trainer"] != 0:
         return 1
     policy = run_dir / "policy.pt"
@@ -448,6 +474,7 @@ def main() -> int:
     p.add_argument("--worker-port", type=int, default=55556)
     p.add_argument("--minutes", type=float, default=5.0, help="all: training time (default 5)")
     p.add_argument("--evaluate", type=int, default=20, help="all: episodes to evaluate each policy on (default 20)")
+    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # set by all: stop when that process is gone
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s")
     if args.role == "all":

@@ -91,13 +91,13 @@ def test_a_trained_tutorial_policy_is_deployed_without_a_server(tutorial_run: tu
     run_dir, _ = tutorial_run
     policy = str(run_dir / "policy.pt")
     version = json.loads((run_dir / "policy.pt.json").read_text())["version"]
-    for extra in ([], ["--worker"]):
-        out = run_example([str(EXAMPLES / "deploy_policy.py"), policy, "--episodes", "2", *extra], run_dir.parent,
-                          TUTORIAL_SMOKE="1")
-        summary = last_json(out)
-        assert summary["policy"] == f"{policy} (version {version})" and summary["episodes"] == 2
-        assert 1 <= summary["mean_length"] <= 20 and summary["mean_return"] < 0  # the drone's reward: -distance
-        assert len(re.findall(r"^episode \d+: return -[\d.]+ in \d+ steps$", out, re.M)) == 2
+    # through RolloutWorker(standalone=True) here; the plain loop ran in tutorial_run and runs in the pipeline test
+    out = run_example([str(EXAMPLES / "deploy_policy.py"), policy, "--episodes", "2", "--worker"], run_dir.parent,
+                      TUTORIAL_SMOKE="1")
+    summary = last_json(out)
+    assert summary["policy"] == f"{policy} (version {version})" and summary["episodes"] == 2
+    assert 1 <= summary["mean_length"] <= 20 and summary["mean_return"] < 0  # the drone's reward: -distance
+    assert len(re.findall(r"^episode \d+: return -[\d.]+ in \d+ steps$", out, re.M)) == 2
 
 
 def test_the_tutorial_memory_rebuilds_every_observation_the_env_produced(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,3 +153,9 @@ def test_every_example_is_linked_from_the_docs() -> None:
     docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     for path in [*EXAMPLES.glob("*.py"), EXAMPLES / "custom_pipeline"]:
         assert f"examples/{path.name}" in docs, f"no page of the docs links examples/{path.name}"
+
+
+def test_the_examples_page_links_resolve() -> None:
+    from tests.test_docs import link_problems
+
+    assert link_problems(EXAMPLES / "README.md") == []
