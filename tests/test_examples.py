@@ -153,6 +153,8 @@ def test_every_example_is_linked_from_the_docs() -> None:
     docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     for path in [*EXAMPLES.glob("*.py"), EXAMPLES / "custom_pipeline"]:
         assert f"examples/{path.name}" in docs, f"no page of the docs links examples/{path.name}"
+    named = set(re.findall(r"(?<![\w./-])(examples/[\w./-]*\w)", docs))
+    assert sorted(path for path in named if not (ROOT / path).exists()) == []  # none renamed under the docs
 
 
 def test_the_examples_page_links_resolve() -> None:
