@@ -9,9 +9,7 @@ list is docs/tmrl.md). Run each role in its own terminal, from the same folder::
     python examples/tmrl_tutorial.py trainer
     python examples/tmrl_tutorial.py worker
 
-or all three at once, for ``--minutes``, then compare the policy with random actions (examples/deploy_policy.py)::
-
-    python examples/tmrl_tutorial.py all --minutes 5
+or all three at once for 5 minutes, then the policy against random actions: examples/tmrl_tutorial_learn.py.
 
 The run folder (``--run-dir``, default weights/tutorial) holds the trainer's checkpoint, policy.pt, metrics.csv
 and the worker's episodes CSV; a trainer started again resumes from its checkpoint. Ctrl+C stops a role cleanly.
@@ -22,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 import warnings
 from copy import deepcopy
 from pathlib import Path
@@ -360,7 +355,7 @@ training_cls = partial(
 
 def stop_on_signals(parent: int | None) -> threading.Event:
     """Ctrl+C (or SIGTERM) sets the event a role's run(stop) watches, so that it stops cleanly (saving what it
-    has); a second one interrupts at once. A role started by ``all`` also stops once that process is gone."""
+    has); a second one interrupts at once. A role started by a launcher (``--parent``) also stops once it is gone."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -402,83 +397,15 @@ def run_role(role: str, args: argparse.Namespace) -> None:
         trainer.run(stop)  # the policy goes to run_dir/policy.pt after every epoch and when it stops
 
 
-def run_all(args: argparse.Namespace) -> int:
-    """The three roles as child processes, until the trainer is done or ``--minutes`` have passed; then the
-    trained policy against random actions on fresh episodes."""
-    from deploy_policy import evaluate  # examples/deploy_policy.py, beside this file
-
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    flags = ["--trainer-port", str(args.trainer_port), "--worker-port", str(args.worker_port), "--run-dir",
-             str(run_dir), "--parent", str(os.getpid())]
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # also where SIGINT was ignored (a background job) and for SIGTERM
-
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
-    start = time.monotonic()
-    # each in a session of its own: a Ctrl+C reaches this process alone, which then stops each role once
-    procs = {role: subprocess.Popen([sys.executable, __file__, role, *flags], start_new_session=True)
-             for role in ("server", "trainer", "worker")}
-    interrupted = False
-    try:
-        while procs["trainer"].poll() is None and time.monotonic() - start < args.minutes * 60:
-            for role in ("server", "worker"):
-                if procs[role].poll() is not None:
-                    raise RuntimeError(f"the {role} exited early (code {procs[role].returncode})")
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:  # the server last, so that it hears the others leave
-        codes = {role: stop_process(procs[role]) for role in ("worker", "trainer", "server")}
-    print("exit codes:", codes, flush=True)
-    if interrupted:
-        print(f"interrupted: the trainer saved its policy and checkpoint in {run_dir}; start again to resume")
-        return 130
-    if codes["trainer"] != 0:
-        return 1
-    policy = run_dir / "policy.pt"
-    trained = evaluate(env_cls, actor_module_cls, policy, args.evaluate)
-    random_actions = evaluate(env_cls, actor_module_cls, None, args.evaluate)
-    result = {"minutes": round((time.monotonic() - start) / 60, 1), "policy": str(policy),
-              "trained": drone_summary(trained), "random": drone_summary(random_actions)}
-    print(f"mean distance to the target: trained {result['trained']['mean_distance']:.3f}, "
-          f"random actions {result['random']['mean_distance']:.3f}")
-    print(json.dumps(result), flush=True)
-    return 0
-
-
-def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
-def drone_summary(episodes: list[dict[str, Any]]) -> dict[str, float]:
-    """Reward is minus the distance to the target: the mean distance over each episode, and where it ended."""
-    distances = [-np.asarray(e["rewards"]) for e in episodes]
-    return {"episodes": len(episodes), "mean_distance": round(float(np.mean([d.mean() for d in distances])), 4),
-            "final_distance": round(float(np.mean([d[-1] for d in distances])), 4),
-            "reached_0.05": round(float(np.mean([(d < 0.05).any() for d in distances])), 3)}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("role", choices=["server", "worker", "trainer", "all"])
+    p.add_argument("role", choices=["server", "worker", "trainer"])
     p.add_argument("--run-dir", default="weights/tutorial", help="run folder (default weights/tutorial)")
     p.add_argument("--trainer-port", type=int, default=55555)
     p.add_argument("--worker-port", type=int, default=55556)
-    p.add_argument("--minutes", type=float, default=5.0, help="all: training time (default 5)")
-    p.add_argument("--evaluate", type=int, default=20, help="all: episodes to evaluate each policy on (default 20)")
-    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # set by all: stop when that process is gone
+    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # a launcher's pid: stop when it is gone
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s")
-    if args.role == "all":
-        return run_all(args)
     run_role(args.role, args)
     return 0
 

@@ -67,7 +67,7 @@ def import_tutorial(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def tutorial_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """The tutorial's three processes, trained for its smoke settings' one short epoch, then evaluated."""
     cwd = tmp_path_factory.mktemp("tutorial")
-    out = run_example([str(EXAMPLES / "tmrl_tutorial.py"), "all", "--run-dir", "run", "--trainer-port",
+    out = run_example([str(EXAMPLES / "tmrl_tutorial_learn.py"), "--run-dir", "run", "--trainer-port",
                        str(free_port()), "--worker-port", str(free_port()), "--evaluate", "2", "--minutes", "1.5"],
                       cwd, TUTORIAL_SMOKE="1")
     yield cwd / "run", out
