@@ -63,6 +63,7 @@ class SyncFragments:
         self.last_wait_s = 0.0
         self.waiting = False
         self.fragments = 0
+        self.first: int | None = None  # the version of this worker's first fragment
         self.skipped: int | None = None  # a version skipped on joining mid-batch
         self._joined: tuple[str, int] | None = None  # the server session and version of the join decided last
 
@@ -96,6 +97,8 @@ class SyncFragments:
             return False
         w._swap_weights(force=True)
         self.version, self.steps = w.version, 0
+        if self.first is None:
+            self.first = w.version
         if self.parked.any():  # complete_episodes: envs that waited start their next episode now (one env starts
             if w.vec is not None:  # it anyway: its episode loop resets it)
                 w.vec.reset_envs(self.parked)

@@ -407,10 +407,10 @@ class RolloutWorker:
         if stop.is_set():
             return False
         self._check_net()
-        if collect and self.sync.active:  # the wait for each version paces a sync worker (netrl.worker.sync)
-            return self.sync.before_step(stop)
-        if collect and self.throttle:
+        if collect and self.throttle and not self.sync.active:
             self._wait_for_pace(stop)
+        if collect and self.sync.active:  # the wait for each version paces a sync worker (netrl.worker.sync); also
+            return self.sync.before_step(stop)  # when the announcement came during the wait for PACE
         return not stop.is_set()
 
     def packets_due(self) -> bool:

@@ -20,6 +20,7 @@ import zmq
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
 from netrl.memory.rollout import RolloutMemory
+from netrl.monitor.status import format_status
 from netrl.samples import Batch
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
@@ -129,7 +130,7 @@ class Roles:
         return worker
 
     def close(self) -> None:
-        for thread, stop, _ in reversed(self.threads):
+        for _thread, stop, _ in reversed(self.threads):
             stop.set()
         for thread, _, role in reversed(self.threads):
             thread.join(15)
@@ -167,3 +168,82 @@ def test_every_sync_batch_holds_one_version_and_a_slow_workers_stale_fragment_is
     live = training.live()
     assert live["late_samples"] == training.sync.late_samples > 0
     assert live["frames_per_batch"] == 40 and live["collection"] == "sync"
+
+
+def test_a_worker_joining_mid_batch_starts_with_the_next_version(roles: Roles) -> None:
+    # one worker delivers 40 of the 200 steps a batch asks for: each batch waits its timeout, long enough to join in
+    training = roles.trainer(frames_per_batch=200, sync_timeout_s=2.0).training
+    roles.worker("first")
+    wait_until(lambda: training is not None and training.sync is not None and training.sync.steps > 0, 20,
+               "a batch holding samples")
+    assert training is not None and training.sync is not None
+    open_version = training.sync.version
+    joiner = roles.worker("joiner")
+    wait_until(lambda: joiner.sync.fragments >= 1, 20, "the joiner's first fragment")
+    assert joiner.sync.first is not None and joiner.sync.first > open_version
+    wait_until(lambda: any(any(w.startswith("joiner/") for w in b["workers"]) for b in Recording.batches), 20,
+               "a batch with the joiner's samples")
+    assert not any(w.startswith("joiner/") for w in training.sync.late_by_worker)  # it wasted no fragment
+
+
+def test_a_worker_lost_mid_batch_stalls_the_trainer_only_until_sync_timeout_s(
+        roles: Roles, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "netrl.sync")
+    training = roles.trainer(frames_per_batch=80, sync_timeout_s=1.0).training
+    roles.worker("stays")
+    worker = roles.worker("leaves", delay=0.01)
+    wait_until(lambda: len(Recording.batches) >= 3, 30, "3 full batches")
+    assert all(len(b["versions"]) == 80 for b in Recording.batches[:3])
+    stop = next(stop for _, stop, role in roles.threads if role is worker)
+    stop.set()  # lost: it leaves mid-batch
+    before = len(Recording.batches)
+    started = time.monotonic()
+    wait_until(lambda: len(Recording.batches) >= before + 3, 30, "3 batches without it")
+    assert time.monotonic() - started < 3 * 1.0 + 10  # each waited about sync_timeout_s, not for ever
+    short = [b for b in Recording.batches[before:] if len(b["versions"]) == 40]
+    assert short and all(w.startswith("stays/") for b in short for w in b["workers"])
+    assert training is not None and training.sync is not None and training.sync.shortfalls >= 1
+    text = caplog.text
+    assert "is trained with 40 of trainer.frames_per_batch 80 env steps after trainer.sync_timeout_s" in text
+    assert "no samples from leaves/" in text
+
+
+@pytest.mark.parametrize("batch_mode", ["truncate_episodes", "complete_episodes"])
+def test_fragments_are_cut_at_the_fragment_length_or_at_the_end_of_each_episode(roles: Roles, batch_mode: str) -> None:
+    # 2 envs, episodes of 7 steps, fragments of 10: truncated after 10 steps, or run on to the episode's end at 14
+    per_env = 10 if batch_mode == "truncate_episodes" else 14
+    roles.trainer(frames_per_batch=2 * per_env, rollout_fragment_length=10, batch_mode=batch_mode)
+    roles.worker("w")
+    wait_until(lambda: len(Recording.batches) >= 4, 20, "4 batches")
+    for b in Recording.batches[1:4]:  # (the first may hold rows from before the announcement arrived)
+        assert len(b["versions"]) == 2 * per_env
+        ids = b["traj_ids"]
+        assert (np.diff(ids) >= 0).all()  # each piece contiguous
+        last_rows = np.r_[np.flatnonzero(np.diff(ids)), len(ids) - 1]
+        t = b["next_obs"][:, 0]
+        assert (np.diff(t)[np.diff(ids) == 0] == 1).all()  # time order within a piece
+        if batch_mode == "complete_episodes":
+            assert b["terminated"][last_rows].all()  # every env's fragment ends with an episode
+        else:
+            assert not b["terminated"][last_rows].all()  # fragments of 10 cut episodes of 7
+
+
+def test_the_batch_under_way_and_the_waits_show_in_the_status_and_the_metrics(roles: Roles) -> None:
+    trainer = roles.trainer(frames_per_batch=40)
+    roles.worker("w")
+    wait_until(lambda: len(Recording.batches) >= 3, 20, "3 batches")
+    training = trainer.training
+    assert training is not None
+    live = training.live()
+    assert live["batch_version"] == training.version and 0 <= live["batch_steps"] <= 40
+    assert live["frames_per_batch"] == 40 and isinstance(live["waiting_for"], list)
+    assert live["trainer_wait_s"] > 0 and live["worker_wait_s"] > 0
+    summary = training._round_summary(0)
+    for key in ("late_samples", "trainer_wait_s", "worker_wait_s", "batch_steps", "short_batches"):
+        assert key in summary
+    srv = roles.srv
+    reported = wait_until(lambda: [w["reported"] for w in srv.snapshot()["workers"]
+                                   if "worker_wait_s" in w["reported"]], 10, "the worker's waits in its heartbeats")
+    assert reported[0]["worker_wait_s"] > 0 and reported[0]["fragments"] >= 1
+    text = format_status(srv.snapshot())
+    assert "sync batch v" in text and "workers' waits for weights: w " in text
