@@ -64,6 +64,8 @@ class SyncFragments:
         self.waiting = False
         self.fragments = 0
         self.first: int | None = None  # the version of this worker's first fragment
+        self.collect_s = 0.0  # in all, collecting fragments (from a fragment's start to its last packet)
+        self._started = 0.0
         self.skipped: int | None = None  # a version skipped on joining mid-batch
         self._joined: tuple[str, int] | None = None  # the server session and version of the join decided last
 
@@ -99,6 +101,7 @@ class SyncFragments:
         self.version, self.steps = w.version, 0
         if self.first is None:
             self.first = w.version
+        self._started = time.monotonic()
         if self.parked.any():  # complete_episodes: envs that waited start their next episode now (one env starts
             if w.vec is not None:  # it anyway: its episode loop resets it)
                 w.vec.reset_envs(self.parked)
@@ -120,6 +123,7 @@ class SyncFragments:
             if not self.parked.all():
                 return
         self.worker._send_packet()
+        self.collect_s += time.monotonic() - self._started
         self.fragments += 1
         self.last, self.version = self.version, None
 
@@ -172,4 +176,4 @@ class SyncFragments:
     def stats(self) -> dict[str, Any]:
         """For the worker's heartbeats (and so the server's --status)."""
         return {"worker_wait_s": round(self.wait_s, 3), "last_wait_s": round(self.last_wait_s, 3),
-                "fragments": self.fragments}
+                "collect_s": round(self.collect_s, 3), "fragments": self.fragments}
