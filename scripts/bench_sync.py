@@ -19,6 +19,7 @@ Usage: .venv/bin/python scripts/bench_sync.py [--workers 1,2,4] [--iterations 20
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -148,7 +149,7 @@ def measure(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     times = TimedAgent.times[2:]  # the first iterations wait for the workers to start
     if len(times) < 2:
         raise SystemExit(f"only {len(TimedAgent.times)} iterations with {workers} workers before the deadline")
-    walls = [b[0] - a[0] for a, b in zip(times, times[1:], strict=False)]
+    walls = [b[0] - a[0] for a, b in itertools.pairwise(times)]
     train = statistics.mean(e - s for s, e in times)
     collect = statistics.mean(r["collect_s"] / r["fragments"] for r in reported if r.get("fragments"))
     wall = statistics.mean(walls)
