@@ -125,10 +125,11 @@ class VectorEnvs:
         ended: list[EpisodeStats] = []
         cut_short = np.zeros(self.n, np.bool_)
         ended_mask = np.zeros(self.n, np.bool_)
+        sync = w.sync.version is not None
         self.length += 1
         self.ret += rew
         for i in range(self.n):
-            if not w.sync.collecting(i):  # complete_episodes: done with this fragment, its steps are dropped
+            if sync and not w.sync.collecting(i):  # complete_episodes: done with this fragment, its steps dropped
                 continue
             term, trunc = bool(terminated[i]), bool(truncated[i])
             autoreset = term or trunc
