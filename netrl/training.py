@@ -42,6 +42,7 @@ from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDat
 from netrl.memory.replay import ReplayMemory
 from netrl.safeguards import Safeguards
 from netrl.samples import Batch, Buffer
+from netrl.sync import BatchMode, SyncBatches, add_packet, collect_and_train
 from netrl.util import worth_logging
 
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
@@ -175,6 +176,13 @@ class TrainingOffline:
     max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.safeguards)
     max_nonfinite_steps: int = 100  # non-finite training steps in a row, each undone, before TrainingDiverged (0: off)
     total_frames: int | None = None  # stop once this many samples have arrived (None: epochs decide)
+    # "sync": every batch under one weight version, trained once, in a RolloutMemory (see netrl.sync); a training
+    # step is then one batch
+    collection: str = "async"
+    frames_per_batch: int = 2048
+    rollout_fragment_length: int = 256
+    batch_mode: BatchMode = "truncate_episodes"
+    sync_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -194,6 +202,10 @@ class TrainingOffline:
         self._last_report_at = 0.0
         self._round = _RoundStats()
         self._resumed_elapsed: float | None = None  # the restored round's wall time, until its clock runs again
+        if self.collection not in ("async", "sync"):
+            raise ValueError(f'collection must be "async" or "sync" (got {self.collection!r})')
+        self.sync = SyncBatches(self.frames_per_batch, self.rollout_fragment_length, self.batch_mode,
+                                self.sync_timeout_s) if self.collection == "sync" else None
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def spaces(self) -> tuple[Any, Any]:
@@ -215,6 +227,9 @@ class TrainingOffline:
         check_spaces(obs_space, act_space)
         self.observation_space, self.action_space = obs_space, act_space
         self.memory = self._build_memory(device)
+        if self.sync is not None and not callable(getattr(self.memory, "clear", None)):
+            raise ValueError(f"trainer.collection is sync, but the memory {type(self.memory).__name__} has no clear(): "
+                             "a sync batch is trained once and dropped; use netrl.memory.RolloutMemory")
         self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
         self.safeguards = Safeguards(value_limits(obs_space, act_space, self.max_abs_reward), self.agent,
                                      self.max_nonfinite_steps)
@@ -276,6 +291,16 @@ class TrainingOffline:
         if self.safeguards is not None and not self.safeguards.publishable(actor):
             return
         self.version = max(self.version, source.taken_version()) + 1
+        if self.sync is not None:  # the batch under collection takes this version only
+            assert self.memory is not None
+            self.memory.clear()  # type: ignore[attr-defined]  # (checked in build)
+            self.sync.open(self.version)
+            announce = getattr(source, "announce", None)
+            if announce is None:
+                raise ValueError(f"trainer.collection is sync, but the sample source {type(source).__name__} cannot "
+                                 "tell the workers (it has no announce()): sync collection needs the networked "
+                                 "Trainer")
+            announce(self.sync.announcement())
         source.publish(actor, self.version, self.total_updates)
         self.published_updates = self.total_updates
 
@@ -294,6 +319,8 @@ class TrainingOffline:
     # -- the loop -------------------------------------------------------------------------------------------
     def wanted(self) -> int:
         """Total samples the trainer wants by now: the pacing target for throttled workers."""
+        if self.sync is not None:  # the workers wait for each version instead: the pacing asks for all they make
+            return self.total_samples + (1 << 40)
         paced = math.ceil(self.total_updates / self.max_training_steps_per_env_step)
         wanted = max(self.start_training, paced) + self.worker_lead
         return wanted if self.total_frames is None else min(wanted, self.total_frames)  # none beyond the last
@@ -315,6 +342,8 @@ class TrainingOffline:
         assert self.memory is not None
         if self.safeguards is not None and self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
             return 0
+        if self.sync is not None:
+            return self._add_sync(buf, new)
         ends = ~(buf.reset | buf.context)
         recv = buf.recv_version if buf.recv_version >= 0 else self.version
         lag = recv - np.maximum(buf.policy_version, 0)
@@ -344,6 +373,9 @@ class TrainingOffline:
             self.total_samples += steps
         return steps
 
+    def _add_sync(self, buf: Buffer, new: bool) -> int:
+        return add_packet(self, buf, new)
+
     def live(self) -> dict[str, Any]:
         """The loop's counters for the trainer's status line. Called from the network thread: plain reads of what
         the loop updates, so a round may be half done."""
@@ -353,7 +385,8 @@ class TrainingOffline:
                 "start_training": self.start_training, "memory_len": len(self.memory) if self.memory is not None else 0,
                 "memory_size": self.memory_size, "version": self.version,
                 "lag": r.lag(),
-                "return_mean": float(np.mean(returns)) if returns else None, "episodes": len(returns)}
+                "return_mean": float(np.mean(returns)) if returns else None, "episodes": len(returns),
+                **(self.sync.live() if self.sync is not None else {})}
 
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint."""
@@ -378,7 +411,11 @@ class TrainingOffline:
         # also once a second: the server's --status shows the training steps, which move before the wish does
         if force or wanted - self._last_wanted >= max(1, self.worker_lead // 4) or now - self._last_report_at >= 1.0:
             self._last_wanted, self._last_report_at = wanted, now
-            source.progress(self.total_updates, self.total_samples, wanted)
+            if self.sync is not None:
+                source.progress(self.total_updates, self.total_samples, wanted,
+                                batch=(self.sync.version, self.sync.steps))  # type: ignore[call-arg]
+            else:
+                source.progress(self.total_updates, self.total_samples, wanted)
 
     def _ready(self) -> bool:
         assert self.memory is not None
@@ -401,9 +438,8 @@ class TrainingOffline:
             for step in range(self.round_steps, self.steps):
                 if stop.is_set():
                     return
-                if step % self.update_buffer_interval == 0:
-                    self.ingest(source)
-                self._wait_until_ready(source, stop)
+                if self._collect(source, stop, step):  # a sync batch was trained: the step is done
+                    continue
                 if stop.is_set():
                     return
                 if self.frames_done():  # the round so far is reported; the caller saves
@@ -418,11 +454,7 @@ class TrainingOffline:
                 t0 = time.perf_counter()
                 batch = self.memory.sample()
                 t1 = time.perf_counter()
-                try:
-                    metrics = self.agent.train(batch)
-                except ValueError as e:
-                    _note_batch_unpacking(e, self.agent)
-                    raise
+                metrics = self._train(batch)
                 self._round.train_s += time.perf_counter() - t1
                 self._round.sample_s += t1 - t0
                 if profiler:
@@ -441,6 +473,38 @@ class TrainingOffline:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(20)
             log.info("profile of epoch %d:\n%s", self.epoch, out.getvalue())
+
+    def _train(self, batch: Batch) -> dict[str, Any]:
+        assert self.agent is not None
+        try:
+            return self.agent.train(batch)
+        except ValueError as e:
+            _note_batch_unpacking(e, self.agent)
+            raise
+
+    def _collect(self, source: SampleSource, stop: threading.Event, step: int) -> bool:
+        """Async: ingest and wait until training may go on; False. Sync: collect and train one batch; True, or False
+        when stopped or total_frames was reached first."""
+        if self.sync is not None:
+            return self._sync_step(source, stop)
+        if step % self.update_buffer_interval == 0:
+            self.ingest(source)
+        self._wait_until_ready(source, stop)
+        return False
+
+    def _sync_step(self, source: SampleSource, stop: threading.Event) -> bool:
+        """One sync batch (see :func:`netrl.sync.collect_and_train`) as one training step; False to end the epoch
+        (stopped, or total_frames reached: the caller's next pass reports it)."""
+        assert self.safeguards is not None and self.memory is not None
+        metrics = collect_and_train(self, source, stop)
+        if metrics is None:
+            return False
+        self.round_steps += 1
+        if self.safeguards.accept(metrics, self.memory, self.total_updates + 1):
+            self.total_updates += 1
+            self._round.add_step(metrics)
+        self.publish(source)  # the next batch's version, also after an undone step: the workers wait for one
+        return True
 
     def _publish_due(self) -> bool:
         """Every ``update_model_interval`` training steps (not again after a step was undone)."""
@@ -477,6 +541,7 @@ class TrainingOffline:
             "test_return_mean": float(np.mean(r.test_returns)) if r.test_returns else None,
             "lag_min": lag[0] if lag else None, "lag_mean": lag[1] if lag else None, "lag_max": lag[2] if lag else None,
             "stale_samples": r.stale,
+            **(self.sync.metrics() if self.sync is not None else {}),
             **(self.safeguards.state() if self.safeguards else {}),
         }
         for k, total in r.metric_sums.items():

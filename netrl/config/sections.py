@@ -201,6 +201,18 @@ class TrainerConfig:
     total_frames: int | None = _f(None, "training stops once this many env steps (samples) have arrived from all "
                                   "workers together, with a final checkpoint and policy and exit code 0 (TorchRL's "
                                   "collectors' name; null: no limit, trainer.epochs decides)", optional(ge(1)))
+    collection: Literal["async", "sync"] = _f("async", "async: workers stream samples and the trainer trains from a "
+                                              "replay memory as they arrive; sync: every batch is collected under "
+                                              "one weight version, which the workers wait for (on-policy "
+                                              "algorithms such as PPO)")
+    frames_per_batch: int = _f(2048, "sync collection: env steps per batch, all under one weight version", ge(1))
+    rollout_fragment_length: int = _f(256, "sync collection: env steps each env of a worker collects per version "
+                                      "before it waits for the next one", ge(1))
+    batch_mode: Literal["truncate_episodes", "complete_episodes"] = _f(
+        "truncate_episodes", "sync collection: truncate_episodes (fragments of rollout_fragment_length steps) or "
+        "complete_episodes (each env runs on to the end of its episode)")
+    sync_timeout_s: float = _f(30.0, "sync collection: a batch is trained with what arrived after this long (the "
+                               "shortfall and the workers that did not deliver are logged)", gt(0))
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,11 @@ def format_status(s: dict[str, Any]) -> str:
          if trainer else "trainer: not connected"),
         f"{count_of(len(s.get('workers', [])) + s.get('workers_omitted', 0), 'worker')}:",
     ]
+    if "batch_version" in progress:  # sync collection: the batch under way, and each worker's waits for weights
+        waits = [f"{w['name']} {w['reported']['worker_wait_s']:.1f} s" for w in s.get("workers", [])
+                 if "worker_wait_s" in w.get("reported", {})]
+        lines.insert(-1, f"sync batch {version_label(progress['batch_version'])}: {progress['batch_steps']:,} env "
+                         f"steps so far; workers' waits for weights: {', '.join(waits) or '-'}")
     if s.get("workers_omitted"):
         lines.append(f"  ({s['workers_omitted']:,} not listed: the snapshot of so many would exceed a message header)")
     workers = sorted(s.get("workers", []), key=lambda w: w["name"])

@@ -79,7 +79,7 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                     "paced": (_BOOL, False), "num_envs": (_INT, False)},
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
                       "window": (_INT, False), "weights_version": (_INT, False),
-                      "max_message_bytes": (_INT, False)},
+                      "max_message_bytes": (_INT, False), "batch_steps": (_INT, False)},
     MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
     # flushing: a worker stopping; t: the sender's clock; echo, held: the newest t it got from the peer, and how long
     # ago (round-trip time)
@@ -97,8 +97,12 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                    "layout": (_INT, False)},
     MsgType.CREDIT: {"bundles": (_INT, True)},
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
-                      "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True)},
-    MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True)},
+                      "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True),
+                      "collect": ((dict,), False)},
+    # batch_version, batch_steps: sync collection's batch under way (netrl.sync); a WELCOME's batch_steps are those of
+    # the batch of its weights_version, so that a worker joining mid-batch waits for the next version
+    MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True),
+                       "batch_version": (_INT, False), "batch_steps": (_INT, False)},
     # trainer_samples: what the trainer holds as the allowance rises (a worker acts at random until it holds enough)
     MsgType.PACE: {"allowance": (_INT, True), "trainer_samples": (_INT, False)},
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True),

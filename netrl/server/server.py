@@ -314,6 +314,10 @@ class Server:
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
             welcome["window"] = peer.window = self.intake.window_for(peer)
+            progress = self.intake.progress or {}
+            if progress.get("batch_version", -1) == self.weights.newest >= 0:  # sync collection: the batch of the
+                # weights it is about to get (a worker joining mid-batch waits for the next: netrl.worker.sync)
+                welcome["weights_version"], welcome["batch_steps"] = self.weights.newest, progress["batch_steps"]
         else:  # a restarted trainer numbers its weights after these, so that no number names two actors
             welcome["weights_version"] = self.weights.newest
         self.out.send(peer, Message(MsgType.WELCOME, "server", body=welcome))

@@ -113,6 +113,7 @@ class TrainerLink(NetThread):
         self._snapshots: list[_Snapshot] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this trainer's layout
+        self.collect: dict[str, Any] | None = None  # sync collection's announcement, sent with every version
 
     # -- SampleSource, called from the training thread --------------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -138,6 +139,12 @@ class TrainerLink(NetThread):
         if self.error is not None or self.link.fatal:
             raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
 
+    def announce(self, collect: dict[str, Any]) -> None:
+        """Training thread: every version published from now on tells the workers how to collect (sync mode, its
+        fragment length and batch mode; see :mod:`netrl.worker.sync`): the worker config does not repeat them, so
+        the two cannot disagree."""
+        self.collect = dict(collect)
+
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
         """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
         if version > MAX_POLICY_VERSION:  # only a server that was sent such a version can have made this number
@@ -154,6 +161,8 @@ class TrainerLink(NetThread):
         copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
         for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, snap.flat, layout,
                                 PART_BYTES):
+            if self.collect is not None:
+                msg.body["collect"] = self.collect
             tracker = self.command([command_head(Command.WEIGHTS, msg.body["part"], version), *encode(msg)],
                                    track=True)
             assert tracker is not None
@@ -177,9 +186,12 @@ class TrainerLink(NetThread):
         flat = np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
         return _Snapshot(flat, layout, flat_views(flat, layout))
 
-    def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
-        msg = Message(MsgType.PROGRESS, self.link.name,
-                      body={"trained_steps": trained_steps, "samples": samples, "wanted": wanted})
+    def progress(self, trained_steps: int, samples: int, wanted: int, batch: tuple[int, int] | None = None) -> None:
+        """``batch``: sync collection's batch under way, (its version, env steps so far)."""
+        body = {"trained_steps": trained_steps, "samples": samples, "wanted": wanted}
+        if batch is not None and batch[0] >= 0:
+            body["batch_version"], body["batch_steps"] = batch
+        msg = Message(MsgType.PROGRESS, self.link.name, body=body)
         self.command([command_head(Command.PROGRESS), *encode(msg)])
 
     def taken_version(self) -> int:
@@ -252,6 +264,11 @@ class TrainerLink(NetThread):
         ret = "-" if s["return_mean"] is None else f"{s['return_mean']:.1f} over {s['episodes']} eps this round"
         waiting = (f" | training starts at {s['start_training']:,} samples" if s["samples"] < s["start_training"]
                    else "")
+        if s.get("collection") == "sync":  # the batch under way replaces the replay memory's fill
+            who = f", waiting for {', '.join(s['waiting_for'])}" if s["waiting_for"] else ""
+            waiting = (f" | batch v{s['batch_version']}: {s['batch_steps']:,} of {s['frames_per_batch']:,} env steps"
+                       f"{who} | waits: trainer {s['trainer_wait_s']:.2f} s, workers {s['worker_wait_s']:.2f} s | "
+                       f"{s['late_samples']:,} late samples")
         log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
                  "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
                  rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",

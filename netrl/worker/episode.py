@@ -11,6 +11,8 @@ import threading
 from collections.abc import Generator
 from typing import Any
 
+import numpy as np
+
 from netrl.envs.checks import check_action, check_observation
 from netrl.errors import NetrlError
 from netrl.samples import EpisodeStats
@@ -60,6 +62,8 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
             w.packets.pending_episodes.append(stats)
         if collect:
             w._record(act, obs, rew, terminated, truncated, info, reset=False, version=version, extra=extra)
+            if w.sync.version is not None:  # sync collection: the fragment may be complete
+                w.sync.after_step(np.array([terminated or truncated]))
         elif w.packets.due():  # rows from before a test episode still leave after max_packet_delay_s
             w._send_packet()
         if terminated or truncated:

@@ -22,6 +22,7 @@ from netrl.net.thread import Command, NetThread, read_command
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
 from netrl.util import version_label, worth_logging
+from netrl.worker.sync import check_announcement
 
 __all__ = ["WorkerLink"]
 
@@ -90,6 +91,9 @@ class WorkerLink(NetThread):
         self.flushing = threading.Event()  # set by flush(): the worker is stopping, so reconnect without back-off
         self._told_flushing = False  # the server knows, on this connection, that this worker is stopping
         self.weight_stats: dict[str, Any] = {}
+        # the trainer's collection announcement, from the newest weights (netrl.worker.sync); None: none heard
+        self.collect: dict[str, Any] | None = None
+        self.sync_stats: dict[str, Any] = {}  # the control path's waits for weights in sync mode
         self.allowance = 0
         self.pace_cond = threading.Condition()
         self.paced = False  # True once the server sent a PACE
@@ -126,6 +130,7 @@ class WorkerLink(NetThread):
     def _heartbeat_stats(self) -> dict[str, Any]:
         return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
                           "backlog_bytes": self.backlog_bytes, "held_packets": len(self.held), **self.weight_stats,
+                          **self.sync_stats,
                           **self.dropped()}}
 
     def dropped(self) -> collections.Counter[str]:
@@ -295,7 +300,7 @@ class WorkerLink(NetThread):
                  version_label(self.weight_stats.get("version")), self.link.state(),
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.dropped()["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
-                 self._waiting() if self.waiting_for_pace else "")
+                 self._waiting() if self.waiting_for_pace else self._sync_line())
         if self.held:
             log.warning("status | worker %s | %d packets (%d samples) held: the server refuses them for the trainer's "
                         "sample layout (%s); they are sent again once a trainer with their layout connects",
@@ -304,6 +309,12 @@ class WorkerLink(NetThread):
         if self.counts["rejected_samples"]:  # e.g. a packet beyond the spaces' bounds: refused for good
             log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s", self.worker_id,
                         self.counts["rejected_samples"], self.last_rejection)
+
+    def _sync_line(self) -> str:
+        if not self.sync_stats:
+            return ""
+        return (f" | sync: {self.sync_stats['fragments']} fragments, {self.sync_stats['worker_wait_s']:.1f} s waiting "
+                f"for weights (last wait {self.sync_stats['last_wait_s']:.2f} s)")
 
     def _waiting(self) -> str:
         """Why a throttled worker makes no steps, as far as the server's heartbeats tell."""
@@ -328,6 +339,7 @@ class WorkerLink(NetThread):
     # -- messages in -------------------------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.WEIGHTS:
+            self._collect(msg)
             if self.on_weights is not None:
                 self.weight_stats = self.on_weights(msg)
             if msg.body["part"] == msg.body["parts"] - 1:  # the whole version arrived: the server may send the next
@@ -356,6 +368,26 @@ class WorkerLink(NetThread):
                 self.pace_cond.notify_all()
         else:
             log.debug("ignored a %s message from the server", msg.type.value)
+
+    def _collect(self, msg: Message) -> None:
+        """Take the collection mode a version announces (``collect`` in its WEIGHTS body)."""
+        if "collect" not in msg.body:
+            return
+        collect = msg.body["collect"]
+        problem = check_announcement(collect)
+        if problem is not None:
+            self.counts["bad_announcements"] += 1
+            if worth_logging(self.counts["bad_announcements"]):
+                log.error("weights v%d announce a collection this worker cannot follow (%s); it keeps collecting as "
+                          "before. Run the same netrl version on the trainer and the workers", msg.policy_version,
+                          problem)
+            return
+        if collect != self.collect:
+            log.info("worker %s: the trainer collects %s", self.worker_id,
+                     "asynchronously" if collect["mode"] == "async" else
+                     f"synchronously: {collect['fragment']} steps per env under each weight version "
+                     f"({collect['batch_mode']}), then a wait for the next version")
+            self.collect = dict(collect)
 
     def _reject(self, seq: int, packet: _Outgoing, reason: str) -> None:
         """A packet that can never be delivered: dropped, counted and logged (it would fail every time)."""

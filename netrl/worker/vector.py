@@ -124,9 +124,13 @@ class VectorEnvs:
         final, has_final = info.get("final_obs"), info.get("_final_obs")
         ended: list[EpisodeStats] = []
         cut_short = np.zeros(self.n, np.bool_)
+        ended_mask = np.zeros(self.n, np.bool_)
+        sync = w.sync.version is not None
         self.length += 1
         self.ret += rew
         for i in range(self.n):
+            if sync and not w.sync.collecting(i):  # complete_episodes: done with this fragment, its steps dropped
+                continue
             term, trunc = bool(terminated[i]), bool(truncated[i])
             autoreset = term or trunc
             last = final[i] if autoreset and has_final is not None and has_final[i] else row(obs, i)
@@ -137,6 +141,7 @@ class VectorEnvs:
                 trunc = cut_short[i] = True  # a forced reset is a time limit: the trainer still bootstraps
             stats = (EpisodeStats(float(self.ret[i]), int(self.length[i]), bool(self.test[i]), w.version, i)
                      if term or trunc else None)
+            ended_mask[i] = stats is not None
             if stats is not None and not w.standalone:  # before the last row: they leave in the same packet
                 self.makers[i].pending_episodes.append(stats)
             if self._collects(i):
@@ -155,9 +160,20 @@ class VectorEnvs:
             for i in np.flatnonzero(cut_short).tolist():
                 self._start(i, row(obs, i), _env_info(info, i))
         self.obs = obs
+        w.sync.after_step(ended_mask)  # sync collection: the fragment may be complete, and leave
         if w.packets_due():
             w._send_packet()
         return ended
+
+    def reset_envs(self, mask: np.ndarray) -> None:
+        """Reset the envs of ``mask`` (sync collection's parked envs): each starts a new episode, recorded."""
+        w = self.worker
+        assert w.env_calls is not None
+        obs, info = w.env_calls.call("reset", w.env.reset, options={"reset_mask": mask})
+        for i in np.flatnonzero(mask).tolist():
+            self.ret[i], self.length[i] = 0.0, 0
+            self._start(i, row(obs, i), _env_info(info, i))
+        self.obs = obs  # (every env's: the others' unchanged)
 
     def _reset_all(self) -> None:
         w = self.worker

@@ -51,6 +51,7 @@ class WeightSlot:
         self._pending: tuple[int, str, torch.nn.Module] | None = None
         self._spares = [spare]
         self._make = make
+        self.arrived = threading.Event()  # set by put: a control path waiting for a version wakes (sync collection)
 
     def take_spare(self) -> torch.nn.Module:
         """Network thread: an actor that neither the control path nor the pending slot holds."""
@@ -69,6 +70,12 @@ class WeightSlot:
             if self._pending is not None:  # never swapped in: a spare again
                 self._spares.append(self._pending[2])
             self._pending = (version, session, module)
+        self.arrived.set()
+
+    def pending_version(self) -> int | None:
+        """Control path: the version waiting to be swapped in, if any."""
+        pending = self._pending
+        return None if pending is None else pending[0]
 
     def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
         """Control path: the pending actor, if any; ``current`` becomes a spare."""

@@ -48,6 +48,7 @@ from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
 from netrl.worker.random_frames import RandomFrames
 from netrl.worker.setup import worker_from_config
+from netrl.worker.sync import SyncFragments
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import WeightReceiver
 
@@ -170,6 +171,7 @@ class RolloutWorker:
         self.num_envs, self.vectorization = int(num_envs), vectorization
         # several envs: their rows go to per-env packet makers; self.packets only numbers and encodes the packets
         self.vec = VectorEnvs(self, self.num_envs) if self.num_envs > 1 else None
+        self.sync = SyncFragments(self, self.num_envs)  # active while the trainer announces sync collection
         self._saved_versions = 0
         self.samples_unacknowledged = 0  # at close: samples the server neither spooled nor delivered (at risk)
         self._runs = Runs(lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and network "
@@ -408,8 +410,10 @@ class RolloutWorker:
         if stop.is_set():
             return False
         self._check_net()
-        if collect and self.throttle:
+        if collect and self.throttle and not self.sync.active:
             self._wait_for_pace(stop)
+        if collect and self.sync.active:  # the wait for each version paces a sync worker (netrl.worker.sync); also
+            return self.sync.before_step(stop)  # when the announcement came during the wait for PACE
         return not stop.is_set()
 
     def packets_due(self) -> bool:
@@ -484,8 +488,9 @@ class RolloutWorker:
             return
         self.net.hand_over(self.packets.to_frames(buf, self.produced))
 
-    def _swap_weights(self) -> None:
-        if self.weights is None:
+    def _swap_weights(self, force: bool = False) -> None:
+        """Take the newest version received, between steps (in sync mode only between fragments, ``force``)."""
+        if self.weights is None or (self.sync.holding and not force):
             return
         ready = self.weights.slot.swap(self.actor)
         if ready is not None:

@@ -1,0 +1,183 @@
+"""Sync collection overhead: the share of an iteration's wall time spent waiting for the slowest worker and for the
+weights to arrive, with 1, 2 and 4 workers of equal speed.
+
+An iteration is: the trainer publishes v, every worker collects ``--fragment`` steps of each of its ``--envs`` envs
+under v and sends them, the trainer trains once on the batch (``frames_per_batch`` = workers x envs x fragment) and
+publishes v + 1. Its wall time splits into the training (``--train-s``, a stand-in agent whose train() takes that
+long, until the PPO agent is merged), the collection itself (the workers' own stepping time per fragment, which they
+report in their heartbeats) and the rest: the overhead, waiting for the slowest worker and for weights and packets to
+cross the server. Each env step costs ``--step-ms`` of sleep (a simulator in another process), so the workers'
+speed does not depend on how many cores the machine has left.
+
+The server and the trainer run as threads of this process, each worker in a process of its own, on loopback.
+The last line of output is one JSON object: {"rows": [...]}.
+
+Usage: .venv/bin/python scripts/bench_sync.py [--workers 1,2,4] [--iterations 20] [--envs 8] [--fragment 64]
+       [--step-ms 1.0] [--train-s 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import os
+import statistics
+import tempfile
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import gymnasium
+import numpy as np
+import torch
+
+from netrl.actor import ActorModule
+from netrl.agents.base import TrainingAgent
+from netrl.config.sections import NetworkConfig
+from netrl.launch import free_port
+from netrl.memory.rollout import RolloutMemory
+from netrl.samples import Batch
+from netrl.server.server import Server
+from netrl.trainer.trainer import Trainer
+from netrl.training import TrainingOffline
+from netrl.worker.worker import RolloutWorker
+
+OBS = gymnasium.spaces.Box(-1e6, 1e6, (4,), np.float32)
+ACT = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+NET = NetworkConfig(heartbeat_interval_s=0.5, heartbeat_liveness=10)
+
+
+class SleepEnv(gymnasium.Env):  # type: ignore[type-arg]
+    """Each step sleeps ``step_s``; episodes of 200 steps."""
+
+    def __init__(self, step_s: float) -> None:
+        self.observation_space, self.action_space, self.step_s, self.t = OBS, ACT, step_s, 0
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        time.sleep(self.step_s)
+        self.t += 1
+        return np.full(4, self.t, np.float32), 1.0, self.t >= 200, False, {}
+
+
+class SmallActor(ActorModule):
+    def __init__(self, observation_space: Any, action_space: Any) -> None:
+        super().__init__(observation_space, action_space)
+        self.net = torch.nn.Linear(4, 1)
+
+    def act(self, obs: Any, test: bool = False) -> np.ndarray:
+        with torch.no_grad():
+            return torch.tanh(self.net(obs)).numpy()
+
+
+class TimedAgent(TrainingAgent):
+    """train() takes ``train_s`` (a stand-in for PPO's epochs) and changes the actor."""
+
+    train_s = 0.2
+    times: list[tuple[float, float]] = []
+
+    def __init__(self, observation_space: Any, action_space: Any, device: str) -> None:
+        super().__init__(observation_space, action_space, device)
+        self.actor = SmallActor(observation_space, action_space)
+
+    def get_actor(self) -> ActorModule:
+        return self.actor
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        start = time.monotonic()
+        time.sleep(self.train_s)
+        with torch.no_grad():
+            self.actor.net.bias += 0.001
+        TimedAgent.times.append((start, time.monotonic()))
+        return {"batch": float(len(batch.rew))}
+
+
+def run_worker(port: int, name: str, envs: int, step_s: float, stop: Any) -> None:
+    torch.set_num_threads(1)
+    worker = RolloutWorker(partial(SleepEnv, step_s), SmallActor, server_ip="127.0.0.1", server_port=port,
+                           network=NET, min_samples_per_worker_packet=64, max_packet_delay_s=0.5, worker_id=name,
+                           num_envs=envs, throttle=True, status_interval_s=0)
+    ev = threading.Event()
+    threading.Thread(target=lambda: (stop.wait(), ev.set()), daemon=True).start()
+    worker.run(stop=ev)
+
+
+def measure(workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    TimedAgent.times, TimedAgent.train_s = [], args.train_s
+    srv = Server(trainer_port=free_port(), worker_port=free_port(), network=NET,
+                 spool_dir=tempfile.mkdtemp(prefix="bench_sync_"), min_samples_per_server_packet=1,
+                 max_packet_delay_s=0.002)
+    srv.open()
+    stops = {"server": threading.Event(), "trainer": threading.Event()}
+    threading.Thread(target=srv.run, args=(stops["server"],), daemon=True).start()
+    frames = workers * args.envs * args.fragment
+    training_cls = partial(TrainingOffline, env_cls=(OBS, ACT), epochs=1, rounds=1, steps=args.iterations + 2,
+                           memory_cls=RolloutMemory, training_agent_cls=TimedAgent, collection="sync",
+                           frames_per_batch=frames, rollout_fragment_length=args.fragment, sync_timeout_s=30.0,
+                           device="cpu")
+    trainer = Trainer(training_cls, "127.0.0.1", server_port=srv.trainer_port, network=NET,
+                      run_dir=Path(tempfile.mkdtemp(prefix="bench_sync_run_")), wandb_mode="disabled",
+                      persist_samples=False)
+    t_thread = threading.Thread(target=trainer.run, kwargs={"stop": stops["trainer"]}, daemon=True)
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=run_worker, args=(srv.worker_port, f"w{i}", args.envs, args.step_ms / 1000, stop))
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    t_thread.start()
+    deadline = time.monotonic() + 60 + args.iterations * 10
+    while len(TimedAgent.times) < args.iterations + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reported = [w["reported"] for w in srv.snapshot()["workers"]]
+    stop.set()
+    for p in procs:
+        p.join(20)
+    stops["trainer"].set()
+    t_thread.join(20)
+    stops["server"].set()
+    times = TimedAgent.times[2:]  # the first iterations wait for the workers to start
+    if len(times) < 2:
+        raise SystemExit(f"only {len(TimedAgent.times)} iterations with {workers} workers before the deadline")
+    walls = [b[0] - a[0] for a, b in itertools.pairwise(times)]
+    train = statistics.mean(e - s for s, e in times)
+    collect = statistics.mean(r["collect_s"] / r["fragments"] for r in reported if r.get("fragments"))
+    wall = statistics.mean(walls)
+    overhead = max(0.0, wall - train - collect)
+    return {"workers": workers, "envs": args.envs, "fragment": args.fragment, "frames_per_batch": frames,
+            "iterations": len(walls), "wall_s": round(wall, 4), "train_s": round(train, 4),
+            "collect_s": round(collect, 4), "overhead_s": round(overhead, 4),
+            "overhead_share": round(overhead / wall, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--envs", type=int, default=8)
+    parser.add_argument("--fragment", type=int, default=64)
+    parser.add_argument("--step-ms", type=float, default=1.0)
+    parser.add_argument("--train-s", type=float, default=0.2)
+    args = parser.parse_args()
+    rows = []
+    for n in (int(x) for x in args.workers.split(",")):
+        row = measure(n, args)
+        rows.append(row)
+        print(f"{n} workers: iteration {row['wall_s']:.3f} s = train {row['train_s']:.3f} + collect "
+              f"{row['collect_s']:.3f} + waiting {row['overhead_s']:.3f} ({100 * row['overhead_share']:.1f}%)",
+              flush=True)
+    print(json.dumps({"rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
