@@ -14,33 +14,19 @@ computes advantages from whole pieces of trajectories, so the order matters:
   row before it (another worker or env, an episode start, a row left out as late, a gap in a worker's packets).
 
 The batch carries the extra outputs each row's action came with (``Buffer.extra``, e.g. ``action_log_prob``,
-``state_value``) and ``traj_ids`` in ``batch.extra``; :func:`batch_extra` is where they are attached.
+``state_value``) and ``traj_ids`` in ``batch.extra``.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
-import torch
 
 from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
 from netrl.samples import Batch, Buffer, flatten, row, unflatten
 
-__all__ = ["RolloutMemory", "batch_extra"]
-
-_BATCH_TAKES_EXTRA = "extra" in inspect.signature(Batch.__new__).parameters
-
-
-def batch_extra(batch: Batch, extra: dict[str, torch.Tensor], memory: RolloutMemory) -> Batch:
-    """``batch`` with the per-transition ``extra`` tensors: in ``batch.extra`` where Batch has the field, else in
-    ``memory.last_extra`` (the one place to switch once Batch always has it)."""
-    memory.last_extra = extra
-    if _BATCH_TAKES_EXTRA:
-        return Batch(*batch, extra=extra)  # type: ignore[call-arg]
-    return batch
-
+__all__ = ["RolloutMemory"]
 
 class RolloutMemory(MemoryDataloading):
     """Every transition of one batch, in arrival order (see the module docstring); ``sample()`` returns them all.
@@ -58,7 +44,6 @@ class RolloutMemory(MemoryDataloading):
         # (worker, env) -> (seq, traj id) of a piece that ended its packet mid-episode: the next packet may continue it
         self._open: dict[tuple[str, int], tuple[int, int]] = {}
         self._workers = WorkerIds()
-        self.last_extra: dict[str, torch.Tensor] = {}
         super().__init__(*args, **kwargs)
 
     def __len__(self) -> int:
@@ -155,7 +140,7 @@ class RolloutMemory(MemoryDataloading):
 
     def sample(self) -> Batch:
         """Every stored transition as one Batch on ``self.device`` (see the module docstring for the order), with
-        the recorded extras and ``traj_ids`` (see :func:`batch_extra`). Raises ValueError when empty."""
+        the recorded extras and ``traj_ids`` . Raises ValueError when empty."""
         if not self._n:
             raise ValueError("RolloutMemory.sample(): the memory holds no transition")
         cols = self._columns()
@@ -168,11 +153,10 @@ class RolloutMemory(MemoryDataloading):
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
-        batch = Batch(to_tensor(o, d), to_tensor(a, d), to_tensor(r, d), to_tensor(o2, d), to_tensor(term, d),
-                      to_tensor(trunc, d))
         extra = {k[len("extra/"):]: to_tensor(v, d) for k, v in cols.items() if k.startswith("extra/")}
         extra["traj_ids"] = to_tensor(cols["traj_ids"], d)
-        return batch_extra(batch, extra, self)
+        return Batch(to_tensor(o, d), to_tensor(a, d), to_tensor(r, d), to_tensor(o2, d), to_tensor(term, d),
+                     to_tensor(trunc, d), extra=extra)
 
     def policy_versions(self) -> np.ndarray:
         """The weight version of every stored transition, in :meth:`sample`'s order."""

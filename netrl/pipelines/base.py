@@ -7,7 +7,6 @@ class, the sample compressor, the memory class and the training agent class.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,6 +31,7 @@ class Pipeline:
 
 def rollout_memory() -> Any:
     """netrl.memory.rollout.RolloutMemory, the memory an on-policy agent needs, imported when a pipeline needs it (it
-    loads torch; it comes with the sync collection of issue 33, merged before PPO, and is imported by name so that
-    these modules type-check without it)."""
-    return importlib.import_module("netrl.memory.rollout").RolloutMemory
+    loads torch)."""
+    from netrl.memory.rollout import RolloutMemory
+
+    return RolloutMemory

@@ -50,7 +50,7 @@ def test_a_batch_is_every_transition_in_arrival_order_with_continued_pieces_join
     memory.append_buffer(packet(a, "a", 2))  # env 0: t 4, 5 (episode ends), then a new episode t 6, 7; env 1: t 4-7
     assert len(memory) == 3 + 3 + 2 + 4 + 4
     batch = memory.sample()
-    ids = memory.last_extra["traj_ids"].numpy()
+    ids = batch.extra["traj_ids"].numpy()
     obs, nxt = batch.obs.numpy(), batch.next_obs.numpy()
     pieces = [(int(nxt[i, 0]), nxt[ids == k][:, 1].astype(int).tolist()) for k in np.unique(ids)
               for i in [int(np.flatnonzero(ids == k)[0])]]
@@ -76,8 +76,8 @@ def test_a_gap_in_a_workers_packets_or_a_left_out_row_starts_a_new_piece() -> No
     late = packet([env], "a", 4)
     late.weight = np.array([1, 1, 0, 1], np.float32)  # its second transition is late: left out
     memory.append_buffer(late)
-    memory.sample()
-    ids = memory.last_extra["traj_ids"].numpy()
+    batch = memory.sample()
+    ids = batch.extra["traj_ids"].numpy()
     assert np.bincount(ids).tolist() == [3, 4, 1]  # packet 1 | packet 3 and t 7 of packet 4 | t 9
 
 

@@ -69,7 +69,7 @@ class Recording(RolloutMemory):
     def sample(self) -> Batch:
         batch = super().sample()
         Recording.batches.append({"versions": self.policy_versions(), "workers": self.workers(),
-                                  "traj_ids": self.last_extra["traj_ids"].numpy(), "obs": batch.obs.numpy(),
+                                  "traj_ids": batch.extra["traj_ids"].numpy(), "obs": batch.obs.numpy(),
                                   "next_obs": batch.next_obs.numpy(), "truncated": batch.truncated.numpy(),
                                   "terminated": batch.terminated.numpy()})
         return batch
