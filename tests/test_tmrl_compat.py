@@ -297,7 +297,12 @@ def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug
     # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl would take
     # standalone=10 and model_history=<a path>, and the worker would send nothing.
     env_cls = partial(GenericGymEnv, id="Pendulum-v1")
-    with pytest.raises(TypeError, match="positional argument"):
+    with pytest.raises(TypeError, match=re.escape(
+            "RolloutWorker() takes 9 arguments by position (env_cls, actor_module_cls, sample_compressor, device, "
+            "server_ip, min_samples_per_worker_packet, max_samples_per_episode, model_path, obs_preprocessor), but "
+            "got 12: tmrl has crc_debug next, which netrl does not take, so netrl takes none of the later ones by "
+            "position (taken one place early, each value would land in the wrong parameter); pass the arguments "
+            "after obs_preprocessor by name")):
         RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 100, 200, str(tmp_path / "w.pt"), None, False,
                       str(tmp_path / "hist"), 10)  # type: ignore[misc]
     worker = RolloutWorker(env_cls, MLPActor, model_path=str(tmp_path / "w.pt"), model_history=2, standalone=True)
