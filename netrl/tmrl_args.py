@@ -92,8 +92,9 @@ def tmrl_arguments(role: str, tmrl_order: tuple[str, ...], not_taken: Mapping[st
                                     f"{value!r}{there}. netrl's order by position is {order}: pass the arguments by "
                                     "name to be sure")
             if len(args) > len(positional):
-                raise TypeError(f"{role}() takes {len(positional)} arguments by position {order}, but got "
-                                f"{len(args)}: {after}; pass the arguments after {positional[-1]} by name")
+                count = f"{len(positional)} argument{'s' * (len(positional) != 1)}"
+                raise TypeError(f"{role}() takes {count} by position {order}, but got {len(args)}: {after}; pass "
+                                f"the arguments after {positional[-1]} by name")
             return init(self, *args, **kwargs)
 
         return cast(F, checked)
