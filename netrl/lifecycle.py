@@ -6,8 +6,7 @@ it gets back; its ``close()`` calls :meth:`Runs.close` first, which, from anothe
 stops that run and waits for it to end (the run closes the role on its way out: sockets, the env and the training
 loop belong to its thread), and then tears down once (:meth:`Runs.shut_once`).
 
-In a script, :func:`ctrl_c_stops` makes Ctrl+C stop a role the way ``python -m netrl`` does, and
-:func:`apply_torch_threads` gives torch the threads ``python -m netrl`` gives it.
+In a script, :func:`ctrl_c_stops` makes Ctrl+C stop a role the way ``python -m netrl`` does.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 
 from netrl.errors import NetrlError
 
-__all__ = ["RunStop", "Runs", "apply_torch_threads", "ctrl_c_stops"]
+__all__ = ["RunStop", "Runs", "ctrl_c_stops"]
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +134,3 @@ def ctrl_c_stops(stop: threading.Event, what: str) -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-
-def apply_torch_threads(threads: int | None, who: str) -> None:
-    """``torch.set_num_threads(threads)`` for the role ``who`` as it starts, logged (None: torch's setting stays).
-    The setting is the process's: the last role started in a process sets it for all."""
-    if threads is None:
-        return
-    import torch  # here: the server, which never runs torch, imports this module too
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    log.info("%s: torch uses %d thread%s (torch_threads%s)", who, threads, "" if threads == 1 else "s",
-             "" if before == threads else f"; torch had {before}")

@@ -25,7 +25,7 @@ from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError, ProtocolError
-from netrl.lifecycle import Runs, apply_torch_threads, ctrl_c_stops
+from netrl.lifecycle import Runs, ctrl_c_stops
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
@@ -36,6 +36,7 @@ from netrl.storage.folderlock import FolderLock
 from netrl.storage.segments import Position
 from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
 from netrl.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
+from netrl.torch_threads import apply_torch_threads
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline

@@ -28,7 +28,7 @@ from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
 from netrl.errors import EnvFailure, NetrlError
-from netrl.lifecycle import Runs, RunStop, apply_torch_threads, ctrl_c_stops
+from netrl.lifecycle import Runs, RunStop, ctrl_c_stops
 from netrl.monitor.metrics import CsvLog
 from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
@@ -40,6 +40,7 @@ from netrl.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
 from netrl.tmrl_args import TMRL_ONLY, is_count, is_number, is_path, is_text, tmrl_arguments
+from netrl.torch_threads import apply_torch_threads
 from netrl.util import version_label
 from netrl.worker.episode import close_net, one_env_steps
 from netrl.worker.link import WorkerLink
