@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
@@ -56,11 +57,11 @@ def is_path(value: Any) -> bool:
 
 
 def is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # (numpy's integers too)
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def tmrl_arguments(role: str, tmrl_order: tuple[str, ...], not_taken: Mapping[str, str], after: str,
