@@ -5,10 +5,20 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 from netrl.lifecycle import RunStop, ctrl_c_stops
+
+
+@pytest.fixture(autouse=True)
+def _pythons_own_sigint_handler() -> Iterator[None]:
+    """A script's SIGINT handler, as Python sets it (a test before may have run the CLI in this process, which
+    leaves its own)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def ctrl_c() -> None:
