@@ -5,17 +5,25 @@ A role keeps one :class:`Runs`. Its ``run()`` enters with the caller's ``stop`` 
 it gets back; its ``close()`` calls :meth:`Runs.close` first, which, from another thread than the running one,
 stops that run and waits for it to end (the run closes the role on its way out: sockets, the env and the training
 loop belong to its thread), and then tears down once (:meth:`Runs.shut_once`).
+
+In a script, :func:`ctrl_c_stops` makes Ctrl+C stop a role the way ``python -m netrl`` does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from netrl.errors import NetrlError
 
-__all__ = ["RunStop", "Runs"]
+__all__ = ["RunStop", "Runs", "ctrl_c_stops"]
+
+log = logging.getLogger(__name__)
 
 
 class RunStop(threading.Event):
@@ -99,3 +107,30 @@ class Runs:
         """Raise the role's error if it is closed (before building what a run needs)."""
         if self.closed:
             raise self._closed_error()
+
+
+@contextlib.contextmanager
+def ctrl_c_stops(stop: threading.Event, what: str) -> Iterator[None]:
+    """While a role runs on the main thread of a script that leaves SIGINT to Python, the first Ctrl+C sets ``stop``
+    (the role saves, flushes and its ``run()`` returns) and a second one raises KeyboardInterrupt at once.
+
+    Python's own handler would raise KeyboardInterrupt wherever the main thread happens to be (mid-save, mid-send),
+    with a traceback from every process of the script. A handler the script or ``python -m netrl`` installed is
+    kept, and so is everything on other threads (only the main thread may set a handler)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.warning("Ctrl+C: stopping the %s cleanly (Ctrl+C again to interrupt it at once)", what)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+

@@ -23,6 +23,18 @@ from tests.fakes import NET, MakeServer, running_server
 os.environ["WANDB_MODE"] = "disabled"  # before anything could import wandb
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs in an empty folder of its own: the roles' default files (``weights/run/``, the server's spool)
+    land there, not in the repository, and never reach the next test (a worker loads the policy it finds). Processes
+    a test starts import this checkout's netrl, as they did from the repository's root."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture(autouse=True)
 def _root_logging_restored() -> Iterator[None]:
     """A test that runs the CLI in-process gets its logging setup (a handler on that test's captured stdout); later

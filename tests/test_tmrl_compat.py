@@ -29,6 +29,7 @@ from netrl.pipelines.drone import drone_pipeline
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode, encode, samples_message
 from netrl.samples import Batch
+from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import cached_property, partial
@@ -297,7 +298,12 @@ def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug
     # tmrl has crc_debug between obs_preprocessor and model_path_history: in its positional order, netrl would take
     # standalone=10 and model_history=<a path>, and the worker would send nothing.
     env_cls = partial(GenericGymEnv, id="Pendulum-v1")
-    with pytest.raises(TypeError, match="positional argument"):
+    with pytest.raises(TypeError, match=re.escape(
+            "RolloutWorker() takes 9 arguments by position (env_cls, actor_module_cls, sample_compressor, device, "
+            "server_ip, min_samples_per_worker_packet, max_samples_per_episode, model_path, obs_preprocessor), but "
+            "got 12: tmrl has crc_debug next, which netrl does not take, so netrl takes none of the later ones by "
+            "position (taken one place early, each value would land in the wrong parameter); pass the arguments "
+            "after obs_preprocessor by name")):
         RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 100, 200, str(tmp_path / "w.pt"), None, False,
                       str(tmp_path / "hist"), 10)  # type: ignore[misc]
     worker = RolloutWorker(env_cls, MLPActor, model_path=str(tmp_path / "w.pt"), model_history=2, standalone=True)
@@ -306,3 +312,53 @@ def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug
         worker.start()  # deployment with a path that does not exist says so
     worker.close()
     assert f"{tmp_path / 'w.pt'} does not exist: this standalone worker runs its actor as initialised" in caplog.text
+
+
+def test_tmrls_keywords_say_what_netrl_takes_instead(tmp_path: Path) -> None:
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    with pytest.raises(TypeError) as crc:
+        RolloutWorker(env_cls, MLPActor, crc_debug=False)  # type: ignore[call-arg]  # the tutorial's CRC_DEBUG
+    assert str(crc.value) == (
+        "RolloutWorker() got tmrl's argument crc_debug=False, which netrl does not take: tmrl's switch to checksum "
+        "samples while debugging a pipeline: netrl checks every packet (layout, dtypes, shapes and values) always, "
+        "and python -m netrl --check-env runs an env through those checks; remove it")
+    with pytest.raises(TypeError, match=r"RolloutWorker\(\) got tmrl's argument password='pswd', which netrl does not "
+                                        r"take: netrl encrypts and authenticates with CURVE keys, not a password or "
+                                        r"TLS: make them with python -m netrl --keygen and pass "
+                                        r"keys=client_keys\(keys_dir, role, name\)"):
+        RolloutWorker(env_cls, MLPActor, password="pswd")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"Trainer\(\) got tmrl's argument checkpoint_path='t.tcpt', which netrl does "
+                                        r"not take: netrl checkpoints into run_dir after every epoch and resumes"):
+        Trainer(TrainingOffline, checkpoint_path="t.tcpt")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"Server\(\) got tmrl's argument port=55555, which netrl does not take: "
+                                        r"netrl's server listens on two ports: give trainer_port=\.\.\. and "
+                                        r"worker_port=\.\.\. instead"):
+        Server(port=55555)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'nonsense'"):  # Python's, for the rest
+        RolloutWorker(env_cls, MLPActor, nonsense=1)  # type: ignore[call-arg]
+
+
+def test_todays_tmrl_positional_order_is_refused_at_the_first_value_that_does_not_fit(tmp_path: Path) -> None:
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    # today's tmrl: (env_cls, actor_module_cls, sample_compressor, device, max_samples_per_episode, model_path, ...)
+    with pytest.raises(TypeError) as worker:
+        RolloutWorker(env_cls, MLPActor, None, "cpu", 1000, str(tmp_path / "w.pt"))  # type: ignore[arg-type]
+    assert str(worker.value) == (
+        "RolloutWorker(): argument 5 by position is server_ip, which takes a string or None, not 1000; tmrl's order "
+        "has max_samples_per_episode there. netrl's order by position is (env_cls, actor_module_cls, "
+        "sample_compressor, device, server_ip, min_samples_per_worker_packet, max_samples_per_episode, model_path, "
+        "obs_preprocessor): pass the arguments by name to be sure")
+    with pytest.raises(TypeError, match=r"argument 8 by position is model_path, which takes a path or None, not "
+                                        r"False; tmrl's order has crc_debug there"):
+        RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 10, 1000, False)  # type: ignore[arg-type]
+    # today's tmrl Trainer: (training_cls, server_ip, server_port, password, ...)
+    with pytest.raises(TypeError, match=r"Trainer\(\): argument 3 by position is model_path, which takes a path or "
+                                        r"None, not 55555; tmrl's order has server_port there"):
+        Trainer(TrainingOffline, "127.0.0.1", 55555)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Server\(\) takes 1 argument by position \(min_samples_per_server_packet\), "
+                                        r"but got 2: tmrl's Server takes its port and password there"):
+        Server(55555, "pswd")  # type: ignore[misc]
+    # netrl's own order (older tmrl's) still works by position
+    worker = RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 10, 1000, str(tmp_path / "w.pt"), None)
+    assert (worker.network.server_ip, worker.min_samples) == ("127.0.0.1", 10)
+    assert worker.model_path == str(tmp_path / "w.pt")

@@ -9,6 +9,7 @@ always fresh arrays: rtgym reuses its action-buffer arrays between steps, so the
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gymnasium
@@ -19,6 +20,8 @@ from netrl.samples import tree_map
 from netrl.spaces import default_value
 
 __all__ = ["GenericGymEnv", "float32_space"]
+
+log = logging.getLogger(__name__)
 
 
 def float32_space(space: gymnasium.Space) -> gymnasium.Space:
@@ -44,11 +47,16 @@ class GenericGymEnv(gymnasium.Wrapper):
     """``gymnasium.make(id, **gym_kwargs)`` with float32 observations that are copies, never views.
 
     Args:
-        id: a registered env id; ``"module:EnvId"`` imports ``module`` first (e.g. ``"rtgym:real-time-gym-v1"``).
+        id: a registered env id; ``"module:EnvId"`` imports ``module`` first (e.g. ``"rtgym:real-time-gym-ts-v1"``;
+            rtgym's ``real-time-gym-v1`` gets a warning: it is not thread-safe, and a worker runs threads).
         gym_kwargs: keyword arguments for ``gymnasium.make``.
     """
 
     def __init__(self, id: str = "Pendulum-v1", gym_kwargs: dict[str, Any] | None = None) -> None:
+        if id.rpartition(":")[2] == "real-time-gym-v1":
+            log.warning("%s is rtgym's env that is not thread-safe, and a RolloutWorker runs threads beside it (its "
+                        "network thread; the env's calls run on a thread of their own): use \"%s\", the thread-safe "
+                        "one, with the same config", id, id.replace("real-time-gym-v1", "real-time-gym-ts-v1"))
         try:
             env = gymnasium.make(id, **(gym_kwargs or {}))
         except TypeError as exc:  # most often a keyword the env does not take

@@ -2,7 +2,9 @@
 
 Reads ``<weights_folder>/<run>/metrics.csv`` (one row per training round) and the workers'
 ``episodes_<worker>.csv`` (one row per episode) and draws four panels: episode returns against env steps, sample
-and training-step rates over time, losses, and policy lag.
+and training-step rates over time, losses, and policy lag. Without episode rows (a worker given no run folder writes
+none), the returns come from metrics.csv: each round's mean return and mean test return, against the env steps the
+trainer had received. The log says which source it used, or what is missing.
 """
 
 from __future__ import annotations
@@ -95,6 +97,32 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize=7)
 
 
+def _round_returns(ax: Any, run_dir: Path, m: list[dict[str, str]], episode_files: list[Path]) -> None:
+    """Draw each round's mean return from metrics.csv (``m``) in ``ax``, the panel of episode returns; or, with none,
+    write in it what is missing. Either way the log says which."""
+    why = (f"{', '.join(p.name for p in episode_files)} in {run_dir} hold no episode yet" if episode_files else
+           f"no episodes_*.csv in {run_dir} (a RolloutWorker writes episodes_<worker_id>.csv in its run_dir, "
+           "weights/run by default: give the worker the trainer's run_dir)")
+    keys = ("return_mean", "test_return_mean")
+    rows = [{k: r[k] if r.get(k) and _reads(r[k], float) else "" for k in ("samples", *keys)} for r in m
+            if r.get("samples") and _reads(r["samples"], int)]  # (_rows checked only the columns every plot needs)
+    rows = [r for r in rows if any(r[k] for k in keys)]
+    if not rows:
+        missing = ("metrics.csv has no rows yet (the trainer writes one per round)" if not m else
+                   "metrics.csv has no return_mean in any round (no episode ended within a round)" if m and
+                   "return_mean" in m[0] else "metrics.csv has no return_mean column")
+        log.warning("no returns to plot: %s, and %s", why, missing)
+        ax.text(0.5, 0.5, f"no returns:\n{why}\n{missing}", ha="center", va="center", wrap=True, fontsize=7,
+                transform=ax.transAxes)
+        return
+    log.info("returns from metrics.csv (the mean of each round's episodes), as %s", why)
+    steps = _column(rows, "samples", int)
+    for key, style, label in zip(keys, (".-", "k^"), ("round mean return", "round mean test return"), strict=True):
+        values = _floats(rows, key)
+        if any(v is not None for v in values):
+            ax.plot(steps, values, style, label=f"{label} (metrics.csv)")
+
+
 def draw_run(run_dir: Path) -> Any:
     """The figure :func:`plot_run` saves (the caller closes it)."""
     metrics_file = run_dir / "metrics.csv"
@@ -112,8 +140,15 @@ def draw_run(run_dir: Path) -> Any:
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax_ret, ax_rate, ax_loss, ax_lag = axes.flat
-    for path in episode_files:
-        episodes = _rows(path, {"test": int, "env_steps": int, "return": float})
+    episode_rows = {path: _rows(path, {"test": int, "env_steps": int, "return": float}) for path in episode_files}
+    m = _rows(metrics_file, {"wall_s": float, "samples_per_s": float, "steps_per_s": float,
+                             "trained_steps": int, "lag_mean": float, "lag_max": float})
+    if any(episode_rows.values()):
+        log.info("returns from %s (one point per episode)",
+                 ", ".join(path.name for path, rows in episode_rows.items() if rows))
+    else:
+        _round_returns(ax_ret, run_dir, m, episode_files)
+    for path, episodes in episode_rows.items():
         name = path.stem.removeprefix("episodes_")
         for test, style, label in (("0", ".", "episodes"), ("1", "k^", "test episodes")):
             rows = [r for r in episodes if r["test"] == test]
@@ -126,8 +161,6 @@ def draw_run(run_dir: Path) -> Any:
                 ax_ret.plot(steps[9:], mean, "-", label=f"{name} mean of last 10")
     ax_ret.set(title="Episode return", xlabel="env steps", ylabel="return")
     _legend(ax_ret)
-    m = _rows(metrics_file, {"wall_s": float, "samples_per_s": float, "steps_per_s": float,
-                                 "trained_steps": int, "lag_mean": float, "lag_max": float})
     if m:  # no rows yet: the trainer writes one per round
         line = "-" if len(m) > 1 else "o"  # a line through one point draws nothing
         wall, t = [], 0.0

@@ -31,7 +31,7 @@ import zmq
 
 from netrl.config.sections import Config, NetworkConfig
 from netrl.errors import NetrlError, ProtocolError, VersionMismatch
-from netrl.lifecycle import Runs
+from netrl.lifecycle import Runs, ctrl_c_stops
 from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType, check_role
@@ -48,6 +48,7 @@ from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
 from netrl.server.weight_cache import WeightCache
 from netrl.storage.folderlock import FolderLock
+from netrl.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 
 __all__ = ["Server"]
 
@@ -76,6 +77,10 @@ class Server:
         max_rows_per_packet: rows a sample packet may hold, whatever its worker declares.
     """
 
+    @tmrl_arguments("Server", ("port", "password"), SERVER_ONLY,
+                    "tmrl's Server takes its port and password there; netrl takes trainer_port=... and "
+                    "worker_port=..., and CURVE keys as keys=...", {
+                        "min_samples_per_server_packet": (is_count, "an integer")})
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
                  max_bundle_bytes: int = 4 << 20, max_packet_delay_s: float = 0.05, max_queue_bytes: int = 64 << 20,
@@ -162,12 +167,13 @@ class Server:
         """Relay until ``stop`` is set, then close: a server runs once (a closed one raises NetrlError)."""
         run_stop = self._runs.enter(stop)
         try:
-            self._serve(run_stop)
+            with ctrl_c_stops(run_stop, "server"):  # the spool flushed on the way out too (close)
+                try:
+                    self._serve(run_stop)
+                finally:
+                    self.close()
         finally:
-            try:
-                self.close()
-            finally:
-                self._runs.leave()
+            self._runs.leave()
 
     def _serve(self, stop: threading.Event) -> None:
         """run()'s poll loop: only its thread uses the sockets until it closes them."""

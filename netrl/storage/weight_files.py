@@ -24,7 +24,8 @@ import torch
 
 from netrl.errors import CheckpointError
 
-__all__ = ["read_weights_file", "remove_stale_temps", "torch_load", "torch_save", "write_weights_file"]
+__all__ = ["policy_run_dir", "read_weights_file", "remove_stale_temps", "torch_load", "torch_save",
+           "write_weights_file"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,16 @@ def _read_sidecar(side: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ValueError(f"{side} holds a JSON {type(meta).__name__}, not a map")
     return meta
+
+
+def policy_run_dir(path: str | Path) -> str | None:
+    """The run folder a trainer saved the policy at ``path`` from (its sidecar's ``run_dir``); None when the sidecar
+    names none (a worker, an older netrl or another program wrote it) or cannot be read."""
+    try:
+        owner = _read_sidecar(Path(path).with_name(Path(path).name + ".json")).get("run_dir")
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, str) else None
 
 
 _TEMP_NAME = re.compile(r".+\.tmp-\d+-\d+")  # write_weights_file's temporary files

@@ -26,7 +26,7 @@ from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError, ProtocolError
-from netrl.lifecycle import Runs
+from netrl.lifecycle import Runs, ctrl_c_stops
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
@@ -35,7 +35,9 @@ from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sampl
 from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.segments import Position
-from netrl.storage.weight_files import remove_stale_temps, write_weights_file
+from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
+from netrl.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
+from netrl.torch_threads import apply_torch_threads
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import TrainerLink, trainer_label, write_failed
 from netrl.training import TrainingOffline
@@ -51,7 +53,9 @@ class Trainer:
     Args:
         training_cls: a callable returning a :class:`TrainingOffline` (usually a ``partial``).
         server_ip: address of the server.
-        model_path: where the trainer saves its current policy (state_dict + JSON) after every epoch.
+        model_path: where the trainer saves its current policy (state_dict + JSON) after every epoch; default
+            ``<run_dir>/policy.pt``. A path outside ``run_dir`` that holds another run's policy is refused at start,
+            rather than overwritten.
         server_port, network, name: connection settings.
         run_dir: folder for the checkpoint, the sample log, metrics.csv and wandb files.
         wandb_mode, wandb_project, wandb_entity: wandb settings ("disabled" turns it off).
@@ -61,19 +65,29 @@ class Trainer:
         fsync: fsync the sample log and checkpoints.
         sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
         keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
-        status_interval_s: seconds between status log lines (0: none).
+        status_interval_s: seconds between status log lines (0: none); 10 s, as ``python -m netrl``.
+        torch_threads: ``torch.set_num_threads`` when the run starts (None: leave torch's setting); 1, as
+            ``python -m netrl``: torch's default of one thread per core slows training on a machine that the
+            trainer shares with a worker or the server.
         max_rows_per_packet: rows a sample packet may hold (the server's ``server.max_rows_per_packet``): a packet
             beyond it, or beyond that many rows of the expected layout in bytes, is refused before it is inflated.
     """
 
+    @tmrl_arguments("Trainer", ("training_cls", "server_ip", "server_port", "password"), TMRL_ONLY,
+                    "today's tmrl has server_port, password and tlspyo's settings there; netrl takes the port as "
+                    "server_port=... and CURVE keys as keys=...", {
+                        "server_ip": (is_text, "a string or None"), "model_path": (is_path, "a path or None")})
     def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
                  model_path: str | None = None, *, server_port: int = 55555, network: NetworkConfig | None = None,
                  name: str = "trainer", run_dir: str | Path = "weights/run", run_name: str = "run",
                  wandb_mode: WandbMode = "offline", wandb_project: str = "netrl", wandb_entity: str | None = None,
                  config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
                  persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
-                 keys: ClientKeys | None = None, status_interval_s: float = 0.0,
-                 max_rows_per_packet: int = 65_536) -> None:
+                 keys: ClientKeys | None = None, status_interval_s: float = 10.0,
+                 max_rows_per_packet: int = 65_536, torch_threads: int | None = 1) -> None:
+        if torch_threads is not None and not 1 <= torch_threads <= 1024:
+            raise ValueError(f"torch_threads must be between 1 and 1024, or None to leave torch's setting "
+                             f"(got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
         self.training_cls = training_cls
@@ -94,6 +108,7 @@ class Trainer:
         self.sample_compressor, self.keys = sample_compressor, keys
         self.status_interval = status_interval_s
         self.max_rows_per_packet = max_rows_per_packet
+        self.torch_threads = torch_threads
         self.session = new_session()
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
@@ -130,7 +145,8 @@ class Trainer:
                    resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
                    sample_compressor=pipeline.sample_compressor,
                    keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None,
-                   status_interval_s=cfg.status_interval_s, max_rows_per_packet=cfg.server.max_rows_per_packet)
+                   status_interval_s=cfg.status_interval_s, max_rows_per_packet=cfg.server.max_rows_per_packet,
+                   torch_threads=cfg.torch_threads)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close.
@@ -139,23 +155,27 @@ class Trainer:
         run() (or a run() after close()) raises NetrlError; a new Trainer on the same ``run_dir`` resumes."""
         run_stop = self._runs.enter(stop, once=True)
         try:
-            try:
-                self._train(run_stop)
-            except KeyboardInterrupt:
-                # With stop already set, this is the CLI's second Ctrl+C (the first set stop), which must interrupt
-                # at once, not start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
-                again = run_stop.is_set()
-                if again:
-                    log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
-                                "checkpoint in %s", self.run_dir)
-                self._close(raise_errors=False, failing=True, save=not again)
-                raise
-            except BaseException:
-                self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
-                raise
-            self.close()
+            with ctrl_c_stops(run_stop, trainer_label(self.name)):  # the checkpoint saved on the way out too
+                self._run(run_stop)
         finally:
             self._runs.leave()
+
+    def _run(self, run_stop: threading.Event) -> None:
+        try:
+            self._train(run_stop)
+        except KeyboardInterrupt:
+            # With stop already set, this is a second Ctrl+C (the first set stop), which must interrupt at once, not
+            # start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
+            again = run_stop.is_set()
+            if again:
+                log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
+                            "checkpoint in %s", self.run_dir)
+            self._close(raise_errors=False, failing=True, save=not again, interrupted=True)
+            raise
+        except BaseException:
+            self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
+            raise
+        self.close()
 
     def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
                        key: str | None = None, stop: threading.Event | None = None) -> None:
@@ -171,9 +191,11 @@ class Trainer:
         self.run(stop)
 
     def _train(self, stop: threading.Event) -> None:
+        apply_torch_threads(self.torch_threads, trainer_label(self.name))  # before the agent and memory are built
         self.training = training = self.training_cls()
         training.build()
         self._lock.acquire()  # creates the folder
+        self._check_model_path()
         remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
         deliveries, sample_log = self._restore(training, stop)
         if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
@@ -297,6 +319,22 @@ class Trainer:
         _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
         return deliveries, sample_log
 
+    def _check_model_path(self) -> None:
+        """Refuse a ``model_path`` outside the run folder that holds a policy another run saved: each save would
+        overwrite that run's trained policy (its checkpoint keeps the agent, but not where a user looks for it)."""
+        run_dir = self.run_dir.resolve()
+        path = self.model_path.resolve()
+        if path.is_relative_to(run_dir) or not path.exists():
+            return
+        owner = policy_run_dir(path)
+        if owner == str(run_dir):
+            return
+        saved_by = f"the run in {owner}" if owner else "another run or program (its sidecar names no run folder)"
+        raise CheckpointError(f"model_path {self.model_path} holds a policy saved by {saved_by}, and this trainer "
+                              f"(run folder {self.run_dir}) would overwrite it with its own: leave model_path out to "
+                              f"save under the run folder ({self.run_dir / 'policy.pt'}), give another path, or move "
+                              "that file away first")
+
     def _record_version(self, version: int) -> None:
         """Note a weight version in the run folder before it is sent (see :func:`checkpoint.record_published`)."""
         try:
@@ -399,7 +437,7 @@ class Trainer:
                                   "every tensor its train() changes")
         meta = {"version": training.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
-                "pid": os.getpid()}
+                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}  # whose policy it is: _check_model_path
         try:
             write_weights_file(self.model_path, training.agent.get_actor(), meta)
         except OSError as exc:
@@ -413,11 +451,11 @@ class Trainer:
             return
         self._close(raise_errors=True)
 
-    def _close(self, raise_errors: bool, failing: bool = False, save: bool = True) -> None:
+    def _close(self, raise_errors: bool, failing: bool = False, save: bool = True, interrupted: bool = False) -> None:
         if not self._runs.shut_once():
             return
         try:
-            self._close_steps(raise_errors, failing, save)
+            self._close_steps(raise_errors, failing, save, interrupted)
         finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
             if self.net is not None and self.net.sample_log is not None:
                 self.net.sample_log.close()
@@ -425,7 +463,7 @@ class Trainer:
                 self.metrics.close()
             self._lock.release()
 
-    def _close_steps(self, raise_errors: bool, failing: bool, save: bool) -> None:
+    def _close_steps(self, raise_errors: bool, failing: bool, save: bool, interrupted: bool) -> None:
         failed: Exception | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
@@ -457,7 +495,9 @@ class Trainer:
         guards = self.training.safeguards if self.training else None
         log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
                  "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
-                 "steps undone (not finite)", " by the error that follows" if failing else "", policy,
+                 "steps undone (not finite)",
+                 " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
+                 policy,
                  stats["rejected"], self.training.unstored if self.training else 0, malformed, stats["duplicates"],
                  guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
         if failed is not None and raise_errors:

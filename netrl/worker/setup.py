@@ -48,7 +48,8 @@ def worker_from_config(cls: Any, cfg: Config, pipeline: Any) -> Any:
                      keys=client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve" else None,
                      status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
                      env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
-                     num_envs=w.num_envs, vectorization=w.vectorization, init_random_frames=w.init_random_frames)
+                     num_envs=w.num_envs, vectorization=w.vectorization, init_random_frames=w.init_random_frames,
+                     run_dir=cfg.run_dir, torch_threads=cfg.torch_threads)
     except BaseException:
         if name_lock is not None:
             name_lock.release()

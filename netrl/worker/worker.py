@@ -29,7 +29,7 @@ from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
 from netrl.errors import EnvFailure, NetrlError
-from netrl.lifecycle import Runs, RunStop
+from netrl.lifecycle import Runs, RunStop, ctrl_c_stops
 from netrl.monitor.metrics import CsvLog
 from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
@@ -40,6 +40,8 @@ from netrl.samples import EpisodeStats, check_extra_spec
 from netrl.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
+from netrl.tmrl_args import TMRL_ONLY, is_count, is_number, is_path, is_text, tmrl_arguments
+from netrl.torch_threads import apply_torch_threads
 from netrl.util import version_label
 from netrl.worker.episode import close_net, one_env_steps
 from netrl.worker.link import WorkerLink
@@ -56,6 +58,13 @@ __all__ = ["RolloutWorker"]
 
 log = logging.getLogger(__name__)
 
+# today's tmrl RolloutWorker's order by position (netrl's is older tmrl's, up to obs_preprocessor)
+TMRL_WORKER_ORDER = ("env_cls", "actor_module_cls", "sample_compressor", "device", "max_samples_per_episode",
+                     "model_path", "obs_preprocessor", "crc_debug", "model_path_history", "model_history", "standalone",
+                     "server_ip", "server_port", "password")
+_AFTER_OBS_PREPROCESSOR = ("tmrl has crc_debug next, which netrl does not take, so netrl takes none of the later ones "
+                           "by position (taken one place early, each value would land in the wrong parameter)")
+
 
 class RolloutWorker:
     """Collects samples with the current policy and streams them to the server (tmrl's arguments).
@@ -70,7 +79,8 @@ class RolloutWorker:
         min_samples_per_worker_packet: rows gathered before a packet is sent (with ``max_packet_delay_s`` set,
             at most that long).
         max_samples_per_episode: episodes longer than this are truncated (and bootstrapped, not terminal).
-        model_path: where received weights are saved, and loaded from at start.
+        model_path: where received weights are saved, and loaded from at start; default
+            ``<run_dir>/worker_policy_<worker_id>.pt``.
         obs_preprocessor: applied to each observation before ``act``.
         model_path_history: prefix for the weight history kept when ``model_history > 0`` (files
             ``<prefix>_v000123.pt``); None: ``model_path`` without its suffix, plus ``_history``.
@@ -86,9 +96,14 @@ class RolloutWorker:
             Packets not yet taken by the network thread are bounded by it too (see WorkerLink.hand_over).
         send_window_bytes: unacknowledged packets in flight to the server.
         flush_timeout_s: on close, how long to wait for the last packets to be acknowledged.
-        episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...).
+        episode_log: CSV file that gets one line per finished episode (time, return, length, env steps...), which
+            ``python -m netrl --plot`` draws; default ``<run_dir>/episodes_<worker_id>.csv``.
+        run_dir: the run folder (the trainer's ``run_dir``, default ``weights/run`` for both), where ``model_path``
+            and ``episode_log`` go unless given; None: no files but those given.
         keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
-        status_interval_s: seconds between status log lines (0: none).
+        status_interval_s: seconds between status log lines (0: none); 10 s, as ``python -m netrl``.
+        torch_threads: ``torch.set_num_threads`` when the worker starts (None: leave torch's setting); 1, as
+            ``python -m netrl``: inference on small inputs gains nothing from more, and they compete with the env.
         env_timeout_factor, env_timeout_min_s: when an env call counts as hung (:mod:`netrl.envs.guard`).
         on_env_failure: what a hung env call or a dead env thread does: "stop" (raise EnvFailure) or "reset".
         num_envs: envs this worker runs, stepped together in one Gymnasium vector env (:mod:`netrl.worker.vector`):
@@ -101,6 +116,10 @@ class RolloutWorker:
     which netrl does not take, so a call in that order would give every later value to the wrong parameter.
     """
 
+    @tmrl_arguments("RolloutWorker", TMRL_WORKER_ORDER, TMRL_ONLY, _AFTER_OBS_PREPROCESSOR, {
+        "server_ip": (is_text, "a string or None"), "min_samples_per_worker_packet": (is_count, "an integer"),
+        "max_samples_per_episode": (is_number, "a number"), "model_path": (is_path, "a path or None"),
+        "obs_preprocessor": (lambda f: f is None or callable(f), "a function or None")})
     def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
                  sample_compressor: Callable[..., Any] | None = None, device: str = "cpu",
                  server_ip: str | None = None, min_samples_per_worker_packet: int = 1,
@@ -112,9 +131,10 @@ class RolloutWorker:
                  max_backlog_bytes: int = 256 << 20, send_window_bytes: int = 32 << 20,
                  flush_timeout_s: float = 2.0, seed: int | None = None,
                  episode_log: str | None = None, keys: ClientKeys | None = None,
-                 status_interval_s: float = 0.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
+                 status_interval_s: float = 10.0, env_timeout_factor: float = 50.0, env_timeout_min_s: float = 5.0,
                  on_env_failure: Literal["stop", "reset"] = "stop", num_envs: int = 1,
-                 vectorization: Vectorization = "sync", init_random_frames: int = 0) -> None:
+                 vectorization: Vectorization = "sync", init_random_frames: int = 0,
+                 run_dir: str | Path | None = "weights/run", torch_threads: int | None = 1) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1 (got {num_envs!r})")
         if vectorization not in ("sync", "async"):
@@ -124,8 +144,12 @@ class RolloutWorker:
         if max_packet_delay_s is not None and not max_packet_delay_s > 0:
             raise ValueError(f"max_packet_delay_s must be > 0, or None to wait for min_samples_per_worker_packet rows "
                              f"(got {max_packet_delay_s})")
+        if torch_threads is not None and not 1 <= torch_threads <= 1024:
+            raise ValueError(f"torch_threads must be between 1 and 1024, or None to leave torch's setting "
+                             f"(got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
+        self.torch_threads = torch_threads
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
         self.sample_compressor, self.obs_preprocessor = sample_compressor, obs_preprocessor
         self.device = device
@@ -135,13 +159,17 @@ class RolloutWorker:
         self.server_port = server_port
         self.min_samples = min_samples_per_worker_packet
         self.max_samples_per_episode = max_samples_per_episode
+        self.worker_id = worker_id or default_worker_id()
+        if not PEER_NAME.fullmatch(self.worker_id):  # the server would refuse its HELLO
+            raise ValueError(f"worker_id {self.worker_id!r} is not a valid name: use {PEER_NAME_RULE}")
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        if self.run_dir is not None:  # the CLI's file names (worker/setup.py), so --plot finds the episodes
+            model_path = model_path or str(self.run_dir / f"worker_policy_{self.worker_id}.pt")
+            episode_log = episode_log or str(self.run_dir / f"episodes_{self.worker_id}.csv")
         if model_path_history is None and model_path:
             model_path_history = str(Path(model_path).with_suffix("")) + "_history"
         self.model_path, self.model_path_history, self.model_history = model_path, model_path_history, model_history
         self.standalone = standalone
-        self.worker_id = worker_id or default_worker_id()
-        if not PEER_NAME.fullmatch(self.worker_id):  # the server would refuse its HELLO
-            raise ValueError(f"worker_id {self.worker_id!r} is not a valid name: use {PEER_NAME_RULE}")
         self.session = new_session()
         self.overlap, self.throttle, self.max_delay = overlap, throttle, max_packet_delay_s
         self.compression: Codec = compression
@@ -210,6 +238,7 @@ class RolloutWorker:
         self._runs.check_open()
         if self._started:
             return
+        apply_torch_threads(self.torch_threads, f"worker {self.worker_id}")  # before the actor is built
         self._new_env()
         try:
             self._build()
@@ -310,6 +339,10 @@ class RolloutWorker:
         """Run training episodes (plus one test episode after every ``test_episode_interval``) until stopped, then
         close: a worker runs once."""
         stop = self._enter(stop)
+        with ctrl_c_stops(stop, f"worker {self.worker_id}"):  # and its backlog delivered on the way out (close)
+            self._run(stop, test_episode_interval, nb_episodes)
+
+    def _run(self, stop: RunStop, test_episode_interval: int, nb_episodes: int | None) -> None:
         try:
             self.start()
             train_episodes = 0

@@ -61,7 +61,8 @@ def child_worker(cfg_path: str, hidden: str, name: str) -> None:
     keys = client_keys(cfg.keys_dir, "worker", name) if cfg.security == "curve" else None
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"),
                            partial(MLPActor, hidden_sizes=(int(hidden), int(hidden))), server_ip="127.0.0.1",
-                           server_port=cfg.network.worker_port, worker_id=name, network=cfg.network, keys=keys)
+                           server_port=cfg.network.worker_port, worker_id=name, network=cfg.network, keys=keys,
+                           run_dir=None)  # no weights file: the figure is the time to a loaded actor, as before
     worker.start()
     assert worker.weights is not None
     print(json.dumps({"ready": True}), flush=True)

@@ -711,7 +711,8 @@ def test_close_from_another_thread_stops_the_run_which_saves_and_closes_itself(t
 
 
 def test_a_second_interrupt_during_a_save_starts_no_other_save(tmp_path: Path, links: type[Links],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     saves: list[int] = []
     stop = threading.Event()
     real_save = checkpoint.save_checkpoint
@@ -736,9 +737,11 @@ def test_a_second_interrupt_during_a_save_starts_no_other_save(tmp_path: Path, l
         raise KeyboardInterrupt  # a notebook's Ctrl+C, with no stop event set: what was trained is saved
 
     links.at[3] = notebook_interrupt
-    with pytest.raises(KeyboardInterrupt):
+    with caplog.at_level(logging.INFO), pytest.raises(KeyboardInterrupt):
         make_trainer(tmp_path, epochs=2).run()  # the run folder was let go
     assert checkpoint.exists(tmp_path)
+    assert "trainer stopped by KeyboardInterrupt (Ctrl+C); policy saved to" in caplog.text  # no error follows
+    assert "by the error that follows" not in caplog.text
 
 
 def test_total_frames_ends_training_with_a_save_and_a_resumed_run_says_it_is_finished(
