@@ -166,7 +166,8 @@ class ActionBufferMemory(HistoryMemory):
         writes = np.ones(n, bool) if not self.last_act_on_reset else ~reset
         top = int(pos[-1])
         wpos, wrows = pos[writes], rows[writes]  # positions never decrease along the rows
-        last = np.append(wpos[1:] != wpos[:-1], True)  # the last write to each position
+        # (none in a segment of reset rows alone, e.g. a new env's first packet, when resets write nothing)
+        last = np.append(wpos[1:] != wpos[:-1], True)[:len(wpos)]  # the last write to each position
         last_write = np.full(top + 1, -1, np.int64)
         last_write[wpos[last]] = wrows[last]
         # Positions written in this packet start at row 0's (a reset row writes none when last_act_on_reset).
