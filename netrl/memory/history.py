@@ -39,10 +39,10 @@ from netrl.memory.base import (
     nth_end,
     run_sample_preprocessor,
 )
-from netrl.memory.views import MAX_NEED, NEVER, View, check_views, segment_offsets, sliding_rows
+from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
 from netrl.samples import Batch, Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
 
-__all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "transition_needs"]
+__all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "attach_views", "transition_needs"]
 
 
 def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
@@ -336,6 +336,19 @@ class HistoryMemory(MemoryDataloading):
 
     def policy_versions(self, idx: np.ndarray) -> np.ndarray:
         return self._cols["policy_version"][idx]
+
+def attach_views(memory: MemoryDataloading, agent: Any) -> None:
+    """Add the views ``agent`` declares (an optional ``views()`` method) to ``memory``, before any packet arrives.
+    ValueError naming both when the memory cannot assemble views (it is not a :class:`HistoryMemory`)."""
+    views = declared_views(agent)
+    if not views:
+        return
+    if not isinstance(memory, HistoryMemory):
+        raise ValueError(f"{type(agent).__name__} declares the views {[v.name for v in views]}, but "
+                         f"{type(memory).__name__} cannot assemble views: train with netrl.memory.HistoryMemory (or "
+                         "FrameStackMemory, ActionBufferMemory), e.g. memory_cls=HistoryMemory")
+    memory.add_views(views)
+
 
 def _tensor(x: Any, device: str | torch.device) -> Any:
     """numpy tree -> tensors on ``device``; strided views (e.g. overlapping frame windows) are not copied on CPU.

@@ -9,12 +9,16 @@ gives, and it must be able to sample exactly those whose rows are all stored in 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
+import torch
 
+from netrl.agents.sac import SACAgent
 from netrl.memory.frames import FrameStackMemory
 from netrl.memory.history import HistoryMemory
 from netrl.memory.views import (
@@ -27,6 +31,8 @@ from netrl.memory.views import (
     prev_rewards,
 )
 from netrl.samples import Buffer, concat_segments
+from netrl.training import TrainingOffline
+from tests.fakes import ListSource
 
 
 @dataclass
@@ -76,7 +82,8 @@ def segment(stream: Stream, rng: np.random.Generator, new: int, overlap: int, st
     v = values(uid, np.full(len(pos), stream.env))
     weight = np.where(rng.random(len(pos)) < stale, 0.0, 1.0).astype(np.float32)
     return Buffer(act=v["act"], obs=(v["obs/0"], v["obs/1"]), rew=v["rew"],
-                  terminated=np.array([stream.term[p] for p in pos]), truncated=np.array([stream.trunc[p] for p in pos]),
+                  terminated=np.array([stream.term[p] for p in pos]),
+                  truncated=np.array([stream.trunc[p] for p in pos]),
                   reset=np.array([stream.reset[p] for p in pos]), context=pos < stream.sent,
                   policy_version=np.zeros(len(pos), np.int64), weight=weight)
 
@@ -232,7 +239,7 @@ def test_bad_views_are_refused_naming_what_is_wrong() -> None:
         View("Prev Actions", "act", 2)
     with pytest.raises(ValueError, match=r"HistoryMemory: two views are named 'prev_actions'"):
         HistoryMemory(memory_size=10, views=[prev_actions(2), prev_actions(3)])
-    with pytest.raises(ValueError, match=r"memory_size \(4\) must be larger than 5 \(view 'prev_actions' reads up to 4"):
+    with pytest.raises(ValueError, match=r"memory_size \(4\) must be larger than 5 \(view 'prev_actions' reads up "):
         HistoryMemory(memory_size=4, views=[prev_actions(5)])
     with pytest.raises(ValueError, match=r"memory_size \(4\) must be larger than stack \(4\)"):
         FrameStackMemory(memory_size=4, stack=4)
@@ -310,3 +317,51 @@ def test_an_agent_declares_its_views() -> None:
 
     with pytest.raises(TypeError, match=r"Wrong.views\(\) must return a list of netrl.memory.views.View"):
         declared_views(Wrong())
+
+
+class PrevActionsSAC(SACAgent):
+    """SAC whose critic would condition on the last two actions: it declares them, and sees them in its batches."""
+
+    seen: list[Any] = []
+
+    def views(self) -> list[View]:
+        return [prev_actions(2)]
+
+    def train(self, batch: Any) -> dict[str, Any]:
+        PrevActionsSAC.seen.append({k: v.clone() for k, v in batch.extra.items()} | {"act": batch.act.clone()})
+        return super().train(batch)
+
+
+def test_the_views_an_agent_declares_reach_it_through_the_training_loop() -> None:
+    obs, act = gymnasium.spaces.Box(-1, 1, (3,), np.float32), gymnasium.spaces.Box(-10, 10, (1,), np.float32)
+    training = TrainingOffline(env_cls=(obs, act), memory_cls=HistoryMemory, training_agent_cls=PrevActionsSAC,
+                               epochs=1, rounds=1, steps=3, start_training=0, memory_size=100, batch_size=8, seed=0,
+                               device="cpu")
+    training.build()
+    n = 20
+    packet = Buffer(act=np.arange(n, dtype=np.float32)[:, None] / 2, obs=np.zeros((n, 3), np.float32),
+                    rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                    reset=np.arange(n) % 10 == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64),
+                    worker="w", seq=1, recv_version=1)
+    assert training.add(packet) == n - 2
+    PrevActionsSAC.seen.clear()
+    source = ListSource([])
+    training.start(source)  # type: ignore[arg-type]
+    for _ in training.run_epoch(source, threading.Event()):  # type: ignore[arg-type]
+        pass
+    assert len(PrevActionsSAC.seen) == 3
+    for extra in PrevActionsSAC.seen:
+        rows = (extra["act"][:, 0] * 2).long()  # each action is its row number / 2
+        start = rows // 10 * 10  # the episode's reset row, whose action pads the window
+        want_next = torch.stack([torch.maximum(rows - 1, start), rows], dim=1).float() / 2
+        torch.testing.assert_close(extra["next_prev_actions"][:, :, 0], want_next)
+        torch.testing.assert_close(extra["prev_actions"][:, 1, 0], want_next[:, 0])
+
+
+def test_an_agent_that_declares_views_is_refused_with_a_memory_that_cannot_assemble_them() -> None:
+    obs, act = gymnasium.spaces.Box(-1, 1, (3,), np.float32), gymnasium.spaces.Box(-1, 1, (1,), np.float32)
+    training = TrainingOffline(env_cls=(obs, act), training_agent_cls=PrevActionsSAC, memory_size=100, batch_size=8,
+                               device="cpu")
+    with pytest.raises(ValueError, match=r"PrevActionsSAC declares the views \['prev_actions'\], but ReplayMemory "
+                                         "cannot assemble views: train with netrl.memory.HistoryMemory"):
+        training.build()
