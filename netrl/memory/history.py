@@ -179,9 +179,10 @@ class HistoryMemory(MemoryDataloading):
                                  f"does not store (it stores {sorted(columns)})")
         leaves = spec_leaves(obs_spec)
         filled = {v.name for v in self.views if v.into == "obs"}
-        for leaf in sorted(filled - set(leaves)):
-            raise ValueError(f"{name}: view {leaf!r} goes into the observation leaf {leaf!r}, but the observations "
-                             f"have the leaves {leaves}")
+        missing = sorted(filled - set(leaves))
+        if missing:
+            raise ValueError(f"{name}: view {missing[0]!r} goes into the observation leaf {missing[0]!r}, but the "
+                             f"observations have the leaves {leaves}")
         for leaf in leaves:
             if leaf not in filled and leaf not in columns:
                 raise ValueError(f"{name}: the observation leaf {leaf!r} is neither stored nor filled by a view")
@@ -328,8 +329,8 @@ class HistoryMemory(MemoryDataloading):
         extra = {n[6:]: c[i].copy() for n, c in self._cols.items() if n.startswith("extra/")}
         for view in self.views:
             if view.into == "extra":
-                extra[view.name], extra["next_" + view.name] = windows[view.name][0, :-1].copy(), \
-                    windows[view.name][0, 1:].copy()
+                window = windows[view.name][0]
+                extra[view.name], extra["next_" + view.name] = window[:-1].copy(), window[1:].copy()
         if extra:
             info["extra"] = extra
         return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]), info)

@@ -365,3 +365,13 @@ def test_an_agent_that_declares_views_is_refused_with_a_memory_that_cannot_assem
     with pytest.raises(ValueError, match=r"PrevActionsSAC declares the views \['prev_actions'\], but ReplayMemory "
                                          "cannot assemble views: train with netrl.memory.HistoryMemory"):
         training.build()
+
+
+def test_a_view_into_an_observation_leaf_that_does_not_exist_is_refused() -> None:
+    rng = np.random.default_rng(0)
+    stream = Stream(0)
+    stream.grow(rng, 10)
+    memory = HistoryMemory(memory_size=50, views=[View("obs/7", "obs/1", 2, into="obs")])
+    with pytest.raises(ValueError, match=r"HistoryMemory: view 'obs/7' goes into the observation leaf 'obs/7', but the "
+                                         r"observations have the leaves \['obs/0', 'obs/1'\]"):
+        memory.append_buffer(segment(stream, rng, 10, 1, stale=0.0))
