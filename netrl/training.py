@@ -39,6 +39,7 @@ from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
+from netrl.memory.history import attach_views
 from netrl.memory.replay import ReplayMemory
 from netrl.safeguards import Safeguards
 from netrl.samples import Batch, Buffer
@@ -231,6 +232,7 @@ class TrainingOffline:
             raise ValueError(f"trainer.collection is sync, but the memory {type(self.memory).__name__} has no clear(): "
                              "a sync batch is trained once and dropped; use netrl.memory.RolloutMemory")
         self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
+        attach_views(self.memory, self.agent)  # what the agent's inputs need from earlier rows (memory/views.py)
         self.safeguards = Safeguards(value_limits(obs_space, act_space, self.max_abs_reward), self.agent,
                                      self.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(self.agent)

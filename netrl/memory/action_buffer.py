@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from netrl.memory.history import MAX_NEED, NEVER, HistoryMemory
-from netrl.samples import Buffer
+from netrl.memory.history import MAX_NEED, HistoryMemory
+from netrl.memory.views import View
+from netrl.samples import Buffer, Spec
 
 __all__ = ["ActionBufferCompressor", "ActionBufferMemory", "act_buf_settings"]
 
@@ -116,15 +117,11 @@ class ActionBufferMemory(HistoryMemory):
                  **kwargs: Any) -> None:
         _check_len(act_buf_len)
         self.act_buf_len, self.reset_act_buf, self.last_act_on_reset = act_buf_len, reset_act_buf, last_act_on_reset
-        super().__init__(*args, **kwargs)
+        # The buffer is a view of the rows' actions, resolved by rtgym's rules; it reaches 2L - 1 rows back.
+        view = View("act_buf", "act", act_buf_len, rule=self._sources, reach=2 * act_buf_len - 1)
+        super().__init__(*args, views=[view], **kwargs)
 
-    @property
-    def _core(self) -> int:
-        """Core observation leaves stored (``obs/0`` ...), fixed by the first packet; read from the columns so that
-        a refused packet cannot change it."""
-        return sum(1 for name in self._cols if name.startswith("obs/"))
-
-    def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
+    def _obs_columns(self, buffer: Buffer) -> tuple[Spec, dict[str, np.ndarray]]:
         obs = buffer.obs
         if not isinstance(buffer.act, np.ndarray):
             raise ValueError("ActionBufferMemory needs a single action array per row (a Box action space)")
@@ -133,16 +130,12 @@ class ActionBufferMemory(HistoryMemory):
             raise ValueError("ActionBufferMemory expects observations compressed by ActionBufferCompressor: a flat "
                              "tuple of arrays ending with a uint8 seam flag")
         cols = {f"obs/{i}": leaf for i, leaf in enumerate(obs[:-1])}
-        cols["src"] = self._sources(buffer, obs[-1].astype(bool))
-        return cols
+        return list(cols), cols
 
-    def _row_needs(self, buffer: Buffer, cols: dict[str, np.ndarray]) -> np.ndarray:
-        src = cols["src"]
-        return np.where((src == NEVER).any(axis=1), NEVER, src.max(axis=1))
-
-    def _sources(self, buffer: Buffer, seam: np.ndarray) -> np.ndarray:
-        """Per row and buffer entry (oldest first): how many rows back the entry's action is; NEVER if unknown."""
-        n, length = len(buffer), self.act_buf_len
+    def _sources(self, buffer: Buffer, length: int) -> np.ndarray:
+        """The view's rule, for one env segment: per row and buffer entry (oldest first), how many rows back the
+        entry's action is; -1 if unknown."""
+        n, seam = len(buffer), np.asarray(buffer.obs[-1]).astype(bool)
         rows = np.arange(n)
         back = np.arange(length - 1, -1, -1)  # entry j is the (L-1-j)-th newest
         reset = np.asarray(buffer.reset, bool)
@@ -158,8 +151,7 @@ class ActionBufferMemory(HistoryMemory):
         else:
             src_row, known = self._carried_sources(buffer, reset, seam)
         offsets = rows[:, None] - src_row
-        known &= (offsets >= 0) & (offsets <= MAX_NEED)
-        return np.where(known, offsets, NEVER).astype(np.uint8)
+        return np.where(known & (offsets >= 0), offsets, -1)
 
     def _carried_sources(self, buffer: Buffer, reset: np.ndarray, seam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Buffers carried across episodes (``reset_act_buf=False``), as positions in the sequence of pushes.
@@ -174,7 +166,8 @@ class ActionBufferMemory(HistoryMemory):
         writes = np.ones(n, bool) if not self.last_act_on_reset else ~reset
         top = int(pos[-1])
         wpos, wrows = pos[writes], rows[writes]  # positions never decrease along the rows
-        last = np.append(wpos[1:] != wpos[:-1], True)  # the last write to each position
+        # (none in a segment of reset rows alone, e.g. a new env's first packet, when resets write nothing)
+        last = np.append(wpos[1:] != wpos[:-1], True)[:len(wpos)]  # the last write to each position
         last_write = np.full(top + 1, -1, np.int64)
         last_write[wpos[last]] = wrows[last]
         # Positions written in this packet start at row 0's (a reset row writes none when last_act_on_reset).
@@ -192,15 +185,8 @@ class ActionBufferMemory(HistoryMemory):
         src_row = np.where(before, 0, src_row)
         return src_row, known | before
 
-    def _observations(self, idx: np.ndarray) -> tuple[Any, Any]:
-        cap = self.memory_size
-        prev = (idx - 1) % cap
-        acts = self._cols["act"]
-
-        def rebuild(key: str, at: np.ndarray) -> tuple[np.ndarray, ...]:
-            core = tuple(self._take(f"{key}/{i}", self._cols[f"obs/{i}"], at) for i in range(self._core))
-            src = (at[:, None] - self._cols["src"][at].astype(np.int64)) % cap
-            buf = self._take(f"{key}/buf", acts, src)  # (B, L, *act_shape)
-            return (*core, *(buf[:, j] for j in range(self.act_buf_len)))
-
-        return rebuild("prev", prev), rebuild("now", idx)
+    def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        core, next_core = super()._observations(idx, windows)  # the stored leaves, as tuples
+        buf = windows["act_buf"]  # (B, L + 1, *act_shape): the row before's buffer, then the row's
+        n = self.act_buf_len
+        return (*core, *(buf[:, j] for j in range(n))), (*next_core, *(buf[:, j + 1] for j in range(n)))

@@ -9,10 +9,12 @@ only the newest frame of each row (the compressor raises ValueError at the first
     wire:    one frame per row, plus ``S`` context rows per packet (pipeline ``overlap = S``)
     trainer: FrameStackMemory stores each frame once (uint8) and rebuilds the stacks of a batch with one gather
 
-The stack of row ``k`` is the frames of rows ``k - min(S - 1 - j, since_reset[k])`` for ``j = 0 .. S - 1``: the
-index arithmetic clamps at the episode's first row, so stacks never mix episodes. A transition ending at row ``k``
-reads the ``S + 1`` frames ``k - min(S - m, since_reset[k])``, ``m = 0 .. S``; its observation is the first ``S``
-of them and its next observation the last ``S`` (two overlapping views of one gathered window).
+FrameStackMemory is a declaration on :class:`~netrl.memory.history.HistoryMemory`: each row stores its newest frame,
+and one view (:mod:`netrl.memory.views`) makes the observation the last ``S`` frames. The stack of row ``k`` is the
+frames of rows ``k - min(S - 1 - j, since_reset[k])`` for ``j = 0 .. S - 1``: the index arithmetic clamps at the
+episode's first row, so stacks never mix episodes (nor envs, nor packets). A transition ending at row ``k`` reads
+``S + 1`` frames; its observation is the first ``S`` of them and its next observation the last ``S`` (two
+overlapping views of one gathered window).
 
 Frame codecs run in the compressor, per frame, with OpenCV: ``"png"`` (lossless) or ``"jpeg"`` (lossy, with a
 ``quality``). A row's observation must have a fixed shape, so an encoded frame travels as a fixed-size uint8
@@ -29,8 +31,9 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
-from netrl.memory.history import NEVER, HistoryMemory
-from netrl.samples import Buffer
+from netrl.memory.history import HistoryMemory
+from netrl.memory.views import View
+from netrl.samples import Buffer, Spec
 
 __all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "PngStrategy", "decode_frame", "encode_frame",
            "frame_header"]
@@ -244,10 +247,11 @@ class FrameStackMemory(HistoryMemory):
             raise ValueError(f"frame_shape must be (height, width) in pixels (got {frame_shape})")
         self.stack = stack
         self.frame_shape = tuple(frame_shape) if frame_shape is not None else None
-        super().__init__(*args, **kwargs)
-        if self.memory_size <= stack:
-            raise ValueError(f"memory_size ({self.memory_size}) must be larger than stack ({stack}): a transition "
-                             f"reads stack + 1 rows, so a smaller memory could never hold one")
+        # Each row stores its newest frame; the observation leaf "obs" is the stack of the last S.
+        super().__init__(*args, views=[View("obs", "frame", stack, into="obs")], **kwargs)
+
+    def _reach_label(self, view: View) -> str:
+        return f"stack ({self.stack})"
 
     def _frames(self, buffer: Buffer) -> np.ndarray:
         obs = buffer.obs
@@ -295,35 +299,5 @@ class FrameStackMemory(HistoryMemory):
             frames[i] = frame
         return frames
 
-    def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
-        frames = self._frames(buffer)
-        since = _since_reset(buffer, self.stack)
-        return {"frame": frames, "since": since}
-
-    def _row_needs(self, buffer: Buffer, cols: dict[str, np.ndarray]) -> np.ndarray:
-        since = cols["since"]
-        # A row reads min(S - 1, since) rows back; `since` is NEVER where the episode began before this packet.
-        need = np.minimum(since.astype(np.int64), self.stack - 1)
-        unknown = (since == NEVER) & (need > np.arange(len(buffer)))  # would read before the packet's first row
-        need[unknown] = NEVER
-        return need
-
-    def _window(self, idx: np.ndarray) -> np.ndarray:
-        """Ring rows of the ``S + 1`` frames a transition ending at ``idx`` reads, oldest first: shape (B, S + 1)."""
-        back = np.arange(self.stack, -1, -1)
-        since = self._cols["since"][idx].astype(np.int64)
-        return (idx[:, None] - np.minimum(back[None, :], since[:, None])) % self.memory_size
-
-    def _observations(self, idx: np.ndarray) -> tuple[Any, Any]:
-        window = self._take("window", self._cols["frame"], self._window(idx))  # (B, S + 1, H, W)
-        return window[:, :-1], window[:, 1:]
-
-
-def _since_reset(buffer: Buffer, stack: int) -> np.ndarray:
-    """Rows since the episode's first row, capped at ``stack``; ``NEVER`` where that row is not in the packet."""
-    n = len(buffer)
-    rows = np.arange(n)
-    last_reset = np.maximum.accumulate(np.where(buffer.reset, rows, -1))
-    since = np.minimum(rows - last_reset, stack).astype(np.uint8)
-    since[last_reset < 0] = NEVER
-    return since
+    def _obs_columns(self, buffer: Buffer) -> tuple[Spec, dict[str, np.ndarray]]:
+        return "obs", {"frame": self._frames(buffer)}

@@ -1,16 +1,19 @@
-"""A ring-buffer memory for observations that a memory rebuilds from earlier rows (frame stacks, action buffers).
+"""A ring-buffer memory that assembles each row's input from earlier rows: declared views (frame stacks, action
+buffers, ``prev_actions``...).
 
-A worker's sample compressor can drop from each row whatever earlier rows already hold (tmrl's idea): the
-newest frame of a stack, the observation without rtgym's action buffer. The matching memory rebuilds the full
-observation when it samples. :class:`HistoryMemory` is the shared part: a preallocated numpy ring of rows, where
-each row that ends a transition records how many rows back its rebuild reads (``need``). A transition can be
-sampled while all of those rows are still stored, so wrapping the ring never yields a half-overwritten stack.
-Subclasses say what to store and how to rebuild::
+A row's input may need earlier rows (see :mod:`netrl.memory.views`): the last frames of a stack, the actions of
+rtgym's action buffer, RLlib's ``prev_actions`` and ``prev_rewards``. :class:`HistoryMemory` stores every row once and
+assembles the views when it samples, by index arithmetic over the ring. Each row that ends a transition records how
+many rows back its views read (``need``); a transition can be sampled while all of those rows are still stored, so
+wrapping the ring never yields a half-overwritten stack. A memory is configured by the views it is given::
 
-    class MyMemory(HistoryMemory):
-        def _columns(self, buffer):        # per-row arrays to keep, e.g. {"frame": newest frames}
-        def _row_needs(self, buffer, cols):  # per row: rows back its own observation reads (NEVER: cannot rebuild)
-        def _observations(self, idx):      # batched (obs, next_obs) for transitions ending at ring rows idx
+    HistoryMemory(views=[prev_actions(4), prev_rewards(4)])      # batch.extra["prev_actions"], ["next_prev_actions"]
+    HistoryMemory(views=[last_observations(4)])                    # obs of [B, 4, ...] from one stored obs per row
+
+A worker's sample compressor can drop from each row whatever earlier rows already hold (tmrl's idea): the newest
+frame of a stack, the observation without rtgym's action buffer. The matching memories are thin declarations on
+this one: :class:`~netrl.memory.frames.FrameStackMemory` and :class:`~netrl.memory.action_buffer.ActionBufferMemory`
+read their packets (``_obs_columns``) and declare a view each.
 
 Rows of one packet are written contiguously, and a packet is self-contained (see :mod:`netrl.samples`), so a row
 and the rows it reads are always from the same packet, at fixed distances in the ring. Batches are gathered with
@@ -19,7 +22,7 @@ a few fancy-indexing calls into reused buffers; nothing loops over items.
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -36,12 +39,10 @@ from netrl.memory.base import (
     nth_end,
     run_sample_preprocessor,
 )
-from netrl.samples import Batch, Buffer, flatten, row, tree_map, unflatten
+from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
+from netrl.samples import Batch, Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
 
-__all__ = ["NEVER", "HistoryMemory", "transition_needs"]
-
-NEVER = 255  # ``need`` of a row that ends no transition, or whose observations cannot be rebuilt
-MAX_NEED = NEVER - 1
+__all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "attach_views", "transition_needs"]
 
 
 def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
@@ -61,21 +62,26 @@ def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
 
 
 class HistoryMemory(MemoryDataloading):
-    """Preallocated ring of rows with vectorised sampling of transitions whose history is still stored.
+    """Preallocated ring of rows with vectorised sampling of transitions whose declared views are still stored.
 
-    ``obs_preprocessor`` is not supported: the observations are rebuilt per batch, so preprocess in the model.
+    Args:
+        views: what each row's input needs from earlier rows (:class:`~netrl.memory.views.View`); more can be added
+            with :meth:`add_views` until the first packet arrives (an agent's own declarations).
+        *args, **kwargs: :class:`~netrl.memory.base.MemoryDataloading`'s arguments.
+
+    ``obs_preprocessor`` is not supported: the observations are assembled per batch, so preprocess in the model.
     ``sample_preprocessor`` runs once per batch, on read-only arrays: it must return new arrays rather than change
-    its inputs, because obs and next_obs share frames (overlapping views of one gathered window, in
-    :class:`~netrl.memory.frames.FrameStackMemory`) and the buffers are reused. Rows with a loss weight of 0 (stale
-    samples the trainer drops) end no transition; other weights below 1 make every batch carry ``Batch.weight``.
-    A batch's tensors share memory with reused buffers (and with each other: a frame-stack batch's obs and
-    next_obs are views of one tensor) and stay valid until the next :meth:`sample` call.
+    its inputs, because obs and next_obs share rows (overlapping views of one gathered window) and the buffers are
+    reused. Rows with a loss weight of 0 (stale samples the trainer drops) end no transition; other weights below 1
+    make every batch carry ``Batch.weight``. A batch's tensors share memory with reused buffers (and with each other:
+    a view's obs and next_obs sides are views of one tensor) and stay valid until the next :meth:`sample` call.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, views: Sequence[View] = (), **kwargs: Any) -> None:
         self._cols: dict[str, np.ndarray] = {}
         self._out: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
         self._act_spec: Any = None
+        self._obs_spec: Spec = None
         self._pos = 0  # next physical row to write
         self._size = 0  # rows stored
         self._ends = 0  # stored rows with need != NEVER
@@ -84,23 +90,39 @@ class HistoryMemory(MemoryDataloading):
         self.total_appended = 0
         self._workers = WorkerIds()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
+        self.views: list[View] = []
         super().__init__(*args, **kwargs)
         if self.obs_preprocessor is not None:
             raise ValueError(f"{type(self).__name__} rebuilds observations per batch and takes no obs_preprocessor; "
                              "preprocess inside the model instead")
+        self.add_views(views)
 
-    # -- subclass hooks -------------------------------------------------------------------------------------
-    @abstractmethod
-    def _columns(self, buffer: Buffer) -> dict[str, np.ndarray]:
-        """Per-row observation arrays to store (leading dimension ``len(buffer)``). Raise ValueError on bad input."""
+    def add_views(self, views: Sequence[View]) -> None:
+        """Declare more views (an agent's). ValueError once a packet is stored (its rows hold no offsets for them),
+        for a name already taken, or for a view that reaches further back than the memory holds."""
+        if not views:
+            return
+        name = type(self).__name__
+        if self._cols:
+            raise ValueError(f"{name} already stores packets: declare the views {[v.name for v in views]} before "
+                             "the first packet arrives")
+        checked = check_views([*self.views, *views], name)
+        for view in views:
+            if self.memory_size <= view.max_reach + 1:
+                raise ValueError(f"memory_size ({self.memory_size}) must be larger than {self._reach_label(view)}: "
+                                 f"a transition reads {view.max_reach + 2} rows, so a smaller memory could never "
+                                 "hold one")
+        self.views = checked
 
-    @abstractmethod
-    def _row_needs(self, buffer: Buffer, cols: dict[str, np.ndarray]) -> np.ndarray:
-        """Per row: how many rows back its own observation reads (0: none), or ``NEVER`` if it cannot be rebuilt."""
+    def _reach_label(self, view: View) -> str:
+        return f"{view.max_reach + 1} (view {view.name!r} reads up to {view.max_reach} rows back)"
 
-    @abstractmethod
-    def _observations(self, idx: np.ndarray) -> tuple[Any, Any]:
-        """Batched ``(obs, next_obs)`` (numpy trees) for transitions ending at ring rows ``idx``."""
+    # -- subclass hook --------------------------------------------------------------------------------------
+    def _obs_columns(self, buffer: Buffer) -> tuple[Spec, dict[str, np.ndarray]]:
+        """The observation's spec (leaf names) and the per-row columns to store for it (leading dimension
+        ``len(buffer)``); leaves that a view fills (``into="obs"``) need no column. Raise ValueError on bad input."""
+        spec, leaves = flatten(buffer.obs, "obs")
+        return spec, {name: np.asarray(leaf) for name, leaf in leaves}
 
     # -- storage --------------------------------------------------------------------------------------------
     def append_buffer(self, buffer: Buffer) -> None:
@@ -110,23 +132,26 @@ class HistoryMemory(MemoryDataloading):
         if n == 0:
             return
         act_spec, act_leaves = flatten(buffer.act, "act")
-        columns = self._columns(buffer)
+        obs_spec, columns = self._obs_columns(buffer)
         columns.update((name, np.asarray(leaf)) for name, leaf in act_leaves)
-        need = transition_needs(buffer, self._row_needs(buffer, columns))
         weight = getattr(buffer, "weight", None)
         columns.update(rew=np.asarray(buffer.rew, np.float32), terminated=np.asarray(buffer.terminated),
                        truncated=np.asarray(buffer.truncated), policy_version=np.asarray(buffer.policy_version),
-                       need=need, weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32),
+                       weight=np.ones(n, np.float32) if weight is None else np.asarray(weight, np.float32),
                        worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
         columns.update(extra_columns(buffer, self._cols))
-        if self._cols and (act_spec != self._act_spec or set(columns) != set(self._cols)):
+        if not self._cols:
+            self._check_layout(obs_spec, columns)
+        columns.update(self._view_columns(buffer, columns))
+        columns["need"] = need = self._needs(buffer, columns)
+        if self._cols and (act_spec != self._act_spec or obs_spec != self._obs_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
                              "run the same pipeline")
         cap = self.memory_size
         stored = self._cols or allocate_ring(cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()})
         check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
         if not self._cols:
-            self._act_spec, self._cols = act_spec, stored
+            self._act_spec, self._obs_spec, self._cols = act_spec, obs_spec, stored
         if weight is not None and bool((columns["weight"][need != NEVER] < 1).any()):
             self._weighted = True  # from now on batches carry loss weights
         if n > cap:  # keep only the newest rows, as the ring would
@@ -143,6 +168,45 @@ class HistoryMemory(MemoryDataloading):
         self._size = min(self._size + n, cap)
         self.total_appended += n
         self._ordered = None
+
+    def _check_layout(self, obs_spec: Spec, columns: dict[str, np.ndarray]) -> None:
+        """At the first packet: every view reads a stored column, fills an observation leaf that exists, and every
+        other observation leaf is stored."""
+        name = type(self).__name__
+        for view in self.views:
+            if view.source not in columns:
+                raise ValueError(f"{name}: view {view.name!r} reads the column {view.source!r}, which this memory "
+                                 f"does not store (it stores {sorted(columns)})")
+        leaves = spec_leaves(obs_spec)
+        filled = {v.name for v in self.views if v.into == "obs"}
+        missing = sorted(filled - set(leaves))
+        if missing:
+            raise ValueError(f"{name}: view {missing[0]!r} goes into the observation leaf {missing[0]!r}, but the "
+                             f"observations have the leaves {leaves}")
+        for leaf in leaves:
+            if leaf not in filled and leaf not in columns:
+                raise ValueError(f"{name}: the observation leaf {leaf!r} is neither stored nor filled by a view")
+
+    def _view_columns(self, buffer: Buffer, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {f"view/{view.name}": segment_offsets(view, buffer) for view in self.views}
+
+    def _needs(self, buffer: Buffer, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """Per row: rows back the transition it ends reads, ``NEVER`` if none ends there or a view is unknown. A
+        view whose windows do not slide at a transition end (a rule that breaks the convention) raises ValueError."""
+        row_need = np.zeros(len(buffer), np.int64)
+        for view in self.views:
+            off = columns[f"view/{view.name}"]
+            row_need = np.where((off == NEVER).any(axis=1) | (row_need == NEVER), NEVER,
+                                np.maximum(row_need, off.max(axis=1)))
+        need = transition_needs(buffer, row_need)
+        ends = np.flatnonzero(need != NEVER)
+        for view in self.views:
+            bad = sliding_rows(view, columns[f"view/{view.name}"], ends)
+            if len(bad):
+                raise ValueError(f"packet {buffer.seq} of worker {buffer.worker or '(unnamed)'}, row {int(bad[0])}: "
+                                 f"view {view.name!r}'s window is not the previous row's shifted by one; a view's "
+                                 "rule must slide at every row that continues a trajectory (netrl.memory.views)")
+        return need
 
     # -- validity -------------------------------------------------------------------------------------------
     @property
@@ -196,42 +260,95 @@ class HistoryMemory(MemoryDataloading):
             np.take(col, idx, axis=0, out=out)
         return out
 
-    def _transitions(self, idx: np.ndarray) -> tuple[Any, Any, np.ndarray, Any, np.ndarray, np.ndarray]:
-        o, o2 = self._observations(idx)
+    def _windows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """Per view, the ``length + 1`` values a transition ending at ring rows ``idx`` reads: ``(B, length + 1,
+        ...)``, whose ``[:, :-1]`` is the observation's view and ``[:, 1:]`` the next observation's."""
+        out = {}
+        prev = (idx - 1) % self.memory_size
+        for view in self.views:
+            off = self._cols[f"view/{view.name}"]
+            rows = np.empty((len(idx), view.length + 1), np.int64)
+            rows[:, 0] = prev - off[prev, 0]
+            rows[:, 1:] = idx[:, None] - off[idx]
+            rows %= self.memory_size
+            out[view.name] = self._take(f"view:{view.name}", self._cols[view.source], rows)
+        return out
+
+    def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        """Batched ``(obs, next_obs)`` (numpy trees) for transitions ending at ring rows ``idx``: stored leaves at
+        the row before and the row, views into the observation from their windows."""
+        prev = (idx - 1) % self.memory_size
+        now: dict[str, np.ndarray] = {}
+        before: dict[str, np.ndarray] = {}
+        filled = {v.name for v in self.views if v.into == "obs"}
+        for leaf in spec_leaves(self._obs_spec):
+            if leaf in filled:
+                before[leaf], now[leaf] = windows[leaf][:, :-1], windows[leaf][:, 1:]
+            else:
+                before[leaf] = self._take("prev:" + leaf, self._cols[leaf], prev)
+                now[leaf] = self._take("now:" + leaf, self._cols[leaf], idx)
+        return unflatten(self._obs_spec, before), unflatten(self._obs_spec, now)
+
+    def _transitions(self, idx: np.ndarray) -> tuple[tuple[Any, Any, np.ndarray, Any, np.ndarray, np.ndarray],
+                                                      dict[str, np.ndarray]]:
+        windows = self._windows(idx)
+        o, o2 = self._observations(idx, windows)
         act = unflatten(self._act_spec, {n: self._take(n, self._cols[n], idx) for n in self._cols
                                          if n == "act" or n.startswith("act/")})
         r = self._take("rew", self._cols["rew"], idx)
         term = self._take("terminated", self._cols["terminated"], idx).astype(np.float32)
         trunc = self._take("truncated", self._cols["truncated"], idx).astype(np.float32)
-        return o, act, r, o2, term, trunc
+        return (o, act, r, o2, term, trunc), windows
 
     def batch_workers(self) -> list[str] | None:
         return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
 
     def sample(self) -> Batch:
         idx = self._sampled = self.sample_indices()
-        o, a, r, o2, term, trunc = self._transitions(idx)
+        (o, a, r, o2, term, trunc), windows = self._transitions(idx)
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
         extra = {n[6:]: _tensor(self._take(n, c, idx), d) for n, c in self._cols.items() if n.startswith("extra/")}
+        for view in self.views:
+            if view.into == "extra":
+                window = _tensor(windows[view.name], d)
+                extra[view.name], extra["next_" + view.name] = window[:, :-1], window[:, 1:]
         return Batch(_tensor(o, d), _tensor(a, d), _tensor(r, d), _tensor(o2, d), _tensor(term, d),
                      _tensor(trunc, d), weight, extra=extra)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style
-        code). Raises IndexError unless ``0 <= item < len()``."""
+        code). ``info["extra"]`` holds the actor's extra outputs recorded with the action and the views that go
+        into ``batch.extra``, if any. Raises IndexError unless ``0 <= item < len()``."""
         i = nth_end(self._ordered_ends(), item)
-        o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in self._transitions(np.array([i])))
+        transition, windows = self._transitions(np.array([i]))
+        o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in transition)
         info: dict[str, Any] = {"policy_version": int(self._cols["policy_version"][i])}
         extra = {n[6:]: c[i].copy() for n, c in self._cols.items() if n.startswith("extra/")}
-        if extra:  # the actor's extra outputs recorded with the action
+        for view in self.views:
+            if view.into == "extra":
+                window = windows[view.name][0]
+                extra[view.name], extra["next_" + view.name] = window[:-1].copy(), window[1:].copy()
+        if extra:
             info["extra"] = extra
         return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]), info)
 
     def policy_versions(self, idx: np.ndarray) -> np.ndarray:
         return self._cols["policy_version"][idx]
+
+def attach_views(memory: MemoryDataloading, agent: Any) -> None:
+    """Add the views ``agent`` declares (an optional ``views()`` method) to ``memory``, before any packet arrives.
+    ValueError naming both when the memory cannot assemble views (it is not a :class:`HistoryMemory`)."""
+    views = declared_views(agent)
+    if not views:
+        return
+    if not isinstance(memory, HistoryMemory):
+        raise ValueError(f"{type(agent).__name__} declares the views {[v.name for v in views]}, but "
+                         f"{type(memory).__name__} cannot assemble views: train with netrl.memory.HistoryMemory (or "
+                         "FrameStackMemory, ActionBufferMemory), e.g. memory_cls=HistoryMemory")
+    memory.add_views(views)
 
 
 def _tensor(x: Any, device: str | torch.device) -> Any:

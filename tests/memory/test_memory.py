@@ -535,7 +535,7 @@ def test_a_memory_size_the_machine_cannot_hold_is_a_config_error_naming_the_key(
     mem = memory_cls(memory_size=size)
     image = isinstance(mem, FrameStackMemory)
     with pytest.raises(ConfigError, match=rf"memory.memory_size is {size}: the replay memory needs [\d,.]+ GiB for it "
-                                          rf"\({38 if image else 45} bytes per row\).*lower memory.memory_size"):
+                                          rf"\({39 if image else 45} bytes per row\).*lower memory.memory_size"):
         mem.append_buffer(packet(4, obs=np.zeros((4, 2, 2), np.uint8)) if image else packet(4))
     assert len(mem) == 0
 
