@@ -3,17 +3,17 @@ weights to arrive, with 1, 2 and 4 workers of equal speed.
 
 An iteration is: the trainer publishes v, every worker collects ``--fragment`` steps of each of its ``--envs`` envs
 under v and sends them, the trainer trains once on the batch (``frames_per_batch`` = workers x envs x fragment) and
-publishes v + 1. Its wall time splits into the training (``--train-s``, a stand-in agent whose train() takes that
-long, until the PPO agent is merged), the collection itself (the workers' own stepping time per fragment, which they
-report in their heartbeats) and the rest: the overhead, waiting for the slowest worker and for weights and packets to
-cross the server. Each env step costs ``--step-ms`` of sleep (a simulator in another process), so the workers'
-speed does not depend on how many cores the machine has left.
+publishes v + 1. Its wall time splits into the training (netrl's PPO, 10 epochs of minibatches of 64 over the
+batch; or, with ``--agent timed``, a stand-in whose train() takes ``--train-s``), the collection itself (the
+workers' own stepping time per fragment, which they report in their heartbeats) and the rest: the overhead,
+waiting for the slowest worker and for weights and packets to cross the server. Each env step costs ``--step-ms``
+of sleep (a simulator in another process), so the workers' speed does not depend on how many cores the machine has left.
 
 The server and the trainer run as threads of this process, each worker in a process of its own, on loopback.
 The last line of output is one JSON object: {"rows": [...]}.
 
 Usage: .venv/bin/python scripts/bench_sync.py [--workers 1,2,4] [--iterations 20] [--envs 8] [--fragment 64]
-       [--step-ms 1.0] [--train-s 0.2]
+       [--step-ms 1.0] [--agent ppo|timed] [--train-s 0.2]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.ppo import PPOActor, PPOAgent
 from netrl.config.sections import NetworkConfig
 from netrl.launch import free_port
 from netrl.memory.rollout import RolloutMemory
@@ -102,9 +103,20 @@ class TimedAgent(TrainingAgent):
         return {"batch": float(len(batch.rew))}
 
 
-def run_worker(port: int, name: str, envs: int, step_s: float, stop: Any) -> None:
+class TimedPPO(PPOAgent):
+    """netrl's PPO, its train() calls timed like TimedAgent's."""
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        start = time.monotonic()
+        metrics = super().train(batch)
+        TimedAgent.times.append((start, time.monotonic()))
+        return metrics
+
+
+def run_worker(port: int, name: str, envs: int, step_s: float, ppo: bool, stop: Any) -> None:
     torch.set_num_threads(1)
-    worker = RolloutWorker(partial(SleepEnv, step_s), SmallActor, server_ip="127.0.0.1", server_port=port,
+    worker = RolloutWorker(partial(SleepEnv, step_s), PPOActor if ppo else SmallActor, server_ip="127.0.0.1",
+                           server_port=port,
                            network=NET, min_samples_per_worker_packet=64, max_packet_delay_s=0.5, worker_id=name,
                            num_envs=envs, throttle=True, status_interval_s=0)
     ev = threading.Event()
@@ -122,7 +134,8 @@ def measure(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     threading.Thread(target=srv.run, args=(stops["server"],), daemon=True).start()
     frames = workers * args.envs * args.fragment
     training_cls = partial(TrainingOffline, env_cls=(OBS, ACT), epochs=1, rounds=1, steps=args.iterations + 2,
-                           memory_cls=RolloutMemory, training_agent_cls=TimedAgent, collection="sync",
+                           memory_cls=RolloutMemory, collection="sync",
+                           training_agent_cls=TimedPPO if args.agent == "ppo" else TimedAgent,
                            frames_per_batch=frames, rollout_fragment_length=args.fragment, sync_timeout_s=30.0,
                            device="cpu")
     trainer = Trainer(training_cls, "127.0.0.1", server_port=srv.trainer_port, network=NET,
@@ -131,7 +144,8 @@ def measure(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     t_thread = threading.Thread(target=trainer.run, kwargs={"stop": stops["trainer"]}, daemon=True)
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    procs = [ctx.Process(target=run_worker, args=(srv.worker_port, f"w{i}", args.envs, args.step_ms / 1000, stop))
+    procs = [ctx.Process(target=run_worker, args=(srv.worker_port, f"w{i}", args.envs, args.step_ms / 1000,
+                                                       args.agent == "ppo", stop))
              for i in range(workers)]
     for p in procs:
         p.start()
@@ -167,7 +181,8 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--fragment", type=int, default=64)
     parser.add_argument("--step-ms", type=float, default=1.0)
-    parser.add_argument("--train-s", type=float, default=0.2)
+    parser.add_argument("--agent", choices=["ppo", "timed"], default="ppo")
+    parser.add_argument("--train-s", type=float, default=0.2, help="with --agent timed: seconds per train() call")
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.workers.split(",")):
