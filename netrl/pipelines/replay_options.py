@@ -27,10 +27,11 @@ def apply_replay_options(cfg: Config, pipeline: Pipeline) -> Pipeline:
         memory = memory.func
     if not (isinstance(memory, type) and issubclass(memory, ReplayMemory)):
         name = getattr(memory, "__name__", repr(memory))
-        raise ConfigError([f'{" and ".join(keys)} need a ReplayMemory, but env.pipeline "{cfg.env.pipeline}" trains '
-                           f"with {name}, which does not compute n-step returns or priorities: set "
-                           f"{' and '.join(keys)} back to their defaults (memory.n_step 1, memory.prioritized false), "
-                           'or use a pipeline with a ReplayMemory (env.pipeline "gym" with SAC or DQN)'])
+        named = " and ".join(keys)
+        raise ConfigError([f'{named} {"need" if len(keys) > 1 else "needs"} a ReplayMemory, but env.pipeline '
+                           f'"{cfg.env.pipeline}" trains with {name}, which does not compute n-step returns or '
+                           f"priorities: set {named} back to the default (memory.n_step 1, memory.prioritized "
+                           'false), or use a pipeline with a ReplayMemory (env.pipeline "gym" with SAC or DQN)'])
     options: dict[str, Any] = {"n_step": m.n_step, "gamma": cfg.agent.gamma, "prioritized": m.prioritized}
     if m.prioritized:
         options.update(alpha=m.alpha, beta=m.beta, beta_steps=m.beta_steps, eps=m.eps)
