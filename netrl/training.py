@@ -40,6 +40,7 @@ from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
 from netrl.memory.history import attach_views
+from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
 from netrl.safeguards import Safeguards
 from netrl.samples import Batch, Buffer
@@ -462,9 +463,11 @@ class TrainingOffline:
                 if profiler:
                     profiler.disable()
                 self.round_steps += 1  # a step undone takes its place in the round, but trains nothing
+                priority = pop_priority(metrics)  # per sample, not a metric
                 if not self.safeguards.accept(metrics, self.memory, self.total_updates + 1):
-                    continue
+                    continue  # an undone step's priorities are not kept either
                 self.total_updates += 1
+                update_from_metrics(self.memory, batch, priority, self.total_updates)
                 self._round.add_step(metrics)
                 self._report(source)
             self.safeguards.settle(self.total_updates)  # a round ends on a finite state, which a save may keep

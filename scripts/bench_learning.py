@@ -19,9 +19,14 @@ a mean return >= 475 over 20 greedy episodes within 100,000 env steps and within
 beside SB3's PPO with RL Zoo's hyperparameters, median of 3 seeds. Targets: CartPole-v1 to a deterministic mean
 return >= 475 within 1.3x SB3's env steps; Pendulum-v1's env steps to -250 are reported beside SB3's.
 
+``--row nstep`` runs issue 32's row (scripts/benchmarks/nstep.py): SAC with 3-step returns and prioritized replay
+beside plain SAC on Pendulum-v1, one process each, median of 3 seeds of the env steps to a mean training return of
+-200.
+
 Usage: .venv/bin/python scripts/bench_learning.py [--max-steps 15000] [--seed 1]
        .venv/bin/python scripts/bench_learning.py --row cartpole [--seeds 1 2 3]
        .venv/bin/python scripts/bench_learning.py --row ppo [--seeds 1 2 3] [--max-steps N]
+       .venv/bin/python scripts/bench_learning.py --row nstep [--seeds 1 2 3] [--max-steps 15000]
 
 ``--vector`` runs another comparison instead (issue 31): Pendulum-v1 with one worker of ``worker.num_envs`` 8 envs
 against one of a single env, three processes each, side by side for each of 3 seeds; each is judged on its policy
@@ -143,10 +148,10 @@ def main() -> int:
                         help="give up after this many env steps (default: 15,000; --row cartpole and ppo-cartpole: "
                         "100,000; ppo-pendulum: 200,000)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--row", choices=["pendulum", "cartpole", "ppo", "ppo-cartpole", "ppo-pendulum"],
+    parser.add_argument("--row", choices=["pendulum", "cartpole", "ppo", "ppo-cartpole", "ppo-pendulum", "nstep"],
                         default="pendulum")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
-                        help="--row cartpole and the ppo rows: seeds to run")
+                        help="--row cartpole, nstep and the ppo rows: seeds to run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.row.startswith("ppo"):
@@ -161,6 +166,15 @@ def main() -> int:
         for result in results:
             report_ppo(result)
         print(json.dumps({"ppo": results}))
+        return 0
+    if args.row == "nstep":
+        from benchmarks.nstep import report as report_nstep
+        from benchmarks.nstep import run_row as run_nstep
+
+        with tempfile.TemporaryDirectory(prefix="netrl-bench-nstep-") as d:
+            nstep = run_nstep(Path(d), args.seeds, args.max_steps or 15_000)
+        report_nstep(nstep)
+        print(json.dumps(nstep))
         return 0
     if args.row == "cartpole":
         from benchmarks.cartpole import report, run_row

@@ -232,7 +232,7 @@ class DQNAgent(TrainingAgent):
     def get_actor(self) -> ActorModule:
         return self.actor
 
-    def train(self, batch: Batch) -> dict[str, float]:
+    def train(self, batch: Batch) -> dict[str, Any]:
         o, a, r, o2, terminated = batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated
         n = r.shape[0]
         choice = a.reshape(n, -1).long() - self.starts  # stored actions are values; the heads index choices
@@ -243,7 +243,8 @@ class DQNAgent(TrainingAgent):
             a2 = greedy(self.actor.q(o2), action_mask(o2), self.sizes)
             q2 = pick(self.q_target(o2), a2, self.offsets).mean(-1)
             # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
-            y = r + self.gamma * (1.0 - terminated) * q2
+            # n-step batches give each sample its own discount, gamma ** (steps to next_obs).
+            y = r + batch.extra.get("discount", self.gamma) * (1.0 - terminated) * q2
 
         q = pick(self.actor.q(o), choice, self.offsets)  # (batch, branches)
         per_sample = F.smooth_l1_loss(q, y[:, None].expand_as(q), reduction="none").mean(-1)
@@ -260,7 +261,10 @@ class DQNAgent(TrainingAgent):
         # Linear decay over training steps; the workers see it with the next weight version.
         fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
         self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))
-        return {"loss_q": loss.item(), "q": q.mean().item(), "epsilon": float(self.actor.epsilon)}
+        metrics: dict[str, Any] = {"loss_q": loss.item(), "q": q.mean().item(), "epsilon": float(self.actor.epsilon)}
+        if "index" in batch.extra:  # from a prioritized memory: the new priorities (|TD|) of its samples
+            metrics["priority"] = (q.detach() - y[:, None]).abs().mean(-1)
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"actor": self.actor.state_dict(), "q_target": self.q_target.state_dict(),

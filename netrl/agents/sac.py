@@ -171,7 +171,7 @@ class SACAgent(TrainingAgent):
     def get_actor(self) -> ActorModule:
         return self.model.actor
 
-    def train(self, batch: Batch) -> dict[str, float]:
+    def train(self, batch: Batch) -> dict[str, Any]:
         o, a, r, o2, terminated = batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated
         weight = batch.weight
         alpha = self.log_alpha.detach().exp()
@@ -181,7 +181,9 @@ class SACAgent(TrainingAgent):
             a2, logp_a2 = self.model.actor(o2)
             q_targ = self.model.q(o2, a2, self.critic_target).min(0).values
             # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
-            backup = r + self.gamma * (1.0 - terminated) * (q_targ - alpha * logp_a2)
+            # n-step batches give each sample its own discount, gamma ** (steps to next_obs).
+            discount = batch.extra.get("discount", self.gamma)
+            backup = r + discount * (1.0 - terminated) * (q_targ - alpha * logp_a2)
 
         q = self.model.q(o, a)  # (2, batch)
         td = ((q - backup) ** 2).sum(0)
@@ -203,7 +205,10 @@ class SACAgent(TrainingAgent):
         for p in self._q_params:
             p.requires_grad_(True)
 
-        metrics = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(), "entropy_coef": alpha.item()}
+        metrics: dict[str, Any] = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(),
+                                   "entropy_coef": alpha.item()}
+        if "index" in batch.extra:  # from a prioritized memory: the new priorities of its samples
+            metrics["priority"] = (q.detach() - backup).abs().mean(0)
         if self.learn_entropy_coef:
             # Uses log pi from before this step's policy update, detached: only alpha moves here.
             loss_alpha = -(self.log_alpha * (logp_pi.detach() + self.target_entropy)).mean()

@@ -221,6 +221,16 @@ class MemoryConfig:
                           "packet's context rows take slots too, so a full memory holds somewhat fewer transitions)",
                           ge(1))
     batch_size: int = _f(256, "transitions per training batch", ge(1))
+    n_step: int = _f(1, "n-step returns: each sampled transition sums up to this many discounted rewards (agent.gamma) "
+                     "of its episode before bootstrapping (1: one-step; ReplayMemory only)", ge(1))
+    prioritized: bool = _f(False, "prioritized replay: transitions drawn by their agent's |TD error|, with importance "
+                           "weights (ReplayMemory with SAC or DQN)")
+    alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully by priority)",
+                      between(0.0, 1.0))
+    beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, annealed linearly to 1",
+                     between(0.0, 1.0))
+    beta_steps: int = _f(100_000, "prioritized replay: training steps over which beta reaches 1 (0: 1 at once)", ge(0))
+    eps: float = _f(1e-6, "prioritized replay: added to each |TD error| so that no transition's priority is 0", gt(0))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from netrl.memory.base import (
     run_sample_preprocessor,
     to_tensor,
 )
+from netrl.memory.nstep import nstep_windows
+from netrl.memory.priority import Priorities
 from netrl.samples import Batch, Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
@@ -30,9 +32,27 @@ class ReplayMemory(MemoryDataloading):
     every row that is neither a ``reset`` nor a ``context`` row; its previous observation is the row before.
     ``obs_preprocessor`` runs once per row when it is appended; ``sample_preprocessor`` runs once per batch.
     A batch's tensors share memory with reused buffers and stay valid until the next :meth:`sample` call.
+
+    ``n_step`` > 1 turns rewards into n-step returns with ``gamma`` (the agent's discount), computed per batch from
+    the stored rows (:mod:`netrl.memory.nstep`): batches then carry ``extra["discount"]`` and
+    ``extra["steps_to_next_obs"]``. ``prioritized`` draws transitions by priority (:mod:`netrl.memory.priority`,
+    with ``alpha``, ``beta`` annealed to 1 over ``beta_steps`` training steps, and ``eps``): batches then carry
+    ``weight`` (importance weights times stale-sample weights) and ``extra["index"]``, and
+    :meth:`update_priority` takes the new priorities of a batch's samples.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, n_step: int = 1, gamma: float | None = None, prioritized: bool = False,
+                 alpha: float = 0.6, beta: float = 0.4, beta_steps: int = 100_000, eps: float = 1e-6,
+                 **kwargs: Any) -> None:
+        if not isinstance(n_step, int) or n_step < 1:
+            raise ValueError(f"memory.n_step must be an integer >= 1 (got {n_step!r}); 1: one-step transitions")
+        if n_step > 1 and (gamma is None or not 0.0 <= gamma <= 1.0):
+            raise ValueError(f"ReplayMemory(n_step={n_step}) needs gamma, the agent's discount (agent.gamma), within "
+                             f"[0, 1] (got {gamma!r}): the n-step return discounts each reward with it")
+        self.n_step, self.gamma = n_step, 1.0 if gamma is None else float(gamma)
+        self.prioritized = bool(prioritized)
+        self._priority_args = (alpha, beta, beta_steps, eps)
+        self._priorities: Priorities | None = None
         self._cols: dict[str, np.ndarray] = {}
         self._out: dict[str, np.ndarray] = {}
         self._act_spec: Any = None
@@ -46,6 +66,10 @@ class ReplayMemory(MemoryDataloading):
         self._workers = WorkerIds()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
+        if self.prioritized:
+            self._priorities = Priorities(self.memory_size, *self._priority_args)
+        if n_step > self.memory_size:
+            raise ValueError(f"memory.n_step ({n_step}) must be <= memory.memory_size ({self.memory_size})")
 
     # -- storage -------------------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -98,6 +122,8 @@ class ReplayMemory(MemoryDataloading):
         self._size = min(self._size + n, self.memory_size)
         self.total_appended += n
         self._ordered = None
+        if self._priorities is not None:
+            self._priorities.written(idx, columns["end"], self._pos if self._size == self.memory_size else 0)
 
     # -- sampling ------------------------------------------------------------------------------------------
     def _valid(self, idx: np.ndarray) -> np.ndarray:
@@ -119,8 +145,52 @@ class ReplayMemory(MemoryDataloading):
         return self._ordered
 
     def sample_indices(self) -> np.ndarray:
-        """Physical rows of ``batch_size`` transition ends, uniformly at random (see :func:`draw_ends`)."""
-        return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends)
+        """Physical rows of ``batch_size`` transition ends, uniformly at random (see :func:`draw_ends`), or by
+        priority."""
+        return self._draw()[0]
+
+    def _draw(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows of a batch, and their importance weights when prioritized."""
+        if self._priorities is None:
+            return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends), None
+        if len(self) == 0:
+            raise RuntimeError("the replay memory holds no complete transition yet")
+        return self._priorities.draw(self.rng, self.batch_size, len(self))
+
+    @property
+    def training_steps(self) -> int:
+        """The training steps beta has annealed over (prioritized): the training loop sets it, else each batch
+        counts one."""
+        return self._priorities.training_steps if self._priorities is not None else 0
+
+    @training_steps.setter
+    def training_steps(self, steps: int) -> None:
+        if self._priorities is not None:
+            self._priorities.training_steps = steps
+
+    def _absolute(self, rows: np.ndarray) -> np.ndarray:
+        """Physical rows -> absolute row numbers (rows appended before each), which a later overwrite changes."""
+        return self.total_appended - 1 - (self._pos - 1 - rows) % self.memory_size
+
+    def update_priority(self, priority: Any, index: Any = None) -> int:
+        """New priorities (``|td|``: one per sample) for the rows of batch ``index`` (its ``extra["index"]``, absolute
+        row numbers), by default the last batch sampled. Rows overwritten since, or no longer sampleable, keep
+        theirs. Returns how many rows were updated (0 when any priority is not finite: the update is skipped)."""
+        if self._priorities is None:
+            raise RuntimeError("update_priority needs ReplayMemory(prioritized=True) (config.json: memory.prioritized)")
+        if index is None:
+            if self._sampled is None:
+                raise RuntimeError("update_priority before any batch was sampled: nothing to update")
+            index = self._absolute(self._sampled)
+        index = np.asarray(index, np.int64).reshape(-1)
+        priority = np.asarray(priority, np.float64).reshape(-1)
+        if priority.shape != index.shape:
+            raise ValueError(f"priority has {priority.size} values for a batch of {index.size}: return one per "
+                             "sample, in the batch's order")
+        rows = index % self.memory_size
+        keep = (index >= self.total_appended - self.memory_size) & (index < self.total_appended)
+        keep[keep] = self._valid(rows[keep])
+        return self._priorities.update(rows[keep], priority[keep])
 
     def _gather(self, key: str, name: str, idx: np.ndarray) -> np.ndarray:
         col = self._cols[name]
@@ -134,21 +204,36 @@ class ReplayMemory(MemoryDataloading):
         return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
 
     def sample(self) -> Batch:
-        idx = self._sampled = self.sample_indices()
+        idx, importance = self._draw()
+        self._sampled = idx
+        if self._priorities is not None:
+            self._priorities.training_steps += 1  # the training loop sets the true count after each step
         prev = (idx - 1) % self.memory_size
-        leaves_now = {n: self._gather("now:" + n, n, idx) for n in self._cols if n.startswith("obs")}
+        nxt, r, steps = idx, None, None
+        if self.n_step > 1:
+            oldest = self._pos if self._size == self.memory_size else 0
+            nxt, r, steps = nstep_windows(self._cols, idx, self.n_step, self.gamma, oldest, self._size)
+        leaves_now = {n: self._gather("now:" + n, n, nxt) for n in self._cols if n.startswith("obs")}
         leaves_prev = {n: self._gather("prev:" + n, n, prev) for n in self._cols if n.startswith("obs")}
         act_leaves = {n: self._gather(n, n, idx) for n in self._cols if n.startswith("act")}
         o, o2 = unflatten(self._obs_spec, leaves_prev), unflatten(self._obs_spec, leaves_now)
         a = unflatten(self._act_spec, act_leaves)
-        r = self._gather("rew", "rew", idx)
-        term = self._gather("terminated", "terminated", idx).astype(np.float32)
-        trunc = self._gather("truncated", "truncated", idx).astype(np.float32)
+        r = self._gather("rew", "rew", idx) if r is None else r
+        term = self._gather("terminated", "terminated", nxt).astype(np.float32)
+        trunc = self._gather("truncated", "truncated", nxt).astype(np.float32)
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
-        weight = to_tensor(self._gather("weight", "weight", idx), d) if self._weighted else None
+        weight = self._gather("weight", "weight", idx) if self._weighted else None
+        if importance is not None:
+            weight = importance if weight is None else importance * weight
+        weight = to_tensor(weight, d) if weight is not None else None
         extra = {n[6:]: to_tensor(self._gather(n, n, idx), d) for n in self._cols if n.startswith("extra/")}
+        if steps is not None:
+            extra["steps_to_next_obs"] = to_tensor(steps, d)
+            extra["discount"] = to_tensor((self.gamma ** steps).astype(np.float32), d)
+        if importance is not None:
+            extra["index"] = to_tensor(self._absolute(idx), d)
         return Batch(to_tensor(o, d), to_tensor(a, d), to_tensor(r, d), to_tensor(o2, d), to_tensor(term, d),
                      to_tensor(trunc, d), weight, extra=extra)
 

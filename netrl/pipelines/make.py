@@ -10,6 +10,7 @@ from typing import Any
 from netrl.config.sections import Config
 from netrl.errors import ConfigError
 from netrl.pipelines.base import Pipeline, rollout_memory
+from netrl.pipelines.replay_options import apply_replay_options
 
 __all__ = ["make_pipeline"]
 
@@ -18,7 +19,8 @@ def make_pipeline(cfg: Config) -> Pipeline:
     """The pipeline named by ``env.pipeline``: a built-in one, or ``module:function``'s (``function(cfg)``).
 
     Raises ConfigError also when an on-policy agent (``agent.algorithm`` "ppo", or an agent class with ``on_policy``
-    set) comes with a memory that is not a RolloutMemory."""
+    set) comes with a memory that is not a RolloutMemory, and when ``memory.n_step`` or ``memory.prioritized`` is
+    set for a memory that is not a ReplayMemory."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
@@ -34,7 +36,7 @@ def make_pipeline(cfg: Config) -> Pipeline:
     else:
         pipeline = _own_pipeline(cfg)
     _check_on_policy(cfg, pipeline)
-    return pipeline
+    return apply_replay_options(cfg, pipeline)
 
 
 def _unwrapped(cls: Any) -> Any:
