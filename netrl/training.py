@@ -39,6 +39,8 @@ from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
+from netrl.memory.device import storage_device
+from netrl.memory.prefetch import BatchesAhead
 from netrl.memory.replay import ReplayMemory
 from netrl.safeguards import Safeguards
 from netrl.samples import Batch, Buffer
@@ -175,6 +177,8 @@ class TrainingOffline:
     max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.safeguards)
     max_nonfinite_steps: int = 100  # non-finite training steps in a row, each undone, before TrainingDiverged (0: off)
     total_frames: int | None = None  # stop once this many samples have arrived (None: epochs decide)
+    prefetch: bool = True  # gather batch k+1 while the agent trains on batch k (see netrl.memory.prefetch)
+    memory_device: str = "cpu"  # "cuda": the replay columns live on the (CUDA) training device
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -194,6 +198,7 @@ class TrainingOffline:
         self._last_report_at = 0.0
         self._round = _RoundStats()
         self._resumed_elapsed: float | None = None  # the restored round's wall time, until its clock runs again
+        self._batches: BatchesAhead | None = None  # while an epoch runs
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def spaces(self) -> tuple[Any, Any]:
@@ -235,6 +240,8 @@ class TrainingOffline:
         takes = _keywords(self.memory_cls)
         name = getattr(getattr(self.memory_cls, "func", self.memory_cls), "__name__", repr(self.memory_cls))
         kwargs: dict[str, Any] = {"device": device, "nb_steps": self.steps}
+        if self.memory_device != "cpu":
+            kwargs["storage_device"] = storage_device(self.memory_device, device, name, takes)
         sources: dict[str, str] = {}
         for key in ("memory_size", "batch_size"):
             ours, theirs = getattr(self, key), preset.get(key)
@@ -325,6 +332,8 @@ class TrainingOffline:
         # pacing built on it) must not claim the others
         kept = ends[-self.memory_size:] if self.memory_size and len(ends) > self.memory_size else ends
         steps = int(np.count_nonzero(kept))
+        if self._batches is not None:
+            self._batches.settle()  # no gather may read the memory while it changes
         try:
             self.memory.append_buffer(buf)
         except ValueError as exc:  # e.g. image bytes that do not decode: a bad packet costs itself, not the run
@@ -387,6 +396,15 @@ class TrainingOffline:
 
     def run_epoch(self, source: SampleSource, stop: threading.Event) -> Iterator[dict[str, Any]]:
         """Train one epoch; yields a stats dict after each round. Returns early when ``stop`` is set."""
+        assert self.memory is not None
+        self._batches = BatchesAhead(self.memory, self.device or "cpu", ahead=None if self.prefetch else False)
+        try:
+            yield from self._epoch(source, stop, self._batches)
+        finally:
+            self._batches.close()
+            self._batches = None
+
+    def _epoch(self, source: SampleSource, stop: threading.Event, batches: BatchesAhead) -> Iterator[dict[str, Any]]:
         assert self.agent is not None and self.memory is not None
         if self.agent_scheduler is not None:
             self.agent_scheduler(self.agent, self.epoch)
@@ -416,7 +434,7 @@ class TrainingOffline:
                 if profiler:
                     profiler.enable()
                 t0 = time.perf_counter()
-                batch = self.memory.sample()
+                batch = batches.next()  # gathered while the previous step trained, if it could be
                 t1 = time.perf_counter()
                 try:
                     metrics = self.agent.train(batch)
@@ -428,7 +446,7 @@ class TrainingOffline:
                 if profiler:
                     profiler.disable()
                 self.round_steps += 1  # a step undone takes its place in the round, but trains nothing
-                if not self.safeguards.accept(metrics, self.memory, self.total_updates + 1):
+                if not self.safeguards.accept(metrics, batches, self.total_updates + 1):
                     continue
                 self.total_updates += 1
                 self._round.add_step(metrics)
@@ -470,7 +488,7 @@ class TrainingOffline:
             "samples_per_s": r.samples / wall if wall > 0 else 0.0, "wall_s": wall,
             "waiting_fraction": r.waited_s / wall if wall > 0 else 0.0,
             "train_fraction": r.train_s / wall if wall > 0 else 0.0,  # inside agent.train
-            "sample_fraction": r.sample_s / wall if wall > 0 else 0.0,  # inside memory.sample
+            "sample_fraction": r.sample_s / wall if wall > 0 else 0.0,  # waiting for a batch (memory.sample or ahead)
             "episodes": len(r.returns),
             "return_mean": float(np.mean(r.returns)) if r.returns else None,
             "return_max": float(np.max(r.returns)) if r.returns else None,

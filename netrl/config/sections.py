@@ -201,6 +201,8 @@ class TrainerConfig:
     total_frames: int | None = _f(None, "training stops once this many env steps (samples) have arrived from all "
                                   "workers together, with a final checkpoint and policy and exit code 0 (TorchRL's "
                                   "collectors' name; null: no limit, trainer.epochs decides)", optional(ge(1)))
+    prefetch: bool = _f(True, "gather the next batch (and copy it to a CUDA device) while the agent trains on this "
+                        "one; on a CPU trainer only where a core is free beside torch_threads")
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,10 @@ class MemoryConfig:
                           "packet's context rows take slots too, so a full memory holds somewhat fewer transitions)",
                           ge(1))
     batch_size: int = _f(256, "transitions per training batch", ge(1))
+    device: Literal["cpu", "cuda"] = _f("cpu", "where the replay memory's columns live: cpu (host memory; batches are "
+                                        "copied to a CUDA trainer from page-locked buffers) or cuda (the training "
+                                        "device's memory, if memory_size fits: packets are copied in once and batches "
+                                        "gathered there)")
 
 
 @dataclass(frozen=True)
