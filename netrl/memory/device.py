@@ -61,7 +61,7 @@ def _bytes_per_row(rows: Rows) -> int:
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:,.2f} GiB"
+    return f"{nbytes / 2**30:,.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.1f} MiB"
 
 
 def fit_problem(memory_size: int, row_bytes: int, free: int, device: str) -> str | None:
@@ -123,4 +123,4 @@ def write_rows(ring: dict[str, Any], idx: np.ndarray, columns: dict[str, np.ndar
 
 def row_copy(col: Any, i: int) -> np.ndarray:
     """Row ``i`` of a ring column as a numpy array of its own."""
-    return np.array(col[i].cpu()) if isinstance(col, torch.Tensor) else np.array(col[i], copy=True)
+    return col[i].cpu().numpy().copy() if isinstance(col, torch.Tensor) else np.array(col[i], copy=True)
