@@ -206,6 +206,16 @@ def test_a_memory_that_does_not_keep_its_batches_is_sampled_when_asked(caplog: p
     assert "OwnSampleMemory does not say that its batches stay valid through the next sample()" in caplog.text
 
 
+def test_on_cpu_without_a_free_core_batches_are_sampled_when_asked(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "netrl.memory.prefetch")
+    monkeypatch.setattr(prefetch, "core_free", lambda: False)
+    memory = ReplayMemory(memory_size=30, batch_size=8, seed=0)
+    assert not BatchesAhead(memory, "cpu").ahead and "sampled when the agent asks for them, not ahead" in caplog.text
+    with BatchesAhead(memory, "cpu", ahead=True) as told:  # told to: it does
+        assert told.ahead
+
+
 class SlowMemory(ReplayMemory):
     """Its gather takes as long as the agent's update below: the gather ahead should hide it."""
 
