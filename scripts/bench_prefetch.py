@@ -10,17 +10,20 @@ Reported per run: gradient steps/s, the share of wall time the update waited for
 sample_fraction: inside memory.sample without prefetch, waiting for the batch gathered ahead with it), and the share
 outside agent.train (1 - train_fraction; the trainer target is <= 10%).
 
-On CPU the gather ahead runs in a thread only where a core is free beside torch's threads (``--threads``, 1 by
-default as in config.json's torch_threads).
+On CPU the trainer gathers ahead only where a core is free beside torch's threads (``--threads``, 1 by default as in
+config.json's torch_threads; netrl.memory.prefetch.core_free also reads the load average). ``--ahead force`` (the
+default) gathers ahead in the "on" runs whatever the load, to measure what it does; ``--ahead auto`` leaves the choice
+to the trainer, as a run does.
 
 Usage: .venv/bin/python scripts/bench_prefetch.py [--rows mlp,cnn] [--device cpu|cuda] [--steps 400]
-       [--cnn-steps 40] [--repeat 3] [--threads 1] [--json out.json]
+       [--cnn-steps 40] [--repeat 3] [--threads 1] [--ahead force|auto] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -32,6 +35,7 @@ import torch
 
 from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.sac import MLPActorCritic, SACAgent
+from netrl.memory import prefetch as prefetch_module
 from netrl.memory.prefetch import core_free
 from netrl.memory.replay import ReplayMemory
 from netrl.samples import Buffer
@@ -111,11 +115,15 @@ def main() -> None:
     parser.add_argument("--cnn-steps", type=int, default=40, help="measured steps of the CNN row (and its warm-up)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (config.json: torch_threads)")
+    parser.add_argument("--ahead", choices=["force", "auto"], default="force")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} torch thread(s)"
-    print(f"device: {where}; a core free beside torch's threads: {core_free()}")
+    print(f"device: {where}; a core free beside torch's threads now: {core_free()} (load average "
+          f"{os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} cores); prefetch on: {args.ahead}")
+    if args.ahead == "force":
+        prefetch_module.core_free = lambda: True
     storages = ["cpu", "cuda"] if args.device.startswith("cuda") else ["cpu"]
     results = []
     print("| row | memory.device | prefetch | steps/s | waiting for a batch | outside agent.train | warm-up s |")
