@@ -205,6 +205,10 @@ def configure_torch(cfg: Config, role: str) -> None:
     from netrl.errors import ConfigError
 
     wanted = {"worker.device": cfg.worker.device} if role == "worker" else {"trainer.device": cfg.trainer.device}
+    if role == "trainer":
+        from netrl.memory.device import check_storage_device
+
+        check_storage_device(cfg.memory.device)  # refused here, before the trainer connects
     missing = [f'{key} is "{device}", but this torch {torch.__version__} has no '
                f'{"CUDA" if device.startswith("cuda") else "MPS"} device; use "cpu" (or null for the trainer)'
                for key, device in wanted.items()

@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from netrl.agents.guard import StateGuard
 from netrl.errors import TrainingDiverged
 from netrl.limits import ValueLimits
-from netrl.memory.base import MemoryDataloading
 from netrl.samples import Buffer
 from netrl.storage.checkpoint import nonfinite_entries
 from netrl.util import count_of, worth_logging
@@ -35,6 +34,12 @@ def _names(workers: list[str]) -> str:
     shown = ", ".join(workers[:MAX_NAMED])
     return shown + (f" and {len(workers) - MAX_NAMED} more" if len(workers) > MAX_NAMED else "")
 
+
+
+class BatchWorkers(Protocol):
+    """What names the workers behind the batch just trained on: a memory, or the batches it gathers ahead."""
+
+    def batch_workers(self) -> list[str] | None: ...
 
 class Safeguards:
     """The training loop's refusals and undos (module docstring), with their counters."""
@@ -86,7 +91,7 @@ class Safeguards:
                                    "can make it finite again. Start a new run (--run-name, config.json: run_name), or "
                                    "check the agent's initialisation")
 
-    def accept(self, metrics: dict[str, Any], memory: MemoryDataloading | None, step: int,
+    def accept(self, metrics: dict[str, Any], memory: BatchWorkers | None, step: int,
                check_state: bool = False, settling: bool = False) -> bool:
         """After training step ``step``: True if it is finite (its metrics; every :data:`KEEP_EVERY` steps, or with
         ``check_state``, the agent's whole state, then kept to go back to). Otherwise the agent goes back to the

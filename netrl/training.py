@@ -39,7 +39,9 @@ from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
+from netrl.memory.device import storage_device
 from netrl.memory.history import attach_views
+from netrl.memory.prefetch import BatchesAhead
 from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
 from netrl.safeguards import Safeguards
@@ -185,6 +187,8 @@ class TrainingOffline:
     rollout_fragment_length: int = 256
     batch_mode: BatchMode = "truncate_episodes"
     sync_timeout_s: float = 30.0
+    prefetch: bool = True  # gather batch k+1 while the agent trains on batch k (see netrl.memory.prefetch)
+    memory_device: str = "cpu"  # "cuda": the replay columns live on the (CUDA) training device
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -208,6 +212,7 @@ class TrainingOffline:
             raise ValueError(f'collection must be "async" or "sync" (got {self.collection!r})')
         self.sync = SyncBatches(self.frames_per_batch, self.rollout_fragment_length, self.batch_mode,
                                 self.sync_timeout_s) if self.collection == "sync" else None
+        self._batches: BatchesAhead | None = None  # while an epoch runs
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def spaces(self) -> tuple[Any, Any]:
@@ -253,6 +258,8 @@ class TrainingOffline:
         takes = _keywords(self.memory_cls)
         name = getattr(getattr(self.memory_cls, "func", self.memory_cls), "__name__", repr(self.memory_cls))
         kwargs: dict[str, Any] = {"device": device, "nb_steps": self.steps}
+        if self.memory_device != "cpu":
+            kwargs["storage_device"] = storage_device(self.memory_device, device, name, takes)
         sources: dict[str, str] = {}
         for key in ("memory_size", "batch_size"):
             ours, theirs = getattr(self, key), preset.get(key)
@@ -357,6 +364,8 @@ class TrainingOffline:
         # pacing built on it) must not claim the others
         kept = ends[-self.memory_size:] if self.memory_size and len(ends) > self.memory_size else ends
         steps = int(np.count_nonzero(kept))
+        if self._batches is not None:
+            self._batches.settle()  # no gather may read the memory while it changes
         try:
             self.memory.append_buffer(buf)
         except ValueError as exc:  # e.g. image bytes that do not decode: a bad packet costs itself, not the run
@@ -427,6 +436,15 @@ class TrainingOffline:
 
     def run_epoch(self, source: SampleSource, stop: threading.Event) -> Iterator[dict[str, Any]]:
         """Train one epoch; yields a stats dict after each round. Returns early when ``stop`` is set."""
+        assert self.memory is not None
+        self._batches = BatchesAhead(self.memory, self.device or "cpu", ahead=None if self.prefetch else False)
+        try:
+            yield from self._epoch(source, stop, self._batches)
+        finally:
+            self._batches.close()
+            self._batches = None
+
+    def _epoch(self, source: SampleSource, stop: threading.Event, batches: BatchesAhead) -> Iterator[dict[str, Any]]:
         assert self.agent is not None and self.memory is not None
         if self.agent_scheduler is not None:
             self.agent_scheduler(self.agent, self.epoch)
@@ -455,7 +473,7 @@ class TrainingOffline:
                 if profiler:
                     profiler.enable()
                 t0 = time.perf_counter()
-                batch = self.memory.sample()
+                batch = batches.next()  # gathered while the previous step trained, if it could be
                 t1 = time.perf_counter()
                 metrics = self._train(batch)
                 self._round.train_s += time.perf_counter() - t1
@@ -464,9 +482,11 @@ class TrainingOffline:
                     profiler.disable()
                 self.round_steps += 1  # a step undone takes its place in the round, but trains nothing
                 priority = pop_priority(metrics)  # per sample, not a metric
-                if not self.safeguards.accept(metrics, self.memory, self.total_updates + 1):
+                if not self.safeguards.accept(metrics, batches, self.total_updates + 1):
                     continue  # an undone step's priorities are not kept either
                 self.total_updates += 1
+                if priority is not None:
+                    batches.settle()  # the priorities change: no gather ahead may be reading them meanwhile
                 update_from_metrics(self.memory, batch, priority, self.total_updates)
                 self._round.add_step(metrics)
                 self._report(source)
@@ -539,7 +559,7 @@ class TrainingOffline:
             "samples_per_s": r.samples / wall if wall > 0 else 0.0, "wall_s": wall,
             "waiting_fraction": r.waited_s / wall if wall > 0 else 0.0,
             "train_fraction": r.train_s / wall if wall > 0 else 0.0,  # inside agent.train
-            "sample_fraction": r.sample_s / wall if wall > 0 else 0.0,  # inside memory.sample
+            "sample_fraction": r.sample_s / wall if wall > 0 else 0.0,  # waiting for a batch (memory.sample or ahead)
             "episodes": len(r.returns),
             "return_mean": float(np.mean(r.returns)) if r.returns else None,
             "return_max": float(np.max(r.returns)) if r.returns else None,

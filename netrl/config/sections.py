@@ -213,6 +213,8 @@ class TrainerConfig:
         "complete_episodes (each env runs on to the end of its episode)")
     sync_timeout_s: float = _f(30.0, "sync collection: a batch is trained with what arrived after this long (the "
                                "shortfall and the workers that did not deliver are logged)", gt(0))
+    prefetch: bool = _f(True, "gather the next batch (and copy it to a CUDA device) while the agent trains on this "
+                        "one; on a CPU trainer only where a core is free beside torch_threads")
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,10 @@ class MemoryConfig:
                      between(0.0, 1.0))
     beta_steps: int = _f(100_000, "prioritized replay: training steps over which beta reaches 1 (0: 1 at once)", ge(0))
     eps: float = _f(1e-6, "prioritized replay: added to each |TD error| so that no transition's priority is 0", gt(0))
+    device: Literal["cpu", "cuda"] = _f("cpu", "where the replay memory's columns live: cpu (host memory; batches are "
+                                        "copied to a CUDA trainer from page-locked buffers) or cuda (the training "
+                                        "device's memory, if memory_size fits: packets are copied in once and batches "
+                                        "gathered there)")
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from netrl.util import takes_args
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
-           "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "nth_end", "run_sample_preprocessor",
-           "to_tensor"]
+           "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "np_dtype", "nth_end",
+           "run_sample_preprocessor", "to_tensor"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
 
@@ -44,7 +44,9 @@ def collate(items: list[Any], device: str | torch.device) -> Any:
 
 def to_tensor(x: Any, device: str | torch.device) -> Any:
     # A read-only array (derived from the views sample_preprocessor gets) is copied: torch.from_numpy warns on it.
-    return tree_map(lambda a: torch.from_numpy(np.ascontiguousarray(a) if a.flags.writeable else np.array(a))
+    # A tensor is a column already gathered on a device (memory.device cuda).
+    return tree_map(lambda a: a.to(device, non_blocking=True) if isinstance(a, torch.Tensor) else
+                    torch.from_numpy(np.ascontiguousarray(a) if a.flags.writeable else np.array(a))
                     .to(device, non_blocking=True), x)
 
 
@@ -104,7 +106,7 @@ def nth_end(ordered: np.ndarray, item: int) -> int:
     return int(ordered[item])
 
 
-def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray], n: int) -> None:
+def check_columns(columns: dict[str, np.ndarray], stored: dict[str, Any], n: int) -> None:
     """Raise ValueError unless every column of an ``n``-row packet fits the memory's ``stored`` columns.
 
     Per-row shapes must match exactly (numpy would broadcast a ``(3, 1)`` observation into ``(3,)`` rows, or a
@@ -114,6 +116,7 @@ def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray],
     """
     for name, col in columns.items():
         want = stored[name]
+        want_dtype = np_dtype(want)
         if col.shape[:1] != (n,):
             raise ValueError(f"column {name!r} has shape {col.shape}, not one row per sample of this {n}-row packet "
                              f"({(n, *want.shape[1:])}): the packet is malformed")
@@ -121,10 +124,17 @@ def check_columns(columns: dict[str, np.ndarray], stored: dict[str, np.ndarray],
             raise ValueError(f"column {name!r} has shape {col.shape[1:]} per row (shape {col.shape}); the memory "
                              f"stores {want.shape[1:]} per row: every worker (and the dataset) must send the same "
                              "observation and action shapes")
-        if not np.can_cast(col.dtype, want.dtype, "same_kind"):
-            raise ValueError(f"column {name!r} has dtype {col.dtype}; the memory stores {want.dtype}, and {col.dtype} "
+        if not np.can_cast(col.dtype, want_dtype, "same_kind"):
+            raise ValueError(f"column {name!r} has dtype {col.dtype}; the memory stores {want_dtype}, and {col.dtype} "
                              f"does not convert to it without changing kind (e.g. float to integer): send "
-                             f"{want.dtype}, or convert in the worker's sample_compressor")
+                             f"{want_dtype}, or convert in the worker's sample_compressor")
+
+
+def np_dtype(column: np.ndarray | torch.Tensor) -> np.dtype[Any]:
+    """A ring column's numpy dtype, also for a column held as a tensor on a device (memory.device cuda)."""
+    if isinstance(column, torch.Tensor):
+        return torch.empty(0, dtype=column.dtype).numpy().dtype
+    return column.dtype
 
 
 DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
@@ -267,6 +277,14 @@ class MemoryDataloading(ABC):
 
     def sample_indices(self) -> np.ndarray:
         return self.rng.integers(0, len(self), size=self.batch_size)
+
+    def keep_batches(self, count: int, pinned: bool = False) -> bool:
+        """Whether a batch from :meth:`sample` can stay valid through the ``count - 1`` calls after it; a memory that
+        says True then keeps it so (and gathers into page-locked host memory with ``pinned``, for copies to a CUDA
+        device that do not block). The training loop asks with ``count`` 2 to gather batch k+1 while the agent trains
+        on batch k, and copies each batch of a memory that says False. This generic :meth:`sample` builds new tensors
+        every call, so it keeps them all; a subclass with its own ``sample`` must say what it does."""
+        return type(self).sample is MemoryDataloading.sample
 
     def batch_workers(self) -> list[str] | None:
         """The workers whose samples were in the batch :meth:`sample` returned last, or None when this memory does

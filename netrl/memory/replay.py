@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from netrl.memory.base import (
     MemoryDataloading,
@@ -19,6 +20,7 @@ from netrl.memory.base import (
     run_sample_preprocessor,
     to_tensor,
 )
+from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_copy, write_rows
 from netrl.memory.nstep import nstep_windows
 from netrl.memory.priority import Priorities
 from netrl.samples import Batch, Buffer, flatten, row, unflatten
@@ -31,7 +33,8 @@ class ReplayMemory(MemoryDataloading):
     Rows are stored as the worker sent them (observations once, not twice per transition). A transition ends at
     every row that is neither a ``reset`` nor a ``context`` row; its previous observation is the row before.
     ``obs_preprocessor`` runs once per row when it is appended; ``sample_preprocessor`` runs once per batch.
-    A batch's tensors share memory with reused buffers and stay valid until the next :meth:`sample` call.
+    A batch's tensors share memory with reused buffers and stay valid until the next :meth:`sample` call, or the
+    ``count - 1`` after it once :meth:`keep_batches` was called.
 
     ``n_step`` > 1 turns rewards into n-step returns with ``gamma`` (the agent's discount), computed per batch from
     the stored rows (:mod:`netrl.memory.nstep`): batches then carry ``extra["discount"]`` and
@@ -39,22 +42,30 @@ class ReplayMemory(MemoryDataloading):
     with ``alpha``, ``beta`` annealed to 1 over ``beta_steps`` training steps, and ``eps``): batches then carry
     ``weight`` (importance weights times stale-sample weights) and ``extra["index"]``, and
     :meth:`update_priority` takes the new priorities of a batch's samples.
+
+    ``storage_device`` (``memory.device``): None keeps every column in host memory; a torch device (``"cuda"``) keeps
+    the columns batches are made of there (see :mod:`netrl.memory.device`), and gathers batches there.
     """
 
     def __init__(self, *args: Any, n_step: int = 1, gamma: float | None = None, prioritized: bool = False,
                  alpha: float = 0.6, beta: float = 0.4, beta_steps: int = 100_000, eps: float = 1e-6,
-                 **kwargs: Any) -> None:
+                 storage_device: str | None = None, **kwargs: Any) -> None:
         if not isinstance(n_step, int) or n_step < 1:
             raise ValueError(f"memory.n_step must be an integer >= 1 (got {n_step!r}); 1: one-step transitions")
         if n_step > 1 and (gamma is None or not 0.0 <= gamma <= 1.0):
             raise ValueError(f"ReplayMemory(n_step={n_step}) needs gamma, the agent's discount (agent.gamma), within "
                              f"[0, 1] (got {gamma!r}): the n-step return discounts each reward with it")
+        if n_step > 1 and storage_device is not None:
+            raise ValueError(f"memory.n_step {n_step} with memory.device {storage_device!r}: n-step returns are summed "
+                             'from host columns; set memory.device to "cpu" or memory.n_step to 1')
         self.n_step, self.gamma = n_step, 1.0 if gamma is None else float(gamma)
         self.prioritized = bool(prioritized)
         self._priority_args = (alpha, beta, beta_steps, eps)
         self._priorities: Priorities | None = None
-        self._cols: dict[str, np.ndarray] = {}
-        self._out: dict[str, np.ndarray] = {}
+        self._cols: dict[str, Any] = {}  # numpy arrays; tensors on storage_device for the batch columns
+        self._out: dict[tuple[int, str], Any] = {}  # (slot, key) -> gather buffer
+        self._slots, self._slot, self._pinned = 1, 0, False  # see keep_batches
+        self._storage = None if storage_device is None else str(check_storage_device(storage_device))
         self._act_spec: Any = None
         self._obs_spec: Any = None
         self._pos = 0  # next physical row to write
@@ -70,6 +81,10 @@ class ReplayMemory(MemoryDataloading):
             self._priorities = Priorities(self.memory_size, *self._priority_args)
         if n_step > self.memory_size:
             raise ValueError(f"memory.n_step ({n_step}) must be <= memory.memory_size ({self.memory_size})")
+        if self._storage is not None and self.sample_preprocessor is not None:
+            raise ValueError(f"{type(self).__name__}: sample_preprocessor runs on numpy batches, and with "
+                             f"storage_device {self._storage!r} (memory.device) batches are gathered on the device: "
+                             'set memory.device to "cpu" to keep the sample_preprocessor')
 
     # -- storage -------------------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -77,8 +92,11 @@ class ReplayMemory(MemoryDataloading):
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
                  "policy_version": np.int64, "weight": np.float32, "worker": np.int32,
                  "env": np.uint16}
-        return allocate_ring(self.memory_size, {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
-                                                for name, col in columns.items()})
+        rows = {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
+                for name, col in columns.items()}
+        if self._storage is not None:
+            return allocate_tensor_ring(self.memory_size, rows, self._storage)
+        return allocate_ring(self.memory_size, rows)
 
     def append_buffer(self, buffer: Buffer) -> None:
         """Store a packet's rows. A packet that does not fit (another structure, per-row shape or kind of dtype than
@@ -115,8 +133,7 @@ class ReplayMemory(MemoryDataloading):
         filled = min(self._size + n, self.memory_size) - self._size  # rows landing in empty slots
         if n > filled:  # the others replace old rows: forget the transition ends they held
             self._ends -= int(self._cols["end"][idx[filled:]].sum())
-        for name, col in columns.items():
-            self._cols[name][idx] = col
+        write_rows(self._cols, idx, columns)
         self._ends += int(columns["end"].sum())
         self._pos = int((self._pos + n) % self.memory_size)
         self._size = min(self._size + n, self.memory_size)
@@ -192,11 +209,35 @@ class ReplayMemory(MemoryDataloading):
         keep[keep] = self._valid(rows[keep])
         return self._priorities.update(rows[keep], priority[keep])
 
-    def _gather(self, key: str, name: str, idx: np.ndarray) -> np.ndarray:
+    def keep_batches(self, count: int, pinned: bool = False) -> bool:
+        """Gather into ``count`` sets of buffers in turn (page-locked ones with ``pinned``, for host columns), so
+        that a batch stays valid through the ``count - 1`` :meth:`sample` calls after it."""
+        if count < 1:
+            raise ValueError(f"keep_batches: count must be >= 1 (got {count})")
+        pinned = pinned and self._storage is None and torch.cuda.is_available()  # tensor columns gather in place
+        if (count, pinned) != (self._slots, self._pinned):
+            self._slots, self._slot, self._pinned, self._out = count, 0, pinned, {}
+        return type(self).sample is ReplayMemory.sample
+
+    def _rows(self, idx: np.ndarray) -> Any:
+        """``idx`` where the columns live: on the storage device, or as it is."""
+        if self._storage is None:
+            return idx
+        return torch.from_numpy(np.ascontiguousarray(idx, np.int64)).to(self._storage, non_blocking=True)
+
+    def _gather(self, key: str, name: str, idx: Any) -> Any:
         col = self._cols[name]
-        out = self._out.get(key)
+        out = self._out.get((self._slot, key))
+        if isinstance(col, torch.Tensor):
+            rows = idx if isinstance(idx, torch.Tensor) else self._rows(idx)
+            if out is None or out.shape[0] != len(rows):
+                out = self._out[(self._slot, key)] = col.new_empty((len(rows), *col.shape[1:]))
+            return torch.index_select(col, 0, rows, out=out)
         if out is None or out.shape[0] != len(idx):
-            out = self._out[key] = np.empty((len(idx), *col.shape[1:]), col.dtype)
+            shape = (len(idx), *col.shape[1:])
+            out = self._out[(self._slot, key)] = (
+                torch.empty(shape, dtype=torch.from_numpy(col[:0]).dtype, pin_memory=True).numpy() if self._pinned
+                else np.empty(shape, col.dtype))
         np.take(col, idx, axis=0, out=out)
         return out
 
@@ -204,31 +245,36 @@ class ReplayMemory(MemoryDataloading):
         return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
 
     def sample(self) -> Batch:
+        self._slot = (self._slot + 1) % self._slots
         idx, importance = self._draw()
         self._sampled = idx
         if self._priorities is not None:
             self._priorities.training_steps += 1  # the training loop sets the true count after each step
-        prev = (idx - 1) % self.memory_size
+        prev = self._rows((idx - 1) % self.memory_size)
         nxt, r, steps = idx, None, None
         if self.n_step > 1:
             oldest = self._pos if self._size == self.memory_size else 0
             nxt, r, steps = nstep_windows(self._cols, idx, self.n_step, self.gamma, oldest, self._size)
-        leaves_now = {n: self._gather("now:" + n, n, nxt) for n in self._cols if n.startswith("obs")}
+        rows = self._rows(idx)
+        nxt_rows = rows if steps is None else self._rows(nxt)
+        leaves_now = {n: self._gather("now:" + n, n, nxt_rows) for n in self._cols if n.startswith("obs")}
         leaves_prev = {n: self._gather("prev:" + n, n, prev) for n in self._cols if n.startswith("obs")}
-        act_leaves = {n: self._gather(n, n, idx) for n in self._cols if n.startswith("act")}
+        act_leaves = {n: self._gather(n, n, rows) for n in self._cols if n.startswith("act")}
         o, o2 = unflatten(self._obs_spec, leaves_prev), unflatten(self._obs_spec, leaves_now)
         a = unflatten(self._act_spec, act_leaves)
-        r = self._gather("rew", "rew", idx) if r is None else r
-        term = self._gather("terminated", "terminated", nxt).astype(np.float32)
-        trunc = self._gather("truncated", "truncated", nxt).astype(np.float32)
+        r = self._gather("rew", "rew", rows) if r is None else r
+        term = _as_float(self._gather("terminated", "terminated", nxt_rows))
+        trunc = _as_float(self._gather("truncated", "truncated", nxt_rows))
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
-        weight = self._gather("weight", "weight", idx) if self._weighted else None
-        if importance is not None:
+        weight = self._gather("weight", "weight", rows) if self._weighted else None
+        if importance is not None and isinstance(weight, torch.Tensor):  # a column on the storage device
+            weight = torch.from_numpy(importance).to(weight.device) * weight
+        elif importance is not None:
             weight = importance if weight is None else importance * weight
         weight = to_tensor(weight, d) if weight is not None else None
-        extra = {n[6:]: to_tensor(self._gather(n, n, idx), d) for n in self._cols if n.startswith("extra/")}
+        extra = {n[6:]: to_tensor(self._gather(n, n, rows), d) for n in self._cols if n.startswith("extra/")}
         if steps is not None:
             extra["steps_to_next_obs"] = to_tensor(steps, d)
             extra["discount"] = to_tensor((self.gamma ** steps).astype(np.float32), d)
@@ -248,11 +294,11 @@ class ReplayMemory(MemoryDataloading):
         p = (i - 1) % self.memory_size
         cols = self._cols
         obs = {n: c for n, c in cols.items() if n.startswith("obs")}
-        last_obs = unflatten(self._obs_spec, {n: c[p].copy() for n, c in obs.items()})
-        new_obs = unflatten(self._obs_spec, {n: c[i].copy() for n, c in obs.items()})
-        act = unflatten(self._act_spec, {n: c[i].copy() for n, c in cols.items() if n.startswith("act")})
+        last_obs = unflatten(self._obs_spec, {n: row_copy(c, p) for n, c in obs.items()})
+        new_obs = unflatten(self._obs_spec, {n: row_copy(c, i) for n, c in obs.items()})
+        act = unflatten(self._act_spec, {n: row_copy(c, i) for n, c in cols.items() if n.startswith("act")})
         info: dict[str, Any] = {"policy_version": int(cols["policy_version"][i])}
-        extra = {n[6:]: c[i].copy() for n, c in cols.items() if n.startswith("extra/")}
+        extra = {n[6:]: row_copy(c, i) for n, c in cols.items() if n.startswith("extra/")}
         if extra:
             info["extra"] = extra
         return (last_obs, act, float(cols["rew"][i]), new_obs, bool(cols["terminated"][i]),
@@ -260,6 +306,10 @@ class ReplayMemory(MemoryDataloading):
 
     def policy_versions(self, idx: np.ndarray) -> np.ndarray:
         return self._cols["policy_version"][idx]
+
+
+def _as_float(flags: Any) -> Any:
+    return flags.float() if isinstance(flags, torch.Tensor) else flags.astype(np.float32)
 
 
 def _stack_rows(rows: list[Any]) -> Any:
