@@ -246,7 +246,8 @@ class ReplayMemory(MemoryDataloading):
 
     def sample(self) -> Batch:
         self._slot = (self._slot + 1) % self._slots
-        idx, importance = self._draw()
+        # sample_indices is the hook a subclass may override for uniform draws
+        idx, importance = self._draw() if self._priorities is not None else (self.sample_indices(), None)
         self._sampled = idx
         if self._priorities is not None:
             self._priorities.training_steps += 1  # the training loop sets the true count after each step
