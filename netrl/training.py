@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import TrainingAgent, has_state_dict
+from netrl.agents.compiled import compile_kwargs
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
@@ -175,6 +176,7 @@ class TrainingOffline:
     max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.safeguards)
     max_nonfinite_steps: int = 100  # non-finite training steps in a row, each undone, before TrainingDiverged (0: off)
     total_frames: int | None = None  # stop once this many samples have arrived (None: epochs decide)
+    compile: str = "none"  # trainer.compile: "none", "compile" or "cudagraphs", given to the agent (agents/compiled.py)
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -215,7 +217,9 @@ class TrainingOffline:
         check_spaces(obs_space, act_space)
         self.observation_space, self.action_space = obs_space, act_space
         self.memory = self._build_memory(device)
-        self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
+        compiled = compile_kwargs(self.training_agent_cls, self.compile, device)
+        self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device,
+                                             **compiled)
         self.safeguards = Safeguards(value_limits(obs_space, act_space, self.max_abs_reward), self.agent,
                                      self.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(self.agent)

@@ -83,6 +83,11 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
         problems.append((("trainer.total_frames", "trainer.start_training"),
                          f"trainer.total_frames ({cfg.trainer.total_frames}) must be >= trainer.start_training "
                          f"({cfg.trainer.start_training}): training would stop before it starts"))
+    if cfg.trainer.compile == "cudagraphs" and cfg.trainer.device is not None and not cfg.trainer.device.startswith(
+            "cuda"):
+        problems.append((("trainer.compile", "trainer.device"),
+                         f'trainer.compile "cudagraphs" captures CUDA graphs, but trainer.device is '
+                         f'"{cfg.trainer.device}": use "compile" there, or a CUDA trainer.device'))
     if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is '

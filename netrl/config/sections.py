@@ -201,6 +201,11 @@ class TrainerConfig:
     total_frames: int | None = _f(None, "training stops once this many env steps (samples) have arrived from all "
                                   "workers together, with a final checkpoint and policy and exit code 0 (TorchRL's "
                                   "collectors' name; null: no limit, trainer.epochs decides)", optional(ge(1)))
+    compile: Literal["none", "compile", "cudagraphs"] = _f(
+        "none", "how the agent's updates run: none (eager PyTorch), compile (torch.compile of the loss functions, "
+        "forward and backward; the first steps take a while to compile) or cudagraphs (compile, plus CUDA graph "
+        "capture: CUDA training devices only). Built-in SAC and DQN take it; results match eager within "
+        "floating-point tolerance")
 
 
 @dataclass(frozen=True)

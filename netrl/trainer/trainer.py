@@ -120,7 +120,7 @@ class Trainer:
             device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
             stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
             seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps,
-            total_frames=t.total_frames)
+            total_frames=t.total_frames, compile=t.compile)
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
