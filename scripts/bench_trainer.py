@@ -11,8 +11,8 @@ publications) on a replay memory filled beforehand with random packets of those 
 samples, and reads the loop's own round metrics: ``steps_per_s``, ``train_fraction`` (inside ``agent.train``) and
 ``sample_fraction`` (inside ``memory.sample``). Time outside ``agent.train`` is ``1 - train_fraction``. The first
 round is warm-up (compilation, for the compiled modes) and is reported as such, never counted in steps/s. The modes'
-rounds run interleaved (eager round 1, compile round 1, eager round 2, ...) so that load from other processes
-falls on all of them alike. ``cudagraphs`` needs CUDA; on a machine without it its rows say so.
+rounds run interleaved (eager round 1, compile round 1, CleanRL's round 1, eager round 2, ...) so that load from
+other processes falls on all of them alike. ``cudagraphs`` needs CUDA; on a machine without it its rows say so.
 
     .venv/bin/python scripts/bench_trainer.py              # about 5 minutes on 2 CPU cores, most of it compiling
     .venv/bin/python scripts/bench_trainer.py --rows mlp --rounds 5 --json out.json
@@ -116,10 +116,14 @@ def netrl_rows(name: str, modes: list[str], rounds: int, steps: int | None, devi
         training.start(source)  # type: ignore[arg-type]
         runs[mode] = (training, training.run_epoch(source, threading.Event()), source)  # type: ignore[arg-type]
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    cleanrl = cleanrl_sac.rounds(steps, spec["batch"], device=device) if name == "mlp" else None
+    cleanrl_rounds = []
     for _ in range(rounds + 1):  # interleaved: a burst of load hits every mode's round alike
         for mode, run in runs.items():
             if run is not None:
                 results[mode].append(next(run[1]))
+        if cleanrl is not None:  # CleanRL's script is an MLP SAC; its sizes and batch are the mlp row's
+            cleanrl_rounds.append(next(cleanrl))
     rows = []
     for mode in modes:
         row: dict[str, Any] = {"row": name, "what": spec["what"], "mode": mode, "device": device}
@@ -135,6 +139,12 @@ def netrl_rows(name: str, modes: list[str], rounds: int, steps: int | None, devi
                      "round_steps_per_s": [round(r["steps_per_s"], 1) for r in steady],
                      "outside_train": 1 - train / wall, "sample_fraction": sample / wall,
                      "loss_critic": steady[-1].get("loss_critic")})
+    if cleanrl_rounds:
+        steady = cleanrl_rounds[1:]
+        rows.append({"row": name, "what": spec["what"], "mode": "cleanrl", "device": device,
+                     "steps_per_s": sum(r["steps_per_s"] * r["wall_s"] for r in steady) / sum(r["wall_s"]
+                                                                                              for r in steady),
+                     "round_steps_per_s": [round(r["steps_per_s"], 1) for r in steady]})
     eager = next((r["steps_per_s"] for r in rows if r["mode"] == "none" and "steps_per_s" in r), None)
     for r in rows:
         if eager and "steps_per_s" in r:
@@ -156,21 +166,19 @@ def machine() -> str:
             f"thread(s); Python {platform.python_version()}")
 
 
-def table(rows: list[dict[str, Any]], cleanrl: dict[str, float]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| row | trainer.compile | warm-up (s) | gradient steps/s | vs eager | outside agent.train |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         if "note" in r:
             lines.append(f"| {r['what']} | {r['mode']} | | {r['note']} | | |")
-            continue
-        outside = f"{100 * r['outside_train']:.1f}% (sample {100 * r['sample_fraction']:.1f}%)"
-        lines.append(f"| {r['what']} | {r['mode']} | {r['warmup_s']:.1f} | {r['steps_per_s']:.1f} | "
-                     f"{r['vs_eager']:.2f}x | {outside} |")
-    for name, sps in cleanrl.items():
-        eager = next((r["steps_per_s"] for r in rows if r["row"] == name and r["mode"] == "none"), None)
-        ratio = f"{sps / eager:.2f}x" if eager else ""
-        lines.append(f"| {ROWS[name]['what']} | CleanRL-structured single-file script, eager | | {sps:.1f} | "
-                     f"{ratio} | |")
+        elif r["mode"] == "cleanrl":
+            lines.append(f"| {r['what']} | CleanRL-structured single-file script (eager) | | {r['steps_per_s']:.1f} | "
+                         f"{r['vs_eager']:.2f}x | |")
+        else:
+            outside = f"{100 * r['outside_train']:.1f}% (sample {100 * r['sample_fraction']:.1f}%)"
+            lines.append(f"| {r['what']} | {r['mode']} | {r['warmup_s']:.1f} | {r['steps_per_s']:.1f} | "
+                         f"{r['vs_eager']:.2f}x | {outside} |")
     return "\n".join(lines)
 
 
@@ -191,18 +199,15 @@ def main() -> None:
         parser.error(f"--modes: unknown {unknown}; choose among {', '.join(MODES)}")
     print(f"machine: {machine()}", flush=True)
     rows: list[dict[str, Any]] = []
-    cleanrl: dict[str, float] = {}
     for name in [n for n in args.rows.split(",") if n]:
         if name not in ROWS:
             parser.error(f"--rows: unknown {name!r}; choose among {', '.join(ROWS)}")
         t0 = time.perf_counter()
         rows += netrl_rows(name, modes, args.rounds, args.steps, args.device)
-        print(f"{name}: netrl rows done in {time.perf_counter() - t0:.0f} s", flush=True)
-        if name == "mlp":  # CleanRL's script is an MLP SAC; its batch and sizes are the mlp row's
-            cleanrl[name] = cleanrl_sac.steps_per_second(batch_size=ROWS[name]["batch"], device=args.device)
-    print(table(rows, cleanrl))
+        print(f"{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "rows": rows, "cleanrl": cleanrl}, indent=1))
+        args.json.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

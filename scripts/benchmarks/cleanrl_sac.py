@@ -11,6 +11,7 @@ bench times gradient steps on a buffer filled with random transitions of Pendulu
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -59,10 +60,10 @@ class Actor(nn.Module):
         return action, log_prob.sum(1, keepdim=True), torch.tanh(mean) * self.action_scale + self.action_bias
 
 
-def steps_per_second(batch_size: int = 256, hidden: int = 256, obs_dim: int = 3, act_dim: int = 1,
-                     buffer_size: int = 10_000, warmup: int = 20, seconds: float = 5.0, device: str = "cpu",
-                     seed: int = 1) -> float:
-    """Gradient steps per second of CleanRL's SAC update, timed for about ``seconds`` after ``warmup`` steps."""
+def rounds(steps: int, batch_size: int = 256, hidden: int = 256, obs_dim: int = 3, act_dim: int = 1,
+           buffer_size: int = 10_000, device: str = "cpu", seed: int = 1) -> Iterator[dict[str, float]]:
+    """Rounds of ``steps`` gradient steps of CleanRL's SAC update, each yielding ``{"steps_per_s", "wall_s"}``
+    (the first is warm-up), so that a bench can interleave them with the rounds it compares them to."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     gamma, tau, lr_q, lr_pi = 0.99, 0.005, 1e-3, 1e-3
@@ -125,10 +126,9 @@ def steps_per_second(batch_size: int = 256, hidden: int = 256, obs_dim: int = 3,
             target_param.data.copy_(tau * param.data + (1 - tau) * target_param.data)
         qf_loss.item()  # CleanRL logs its losses (every 100 steps); one read keeps the device in step
 
-    for _ in range(warmup):
-        update()
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        update()
-        steps += 1
-    return steps / (time.perf_counter() - start)
+    while True:
+        start = time.perf_counter()
+        for _ in range(steps):
+            update()
+        wall = time.perf_counter() - start
+        yield {"steps_per_s": steps / wall, "wall_s": wall}
