@@ -14,7 +14,7 @@ round is warm-up (compilation, for the compiled modes) and is reported as such, 
 rounds run interleaved (eager round 1, compile round 1, CleanRL's round 1, eager round 2, ...) so that load from
 other processes falls on all of them alike. ``cudagraphs`` needs CUDA; on a machine without it its rows say so.
 
-    .venv/bin/python scripts/bench_trainer.py              # about 5 minutes on 2 CPU cores, most of it compiling
+    .venv/bin/python scripts/bench_trainer.py              # about 2 minutes on 2 idle CPU cores, compiling included
     .venv/bin/python scripts/bench_trainer.py --rows mlp --rounds 5 --json out.json
 """
 
