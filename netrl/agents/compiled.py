@@ -80,8 +80,9 @@ def compile_kwargs(agent_cls: Callable[..., Any], mode: str, device: str) -> dic
         params = None
     if params is not None and not any(p.name == "compile" or p.kind is inspect.Parameter.VAR_KEYWORD
                                       for p in params):
-        raise ValueError(f"trainer.compile is {mode!r}, but {name} takes no compile argument (the built-in SACAgent "
-                         "and DQNAgent do): set trainer.compile to 'none', or give the agent a compile argument")
+        raise ValueError(f"trainer.compile is {mode!r}, but {name} takes no compile argument (the built-in SACAgent, "
+                         "DQNAgent and PPOAgent do): set trainer.compile to 'none', or give the agent a compile "
+                         "argument")
     return {"compile": mode}
 
 

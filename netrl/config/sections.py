@@ -204,7 +204,7 @@ class TrainerConfig:
     compile: Literal["none", "compile", "cudagraphs"] = _f(
         "none", "how the agent's updates run: none (eager PyTorch), compile (torch.compile of the loss functions, "
         "forward and backward; the first steps take a while to compile) or cudagraphs (compile, plus CUDA graph "
-        "capture: CUDA training devices only). Built-in SAC and DQN take it; results match eager within "
+        "capture: CUDA training devices only). The built-in SAC, DQN and PPO take it; results match eager within "
         "floating-point tolerance")
 
 

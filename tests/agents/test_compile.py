@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from netrl.agents.base import TrainingAgent
 from netrl.agents.compiled import check_compile, polyak_
 from netrl.agents.dqn import DQNAgent
 from netrl.agents.ppo import PPOAgent
-from netrl.agents.sac import MLPActorCritic, SACAgent
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.load import config_from_dict
 from netrl.errors import ConfigError
 from netrl.memory.replay import ReplayMemory
@@ -152,14 +153,28 @@ def test_the_config_refuses_cudagraphs_on_a_cpu_trainer_device() -> None:
         config_from_dict({"trainer": {"compile": "max"}}, "config.json")
 
 
+class TmrlStyleAgent(TrainingAgent):
+    """An agent written for tmrl: it knows nothing of compilation."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str) -> None:
+        super().__init__(observation_space, action_space, device)
+        self.actor = MLPActor(observation_space, action_space, (8,))
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        return {}
+
+    def get_actor(self) -> MLPActor:
+        return self.actor
+
+
 def test_an_agent_without_a_compile_argument_is_refused_by_name() -> None:
-    training = TrainingOffline(env_cls=(OBS, ACT), training_agent_cls=PPOAgent, device="cpu", compile="compile",
-                               memory_size=100, batch_size=8)
-    with pytest.raises(ValueError, match=r"trainer.compile is 'compile', but PPOAgent takes no compile argument"):
+    training = TrainingOffline(env_cls=(OBS, ACT), training_agent_cls=TmrlStyleAgent, device="cpu",
+                               compile="compile", memory_size=100, batch_size=8)
+    with pytest.raises(ValueError, match=r"trainer.compile is 'compile', but TmrlStyleAgent takes no compile argument"):
         training.build()
-    plain = TrainingOffline(env_cls=(OBS, ACT), training_agent_cls=PPOAgent, device="cpu", memory_size=100,
+    plain = TrainingOffline(env_cls=(OBS, ACT), training_agent_cls=TmrlStyleAgent, device="cpu", memory_size=100,
                             batch_size=8)
-    plain.build()  # "none" asks nothing of the agent (tmrl's agents know no compile argument)
+    plain.build()  # "none" asks nothing of the agent
 
 
 def test_target_networks_move_in_place_in_one_fused_call() -> None:
@@ -214,3 +229,27 @@ def test_the_config_key_reaches_the_agent_and_the_loop_trains_compiled(tmp_path:
     rows = list(training.run_epoch(source, threading.Event()))  # type: ignore[arg-type]
     assert rows[-1]["trained_steps"] == 4 and np.isfinite(rows[-1]["loss_critic"])
     assert isinstance(training.memory, ReplayMemory)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_ppo_matches_eager_with_a_short_last_minibatch_and_an_annealed_clip(
+        backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend != "inductor":
+        monkeypatch.setattr(torch, "compile", partial(torch.compile, backend=backend))
+    g = torch.Generator().manual_seed(3)
+    n = 12
+    obs = torch.rand(n, 3, generator=g) * 2 - 1
+    batch = Batch(obs, torch.rand(n, 1, generator=g) * 4 - 2, torch.randn(n, generator=g), obs.roll(-1, 0),
+                  torch.zeros(n), torch.zeros(n),
+                  extra={"action_log_prob": torch.randn(n, generator=g) - 1, "state_value": torch.randn(n, generator=g),
+                         "traj_ids": torch.zeros(n, dtype=torch.int64)})
+    runs = []
+    for mode in ("none", "compile"):
+        torch.manual_seed(0)
+        agent = PPOAgent(OBS, ACT, hidden_sizes=(8, 8), n_epochs=2, minibatch_size=5, anneal_frames=100,
+                         clip_range_vf=0.2, compile=mode)  # type: ignore[arg-type]
+        before = _flat(agent.actor)
+        metrics = [agent.train(batch) for _ in range(2)]  # minibatches of 5, 5 and 2; the clip range falls between
+        runs.append((metrics, [_flat(agent.actor)]))
+        assert not torch.equal(runs[-1][1][0], before)
+    _assert_same(runs[0], runs[1])
