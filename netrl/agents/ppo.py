@@ -262,7 +262,6 @@ class PPOAgent(TrainingAgent):
         return loss, stats
 
     def train(self, batch: Batch) -> dict[str, float]:
-        step_begin(self.compile)
         old_logp, old_value, _ = self._extras(batch)
         advantage, value_target = self.advantages(batch)
         n = int(batch.rew.shape[0])
@@ -279,6 +278,7 @@ class PPOAgent(TrainingAgent):
             order = torch.randperm(n, device=batch.rew.device)
             for start in range(0, n, self.minibatch_size):
                 idx = order[start:start + self.minibatch_size]
+                step_begin(self.compile)  # each minibatch replays the graph: the last one's outputs are done with
                 loss, stats = self._minibatch_loss(
                     _take(batch.obs, idx), batch.act[idx], old_logp[idx], advantage[idx], old_value[idx],
                     value_target[idx], weight[idx] if weight is not None else None, clip_t)
