@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from netrl.agents.base import TrainingAgent, has_state_dict
+from netrl.agents.compiled import compile_kwargs
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
@@ -189,6 +190,7 @@ class TrainingOffline:
     sync_timeout_s: float = 30.0
     prefetch: bool = True  # gather batch k+1 while the agent trains on batch k (see netrl.memory.prefetch)
     memory_device: str = "cpu"  # "cuda": the replay columns live on the (CUDA) training device
+    compile: str = "none"  # trainer.compile: "none", "compile" or "cudagraphs", given to the agent (agents/compiled.py)
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -237,7 +239,9 @@ class TrainingOffline:
         if self.sync is not None and not callable(getattr(self.memory, "clear", None)):
             raise ValueError(f"trainer.collection is sync, but the memory {type(self.memory).__name__} has no clear(): "
                              "a sync batch is trained once and dropped; use netrl.memory.RolloutMemory")
-        self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device)
+        compiled = compile_kwargs(self.training_agent_cls, self.compile, device)
+        self.agent = self.training_agent_cls(observation_space=obs_space, action_space=act_space, device=device,
+                                             **compiled)
         attach_views(self.memory, self.agent)  # what the agent's inputs need from earlier rows (memory/views.py)
         self.safeguards = Safeguards(value_limits(obs_space, act_space, self.max_abs_reward), self.agent,
                                      self.max_nonfinite_steps)

@@ -36,6 +36,15 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.compiled import (
+    CompileMode,
+    check_compile,
+    compile_fn,
+    copy_params_,
+    module_tensors,
+    step_begin,
+    to_floats,
+)
 from netrl.samples import Batch
 
 __all__ = ["MASK_KEY", "DQNActor", "DQNAgent", "DuelingQ", "ObsEncoder", "action_branches", "is_discrete"]
@@ -214,7 +223,9 @@ class DQNAgent(TrainingAgent):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (256, 256), gamma: float = 0.99, lr: float = 1e-3,
                  target_update_interval: int = 128, exploration_initial_eps: float = 1.0,
-                 exploration_final_eps: float = 0.04, exploration_steps: int = 4000) -> None:
+                 exploration_final_eps: float = 0.04, exploration_steps: int = 4000,
+                 compile: CompileMode = "none") -> None:
+        check_compile(compile, device, f"{type(self).__name__}(compile=...)")
         super().__init__(observation_space, action_space, device)
         self.actor = DQNActor(observation_space, action_space, hidden_sizes).to(device)
         self.q_target = copy.deepcopy(self.actor.q).requires_grad_(False)
@@ -228,27 +239,36 @@ class DQNAgent(TrainingAgent):
         self.offsets = torch.as_tensor(np.cumsum([0, *self.sizes[:-1]]), device=device)
         self.steps = torch.zeros((), dtype=torch.int64)  # a tensor: a training step that goes non-finite undoes it
         self.actor.epsilon.fill_(exploration_initial_eps)
+        self._online_tensors, self._target_tensors = module_tensors(self.actor.q), module_tensors(self.q_target)
+        self.compile = compile
+        self._loss = compile_fn(self.loss, compile)
 
     def get_actor(self) -> ActorModule:
         return self.actor
 
-    def train(self, batch: Batch) -> dict[str, Any]:
-        o, a, r, o2, terminated = batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated
+    def loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
+             weight: torch.Tensor | None, discount: torch.Tensor | float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(Huber loss, mean Q of the actions taken, |TD error| per sample)`` on one batch (what ``compile``
+        compiles). ``discount``: gamma, or each sample's own gamma ** (steps to next_obs) in an n-step batch."""
         n = r.shape[0]
         choice = a.reshape(n, -1).long() - self.starts  # stored actions are values; the heads index choices
-
         with torch.no_grad():
             # Double DQN: the online network picks the next action among those the NEXT state allows, the target
             # network values it. The pick is allowed, so no -inf from the mask reaches the target.
             a2 = greedy(self.actor.q(o2), action_mask(o2), self.sizes)
             q2 = pick(self.q_target(o2), a2, self.offsets).mean(-1)
             # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
-            # n-step batches give each sample its own discount, gamma ** (steps to next_obs).
-            y = r + batch.extra.get("discount", self.gamma) * (1.0 - terminated) * q2
-
+            y = r + discount * (1.0 - terminated) * q2
         q = pick(self.actor.q(o), choice, self.offsets)  # (batch, branches)
         per_sample = F.smooth_l1_loss(q, y[:, None].expand_as(q), reduction="none").mean(-1)
-        loss = (per_sample * batch.weight).mean() if batch.weight is not None else per_sample.mean()
+        loss = (per_sample * weight).mean() if weight is not None else per_sample.mean()
+        return loss, q.detach().mean(), (q.detach() - y[:, None]).abs().mean(-1)
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        step_begin(self.compile)
+        loss, q_mean, priority = self._loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
+                                            batch.weight, batch.extra.get("discount", self.gamma))
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
         nn.utils.clip_grad_norm_(self.actor.q.parameters(), MAX_GRAD_NORM)
@@ -257,13 +277,13 @@ class DQNAgent(TrainingAgent):
         self.steps += 1
         steps = int(self.steps)
         if steps % self.target_update_interval == 0:
-            self.q_target.load_state_dict(self.actor.q.state_dict())
+            copy_params_(self._target_tensors, self._online_tensors)
         # Linear decay over training steps; the workers see it with the next weight version.
         fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
         self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))
-        metrics: dict[str, Any] = {"loss_q": loss.item(), "q": q.mean().item(), "epsilon": float(self.actor.epsilon)}
+        metrics: dict[str, Any] = {**to_floats({"loss_q": loss, "q": q_mean}), "epsilon": float(self.actor.epsilon)}
         if "index" in batch.extra:  # from a prioritized memory: the new priorities (|TD|) of its samples
-            metrics["priority"] = (q.detach() - y[:, None]).abs().mean(-1)
+            metrics["priority"] = priority
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

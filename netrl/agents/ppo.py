@@ -37,6 +37,7 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.compiled import CompileMode, check_compile, compile_fn, step_begin
 from netrl.agents.dqn import MASK_KEY, ObsEncoder, _mask_problem, action_branches, action_mask, is_discrete
 from netrl.agents.gae import gae, trajectory_ends
 from netrl.samples import Batch, tree_map
@@ -197,7 +198,8 @@ class PPOAgent(TrainingAgent):
                  lr: float = 3e-4, n_epochs: int = 10, minibatch_size: int = 64, clip_range: float = 0.2,
                  clip_range_vf: float | None = None, ent_coef: float = 0.0, vf_coef: float = 0.5,
                  max_grad_norm: float = 0.5, normalize_advantage: bool = True, anneal_frames: int | None = None,
-                 log_std_init: float = 0.0) -> None:
+                 log_std_init: float = 0.0, compile: CompileMode = "none") -> None:
+        check_compile(compile, device, f"{type(self).__name__}(compile=...)")
         super().__init__(observation_space, action_space, device)
         self.actor = PPOActor(observation_space, action_space, hidden_sizes, log_std_init).to(device)
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=lr, eps=1e-5)
@@ -207,6 +209,8 @@ class PPOAgent(TrainingAgent):
         self.normalize_advantage, self.anneal_frames = normalize_advantage, anneal_frames
         self.frames = torch.zeros((), dtype=torch.int64)  # tensors: a step that goes non-finite undoes them too
         self.updates = torch.zeros((), dtype=torch.int64)
+        self.compile = compile
+        self._minibatch_loss = compile_fn(self.minibatch_loss, compile)
 
     def get_actor(self) -> ActorModule:
         return self.actor
@@ -233,6 +237,30 @@ class PPOAgent(TrainingAgent):
                 next_value[boot] = self.actor.value(_take(batch.next_obs, boot)).float()
         return gae(batch.rew.float(), value, next_value, batch.terminated.float(), ends, self.gamma, self.gae_lambda)
 
+    def minibatch_loss(self, obs: Any, act: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+                       old_value: torch.Tensor, value_target: torch.Tensor, w: torch.Tensor | None,
+                       clip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, [loss_pi, loss_v, entropy, approx_kl, clip_fraction])`` of one minibatch (what ``compile``
+        compiles). ``clip`` is a tensor, so that an annealed clip range does not recompile each batch."""
+        logp, entropy = self.actor.log_prob_entropy(obs, act)
+        if self.normalize_advantage and adv.shape[0] > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        log_ratio = logp - old_logp
+        ratio = log_ratio.exp()
+        # The clipped surrogate: the pessimistic one of the two, so no step gains by moving ratio past 1 +- clip
+        loss_pi = -_mean(torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv), w)
+        value = self.actor.value(obs)
+        if self.clip_range_vf is not None:  # SB3's: the new value stays near the one recorded at action time
+            value = old_value + torch.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
+        loss_v = _mean((value_target - value) ** 2, w)
+        loss_ent = _mean(entropy, w)
+        loss = loss_pi + self.vf_coef * loss_v - self.ent_coef * loss_ent
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance estimator
+            clip_fraction = ((ratio - 1).abs() > clip).float().mean()
+            stats = torch.stack([loss_pi, loss_v, loss_ent, approx_kl, clip_fraction]).detach()
+        return loss, stats
+
     def train(self, batch: Batch) -> dict[str, float]:
         old_logp, old_value, _ = self._extras(batch)
         advantage, value_target = self.advantages(batch)
@@ -242,43 +270,27 @@ class PPOAgent(TrainingAgent):
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr * remaining
         clip = self.clip_range * remaining
+        clip_t = torch.tensor(clip, device=batch.rew.device)
         weight = batch.weight.float() if batch.weight is not None else None
-        sums = dict.fromkeys(("loss_pi", "loss_v", "entropy", "approx_kl", "clip_fraction"), 0.0)
+        sums = torch.zeros(5, dtype=torch.float64, device=batch.rew.device)  # read once, after the last minibatch
         steps = 0
         for _ in range(self.n_epochs):
             order = torch.randperm(n, device=batch.rew.device)
             for start in range(0, n, self.minibatch_size):
                 idx = order[start:start + self.minibatch_size]
-                w = weight[idx] if weight is not None else None
-                obs = _take(batch.obs, idx)
-                logp, entropy = self.actor.log_prob_entropy(obs, batch.act[idx])
-                adv = advantage[idx]
-                if self.normalize_advantage and len(idx) > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                log_ratio = logp - old_logp[idx]
-                ratio = log_ratio.exp()
-                # The clipped surrogate: the pessimistic one of the two, so no step gains by moving ratio past 1 +- clip
-                loss_pi = -_mean(torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv), w)
-                value = self.actor.value(obs)
-                if self.clip_range_vf is not None:  # SB3's: the new value stays near the one recorded at action time
-                    value = old_value[idx] + torch.clamp(value - old_value[idx], -self.clip_range_vf,
-                                                         self.clip_range_vf)
-                loss_v = _mean((value_target[idx] - value) ** 2, w)
-                loss_ent = _mean(entropy, w)
-                loss = loss_pi + self.vf_coef * loss_v - self.ent_coef * loss_ent
+                step_begin(self.compile)  # each minibatch replays the graph: the last one's outputs are done with
+                loss, stats = self._minibatch_loss(
+                    _take(batch.obs, idx), batch.act[idx], old_logp[idx], advantage[idx], old_value[idx],
+                    value_target[idx], weight[idx] if weight is not None else None, clip_t)
                 self.optimizer.zero_grad(set_to_none=True)
                 torch.autograd.backward(loss)
                 nn.utils.clip_grad_norm_(self.actor.parameters(), self.max_grad_norm)
                 self.optimizer.step()
-                with torch.no_grad():
-                    sums["loss_pi"] += loss_pi.item()
-                    sums["loss_v"] += loss_v.item()
-                    sums["entropy"] += loss_ent.item()
-                    sums["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()  # Schulman's low-variance estimator
-                    sums["clip_fraction"] += ((ratio - 1).abs() > clip).float().mean().item()
+                sums += stats
                 steps += 1
         self.updates += 1
-        metrics = {k: v / max(steps, 1) for k, v in sums.items()}
+        names = ("loss_pi", "loss_v", "entropy", "approx_kl", "clip_fraction")
+        metrics = {k: v / max(steps, 1) for k, v in zip(names, sums.tolist(), strict=True)}
         with torch.no_grad():
             var = value_target.var()
             explained = 1.0 - (value_target - old_value).var() / var if var > 0 else torch.tensor(0.0)

@@ -3,9 +3,14 @@
 Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018), https://arxiv.org/abs/1812.05905.
 Read :meth:`SACAgent.train` against Algorithm 1 of the paper. Deviations, all common practice:
 
-* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU);
-* only the critics have target copies (as in SB3 and CleanRL);
-* the policy, entropy coefficient and targets are updated every step.
+* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so the ensemble is
+  one call, as LeanRL's ``torch.vmap`` over the critics;
+* only the critics have target copies (as in SB3 and CleanRL), moved in place in one fused call;
+* the policy, entropy coefficient and targets are updated every step; the policy and the entropy coefficient share
+  one backward pass (their losses touch disjoint parameters, so the gradients are those of two passes).
+
+``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles :meth:`SACAgent.critic_loss` and
+:meth:`SACAgent.actor_loss`; the results match eager mode within floating-point tolerance.
 
 ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
 """
@@ -27,6 +32,7 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.compiled import CompileMode, check_compile, compile_fn, polyak_, step_begin, to_floats
 from netrl.samples import Batch
 
 log = logging.getLogger(__name__)
@@ -151,7 +157,9 @@ class SACAgent(TrainingAgent):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  model_cls: Any = MLPActorCritic, gamma: float = 0.99, polyak: float = 0.995, alpha: float = 0.2,
                  lr_actor: float = 1e-3, lr_critic: float = 1e-3, lr_entropy: float = 1e-3,
-                 learn_entropy_coef: bool = True, target_entropy: float | None = None) -> None:
+                 learn_entropy_coef: bool = True, target_entropy: float | None = None,
+                 compile: CompileMode = "none") -> None:
+        check_compile(compile, device, f"{type(self).__name__}(compile=...)")
         super().__init__(observation_space, action_space, device)
         self.model = model_cls(observation_space, action_space).to(device)
         self.critic_target = copy.deepcopy(self.model.critic).requires_grad_(False)
@@ -167,59 +175,74 @@ class SACAgent(TrainingAgent):
         self._configured = {"lr_actor": lr_actor, "lr_critic": lr_critic, "lr_entropy": lr_entropy, "alpha": alpha}
         self._q_params = list(self.model.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
+        self.compile = compile
+        self._critic_loss = compile_fn(self.critic_loss, compile)
+        self._actor_loss = compile_fn(self.actor_loss, compile)
 
     def get_actor(self) -> ActorModule:
         return self.model.actor
 
-    def train(self, batch: Batch) -> dict[str, Any]:
-        o, a, r, o2, terminated = batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated
-        weight = batch.weight
+    def critic_loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
+                    weight: torch.Tensor | None, discount: torch.Tensor | float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, |TD error| per sample)``: the twin critics' soft Bellman error on one batch (what ``compile``
+        compiles, with its backward), and the priorities a prioritized memory takes. ``discount``: gamma, or each
+        sample's own gamma ** (steps to next_obs) in an n-step batch."""
         alpha = self.log_alpha.detach().exp()
-
         # Critic target: soft value of the next state from the *current* policy and the *target* critics.
         with torch.no_grad():
             a2, logp_a2 = self.model.actor(o2)
             q_targ = self.model.q(o2, a2, self.critic_target).min(0).values
             # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
-            # n-step batches give each sample its own discount, gamma ** (steps to next_obs).
-            discount = batch.extra.get("discount", self.gamma)
             backup = r + discount * (1.0 - terminated) * (q_targ - alpha * logp_a2)
-
-        q = self.model.q(o, a)  # (2, batch)
+        q = self.model.q(o, a)  # (2, batch): both critics in one call
         td = ((q - backup) ** 2).sum(0)
-        loss_q = (td * weight).mean() if weight is not None else td.mean()
-        self.q_optimizer.zero_grad(set_to_none=True)
-        loss_q.backward()
-        self.q_optimizer.step()
+        loss = (td * weight).mean() if weight is not None else td.mean()
+        return loss, (q.detach() - backup).abs().mean(0)
 
-        # Policy: maximise min Q - alpha * log pi. Freeze the critics so no gradient is computed for them.
-        for p in self._q_params:
-            p.requires_grad_(False)
+    def actor_loss(self, o: Any, weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(policy loss, entropy coefficient loss, alpha)``: maximise min Q - alpha * log pi, and move alpha
+        towards the target entropy. The entropy loss is 0 when the coefficient is fixed."""
+        alpha = self.log_alpha.detach().exp()
         pi, logp_pi = self.model.actor(o)
         q_pi = self.model.q(o, pi).min(0).values
         per_sample = alpha * logp_pi - q_pi
         loss_pi = (per_sample * weight).mean() if weight is not None else per_sample.mean()
+        if not self.learn_entropy_coef:
+            return loss_pi, torch.zeros_like(loss_pi), alpha.reshape(())
+        # log pi from before this step's policy update, detached: only alpha moves by this loss.
+        loss_alpha = -(self.log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
+        return loss_pi, loss_alpha, alpha.reshape(())
+
+    def train(self, batch: Batch) -> dict[str, Any]:
+        step_begin(self.compile)
+        loss_q, priority = self._critic_loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
+                                             batch.weight, batch.extra.get("discount", self.gamma))
+        self.q_optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss_q)
+        self.q_optimizer.step()
+
+        # Freeze the critics so the policy's backward computes no gradient for them.
+        for p in self._q_params:
+            p.requires_grad_(False)
+        loss_pi, loss_alpha, alpha = self._actor_loss(batch.obs, batch.weight)
         self.pi_optimizer.zero_grad(set_to_none=True)
-        loss_pi.backward()
+        self.alpha_optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss_pi + loss_alpha)  # disjoint parameters: each gets its own loss's gradient
         self.pi_optimizer.step()
+        if self.learn_entropy_coef:
+            self.alpha_optimizer.step()
         for p in self._q_params:
             p.requires_grad_(True)
 
-        metrics: dict[str, Any] = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(),
-                                   "entropy_coef": alpha.item()}
-        if "index" in batch.extra:  # from a prioritized memory: the new priorities of its samples
-            metrics["priority"] = (q.detach() - backup).abs().mean(0)
+        polyak_(self._target_params, self._q_params, self.polyak)
+        metrics = {"loss_critic": loss_q, "loss_actor": loss_pi, "entropy_coef": alpha}
         if self.learn_entropy_coef:
-            # Uses log pi from before this step's policy update, detached: only alpha moves here.
-            loss_alpha = -(self.log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            loss_alpha.backward()
-            self.alpha_optimizer.step()
-            metrics["loss_entropy_coef"] = loss_alpha.item()
-
-        with torch.no_grad():  # target <- polyak * target + (1 - polyak) * online
-            torch._foreach_lerp_(self._target_params, self._q_params, 1.0 - self.polyak)
-        return metrics
+            metrics["loss_entropy_coef"] = loss_alpha
+        out: dict[str, Any] = to_floats(metrics)
+        if "index" in batch.extra:  # from a prioritized memory: the new priorities of its samples
+            out["priority"] = priority
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -83,16 +83,30 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
         problems.append((("trainer.total_frames", "trainer.start_training"),
                          f"trainer.total_frames ({cfg.trainer.total_frames}) must be >= trainer.start_training "
                          f"({cfg.trainer.start_training}): training would stop before it starts"))
-    if cfg.memory.device == "cuda" and cfg.trainer.device is not None and not cfg.trainer.device.startswith("cuda"):
-        problems.append((("memory.device", "trainer.device"),
-                         f'memory.device "cuda" keeps the replay memory on the training device, but trainer.device is '
-                         f'"{cfg.trainer.device}": set trainer.device to "cuda" (or null), or memory.device to "cpu"'))
+    problems += _cuda_problems(cfg)
     if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is '
                          f'"{cfg.env.pipeline}")'))
     if role != "server":  # the server relays whatever the agent is
         problems += algorithm_problems(cfg)
+    return problems
+
+
+def _cuda_problems(cfg: Config) -> list[Problem]:
+    """Settings that need a CUDA trainer.device, with another one set."""
+    device = cfg.trainer.device
+    if device is None or device.startswith("cuda"):
+        return []
+    problems: list[Problem] = []
+    if cfg.memory.device == "cuda":
+        problems.append((("memory.device", "trainer.device"),
+                         f'memory.device "cuda" keeps the replay memory on the training device, but trainer.device is '
+                         f'"{device}": set trainer.device to "cuda" (or null), or memory.device to "cpu"'))
+    if cfg.trainer.compile == "cudagraphs":
+        problems.append((("trainer.compile", "trainer.device"),
+                         f'trainer.compile "cudagraphs" captures CUDA graphs, but trainer.device is "{device}": use '
+                         '"compile" there, or a CUDA trainer.device'))
     return problems
 
 
