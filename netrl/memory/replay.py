@@ -19,6 +19,7 @@ from netrl.memory.base import (
     run_sample_preprocessor,
     to_tensor,
 )
+from netrl.memory.sequences import check_sequence_args, sample_sequences
 from netrl.samples import Batch, Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
@@ -30,9 +31,13 @@ class ReplayMemory(MemoryDataloading):
     every row that is neither a ``reset`` nor a ``context`` row; its previous observation is the row before.
     ``obs_preprocessor`` runs once per row when it is appended; ``sample_preprocessor`` runs once per batch.
     A batch's tensors share memory with reused buffers and stay valid until the next :meth:`sample` call.
+
+    ``sequence_length`` L > 1 makes every batch ``batch_size`` sequences of L consecutive transitions of one env,
+    fields shaped ``[B, L, ...]`` with ``batch.extra["mask"]``, for recurrent agents; ``burn_in`` (< L) is what the
+    agent runs without gradient (see :mod:`netrl.memory.sequences`).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sequence_length: int = 1, burn_in: int = 0, **kwargs: Any) -> None:
         self._cols: dict[str, np.ndarray] = {}
         self._out: dict[str, np.ndarray] = {}
         self._act_spec: Any = None
@@ -46,6 +51,10 @@ class ReplayMemory(MemoryDataloading):
         self._workers = WorkerIds()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
+        problems = check_sequence_args(sequence_length, burn_in, self.memory_size)
+        if problems:
+            raise ValueError(f"{type(self).__name__}: {'; '.join(problems)}")
+        self.sequence_length, self.burn_in = sequence_length, burn_in
 
     # -- storage -------------------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -134,7 +143,13 @@ class ReplayMemory(MemoryDataloading):
         return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
 
     def sample(self) -> Batch:
+        if self.sequence_length > 1:
+            return sample_sequences(self)
         idx = self._sampled = self.sample_indices()
+        return self._batch(idx)
+
+    def _batch(self, idx: np.ndarray) -> Batch:
+        """The transitions that end at physical rows ``idx`` (1-D), one gather per column."""
         prev = (idx - 1) % self.memory_size
         leaves_now = {n: self._gather("now:" + n, n, idx) for n in self._cols if n.startswith("obs")}
         leaves_prev = {n: self._gather("prev:" + n, n, prev) for n in self._cols if n.startswith("obs")}
