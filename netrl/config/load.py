@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.config.build import build_dataclass, field_problem
-from netrl.config.checks import algorithm_problems
+from netrl.config.checks import algorithm_problems, sequence_problems
 from netrl.config.sections import CONFIG_VERSION, Config, Problem
 from netrl.errors import ConfigError
 
@@ -88,7 +88,7 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
                          f'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is '
                          f'"{cfg.env.pipeline}")'))
     if role != "server":  # the server relays whatever the agent is
-        problems += algorithm_problems(cfg)
+        problems += algorithm_problems(cfg) + sequence_problems(cfg)
     return problems
 
 
