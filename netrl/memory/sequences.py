@@ -20,15 +20,12 @@ The index matrix is built with a few array operations over ``[B, L]``, and each 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 
 from netrl.samples import Batch, tree_map
-
-if TYPE_CHECKING:
-    from netrl.memory.replay import ReplayMemory
 
 __all__ = ["check_sequence_args", "sample_sequences", "sequence_index"]
 
@@ -68,8 +65,9 @@ def sequence_index(starts: np.ndarray, length: int, end: np.ndarray, terminated:
     return np.where(mask, rows, last[:, None]), mask
 
 
-def sample_sequences(memory: ReplayMemory) -> Batch:
-    """A batch of ``memory.batch_size`` sequences of ``memory.sequence_length`` transitions (see the module)."""
+def sample_sequences(memory: Any) -> Batch:
+    """A batch of ``memory.batch_size`` sequences of ``memory.sequence_length`` transitions (see the module), from
+    ``memory``, a :class:`~netrl.memory.replay.ReplayMemory` (typed Any: it imports this module)."""
     cols = memory._cols
     starts = memory.sample_indices()
     oldest = memory._pos if memory._size == memory.memory_size else 0
