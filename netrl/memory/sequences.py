@@ -40,7 +40,7 @@ def check_sequence_args(sequence_length: int, burn_in: int, memory_size: int) ->
                         "cannot be longer than the memory")
     if burn_in < 0:
         problems.append(f"burn_in must be >= 0 (got {burn_in})")
-    elif burn_in >= max(sequence_length, 1) and (burn_in or sequence_length > 1):
+    elif burn_in and burn_in >= sequence_length:
         problems.append(f"burn_in ({burn_in}) must be < sequence_length ({sequence_length}): a sequence needs a step "
                         "left to learn from after its burn-in")
     return problems
