@@ -55,13 +55,18 @@ def sequence_index(starts: np.ndarray, length: int, end: np.ndarray, terminated:
     """
     capacity = len(end)
     steps = np.arange(length)
-    rows = (starts[:, None] + steps) % capacity
-    stored = ((starts - oldest) % capacity)[:, None] + steps < size  # never read past the newest row
-    prev = rows[:, :-1]
-    continues = end[rows[:, 1:]] & stored[:, 1:] & ~terminated[prev] & ~truncated[prev]
-    mask = np.ones(rows.shape, np.bool_)
-    mask[:, 1:] = np.logical_and.accumulate(continues, axis=1)  # once broken, a sequence stays stopped
-    last = (starts + mask.sum(1) - 1) % capacity
+    rows = starts[:, None] + steps
+    rows[rows >= capacity] -= capacity  # the ring wraps (cheaper than %)
+    stop = terminated[rows]
+    stop |= truncated[rows]
+    continues = end[rows[:, 1:]] & ~stop[:, :-1]
+    logical = (starts - oldest) % capacity
+    if int(logical.max()) + length > size:  # a sequence may reach the newest row: never read past it
+        continues &= logical[:, None] + steps[1:] < size
+    mask = np.empty(rows.shape, np.bool_)
+    mask[:, 0] = True
+    np.logical_and.accumulate(continues, axis=1, out=mask[:, 1:])  # once broken, a sequence stays stopped
+    last = rows[np.arange(len(rows)), mask.sum(1) - 1]
     return np.where(mask, rows, last[:, None]), mask
 
 
