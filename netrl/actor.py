@@ -29,6 +29,20 @@ observation and ``(actions, extras)`` for a batch. An actor that declares none r
 
     def extra_outputs(self):
         return {"action_log_prob": ((), "float32"), "state_value": ((), "float32")}
+
+Recurrent state: an actor that remembers (an RNN over its observations, for a partially observed env) declares its
+per-env state with :meth:`ActorModule.recurrent_state`, name -> (per-env shape, dtype), TorchRL's names::
+
+    def recurrent_state(self):  # a GRU; an LSTM has "recurrent_state_h" and "recurrent_state_c"
+        return {"recurrent_state": ((1, 64), "float32")}
+
+Its ``act`` then takes the state and returns the next one: ``act(obs, state=None, test=False)`` with ``state`` a
+dict of tensors shaped ``(B, *shape)`` (None: the initial state, zeros), returning ``(actions, new_state)``, or
+``(actions, new_state, extras)`` when it declares extra outputs too. The worker keeps one state per env (zeros at
+each episode start) and calls ``act_(obs, test, batch, state=...)``, which returns ``(actions, new_state)`` or
+``(actions, new_state, extras)`` with numpy arrays. The state that *entered* each step travels with the step's row
+as extra outputs of the same names (:func:`declared_extras` adds them), so a memory stores it with each row, as
+R2D2 does, and a sampled sequence starts from the state the worker really had.
 """
 
 from __future__ import annotations
@@ -40,7 +54,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from netrl.samples import ExtraSpec, check_extra_spec, tree_map
+from netrl.samples import MAX_EXTRAS, ExtraSpec, check_extra_spec, tree_map
 
 __all__ = ["ActorModule", "declared_extras"]
 
@@ -65,6 +79,12 @@ class ActorModule(torch.nn.Module, ABC):
         default: ``act`` returns actions only."""
         return {}
 
+    def recurrent_state(self) -> ExtraSpec:
+        """The state a recurrent actor keeps per env: name -> (per-env shape, numpy dtype string), e.g.
+        ``{"recurrent_state": ((1, 64), "float32")}``; zeros at each episode start (see the module's docstring).
+        None by default: ``act`` takes no state."""
+        return {}
+
     @abstractmethod
     def act(self, obs: Any, test: bool = False) -> Any:
         """Compute actions from a batch of observations (tensors with a leading dimension ``B``).
@@ -79,7 +99,7 @@ class ActorModule(torch.nn.Module, ABC):
             With :meth:`extra_outputs` declared: ``(actions, {name: array shaped (B, *shape)})``.
         """
 
-    def act_(self, obs: Any, test: bool = False, batch: bool = False) -> Any:
+    def act_(self, obs: Any, test: bool = False, batch: bool = False, state: dict[str, Any] | None = None) -> Any:
         """Collate raw observations to tensors on this module's device and call :meth:`act`.
 
         Args:
@@ -87,17 +107,22 @@ class ActorModule(torch.nn.Module, ABC):
                 per env, as Gymnasium's vector envs return them (``batch=True``).
             test: passed on to :meth:`act`.
             batch: whether ``obs`` is a batch.
+            state: a recurrent actor's state (:meth:`recurrent_state`), arrays shaped ``(N, *shape)`` for a batch
+                and ``(*shape)`` for one observation; None: the initial state.
 
         Returns:
             one action shaped like the action space, or ``N`` actions shaped ``(N, *action_space.shape)``; with
             :meth:`extra_outputs` declared, ``(actions, extras)``, each extra shaped ``(*shape)`` for one
-            observation and ``(N, *shape)`` for a batch, in its declared dtype.
+            observation and ``(N, *shape)`` for a batch, in its declared dtype. A recurrent actor's:
+            ``(actions, new_state)``, or ``(actions, new_state, extras)``.
 
         Raises:
             ValueError: ``batch`` is True and :meth:`act` did not return one action per observation, or the extras
                 are not the declared ones, in their declared shapes.
         """
         declared = self.extra_outputs()
+        if self.recurrent_state():
+            return self._act_recurrent(obs, test, batch, state, declared)
         if declared:
             return self._act_with_extras(obs, test, batch, declared)
         return self._act_only(obs, test, batch)
@@ -126,14 +151,16 @@ class ActorModule(torch.nn.Module, ABC):
                              "with worker.num_envs = 1")
         return np.asarray(out)
 
-    def _act_with_extras(self, obs: Any, test: bool, batch: bool, declared: ExtraSpec) -> Any:
+    def _act_with_extras(self, obs: Any, test: bool, batch: bool, declared: ExtraSpec, out: Any = None) -> Any:
+        """``act_`` for actions with extra outputs (``out``: what ``act`` already returned, as (actions, extras))."""
         name = type(self).__name__
         spec = check_extra_spec(declared, name)
-        tensors = tree_map(lambda x: torch.as_tensor(np.asarray(x), device=self.device), obs)
-        if not batch:
-            tensors = tree_map(lambda t: t.unsqueeze(0), tensors)
-        with torch.no_grad():
-            out = self.act(tensors, test=test)
+        if out is None:
+            tensors = tree_map(lambda x: torch.as_tensor(np.asarray(x), device=self.device), obs)
+            if not batch:
+                tensors = tree_map(lambda t: t.unsqueeze(0), tensors)
+            with torch.no_grad():
+                out = self.act(tensors, test=test)
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             raise ValueError(f"{name} declares extra outputs {sorted(spec)}, so its act() must return (actions, "
                              f"{{name: array}}); it returned a {type(out).__name__}")
@@ -153,15 +180,67 @@ class ActorModule(torch.nn.Module, ABC):
             checked[key] = value.astype(dtype, copy=False) if batch else value[0].astype(dtype, copy=False)
         return self._act_only(obs, test, batch, actions), checked
 
+    def _act_recurrent(self, obs: Any, test: bool, batch: bool, state: dict[str, Any] | None,
+                       declared: ExtraSpec) -> Any:
+        name = type(self).__name__
+        spec = check_extra_spec(self.recurrent_state(), name)
+        n = _rows(obs) if batch else 1
+        device = self.device
+        tensors = tree_map(lambda x: torch.as_tensor(np.asarray(x), device=device), obs)
+        if state is None:
+            state = {k: np.zeros((n, *shape) if batch else shape, dtype) for k, (shape, dtype) in spec.items()}
+        if state.keys() != spec.keys():
+            raise ValueError(f"{name}.act_ got the recurrent state {sorted(state)}; recurrent_state() declares "
+                             f"{sorted(spec)}")
+        state_in = {k: torch.as_tensor(np.asarray(v), device=device) for k, v in state.items()}
+        if not batch:
+            tensors = tree_map(lambda t: t.unsqueeze(0), tensors)
+            state_in = {k: v.unsqueeze(0) for k, v in state_in.items()}
+        with torch.no_grad():
+            out = self.act(tensors, state=state_in, test=test)  # type: ignore[call-arg]  # a recurrent act's form
+        size = 3 if declared else 2
+        if not (isinstance(out, tuple) and len(out) == size and isinstance(out[1], dict)):
+            form = "(actions, new_state, extras)" if declared else "(actions, new_state)"
+            raise ValueError(f"{name} declares a recurrent state {sorted(spec)}, so its act(obs, state, test) must "
+                             f"return {form}; it returned a {type(out).__name__}"
+                             + (f" of {len(out)}" if isinstance(out, tuple) else ""))
+        new_state = {}
+        if out[1].keys() != spec.keys():
+            raise ValueError(f"{name}.act() returned the state {sorted(out[1])}; recurrent_state() declares "
+                             f"{sorted(spec)}: return exactly those")
+        for key, (shape, dtype) in spec.items():
+            value = out[1][key]
+            value = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            if value.shape != (n, *shape):
+                raise ValueError(f"{name}.act() returned the state {key!r} of shape {value.shape} for {n} "
+                                 f"observations; recurrent_state() declares {shape} per env, so it must be shaped "
+                                 f"{(n, *shape)}")
+            new_state[key] = value.astype(dtype, copy=False) if batch else value[0].astype(dtype, copy=False)
+        if not declared:
+            return self._act_only(obs, test, batch, out[0]), new_state
+        actions, extras = self._act_with_extras(obs, test, batch, declared, out=(out[0], out[2]))
+        return actions, new_state, extras
+
 
 def declared_extras(actor: Any) -> ExtraSpec:
-    """What ``actor`` declares with ``extra_outputs()`` (``{}`` for an actor that has none, tmrl-style ones too),
-    checked; ValueError naming the actor and the entry that is wrong."""
-    method = getattr(actor, "extra_outputs", None)
-    if method is None:
-        return {}
-    spec = check_extra_spec(method(), type(actor).__name__)
-    return {name: (shape, dtype.str) for name, (shape, dtype) in spec.items()}
+    """What every row carries for ``actor``: its ``extra_outputs()`` and its ``recurrent_state()`` (``{}`` for an actor
+    that has neither, tmrl-style ones too), checked; ValueError naming the actor and the entry that is wrong, or a
+    name declared twice."""
+    owner = type(actor).__name__
+    out: ExtraSpec = {}
+    for method_name in ("extra_outputs", "recurrent_state"):
+        method = getattr(actor, method_name, None)
+        if method is None:
+            continue
+        spec = check_extra_spec(method(), owner)
+        both = sorted(set(spec) & set(out))
+        if both:
+            raise ValueError(f"{owner} declares {both} both as extra outputs and as recurrent state: name them apart")
+        out.update({name: (shape, dtype.str) for name, (shape, dtype) in spec.items()})
+    if len(out) > MAX_EXTRAS:
+        raise ValueError(f"{owner} declares {len(out)} extra outputs and recurrent state leaves together; at most "
+                         f"{MAX_EXTRAS} travel with a row")
+    return out
 
 
 def _rows(tree: Any) -> int:

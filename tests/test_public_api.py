@@ -29,7 +29,7 @@ def test_public_names_are_pinned() -> None:
 
 SECOND_LEVEL = {
     "netrl.agents": ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "PPOActor",
-                     "PPOAgent", "SACAgent", "TrainingAgent"],
+                     "PPOAgent", "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"],
     "netrl.memory": ["ActionBufferCompressor", "ActionBufferMemory", "FrameStackCompressor", "FrameStackMemory",
                      "HistoryMemory", "MemoryDataloading", "ReplayMemory", "View", "last_observations",
                      "prev_actions", "prev_rewards", "read_dataset", "save_dataset"],

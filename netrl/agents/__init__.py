@@ -3,15 +3,17 @@
 :class:`TrainingAgent` is the interface (tmrl's). The built-in agents: :class:`SACAgent` with
 :class:`MLPActorCritic` (vectors) or :class:`CNNActorCritic` (stacked frames) for continuous actions, and
 :class:`DQNAgent` with its :class:`DQNActor` (double DQN, dueling head, action masks) for discrete ones; and
-on-policy, :class:`PPOAgent` with its :class:`PPOActor` for both (trained on version-synced batches).
+on-policy, :class:`PPOAgent` with its :class:`PPOActor` for both (trained on version-synced batches). For partially
+observed envs, :class:`RecurrentSACAgent` with its :class:`RecurrentActor` (a GRU or LSTM, trained on sequences).
 """
 
 from netrl.agents.base import TrainingAgent
 from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.agents.ppo import PPOActor, PPOAgent
+from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.samples import Batch
 
 __all__ = ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "PPOActor", "PPOAgent",
-           "SACAgent", "TrainingAgent"]
+           "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"]

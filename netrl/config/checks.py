@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "algorithm_problems", "between", "file_name", "folder",
-           "ge", "gt", "home", "host", "nonempty", "optional", "optional_folder", "pipeline_name", "port", "sizes",
-           "torch_device"]
+           "ge", "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder", "pipeline_name",
+           "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -113,6 +113,12 @@ def sizes(v: list[int]) -> str | None:
     return None if v and all(h >= 1 for h in v) else "must be a non-empty list of sizes >= 1"
 
 
+def hidden_indices(v: list[int]) -> str | None:
+    if any(i < 0 for i in v) or len(set(v)) != len(v):
+        return "must list distinct indices >= 0"
+    return None
+
+
 def optional(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
 
@@ -147,4 +153,28 @@ def algorithm_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
         problems.append((("agent.minibatch_size", "trainer.frames_per_batch"),
                          f"agent.minibatch_size ({cfg.agent.minibatch_size}) must be <= trainer.frames_per_batch "
                          f"({frames}): a PPO minibatch is drawn from one batch"))
+    return problems
+
+
+def sequence_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
+    """The rules between the sequence keys (``memory.sequence_length``, ``memory.burn_in``) and ``agent.recurrent``."""
+    m = cfg.memory
+    problems: list[tuple[tuple[str, ...], str]] = []
+    if m.sequence_length > m.memory_size:
+        problems.append((("memory.sequence_length", "memory.memory_size"),
+                         f"memory.sequence_length ({m.sequence_length}) must be <= memory.memory_size "
+                         f"({m.memory_size}): a sequence cannot be longer than the memory"))
+    if m.burn_in and m.burn_in >= m.sequence_length:
+        problems.append((("memory.burn_in", "memory.sequence_length"),
+                         f"memory.burn_in ({m.burn_in}) must be < memory.sequence_length ({m.sequence_length}): a "
+                         "sequence needs steps left to learn from after its burn-in"))
+    if cfg.agent.recurrent is not None and m.sequence_length < 2:
+        problems.append((("agent.recurrent", "memory.sequence_length"),
+                         f'agent.recurrent "{cfg.agent.recurrent}" needs memory.sequence_length >= 2 (got '
+                         f"{m.sequence_length}): a recurrent agent learns from sequences of steps; set it (e.g. 16, "
+                         "with memory.burn_in 4), or set agent.recurrent to null"))
+    if cfg.agent.recurrent is not None and cfg.agent.algorithm not in ("auto", "sac"):
+        problems.append((("agent.recurrent", "agent.algorithm"),
+                         f'agent.recurrent "{cfg.agent.recurrent}" is for SAC, not agent.algorithm '
+                         f'"{cfg.agent.algorithm}": set agent.algorithm to "sac", or agent.recurrent to null'))
     return problems

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from netrl.config.build import build_dataclass, field_problem
-from netrl.config.checks import algorithm_problems
+from netrl.config.checks import algorithm_problems, sequence_problems
 from netrl.config.sections import CONFIG_VERSION, Config, Problem
 from netrl.errors import ConfigError
 
@@ -83,13 +83,13 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
         problems.append((("trainer.total_frames", "trainer.start_training"),
                          f"trainer.total_frames ({cfg.trainer.total_frames}) must be >= trainer.start_training "
                          f"({cfg.trainer.start_training}): training would stop before it starts"))
-    problems += _cuda_problems(cfg)
+    problems += _cuda_problems(cfg) + _sequence_problems(cfg)
     if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline and by your own ones (env.pipeline is '
                          f'"{cfg.env.pipeline}")'))
     if role != "server":  # the server relays whatever the agent is
-        problems += algorithm_problems(cfg)
+        problems += algorithm_problems(cfg) + sequence_problems(cfg)
     return problems
 
 
@@ -108,6 +108,19 @@ def _cuda_problems(cfg: Config) -> list[Problem]:
                          f'trainer.compile "cudagraphs" captures CUDA graphs, but trainer.device is "{device}": use '
                          '"compile" there, or a CUDA trainer.device'))
     return problems
+
+
+def _sequence_problems(cfg: Config) -> list[Problem]:
+    """Sequences are sampled uniformly, one step at a time, from host columns."""
+    m = cfg.memory
+    if m.sequence_length < 2:
+        return []
+    clash = [(key, value) for key, value, on in (("memory.n_step", m.n_step, m.n_step > 1),
+                                                 ("memory.prioritized", m.prioritized, m.prioritized),
+                                                 ("memory.device", m.device, m.device != "cpu")) if on]
+    return [(("memory.sequence_length", key), f"memory.sequence_length ({m.sequence_length}) cannot be combined with "
+             f"{key} ({json.dumps(value)}): sequences are sampled uniformly, one step at a time, from host memory")
+            for key, value in clash]
 
 
 def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, role: str | None = None) -> Config:

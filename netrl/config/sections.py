@@ -24,6 +24,7 @@ from netrl.config.checks import (
     folder,
     ge,
     gt,
+    hidden_indices,
     home,
     host,
     nonempty,
@@ -83,6 +84,8 @@ class EnvConfig:
         'drone, image; or your own, as "module:function" (see docs/configuration.md)', pipeline_name)
     id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
+    hide_obs: list[int] = _f([], "gym pipeline: indices of the flat observation left out (a partially observed env, "
+                             "e.g. [2] hides Pendulum-v1's angular velocity; see netrl.envs.pomdp)", hidden_indices)
 
 
 def seconds(v: float) -> str | None:
@@ -242,6 +245,12 @@ class MemoryConfig:
                                         "copied to a CUDA trainer from page-locked buffers) or cuda (the training "
                                         "device's memory, if memory_size fits: packets are copied in once and batches "
                                         "gathered there)")
+    sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent agents: batches "
+                              "are [batch_size, sequence_length] with a mask; a sequence stops at an episode's end "
+                              "and at a packet boundary, so keep it well below worker.min_samples_per_worker_packet "
+                              "(1: single transitions)", ge(1))
+    burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent state, without gradient "
+                      "(R2D2); must be < sequence_length", ge(0))
 
 
 @dataclass(frozen=True)
@@ -258,6 +267,9 @@ class AgentConfig:
     learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
     target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
     hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", sizes)
+    recurrent: Literal["gru", "lstm"] | None = _f(None, "SAC: a GRU or LSTM over the actor's encoder, its state kept "
+                                                  "per env by the worker and stored with each step (needs "
+                                                  "memory.sequence_length >= 2; null: MLP SAC)")
     target_update_interval: int = _f(128, "DQN (discrete actions): training steps between copies of the Q network "
                                      "into its target", ge(1))
     exploration_initial_eps: float = _f(1.0, "DQN: chance of a random (allowed) action when training starts",

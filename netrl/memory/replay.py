@@ -23,6 +23,7 @@ from netrl.memory.base import (
 from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_copy, write_rows
 from netrl.memory.nstep import nstep_windows
 from netrl.memory.priority import Priorities
+from netrl.memory.sequences import check_sequence_args, sample_sequences
 from netrl.samples import Batch, Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
@@ -43,13 +44,19 @@ class ReplayMemory(MemoryDataloading):
     ``weight`` (importance weights times stale-sample weights) and ``extra["index"]``, and
     :meth:`update_priority` takes the new priorities of a batch's samples.
 
+    ``sequence_length`` L > 1 makes every batch ``batch_size`` sequences of L consecutive transitions of one env,
+    fields shaped ``[B, L, ...]`` with ``batch.extra["mask"]``, for recurrent agents; ``burn_in`` (< L) is what the
+    agent runs without gradient (see :mod:`netrl.memory.sequences`). Sequences take neither n-step returns nor
+    priorities, and need host columns.
+
     ``storage_device`` (``memory.device``): None keeps every column in host memory; a torch device (``"cuda"``) keeps
     the columns batches are made of there (see :mod:`netrl.memory.device`), and gathers batches there.
     """
 
     def __init__(self, *args: Any, n_step: int = 1, gamma: float | None = None, prioritized: bool = False,
                  alpha: float = 0.6, beta: float = 0.4, beta_steps: int = 100_000, eps: float = 1e-6,
-                 storage_device: str | None = None, **kwargs: Any) -> None:
+                 storage_device: str | None = None, sequence_length: int = 1, burn_in: int = 0,
+                 **kwargs: Any) -> None:
         if not isinstance(n_step, int) or n_step < 1:
             raise ValueError(f"memory.n_step must be an integer >= 1 (got {n_step!r}); 1: one-step transitions")
         if n_step > 1 and (gamma is None or not 0.0 <= gamma <= 1.0):
@@ -58,6 +65,11 @@ class ReplayMemory(MemoryDataloading):
         if n_step > 1 and storage_device is not None:
             raise ValueError(f"memory.n_step {n_step} with memory.device {storage_device!r}: n-step returns are summed "
                              'from host columns; set memory.device to "cpu" or memory.n_step to 1')
+        if sequence_length > 1 and (n_step > 1 or prioritized or storage_device is not None):
+            raise ValueError(f"memory.sequence_length {sequence_length} takes neither memory.n_step > 1 (got "
+                             f"{n_step}), memory.prioritized (got {prioritized}) nor memory.device cuda (got "
+                             f"{storage_device!r}): sequences are sampled uniformly from host columns, one step at a "
+                             "time")
         self.n_step, self.gamma = n_step, 1.0 if gamma is None else float(gamma)
         self.prioritized = bool(prioritized)
         self._priority_args = (alpha, beta, beta_steps, eps)
@@ -85,6 +97,10 @@ class ReplayMemory(MemoryDataloading):
             raise ValueError(f"{type(self).__name__}: sample_preprocessor runs on numpy batches, and with "
                              f"storage_device {self._storage!r} (memory.device) batches are gathered on the device: "
                              'set memory.device to "cpu" to keep the sample_preprocessor')
+        problems = check_sequence_args(sequence_length, burn_in, self.memory_size)
+        if problems:
+            raise ValueError(f"{type(self).__name__}: {'; '.join(problems)}")
+        self.sequence_length, self.burn_in = sequence_length, burn_in
 
     # -- storage -------------------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -246,11 +262,18 @@ class ReplayMemory(MemoryDataloading):
 
     def sample(self) -> Batch:
         self._slot = (self._slot + 1) % self._slots
+        if self.sequence_length > 1:
+            return sample_sequences(self)
         # sample_indices is the hook a subclass may override for uniform draws
         idx, importance = self._draw() if self._priorities is not None else (self.sample_indices(), None)
         self._sampled = idx
         if self._priorities is not None:
             self._priorities.training_steps += 1  # the training loop sets the true count after each step
+        return self._batch(idx, importance)
+
+    def _batch(self, idx: np.ndarray, importance: np.ndarray | None = None) -> Batch:
+        """The transitions that end at physical rows ``idx`` (1-D), one gather per column; ``importance``: their
+        importance weights (prioritized)."""
         prev = self._rows((idx - 1) % self.memory_size)
         nxt, r, steps = idx, None, None
         if self.n_step > 1:

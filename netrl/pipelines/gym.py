@@ -5,14 +5,17 @@ MultiDiscrete and MultiBinary ones (CartPole-v1). ``ppo`` takes either, with a R
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import gymnasium
 
 from netrl.agents.dqn import DQNActor, DQNAgent, is_discrete
 from netrl.agents.ppo import PPOActor, PPOAgent
+from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
+from netrl.envs.pomdp import partially_observed
 from netrl.errors import ConfigError
 from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.base import Pipeline, rollout_memory
@@ -35,15 +38,35 @@ def gym_pipeline(cfg: Config) -> Pipeline:
     except gymnasium.error.Error as exc:  # NameNotFound, VersionNotFound, ...
         raise ConfigError([f'env.id "{cfg.env.id}" is not a Gymnasium env this machine has ({exc}); install the '
                            'package that registers it, or write "module:EnvId" to import it first']) from None
-    env = GenericGymEnv(cfg.env.id, dict(cfg.env.kwargs))  # once, to see its action space (and its kwargs work)
+    env_cls: Any = partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs))
+    if cfg.env.hide_obs:  # a partially observed env (netrl.envs.pomdp)
+        env_cls = partial(partially_observed, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs),
+                          hide=list(cfg.env.hide_obs))
+    try:
+        env = env_cls()  # once, to see its action space (and that its kwargs and hide_obs work)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
     try:
         actions = env.action_space
     finally:
         env.close()
-    a = cfg.agent
+    a, m = cfg.agent, cfg.memory
     hidden = tuple(a.hidden_sizes)
-    env_cls = partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs))
     algorithm = _algorithm(cfg, actions)
+    if m.sequence_length > 1 and a.recurrent is None:
+        raise ConfigError([f"memory.sequence_length is {m.sequence_length}, but the gym pipeline's agents learn from "
+                           "single transitions unless agent.recurrent is set: set agent.recurrent (\"gru\" or "
+                           "\"lstm\") for the recurrent SAC, or memory.sequence_length to 1"])
+    if a.recurrent is not None:
+        return Pipeline(
+            env_cls=env_cls,
+            actor_module_cls=partial(RecurrentActor, hidden_sizes=hidden, cell=a.recurrent),
+            memory_cls=partial(ReplayMemory, sequence_length=m.sequence_length, burn_in=m.burn_in),
+            training_agent_cls=partial(
+                RecurrentSACAgent, hidden_sizes=hidden, cell=a.recurrent, burn_in=m.burn_in, gamma=a.gamma,
+                polyak=a.polyak, alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
+                learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+        )
     if algorithm == "ppo":
         return Pipeline(
             env_cls=env_cls,

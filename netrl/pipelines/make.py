@@ -36,6 +36,7 @@ def make_pipeline(cfg: Config) -> Pipeline:
     else:
         pipeline = _own_pipeline(cfg)
     _check_on_policy(cfg, pipeline)
+    _check_sequences(cfg, pipeline)
     return apply_replay_options(cfg, pipeline)
 
 
@@ -64,6 +65,19 @@ def _check_on_policy(cfg: Config, pipeline: Pipeline) -> None:
                    f'gives {name} with {memory_name}: use env.pipeline "gym" (or a pipeline of your own that builds '
                    "PPOAgent with RolloutMemory), or choose another agent.algorithm")
     raise ConfigError([problem])
+
+
+def _check_sequences(cfg: Config, pipeline: Pipeline) -> None:
+    """memory.sequence_length reaches a pipeline's memory only through its partial: one built without it would hand
+    single transitions to an agent configured for sequences, without a word."""
+    want = cfg.memory.sequence_length
+    if want == 1:
+        return
+    got = (getattr(pipeline.memory_cls, "keywords", None) or {}).get("sequence_length", 1)
+    if got != want:
+        raise ConfigError([f'memory.sequence_length is {want}, but env.pipeline "{cfg.env.pipeline}" builds its memory '
+                           f"with sequence_length {got}: pass memory_cls=partial(ReplayMemory, sequence_length=..., "
+                           "burn_in=...) from the config in the pipeline, or set memory.sequence_length to 1"])
 
 
 def _own_pipeline(cfg: Config) -> Pipeline:

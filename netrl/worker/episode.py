@@ -33,6 +33,8 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
                           w.env.action_space)
     if collect:
         w._record(w._default_action(), obs, 0.0, False, False, info, reset=True)
+    if w.recurrent is not None:
+        w.recurrent.reset(0)
     ret, length = 0.0, 0
     while True:
         if not w.pace(stop, collect):
@@ -42,12 +44,10 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
         act = None if test else w.random_actions(obs)  # worker.init_random_frames
         extra = None  # a random action's extra outputs are zeros
         if act is None:
-            act = w.actor.act_(w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test=test)
-            if w.extra_spec:
-                act, extra = act
-            if not w.actor_checked:  # (also when random actions came first)
-                check_action(act, w.env.action_space, type(w.actor).__name__)
-                w.actor_checked = True
+            act, extra = _actor_action(w, obs, test)
+        elif w.recurrent is not None:  # the state advances under random actions too, and is recorded
+            _, chosen = w.recurrent.act(w.actor, w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test)
+            extra = w.recurrent.random_extras(chosen)
         obs, rew, terminated, truncated, info = w.env_calls.call("step", w.env.step, act)
         if not w._checked:
             check_observation(obs, w.env.observation_space, "the observation from the env's first step()",
@@ -73,6 +73,23 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
     w._episode_done(stats)
     yield
     return stats
+
+
+def _actor_action(w: Any, obs: Any, test: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The actor's action for one observation, and the row's extras (None when the actor declares none); the first
+    action is checked (also when random actions came first)."""
+    o = w.obs_preprocessor(obs) if w.obs_preprocessor else obs
+    extra = None
+    if w.recurrent is not None:
+        act, extra = w.recurrent.act(w.actor, o, test)
+    else:
+        act = w.actor.act_(o, test=test)
+        if w.extra_spec:
+            act, extra = act
+    if not w.actor_checked:
+        check_action(act, w.env.action_space, type(w.actor).__name__)
+        w.actor_checked = True
+    return act, extra
 
 
 def close_net(w: Any, net: Any) -> None:

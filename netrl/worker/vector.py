@@ -190,6 +190,8 @@ class VectorEnvs:
 
     def _start(self, i: int, obs: Any, info: dict[str, Any]) -> None:
         """Env ``i``'s new episode begins with ``obs``: its reset row, unless the episode is not recorded."""
+        if self.worker.recurrent is not None:
+            self.worker.recurrent.reset(i)
         if self._collects(i):
             self._record(i, self.worker._default_action(), obs, 0.0, False, False, info, self.worker.version,
                          reset=True)
@@ -220,12 +222,12 @@ class VectorEnvs:
         if w.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([w.obs_preprocessor(row(obs, i)) for i in range(self.n)])
         if self.test.all() or not self.test.any():
-            return self._choose(obs, bool(self.test[0]), self.n)
+            return self._choose(obs, bool(self.test[0]), np.arange(self.n))
         out: np.ndarray | None = None
         extras = self._zero_extras(self.n)
         for flag in (False, True):
             idx = np.flatnonzero(self.test == flag)
-            part, part_extras = self._choose(tree_map(partial(_take, idx=idx), obs), flag, len(idx))
+            part, part_extras = self._choose(tree_map(partial(_take, idx=idx), obs), flag, idx)
             if out is None:
                 out = np.empty((self.n, *part.shape[1:]), part.dtype)
             out[idx] = part
@@ -239,18 +241,24 @@ class VectorEnvs:
         spec = self.worker.extra_spec
         return {k: np.zeros((n, *shape), dtype) for k, (shape, dtype) in spec.items()} if spec else None
 
-    def _choose(self, obs: Any, test: bool, n: int) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
-        """``n`` envs' actions and extra outputs: random ones for training episodes while worker.init_random_frames
-        asks for them (extras: zeros), else the actor's (its first batch checked, also when random ones came
-        first)."""
+    def _choose(self, obs: Any, test: bool, idx: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+        """Envs ``idx``'s actions and extra outputs: random ones for training episodes while worker.init_random_frames
+        asks for them (extras: zeros, but a recurrent state, which advances, is the one that entered), else the
+        actor's (its first batch checked, also when random ones came first)."""
         w = self.worker
+        n = len(idx)
         acts = None if test else w.random_actions(obs, n)
         if acts is not None:
+            if w.recurrent is not None:
+                return np.asarray(acts), w.recurrent.random_extras(w.recurrent.act(w.actor, obs, test, idx)[1])
             return np.asarray(acts), self._zero_extras(n)
         extras = None
-        acts = w.actor.act_(obs, test=test, batch=True)
-        if w.extra_spec:
-            acts, extras = acts
+        if w.recurrent is not None:
+            acts, extras = w.recurrent.act(w.actor, obs, test, idx)
+        else:
+            acts = w.actor.act_(obs, test=test, batch=True)
+            if w.extra_spec:
+                acts, extras = acts
         acts = np.asarray(acts)
         if not w.actor_checked and self._checked:  # (the first step checks every env's action itself)
             for i in range(n):

@@ -49,6 +49,7 @@ from netrl.worker.model_files import load_model_file, save_model_file
 from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
 from netrl.worker.random_frames import RandomFrames
+from netrl.worker.recurrent import RecurrentStates
 from netrl.worker.setup import worker_from_config
 from netrl.worker.sync import SyncFragments
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
@@ -219,6 +220,7 @@ class RolloutWorker:
         self.random_frames: RandomFrames | None = None  # random actions until the trainer holds init_random_frames
         self.actor_checked = False  # the actor's first action was checked (random ones may come first)
         self.extra_spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}  # the actor's extra outputs (start)
+        self.recurrent: RecurrentStates | None = None  # a recurrent actor's per-env states (start)
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> RolloutWorker:
@@ -277,6 +279,8 @@ class RolloutWorker:
         self.actor = self.actor_module_cls(self.observation_space, self.action_space).to(self.device)
         self.actor.eval()
         self.extra_spec = check_extra_spec(declared_extras(self.actor), type(self.actor).__name__)
+        if getattr(self.actor, "recurrent_state", dict)():
+            self.recurrent = RecurrentStates(self.actor, self.num_envs)
         self._follow_spaces()
         self.template_actor = copy.deepcopy(self.actor)
         for saved in {Path(p).parent for p in (self.model_path, self.model_path_history) if p}:

@@ -1,0 +1,248 @@
+"""Recurrent SAC: a GRU or LSTM over an MLP encoder, trained on sequences, for partially observed envs.
+
+The actor reads each observation through an encoder and a recurrent core; its features ``z_t`` summarise every
+observation of the episode so far. The worker keeps the core's state per env and records the state that entered
+each step (:mod:`netrl.actor`), so a sampled sequence starts from the state the worker really had (R2D2, Kapturowski
+et al. 2019, "stored state"), and the first ``burn_in`` steps run the core without gradient to refresh it, masked
+out of every loss. Design, as in SAC-AE / DrQ for a shared encoder:
+
+* the twin critics read ``(z_t, a_t)``: the critic loss trains the encoder and the core (the features must hold
+  what Q needs, e.g. a velocity the observation leaves out);
+* the policy head reads ``z_t`` detached: the actor loss trains the head only;
+* target critics read the features of a target copy of the encoder and core (Polyak-averaged with the critics),
+  unrolled from the same recorded state.
+
+A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``: ``obs[:, 0]`` and the L
+``next_obs`` form the L + 1 observations the core unrolls over. ``truncated`` never stops bootstrapping.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from netrl.actor import ActorModule
+from netrl.agents.base import TrainingAgent
+from netrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, TwinQ, flat_obs, mlp, obs_dim
+from netrl.samples import Batch, ExtraSpec, tree_map
+
+__all__ = ["RecurrentActor", "RecurrentSACAgent"]
+
+Cell = Literal["gru", "lstm"]
+
+
+class RecurrentActor(ActorModule):
+    """Squashed Gaussian policy over a GRU or LSTM: encoder ``hidden_sizes[0]``, core of ``hidden_sizes[-1]`` units,
+    head ``hidden_sizes[1:]``. Its state per env: ``recurrent_state`` (GRU) or ``recurrent_state_h`` and
+    ``recurrent_state_c`` (LSTM), each ``(1, hidden)``: TorchRL's names and (layers, hidden) layout."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
+                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru") -> None:
+        super().__init__(observation_space, action_space)
+        if not isinstance(action_space, gymnasium.spaces.Box):
+            raise ValueError(f"SAC needs a Box action space (got {action_space})")
+        if cell not in ("gru", "lstm"):
+            raise ValueError(f'cell must be "gru" or "lstm" (got {cell!r}; config.json: agent.recurrent)')
+        self.cell = cell
+        act_dim = int(np.prod(action_space.shape))
+        width, self.hidden = hidden_sizes[0], hidden_sizes[-1]
+        self.encoder = nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU())
+        self.core: nn.GRU | nn.LSTM = (nn.GRU if cell == "gru" else nn.LSTM)(width, self.hidden, batch_first=True)
+        head = list(hidden_sizes[1:]) or [self.hidden]
+        self.head = mlp([self.hidden, *head])
+        self.head.append(nn.ReLU())
+        self.mu = nn.Linear(head[-1], act_dim)
+        self.log_std = nn.Linear(head[-1], act_dim)
+        low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in (action_space.low, action_space.high))
+        self.act_scale: torch.Tensor
+        self.act_bias: torch.Tensor
+        self.register_buffer("act_scale", (high - low) / 2)
+        self.register_buffer("act_bias", (high + low) / 2)
+
+    def recurrent_state(self) -> ExtraSpec:
+        names = ["recurrent_state"] if self.cell == "gru" else ["recurrent_state_h", "recurrent_state_c"]
+        return {name: ((1, self.hidden), "float32") for name in names}
+
+    def unroll(self, obs: Any, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Features ``[B, T, hidden]`` for observations ``[B, T, ...]`` from ``state`` (leaves ``[B, 1, hidden]``),
+        and the state after the last one."""
+        b, t = _lead(obs)
+        x = self.encoder(flat_obs(tree_map(lambda o: o.reshape(b * t, *o.shape[2:]), obs))).reshape(b, t, -1)
+        if self.cell == "gru":
+            z, h = self.core(x, state["recurrent_state"].transpose(0, 1).contiguous())
+            return z, {"recurrent_state": h.transpose(0, 1)}
+        hc = tuple(state[k].transpose(0, 1).contiguous() for k in ("recurrent_state_h", "recurrent_state_c"))
+        z, (h, c) = self.core(x, hc)
+        return z, {"recurrent_state_h": h.transpose(0, 1), "recurrent_state_c": c.transpose(0, 1)}
+
+    def policy(self, z: torch.Tensor, test: bool = False, with_logprob: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Actions (and their log-probabilities) from features ``z`` of any leading shape."""
+        h = self.head(z)
+        mu = self.mu(h)
+        log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        std = log_std.exp()
+        u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
+        logp = None
+        if with_logprob:
+            logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+            # Change of variables through tanh, in the numerically stable form (as in MLPActor).
+            logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(self.act_scale).sum()
+        return torch.tanh(u) * self.act_scale + self.act_bias, logp
+
+    def initial(self, batch: int) -> dict[str, torch.Tensor]:
+        return {k: torch.zeros(batch, *shape, device=self.device) for k, (shape, _) in self.recurrent_state().items()}
+
+    def act(self, obs: Any, state: dict[str, torch.Tensor] | None = None,  # type: ignore[override]
+            test: bool = False) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """One step for a batch of observations ``(B, ...)``: actions and the next state (None: from zeros)."""
+        b = _lead(obs, 1)[0]
+        z, new_state = self.unroll(tree_map(lambda o: o.unsqueeze(1), obs), state or self.initial(b))
+        a, _ = self.policy(z[:, 0], test=test, with_logprob=False)
+        return a.detach().cpu().numpy().reshape((-1, *(self.action_space.shape or ()))), new_state
+
+
+class RecurrentSACAgent(TrainingAgent):
+    """SAC v2 on sequences with a recurrent actor (see the module). ``burn_in``: ``memory.burn_in``."""
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
+                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", burn_in: int = 0, gamma: float = 0.99,
+                 polyak: float = 0.995, alpha: float = 0.2, lr_actor: float = 1e-3, lr_critic: float = 1e-3,
+                 lr_entropy: float = 1e-3, learn_entropy_coef: bool = True,
+                 target_entropy: float | None = None) -> None:
+        super().__init__(observation_space, action_space, device)
+        self.actor = RecurrentActor(observation_space, action_space, hidden_sizes, cell).to(device)
+        act_dim = int(np.prod(action_space.shape or ()))
+        self.critic = TwinQ(self.actor.hidden + act_dim, hidden_sizes).to(device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)  # its encoder and core give target features
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.burn_in, self.gamma, self.polyak, self.learn_entropy_coef = burn_in, gamma, polyak, learn_entropy_coef
+        shared = [*self.actor.encoder.parameters(), *self.actor.core.parameters()]
+        head = [*self.actor.head.parameters(), *self.actor.mu.parameters(), *self.actor.log_std.parameters()]
+        self.q_optimizer = torch.optim.Adam([*self.critic.parameters(), *shared], lr=lr_critic)
+        self.pi_optimizer = torch.optim.Adam(head, lr=lr_actor)
+        self.target_entropy = -float(act_dim) if target_entropy is None else float(target_entropy)
+        self.log_alpha = torch.tensor([math.log(alpha)], device=device, requires_grad=learn_entropy_coef)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr_entropy)
+        self._q_params = list(self.critic.parameters())
+        self._online: list[torch.Tensor] = [*self.critic.parameters(), *self.actor.parameters()]
+        self._targets: list[torch.Tensor] = [*self.critic_target.parameters(), *self.actor_target.parameters()]
+
+    def get_actor(self) -> ActorModule:
+        return self.actor
+
+    def _check(self, batch: Batch) -> None:
+        need = ["mask", *self.actor.recurrent_state()]
+        missing = [k for k in need if k not in batch.extra]
+        if missing:
+            raise ValueError(f"{type(self).__name__} learns from sequences that carry the actor's recurrent state, but "
+                             f"the batch's extras lack {missing}: use a ReplayMemory with sequence_length >= 2 "
+                             "(config.json: memory.sequence_length), which stores the state the workers record with "
+                             "each step; a memory that stores no state cannot train a recurrent actor")
+        if batch.extra["mask"].shape[1] <= self.burn_in:
+            raise ValueError(f"sequences of {batch.extra['mask'].shape[1]} steps leave none after the burn-in of "
+                             f"{self.burn_in} (memory.burn_in must be < memory.sequence_length)")
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        self._check(batch)
+        bi = self.burn_in
+        first = tree_map(lambda o: o[:, :1], batch.obs)
+        seq = _cat(first, batch.next_obs)  # the L + 1 observations: obs[:, j + 1] is next_obs[:, j]
+        state = {k: batch.extra[k][:, 0] for k in self.actor.recurrent_state()}
+        target_state = state
+        if bi:  # R2D2's burn-in: the recorded state is refreshed by the current networks, without gradient
+            with torch.no_grad():
+                warm = tree_map(lambda o: o[:, :bi], seq)
+                _, state = self.actor.unroll(warm, state)
+                _, target_state = self.actor_target.unroll(warm, target_state)
+            seq = tree_map(lambda o: o[:, bi:], seq)
+        weight = batch.extra["mask"][:, bi:].float()
+        if batch.weight is not None:
+            weight = weight * batch.weight[:, bi:]
+        total = weight.sum().clamp(min=1.0)
+        act, rew, term = batch.act[:, bi:], batch.rew[:, bi:], batch.terminated[:, bi:]
+        alpha = self.log_alpha.detach().exp()
+
+        z, _ = self.actor.unroll(seq, state)  # [B, T + 1, hidden]; gradient from the critic loss only
+        with torch.no_grad():
+            z_target, _ = self.actor_target.unroll(seq, target_state)
+            a2, logp_a2 = self.actor.policy(z[:, 1:])
+            assert logp_a2 is not None
+            q_targ = self.critic_target(_pair(z_target[:, 1:], a2)).min(0).values.reshape(rew.shape)
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            backup = rew + self.gamma * (1.0 - term) * (q_targ - alpha * logp_a2)
+
+        q = self.critic(_pair(z[:, :-1], act))  # (2, B * T)
+        td = ((q - backup.reshape(-1)) ** 2).sum(0)
+        loss_q = (td * weight.reshape(-1)).sum() / total
+        self.q_optimizer.zero_grad(set_to_none=True)
+        loss_q.backward()
+        self.q_optimizer.step()
+
+        features = z[:, :-1].detach()  # the policy head learns on the features; they learn from the critic
+        for p in self._q_params:
+            p.requires_grad_(False)
+        pi, logp_pi = self.actor.policy(features)
+        assert logp_pi is not None
+        q_pi = self.critic(_pair(features, pi)).min(0).values.reshape(logp_pi.shape)
+        loss_pi = ((alpha * logp_pi - q_pi) * weight).sum() / total
+        self.pi_optimizer.zero_grad(set_to_none=True)
+        loss_pi.backward()
+        self.pi_optimizer.step()
+        for p in self._q_params:
+            p.requires_grad_(True)
+
+        metrics = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(), "entropy_coef": alpha.item()}
+        if self.learn_entropy_coef:
+            entropy_gap = ((logp_pi.detach() + self.target_entropy) * weight).sum() / total
+            loss_alpha = -(self.log_alpha * entropy_gap).mean()
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            loss_alpha.backward()  # type: ignore[no-untyped-call]  # torch's stubs leave Tensor.backward untyped
+            self.alpha_optimizer.step()
+            metrics["loss_entropy_coef"] = loss_alpha.item()
+
+        with torch.no_grad():  # target <- polyak * target + (1 - polyak) * online
+            torch._foreach_lerp_(self._targets, self._online, 1.0 - self.polyak)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
+                "actor_target": self.actor_target.state_dict(), "critic_target": self.critic_target.state_dict(),
+                "q_optimizer": self.q_optimizer.state_dict(), "pi_optimizer": self.pi_optimizer.state_dict(),
+                "alpha_optimizer": self.alpha_optimizer.state_dict(), "log_alpha": self.log_alpha.detach().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("actor", "critic", "actor_target", "critic_target", "q_optimizer", "pi_optimizer",
+                     "alpha_optimizer"):
+            getattr(self, name).load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+
+
+def _lead(obs: Any, dims: int = 2) -> tuple[int, ...]:
+    """The first ``dims`` dimensions of a batch's first observation leaf."""
+    found: list[tuple[int, ...]] = []
+    tree_map(lambda o: found.append(tuple(o.shape[:dims])) if not found else None, obs)
+    return found[0]
+
+
+def _cat(a: Any, b: Any) -> Any:
+    """Two trees of tensors ``[B, T, ...]`` joined along T."""
+    if isinstance(a, (tuple, list)):
+        return type(a)(_cat(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return {k: _cat(a[k], b[k]) for k in a}
+    return torch.cat([a, b], 1)
+
+
+def _pair(z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Critic input rows ``(z, a)`` for features ``[B, T, H]`` and actions ``[B, T, ...]``: ``[B * T, H + A]``."""
+    return torch.cat([z.reshape(-1, z.shape[-1]), a.reshape(z.shape[0] * z.shape[1], -1).float()], -1)
