@@ -20,7 +20,6 @@ cut short yields the round under way, and :meth:`TrainingOffline.frames_done` te
 from __future__ import annotations
 
 import cProfile
-import inspect
 import io
 import logging
 import math
@@ -29,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,12 +38,13 @@ from netrl.agents.base import TrainingAgent, has_state_dict
 from netrl.agents.compiled import compile_kwargs
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
-from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
-from netrl.memory.device import storage_device
+from netrl.memory.base import MemoryDataloading
+from netrl.memory.build import build_memory
 from netrl.memory.history import attach_views
 from netrl.memory.prefetch import BatchesAhead
 from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
+from netrl.rounds import RoundStats
 from netrl.safeguards import Safeguards
 from netrl.samples import Batch, Buffer
 from netrl.sync import BatchMode, SyncBatches, add_packet, collect_and_train
@@ -53,18 +53,6 @@ from netrl.util import worth_logging
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
 
 log = logging.getLogger(__name__)
-
-
-def _keywords(cls: Callable[..., Any]) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` accepts; None if it takes ``**kwargs`` or its signature is unknown."""
-    try:
-        params = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {p.name for p in params if p.kind in named}
 
 
 _SHORT_UNPACK = re.compile(r"too many values to unpack \(expected [1-6][,)]")
@@ -100,56 +88,6 @@ class SampleSource(Protocol):
     def taken_version(self) -> int:
         """The newest weight version that may hold other weights than this loop's (e.g. an earlier trainer
         session's, still with the server and the workers), or -1. The loop numbers its versions after it."""
-
-
-@dataclass
-class _RoundStats:
-    """What the round under way has counted; a checkpoint keeps it (see :meth:`to_state`), so that a round a stop
-    cut short reports all of itself after the resume."""
-
-    started: float = field(default_factory=time.monotonic)
-    metric_sums: dict[str, float] = field(default_factory=dict)
-    steps: int = 0
-    samples: int = 0
-    returns: list[float] = field(default_factory=list)
-    test_returns: list[float] = field(default_factory=list)
-    lag_count: int = 0  # the policy lag of each sample counted: count, sum, min and max
-    lag_sum: int = 0
-    lag_min: int = 0
-    lag_max: int = 0
-    stale: int = 0
-    waited_s: float = 0.0
-    sample_s: float = 0.0
-    train_s: float = 0.0
-
-    def add_step(self, metrics: dict[str, Any]) -> None:
-        self.steps += 1
-        for k, v in metrics.items():
-            self.metric_sums[k] = self.metric_sums.get(k, 0.0) + float(v)
-
-    def add_lags(self, lags: np.ndarray) -> None:
-        if lags.size:
-            low, high = int(lags.min()), int(lags.max())
-            self.lag_min = min(self.lag_min, low) if self.lag_count else low
-            self.lag_max = max(self.lag_max, high) if self.lag_count else high
-            self.lag_sum += int(lags.sum())
-            self.lag_count += int(lags.size)
-
-    def lag(self) -> tuple[int, float, int] | None:
-        """(min, mean, max) policy lag, or None before any sample."""
-        count = self.lag_count  # read once: the network thread asks while the loop adds
-        return (self.lag_min, self.lag_sum / count, self.lag_max) if count else None
-
-    def to_state(self) -> dict[str, Any]:
-        """JSON-ready; the wall time so far replaces the start, which means nothing to another process."""
-        state = {k: v for k, v in vars(self).items() if k != "started"}
-        state["returns"], state["test_returns"] = list(map(float, self.returns)), list(map(float, self.test_returns))
-        return {**state, "elapsed_s": time.monotonic() - self.started}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> _RoundStats:
-        fields = {k: v for k, v in state.items() if k in cls.__dataclass_fields__ and k != "started"}
-        return cls(started=time.monotonic() - float(state.get("elapsed_s", 0.0)), **fields)
 
 
 @dataclass(eq=False)
@@ -208,7 +146,7 @@ class TrainingOffline:
         self.action_space: Any = None
         self._last_wanted = -1
         self._last_report_at = 0.0
-        self._round = _RoundStats()
+        self._round = RoundStats()
         self._resumed_elapsed: float | None = None  # the restored round's wall time, until its clock runs again
         if self.collection not in ("async", "sync"):
             raise ValueError(f'collection must be "async" or "sync" (got {self.collection!r})')
@@ -255,42 +193,11 @@ class TrainingOffline:
                         name, name, name)
 
     def _build_memory(self, device: str) -> MemoryDataloading:
-        """``memory_cls(device=..., nb_steps=steps, ...)``. ``memory_size`` and ``batch_size`` come from the
-        ``partial(memory_cls, ...)`` (tmrl's way), else from this loop's fields, else the memory's defaults; set in
-        both places they must agree. ``seed`` is passed only to a memory that takes it (tmrl's tutorial's does not)."""
-        preset: dict[str, Any] = dict(getattr(self.memory_cls, "keywords", None) or {})  # a functools.partial's
-        takes = _keywords(self.memory_cls)
-        name = getattr(getattr(self.memory_cls, "func", self.memory_cls), "__name__", repr(self.memory_cls))
-        kwargs: dict[str, Any] = {"device": device, "nb_steps": self.steps}
-        if self.memory_device != "cpu":
-            kwargs["storage_device"] = storage_device(self.memory_device, device, name, takes)
-        sources: dict[str, str] = {}
-        for key in ("memory_size", "batch_size"):
-            ours, theirs = getattr(self, key), preset.get(key)
-            if ours is not None and theirs is not None and ours != theirs:
-                raise ValueError(f"{key} is set twice, to different values: partial({name}, {key}={theirs}) and "
-                                 f"TrainingOffline({key}={ours}) (config.json: memory.{key}); set it in one place "
-                                 f"(tmrl sets it in the memory's partial)")
-            if theirs is not None:
-                sources[key] = f"partial({name})"
-            elif ours is not None:
-                if takes is not None and key not in takes:
-                    raise ValueError(f"TrainingOffline({key}={ours}) is set, but {name}.__init__ takes no {key} "
-                                     f"argument: add one (and pass it to MemoryDataloading.__init__)")
-                kwargs[key] = ours
-                sources[key] = "TrainingOffline"
-            else:
-                sources[key] = f"{name}'s default"
-        if "seed" not in preset:
-            if takes is None or "seed" in takes:
-                kwargs["seed"] = self.seed
-            elif self.seed is not None:
-                log.info("%s.__init__ takes no seed argument: its batches are not seeded by seed=%d", name, self.seed)
-        memory = self.memory_cls(**kwargs)
-        self.memory_size = int(getattr(memory, "memory_size", kwargs.get("memory_size", DEFAULT_MEMORY_SIZE)))
-        self.batch_size = int(getattr(memory, "batch_size", kwargs.get("batch_size", DEFAULT_BATCH_SIZE)))
-        log.info("replay memory %s: memory_size=%d (from %s), batch_size=%d (from %s)", name, self.memory_size,
-                 sources["memory_size"], self.batch_size, sources["batch_size"])
+        """The memory, with ``memory_size`` and ``batch_size`` from the partial or this loop (see
+        :func:`~netrl.memory.build.build_memory`), which then hold the values it has."""
+        memory, self.memory_size, self.batch_size = build_memory(
+            self.memory_cls, device=device, steps=self.steps, memory_size=self.memory_size,
+            batch_size=self.batch_size, seed=self.seed, memory_device=self.memory_device)
         return memory
 
     def start(self, source: SampleSource) -> None:
@@ -418,7 +325,7 @@ class TrainingOffline:
         if self.safeguards is not None:
             self.safeguards.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
-            self._round = _RoundStats.from_state(state["round_stats"])
+            self._round = RoundStats.from_state(state["round_stats"])
             # its clock runs on from when training does: rebuilding the memory is not the round's time
             self._resumed_elapsed = float(state["round_stats"].get("elapsed_s", 0.0))
 
@@ -470,7 +377,7 @@ class TrainingOffline:
                 if self.frames_done():  # the round so far is reported; the caller saves
                     self.safeguards.settle(self.total_updates)
                     yield self._round_summary(rnd)
-                    self._round = _RoundStats()
+                    self._round = RoundStats()
                     return
                 if not self._renumber(source) and self._publish_due():  # renumber: checked every step (cheap)
                     self.publish(source)
@@ -496,7 +403,7 @@ class TrainingOffline:
                 self._report(source)
             self.safeguards.settle(self.total_updates)  # a round ends on a finite state, which a save may keep
             yield self._round_summary(rnd)
-            self._round = _RoundStats()  # after the round, not before: the first one keeps what arrived before it
+            self._round = RoundStats()  # after the round, not before: the first one keeps what arrived before it
         self.epoch, self.round, self.round_steps = self.epoch + 1, 0, 0
         if profiler:
             out = io.StringIO()
@@ -553,26 +460,8 @@ class TrainingOffline:
         self._round.waited_s += time.monotonic() - t0
 
     def _round_summary(self, rnd: int) -> dict[str, Any]:
-        r = self._round
-        wall = time.monotonic() - r.started
-        lag = r.lag()
-        stats: dict[str, Any] = {
-            "epoch": self.epoch, "round": rnd, "trained_steps": self.total_updates, "samples": self.total_samples,
-            "round_samples": r.samples, "memory_len": len(self.memory) if self.memory is not None else 0,
-            "policy_version": self.version, "steps_per_s": r.steps / wall if wall > 0 else 0.0,
-            "samples_per_s": r.samples / wall if wall > 0 else 0.0, "wall_s": wall,
-            "waiting_fraction": r.waited_s / wall if wall > 0 else 0.0,
-            "train_fraction": r.train_s / wall if wall > 0 else 0.0,  # inside agent.train
-            "sample_fraction": r.sample_s / wall if wall > 0 else 0.0,  # waiting for a batch (memory.sample or ahead)
-            "episodes": len(r.returns),
-            "return_mean": float(np.mean(r.returns)) if r.returns else None,
-            "return_max": float(np.max(r.returns)) if r.returns else None,
-            "test_return_mean": float(np.mean(r.test_returns)) if r.test_returns else None,
-            "lag_min": lag[0] if lag else None, "lag_mean": lag[1] if lag else None, "lag_max": lag[2] if lag else None,
-            "stale_samples": r.stale,
-            **(self.sync.metrics() if self.sync is not None else {}),
-            **(self.safeguards.state() if self.safeguards else {}),
-        }
-        for k, total in r.metric_sums.items():
-            stats[k] = total / r.steps if r.steps else None
-        return stats
+        return {"epoch": self.epoch, "round": rnd, "trained_steps": self.total_updates, "samples": self.total_samples,
+                "memory_len": len(self.memory) if self.memory is not None else 0, "policy_version": self.version,
+                **self._round.summary(),
+                **(self.sync.metrics() if self.sync is not None else {}),
+                **(self.safeguards.state() if self.safeguards else {})}

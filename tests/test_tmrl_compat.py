@@ -178,7 +178,7 @@ def test_a_memory_with_the_tutorials_signature_is_built_without_seed() -> None:
 
 
 def test_memory_size_and_batch_size_come_from_the_memory_partial_as_in_tmrl(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="netrl.training"):
+    with caplog.at_level(logging.INFO, logger="netrl.memory.build"):
         t = training(partial(SeededTutorialMemory, act_buf_len=4, memory_size=5000, batch_size=32))
         t.build()
     assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 32)

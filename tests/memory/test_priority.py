@@ -214,8 +214,9 @@ def test_sac_trains_with_3_step_prioritized_replay_from_a_workers_packets(tmp_pa
         run_local(training, worker, threading.Event())
     finally:
         torch.set_num_threads(threads)
-    assert training.total_updates == 60 and len(seen) == 60
-    last = seen[-1]
+    # with a core free, trainer.prefetch gathers one batch ahead: the 61st, never trained on
+    assert training.total_updates == 60 and len(seen) in (60, 61)
+    last = seen[59]
     assert set(last.extra) >= {"discount", "steps_to_next_obs", "index"} and last.weight is not None
     assert (last.extra["steps_to_next_obs"] == 3).any() and last.extra["discount"].max() <= 0.9
     assert memory.training_steps == 60
