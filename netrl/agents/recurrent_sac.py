@@ -26,12 +26,11 @@ from typing import Any, Literal
 import gymnasium
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
-from netrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, TwinQ, flat_obs, mlp, obs_dim
+from netrl.agents.sac import TwinQ, flat_obs, mlp, obs_dim, squashed_gaussian
 from netrl.samples import Batch, ExtraSpec, tree_map
 
 __all__ = ["RecurrentActor", "RecurrentSACAgent"]
@@ -87,16 +86,7 @@ class RecurrentActor(ActorModule):
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Actions (and their log-probabilities) from features ``z`` of any leading shape."""
         h = self.head(z)
-        mu = self.mu(h)
-        log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        std = log_std.exp()
-        u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
-        logp = None
-        if with_logprob:
-            logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-            # Change of variables through tanh, in the numerically stable form (as in MLPActor).
-            logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(self.act_scale).sum()
-        return torch.tanh(u) * self.act_scale + self.act_bias, logp
+        return squashed_gaussian(self.mu(h), self.log_std(h), self.act_scale, self.act_bias, test, with_logprob)
 
     def initial(self, batch: int) -> dict[str, torch.Tensor]:
         return {k: torch.zeros(batch, *shape, device=self.device) for k, (shape, _) in self.recurrent_state().items()}

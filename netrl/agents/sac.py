@@ -37,7 +37,7 @@ from netrl.samples import Batch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MLPActor", "MLPActorCritic", "SACAgent", "TwinQ", "flat_obs", "obs_dim"]
+__all__ = ["MLPActor", "MLPActorCritic", "SACAgent", "TwinQ", "flat_obs", "obs_dim", "squashed_gaussian"]
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
@@ -60,6 +60,21 @@ def obs_dim(space: gymnasium.Space) -> int:
     """Number of features :func:`flat_obs` produces for one observation of ``space``."""
     return int(gymnasium.spaces.flatdim(space)) if not isinstance(space, gymnasium.spaces.Box) else int(
         np.prod(space.shape))
+
+
+def squashed_gaussian(mu: torch.Tensor, log_std: torch.Tensor, act_scale: torch.Tensor, act_bias: torch.Tensor,
+                      test: bool = False, with_logprob: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SAC's policy sample: ``tanh`` of a Gaussian (its mean when ``test``), scaled to the action bounds, and its
+    log-probability (None unless ``with_logprob``)."""
+    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+    std = log_std.exp()
+    u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
+    logp = None
+    if with_logprob:
+        logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        # Change of variables through tanh, in the numerically stable form (Spinning Up, eq. 21 of the paper).
+        logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(act_scale).sum()
+    return torch.tanh(u) * act_scale + act_bias, logp
 
 
 def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
@@ -97,17 +112,7 @@ class MLPActor(ActorModule):
     def forward(self, obs: Any, test: bool = False, with_logprob: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = self.features(obs)
-        mu = self.mu(h)
-        log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        std = log_std.exp()
-        u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
-        logp = None
-        if with_logprob:
-            logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-            # Change of variables through tanh, in the numerically stable form (Spinning Up, eq. 21 of the paper).
-            logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(self.act_scale).sum()
-        a = torch.tanh(u) * self.act_scale + self.act_bias
-        return a, logp
+        return squashed_gaussian(self.mu(h), self.log_std(h), self.act_scale, self.act_bias, test, with_logprob)
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
         a, _ = self.forward(obs, test=test, with_logprob=False)
