@@ -149,7 +149,7 @@ def hostile_server_messages(draw: st.DrawFn) -> list[bytes]:
             extra.append(b"x")  # make sure the part counts never add up
         return [msgpack.packb(header), *extra]
     if kind == "version":
-        header["v"] = draw(st.integers(2, 1000))
+        header["v"] = draw(st.integers(-5, 1000).filter(lambda v: v != PROTOCOL_VERSION))
     elif kind == "unknown_type":
         header["type"] = draw(st.text(min_size=1, max_size=8).filter(lambda t: t not in {m.value for m in MsgType}))
     else:

@@ -80,7 +80,8 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
                       "window": (_INT, False), "weights_version": (_INT, False),
                       "max_message_bytes": (_INT, False), "batch_steps": (_INT, False)},
-    MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False)},  # retry_s: try again, not fatal
+    # retry_s: try again, not fatal; netrl_version: the server's, which a peer of another protocol version can read
+    MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False), "netrl_version": (_STR, False)},
     # flushing: a worker stopping; t: the sender's clock; echo, held: the newest t it got from the peer, and how long
     # ago (round-trip time)
     MsgType.HEARTBEAT: {"stats": ((dict,), False), "flushing": (_BOOL, False), "t": ((float,), False),

@@ -3,7 +3,7 @@
 ::
 
     frame 0   header, a msgpack map with exactly these keys:
-                {"v": 1,                      protocol version (PROTOCOL_VERSION)
+                {"v": 2,                      protocol version (PROTOCOL_VERSION)
                  "type": "samples",           one of MsgType
                  "sender": "worker-a",        the sender's name
                  "seq": 41,                   per-sender sequence number (sample packets, bundles)
@@ -49,6 +49,7 @@ __all__ = [
     "ALLOWED_DTYPES",
     "BUNDLE_HEADER_ROOM",
     "PROTOCOL_VERSION",
+    "STORED_VERSIONS",
     "Codec",
     "PacketLimits",
     "PacketTooLarge",
@@ -59,13 +60,20 @@ __all__ = [
     "encode_bundle",
     "frames_nbytes",
     "max_packet_bytes",
+    "restamp",
     "sample_row_bytes",
     "samples_message",
     "split_bundle",
     "weight_parts",
 ]
 
-PROTOCOL_VERSION = 1
+# 2: NOTICE, WEIGHTS' collect, WELCOME's and PROGRESS's batch_steps, PROGRESS's batch_version, the layout of NACK
+# and of the server's HEARTBEAT to workers, extra/<name> sample arrays and the SCHEMA's extra leaves. A version-1
+# peer refuses these as malformed, so peers of different versions are refused at HELLO instead.
+PROTOCOL_VERSION = 2
+# What this netrl still reads from its own disk (the trainer's sample log, the server's spool), never from a peer:
+# every field version 2 added is optional, so a version-1 message is a valid version-2 one.
+STORED_VERSIONS = frozenset({1, PROTOCOL_VERSION})
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 512
 MAX_DIMS = 8
@@ -142,6 +150,40 @@ def encode_bundle(sender: str, seq: int, parts: Sequence[Sequence[Any]]) -> list
     return frames
 
 
+def restamp(frames: Sequence[Any]) -> list[Any]:
+    """The frames of a message an older netrl stored (one of :data:`STORED_VERSIONS`) as this version sends them:
+    the header's ``"v"`` becomes :data:`PROTOCOL_VERSION`, all else stays as it was. The server's spool hands what
+    it kept from before an upgrade on to the trainer this way, since the trainer takes only today's version. Frames
+    of today's version, of a version not stored, or whose header does not read, come back unchanged (the trainer
+    refuses the last two as it would anything else)."""
+    out = list(frames)
+    head = bytes(_buf(out[0])) if out else b""
+    if head[1:len(_STAMP) + 1] == _STAMP:  # how encode() starts every header of today's version
+        return out
+    try:
+        header = _unpack_header(head)
+    except MalformedMessage:
+        return out
+    version = header.get("v") if isinstance(header, dict) else None
+    if type(version) is int and version != PROTOCOL_VERSION and version in STORED_VERSIONS:
+        header["v"] = PROTOCOL_VERSION
+        out[0] = msgpack.packb(header, use_bin_type=True)
+    return out
+
+
+# A header map's first key and value, as encode() writes them (after the map's one-byte length).
+_STAMP = msgpack.packb("v") + msgpack.packb(PROTOCOL_VERSION)
+
+
+def _unpack_header(head: Any) -> Any:
+    """Frame 0 as msgpack, already known to be at most MAX_HEADER_BYTES: these caps bound every container in it."""
+    try:
+        return msgpack.unpackb(head, raw=False, strict_map_key=True, max_str_len=MAX_HEADER_BYTES, max_bin_len=0,
+                               max_ext_len=0, max_array_len=MAX_EPISODES_PER_PACKET * 4, max_map_len=4096)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise MalformedMessage(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
+
+
 def _buf(frame: Any) -> memoryview:
     """A zero-copy view of a zmq.Frame, bytes or memoryview."""
     view = getattr(frame, "buffer", None)
@@ -153,7 +195,7 @@ def frames_nbytes(frames: Sequence[Any]) -> int:
     return sum(_buf(f).nbytes for f in frames)
 
 
-def _check_header(header: Any) -> None:
+def _check_header(header: Any, versions: frozenset[int]) -> None:
     if not isinstance(header, dict):
         raise MalformedMessage("header is not a map")
     if not all(type(k) is str for k in header):  # msgpack lets an empty bin through as a bytes key
@@ -166,7 +208,7 @@ def _check_header(header: Any) -> None:
         value = header[key]
         if not isinstance(value, types) or isinstance(value, bool):
             raise MalformedMessage(f"header field {key!r} has the wrong type ({type(value).__name__})")
-    if header["v"] != PROTOCOL_VERSION:
+    if header["v"] not in versions:
         body = header["body"] if isinstance(header["body"], dict) else {}
         theirs = body.get("netrl_version")
         if theirs:  # quoted unless it is a plain version: it ends up in a log line
@@ -227,7 +269,7 @@ def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) ->
 
 
 def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = True,
-           limits: PacketLimits | None = None) -> Message:
+           limits: PacketLimits | None = None, stored: bool = False) -> Message:
     """Parse and validate frames into a :class:`Message`.
 
     With ``inflate=False`` (the server, which reads sample packets but relays them as they came), integer arrays
@@ -238,6 +280,10 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     ``limits`` bounds a SAMPLES packet's rows and inflated bytes; both are checked from the header, before any
     array is decompressed (and decompression never yields more than an array declares: see
     :func:`~netrl.protocol.codecs.decompress`).
+
+    ``stored=True`` is for frames this process reads back from its own disk (the trainer's sample log), which an
+    older netrl may have written: a header of any of :data:`STORED_VERSIONS` is accepted. Never for a live peer,
+    which must speak :data:`PROTOCOL_VERSION`, so that roles of different versions are refused at HELLO.
 
     Raises:
         PacketTooLarge: a SAMPLES packet beyond ``limits``.
@@ -252,14 +298,8 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     total = sum(_buf(f).nbytes for f in frames)
     if total > max_bytes:
         raise MalformedMessage(f"message of {total} bytes exceeds the {max_bytes}-byte limit")
-    try:
-        # The header is already known to be at most MAX_HEADER_BYTES; these caps bound every container in it.
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True, max_str_len=MAX_HEADER_BYTES,
-                                 max_bin_len=0, max_ext_len=0, max_array_len=MAX_EPISODES_PER_PACKET * 4,
-                                 max_map_len=4096)
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise MalformedMessage(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
-    _check_header(header)
+    header = _unpack_header(head)
+    _check_header(header, STORED_VERSIONS if stored else frozenset({PROTOCOL_VERSION}))
     try:
         mtype = MsgType(header["type"])
     except ValueError:

@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from netrl import __version__
 from netrl.config.sections import NetworkConfig
 from netrl.net.transport import Liveness
 from netrl.protocol.messages import Message, MsgType
@@ -154,7 +155,10 @@ class Admission:
 
     def reply(self, role: str, rid: bytes, reason: str, retry_s: float | None = None) -> None:
         """A REJECT to a connection that may not be a peer (yet): a courtesy, never an error."""
-        body: dict[str, Any] = {"reason": reason} if retry_s is None else {"reason": reason, "retry_s": retry_s}
+        # netrl_version: what a client of another protocol version, which cannot read the rest, names in its error
+        body: dict[str, Any] = {"reason": reason, "netrl_version": __version__}
+        if retry_s is not None:
+            body["retry_s"] = retry_s
         msg = Message(MsgType.REJECT, "server", body=body)
         try:
             self.sockets.by_role[role].send_multipart([rid, *encode(msg)], zmq.NOBLOCK, copy=False)

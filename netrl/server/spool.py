@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from netrl.errors import NetrlError
-from netrl.protocol.wire import frames_nbytes
+from netrl.protocol.wire import frames_nbytes, restamp
 from netrl.storage.folderlock import sync_folder
 from netrl.storage.segments import Position, Record, SegmentLog, check_meta
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class SpooledPacket(NamedTuple):
     position: Position
     meta: dict[str, Any]  # {"worker", "session", "seq", "steps", "inflated"}
-    frames: list[memoryview]
+    frames: list[Any]  # as spooled, with the header of an older netrl's packet at today's version (restamp)
     nbytes: int
 
 
@@ -135,7 +135,9 @@ class Spool:
     def take(self, more: Callable[[int, int, int, int, int, int], bool]) -> list[SpooledPacket]:
         """Packets from the read cursor: the first one, then each next one while ``more(packets, samples, bytes,
         next_bytes, inflated, next_inflated)`` (what is taken so far, and the size of the next packet, on the wire
-        and decoded: ``meta["inflated"]``, or its wire size in a spool written before it was kept) says so."""
+        and decoded: ``meta["inflated"]``, or its wire size in a spool written before it was kept) says so. A
+        packet an older netrl spooled comes out at today's protocol version (see
+        :data:`~netrl.protocol.wire.STORED_VERSIONS`)."""
         out: list[SpooledPacket] = []
         steps = nbytes = inflated = 0
         for rec in self.log.read(self._cursor):
@@ -143,7 +145,7 @@ class Spool:
             decoded = max(size, int(rec.meta.get("inflated", 0)))
             if out and not more(len(out), steps, nbytes, size, inflated, decoded):
                 break
-            out.append(SpooledPacket(rec.position, rec.meta, rec.frames, size))
+            out.append(SpooledPacket(rec.position, rec.meta, restamp(rec.frames), size))
             self._outstanding[rec.position] = (rec.next, int(rec.meta["steps"]), size, rec.meta["worker"])
             self._cursor = rec.next
             steps += int(rec.meta["steps"])

@@ -291,7 +291,8 @@ class Trainer:
                          "next start rebuilds it from the start of the sample log", restored + after)
                 return deliveries, sample_log
             try:
-                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes))  # as on arrival
+                # as on arrival; a log an older netrl wrote holds older protocol versions
+                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes, stored=True))
             except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
                 log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
                 continue

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import msgpack
 import pytest
 import zmq
 
@@ -14,7 +15,7 @@ from netrl.errors import TransportError
 from netrl.launch import free_port
 from netrl.net.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.wire import decode, encode
+from netrl.protocol.wire import PROTOCOL_VERSION, decode, encode
 from tests.fakes import MakeServer
 
 
@@ -172,6 +173,36 @@ def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(cap
     assert "\n" not in said and "\x1b" not in said and len(said) < 700
     assert "no\\n12:00:00.000" in said and "\\x1b[31m" in said and f"({len(reason) - 500} more characters)" in said
     assert link.fatal and "\n" not in link.fatal
+
+
+@pytest.mark.parametrize("theirs", [1, PROTOCOL_VERSION + 1])  # 1: a netrl from before version 2's optional fields
+def test_a_server_of_another_protocol_version_stops_the_client_at_hello_with_what_to_install(
+        caplog: pytest.LogCaptureFixture, theirs: int) -> None:
+    ctx = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)  # that netrl's server: it refuses our HELLO in its own version
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    link = ClientLink(ctx, NetworkConfig(worker_port=port, heartbeat_interval_s=0.2), "worker", "robot-1",
+                      new_session(), port)
+    try:
+        link.open()
+        assert fake.poll(5000)
+        identity, hello = fake.recv_multipart()
+        assert msgpack.unpackb(hello)["v"] == PROTOCOL_VERSION
+        body = {"reason": f"peer speaks netrl protocol {PROTOCOL_VERSION}, this process speaks protocol {theirs}"}
+        if theirs > 1:  # a version-1 server's REJECT does not name its netrl version
+            body["netrl_version"] = "9.9"
+        reject = msgpack.unpackb(encode(Message(MsgType.REJECT, "server", body=body))[0])
+        reject["v"] = theirs
+        fake.send_multipart([identity, msgpack.packb(reject)])
+        drive(link, lambda: link.fatal, 5)
+    finally:
+        link.close()
+        fake.close(0)
+        ctx.destroy(0)
+    runs = "" if theirs == 1 else "peer runs netrl 9.9; "
+    assert link.fatal == (f"peer speaks netrl protocol {theirs}, this process speaks protocol {PROTOCOL_VERSION}; "
+                          f"{runs}install the same netrl version on the server and this worker")
+    assert f"refused this worker: {link.fatal}" in caplog.text
 
 
 def test_a_waiting_worker_hears_from_the_server_whether_a_trainer_is_connected(make_server: MakeServer) -> None:

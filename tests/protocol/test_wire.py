@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from netrl.errors import MalformedMessage, ProtocolError, RoleViolation, VersionMismatch
 from netrl.protocol.messages import Message, MsgType, check_role
-from netrl.protocol.wire import PROTOCOL_VERSION, buffer_from_message, decode, encode, encode_bundle, samples_message
+from netrl.protocol.wire import (
+    PROTOCOL_VERSION,
+    STORED_VERSIONS,
+    buffer_from_message,
+    decode,
+    encode,
+    encode_bundle,
+    restamp,
+    samples_message,
+)
 from netrl.samples import Buffer, BufferBuilder
 from tests.fakes import sample_buffer, weights_message
 
@@ -184,12 +193,41 @@ def test_truncated_frames_are_rejected() -> None:
         decode([])
 
 
-def test_wrong_version_is_a_version_mismatch_naming_both() -> None:
+@pytest.mark.parametrize("theirs", [1, PROTOCOL_VERSION + 1])  # 1: a netrl from before version 2's optional fields
+def test_wrong_version_is_a_version_mismatch_naming_both(theirs: int) -> None:
+    assert theirs != PROTOCOL_VERSION
     frames = encode(ALL_MESSAGES[0])
     with pytest.raises(VersionMismatch) as info:
-        decode(with_header([bytes(f) for f in frames], v=PROTOCOL_VERSION + 1))
-    assert f"protocol {PROTOCOL_VERSION + 1}" in str(info.value) and f"protocol {PROTOCOL_VERSION}" in str(info.value)
+        decode(with_header([bytes(f) for f in frames], v=theirs))
+    assert f"protocol {theirs}," in str(info.value) and f"protocol {PROTOCOL_VERSION}" in str(info.value)
     assert "netrl 0.1.0" in str(info.value)
+
+
+def same_message(got: Message, want: Message) -> None:
+    assert (got.type, got.sender, got.seq, got.policy_version, got.body) == (want.type, want.sender, want.seq,
+                                                                           want.policy_version, want.body)
+    assert got.arrays.keys() == want.arrays.keys()
+    for name, arr in want.arrays.items():
+        np.testing.assert_array_equal(got.arrays[name], arr)
+
+
+def test_older_versions_are_read_from_disk_only_and_restamped_for_the_trainer() -> None:
+    today = samples_frames()
+    v1 = with_header(today, v=1)  # every field version 2 added is optional: the same packet, as netrl 1 wrote it
+    with pytest.raises(VersionMismatch):
+        decode(v1)  # never from a live peer
+    same_message(decode(v1, stored=True), decode(today))
+    assert 1 in STORED_VERSIONS and PROTOCOL_VERSION in STORED_VERSIONS
+    for unknown in (0, PROTOCOL_VERSION + 1):  # not written by any netrl this one can read
+        with pytest.raises(VersionMismatch, match=f"protocol {unknown},"):
+            decode(with_header(today, v=unknown), stored=True)
+    restamped = restamp(v1)  # the server's spool hands it on like this, for the trainer's live decode
+    assert header(restamped)["v"] == PROTOCOL_VERSION and header(restamped) == header(today)
+    same_message(decode(restamped), decode(today))
+    assert restamped[1:] == v1[1:]
+    assert restamp(today) == today and restamp(today)[0] is today[0]  # today's header: not even unpacked
+    for unchanged in (with_header(today, v=PROTOCOL_VERSION + 1), with_header(today, v=True), [b"\x00junk"]):
+        assert restamp(unchanged) == unchanged  # refused by the trainer as any such message would be
 
 
 def test_disallowed_dtype_is_rejected() -> None:

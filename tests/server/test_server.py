@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 import zmq
 
+import netrl
+import netrl.protocol.wire
 from netrl.config.sections import NetworkConfig
-from netrl.errors import MalformedMessage, NetrlError
+from netrl.errors import MalformedMessage, NetrlError, VersionMismatch
 from netrl.launch import free_port
 from netrl.monitor.status import format_status
 from netrl.net.thread import Command, command_head
@@ -162,20 +164,39 @@ def test_messages_before_hello_get_a_reject_that_asks_for_hello(server: tuple[Se
     assert len(logged) == 1 and "a heartbeat message before HELLO" in logged[0]  # once per connection
 
 
-def test_wrong_port_and_wrong_version_are_refused_with_reasons(server: tuple[Server, zmq.Context]) -> None:
+def test_a_worker_on_the_trainer_port_is_refused_with_the_reason(server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
     worker_on_trainer_port = Peer(ctx, srv.trainer_port, "worker", "w")
     reply = worker_on_trainer_port.hello()
     assert reply.type is MsgType.REJECT and "trainer port" in reply.body["reason"]
-    old = Peer(ctx, srv.worker_port, "worker", "old")
-    frames = encode(Message(MsgType.HELLO, "old", body={"role": "worker", "netrl_version": "0.0.1",
-                                                        "worker_id": "old", "session": "s"}))
+
+
+@pytest.mark.parametrize("role", ["worker", "trainer"])
+@pytest.mark.parametrize("theirs", [1, PROTOCOL_VERSION + 1])  # 1: a netrl from before version 2's optional fields
+def test_a_peer_of_another_protocol_version_is_refused_at_hello_and_both_sides_say_why(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        role: str, theirs: int) -> None:
+    srv, ctx = server
+    other = Peer(ctx, srv.worker_port if role == "worker" else srv.trainer_port, role, "other")
+    frames = encode(Message(MsgType.HELLO, "other", body={"role": role, "netrl_version": "0.0.1",
+                                                          "worker_id": "other", "session": "s"}))
     header = msgpack.unpackb(frames[0])
-    header["v"] = PROTOCOL_VERSION + 1
-    old.sock.send_multipart([msgpack.packb(header)])
-    reason = old.expect(MsgType.REJECT).body["reason"]
-    assert f"protocol {PROTOCOL_VERSION + 1}" in reason and f"protocol {PROTOCOL_VERSION}" in reason
-    assert "netrl 0.0.1" in reason
+    header["v"] = theirs  # its HELLO as that netrl sends it: only the version differs
+    other.sock.send_multipart([msgpack.packb(header)])
+    assert other.sock.poll(2000)
+    reply = other.sock.recv_multipart()
+    said = (f"peer speaks netrl protocol {theirs}, this process speaks protocol {PROTOCOL_VERSION}; "
+            "peer runs netrl 0.0.1")
+    assert decode(reply).body["reason"] == said
+    assert f"{said}; install the same netrl version on the server and the {role}" in caplog.text
+    assert srv.stats["rejected"] == 1 and not srv.peers  # logged, counted, not admitted
+    # What that peer makes of the REJECT: the same wire code at its own version (netrl.net.transport then stops
+    # the role with this message and what to install)
+    monkeypatch.setattr(netrl.protocol.wire, "PROTOCOL_VERSION", theirs)
+    with pytest.raises(VersionMismatch) as info:
+        decode(reply)
+    assert str(info.value) == (f"peer speaks netrl protocol {PROTOCOL_VERSION}, this process speaks protocol "
+                               f"{theirs}; peer runs netrl {netrl.__version__}")
 
 
 def test_silent_peers_are_declared_lost_with_the_backlog_a_worker_last_reported(

@@ -7,13 +7,20 @@ import json
 import logging
 from pathlib import Path
 
+import msgpack
+import numpy as np
 import pytest
 
+from netrl.config.sections import NetworkConfig
 from netrl.errors import FolderInUse
 from netrl.launch import free_port
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import PROTOCOL_VERSION, encode, samples_message
 from netrl.server.server import Server
 from netrl.server.spool import Spool
-from tests.fakes import PATIENT_NET, flip_byte, running_server, upto
+from netrl.trainer.delivery import Deliveries
+from netrl.trainer.link import TrainerLink
+from tests.fakes import PATIENT_NET, Peer, flip_byte, running_server, sample_buffer, upto
 
 
 def test_spool_resumes_from_head_and_acknowledges_out_of_order(tmp_path: Path) -> None:
@@ -189,3 +196,36 @@ def test_a_spool_drained_in_a_burst_records_its_head_and_frees_its_segments_soon
     assert crashed.packets == 0  # the head on disk covers the whole burst
     crashed.close()
     spool.close()
+
+
+def test_packets_an_older_netrl_spooled_reach_an_upgraded_trainer(tmp_path: Path) -> None:
+    # A server upgraded in place finds its spool as protocol version 1 wrote it; the trainer takes only today's
+    # version from the server, so the spool hands them on at it (their content is valid today: see wire.py).
+    sent = {seq: sample_buffer(5 + seq) for seq in (1, 2)}
+    spool = Spool(tmp_path, max_bytes=1 << 20).open()
+    for seq, buf in sent.items():
+        frames = [bytes(f) for f in encode(samples_message(buf, "w", "s" * 16, seq, seq * 10))]
+        header = msgpack.unpackb(frames[0])
+        header["v"] = 1 if seq == 1 else PROTOCOL_VERSION  # packet 2 was spooled after the upgrade
+        spool.push([msgpack.packb(header), *frames[1:]], {"worker": "w", "session": "s" * 16, "seq": seq,
+                                                          "steps": len(buf)})
+    spool.close()
+    link = TrainerLink(NetworkConfig(), "trainer", "t" * 16, free_port(), 8, Deliveries(None), None)  # never started
+    try:
+        with running_server(spool_dir=tmp_path, network=PATIENT_NET) as (srv, ctx):
+            trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+            assert trainer.hello().type is MsgType.WELCOME
+            trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
+            bundle = trainer.expect(MsgType.BUNDLE, timeout=5)
+            link.on_message(bundle)  # what the trainer's network thread does with it: decoded as from a live peer
+    finally:
+        link.halt()
+    assert link.stats["rejected"] == 0
+    [(bufs, _)] = link.inbox
+    assert [(b.worker, b.seq) for b in bufs] == [("w/" + "s" * 16, 1), ("w/" + "s" * 16, 2)]
+    for buf in bufs:
+        want = sent[buf.seq]
+        for name in ("act", "rew", "terminated", "reset", "policy_version"):
+            np.testing.assert_array_equal(getattr(buf, name), getattr(want, name))
+        for got, expected in zip(buf.obs, want.obs, strict=True):
+            np.testing.assert_array_equal(got, expected)

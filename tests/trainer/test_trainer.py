@@ -209,6 +209,24 @@ def test_a_logged_packet_that_todays_checks_refuse_is_skipped_on_restart_not_fat
     assert checkpoint.load_state(tmp_path)["epoch"] == 2  # type: ignore[index]
 
 
+def test_a_sample_log_an_older_protocol_version_wrote_is_replayed_after_an_upgrade(
+        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
+    make_trainer(tmp_path, epochs=1).run()
+    session = new_session()
+    old = packet(session, 1, 0)
+    header = msgpack.unpackb(old[0])
+    header["v"] = 1  # as netrl before protocol version 2 logged it: the same fields
+    log = SampleLog(tmp_path / "samples", keep_rows=10_000)
+    log.append([msgpack.packb(header), *old[1:]], f"w/{session}", 1, 6, 0)
+    log.close()
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, epochs=2).run()
+    assert "skipped a packet in the sample log" not in caplog.text
+    assert re.search(r"rebuilt the replay memory from the sample log: \d+ samples from before the checkpoint, 5 "
+                     r"received after it", caplog.text), caplog.text  # its 5 steps (the first row is a reset)
+    assert f"w/{session}" in checkpoint.load_state(tmp_path)["deliveries"]  # type: ignore[index]
+
+
 def test_a_restarted_trainer_numbers_after_every_version_it_sent_out_though_the_server_forgot_them(
         tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
