@@ -139,10 +139,12 @@ class AdamState(NamedTuple):
     steps: list[torch.Tensor]
 
 
-def adam_state(optimizer: torch.optim.Adam) -> AdamState:
-    """``optimizer``'s tensors, its state created as its first ``step()`` would create it if it has none yet. Read
-    it again after ``optimizer.load_state_dict``, which replaces the state tensors."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+def adam_state(optimizer: torch.optim.Adam, params: list[torch.Tensor] | None = None) -> AdamState:
+    """The tensors of ``optimizer`` (for ``params`` only, when given: those it steps), their state created as its
+    first ``step()`` would create it where there is none yet. Read it again after ``optimizer.load_state_dict``,
+    which replaces the state tensors."""
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
     for p in params:
         state = optimizer.state[p]
         if not state:

@@ -197,10 +197,16 @@ class SACAgent(TrainingAgent):
         # in a tuple: the modules are the model's, which state_dict and the training loop's safeguards hold already
         self._losses = (Reparametrized(self.critic_loss, critic=self.model.critic),
                         Reparametrized(self.actor_loss, actor=self.model.actor))
+        # The policy's gradient reaches only parameters that are not also the critics' (an encoder both share is
+        # frozen with the critics in eager mode's policy step, so only the critic loss trains it).
+        critic_ids = {id(p) for p in self._q_params}
+        self._pi_params = {f"actor.{name}": p for name, p in self.model.actor.named_parameters()
+                           if id(p) not in critic_ids}
         self._compiled_step = compile_fn(self.compiled_step, compile)
         if compile != "none":  # the optimisers' state exists before the first trace, which would otherwise make it
-            for optimizer in (self.q_optimizer, self.pi_optimizer, self.alpha_optimizer):
-                adam_state(optimizer)
+            adam_state(self.q_optimizer)
+            adam_state(self.pi_optimizer, list(self._pi_params.values()))
+            adam_state(self.alpha_optimizer)
 
     def get_actor(self) -> ActorModule:
         return self.model.actor
@@ -247,9 +253,10 @@ class SACAgent(TrainingAgent):
         graph, no ``.grad``, no optimiser ``step()`` to break it): ``(loss_q, priority, loss_pi, loss_alpha,
         alpha)``. Run under ``torch.no_grad()``; the updates are in place."""
         critic_loss, actor_loss = self._losses
-        q_state, pi_state = adam_state(self.q_optimizer), adam_state(self.pi_optimizer)
+        q_state = adam_state(self.q_optimizer)
+        pi_state = adam_state(self.pi_optimizer, list(self._pi_params.values()))
         q_names = [f"critic.{name}" for name, _ in self.model.critic.named_parameters()]
-        pi_names = [f"actor.{name}" for name, _ in self.model.actor.named_parameters()]
+        pi_names = list(self._pi_params)
 
         def loss_q_of(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
             return cast(tuple[torch.Tensor, torch.Tensor], functional_call(

@@ -15,6 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from netrl.agents.base import TrainingAgent
+from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.compiled import check_compile, polyak_
 from netrl.agents.dqn import DQNAgent
 from netrl.agents.ppo import PPOAgent
@@ -138,6 +139,33 @@ def test_compiled_sac_resumes_from_a_checkpoint_as_eager_does(graph_capture_only
             state = _sac_state(resumed)
             assert state[3].tolist() == [4.0] * len(state[3]), f"{mode}: Adam step counts {state[3].tolist()}"
             results.append((metrics, state))
+    _assert_same(results[0], results[1])
+
+
+def test_compiled_sac_with_a_shared_encoder_updates_it_by_the_critic_only_as_eager_does(
+        graph_capture_only: None) -> None:
+    """CNNActorCritic's actor and critics share one encoder, which eager SAC trains by the critic loss alone (frozen
+    with the critics during the policy's backward): the compiled step must neither let the policy's gradient reach
+    it through the critics nor step it with the policy's optimiser."""
+    frames = gymnasium.spaces.Box(0, 255, (2, 16, 16), np.uint8)
+    # head "linear": the keypoint head's softmax ignores a channel's constant, so its convolution's bias gets a zero
+    # gradient plus rounding noise, which Adam magnifies differently in two correct implementations
+    cnn_sac = partial(SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=(8, 8), features=8, head="linear"))
+    g = torch.Generator().manual_seed(4)
+    batches = [Batch(torch.randint(0, 256, (8, 2, 16, 16), generator=g, dtype=torch.uint8),
+                     torch.rand(8, 1, generator=g) * 4 - 2, torch.randn(8, generator=g),
+                     torch.randint(0, 256, (8, 2, 16, 16), generator=g, dtype=torch.uint8), torch.zeros(8),
+                     torch.zeros(8), None) for _ in range(3)]
+    results = []
+    with torch._inductor.config.patch(fallback_random=True):
+        for mode in ("none", "compile"):
+            torch.manual_seed(0)
+            agent = cnn_sac(frames, ACT, compile=mode)
+            encoder = list(agent.model.critic.encoder.parameters())
+            metrics = [agent.train(b) for b in batches]
+            assert not any(agent.pi_optimizer.state[p] for p in encoder), f"{mode}: the policy's Adam stepped it"
+            results.append((metrics, [_flat(agent.model.critic.encoder), _flat(agent.model),
+                                      _flat(agent.critic_target)]))
     _assert_same(results[0], results[1])
 
 
