@@ -1,7 +1,8 @@
 """Soft Actor-Critic with twin Q networks and automatic entropy tuning, in one file.
 
 Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018), https://arxiv.org/abs/1812.05905.
-Read :meth:`SACAgent.train` against Algorithm 1 of the paper. Deviations, all common practice:
+Read :meth:`SACAgent.eager_step` (what ``train`` runs) against Algorithm 1 of the paper. Deviations, all common
+practice:
 
 * both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so the ensemble is
   one call, as LeanRL's ``torch.vmap`` over the critics;
@@ -290,7 +291,7 @@ class SACAgent(TrainingAgent):
                 loss_q, priority, loss_pi, loss_alpha, alpha = self._compiled_step(
                     batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated, batch.weight, discount)
         else:
-            loss_q, priority, loss_pi, loss_alpha, alpha = self._eager_step(batch, discount)
+            loss_q, priority, loss_pi, loss_alpha, alpha = self.eager_step(batch, discount)
         metrics = {"loss_critic": loss_q, "loss_actor": loss_pi, "entropy_coef": alpha}
         if self.learn_entropy_coef:
             metrics["loss_entropy_coef"] = loss_alpha
@@ -299,8 +300,10 @@ class SACAgent(TrainingAgent):
             out["priority"] = priority
         return out
 
-    def _eager_step(self, batch: Batch, discount: torch.Tensor | float
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def eager_step(self, batch: Batch, discount: torch.Tensor | float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One update with autograd and the optimisers' own ``step()``: ``(loss_q, priority, loss_pi, loss_alpha,
+        alpha)``. Without ``compile``, :meth:`train` runs this; :meth:`compiled_step` does the same."""
         loss_q, priority = self.critic_loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
                                             batch.weight, discount)
         self.q_optimizer.zero_grad(set_to_none=True)
