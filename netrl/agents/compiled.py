@@ -3,15 +3,19 @@
 Three modes, each agent taking a ``compile`` argument::
 
     none        eager PyTorch, as written (the default)
-    compile     torch.compile of the agent's loss functions: forward and backward run as generated kernels
+    compile     torch.compile of the agent's training step (see below): forward and backward run as generated kernels
     cudagraphs  the same, each graph also captured as a CUDA graph and replayed (torch.compile's
                 "reduce-overhead"); CUDA only, refused elsewhere
 
-An agent compiles its *loss functions* (what turns a batch into losses), not the whole ``train``: the backward pass
-of a compiled loss is compiled with it, while the optimiser steps (fused Adam: one kernel per parameter group) and
-the metrics stay eager. The batch goes in as tensors, so a memory's prioritised ``weight`` or a sequence batch's
-``extra`` reaches the compiled code unchanged. Compilation happens on the first steps (warm-up: tens of seconds on
-a CPU) and again only if the shapes change (a batch of another size).
+DQN and PPO compile their *loss functions* (what turns a batch into losses): the backward pass of a compiled loss is
+compiled with it, while the optimiser steps (fused Adam: one kernel per parameter group) and the metrics stay eager.
+SAC compiles its *whole update* as one graph: the losses run through :class:`Reparametrized`, their gradients come
+from :func:`torch.func.grad_and_value`, the optimiser steps from :func:`adam_`, then the target update. On a CPU the
+MLP's matrix products are most of a step; compiling the losses alone left the Python around them (autograd, three
+optimisers) as slow as the element-wise work it saved. The batch goes in as tensors, so a memory's prioritised
+``weight`` or a sequence batch's ``extra`` reaches the compiled code unchanged. Compilation happens on the first
+steps (warm-up: tens of seconds on a CPU) and again only if the shapes change (a batch of another size), or after
+a checkpoint is loaded (new optimiser state tensors).
 
 Every parameter the compiled functions read must keep its storage: state is restored with ``copy_`` (checkpoints,
 the undo of a non-finite step), never by assigning new tensors, and target networks move in place
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, NamedTuple, TypeVar, cast, get_args
 
 import torch
+from torch import nn
+from torch.optim.adam import adam as functional_adam
 
-__all__ = ["COMPILE_MODES", "CompileMode", "check_compile", "compile_fn", "compile_kwargs", "copy_params_",
-           "module_tensors", "polyak_", "step_begin", "to_floats"]
+__all__ = ["COMPILE_MODES", "AdamState", "CompileMode", "Reparametrized", "adam_", "adam_state", "check_compile",
+           "compile_fn", "compile_kwargs", "copy_params_", "module_tensors", "polyak_", "step_begin", "to_floats"]
 
 CompileMode = Literal["none", "compile", "cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -107,3 +113,57 @@ def to_floats(values: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """Scalar tensors (all on one device) as floats, with one device synchronisation instead of one per metric."""
     floats = torch.stack([v.detach().reshape(()).float() for v in values.values()]).tolist()
     return dict(zip(values, floats, strict=True))
+
+
+class Reparametrized(nn.Module):
+    """Calls ``fn`` with ``modules`` as its submodules, so that :func:`torch.func.functional_call` can run ``fn``
+    (a loss reading those modules) on other parameters, named ``"<module>.<parameter>"``: what
+    :func:`torch.func.grad_and_value` differentiates, the loss being written once for eager and compiled steps."""
+
+    def __init__(self, fn: Callable[..., Any], **modules: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+        for name, module in modules.items():
+            self.add_module(name, module)
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class AdamState(NamedTuple):
+    """One ``torch.optim.Adam``'s parameters and per-parameter state, as the lists its functional form takes."""
+
+    params: list[torch.Tensor]
+    exp_avgs: list[torch.Tensor]
+    exp_avg_sqs: list[torch.Tensor]
+    steps: list[torch.Tensor]
+
+
+def adam_state(optimizer: torch.optim.Adam, params: list[torch.Tensor] | None = None) -> AdamState:
+    """The tensors of ``optimizer`` (for ``params`` only, when given: those it steps), their state created as its
+    first ``step()`` would create it where there is none yet. Read it again after ``optimizer.load_state_dict``,
+    which replaces the state tensors."""
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        state = optimizer.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    states = [optimizer.state[p] for p in params]
+    return AdamState(params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                     [s["step"] for s in states])
+
+
+def adam_(optimizer: torch.optim.Adam, state: AdamState, grads: list[torch.Tensor]) -> None:
+    """``optimizer.step()`` with ``grads`` as the gradients of ``state.params``, in place, through torch's own
+    functional Adam (one parameter group, no amsgrad), written element by element for the compiler to fuse."""
+    (group,) = optimizer.param_groups
+    if group["amsgrad"]:
+        raise ValueError("adam_ does not implement amsgrad: use Adam(amsgrad=False) or step the optimiser eagerly")
+    beta1, beta2 = group["betas"]
+    functional_adam(state.params, grads, state.exp_avgs, state.exp_avg_sqs, [], state.steps, foreach=False,
+                          amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+                          eps=group["eps"], maximize=group["maximize"],
+                          decoupled_weight_decay=group.get("decoupled_weight_decay", False))

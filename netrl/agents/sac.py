@@ -1,7 +1,8 @@
 """Soft Actor-Critic with twin Q networks and automatic entropy tuning, in one file.
 
 Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018), https://arxiv.org/abs/1812.05905.
-Read :meth:`SACAgent.train` against Algorithm 1 of the paper. Deviations, all common practice:
+Read :meth:`SACAgent.eager_step` (what ``train`` runs) against Algorithm 1 of the paper. Deviations, all common
+practice:
 
 * both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so the ensemble is
   one call, as LeanRL's ``torch.vmap`` over the critics;
@@ -9,8 +10,9 @@ Read :meth:`SACAgent.train` against Algorithm 1 of the paper. Deviations, all co
 * the policy, entropy coefficient and targets are updated every step; the policy and the entropy coefficient share
   one backward pass (their losses touch disjoint parameters, so the gradients are those of two passes).
 
-``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles :meth:`SACAgent.critic_loss` and
-:meth:`SACAgent.actor_loss`; the results match eager mode within floating-point tolerance.
+``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles the whole update as one graph
+(:meth:`SACAgent.compiled_step`: the same two losses, their gradients by :func:`torch.func.grad_and_value`, the Adam
+steps and the target update); the results match eager mode within floating-point tolerance.
 
 ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
 """
@@ -22,17 +24,28 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad_and_value
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
-from netrl.agents.compiled import CompileMode, check_compile, compile_fn, polyak_, step_begin, to_floats
+from netrl.agents.compiled import (
+    CompileMode,
+    Reparametrized,
+    adam_,
+    adam_state,
+    check_compile,
+    compile_fn,
+    polyak_,
+    step_begin,
+    to_floats,
+)
 from netrl.samples import Batch
 
 log = logging.getLogger(__name__)
@@ -137,7 +150,8 @@ class TwinQ(nn.Module):
         h = x.unsqueeze(0).expand(2, *x.shape)
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            h = torch.baddbmm(b, h, w)
+            # compiled, the bias add fuses with the ReLU instead of being copied into the product's output first
+            h = torch.bmm(h, w) + b if torch.compiler.is_compiling() else torch.baddbmm(b, h, w)
             if i < last:
                 h = F.relu(h)
         return h.squeeze(-1)
@@ -181,8 +195,19 @@ class SACAgent(TrainingAgent):
         self._q_params = list(self.model.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
         self.compile = compile
-        self._critic_loss = compile_fn(self.critic_loss, compile)
-        self._actor_loss = compile_fn(self.actor_loss, compile)
+        # in a tuple: the modules are the model's, which state_dict and the training loop's safeguards hold already
+        self._losses = (Reparametrized(self.critic_loss, critic=self.model.critic),
+                        Reparametrized(self.actor_loss, actor=self.model.actor))
+        # The policy's gradient reaches only parameters that are not also the critics' (an encoder both share is
+        # frozen with the critics in eager mode's policy step, so only the critic loss trains it).
+        critic_ids = {id(p) for p in self._q_params}
+        self._pi_params = {f"actor.{name}": p for name, p in self.model.actor.named_parameters()
+                           if id(p) not in critic_ids}
+        self._compiled_step = compile_fn(self.compiled_step, compile)
+        if compile != "none":  # the optimisers' state exists before the first trace, which would otherwise make it
+            adam_state(self.q_optimizer)
+            adam_state(self.pi_optimizer, list(self._pi_params.values()))
+            adam_state(self.alpha_optimizer)
 
     def get_actor(self) -> ActorModule:
         return self.model.actor
@@ -205,10 +230,13 @@ class SACAgent(TrainingAgent):
         loss = (td * weight).mean() if weight is not None else td.mean()
         return loss, (q.detach() - backup).abs().mean(0)
 
-    def actor_loss(self, o: Any, weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def actor_loss(self, o: Any, weight: torch.Tensor | None, log_alpha: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(policy loss, entropy coefficient loss, alpha)``: maximise min Q - alpha * log pi, and move alpha
-        towards the target entropy. The entropy loss is 0 when the coefficient is fixed."""
-        alpha = self.log_alpha.detach().exp()
+        towards the target entropy. The entropy loss is 0 when the coefficient is fixed. ``log_alpha``: the
+        agent's own unless given (as the tensor a functional gradient is taken with respect to)."""
+        log_alpha = self.log_alpha if log_alpha is None else log_alpha
+        alpha = log_alpha.detach().exp()
         pi, logp_pi = self.model.actor(o)
         q_pi = self.model.q(o, pi).min(0).values
         per_sample = alpha * logp_pi - q_pi
@@ -216,13 +244,68 @@ class SACAgent(TrainingAgent):
         if not self.learn_entropy_coef:
             return loss_pi, torch.zeros_like(loss_pi), alpha.reshape(())
         # log pi from before this step's policy update, detached: only alpha moves by this loss.
-        loss_alpha = -(self.log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
+        loss_alpha = -(log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
         return loss_pi, loss_alpha, alpha.reshape(())
 
+    def compiled_step(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
+                      weight: torch.Tensor | None, discount: torch.Tensor | float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What :meth:`train` does, written functionally so that ``compile`` makes one graph of it (no autograd
+        graph, no ``.grad``, no optimiser ``step()`` to break it): ``(loss_q, priority, loss_pi, loss_alpha,
+        alpha)``. Run under ``torch.no_grad()``; the updates are in place."""
+        critic_loss, actor_loss = self._losses
+        q_state = adam_state(self.q_optimizer)
+        pi_state = adam_state(self.pi_optimizer, list(self._pi_params.values()))
+        q_names = [f"critic.{name}" for name, _ in self.model.critic.named_parameters()]
+        pi_names = list(self._pi_params)
+
+        def loss_q_of(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            return cast(tuple[torch.Tensor, torch.Tensor], functional_call(
+                critic_loss, params, (o, a, r, o2, terminated, weight, discount)))
+
+        grads, (loss_q, priority) = grad_and_value(loss_q_of, has_aux=True)(dict(zip(q_names, q_state.params,
+                                                                                     strict=True)))
+        adam_(self.q_optimizer, q_state, [grads[name] for name in q_names])
+
+        # The policy's loss reads the critics just updated, as a constant: only the actor and alpha get gradients.
+        def loss_pi_of(params: dict[str, torch.Tensor], log_alpha: torch.Tensor
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            losses = cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          functional_call(actor_loss, params, (o, weight, log_alpha)))
+            return losses[0] + losses[1], losses  # disjoint parameters: each gets its own loss's gradient
+
+        (grads, grad_alpha), (_, (loss_pi, loss_alpha, alpha)) = grad_and_value(
+            loss_pi_of, argnums=(0, 1), has_aux=True)(dict(zip(pi_names, pi_state.params, strict=True)),
+                                                       self.log_alpha)
+        adam_(self.pi_optimizer, pi_state, [grads[name] for name in pi_names])
+        if self.learn_entropy_coef:
+            adam_(self.alpha_optimizer, adam_state(self.alpha_optimizer), [grad_alpha])
+        polyak_(self._target_params, self._q_params, self.polyak)
+        return loss_q, priority, loss_pi, loss_alpha, alpha
+
     def train(self, batch: Batch) -> dict[str, Any]:
-        step_begin(self.compile)
-        loss_q, priority = self._critic_loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
-                                             batch.weight, batch.extra.get("discount", self.gamma))
+        discount = batch.extra.get("discount", self.gamma)
+        if self.compile != "none":
+            step_begin(self.compile)
+            with torch.no_grad():
+                loss_q, priority, loss_pi, loss_alpha, alpha = self._compiled_step(
+                    batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated, batch.weight, discount)
+        else:
+            loss_q, priority, loss_pi, loss_alpha, alpha = self.eager_step(batch, discount)
+        metrics = {"loss_critic": loss_q, "loss_actor": loss_pi, "entropy_coef": alpha}
+        if self.learn_entropy_coef:
+            metrics["loss_entropy_coef"] = loss_alpha
+        out: dict[str, Any] = to_floats(metrics)
+        if "index" in batch.extra:  # from a prioritized memory: the new priorities of its samples
+            out["priority"] = priority
+        return out
+
+    def eager_step(self, batch: Batch, discount: torch.Tensor | float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One update with autograd and the optimisers' own ``step()``: ``(loss_q, priority, loss_pi, loss_alpha,
+        alpha)``. Without ``compile``, :meth:`train` runs this; :meth:`compiled_step` does the same."""
+        loss_q, priority = self.critic_loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
+                                            batch.weight, discount)
         self.q_optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss_q)
         self.q_optimizer.step()
@@ -230,7 +313,7 @@ class SACAgent(TrainingAgent):
         # Freeze the critics so the policy's backward computes no gradient for them.
         for p in self._q_params:
             p.requires_grad_(False)
-        loss_pi, loss_alpha, alpha = self._actor_loss(batch.obs, batch.weight)
+        loss_pi, loss_alpha, alpha = self.actor_loss(batch.obs, batch.weight)
         self.pi_optimizer.zero_grad(set_to_none=True)
         self.alpha_optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss_pi + loss_alpha)  # disjoint parameters: each gets its own loss's gradient
@@ -241,13 +324,7 @@ class SACAgent(TrainingAgent):
             p.requires_grad_(True)
 
         polyak_(self._target_params, self._q_params, self.polyak)
-        metrics = {"loss_critic": loss_q, "loss_actor": loss_pi, "entropy_coef": alpha}
-        if self.learn_entropy_coef:
-            metrics["loss_entropy_coef"] = loss_alpha
-        out: dict[str, Any] = to_floats(metrics)
-        if "index" in batch.extra:  # from a prioritized memory: the new priorities of its samples
-            out["priority"] = priority
-        return out
+        return loss_q, priority, loss_pi, loss_alpha, alpha
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -219,10 +219,10 @@ class TrainerConfig:
     prefetch: bool = _f(True, "gather the next batch (and copy it to a CUDA device) while the agent trains on this "
                         "one; on a CPU trainer only where a core is free beside torch_threads")
     compile: Literal["none", "compile", "cudagraphs"] = _f(
-        "none", "how the agent's updates run: none (eager PyTorch), compile (torch.compile of the loss functions, "
-        "forward and backward; the first steps take a while to compile) or cudagraphs (compile, plus CUDA graph "
-        "capture: CUDA training devices only). The built-in SAC, DQN and PPO take it; results match eager within "
-        "floating-point tolerance")
+        "none", "how the agent's updates run: none (eager PyTorch), compile (torch.compile of SAC's whole update, or "
+        "of DQN's and PPO's losses with their backward; the first steps take a while to compile) or cudagraphs "
+        "(compile, plus CUDA graph capture: CUDA training devices only). The built-in SAC, DQN and PPO take it; "
+        "results match eager within floating-point tolerance")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from netrl.agents.base import TrainingAgent
+from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.compiled import check_compile, polyak_
 from netrl.agents.dqn import DQNAgent
 from netrl.agents.ppo import PPOAgent
@@ -51,12 +52,24 @@ def _flat(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().cpu() for p in module.parameters()])
 
 
+def _sac_state(agent: SACAgent) -> list[torch.Tensor]:
+    """Parameters, target critics, log alpha, and each optimiser's Adam moments and step count (the compiled step
+    moves them itself)."""
+    state = [_flat(agent.model), _flat(agent.critic_target), agent.log_alpha.detach().cpu().clone()]
+    for optimizer in (agent.q_optimizer, agent.pi_optimizer, agent.alpha_optimizer):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        state += [torch.stack([optimizer.state[p]["step"].cpu().float() for p in params])]
+        state += [torch.cat([optimizer.state[p][k].detach().flatten().cpu() for p in params])
+                  for k in ("exp_avg", "exp_avg_sq")]
+    return state
+
+
 def _run_sac(mode: str, batches: list[Batch], device: str = "cpu") -> tuple[list[dict[str, float]], list[torch.Tensor]]:
     torch.manual_seed(0)
     agent = SMALL_SAC(OBS, ACT, device=device, compile=mode)
     before = _flat(agent.model)
     metrics = [agent.train(b) for b in batches]
-    state = [_flat(agent.model), _flat(agent.critic_target), agent.log_alpha.detach().cpu().clone()]
+    state = _sac_state(agent)
     assert not torch.equal(state[0], before), "nothing trained: the comparison would prove nothing"
     return metrics, state
 
@@ -97,13 +110,63 @@ def test_compiled_sac_matches_eager_losses_and_parameters_without_recompiling_ea
             for b in bs:
                 metrics.append(agent.train(b))
                 graphs.append(counters["stats"]["unique_graphs"])
-            state = [_flat(agent.model), _flat(agent.critic_target), agent.log_alpha.detach().clone()]
+            state = _sac_state(agent)
             assert not torch.equal(state[0], before)
             return metrics, state
 
         compiled = counted("compile", batches)
     _assert_same(eager, compiled)
     assert graphs[0] > 0 and graphs[1] == graphs[0] == graphs[2], f"graphs compiled after each step: {graphs}"
+
+
+def test_compiled_sac_resumes_from_a_checkpoint_as_eager_does(graph_capture_only: None) -> None:
+    """load_state_dict replaces the optimisers' state tensors and restores the parameters in place: the compiled
+    step must read the new state, and train on exactly as an eager agent resumed from the same checkpoint."""
+    with torch._inductor.config.patch(fallback_random=True):
+        batches = _batches(4, seed=3)
+        results = []
+        for mode in ("none", "compile"):
+            torch.manual_seed(0)
+            first = SMALL_SAC(OBS, ACT, compile=mode)
+            for b in batches[:2]:
+                first.train(b)
+            checkpoint = first.state_dict()
+            torch.manual_seed(1)
+            resumed = SMALL_SAC(OBS, ACT, compile=mode)
+            resumed.load_state_dict(checkpoint)
+            torch.manual_seed(2)
+            metrics = [resumed.train(b) for b in batches[2:]]
+            state = _sac_state(resumed)
+            assert state[3].tolist() == [4.0] * len(state[3]), f"{mode}: Adam step counts {state[3].tolist()}"
+            results.append((metrics, state))
+    _assert_same(results[0], results[1])
+
+
+def test_compiled_sac_with_a_shared_encoder_updates_it_by_the_critic_only_as_eager_does(
+        graph_capture_only: None) -> None:
+    """CNNActorCritic's actor and critics share one encoder, which eager SAC trains by the critic loss alone (frozen
+    with the critics during the policy's backward): the compiled step must neither let the policy's gradient reach
+    it through the critics nor step it with the policy's optimiser."""
+    frames = gymnasium.spaces.Box(0, 255, (2, 16, 16), np.uint8)
+    # head "linear": the keypoint head's softmax ignores a channel's constant, so its convolution's bias gets a zero
+    # gradient plus rounding noise, which Adam magnifies differently in two correct implementations
+    cnn_sac = partial(SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=(8, 8), features=8, head="linear"))
+    g = torch.Generator().manual_seed(4)
+    batches = [Batch(torch.randint(0, 256, (8, 2, 16, 16), generator=g, dtype=torch.uint8),
+                     torch.rand(8, 1, generator=g) * 4 - 2, torch.randn(8, generator=g),
+                     torch.randint(0, 256, (8, 2, 16, 16), generator=g, dtype=torch.uint8), torch.zeros(8),
+                     torch.zeros(8), None) for _ in range(3)]
+    results = []
+    with torch._inductor.config.patch(fallback_random=True):
+        for mode in ("none", "compile"):
+            torch.manual_seed(0)
+            agent = cnn_sac(frames, ACT, compile=mode)
+            encoder = list(agent.model.critic.encoder.parameters())
+            metrics = [agent.train(b) for b in batches]
+            assert not any(agent.pi_optimizer.state[p] for p in encoder), f"{mode}: the policy's Adam stepped it"
+            results.append((metrics, [_flat(agent.model.critic.encoder), _flat(agent.model),
+                                      _flat(agent.critic_target)]))
+    _assert_same(results[0], results[1])
 
 
 @pytest.mark.slow
@@ -225,7 +288,7 @@ def test_the_config_key_reaches_the_agent_and_the_loop_trains_compiled(tmp_path:
     source = ListSource([_packet(40, 1), _packet(40, 2)])
     training.start(source)  # type: ignore[arg-type]
     assert isinstance(training.agent, SACAgent) and training.agent.compile == "compile"
-    assert training.agent._critic_loss is not training.agent.critic_loss  # the compiled wrapper, not the method
+    assert training.agent._compiled_step is not training.agent.compiled_step  # the compiled wrapper, not the method
     rows = list(training.run_epoch(source, threading.Event()))  # type: ignore[arg-type]
     assert rows[-1]["trained_steps"] == 4 and np.isfinite(rows[-1]["loss_critic"])
     assert isinstance(training.memory, ReplayMemory)
