@@ -42,7 +42,6 @@ the median env steps to a mean return >= -200 of num_envs 8 within 1.3x those of
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import os
@@ -57,7 +56,7 @@ from typing import Any
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch
-from benchmarks.common import env_steps
+from benchmarks.common import crossing, env_steps, evaluate, server_steps
 
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
@@ -88,17 +87,8 @@ def bench_config(tmp: Path, seed: int) -> Config:
 
 def first_crossing(episodes_csv: Path, t0: float) -> dict[str, Any] | None:
     """Env steps and wall time when the mean of the last WINDOW training returns first reached THRESHOLD."""
-    if not episodes_csv.exists():
-        return None
-    returns: list[float] = []
-    with episodes_csv.open(newline="") as f:
-        for row in csv.DictReader(f):
-            if row["test"] == "1":
-                continue
-            returns.append(float(row["return"]))
-            if len(returns) >= WINDOW and sum(returns[-WINDOW:]) / WINDOW >= THRESHOLD:
-                return {"steps_to_-200": int(row["env_steps"]), "wall_s": round(float(row["time"]) - t0, 1)}
-    return None
+    found = crossing(episodes_csv, THRESHOLD, WINDOW)
+    return None if found is None else {"steps_to_-200": found[0], "wall_s": round(found[1] - t0, 1)}
 
 
 def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
@@ -224,19 +214,6 @@ VECTOR_EVAL_EVERY = 500  # env steps between evaluations of the worker's newest 
 VECTOR_EVAL_EPISODES = 10
 
 
-def evaluate_policy(actor: Any, env: Any) -> float:
-    """Mean return of VECTOR_EVAL_EPISODES deterministic episodes (seeds 1000...) of ``actor`` on ``env``."""
-    returns = []
-    for k in range(VECTOR_EVAL_EPISODES):
-        obs, _ = env.reset(seed=1000 + k)
-        done, ret = False, 0.0
-        while not done:
-            obs, r, terminated, truncated, _ = env.step(actor.act_(obs, test=True))
-            ret, done = ret + float(r), terminated or truncated
-        returns.append(ret)
-    return float(sum(returns) / len(returns))
-
-
 def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
                       vectorization: str = "sync") -> dict[str, Any] | None:
     """The three-process pipeline as in run_pipeline, with one worker of ``num_envs`` envs (worker.num_envs).
@@ -249,7 +226,6 @@ def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
     since the CSV moves only when episodes end. The training-return crossing (first_crossing) is reported beside it."""
     import gymnasium
 
-    from netrl.monitor.status import query_status
     from netrl.storage.weight_files import read_weights_file
 
     name = f"envs{num_envs}-seed{seed}"
@@ -271,15 +247,12 @@ def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
         while True:
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"a pipeline process exited early; see {log_path}")
-            try:
-                steps = sum(int(w["samples"]) for w in query_status(cfg.server.status_port, 2.0)["workers"])
-            except Exception:  # the server is not listening yet
-                steps = 0
+            steps = server_steps(cfg.server.status_port)
             if steps >= next_eval and policy.exists():
                 state, _ = read_weights_file(policy)
                 actor.load_state_dict(state)
                 wall = time.time() - t0
-                score = evaluate_policy(actor, env)
+                score = evaluate(lambda o: actor.act_(o, test=True), env, VECTOR_EVAL_EPISODES)
                 print(f"  num_envs {num_envs}, seed {seed}: {steps} env steps, policy's mean {score:.1f}", flush=True)
                 if score >= THRESHOLD:
                     return {"steps_to_-200": steps, "wall_s": round(wall, 1),

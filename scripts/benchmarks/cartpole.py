@@ -25,7 +25,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from benchmarks.common import env_steps
+from benchmarks.common import env_steps, evaluate
 from netrl.agents.dqn import DQNActor
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
@@ -40,19 +40,6 @@ ENV_ID = "CartPole-v1"
 ZOO = {"learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000, "gamma": 0.99,
        "target_update_interval": 10, "train_freq": 256, "gradient_steps": 128, "exploration_final_eps": 0.04,
        "policy_kwargs": {"net_arch": [256, 256]}}
-
-
-def evaluate(act: Any, env: gymnasium.Env) -> float:
-    """Mean return of ``EVAL_EPISODES`` greedy episodes; ``act(obs)`` gives an action."""
-    returns = []
-    for k in range(EVAL_EPISODES):
-        obs, _ = env.reset(seed=1000 + k)
-        done, ret = False, 0.0
-        while not done:
-            obs, r, terminated, truncated, _ = env.step(act(obs))
-            ret, done = ret + float(r), terminated or truncated
-        returns.append(ret)
-    return float(np.mean(returns))
 
 
 def bench_config(tmp: Path, seed: int) -> Config:
@@ -93,7 +80,7 @@ def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
                 state, _ = read_weights_file(policy)
                 actor.load_state_dict(state)
                 wall = time.time() - t0
-                score = evaluate(lambda o: int(actor.act_(o, test=True)), env)
+                score = evaluate(lambda o: int(actor.act_(o, test=True)), env, EVAL_EPISODES)
                 print(f"  netrl seed {seed}: {steps} env steps, greedy mean {score:.1f}", flush=True)
                 if score >= THRESHOLD:
                     return {"steps": steps, "wall_s": round(wall, 1)}
@@ -124,7 +111,7 @@ def run_sb3(seed: int, max_steps: int) -> dict[str, Any] | None:
             if self.num_timesteps % EVAL_EVERY:
                 return True
             wall = time.time() - t0
-            score = evaluate(lambda o: int(self.model.predict(o, deterministic=True)[0]), env)
+            score = evaluate(lambda o: int(self.model.predict(o, deterministic=True)[0]), env, EVAL_EPISODES)
             print(f"  SB3 seed {seed}: {self.num_timesteps} env steps, greedy mean {score:.1f}", flush=True)
             if score >= THRESHOLD:
                 result.update(steps=self.num_timesteps, wall_s=round(wall, 1))

@@ -100,3 +100,42 @@ def env_steps(episodes_csv: Path) -> int:
     with episodes_csv.open(newline="") as f:
         rows = list(csv.DictReader(f))
     return int(rows[-1]["env_steps"]) if rows else 0
+
+
+def crossing(episodes_csv: Path, threshold: float, window: int = 10) -> tuple[int, float] | None:
+    """``(env_steps, time)`` of the training episode at which the mean of the last ``window`` training returns (test
+    episodes left out) first reached ``threshold`` in a worker's episodes CSV; None before that."""
+    if not episodes_csv.exists():
+        return None
+    returns: list[float] = []
+    with episodes_csv.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("test") == "1":
+                continue
+            returns.append(float(row["return"]))
+            if len(returns) >= window and sum(returns[-window:]) / window >= threshold:
+                return int(row["env_steps"]), float(row["time"])
+    return None
+
+
+def evaluate(act: Any, env: Any, episodes: int) -> float:
+    """Mean return of ``episodes`` deterministic episodes on seeds 1000..; ``act(obs)`` gives an action."""
+    returns = []
+    for k in range(episodes):
+        obs, _ = env.reset(seed=1000 + k)
+        done, ret = False, 0.0
+        while not done:
+            obs, r, terminated, truncated, _ = env.step(act(obs))
+            ret, done = ret + float(r), terminated or truncated
+        returns.append(ret)
+    return float(np.mean(returns))
+
+
+def server_steps(status_port: int) -> int:
+    """Env steps the server has accepted from all workers together (0 until its status port answers)."""
+    from netrl.monitor.status import query_status
+
+    try:
+        return sum(int(w["samples"]) for w in query_status(status_port, 2.0)["workers"])
+    except Exception:  # the server is not listening yet
+        return 0

@@ -11,7 +11,6 @@ its last 10 training episodes first reaches -200; the row is the median over the
 
 from __future__ import annotations
 
-import csv
 import logging
 import statistics
 import threading
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.common import crossing
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.local import run_local
@@ -47,19 +47,6 @@ def bench_config(tmp: Path, seed: int, memory: dict[str, Any]) -> Config:
     return config_from_dict(data)
 
 
-def first_crossing(episodes_csv: Path) -> int | None:
-    """Env steps when the mean of the last WINDOW training returns first reached THRESHOLD."""
-    if not episodes_csv.exists():
-        return None
-    returns: list[float] = []
-    with episodes_csv.open(newline="") as f:
-        for row in csv.DictReader(f):
-            returns.append(float(row["return"]))
-            if len(returns) >= WINDOW and sum(returns[-WINDOW:]) / WINDOW >= THRESHOLD:
-                return int(row["env_steps"])
-    return None
-
-
 def run_one(tmp: Path, seed: int, variant: str, max_steps: int) -> dict[str, Any]:
     cfg = bench_config(tmp / f"{variant}-{seed}", seed, VARIANTS[variant])
     torch.set_num_threads(cfg.torch_threads)
@@ -75,7 +62,8 @@ def run_one(tmp: Path, seed: int, variant: str, max_steps: int) -> dict[str, Any
 
     def on_round(_: dict[str, Any]) -> None:
         nonlocal steps
-        steps = first_crossing(episodes)
+        found = crossing(episodes, THRESHOLD, WINDOW)
+        steps = None if found is None else found[0]
         if steps is not None or worker.produced >= max_steps:
             stop.set()
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import env_steps
+from benchmarks.common import crossing, env_steps
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
@@ -51,19 +51,6 @@ def bench_config(tmp: Path, seed: int, agent: str) -> Config:
     return config_from_dict(data)
 
 
-def crossing(episodes_csv: Path, t0: float) -> dict[str, Any] | None:
-    """Env steps and wall time when the mean of the last WINDOW training returns first reached THRESHOLD."""
-    if not episodes_csv.exists():
-        return None
-    returns: list[float] = []
-    with episodes_csv.open(newline="") as f:
-        for row in csv.DictReader(f):
-            returns.append(float(row["return"]))
-            if len(returns) >= WINDOW and sum(returns[-WINDOW:]) / WINDOW >= THRESHOLD:
-                return {"steps": int(row["env_steps"]), "wall_s": round(float(row["time"]) - t0, 1)}
-    return None
-
-
 def best_mean(episodes_csv: Path) -> float | None:
     """The best mean of WINDOW consecutive training returns (how close a run that never crossed came)."""
     if not episodes_csv.exists():
@@ -86,7 +73,8 @@ def run_one(tmp: Path, seed: int, agent: str, max_steps: int) -> dict[str, Any]:
                  spawn_role("worker", path, stdout=logs, log_level="WARNING")]
         try:
             while True:
-                result = crossing(episodes, t0)
+                found = crossing(episodes, THRESHOLD, WINDOW)
+                result = None if found is None else {"steps": found[0], "wall_s": round(found[1] - t0, 1)}
                 steps = env_steps(episodes)
                 if result or steps >= max_steps:
                     break

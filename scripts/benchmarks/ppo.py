@@ -33,6 +33,7 @@ import gymnasium
 import numpy as np
 import torch
 
+from benchmarks.common import evaluate, server_steps
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
@@ -66,19 +67,6 @@ ROWS: dict[str, dict[str, Any]] = {
 }
 
 
-def evaluate(act: Any, env: gymnasium.Env, episodes: int) -> float:
-    """Mean return of ``episodes`` deterministic episodes on seeds 1000..; ``act(obs)`` gives an action."""
-    returns = []
-    for k in range(episodes):
-        obs, _ = env.reset(seed=1000 + k)
-        done, ret = False, 0.0
-        while not done:
-            obs, r, terminated, truncated, _ = env.step(act(obs))
-            ret, done = ret + float(r), terminated or truncated
-        returns.append(ret)
-    return float(np.mean(returns))
-
-
 def actor_act(actor: Any) -> Any:
     """One deterministic action of a PPOActor for one observation (``act`` returns actions and extras)."""
     def act(obs: Any) -> Any:
@@ -101,16 +89,6 @@ def bench_config(tmp: Path, seed: int, row: dict[str, Any]) -> Config:
     return config_from_dict(data)
 
 
-def server_steps(cfg: Config) -> int:
-    """Env steps the server has accepted from all workers together (0 until its status port answers)."""
-    from netrl.monitor.status import query_status
-
-    try:
-        return sum(int(w["samples"]) for w in query_status(cfg.server.status_port, 2.0)["workers"])
-    except Exception:  # the server is not listening yet
-        return 0
-
-
 def run_pipeline(tmp: Path, seed: int, row: dict[str, Any], max_steps: int) -> dict[str, Any] | None:
     """netrl's server, trainer and two workers as processes; None if they never reach the threshold."""
     cfg = bench_config(tmp, seed, row)
@@ -129,7 +107,7 @@ def run_pipeline(tmp: Path, seed: int, row: dict[str, Any], max_steps: int) -> d
         while True:
             if any(p.poll() is not None for p in [server, *procs]):
                 raise RuntimeError(f"a pipeline process exited early; see {log_path}")
-            steps = server_steps(cfg)
+            steps = server_steps(cfg.server.status_port)
             if steps >= next_eval and policy.exists():
                 state, _ = read_weights_file(policy)
                 actor.load_state_dict(state)
