@@ -76,10 +76,13 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     # how many envs it runs (its packets' env column stays below it)
     MsgType.HELLO: {"role": (_STR, True), "netrl_version": (_STR, True), "worker_id": (_STR, True),
                     "session": (_STR, True), "max_rows": (_INT, False), "max_bytes": (_INT, False),
-                    "paced": (_BOOL, False), "num_envs": (_INT, False)},
+                    "paced": (_BOOL, False), "num_envs": (_INT, False),
+                    # a worker's model targets and the weight formats it decodes (netrl.protocol.weight_formats)
+                    "models": ((list,), False), "formats": ((list,), False)},
     MsgType.WELCOME: {"server_session": (_STR, True), "heartbeat_interval_s": ((float, int), True),
                       "window": (_INT, False), "weights_version": (_INT, False),
-                      "max_message_bytes": (_INT, False), "batch_steps": (_INT, False)},
+                      "max_message_bytes": (_INT, False), "batch_steps": (_INT, False),
+                      "models": ((dict,), False)},  # model name -> newest complete version the server holds
     # retry_s: try again, not fatal; netrl_version: the server's, which a peer of another protocol version can read
     MsgType.REJECT: {"reason": (_STR, True), "retry_s": ((float, int), False), "netrl_version": (_STR, False)},
     # flushing: a worker stopping; t: the sender's clock; echo, held: the newest t it got from the peer, and how long
@@ -91,7 +94,10 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                       "episodes": ((list,), True), "produced": (_INT, True), "session": (_STR, True)},
     MsgType.BUNDLE: {"parts": ((list,), True)},
     # spooled: the server has the packets on disk, and the trainer not yet
-    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False)},
+    # a worker's ACK of weights names the model and format it took; need_full: it could not apply a delta (or a
+    # version failed its checks) and wants a full version next
+    MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False),
+                  "model": (_STR, False), "format": (_STR, False), "need_full": (_BOOL, False)},
     # layout: the tag of the sample layout that refused the packets (netrl.protocol.schema.SampleSchema.tag): the
     # worker keeps them and sends them again once the server's heartbeats name another layout
     MsgType.NACK: {"seqs": ((list,), True), "reason": (_STR, True), "retry_s": ((float, int), True),
@@ -99,7 +105,14 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.CREDIT: {"bundles": (_INT, True)},
     MsgType.WEIGHTS: {"trained_steps": (_INT, True), "session": (_STR, True), "part": (_INT, True),
                       "parts": (_INT, True), "offset": (_INT, True), "nbytes": (_INT, True), "layout": ((list,), True),
-                      "collect": ((dict,), False)},
+                      "collect": ((dict,), False),
+                      # model: which named model (absent: "policy"); format: its encoding (absent: "float32"); base:
+                      # a delta against that version of the same model and format (absent: a full version); encoded:
+                      # the bytes of the format's full encoding; crc: zlib.crc32 of it; rank: the format's fidelity
+                      # order among those the trainer sends (0: exact); budget_s: auto's time per version to a worker
+                      "model": (_STR, False), "format": (_STR, False), "base": (_INT, False),
+                      "encoded": (_INT, False), "crc": (_INT, False), "rank": (_INT, False),
+                      "budget_s": ((float, int), False)},
     # batch_version, batch_steps: sync collection's batch under way (netrl.sync); a WELCOME's batch_steps are those of
     # the batch of its weights_version, so that a worker joining mid-batch waits for the next version
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True),

@@ -70,10 +70,12 @@ __all__ = [
 # 2: NOTICE, WEIGHTS' collect, WELCOME's and PROGRESS's batch_steps, PROGRESS's batch_version, the layout of NACK
 # and of the server's HEARTBEAT to workers, extra/<name> sample arrays and the SCHEMA's extra leaves. A version-1
 # peer refuses these as malformed, so peers of different versions are refused at HELLO instead.
-PROTOCOL_VERSION = 2
+# 3: several named models and compact weight formats: WEIGHTS' model, format, base, encoded, crc, rank and budget_s,
+# ACK's model, format and need_full, HELLO's models and formats, WELCOME's models.
+PROTOCOL_VERSION = 3
 # What this netrl still reads from its own disk (the trainer's sample log, the server's spool), never from a peer:
-# every field version 2 added is optional, so a version-1 message is a valid version-2 one.
-STORED_VERSIONS = frozenset({1, PROTOCOL_VERSION})
+# every field versions 2 and 3 added is optional, so an older stored message is a valid current one.
+STORED_VERSIONS = frozenset({1, 2, PROTOCOL_VERSION})
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 512
 MAX_DIMS = 8

@@ -175,7 +175,7 @@ def test_a_reject_reason_from_the_server_is_logged_on_one_line_and_shortened(cap
     assert link.fatal and "\n" not in link.fatal
 
 
-@pytest.mark.parametrize("theirs", [1, PROTOCOL_VERSION + 1])  # 1: a netrl from before version 2's optional fields
+@pytest.mark.parametrize("theirs", [1, 2, PROTOCOL_VERSION + 1])  # 1, 2: a netrl from before versions 2 and 3
 def test_a_server_of_another_protocol_version_stops_the_client_at_hello_with_what_to_install(
         caplog: pytest.LogCaptureFixture, theirs: int) -> None:
     ctx = zmq.Context()

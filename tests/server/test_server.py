@@ -172,7 +172,7 @@ def test_a_worker_on_the_trainer_port_is_refused_with_the_reason(server: tuple[S
 
 
 @pytest.mark.parametrize("role", ["worker", "trainer"])
-@pytest.mark.parametrize("theirs", [1, PROTOCOL_VERSION + 1])  # 1: a netrl from before version 2's optional fields
+@pytest.mark.parametrize("theirs", [1, 2, PROTOCOL_VERSION + 1])  # 1, 2: a netrl from before versions 2 and 3
 def test_a_peer_of_another_protocol_version_is_refused_at_hello_and_both_sides_say_why(
         server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
         role: str, theirs: int) -> None:
