@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -42,12 +43,23 @@ import numpy as np
 
 from netrl.errors import MalformedMessage, VersionMismatch
 from netrl.protocol.codecs import CODECS, Codec, check_declared_size, compress, decompress
-from netrl.protocol.messages import MAX_POLICY_VERSION, VERSION_TEXT, Message, MsgType, check_body
+from netrl.protocol.messages import (
+    MAX_POLICY_VERSION,
+    PEER_NAME,
+    PEER_NAME_RULE,
+    VERSION_TEXT,
+    Message,
+    MsgType,
+    check_body,
+)
 from netrl.samples import EXTRA_NAME, MAX_EXTRAS, Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
     "ALLOWED_DTYPES",
     "BUNDLE_HEADER_ROOM",
+    "FORMAT_NAME",
+    "MAX_ENCODED_BYTES",
+    "MAX_MODELS",
     "PROTOCOL_VERSION",
     "STORED_VERSIONS",
     "Codec",
@@ -80,6 +92,10 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAYS = 512
 MAX_DIMS = 8
 MAX_NAME = 256
+MAX_MODELS = 8  # named models one trainer publishes (netrl.protocol.weight_formats)
+MAX_ENCODED_BYTES = 1 << 40
+# a weight format's name on the wire (netrl.protocol.weight_formats)
+FORMAT_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_EPISODES_PER_PACKET = 10_000
 MAX_ENVS = 1 << 16  # envs per worker: the per-row ``env`` column is uint16
 # A sample packet reaches the trainer inside a BUNDLE, whose header (at most ~20 KiB) counts towards the trainer's
@@ -411,15 +427,37 @@ def _check_weights_part(msg: Message) -> None:
                                f"{b['nbytes']} bytes")
     if (b["part"] == 0) != bool(b["layout"]):
         raise MalformedMessage("the layout travels in part 0, and only there")
+    if "model" in b and not PEER_NAME.fullmatch(b["model"]):
+        raise MalformedMessage(f"weights name the model {b['model'][:40]!r}, not a valid name ({PEER_NAME_RULE})")
+    if "format" in b and not FORMAT_NAME.fullmatch(b["format"]):
+        raise MalformedMessage(f"weights name the format {b['format'][:40]!r}, not a valid format name (a lower-case "
+                               "letter, then up to 31 lower-case letters, digits or _)")
+    if "base" in b and not 0 <= b["base"] < msg.policy_version:
+        raise MalformedMessage(f"weights v{msg.policy_version} are a delta against v{b['base']}, not an earlier "
+                               "version")
+    if "encoded" in b and not 0 <= b["encoded"] <= MAX_ENCODED_BYTES:
+        raise MalformedMessage(f"weights declare a {b['encoded']}-byte encoding, not between 0 and "
+                               f"{MAX_ENCODED_BYTES} bytes")
+    if "base" not in b and b.get("encoded", b["nbytes"]) != b["nbytes"]:
+        raise MalformedMessage(f"a full weights version of {b['nbytes']} bytes declares a {b['encoded']}-byte "
+                               "encoding: only a delta's may differ")
+    if "crc" in b and not 0 <= b["crc"] < 1 << 32:
+        raise MalformedMessage(f"weights crc {b['crc']} is not a 32-bit crc")
+    if "rank" in b and not 0 <= b["rank"] < 256:
+        raise MalformedMessage(f"weights rank {b['rank']} is not between 0 and 255")
+    if "budget_s" in b and not 0 < b["budget_s"] <= 3600:
+        raise MalformedMessage(f"weights budget_s {b['budget_s']} is not between 0 and 3600 s")
 
 
 def weight_parts(sender: str, session: str, version: int, trained_steps: int, flat: np.ndarray,
-                 layout: list[Any], part_bytes: int) -> list[Message]:
-    """A flat weights buffer as WEIGHTS parts of at most ``part_bytes`` (views, no copies)."""
+                 layout: list[Any], part_bytes: int, fields: dict[str, Any] | None = None) -> list[Message]:
+    """A flat weights buffer (or a model's encoding of it, or a delta) as WEIGHTS parts of at most ``part_bytes``
+    (views, no copies). ``fields``: the optional WEIGHTS fields (model, format, base, encoded, crc, rank, budget_s),
+    the same in every part."""
     starts = list(range(0, flat.nbytes, part_bytes)) or [0]
     return [Message(MsgType.WEIGHTS, sender, policy_version=version, arrays={"chunk": flat[s:s + part_bytes]},
                     body={"trained_steps": trained_steps, "session": session, "part": i, "parts": len(starts),
-                          "offset": s, "nbytes": flat.nbytes, "layout": layout if i == 0 else []})
+                          "offset": s, "nbytes": flat.nbytes, "layout": layout if i == 0 else [], **(fields or {})})
             for i, s in enumerate(starts)]
 
 

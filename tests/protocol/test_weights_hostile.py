@@ -251,3 +251,28 @@ def test_a_worker_remembers_when_recent_versions_loaded_not_all_of_them() -> Non
         for m in good_version(version):
             rx(m)
     assert rx.version == 6 and list(rx.loaded_at) == [4, 5, 6]
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({"model": "a b"}, r"weights name the model 'a b', not a valid name"),
+    ({"model": "m" * 65}, r"not a valid name"),
+    ({"format": "Float32"}, r"weights name the format 'Float32', not a valid format name"),
+    ({"format": "f" * 33}, r"not a valid format name"),
+    ({"base": 5}, r"weights v5 are a delta against v5, not an earlier version"),
+    ({"base": -1}, r"a delta against v-1, not an earlier version"),
+    ({"base": 1, "encoded": -1}, r"declare a -1-byte encoding"),
+    ({"encoded": 7}, r"a full weights version of 64 bytes declares a 7-byte encoding"),
+    ({"crc": 1 << 32}, r"crc 4294967296 is not a 32-bit crc"),
+    ({"rank": 256}, r"rank 256 is not between 0 and 255"),
+    ({"budget_s": 0.0}, r"budget_s 0.0 is not between 0 and 3600 s"),
+])
+def test_the_model_and_format_fields_of_weights_are_checked(fields: dict[str, object], why: str) -> None:
+    flat = np.zeros(64, np.uint8)
+    layout = [["w", "<f4", [16], 0]]
+    [good] = weight_parts("trainer", "t", 5, 0, flat, layout, 1 << 20, {"model": "obs_norm", "format": "int8",
+                                                                         "base": 4, "encoded": 64, "crc": 7,
+                                                                         "rank": 2, "budget_s": 0.5})
+    assert decode(encode(good)).body["model"] == "obs_norm"
+    [bad] = weight_parts("trainer", "t", 5, 0, flat, layout, 1 << 20, fields)
+    with pytest.raises(MalformedMessage, match=why):
+        decode(encode(bad))
