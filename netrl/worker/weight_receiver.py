@@ -1,7 +1,9 @@
 """A worker's incoming weights, on its network thread: assembled from parts, checked, loaded into a spare actor.
 
 The control path picks the loaded actor up between two env steps with :meth:`WeightSlot.swap`, a pointer swap,
-so a weight update never delays a real-time step.
+so a weight update never delays a real-time step. A worker with further model targets (an observation normaliser, a
+user's module: :mod:`netrl.protocol.models`) has one :class:`WeightReceiver` and one slot per model, and
+:class:`ModelReceivers` routes each WEIGHTS part to its model's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from netrl.errors import ProtocolError
 from netrl.protocol.messages import Message
+from netrl.protocol.models import POLICY, version_column
 from netrl.protocol.weights import (
     KnownLayout,
     WeightAssembler,
@@ -32,7 +35,7 @@ from netrl.protocol.weights import (
 )
 from netrl.util import worth_logging
 
-__all__ = ["WeightReceiver", "WeightSlot"]
+__all__ = ["ModelReceivers", "WeightReceiver", "WeightSlot"]
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +172,9 @@ class WeightReceiver:
     _KEEP_LOADED_AT = 1000  # versions remembered in loaded_at (a benchmark polls it)
 
     def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
-                 save: Callable[[dict[str, torch.Tensor], int, str], None] | None) -> None:
+                 save: Callable[[dict[str, torch.Tensor], int, str], None] | None, model: str = POLICY) -> None:
         self.template_actor, self.save = template_actor, save
+        self.what = "weights" if model == POLICY else f"model {model!r}"  # as the log lines name its versions
         self.specs = weight_specs(template_actor)
         self.slot = WeightSlot(spare, lambda: copy.deepcopy(template_actor))
         self.version, self.session = version, ""
@@ -223,7 +227,7 @@ class WeightReceiver:
         self.version, self.session = version, session
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
-                "weights v%d ready (%d received)", version, self.counts["weights_received"])
+                "%s v%d ready (%d received)", self.what, version, self.counts["weights_received"])
         if self._saver is not None:  # a copy: once the control path lets go of this actor, the next version lands there
             self._saver.put({k: t.detach().clone() for k, t in module.state_dict().items()}, version, session)
         return self.stats()
@@ -309,9 +313,72 @@ class WeightReceiver:
         self.counts["weights_rejected"] += 1
         if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions
             why = why if len(why) <= 2000 else why[:2000] + "..."  # it may quote tensor names of any length
-            log.error("rejected weights v%d from the server (%d rejected so far; the worker keeps the actor it has): "
-                      "%s", version, self.counts["weights_rejected"], why)
+            log.error("rejected %s v%d from the server (%d rejected so far; the worker keeps the version it has): "
+                      "%s", self.what, version, self.counts["weights_rejected"], why)
         return self.stats()
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.version, **self.counts}
+
+
+class ModelReceivers:
+    """Network thread: each WEIGHTS part to the receiver of its model (``model`` in its body; absent: "policy").
+
+    Weights for a model this worker has no target for are rejected with an error naming the model and the worker's
+    targets (logged once per name), counted per version in ``weights_unknown_model``, and not acknowledged: a server
+    streams a model only to workers whose HELLO names it, so only a server that ignores that sends one.
+    Heartbeat stats: the policy's, with each other model's version as ``<model>_version`` and the counters of all.
+    """
+
+    def __init__(self, receivers: dict[str, WeightReceiver]) -> None:
+        self.receivers = receivers
+        self.policy = receivers[POLICY]
+        self._others = [(name, rx) for name, rx in receivers.items() if name != POLICY]
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._unknown: set[str] = set()  # model names logged
+
+    def __call__(self, msg: Message) -> dict[str, Any]:
+        model = msg.body.get("model", POLICY)
+        if model == POLICY:  # the usual part: no more than a look-up on the way
+            stats = self.policy(msg)
+            return stats if not self._others and not self.counts else self.stats()
+        rx = self.receivers.get(model)
+        if rx is None:
+            self._reject_unknown(model, msg)
+        else:
+            rx(msg)
+        return self.stats()
+
+    def ack(self, msg: Message) -> dict[str, Any] | None:
+        """The ACK body for a version whose last part ``msg`` is (None: not acknowledged, see the class)."""
+        model = msg.body.get("model", POLICY)
+        if model not in self.receivers:
+            return None
+        return {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")}
+
+    def _reject_unknown(self, model: str, msg: Message) -> None:
+        if msg.body["part"] != 0:
+            return  # counted and logged with its part 0
+        self.counts["weights_unknown_model"] += 1
+        if model not in self._unknown and len(self._unknown) < 64:
+            self._unknown.add(model)
+            log.error("rejected weights v%d of the model %r from the server: this worker has no target for it (its "
+                      "targets: %s). The worker goes on without it; to load it, give the worker a module of that "
+                      "name (RolloutWorker(models={%r: module}))", msg.policy_version, model,
+                      ", ".join(self.receivers), model)
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.policy.stats()
+        for name, rx in self._others:
+            stats[version_column(name)] = rx.version
+            for key, count in rx.counts.items():
+                stats[key] = stats.get(key, 0) + count
+        for key, count in self.counts.items():
+            stats[key] = stats.get(key, 0) + count
+        return stats
+
+    def saved(self, timeout: float = 10.0) -> bool:
+        return self.policy.saved(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.policy.close(timeout)
