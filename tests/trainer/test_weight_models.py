@@ -15,18 +15,21 @@ import torch
 import zmq
 
 from netrl.agents.base import ModelSpec
-from netrl.agents.sac import MLPActorCritic, SACAgent
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.envs.gym import GenericGymEnv
 from netrl.errors import CheckpointError
 from netrl.memory.replay import ReplayMemory
 from netrl.protocol.wire import decode
 from netrl.samples import Buffer
+from netrl.server.server import Server
 from netrl.storage import checkpoint
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
 from netrl.trainer.trainer import Trainer
 from netrl.training import TrainingOffline
 from netrl.util import partial
-from tests.fakes import PATIENT_NET
+from netrl.worker.worker import RolloutWorker
+from tests.fakes import NET, PATIENT_NET, wait_until
 
 OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
 ACT = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
@@ -219,3 +222,60 @@ def test_the_run_folder_notes_each_models_newest_version_and_reads_an_older_note
     (tmp_path / "checkpoint" / "PUBLISHED").write_text('{"version": 3, "models": {"obs_norm": "x"}}')
     with pytest.raises(CheckpointError, match="PUBLISHED is unreadable"):
         checkpoint.published_models(tmp_path)
+
+
+def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tuple[Server, zmq.Context],
+                                                                      tmp_path: Path) -> None:
+    # The policy every step, the agent's obs_norm every 5 steps (its count: the steps trained when published) and a
+    # user's module every 7, through a real server; a worker joining after training paused gets the newest of each.
+    srv, _ = server
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    probe = torch.nn.Linear(2, 2)
+    loop = partial(TrainingOffline, env_cls=env_cls, memory_cls=ReplayMemory,
+                   training_agent_cls=partial(NormSAC, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))),
+                   epochs=1, rounds=1, steps=10_000, update_model_interval=1, start_training=20, memory_size=1000,
+                   batch_size=8, seed=0, sleep_between_buffer_retrieval_attempts=0.01)
+    trainer = Trainer(loop, "127.0.0.1", server_port=srv.trainer_port, network=NET, run_dir=tmp_path / "run",
+                      wandb_mode="disabled", status_interval_s=0, models={"probe": ModelSpec(probe, 7)})
+    stop = threading.Event()
+    thread = threading.Thread(target=trainer.run, args=(stop,))
+    thread.start()
+
+    def worker(name: str) -> RolloutWorker:
+        return RolloutWorker(env_cls, partial(MLPActor, hidden_sizes=(8,)), server_ip="127.0.0.1",
+                             server_port=srv.worker_port, network=NET, worker_id=name, seed=0,
+                             min_samples_per_worker_packet=5, max_samples_per_episode=10,
+                             models={"obs_norm": Norm(), "probe": torch.nn.Linear(2, 2)})
+    try:
+        wait_until(lambda: srv.intake.schema is not None, 20, "the trainer's sample layout", poll=0.05)
+        first = worker("first")
+        first.run(0, nb_episodes=6)  # 60 transitions: training follows them 1:1, then waits for more
+        training = trainer.training
+        assert training is not None and first.samples_unacknowledged == 0
+        wait_until(lambda: training.total_updates == 60, 30, "60 training steps", poll=0.05)
+        late = worker("late")
+        late.start()
+        assert trainer.net is not None and late.weights is not None
+        newest = (trainer.net.version, training.model_versions["obs_norm"], training.model_versions["probe"])
+        assert newest == (60, 12, 9)  # v1 at the start, then before steps 1..59; 0, 5, ..., 55; 0, 7, ..., 56
+        receivers = late.models.receivers
+        wait_until(lambda: (late.weights.version, receivers["obs_norm"].version, receivers["probe"].version)
+                   == newest, 10, "the newest version of each model at the late worker", poll=0.02)
+        late._swap_weights()
+        assert late.version == 60 and late.models.versions == {"obs_norm": 12, "probe": 9}
+        assert float(late.model("obs_norm").count) == 55.0  # as trained when v12 was published
+        assert torch.equal(late.model("probe").weight, probe.weight)
+        late.close()
+        memory = training.memory
+        assert memory is not None
+        batch = memory.sample()
+        assert {"obs_norm_version", "probe_version"} <= set(batch.extra)
+        assert batch.extra["obs_norm_version"].dtype == torch.int64
+        assert 1 <= int(batch.extra["obs_norm_version"].min()) and int(batch.extra["obs_norm_version"].max()) <= 12
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    saved = checkpoint.load_state(tmp_path / "run")
+    assert saved is not None and saved["model_versions"] == {"obs_norm": 12, "probe": 9}
+    assert checkpoint.published_models(tmp_path / "run") == {"obs_norm": 12, "probe": 9}

@@ -13,14 +13,16 @@ import zmq
 
 from netrl.agents.sac import MLPActor
 from netrl.envs.gym import GenericGymEnv
+from netrl.launch import free_port
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.protocol.wire import buffer_from_message, decode, encode, weight_parts
 from netrl.server.server import Server
 from netrl.util import partial
+from netrl.worker.link import WorkerLink
 from netrl.worker.weight_receiver import ModelReceivers, WeightReceiver
 from netrl.worker.worker import RolloutWorker
-from tests.fakes import NET, Peer, wait_until
+from tests.fakes import NET, Peer
 
 
 class Norm(torch.nn.Module):
@@ -88,31 +90,30 @@ def test_a_model_reaches_its_target_and_every_row_carries_its_version(server: tu
 
 
 def test_weights_for_a_model_without_a_target_are_refused_by_name_and_the_worker_goes_on(
-        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
-    srv, ctx = server
-    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-    trainer.hello()
-    w = worker(srv.worker_port)
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A server streams a model only to workers whose HELLO names it: the test plays a server that does not.
+    monkeypatch.setattr(WorkerLink, "start", lambda self: None)  # the test plays the network thread
+    monkeypatch.setattr(WorkerLink, "_ack_weights", lambda self: None)  # (no socket to send on)
+    w = worker(free_port())
+    trainer = Peer.__new__(Peer)
+    trainer.session = "abcd"
     try:
         with caplog.at_level(logging.INFO):
             w.start()
-            for msg in norm_weights(trainer, 3, [1.0, 2.0, 3.0], 7.0):
-                trainer.send(msg)
             net = w.net
-            assert net is not None
-            wait_until(lambda: net.weight_stats.get("weights_unknown_model"), 5, "the refusal", poll=0.02)
+            assert net is not None and net.link.hello_extra["models"] == ["policy"]
+            for version in (3, 4):
+                for msg in norm_weights(trainer, version, [1.0, 2.0, 3.0], 7.0):
+                    net.on_message(decode(encode(msg)))
             for _ in range(3):
                 w.run_episode()
-            w._send_packet()
-            trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 64}))
-            rows = 0
-            while rows < 33:  # three episodes of a reset row and 10 steps each reach the trainer
-                rows += sum(len(buffer_from_message(decode(p))) for p in trainer.expect(MsgType.BUNDLE).parts)
         refusals = [r.getMessage() for r in caplog.records if "no target" in r.getMessage()]
         assert refusals == ["rejected weights v3 of the model 'obs_norm' from the server: this worker has no target "
                             "for it (its targets: policy). The worker goes on without it; to load it, give the worker "
-                            "a module of that name (RolloutWorker(models={'obs_norm': module}))"]
+                            "a module of that name (RolloutWorker(models={'obs_norm': module}))"]  # once per name
+        assert net.weight_stats["weights_unknown_model"] == 2  # once per version
         assert w.version == -1 and net.weights_acks == {}  # not loaded into the actor, and not acknowledged
+        assert w.produced == 30 and w.episodes_done == 3
     finally:
         w.close()
 
