@@ -142,21 +142,23 @@ class ObsNormalizer(torch.nn.Module):
             return
         total = self._count + m
         merged: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for i, x in rows.items():
+        for i, x in rows.items():  # (overflow warnings silenced: a non-finite result is refused below)
             x64 = x.astype(np.float64, copy=False)
-            batch_mean, batch_var = x64.mean(axis=0), x64.var(axis=0)
-            delta = batch_mean - self._mean[i]
-            mean = self._mean[i] + delta * (m / total)
-            m2 = self._var[i] * self._count + batch_var * m + delta**2 * (self._count * m / total)
-            var = m2 / total
+            with np.errstate(over="ignore", invalid="ignore"):
+                batch_mean, batch_var = x64.mean(axis=0), x64.var(axis=0)
+                delta = batch_mean - self._mean[i]
+                mean = self._mean[i] + delta * (m / total)
+                m2 = self._var[i] * self._count + batch_var * m + delta**2 * (self._count * m / total)
+            var = np.asarray(m2 / total)  # arrays also for a scalar leaf: numpy's reductions give scalars
+            mean = np.asarray(mean)
             if not (np.isfinite(mean).all() and np.isfinite(var).all()):
                 raise ValueError(f"{KEY}: observation leaf {self.leaf_names[i]} would make its statistics non-finite "
                                  "(values beyond float64's range): the rows are left out")
             merged[i] = mean, var
         for i, (mean, var) in merged.items():
             self._mean[i], self._var[i] = mean, var
-            getattr(self, f"mean_{i}").copy_(torch.from_numpy(mean.astype(np.float32)))
-            getattr(self, f"var_{i}").copy_(torch.from_numpy(var.astype(np.float32)))
+            getattr(self, f"mean_{i}").copy_(torch.from_numpy(np.asarray(mean, np.float32)))
+            getattr(self, f"var_{i}").copy_(torch.from_numpy(np.asarray(var, np.float32)))
         self._count = total
         self.get_buffer("count").fill_(total)
 
