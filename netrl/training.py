@@ -39,6 +39,7 @@ from netrl.agents.base import ModelSpec, TrainingAgent, has_state_dict
 from netrl.agents.compiled import compile_kwargs
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
+from netrl.envs.normalize import ObsNormalizer, normalize_batches
 from netrl.memory.base import MemoryDataloading
 from netrl.memory.build import build_memory
 from netrl.memory.history import attach_views
@@ -47,7 +48,7 @@ from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
 from netrl.rounds import RoundStats
 from netrl.safeguards import Safeguards
-from netrl.samples import Batch, Buffer
+from netrl.samples import Batch, Buffer, tree_map
 from netrl.sync import BatchMode, SyncBatches, add_packet, collect_and_train
 from netrl.util import worth_logging
 
@@ -139,6 +140,9 @@ class TrainingOffline:
     prefetch: bool = True  # gather batch k+1 while the agent trains on batch k (see netrl.memory.prefetch)
     memory_device: str = "cpu"  # "cuda": the replay columns live on the (CUDA) training device
     compile: str = "none"  # trainer.compile: "none", "compile" or "cudagraphs", given to the agent (agents/compiled.py)
+    normalize_obs: bool = False  # env.normalize_obs: self.obs_norm learns from every packet; batches are normalised
+    normalize_obs_clip: float = 10.0
+    normalize_obs_every: int = 0  # training steps between publications of obs_norm (0: update_model_interval)
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -160,6 +164,7 @@ class TrainingOffline:
         self.agent_has_state = False  # whether the agent implements state_dict/load_state_dict (see build)
         self.observation_space: Any = None
         self.action_space: Any = None
+        self.obs_norm: ObsNormalizer | None = None  # env.normalize_obs (see build), published as the model "obs_norm"
         self._last_wanted = -1
         self._last_report_at = 0.0
         self._round = RoundStats()
@@ -190,6 +195,8 @@ class TrainingOffline:
         check_spaces(obs_space, act_space)
         self.observation_space, self.action_space = obs_space, act_space
         self.memory = self._build_memory(device)
+        if self.normalize_obs:  # batches use the statistics current when they are gathered
+            self.obs_norm = normalize_batches(self.memory, obs_space, self.normalize_obs_clip)
         if self.sync is not None and not callable(getattr(self.memory, "clear", None)):
             raise ValueError(f"trainer.collection is sync, but the memory {type(self.memory).__name__} has no clear(): "
                              "a sync batch is trained once and dropped; use netrl.memory.RolloutMemory")
@@ -201,6 +208,9 @@ class TrainingOffline:
                                      self.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(self.agent)
         self.add_models(self.agent.extra_models(), f"{type(self.agent).__name__}.extra_models()")
+        if self.obs_norm is not None:  # the workers normalise act's observations with the statistics as published
+            every = self.normalize_obs_every or self.update_model_interval
+            self.add_models({"obs_norm": ModelSpec(self.obs_norm, every)}, "env.normalize_obs")
         if not self.agent_has_state:
             name = type(self.agent).__name__
             log.warning("%s does not implement state_dict() and load_state_dict(): checkpoints will hold its actor's "
@@ -322,6 +332,8 @@ class TrainingOffline:
         assert self.memory is not None
         if self.safeguards is not None and self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
             return 0
+        if self.obs_norm is not None and not self._learn_obs_stats(buf):
+            return 0
         if self.sync is not None:
             return self._add_sync(buf, new)
         ends = ~(buf.reset | buf.context)
@@ -354,6 +366,21 @@ class TrainingOffline:
                 (r.test_returns if ep.test else r.returns).append(ep.ret)
             self.total_samples += steps
         return steps
+
+    def _learn_obs_stats(self, buf: Buffer) -> bool:
+        """Merge a packet's observations into ``obs_norm`` (also one replayed from the sample log: the statistics are
+        rebuilt with the memory); False, with the packet counted as unstored, when they do not fit."""
+        assert self.obs_norm is not None
+        if self._batches is not None:
+            self._batches.settle()  # no gather may read the statistics while they change
+        try:  # each row once: context rows repeat the previous packet's last rows
+            self.obs_norm.update(tree_map(lambda col: col[~buf.context], buf.obs))
+        except ValueError as exc:
+            self.unstored += 1
+            if worth_logging(self.unstored, first=5, every=100):
+                log.error("packet %d of worker %s is skipped (%d so far): %s", buf.seq, buf.worker, self.unstored, exc)
+            return False
+        return True
 
     def _add_sync(self, buf: Buffer, new: bool) -> int:
         return add_packet(self, buf, new)

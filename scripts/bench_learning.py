@@ -22,6 +22,9 @@ return >= 475 within 1.3x SB3's env steps; Pendulum-v1's env steps to -250 are r
 ``--row nstep`` runs issue 32's row (scripts/benchmarks/nstep.py): SAC with 3-step returns and prioritized replay
 beside plain SAC on Pendulum-v1, one process each, median of 3 seeds of the env steps to a mean training return of
 -200.
+``--row weights`` runs issue 34's row (scripts/benchmarks/weights.py): Pendulum-v1 through the three processes with
+``network.weight_format`` float32, float16 and int8, and with ``env.normalize_obs`` on, median of 3 seeds. Targets:
+float16, int8 and normalize_obs each within 1.2x the env steps of float32.
 ``--row pomdp`` runs the partially observed row of issue 32 (scripts/benchmarks/pomdp.py): Pendulum-v1 without its
 angular velocity, the recurrent SAC through the three processes beside the MLP SAC, median of 3 seeds. Target: the
 recurrent SAC reaches a mean return of -300 within 50,000 env steps.
@@ -31,6 +34,7 @@ Usage: .venv/bin/python scripts/bench_learning.py [--max-steps 15000] [--seed 1]
        .venv/bin/python scripts/bench_learning.py --row ppo [--seeds 1 2 3] [--max-steps N]
        .venv/bin/python scripts/bench_learning.py --row nstep [--seeds 1 2 3] [--max-steps 15000]
        .venv/bin/python scripts/bench_learning.py --row pomdp [--seeds 1 2 3] [--max-steps 50000]
+       .venv/bin/python scripts/bench_learning.py --row weights [--seeds 1 2 3] [--variants float32 int8]
 
 ``--vector`` runs another comparison instead (issue 31): Pendulum-v1 with one worker of ``worker.num_envs`` 8 envs
 against one of a single env, three processes each, side by side for each of 3 seeds; each is judged on its policy
@@ -143,10 +147,12 @@ def main() -> int:
                         "100,000; ppo-pendulum: 200,000)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--row", choices=["pendulum", "cartpole", "ppo", "ppo-cartpole", "ppo-pendulum", "nstep",
-                                          "pomdp"],
+                                          "pomdp", "weights"],
                         default="pendulum")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
-                        help="--row cartpole, nstep and the ppo rows: seeds to run")
+                        help="--row cartpole, nstep, weights and the ppo rows: seeds to run")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="--row weights: which of float32, float16, int8, normalize_obs (default: all)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.row.startswith("ppo"):
@@ -170,6 +176,15 @@ def main() -> int:
             nstep = run_nstep(Path(d), args.seeds, args.max_steps or 15_000)
         report_nstep(nstep)
         print(json.dumps(nstep))
+        return 0
+    if args.row == "weights":
+        from benchmarks.weights import report as report_weights
+        from benchmarks.weights import run_row as run_weights
+
+        with tempfile.TemporaryDirectory(prefix="netrl-bench-weights-") as d:
+            row = run_weights(Path(d), args.seeds, args.max_steps or 15_000, args.variants)
+        report_weights(row)
+        print(json.dumps(row))
         return 0
     if args.row == "pomdp":
         from benchmarks.pomdp import report as report_pomdp

@@ -86,6 +86,12 @@ class EnvConfig:
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
     hide_obs: list[int] = _f([], "gym pipeline: indices of the flat observation left out (a partially observed env, "
                              "e.g. [2] hides Pendulum-v1's angular velocity; see netrl.envs.pomdp)", hidden_indices)
+    normalize_obs: bool = _f(False, "normalise each float Box leaf of the observation by running statistics of the "
+                             "samples the trainer receives, published to the workers as the model obs_norm "
+                             "(docs/weights.md); the memory keeps raw observations")
+    normalize_obs_clip: float = _f(10.0, "normalised observations are clipped to [-clip, clip]", gt(0))
+    normalize_obs_every: int = _f(0, "training steps between publications of the observation statistics (0: with "
+                                  "every policy publication)", ge(0))
 
 
 def seconds(v: float) -> str | None:

@@ -234,7 +234,13 @@ class MemoryDataloading(ABC):
         batch_size: transitions per batch.
         dataset_path: optional ``.npz`` file of samples to start from, written by :func:`save_dataset` (see
             :meth:`load_dataset`). Unlike tmrl, not a folder holding a pickled ``data.pkl``.
+
+    ``obs_transform`` (an attribute, None by default): a callable applied to a batch's ``obs`` and ``next_obs``
+    (trees of tensors on ``device``) after they are gathered, before the batch is returned, so the memory keeps the
+    observations as they arrived. The trainer sets it to its observation normaliser (``env.normalize_obs``).
     """
+
+    obs_transform: Callable[[Any], Any] | None = None  # a class attribute: tmrl memories skip our __init__ too
 
     def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
                  | None = None, sample_preprocessor: Callable[..., Any] | None = None,
@@ -309,6 +315,8 @@ class MemoryDataloading(ABC):
                 o, a, r, o2, term, trunc = self.sample_preprocessor(o, a, r, o2, term, trunc)
             items.append((o, a, np.float32(r), o2, np.float32(term), np.float32(trunc)))
         o, a, r, o2, term, trunc = collate(items, self.device)
+        if self.obs_transform is not None:
+            o, o2 = self.obs_transform(o), self.obs_transform(o2)
         # float64 actions (Python floats) train as float32; integer ones (Discrete) stay integers
         return Batch(o, a.float() if a.is_floating_point() else a, r.float(), o2, term.float(), trunc.float())
 

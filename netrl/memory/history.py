@@ -315,8 +315,10 @@ class HistoryMemory(MemoryDataloading):
             if view.into == "extra":
                 window = _tensor(windows[view.name], d)
                 extra[view.name], extra["next_" + view.name] = window[:, :-1], window[:, 1:]
-        return Batch(_tensor(o, d), _tensor(a, d), _tensor(r, d), _tensor(o2, d), _tensor(term, d),
-                     _tensor(trunc, d), weight, extra=extra)
+        o, o2 = _tensor(o, d), _tensor(o2, d)
+        if self.obs_transform is not None:  # new tensors: the stored rows stay raw
+            o, o2 = self.obs_transform(o), self.obs_transform(o2)
+        return Batch(o, _tensor(a, d), _tensor(r, d), o2, _tensor(term, d), _tensor(trunc, d), weight, extra=extra)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style

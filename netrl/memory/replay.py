@@ -304,8 +304,11 @@ class ReplayMemory(MemoryDataloading):
             extra["discount"] = to_tensor((self.gamma ** steps).astype(np.float32), d)
         if importance is not None:
             extra["index"] = to_tensor(self._absolute(idx), d)
-        return Batch(to_tensor(o, d), to_tensor(a, d), to_tensor(r, d), to_tensor(o2, d), to_tensor(term, d),
-                     to_tensor(trunc, d), weight, extra=extra)
+        o, o2 = to_tensor(o, d), to_tensor(o2, d)
+        if self.obs_transform is not None:  # new tensors: the gather buffers keep the raw observations
+            o, o2 = self.obs_transform(o), self.obs_transform(o2)
+        return Batch(o, to_tensor(a, d), to_tensor(r, d), o2, to_tensor(term, d), to_tensor(trunc, d), weight,
+                     extra=extra)
 
     def get_transition(self, item: int) -> Transition:
         """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code).

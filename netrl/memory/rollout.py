@@ -155,8 +155,10 @@ class RolloutMemory(MemoryDataloading):
         d = self.device
         extra = {k[len("extra/"):]: to_tensor(v, d) for k, v in cols.items() if k.startswith("extra/")}
         extra["traj_ids"] = to_tensor(cols["traj_ids"], d)
-        return Batch(to_tensor(o, d), to_tensor(a, d), to_tensor(r, d), to_tensor(o2, d), to_tensor(term, d),
-                     to_tensor(trunc, d), extra=extra)
+        o, o2 = to_tensor(o, d), to_tensor(o2, d)
+        if self.obs_transform is not None:  # new tensors: the stored rows stay raw
+            o, o2 = self.obs_transform(o), self.obs_transform(o2)
+        return Batch(o, to_tensor(a, d), to_tensor(r, d), o2, to_tensor(term, d), to_tensor(trunc, d), extra=extra)
 
     def policy_versions(self) -> np.ndarray:
         """The weight version of every stored transition, in :meth:`sample`'s order."""

@@ -148,7 +148,8 @@ class Trainer:
             total_frames=t.total_frames, collection=t.collection, frames_per_batch=t.frames_per_batch,
             rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
             sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, memory_device=m.device,
-            compile=t.compile)
+            compile=t.compile, normalize_obs=cfg.env.normalize_obs, normalize_obs_clip=cfg.env.normalize_obs_clip,
+            normalize_obs_every=cfg.env.normalize_obs_every)
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,

@@ -46,7 +46,8 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
         if act is None:
             act, extra = _actor_action(w, obs, test)
         elif w.recurrent is not None:  # the state advances under random actions too, and is recorded
-            _, chosen = w.recurrent.act(w.actor, w.obs_preprocessor(obs) if w.obs_preprocessor else obs, test)
+            _, chosen = w.recurrent.act(w.actor, w.policy_obs(w.obs_preprocessor(obs) if w.obs_preprocessor else obs),
+                                        test)
             extra = w.recurrent.random_extras(chosen)
         obs, rew, terminated, truncated, info = w.env_calls.call("step", w.env.step, act)
         if not w._checked:
@@ -78,7 +79,7 @@ def one_env_steps(w: Any, test: bool, stop: threading.Event) -> Generator[None, 
 def _actor_action(w: Any, obs: Any, test: bool) -> tuple[Any, dict[str, Any] | None]:
     """The actor's action for one observation, and the row's extras (None when the actor declares none); the first
     action is checked (also when random actions came first)."""
-    o = w.obs_preprocessor(obs) if w.obs_preprocessor else obs
+    o = w.policy_obs(w.obs_preprocessor(obs) if w.obs_preprocessor else obs)
     extra = None
     if w.recurrent is not None:
         act, extra = w.recurrent.act(w.actor, o, test)

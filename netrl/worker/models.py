@@ -40,6 +40,16 @@ class ExtraModels:
     def __bool__(self) -> bool:
         return bool(self.current)
 
+    def add(self, name: str, module: torch.nn.Module, owner: str) -> None:
+        """One more target (before the worker connects), e.g. env.normalize_obs's "obs_norm"."""
+        if name in self.current:
+            raise ValueError(f"{owner} adds the model {name!r}, which RolloutWorker(models=...) names too: leave it "
+                             "out of models")
+        check_model_names([*self.current, name], owner)
+        self.current[name] = module
+        self.versions[name] = -1
+        self._columns[name] = version_column(name)
+
     def make_receivers(self) -> dict[str, WeightReceiver]:
         """One receiver per model, each with spare copies of its module (nothing is saved to disk)."""
         self.receivers = {name: WeightReceiver(copy.deepcopy(module), copy.deepcopy(module), -1, None, model=name)

@@ -49,7 +49,8 @@ def worker_from_config(cls: Any, cfg: Config, pipeline: Any) -> Any:
                      status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
                      env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
                      num_envs=w.num_envs, vectorization=w.vectorization, init_random_frames=w.init_random_frames,
-                     run_dir=cfg.run_dir, torch_threads=cfg.torch_threads)
+                     run_dir=cfg.run_dir, torch_threads=cfg.torch_threads, normalize_obs=cfg.env.normalize_obs,
+                     normalize_obs_clip=cfg.env.normalize_obs_clip)
     except BaseException:
         if name_lock is not None:
             name_lock.release()

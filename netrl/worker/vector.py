@@ -221,6 +221,7 @@ class VectorEnvs:
         w = self.worker
         if w.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([w.obs_preprocessor(row(obs, i)) for i in range(self.n)])
+        obs = w.policy_obs(obs)  # env.normalize_obs
         if self.test.all() or not self.test.any():
             return self._choose(obs, bool(self.test[0]), np.arange(self.n))
         out: np.ndarray | None = None

@@ -28,6 +28,7 @@ from netrl.actor import declared_extras
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
+from netrl.envs.normalize import ObsNormalizer
 from netrl.errors import EnvFailure, NetrlError
 from netrl.lifecycle import Runs, RunStop, ctrl_c_stops
 from netrl.monitor.metrics import CsvLog
@@ -36,7 +37,7 @@ from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.wire import Codec
-from netrl.samples import EpisodeStats, check_extra_spec
+from netrl.samples import EpisodeStats, check_extra_spec, tree_map
 from netrl.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
@@ -113,6 +114,8 @@ class RolloutWorker:
         vectorization: "sync" (the envs step one after another in this process) or "async" (a process per env).
         init_random_frames: act uniformly at random from the action space until the trainer holds this many samples
             (as the server tells; in test episodes and standalone, never); 0: off.
+        normalize_obs, normalize_obs_clip: ``env.normalize_obs``: ``act`` gets observations normalised by
+            :attr:`obs_norm` (the trainer's statistics as last received; see :meth:`policy_obs`).
 
     The arguments after ``obs_preprocessor`` are keyword-only: tmrl's positional order has ``crc_debug`` there,
     which netrl does not take, so a call in that order would give every later value to the wrong parameter.
@@ -137,6 +140,7 @@ class RolloutWorker:
                  on_env_failure: Literal["stop", "reset"] = "stop", num_envs: int = 1,
                  vectorization: Vectorization = "sync", init_random_frames: int = 0,
                  run_dir: str | Path | None = "weights/run", torch_threads: int | None = 1,
+                 normalize_obs: bool = False, normalize_obs_clip: float = 10.0,
                  models: Mapping[str, torch.nn.Module] | None = None) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1 (got {num_envs!r})")
@@ -152,6 +156,13 @@ class RolloutWorker:
                              f"(got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
+        if normalize_obs and obs_preprocessor is not None:  # the trainer's statistics are of the raw observations
+            raise ValueError("env.normalize_obs is true and the worker has an obs_preprocessor: normalise inside the "
+                             "obs_preprocessor instead, or set env.normalize_obs to false")
+        self.normalize_obs, self.normalize_obs_clip = normalize_obs, normalize_obs_clip
+        # env.normalize_obs: the statistics act's observations are normalised with (start); the trainer's "obs_norm"
+        # model replaces them as versions arrive
+        self.obs_norm: ObsNormalizer | None = None
         self.torch_threads = torch_threads
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
         self.sample_compressor, self.obs_preprocessor = sample_compressor, obs_preprocessor
@@ -281,6 +292,9 @@ class RolloutWorker:
             self._logged_episodes, self._logged_steps = self.episode_log.last_ints("episode", "env_steps")
         self.actor = self.actor_module_cls(self.observation_space, self.action_space).to(self.device)
         self.actor.eval()
+        if self.normalize_obs:  # mean 0, var 1 until the trainer's statistics arrive
+            self.obs_norm = ObsNormalizer(self.observation_space, self.normalize_obs_clip)
+            self.models.add("obs_norm", self.obs_norm, "env.normalize_obs")  # the trainer's versions replace it
         self.extra_spec = check_extra_spec(declared_extras(self.actor), type(self.actor).__name__)
         if getattr(self.actor, "recurrent_state", dict)():
             self.recurrent = RecurrentStates(self.actor, self.num_envs)
@@ -314,6 +328,16 @@ class RolloutWorker:
             raise KeyError(f"worker {self.worker_id} has no model {name!r}; its models: {sorted(self.models.current)} "
                            "(RolloutWorker(models={name: module}))")
         return self.models.current[name]
+
+    def policy_obs(self, obs: Any) -> Any:
+        """What ``act`` gets for ``obs`` (one observation or a batch, after any obs_preprocessor): with
+        env.normalize_obs, normalised by :attr:`obs_norm` (float leaves as float32 arrays), else ``obs`` itself. The
+        packets carry the raw observation."""
+        if self.obs_norm is None:
+            return obs
+        with torch.no_grad():
+            out = self.obs_norm(obs)
+        return tree_map(lambda x: x.numpy() if isinstance(x, torch.Tensor) else x, out)
 
     def _load_model_file(self, path: str) -> None:
         version = load_model_file(path, self.actor, self.standalone)
@@ -551,6 +575,8 @@ class RolloutWorker:
             self.version = version
         if self.models:
             self.models.swap()
+            if self.obs_norm is not None:
+                self.obs_norm = self.models.current["obs_norm"]  # type: ignore[assignment]  # a copy of it
 
     def _wait_for_pace(self, stop: threading.Event) -> None:
         if self.net is not None:
