@@ -46,6 +46,7 @@ from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encod
 from netrl.samples import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.encoding import Encoded, WeightEncoder
 from netrl.util import version_label, worth_logging
 
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
@@ -83,6 +84,7 @@ class _Snapshot:
     layout: list[list[Any]]
     views: list[torch.Tensor]
     trackers: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
+    busy: bool = False  # waiting for the encoding thread, which reads it (network.weight_format)
 
 
 @dataclasses.dataclass
@@ -104,8 +106,13 @@ class TrainerLink(NetThread):
                  deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0,
                  live: Callable[[], dict[str, Any]] | None = None,
-                 record_version: Callable[[int, str], None] | None = None) -> None:
+                 record_version: Callable[[int, str], None] | None = None, weight_format: str = "float32",
+                 weight_budget_s: float = 1.0) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
+        # network.weight_format: float32 alone is sent as today, from the training thread; any other setting is
+        # encoded on a thread of its own (netrl.trainer.encoding). FormatError for an unknown setting.
+        self.encoder = None if weight_format == "float32" else WeightEncoder(weight_format, weight_budget_s)
+        self._command_lock = threading.Lock()  # the training and the encoding threads share the pipe's socket
         self.live = live  # TrainingOffline.live
         self.record_version = record_version  # notes a version on disk before it is sent (Trainer._record_version)
         self._status = StatusClock(status_interval_s)
@@ -163,6 +170,22 @@ class TrainerLink(NetThread):
         the two cannot disagree."""
         self.collect = dict(collect)
 
+    def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:
+        with self._command_lock:
+            return super().command(frames, track)
+
+    def halt(self, timeout: float = 5.0) -> None:
+        """Stop the thread, after the encoding thread has handed on what it was given (up to ``timeout`` s)."""
+        if self.encoder is not None:
+            self.encoder.wait(timeout)
+            self.encoder.close(timeout)
+        super().halt(timeout)
+
+    def weight_metrics(self) -> dict[str, float]:
+        """The newest lossy version's measured error per format, for the metrics (``weights_max_error/<format>``)."""
+        errors = self.encoder.max_errors if self.encoder is not None else {}
+        return {f"weights_max_error/{name}": error for name, error in errors.items()}
+
     @property
     def weights(self) -> list[list[Any]]:
         """Every part of the policy's newest version."""
@@ -199,23 +222,44 @@ class TrainerLink(NetThread):
         layout, nbytes = flat_layout(state)
         snap = self._free_snapshot(layout, nbytes)
         copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
-        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, snap.flat, layout,
-                                PART_BYTES, fields):
+        self._snapshots.append(snap)
+        if self.encoder is not None:  # encoded and sent on the encoding thread
+            snap.busy = True
+            self.encoder.put(model, version, trained_steps, snap.flat, layout,
+                             lambda out: self._send_encoded(model, slot, version, trained_steps, snap, out),
+                             lambda: setattr(snap, "busy", False))
+            return
+        self._send(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
+        log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
+                  len(snap.trackers))
+
+    def _send(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot) -> None:
+        """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy until sent)."""
+        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, out.data, snap.layout,
+                                PART_BYTES, out.fields):
             if self.collect is not None and model == POLICY:
                 msg.body["collect"] = self.collect
             tracker = self.command([command_head(Command.WEIGHTS, slot | msg.body["part"], version), *encode(msg)],
-                                   track=True)
-            assert tracker is not None
-            snap.trackers.append(tracker)
-        self._snapshots.append(snap)
-        log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
-                  len(snap.trackers))
+                                   track=out.snapshot)
+            if tracker is not None:
+                snap.trackers.append(tracker)
+
+    def _send_encoded(self, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot,
+                      out: list[Encoded]) -> None:
+        """Encoding thread: send a version's encodings, then free its snapshot (unless a send still reads it)."""
+        try:
+            for encoded in out:
+                self._send(encoded, model, slot, version, trained_steps, snap)
+        except NetrlError:  # the network thread has stopped: the training thread hears of it at its next call
+            pass
+        finally:
+            snap.busy = False
 
     def _free_snapshot(self, layout: list[list[Any]], nbytes: int) -> _Snapshot:
         """A buffer no send still reads, with views for ``layout``: the network thread keeps the newest version
         until the next one."""
         for i, snap in enumerate(self._snapshots):
-            if snap.flat.nbytes == nbytes and all(t.done for t in snap.trackers):
+            if snap.flat.nbytes == nbytes and not snap.busy and all(t.done for t in snap.trackers):
                 del self._snapshots[i]
                 if snap.layout != layout:  # another actor of the same size: view it anew, padding zeroed again
                     snap.flat.fill(0)
@@ -334,15 +378,16 @@ class TrainerLink(NetThread):
             return
         if kind is Command.WEIGHTS:
             slotted, version = values
-            model, part = self.models[slotted >> _SLOT_SHIFT], slotted & ((1 << _SLOT_SHIFT) - 1)
+            model = self.models[slotted >> _SLOT_SHIFT]  # (the part number itself is in the message)
             if self._outnumbered(version, model):
                 return
             box = self.outboxes.setdefault(model, _Outbox())
-            if part == 0 and box.unsent and box.version != box.writing_version:
-                self._superseded(model, version, box.version)
-            box.parts = [payload] if part == 0 else [*box.parts, payload]
-            box.unsent = [payload] if part == 0 else [*box.unsent, payload]
-            box.version = version
+            if version != box.version:  # a new version: its encodings (each from its part 0) replace the last's
+                if box.unsent and box.version != box.writing_version:
+                    self._superseded(model, version, box.version)
+                box.parts, box.unsent, box.version = [], [], version
+            box.parts.append(payload)
+            box.unsent.append(payload)
             self._send_weights()
             return
         if kind is not Command.PROGRESS:

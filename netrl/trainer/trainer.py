@@ -33,6 +33,7 @@ from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
 from netrl.protocol.models import POLICY, check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
+from netrl.protocol.weight_formats import formats_for
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sample_row_bytes
 from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
@@ -73,6 +74,9 @@ class Trainer:
             trainer shares with a worker or the server.
         max_rows_per_packet: rows a sample packet may hold (the server's ``server.max_rows_per_packet``): a packet
             beyond it, or beyond that many rows of the expected layout in bytes, is refused before it is inflated.
+        weight_format, weight_budget_s: how weights are encoded for the workers (``network.weight_format``: float32,
+            float16, bfloat16, int8, delta, auto or a registered format) and auto's time per version to a worker;
+            None: the ``network`` config's.
         models: further modules to sync to the workers besides the actor, by name (those of the agent's
             ``extra_models()`` come too): each published every ``ModelSpec.every`` training steps under a version
             counter of its own, loaded by the workers into their target of the same name, and recorded in every
@@ -91,7 +95,8 @@ class Trainer:
                  persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
                  keys: ClientKeys | None = None, status_interval_s: float = 10.0,
                  max_rows_per_packet: int = 65_536, torch_threads: int | None = 1,
-                 models: dict[str, ModelSpec] | None = None) -> None:
+                 models: dict[str, ModelSpec] | None = None, weight_format: str | None = None,
+                 weight_budget_s: float | None = None) -> None:
         if torch_threads is not None and not 1 <= torch_threads <= 1024:
             raise ValueError(f"torch_threads must be between 1 and 1024, or None to leave torch's setting "
                              f"(got {torch_threads!r})")
@@ -106,6 +111,11 @@ class Trainer:
             from dataclasses import replace
 
             self.network = replace(self.network, server_ip=server_ip)
+        self.weight_format = self.network.weight_format if weight_format is None else weight_format
+        self.weight_budget_s = self.network.weight_budget_s if weight_budget_s is None else weight_budget_s
+        formats_for(self.weight_format)  # FormatError naming the known ones (a custom format: register it first)
+        if not 0 < self.weight_budget_s <= 3600:
+            raise ValueError(f"weight_budget_s must be > 0 and at most 3600 s (got {self.weight_budget_s!r})")
         self.server_port = server_port
         self.run_dir = Path(run_dir)
         self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
@@ -243,7 +253,7 @@ class Trainer:
             guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
-                                     self._record_version)
+                                     self._record_version, self.weight_format, self.weight_budget_s)
         net.version = training.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
@@ -258,7 +268,7 @@ class Trainer:
                  training.rounds, training.steps, training.device)
         while training.epoch < training.epochs and not stop.is_set() and not training.frames_done():
             for stats in training.run_epoch(net, stop):
-                self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"]})
+                self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"], **net.weight_metrics()})
             if not stop.is_set():
                 self._save()
         if training.frames_done() and not stop.is_set():  # (saved just above)

@@ -23,6 +23,7 @@ import torch
 from netrl.errors import ProtocolError
 from netrl.protocol.messages import Message
 from netrl.protocol.models import POLICY, version_column
+from netrl.protocol.weight_formats import FormatError, WeightFormat, crc, flat_nbytes
 from netrl.protocol.weights import (
     KnownLayout,
     WeightAssembler,
@@ -34,6 +35,7 @@ from netrl.protocol.weights import (
     weight_specs,
 )
 from netrl.util import worth_logging
+from netrl.worker.weight_decode import Encodings, Refused
 
 __all__ = ["ModelReceivers", "WeightReceiver", "WeightSlot"]
 
@@ -188,6 +190,10 @@ class WeightReceiver:
         self._save_failing = False
         self._saver = _Saver(self._write) if save is not None else None  # None: nothing to keep on disk
         self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
+        # versions in another format than float32, and deltas (netrl.worker.weight_decode); an encoding may be larger
+        # than the flat buffer (a custom format, a delta of random bytes), within reason
+        self.encodings = Encodings(max_bytes=2 * self.known.nbytes + (1 << 20))
+        self.need_full = -1  # a version refused for a reason a full version cures: its ACK asks for one
 
     def __call__(self, msg: Message) -> dict[str, Any]:
         b, version, session = msg.body, msg.policy_version, msg.body["session"]
@@ -198,6 +204,8 @@ class WeightReceiver:
                 self.counts["weight_parts_dropped"] += 1  # the version was rejected (and logged) once: not per part
                 return self.stats()
             self._rejected = None  # sent again from its part 0: a new try
+        if "base" in b or b.get("format", "float32") != "float32":
+            return self._encoded(msg)
         try:
             into = self._landing(b["nbytes"], b["layout"]) if b["part"] == 0 else None
             self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
@@ -205,6 +213,12 @@ class WeightReceiver:
             if not self.assembler.done:
                 return self.stats()
             flat, layout = self.assembler.take()
+            if "crc" in b and crc(flat) != b["crc"]:  # (a trainer sending deltas: the base of the next one)
+                raise Refused(f"weights v{version} in float32 have the crc {crc(flat):#010x}, not the trainer's "
+                              f"{b['crc']:#010x}")
+        except Refused as exc:
+            self._drop_target()
+            return self._reject(session, version, str(exc), need_full=True)
         except ValueError as exc:
             return self._reject(session, version, str(exc))
         target, self._target = self._target, None
@@ -220,6 +234,56 @@ class WeightReceiver:
             if loaded is None:
                 return self.stats()
             module = loaded
+        if "crc" in b:
+            self.encodings.keep("float32", version, flat.copy())  # the module may view flat, and a spare reuses it
+        return self._loaded(version, session, module)
+
+    def _encoded(self, msg: Message) -> dict[str, Any]:
+        """A version in another format, or a delta: assembled apart, decoded into a spare module, checked."""
+        b, version, session = msg.body, msg.policy_version, msg.body["session"]
+        if b["part"] == 0:
+            self._drop_target()  # a float32 version cut short
+        try:
+            if not self.encodings.add(session, version, b, msg.arrays["chunk"]):
+                return self.stats()
+            fmt, encoding, layout = self.encodings.take(version, b)
+            module = self._decode(session, version, fmt, encoding, layout)
+        except Refused as exc:
+            return self._reject(session, version, str(exc), need_full=True)
+        except ValueError as exc:
+            return self._reject(session, version, str(exc))
+        if module is None:  # rejected (and logged) by the checks
+            return self.stats()
+        self.encodings.keep(fmt.name, version, encoding)
+        return self._loaded(version, session, module)
+
+    def _decode(self, session: str, version: int, fmt: WeightFormat, encoding: np.ndarray,
+                layout: list[Any]) -> torch.nn.Module | None:
+        """Decode into a spare module (a CPU one in the worker's own layout: straight into its buffer) and check it
+        as a float32 version is checked; None: rejected."""
+        try:
+            if self._on_cpu and layout == self.known.layout:
+                target = self._bind(self.slot.take_spare())
+                try:
+                    fmt.decode(encoding, layout, target.flat)
+                except FormatError:
+                    self.slot.give_back(target.module)
+                    raise
+                problems = [] if sum_is_finite(target.whole) else check_weights(
+                    self.specs, {k: t.detach() for k, t in target.own.items()})
+                if problems:
+                    self.slot.give_back(target.module)
+                    self._reject(session, version, "; ".join(problems[:5]))
+                    return None
+                return target.module
+            out = np.zeros(flat_nbytes(layout), np.uint8)
+            fmt.decode(encoding, layout, out)
+        except FormatError as exc:
+            raise Refused(f"weights v{version} in {fmt.name}: {exc}") from None
+        return self._load_copy(session, version, out, layout)
+
+    def _loaded(self, version: int, session: str, module: torch.nn.Module) -> dict[str, Any]:
+        self.need_full = -1
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
         if len(self.loaded_at) > self._KEEP_LOADED_AT:  # one entry per version would grow for as long as it runs
@@ -306,11 +370,15 @@ class WeightReceiver:
             log.info("saving received weights works again (v%d saved)", version)
         self._save_failing = False
 
-    def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
+    def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None,
+                need_full: bool = False) -> dict[str, Any]:
         self.assembler.release(flat)
         self._drop_target()
         self._rejected = (session, version)
         self.counts["weights_rejected"] += 1
+        if need_full:
+            self.need_full = version
+            self.counts["weights_need_full"] += 1
         if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions
             why = why if len(why) <= 2000 else why[:2000] + "..."  # it may quote tensor names of any length
             log.error("rejected %s v%d from the server (%d rejected so far; the worker keeps the version it has): "
@@ -354,7 +422,10 @@ class ModelReceivers:
         model = msg.body.get("model", POLICY)
         if model not in self.receivers:
             return None
-        return {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")}
+        ack = {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")}
+        if self.receivers[model].need_full == msg.policy_version:
+            ack["need_full"] = True  # the server sends a full version of the model next
+        return ack
 
     def _reject_unknown(self, model: str, msg: Message) -> None:
         if msg.body["part"] != 0:

@@ -36,6 +36,7 @@ from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
+from netrl.protocol.weight_formats import format_names
 from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats, check_extra_spec, tree_map
 from netrl.spaces import default_value
@@ -318,7 +319,7 @@ class RolloutWorker:
             self.net.weight_stats = receivers.stats()  # a policy loaded from model_path, until weights come
             bounds = self.packets.bounds() if self.vec is None else self.vec.bounds()
             self.net.link.hello_extra = {**bounds, "paced": self.throttle, "models": list(receivers.receivers),
-                                         "formats": ["float32"]}
+                                         "formats": format_names()}
             self.net.start()
 
     def model(self, name: str) -> torch.nn.Module:
