@@ -68,20 +68,27 @@ def tensors(flat: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarray]:
     return {n: np.frombuffer(flat, np.dtype(d), math.prod(s), o).reshape(s) for n, d, s, o in layout}
 
 
-def int8_scales(encoding: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarray]:
-    """The scales of an int8 encoding, read as the module docstring lays them out (8-byte aligned parts)."""
-    scales, at = {}, 0
+def int8_parts(encoding: np.ndarray, layout: list[list[Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The scales and codes of each float32 tensor in an int8 encoding, viewed as the module docstring lays them
+    out (8-byte aligned parts)."""
+    parts, at = {}, 0
     for name, dtype, shape, _ in layout:
         size = math.prod(shape)
         if dtype == "<f4":
             rows = shape[0] if len(shape) >= 2 else 1
-            scales[name] = np.frombuffer(encoding, np.float32, rows, at)
-            nbytes = -(-4 * rows // 8) * 8 + size
+            codes_at = at + -(-4 * rows // 8) * 8
+            codes = encoding[codes_at:codes_at + size].view(np.int8)
+            parts[name] = (np.frombuffer(encoding, np.float32, rows, at), codes)
+            nbytes = codes_at - at + size
         else:
             nbytes = size * np.dtype(dtype).itemsize
         at += -(-nbytes // 8) * 8
     assert at == encoding.nbytes
-    return scales
+    return parts
+
+
+def int8_scales(encoding: np.ndarray, layout: list[list[Any]]) -> dict[str, np.ndarray]:
+    return {name: scales for name, (scales, _) in int8_parts(encoding, layout).items()}
 
 
 def check_promise(fmt: str, original: np.ndarray, decoded: np.ndarray, layout: list[list[Any]],
@@ -191,9 +198,13 @@ def test_int8_scales_are_kept_while_rows_stay_in_range() -> None:
     w[5] *= 3  # grows past 127 * scale: row 5 alone takes a new scale
     w[6] /= 3  # shrinks under half its range: so does row 6
     w[7] = 0
-    third = int8_scales(encoder.encode(flat.copy()), layout)[big]
+    w[8] *= np.float32(126.9 * scales[big][8] / np.abs(w[8]).max())  # grows within range: keeps its scale, and
+    # its peak takes code +-127
+    encoding = encoder.encode(flat.copy())
+    third, codes = int8_parts(encoding, layout)[big]
     changed = np.flatnonzero(third != scales[big])
     assert list(changed) == [5, 6, 7]
+    assert np.abs(codes.reshape(w.shape)[8]).max() == 127
     assert third[5] == pytest.approx(np.abs(w[5]).max() * 1.125 / 127, rel=1e-6) and third[7] == 0
     out = np.zeros_like(flat)
     wf.get_format("int8").decode(encoder.encode(flat.copy()), layout, out)
@@ -296,6 +307,10 @@ def test_hostile_encodings_and_layouts_raise_format_error() -> None:
     bad = encoding.copy()
     int8_scales(bad, layout)["lin.weight"][1] = -1.0  # a view into bad
     with pytest.raises(FormatError, match=r"tensor 'lin.weight': an int8 scale is negative"):
+        int8.decode(bad, layout, out)
+    bad = encoding.copy()
+    int8_parts(bad, layout)["conv"][1][5] = -128
+    with pytest.raises(FormatError, match=r"tensor 'conv': an int8 code is -128, outside \[-127, 127\]"):
         int8.decode(bad, layout, out)
     with pytest.raises(FormatError, match=r"layout entry 1 .* has the dtype 'complex'"):
         int8.decode(encoding, [layout[0], ["x", "complex", [2], 64]], out)
