@@ -327,8 +327,8 @@ class _BFloat16(_Parts):
 
 class _Int8(_Parts):
     name, rank = "int8", 3
-    promise = ("absolute error <= scale/2 per element (plus float32 rounding, under scale * 2**-16), "
-               "scale = the row's max|w| / 127 to 1.125 * max|w| / 127; one scale per output channel")
+    promise = ("absolute error <= scale/2 per element (plus float32 rounding, under scale * 2**-16), with one scale "
+               "per output channel, between max|w| / 127 and 2 * max|w| / 127 of its row")
 
     def part_nbytes(self, e: Entry) -> int:
         return _align(4 * e.rows, _PART_ALIGN) + e.size

@@ -108,6 +108,8 @@ def check_promise(fmt: str, original: np.ndarray, decoded: np.ndarray, layout: l
             bound = np.maximum(np.abs(w64) * 2**-8, 2**-134)
         else:
             s = scales[name].astype(np.float64)
+            peak = np.abs(w64.reshape(s.size, -1 if w.size else 0)).max(axis=1, initial=0)
+            assert (peak / 127 <= s * (1 + 1e-6)).all() and (s <= 2 * peak / 127 * (1 + 1e-6)).all(), name
             s = s.reshape(-1, *([1] * (w.ndim - 1))) if w.ndim >= 2 else s[0]
             bound = np.broadcast_to(s / 2 + s * 2**-16, w.shape)
         assert (err <= bound).all(), (fmt, name, float((err - bound).max()))
