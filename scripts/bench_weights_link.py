@@ -204,8 +204,11 @@ def _read(p: subprocess.Popen[str], into: list[dict[str, Any]]) -> None:
 def _wait(what: str, until: Any, timeout: float, procs: list[subprocess.Popen[str]]) -> None:
     deadline = time.monotonic() + timeout
     while not until():
-        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            raise SystemExit(f"{what} did not happen within {timeout:.0f} s (or a child exited)")
+        exited = [p.args[2] for p in procs if p.poll() is not None]  # "_trainer" or "_worker"
+        if exited:
+            raise SystemExit(f"waiting for {what}: {' and '.join(exited)} exited (its error is above)")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not happen within {timeout:.0f} s")
         time.sleep(0.05)
 
 
@@ -359,11 +362,14 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> list[str]:
-    base = next((r["median_s"] for r in results if r["run"] == "float32"), None)
+    base = next((r.get("median_s") for r in results if r["run"] == "float32"), None)
     lines = ["| run | bytes per version | versions applied / published | first version | publish -> loaded median / "
              "p90 / max | vs float32 | version lag median / max (max, 2nd half) | TCP connections | forwarder CPU |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['run']} | failed: {r['error']} |" + " |" * 7)
+            continue
         ratio = f"{base / r['median_s']:.2f}x faster" if base and r["median_s"] else "-"
         lines.append(f"| {r['run']} | {_num(r['bytes_per_version'], ',.0f')} | {r['applied']} / {r['published']} | "
                      f"{_num(r['first_s'], '.2f')} s | {_num(r['median_s'], '.2f')} / {_num(r['p90_s'], '.2f')} / "
@@ -375,7 +381,7 @@ def table(results: list[dict[str, Any]]) -> list[str]:
 
 def verdict(results: list[dict[str, Any]]) -> str | None:
     """The issue's target, when both rows ran: auto's median publish -> loaded at least 4x below float32's."""
-    med = {r["run"]: r["median_s"] for r in results}
+    med = {r["run"]: r.get("median_s") for r in results}
     if not med.get("float32") or not med.get("auto"):
         return None
     ratio = med["float32"] / med["auto"]
@@ -422,7 +428,10 @@ def main() -> int:
             results.append(run_raw(args))
             print("\n".join(table(results)[-1:]), flush=True)
         for fmt in formats:
-            results.append(run_netrl(fmt, args, tmp))
+            try:
+                results.append(run_netrl(fmt, args, tmp))
+            except SystemExit as exc:  # e.g. a format this checkout does not know: the child's error is above
+                results.append({"run": fmt, "error": str(exc)})
             print("\n".join(table(results)[-1:]), flush=True)
     lines = table(results)
     target = verdict(results)
