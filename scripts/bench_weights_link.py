@@ -259,7 +259,6 @@ def run_netrl(fmt: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     procs: list[subprocess.Popen[str]] = []
     try:
         with WanLink(data["network"]["worker_port"], args.rtt_ms, args.loss, args.bandwidth_mbit) as wan:
-            cpu0, wall0 = wan.cpu_s(), time.monotonic()
             trainer_out: list[dict[str, Any]] = []
             worker_out: list[dict[str, Any]] = []
             trainer = _spawn("_trainer", str(cfg), str(args.hidden), fmt, str(args.budget_s), str(args.interval),
@@ -271,7 +270,7 @@ def run_netrl(fmt: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             _wait("the trainer's and the worker's connections", lambda: any("ready" in r for r in trainer_out) and any(
                 "ready" in r for r in worker_out), 120, procs)
             time.sleep(1.0)  # the worker's first heartbeats and ACK window settle over the long link
-            down0 = wan.stats.bytes["down"]
+            down0, cpu0, wall0 = wan.stats.bytes["down"], wan.cpu_s(), time.monotonic()  # the measured window
             assert trainer.stdin is not None
             trainer.stdin.write("go\n")
             trainer.stdin.flush()
@@ -313,7 +312,6 @@ def run_raw(args: argparse.Namespace) -> dict[str, Any]:
     loaded: dict[int, float] = {}
     try:
         with WanLink(port, args.rtt_ms, args.loss, args.bandwidth_mbit) as wan:
-            cpu0, wall0 = wan.cpu_s(), time.monotonic()
             rpublic, rsecret = zmq.curve_keypair()
             receiver.curve_publickey, receiver.curve_secretkey, receiver.curve_serverkey = rpublic, rsecret, public
             receiver.connect(f"tcp://127.0.0.1:{wan.port}")
@@ -329,7 +327,7 @@ def run_raw(args: argparse.Namespace) -> dict[str, Any]:
             far.start()
             sender.send_multipart([b"0", b"hello"])  # the connection and CURVE handshake, before the clock starts
             sender.recv()
-            down0 = wan.stats.bytes["down"]
+            down0, cpu0, wall0 = wan.stats.bytes["down"], wan.cpu_s(), time.monotonic()
             start = time.time()
             sent = version = 0  # the newest version sent (its arrival is awaited before another is sent), published
             while True:
