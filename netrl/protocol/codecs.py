@@ -8,6 +8,7 @@ would inflate beyond it (a decompression bomb) stops there. :mod:`netrl.protocol
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Literal
 
 import lz4.block
@@ -23,8 +24,10 @@ CODECS = ("none", "zstd", "lz4")
 COMPRESS_MIN_BYTES = 1024
 
 
-class _Compressors:
-    """Reused (de)compressor objects; creating them per message costs more than small payloads."""
+class _Compressors(threading.local):
+    """Reused (de)compressor objects, one pair per thread: creating them per message costs more than small
+    payloads, and python-zstandard's objects must not be used by two threads at once (a trainer's network thread
+    decodes packets while its training thread replays the sample log)."""
 
     def __init__(self) -> None:
         self.zstd_c = zstandard.ZstdCompressor(level=1)

@@ -415,3 +415,31 @@ def test_mutated_frames_never_raise_anything_but_protocol_errors(data: st.DataOb
     except ProtocolError:
         return
     assert msg.type is MsgType.SAMPLES  # a mutation that still decodes must still be a valid packet
+
+
+def test_threads_compress_and_decompress_with_their_own_zstd_objects() -> None:
+    # python-zstandard's (de)compressors must not be shared by threads running at once
+    import threading
+
+    from netrl.protocol import codecs
+
+    seen: dict[str, tuple[int, int]] = {}
+    failures: list[str] = []
+
+    def work(name: str, seed: int) -> None:
+        seen[name] = (id(codecs._compressors.zstd_c), id(codecs._compressors.zstd_d))
+        rng = np.random.default_rng(seed)
+        for _ in range(50):
+            arr = rng.integers(0, 4, 20_000).astype(np.uint8)
+            codec, packed = codecs.compress(arr, "zstd")
+            out = codecs.decompress("a", codec, memoryview(packed), arr.nbytes) if codec == "zstd" else bytes(packed)
+            if out != arr.tobytes():
+                failures.append(name)
+
+    threads = [threading.Thread(target=work, args=(f"t{i}", i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert len(set(seen.values())) == 4
