@@ -173,7 +173,8 @@ class WeightEncoder:
                 fields["model"] = model
             if self.budget_s is not None:
                 fields["budget_s"] = self.budget_s
-            if self.deltas and chain.encoding is not None and chain.encoding.nbytes == encoding.nbytes:
+            if (self.deltas and chain.encoding is not None and chain.encoding.nbytes == encoding.nbytes
+                    and chain.version < version):
                 deltas.append(Encoded(delta_encode(chain.encoding, encoding), {**fields, "base": chain.version},
                                       False))
             fulls.append(Encoded(encoding, fields, snapshot))

@@ -3,9 +3,11 @@ swapped in between env steps, and tagged on every row; a model the worker has no
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -15,14 +17,19 @@ from netrl.agents.sac import MLPActor
 from netrl.envs.gym import GenericGymEnv
 from netrl.launch import free_port
 from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.weight_formats import formats_for, get_format
 from netrl.protocol.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.protocol.wire import buffer_from_message, decode, encode, weight_parts
 from netrl.server.server import Server
+from netrl.trainer.encoding import WeightEncoder
 from netrl.util import partial
 from netrl.worker.link import WorkerLink
 from netrl.worker.weight_receiver import ModelReceivers, WeightReceiver
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, Peer
+
+OBS3 = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+ACT1 = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
 
 
 class Norm(torch.nn.Module):
@@ -136,3 +143,114 @@ def test_the_receivers_route_by_model_count_once_per_version_and_log_once_per_na
     assert policy.version == -1 and norm.version == 4
     assert len([r for r in caplog.records if "'stranger'" in r.getMessage()]) == 1
     assert "its targets: policy, obs_norm" in caplog.text
+
+
+# -- weight formats (issue 34, phase 2) --------------------------------------------------------------------------
+
+
+def _versions(n: int) -> list[torch.nn.Module]:
+    """``n`` successive versions of a small MLP actor, each a little trained (moved) from the one before."""
+    torch.manual_seed(0)
+    actor = MLPActor(OBS3, ACT1, hidden_sizes=(16,))
+    out = []
+    for _ in range(n):
+        with torch.no_grad():
+            for p in actor.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        out.append(copy.deepcopy(actor))
+    return out
+
+
+def _messages(encoder: WeightEncoder, version: int, module: torch.nn.Module) -> list[tuple[dict[str, Any], Message]]:
+    """The WEIGHTS messages the trainer sends for one version (each encoding's first part's fields, and every part)."""
+    layout, nbytes = flat_layout(module)
+    flat = np.zeros(nbytes, np.uint8)
+    snapshot_into(module, layout, flat)
+    out = []
+    for encoded in encoder.encode("policy", version, flat, layout):
+        for msg in weight_parts("trainer", "abcd", version, version, encoded.data.copy(), layout, 4096, encoded.fields):
+            out.append((encoded.fields, decode(encode(msg))))
+    return out
+
+
+def _flat(module: torch.nn.Module) -> np.ndarray:
+    layout, nbytes = flat_layout(module)
+    flat = np.zeros(nbytes, np.uint8)
+    snapshot_into(module, layout, flat)
+    return flat
+
+
+@pytest.mark.parametrize("setting", ["float32", "float16", "bfloat16", "int8", "delta", "auto"])
+def test_each_format_decodes_into_the_worker_module_as_its_encoding_says(setting: str) -> None:
+    # The receiver gets each version in one format (as the server picks); its module then holds exactly what that
+    # format's encoding decodes to: float32 and deltas bit-exact, lossy formats within their promise.
+    versions = _versions(4)
+    for fmt in formats_for(setting):
+        encoder = WeightEncoder(setting, 1.0)  # each format's worker sees the trainer's versions from the first
+        rx = WeightReceiver(versions[0], copy.deepcopy(versions[0]), -1, None)
+        check = get_format(fmt).encoder(flat_layout(versions[0])[0])  # replays the trainer's encoder (int8's scales)
+        for v, module in enumerate(versions, 1):
+            sent = [(f, m) for f, m in _messages(encoder, v, module) if f["format"] == fmt]
+            deltas = [m for f, m in sent if "base" in f]
+            use = deltas if deltas and v > 1 else [m for f, m in sent if "base" not in f]
+            assert (len(deltas) > 0) == (encoder.deltas and v > 1)
+            for msg in use:
+                rx(msg)
+            assert rx.version == v and rx.counts["weights_rejected"] == 0
+            expected = np.zeros_like(_flat(module))
+            get_format(fmt).decode(check.encode(_flat(module)), flat_layout(module)[0], expected)
+            swapped = rx.slot.swap(copy.deepcopy(versions[0]))
+            assert swapped is not None
+            got = _flat(swapped[2])
+            assert got.tobytes() == expected.tobytes(), (fmt, v)
+            if get_format(fmt).exact:
+                assert got.tobytes() == _flat(module).tobytes()
+        if not get_format(fmt).exact:  # the trainer measured it, within the promise's order
+            assert 0 < encoder.max_errors[fmt] < 0.05
+
+
+def test_a_version_the_worker_cannot_apply_is_refused_by_name_and_acked_with_need_full(
+        caplog: pytest.LogCaptureFixture) -> None:
+    encoder = WeightEncoder("delta", 1.0)
+    versions = _versions(3)
+    rx = WeightReceiver(versions[0], copy.deepcopy(versions[0]), -1, None)
+    receivers = ModelReceivers({"policy": rx})
+    for fields, msg in _messages(encoder, 1, versions[0]):
+        if "base" not in fields:
+            receivers(msg)
+    assert rx.version == 1 and rx.encodings.held is not None and rx.encodings.held.version == 1
+    v2 = _messages(encoder, 2, versions[1])
+    v3 = _messages(encoder, 3, versions[2])
+    [delta3] = [m for f, m in v3 if "base" in f]  # a delta against v2, which this worker never got
+    receivers(delta3)
+    assert rx.version == 1 and receivers.ack(delta3) == {"seqs": [3], "model": "policy", "format": "float32",
+                                                          "need_full": True}
+    assert "weights v3 are a delta against v2 in float32, but this worker holds v1 in float32" in caplog.text
+    [delta2] = [m for f, m in v2 if "base" in f]
+    rx.encodings.held.encoding[7] ^= 1  # a base that is not the trainer's: the crc after the delta tells
+    receivers(delta2)
+    assert rx.version == 1 and "crc" in caplog.text and receivers.ack(delta2)["need_full"] is True  # type: ignore
+    for fields, msg in v3:  # the full version the server sends next
+        if "base" not in fields:
+            receivers(msg)
+    assert rx.version == 3 and "need_full" not in (receivers.ack(msg) or {})
+    odd = decode(encode(Message(MsgType.WEIGHTS, "trainer", policy_version=4, arrays={"chunk": np.zeros(8, np.uint8)},
+                                body={**msg.body, "format": "float8", "part": 0, "parts": 1, "offset": 0,
+                                      "nbytes": 8, "encoded": 8})))
+    receivers(odd)
+    assert "weights v4 come in the format 'float8', which this worker does not know (it knows float32, float16, " \
+           "bfloat16, int8" in caplog.text
+    assert receivers.ack(odd)["need_full"] is True  # type: ignore[index]
+    assert rx.counts["weights_need_full"] == 3 and rx.version == 3
+
+
+def test_a_weight_beyond_float16s_range_goes_in_float32_for_that_version(caplog: pytest.LogCaptureFixture) -> None:
+    big = _versions(1)[0]
+    with torch.no_grad():
+        next(big.parameters()).view(-1)[0] = 1e6  # beyond float16's 65504
+    alone = WeightEncoder("float16", 1.0).encode("policy", 1, _flat(big), flat_layout(big)[0])
+    assert [e.fields["format"] for e in alone] == ["float32"] and alone[0].data.tobytes() == _flat(big).tobytes()
+    auto = WeightEncoder("auto", 1.0).encode("policy", 1, _flat(big), flat_layout(big)[0])
+    assert [e.fields["format"] for e in auto] == ["float32", "int8"]  # float32 is sent anyway
+    assert "weights v1 goes in float32 in place of float16" in caplog.text
+    assert "weights v1 is not sent in float16" in caplog.text
