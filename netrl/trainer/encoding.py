@@ -158,13 +158,13 @@ class WeightEncoder:
                                 name, exc)
                     continue
                 log.warning("%s v%d goes in float32 in place of %s: %s", _what(model), version, name, exc)
-                fmt, encoding = get_format("float32"), flat
+                fmt, encoding = get_format("float32"), flat.view()
                 name = "float32"
                 chain = self._chain(model, name, layout)
             if name in sent:
                 continue
             sent.add(name)
-            snapshot = encoding is flat
+            snapshot = np.may_share_memory(encoding, flat)  # float32's: a view of the snapshot, which is reused
             if not fmt.exact:
                 self._measure(model, version, name, fmt, flat, encoding, layout)
             fields: dict[str, Any] = {"format": name, "encoded": int(encoding.nbytes), "crc": crc(encoding),

@@ -16,17 +16,20 @@ import zmq
 from netrl.agents.sac import MLPActor
 from netrl.envs.gym import GenericGymEnv
 from netrl.launch import free_port
+from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.weight_formats import formats_for, get_format
+from netrl.protocol.weight_formats import formats_for, get_format, sends_deltas
 from netrl.protocol.weights import PART_BYTES, flat_layout, snapshot_into
 from netrl.protocol.wire import buffer_from_message, decode, encode, weight_parts
 from netrl.server.server import Server
+from netrl.trainer.delivery import Deliveries
 from netrl.trainer.encoding import WeightEncoder
+from netrl.trainer.link import TrainerLink
 from netrl.util import partial
 from netrl.worker.link import WorkerLink
 from netrl.worker.weight_receiver import ModelReceivers, WeightReceiver
 from netrl.worker.worker import RolloutWorker
-from tests.fakes import NET, Peer
+from tests.fakes import NET, Peer, wait_until
 
 OBS3 = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
 ACT1 = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
@@ -254,3 +257,83 @@ def test_a_weight_beyond_float16s_range_goes_in_float32_for_that_version(caplog:
     assert [e.fields["format"] for e in auto] == ["float32", "int8"]  # float32 is sent anyway
     assert "weights v1 goes in float32 in place of float16" in caplog.text
     assert "weights v1 is not sent in float16" in caplog.text
+
+
+def _sparse_versions(n: int, actor: torch.nn.Module) -> list[torch.nn.Module]:
+    """``n`` versions of ``actor``, each changing a few weights (deltas between them are small)."""
+    torch.manual_seed(1)
+    out = []
+    for i in range(n):
+        with torch.no_grad():
+            for p in actor.parameters():
+                p.view(-1)[i % p.numel()] += 0.5
+        out.append(copy.deepcopy(actor))
+    return out
+
+
+@pytest.mark.parametrize("setting", ["float32", "float16", "bfloat16", "int8", "delta", "auto"])
+def test_each_format_reaches_a_worker_through_the_server(server: tuple[Server, zmq.Context], setting: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    srv, _ = server
+    link = TrainerLink(NET, "trainer", new_session(), srv.trainer_port, 8, Deliveries(), None, weight_format=setting)
+    w = worker(srv.worker_port)
+    try:
+        link.start()
+        w.start()
+        rx = w.weights
+        assert rx is not None and w.net is not None and set(w.net.link.hello_extra["formats"]) >= {"int8", "float16"}
+        versions = _sparse_versions(6, copy.deepcopy(w.actor))
+        layout = flat_layout(versions[0])[0]
+        replay = {name: get_format(name).encoder(layout) for name in formats_for(setting)}
+        expected: dict[str, np.ndarray] = {}
+
+        def publish(v: int) -> None:
+            link.publish(versions[v - 1], v, v)
+            if link.encoder is not None:
+                assert link.encoder.wait(5)
+            for name, enc in replay.items():  # what each format's worker must hold: the trainer's encoding, decoded
+                out = np.zeros_like(_flat(versions[v - 1]))
+                get_format(name).decode(enc.encode(_flat(versions[v - 1])), layout, out)
+                expected[name] = out
+
+        def holds(v: int) -> None:
+            """The worker's module is the decoding of v's encoding in the format it came in."""
+            wait_until(lambda: rx.version == v, 10, f"v{v} at the worker", poll=0.02)
+            w._swap_weights()
+            held = rx.encodings.held.format if rx.encodings.held is not None else "float32"
+            assert _flat(w.actor).tobytes() == expected[held].tobytes(), (v, held)
+            if get_format(held).exact:
+                assert _flat(w.actor).tobytes() == _flat(versions[v - 1]).tobytes()
+
+        publish(1)
+        holds(1)
+        if not sends_deltas(setting):
+            return
+        # a worker that missed versions: its ACK of v2 is held while v3..v5 are published, then a chain of deltas
+        net, ack = w.net, w.net._ack_weights
+
+        def ack_up_to_v1() -> None:  # (v1's ACK may still be on its way)
+            if all(a["seqs"] == [1] for a in net.weights_acks.values()):
+                ack()
+
+        monkeypatch.setattr(net, "_ack_weights", ack_up_to_v1)
+        publish(2)
+        wait_until(lambda: rx.version == 2, 10, "v2 at the worker", poll=0.02)
+        received = rx.counts["weights_received"]
+        for v in (3, 4, 5):
+            publish(v)
+        wait_until(lambda: srv.weights.newest_versions().get("policy") == 5, 10, "v5 at the server", poll=0.02)
+        monkeypatch.undo()  # the next tick sends the ACK of v2
+        holds(5)
+        if setting == "delta":  # (auto: the server may find another format's full version smaller than the chain)
+            assert rx.counts["weights_received"] - received == 3  # v3, v4 and v5, each a delta on the one before
+        # need_full: the base the worker holds is not the trainer's (the crc after the delta tells), so it asks for
+        # a full version, and the server sends one
+        assert rx.encodings.held is not None
+        rx.encodings.held.encoding[3] ^= 0xFF
+        publish(6)
+        holds(6)
+        assert rx.counts["weights_need_full"] == 1
+    finally:
+        w.close()
+        link.halt()
