@@ -47,6 +47,7 @@ from netrl.samples import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.encoding import Encoded, WeightEncoder
+from netrl.trainer.outbox import Outboxes
 from netrl.util import version_label, worth_logging
 
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
@@ -87,18 +88,6 @@ class _Snapshot:
     busy: bool = False  # waiting for the encoding thread, which reads it (network.weight_format)
 
 
-@dataclasses.dataclass
-class _Outbox:
-    """One model's newest version on the network thread: every part (for a reconnect), those not yet given to the
-    socket, and the sends of the version given to it last."""
-
-    parts: list[list[Any]] = dataclasses.field(default_factory=list)
-    version: int = -1
-    unsent: list[list[Any]] = dataclasses.field(default_factory=list)
-    writing: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
-    writing_version: int = -1
-
-
 class TrainerLink(NetThread):
     """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
 
@@ -133,10 +122,10 @@ class TrainerLink(NetThread):
         self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
         self.granted = 0  # credits granted on the current connection
         self.received = 0  # bundles received on the current connection
-        self.outboxes: dict[str, _Outbox] = {POLICY: _Outbox()}  # model -> its newest version's parts
         self.last_progress: list[Any] | None = None
         self._snapshots: list[_Snapshot] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
+        self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this trainer's layout
         self.collect: dict[str, Any] | None = None  # sync collection's announcement, sent with every version
 
@@ -294,9 +283,7 @@ class TrainerLink(NetThread):
         if self.schema is not None:  # first, so that the server checks packets before queueing them
             self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
-        for model, box in self.outboxes.items():
-            box.unsent = [] if self._outnumbered(box.version, model) else list(box.parts)
-            box.writing, box.writing_version = [], -1  # (a new socket: the old one dropped what it held)
+        self.outboxes.restart(self._outnumbered)
         self._send_weights()
         if self.last_progress is not None:
             self.link.send(self.last_progress)
@@ -381,13 +368,7 @@ class TrainerLink(NetThread):
             model = self.models[slotted >> _SLOT_SHIFT]  # (the part number itself is in the message)
             if self._outnumbered(version, model):
                 return
-            box = self.outboxes.setdefault(model, _Outbox())
-            if version != box.version:  # a new version: its encodings (each from its part 0) replace the last's
-                if box.unsent and box.version != box.writing_version:
-                    self._superseded(model, version, box.version)
-                box.parts, box.unsent, box.version = [], [], version
-            box.parts.append(payload)
-            box.unsent.append(payload)
+            self.outboxes.take(model, version, payload, self.link.ready)
             self._send_weights()
             return
         if kind is not Command.PROGRESS:
@@ -397,35 +378,8 @@ class TrainerLink(NetThread):
         self.link.send(payload)
 
     def _send_weights(self) -> None:
-        """Give the socket each model's newest version's unsent parts. A version starts only once ZeroMQ has written
-        every part of the model's version before: on a link slower than the trainer publishes, a newer version
-        replaces the one waiting, unsent, instead of versions queueing without limit, in memory and in age."""
-        if not self.link.ready:
-            return
-        for box in self.outboxes.values():
-            if not box.unsent:
-                continue
-            if box.version != box.writing_version:
-                if not all(t.done for t in box.writing):
-                    continue  # the next tick looks again
-                box.writing, box.writing_version = [], box.version
-            while box.unsent:
-                tracker = self.link.send_tracked(box.unsent[0])
-                if tracker is None:
-                    return  # the socket's queue is full: the next tick goes on
-                box.writing.append(tracker)
-                del box.unsent[0]
-
-    def _superseded(self, model: str, version: int, waiting: int) -> None:
-        self.stats["weights_superseded"] += 1
-        what = "weights" if model == POLICY else f"model {model!r}"
-        if not self.link.ready:  # waiting for a reconnect, which sends the newest version
-            log.debug("%s v%d replace v%d, which waited for the server", what, version, waiting)
-        elif worth_logging(self.stats["weights_superseded"]):
-            log.info("%s v%d replace v%d, which waited for the link to the server to take the version before "
-                     "it: the link is slower than the trainer publishes (%d versions skipped so far; "
-                     "trainer.update_model_interval sets how often it publishes)", what, version, waiting,
-                     self.stats["weights_superseded"])
+        if self.link.ready:
+            self.outboxes.send(self.link.send_tracked)
 
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.BUNDLE:
