@@ -4,6 +4,7 @@ counter, through the link's own outbox per model, numbered after what the server
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,36 @@ def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tu
     saved = checkpoint.load_state(tmp_path / "run")
     assert saved is not None and saved["model_versions"] == {"obs_norm": 12, "probe": 9}
     assert checkpoint.published_models(tmp_path / "run") == {"obs_norm": 12, "probe": 9}
+
+
+def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept_for_the_metrics(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
+    sent: list[tuple[int, str, int | None, str]] = []  # (version, format, base, thread) of each part handed over
+
+    def command(frames: list[Any], track: bool = False) -> _Tracker:
+        msg = decode([bytes(f) for f in frames[1:]])
+        sent.append((msg.policy_version, msg.body["format"], msg.body.get("base"), threading.current_thread().name))
+        return _Tracker()
+
+    monkeypatch.setattr(link, "command", command)
+    try:
+        actor = torch.nn.Linear(64, 64)
+        with caplog.at_level(logging.DEBUG, logger="netrl.trainer.encoding"):
+            for version in (1, 2):
+                with torch.no_grad():
+                    actor.weight[0, 0] += 1.0
+                link.publish(actor, version, version)
+                assert link.encoder is not None and link.encoder.wait(5)
+        assert {thread for *_, thread in sent} == {"netrl-weight-encoder"}
+        assert [(v, f, b) for v, f, b, _ in sent] == [
+            (1, "float32", None), (1, "float16", None), (1, "int8", None),
+            (2, "float32", 1), (2, "float16", 1), (2, "int8", 1),  # deltas first
+            (2, "float32", None), (2, "float16", None), (2, "int8", None)]
+        metrics = link.weight_metrics()
+        assert set(metrics) == {"weights_max_error/float16", "weights_max_error/int8"}
+        assert 0 < metrics["weights_max_error/float16"] < metrics["weights_max_error/int8"] < 0.01
+        levels = [r.levelno for r in caplog.records if "in int8: max error" in r.getMessage()]
+        assert levels == [logging.INFO, logging.DEBUG]  # the first version's at INFO, then DEBUG
+    finally:
+        link.halt()
