@@ -218,11 +218,11 @@ class TrainerLink(NetThread):
                              lambda out: self._send_encoded(model, slot, version, trained_steps, snap, out),
                              lambda: setattr(snap, "busy", False))
             return
-        self._send(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
+        self._send_encoding(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
         log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
                   len(snap.trackers))
 
-    def _send(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot) -> None:
+    def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot) -> None:
         """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy until sent)."""
         for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, out.data, snap.layout,
                                 PART_BYTES, out.fields):
@@ -238,7 +238,7 @@ class TrainerLink(NetThread):
         """Encoding thread: send a version's encodings, then free its snapshot (unless a send still reads it)."""
         try:
             for encoded in out:
-                self._send(encoded, model, slot, version, trained_steps, snap)
+                self._send_encoding(encoded, model, slot, version, trained_steps, snap)
         except NetrlError:  # the network thread has stopped: the training thread hears of it at its next call
             pass
         finally:
