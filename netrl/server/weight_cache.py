@@ -34,7 +34,7 @@ from typing import Any
 from netrl.errors import ProtocolError
 from netrl.protocol.wire import MAX_ENCODED_BYTES, MAX_MODELS, check_layout, frames_nbytes
 from netrl.server.peers import Peer
-from netrl.server.weight_choice import Candidate, Sent, WorkerModel, choose
+from netrl.server.weight_choice import Sent, next_sent
 
 __all__ = ["MAX_DELTAS", "MAX_FORMATS", "OVERHEAD_ROOM_BYTES", "PART_OVERHEAD_BYTES", "Encoding", "LoggedProblem",
            "ModelCache", "WeightCache"]
@@ -196,7 +196,7 @@ class DeltaChain:
         self.arriving: Encoding | None = None
 
     def add(self, version: int, base: int, part: int, parts: int, offset: int, nbytes: int, size: int,
-            frames: list[Any], known: set[int]) -> str | None:
+            frames: list[Any], layout: list[Any], known: set[int]) -> str | None:
         if version in self.links:
             return None  # resent after a reconnect
         if part == 0:
@@ -207,12 +207,14 @@ class DeltaChain:
                 log.debug("%s v%d (from v%d) dropped: it continues no version of this model and format the trainer "
                           "sent, so no worker could apply it", self.label, version, base)
                 return LoggedProblem(f"{self.label} v{version} continue v{base}, which this trainer never sent")
+            if self.arriving is not None:
+                self.arriving.clear()  # unfinished: a worker streaming it starts over with the newer one
             self.arriving = Encoding(self.max_bytes, self.label, sized_layout=False, keep_previous=False)
             self.arriving.base = base
         elif self.arriving is None or self.arriving.version != version:
             return f"{self.label} v{version} part {part} arrived out of order"
         delta = self.arriving
-        problem = delta.add(version, part, parts, offset, nbytes, size, frames, [] if part else [["_", "|u1", [0], 0]])
+        problem = delta.add(version, part, parts, offset, nbytes, size, frames, layout)
         if problem or delta.version < 0:
             self.arriving = None if delta.version < 0 else self.arriving
             return problem
@@ -278,7 +280,8 @@ class ModelCache:
         if base is None:
             problem = full.add(version, part, parts, offset, nbytes, size, frames, layout)
         else:
-            problem = self.deltas[fmt].add(version, base, part, parts, offset, nbytes, size, frames, self.known[fmt])
+            problem = self.deltas[fmt].add(version, base, part, parts, offset, nbytes, size, frames, layout,
+                                           self.known[fmt])
         if problem:
             return problem
         if part == 0:
@@ -300,37 +303,6 @@ class ModelCache:
         known.add(version)
         while len(known) > KNOWN_VERSIONS:
             known.discard(min(known))
-
-    def candidates(self, st: WorkerModel, decodes: list[str]) -> list[Candidate] | None:
-        """Ways to bring a worker holding ``st`` to the newest version it can decode ([]: nothing newer; None: wait,
-        an encoding the trainer sent for the previous version has not started for this one yet)."""
-        fmts = [f for f in decodes if f in self.fulls and self.fulls[f].parts]
-        if not fmts:
-            return []
-        version = max(self.fulls[f].version for f in fmts)
-        if st.holds is not None and st.holds[1] >= version:
-            return []
-        previous = max((v for v in self.started if v < version), default=None)
-        if previous is not None:
-            started = self.started.get(version, set())
-            for fmt, delta in self.started[previous]:  # the trainer sends them together: a better one is coming
-                relevant = fmt in fmts and (not delta or (st.holds is not None and st.holds[0] == fmt))
-                if relevant and (fmt, delta) not in started:
-                    return None
-        out = []
-        for fmt in fmts:
-            full = self.fulls[fmt]
-            if full.version != version:
-                continue
-            rank = self.rank.get(fmt, 0)
-            if st.holds is not None and st.holds[0] == fmt:
-                chain = self.deltas[fmt].chain(st.holds[1], version)
-                nbytes = sum(d.nbytes for d in chain) if chain else 0
-                if chain and nbytes < full.nbytes:
-                    out.append(Candidate(rank, fmt, nbytes, chain[0], chain[0].base, chain[0].version))
-                    continue
-            out.append(Candidate(rank, fmt, full.nbytes, full, None, version))
-        return out
 
     def describe(self) -> dict[str, Any]:
         return {"version": self.complete_version,
@@ -412,7 +384,10 @@ class WeightCache:
         for model in self.models.values():
             for fmt, full in model.fulls.items():
                 full.abandon_unfinished(f"its trainer left after {len(full.parts)} of {full.nparts} parts")
-                model.deltas[fmt].arriving = None
+                chain = model.deltas[fmt]
+                if chain.arriving is not None:
+                    chain.arriving.clear()  # stale for a worker streaming it: it is sent something else
+                    chain.arriving = None
 
     def add(self, version: int, part: int, parts: int, offset: int, nbytes: int, size: int,
             frames: list[Any], layout: list[Any], fields: dict[str, Any] | None = None) -> str | None:
@@ -449,7 +424,7 @@ class WeightCache:
         Returns how many messages this call completed for the worker."""
         plan: list[tuple[int, str, Sent]] = []
         for name, model in self.models.items():
-            sent = self._next(worker, name, model)
+            sent = next_sent(worker, name, model)
             if sent is not None:
                 plan.append((sent.nbytes, name, sent))
         done = 0
@@ -466,38 +441,6 @@ class WeightCache:
                 st.inflight, st.streaming = sent, None
                 done += 1
         return done
-
-    def _next(self, worker: Peer, name: str, model: ModelCache) -> Sent | None:
-        """What ``worker`` is being sent of ``model`` (None: nothing now)."""
-        st = worker.models.get(name)
-        if st is None:
-            st = worker.models[name] = WorkerModel()
-        if st.inflight is not None:
-            return None  # it has a complete message to acknowledge first
-        if st.streaming is not None and not st.streaming.stale:
-            return st.streaming
-        st.streaming = None
-        if name not in worker.wants:
-            if not st.refused_logged:
-                st.refused_logged = True
-                log.info("%s is not sent model %r: it has no target for it (its models: %s)", worker.label, name,
-                         ", ".join(worker.wants))
-            return None
-        candidates = model.candidates(st, worker.decodes)
-        if candidates is None:
-            return None
-        if not candidates and st.holds is None and model.fulls and not st.refused_logged:
-            if not any(f in model.fulls for f in worker.decodes):
-                st.refused_logged = True
-                log.warning("%s is not sent model %r: it decodes none of its formats (the trainer sends %s; the "
-                            "worker decodes %s)", worker.label, name, ", ".join(model.fulls),
-                            ", ".join(worker.decodes))
-        pick = choose(candidates, worker.link.rate, model.budget_s)
-        if pick is None:
-            return None
-        st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
-        st.ever_sent = True
-        return st.streaming
 
     def describe(self) -> dict[str, Any]:
         """--status: per model, its newest version and the formats and deltas cached, with their bytes."""
