@@ -194,6 +194,7 @@ class DeltaChain:
         self.max_bytes, self.label = max_bytes, label
         self.links: dict[int, Encoding] = {}
         self.arriving: Encoding | None = None
+        self.completed = 0  # deltas completed so far
 
     def add(self, version: int, base: int, part: int, parts: int, offset: int, nbytes: int, size: int,
             frames: list[Any], layout: list[Any], known: set[int]) -> str | None:
@@ -221,6 +222,7 @@ class DeltaChain:
         if delta.complete:
             self.links[version] = delta
             self.arriving = None
+            self.completed += 1
         return None
 
     def trim(self, full_nbytes: int) -> None:
@@ -356,7 +358,7 @@ class WeightCache:
     def completed(self) -> int:
         """Complete encodings received so far (full versions and deltas, every model)."""
         return sum(e.completed for m in self.models.values() for e in m.fulls.values()) + sum(
-            len(c.links) for m in self.models.values() for c in m.deltas.values())
+            c.completed for m in self.models.values() for c in m.deltas.values())
 
     def newest_versions(self) -> dict[str, int]:
         """WELCOME's ``models``: each model's newest complete version from any trainer session."""

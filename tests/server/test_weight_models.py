@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
+from netrl.monitor.status import format_status
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import MAX_MODELS, weight_parts
 from netrl.server.server import Server
@@ -188,6 +189,9 @@ def test_a_worker_gets_the_delta_chain_from_the_version_it_holds_one_delta_at_a_
     assert cached["version"] == 5 and cached["formats"]["float32"]["bytes"] == 64
     assert cached["formats"]["int8"]["deltas"] == {"3->4": 8, "4->5": 8} and cached["formats"]["int8"]["rank"] == 2
     assert {"version": 5, "format": "int8"}.items() <= snapshot["workers"][0]["models"]["policy"].items()
+    shown = format_status(snapshot)  # what python -m netrl --status prints
+    assert "weights cached: policy v5 (float32 64 B; int8 32 B, 2 deltas 16 B)" in shown
+    assert "policy v5 int8; link rate not measured yet" in shown
 
 
 def test_a_worker_that_missed_more_versions_than_the_deltas_cached_gets_a_full_version(
