@@ -325,6 +325,7 @@ class WeightCache:
         self.session = ""  # the trainer process the cached versions came from
         self.newest: dict[str, int] = {}  # per model: the newest complete version from any trainer session
         self._refused_models: set[str] = set()  # models beyond MAX_MODELS, logged once per session
+        self._expected: dict[str, set[tuple[str, bool]]] = {}  # per model: what the last session sent of a version
 
     # -- today's single cache: the policy's float32 full encoding ------------------------------------------------
     @property
@@ -374,6 +375,10 @@ class WeightCache:
             log.info("new trainer session %s; dropping cached weights (%s)", session[:8],
                      ", ".join(f"{n} v{m.complete_version}" for n, m in self.models.items()))
         self.session = session
+        # what the old session sent of each model's last version: a restarted trainer most likely sends the same
+        # formats, so its first version waits for them too (a worker left waiting for one it no longer sends gets
+        # its next version: see weight_choice.candidates)
+        self._expected = {name: m.started[max(m.started)] for name, m in self.models.items() if m.started}
         self.models = {}
         self._refused_models = set()
         for peer in peers:
@@ -410,6 +415,8 @@ class WeightCache:
             if part != 0:
                 return f"weights of model {name!r} v{version} part {part} arrived out of order"
             model = ModelCache(name, self.max_bytes)
+            if name in self._expected:
+                model.started[-1] = {key for key in self._expected[name] if not key[1]}  # (no delta starts one)
         problem = model.add(fmt, base, version, part, parts, offset, nbytes, size, frames, layout, fields)
         if model.fulls and name not in self.models:
             self.models[name] = model

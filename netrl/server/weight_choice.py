@@ -168,7 +168,7 @@ def candidates(model: ModelCache, st: WorkerModel, decodes: list[str]) -> list[C
     if previous is not None:
         started = model.started.get(version, set())
         for fmt, delta in model.started[previous]:  # the trainer sends them together: a better one is coming
-            relevant = fmt in fmts and (not delta or (st.holds is not None and st.holds[0] == fmt))
+            relevant = fmt in decodes and (not delta or (st.holds is not None and st.holds[0] == fmt))
             if relevant and (fmt, delta) not in started:
                 return None
     out = []

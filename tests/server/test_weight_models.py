@@ -23,7 +23,8 @@ Got = tuple[str, int, str, int | None]  # (model, version, format, base) of a me
 
 
 def publish(trainer: Peer, version: int, model: str = "policy", fmt: str = "float32", base: int | None = None,
-            nbytes: int = 64, rank: int = 0, budget_s: float | None = None, part_bytes: int = 1 << 20) -> None:
+            nbytes: int = 64, rank: int = 0, budget_s: float | None = None, part_bytes: int = 1 << 20,
+            parts: int | None = None) -> None:
     """One encoding of one version, as netrl's trainer sends it (fields only where they differ from the defaults)."""
     fields: dict[str, Any] = {}
     if model != "policy":
@@ -39,8 +40,8 @@ def publish(trainer: Peer, version: int, model: str = "policy", fmt: str = "floa
     flat = np.full(nbytes, version % 251, np.uint8)
     # the decoded buffer's layout: a float32 full version is that buffer; other encodings are smaller
     layout = [["w", "<f4", [nbytes // 4 if fmt == "float32" and base is None else 16], 0]]
-    for msg in weight_parts("trainer", trainer.session, version, version, flat, layout, part_bytes, fields):
-        trainer.send(msg)
+    for msg in weight_parts("trainer", trainer.session, version, version, flat, layout, part_bytes, fields)[:parts]:
+        trainer.send(msg)  # (``parts``: only the first ones, as from a trainer that dies)
 
 
 def auto(trainer: Peer, version: int, delta_bytes: int = 8, budget_s: float = 1.0) -> None:
@@ -161,6 +162,44 @@ def test_a_model_in_no_format_the_worker_decodes_is_not_streamed_to_it_and_the_l
         assert received(worker) == []
     lines = [r.getMessage() for r in caplog.records if "decodes none of its formats" in r.getMessage()]
     assert len(lines) == 1 and "the trainer sends custom8; the worker decodes float32" in lines[0]
+
+
+def test_a_new_trainer_session_forgets_every_model_and_what_each_worker_holds(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    first = connect(srv, ctx)
+    auto(first, 1)
+    auto(first, 2)
+    publish(first, 4, model="obs_norm", nbytes=24)
+    cached(srv, 2, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy", "obs_norm"], ["float32", "int8"])
+    for got in received(worker):
+        ack(worker, got)
+    wait_until(lambda: srv.peers.workers()[0].version == 2, 5, "v2 acknowledged", poll=0.02)
+    second = Peer(ctx, srv.trainer_port, "trainer", "trainer-2")
+    assert second.hello().body["models"] == {"policy": 2, "obs_norm": 4}
+    auto(second, 3)  # numbered after the old session's, as netrl's trainer does; int8 v2 is no base any more
+    assert received(worker) == [("policy", 3, "int8", None)]
+    assert srv.snapshot()["models"].keys() == {"policy"} and srv.peers.workers()[0].version == -1
+
+
+def test_a_delta_its_trainer_left_unfinished_gives_way_to_the_full_version(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    auto(trainer, 2)
+    cached(srv, 2, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["int8"])
+    ack(worker, received(worker)[0])
+    publish(trainer, 3, nbytes=64)
+    publish(trainer, 3, fmt="int8", nbytes=32, rank=2)
+    publish(trainer, 3, fmt="int8", base=2, nbytes=16, rank=2, part_bytes=8, parts=1)  # half of it, then gone
+    assert received(worker) == [("policy", 3, "int8", 2)]  # cut-through: the part that arrived
+    trainer.send(Message(MsgType.BYE, "trainer"))
+    assert received(worker) == [("policy", 3, "int8", None)]  # not left waiting for the rest
 
 
 # -- formats and delta chains ----------------------------------------------------------------------------------------
