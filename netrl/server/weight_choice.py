@@ -17,18 +17,10 @@ smoothed (EWMA 0.5).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from netrl.server.peers import Peer
-    from netrl.server.weight_cache import ModelCache
-
-__all__ = ["DEFAULT_BUDGET_S", "MIN_RATE_BYTES", "Candidate", "LinkRate", "Sent", "WorkerModel", "candidates", "choose",
-           "next_sent"]
-
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_BUDGET_S", "MIN_RATE_BYTES", "Candidate", "LinkRate", "Sent", "WorkerModel", "choose"]
 
 MIN_RATE_BYTES = 64 << 10  # smaller versions say more about the round trip than about the link's rate
 RATE_EWMA = 0.5
@@ -120,68 +112,3 @@ def choose(candidates: list[Candidate], rate: float | None, budget_s: float | No
     budget = budget_s if budget_s is not None else DEFAULT_BUDGET_S
     in_time = [c for c in candidates if c.nbytes / rate <= budget]
     return min(in_time, key=lambda c: (c.rank, c.nbytes, c.format)) if in_time else fewest
-
-
-def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
-    """What ``worker`` is being sent of ``model`` (None: nothing now)."""
-    st = worker.models.get(name)
-    if st is None:
-        st = worker.models[name] = WorkerModel()
-    if st.inflight is not None:
-        return None  # it has a complete message to acknowledge first
-    if st.streaming is not None and not st.streaming.stale:
-        return st.streaming
-    st.streaming = None
-    if name not in worker.wants:
-        if not st.refused_logged:
-            st.refused_logged = True
-            log.info("%s is not sent model %r: it has no target for it (its models: %s)", worker.label, name,
-                     ", ".join(worker.wants))
-        return None
-    ways = candidates(model, st, worker.decodes)
-    if ways is None:
-        return None
-    if not ways and st.holds is None and model.fulls and not st.refused_logged:
-        if not any(f in model.fulls for f in worker.decodes):
-            st.refused_logged = True
-            log.warning("%s is not sent model %r: it decodes none of its formats (the trainer sends %s; the "
-                        "worker decodes %s)", worker.label, name, ", ".join(model.fulls),
-                        ", ".join(worker.decodes))
-    pick = choose(ways, worker.link.rate, model.budget_s)
-    if pick is None:
-        return None
-    st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
-    st.ever_sent = True
-    return st.streaming
-
-
-def candidates(model: ModelCache, st: WorkerModel, decodes: list[str]) -> list[Candidate] | None:
-    """Ways to bring a worker holding ``st`` to the newest version it can decode ([]: nothing newer; None: wait,
-    an encoding the trainer sent for the previous version has not started for this one yet)."""
-    fmts = [f for f in decodes if f in model.fulls and model.fulls[f].parts]
-    if not fmts:
-        return []
-    version = max(model.fulls[f].version for f in fmts)
-    if st.holds is not None and st.holds[1] >= version:
-        return []
-    previous = max((v for v in model.started if v < version), default=None)
-    if previous is not None:
-        started = model.started.get(version, set())
-        for fmt, delta in model.started[previous]:  # the trainer sends them together: a better one is coming
-            relevant = fmt in decodes and (not delta or (st.holds is not None and st.holds[0] == fmt))
-            if relevant and (fmt, delta) not in started:
-                return None
-    out = []
-    for fmt in fmts:
-        full = model.fulls[fmt]
-        if full.version != version:
-            continue
-        rank = model.rank.get(fmt, 0)
-        if st.holds is not None and st.holds[0] == fmt:
-            chain = model.deltas[fmt].chain(st.holds[1], version)
-            nbytes = sum(d.nbytes for d in chain) if chain else 0
-            if chain and nbytes < full.nbytes:
-                out.append(Candidate(rank, fmt, nbytes, chain[0], chain[0].base, chain[0].version))
-                continue
-        out.append(Candidate(rank, fmt, full.nbytes, full, None, version))
-    return out

@@ -135,7 +135,7 @@ def test_a_worker_that_declares_only_the_policy_never_gets_another_model(
     srv, ctx = server
     trainer = connect(srv, ctx)
     plain, declared = Peer(ctx, srv.worker_port, "worker", "plain"), Peer(ctx, srv.worker_port, "worker", "declared")
-    with caplog.at_level(logging.INFO, logger="netrl.server.weight_choice"):
+    with caplog.at_level(logging.INFO, logger="netrl.server.weight_cache"):
         worker_hello(plain)  # today's worker: no models, no formats
         worker_hello(declared, ["policy"], ["float32", "int8"])
         for v in (1, 2):
@@ -156,7 +156,7 @@ def test_a_model_in_no_format_the_worker_decodes_is_not_streamed_to_it_and_the_l
     trainer = connect(srv, ctx)
     worker = Peer(ctx, srv.worker_port, "worker", "w")
     worker_hello(worker, ["policy"], ["float32"])
-    with caplog.at_level(logging.WARNING, logger="netrl.server.weight_choice"):
+    with caplog.at_level(logging.WARNING, logger="netrl.server.weight_cache"):
         publish(trainer, 1, fmt="custom8", nbytes=16)
         publish(trainer, 2, fmt="custom8", nbytes=16)
         assert received(worker) == []
@@ -383,7 +383,7 @@ def test_a_delta_that_continues_nothing_is_dropped_and_never_sent(
     worker = Peer(ctx, srv.worker_port, "worker", "w")
     worker_hello(worker, ["policy"], ["int8"])
     ack(worker, received(worker)[0])
-    with caplog.at_level(logging.DEBUG, logger="netrl.server.weight_cache"):
+    with caplog.at_level(logging.DEBUG, logger="netrl.server.weight_encodings"):
         publish(trainer, 9, fmt="int8", base=7, nbytes=4, rank=2)  # v7 was never sent
         wait_until(lambda: srv.stats["rejected"] == 1, 5, "the delta refused", poll=0.02)
     assert "continues no version of this model and format" in caplog.text
