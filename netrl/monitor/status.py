@@ -172,7 +172,28 @@ def format_status(s: dict[str, Any]) -> str:
                      f"{version_label(w['version']):>7} {env_cell}{w['samples']:>10,} "
                      f"{reported.get('backlog_packets', 0):>8} {reported.get('dropped_samples', 0):>8} "
                      f"{_ago(w.get('last_seen'), now):>10}")
+    lines += _weight_lines(s.get("models") or {}, workers, name_w)
     return "\n".join(lines)
+
+
+def _weight_lines(models: dict[str, Any], workers: list[dict[str, Any]], name_w: int) -> list[str]:
+    """Several models or formats (issue 34): each model's cached encodings, and each worker's models and link rate."""
+    plain = set(models) <= {"policy"} and all(set(m["formats"]) <= {"float32"} for m in models.values())
+    if plain:
+        return []  # the weights column says it all
+    cached = []
+    for name, m in models.items():
+        formats = [f"{f} {e['bytes']:,} B" + (f", {len(e['deltas'])} deltas {sum(e['deltas'].values()):,} B"
+                                               if e["deltas"] else "") for f, e in m["formats"].items()]
+        cached.append(f"{name} {version_label(m['version'])} ({'; '.join(formats)})")
+    lines = [f"weights cached: {', '.join(cached)}"]
+    for w in workers:
+        held = ", ".join(f"{name} {version_label(m['version'])} {m['format'] or '-'}"
+                         for name, m in sorted(w.get("models", {}).items()))
+        rate = w.get("link_rate")
+        link = f"; link {rate / 2**20:.2f} MiB/s" if rate else "; link rate not measured yet"
+        lines.append(f"  {w['name']:<{name_w}} {held or '-'}{link}")
+    return lines
 
 
 def dump_json(snapshot: dict[str, Any]) -> str:

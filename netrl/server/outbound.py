@@ -9,7 +9,8 @@ while). What a refused send meant decides what happens to it:
   again on every pass of the loop; ACKs (and NACKs with the same reason) that pile up there merge into one message,
   and a newer PACE replaces an older one. A worker whose outbox still reaches :data:`MAX_OUTBOX` messages does not
   read at all: it is declared lost, and resends its unacknowledged packets when it reconnects.
-* Weight parts resume where they stopped (:meth:`~netrl.server.weight_cache.WeightCache.stream` keeps its place).
+* Weight parts resume where they stopped (:meth:`~netrl.server.weight_cache.WeightCache.stream` keeps each model's
+  place).
 * Bundles to the trainer are rebuilt by the relay; heartbeats, WELCOME and BYE are not worth keeping.
 """
 
@@ -101,8 +102,7 @@ class Outbound:
             results.append(self.send_frames(worker, frames))
             return results[-1] is True
 
-        if self.weights.stream(worker, send):
-            self.stats.weights_out += 1
+        self.stats.weights_out += self.weights.stream(worker, send)
         if results and results[-1] is False:
             self.blocked[worker.rid] = worker  # its queue filled mid-version: retry() resumes it
 

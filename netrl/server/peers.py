@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netrl.net.transport import Liveness
+from netrl.server.weight_choice import LinkRate, WorkerModel
 from netrl.storage.segments import Position
 
 __all__ = ["MAX_COUNT", "MAX_REPORTED", "Peer", "PeerTable", "QueuedPacket", "is_count"]
@@ -37,10 +38,13 @@ class Peer:
     liveness: Liveness
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
-    version: int = -1  # newest weight version the worker acknowledged
-    inflight_version: int | None = None  # weight version sent completely but not yet acknowledged
-    streaming: int | None = None  # weight version whose parts are being sent
-    sent_parts: int = 0
+    version: int = -1  # newest policy version the worker acknowledged
+    # a worker's weights: per model, what it holds and what is on its way (netrl.server.weight_choice); the models it
+    # has targets for and the formats it decodes (its HELLO's; absent: the policy in float32), its link's rate
+    models: dict[str, WorkerModel] = field(default_factory=dict)
+    wants: list[str] = field(default_factory=lambda: ["policy"])
+    decodes: list[str] = field(default_factory=lambda: ["float32"])
+    link: LinkRate = field(default_factory=LinkRate)
     samples: int = 0
     packets: int = 0
     produced: int = 0  # env steps the worker has produced, as of its latest packet or heartbeat
@@ -105,14 +109,33 @@ class Peer:
         if produced > self.produced:
             self.produced, self.produced_at = produced, time.monotonic()
 
-    def weights_acked(self, versions: list[int]) -> str | None:
-        """A worker's ACK of the weight version it received completely; what is wrong with it, or None. An ACK
-        that crossed a new trainer session's reset (nothing in flight) is harmless and ignored."""
-        if self.inflight_version is None:
+    def weights_acked(self, versions: list[int], model: str = "policy", fmt: str = "float32",
+                      need_full: bool = False) -> str | None:
+        """A worker's ACK of the ``model`` version it received completely (in ``fmt``); what is wrong with it, or
+        None. ``need_full``: it could not apply it, so what it holds is unknown and it gets a full version next. An
+        ACK that crossed a new trainer session's reset (nothing in flight) is harmless and ignored."""
+        st = self.models.get(model)
+        if st is None or not st.ever_sent:
+            if model == "policy":  # (as ever: an ACK of the policy before any was sent is harmless)
+                return None
+            return f"acknowledged weights of model {model!r} {versions[:4]}, but was never sent that model"
+        sent = st.inflight
+        if need_full:
+            st.holds = None
+            if sent is not None and versions == [sent.version]:
+                st.inflight = None
+            if model == "policy":
+                self.version = -1
             return None
-        if versions != [self.inflight_version]:
-            return f"acknowledged weights {versions[:4]} but was sent v{self.inflight_version}"
-        self.version, self.inflight_version = self.inflight_version, None
+        if sent is None:
+            return None
+        if versions != [sent.version] or fmt != sent.format:
+            return (f"acknowledged weights of model {model!r} {versions[:4]} ({fmt[:32]!r}) but was sent "
+                    f"{model!r} {sent.label}")
+        st.holds, st.inflight = (sent.format, sent.version), None
+        self.link.measured(sent.nbytes, time.monotonic() - sent.started)
+        if model == "policy":
+            self.version = sent.version
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -123,7 +146,9 @@ class Peer:
         if self.role == "worker":  # the version this trainer session sent it, or else the one it says it holds
             held = self.version if self.version >= 0 else int(self.reported.get("version", -1))  # (a restart)
             about.update(version=held, samples=self.samples, packets=self.packets, paced=self.paced,
-                         over_pace=self.over_pace, oversized=self.oversized, envs=self.num_envs)
+                         over_pace=self.over_pace, oversized=self.oversized, envs=self.num_envs,
+                         models={name: st.describe() for name, st in self.models.items() if st.ever_sent},
+                         link_rate=self.link.rate)
         return about
 
 

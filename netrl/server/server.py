@@ -34,9 +34,9 @@ from netrl.errors import NetrlError, ProtocolError, VersionMismatch
 from netrl.lifecycle import Runs, ctrl_c_stops
 from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
-from netrl.protocol.messages import Message, MsgType, check_role
+from netrl.protocol.messages import PEER_NAME, Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import PacketTooLarge, decode
+from netrl.protocol.wire import FORMAT_NAME, MAX_MODELS, PacketTooLarge, decode
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
@@ -46,7 +46,7 @@ from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
 from netrl.server.sockets import ServerSockets
 from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
-from netrl.server.weight_cache import WeightCache
+from netrl.server.weight_cache import LoggedProblem, WeightCache
 from netrl.storage.folderlock import FolderLock
 from netrl.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 
@@ -313,19 +313,27 @@ class Server:
         handler(peer, msg, frames[1:])
 
     def _hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> None:
+        declared = _declared_weights(msg.body) if role == "worker" else ([], [])
+        if isinstance(declared, str):
+            self.admission.refuse(role, rid, None, declared, declared)
+            return
         peer = self.admission.hello(role, rid, msg, rid_frame)
         if peer is None:
             return
+        if role == "worker":
+            peer.wants, peer.decodes = declared
         welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
                    "max_message_bytes": self.net.max_message_bytes}
         if role == "worker":
             welcome["window"] = peer.window = self.intake.window_for(peer)
             progress = self.intake.progress or {}
-            if progress.get("batch_version", -1) == self.weights.newest >= 0:  # sync collection: the batch of the
+            newest = self.weights.newest.get("policy", -1)
+            if progress.get("batch_version", -1) == newest >= 0:  # sync collection: the batch of the
                 # weights it is about to get (a worker joining mid-batch waits for the next: netrl.worker.sync)
-                welcome["weights_version"], welcome["batch_steps"] = self.weights.newest, progress["batch_steps"]
+                welcome["weights_version"], welcome["batch_steps"] = newest, progress["batch_steps"]
         else:  # a restarted trainer numbers its weights after these, so that no number names two actors
-            welcome["weights_version"] = self.weights.newest
+            welcome["weights_version"] = self.weights.newest.get("policy", -1)
+        welcome["models"] = self.weights.newest_versions()  # (each model's counter)
         self.out.send(peer, Message(MsgType.WELCOME, "server", body=welcome))
         if role == "trainer":
             self._trainer_joined(peer)
@@ -385,7 +393,9 @@ class Server:
     def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
-            problem = peer.weights_acked(seqs)
+            b = msg.body
+            problem = peer.weights_acked(seqs, b.get("model", "policy"), b.get("format", "float32"),
+                                         b.get("need_full", False))
             if problem:
                 self.admission.reject("worker", peer.rid, peer, problem)
                 return
@@ -404,11 +414,14 @@ class Server:
         b = msg.body
         completed = self.weights.completed
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
-                                   msg.arrays["chunk"].nbytes, frames, b["layout"])
-        if problem:
+                                   msg.arrays["chunk"].nbytes, frames, b["layout"], b)
+        if isinstance(problem, LoggedProblem):  # logged once by the cache: a trainer sends many such parts
+            self.stats.rejected += 1
+        elif problem:
             self.admission.reject("trainer", peer.rid, peer, problem)
         elif self.weights.completed > completed:
-            log.debug("weights v%d from the trainer (%d parts)", msg.policy_version, b["parts"])
+            log.debug("weights %s v%d%s from the trainer (%d parts)", b.get("model", "policy"), msg.policy_version,
+                      f" ({b.get('format', 'float32')}{' delta' if 'base' in b else ''})", b["parts"])
             self.stats.weights_in += 1
         self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
 
@@ -456,3 +469,18 @@ class Server:
     def snapshot(self) -> dict[str, Any]:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
         return self.status.snapshot()
+
+
+MAX_DECLARED_FORMATS = 64  # weight formats a worker may say it decodes
+
+
+def _declared_weights(body: dict[str, Any]) -> tuple[list[str], list[str]] | str:
+    """A worker HELLO's ``models`` and ``formats`` (absent: the policy, in float32), or what is wrong with them."""
+    models, formats = body.get("models", ["policy"]), body.get("formats", ["float32"])
+    for key, names, rule, limit in (("models", models, PEER_NAME, MAX_MODELS), ("formats", formats, FORMAT_NAME,
+                                                                               MAX_DECLARED_FORMATS)):
+        if len(names) > limit or not all(isinstance(n, str) and rule.fullmatch(n) for n in names):
+            return (f"worker HELLO {key} {str(names)[:120]} is not a list of at most {limit} valid names (a model: "
+                    "1 to 64 letters, digits, '.', '_' or '-'; a format: a lower-case letter, then up to 31 lower-case "
+                    "letters, digits or _)")
+    return list(models), list(formats)

@@ -120,6 +120,7 @@ class ServerStatus:
             "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
             "progress": self.intake.progress,
             "weights_version": self.weights.complete_version,
+            "models": self.weights.describe(),  # per model: its newest version, formats and deltas cached
             "rates": self.rates.rates(),
             **relay.snapshot(),
             "rejected": self.stats.rejected, "refused": self.stats.samples_refused,

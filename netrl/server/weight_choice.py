@@ -1,0 +1,114 @@
+"""What the server sends each worker of each model: what the worker holds, what is on its way, and the choice between
+a model's cached encodings (netrl.server.weight_cache holds them).
+
+Per worker and per model, :class:`WorkerModel` keeps the (format, version) the worker acknowledged (unknown after a
+``need_full`` ACK or a new trainer session), the encoding sent completely but not acknowledged yet, and the one whose
+parts are being sent. A worker gets one message of a model at a time: a full version, or one delta of a chain, and the
+next only after its ACK (so a chain ``b -> ... -> v`` goes one delta at a time). Models are independent: a big policy
+streaming to a slow worker never holds back a small model's next version.
+
+:func:`choose` picks between the candidates of the newest version (one per format the worker decodes, each either a
+full encoding or the delta chain from the version the worker holds): the only one; or, with several (``auto``), the
+lowest ``rank`` (fidelity order, 0 = exact) whose bytes reach the worker within ``budget_s`` at its measured link rate,
+else the one with the fewest bytes; the fewest bytes too while the rate is unknown. :class:`LinkRate` measures the rate
+from complete versions of at least :data:`MIN_RATE_BYTES`: bytes / (ACK time - time its first part was sent),
+smoothed (EWMA 0.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DEFAULT_BUDGET_S", "MIN_RATE_BYTES", "Candidate", "LinkRate", "Sent", "WorkerModel", "choose"]
+
+MIN_RATE_BYTES = 64 << 10  # smaller versions say more about the round trip than about the link's rate
+RATE_EWMA = 0.5
+DEFAULT_BUDGET_S = 1.0  # network.weight_budget_s's default, for a trainer that sends several formats without one
+
+
+@dataclass
+class Sent:
+    """One message of a model on its way to a worker: ``encoding`` (netrl.server.weight_cache.Encoding) holds its
+    parts; it is stale once that encoding holds another version (a newer one preempts it, as it always did)."""
+
+    version: int
+    format: str
+    base: int | None  # a delta against this version (None: a full version)
+    encoding: Any
+    nbytes: int
+    started: float = 0.0  # monotonic time its first part was sent (0: none yet)
+    sent_parts: int = 0
+
+    @property
+    def stale(self) -> bool:
+        return self.encoding.version != self.version
+
+    @property
+    def label(self) -> str:
+        return f"v{self.version} ({self.format}{f', delta from v{self.base}' if self.base is not None else ''})"
+
+
+@dataclass
+class WorkerModel:
+    """One model at one worker."""
+
+    holds: tuple[str, int] | None = None  # (format, version) it acknowledged; None: unknown
+    inflight: Sent | None = None  # sent completely, not acknowledged yet
+    streaming: Sent | None = None  # its parts being sent
+    ever_sent: bool = False  # an ACK of a model never sent is refused
+    refused_logged: bool = False  # "not streamed to it" logged once per (worker, model)
+
+    def reset(self) -> None:
+        """A new trainer session: what it holds is unknown, and nothing is on its way any more."""
+        self.holds, self.inflight, self.streaming = None, None, None
+
+    @property
+    def version(self) -> int:
+        return self.holds[1] if self.holds else -1
+
+    def describe(self) -> dict[str, Any]:
+        about: dict[str, Any] = {"version": self.version, "format": self.holds[0] if self.holds else None}
+        if self.inflight or self.streaming:
+            about["sending"] = (self.inflight or self.streaming).label  # type: ignore[union-attr]
+        return about
+
+
+@dataclass
+class LinkRate:
+    """A worker's measured link rate in bytes/s (None until a version of at least MIN_RATE_BYTES came back ACKed)."""
+
+    rate: float | None = None
+    samples: int = 0
+
+    def measured(self, nbytes: int, seconds: float) -> None:
+        if nbytes < MIN_RATE_BYTES or seconds <= 0:
+            return
+        sample = nbytes / seconds
+        self.rate = sample if self.rate is None else RATE_EWMA * sample + (1 - RATE_EWMA) * self.rate
+        self.samples += 1
+
+
+@dataclass(order=True)
+class Candidate:
+    """One way to bring a worker to the newest version in ``format``: ``first`` is the next message to send (the full
+    encoding, or the first delta of the chain); ``nbytes`` counts the whole way (every delta of a chain)."""
+
+    rank: int
+    format: str
+    nbytes: int
+    first: Any = field(compare=False)
+    base: int | None = field(default=None, compare=False)
+    version: int = field(default=-1, compare=False)
+
+
+def choose(candidates: list[Candidate], rate: float | None, budget_s: float | None) -> Candidate | None:
+    """The candidate to send (None: there is none): see the module's docstring."""
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    fewest = min(candidates, key=lambda c: (c.nbytes, c.rank, c.format))
+    if rate is None or rate <= 0:
+        return fewest
+    budget = budget_s if budget_s is not None else DEFAULT_BUDGET_S
+    in_time = [c for c in candidates if c.nbytes / rate <= budget]
+    return min(in_time, key=lambda c: (c.rank, c.nbytes, c.format)) if in_time else fewest

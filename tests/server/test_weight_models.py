@@ -1,0 +1,404 @@
+"""The server with several named models and weight formats (issue 34): each model cached and streamed on its own, the
+encoding each worker gets (full or a delta chain, and which format), and bad weights input from either side."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from netrl.monitor.status import format_status
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import MAX_MODELS, weight_parts
+from netrl.server.server import Server
+from netrl.server.weight_cache import MAX_DELTAS
+from netrl.server.weight_choice import MIN_RATE_BYTES, Candidate, LinkRate, choose
+from tests.fakes import Peer, wait_until
+
+Got = tuple[str, int, str, int | None]  # (model, version, format, base) of a message's part 0
+
+
+def publish(trainer: Peer, version: int, model: str = "policy", fmt: str = "float32", base: int | None = None,
+            nbytes: int = 64, rank: int = 0, budget_s: float | None = None, part_bytes: int = 1 << 20,
+            parts: int | None = None) -> None:
+    """One encoding of one version, as netrl's trainer sends it (fields only where they differ from the defaults)."""
+    fields: dict[str, Any] = {}
+    if model != "policy":
+        fields["model"] = model
+    if fmt != "float32":
+        fields["format"] = fmt
+    if base is not None:
+        fields["base"] = base
+    if rank:
+        fields["rank"] = rank
+    if budget_s is not None:
+        fields["budget_s"] = budget_s
+    flat = np.full(nbytes, version % 251, np.uint8)
+    # the decoded buffer's layout: a float32 full version is that buffer; other encodings are smaller
+    layout = [["w", "<f4", [nbytes // 4 if fmt == "float32" and base is None else 16], 0]]
+    for msg in weight_parts("trainer", trainer.session, version, version, flat, layout, part_bytes, fields)[:parts]:
+        trainer.send(msg)  # (``parts``: only the first ones, as from a trainer that dies)
+
+
+def auto(trainer: Peer, version: int, delta_bytes: int = 8, budget_s: float = 1.0) -> None:
+    """``auto`` of a 64-byte float32 model: float32 and int8 full, int8 as a delta from the version before."""
+    publish(trainer, version, nbytes=64, budget_s=budget_s)
+    publish(trainer, version, fmt="int8", nbytes=32, rank=2, budget_s=budget_s)
+    if version > 1:
+        publish(trainer, version, fmt="int8", base=version - 1, nbytes=delta_bytes, rank=2, budget_s=budget_s)
+
+
+def worker_hello(peer: Peer, models: list[str] | None = None, formats: list[str] | None = None) -> Message:
+    body: dict[str, Any] = {"role": "worker", "netrl_version": "0.1.0", "worker_id": peer.name, "session": peer.session}
+    if models is not None:
+        body["models"] = models
+    if formats is not None:
+        body["formats"] = formats
+    peer.send(Message(MsgType.HELLO, peer.name, body=body))
+    return peer.expect(MsgType.WELCOME, MsgType.REJECT)
+
+
+def received(peer: Peer, timeout: float = 0.4) -> list[Got]:
+    """Every weights message (its part 0) that reaches ``peer`` within ``timeout``."""
+    out: list[Got] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = peer.recv(0.05)
+        if msg is not None and msg.type is MsgType.WEIGHTS and msg.body["part"] == 0:
+            b = msg.body
+            out.append((b.get("model", "policy"), msg.policy_version, b.get("format", "float32"), b.get("base")))
+    return out
+
+
+def ack(peer: Peer, got: Got, need_full: bool = False) -> None:
+    model, version, fmt, _ = got
+    body: dict[str, Any] = {"seqs": [version], "model": model, "format": fmt}
+    if need_full:
+        body["need_full"] = True
+    peer.send(Message(MsgType.ACK, peer.name, body=body))
+
+
+def cached(srv: Server, version: int, fmt: str, model: str = "policy") -> None:
+    def done() -> bool:
+        full = srv.weights.models[model].fulls.get(fmt) if model in srv.weights.models else None
+        return full is not None and full.complete_version == version
+
+    wait_until(done, 5, f"{model} v{version} cached in {fmt}", poll=0.02)
+
+
+def deltas(srv: Server, fmt: str = "int8") -> list[int]:
+    """The versions of the policy's deltas the server holds in ``fmt``."""
+    model = srv.weights.models.get("policy")
+    return sorted(model.deltas[fmt].links) if model and fmt in model.deltas else []
+
+
+def connect(srv: Server, ctx: zmq.Context) -> Peer:
+    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
+    assert trainer.hello().type is MsgType.WELCOME
+    return trainer
+
+
+# -- several models --------------------------------------------------------------------------------------------------
+def test_two_models_on_their_own_rhythms_reach_a_late_joiner_and_never_wait_for_each_other(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    for v in range(1, 6):  # the policy every step, obs_norm every other one
+        publish(trainer, v)
+        if v % 2 == 0:
+            publish(trainer, v // 2, model="obs_norm", nbytes=24)
+    wait_until(lambda: srv.weights.newest == {"policy": 5, "obs_norm": 2}, 5, "both models cached", poll=0.02)
+    worker = Peer(ctx, srv.worker_port, "worker", "late")
+    assert worker_hello(worker, ["policy", "obs_norm"]).body["models"] == {"policy": 5, "obs_norm": 2}
+    got = received(worker)
+    assert sorted(got) == [("obs_norm", 2, "float32", None), ("policy", 5, "float32", None)]  # each model's newest
+    ack(worker, ("obs_norm", 2, "float32", None))  # the policy stays unacknowledged: a slow link
+    publish(trainer, 6, nbytes=64 * 1024, part_bytes=4096)
+    publish(trainer, 3, model="obs_norm", nbytes=24)
+    assert received(worker) == [("obs_norm", 3, "float32", None)]  # the policy holds nothing back
+    ack(worker, ("policy", 5, "float32", None))
+    assert received(worker) == [("policy", 6, "float32", None)]
+    wait_until(lambda: srv.peers.workers()[0].version == 5, 5, "policy v5 acknowledged", poll=0.02)
+    described = srv.snapshot()["workers"][0]["models"]
+    assert described["obs_norm"] == {"version": 2, "format": "float32", "sending": "v3 (float32)"}
+    assert described["policy"]["version"] == 5
+    again = Peer(ctx, srv.trainer_port, "trainer", "trainer-2")  # a restarted trainer continues each counter
+    assert again.hello().body["models"] == {"policy": 6, "obs_norm": 3}
+
+
+def test_a_worker_that_declares_only_the_policy_never_gets_another_model(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    plain, declared = Peer(ctx, srv.worker_port, "worker", "plain"), Peer(ctx, srv.worker_port, "worker", "declared")
+    with caplog.at_level(logging.INFO, logger="netrl.server.weight_cache"):
+        worker_hello(plain)  # today's worker: no models, no formats
+        worker_hello(declared, ["policy"], ["float32", "int8"])
+        for v in (1, 2):
+            publish(trainer, v, model="obs_norm", nbytes=24)
+            publish(trainer, v)
+            for w in (plain, declared):
+                got = received(w)
+                assert got == [("policy", v, "float32", None)], (w.name, got)
+                ack(w, got[0])
+    refusals = [r.getMessage() for r in caplog.records if "is not sent model 'obs_norm'" in r.getMessage()]
+    assert len(refusals) == 2 and all("no target for it (its models: policy)" in r for r in refusals)  # once each
+    assert srv.stats["rejected"] == 0
+
+
+def test_a_model_in_no_format_the_worker_decodes_is_not_streamed_to_it_and_the_log_names_both_lists(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["float32"])
+    with caplog.at_level(logging.WARNING, logger="netrl.server.weight_cache"):
+        publish(trainer, 1, fmt="custom8", nbytes=16)
+        publish(trainer, 2, fmt="custom8", nbytes=16)
+        assert received(worker) == []
+    lines = [r.getMessage() for r in caplog.records if "decodes none of its formats" in r.getMessage()]
+    assert len(lines) == 1 and "the trainer sends custom8; the worker decodes float32" in lines[0]
+
+
+def test_a_new_trainer_session_forgets_every_model_and_what_each_worker_holds(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    first = connect(srv, ctx)
+    auto(first, 1)
+    auto(first, 2)
+    publish(first, 4, model="obs_norm", nbytes=24)
+    cached(srv, 2, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy", "obs_norm"], ["float32", "int8"])
+    for got in received(worker):
+        ack(worker, got)
+    wait_until(lambda: srv.peers.workers()[0].version == 2, 5, "v2 acknowledged", poll=0.02)
+    second = Peer(ctx, srv.trainer_port, "trainer", "trainer-2")
+    assert second.hello().body["models"] == {"policy": 2, "obs_norm": 4}
+    auto(second, 3)  # numbered after the old session's, as netrl's trainer does; int8 v2 is no base any more
+    assert received(worker) == [("policy", 3, "int8", None)]
+    assert srv.snapshot()["models"].keys() == {"policy"} and srv.peers.workers()[0].version == -1
+
+
+def test_a_delta_its_trainer_left_unfinished_gives_way_to_the_full_version(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    auto(trainer, 2)
+    cached(srv, 2, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["int8"])
+    ack(worker, received(worker)[0])
+    publish(trainer, 3, nbytes=64)
+    publish(trainer, 3, fmt="int8", nbytes=32, rank=2)
+    publish(trainer, 3, fmt="int8", base=2, nbytes=16, rank=2, part_bytes=8, parts=1)  # half of it, then gone
+    assert received(worker) == [("policy", 3, "int8", 2)]  # cut-through: the part that arrived
+    trainer.send(Message(MsgType.BYE, "trainer"))
+    assert received(worker) == [("policy", 3, "int8", None)]  # not left waiting for the rest
+
+
+# -- formats and delta chains ----------------------------------------------------------------------------------------
+def test_a_worker_gets_the_delta_chain_from_the_version_it_holds_one_delta_at_a_time(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 3)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["float32", "int8"])
+    assert received(worker) == [("policy", 3, "int8", None)]  # rate unknown: the fewest bytes
+    auto(trainer, 4)
+    auto(trainer, 5)
+    assert received(worker, 0.2) == []  # v3 is not acknowledged yet
+    ack(worker, ("policy", 3, "int8", None))
+    assert received(worker) == [("policy", 4, "int8", 3)]
+    ack(worker, ("policy", 4, "int8", None))
+    assert received(worker) == [("policy", 5, "int8", 4)]
+    ack(worker, ("policy", 5, "int8", None))
+    wait_until(lambda: srv.peers.workers()[0].version == 5, 5, "v5 acknowledged", poll=0.02)
+    plain = Peer(ctx, srv.worker_port, "worker", "plain")  # today's worker: float32 only, in full
+    worker_hello(plain)
+    assert received(plain) == [("policy", 5, "float32", None)]
+    snapshot = srv.snapshot()
+    cached = snapshot["models"]["policy"]
+    assert cached["version"] == 5 and cached["formats"]["float32"]["bytes"] == 64
+    assert cached["formats"]["int8"]["deltas"] == {"3->4": 8, "4->5": 8} and cached["formats"]["int8"]["rank"] == 2
+    assert {"version": 5, "format": "int8"}.items() <= snapshot["workers"][0]["models"]["policy"].items()
+    shown = format_status(snapshot)  # what python -m netrl --status prints
+    assert "weights cached: policy v5 (float32 64 B; int8 32 B, 2 deltas 16 B)" in shown
+    assert "policy v5 int8; link rate not measured yet" in shown
+
+
+def test_a_worker_that_missed_more_versions_than_the_deltas_cached_gets_a_full_version(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["int8"])
+    got = received(worker)
+    assert got == [("policy", 1, "int8", None)]
+    for v in range(2, 6):  # deltas of 12 bytes: 2 fit in the full encoding's 32, so v2 and v3 are gone
+        auto(trainer, v, delta_bytes=12)
+    wait_until(lambda: deltas(srv) == [4, 5], 5, "v5's delta cached", poll=0.02)
+    ack(worker, got[0])
+    assert received(worker) == [("policy", 5, "int8", None)]
+
+
+def test_deltas_kept_per_format_are_at_most_max_deltas(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    for v in range(1, MAX_DELTAS + 5):
+        auto(trainer, v, delta_bytes=1)
+    wait_until(lambda: deltas(srv) == list(range(5, MAX_DELTAS + 5)), 5, "the newest deltas cached", poll=0.02)
+
+
+def test_need_full_makes_what_the_worker_holds_unknown_and_gets_it_a_full_version(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    auto(trainer, 2)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["int8"])
+    ack(worker, received(worker)[0])
+    auto(trainer, 3)
+    got = received(worker)
+    assert got == [("policy", 3, "int8", 2)]
+    ack(worker, got[0], need_full=True)  # it could not apply the delta (a crc mismatch, say)
+    assert received(worker) == [("policy", 3, "int8", None)]
+    assert srv.stats["rejected"] == 0
+
+
+def test_auto_sends_a_slow_worker_the_smallest_format_and_a_fast_one_the_exact_one(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    auto(trainer, 2)  # (a session's first delta may come after its full version has gone out: not awaited)
+    cached(srv, 2, "int8")
+    slow, fast = Peer(ctx, srv.worker_port, "worker", "slow"), Peer(ctx, srv.worker_port, "worker", "fast")
+    for w in (slow, fast):
+        worker_hello(w, ["policy"], ["float32", "int8"])
+        assert received(w) == [("policy", 2, "int8", None)]  # its rate unknown: the fewest bytes
+        ack(w, ("policy", 2, "int8", None))
+    rates = {"slow": 40.0, "fast": 1e6}  # bytes/s: float32's 64 bytes take 1.6 s (over budget_s), or 0.06 ms
+    wait_until(lambda: all(p.version == 2 for p in srv.peers.workers()), 5, "v2 acknowledged", poll=0.02)
+    for p in srv.peers.workers():
+        p.link.rate = rates[p.name]
+    auto(trainer, 3)  # each version's formats are awaited before choosing (int8 comes after float32)
+    assert received(slow) == [("policy", 3, "int8", 2)]  # the delta: 8 bytes, in time
+    assert received(fast) == [("policy", 3, "float32", None)]  # 64 bytes, in time: the exact format
+
+
+def test_the_link_rate_is_measured_from_versions_of_at_least_64_kib_as_they_are_acknowledged(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    publish(trainer, 1, nbytes=1024)
+    ack(worker, received(worker)[0])  # too small to say anything of the link
+    publish(trainer, 2, nbytes=MIN_RATE_BYTES, part_bytes=16 << 10)
+    got = received(worker)
+    time.sleep(0.2)  # the worker takes its time: the rate counts from the first part sent to the ACK
+    ack(worker, got[0])
+    rate = wait_until(lambda: srv.snapshot()["workers"][0]["link_rate"], 5, "the rate measured", poll=0.02)
+    assert MIN_RATE_BYTES / 5 < rate < MIN_RATE_BYTES / 0.2
+
+
+def test_choose_by_rank_rate_and_budget() -> None:
+    exact, half, small = (Candidate(0, "float32", 4000, None), Candidate(1, "float16", 2000, None),
+                          Candidate(2, "int8", 1000, None))
+    every = [exact, half, small]
+    assert choose([], 1.0, 1.0) is None and choose([exact], 1.0, 1.0) is exact
+    assert choose(every, None, 1.0) is small  # rate unknown: the fewest bytes
+    assert choose(every, 10_000, 1.0) is exact  # everything in time: the lowest rank
+    assert choose(every, 2500, 1.0) is half and choose(every, 1500, 1.0) is small
+    assert choose(every, 100, 1.0) is small  # nothing in time: the fewest bytes
+    assert choose(every, 2500, None) is half  # no budget sent: network.weight_budget_s's default
+
+
+def test_the_link_rate_is_smoothed_and_ignores_small_versions() -> None:
+    link = LinkRate()
+    link.measured(MIN_RATE_BYTES - 1, 0.001)
+    assert link.rate is None
+    link.measured(100_000, 1.0)
+    link.measured(300_000, 1.0)
+    assert link.rate == 200_000.0 and link.samples == 2
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+def test_more_models_than_max_models_are_refused_logged_once_and_the_rest_still_served(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    names = ["policy", *(f"m{i}" for i in range(1, MAX_MODELS + 1))]
+    with caplog.at_level(logging.ERROR, logger="netrl.server.weight_cache"):
+        for v in (1, 2):
+            for name in names:
+                publish(trainer, v, model=name, nbytes=8)
+        wait_until(lambda: srv.stats["rejected"] == 2, 5, "the extra model's versions refused", poll=0.02)
+    assert sorted(srv.weights.models) == sorted(names[:MAX_MODELS])
+    lines = [r.getMessage() for r in caplog.records if f"model '{names[-1]}' refused" in r.getMessage()]
+    assert len(lines) == 1 and f"already sends {MAX_MODELS} models" in lines[0]
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, names[:MAX_MODELS])
+    assert sorted(m for m, *_ in received(worker)) == sorted(names[:MAX_MODELS])
+
+
+def test_acknowledgements_of_a_model_never_sent_or_of_another_version_are_refused_naming_both(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    cached(srv, 1, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy", "obs_norm"], ["float32", "int8"])
+    got = received(worker)
+    assert got == [("policy", 1, "int8", None)]
+    with caplog.at_level(logging.WARNING, logger="netrl.server.admission"):
+        ack(worker, ("critic", 1, "float32", None))
+        ack(worker, ("policy", 1, "float32", None))  # it was sent int8
+        ack(worker, ("policy", 7, "int8", None))
+        wait_until(lambda: srv.stats["rejected"] == 3, 5, "three acknowledgements refused", poll=0.02)
+    text = caplog.text
+    assert "model 'critic' [1], but was never sent that model" in text
+    assert "[1] ('float32') but was sent 'policy' v1 (int8)" in text
+    assert "[7] ('int8') but was sent 'policy' v1 (int8)" in text
+    ack(worker, got[0])  # the right one still counts
+    wait_until(lambda: srv.peers.workers()[0].version == 1, 5, "v1 acknowledged", poll=0.02)
+
+
+def test_a_delta_that_continues_nothing_is_dropped_and_never_sent(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    auto(trainer, 2)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["int8"])
+    ack(worker, received(worker)[0])
+    with caplog.at_level(logging.DEBUG, logger="netrl.server.weight_encodings"):
+        publish(trainer, 9, fmt="int8", base=7, nbytes=4, rank=2)  # v7 was never sent
+        wait_until(lambda: srv.stats["rejected"] == 1, 5, "the delta refused", poll=0.02)
+    assert "continues no version of this model and format" in caplog.text
+    assert received(worker, 0.2) == []
+    assert list(srv.weights.models["policy"].deltas["int8"].links) == [2]
+    auto(trainer, 3)  # the next versions go on as ever
+    assert received(worker) == [("policy", 3, "int8", 2)]
+
+
+def test_a_hello_with_malformed_model_or_format_lists_is_refused_with_the_reason(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    for models, formats in ((["policy", "bad name"], None), (None, ["Float32"]), (None, [1]),
+                            ([f"m{i}" for i in range(MAX_MODELS + 1)], None)):
+        peer = Peer(ctx, srv.worker_port, "worker", "w")
+        reply = worker_hello(peer, models, formats)
+        assert reply.type is MsgType.REJECT and "is not a list of at most" in reply.body["reason"], (models, formats)
+    assert srv.peers.worker_count() == 0
