@@ -222,7 +222,8 @@ class TrainerLink(NetThread):
         log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
                   len(snap.trackers))
 
-    def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot) -> None:
+    def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int,
+                       snap: _Snapshot) -> None:
         """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy until sent)."""
         for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, out.data, snap.layout,
                                 PART_BYTES, out.fields):
