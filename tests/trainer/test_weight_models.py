@@ -20,6 +20,7 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import CheckpointError
 from netrl.memory.replay import ReplayMemory
+from netrl.protocol.weight_formats import FormatError
 from netrl.protocol.wire import decode
 from netrl.samples import Buffer
 from netrl.server.server import Server
@@ -313,3 +314,11 @@ def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept
         assert levels == [logging.INFO, logging.DEBUG]  # the first version's at INFO, then DEBUG
     finally:
         link.halt()
+
+
+def test_an_unknown_weight_format_is_refused_at_start_naming_the_known_ones() -> None:
+    with pytest.raises(FormatError, match=r"network.weight_format is 'float8'; choose one of delta, auto, float32, "
+                                          r"float16, bfloat16, int8"):
+        Trainer(weight_format="float8")
+    with pytest.raises(ValueError, match=r"weight_budget_s must be > 0 and at most 3600 s \(got 0\)"):
+        Trainer(weight_format="auto", weight_budget_s=0)
