@@ -20,6 +20,7 @@ cut short yields the round under way, and :meth:`TrainingOffline.frames_done` te
 from __future__ import annotations
 
 import cProfile
+import inspect
 import io
 import logging
 import math
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from netrl.agents.base import TrainingAgent, has_state_dict
+from netrl.agents.base import ModelSpec, TrainingAgent, has_state_dict
 from netrl.agents.compiled import compile_kwargs
 from netrl.agents.sac import SACAgent
 from netrl.envs.checks import check_spaces, value_limits
@@ -57,6 +58,15 @@ log = logging.getLogger(__name__)
 
 
 _SHORT_UNPACK = re.compile(r"too many values to unpack \(expected [1-6][,)]")
+
+
+def _publishes_models(source: Any) -> bool:
+    """Whether ``source.publish`` takes a ``model`` (the Trainer's link does; simpler sources publish the policy
+    only)."""
+    try:
+        return "model" in inspect.signature(source.publish).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _note_batch_unpacking(error: ValueError, agent: TrainingAgent) -> None:
@@ -132,6 +142,7 @@ class TrainingOffline:
     compile: str = "none"  # trainer.compile: "none", "compile" or "cudagraphs", given to the agent (agents/compiled.py)
     normalize_obs: bool = False  # env.normalize_obs: self.obs_norm learns from every packet; batches are normalised
     normalize_obs_clip: float = 10.0
+    normalize_obs_every: int = 0  # training steps between publications of obs_norm (0: update_model_interval)
 
     def __post_init__(self) -> None:
         self.total_updates = 0
@@ -139,6 +150,12 @@ class TrainingOffline:
         self.epoch = 0
         self.round = self.round_steps = 0  # the round of the epoch under way, and its training steps so far
         self.version = 0
+        # further models synced to the workers (TrainingAgent.extra_models, Trainer(models=...)): each published
+        # every ModelSpec.every training steps under a version counter of its own
+        self.extra_models: dict[str, ModelSpec] = {}
+        self.model_versions: dict[str, int] = {}  # name -> its newest published version (kept in checkpoints)
+        self._model_published: dict[str, int] = {}  # name -> total_updates when it was last published
+        self._models_unsent_logged = False
         self.unstored = 0  # packets the memory refused (ValueError): skipped, logged and counted
         self.safeguards: Safeguards | None = None  # value limits, the undo of non-finite steps (see build)
         self.published_updates = -1  # total_updates when the actor was last published as ``version``
@@ -190,6 +207,10 @@ class TrainingOffline:
         self.safeguards = Safeguards(value_limits(obs_space, act_space, self.max_abs_reward), self.agent,
                                      self.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(self.agent)
+        self.add_models(self.agent.extra_models(), f"{type(self.agent).__name__}.extra_models()")
+        if self.obs_norm is not None:  # the workers normalise act's observations with the statistics as published
+            every = self.normalize_obs_every or self.update_model_interval
+            self.add_models({"obs_norm": ModelSpec(self.obs_norm, every)}, "env.normalize_obs")
         if not self.agent_has_state:
             name = type(self.agent).__name__
             log.warning("%s does not implement state_dict() and load_state_dict(): checkpoints will hold its actor's "
@@ -197,6 +218,21 @@ class TrainingOffline:
                         "networks, optimisers), so a restarted trainer trains those afresh. Implement "
                         "%s.state_dict() and %s.load_state_dict(state) (tensors and numbers only) to resume exactly",
                         name, name, name)
+
+    def add_models(self, models: dict[str, ModelSpec], owner: str) -> None:
+        """Publish ``models`` too (names are checked by the Trainer, which knows the wire's rules)."""
+        for name, spec in models.items():
+            if name in self.extra_models:
+                raise ValueError(f"{owner} declares the model {name!r}, which is already published (by the agent's "
+                                 "extra_models() or Trainer(models=...)): give it another name")
+            if not isinstance(spec, ModelSpec) or not isinstance(spec.module, torch.nn.Module):
+                raise ValueError(f"{owner}[{name!r}] is {spec!r:.80}, not a ModelSpec(module, every) of a "
+                                 "torch.nn.Module")
+            if isinstance(spec.every, bool) or not isinstance(spec.every, int) or spec.every < 1:
+                raise ValueError(f"{owner}[{name!r}].every must be an integer >= 1: the gradient steps between two "
+                                 f"publications (got {spec.every!r})")
+            self.extra_models[name] = spec
+            self.model_versions.setdefault(name, 0)
 
     def _build_memory(self, device: str) -> MemoryDataloading:
         """The memory, with ``memory_size`` and ``batch_size`` from the partial or this loop (see
@@ -210,6 +246,8 @@ class TrainingOffline:
         if self.agent is None:
             self.build()
         self.publish(source)
+        for name in self.extra_models:  # a worker has every model's first version before any is due
+            self._publish_model(source, name)
 
     def publish(self, source: SampleSource) -> None:
         """Send the actor under the next free number (above any the source says is taken: see _renumber)."""
@@ -242,6 +280,31 @@ class TrainingOffline:
         self.version = taken
         self.publish(source)
         return True
+
+    def publish_models(self, source: SampleSource) -> None:
+        """Publish each extra model that is due (every ``ModelSpec.every`` training steps) or whose number the
+        source says is taken (an earlier trainer session's, as _renumber for the policy)."""
+        taken = getattr(source, "taken_model_version", None)
+        for name, spec in self.extra_models.items():
+            renumber = taken is not None and taken(name) >= self.model_versions.get(name, 0)
+            due = (self.total_updates % spec.every == 0 and self.total_updates > 0
+                   and self._model_published.get(name) != self.total_updates)
+            if renumber or due:
+                self._publish_model(source, name)
+
+    def _publish_model(self, source: SampleSource, name: str) -> None:
+        if not _publishes_models(source):
+            if not self._models_unsent_logged:
+                self._models_unsent_logged = True
+                log.warning("the sample source %s publishes the policy only: the models %s are not sent to the "
+                            "workers", type(source).__name__, sorted(self.extra_models))
+            return
+        taken = getattr(source, "taken_model_version", None)
+        version = max(self.model_versions.get(name, 0), taken(name) if taken is not None else -1) + 1
+        self.model_versions[name] = version
+        source.publish(self.extra_models[name].module, version, self.total_updates,  # type: ignore[call-arg]
+                       model=name)
+        self._model_published[name] = self.total_updates
 
     # -- the loop -------------------------------------------------------------------------------------------
     def wanted(self) -> int:
@@ -329,7 +392,7 @@ class TrainingOffline:
         returns = list(r.returns)
         return {"trained_steps": self.total_updates, "samples": self.total_samples,
                 "start_training": self.start_training, "memory_len": len(self.memory) if self.memory is not None else 0,
-                "memory_size": self.memory_size, "version": self.version,
+                "memory_size": self.memory_size, "version": self.version, "model_versions": dict(self.model_versions),
                 "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None, "episodes": len(returns),
                 **(self.sync.live() if self.sync is not None else {})}
@@ -338,6 +401,7 @@ class TrainingOffline:
         """The loop's counters, for a checkpoint."""
         return {"epoch": self.epoch, "total_updates": self.total_updates, "total_samples": self.total_samples,
                 "version": self.version, "round": self.round, "round_steps": self.round_steps,
+                "model_versions": dict(self.model_versions),
                 "round_stats": self._round.to_state(), **(self.safeguards.state() if self.safeguards else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -345,6 +409,8 @@ class TrainingOffline:
         self.total_samples, self.version = int(state["total_samples"]), int(state["version"])
         # where in the epoch a stopped trainer was (checkpoints before these keys resume at the epoch's start)
         self.round, self.round_steps = int(state.get("round", 0)), int(state.get("round_steps", 0))
+        for name, version in (state.get("model_versions") or {}).items():  # (none in checkpoints before issue 34)
+            self.model_versions[name] = max(self.model_versions.get(name, 0), int(version))
         if self.safeguards is not None:
             self.safeguards.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
@@ -402,8 +468,7 @@ class TrainingOffline:
                     yield self._round_summary(rnd)
                     self._round = RoundStats()
                     return
-                if not self._renumber(source) and self._publish_due():  # renumber: checked every step (cheap)
-                    self.publish(source)
+                self._publish_due_versions(source)
                 if profiler:
                     profiler.enable()
                 t0 = time.perf_counter()
@@ -463,7 +528,15 @@ class TrainingOffline:
             self.total_updates += 1
             self._round.add_step(metrics)
         self.publish(source)  # the next batch's version, also after an undone step: the workers wait for one
+        if self.extra_models:
+            self.publish_models(source)
         return True
+
+    def _publish_due_versions(self, source: SampleSource) -> None:
+        if not self._renumber(source) and self._publish_due():  # renumber: checked every step (cheap)
+            self.publish(source)
+        if self.extra_models:
+            self.publish_models(source)
 
     def _publish_due(self) -> bool:
         """Every ``update_model_interval`` training steps (not again after a step was undone)."""

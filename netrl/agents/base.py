@@ -10,12 +10,14 @@ Calling sequence, as the Trainer drives it::
                                                     # weights_only=True; without them a checkpoint keeps the actor only
     agent.state_tensors()                           # what a training step may change, for the loop to undo a step
                                                     # that went non-finite (netrl.agents.guard); found by default
+    agent.extra_models()                            # optional: {name: ModelSpec(module, every)}, further modules
+                                                    # synced to the workers besides the actor (default: none)
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium
 import torch
@@ -24,7 +26,17 @@ from netrl.actor import ActorModule
 from netrl.agents.guard import find_state_tensors
 from netrl.samples import Batch
 
-__all__ = ["Batch", "TrainingAgent", "has_state_dict"]
+__all__ = ["Batch", "ModelSpec", "TrainingAgent", "has_state_dict"]
+
+
+class ModelSpec(NamedTuple):
+    """A module synced to the workers besides the actor, e.g. an observation normaliser: published every ``every``
+    gradient steps under a version counter of its own. A worker loads it into its target of the same name
+    (``RolloutWorker(models={name: module})``), and each sample row records the version it used (``batch.extra
+    ["<name>_version"]``)."""
+
+    module: torch.nn.Module
+    every: int
 
 
 class TrainingAgent(ABC):
@@ -42,6 +54,11 @@ class TrainingAgent(ABC):
     @abstractmethod
     def get_actor(self) -> ActorModule:
         """The current actor; the Trainer publishes its ``state_dict`` to the workers."""
+
+    def extra_models(self) -> dict[str, ModelSpec]:
+        """Further modules to sync to the workers, by name (a lower-case identifier of at most 24 characters, not
+        "policy"): the training loop publishes each every ``ModelSpec.every`` gradient steps. None by default."""
+        return {}
 
     def state_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` for every tensor a training step may change. The training loop copies them after each

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,6 +106,9 @@ def seconds_or_zero(v: float) -> str | None:
     return None if 0 <= v <= MAX_SECONDS else f"must be >= 0 and at most {MAX_SECONDS:g} (a day)"
 
 
+_WEIGHT_FORMAT = re.compile(r"[a-z][a-z0-9_]{0,31}")  # (netrl.protocol.wire.FORMAT_NAME; checked at start)
+
+
 @dataclass(frozen=True)
 class NetworkConfig:
     server_ip: str = _f("127.0.0.1", "address the worker and the trainer connect to", host)
@@ -118,6 +122,15 @@ class NetworkConfig:
                                 "but 32 KiB of it: the room for the server's bundle header)", ge(MIN_MESSAGE_BYTES))
     handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
                                     "closed (bounds what half-open connections hold)", seconds)
+    weight_format: str = _f("float32", "how the trainer sends weights: float32 (exact), float16, bfloat16, int8, "
+                            "delta (float32 plus the difference to the version before, compressed: exact), auto "
+                            "(float32, float16 and int8, each with deltas; the server picks per worker by its link "
+                            "rate), or a format registered with netrl.protocol.weight_formats.register_format",
+                            lambda v: None if _WEIGHT_FORMAT.fullmatch(v) else
+                            "must be float32, float16, bfloat16, int8, delta, auto or a registered format's name")
+    weight_budget_s: float = _f(1.0, "weight_format auto: the time one version may take to reach a worker; the "
+                                "server sends each worker the most exact format its measured link rate allows",
+                                between(0.001, 3600))
 
 
 @dataclass(frozen=True)

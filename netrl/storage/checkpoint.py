@@ -5,7 +5,8 @@
     checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy coefficient
     checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state, config
     checkpoint/CURRENT              {"number": 7}: the newest complete checkpoint
-    checkpoint/PUBLISHED            {"version": 93}: the newest weight version this run has sent out
+    checkpoint/PUBLISHED            {"version": 93, "models": {"obs_norm": 12}}: the newest weight version this run
+                                    has sent out, and that of each further model (netrl.protocol.models)
 
 A checkpoint is written file by file and becomes current only when ``CURRENT`` is atomically replaced, so a crash
 mid-save leaves the previous checkpoint intact. Tensors are loaded with ``torch.load(weights_only=True)``; nothing is
@@ -29,7 +30,8 @@ from netrl.errors import CheckpointError
 from netrl.storage.folderlock import sync_folder
 from netrl.storage.weight_files import torch_load, torch_save
 
-__all__ = ["exists", "load_checkpoint", "load_state", "nonfinite_entries", "published_version", "record_published",
+__all__ = ["exists", "load_checkpoint", "load_state", "nonfinite_entries", "published_models", "published_version",
+           "record_published",
            "save_checkpoint"]
 
 log = logging.getLogger(__name__)
@@ -101,11 +103,12 @@ def _set_current(folder: Path, number: int, fsync: bool = False) -> None:
     _replace(folder / "CURRENT.tmp", folder / "CURRENT", fsync)
 
 
-def record_published(run_dir: Path, version: int, fsync: bool = False) -> None:
-    """Note ``version`` as the newest this run has published (before it is sent). Raises OSError."""
+def record_published(run_dir: Path, version: int, fsync: bool = False, models: dict[str, int] | None = None) -> None:
+    """Note ``version`` as the newest this run has published (before it is sent), and ``models``' newest versions of
+    the further models (each one's own counter). Raises OSError."""
     folder = _dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "PUBLISHED.tmp").write_text(json.dumps({"version": version}))
+    (folder / "PUBLISHED.tmp").write_text(json.dumps({"version": version, **({"models": models} if models else {})}))
     _replace(folder / "PUBLISHED.tmp", folder / "PUBLISHED", fsync)
 
 
@@ -115,12 +118,23 @@ def published_version(run_dir: Path) -> int:
     Raises:
         CheckpointError: the note is unreadable.
     """
+    return _published(run_dir)[0]
+
+
+def published_models(run_dir: Path) -> dict[str, int]:
+    """The newest version this run has published of each further model ({} when none is noted, as in a note an
+    older netrl wrote). Raises CheckpointError when the note is unreadable."""
+    return _published(run_dir)[1]
+
+
+def _published(run_dir: Path) -> tuple[int, dict[str, int]]:
     path = _dir(run_dir) / "PUBLISHED"
     try:
-        return int(json.loads(path.read_text())["version"])
+        note = json.loads(path.read_text())
+        return int(note["version"]), {str(k): int(v) for k, v in note.get("models", {}).items()}
     except FileNotFoundError:
-        return 0
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return 0, {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{path} is unreadable ({exc}); it holds the newest weight version this run sent "
                               "out. If no server or worker still holds this run's weights, remove it: versions then "
                               "continue after the checkpoint's and the sample log's newest") from None

@@ -11,6 +11,11 @@
 It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
 It also tells the loop which weight versions an earlier trainer session may have published (the server's WELCOME,
 and packets naming versions this session never published), so that no number ever names two actors.
+
+Besides the policy it publishes further named models (an observation normaliser, a user's module; see
+:mod:`netrl.protocol.models`), each with a version counter and an outbox of its own: a big policy waiting for a slow
+link never holds back a small model. A WEIGHTS command's head carries the model's slot (its index in
+``TrainerLink.models``, 0 for "policy") in the top 8 bits of its part number.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
 from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType, printable
+from netrl.protocol.models import POLICY
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode, weight_parts
 from netrl.samples import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.encoding import Encoded, WeightEncoder
+from netrl.trainer.outbox import Outboxes
 from netrl.util import version_label, worth_logging
 
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
@@ -47,6 +55,7 @@ from netrl.util import version_label, worth_logging
 FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
 MAX_LAYOUT_CAUSES = 64  # of the server's NOTICEs, logged once each
 KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
+_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these bits, the part below
 
 __all__ = ["TrainerLink", "trainer_label", "write_failed"]
 
@@ -76,6 +85,7 @@ class _Snapshot:
     layout: list[list[Any]]
     views: list[torch.Tensor]
     trackers: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
+    busy: bool = False  # waiting for the encoding thread, which reads it (network.weight_format)
 
 
 class TrainerLink(NetThread):
@@ -85,8 +95,13 @@ class TrainerLink(NetThread):
                  deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0,
                  live: Callable[[], dict[str, Any]] | None = None,
-                 record_version: Callable[[int], None] | None = None) -> None:
+                 record_version: Callable[[int, str], None] | None = None, weight_format: str = "float32",
+                 weight_budget_s: float = 1.0) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
+        # network.weight_format: float32 alone is sent as today, from the training thread; any other setting is
+        # encoded on a thread of its own (netrl.trainer.encoding). FormatError for an unknown setting.
+        self.encoder = None if weight_format == "float32" else WeightEncoder(weight_format, weight_budget_s)
+        self._command_lock = threading.Lock()  # the training and the encoding threads share the pipe's socket
         self.live = live  # TrainingOffline.live
         self.record_version = record_version  # notes a version on disk before it is sent (Trainer._record_version)
         self._status = StatusClock(status_interval_s)
@@ -100,18 +115,17 @@ class TrainerLink(NetThread):
         self.new_data = threading.Event()
         self.version = 0  # the newest published weight version, written by the training thread
         self.taken = -1  # the newest version that may name another session's weights, written by the network thread
+        self.model_versions: dict[str, int] = {}  # other models: newest published version (training thread)
+        self.taken_models: dict[str, int] = {}  # other models: as ``taken`` (network thread)
+        self.models: list[str] = [POLICY]  # the slots of the models published so far (training thread appends)
         self.server_session = ""  # the server process that sent the last WELCOME
         self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
         self.granted = 0  # credits granted on the current connection
         self.received = 0  # bundles received on the current connection
-        self.weights: list[list[Any]] = []  # every part of the newest version, for a reconnect
-        self.weights_version = -1
-        self._unsent: list[list[Any]] = []  # parts of the newest version not yet given to the socket
-        self._writing: list[zmq.MessageTracker] = []  # the sends of the version given to it last ...
-        self._writing_version = -1  # ... and its number
         self.last_progress: list[Any] | None = None
         self._snapshots: list[_Snapshot] = []  # reusable flat buffers
         self.stats: collections.Counter[str] = collections.Counter()
+        self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this trainer's layout
         self.collect: dict[str, Any] | None = None  # sync collection's announcement, sent with every version
 
@@ -145,43 +159,104 @@ class TrainerLink(NetThread):
         the two cannot disagree."""
         self.collect = dict(collect)
 
-    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
-        """Snapshot the actor into a reused flat buffer and send it in parts (training goes on meanwhile)."""
+    def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:
+        with self._command_lock:
+            return super().command(frames, track)
+
+    def halt(self, timeout: float = 5.0) -> None:
+        """Stop the thread, after the encoding thread has handed on what it was given (up to ``timeout`` s)."""
+        if self.encoder is not None:
+            self.encoder.wait(timeout)
+            self.encoder.close(timeout)
+        super().halt(timeout)
+
+    def weight_metrics(self) -> dict[str, float]:
+        """The newest lossy version's measured error per format, for the metrics (``weights_max_error/<format>``)."""
+        errors = self.encoder.max_errors if self.encoder is not None else {}
+        return {f"weights_max_error/{name}": error for name, error in errors.items()}
+
+    @property
+    def weights(self) -> list[list[Any]]:
+        """Every part of the policy's newest version."""
+        return self.outboxes[POLICY].parts
+
+    @property
+    def weights_version(self) -> int:
+        return self.outboxes[POLICY].version
+
+    def taken_model_version(self, model: str) -> int:
+        """As :meth:`taken_version`, for another model than the policy."""
+        return self.taken_models.get(model, -1)
+
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int, model: str = POLICY) -> None:
+        """Snapshot the actor (or the named ``model``) into a reused flat buffer and send it in parts (training goes
+        on meanwhile)."""
         if version > MAX_POLICY_VERSION:  # only a server that was sent such a version can have made this number
             raise NetrlError(f"cannot number weights v{version}: the largest weight version is v{MAX_POLICY_VERSION}, "
                              f"and the server reports v{self.taken} as taken. Another trainer, or a peer holding the "
                              "trainer key, sent it that version: restart the server to clear its weights cache, and "
                              "check who holds keys/trainer/")
         if self.record_version is not None:
-            self.record_version(version)
-        self.version = version
+            self.record_version(version, model)
+        if model == POLICY:
+            self.version = version
+            fields = None
+        else:
+            self.model_versions[model] = version
+            fields = {"model": model}
+            if model not in self.models:
+                self.models.append(model)  # before the command that names its slot
+        slot = self.models.index(model) << _SLOT_SHIFT
         state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
         layout, nbytes = flat_layout(state)
         snap = self._free_snapshot(layout, nbytes)
         copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
-        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, snap.flat, layout,
-                                PART_BYTES):
-            if self.collect is not None:
-                msg.body["collect"] = self.collect
-            tracker = self.command([command_head(Command.WEIGHTS, msg.body["part"], version), *encode(msg)],
-                                   track=True)
-            assert tracker is not None
-            snap.trackers.append(tracker)
         self._snapshots.append(snap)
-        log.debug("published weights v%d in %d parts", version, len(snap.trackers))
+        if self.encoder is not None:  # encoded and sent on the encoding thread
+            snap.busy = True
+            self.encoder.put(model, version, trained_steps, snap.flat, layout,
+                             lambda out: self._send_encoded(model, slot, version, trained_steps, snap, out),
+                             lambda: setattr(snap, "busy", False))
+            return
+        self._send_encoding(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
+        log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
+                  len(snap.trackers))
+
+    def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int,
+                       snap: _Snapshot) -> None:
+        """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy until sent)."""
+        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, out.data, snap.layout,
+                                PART_BYTES, out.fields):
+            if self.collect is not None and model == POLICY:
+                msg.body["collect"] = self.collect
+            tracker = self.command([command_head(Command.WEIGHTS, slot | msg.body["part"], version), *encode(msg)],
+                                   track=out.snapshot)
+            if tracker is not None:
+                snap.trackers.append(tracker)
+
+    def _send_encoded(self, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot,
+                      out: list[Encoded]) -> None:
+        """Encoding thread: send a version's encodings, then free its snapshot (unless a send still reads it)."""
+        try:
+            for encoded in out:
+                self._send_encoding(encoded, model, slot, version, trained_steps, snap)
+        except NetrlError:  # the network thread has stopped: the training thread hears of it at its next call
+            pass
+        finally:
+            snap.busy = False
 
     def _free_snapshot(self, layout: list[list[Any]], nbytes: int) -> _Snapshot:
         """A buffer no send still reads, with views for ``layout``: the network thread keeps the newest version
         until the next one."""
         for i, snap in enumerate(self._snapshots):
-            if snap.flat.nbytes == nbytes and all(t.done for t in snap.trackers):
+            if snap.flat.nbytes == nbytes and not snap.busy and all(t.done for t in snap.trackers):
                 del self._snapshots[i]
                 if snap.layout != layout:  # another actor of the same size: view it anew, padding zeroed again
                     snap.flat.fill(0)
                     snap = _Snapshot(snap.flat, layout, flat_views(snap.flat, layout))
                 snap.trackers.clear()
                 return snap
-        if len(self._snapshots) > 4:
+        if len(self._snapshots) > 4 * len(self.models):
             self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
         flat = np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
         return _Snapshot(flat, layout, flat_views(flat, layout))
@@ -209,8 +284,7 @@ class TrainerLink(NetThread):
         if self.schema is not None:  # first, so that the server checks packets before queueing them
             self.link.send(encode(Message(MsgType.SCHEMA, self.link.name, body=self.schema.to_wire())))
         self._grant()
-        self._unsent = [] if self._outnumbered(self.weights_version) else list(self.weights)
-        self._writing, self._writing_version = [], -1  # (a new socket: the old one dropped what it held)
+        self.outboxes.restart(self._outnumbered)
         self._send_weights()
         if self.last_progress is not None:
             self.link.send(self.last_progress)
@@ -222,17 +296,25 @@ class TrainerLink(NetThread):
         same_server, self.server_session = server == self.server_session, server
         # Back on the server process that told us its versions at our first WELCOME: what it has now, up to our
         # newest, is ours (it never names two actors). A new server process may have them from another session.
+        models = self.link.welcome.get("models")
+        for model, newest in (models if isinstance(models, dict) else {}).items():
+            if (model == POLICY or not isinstance(newest, int) or model not in self.model_versions
+                    or (same_server and newest <= self.model_versions[model])):
+                continue  # (a model this session does not publish: none of its numbers are this session's to give)
+            if newest > self.taken_models.get(model, -1):
+                self.taken_models[model] = newest
+                self.new_data.set()
         if same_server and reported <= self.version:
             return
         if reported > self.taken:
             self.taken = reported
             self.new_data.set()  # wake the training loop: it publishes again under a new number
 
-    def _outnumbered(self, version: int) -> bool:
+    def _outnumbered(self, version: int, model: str = POLICY) -> bool:
         """Weights numbered before a WELCOME said the number is taken are never sent: the loop publishes the actor
-        again under a new number (publish() numbers after taken_version()), so no sample carries a number that
-        reads as stale."""
-        return version <= self.taken
+        (or the model) again under a new number (publish() numbers after taken_version()), so no sample carries a
+        number that reads as stale."""
+        return version <= (self.taken if model == POLICY else self.taken_models.get(model, -1))
 
     def _grant(self) -> None:
         """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
@@ -272,7 +354,9 @@ class TrainerLink(NetThread):
         log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
                  "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
                  rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",
-                 100 * s["memory_len"] / max(1, s["memory_size"]), version_label(s["version"]), lag, ret,
+                 100 * s["memory_len"] / max(1, s["memory_size"]),
+                 version_label(s["version"]) + "".join(f", {m} v{v}" for m, v in s.get("model_versions", {}).items()),
+                 lag, ret,
                  self.link.state(), waiting)
 
     def on_command(self, frames: list[Any]) -> None:
@@ -281,14 +365,11 @@ class TrainerLink(NetThread):
             self._grant()
             return
         if kind is Command.WEIGHTS:
-            part, version = values
-            if self._outnumbered(version):
+            slotted, version = values
+            model = self.models[slotted >> _SLOT_SHIFT]  # (the part number itself is in the message)
+            if self._outnumbered(version, model):
                 return
-            if part == 0 and self._unsent and self.weights_version != self._writing_version:
-                self._superseded(version)
-            self.weights = [payload] if part == 0 else [*self.weights, payload]
-            self._unsent = [payload] if part == 0 else [*self._unsent, payload]
-            self.weights_version = version
+            self.outboxes.take(model, version, payload, self.link.ready)
             self._send_weights()
             return
         if kind is not Command.PROGRESS:
@@ -298,31 +379,8 @@ class TrainerLink(NetThread):
         self.link.send(payload)
 
     def _send_weights(self) -> None:
-        """Give the socket the newest version's unsent parts. A version starts only once ZeroMQ has written every
-        part of the one before: on a link slower than the trainer publishes, a newer version replaces the one
-        waiting, unsent, instead of versions queueing without limit, in memory and in age."""
-        if not self._unsent or not self.link.ready:
-            return
-        if self.weights_version != self._writing_version:
-            if not all(t.done for t in self._writing):
-                return  # the next tick looks again
-            self._writing, self._writing_version = [], self.weights_version
-        while self._unsent:
-            tracker = self.link.send_tracked(self._unsent[0])
-            if tracker is None:
-                return  # the socket's queue is full: the next tick goes on
-            self._writing.append(tracker)
-            del self._unsent[0]
-
-    def _superseded(self, version: int) -> None:
-        self.stats["weights_superseded"] += 1
-        if not self.link.ready:  # waiting for a reconnect, which sends the newest version
-            log.debug("weights v%d replace v%d, which waited for the server", version, self.weights_version)
-        elif worth_logging(self.stats["weights_superseded"]):
-            log.info("weights v%d replace v%d, which waited for the link to the server to take the version before "
-                     "it: the link is slower than the trainer publishes (%d versions skipped so far; "
-                     "trainer.update_model_interval sets how often it publishes)", version, self.weights_version,
-                     self.stats["weights_superseded"])
+        if self.link.ready:
+            self.outboxes.send(self.link.send_tracked)
 
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.BUNDLE:

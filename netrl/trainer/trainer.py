@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from netrl.actor import declared_extras
+from netrl.agents.base import ModelSpec
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
@@ -30,7 +31,9 @@ from netrl.lifecycle import Runs, ctrl_c_stops
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
+from netrl.protocol.models import POLICY, check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
+from netrl.protocol.weight_formats import formats_for
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sample_row_bytes
 from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
@@ -71,6 +74,13 @@ class Trainer:
             trainer shares with a worker or the server.
         max_rows_per_packet: rows a sample packet may hold (the server's ``server.max_rows_per_packet``): a packet
             beyond it, or beyond that many rows of the expected layout in bytes, is refused before it is inflated.
+        weight_format, weight_budget_s: how weights are encoded for the workers (``network.weight_format``: float32,
+            float16, bfloat16, int8, delta, auto or a registered format) and auto's time per version to a worker;
+            None: the ``network`` config's.
+        models: further modules to sync to the workers besides the actor, by name (those of the agent's
+            ``extra_models()`` come too): each published every ``ModelSpec.every`` training steps under a version
+            counter of its own, loaded by the workers into their target of the same name, and recorded in every
+            sample row as ``batch.extra["<name>_version"]``.
     """
 
     @tmrl_arguments("Trainer", ("training_cls", "server_ip", "server_port", "password"), TMRL_ONLY,
@@ -84,18 +94,28 @@ class Trainer:
                  config: dict[str, Any] | None = None, credit_window: int = 8, resume: bool = True,
                  persist_samples: bool = True, fsync: bool = False, sample_compressor: Any = None,
                  keys: ClientKeys | None = None, status_interval_s: float = 10.0,
-                 max_rows_per_packet: int = 65_536, torch_threads: int | None = 1) -> None:
+                 max_rows_per_packet: int = 65_536, torch_threads: int | None = 1,
+                 models: dict[str, ModelSpec] | None = None, weight_format: str | None = None,
+                 weight_budget_s: float | None = None) -> None:
         if torch_threads is not None and not 1 <= torch_threads <= 1024:
             raise ValueError(f"torch_threads must be between 1 and 1024, or None to leave torch's setting "
                              f"(got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
+        self.models = dict(models or {})
+        check_model_names(self.models, "Trainer(models=...)")
+        self._published: dict[str, int] = {}  # model -> newest version noted as sent (PUBLISHED)
         self.training_cls = training_cls
         self.network = network or NetworkConfig()
         if server_ip is not None:
             from dataclasses import replace
 
             self.network = replace(self.network, server_ip=server_ip)
+        self.weight_format = self.network.weight_format if weight_format is None else weight_format
+        self.weight_budget_s = self.network.weight_budget_s if weight_budget_s is None else weight_budget_s
+        formats_for(self.weight_format)  # FormatError naming the known ones (a custom format: register it first)
+        if not 0 < self.weight_budget_s <= 3600:
+            raise ValueError(f"weight_budget_s must be > 0 and at most 3600 s (got {self.weight_budget_s!r})")
         self.server_port = server_port
         self.run_dir = Path(run_dir)
         self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
@@ -138,7 +158,8 @@ class Trainer:
             total_frames=t.total_frames, collection=t.collection, frames_per_batch=t.frames_per_batch,
             rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
             sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, memory_device=m.device,
-            compile=t.compile, normalize_obs=cfg.env.normalize_obs, normalize_obs_clip=cfg.env.normalize_obs_clip)
+            compile=t.compile, normalize_obs=cfg.env.normalize_obs, normalize_obs_clip=cfg.env.normalize_obs_clip,
+            normalize_obs_every=cfg.env.normalize_obs_every)
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
@@ -195,6 +216,9 @@ class Trainer:
         apply_torch_threads(self.torch_threads, trainer_label(self.name))  # before the agent and memory are built
         self.training = training = self.training_cls()
         training.build()
+        training.add_models(self.models, "Trainer(models=...)")
+        check_model_names(training.extra_models, f"the models {type(training.agent).__name__}.extra_models() and "
+                          "Trainer(models=...) declare")
         self._lock.acquire()  # creates the folder
         self._check_model_path()
         remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
@@ -223,12 +247,13 @@ class Trainer:
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
                                           self.sample_compressor if probe is None else probe,
                                           guards.limits if guards is not None else None,
-                                          declared_extras(training.agent.get_actor() if training.agent else None))
+                                          {**declared_extras(training.agent.get_actor() if training.agent else None),
+                                           **version_columns(training.extra_models)})
         if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
             guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
-                                     self._record_version)
+                                     self._record_version, self.weight_format, self.weight_budget_s)
         net.version = training.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
@@ -243,7 +268,7 @@ class Trainer:
                  training.rounds, training.steps, training.device)
         while training.epoch < training.epochs and not stop.is_set() and not training.frames_done():
             for stats in training.run_epoch(net, stop):
-                self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"]})
+                self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"], **net.weight_metrics()})
             if not stop.is_set():
                 self._save()
         if training.frames_done() and not stop.is_set():  # (saved just above)
@@ -266,6 +291,10 @@ class Trainer:
             training.load_state(state)
         deliveries = Deliveries(state.get("deliveries"))
         _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
+        for model, newest in checkpoint.published_models(self.run_dir).items():
+            if model in training.extra_models and newest > training.model_versions.get(model, 0):
+                training.model_versions[model] = newest  # no number names two versions of a model either
+        self._published = {POLICY: training.version, **training.model_versions}
         held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
         if not self.persist_samples:
             if held:
@@ -337,10 +366,14 @@ class Trainer:
                               f"save under the run folder ({self.run_dir / 'policy.pt'}), give another path, or move "
                               "that file away first")
 
-    def _record_version(self, version: int) -> None:
-        """Note a weight version in the run folder before it is sent (see :func:`checkpoint.record_published`)."""
+    def _record_version(self, version: int, model: str = POLICY) -> None:
+        """Note a weight version (of the policy, or of another ``model``) in the run folder before it is sent (see
+        :func:`checkpoint.record_published`)."""
+        self._published[model] = version
+        others = {name: v for name, v in self._published.items() if name != POLICY}
         try:
-            checkpoint.record_published(self.run_dir, version, self.fsync)
+            checkpoint.record_published(self.run_dir, self._published.get(POLICY, 0), self.fsync,
+                                        **({"models": others} if others else {}))
         except OSError as exc:
             raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
                                   f"; v{version} was not sent, so no number names two actors") from None

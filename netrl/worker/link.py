@@ -60,12 +60,14 @@ class WorkerLink(NetThread):
     def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int, keys: ClientKeys | None,
                  max_backlog_bytes: int, send_window_bytes: int, produced: Callable[[], int] | None = None,
                  on_weights: Callable[[Message], dict[str, Any]] | None = None, status_interval_s: float = 0.0,
-                 last_return: Callable[[], float | None] | None = None) -> None:
+                 last_return: Callable[[], float | None] | None = None,
+                 weight_ack: Callable[[Message], dict[str, Any] | None] | None = None) -> None:
         super().__init__(network, "worker", worker_id, session, port, keys=keys)
         self.worker_id = worker_id
         self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
         self.produced = produced or (lambda: 0)
         self.on_weights = on_weights  # called on this thread; returns counters to report in heartbeats
+        self.weight_ack = weight_ack  # the ACK body of a version whose last part arrived (None: no ACK)
         self.last_return = last_return or (lambda: None)
         self.num_envs = 1  # the worker's envs: the status line's steps/s are their sum
         self._status = StatusClock(status_interval_s, {"produced": 0})
@@ -76,7 +78,8 @@ class WorkerLink(NetThread):
         self._held_reasons: set[str] = set()  # why, as logged (once each)
         self.inflight: set[int] = set()
         self.server_window: int | None = None  # the share of the server's memory it grants this worker
-        self.weights_ack: int | None = None  # a weight version received whose ACK the link has not taken yet
+        # model -> the ACK body of the version of it received last, which the link has not taken yet
+        self.weights_acks: dict[str, dict[str, Any]] = {}
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet this thread took from the control path
@@ -243,7 +246,7 @@ class WorkerLink(NetThread):
             log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
         self.counts["connections"] += 1
         self._told_flushing = False
-        self.weights_ack = None  # the server's new session for this worker waits for no ACK
+        self.weights_acks.clear()  # the server's new session for this worker waits for no ACK
         self.server_window = self.link.welcome.get("window")
         self.inflight.clear()
         self.inflight_bytes = 0
@@ -253,11 +256,13 @@ class WorkerLink(NetThread):
         self._pump()
 
     def _ack_weights(self) -> None:
-        """Acknowledge the weight version received last. The server sends this worker no other version until it
-        has the ACK, so one the link refuses (its queue full of packets) is kept and sent again at every tick."""
-        if self.weights_ack is not None and self.link.send(
-                encode(Message(MsgType.ACK, self.worker_id, body={"seqs": [self.weights_ack]}))):
-            self.weights_ack = None
+        """Acknowledge the version of each model received last. The server sends this worker no other version of
+        that model until it has the ACK, so one the link refuses (its queue full of packets) is kept and sent again
+        at every tick."""
+        for model, body in list(self.weights_acks.items()):
+            if not self.link.send(encode(Message(MsgType.ACK, self.worker_id, body=body))):
+                return
+            del self.weights_acks[model]
 
     def on_tick(self) -> None:
         self._ack_weights()
@@ -343,7 +348,11 @@ class WorkerLink(NetThread):
             if self.on_weights is not None:
                 self.weight_stats = self.on_weights(msg)
             if msg.body["part"] == msg.body["parts"] - 1:  # the whole version arrived: the server may send the next
-                self.weights_ack = msg.policy_version
+                model = msg.body.get("model", "policy")
+                ack = (self.weight_ack(msg) if self.weight_ack is not None else
+                       {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")})
+                if ack is not None:
+                    self.weights_acks[model] = ack
                 self._ack_weights()
         elif msg.type is MsgType.ACK:
             self.server_window = msg.body.get("window", self.server_window)

@@ -60,6 +60,7 @@ class PacketMaker:
         self.seq = 0  # packets numbered so far
         self.pending_episodes: list[EpisodeStats] = []  # finished since the previous packet: they go with the next
         self._builder = BufferBuilder(min_samples + overlap + 2, overlap)
+        self.stamp: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None  # adds the models' versions
         self._first_unsent = 0.0
         self._size_checked = False  # the packet size was checked against the server's limit
         self._row_bytes = 0  # the most one row takes, from the spaces (0: not known, see follow)
@@ -91,6 +92,8 @@ class PacketMaker:
                                                                                 truncated, info)
         if len(self._builder) == 0:
             self._first_unsent = time.monotonic()
+        if self.stamp is not None:
+            extra = self.stamp(extra)
         self._builder.add(act, obs, rew, terminated, truncated, reset, version, extra)
         if not self._size_checked:
             self._size_checked = True

@@ -1,7 +1,9 @@
 """A worker's incoming weights, on its network thread: assembled from parts, checked, loaded into a spare actor.
 
 The control path picks the loaded actor up between two env steps with :meth:`WeightSlot.swap`, a pointer swap,
-so a weight update never delays a real-time step.
+so a weight update never delays a real-time step. A worker with further model targets (an observation normaliser, a
+user's module: :mod:`netrl.protocol.models`) has one :class:`WeightReceiver` and one slot per model, and
+:class:`ModelReceivers` routes each WEIGHTS part to its model's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 
 from netrl.errors import ProtocolError
 from netrl.protocol.messages import Message
+from netrl.protocol.models import POLICY, version_column
+from netrl.protocol.weight_formats import FormatError, WeightFormat, crc, flat_nbytes
 from netrl.protocol.weights import (
     KnownLayout,
     WeightAssembler,
@@ -31,8 +35,9 @@ from netrl.protocol.weights import (
     weight_specs,
 )
 from netrl.util import worth_logging
+from netrl.worker.weight_decode import Encodings, Refused
 
-__all__ = ["WeightReceiver", "WeightSlot"]
+__all__ = ["ModelReceivers", "WeightReceiver", "WeightSlot"]
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +174,9 @@ class WeightReceiver:
     _KEEP_LOADED_AT = 1000  # versions remembered in loaded_at (a benchmark polls it)
 
     def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
-                 save: Callable[[dict[str, torch.Tensor], int, str], None] | None) -> None:
+                 save: Callable[[dict[str, torch.Tensor], int, str], None] | None, model: str = POLICY) -> None:
         self.template_actor, self.save = template_actor, save
+        self.what = "weights" if model == POLICY else f"model {model!r}"  # as the log lines name its versions
         self.specs = weight_specs(template_actor)
         self.slot = WeightSlot(spare, lambda: copy.deepcopy(template_actor))
         self.version, self.session = version, ""
@@ -184,6 +190,10 @@ class WeightReceiver:
         self._save_failing = False
         self._saver = _Saver(self._write) if save is not None else None  # None: nothing to keep on disk
         self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
+        # versions in another format than float32, and deltas (netrl.worker.weight_decode); an encoding may be larger
+        # than the flat buffer (a custom format, a delta of random bytes), within reason
+        self.encodings = Encodings(max_bytes=2 * self.known.nbytes + (1 << 20))
+        self.need_full = -1  # a version refused for a reason a full version cures: its ACK asks for one
 
     def __call__(self, msg: Message) -> dict[str, Any]:
         b, version, session = msg.body, msg.policy_version, msg.body["session"]
@@ -194,6 +204,8 @@ class WeightReceiver:
                 self.counts["weight_parts_dropped"] += 1  # the version was rejected (and logged) once: not per part
                 return self.stats()
             self._rejected = None  # sent again from its part 0: a new try
+        if "base" in b or b.get("format", "float32") != "float32":
+            return self._encoded(msg)
         try:
             into = self._landing(b["nbytes"], b["layout"]) if b["part"] == 0 else None
             self.assembler.add(session, version, b["part"], b["parts"], b["offset"], b["nbytes"], b["layout"],
@@ -201,6 +213,12 @@ class WeightReceiver:
             if not self.assembler.done:
                 return self.stats()
             flat, layout = self.assembler.take()
+            if "crc" in b and crc(flat) != b["crc"]:  # (a trainer sending deltas: the base of the next one)
+                raise Refused(f"weights v{version} in float32 have the crc {crc(flat):#010x}, not the trainer's "
+                              f"{b['crc']:#010x}")
+        except Refused as exc:
+            self._drop_target()
+            return self._reject(session, version, str(exc), need_full=True)
         except ValueError as exc:
             return self._reject(session, version, str(exc))
         target, self._target = self._target, None
@@ -216,6 +234,56 @@ class WeightReceiver:
             if loaded is None:
                 return self.stats()
             module = loaded
+        if "crc" in b:
+            self.encodings.keep("float32", version, flat.copy())  # the module may view flat, and a spare reuses it
+        return self._loaded(version, session, module)
+
+    def _encoded(self, msg: Message) -> dict[str, Any]:
+        """A version in another format, or a delta: assembled apart, decoded into a spare module, checked."""
+        b, version, session = msg.body, msg.policy_version, msg.body["session"]
+        if b["part"] == 0:
+            self._drop_target()  # a float32 version cut short
+        try:
+            if not self.encodings.add(session, version, b, msg.arrays["chunk"]):
+                return self.stats()
+            fmt, encoding, layout = self.encodings.take(version, b)
+            module = self._decode(session, version, fmt, encoding, layout)
+        except Refused as exc:
+            return self._reject(session, version, str(exc), need_full=True)
+        except ValueError as exc:
+            return self._reject(session, version, str(exc))
+        if module is None:  # rejected (and logged) by the checks
+            return self.stats()
+        self.encodings.keep(fmt.name, version, encoding)
+        return self._loaded(version, session, module)
+
+    def _decode(self, session: str, version: int, fmt: WeightFormat, encoding: np.ndarray,
+                layout: list[Any]) -> torch.nn.Module | None:
+        """Decode into a spare module (a CPU one in the worker's own layout: straight into its buffer) and check it
+        as a float32 version is checked; None: rejected."""
+        try:
+            if self._on_cpu and layout == self.known.layout:
+                target = self._bind(self.slot.take_spare())
+                try:
+                    fmt.decode(encoding, layout, target.flat)
+                except FormatError:
+                    self.slot.give_back(target.module)
+                    raise
+                problems = [] if sum_is_finite(target.whole) else check_weights(
+                    self.specs, {k: t.detach() for k, t in target.own.items()})
+                if problems:
+                    self.slot.give_back(target.module)
+                    self._reject(session, version, "; ".join(problems[:5]))
+                    return None
+                return target.module
+            out = np.zeros(flat_nbytes(layout), np.uint8)
+            fmt.decode(encoding, layout, out)
+        except FormatError as exc:
+            raise Refused(f"weights v{version} in {fmt.name}: {exc}") from None
+        return self._load_copy(session, version, out, layout)
+
+    def _loaded(self, version: int, session: str, module: torch.nn.Module) -> dict[str, Any]:
+        self.need_full = -1
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
         if len(self.loaded_at) > self._KEEP_LOADED_AT:  # one entry per version would grow for as long as it runs
@@ -223,7 +291,7 @@ class WeightReceiver:
         self.version, self.session = version, session
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
-                "weights v%d ready (%d received)", version, self.counts["weights_received"])
+                "%s v%d ready (%d received)", self.what, version, self.counts["weights_received"])
         if self._saver is not None:  # a copy: once the control path lets go of this actor, the next version lands there
             self._saver.put({k: t.detach().clone() for k, t in module.state_dict().items()}, version, session)
         return self.stats()
@@ -302,16 +370,86 @@ class WeightReceiver:
             log.info("saving received weights works again (v%d saved)", version)
         self._save_failing = False
 
-    def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None) -> dict[str, Any]:
+    def _reject(self, session: str, version: int, why: str, flat: np.ndarray | None = None,
+                need_full: bool = False) -> dict[str, Any]:
         self.assembler.release(flat)
         self._drop_target()
         self._rejected = (session, version)
         self.counts["weights_rejected"] += 1
+        if need_full:
+            self.need_full = version
+            self.counts["weights_need_full"] += 1
         if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions
             why = why if len(why) <= 2000 else why[:2000] + "..."  # it may quote tensor names of any length
-            log.error("rejected weights v%d from the server (%d rejected so far; the worker keeps the actor it has): "
-                      "%s", version, self.counts["weights_rejected"], why)
+            log.error("rejected %s v%d from the server (%d rejected so far; the worker keeps the version it has): "
+                      "%s", self.what, version, self.counts["weights_rejected"], why)
         return self.stats()
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.version, **self.counts}
+
+
+class ModelReceivers:
+    """Network thread: each WEIGHTS part to the receiver of its model (``model`` in its body; absent: "policy").
+
+    Weights for a model this worker has no target for are rejected with an error naming the model and the worker's
+    targets (logged once per name), counted per version in ``weights_unknown_model``, and not acknowledged: a server
+    streams a model only to workers whose HELLO names it, so only a server that ignores that sends one.
+    Heartbeat stats: the policy's, with each other model's version as ``<model>_version`` and the counters of all.
+    """
+
+    def __init__(self, receivers: dict[str, WeightReceiver]) -> None:
+        self.receivers = receivers
+        self.policy = receivers[POLICY]
+        self._others = [(name, rx) for name, rx in receivers.items() if name != POLICY]
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._unknown: set[str] = set()  # model names logged
+
+    def __call__(self, msg: Message) -> dict[str, Any]:
+        model = msg.body.get("model", POLICY)
+        if model == POLICY:  # the usual part: no more than a look-up on the way
+            stats = self.policy(msg)
+            return stats if not self._others and not self.counts else self.stats()
+        rx = self.receivers.get(model)
+        if rx is None:
+            self._reject_unknown(model, msg)
+        else:
+            rx(msg)
+        return self.stats()
+
+    def ack(self, msg: Message) -> dict[str, Any] | None:
+        """The ACK body for a version whose last part ``msg`` is (None: not acknowledged, see the class)."""
+        model = msg.body.get("model", POLICY)
+        if model not in self.receivers:
+            return None
+        ack = {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")}
+        if self.receivers[model].need_full == msg.policy_version:
+            ack["need_full"] = True  # the server sends a full version of the model next
+        return ack
+
+    def _reject_unknown(self, model: str, msg: Message) -> None:
+        if msg.body["part"] != 0:
+            return  # counted and logged with its part 0
+        self.counts["weights_unknown_model"] += 1
+        if model not in self._unknown and len(self._unknown) < 64:
+            self._unknown.add(model)
+            log.error("rejected weights v%d of the model %r from the server: this worker has no target for it (its "
+                      "targets: %s). The worker goes on without it; to load it, give the worker a module of that "
+                      "name (RolloutWorker(models={%r: module}))", msg.policy_version, model,
+                      ", ".join(self.receivers), model)
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.policy.stats()
+        for name, rx in self._others:
+            stats[version_column(name)] = rx.version
+            for key, count in rx.counts.items():
+                stats[key] = stats.get(key, 0) + count
+        for key, count in self.counts.items():
+            stats[key] = stats.get(key, 0) + count
+        return stats
+
+    def saved(self, timeout: float = 10.0) -> bool:
+        return self.policy.saved(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.policy.close(timeout)

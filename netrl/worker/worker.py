@@ -36,6 +36,7 @@ from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
+from netrl.protocol.weight_formats import format_names
 from netrl.protocol.wire import Codec
 from netrl.samples import EpisodeStats, check_extra_spec, tree_map
 from netrl.spaces import default_value
@@ -47,6 +48,7 @@ from netrl.util import version_label
 from netrl.worker.episode import close_net, one_env_steps
 from netrl.worker.link import WorkerLink
 from netrl.worker.model_files import load_model_file, save_model_file
+from netrl.worker.models import ExtraModels
 from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
 from netrl.worker.random_frames import RandomFrames
@@ -54,7 +56,7 @@ from netrl.worker.recurrent import RecurrentStates
 from netrl.worker.setup import worker_from_config
 from netrl.worker.sync import SyncFragments
 from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
-from netrl.worker.weight_receiver import WeightReceiver
+from netrl.worker.weight_receiver import ModelReceivers, WeightReceiver
 
 __all__ = ["RolloutWorker"]
 
@@ -139,7 +141,8 @@ class RolloutWorker:
                  on_env_failure: Literal["stop", "reset"] = "stop", num_envs: int = 1,
                  vectorization: Vectorization = "sync", init_random_frames: int = 0,
                  run_dir: str | Path | None = "weights/run", torch_threads: int | None = 1,
-                 normalize_obs: bool = False, normalize_obs_clip: float = 10.0) -> None:
+                 normalize_obs: bool = False, normalize_obs_clip: float = 10.0,
+                 models: Mapping[str, torch.nn.Module] | None = None) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1 (got {num_envs!r})")
         if vectorization not in ("sync", "async"):
@@ -204,6 +207,7 @@ class RolloutWorker:
         self._failures_in_a_row = 0
         self.actor: Any = None
         self.template_actor: Any = None
+        self.models = ExtraModels(models, "RolloutWorker(models=...)")  # further modules synced from the trainer
         self.net: WorkerLink | None = None
         self.weights: WeightReceiver | None = None
         self.packets = PacketMaker(self.worker_id, self.session, self.min_samples, self.overlap, self.max_delay,
@@ -291,6 +295,7 @@ class RolloutWorker:
         self.actor.eval()
         if self.normalize_obs:  # mean 0, var 1 until the trainer's statistics arrive
             self.obs_norm = ObsNormalizer(self.observation_space, self.normalize_obs_clip)
+            self.models.add("obs_norm", self.obs_norm, "env.normalize_obs")  # the trainer's versions replace it
         self.extra_spec = check_extra_spec(declared_extras(self.actor), type(self.actor).__name__)
         if getattr(self.actor, "recurrent_state", dict)():
             self.recurrent = RecurrentStates(self.actor, self.num_envs)
@@ -306,14 +311,24 @@ class RolloutWorker:
         if not self.standalone and self.local_packets is None:
             self.weights = WeightReceiver(self.template_actor, copy.deepcopy(self.actor), self.version,
                                           self.save_model if self.model_path else None)
+            receivers = ModelReceivers({"policy": self.weights, **self.models.make_receivers()})
             self.net = WorkerLink(self.network, self.worker_id, self.session, self.server_port, self.keys,
-                                  self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, self.weights,
-                                  self.status_interval, lambda: self.last_return)
+                                  self.max_backlog_bytes, self.send_window_bytes, lambda: self.produced, receivers,
+                                  self.status_interval, lambda: self.last_return, receivers.ack)
             self.net.num_envs = self.num_envs
-            self.net.weight_stats = {"version": self.version}  # a policy loaded from model_path, until weights come
+            self.net.weight_stats = receivers.stats()  # a policy loaded from model_path, until weights come
             bounds = self.packets.bounds() if self.vec is None else self.vec.bounds()
-            self.net.link.hello_extra = {**bounds, "paced": self.throttle}
+            self.net.link.hello_extra = {**bounds, "paced": self.throttle, "models": list(receivers.receivers),
+                                         "formats": format_names()}
             self.net.start()
+
+    def model(self, name: str) -> torch.nn.Module:
+        """The module of model ``name`` (one of ``models``) in use now: its newest version swapped in between two env
+        steps, as the actor is."""
+        if name not in self.models.current:
+            raise KeyError(f"worker {self.worker_id} has no model {name!r}; its models: {sorted(self.models.current)} "
+                           "(RolloutWorker(models={name: module}))")
+        return self.models.current[name]
 
     def policy_obs(self, obs: Any) -> Any:
         """What ``act`` gets for ``obs`` (one observation or a batch, after any obs_preprocessor): with
@@ -513,8 +528,11 @@ class RolloutWorker:
         The compressor is probed on a copy: one such as ActionBufferCompressor keeps state, and a random probe row
         would make the first real one a seam."""
         extras = declared_extras(self.actor)
+        if self.models:  # every row also carries the version of each further model it used
+            extras = self.models.spec(extras)
         for maker in [self.packets] if self.vec is None else self.vec.makers:
             maker.declare_extras(extras)
+            maker.stamp = self.models.stamp if self.models else None
         compressor = probe_copy(self.sample_compressor)
         if compressor is None and self.sample_compressor is not None:  # it cannot be copied: the env's dtypes, then
             return
@@ -556,6 +574,10 @@ class RolloutWorker:
         if ready is not None:
             version, _session, self.actor = ready
             self.version = version
+        if self.models:
+            self.models.swap()
+            if self.obs_norm is not None:
+                self.obs_norm = self.models.current["obs_norm"]  # type: ignore[assignment]  # a copy of it
 
     def _wait_for_pace(self, stop: threading.Event) -> None:
         if self.net is not None:

@@ -1,0 +1,324 @@
+"""Named models on the trainer's side (issue 34): each extra model published on its own interval under its own
+counter, through the link's own outbox per model, numbered after what the server or the run folder says was sent."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from netrl.agents.base import ModelSpec
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.envs.gym import GenericGymEnv
+from netrl.errors import CheckpointError
+from netrl.memory.replay import ReplayMemory
+from netrl.protocol.weight_formats import FormatError
+from netrl.protocol.wire import decode
+from netrl.samples import Buffer
+from netrl.server.server import Server
+from netrl.storage import checkpoint
+from netrl.trainer.delivery import Deliveries
+from netrl.trainer.link import TrainerLink
+from netrl.trainer.trainer import Trainer
+from netrl.training import TrainingOffline
+from netrl.util import partial
+from netrl.worker.worker import RolloutWorker
+from tests.fakes import NET, PATIENT_NET, wait_until
+
+OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+ACT = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
+
+
+class Norm(torch.nn.Module):
+    """An observation normaliser's shape: float32 statistics and a float64 count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+
+class NormSAC(SACAgent):
+    """SAC with an extra model whose statistics move every training step (as a normaliser's would)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.norm = Norm()
+
+    def train(self, batch: Any) -> dict[str, float]:
+        self.norm.count += 1
+        return super().train(batch)
+
+    def extra_models(self) -> dict[str, ModelSpec]:
+        return {"obs_norm": ModelSpec(self.norm, 5)}
+
+
+class Source:
+    """A SampleSource that hands over packets once and records every publication: (model, version, steps, count)."""
+
+    def __init__(self, bufs: list[Buffer], taken: dict[str, int]) -> None:
+        self.bufs, self.taken = bufs, taken
+        self.published: list[tuple[str, int, int, float]] = []
+
+    def fetch(self) -> list[Buffer]:
+        out, self.bufs = self.bufs, []
+        return out
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def publish(self, module: torch.nn.Module, version: int, trained_steps: int, model: str = "policy") -> None:
+        count = float(module.count) if model == "obs_norm" else -1.0  # type: ignore[arg-type]
+        self.published.append((model, version, trained_steps, count))
+
+    def progress(self, *args: Any) -> None:
+        pass
+
+    def taken_version(self) -> int:
+        return -1
+
+    def taken_model_version(self, model: str) -> int:
+        return self.taken.get(model, -1)
+
+
+def rows(n: int) -> Buffer:
+    rng = np.random.default_rng(0)
+    return Buffer(act=rng.uniform(-1, 1, (n, 1)).astype(np.float32), obs=rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+                  rew=rng.normal(size=n).astype(np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                  reset=np.arange(n) == 0, context=np.zeros(n, bool), policy_version=np.zeros(n, np.int64),
+                  episodes=[], worker="w", seq=1)
+
+
+def training(**kw: Any) -> TrainingOffline:
+    return TrainingOffline(env_cls=(OBS, ACT), memory_cls=ReplayMemory,
+                           training_agent_cls=partial(NormSAC, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))),
+                           epochs=1, rounds=1, steps=20, update_model_interval=1, start_training=1,
+                           max_training_steps_per_env_step=100.0, memory_size=100, batch_size=4, seed=0,
+                           **kw)
+
+
+def test_each_extra_model_is_published_on_its_own_interval_under_its_own_counter() -> None:
+    loop = training()
+    source = Source([rows(40)], {"obs_norm": 7})  # the server holds an earlier session's obs_norm v7
+    loop.start(source)  # type: ignore[arg-type]
+    for _ in loop.run_epoch(source, threading.Event()):  # type: ignore[arg-type]
+        pass
+    assert loop.total_updates == 20
+    policy = [(v, steps) for model, v, steps, _ in source.published if model == "policy"]
+    norm = [(v, steps, count) for model, v, steps, count in source.published if model == "obs_norm"]
+    assert policy == [(v, v - 1) for v in range(1, 21)]  # before every step, as before
+    # its first version with the policy's, then every 5 steps, numbered after the server's v7; each holds the
+    # module as it was then
+    assert norm == [(8, 0, 0.0), (9, 5, 5.0), (10, 10, 10.0), (11, 15, 15.0)]
+    assert loop.model_versions == {"obs_norm": 11} and loop.version == 20
+    state = loop.state()
+    assert state["model_versions"] == {"obs_norm": 11}
+
+    again = training()
+    again.build()
+    again.load_state(json.loads(json.dumps(state)))  # as a checkpoint holds it
+    assert again.model_versions == {"obs_norm": 11}
+    old = {k: v for k, v in state.items() if k != "model_versions"}  # a checkpoint from before issue 34
+    again = training()
+    again.build()
+    again.load_state(old)
+    assert again.model_versions == {"obs_norm": 0} and again.version == 20
+
+
+@pytest.mark.parametrize(("models", "why"), [
+    ({"policy": ModelSpec(Norm(), 1)}, r'"policy" is the actor\'s own name'),
+    ({"Obs-Norm": ModelSpec(Norm(), 1)}, r"'Obs-Norm' is not a valid model name \(a lower-case letter"),
+    ({"n" * 25: ModelSpec(Norm(), 1)}, r"is not a valid model name"),
+    ({f"m{i}": ModelSpec(Norm(), 1) for i in range(8)}, r"8 models besides the policy, and at most 8 models in all"),
+])
+def test_the_names_of_a_trainers_models_are_checked(models: dict[str, ModelSpec], why: str) -> None:
+    with pytest.raises(ValueError, match=r"Trainer\(models=\.\.\.\): .*" + why):
+        Trainer(models=models)
+
+
+def test_a_models_interval_and_module_are_checked_and_a_name_is_published_once() -> None:
+    loop = training()
+    loop.build()
+    with pytest.raises(ValueError, match=r"Trainer\(models=\.\.\.\) declares the model 'obs_norm', which is already "
+                                         r"published"):
+        loop.add_models({"obs_norm": ModelSpec(Norm(), 2)}, "Trainer(models=...)")
+    with pytest.raises(ValueError, match=r"\['extra'\]\.every must be an integer >= 1: .*\(got 0\)"):
+        loop.add_models({"extra": ModelSpec(Norm(), 0)}, "Trainer(models=...)")
+    with pytest.raises(ValueError, match=r"\['extra'\] is 3, not a ModelSpec\(module, every\)"):
+        loop.add_models({"extra": 3}, "Trainer(models=...)")  # type: ignore[dict-item]
+
+
+class _Tracker:
+    done = False
+
+
+def test_the_link_sends_each_model_from_an_outbox_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A policy version still being written (a slow link) holds back the policy's next version, not another model's;
+    # only the policy's versions carry sync collection's announcement.
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None)
+    sent: list[tuple[str, int, bool]] = []  # (model, version, has collect) per part given to the socket
+    trackers: list[_Tracker] = []
+
+    def command(frames: list[Any], track: bool = False) -> _Tracker:
+        link.on_command([zmq.Frame(bytes(f)) for f in frames])
+        return _Tracker()
+
+    def send_tracked(frames: list[Any]) -> _Tracker:
+        msg = decode(frames)
+        sent.append((msg.body.get("model", "policy"), msg.policy_version, "collect" in msg.body))
+        trackers.append(_Tracker())
+        return trackers[-1]
+
+    monkeypatch.setattr(link, "command", command)
+    monkeypatch.setattr(link.link, "ready", True)
+    monkeypatch.setattr(link.link, "send_tracked", send_tracked)
+    try:
+        link.announce({"mode": "async"})
+        link.publish(torch.nn.Linear(3, 2), 1, 0)
+        link.publish(Norm(), 1, 0, model="obs_norm")
+        link.publish(torch.nn.Linear(3, 2), 2, 1)  # waits: v1's part is not written yet
+        link.publish(Norm(), 2, 1, model="obs_norm")  # waits for its own v1 only
+        assert sent == [("policy", 1, True), ("obs_norm", 1, False)]
+        trackers[1].done = True
+        link.on_tick()
+        assert sent[2:] == [("obs_norm", 2, False)]
+        trackers[0].done = True
+        link.on_tick()
+        assert sent[3:] == [("policy", 2, True)]
+        assert link.weights_version == 2 and link.outboxes["obs_norm"].version == 2
+        assert link.version == 2 and link.model_versions == {"obs_norm": 2}
+    finally:
+        link.halt()
+
+
+def test_a_welcome_naming_newer_versions_of_a_model_makes_them_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None)
+    try:
+        link.model_versions = {"obs_norm": 3}  # this session published obs_norm v3
+        monkeypatch.setattr(link.link, "welcome", {"server_session": "a", "weights_version": 0,
+                                                   "models": {"obs_norm": 9, "other": 50, "policy": 0}})
+        link._note_server_version()
+        assert link.taken_model_version("obs_norm") == 9  # a new server process: v9 may be another session's
+        assert link.taken_model_version("other") == -1  # not a model this session publishes
+        monkeypatch.setattr(link.link, "welcome", {"server_session": "a", "weights_version": 0,
+                                                   "models": {"obs_norm": 2}})
+        link._note_server_version()  # the same server, behind this session: nothing new is taken
+        assert link.taken_model_version("obs_norm") == 9
+    finally:
+        link.halt()
+
+
+def test_the_run_folder_notes_each_models_newest_version_and_reads_an_older_note(tmp_path: Path) -> None:
+    checkpoint.record_published(tmp_path, 12, models={"obs_norm": 4})
+    assert checkpoint.published_version(tmp_path) == 12 and checkpoint.published_models(tmp_path) == {"obs_norm": 4}
+    checkpoint.record_published(tmp_path, 13)  # a note without models (as netrl before issue 34 wrote)
+    assert checkpoint.published_version(tmp_path) == 13 and checkpoint.published_models(tmp_path) == {}
+    (tmp_path / "checkpoint" / "PUBLISHED").write_text('{"version": 3, "models": {"obs_norm": "x"}}')
+    with pytest.raises(CheckpointError, match="PUBLISHED is unreadable"):
+        checkpoint.published_models(tmp_path)
+
+
+def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tuple[Server, zmq.Context],
+                                                                      tmp_path: Path) -> None:
+    # The policy every step, the agent's obs_norm every 5 steps (its count: the steps trained when published) and a
+    # user's module every 7, through a real server; a worker joining after training paused gets the newest of each.
+    srv, _ = server
+    env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+    probe = torch.nn.Linear(2, 2)
+    loop = partial(TrainingOffline, env_cls=env_cls, memory_cls=ReplayMemory,
+                   training_agent_cls=partial(NormSAC, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))),
+                   epochs=1, rounds=1, steps=10_000, update_model_interval=1, start_training=20, memory_size=1000,
+                   batch_size=8, seed=0, sleep_between_buffer_retrieval_attempts=0.01)
+    trainer = Trainer(loop, "127.0.0.1", server_port=srv.trainer_port, network=NET, run_dir=tmp_path / "run",
+                      wandb_mode="disabled", status_interval_s=0, models={"probe": ModelSpec(probe, 7)})
+    stop = threading.Event()
+    thread = threading.Thread(target=trainer.run, args=(stop,))
+    thread.start()
+
+    def worker(name: str) -> RolloutWorker:
+        return RolloutWorker(env_cls, partial(MLPActor, hidden_sizes=(8,)), server_ip="127.0.0.1",
+                             server_port=srv.worker_port, network=NET, worker_id=name, seed=0,
+                             min_samples_per_worker_packet=5, max_samples_per_episode=10,
+                             models={"obs_norm": Norm(), "probe": torch.nn.Linear(2, 2)})
+    try:
+        wait_until(lambda: srv.intake.schema is not None, 20, "the trainer's sample layout", poll=0.05)
+        first = worker("first")
+        first.run(0, nb_episodes=6)  # 60 transitions: training follows them 1:1, then waits for more
+        training = trainer.training
+        assert training is not None and first.samples_unacknowledged == 0
+        wait_until(lambda: training.total_updates == 60, 30, "60 training steps", poll=0.05)
+        late = worker("late")
+        late.start()
+        assert trainer.net is not None and late.weights is not None
+        newest = (trainer.net.version, training.model_versions["obs_norm"], training.model_versions["probe"])
+        assert newest == (60, 12, 9)  # v1 at the start, then before steps 1..59; 0, 5, ..., 55; 0, 7, ..., 56
+        receivers = late.models.receivers
+        wait_until(lambda: (late.weights.version, receivers["obs_norm"].version, receivers["probe"].version)
+                   == newest, 10, "the newest version of each model at the late worker", poll=0.02)
+        late._swap_weights()
+        assert late.version == 60 and late.models.versions == {"obs_norm": 12, "probe": 9}
+        assert float(late.model("obs_norm").count) == 55.0  # as trained when v12 was published
+        assert torch.equal(late.model("probe").weight, probe.weight)
+        late.close()
+        memory = training.memory
+        assert memory is not None
+        batch = memory.sample()
+        assert {"obs_norm_version", "probe_version"} <= set(batch.extra)
+        assert batch.extra["obs_norm_version"].dtype == torch.int64
+        assert 1 <= int(batch.extra["obs_norm_version"].min()) and int(batch.extra["obs_norm_version"].max()) <= 12
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    saved = checkpoint.load_state(tmp_path / "run")
+    assert saved is not None and saved["model_versions"] == {"obs_norm": 12, "probe": 9}
+    assert checkpoint.published_models(tmp_path / "run") == {"obs_norm": 12, "probe": 9}
+
+
+def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept_for_the_metrics(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
+    sent: list[tuple[int, str, int | None, str]] = []  # (version, format, base, thread) of each part handed over
+
+    def command(frames: list[Any], track: bool = False) -> _Tracker:
+        msg = decode([bytes(f) for f in frames[1:]])
+        sent.append((msg.policy_version, msg.body["format"], msg.body.get("base"), threading.current_thread().name))
+        return _Tracker()
+
+    monkeypatch.setattr(link, "command", command)
+    try:
+        actor = torch.nn.Linear(64, 64)
+        with caplog.at_level(logging.DEBUG, logger="netrl.trainer.encoding"):
+            for version in (1, 2):
+                with torch.no_grad():
+                    actor.weight[0, 0] += 1.0
+                link.publish(actor, version, version)
+                assert link.encoder is not None and link.encoder.wait(5)
+        assert {thread for *_, thread in sent} == {"netrl-weight-encoder"}
+        assert [(v, f, b) for v, f, b, _ in sent] == [
+            (1, "float32", None), (1, "float16", None), (1, "int8", None),
+            (2, "float32", 1), (2, "float16", 1), (2, "int8", 1),  # deltas first
+            (2, "float32", None), (2, "float16", None), (2, "int8", None)]
+        metrics = link.weight_metrics()
+        assert set(metrics) == {"weights_max_error/float16", "weights_max_error/int8"}
+        assert 0 < metrics["weights_max_error/float16"] < metrics["weights_max_error/int8"] < 0.01
+        levels = [r.levelno for r in caplog.records if "in int8: max error" in r.getMessage()]
+        assert levels == [logging.INFO, logging.DEBUG]  # the first version's at INFO, then DEBUG
+    finally:
+        link.halt()
+
+
+def test_an_unknown_weight_format_is_refused_at_start_naming_the_known_ones() -> None:
+    with pytest.raises(FormatError, match=r"network.weight_format is 'float8'; choose one of delta, auto, float32, "
+                                          r"float16, bfloat16, int8"):
+        Trainer(weight_format="float8")
+    with pytest.raises(ValueError, match=r"weight_budget_s must be > 0 and at most 3600 s \(got 0\)"):
+        Trainer(weight_format="auto", weight_budget_s=0)
