@@ -128,9 +128,10 @@ class NetworkConfig:
                             "rate), or a format registered with netrl.protocol.weight_formats.register_format",
                             lambda v: None if _WEIGHT_FORMAT.fullmatch(v) else
                             "must be float32, float16, bfloat16, int8, delta, auto or a registered format's name")
-    weight_budget_s: float = _f(1.0, "weight_format auto: the time one version may take to reach a worker; the "
-                                "server sends each worker the most exact format its measured link rate allows",
-                                between(0.001, 3600))
+    weight_budget_s: float = _f(0.0, "weight_format auto: the time one version may take to reach a worker (the "
+                                "server sends each worker the most exact format its measured link rate allows in it); "
+                                "0: the time between two publications of the model, so that workers keep up",
+                                between(0.0, 3600))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ The training thread only snapshots a model into a flat buffer (:meth:`~netrl.tra
 :mod:`netrl.protocol.weight_formats`):
 
 - a full version: the format's encoding, with ``format``, ``encoded`` (its size), ``crc`` and ``rank`` (and
-  ``budget_s`` under ``auto``);
+  ``budget_s`` under ``auto``: ``network.weight_budget_s``, or with 0 the time between the model's last two
+  publications, so that the server picks formats with which a worker keeps up with the trainer);
 - for settings that send deltas, also a delta against the version of the same model and format encoded just before
   (``base``): the worker applies it to the encoding it holds and checks the crc, so float32's stay bit-exact.
 
@@ -22,6 +23,7 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +62,11 @@ class _Job:
     layout: list[list[Any]]
     done: Callable[[list[Encoded]], None]  # sends them (on the encoding thread) and releases the snapshot
     release: Callable[[], None]  # releases the snapshot of a version replaced before it was encoded
+    interval_s: float | None = None  # time since the model's publication before (None: its first)
+
+
+MIN_BUDGET_S = 0.05  # a budget measured from publications: versions published faster are still allowed this long
+MAX_BUDGET_S = 3600.0
 
 
 @dataclasses.dataclass
@@ -79,7 +86,9 @@ class WeightEncoder:
         self.setting = setting
         self.formats = formats_for(setting)  # FormatError for an unknown setting
         self.deltas = sends_deltas(setting)
+        # auto only; 0: each model's time between publications (see the module docstring)
         self.budget_s = budget_s if setting == "auto" else None
+        self._published: dict[str, float] = {}  # model -> time.monotonic() of its last publication
         self.max_errors: dict[str, float] = {}  # format -> the newest lossy version's measured error
         self.counts: collections.Counter[str] = collections.Counter()
         self._chains: dict[tuple[str, str], _Chain] = {}
@@ -94,9 +103,12 @@ class WeightEncoder:
             done: Callable[[list[Encoded]], None], release: Callable[[], None]) -> None:
         """Encode ``flat`` (a snapshot, read-only until ``done`` or ``release`` is called) on the encoding thread;
         ``release`` frees a snapshot whose version a newer one replaced before it was encoded."""
+        now = time.monotonic()
+        last, self._published[model] = self._published.get(model), now
         with self._cond:
             old = self._jobs.pop(model, None)
-            self._jobs[model] = _Job(model, version, trained_steps, flat, layout, done, release)
+            self._jobs[model] = _Job(model, version, trained_steps, flat, layout, done, release,
+                                     None if last is None else now - last)
             self._cond.notify_all()
         if old is not None:
             self.counts["encodings_superseded"] += 1
@@ -130,7 +142,7 @@ class WeightEncoder:
                 job = self._jobs.pop(model)
                 self._busy = True
             try:
-                job.done(self.encode(job.model, job.version, job.flat, job.layout))
+                job.done(self.encode(job.model, job.version, job.flat, job.layout, job.interval_s))
             except Exception:  # a bug or a custom format's: that version is not sent, later ones still are
                 self.counts["encodings_failed"] += 1
                 log.exception("encoding %s v%d failed; it is not sent", _what(job.model), job.version)
@@ -140,9 +152,15 @@ class WeightEncoder:
                     self._busy = False
                     self._cond.notify_all()
 
-    def encode(self, model: str, version: int, flat: np.ndarray, layout: list[list[Any]]) -> list[Encoded]:
+    def encode(self, model: str, version: int, flat: np.ndarray, layout: list[list[Any]],
+               interval_s: float | None = None) -> list[Encoded]:
         """The messages of one version in every format: deltas first (small, and most workers take them), then the
-        full encodings."""
+        full encodings, each kind smallest first: the server streams to an idle worker what it has, and one whose
+        link rate it does not know yet gets the fewest bytes. ``interval_s``: the time since the model's
+        publication before, auto's budget when ``network.weight_budget_s`` is 0."""
+        budget = self.budget_s
+        if budget == 0:
+            budget = None if interval_s is None else min(max(interval_s, MIN_BUDGET_S), MAX_BUDGET_S)
         deltas: list[Encoded] = []
         fulls: list[Encoded] = []
         sent = set()
@@ -171,8 +189,8 @@ class WeightEncoder:
                                       "rank": int(fmt.rank)}
             if model != "policy":
                 fields["model"] = model
-            if self.budget_s is not None:
-                fields["budget_s"] = self.budget_s
+            if budget is not None:
+                fields["budget_s"] = round(budget, 3)
             if (self.deltas and chain.encoding is not None and chain.encoding.nbytes == encoding.nbytes
                     and chain.version < version):
                 deltas.append(Encoded(delta_encode(chain.encoding, encoding), {**fields, "base": chain.version},
@@ -180,7 +198,7 @@ class WeightEncoder:
             fulls.append(Encoded(encoding, fields, snapshot))
             if self.deltas:  # the base of the next delta: float32's encoding is the snapshot, which is reused
                 chain.version, chain.encoding = version, encoding.copy() if snapshot else encoding
-        return deltas + fulls
+        return sorted(deltas, key=lambda e: e.data.nbytes) + sorted(fulls, key=lambda e: e.data.nbytes)
 
     def _chain(self, model: str, name: str, layout: list[list[Any]]) -> _Chain:
         chain = self._chains.get((model, name))

@@ -96,7 +96,7 @@ class TrainerLink(NetThread):
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0,
                  live: Callable[[], dict[str, Any]] | None = None,
                  record_version: Callable[[int, str], None] | None = None, weight_format: str = "float32",
-                 weight_budget_s: float = 1.0) -> None:
+                 weight_budget_s: float = 0.0) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
         # network.weight_format: float32 alone is sent as today, from the training thread; any other setting is
         # encoded on a thread of its own (netrl.trainer.encoding). FormatError for an unknown setting.

@@ -114,8 +114,9 @@ class Trainer:
         self.weight_format = self.network.weight_format if weight_format is None else weight_format
         self.weight_budget_s = self.network.weight_budget_s if weight_budget_s is None else weight_budget_s
         formats_for(self.weight_format)  # FormatError naming the known ones (a custom format: register it first)
-        if not 0 < self.weight_budget_s <= 3600:
-            raise ValueError(f"weight_budget_s must be > 0 and at most 3600 s (got {self.weight_budget_s!r})")
+        if not 0 <= self.weight_budget_s <= 3600:
+            raise ValueError(f"weight_budget_s must be between 0 (the time between publications) and 3600 s (got "
+                             f"{self.weight_budget_s!r})")
         self.server_port = server_port
         self.run_dir = Path(run_dir)
         self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"

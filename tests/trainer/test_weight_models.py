@@ -303,10 +303,11 @@ def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept
                 link.publish(actor, version, version)
                 assert link.encoder is not None and link.encoder.wait(5)
         assert {thread for *_, thread in sent} == {"netrl-weight-encoder"}
-        assert [(v, f, b) for v, f, b, _ in sent] == [
-            (1, "float32", None), (1, "float16", None), (1, "int8", None),
-            (2, "float32", 1), (2, "float16", 1), (2, "int8", 1),  # deltas first
-            (2, "float32", None), (2, "float16", None), (2, "int8", None)]
+        order = [(v, f, b) for v, f, b, _ in sent]
+        fulls = [(1, "int8", None), (1, "float16", None), (1, "float32", None)]  # the fewest bytes first
+        assert order[:3] == fulls
+        assert set(order[3:6]) == {(2, "float32", 1), (2, "float16", 1), (2, "int8", 1)}  # deltas first
+        assert order[6:] == [(2, f, None) for _, f, _ in fulls]
         metrics = link.weight_metrics()
         assert set(metrics) == {"weights_max_error/float16", "weights_max_error/int8"}
         assert 0 < metrics["weights_max_error/float16"] < metrics["weights_max_error/int8"] < 0.01
@@ -320,5 +321,33 @@ def test_an_unknown_weight_format_is_refused_at_start_naming_the_known_ones() ->
     with pytest.raises(FormatError, match=r"network.weight_format is 'float8'; choose one of delta, auto, float32, "
                                           r"float16, bfloat16, int8"):
         Trainer(weight_format="float8")
-    with pytest.raises(ValueError, match=r"weight_budget_s must be > 0 and at most 3600 s \(got 0\)"):
-        Trainer(weight_format="auto", weight_budget_s=0)
+    with pytest.raises(ValueError, match=r"weight_budget_s must be between 0 \(the time between publications\) and "
+                                         r"3600 s \(got -1\)"):
+        Trainer(weight_format="auto", weight_budget_s=-1)
+
+
+def test_auto_budgets_each_version_the_time_since_the_one_before_and_sends_the_smallest_first() -> None:
+    from netrl.protocol.weights import flat_layout, snapshot_into
+    from netrl.trainer.encoding import MIN_BUDGET_S, WeightEncoder
+
+    actor = MLPActor(gymnasium.spaces.Box(-1, 1, (8,), np.float32), gymnasium.spaces.Box(-1, 1, (2,), np.float32),
+                     (64, 64))
+    layout, nbytes = flat_layout(actor)
+    flat = np.zeros(nbytes, np.uint8)
+    snapshot_into(actor, layout, flat)
+    encoder = WeightEncoder("auto", 0.0)  # network.weight_budget_s 0: the time between publications
+    first = encoder.encode("policy", 1, flat, layout, None)
+    assert all("budget_s" not in e.fields for e in first)  # no interval yet: the server's default applies
+    assert [e.fields["format"] for e in first] == ["int8", "float16", "float32"]  # the fewest bytes first
+    with torch.no_grad():
+        next(actor.parameters()).add_(0.01)
+    snapshot_into(actor, layout, flat)
+    second = encoder.encode("policy", 2, flat, layout, 0.37)
+    assert {e.fields["budget_s"] for e in second} == {0.37}
+    kinds = [("base" in e.fields, e.data.nbytes) for e in second]
+    assert [k for k, _ in kinds] == [True] * 3 + [False] * 3  # deltas, then full versions, each smallest first
+    assert [n for _, n in kinds[:3]] == sorted(n for _, n in kinds[:3])
+    assert [n for _, n in kinds[3:]] == sorted(n for _, n in kinds[3:])
+    assert {e.fields["budget_s"] for e in encoder.encode("policy", 3, flat, layout, 0.001)} == {MIN_BUDGET_S}
+    assert all("budget_s" not in e.fields for e in WeightEncoder("int8", 0.0).encode("policy", 1, flat, layout, 0.5))
+    assert {e.fields["budget_s"] for e in WeightEncoder("auto", 2.0).encode("policy", 1, flat, layout, 0.5)} == {2.0}
