@@ -49,11 +49,21 @@ class LocalSource:
     def wait(self, timeout: float) -> None:
         """Nothing to wait for: :meth:`fetch` produces samples on demand."""
 
-    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int) -> None:
-        if self.worker.env is None:
-            self.worker.start()
-        load_weights(self.worker.actor, state_arrays(actor))
-        self.worker.version = version
+    def publish(self, actor: torch.nn.Module, version: int, trained_steps: int, model: str = "policy") -> None:
+        """Load a version into the worker's actor, or into its target of an extra model (env.normalize_obs's
+        ``obs_norm``: the worker normalises with the statistics the trainer's batches use)."""
+        w = self.worker
+        if w.env is None:
+            w.start()
+        if model == "policy":
+            load_weights(w.actor, state_arrays(actor))
+            w.version = version
+            return
+        if model not in w.models.current:
+            raise KeyError(f"the local worker has no target for model {model!r}; its models: "
+                           f"{sorted(w.models.current)}")
+        load_weights(w.models.current[model], state_arrays(actor))
+        w.models.versions[model] = version
 
     def progress(self, trained_steps: int, samples: int, wanted: int) -> None:
         self.wanted = wanted

@@ -404,7 +404,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between two publications")
     parser.add_argument("--steps", type=int, default=8, help="Adam steps (batch 64) between two publications")
     parser.add_argument("--hidden", type=int, default=960, help="hidden width of the actor (64 -> h -> h -> 2x8)")
-    parser.add_argument("--budget-s", type=float, default=1.0, help="network.weight_budget_s (formats but float32)")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="network.weight_budget_s (formats but float32; 0, the default: the time between "
+                        "publications)")
     parser.add_argument("--bandwidth-mbit", type=float, default=10.0, help="bandwidth each way, Mbit/s")
     parser.add_argument("--rtt-ms", type=float, default=100.0, help="round trip of the emulated link")
     parser.add_argument("--loss", type=float, default=0.01, help="segment loss probability (see wan_link.py)")

@@ -317,3 +317,19 @@ def test_stale_samples_are_dropped_or_down_weighted(stale_weight: float) -> None
         assert len(memory) == 8 and batch.weight is not None
         expected = np.where(versions[next_obs] < 8, stale_weight, 1.0)
         np.testing.assert_allclose(batch.weight.numpy(), expected)
+
+
+def test_local_training_sends_the_observation_statistics_to_the_worker() -> None:
+    # the worker must normalise with the statistics the trainer's batches use, in one process as over the network
+    training, _ = pendulum_training(normalize_obs=True)
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(16,)),
+                           min_samples_per_worker_packet=4, max_samples_per_episode=30, seed=0, normalize_obs=True)
+    run_local(training, worker, threading.Event())
+    assert training.obs_norm is not None and worker.obs_norm is not None
+    assert worker.models.versions["obs_norm"] > 0
+    assert float(training.obs_norm.count) > 0
+    got = worker.model("obs_norm").state_dict()
+    assert worker.obs_norm is worker.model("obs_norm")  # what policy_obs uses
+    # the worker holds the version published last; the trainer may have learnt from packets since
+    assert set(got) == set(training.obs_norm.state_dict())
+    assert 0 < float(got["count"]) <= float(training.obs_norm.count)
