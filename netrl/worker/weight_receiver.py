@@ -344,6 +344,9 @@ class WeightReceiver:
                 return None
         if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
             problems = check_weights(self.specs, tensors)
+            named = getattr(self.template_actor, "check_state", None)  # a target that explains its own shapes
+            if problems and named is not None:  # (the obs_norm statistics name the observation leaf and the key)
+                problems = [*named(tensors), *(p for p in problems if " has shape " not in p)]
             if problems:
                 self._reject(session, version, "; ".join(problems[:5]), flat)
                 return None

@@ -313,3 +313,25 @@ def test_the_training_loop_learns_from_every_row_once_and_refuses_a_packet_that_
     np.testing.assert_allclose(loop.obs_norm.var_0.numpy(), rows.var(0), rtol=1e-5)
     batch = loop.memory.sample()
     assert batch.obs[0].abs().max() < 2.5 and batch.obs[0].mean().abs() < 1.0  # normalised by what it learnt
+
+
+def test_a_worker_refuses_statistics_of_another_env_naming_the_leaf_and_the_setting(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from netrl.protocol.weights import flat_layout, snapshot_into
+    from netrl.protocol.wire import decode, encode, weight_parts
+    from netrl.worker.weight_receiver import WeightReceiver
+
+    space = Dict({"pos": Box(-1, 1, (3,), np.float32), "vel": Box(-1, 1, (2,), np.float32)})
+    other = Dict({"pos": Box(-1, 1, (4,), np.float32), "vel": Box(-1, 1, (2,), np.float32)})
+    target = ObsNormalizer(space, 10.0)
+    rx = WeightReceiver(target, ObsNormalizer(space, 10.0), -1, None)
+    theirs = ObsNormalizer(other, 10.0)
+    layout, nbytes = flat_layout(theirs)
+    flat = np.zeros(nbytes, np.uint8)
+    snapshot_into(theirs, layout, flat)
+    for msg in weight_parts("trainer", "t", 1, 0, flat, layout, 1 << 20, {"model": "obs_norm"}):
+        stats = rx(decode(encode(msg)))
+    assert stats["weights_rejected"] == 1 and rx.version == -1
+    [error] = [r.getMessage() for r in caplog.records if "rejected weights v1" in r.getMessage()]
+    assert "env.normalize_obs: the statistics' mean_0 for observation leaf" in error
+    assert "(4,)" in error and "(3,)" in error
