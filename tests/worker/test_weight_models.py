@@ -122,7 +122,7 @@ def test_weights_for_a_model_without_a_target_are_refused_by_name_and_the_worker
                             "for it (its targets: policy). The worker goes on without it; to load it, give the worker "
                             "a module of that name (RolloutWorker(models={'obs_norm': module}))"]  # once per name
         assert net.weight_stats["weights_unknown_model"] == 2  # once per version
-        assert w.version == -1 and net.weights_acks == {}  # not loaded into the actor, and not acknowledged
+        assert w.version == -1 and not net.weights_acks  # not loaded into the actor, and not acknowledged
         assert w.produced == 30 and w.episodes_done == 3
     finally:
         w.close()
@@ -313,7 +313,7 @@ def test_each_format_reaches_a_worker_through_the_server(server: tuple[Server, z
         net, ack = w.net, w.net._ack_weights
 
         def ack_up_to_v1() -> None:  # (v1's ACK may still be on its way)
-            if all(a["seqs"] == [1] for a in net.weights_acks.values()):
+            if all(a["seqs"] == [1] for a in net.weights_acks):
                 ack()
 
         monkeypatch.setattr(net, "_ack_weights", ack_up_to_v1)
