@@ -189,6 +189,7 @@ def _weight_lines(models: dict[str, Any], workers: list[dict[str, Any]], name_w:
     lines = [f"weights cached: {', '.join(cached)}"]
     for w in workers:
         held = ", ".join(f"{name} {version_label(m['version'])} {m['format'] or '-'}"
+                         + (f" (in flight: {', '.join(m['in_flight'])})" if m.get("in_flight") else "")
                          for name, m in sorted(w.get("models", {}).items()))
         rate = w.get("link_rate")
         link = f"; link {rate / 2**20:.2f} MiB/s" if rate else "; link rate not measured yet"

@@ -111,31 +111,43 @@ class Peer:
 
     def weights_acked(self, versions: list[int], model: str = "policy", fmt: str = "float32",
                       need_full: bool = False) -> str | None:
-        """A worker's ACK of the ``model`` version it received completely (in ``fmt``); what is wrong with it, or
-        None. ``need_full``: it could not apply it, so what it holds is unknown and it gets a full version next. An
-        ACK that crossed a new trainer session's reset (nothing in flight) is harmless and ignored."""
+        """A worker's ACK of the ``model`` version it received completely (in ``fmt``): it must match the oldest
+        message of that model in flight (see netrl.server.weight_choice); what is wrong with it, or None.
+        ``need_full``: it could not apply it, so what it holds is unknown, what is in flight behind it is dropped, and
+        it gets a full version next. An ACK of a message so dropped, or one that crossed a new trainer session's reset
+        (nothing in flight), is harmless and ignored."""
         st = self.models.get(model)
         if st is None or not st.ever_sent:
             if model == "policy":  # (as ever: an ACK of the policy before any was sent is harmless)
                 return None
             return f"acknowledged weights of model {model!r} {versions[:4]}, but was never sent that model"
-        sent = st.inflight
-        if need_full:
-            st.holds = None
-            if sent is not None and versions == [sent.version]:
-                st.inflight = None
-            if model == "policy":
-                self.version = -1
+        if len(versions) == 1 and (fmt, versions[0]) in st.dropped:
+            del st.dropped[(fmt, versions[0])]
             return None
-        if sent is None:
+        if not st.inflight:
+            if need_full:
+                st.holds = None
+                if model == "policy":
+                    self.version = -1
             return None
+        sent = st.inflight[0]
         if versions != [sent.version] or fmt != sent.format:
             return (f"acknowledged weights of model {model!r} {versions[:4]} ({fmt[:32]!r}) but was sent "
-                    f"{model!r} {sent.label}")
-        st.holds, st.inflight = (sent.format, sent.version), None
-        self.link.measured(sent.nbytes, time.monotonic() - sent.started)
-        if model == "policy":
-            self.version = sent.version
+                    f"{model!r} {sent.label}{' first' if len(st.inflight) > 1 else ''}")
+        now = time.monotonic()
+        if need_full:
+            st.holds = None
+            st.drop_inflight()
+            if model == "policy":
+                self.version = -1
+        else:
+            st.holds = (sent.format, sent.version)
+            del st.inflight[0]
+            # a pipelined message's bytes went after those of the one before: its wait behind them is no slowness
+            self.link.measured(sent.nbytes, now - max(sent.started, st.acked_at))
+            if model == "policy":
+                self.version = sent.version
+        st.acked_at = now
         return None
 
     def describe(self) -> dict[str, Any]:

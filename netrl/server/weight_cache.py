@@ -33,7 +33,7 @@ from typing import Any
 
 from netrl.protocol.wire import MAX_MODELS
 from netrl.server.peers import Peer
-from netrl.server.weight_choice import Candidate, Sent, WorkerModel, choose
+from netrl.server.weight_choice import MAX_PIPELINE, Candidate, Sent, WorkerModel, choose
 from netrl.server.weight_encodings import (
     MAX_DELTAS,
     OVERHEAD_ROOM_BYTES,
@@ -240,24 +240,28 @@ class WeightCache:
 
         ``send`` returns False when the worker's queue is full; the next call resumes where this one stopped.
         Returns how many messages this call completed for the worker."""
-        plan: list[tuple[int, str, Sent]] = []
-        for name, model in self.models.items():
-            sent = next_sent(worker, name, model)
-            if sent is not None:
-                plan.append((sent.nbytes, name, sent))
-        done = 0
-        for _, name, sent in sorted(plan, key=lambda p: (p[0], p[1])):
-            st = worker.models[name]
-            parts = sent.encoding.parts
-            while sent.sent_parts < len(parts):
-                if not send(parts[sent.sent_parts]):
-                    return done
-                if sent.sent_parts == 0:
-                    sent.started = time.monotonic()
-                sent.sent_parts += 1
-            if sent.sent_parts == sent.encoding.nparts:
-                st.inflight, st.streaming = sent, None
-                done += 1
+        done, progressed = 0, True
+        while progressed:  # a message completed: the next may follow it at once (a pipelined delta)
+            progressed = False
+            plan: list[tuple[int, str, Sent]] = []
+            for name, model in self.models.items():
+                sent = next_sent(worker, name, model)
+                if sent is not None:
+                    plan.append((sent.nbytes, name, sent))
+            for _, name, sent in sorted(plan, key=lambda p: (p[0], p[1])):
+                st = worker.models[name]
+                parts = sent.encoding.parts
+                while sent.sent_parts < len(parts):
+                    if not send(parts[sent.sent_parts]):
+                        return done
+                    if sent.sent_parts == 0:
+                        sent.started = time.monotonic()
+                    sent.sent_parts += 1
+                if sent.sent_parts == sent.encoding.nparts:
+                    st.inflight.append(sent)
+                    st.streaming = None
+                    done += 1
+                    progressed = True
         return done
 
     def describe(self) -> dict[str, Any]:
@@ -270,8 +274,8 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
     st = worker.models.get(name)
     if st is None:
         st = worker.models[name] = WorkerModel()
-    if st.inflight is not None:
-        return None  # it has a complete message to acknowledge first
+    if len(st.inflight) >= MAX_PIPELINE:
+        return None  # acknowledgements first
     if st.streaming is not None and not st.streaming.stale:
         return st.streaming
     st.streaming = None
@@ -281,7 +285,7 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
             log.info("%s is not sent model %r: it has no target for it (its models: %s)", worker.label, name,
                      ", ".join(worker.wants))
         return None
-    ways = candidates(model, st, worker.decodes)
+    ways = candidates(model, st.ahead, worker.decodes)
     if ways is None:
         return None
     if not ways and st.holds is None and model.fulls and not st.refused_logged:
@@ -293,25 +297,28 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
     pick = choose(ways, worker.link.rate, model.budget_s)
     if pick is None:
         return None
+    if st.inflight and (pick.base, pick.format) != (st.inflight[-1].version, st.inflight[-1].format):
+        return None  # only a delta on the newest in flight may follow it before its ACK: the rest waits for them
     st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
     st.ever_sent = True
     return st.streaming
 
 
-def candidates(model: ModelCache, st: WorkerModel, decodes: list[str]) -> list[Candidate] | None:
-    """Ways to bring a worker holding ``st`` to the newest version it can decode ([]: nothing newer; None: wait,
-    an encoding the trainer sent for the previous version has not started for this one yet)."""
+def candidates(model: ModelCache, holds: tuple[str, int] | None, decodes: list[str]) -> list[Candidate] | None:
+    """Ways to bring a worker holding ``holds`` (format, version; None: unknown) to the newest version it can decode
+    ([]: nothing newer; None: wait, an encoding the trainer sent for the previous version has not started for this
+    one yet)."""
     fmts = [f for f in decodes if f in model.fulls and model.fulls[f].parts]
     if not fmts:
         return []
     version = max(model.fulls[f].version for f in fmts)
-    if st.holds is not None and st.holds[1] >= version:
+    if holds is not None and holds[1] >= version:
         return []
     previous = max((v for v in model.started if v < version), default=None)
     if previous is not None:
         started = model.started.get(version, set())
         for fmt, delta in model.started[previous]:  # the trainer sends them together: a better one is coming
-            relevant = fmt in decodes and (not delta or (st.holds is not None and st.holds[0] == fmt))
+            relevant = fmt in decodes and (not delta or (holds is not None and holds[0] == fmt))
             if relevant and (fmt, delta) not in started:
                 return None
     out = []
@@ -320,8 +327,8 @@ def candidates(model: ModelCache, st: WorkerModel, decodes: list[str]) -> list[C
         if full.version != version:
             continue
         rank = model.rank.get(fmt, 0)
-        if st.holds is not None and st.holds[0] == fmt:
-            chain = model.deltas[fmt].chain(st.holds[1], version)
+        if holds is not None and holds[0] == fmt:
+            chain = model.deltas[fmt].chain(holds[1], version)
             nbytes = sum(d.nbytes for d in chain) if chain else 0
             if chain and nbytes < full.nbytes:
                 out.append(Candidate(rank, fmt, nbytes, chain[0], chain[0].base, chain[0].version))

@@ -2,17 +2,23 @@
 a model's cached encodings (netrl.server.weight_cache holds them).
 
 Per worker and per model, :class:`WorkerModel` keeps the (format, version) the worker acknowledged (unknown after a
-``need_full`` ACK or a new trainer session), the encoding sent completely but not acknowledged yet, and the one whose
-parts are being sent. A worker gets one message of a model at a time: a full version, or one delta of a chain, and the
-next only after its ACK (so a chain ``b -> ... -> v`` goes one delta at a time). Models are independent: a big policy
-streaming to a slow worker never holds back a small model's next version.
+``need_full`` ACK or a new trainer session), the messages sent completely but not acknowledged yet (oldest first),
+and the one whose parts are being sent. Deltas are pipelined: while messages of a model are in flight to a worker,
+the next one may go when it is a delta whose base is the newest in flight, in the same format (the worker receives
+them in order over one connection and applies each to the version it just took), at most :data:`MAX_PIPELINE`
+messages of a model sent or being sent and not acknowledged; a full version waits for every ACK (sent behind a delta
+it would waste the link). So a chain ``b -> ... -> v`` streams back to back, not one delta per round trip. ACKs come
+in order: each must match the oldest message in flight. A ``need_full`` ACK drops everything in flight (the deltas
+behind it cannot apply either): their ACKs, each a ``need_full`` too, are expected and ignored. Models are
+independent: a big policy streaming to a slow worker never holds back a small model's next version.
 
 :func:`choose` picks between the candidates of the newest version (one per format the worker decodes, each either a
-full encoding or the delta chain from the version the worker holds): the only one; or, with several (``auto``), the
-lowest ``rank`` (fidelity order, 0 = exact) whose bytes reach the worker within ``budget_s`` at its measured link rate,
-else the one with the fewest bytes; the fewest bytes too while the rate is unknown. :class:`LinkRate` measures the rate
-from complete versions of at least :data:`MIN_RATE_BYTES`: bytes / (ACK time - time its first part was sent),
-smoothed (EWMA 0.5).
+full encoding or the delta chain from the version the worker holds, or will hold once what is in flight arrives):
+the only one; or, with several (``auto``), the lowest ``rank`` (fidelity order, 0 = exact) whose bytes reach the
+worker within ``budget_s`` at its measured link rate, else the one with the fewest bytes; the fewest bytes too while
+the rate is unknown. :class:`LinkRate` measures the rate from complete versions of at least :data:`MIN_RATE_BYTES`:
+bytes / (ACK time - time its first part was sent, or the time the message before it was acknowledged if later: a
+pipelined message's wait behind the one before is no slowness of the link), smoothed (EWMA 0.5).
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_BUDGET_S", "MIN_RATE_BYTES", "Candidate", "LinkRate", "Sent", "WorkerModel", "choose"]
+__all__ = ["DEFAULT_BUDGET_S", "MAX_PIPELINE", "MIN_RATE_BYTES", "Candidate", "LinkRate", "Sent", "WorkerModel",
+           "choose"]
 
 MIN_RATE_BYTES = 64 << 10  # smaller versions say more about the round trip than about the link's rate
 RATE_EWMA = 0.5
 DEFAULT_BUDGET_S = 1.0  # network.weight_budget_s's default, for a trainer that sends several formats without one
+MAX_PIPELINE = 4  # messages of a model sent (or being sent) to a worker and not acknowledged yet
+MAX_DROPPED = 64  # (format, version)s dropped from a pipeline whose ACKs are still awaited, per worker and model
 
 
 @dataclass
@@ -54,23 +63,42 @@ class WorkerModel:
     """One model at one worker."""
 
     holds: tuple[str, int] | None = None  # (format, version) it acknowledged; None: unknown
-    inflight: Sent | None = None  # sent completely, not acknowledged yet
+    inflight: list[Sent] = field(default_factory=list)  # sent completely, not acknowledged yet: oldest first
     streaming: Sent | None = None  # its parts being sent
+    dropped: dict[tuple[str, int], None] = field(default_factory=dict)  # dropped from the pipeline: ACKs ignored
+    acked_at: float = 0.0  # monotonic time of its last ACK
     ever_sent: bool = False  # an ACK of a model never sent is refused
     refused_logged: bool = False  # "not streamed to it" logged once per (worker, model)
 
     def reset(self) -> None:
         """A new trainer session: what it holds is unknown, and nothing is on its way any more."""
-        self.holds, self.inflight, self.streaming = None, None, None
+        self.holds, self.inflight, self.streaming = None, [], None
+        self.dropped.clear()
 
     @property
     def version(self) -> int:
         return self.holds[1] if self.holds else -1
 
+    @property
+    def ahead(self) -> tuple[str, int] | None:
+        """The (format, version) it will hold once what is in flight is acknowledged (that it holds without)."""
+        return (self.inflight[-1].format, self.inflight[-1].version) if self.inflight else self.holds
+
+    def drop_inflight(self) -> None:
+        """A ``need_full`` ACK of the oldest in flight: the rest cannot apply, so their ACKs (need_full) are expected
+        and ignored; a message half sent is abandoned (the worker never acknowledges a message it lacks parts of)."""
+        for sent in self.inflight[1:]:
+            self.dropped[(sent.format, sent.version)] = None
+        while len(self.dropped) > MAX_DROPPED:  # (a worker that never acknowledges them)
+            del self.dropped[next(iter(self.dropped))]
+        self.inflight, self.streaming = [], None
+
     def describe(self) -> dict[str, Any]:
         about: dict[str, Any] = {"version": self.version, "format": self.holds[0] if self.holds else None}
-        if self.inflight or self.streaming:
-            about["sending"] = (self.inflight or self.streaming).label  # type: ignore[union-attr]
+        if self.inflight:
+            about["in_flight"] = [s.label for s in self.inflight]
+        if self.streaming:
+            about["sending"] = self.streaming.label
         return about
 
 

@@ -78,8 +78,9 @@ class WorkerLink(NetThread):
         self._held_reasons: set[str] = set()  # why, as logged (once each)
         self.inflight: set[int] = set()
         self.server_window: int | None = None  # the share of the server's memory it grants this worker
-        # model -> the ACK body of the version of it received last, which the link has not taken yet
-        self.weights_acks: dict[str, dict[str, Any]] = {}
+        # ACK bodies of the versions received that the link has not taken yet, in order: the server pipelines deltas and
+        # expects an ACK of each, in the order it sent them (at most a few per model: it sends no more without them)
+        self.weights_acks: collections.deque[dict[str, Any]] = collections.deque()
         self.backlog_bytes = self.inflight_bytes = 0
         self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
         self.last_seq = 0  # newest packet this thread took from the control path
@@ -256,13 +257,13 @@ class WorkerLink(NetThread):
         self._pump()
 
     def _ack_weights(self) -> None:
-        """Acknowledge the version of each model received last. The server sends this worker no other version of
-        that model until it has the ACK, so one the link refuses (its queue full of packets) is kept and sent again
-        at every tick."""
-        for model, body in list(self.weights_acks.items()):
-            if not self.link.send(encode(Message(MsgType.ACK, self.worker_id, body=body))):
+        """Acknowledge each version received, in order. The server sends this worker few more versions of a model
+        until it has the ACKs, so those the link refuses (its queue full of packets) are kept and sent again at
+        every tick."""
+        while self.weights_acks:
+            if not self.link.send(encode(Message(MsgType.ACK, self.worker_id, body=self.weights_acks[0]))):
                 return
-            del self.weights_acks[model]
+            self.weights_acks.popleft()
 
     def on_tick(self) -> None:
         self._ack_weights()
@@ -352,7 +353,7 @@ class WorkerLink(NetThread):
                 ack = (self.weight_ack(msg) if self.weight_ack is not None else
                        {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")})
                 if ack is not None:
-                    self.weights_acks[model] = ack
+                    self.weights_acks.append(ack)
                 self._ack_weights()
         elif msg.type is MsgType.ACK:
             self.server_window = msg.body.get("window", self.server_window)

@@ -64,6 +64,7 @@ def worker_hello(peer: Peer, models: list[str] | None = None, formats: list[str]
 
 def received(peer: Peer, timeout: float = 0.4) -> list[Got]:
     """Every weights message (its part 0) that reaches ``peer`` within ``timeout``."""
+    peer.send(Message(MsgType.HEARTBEAT, peer.name, body={}))  # (a silent peer is lost after 1 s)
     out: list[Got] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -124,7 +125,7 @@ def test_two_models_on_their_own_rhythms_reach_a_late_joiner_and_never_wait_for_
     assert received(worker) == [("policy", 6, "float32", None)]
     wait_until(lambda: srv.peers.workers()[0].version == 5, 5, "policy v5 acknowledged", poll=0.02)
     described = srv.snapshot()["workers"][0]["models"]
-    assert described["obs_norm"] == {"version": 2, "format": "float32", "sending": "v3 (float32)"}
+    assert described["obs_norm"] == {"version": 2, "format": "float32", "in_flight": ["v3 (float32)"]}
     assert described["policy"]["version"] == 5
     again = Peer(ctx, srv.trainer_port, "trainer", "trainer-2")  # a restarted trainer continues each counter
     assert again.hello().body["models"] == {"policy": 6, "obs_norm": 3}
@@ -203,7 +204,7 @@ def test_a_delta_its_trainer_left_unfinished_gives_way_to_the_full_version(
 
 
 # -- formats and delta chains ----------------------------------------------------------------------------------------
-def test_a_worker_gets_the_delta_chain_from_the_version_it_holds_one_delta_at_a_time(
+def test_a_worker_gets_the_delta_chain_from_the_version_it_holds_pipelined_behind_it(
         server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
     trainer = connect(srv, ctx)
@@ -213,13 +214,13 @@ def test_a_worker_gets_the_delta_chain_from_the_version_it_holds_one_delta_at_a_
     assert received(worker) == [("policy", 3, "int8", None)]  # rate unknown: the fewest bytes
     auto(trainer, 4)
     auto(trainer, 5)
-    assert received(worker, 0.2) == []  # v3 is not acknowledged yet
-    ack(worker, ("policy", 3, "int8", None))
-    assert received(worker) == [("policy", 4, "int8", 3)]
-    ack(worker, ("policy", 4, "int8", None))
-    assert received(worker) == [("policy", 5, "int8", 4)]
-    ack(worker, ("policy", 5, "int8", None))
+    assert received(worker) == [("policy", 4, "int8", 3), ("policy", 5, "int8", 4)]  # v3 not acknowledged yet
+    assert "policy none - (in flight: v3 (int8), v4 (int8, delta from v3), v5 (int8, delta from v4))" in \
+        format_status(srv.snapshot())
+    for v in (3, 4, 5):
+        ack(worker, ("policy", v, "int8", None))
     wait_until(lambda: srv.peers.workers()[0].version == 5, 5, "v5 acknowledged", poll=0.02)
+    assert received(worker, 0.2) == []
     plain = Peer(ctx, srv.worker_port, "worker", "plain")  # today's worker: float32 only, in full
     worker_hello(plain)
     assert received(plain) == [("policy", 5, "float32", None)]
@@ -242,11 +243,16 @@ def test_a_worker_that_missed_more_versions_than_the_deltas_cached_gets_a_full_v
     worker_hello(worker, ["policy"], ["int8"])
     got = received(worker)
     assert got == [("policy", 1, "int8", None)]
-    for v in range(2, 6):  # deltas of 12 bytes: 2 fit in the full encoding's 32, so v2 and v3 are gone
+    for v in range(2, 5):  # pipelined behind v1: the most a worker is sent without acknowledging
         auto(trainer, v, delta_bytes=12)
-    wait_until(lambda: deltas(srv) == [4, 5], 5, "v5's delta cached", poll=0.02)
-    ack(worker, got[0])
-    assert received(worker) == [("policy", 5, "int8", None)]
+        got += received(worker)
+    assert got[1:] == [("policy", v, "int8", v - 1) for v in range(2, 5)]
+    for v in range(5, 9):  # deltas of 12 bytes: 2 fit in the full encoding's 32, so v5 and v6 are gone
+        auto(trainer, v, delta_bytes=12)
+    wait_until(lambda: deltas(srv) == [7, 8], 5, "v8's delta cached", poll=0.02)
+    for g in got:
+        ack(worker, g)
+    assert received(worker) == [("policy", 8, "int8", None)]
 
 
 def test_deltas_kept_per_format_are_at_most_max_deltas(server: tuple[Server, zmq.Context]) -> None:
@@ -330,6 +336,129 @@ def test_the_link_rate_is_smoothed_and_ignores_small_versions() -> None:
     link.measured(100_000, 1.0)
     link.measured(300_000, 1.0)
     assert link.rate == 200_000.0 and link.samples == 2
+
+
+# -- pipelined deltas ------------------------------------------------------------------------------------------------
+def delta_version(trainer: Peer, version: int, nbytes: int = 64, delta_bytes: int = 8) -> None:
+    """``delta``: a float32 full version, and from v2 on a delta from the version before."""
+    publish(trainer, version, nbytes=nbytes)
+    if version > 1:
+        publish(trainer, version, base=version - 1, nbytes=delta_bytes)
+
+
+def in_flight(srv: Server, model: str = "policy") -> list[str]:
+    return list(srv.snapshot()["workers"][0]["models"][model].get("in_flight", []))
+
+
+def test_a_slow_worker_gets_deltas_pipelined_up_to_the_bound_and_its_acks_pop_them_in_order(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    delta_version(trainer, 1)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    assert received(worker) == [("policy", 1, "float32", None)]
+    for v in range(2, 7):
+        delta_version(trainer, v)
+    wait_until(lambda: srv.weights.newest.get("policy") == 6, 5, "v6 cached", poll=0.02)
+    got = received(worker)  # v1 unacknowledged: deltas behind it, MAX_PIPELINE (4) messages in all
+    assert got == [("policy", 2, "float32", 1), ("policy", 3, "float32", 2), ("policy", 4, "float32", 3)]
+    assert in_flight(srv) == ["v1 (float32)", "v2 (float32, delta from v1)", "v3 (float32, delta from v2)",
+                              "v4 (float32, delta from v3)"]
+    ack(worker, ("policy", 1, "float32", None))
+    assert received(worker) == [("policy", 5, "float32", 4)]  # one out, one in
+    wait_until(lambda: srv.peers.workers()[0].version == 1, 5, "v1 acknowledged", poll=0.02)
+    ack(worker, ("policy", 2, "float32", None))
+    assert received(worker) == [("policy", 6, "float32", 5)]
+    for v in range(3, 7):
+        ack(worker, ("policy", v, "float32", None))
+    wait_until(lambda: srv.peers.workers()[0].version == 6, 5, "v6 acknowledged", poll=0.02)
+    assert in_flight(srv) == [] and received(worker, 0.2) == [] and srv.stats["rejected"] == 0
+
+
+def test_an_acknowledgement_out_of_order_is_refused_naming_both(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    delta_version(trainer, 1)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    delta_version(trainer, 2)
+    delta_version(trainer, 3)
+    assert received(worker) == [("policy", 1, "float32", None), ("policy", 2, "float32", 1),
+                                ("policy", 3, "float32", 2)]
+    with caplog.at_level(logging.WARNING, logger="netrl.server.admission"):
+        ack(worker, ("policy", 2, "float32", None))  # v1 first
+        wait_until(lambda: srv.stats["rejected"] == 1, 5, "the acknowledgement refused", poll=0.02)
+    assert "[2] ('float32') but was sent 'policy' v1 (float32) first" in caplog.text
+    for v in (1, 2, 3):  # the right order still counts
+        ack(worker, ("policy", v, "float32", None))
+    wait_until(lambda: srv.peers.workers()[0].version == 3, 5, "v3 acknowledged", poll=0.02)
+    assert srv.stats["rejected"] == 1
+
+
+def test_need_full_drops_the_pipeline_ignores_its_acks_quietly_and_gets_a_full_version_next(
+        server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    delta_version(trainer, 1)
+    delta_version(trainer, 2)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    ack(worker, received(worker)[0])
+    wait_until(lambda: srv.peers.workers()[0].version == 2, 5, "v2 acknowledged", poll=0.02)
+    for v in range(3, 7):
+        delta_version(trainer, v)
+    got = received(worker)
+    assert got == [("policy", v, "float32", v - 1) for v in range(3, 7)]
+    with caplog.at_level(logging.DEBUG, logger="netrl.server"):
+        ack(worker, got[0], need_full=True)  # v3's delta did not apply: v4..v6's cannot either
+        assert received(worker) == [("policy", 6, "float32", None)]
+        assert in_flight(srv) == ["v6 (float32)"] and srv.peers.workers()[0].version == -1
+        for g in got[1:]:  # the worker answers need_full for each delta dropped
+            ack(worker, g, need_full=True)
+        ack(worker, ("policy", 6, "float32", None))  # then the full version
+        wait_until(lambda: srv.peers.workers()[0].version == 6, 5, "the full v6 acknowledged", poll=0.02)
+    assert srv.stats["rejected"] == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    delta_version(trainer, 7)  # and deltas go on from it
+    assert received(worker) == [("policy", 7, "float32", 6)]
+
+
+def test_a_full_version_is_never_sent_while_a_message_of_its_model_is_in_flight(
+        server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    cached(srv, 1, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["float32", "int8"])
+    assert received(worker) == [("policy", 1, "int8", None)]
+    srv.peers.workers()[0].link.rate = 1e6  # fast: float32 in full is in budget, and preferred to int8's delta
+    auto(trainer, 2)
+    wait_until(lambda: deltas(srv) == [2], 5, "v2's delta cached", poll=0.02)
+    assert received(worker) == []  # a full version waits for v1's ACK
+    ack(worker, ("policy", 1, "int8", None))
+    assert received(worker) == [("policy", 2, "float32", None)]
+
+
+def test_a_pipelined_message_is_timed_from_the_ack_of_the_one_before_it(server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    publish(trainer, 1, nbytes=1024)  # too small to say anything of the link
+    assert received(worker) == [("policy", 1, "float32", None)]
+    delta_version(trainer, 2, nbytes=4 * MIN_RATE_BYTES, delta_bytes=MIN_RATE_BYTES)
+    assert received(worker) == [("policy", 2, "float32", 1)]
+    [_, second] = srv.peers.workers()[0].models["policy"].inflight
+    second.started -= 10  # as if it had queued behind v1 for 10 s
+    ack(worker, ("policy", 1, "float32", None))
+    wait_until(lambda: srv.peers.workers()[0].version == 1, 5, "v1 acknowledged", poll=0.02)
+    time.sleep(0.2)  # the link's own time: from v1's ACK to v2's
+    ack(worker, ("policy", 2, "float32", None))
+    rate = wait_until(lambda: srv.snapshot()["workers"][0]["link_rate"], 5, "the rate measured", poll=0.02)
+    assert MIN_RATE_BYTES / 5 < rate < MIN_RATE_BYTES / 0.2  # not MIN_RATE_BYTES / 10.2
 
 
 # -- bad input ---------------------------------------------------------------------------------------------------

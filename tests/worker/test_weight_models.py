@@ -122,7 +122,7 @@ def test_weights_for_a_model_without_a_target_are_refused_by_name_and_the_worker
                             "for it (its targets: policy). The worker goes on without it; to load it, give the worker "
                             "a module of that name (RolloutWorker(models={'obs_norm': module}))"]  # once per name
         assert net.weight_stats["weights_unknown_model"] == 2  # once per version
-        assert w.version == -1 and net.weights_acks == {}  # not loaded into the actor, and not acknowledged
+        assert w.version == -1 and not net.weights_acks  # not loaded into the actor, and not acknowledged
         assert w.produced == 30 and w.episodes_done == 3
     finally:
         w.close()
@@ -254,7 +254,7 @@ def test_a_weight_beyond_float16s_range_goes_in_float32_for_that_version(caplog:
     alone = WeightEncoder("float16", 1.0).encode("policy", 1, _flat(big), flat_layout(big)[0])
     assert [e.fields["format"] for e in alone] == ["float32"] and alone[0].data.tobytes() == _flat(big).tobytes()
     auto = WeightEncoder("auto", 1.0).encode("policy", 1, _flat(big), flat_layout(big)[0])
-    assert [e.fields["format"] for e in auto] == ["float32", "int8"]  # float32 is sent anyway
+    assert [e.fields["format"] for e in auto] == ["int8", "float32"]  # float32 is sent anyway (smallest first)
     assert "weights v1 goes in float32 in place of float16" in caplog.text
     assert "weights v1 is not sent in float16" in caplog.text
 
@@ -313,7 +313,7 @@ def test_each_format_reaches_a_worker_through_the_server(server: tuple[Server, z
         net, ack = w.net, w.net._ack_weights
 
         def ack_up_to_v1() -> None:  # (v1's ACK may still be on its way)
-            if all(a["seqs"] == [1] for a in net.weights_acks.values()):
+            if all(a["seqs"] == [1] for a in net.weights_acks):
                 ack()
 
         monkeypatch.setattr(net, "_ack_weights", ack_up_to_v1)
@@ -334,6 +334,45 @@ def test_each_format_reaches_a_worker_through_the_server(server: tuple[Server, z
         publish(6)
         holds(6)
         assert rx.counts["weights_need_full"] == 1
+    finally:
+        w.close()
+        link.halt()
+
+
+def test_a_float32_delta_chain_published_faster_than_the_worker_acks_is_pipelined_and_ends_bit_exact(
+        server: tuple[Server, zmq.Context], monkeypatch: pytest.MonkeyPatch) -> None:
+    srv, _ = server
+    link = TrainerLink(NET, "trainer", new_session(), srv.trainer_port, 8, Deliveries(), None, weight_format="delta")
+    w = worker(srv.worker_port)
+    try:
+        link.start()
+        w.start()
+        rx, net = w.weights, w.net
+        assert rx is not None and net is not None
+        versions = _sparse_versions(6, copy.deepcopy(w.actor))
+
+        def publish(v: int) -> None:
+            link.publish(versions[v - 1], v, v)
+            assert link.encoder is not None and link.encoder.wait(5)
+
+        publish(1)
+        wait_until(lambda: srv.peers.worker_count() == 1 and srv.peers.workers()[0].version == 1, 10,
+                   "v1 acknowledged", poll=0.02)
+        monkeypatch.setattr(net, "_ack_weights", lambda: None)  # from now on the worker's ACKs wait
+        for v in range(2, 6):
+            publish(v)
+        wait_until(lambda: rx.version == 5, 10, "v5 applied, with no ACK since v1", poll=0.02)
+        st = srv.peers.workers()[0].models["policy"]
+        assert [(s.version, s.base) for s in st.inflight] == [(2, 1), (3, 2), (4, 3), (5, 4)]  # deltas in flight
+        publish(6)
+        wait_until(lambda: srv.weights.newest_versions().get("policy") == 6, 10, "v6 at the server", poll=0.02)
+        assert len(net.weights_acks) == 4 and st.streaming is None  # MAX_PIPELINE reached: v6 waits for an ACK
+        monkeypatch.undo()  # the next tick sends the ACKs, in order
+        wait_until(lambda: srv.peers.workers()[0].version == 6, 10, "v6 acknowledged", poll=0.02)
+        w._swap_weights()
+        assert _flat(w.actor).tobytes() == _flat(versions[5]).tobytes()
+        assert rx.counts["weights_received"] == 6 and rx.counts["weights_need_full"] == 0
+        assert rx.counts["weights_rejected"] == 0 and srv.stats["rejected"] == 0
     finally:
         w.close()
         link.halt()
