@@ -33,7 +33,15 @@ from typing import Any
 
 from netrl.protocol.wire import MAX_MODELS
 from netrl.server.peers import Peer
-from netrl.server.weight_choice import MAX_PIPELINE, Candidate, Sent, WorkerModel, choose
+from netrl.server.weight_choice import (
+    DEFAULT_BUDGET_S,
+    MAX_PIPELINE,
+    MIN_RATE_BYTES,
+    Candidate,
+    Sent,
+    WorkerModel,
+    choose,
+)
 from netrl.server.weight_encodings import (
     MAX_DELTAS,
     OVERHEAD_ROOM_BYTES,
@@ -297,11 +305,25 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
     pick = choose(ways, worker.link.rate, model.budget_s)
     if pick is None:
         return None
-    if st.inflight and (pick.base, pick.format) != (st.inflight[-1].version, st.inflight[-1].format):
-        return None  # only a delta on the newest in flight may follow it before its ACK: the rest waits for them
+    if st.inflight:
+        if (pick.base, pick.format) != (st.inflight[-1].version, st.inflight[-1].format):
+            return None  # only a delta on the newest in flight may follow it before its ACK: the rest waits for them
+        if not drains_in_time(st, worker.link.rate, model.budget_s):
+            return None  # a queue behind a slow link would hold old versions: the newest goes after the ACKs
     st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
     st.ever_sent = True
     return st.streaming
+
+
+def drains_in_time(st: WorkerModel, rate: float | None, budget_s: float | None) -> bool:
+    """Whether the link carries what is in flight to the worker within the budget, so that a delta may queue behind
+    it. Behind a link that cannot keep up (float32 deltas of 3 MB at 10 Mbit/s), pipelined deltas would queue up and
+    the worker would only ever get old versions; waiting for the ACKs lets it skip to the newest instead."""
+    queued = sum(sent.nbytes for sent in st.inflight)
+    if queued <= MIN_RATE_BYTES:  # too little to hold a newer version back for long, on any link
+        return True
+    budget = budget_s if budget_s is not None else DEFAULT_BUDGET_S
+    return rate is not None and queued <= rate * budget
 
 
 def candidates(model: ModelCache, holds: tuple[str, int] | None, decodes: list[str]) -> list[Candidate] | None:

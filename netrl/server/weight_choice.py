@@ -2,14 +2,16 @@
 a model's cached encodings (netrl.server.weight_cache holds them).
 
 Per worker and per model, :class:`WorkerModel` keeps the (format, version) the worker acknowledged (unknown after a
-``need_full`` ACK or a new trainer session), the messages sent completely but not acknowledged yet (oldest first),
-and the one whose parts are being sent. Deltas are pipelined: while messages of a model are in flight to a worker,
-the next one may go when it is a delta whose base is the newest in flight, in the same format (the worker receives
-them in order over one connection and applies each to the version it just took), at most :data:`MAX_PIPELINE`
-messages of a model sent or being sent and not acknowledged; a full version waits for every ACK (sent behind a delta
-it would waste the link). So a chain ``b -> ... -> v`` streams back to back, not one delta per round trip. ACKs come
-in order: each must match the oldest message in flight. A ``need_full`` ACK drops everything in flight (the deltas
-behind it cannot apply either): their ACKs, each a ``need_full`` too, are expected and ignored. Models are
+``need_full`` ACK or a new trainer session), the messages sent completely but not acknowledged yet (oldest first), and
+the one whose parts are being sent. Deltas are pipelined: while messages of a model are in flight to a worker, the next
+one may go when it is a delta whose base is the newest in flight, in the same format (the worker receives them in order
+over one connection and applies each to the version it just took), at most :data:`MAX_PIPELINE` messages of a model sent
+or being sent and not acknowledged, and only while what is in flight is under :data:`MIN_RATE_BYTES` or the worker's
+measured link rate carries it within the budget (behind a link that cannot keep up, queued deltas would only ever bring
+old versions: the newest then goes after the ACKs, as a chain or in full); a full version waits for every ACK (sent
+behind a delta it would waste the link). So a chain ``b -> ... -> v`` streams back to back, not one delta per round
+trip. ACKs come in order: each must match the oldest message in flight. A ``need_full`` ACK drops everything in flight
+(the deltas behind it cannot apply either): their ACKs, each a ``need_full`` too, are expected and ignored. Models are
 independent: a big policy streaming to a slow worker never holds back a small model's next version.
 
 :func:`choose` picks between the candidates of the newest version (one per format the worker decodes, each either a

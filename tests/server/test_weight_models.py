@@ -531,3 +531,20 @@ def test_a_hello_with_malformed_model_or_format_lists_is_refused_with_the_reason
         reply = worker_hello(peer, models, formats)
         assert reply.type is MsgType.REJECT and "is not a list of at most" in reply.body["reason"], (models, formats)
     assert srv.peers.worker_count() == 0
+
+
+def test_deltas_queue_behind_the_message_in_flight_only_while_the_link_drains_it_in_the_budget() -> None:
+    # float32 deltas of 3 MB behind a 10 Mbit/s link would queue up and bring the worker only old versions
+    from netrl.server.weight_cache import drains_in_time
+    from netrl.server.weight_choice import Sent, WorkerModel
+
+    st = WorkerModel()
+    st.inflight.append(Sent(1, "float32", None, None, 3_000_000))
+    assert not drains_in_time(st, None, 0.5)  # rate unknown: wait for the ACK
+    assert not drains_in_time(st, 1_250_000, 0.5)  # 2.4 s of link for a 0.5 s budget
+    assert drains_in_time(st, 1_250_000, 3.0)
+    assert not drains_in_time(st, 1_250_000, None)  # no budget sent: network.weight_budget_s's default, 1 s
+    assert drains_in_time(st, 10_000_000, None)
+    small = WorkerModel()
+    small.inflight.append(Sent(1, "int8", 0, None, MIN_RATE_BYTES))
+    assert drains_in_time(small, None, 0.5)  # too little to hold a newer version back: pipelined on any link
