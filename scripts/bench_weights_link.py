@@ -57,6 +57,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import numpy as np
 import zmq
+from benchmarks.common import report_loaded
 from benchmarks.wan_link import WanLink
 
 from netrl.config.load import config_to_dict
@@ -173,17 +174,7 @@ def child_worker(cfg_path: str, hidden: str, port: str) -> None:
     assert worker.net is not None and worker.weights is not None
     while not worker.net.link.ready:
         time.sleep(0.01)
-    print(json.dumps({"ready": True}), flush=True)
-    seen: set[int] = set()
-    try:
-        while True:
-            for version, t in list(worker.weights.loaded_at.items()):
-                if version not in seen:
-                    seen.add(version)
-                    print(json.dumps({"v": version, "t": t}), flush=True)
-            time.sleep(0.01)  # reports the time the receiver recorded: the poll's period adds nothing to it
-    finally:  # stopped with SIGINT: close the network thread, or exiting waits on its sockets until killed
-        worker.close()
+    report_loaded(worker, 0.01)  # polling faster only loads the machine
 
 
 # -- the parent ------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from benchmarks.common import child, forward, kill
+from benchmarks.common import child, forward, kill, report_loaded
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
@@ -65,17 +65,7 @@ def child_worker(cfg_path: str, hidden: str, name: str) -> None:
                            run_dir=None)  # no weights file: the figure is the time to a loaded actor, as before
     worker.start()
     assert worker.weights is not None
-    print(json.dumps({"ready": True}), flush=True)
-    seen: set[int] = set()
-    try:
-        while True:
-            for version, t in list(worker.weights.loaded_at.items()):
-                if version not in seen:
-                    seen.add(version)
-                    print(json.dumps({"v": version, "t": t}), flush=True)
-            time.sleep(0.02)  # reports the load time the receiver recorded; polling faster only loads the machine
-    finally:  # stopped with SIGINT: close the network thread, or exiting waits on its sockets until killed
-        worker.close()
+    report_loaded(worker, 0.02)  # polling faster only loads the machine
 
 
 def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) -> None:

@@ -6,8 +6,10 @@ import csv
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -139,3 +141,30 @@ def server_steps(status_port: int) -> int:
         return sum(int(w["samples"]) for w in query_status(status_port, 2.0)["workers"])
     except Exception:  # the server is not listening yet
         return 0
+
+
+def report_loaded(worker: Any, poll_s: float) -> None:
+    """A benchmark's worker child: print ``{"ready": true}``, then each weight version its receiver loaded with the
+    time it recorded, one JSON line each, until stopped (SIGINT); the poll's period adds nothing to those times."""
+    print(json.dumps({"ready": True}), flush=True)
+    seen: set[int] = set()
+    try:
+        while True:
+            for version, t in list(worker.weights.loaded_at.items()):
+                if version not in seen:
+                    seen.add(version)
+                    print(json.dumps({"v": version, "t": t}), flush=True)
+            time.sleep(poll_s)
+    finally:  # stopped with SIGINT: close the network thread, or exiting waits on its sockets until killed
+        worker.close()
+
+
+def median_steps(runs: list[dict[str, Any]], variants: Iterable[str], max_steps: int,
+                 key: str = "steps_to_-200") -> dict[str, dict[str, Any]]:
+    """Per variant, the median of its runs' ``key`` and the list of them; a run that never got there counts as
+    ``max_steps``, so the median then says "at least"."""
+    out = {}
+    for variant in variants:
+        steps = [r[key] if r[key] is not None else max_steps for r in runs if r["variant"] == variant]
+        out[variant] = {"median_steps": statistics.median(steps), "steps": steps}
+    return out

@@ -12,7 +12,6 @@ its last 10 training episodes first reaches -200; the row is the median over the
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import crossing
+from benchmarks.common import crossing, median_steps
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.local import run_local
@@ -78,11 +77,7 @@ def run_row(tmp: Path, seeds: list[int], max_steps: int) -> dict[str, Any]:
     runs = [run_one(tmp, seed, variant, max_steps) for seed in seeds for variant in VARIANTS]
     row: dict[str, Any] = {"row": "nstep", "env": "Pendulum-v1", "threshold": THRESHOLD, "max_steps": max_steps,
                            "seeds": seeds, "runs": runs}
-    for variant in VARIANTS:
-        # a run that never got there counts as max_steps: the median then says "at least"
-        steps = [r["steps_to_-200"] if r["steps_to_-200"] is not None else max_steps for r in runs
-                 if r["variant"] == variant]
-        row[variant] = {"median_steps": statistics.median(steps), "steps": steps}
+    row.update(median_steps(runs, VARIANTS, max_steps))
     return row
 
 

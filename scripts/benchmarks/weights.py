@@ -17,12 +17,11 @@ within 1.2x of float32 (off).
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import crossing, env_steps
+from benchmarks.common import crossing, env_steps, median_steps
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
@@ -90,11 +89,7 @@ def run_row(tmp: Path, seeds: list[int], max_steps: int, variants: list[str] | N
     runs = [run_one(tmp, seed, variant, max_steps) for seed in seeds for variant in names]
     row: dict[str, Any] = {"row": "weights", "env": "Pendulum-v1", "threshold": THRESHOLD, "max_steps": max_steps,
                            "seeds": seeds, "runs": runs, "variants": names}
-    for variant in names:
-        # a run that never got there counts as max_steps: the median then says "at least"
-        steps = [r["steps_to_-200"] if r["steps_to_-200"] is not None else max_steps for r in runs
-                 if r["variant"] == variant]
-        row[variant] = {"median_steps": statistics.median(steps), "steps": steps}
+    row.update(median_steps(runs, names, max_steps))
     return row
 
 
