@@ -28,8 +28,8 @@ def test_public_names_are_pinned() -> None:
 
 
 SECOND_LEVEL = {
-    "netrl.agents": ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "PPOActor",
-                     "PPOAgent", "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"],
+    "netrl.agents": ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "ModelSpec",
+                     "PPOActor", "PPOAgent", "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"],
     "netrl.memory": ["ActionBufferCompressor", "ActionBufferMemory", "FrameStackCompressor", "FrameStackMemory",
                      "HistoryMemory", "MemoryDataloading", "ReplayMemory", "View", "last_observations",
                      "prev_actions", "prev_rewards", "read_dataset", "save_dataset"],

@@ -5,9 +5,10 @@
 :class:`DQNAgent` with its :class:`DQNActor` (double DQN, dueling head, action masks) for discrete ones; and
 on-policy, :class:`PPOAgent` with its :class:`PPOActor` for both (trained on version-synced batches). For partially
 observed envs, :class:`RecurrentSACAgent` with its :class:`RecurrentActor` (a GRU or LSTM, trained on sequences).
+:class:`ModelSpec` declares a module synced to the workers besides the actor (``TrainingAgent.extra_models``).
 """
 
-from netrl.agents.base import TrainingAgent
+from netrl.agents.base import ModelSpec, TrainingAgent
 from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.agents.ppo import PPOActor, PPOAgent
@@ -15,5 +16,5 @@ from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.samples import Batch
 
-__all__ = ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "PPOActor", "PPOAgent",
-           "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"]
+__all__ = ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "ModelSpec", "PPOActor",
+           "PPOAgent", "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"]
