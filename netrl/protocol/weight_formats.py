@@ -4,14 +4,16 @@ Internal; numpy, zstandard and zlib only (no torch), so the server may import it
 
 A model's *flat buffer* is the one :func:`netrl.protocol.weights.flat_layout` describes: its tensors in
 ``layout = [[name, dtype, shape, offset], ...]`` order, each at a multiple of 64 bytes, zero padding between.
-A format encodes the float32 tensors of that buffer; a tensor of any other dtype travels raw, bit-exact, in every
-format. The structure of an encoding follows from the layout alone (:meth:`WeightFormat.encoded_nbytes`).
+A format encodes the float32 tensors of that buffer of at least ``EXACT_BELOW`` (64) elements; a smaller one (an
+action scale, a temperature) and a tensor of any other dtype travel raw, bit-exact, in every format. The structure
+of an encoding follows from the layout alone (:meth:`WeightFormat.encoded_nbytes`).
 
 Byte layout of the built-in encodings (``n`` elements per tensor; each tensor's part starts at a multiple of
 8 bytes of the encoding, zero padding after it, so that :meth:`WeightFormat.decode` views it in place)::
 
     float32    the flat buffer itself (rank 0, exact)
     float16    float32 tensor: n x <f2, IEEE half precision, rounded to nearest even    | other tensor: its raw bytes
+               ("float32 tensor" here: one of at least EXACT_BELOW elements; a smaller one is an "other tensor")
     bfloat16   float32 tensor: n x <u2, the top 16 bits of each float32, rounded to nearest even (NaN stays NaN)
     int8       float32 tensor: r x <f4 scales, padding, then n x i1 codes in [-127, 127] (C order);
                r = shape[0] for a tensor of >= 2 dims (one scale per output channel), else 1; value = code * scale
@@ -75,9 +77,20 @@ class Entry(NamedTuple):
         return self.dtype.str == _FLOAT32
 
     @property
+    def lossy(self) -> bool:
+        """Whether a lossy format encodes it: a float32 tensor of at least EXACT_BELOW elements."""
+        return self.float32 and self.size >= EXACT_BELOW
+
+    @property
     def rows(self) -> int:
         """Output channels: int8's scales per tensor."""
         return self.shape[0] if len(self.shape) >= 2 else 1
+
+
+# Smaller float32 tensors travel raw, exact, in every format: an actor's action scale and offset, a temperature, a
+# one-unit head's bias. Quantising them moves every action (2.0 in int8 is 2.0020, outside a [-2, 2] action space,
+# and the server refuses such actions), and they cost nothing.
+EXACT_BELOW = 64
 
 
 def _align(n: int, to: int) -> int:
@@ -180,7 +193,7 @@ class WeightFormat:
         worst = 0.0
         for e in _entries(layout):
             a, b = (_tensor(buf, e.dtype, e.size, e.offset) for buf in (original, decoded))
-            if not e.float32:
+            if not e.lossy:
                 if a.tobytes() != b.tobytes():
                     return math.inf
                 continue
@@ -248,7 +261,7 @@ class _Parts(WeightFormat):
     def _places(self, layout: list[list[Any]]) -> tuple[list[tuple[Entry, int, int]], int]:
         places, at = [], 0
         for e in _entries(layout):
-            size = self.part_nbytes(e) if e.float32 else e.nbytes
+            size = self.part_nbytes(e) if e.lossy else e.nbytes
             places.append((e, at, size))
             at += _align(size, _PART_ALIGN)
         return places, at
@@ -261,7 +274,7 @@ class _Parts(WeightFormat):
         encoding = np.zeros(total, np.uint8)
         for e, at, size in places:
             part = encoding[at:at + size]
-            if e.float32:
+            if e.lossy:
                 self.encode_part(e, _tensor(flat, np.float32, e.size, e.offset), part)
             else:
                 part[:] = flat[e.offset:e.offset + size]
@@ -272,7 +285,7 @@ class _Parts(WeightFormat):
         self._sizes(layout, encoding, out)
         for e, at, size in self._places(layout)[0]:
             part = encoding[at:at + size]
-            if e.float32:
+            if e.lossy:
                 self.decode_part(e, part, np.frombuffer(out, np.float32, e.size, e.offset) if e.size
                                  else np.empty(0, np.float32))
             else:
@@ -362,7 +375,7 @@ class _Int8Encoder(Encoder):
     def __init__(self, fmt: _Int8, layout: list[list[Any]]) -> None:
         self.fmt, self.layout, self.nbytes = fmt, layout, flat_nbytes(layout)
         self.places, self.total = fmt._places(layout)
-        self.scales = {e.name: np.zeros(e.rows, np.float32) for e, _, _ in self.places if e.float32}
+        self.scales = {e.name: np.zeros(e.rows, np.float32) for e, _, _ in self.places if e.lossy}
 
     def encode(self, flat: np.ndarray) -> np.ndarray:
         flat = _bytes(flat, "the flat buffer")
@@ -371,7 +384,7 @@ class _Int8Encoder(Encoder):
         encoding = np.zeros(self.total, np.uint8)
         for e, at, size in self.places:
             part = encoding[at:at + size]
-            if not e.float32:
+            if not e.lossy:
                 part[:] = flat[e.offset:e.offset + size]
             elif e.size:
                 self._encode(e, _tensor(flat, np.float32, e.size, e.offset).reshape(e.rows, -1), part)

@@ -154,7 +154,7 @@ def test_the_receivers_route_by_model_count_once_per_version_and_log_once_per_na
 def _versions(n: int) -> list[torch.nn.Module]:
     """``n`` successive versions of a small MLP actor, each a little trained (moved) from the one before."""
     torch.manual_seed(0)
-    actor = MLPActor(OBS3, ACT1, hidden_sizes=(16,))
+    actor = MLPActor(OBS3, ACT1, hidden_sizes=(32,))
     out = []
     for _ in range(n):
         with torch.no_grad():
