@@ -28,12 +28,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "weights.md"
 
 
 class Mixed(torch.nn.Module):
-    """Every kind of tensor a flat buffer holds: float32 of 2, 3, 1 and 0 dims (one empty), float64 and integers."""
+    """Every kind of tensor a flat buffer holds: float32 of 2, 3, 1 and 0 dims (one empty, some under 64 elements),
+    float64 and integers."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(40, 6)
-        self.conv = torch.nn.Parameter(torch.randn(4, 3, 2) * 0.1)
+        self.conv = torch.nn.Parameter(torch.randn(4, 3, 8) * 0.1)  # 96 elements: encoded (64 or more)
         self.temp = torch.nn.Parameter(torch.tensor(0.5))
         self.empty = torch.nn.Parameter(torch.zeros(0, 3))
         self.wide = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
