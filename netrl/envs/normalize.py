@@ -54,6 +54,10 @@ class ObsNormalizer(torch.nn.Module):
         ConfigError: the space has no float ``Box`` leaf: there is nothing to normalise (names ``env.normalize_obs``).
     """
 
+    # The statistics travel in float32 whatever network.weight_format says: the worker and the memory must normalise
+    # with the same numbers for one version, and they are a few floats per observation dimension.
+    exact_weights = True
+
     def __init__(self, observation_space: Any, clip: float = 10.0) -> None:
         super().__init__()
         if not clip > 0:

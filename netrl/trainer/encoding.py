@@ -63,6 +63,7 @@ class _Job:
     done: Callable[[list[Encoded]], None]  # sends them (on the encoding thread) and releases the snapshot
     release: Callable[[], None]  # releases the snapshot of a version replaced before it was encoded
     interval_s: float | None = None  # time since the model's publication before (None: its first)
+    exact: bool = False  # float32 only, whatever the setting
 
 
 MIN_BUDGET_S = 0.05  # a budget measured from publications: versions published faster are still allowed this long
@@ -100,15 +101,16 @@ class WeightEncoder:
 
     # -- the training thread -----------------------------------------------------------------------------------
     def put(self, model: str, version: int, trained_steps: int, flat: np.ndarray, layout: list[list[Any]],
-            done: Callable[[list[Encoded]], None], release: Callable[[], None]) -> None:
+            done: Callable[[list[Encoded]], None], release: Callable[[], None], exact: bool = False) -> None:
         """Encode ``flat`` (a snapshot, read-only until ``done`` or ``release`` is called) on the encoding thread;
-        ``release`` frees a snapshot whose version a newer one replaced before it was encoded."""
+        ``release`` frees a snapshot whose version a newer one replaced before it was encoded. ``exact``: the model
+        travels in float32 whatever the setting (its module's ``exact_weights``: the observation statistics)."""
         now = time.monotonic()
         last, self._published[model] = self._published.get(model), now
         with self._cond:
             old = self._jobs.pop(model, None)
             self._jobs[model] = _Job(model, version, trained_steps, flat, layout, done, release,
-                                     None if last is None else now - last)
+                                     None if last is None else now - last, exact)
             self._cond.notify_all()
         if old is not None:
             self.counts["encodings_superseded"] += 1
@@ -142,7 +144,7 @@ class WeightEncoder:
                 job = self._jobs.pop(model)
                 self._busy = True
             try:
-                job.done(self.encode(job.model, job.version, job.flat, job.layout, job.interval_s))
+                job.done(self.encode(job.model, job.version, job.flat, job.layout, job.interval_s, job.exact))
             except Exception:  # a bug or a custom format's: that version is not sent, later ones still are
                 self.counts["encodings_failed"] += 1
                 log.exception("encoding %s v%d failed; it is not sent", _what(job.model), job.version)
@@ -153,7 +155,7 @@ class WeightEncoder:
                     self._cond.notify_all()
 
     def encode(self, model: str, version: int, flat: np.ndarray, layout: list[list[Any]],
-               interval_s: float | None = None) -> list[Encoded]:
+               interval_s: float | None = None, exact: bool = False) -> list[Encoded]:
         """The messages of one version in every format: deltas first (small, and most workers take them), then the
         full encodings, each kind smallest first: the server streams to an idle worker what it has, and one whose
         link rate it does not know yet gets the fewest bytes. ``interval_s``: the time since the model's
@@ -164,14 +166,15 @@ class WeightEncoder:
         deltas: list[Encoded] = []
         fulls: list[Encoded] = []
         sent = set()
-        for name in self.formats:
+        formats = ["float32"] if exact else self.formats
+        for name in formats:
             fmt = get_format(name)
             chain = self._chain(model, name, layout)
             try:
                 encoding = chain.encoder.encode(flat)
             except FormatError as exc:
                 self._chains.pop((model, name), None)  # the next version goes in full
-                if "float32" in self.formats:
+                if "float32" in formats:
                     log.warning("%s v%d is not sent in %s (%s); workers get it in float32", _what(model), version,
                                 name, exc)
                     continue

@@ -216,7 +216,7 @@ class TrainerLink(NetThread):
             snap.busy = True
             self.encoder.put(model, version, trained_steps, snap.flat, layout,
                              lambda out: self._send_encoded(model, slot, version, trained_steps, snap, out),
-                             lambda: setattr(snap, "busy", False))
+                             lambda: setattr(snap, "busy", False), exact=getattr(actor, "exact_weights", False))
             return
         self._send_encoding(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
         log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,

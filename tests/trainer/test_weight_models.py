@@ -354,3 +354,22 @@ def test_auto_budgets_each_version_the_time_since_the_one_before_and_sends_the_s
     assert {e.fields["budget_s"] for e in encoder.encode("policy", 3, flat, layout, 0.001)} == {MIN_BUDGET_S}
     assert all("budget_s" not in e.fields for e in WeightEncoder("int8", 0.0).encode("policy", 1, flat, layout, 0.5))
     assert {e.fields["budget_s"] for e in WeightEncoder("auto", 2.0).encode("policy", 1, flat, layout, 0.5)} == {2.0}
+
+
+def test_observation_statistics_travel_in_float32_whatever_the_setting() -> None:
+    # the worker and the memory must normalise with the same numbers for one statistics version
+    from netrl.envs.normalize import ObsNormalizer
+
+    norm = ObsNormalizer(gymnasium.spaces.Box(-1, 1, (100,), np.float32), 10.0)  # over 64 elements: encodable
+    norm.update(np.random.default_rng(0).normal(size=(50, 100)).astype(np.float32))
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
+    sent: list[tuple[str, str]] = []
+    link._send_encoding = lambda encoded, model, *_: sent.append((model, encoded.fields["format"]))  # type: ignore
+    try:
+        link.publish(norm, 1, 0, model="obs_norm")
+        link.publish(torch.nn.Linear(64, 64), 1, 0)
+        assert link.encoder is not None and link.encoder.wait(5)
+    finally:
+        link.halt()
+    assert sorted(f for m, f in sent if m == "obs_norm") == ["float32"]
+    assert sorted(f for m, f in sent if m == "policy") == ["float16", "float32", "int8"]
