@@ -104,6 +104,18 @@ def connect(srv: Server, ctx: zmq.Context) -> Peer:
 
 
 # -- several models --------------------------------------------------------------------------------------------------
+
+def int8_worker_holding_v2(srv: Server, ctx: zmq.Context) -> tuple[Peer, Peer]:
+    """A trainer that sent v1 and v2 (auto), and a worker decoding int8 only that acknowledged the version it got."""
+    trainer = connect(srv, ctx)
+    auto(trainer, 1)
+    auto(trainer, 2)
+    cached(srv, 2, "int8")
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker, ["policy"], ["int8"])
+    ack(worker, received(worker)[0])
+    return trainer, worker
+
 def test_two_models_on_their_own_rhythms_reach_a_late_joiner_and_never_wait_for_each_other(
         server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
@@ -188,13 +200,7 @@ def test_a_new_trainer_session_forgets_every_model_and_what_each_worker_holds(
 def test_a_delta_its_trainer_left_unfinished_gives_way_to_the_full_version(
         server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
-    trainer = connect(srv, ctx)
-    auto(trainer, 1)
-    auto(trainer, 2)
-    cached(srv, 2, "int8")
-    worker = Peer(ctx, srv.worker_port, "worker", "w")
-    worker_hello(worker, ["policy"], ["int8"])
-    ack(worker, received(worker)[0])
+    trainer, worker = int8_worker_holding_v2(srv, ctx)
     publish(trainer, 3, nbytes=64)
     publish(trainer, 3, fmt="int8", nbytes=32, rank=2)
     publish(trainer, 3, fmt="int8", base=2, nbytes=16, rank=2, part_bytes=8, parts=1)  # half of it, then gone
@@ -266,12 +272,7 @@ def test_deltas_kept_per_format_are_at_most_max_deltas(server: tuple[Server, zmq
 def test_need_full_makes_what_the_worker_holds_unknown_and_gets_it_a_full_version(
         server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
-    trainer = connect(srv, ctx)
-    auto(trainer, 1)
-    auto(trainer, 2)
-    worker = Peer(ctx, srv.worker_port, "worker", "w")
-    worker_hello(worker, ["policy"], ["int8"])
-    ack(worker, received(worker)[0])
+    trainer, worker = int8_worker_holding_v2(srv, ctx)
     auto(trainer, 3)
     got = received(worker)
     assert got == [("policy", 3, "int8", 2)]
@@ -506,12 +507,7 @@ def test_acknowledgements_of_a_model_never_sent_or_of_another_version_are_refuse
 def test_a_delta_that_continues_nothing_is_dropped_and_never_sent(
         server: tuple[Server, zmq.Context], caplog: pytest.LogCaptureFixture) -> None:
     srv, ctx = server
-    trainer = connect(srv, ctx)
-    auto(trainer, 1)
-    auto(trainer, 2)
-    worker = Peer(ctx, srv.worker_port, "worker", "w")
-    worker_hello(worker, ["policy"], ["int8"])
-    ack(worker, received(worker)[0])
+    trainer, worker = int8_worker_holding_v2(srv, ctx)
     with caplog.at_level(logging.DEBUG, logger="netrl.server.weight_encodings"):
         publish(trainer, 9, fmt="int8", base=7, nbytes=4, rank=2)  # v7 was never sent
         wait_until(lambda: srv.stats["rejected"] == 1, 5, "the delta refused", poll=0.02)
