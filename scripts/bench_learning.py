@@ -60,33 +60,17 @@ from typing import Any
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch
-from benchmarks.common import crossing, env_steps, evaluate, server_steps
+from benchmarks.common import crossing, env_steps, evaluate, pendulum_config, server_steps, three_roles
 
 from netrl.config.load import config_from_dict, config_to_dict
-from netrl.config.sections import Config
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.launch import stop_processes, write_config
 from netrl.local import run_local
-from netrl.net.keys import keygen
 from netrl.pipelines.make import make_pipeline
 from netrl.trainer.trainer import Trainer
 from netrl.worker.worker import RolloutWorker
 
 THRESHOLD = -200.0
 WINDOW = 10
-
-
-def bench_config(tmp: Path, seed: int) -> Config:
-    data = config_to_dict(Config())
-    keygen(tmp / "keys")
-    data.update(run_name="bench", weights_folder=str(tmp), seed=seed, keys_dir=str(tmp / "keys"))
-    data["network"].update(trainer_port=free_port(), worker_port=free_port())
-    data["server"]["status_port"] = free_port()
-    data["worker"].update(test_episode_interval=0, min_samples_per_worker_packet=20, worker_id="bench")
-    data["server"].update(min_samples_per_server_packet=100)
-    data["trainer"].update(epochs=1000, rounds=1, steps=500, update_model_interval=20, update_buffer_interval=20,
-                           start_training=1000, worker_lead=100, max_training_steps_per_env_step=1.0)
-    data["wandb"]["mode"] = "disabled"
-    return config_from_dict(data)
 
 
 def first_crossing(episodes_csv: Path, t0: float) -> dict[str, Any] | None:
@@ -96,13 +80,12 @@ def first_crossing(episodes_csv: Path, t0: float) -> dict[str, Any] | None:
 
 
 def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
-    cfg = bench_config(tmp / "pipeline", seed)
+    cfg = pendulum_config(tmp / "pipeline", seed)
     path = write_config(cfg, tmp / "pipeline.json")
     episodes = cfg.run_dir / "episodes_bench.csv"
     logs = (tmp / "pipeline.log").open("wb")
     t0 = time.time()
-    procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
-             spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+    procs = three_roles(path, logs)
     try:
         while True:
             result = first_crossing(episodes, t0)
@@ -116,7 +99,7 @@ def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
 
 
 def run_single(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
-    cfg = bench_config(tmp / "single", seed)
+    cfg = pendulum_config(tmp / "single", seed)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(seed)
     pipeline = make_pipeline(cfg)
@@ -244,7 +227,7 @@ def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
     from netrl.storage.weight_files import read_weights_file
 
     name = f"envs{num_envs}-seed{seed}"
-    data = config_to_dict(bench_config(tmp / name, seed))
+    data = config_to_dict(pendulum_config(tmp / name, seed))
     if num_envs != 1:  # (a netrl without the key runs the num_envs = 1 row)
         data["worker"].update(num_envs=num_envs, vectorization=vectorization)
     cfg = config_from_dict(data)
@@ -255,8 +238,7 @@ def run_pipeline_envs(tmp: Path, seed: int, max_steps: int, num_envs: int,
     log_path = tmp / f"{name}.log"
     logs = log_path.open("wb")
     t0 = time.time()
-    procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
-             spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+    procs = three_roles(path, logs)
     next_eval = VECTOR_EVAL_EVERY
     try:
         while True:

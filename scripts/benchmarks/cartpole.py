@@ -25,11 +25,11 @@ import gymnasium
 import numpy as np
 import torch
 
-from benchmarks.common import env_steps, evaluate
+from benchmarks.common import env_steps, evaluate, three_roles
 from netrl.agents.dqn import DQNActor
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.launch import free_port, stop_processes, write_config
 from netrl.net.keys import keygen
 from netrl.storage.weight_files import read_weights_file
 
@@ -68,8 +68,7 @@ def run_pipeline(tmp: Path, seed: int, max_steps: int) -> dict[str, Any] | None:
     actor = DQNActor(env.observation_space, env.action_space, tuple(cfg.agent.hidden_sizes))
     logs = (tmp / "pipeline.log").open("wb")
     t0 = time.time()
-    procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
-             spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+    procs = three_roles(path, logs)
     next_eval = EVAL_EVERY
     try:
         while True:

@@ -168,3 +168,33 @@ def median_steps(runs: list[dict[str, Any]], variants: Iterable[str], max_steps:
         steps = [r[key] if r[key] is not None else max_steps for r in runs if r["variant"] == variant]
         out[variant] = {"median_steps": statistics.median(steps), "steps": steps}
     return out
+
+
+def pendulum_config(tmp: Path, seed: int, changes: dict[str, dict[str, Any]] | None = None) -> Any:
+    """The pendulum learning row's config for three processes (256x256 SAC, batch 256, update-to-data ratio 1,
+    training from 1,000 samples, CURVE keys in ``tmp``), with ``changes`` (section -> keys) applied."""
+    from netrl.config.load import config_from_dict, config_to_dict
+    from netrl.config.sections import Config
+    from netrl.launch import free_port
+    from netrl.net.keys import keygen
+
+    data = config_to_dict(Config())
+    keygen(tmp / "keys")
+    data.update(run_name="bench", weights_folder=str(tmp), seed=seed, keys_dir=str(tmp / "keys"))
+    data["network"].update(trainer_port=free_port(), worker_port=free_port())
+    data["server"].update(status_port=free_port(), min_samples_per_server_packet=100)
+    data["worker"].update(test_episode_interval=0, min_samples_per_worker_packet=20, worker_id="bench")
+    data["trainer"].update(epochs=1000, rounds=1, steps=500, update_model_interval=20, update_buffer_interval=20,
+                           start_training=1000, worker_lead=100, max_training_steps_per_env_step=1.0)
+    data["wandb"]["mode"] = "disabled"
+    for section, keys in (changes or {}).items():
+        data[section].update(keys)
+    return config_from_dict(data)
+
+
+def three_roles(path: Path, logs: Any) -> list[subprocess.Popen[bytes]]:
+    """The server, the trainer and the worker of the config at ``path``, their output in ``logs``."""
+    from netrl.launch import spawn_role
+
+    return [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
+            spawn_role("worker", path, stdout=logs, log_level="WARNING")]

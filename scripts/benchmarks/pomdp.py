@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import crossing, env_steps
+from benchmarks.common import crossing, env_steps, three_roles
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.launch import free_port, stop_processes, write_config
 from netrl.net.keys import keygen
 
 THRESHOLD = -300.0
@@ -69,8 +69,7 @@ def run_one(tmp: Path, seed: int, agent: str, max_steps: int) -> dict[str, Any]:
     log_path = tmp / f"{name}.log"
     t0 = time.time()
     with log_path.open("wb") as logs:
-        procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
-                 spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+        procs = three_roles(path, logs)
         try:
             while True:
                 found = crossing(episodes, THRESHOLD, WINDOW)

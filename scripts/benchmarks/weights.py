@@ -21,11 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import crossing, env_steps, median_steps
-from netrl.config.load import config_from_dict, config_to_dict
-from netrl.config.sections import Config
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
-from netrl.net.keys import keygen
+from benchmarks.common import crossing, env_steps, median_steps, pendulum_config, three_roles
+from netrl.launch import stop_processes, write_config
 
 THRESHOLD = -200.0
 WINDOW = 10
@@ -38,32 +35,16 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {  # section -> keys changed
 }
 
 
-def bench_config(tmp: Path, seed: int, changes: dict[str, dict[str, Any]]) -> Config:
-    data = config_to_dict(Config())
-    keygen(tmp / "keys")
-    data.update(run_name="bench", weights_folder=str(tmp), seed=seed, keys_dir=str(tmp / "keys"))
-    data["network"].update(trainer_port=free_port(), worker_port=free_port())
-    data["server"].update(status_port=free_port(), min_samples_per_server_packet=100)
-    data["worker"].update(test_episode_interval=0, min_samples_per_worker_packet=20, worker_id="bench")
-    data["trainer"].update(epochs=1000, rounds=1, steps=500, update_model_interval=20, update_buffer_interval=20,
-                           start_training=1000, worker_lead=100, max_training_steps_per_env_step=1.0)
-    data["wandb"]["mode"] = "disabled"
-    for section, keys in changes.items():
-        data[section].update(keys)
-    return config_from_dict(data)
-
-
 def run_one(tmp: Path, seed: int, variant: str, max_steps: int) -> dict[str, Any]:
     folder = tmp / f"{variant}-{seed}"
-    cfg = bench_config(folder, seed, VARIANTS[variant])
+    cfg = pendulum_config(folder, seed, VARIANTS[variant])
     path = write_config(cfg, folder / "config.json")
     episodes = cfg.run_dir / "episodes_bench.csv"
     log_path = folder / "roles.log"
     t0 = time.monotonic()
     steps: int | None = None
     with log_path.open("wb") as logs:
-        procs = [spawn_role("server", path, stdout=logs), spawn_role("trainer", path, stdout=logs),
-                 spawn_role("worker", path, stdout=logs, log_level="WARNING")]
+        procs = three_roles(path, logs)
         try:
             while True:
                 found = crossing(episodes, THRESHOLD, WINDOW)
