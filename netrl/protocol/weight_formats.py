@@ -301,12 +301,16 @@ def _overflow(e: Entry, w: np.ndarray, coded: np.ndarray, fmt: str) -> None:
                           "version in float32")
 
 
-class _Float16(_Parts):
-    name, rank = "float16", 1
-    promise = "relative error <= 2**-11 for |w| >= 2**-14 (float16's normal range), absolute <= 2**-25 below"
+class _Parts16(_Parts):
+    """A 16-bit format: two bytes per weight."""
 
     def part_nbytes(self, e: Entry) -> int:
         return 2 * e.size
+
+
+class _Float16(_Parts16):
+    name, rank = "float16", 1
+    promise = "relative error <= 2**-11 for |w| >= 2**-14 (float16's normal range), absolute <= 2**-25 below"
 
     def encode_part(self, e: Entry, w: np.ndarray, part: np.ndarray) -> None:
         half = part.view(np.float16)
@@ -318,12 +322,9 @@ class _Float16(_Parts):
         out[:] = part.view(np.float16)
 
 
-class _BFloat16(_Parts):
+class _BFloat16(_Parts16):
     name, rank = "bfloat16", 2
     promise = "relative error <= 2**-8 (absolute <= 2**-134 below float32's normal range, |w| < 2**-126)"
-
-    def part_nbytes(self, e: Entry) -> int:
-        return 2 * e.size
 
     def encode_part(self, e: Entry, w: np.ndarray, part: np.ndarray) -> None:
         bits = w.view(np.uint32)
