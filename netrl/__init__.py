@@ -29,7 +29,7 @@ _EXPORTS = {
     "Server": "netrl.server.server",
     "Trainer": "netrl.trainer.trainer",
     "TrainingAgent": "netrl.agents.base",
-    "TrainingOffline": "netrl.training",
+    "TrainingOffline": "netrl.training.loop",
     "load_config": "netrl.config.load",
     "partial": "netrl.util",
 }

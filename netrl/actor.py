@@ -54,7 +54,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from netrl.samples import MAX_EXTRAS, ExtraSpec, check_extra_spec, tree_map
+from netrl.samples.columns import MAX_EXTRAS, ExtraSpec, check_extra_spec, tree_map
 
 __all__ = ["ActorModule", "declared_extras"]
 

@@ -12,15 +12,15 @@ from typing import Any
 import torch
 
 from netrl.protocol.weights import load_weights, state_arrays
-from netrl.samples import Buffer
-from netrl.training import TrainingOffline
+from netrl.samples.columns import Buffer
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 
 __all__ = ["LocalSource", "run_local"]
 
 
 class LocalSource:
-    """A :class:`~netrl.training.SampleSource` that runs a local worker on demand."""
+    """A :class:`~netrl.training.loop.SampleSource` that runs a local worker on demand."""
 
     def __init__(self, worker: RolloutWorker) -> None:
         self.worker = worker

@@ -51,7 +51,7 @@ from netrl.net.keys import client_keys, keygen
 from netrl.pipelines.make import make_pipeline
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer, BufferBuilder
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 

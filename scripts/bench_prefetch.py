@@ -39,7 +39,7 @@ from netrl.memory import prefetch as prefetch_module
 from netrl.memory.prefetch import core_free
 from netrl.memory.replay import ReplayMemory
 from netrl.samples import Buffer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 
 

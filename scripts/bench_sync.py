@@ -46,7 +46,7 @@ from netrl.memory.rollout import RolloutMemory
 from netrl.samples import Batch
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 
 OBS = gymnasium.spaces.Box(-1e6, 1e6, (4,), np.float32)

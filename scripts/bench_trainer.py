@@ -6,7 +6,8 @@ Rows:
 * **mlp**: Pendulum-sized SAC (3 observations, 1 action, 256x256 MLPs), batch 256;
 * **cnn**: the image pipeline's SAC (``CNNActorCritic``: 4 stacked 64x64 frames, 2 actions), batch 64.
 
-Each netrl row runs :class:`netrl.training.TrainingOffline` (the loop the Trainer runs, with its safeguards and weight
+Each netrl row runs :class:`netrl.training.loop.TrainingOffline` (the loop the Trainer runs, with
+its safeguards and weight
 publications) on a replay memory filled beforehand with random packets of those shapes, so it never waits for
 samples, and reads the loop's own round metrics: ``steps_per_s``, ``train_fraction`` (inside ``agent.train``) and
 ``sample_fraction`` (inside ``memory.sample``). Time outside ``agent.train`` is ``1 - train_fraction``. The first
@@ -38,7 +39,7 @@ from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.memory.replay import ReplayMemory
 from netrl.samples import Buffer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/benchmarks, as bench.py finds it

@@ -15,7 +15,7 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs.gym import GenericGymEnv
 from netrl.local import run_local
 from netrl.memory.replay import ReplayMemory
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 

@@ -20,7 +20,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, ExtraSpec
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, Counter, TagActor, wait_until

@@ -26,7 +26,7 @@ from netrl.samples import Buffer, EpisodeStats
 from netrl.storage import checkpoint
 from netrl.storage.weight_files import read_weights_file
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import ACT, OBS, ListSource
@@ -129,7 +129,7 @@ def test_the_trainer_reports_its_progress_at_least_once_a_second(monkeypatch: py
     training = TrainingOffline(env_cls=(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Box(-1, 1, (1,))),
                                start_training=1000, worker_lead=100)
     clock = [100.0]
-    monkeypatch.setattr("netrl.training.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("netrl.training.loop.time.monotonic", lambda: clock[0])
     source = Source()
     for step in range(1, 6):
         training.total_updates = step
@@ -161,7 +161,7 @@ def test_a_packet_the_memory_cannot_store_is_skipped_and_counted_not_fatal(caplo
                                batch_size=4, device="cpu")
     training.build()
     assert training.memory is not None
-    with caplog.at_level(logging.ERROR, logger="netrl.training"):
+    with caplog.at_level(logging.ERROR, logger="netrl.training.loop"):
         assert training.add(image_packet(7)) == 0  # passes the schema check, but no frame decodes
     assert training.unstored == 1 and len(training.memory) == 0 and training.total_samples == 0
     assert "packet 1 of worker w (5 samples) could not be stored and is skipped" in caplog.text

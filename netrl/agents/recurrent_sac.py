@@ -31,7 +31,7 @@ from torch import nn
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
 from netrl.agents.sac import TwinQ, flat_obs, mlp, obs_dim, squashed_gaussian
-from netrl.samples import Batch, ExtraSpec, tree_map
+from netrl.samples.columns import Batch, ExtraSpec, tree_map
 
 __all__ = ["RecurrentActor", "RecurrentSACAgent"]
 

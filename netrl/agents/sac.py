@@ -46,7 +46,7 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
-from netrl.samples import Batch
+from netrl.samples.columns import Batch
 
 log = logging.getLogger(__name__)
 

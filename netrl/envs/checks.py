@@ -11,8 +11,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from netrl.limits import Bounds, ValueLimits
-from netrl.spaces import integer_range, space_kind
+from netrl.samples.spaces import integer_range, space_kind
+from netrl.samples.value_limits import Bounds, ValueLimits
 from netrl.util import takes_args
 
 __all__ = ["ACTION_MASK", "check_action", "check_observation", "check_sample_compressor", "check_spaces",

@@ -16,8 +16,8 @@ import gymnasium
 import numpy as np
 
 from netrl.errors import ConfigError
-from netrl.samples import tree_map
-from netrl.spaces import default_value
+from netrl.samples.columns import tree_map
+from netrl.samples.spaces import default_value
 
 __all__ = ["GenericGymEnv", "float32_space"]
 

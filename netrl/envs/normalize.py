@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from netrl.errors import ConfigError
-from netrl.samples import flatten
-from netrl.spaces import space_kind, storage_dtype
+from netrl.samples.columns import flatten
+from netrl.samples.spaces import space_kind, storage_dtype
 
 __all__ = ["EPS", "ObsNormalizer", "normalize_batches"]
 

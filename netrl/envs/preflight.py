@@ -29,8 +29,8 @@ from netrl.envs.checks import (
     space_problems,
     value_limits,
 )
-from netrl.samples import Buffer, BufferBuilder, flatten
-from netrl.spaces import carried_sample, default_value
+from netrl.samples.columns import Buffer, BufferBuilder, flatten
+from netrl.samples.spaces import carried_sample, default_value
 
 __all__ = ["PreflightReport", "WireCheck", "preflight", "random_action"]
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from netrl.memory.history import MAX_NEED, HistoryMemory
 from netrl.memory.views import View
-from netrl.samples import Buffer, Spec
+from netrl.samples.columns import Buffer, Spec
 
 __all__ = ["ActionBufferCompressor", "ActionBufferMemory", "act_buf_settings"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from netrl.samples import Buffer, flatten, unflatten
+from netrl.samples.columns import Buffer, flatten, unflatten
 
 __all__ = ["read_dataset", "save_dataset"]
 

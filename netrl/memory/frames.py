@@ -33,7 +33,7 @@ import numpy as np
 
 from netrl.memory.history import HistoryMemory
 from netrl.memory.views import View
-from netrl.samples import Buffer, Spec
+from netrl.samples.columns import Buffer, Spec
 
 __all__ = ["FrameCodec", "FrameStackCompressor", "FrameStackMemory", "PngStrategy", "decode_frame", "encode_frame",
            "frame_header"]

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from netrl.memory.base import MemoryDataloading
-from netrl.samples import Batch, tree_map
+from netrl.samples.columns import Batch, tree_map
 
 __all__ = ["BatchesAhead", "core_free"]
 

@@ -1,6 +1,7 @@
 """RolloutMemory: the transitions of one synchronous batch, handed to the agent all at once, in order.
 
-With ``trainer.collection: sync`` (see :mod:`netrl.sync`) the training loop stores every transition of the batch
+With ``trainer.collection: sync`` (see :mod:`netrl.training.sync`) the training loop stores every
+transition of the batch
 under collection here, calls ``agent.train(memory.sample())`` once, then :meth:`RolloutMemory.clear`. The agent (PPO)
 computes advantages from whole pieces of trajectories, so the order matters:
 
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
-from netrl.samples import Batch, Buffer, flatten, row, unflatten
+from netrl.samples.columns import Batch, Buffer, flatten, row, unflatten
 
 __all__ = ["RolloutMemory"]
 

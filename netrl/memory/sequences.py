@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.samples import Batch, tree_map
+from netrl.samples.columns import Batch, tree_map
 
 __all__ = ["check_sequence_args", "sample_sequences", "sequence_index"]
 

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from netrl.samples import Buffer, tree_map
+from netrl.samples.columns import Buffer, tree_map
 
 __all__ = ["MAX_NEED", "NEVER", "View", "ViewRule", "declared_views", "episode_offsets", "last_observations",
            "prev_actions", "prev_rewards", "segment_offsets", "sliding_rows"]

@@ -113,7 +113,8 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
                       "model": (_STR, False), "format": (_STR, False), "base": (_INT, False),
                       "encoded": (_INT, False), "crc": (_INT, False), "rank": (_INT, False),
                       "budget_s": ((float, int), False)},
-    # batch_version, batch_steps: sync collection's batch under way (netrl.sync); a WELCOME's batch_steps are those of
+    # batch_version, batch_steps: sync collection's batch under way (netrl.training.sync); a
+    # WELCOME's batch_steps are those of
     # the batch of its weights_version, so that a worker joining mid-batch waits for the next version
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True),
                        "batch_version": (_INT, False), "batch_steps": (_INT, False)},

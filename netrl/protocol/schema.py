@@ -3,7 +3,8 @@
 The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed through the pipeline's
 sample compressor, and from the extra outputs its actor declares (leaves ``extra/<name>``), and sends it to the
 server (SCHEMA message). Both check every packet against it: the act/obs trees, the extra outputs (none missing,
-none undeclared), each leaf's dtype and per-row shape, and the values (:class:`~netrl.limits.ValueLimits`):
+none undeclared), each leaf's dtype and per-row shape, and the values
+(:class:`~netrl.samples.value_limits.ValueLimits`):
 floating-point data (observations, actions, rewards, extra outputs) finite, float leaves within the bounds of the
 spaces, rewards within ``trainer.max_abs_reward``. A packet that fails names the worker, the field, the row and the
 value, and is rejected and counted; the rest of the traffic is unaffected.
@@ -24,11 +25,20 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
-from netrl.limits import ValueLimits
 from netrl.protocol.codecs import Codec
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
-from netrl.samples import EXTRA_NAME, MAX_EXTRAS, Buffer, ExtraSpec, Spec, check_extra_spec, flatten, spec_leaves
-from netrl.spaces import carried_sample
+from netrl.samples.columns import (
+    EXTRA_NAME,
+    MAX_EXTRAS,
+    Buffer,
+    ExtraSpec,
+    Spec,
+    check_extra_spec,
+    flatten,
+    spec_leaves,
+)
+from netrl.samples.spaces import carried_sample
+from netrl.samples.value_limits import ValueLimits
 
 if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
     import gymnasium
@@ -76,7 +86,8 @@ class SampleSchema:
                     sample_compressor: Callable[..., Any] | None = None,
                     limits: ValueLimits | None = None, extra: ExtraSpec | None = None) -> SampleSchema:
         """The layout of rows a worker produces for these spaces, in the dtypes leaves travel in
-        (:func:`netrl.spaces.storage_dtype`: a Discrete action is a scalar of the smallest integer dtype that holds
+        (:func:`netrl.samples.spaces.storage_dtype`: a Discrete action is a scalar of the smallest
+        integer dtype that holds
         its values), after ``sample_compressor``, if any, called once with a random row and ``info={"probe": True}``
         (a compressor that checks rows against the ones before should neither check nor count it). ``limits`` (the
         spaces' bounds) are kept for the leaves the compressor returns as it got them: one that rescales or

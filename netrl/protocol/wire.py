@@ -52,7 +52,7 @@ from netrl.protocol.messages import (
     MsgType,
     check_body,
 )
-from netrl.samples import EXTRA_NAME, MAX_EXTRAS, Buffer, EpisodeStats, flatten, spec_leaves, unflatten
+from netrl.samples.columns import EXTRA_NAME, MAX_EXTRAS, Buffer, EpisodeStats, flatten, spec_leaves, unflatten
 
 __all__ = [
     "ALLOWED_DTYPES",

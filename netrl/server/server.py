@@ -31,7 +31,8 @@ import zmq
 
 from netrl.config.sections import Config, NetworkConfig
 from netrl.errors import NetrlError, ProtocolError, VersionMismatch
-from netrl.lifecycle import Runs, ctrl_c_stops
+from netrl.lifecycle.runs import Runs, ctrl_c_stops
+from netrl.lifecycle.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import PEER_NAME, Message, MsgType, check_role
@@ -48,7 +49,6 @@ from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
 from netrl.server.weight_cache import LoggedProblem, WeightCache
 from netrl.storage.folderlock import FolderLock
-from netrl.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 
 __all__ = ["Server"]
 

@@ -1,7 +1,7 @@
 """The trainer's network thread: bundles of sample packets in, weights and progress out.
 
 :class:`TrainerLink` keeps the connection alive while training runs and is the training loop's
-:class:`~netrl.training.SampleSource`. For every bundle it receives it:
+:class:`~netrl.training.loop.SampleSource`. For every bundle it receives it:
 
 1. decodes and checks each sample packet, and drops packets it has already seen
    (:class:`~netrl.trainer.delivery.Deliveries`);
@@ -43,7 +43,7 @@ from netrl.protocol.models import POLICY
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode, weight_parts
-from netrl.samples import Buffer
+from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.encoding import Encoded, WeightEncoder
@@ -89,7 +89,7 @@ class _Snapshot:
 
 
 class TrainerLink(NetThread):
-    """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
+    """The trainer's network thread; also the training loop's :class:`~netrl.training.loop.SampleSource`."""
 
     def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
                  deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,

@@ -1,6 +1,6 @@
 """Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
 
-The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread; a network thread
+The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a network thread
 (:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
 The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
 replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
@@ -27,7 +27,9 @@ from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
 from netrl.errors import CheckpointError, NetrlError, ProtocolError
-from netrl.lifecycle import Runs, ctrl_c_stops
+from netrl.lifecycle.runs import Runs, ctrl_c_stops
+from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
+from netrl.lifecycle.torch_threads import apply_torch_threads
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
@@ -39,11 +41,9 @@ from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.segments import Position
 from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
-from netrl.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
-from netrl.torch_threads import apply_torch_threads
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import TrainerLink, trainer_label, write_failed
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 
 __all__ = ["Trainer", "TrainerLink"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from netrl.envs.checks import check_action, check_observation
 from netrl.errors import NetrlError
-from netrl.samples import EpisodeStats
+from netrl.samples.columns import EpisodeStats
 
 __all__ = ["close_net", "one_env_steps"]
 

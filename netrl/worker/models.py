@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from netrl.protocol.models import check_model_names, version_column, version_columns
-from netrl.samples import ExtraSpec
+from netrl.samples.columns import ExtraSpec
 from netrl.worker.weight_receiver import WeightReceiver
 
 __all__ = ["ExtraModels"]

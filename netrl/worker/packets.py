@@ -30,7 +30,7 @@ from netrl.protocol.wire import (
     sample_row_bytes,
     samples_message,
 )
-from netrl.samples import Buffer, BufferBuilder, EpisodeStats, ExtraSpec
+from netrl.samples.columns import Buffer, BufferBuilder, EpisodeStats, ExtraSpec
 
 __all__ = ["PacketMaker"]
 

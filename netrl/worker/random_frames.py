@@ -18,7 +18,7 @@ import gymnasium
 import numpy as np
 
 from netrl.envs.checks import ACTION_MASK
-from netrl.samples import row
+from netrl.samples.columns import row
 
 __all__ = ["RandomFrames"]
 

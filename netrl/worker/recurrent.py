@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from netrl.actor import ActorModule
-from netrl.samples import check_extra_spec
+from netrl.samples.columns import check_extra_spec
 
 __all__ = ["RecurrentStates"]
 

@@ -1,4 +1,5 @@
-"""Synchronous collection on the worker (``trainer.collection: sync``, see :mod:`netrl.sync` for the trainer's half).
+"""Synchronous collection on the worker (``trainer.collection: sync``, see
+:mod:`netrl.training.sync` for the trainer's half).
 
 The trainer announces the collection mode, ``rollout_fragment_length`` and ``batch_mode`` with every weight version
 (the WEIGHTS body's ``collect``), so the worker config does not repeat them and they cannot disagree. In sync mode

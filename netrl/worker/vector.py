@@ -32,7 +32,7 @@ import gymnasium
 import numpy as np
 
 from netrl.envs.checks import check_action, check_observation
-from netrl.samples import Buffer, EpisodeStats, concat_segments, row, tree_map
+from netrl.samples.columns import Buffer, EpisodeStats, concat_segments, row, tree_map
 from netrl.worker.packets import PacketMaker
 
 __all__ = ["VectorEnvs", "make_vector_env"]

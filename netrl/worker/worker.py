@@ -30,7 +30,9 @@ from netrl.envs.checks import check_sample_compressor, check_spaces
 from netrl.envs.guard import EnvCaller
 from netrl.envs.normalize import ObsNormalizer
 from netrl.errors import EnvFailure, NetrlError
-from netrl.lifecycle import Runs, RunStop, ctrl_c_stops
+from netrl.lifecycle.runs import Runs, RunStop, ctrl_c_stops
+from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_count, is_number, is_path, is_text, tmrl_arguments
+from netrl.lifecycle.torch_threads import apply_torch_threads
 from netrl.monitor.metrics import CsvLog
 from netrl.net.keys import ClientKeys
 from netrl.net.transport import new_session
@@ -38,12 +40,10 @@ from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weight_formats import format_names
 from netrl.protocol.wire import Codec
-from netrl.samples import EpisodeStats, check_extra_spec, tree_map
-from netrl.spaces import default_value
+from netrl.samples.columns import EpisodeStats, check_extra_spec, tree_map
+from netrl.samples.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
-from netrl.tmrl_args import TMRL_ONLY, is_count, is_number, is_path, is_text, tmrl_arguments
-from netrl.torch_threads import apply_torch_threads
 from netrl.util import version_label
 from netrl.worker.episode import close_net, one_env_steps
 from netrl.worker.link import WorkerLink

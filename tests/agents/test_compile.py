@@ -26,7 +26,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.make import make_pipeline
 from netrl.samples import Batch, Buffer
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import ListSource
 

@@ -22,7 +22,7 @@ from netrl.pipelines.base import Pipeline
 from netrl.pipelines.make import make_pipeline
 from netrl.samples import Batch
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 

@@ -22,7 +22,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.memory.rollout import RolloutMemory
 from netrl.protocol.weights import check_weights
 from netrl.samples import Buffer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import ListSource, small_config
 from tests.recording import over_the_wire

@@ -24,7 +24,7 @@ from netrl.monitor.status import format_status
 from netrl.samples import Batch
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, wait_until
 
@@ -188,7 +188,7 @@ def test_a_worker_joining_mid_batch_starts_with_the_next_version(roles: Roles) -
 
 def test_a_worker_lost_mid_batch_stalls_the_trainer_only_until_sync_timeout_s(
         roles: Roles, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "netrl.sync")
+    caplog.set_level(logging.WARNING, "netrl.training.sync")
     training = roles.trainer(frames_per_batch=80, sync_timeout_s=1.0).training
     roles.worker("stays")
     worker = roles.worker("leaves", delay=0.01)

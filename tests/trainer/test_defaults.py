@@ -19,7 +19,7 @@ from netrl.config.sections import Config
 from netrl.errors import CheckpointError
 from netrl.storage.weight_files import read_weights_file
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 

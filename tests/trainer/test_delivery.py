@@ -15,7 +15,7 @@ from netrl.protocol.wire import encode, samples_message
 from netrl.samples import Buffer
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import ACT, OBS
 

@@ -30,7 +30,7 @@ from netrl.storage.weight_files import torch_save
 from netrl.trainer.delivery import SampleLog
 from netrl.trainer.link import TrainerLink
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import small_config
 

@@ -40,7 +40,7 @@ from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import FOREIGN_VERSION_LIMIT, TrainerLink
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import small_config
 

@@ -28,7 +28,7 @@ from netrl.storage import checkpoint
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, PATIENT_NET, wait_until

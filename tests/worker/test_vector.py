@@ -226,7 +226,7 @@ def test_the_single_process_mode_trains_on_a_vector_worker() -> None:
     from netrl.agents.sac import MLPActor
     from netrl.envs.gym import GenericGymEnv
     from netrl.local import run_local
-    from netrl.training import TrainingOffline
+    from netrl.training.loop import TrainingOffline
     from netrl.util import partial
 
     env = partial(GenericGymEnv, id="Pendulum-v1")

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from netrl.samples import Buffer
+from netrl.samples.columns import Buffer
 from netrl.util import worth_logging
 
 __all__ = ["BATCH_MODES", "BatchMode", "SyncBatches", "add_packet", "check_sync", "collect_and_train"]
@@ -134,7 +134,7 @@ class SyncBatches:
 
 
 def collect_and_train(loop: Any, source: Any, stop: Any) -> dict[str, Any] | None:
-    """One iteration of a :class:`~netrl.training.TrainingOffline` in sync mode: wait for the batch of the version
+    """One iteration of a :class:`~netrl.training.loop.TrainingOffline` in sync mode: wait for the batch of the version
     published last, train on it once, clear the memory and publish the next version. Returns the agent's metrics,
     or None when ``stop`` was set first (nothing trained)."""
     sync: SyncBatches = loop.sync
@@ -170,7 +170,7 @@ def collect_and_train(loop: Any, source: Any, stop: Any) -> dict[str, Any] | Non
 
 
 def add_packet(loop: Any, buf: Buffer, new: bool) -> int:
-    """A :class:`~netrl.training.TrainingOffline` in sync mode takes a packet: the batch's version into the memory,
+    """A :class:`~netrl.training.loop.TrainingOffline` in sync mode takes a packet: the batch's version into the memory,
     the rest counted late; returns its env steps. A packet replayed from the sample log after a restart was counted
     before and belongs to a batch trained then: the new batch starts fresh."""
     assert loop.sync is not None and loop.memory is not None

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from netrl.samples import Buffer, flatten
+from netrl.samples.columns import Buffer, flatten
 
 __all__ = ["RTOL", "Bounds", "ValueLimits", "field_label"]
 

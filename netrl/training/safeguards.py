@@ -1,6 +1,7 @@
 """What the training loop refuses and undoes, so that no input can poison training for good.
 
-* A packet whose values break what the spaces and the config promise (:class:`~netrl.limits.ValueLimits`) is
+* A packet whose values break what the spaces and the config promise
+  (:class:`~netrl.samples.value_limits.ValueLimits`) is
   refused whole, named and counted; it was delivered (acknowledged, and kept in the sample log), so nobody resends it.
 * A training step whose metrics or resulting state are not finite is undone (:class:`~netrl.agents.guard.
   StateGuard`), counted and logged with the workers whose samples were in its batch; after ``max_nonfinite_steps`` of
@@ -17,8 +18,8 @@ import torch
 
 from netrl.agents.guard import StateGuard
 from netrl.errors import TrainingDiverged
-from netrl.limits import ValueLimits
-from netrl.samples import Buffer
+from netrl.samples.columns import Buffer
+from netrl.samples.value_limits import ValueLimits
 from netrl.storage.checkpoint import nonfinite_entries
 from netrl.util import count_of, worth_logging
 

@@ -46,10 +46,10 @@ from netrl.memory.history import attach_views
 from netrl.memory.prefetch import BatchesAhead
 from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
-from netrl.rounds import RoundStats
-from netrl.safeguards import Safeguards
-from netrl.samples import Batch, Buffer, tree_map
-from netrl.sync import BatchMode, SyncBatches, add_packet, collect_and_train
+from netrl.samples.columns import Batch, Buffer, tree_map
+from netrl.training.rounds import RoundStats
+from netrl.training.safeguards import Safeguards
+from netrl.training.sync import BatchMode, SyncBatches, add_packet, collect_and_train
 from netrl.util import worth_logging
 
 __all__ = ["SampleSource", "TrainingAgent", "TrainingOffline"]
@@ -127,10 +127,11 @@ class TrainingOffline:
     memory_size: int | None = None
     batch_size: int | None = None
     seed: int | None = None
-    max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.safeguards)
+    max_abs_reward: float = 1e6  # packets with larger rewards are refused (see netrl.training.safeguards)
     max_nonfinite_steps: int = 100  # non-finite training steps in a row, each undone, before TrainingDiverged (0: off)
     total_frames: int | None = None  # stop once this many samples have arrived (None: epochs decide)
-    # "sync": every batch under one weight version, trained once, in a RolloutMemory (see netrl.sync); a training
+    # "sync": every batch under one weight version, trained once, in a RolloutMemory (see
+    # netrl.training.sync); a training
     # step is then one batch
     collection: str = "async"
     frames_per_batch: int = 2048
@@ -517,7 +518,8 @@ class TrainingOffline:
         return False
 
     def _sync_step(self, source: SampleSource, stop: threading.Event) -> bool:
-        """One sync batch (see :func:`netrl.sync.collect_and_train`) as one training step; False to end the epoch
+        """One sync batch (see :func:`netrl.training.sync.collect_and_train`) as one training step;
+        False to end the epoch
         (stopped, or total_frames reached: the caller's next pass reports it)."""
         assert self.safeguards is not None and self.memory is not None
         metrics = collect_and_train(self, source, stop)
