@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ActorModule": "netrl.actor",
-    "Batch": "netrl.samples",
-    "Buffer": "netrl.samples",
+    "Batch": "netrl.samples.batch",
+    "Buffer": "netrl.samples.columns",
     "Config": "netrl.config.sections",
     "GenericGymEnv": "netrl.envs.gym",
     "MemoryDataloading": "netrl.memory.base",

@@ -14,7 +14,7 @@ from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.agents.ppo import PPOActor, PPOAgent
 from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
-from netrl.samples.columns import Batch
+from netrl.samples.batch import Batch
 
 __all__ = ["Batch", "CNNActorCritic", "DQNActor", "DQNAgent", "MLPActor", "MLPActorCritic", "ModelSpec", "PPOActor",
            "PPOAgent", "RecurrentActor", "RecurrentSACAgent", "SACAgent", "TrainingAgent"]

@@ -24,7 +24,7 @@ import torch
 
 from netrl.actor import ActorModule
 from netrl.agents.guard import find_state_tensors
-from netrl.samples.columns import Batch
+from netrl.samples.batch import Batch
 
 __all__ = ["Batch", "ModelSpec", "TrainingAgent", "has_state_dict"]
 

@@ -45,7 +45,7 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
-from netrl.samples.columns import Batch
+from netrl.samples.batch import Batch
 
 __all__ = ["MASK_KEY", "DQNActor", "DQNAgent", "DuelingQ", "ObsEncoder", "action_branches", "is_discrete"]
 

@@ -40,7 +40,8 @@ from netrl.agents.base import TrainingAgent
 from netrl.agents.compiled import CompileMode, check_compile, compile_fn, step_begin
 from netrl.agents.dqn import MASK_KEY, ObsEncoder, _mask_problem, action_branches, action_mask, is_discrete
 from netrl.agents.gae import gae, trajectory_ends
-from netrl.samples.columns import Batch, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import tree_map
 
 __all__ = ["EXTRAS", "PPOActor", "PPOAgent"]
 

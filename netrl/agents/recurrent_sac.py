@@ -31,7 +31,8 @@ from torch import nn
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
 from netrl.agents.sac import TwinQ, flat_obs, mlp, obs_dim, squashed_gaussian
-from netrl.samples.columns import Batch, ExtraSpec, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import ExtraSpec, tree_map
 
 __all__ = ["RecurrentActor", "RecurrentSACAgent"]
 

@@ -46,7 +46,7 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
-from netrl.samples.columns import Batch
+from netrl.samples.batch import Batch
 
 log = logging.getLogger(__name__)
 

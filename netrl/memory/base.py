@@ -20,7 +20,8 @@ import torch
 
 from netrl.errors import ConfigError
 from netrl.memory.dataset import read_dataset
-from netrl.samples.columns import Batch, Buffer, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, tree_map
 from netrl.util import takes_args
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,8 @@ from netrl.memory.base import (
     run_sample_preprocessor,
 )
 from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
-from netrl.samples.columns import Batch, Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
 
 __all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "attach_views", "transition_needs"]
 

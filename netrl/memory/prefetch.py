@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from netrl.memory.base import MemoryDataloading
-from netrl.samples.columns import Batch, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import tree_map
 
 __all__ = ["BatchesAhead", "core_free"]
 

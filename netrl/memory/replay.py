@@ -24,7 +24,8 @@ from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_
 from netrl.memory.nstep import nstep_windows
 from netrl.memory.priority import Priorities
 from netrl.memory.sequences import check_sequence_args, sample_sequences
-from netrl.samples.columns import Batch, Buffer, flatten, row, unflatten
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
 

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
-from netrl.samples.columns import Batch, Buffer, flatten, row, unflatten
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, flatten, row, unflatten
 
 __all__ = ["RolloutMemory"]
 

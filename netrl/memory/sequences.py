@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.samples.columns import Batch, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import tree_map
 
 __all__ = ["check_sequence_args", "sample_sequences", "sequence_index"]
 

@@ -1,5 +1,5 @@
-"""Samples as columns: what a worker packs, the wire carries and ``MemoryDataloading.append_buffer`` receives; and
-:class:`Batch`, the transitions a memory hands a ``TrainingAgent``.
+"""Samples as columns: what a worker packs, the wire carries and ``MemoryDataloading.append_buffer`` receives
+(a memory hands a ``TrainingAgent`` :class:`~netrl.samples.batch.Batch` es in turn).
 
 A worker produces one *row* per env step, tmrl style: ``(act, obs, rew, terminated, truncated, info)``, where
 ``act`` is the action that led to ``obs``. After ``reset()`` it adds a row for the first observation, flagged
@@ -35,16 +35,13 @@ worker's default action hold zeros. They travel as leaves ``extra/<name>`` and r
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "ExtraSpec", "Spec", "check_extra_spec",
+__all__ = ["Buffer", "BufferBuilder", "EpisodeStats", "ExtraSpec", "Spec", "check_extra_spec",
            "concat_segments", "flatten", "row", "tree_map", "unflatten"]
 
 Spec = Any  # str (leaf name) | list[Spec] (tuple) | dict[str, Spec]
@@ -402,49 +399,3 @@ def concat_segments(segments: list[tuple[int, Buffer]]) -> Buffer:
         extra={k: cat(*(b.extra[k] for b in bufs if b.extra is not None)) for k in bufs[0].extra} if bufs[0].extra
         else None,
     )
-
-
-class _Fields(NamedTuple):
-    obs: Any
-    act: torch.Tensor
-    rew: torch.Tensor
-    next_obs: Any
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    weight: torch.Tensor | None = None
-
-
-class Batch(_Fields):
-    """A batch of transitions, collated on the training device.
-
-    Read its fields by name (``batch.obs``, ``batch.act``...) or unpack all seven:
-    ``o, a, r, o2, terminated, truncated, weight = batch``. ``terminated`` stops bootstrapping; ``truncated`` (time
-    limit or ``max_samples_per_episode``) does not. ``weight`` is a per-transition loss weight, or None when every
-    weight is 1 (no stale samples down-weighted).
-
-    ``batch.extra`` holds further named per-transition tensors, outside the seven so that unpacking keeps working:
-    the actor's extra outputs recorded with each transition's action (``action_log_prob``, ``state_value``...; see
-    the module docstring), and what a memory adds (``traj_ids``). ``{}`` when there are none. Pass it as
-    ``Batch(o, a, r, o2, term, trunc, weight, extra={...})``; ``_replace`` keeps it.
-    """
-
-    extra: dict[str, torch.Tensor]
-
-    def __new__(cls, *fields: Any, extra: dict[str, torch.Tensor] | None = None, **named: Any) -> Batch:
-        self = super().__new__(cls, *fields, **named)
-        self.extra = {} if extra is None else extra  # tuples take no slots: it lives in the instance's __dict__
-        return self
-
-    @classmethod
-    def _make(cls, iterable: Iterable[Any]) -> Batch:  # type: ignore[override]  # mypy types NamedTuple's specially
-        return cls(*iterable)  # namedtuple's _make bypasses __new__, and so would leave no extra
-
-    def _replace(self, **changes: Any) -> Batch:
-        extra = changes.pop("extra", self.extra)
-        return Batch(*_Fields._replace(self, **changes), extra=extra)
-
-    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:  # pickle and copy keep extra
-        return tuple(self), {"extra": self.extra}
-
-    def __repr__(self) -> str:
-        return f"{_Fields.__repr__(self)[:-1].replace('_Fields', 'Batch', 1)}, extra={sorted(self.extra)})"

@@ -46,7 +46,8 @@ from netrl.memory.history import attach_views
 from netrl.memory.prefetch import BatchesAhead
 from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
-from netrl.samples.columns import Batch, Buffer, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, tree_map
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
 from netrl.training.sync import BatchMode, SyncBatches, add_packet, collect_and_train
