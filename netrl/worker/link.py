@@ -22,7 +22,7 @@ from netrl.net.thread import Command, NetThread, read_command
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
 from netrl.util import version_label, worth_logging
-from netrl.worker.sync import check_announcement
+from netrl.worker.runners.sync import check_announcement
 
 __all__ = ["WorkerLink"]
 

@@ -45,7 +45,7 @@ from netrl.samples.spaces import default_value
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
 from netrl.util import version_label
-from netrl.worker.episode import close_net, one_env_steps
+from netrl.worker.runners.one_env import close_net, one_env_steps
 from netrl.worker.link import WorkerLink
 from netrl.worker.model_files import load_model_file, save_model_file
 from netrl.worker.models import ExtraModels
@@ -54,8 +54,8 @@ from netrl.worker.packets import PacketMaker
 from netrl.worker.random_frames import RandomFrames
 from netrl.worker.recurrent import RecurrentStates
 from netrl.worker.setup import worker_from_config
-from netrl.worker.sync import SyncFragments
-from netrl.worker.vector import VectorEnvs, Vectorization, make_vector_env
+from netrl.worker.runners.sync import SyncFragments
+from netrl.worker.runners.vector import VectorEnvs, Vectorization, make_vector_env
 from netrl.worker.weight_receiver import ModelReceivers, WeightReceiver
 
 __all__ = ["RolloutWorker"]
@@ -110,7 +110,7 @@ class RolloutWorker:
             ``python -m netrl``: inference on small inputs gains nothing from more, and they compete with the env.
         env_timeout_factor, env_timeout_min_s: when an env call counts as hung (:mod:`netrl.envs.guard`).
         on_env_failure: what a hung env call or a dead env thread does: "stop" (raise EnvFailure) or "reset".
-        num_envs: envs this worker runs, stepped together in one Gymnasium vector env (:mod:`netrl.worker.vector`):
+        num_envs: envs this worker runs, stepped together in one Gymnasium vector env (:mod:`netrl.worker.runners.vector`):
             the actor must take batches (see :mod:`netrl.actor`).
         vectorization: "sync" (the envs step one after another in this process) or "async" (a process per env).
         init_random_frames: act uniformly at random from the action space until the trainer holds this many samples

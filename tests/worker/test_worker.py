@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-import netrl.worker.episode
+import netrl.worker.runners.one_env
 import netrl.worker.worker
 from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
@@ -579,7 +579,7 @@ def test_a_first_action_that_does_not_fit_the_space_names_actor_module_act(actio
 
 def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     checks: list[str] = []
-    loop = netrl.worker.episode  # the one-env episode loop
+    loop = netrl.worker.runners.one_env  # the one-env episode loop
     real_obs, real_act = loop.check_observation, loop.check_action
     monkeypatch.setattr(loop, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
     monkeypatch.setattr(loop, "check_action", lambda *a: checks.append("act") or real_act(*a))

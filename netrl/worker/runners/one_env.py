@@ -1,6 +1,6 @@
 """The control path's one-env episode loop, and the account a worker gives of its samples as it closes.
 
-A worker with several envs steps them in :mod:`netrl.worker.vector` instead. Both take the
+A worker with several envs steps them in :mod:`netrl.worker.runners.vector` instead. Both take the
 :class:`~netrl.worker.worker.RolloutWorker` as ``w`` (typed Any: the worker imports this module).
 """
 
