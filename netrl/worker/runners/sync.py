@@ -1,24 +1,28 @@
 """Synchronous collection on the worker (``trainer.collection: sync``, see
 :mod:`netrl.training.sync` for the trainer's half).
 
-The trainer announces the collection mode, ``rollout_fragment_length`` and ``batch_mode`` with every weight version
-(the WEIGHTS body's ``collect``), so the worker config does not repeat them and they cannot disagree. In sync mode
-the control path, for each version v it takes:
+The trainer announces the collection mode, ``rollout_fragment_length`` and ``batch_mode`` with every
+weight version (the WEIGHTS body's ``collect``), so the worker config does not repeat them and they
+cannot disagree. In sync mode the control path, for each version v it takes:
 
-1. collects a *fragment*: ``rollout_fragment_length`` vector steps of every env under v (no weight swap meanwhile);
-   with ``complete_episodes`` an env then runs on to the end of its episode and waits, recording nothing, while
-   the others finish theirs (its steps meanwhile are dropped and it starts the next fragment with a reset);
-2. sends what it holds (the fragment's last packet; a fragment longer than ``min_samples_per_worker_packet`` rows
-   per env leaves in several packets, which the trainer's RolloutMemory joins);
-3. waits, stepping no env (the network thread keeps the heartbeats going), until it holds a version newer than v.
+1. collects a *fragment*: ``rollout_fragment_length`` vector steps of every env under v (no weight
+   swap meanwhile); with ``complete_episodes`` an env then runs on to the end of its episode and
+   waits, recording nothing, while the others finish theirs (its steps meanwhile are dropped and it
+   starts the next fragment with a reset);
+2. sends what it holds (the fragment's last packet; a fragment longer than
+   ``min_samples_per_worker_packet`` rows per env leaves in several packets, which the trainer's
+   RolloutMemory joins);
+3. waits, stepping no env (the network thread keeps the heartbeats going), until it holds a version
+newer than v.
 
-A worker that joins while the trainer's batch of the cached version already holds samples (its WELCOME says how
-many) skips that version and starts with the next: its fragment would most likely arrive after the batch is full,
-and be counted late. When the batch holds none yet (the trainer just started, or every worker is still
-collecting), it takes the version: skipping it could leave the trainer with no worker collecting for it.
+A worker that joins while the trainer's batch of the cached version already holds samples (its
+WELCOME says how many) skips that version and starts with the next: its fragment would most likely
+arrive after the batch is full, and be counted late. When the batch holds none yet (the trainer just
+started, or every worker is still collecting), it takes the version: skipping it could leave the
+trainer with no worker collecting for it.
 
-A real-time env (rtgym) pauses between fragments: the wait is a pause of its control loop, as rtgym's ``wait()``
-between episodes, so its step timing starts again with the next fragment.
+A real-time env (rtgym) pauses between fragments: the wait is a pause of its control loop, as
+rtgym's ``wait()`` between episodes, so its step timing starts again with the next fragment.
 """
 
 from __future__ import annotations
@@ -26,54 +30,58 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from netrl.util import version_label
+from netrl.worker.link import WorkerLink
+from netrl.worker.policy import PolicyHandle
+from netrl.worker.sink import PacketSink
 
-__all__ = ["SyncFragments", "check_announcement"]
+__all__ = ["SyncFragments"]
 
 log = logging.getLogger("netrl.worker.worker")
 
 
-def check_announcement(collect: Any) -> str | None:
-    """What is wrong with a WEIGHTS body's ``collect`` field, or None."""
-    if not isinstance(collect, dict) or collect.get("mode") not in ("sync", "async"):
-        return f"collect must be a map with mode sync or async (got {collect!r:.80})"
-    if collect["mode"] == "sync":
-        fragment = collect.get("fragment")
-        if type(fragment) is not int or not 1 <= fragment <= 1 << 30:
-            return f"collect.fragment must be an integer between 1 and 2**30 (got {fragment!r:.40})"
-        if collect.get("batch_mode") not in ("truncate_episodes", "complete_episodes"):
-            mode = collect.get("batch_mode")
-            return f"collect.batch_mode must be truncate_episodes or complete_episodes (got {mode!r:.40})"
-    return None
-
-
 class SyncFragments:
-    """A worker's fragments in sync mode: when to keep its version, when to send and wait for the next."""
+    """A worker's fragments in sync mode: when to keep its version, when to send and wait for the
+    next.
 
-    def __init__(self, worker: Any, num_envs: int) -> None:  # a RolloutWorker (which imports this module)
-        self.worker, self.n = worker, num_envs
+    Takes the worker's ``policy`` (whose versions it waits for and swaps in), its ``sink`` (which
+    sends each fragment) and ``check`` (raises once the network thread cannot go on); :attr:`link`
+    is the network thread (None: no server, never sync), :attr:`reset_parked` a vector runner's
+    reset of the envs that waited.
+    """
+
+    def __init__(self, worker_id: str, num_envs: int, policy: PolicyHandle, sink: PacketSink,
+                 check: Callable[[], None]) -> None:
+        self.worker_id, self.n = worker_id, num_envs
+        self.policy, self.sink, self.check = policy, sink, check
+        self.link: WorkerLink | None = None
+        self.reset_parked: Callable[[np.ndarray], None] | None = None
         self.version: int | None = None  # the version of the fragment under way (None: none)
         self.last = -1  # the version of the last fragment sent: the next takes a newer one
         self.steps = 0  # vector steps of the fragment under way
-        self.parked = np.zeros(num_envs, np.bool_)  # complete_episodes: envs done with this fragment
+        # complete_episodes: envs done with this fragment
+        self.parked = np.zeros(num_envs, np.bool_)
         self.wait_s = 0.0  # in all, waiting for weights
         self.last_wait_s = 0.0
         self.waiting = False
         self.fragments = 0
         self.first: int | None = None  # the version of this worker's first fragment
-        self.collect_s = 0.0  # in all, collecting fragments (from a fragment's start to its last packet)
+        # in all, collecting fragments (from a fragment's start to its last packet)
+        self.collect_s = 0.0
         self._started = 0.0
         self.skipped: int | None = None  # a version skipped on joining mid-batch
-        self._joined: tuple[str, int] | None = None  # the server session and version of the join decided last
+        # the server session and version of the join decided last
+        self._joined: tuple[str, int] | None = None
 
     @property
     def announcement(self) -> dict[str, Any] | None:
-        net = self.worker.net
-        return None if net is None else net.collect
+        link = self.link
+        return None if link is None else link.collect
 
     @property
     def active(self) -> bool:
@@ -89,29 +97,35 @@ class SyncFragments:
         """Whether env ``i`` records its steps (a parked env does not)."""
         return not (self.holding and self.parked[i])
 
+    def swap(self) -> None:
+        """Between two env steps: the newest weights, unless a fragment holds its version."""
+        if not self.holding:
+            self.policy.swap()
+
     def before_step(self, stop: threading.Event) -> bool:
-        """Before a (vector) step: start a fragment if none is under way, waiting for a newer version; False on
-        stop."""
+        """Before a (vector) step: start a fragment if none is under way, waiting for a newer
+        version; False on stop."""
         if self.version is not None:
             return True
-        w = self.worker
         candidate = self._wait_for_version(stop)
         if candidate is None:
             return False
-        w._swap_weights(force=True)
-        self.version, self.steps = w.version, 0
+        policy = self.policy
+        policy.swap()
+        self.version, self.steps = policy.version, 0
         if self.first is None:
-            self.first = w.version
+            self.first = policy.version
         self._started = time.monotonic()
-        if self.parked.any():  # complete_episodes: envs that waited start their next episode now (one env starts
-            if w.vec is not None:  # it anyway: its episode loop resets it)
-                w.vec.reset_envs(self.parked)
+        # complete_episodes: envs that waited start their next episode now (one env
+        if self.parked.any():
+            if self.reset_parked is not None:  # starts it anyway: its episode loop resets it)
+                self.reset_parked(self.parked)
             self.parked[:] = False
         return True
 
     def after_step(self, ended: np.ndarray) -> None:
-        """After a step of the fragment under way, with the envs whose episode ended in it: send the fragment once
-        it is complete."""
+        """After a step of the fragment under way, with the envs whose episode ended in it: send the
+        fragment once it is complete."""
         if self.version is None:
             return
         collect = self.announcement
@@ -123,47 +137,42 @@ class SyncFragments:
             self.parked |= ended
             if not self.parked.all():
                 return
-        self.worker._send_packet()
+        self.sink.send()
         self.collect_s += time.monotonic() - self._started
         self.fragments += 1
         self.last, self.version = self.version, None
 
-    def _newest(self) -> int:
-        w = self.worker
-        pending = w.weights.slot.pending_version() if w.weights is not None else None
-        return max(w.version, -1 if pending is None else pending)
-
     def _skips(self, version: int) -> bool:
-        """Whether ``version`` is the one the server cached when this worker joined, and the trainer's batch of it
-        already held samples then (see the module docstring)."""
-        net = self.worker.net
-        welcome = net.link.welcome if net is not None else {}
+        """Whether ``version`` is the one the server cached when this worker joined, and the
+        trainer's batch of it already held samples then (see the module docstring)."""
+        welcome = self.link.link.welcome if self.link is not None else {}
         key = (welcome.get("server_session", ""), int(welcome.get("weights_version", -1)))
         if self._joined == key:
             return False  # decided on this connection already
         self._joined = key
         if version == key[1] and int(welcome.get("batch_steps", 0)) > 0 and self.last < version:
             self.skipped = version
-            log.info("worker %s joined while the trainer's batch of weights %s already held %d env steps: it starts "
-                     "with the next version", self.worker.worker_id, version_label(version), welcome["batch_steps"])
+            log.info("worker %s joined while the trainer's batch of weights %s already held %d env "
+                     "steps: it "
+                     "starts with the next version", self.worker_id, version_label(version), welcome["batch_steps"])
             return True
         return False
 
     def _wait_for_version(self, stop: threading.Event) -> int | None:
-        """Wait (no env step) until the worker holds a version newer than its last fragment's, and one it does not
-        skip; that version, or None on stop."""
-        w = self.worker
+        """Wait (no env step) until the worker holds a version newer than its last fragment's, and
+        one it does not skip; that version, or None on stop."""
+        weights = self.policy.weights
         started = time.monotonic()
         self.waiting = True
         try:
             while not stop.is_set():
-                w._check_net()
-                newest = self._newest()
+                self.check()
+                newest = self.policy.newest()
                 if newest > self.last and newest != self.skipped and not self._skips(newest):
                     return newest
-                if w.weights is not None:
-                    w.weights.slot.arrived.wait(0.05)
-                    w.weights.slot.arrived.clear()
+                if weights is not None:
+                    weights.slot.arrived.wait(0.05)
+                    weights.slot.arrived.clear()
                 else:
                     stop.wait(0.05)
             return None
@@ -171,8 +180,8 @@ class SyncFragments:
             self.waiting = False
             self.last_wait_s = time.monotonic() - started
             self.wait_s += self.last_wait_s
-            if w.net is not None:
-                w.net.sync_stats = self.stats()
+            if self.link is not None:
+                self.link.sync_stats = self.stats()
 
     def stats(self) -> dict[str, Any]:
         """For the worker's heartbeats (and so the server's --status)."""
