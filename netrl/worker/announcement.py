@@ -19,5 +19,6 @@ def check_announcement(collect: Any) -> str | None:
             return f"collect.fragment must be an integer between 1 and 2**30 (got {fragment!r:.40})"
         if collect.get("batch_mode") not in ("truncate_episodes", "complete_episodes"):
             mode = collect.get("batch_mode")
-            return f"collect.batch_mode must be truncate_episodes or complete_episodes (got {mode!r:.40})"
+            return ("collect.batch_mode must be truncate_episodes or complete_episodes "
+                    f"(got {mode!r:.40})")
     return None

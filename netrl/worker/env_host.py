@@ -40,8 +40,8 @@ class EnvHost:
     """The env a worker steps (``calls.env``), and what happens when a call to it fails."""
 
     def __init__(self, env_cls: Callable[[], Any], num_envs: int, vectorization: Vectorization,
-                 worker_id: str,
-                 timeout_factor: float, timeout_min_s: float, on_failure: Literal["stop", "reset"]) -> None:
+                 worker_id: str, timeout_factor: float, timeout_min_s: float,
+                 on_failure: Literal["stop", "reset"]) -> None:
         self.env_cls, self.num_envs, self.worker_id = env_cls, num_envs, worker_id
         self._make = env_cls if num_envs == 1 else partial(make_vector_env, env_cls, num_envs,
                                                            vectorization)
@@ -60,7 +60,7 @@ class EnvHost:
         self.env = self.calls.env
 
     def close(self, forget: bool = False) -> None:
-        """Close the env (and, with ``forget``, let go of it: a failed start leaves no env behind)."""
+        """Close the env (and, with ``forget``, let go of it: a failed start leaves no env)."""
         calls = self.calls
         if forget:
             self.calls = self.env = None

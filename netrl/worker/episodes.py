@@ -55,12 +55,12 @@ class Episodes:
         episode = self._logged_episodes + self.done
         if self.log is not None:
             self.log.write({"time": time.time(), "episode": episode, "env": stats.env,
-                            "test": int(stats.test),
-                            "return": stats.ret, "length": stats.length,
+                            "test": int(stats.test), "return": stats.ret, "length": stats.length,
                             "env_steps": self._logged_steps + produced, "policy_version": version})
         log.log(self.level, "%s episode %d%s: return %.1f over %d steps (policy %s)",
-                "test" if stats.test else "training", episode, f" (env {stats.env})" if self.n > 1 else "",
-                stats.ret, stats.length, version_label(version))
+                "test" if stats.test else "training", episode,
+                f" (env {stats.env})" if self.n > 1 else "", stats.ret, stats.length,
+                version_label(version))
 
     def next_episode(self, i: int) -> None:
         """Env ``i`` starts its next episode: a test episode after every ``test_interval`` training

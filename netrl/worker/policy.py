@@ -88,7 +88,8 @@ class PolicyHandle:
         self.weights, self.link = weights, link
 
     def swap(self) -> None:
-        """Take the newest version received (between two env steps; never within a sync fragment)."""
+        """Take the newest version received (between two env steps; never within a sync
+        fragment)."""
         if self.weights is None:
             return
         ready = self.weights.slot.swap(self.actor)
@@ -109,7 +110,8 @@ class PolicyHandle:
         in between two env steps, as the actor is."""
         if name not in self.models.current:
             raise KeyError(f"worker {self.worker_id} has no model {name!r}; its models: "
-                           f"{sorted(self.models.current)} (RolloutWorker(models={{name: module}}))")
+                           f"{sorted(self.models.current)} "
+                           "(RolloutWorker(models={name: module}))")
         return self.models.current[name]
 
     def obs(self, obs: Any) -> Any:

@@ -144,12 +144,10 @@ class WorkerSettings:
         delay = self.max_packet_delay_s
         if delay is not None and not delay > 0:
             raise ValueError("max_packet_delay_s must be > 0, or None to wait for "
-                             "min_samples_per_worker_packet "
-                             f"rows (got {delay})")
+                             f"min_samples_per_worker_packet rows (got {delay})")
         if self.torch_threads is not None and not 1 <= self.torch_threads <= 1024:
             raise ValueError("torch_threads must be between 1 and 1024, or None to leave torch's "
-                             "setting "
-                             f"(got {self.torch_threads!r})")
+                             f"setting (got {self.torch_threads!r})")
         # the server refuses it
         if self.worker_id is not None and not PEER_NAME.fullmatch(self.worker_id):
             raise ValueError(f"worker_id {self.worker_id!r} is not a valid name: use "
@@ -169,8 +167,7 @@ class WorkerSettings:
                 near = difflib.get_close_matches(name, [*names, "server_ip"], n=1)
                 hint = f' (did you mean "{near[0]}"?)' if near else ""
                 raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}; its "
-                                f"settings are "
-                                f"WorkerSettings' fields: {', '.join(names)}")
+                                f"settings are WorkerSettings' fields: {', '.join(names)}")
         base = base or cls()
         server_ip = keywords.pop("server_ip", None)
         if server_ip is not None:
@@ -190,25 +187,27 @@ class WorkerSettings:
         w = cfg.worker
         if w.throttle and pipeline.realtime:
             log.info("worker.throttle is ignored: the %s pipeline's env runs in real time, and "
-                     "pausing it would "
-                     "change what it learns", cfg.env.pipeline)
+                     "pausing it would change what it learns", cfg.env.pipeline)
+        longest = w.max_samples_per_episode
         return cls(
-            device=w.device, network=cfg.network, server_port=cfg.network.worker_port, worker_id=worker_id,
-            min_samples_per_worker_packet=w.min_samples_per_worker_packet,
-            max_samples_per_episode=math.inf if w.max_samples_per_episode is None else w.max_samples_per_episode,
+            device=w.device, network=cfg.network, server_port=cfg.network.worker_port,
+            worker_id=worker_id, min_samples_per_worker_packet=w.min_samples_per_worker_packet,
+            max_samples_per_episode=math.inf if longest is None else longest,
             model_path=str(cfg.run_dir / f"worker_policy_{worker_id}.pt"),
-            model_path_history=str(cfg.run_dir / f"worker_policy_{worker_id}"), model_history=w.model_history,
+            model_path_history=str(cfg.run_dir / f"worker_policy_{worker_id}"),
+            model_history=w.model_history,
             overlap=pipeline.overlap, throttle=w.throttle and not pipeline.realtime,
             max_packet_delay_s=w.max_packet_delay_s, compression=w.compression,
             max_backlog_bytes=w.max_backlog_bytes, send_window_bytes=w.send_window_bytes,
             flush_timeout_s=w.flush_timeout_s, seed=worker_seed(cfg.seed, worker_id),
             episode_log=str(cfg.run_dir / f"episodes_{worker_id}.csv"),
-            keys=client_keys(cfg.keys_dir, "worker",
-                             worker_id) if cfg.security == "curve" else None,
+            keys=(client_keys(cfg.keys_dir, "worker", worker_id) if cfg.security == "curve"
+                  else None),
             status_interval_s=cfg.status_interval_s, env_timeout_factor=w.env_timeout_factor,
             env_timeout_min_s=w.env_timeout_min_s, on_env_failure=pipeline.on_env_failure,
-            num_envs=w.num_envs, vectorization=w.vectorization, init_random_frames=w.init_random_frames,
-            run_dir=cfg.run_dir, torch_threads=cfg.torch_threads, normalize_obs=cfg.env.normalize_obs,
+            num_envs=w.num_envs, vectorization=w.vectorization,
+            init_random_frames=w.init_random_frames, run_dir=cfg.run_dir,
+            torch_threads=cfg.torch_threads, normalize_obs=cfg.env.normalize_obs,
             normalize_obs_clip=cfg.env.normalize_obs_clip)
 
     def resolved(self) -> WorkerSettings:
@@ -223,6 +222,5 @@ class WorkerSettings:
         if history is None and model_path:
             history = str(Path(model_path).with_suffix("")) + "_history"
         return dataclasses.replace(self, worker_id=worker_id, model_path=model_path,
-                                   episode_log=episode_log,
-                                   model_path_history=history)
+                                   episode_log=episode_log, model_path_history=history)
 

@@ -40,19 +40,16 @@ class PacketSink:
     """
 
     def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int,
-                 max_delay_s: float | None,
-                 compression: Codec, max_message_bytes: int, sample_compressor: Callable[..., Any] | None,
-                 num_envs: int) -> None:
+                 max_delay_s: float | None, compression: Codec, max_message_bytes: int,
+                 sample_compressor: Callable[..., Any] | None, num_envs: int) -> None:
         self.worker_id, self.session = worker_id, session
         self.sample_compressor = sample_compressor
         self.packets = PacketMaker(worker_id, session, min_samples, overlap, max_delay_s,
-                                   compression,
-                                   max_message_bytes, sample_compressor)
-        # several envs: their rows go to per-env makers; self.packets only numbers and encodes the
-        # packets
+                                   compression, max_message_bytes, sample_compressor)
+        # several envs: their rows go to per-env makers; self.packets only numbers and encodes
         self.env_makers = [PacketMaker(worker_id, session, min_samples, overlap, max_delay_s,
-                                       compression,
-                                       max_message_bytes, _own_copy(sample_compressor, i), num_envs)
+                                       compression, max_message_bytes,
+                                       _own_copy(sample_compressor, i), num_envs)
                            for i in range(num_envs)] if num_envs > 1 else None
         self.makers = self.env_makers or [self.packets]  # the makers rows go to
         self.produced = 0  # env steps recorded for training
@@ -95,10 +92,11 @@ class PacketSink:
         n = len(self.env_makers)
         return {**{k: v * n for k, v in self.env_makers[0].bounds().items()}, "num_envs": n}
 
-    # -- the control path --------------------------------------------------------------------------
+    # -- the control path
+    # -------------------------------------------------------------------------------------
     def record(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool,
-               info: dict[str, Any],
-               reset: bool, version: int, extra: dict[str, Any] | None = None) -> None:
+               info: dict[str, Any], reset: bool, version: int,
+               extra: dict[str, Any] | None = None) -> None:
         """One env's row (a reset row starts an episode; ``version``: the weights that chose
         ``act``); the packet leaves once it is due."""
         self.packets.add(act, obs, rew, terminated, truncated, info, reset, version,
@@ -115,8 +113,7 @@ class PacketSink:
         (:meth:`due`)."""
         networked = i == 0 and self.local is None and self.link is not None  # env 0 checks for all
         self.makers[i].add(act, obs, rew, terminated, truncated, info, reset, version,
-                           networked=networked,
-                           extra=extra)
+                           networked=networked, extra=extra)
         if not reset:
             self.produced += 1
 
@@ -157,19 +154,19 @@ class PacketSink:
     def pending_episodes(self) -> list[EpisodeStats]:
         return [e for m in self.makers for e in m.pending_episodes]
 
-    # -- closing -----------------------------------------------------------------------------------
+    # -- closing
+    # ----------------------------------------------------------------------------------------------
     def close(self, net: WorkerLink, flush_timeout_s: float) -> None:
         """Hand over the last rows, wait up to ``flush_timeout_s`` for their acknowledgement, stop
         the network thread, and log what became of this session's samples."""
         unsent, lost = self.unsent_transitions, 0
         if self.pending_episodes and not unsent:  # e.g. after a final test episode
             log.info("worker %s: the stats of its last %d episodes stay in its episode log: no "
-                     "samples are left "
-                     "to carry them to the trainer", self.worker_id, len(self.pending_episodes))
+                     "samples are left to carry them to the trainer", self.worker_id,
+                     len(self.pending_episodes))
         try:
             self.send()
-        # its network thread had stopped (e.g. the server refused this worker)
-        except NetrlError as exc:
+        except NetrlError as exc:  # its network thread had stopped (the server refused the worker?)
             lost = unsent
             log.warning("worker %s could not hand over its last %d samples: %s", self.worker_id,
                         unsent, exc)
@@ -180,26 +177,29 @@ class PacketSink:
         unacked_packets, unacked = net.unacknowledged()
         unacked += lost
         self.samples_unacknowledged = unacked
-        level = logging.WARNING if unacked or c["dropped_samples"] or c["rejected_samples"] else logging.INFO
+        troubled = unacked or c["dropped_samples"] or c["rejected_samples"]
         spooled = (f"; {c['spooled_samples']} of the acknowledged samples are spooled at the "
-                   f"server (safe on "
-                   "its disk: the trainer gets them when it catches up)") if c["spooled_samples"] else ""
-        log.log(level,
-                "worker %s session %s: %d samples produced in %d packets; %d acknowledged, %d dropped, "
-                "%d rejected, %d unacknowledged%s", self.worker_id, self.session, self.produced, self.seq,
-                c["acked_samples"], c["dropped_samples"], c["rejected_samples"], unacked, spooled)
+                   "server (safe on its disk: the trainer gets them when it catches up)"
+                   ) if c["spooled_samples"] else ""
+        log.log(logging.WARNING if troubled else logging.INFO,
+                "worker %s session %s: %d samples produced in %d packets; %d acknowledged, "
+                "%d dropped, %d rejected, %d unacknowledged%s", self.worker_id, self.session,
+                self.produced, self.seq, c["acked_samples"], c["dropped_samples"],
+                c["rejected_samples"], unacked, spooled)
         held, held_samples = len(net.held), sum(net.backlog[seq].steps for seq in net.held)
         # the server refused them for the trainer's layout, and no trainer with theirs came in time
         if held:
             log.warning("worker %s stopped with %d packets (%d samples) it kept for a trainer with "
-                        "their sample "
-                        "layout, which the server refused for the trainer's (%s): they are lost with this "
-                        "session", self.worker_id, held, held_samples, net.last_held_reason)
+                        "their sample layout, which the server refused for the trainer's (%s): "
+                        "they "
+                        "are lost with this session", self.worker_id, held, held_samples,
+                        net.last_held_reason)
         if not flushed and unacked_packets > held:
             log.warning("worker %s stopped with %d packets (%d samples) unacknowledged: the server "
-                        "had neither "
-                        "spooled them nor delivered them to the trainer, so they are lost if they did not reach "
-                        "it or if it stops before the trainer takes them", self.worker_id,
+                        "had neither spooled them nor delivered them to the trainer, so they are "
+                        "lost if they did not reach it or if it stops before the trainer takes "
+                        "them",
+                        self.worker_id,
                         unacked_packets - held, unacked - lost - held_samples)
 
 
@@ -212,5 +212,5 @@ def _own_copy(compressor: Callable[..., Any] | None, i: int) -> Callable[..., An
         return copy.deepcopy(compressor)
     except Exception as exc:  # e.g. it holds a lock or a file
         raise ValueError(f"the sample compressor {compressor!r} cannot be copied ({exc}), and each "
-                         f"of the "
-                         "worker.num_envs envs needs its own: make it copyable, or set worker.num_envs = 1") from None
+                         "of the worker.num_envs envs needs its own: make it copyable, or set "
+                         "worker.num_envs = 1") from None

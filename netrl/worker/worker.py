@@ -24,7 +24,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Generator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from netrl.samples.columns import EpisodeStats
 from netrl.storage.folderlock import FolderLock
 from netrl.worker.env_host import EnvHost
 from netrl.worker.episodes import Episodes
+from netrl.worker.forward import Via as _Via
 from netrl.worker.link import WorkerLink
 from netrl.worker.model_files import ModelFiles
 from netrl.worker.names import claim_worker_id
@@ -60,33 +61,14 @@ log = logging.getLogger(__name__)
 
 # today's tmrl RolloutWorker's order by position (netrl's is older tmrl's, up to obs_preprocessor)
 TMRL_WORKER_ORDER = ("env_cls", "actor_module_cls", "sample_compressor", "device",
-                     "max_samples_per_episode",
-                     "model_path", "obs_preprocessor", "crc_debug", "model_path_history", "model_history",
-                     "standalone", "server_ip", "server_port", "password")
+                     "max_samples_per_episode", "model_path", "obs_preprocessor", "crc_debug",
+                     "model_path_history", "model_history", "standalone", "server_ip",
+                     "server_port", "password")
 _AFTER_OBS_PREPROCESSOR = ("tmrl has crc_debug next, which netrl does not take, so netrl takes "
-                           "none of the later "
-                           "ones by position (taken one place early, each value would land in the wrong "
-                           "parameter)")
+                           "none of the later ones by position (taken one place early, each "
+                           "value would land in the wrong parameter)")
 _TMRL_POSITIONAL = ("device", "server_ip", "min_samples_per_worker_packet",
-                    "max_samples_per_episode",
-                    "model_path")
-
-T = TypeVar("T")
-
-
-class _Via(Generic[T]):
-    """An attribute of the worker that is an attribute of one of its parts (tmrl-style and older
-    code reads ``worker.version``, ``worker.produced``...)."""
-
-    def __init__(self, part: str, name: str) -> None:
-        self.part, self.name = part, name
-
-    def __get__(self, worker: Any, owner: type | None = None) -> T:
-        return getattr(getattr(worker, self.part), self.name)
-
-    def __set__(self, worker: Any, value: T) -> None:
-        setattr(getattr(worker, self.part), self.name, value)
-
+                    "max_samples_per_episode", "model_path")
 
 class RolloutWorker:
     """Collects samples with the current policy and streams them to the server (tmrl's arguments).
@@ -137,18 +119,17 @@ class RolloutWorker:
     standalone = _Via[bool]("settings", "standalone")
 
     @tmrl_arguments("RolloutWorker", TMRL_WORKER_ORDER, TMRL_ONLY, _AFTER_OBS_PREPROCESSOR, {
-        "server_ip": (is_text,
-                      "a string or None"), "min_samples_per_worker_packet": (is_count,
-                                                                             "an integer"),
-        "max_samples_per_episode": (is_number, "a number"), "model_path": (is_path,
-                                                                           "a path or None"),
+        "server_ip": (is_text, "a string or None"),
+        "min_samples_per_worker_packet": (is_count, "an integer"),
+        "max_samples_per_episode": (is_number, "a number"),
+        "model_path": (is_path, "a path or None"),
         "obs_preprocessor": (lambda f: f is None or callable(f), "a function or None")})
     def __init__(self, env_cls: Callable[[], Any], actor_module_cls: Callable[..., Any],
                  sample_compressor: Callable[..., Any] | None = None, device: str | None = None,
                  server_ip: str | None = None, min_samples_per_worker_packet: int | None = None,
                  max_samples_per_episode: float | None = None, model_path: str | None = None,
-                 obs_preprocessor: Callable[...,
-                                            Any] | None = None, *, settings: WorkerSettings | None = None,
+                 obs_preprocessor: Callable[..., Any] | None = None, *,
+                 settings: WorkerSettings | None = None,
                  models: Mapping[str, torch.nn.Module] | None = None, **options: Any) -> None:
         given = dict(zip(_TMRL_POSITIONAL, (device, server_ip, min_samples_per_worker_packet,
                                             max_samples_per_episode, model_path), strict=True))
@@ -159,8 +140,8 @@ class RolloutWorker:
         # the trainer's statistics are of raw observations
         if s.normalize_obs and obs_preprocessor is not None:
             raise ValueError("env.normalize_obs is true and the worker has an obs_preprocessor: "
-                             "normalise inside "
-                             "the obs_preprocessor instead, or set env.normalize_obs to false")
+                             "normalise inside the obs_preprocessor instead, or set "
+                             "env.normalize_obs to false")
         self.env_cls, self.actor_module_cls = env_cls, actor_module_cls
         self.sample_compressor, self.obs_preprocessor = sample_compressor, obs_preprocessor
         assert s.worker_id is not None  # (resolved)
@@ -168,12 +149,10 @@ class RolloutWorker:
         self.host = EnvHost(env_cls, n, s.vectorization, self.worker_id, s.env_timeout_factor,
                             s.env_timeout_min_s, s.on_env_failure)
         self.policy = PolicyHandle(self.worker_id, n, obs_preprocessor, models,
-                                   s.init_random_frames,
-                                   s.standalone, s.seed)
+                                   s.init_random_frames, s.standalone, s.seed)
         self.sink = PacketSink(self.worker_id, self.session, s.min_samples_per_worker_packet,
-                               s.overlap,
-                               s.max_packet_delay_s, s.compression, s.network.max_message_bytes,
-                               sample_compressor, n)
+                               s.overlap, s.max_packet_delay_s, s.compression,
+                               s.network.max_message_bytes, sample_compressor, n)
         self.pacer = Pacer(self.worker_id, s.throttle, n, self.policy, self.sink)
         self.sync = self.pacer.sync  # active while the trainer announces sync collection
         self.episodes = Episodes(self.worker_id, s.episode_log, n)
@@ -182,14 +161,13 @@ class RolloutWorker:
                       s.max_samples_per_episode, s.seed)
         self.runner: EnvRunner = VectorRunner(parts, n) if n > 1 else OneEnvRunner(parts)
         self.net: WorkerLink | None = None
-        self._runs = Runs(lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: "
-                                             f"its env and "
-                                             "network thread are gone; create a new one"),
-                          lambda runner: NetrlError(f"worker {self.worker_id} is already running "
-                                                    f"in "
-                                                    f"{runner.name}: only one thread may step its env; to "
-                                                    "collect in parallel, create a RolloutWorker for each "
-                                                    "thread"))
+        self._runs = Runs(
+            lambda: NetrlError(f"this RolloutWorker ({self.worker_id}) is closed: its env and "
+                               "network thread are gone; create a new one"),
+            lambda runner: NetrlError(f"worker {self.worker_id} is already running in "
+                                      f"{runner.name}: only one thread may step its env; to "
+                                      "collect in parallel, create a RolloutWorker for each "
+                                      "thread"))
         self._started = False
         # from_config's: keeps worker_id this process's in the run folder
         self.name_lock: FolderLock | None = None
@@ -214,7 +192,8 @@ class RolloutWorker:
             torch.manual_seed(worker.settings.seed)
         return worker
 
-    # -- lifecycle ---------------------------------------------------------------------------------
+    # -- lifecycle
+    # ------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Build the env and actor, load ``model_path`` if present, and connect (unless standalone).
         Does nothing on a started worker (a second env and network thread would be left running);
@@ -227,8 +206,8 @@ class RolloutWorker:
         self.host.open()
         try:
             self._build()
-        # e.g. the actor's constructor raised: a second start() would build another env
-        except BaseException:
+        except BaseException:  # e.g. the actor's constructor raised: a second start() builds
+            # another env beside it
             self.host.close(forget=True)
             raise
         self._started = True
@@ -236,11 +215,11 @@ class RolloutWorker:
     def _build(self) -> None:
         """start() once the env exists: the actor, its saved weights and the network thread (started
         last)."""
-        s, policy, obs_space, act_space = self.settings, self.policy, self.observation_space, self.action_space
+        s, policy = self.settings, self.policy
+        obs_space, act_space = self.observation_space, self.action_space
         check_spaces(obs_space, act_space)
         log.info("worker %s: observation space %s, action space %s%s", self.worker_id, obs_space,
-                 act_space,
-                 f", {s.num_envs} envs ({s.vectorization})" if s.num_envs > 1 else "")
+                 act_space, f", {s.num_envs} envs ({s.vectorization})" if s.num_envs > 1 else "")
         self.episodes.resume()
         actor = self.actor_module_cls(obs_space, act_space).to(s.device)
         actor.eval()
@@ -261,9 +240,8 @@ class RolloutWorker:
                                  self.files.save if s.model_path else None)
         receivers = ModelReceivers({"policy": weights, **policy.models.make_receivers()})
         net = WorkerLink(s.network, self.worker_id, self.session, s.server_port, s.keys,
-                         s.max_backlog_bytes,
-                         s.send_window_bytes, self.sink.count, receivers, s.status_interval_s,
-                         lambda: self.episodes.last_return, receivers.ack)
+                         s.max_backlog_bytes, s.send_window_bytes, self.sink.count, receivers,
+                         s.status_interval_s, lambda: self.episodes.last_return, receivers.ack)
         net.num_envs = s.num_envs
         net.weight_stats = receivers.stats()  # a policy loaded from model_path, until weights come
         net.link.hello_extra = {**self.sink.bounds(), "paced": self.pacer.throttle,
@@ -305,7 +283,8 @@ class RolloutWorker:
                 if self.name_lock is not None:  # the name is free for this worker's restart
                     self.name_lock.release()
 
-    # -- the control path --------------------------------------------------------------------------
+    # -- the control path
+    # -----------------------------------------------------------------------------------
     def run(self, test_episode_interval: int = 0, nb_episodes: int | None = None,
             stop: threading.Event | None = None) -> None:
         """Run training episodes (plus one test episode after every ``test_episode_interval``) until
@@ -339,8 +318,8 @@ class RolloutWorker:
         finally:
             self._runs.leave()
 
-    def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None,
-                                                                            EpisodeStats | None]:
+    def episode_steps(self, test: bool,
+                      stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         """One episode as a generator that yields after every env step (the single-process mode
         drives it).
 

@@ -38,10 +38,11 @@ class Parts:
     steps by."""
 
     def __init__(self, host: EnvHost, policy: PolicyHandle, pacer: Pacer, sink: PacketSink,
-                 episodes: Episodes,
-                 standalone: bool, max_samples_per_episode: float, seed: int | None) -> None:
-        self.host, self.policy, self.pacer, self.sink, self.episodes = host, policy, pacer, sink, episodes
-        self.standalone, self.max_samples_per_episode, self.seed = standalone, max_samples_per_episode, seed
+                 episodes: Episodes, standalone: bool, max_samples_per_episode: float,
+                 seed: int | None) -> None:
+        self.host, self.policy, self.pacer, self.sink = host, policy, pacer, sink
+        self.episodes, self.standalone, self.seed = episodes, standalone, seed
+        self.max_samples_per_episode = max_samples_per_episode
 
 
 class EnvRunner(ABC):
@@ -54,8 +55,8 @@ class EnvRunner(ABC):
         self.seed = parts.seed
 
     @abstractmethod
-    def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None,
-                                                                            EpisodeStats | None]:
+    def episode_steps(self, test: bool,
+                      stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         """Env steps as a generator that yields after each, until an episode ends (its stats) or
         ``stop`` (None)."""
 

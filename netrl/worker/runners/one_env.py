@@ -35,8 +35,8 @@ class OneEnvRunner(EnvRunner):
     def restart(self) -> None:
         """Nothing to do: the next episode starts with a reset."""
 
-    def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None,
-                                                                            EpisodeStats | None]:
+    def episode_steps(self, test: bool,
+                      stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         """One episode, yielding after every env step; its stats, or None when ``stop`` interrupted
         it."""
         policy, sink, sync, calls = self.policy, self.sink, self.sync, self.host.calls
@@ -47,8 +47,7 @@ class OneEnvRunner(EnvRunner):
                                seed=self.seed if self.episodes.done == 0 else None)
         if not self.checked:
             check_observation(obs, env.observation_space,
-                              "the first observation from the env's reset()",
-                              env.action_space)
+                              "the first observation from the env's reset()", env.action_space)
         if collect:
             sink.record(self.host.default_action(), obs, 0.0, False, False, info, True,
                         policy.version)
@@ -65,8 +64,8 @@ class OneEnvRunner(EnvRunner):
             obs, rew, terminated, truncated, info = calls.call("step", env.step, act)
             if not self.checked:
                 check_observation(obs, env.observation_space,
-                                  "the observation from the env's first step()",
-                                  act_space, bool(terminated))
+                                  "the observation from the env's first step()", act_space,
+                                  bool(terminated))
                 self.checked = True
             length += 1
             ret += float(rew)

@@ -153,8 +153,8 @@ class SyncFragments:
         if version == key[1] and int(welcome.get("batch_steps", 0)) > 0 and self.last < version:
             self.skipped = version
             log.info("worker %s joined while the trainer's batch of weights %s already held %d env "
-                     "steps: it "
-                     "starts with the next version", self.worker_id, version_label(version), welcome["batch_steps"])
+                     "steps: it starts with the next version", self.worker_id,
+                     version_label(version), welcome["batch_steps"])
             return True
         return False
 

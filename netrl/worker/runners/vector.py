@@ -75,16 +75,15 @@ class VectorRunner(EnvRunner):
         row follows)."""
         self.obs = None
 
-    def episode_steps(self, test: bool, stop: threading.Event) -> Generator[None, None,
-                                                                            EpisodeStats | None]:
+    def episode_steps(self, test: bool,
+                      stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         """Vector steps until an episode of one of the envs ends, which it returns (the envs'
         episodes go on in the next call); test episodes then come from
         ``run(test_episode_interval)`` alone."""
         if test:
             raise ValueError(f"worker {self.policy.worker_id} runs {self.n} envs: each runs its "
-                             f"own test "
-                             "episodes, one after every test_episode_interval of its training episodes (run()); "
-                             "run_episode(test=True) is for one env")
+                             "own test episodes, one after every test_episode_interval of its "
+                             "training episodes (run()); run_episode(test=True) is for one env")
         return self._steps(stop)
 
     def _steps(self, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
@@ -99,7 +98,8 @@ class VectorRunner(EnvRunner):
     def step(self) -> list[EpisodeStats]:
         """One step of every env (resetting them all first if needed); the episodes that ended in
         it."""
-        calls, policy, sink, sync, eps = self.host.calls, self.policy, self.sink, self.sync, self.episodes
+        calls, policy, sink, sync = self.host.calls, self.policy, self.sink, self.sync
+        eps = self.episodes
         assert calls is not None
         env = calls.env
         if self.obs is None:
@@ -128,8 +128,7 @@ class VectorRunner(EnvRunner):
             last = final[i] if autoreset and has_final is not None and has_final[i] else row(obs, i)
             if not self._checked:
                 check_observation(last, self.host.observation_space,
-                                  f"the observation from env {i}'s first "
-                                  "step()", space, term)
+                                  f"the observation from env {i}'s first " "step()", space, term)
             if eps.length[i] >= self.max_samples and not autoreset:
                 # a forced reset is a time limit: the trainer still bootstraps
                 trunc = cut_short[i] = True
@@ -141,10 +140,9 @@ class VectorRunner(EnvRunner):
             if stats is not None and not self.standalone:
                 sink.episode_ended(stats, i)
             if self._collects(i):
+                extra = None if extras is None else {k: v[i] for k, v in extras.items()}
                 sink.record_env(i, row(acts, i), last, float(rew[i]), term, trunc,
-                                _env_info(info, i), version,
-                                extra=None if extras is None else {k: v[i] for k,
-                                                                   v in extras.items()})
+                                _env_info(info, i), version, extra=extra)
             if stats is not None:
                 ended.append(stats)
                 eps.ended(stats, sink.produced, policy.version)
@@ -182,7 +180,8 @@ class VectorRunner(EnvRunner):
         for i in range(self.n):
             if not self._checked:
                 check_observation(row(obs, i), self.host.observation_space,
-                                  f"the first observation from env {i}'s reset()", self.host.action_space)
+                                  f"the first observation from env {i}'s reset()",
+                                  self.host.action_space)
             self._start(i, row(obs, i), _env_info(info, i))
         self.obs = obs
 
@@ -221,8 +220,8 @@ class VectorRunner(EnvRunner):
         assert out is not None
         return out, extras
 
-    def _choose(self, obs: Any, test: bool, idx: np.ndarray) -> tuple[np.ndarray,
-                                                                      dict[str, np.ndarray] | None]:
+    def _choose(self, obs: Any, test: bool,
+                idx: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
         """Envs ``idx``'s actions and extra outputs: random ones for training episodes while
         worker.init_random_frames asks for them (extras: zeros, but a recurrent state, which
         advances, is the one that entered), else the actor's (its first batch checked, also when
