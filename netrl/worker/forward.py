@@ -3,7 +3,7 @@ parts (tmrl-style scripts, the single-process mode) reads ``worker.version``, ``
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 __all__ = ["Via"]
 
@@ -16,8 +16,8 @@ class Via(Generic[T]):
     def __init__(self, part: str, name: str) -> None:
         self.part, self.name = part, name
 
-    def __get__(self, worker: Any, owner: type | None = None) -> T:
-        return getattr(getattr(worker, self.part), self.name)
+    def __get__(self, obj: object, owner: type | None = None) -> T:
+        return getattr(getattr(obj, self.part), self.name)  # type: ignore[no-any-return]
 
-    def __set__(self, worker: Any, value: T) -> None:
-        setattr(getattr(worker, self.part), self.name, value)
+    def __set__(self, obj: object, value: T) -> None:
+        setattr(getattr(obj, self.part), self.name, value)
