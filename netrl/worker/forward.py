@@ -17,7 +17,7 @@ class Via(Generic[T]):
         self.part, self.name = part, name
 
     def __get__(self, obj: object, owner: type | None = None) -> T:
-        return getattr(getattr(obj, self.part), self.name)  # type: ignore[no-any-return]
+        return getattr(getattr(obj, self.part), self.name)
 
     def __set__(self, obj: object, value: T) -> None:
         setattr(getattr(obj, self.part), self.name, value)
