@@ -22,8 +22,9 @@ import zmq
 from netrl import __version__
 from netrl.config.sections import NetworkConfig
 from netrl.net.transport import Liveness
+from netrl.protocol.checks import MAX_ENVS
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.wire import MAX_ENVS, encode
+from netrl.protocol.wire import encode
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets
