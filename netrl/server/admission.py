@@ -21,7 +21,7 @@ import zmq
 
 from netrl import __version__
 from netrl.config.sections import NetworkConfig
-from netrl.net.transport import Liveness
+from netrl.net.liveness import Liveness
 from netrl.protocol.checks import MAX_ENVS
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode
