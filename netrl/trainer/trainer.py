@@ -42,7 +42,8 @@ from netrl.storage.folderlock import FolderLock
 from netrl.storage.segments import Position
 from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
 from netrl.trainer.delivery import Deliveries, SampleLog
-from netrl.trainer.link import TrainerLink, trainer_label, write_failed
+from netrl.trainer.link import TrainerLink, write_failed
+from netrl.trainer.status_line import trainer_label
 from netrl.training.loop import TrainingOffline
 
 __all__ = ["Trainer", "TrainerLink"]
