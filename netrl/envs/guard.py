@@ -164,6 +164,7 @@ class EnvCaller:
     def _raise_failure(self, kind: str) -> None:
         failure = self._failure
         if failure is not None:
+            self.stuck = True  # found before or after a call too: the env is not to be used again
             raise EnvFailure(f"{failure} (found during env.{kind}())") from failure.__cause__
 
     def thread_died(self, name: str, text: str, exc: BaseException | None) -> None:
