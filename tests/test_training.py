@@ -54,7 +54,8 @@ def test_local_training_holds_the_update_to_data_ratio() -> None:
     assert training.total_updates <= 2.0 * training.total_samples
     assert training.total_samples <= max(64, training.total_updates / 2) + 8 + 4
     assert sum(r["episodes"] for r in rounds) >= 1 and rounds[0]["lag_max"] is not None
-    assert worker.version == training.version  # published weights reached the worker
+    assert training.publisher is not None
+    assert worker.version == training.publisher.version  # published weights reached the worker
     assert np.isfinite(rounds[-1]["loss_critic"])
 
 
@@ -161,9 +162,10 @@ def test_a_packet_the_memory_cannot_store_is_skipped_and_counted_not_fatal(caplo
                                batch_size=4, device="cpu")
     training.build()
     assert training.memory is not None
-    with caplog.at_level(logging.ERROR, logger="netrl.training.loop"):
+    with caplog.at_level(logging.ERROR, logger="netrl.training"):
         assert training.add(image_packet(7)) == 0  # passes the schema check, but no frame decodes
-    assert training.unstored == 1 and len(training.memory) == 0 and training.total_samples == 0
+    assert training.ingester is not None and training.ingester.unstored == 1
+    assert len(training.memory) == 0 and training.total_samples == 0
     assert "packet 1 of worker w (5 samples) could not be stored and is skipped" in caplog.text
     assert "neither valid PNG nor JPEG" in caplog.text
     assert training.add(image_packet(None)) == 5 and len(training.memory) == 5  # the next one is stored

@@ -44,6 +44,8 @@ from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import TrainerLink, trainer_label, write_failed
 from netrl.training.loop import TrainingOffline
+from netrl.training.settings import TrainingSettings
+from netrl.util import partial
 
 __all__ = ["Trainer", "TrainerLink"]
 
@@ -147,20 +149,15 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> Trainer:
-        t, m = cfg.trainer, cfg.memory
-        training_cls = lambda: TrainingOffline(  # noqa: E731
-            env_cls=pipeline.env_cls, memory_cls=pipeline.memory_cls, training_agent_cls=pipeline.training_agent_cls,
-            epochs=t.epochs, rounds=t.rounds, steps=t.steps, update_model_interval=t.update_model_interval,
+        t = cfg.trainer
+        training_cls = partial(  # tmrl's parameters, then netrl's settings
+            TrainingOffline, pipeline.env_cls, pipeline.memory_cls, pipeline.training_agent_cls,
+            epochs=t.epochs, rounds=t.rounds, steps=t.steps,
+            update_model_interval=t.update_model_interval,
             update_buffer_interval=t.update_buffer_interval,
-            max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
-            device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
-            stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
-            seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps,
-            total_frames=t.total_frames, collection=t.collection, frames_per_batch=t.frames_per_batch,
-            rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
-            sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, memory_device=m.device,
-            compile=t.compile, normalize_obs=cfg.env.normalize_obs, normalize_obs_clip=cfg.env.normalize_obs_clip,
-            normalize_obs_every=cfg.env.normalize_obs_every)
+            max_training_steps_per_env_step=t.max_training_steps_per_env_step,
+            start_training=t.start_training, device=t.device,
+            settings=TrainingSettings.from_config(cfg))
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
@@ -217,9 +214,11 @@ class Trainer:
         apply_torch_threads(self.torch_threads, trainer_label(self.name))  # before the agent and memory are built
         self.training = training = self.training_cls()
         training.build()
-        training.add_models(self.models, "Trainer(models=...)")
-        check_model_names(training.extra_models, f"the models {type(training.agent).__name__}.extra_models() and "
-                          "Trainer(models=...) declare")
+        publisher = training.publisher
+        assert publisher is not None
+        publisher.add_models(self.models, "Trainer(models=...)")
+        check_model_names(publisher.models, f"the models {type(training.agent).__name__}"
+                          ".extra_models() and Trainer(models=...) declare")
         self._lock.acquire()  # creates the folder
         self._check_model_path()
         remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
@@ -231,7 +230,8 @@ class Trainer:
         if training.epoch >= training.epochs or training.frames_done():
             done, setting = ((f"{training.epoch} of {int(training.epochs)} epochs", "epochs")
                              if training.epoch >= training.epochs else
-                             (f"{training.total_samples} samples of total_frames {training.total_frames}",
+                             (f"{training.total_samples} samples of total_frames "
+                              f"{training.settings.total_frames}",
                               "total_frames"))
             log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the %s "
                         "(Python: TrainingOffline(%s=...); config.json: trainer.%s); to start a new run, choose "
@@ -249,13 +249,13 @@ class Trainer:
                                           self.sample_compressor if probe is None else probe,
                                           guards.limits if guards is not None else None,
                                           {**declared_extras(training.agent.get_actor() if training.agent else None),
-                                           **version_columns(training.extra_models)})
+                                           **version_columns(publisher.models)})
         if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
             guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
                                      self._record_version, self.weight_format, self.weight_budget_s)
-        net.version = training.version
+        net.version = publisher.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
             schema.leaves)), f"server.max_rows_per_packet is {rows}, in the trainer's config too")
@@ -275,12 +275,14 @@ class Trainer:
         if training.frames_done() and not stop.is_set():  # (saved just above)
             log.info("%s finished: trainer.total_frames reached (%d env steps arrived from all workers together, of "
                      "%d) after %d training steps", trainer_label(self.name), training.total_samples,
-                     training.total_frames, training.total_updates)
+                     training.settings.total_frames, training.total_updates)
 
     def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
         """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is
         set meanwhile (a log of a million image rows takes minutes): then it returns at once, with the memory and
         the deliveries part-built, and the caller must neither train nor save."""
+        publisher = training.publisher
+        assert publisher is not None  # (built)
         saved = checkpoint.load_checkpoint(self.run_dir) if self.resume else None
         if not self.resume and (checkpoint.exists(self.run_dir) or (self.run_dir / "samples").exists()):
             raise CheckpointError(f"{self.run_dir} already holds a checkpoint or sample log and trainer.resume is "
@@ -291,11 +293,11 @@ class Trainer:
             self._load_agent(training, agent_state, state.get("agent_state", "full"))
             training.load_state(state)
         deliveries = Deliveries(state.get("deliveries"))
-        _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
+        publisher.number_after(checkpoint.published_version(self.run_dir), "this run sent out")
         for model, newest in checkpoint.published_models(self.run_dir).items():
-            if model in training.extra_models and newest > training.model_versions.get(model, 0):
-                training.model_versions[model] = newest  # no number names two versions of a model either
-        self._published = {POLICY: training.version, **training.model_versions}
+            if model in publisher.models and newest > publisher.model_versions.get(model, 0):
+                publisher.model_versions[model] = newest  # no number names two of its versions
+        self._published = {POLICY: publisher.version, **publisher.model_versions}
         held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
         if not self.persist_samples:
             if held:
@@ -303,7 +305,7 @@ class Trainer:
                             "it held at the checkpoint are lost (the server and workers do not send them again)",
                             held)
             return deliveries, None
-        memory_size = training.memory_size
+        memory_size = training.settings.memory_size
         assert memory_size is not None  # build() resolved it
         sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
         at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
@@ -348,7 +350,7 @@ class Trainer:
                         "%d of the %d transitions it held at the checkpoint: the missing ones are lost (they were "
                         "acknowledged, so nobody sends them again)", self.run_dir / "samples",
                         len(training.memory) if training.memory is not None else 0, held)
-        _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
+        publisher.number_after(newest, "in the sample log")  # e.g. another run's, with workers
         return deliveries, sample_log
 
     def _check_model_path(self) -> None:
@@ -412,8 +414,9 @@ class Trainer:
     def _progress(self) -> tuple[Any, ...]:
         """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
         t, net = self.training, self.net
-        assert t is not None
-        return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
+        assert t is not None and t.publisher is not None
+        return (t.epoch, t.total_updates, t.total_samples, t.publisher.version,
+                net.ingested if net is not None else None)
 
     def _save(self) -> None:
         guards = self.training.safeguards if self.training is not None else None
@@ -427,7 +430,7 @@ class Trainer:
     def checkpoint(self) -> None:
         """Save agent, counters, weight version, sample-log position and delivery state (atomically)."""
         training, net = self.training, self.net
-        if training is None or training.agent is None or net is None:
+        if training is None or training.agent is None or training.publisher is None or net is None:
             return
         state = {**training.state(), "memory_len": len(training.memory) if training.memory is not None else 0,
                  "log_position": list(net.ingested) if net.ingested is not None else None,
@@ -444,7 +447,8 @@ class Trainer:
             raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
                                   "previous checkpoint is intact") from None
         log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
-                 training.epoch, training.total_updates, training.version, state["memory_len"])
+                 training.epoch, training.total_updates, training.publisher.version,
+                 state["memory_len"])
 
     def _number_actor(self, training: TrainingOffline) -> None:
         """Give the actor a version of its own before it is saved, so that no number names two actors: published
@@ -455,23 +459,25 @@ class Trainer:
                 return
             except NetrlError:  # the network thread has stopped
                 pass
-        training.version = max(training.version, self.net.taken_version() if self.net else -1) + 1
-        self._record_version(training.version)
-        training.published_updates = training.total_updates
+        publisher = training.publisher
+        assert publisher is not None
+        publisher.version = max(publisher.version, self.net.taken_version() if self.net else -1) + 1
+        self._record_version(publisher.version)
+        publisher.published_updates = training.total_updates
 
     def save_policy(self) -> None:
         """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
         training = self.training
-        if training is None or training.agent is None:
+        if training is None or training.agent is None or training.publisher is None:
             return
-        if training.published_updates != training.total_updates:  # trained since the version it last sent
+        if training.publisher.published_updates != training.total_updates:  # trained since its last
             self._number_actor(training)
         bad = checkpoint.nonfinite_entries(training.agent.get_actor().state_dict())
         if bad:  # the loop undoes non-finite steps: this agent changed its actor where StateGuard could not see it
             raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold NaN or infinity; "
                                   f"{self.model_path} keeps the last finite one. Make the agent's state_tensors() list "
                                   "every tensor its train() changes")
-        meta = {"version": training.version, "trained_steps": training.total_updates,
+        meta = {"version": training.publisher.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
                 "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}  # whose policy it is: _check_model_path
         try:
@@ -529,20 +535,15 @@ class Trainer:
         else:
             policy = f"policy saved to {self.model_path}"
         guards = self.training.safeguards if self.training else None
+        ingester = self.training.ingester if self.training else None
+        unstored = ingester.unstored if ingester is not None else 0
         log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
                  "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
                  "steps undone (not finite)",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
-                 stats["rejected"], self.training.unstored if self.training else 0, malformed, stats["duplicates"],
+                 stats["rejected"], unstored, malformed, stats["duplicates"],
                  guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
         if failed is not None and raise_errors:
             raise failed
 
-
-def _number_after(training: TrainingOffline, version: int, source: str) -> None:
-    """Continue the weight version numbering after ``version`` if it is newer: no number may name two actors."""
-    if version > training.version:
-        log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
-                 training.version)
-        training.version = version
