@@ -2,11 +2,11 @@
 
 The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a network thread
 (:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
-The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
-replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
-continues the weight version numbering after the newest version it ever sent out (noted in the run folder before
-each send: see :mod:`netrl.storage.checkpoint`) and, once connected, after the newest the server or a worker has seen
-(see :mod:`netrl.trainer.link`).
+The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint,
+rebuilds the replay memory by replaying the sample log, so every sample a worker produced enters the
+memory exactly once, and continues the weight version numbering after the newest version it ever
+sent out (noted in the run folder before each send: see :mod:`netrl.trainer.resume`) and, once
+connected, after the newest the server or a worker has seen (see :mod:`netrl.trainer.link`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from netrl.actor import declared_extras
 from netrl.agents.base import ModelSpec
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
-from netrl.errors import CheckpointError, NetrlError, ProtocolError
+from netrl.errors import CheckpointError, NetrlError
 from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
 from netrl.lifecycle.torch_threads import apply_torch_threads
@@ -36,13 +34,13 @@ from netrl.net.transport import new_session
 from netrl.protocol.models import POLICY, check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weight_formats import formats_for
-from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sample_row_bytes
+from netrl.protocol.wire import PacketLimits, sample_row_bytes
 from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
-from netrl.storage.segments import Position
-from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
+from netrl.storage.weight_files import remove_stale_temps, write_weights_file
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import TrainerLink, trainer_label, write_failed
+from netrl.trainer.resume import agent_state, check_model_path, restore
 from netrl.training.loop import TrainingOffline
 from netrl.training.settings import TrainingSettings
 from netrl.util import partial
@@ -220,7 +218,7 @@ class Trainer:
         check_model_names(publisher.models, f"the models {type(training.agent).__name__}"
                           ".extra_models() and Trainer(models=...) declare")
         self._lock.acquire()  # creates the folder
-        self._check_model_path()
+        check_model_path(self.model_path, self.run_dir)
         remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
         deliveries, sample_log = self._restore(training, stop)
         if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
@@ -277,97 +275,14 @@ class Trainer:
                      "%d) after %d training steps", trainer_label(self.name), training.total_samples,
                      training.settings.total_frames, training.total_updates)
 
-    def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
-        """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is
-        set meanwhile (a log of a million image rows takes minutes): then it returns at once, with the memory and
-        the deliveries part-built, and the caller must neither train nor save."""
-        publisher = training.publisher
-        assert publisher is not None  # (built)
-        saved = checkpoint.load_checkpoint(self.run_dir) if self.resume else None
-        if not self.resume and (checkpoint.exists(self.run_dir) or (self.run_dir / "samples").exists()):
-            raise CheckpointError(f"{self.run_dir} already holds a checkpoint or sample log and trainer.resume is "
-                                  "false: set trainer.resume to true to continue that run, or choose another run_name")
-        state: dict[str, Any] = {}
-        if saved is not None:
-            agent_state, state = saved
-            self._load_agent(training, agent_state, state.get("agent_state", "full"))
-            training.load_state(state)
-        deliveries = Deliveries(state.get("deliveries"))
-        publisher.number_after(checkpoint.published_version(self.run_dir), "this run sent out")
-        for model, newest in checkpoint.published_models(self.run_dir).items():
-            if model in publisher.models and newest > publisher.model_versions.get(model, 0):
-                publisher.model_versions[model] = newest  # no number names two of its versions
-        self._published = {POLICY: publisher.version, **publisher.model_versions}
-        held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
-        if not self.persist_samples:
-            if held:
-                log.warning("trainer.persist_samples is off, so the replay memory starts empty: the %d transitions "
-                            "it held at the checkpoint are lost (the server and workers do not send them again)",
-                            held)
-            return deliveries, None
-        memory_size = training.settings.memory_size
-        assert memory_size is not None  # build() resolved it
-        sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
-        at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
-        restored = after = newest = 0
-        matched = at_checkpoint is None
-
-        def reached() -> None:
-            assert training.memory is not None
-            log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
-                     len(training.memory), held)
-
-        for rec in sample_log.read():
-            if stop.is_set():
-                log.info("stopped while rebuilding the replay memory (%d samples read): nothing was trained, and the "
-                         "next start rebuilds it from the start of the sample log", restored + after)
-                return deliveries, sample_log
-            try:
-                # as on arrival; a log an older netrl wrote holds older protocol versions
-                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes, stored=True))
-            except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
-                log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
-                continue
-            buf.recv_version = int(rec.meta["recv_version"])
-            newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
-            new = at_checkpoint is None or rec.position >= at_checkpoint
-            if new and not matched:  # the first record after the checkpoint, with a damaged one just before it
-                matched = True
-                reached()
-            steps = training.add(buf, new=new)
-            deliveries.add(buf.worker, buf.seq)
-            restored += 0 if new else steps
-            after += steps if new else 0
-            if not new and rec.next == at_checkpoint:
-                matched = True
-                reached()
-        if restored or after:
-            log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
-                     "received after it; memory holds %d transitions", restored, after,
-                     len(training.memory) if training.memory is not None else 0)
-        if not matched and held:  # e.g. samples/ deleted or not copied with checkpoint/, or its end damaged
-            log.warning("the sample log in %s does not reach the checkpoint's position, so the replay memory holds "
-                        "%d of the %d transitions it held at the checkpoint: the missing ones are lost (they were "
-                        "acknowledged, so nobody sends them again)", self.run_dir / "samples",
-                        len(training.memory) if training.memory is not None else 0, held)
-        publisher.number_after(newest, "in the sample log")  # e.g. another run's, with workers
-        return deliveries, sample_log
-
-    def _check_model_path(self) -> None:
-        """Refuse a ``model_path`` outside the run folder that holds a policy another run saved: each save would
-        overwrite that run's trained policy (its checkpoint keeps the agent, but not where a user looks for it)."""
-        run_dir = self.run_dir.resolve()
-        path = self.model_path.resolve()
-        if path.is_relative_to(run_dir) or not path.exists():
-            return
-        owner = policy_run_dir(path)
-        if owner == str(run_dir):
-            return
-        saved_by = f"the run in {owner}" if owner else "another run or program (its sidecar names no run folder)"
-        raise CheckpointError(f"model_path {self.model_path} holds a policy saved by {saved_by}, and this trainer "
-                              f"(run folder {self.run_dir}) would overwrite it with its own: leave model_path out to "
-                              f"save under the run folder ({self.run_dir / 'policy.pt'}), give another path, or move "
-                              "that file away first")
+    def _restore(self, training: TrainingOffline, stop: threading.Event
+                 ) -> tuple[Deliveries, SampleLog | None]:
+        """The checkpoint and the sample log into ``training`` (see :mod:`netrl.trainer.resume`)."""
+        restored = restore(training, self.run_dir, resume=self.resume,
+                           persist_samples=self.persist_samples, fsync=self.fsync,
+                           max_message_bytes=self.network.max_message_bytes, stop=stop)
+        self._published = restored.published
+        return restored.deliveries, restored.sample_log
 
     def _record_version(self, version: int, model: str = POLICY) -> None:
         """Note a weight version (of the policy, or of another ``model``) in the run folder before it is sent (see
@@ -380,36 +295,6 @@ class Trainer:
         except OSError as exc:
             raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
                                   f"; v{version} was not sent, so no number names two actors") from None
-
-    @staticmethod
-    def _load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:
-        """Restore the agent: all of it (``kind`` "full"), or only its actor when the checkpoint was saved from an
-        agent without ``state_dict`` ("actor")."""
-        agent = training.agent
-        assert agent is not None
-        name = type(agent).__name__
-        if kind == "full" and training.agent_has_state:
-            try:
-                agent.load_state_dict(agent_state)
-            except (RuntimeError, KeyError, ValueError) as exc:  # e.g. other layer sizes, or another env's spaces
-                detail = "; ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): the model or the env "
-                                      "changed since it was saved; revert that change to resume, or start a new run "
-                                      "(--run-name, config.json: run_name)") from None
-            return
-        if kind == "full":
-            log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): the agent starts "
-                        "afresh (the counters still continue)", name)
-            return
-        actor = agent.get_actor()
-        try:
-            actor.load_state_dict(agent_state.get("actor", {}))
-        except (RuntimeError, AttributeError) as exc:
-            log.warning("the checkpoint's actor does not fit %s's actor, which starts afresh: %s", name, exc)
-            return
-        log.warning("the checkpoint holds only the actor's weights (saved from an agent without state_dict()): "
-                    "restored them into %s's actor; the rest of %s (critics, target networks, optimisers) starts "
-                    "afresh", name, name)
 
     def _progress(self) -> tuple[Any, ...]:
         """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
@@ -436,13 +321,9 @@ class Trainer:
                  "log_position": list(net.ingested) if net.ingested is not None else None,
                  "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
                  "config": self.config, "agent_state": "full" if training.agent_has_state else "actor"}
-        if training.agent_has_state:
-            agent_state = training.agent.state_dict()
-        else:  # an agent without state_dict() (see TrainingOffline.build): its actor's weights are what is known
-            actor = training.agent.get_actor()
-            agent_state = {"actor": actor.state_dict()} if isinstance(actor, torch.nn.Module) else {}
         try:
-            path = checkpoint.save_checkpoint(self.run_dir, agent_state, state, self.fsync)
+            path = checkpoint.save_checkpoint(self.run_dir, agent_state(training), state,
+                                              self.fsync)
         except OSError as exc:
             raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
                                   "previous checkpoint is intact") from None
@@ -479,7 +360,8 @@ class Trainer:
                                   "every tensor its train() changes")
         meta = {"version": training.publisher.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
-                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}  # whose policy it is: _check_model_path
+                # whose policy it is (see check_model_path)
+                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}
         try:
             write_weights_file(self.model_path, training.agent.get_actor(), meta)
         except OSError as exc:
