@@ -268,6 +268,7 @@ class TrainingOffline:
             self._round.started = time.monotonic() - self._resumed_elapsed
             self._resumed_elapsed = None
         first_round, first_step = self.round, self.round_steps  # mid-epoch after a resume
+        draw = batches.next  # the hot loop: bound once
         for rnd in range(first_round, self.rounds):
             self.round, self.round_steps = rnd, first_step if rnd == first_round else 0
             for step in range(self.round_steps, self.steps):
@@ -285,7 +286,7 @@ class TrainingOffline:
                 publisher.publish_due(source, self.total_updates)
                 if profiler:
                     profiler.enable()
-                batch, metrics = self._train(batches.next)  # gathered as the last step trained
+                batch, metrics = self._train(draw)  # gathered while the last step trained
                 if profiler:
                     profiler.disable()
                 self.round_steps += 1  # a step undone takes its place in the round, trains nothing
