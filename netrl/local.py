@@ -41,7 +41,7 @@ class LocalSource:
                 next(self._episode)
             except StopIteration:
                 self._episode = None
-        w._send_packet()  # hand over whatever was produced, even a partial packet
+        w.sink.send()  # hand over whatever was produced, even a partial packet
         assert w.local_packets is not None
         out, w.local_packets[:] = list(w.local_packets), []
         return out

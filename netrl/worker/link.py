@@ -22,7 +22,7 @@ from netrl.net.thread import Command, NetThread, read_command
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
 from netrl.util import version_label, worth_logging
-from netrl.worker.sync import check_announcement
+from netrl.worker.announcement import check_announcement
 
 __all__ = ["WorkerLink"]
 
@@ -95,7 +95,7 @@ class WorkerLink(NetThread):
         self.flushing = threading.Event()  # set by flush(): the worker is stopping, so reconnect without back-off
         self._told_flushing = False  # the server knows, on this connection, that this worker is stopping
         self.weight_stats: dict[str, Any] = {}
-        # the trainer's collection announcement, from the newest weights (netrl.worker.sync); None: none heard
+        # the trainer's collection announcement, from the newest weights (netrl.worker.runners.sync); None: none heard
         self.collect: dict[str, Any] | None = None
         self.sync_stats: dict[str, Any] = {}  # the control path's waits for weights in sync mode
         self.allowance = 0

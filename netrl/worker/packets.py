@@ -43,8 +43,8 @@ class PacketMaker:
             :class:`~netrl.worker.worker.RolloutWorker`).
         max_message_bytes: ``network.max_message_bytes``, which bounds a packet.
         sample_compressor: applied to each row before it is stored (None: rows are stored as they are).
-        envs: the worker's envs, whose segments share each packet (see :mod:`netrl.worker.vector`): the size check
-            counts them all.
+        envs: the worker's envs, whose segments share each packet (see :mod:`netrl.worker.sink`): the size
+            check counts them all.
     """
 
     def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int, max_delay_s: float | None,

@@ -216,7 +216,7 @@ def run_worker(norm: ObsNormalizer, num_envs: int) -> tuple[RolloutWorker, list[
         assert worker.obs_norm is not None and torch.equal(worker.obs_norm.var_0, torch.ones(3))  # until one arrives
         worker.obs_norm.load_state_dict(norm.state_dict())  # what the model transport does with a version
         worker.run(0, nb_episodes=4)
-        worker._send_packet()
+        worker.sink.send()
         return worker, [over_the_wire(b) for b in worker.local_packets]
     finally:
         worker.close()

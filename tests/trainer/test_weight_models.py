@@ -267,7 +267,7 @@ def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tu
         receivers = late.models.receivers
         wait_until(lambda: (late.weights.version, receivers["obs_norm"].version, receivers["probe"].version)
                    == newest, 10, "the newest version of each model at the late worker", poll=0.02)
-        late._swap_weights()
+        late.policy.swap()
         assert late.version == 60 and late.models.versions == {"obs_norm": 12, "probe": 9}
         assert float(late.model("obs_norm").count) == 55.0  # as trained when v12 was published
         assert torch.equal(late.model("probe").weight, probe.weight)
