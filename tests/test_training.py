@@ -390,10 +390,10 @@ def test_netrls_keywords_are_folded_into_the_settings_and_an_unknown_one_is_name
                          ("epoch", "epochs")]:
         with pytest.raises(TypeError, match=(
                 rf"^TrainingOffline\(\) got an unexpected keyword argument '{given}' "
-                rf"\(did you mean '{named}'\?\): it takes tmrl's parameters and the fields of "
+                rf'\(did you mean "{named}"\?\); it takes tmrl\'s parameters and the fields of '
                 r"netrl\.training\.TrainingSettings$")):
             TrainingOffline(env_cls=(OBS, ACT), **{given: 1})
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz': it takes"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz'; it takes"):
         TrainingOffline(zzz=1)
     with pytest.raises(TypeError, match=r"takes a netrl\.training\.TrainingSettings, not dict"):
         TrainingOffline(settings={"seed": 1})  # type: ignore[arg-type]

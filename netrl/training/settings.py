@@ -98,7 +98,7 @@ def fold_keywords(settings: TrainingSettings | None, keywords: Mapping[str, Any]
         if key not in _FIELDS:
             known = [*inspect.signature(owner).parameters, *_FIELDS]
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}{hint}: it takes "
-                            f"tmrl's parameters and the fields of netrl.training.TrainingSettings")
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}{hint}; it takes "
+                            "tmrl's parameters and the fields of netrl.training.TrainingSettings")
     return dataclasses.replace(settings, **keywords) if keywords else settings
