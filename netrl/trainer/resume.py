@@ -47,17 +47,17 @@ class Restored(NamedTuple):
 
 def restore(training: TrainingOffline, run_dir: Path, *, resume: bool, persist_samples: bool,
             fsync: bool, max_message_bytes: int, stop: threading.Event) -> Restored:
-    """Load the checkpoint (if ``resume``) and rebuild the replay memory from the sample
-    log, unless ``stop`` is set meanwhile (a log of a million image rows takes minutes):
-    then it returns at once, with the memory and the deliveries part-built, and the caller
-    must neither train nor save."""
+    """Load the checkpoint (if ``resume``) and rebuild the replay memory from the sample log,
+    unless ``stop`` is set meanwhile (a log of a million image rows takes minutes): then it
+    returns at once, with the memory and the deliveries part-built, and the caller must neither
+    train nor save."""
     publisher = training.publisher
     assert publisher is not None  # (built)
     saved = checkpoint.load_checkpoint(run_dir) if resume else None
     if not resume and (checkpoint.exists(run_dir) or (run_dir / "samples").exists()):
-        raise CheckpointError(f"{run_dir} already holds a checkpoint or sample log "
-                              f"and trainer.resume is false: set trainer.resume to "
-                              f"true to continue that run, or choose another run_name")
+        raise CheckpointError(f"{run_dir} already holds a checkpoint or sample log and "
+                              "trainer.resume is false: set trainer.resume to true to continue "
+                              "that run, or choose another run_name")
     state: dict[str, Any] = {}
     if saved is not None:
         agent_state, state = saved
@@ -67,16 +67,14 @@ def restore(training: TrainingOffline, run_dir: Path, *, resume: bool, persist_s
     publisher.number_after(checkpoint.published_version(run_dir), "this run sent out")
     for model, newest in checkpoint.published_models(run_dir).items():
         if model in publisher.models and newest > publisher.model_versions.get(model, 0):
-            # no number names two versions of a model either
-            publisher.model_versions[model] = newest
+            publisher.model_versions[model] = newest  # no number names two of its versions
     published = {POLICY: publisher.version, **publisher.model_versions}
     held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
     if not persist_samples:
         if held:
-            log.warning("trainer.persist_samples is off, so the replay memory "
-                        "starts empty: the %d transitions it held at the checkpoint "
-                        "are lost (the server and workers do not send them again)",
-                        held)
+            log.warning("trainer.persist_samples is off, so the replay memory starts empty: the "
+                        "%d transitions it held at the checkpoint are lost (the server and "
+                        "workers do not send them again)", held)
         return Restored(deliveries, None, published)
     memory_size = training.settings.memory_size
     assert memory_size is not None  # build() resolved it
@@ -90,8 +88,8 @@ def restore(training: TrainingOffline, run_dir: Path, *, resume: bool, persist_s
 def _replay(training: TrainingOffline, sample_log: SampleLog, deliveries: Deliveries,
             at_checkpoint: Position | None, held: int, run_dir: Path, max_message_bytes: int,
             stop: threading.Event) -> None:
-    """Every packet of the log into the memory: uncounted up to
-    ``at_checkpoint``, counted after it."""
+    """Every packet of the log into the memory: uncounted up to ``at_checkpoint``, counted
+    after it."""
     restored = after = newest = 0
     matched = at_checkpoint is None
 
@@ -102,23 +100,20 @@ def _replay(training: TrainingOffline, sample_log: SampleLog, deliveries: Delive
 
     for rec in sample_log.read():
         if stop.is_set():
-            log.info("stopped while rebuilding the replay memory (%d samples "
-                     "read): nothing was trained, and the next start rebuilds it "
-                     "from the start of the sample log", restored + after)
+            log.info("stopped while rebuilding the replay memory (%d samples read): nothing was "
+                     "trained, and the next start rebuilds it from the start of the sample log",
+                     restored + after)
             return
-        try:
-            # as on arrival; a log an older netrl wrote holds older protocol versions
+        try:  # as on arrival; a log an older netrl wrote holds older protocol versions
             buf = buffer_from_message(decode(rec.frames, max_message_bytes, stored=True))
-        # intact on disk, but refused by today's checks (an older netrl wrote it)
-        except ProtocolError as exc:
-            log.warning("skipped a packet in the sample log at %s that "
-                        "this netrl refuses: %s", rec.position, exc)
+        except ProtocolError as exc:  # intact on disk, but refused by today's checks
+            log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s",
+                        rec.position, exc)
             continue
         buf.recv_version = int(rec.meta["recv_version"])
         newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
         new = at_checkpoint is None or rec.position >= at_checkpoint
-        # the first record after the checkpoint, with a damaged one just before it
-        if new and not matched:
+        if new and not matched:  # the first record after the checkpoint, a damaged one before it
             matched = True
             reached()
         steps = training.add(buf, new=new)
@@ -130,18 +125,16 @@ def _replay(training: TrainingOffline, sample_log: SampleLog, deliveries: Delive
             reached()
     memory_len = len(training.memory) if training.memory is not None else 0
     if restored or after:
-        log.info("rebuilt the replay memory from the sample log: %d samples "
-                 "from before the checkpoint, %d received after it; memory "
-                 "holds %d transitions", restored, after, memory_len)
-    # e.g. samples/ deleted or not copied with checkpoint/, or its end damaged
-    if not matched and held:
-        log.warning("the sample log in %s does not reach the checkpoint's position, so "
-                    "the replay memory holds %d of the %d transitions it held at the "
-                    "checkpoint: the missing ones are lost (they were acknowledged, so "
-                    "nobody sends them again)", run_dir / "samples", memory_len, held)
+        log.info("rebuilt the replay memory from the sample log: %d samples from before the "
+                 "checkpoint, %d received after it; memory holds %d transitions", restored,
+                 after, memory_len)
+    if not matched and held:  # e.g. samples/ deleted or not copied with checkpoint/, or damaged
+        log.warning("the sample log in %s does not reach the checkpoint's position, so the "
+                    "replay memory holds %d of the %d transitions it held at the checkpoint: the "
+                    "missing ones are lost (they were acknowledged, so nobody sends them again)",
+                    run_dir / "samples", memory_len, held)
     assert training.publisher is not None
-    # e.g. another run's weights, with workers
-    training.publisher.number_after(newest, "in the sample log")
+    training.publisher.number_after(newest, "in the sample log")  # e.g. another run's, still out
 
 
 def load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:
@@ -153,13 +146,12 @@ def load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str
     if kind == "full" and training.agent_has_state:
         try:
             agent.load_state_dict(agent_state)
-        # e.g. other layer sizes, or another env's spaces
-        except (RuntimeError, KeyError, ValueError) as exc:
+        except (RuntimeError, KeyError, ValueError) as exc:  # e.g. other sizes, or other spaces
             detail = "; ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-            raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): "
-                                  f"the model or the env changed since it was saved; "
-                                  f"revert that change to resume, or start a new run "
-                                  f"(--run-name, config.json: run_name)") from None
+            raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): the model "
+                                  "or the env changed since it was saved; revert that change to "
+                                  "resume, or start a new run (--run-name, config.json: run_name)"
+                                  ) from None
         return
     if kind == "full":
         log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): "
@@ -169,8 +161,8 @@ def load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str
     try:
         actor.load_state_dict(agent_state.get("actor", {}))
     except (RuntimeError, AttributeError) as exc:
-        log.warning("the checkpoint's actor does not fit %s's "
-                    "actor, which starts afresh: %s", name, exc)
+        log.warning("the checkpoint's actor does not fit %s's actor, which starts afresh: %s",
+                    name, exc)
         return
     log.warning("the checkpoint holds only the actor's weights (saved from an agent "
                 "without state_dict()): restored them into %s's actor; the rest of %s "

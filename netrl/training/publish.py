@@ -1,5 +1,5 @@
-"""Weights out: the training loop's actor, and the further models synced to the
-workers, as numbered versions.
+"""Weights out: the training loop's actor, and the further models synced to the workers, as
+numbered versions.
 
 Calling sequence (the loop's)::
 
@@ -9,11 +9,11 @@ Calling sequence (the loop's)::
     publisher.publish_due(source, trained)              # before each training step
     publisher.publish(source, trained)                  # the actor now (sync: each batch; a save)
 
-Versions are numbered after any the source says are taken (an earlier trainer session's
-weights, still with the server or the workers): a number never names two actors, and a taken
-one is published over at once. Each extra model has a version counter of its own and is
-published every ``ModelSpec.every`` training steps. An actor whose weights are not finite is
-never published (:meth:`Safeguards.publishable`).
+Versions are numbered after any the source says are taken (an earlier trainer session's weights,
+still with the server or the workers): a number never names two actors, and a taken one is
+published over at once. Each extra model has a version counter of its own and is published every
+``ModelSpec.every`` training steps. An actor whose weights are not finite is never published
+(:meth:`Safeguards.publishable`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def _publishes_models(source: Any) -> bool:
-    """Whether ``source.publish`` takes a ``model`` (the Trainer's link does; simpler
-    sources publish the policy only)."""
+    """Whether ``source.publish`` takes a ``model`` (the Trainer's link does; simpler sources
+    publish the policy only)."""
     try:
         return "model" in inspect.signature(source.publish).parameters
     except (TypeError, ValueError):
@@ -45,35 +45,31 @@ def _publishes_models(source: Any) -> bool:
 
 
 class Publisher:
-    """The loop's weights out (module docstring). Built with the agent,
-    in ``TrainingOffline.build``."""
+    """The loop's weights out (module docstring), made by ``TrainingOffline.build``."""
 
     def __init__(self, agent: TrainingAgent, safeguards: Safeguards, interval: int,
                  sync: SyncBatches | None, memory: MemoryDataloading) -> None:
         self.agent, self.safeguards, self.interval = agent, safeguards, interval
-        # sync: each version opens a batch in a cleared memory
-        self.sync, self.memory = sync, memory
+        self.sync, self.memory = sync, memory  # sync: each version opens a batch, memory cleared
         self.version = 0  # the actor's newest published version
         self.published_updates = -1  # training steps when the actor was published as ``version``
         # further models synced to the workers (TrainingAgent.extra_models, Trainer(models=...)):
         # each published every ModelSpec.every training steps under a version counter of its own
         self.models: dict[str, ModelSpec] = {}
-        # name -> its newest published version (kept in checkpoints)
-        self.model_versions: dict[str, int] = {}
+        self.model_versions: dict[str, int] = {}  # name -> its newest version (checkpoints keep it)
         self._published_at: dict[str, int] = {}  # name -> training steps when it was last published
         self._unsent_logged = False
 
     def add_models(self, models: dict[str, ModelSpec], owner: str) -> None:
-        """Publish ``models`` too (names are checked by the Trainer,
-        which knows the wire's rules)."""
+        """Publish ``models`` too (the Trainer checks their names: it knows the wire's rules)."""
         for name, spec in models.items():
             if name in self.models:
-                raise ValueError(f"{owner} declares the model {name!r}, which is "
-                                 f"already published (by the agent's extra_models() or "
-                                 f"Trainer(models=...)): give it another name")
+                raise ValueError(f"{owner} declares the model {name!r}, which is already "
+                                 "published (by the agent's extra_models() or "
+                                 "Trainer(models=...)): give it another name")
             if not isinstance(spec, ModelSpec) or not isinstance(spec.module, torch.nn.Module):
                 raise ValueError(f"{owner}[{name!r}] is {spec!r:.80}, not a "
-                                 f"ModelSpec(module, every) of a torch.nn.Module")
+                                 "ModelSpec(module, every) of a torch.nn.Module")
             if isinstance(spec.every, bool) or not isinstance(spec.every, int) or spec.every < 1:
                 raise ValueError(f"{owner}[{name!r}].every must be an integer >= 1: the "
                                  f"gradient steps between two publications (got {spec.every!r})")
@@ -81,15 +77,15 @@ class Publisher:
             self.model_versions.setdefault(name, 0)
 
     def start(self, source: SampleSource, trained: int) -> None:
-        """The actor's first version, then every model's: a worker has
-        them all before any is due."""
+        """The actor's first version, then every model's: a worker has them all before any is
+        due."""
         self.publish(source, trained)
         for name in self.models:
             self._publish_model(source, name, trained)
 
     def publish(self, source: SampleSource, trained: int) -> None:
-        """Send the actor under the next free number (above any the source
-        says is taken: see renumber)."""
+        """Send the actor under the next free number (above any the source says is taken: see
+        :meth:`renumber`)."""
         actor = self.agent.get_actor()
         if not self.safeguards.publishable(actor):
             return
@@ -99,9 +95,9 @@ class Publisher:
             self.sync.open(self.version)
             announce = getattr(source, "announce", None)
             if announce is None:
-                raise ValueError(f"trainer.collection is sync, but the sample source "
+                raise ValueError("trainer.collection is sync, but the sample source "
                                  f"{type(source).__name__} cannot tell the workers (it has no "
-                                 f"announce()): sync collection needs the networked Trainer")
+                                 "announce()): sync collection needs the networked Trainer")
             announce(self.sync.announcement())
         source.publish(actor, self.version, trained)
         self.published_updates = trained
@@ -118,13 +114,12 @@ class Publisher:
     def renumber(self, source: SampleSource, trained: int) -> bool:
         """Publish the actor again after a version the source says is taken; True if it did."""
         taken = source.taken_version()
-        # Equal is taken too: the number this loop published last may also
-        # name other weights out there.
+        # Equal is taken too: the number this loop published last may also name other weights.
         if taken < self.version:
             return False
-        log.info("weight versions up to v%d may hold an earlier trainer "
-                 "session's weights (workers or the server have them): "
-                 "publishing the current actor as v%d", taken, taken + 1)
+        log.info("weight versions up to v%d may hold an earlier trainer session's weights "
+                 "(workers or the server have them): publishing the current actor as v%d", taken,
+                 taken + 1)
         self.version = taken
         self.publish(source, trained)
         return True
@@ -157,10 +152,9 @@ class Publisher:
         self._published_at[name] = trained
 
     def number_after(self, version: int, where: str) -> None:
-        """Continue the actor's numbering after ``version`` if it is newer: no
-        number may name two actors."""
+        """Continue the actor's numbering after ``version`` if it is newer: no number may name
+        two actors."""
         if version > self.version:
-            log.info("weight versions continue after v%d, the "
-                     "newest %s, not after v%d", version, where,
-                     self.version)
+            log.info("weight versions continue after v%d, the newest %s, not after v%d", version,
+                     where, self.version)
             self.version = version
