@@ -1,24 +1,26 @@
-"""ZeroMQ plumbing shared by all roles: sockets, liveness, reconnect back-off and the client link.
+"""A worker's or the trainer's connection to the server: :class:`ClientLink`.
 
-The server binds two ROUTER sockets (trainer port, worker port). Each worker and the trainer hold one DEALER
-:class:`ClientLink` to it, which follows the ZeroMQ Guide's Paranoid Pirate pattern:
+The server binds two ROUTER sockets (trainer port, worker port). Each worker and the trainer hold
+one DEALER :class:`ClientLink` to it, which follows the ZeroMQ Guide's Paranoid Pirate pattern:
 
-* the first message on every connection is HELLO (role, protocol and netrl versions, name, session);
-* whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as one;
-* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost, or for longer on a link whose measured
-  round trip needs it (:class:`Liveness`): the client closes its socket and reconnects with exponential back-off,
-  then says HELLO again; the server forgets it. Messages waiting unread, and a connection's handshake, count as
-  the peer talking.
+* the first message on every connection is HELLO (role, protocol and netrl versions, name,
+  session);
+* whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as
+  one;
+* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost, or for longer on a link
+  whose measured round trip needs it (:class:`~netrl.net.liveness.Liveness`): the client closes its
+  socket and reconnects with exponential back-off (:class:`~netrl.net.liveness.Backoff`), then says
+  HELLO again; the server forgets it. Messages waiting unread, and a connection's handshake, count
+  as the peer talking.
 
-Every socket has ``linger=0``, a maximum message size and high-water marks; every poll has a finite timeout.
+Every socket has ``linger=0``, a maximum message size and high-water marks
+(:func:`~netrl.net.sockets.new_socket`); every poll has a finite timeout.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import random
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -29,176 +31,22 @@ from zmq.utils.monitor import recv_monitor_message
 
 from netrl import __version__
 from netrl.config.sections import NetworkConfig, flag_for
-from netrl.errors import ProtocolError, TransportError, VersionMismatch
+from netrl.errors import ProtocolError, VersionMismatch
 from netrl.net.keys import ClientKeys
+from netrl.net.liveness import Backoff, Liveness
+from netrl.net.sockets import HANDSHAKE_EVENTS, handshake_failure, new_socket
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import decode, encode
 from netrl.util import worth_logging
 
-__all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
+__all__ = ["ClientLink", "new_session"]
 
 log = logging.getLogger(__name__)
-
-_HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
 def new_session() -> str:
     """A random id for one process run: (worker name, session, seq) identifies every sample packet."""
     return os.urandom(8).hex()
-
-
-def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000,
-               handshake_s: float | None = None) -> zmq.Socket:
-    """A socket with the options every netrl socket needs (``handshake_s``: how long a new connection may take to
-    finish its ZeroMQ handshake before it is closed; ZeroMQ's default is 30 s)."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    if handshake_s is not None:
-        sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
-    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-    sock.setsockopt(zmq.SNDHWM, hwm)
-    sock.setsockopt(zmq.RCVHWM, hwm)
-    if kind == zmq.ROUTER:
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise instead of silently dropping to unknown peers
-    return sock
-
-
-def bind(sock: zmq.Socket, host: str, port: int, port_key: str, host_key: str = "server.bind_ip") -> str:
-    """Bind or raise a :class:`TransportError` that says which setting to change: the port (``port_key``) when it
-    is taken or not allowed, else the address (``host_key``)."""
-    endpoint = f"tcp://{host}:{port}"
-
-    def setting(key: str) -> str:  # the user may have set it with its flag: name both
-        flag = flag_for(key)
-        return f"`{key}` (or {flag})" if flag else f"`{key}`"
-
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        if exc.errno == zmq.EADDRINUSE:
-            hint = f"is another netrl server running? change {setting(port_key)}"
-        elif exc.errno == errno.EACCES:
-            hint = f"ports below 1024 need privileges; change {setting(port_key)}"
-        else:
-            hint = f"is {host} an address of this machine? change {setting(host_key)} (0.0.0.0 binds every interface)"
-        raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint}") from None
-    return endpoint
-
-
-def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None) -> str:
-    """Why a client's ZeroMQ handshake failed, in words that say what to fix.
-
-    Which event a security mismatch raises is a race: the side that notices first sends an error and closes, and
-    the other side then often sees HANDSHAKE_FAILED_NO_DETAIL. Only a CURVE client can have the wrong server key.
-    """
-    sides = ("the server uses CURVE and this process has \"security\": \"none\"" if keys is None else
-             "this process uses CURVE and the server has \"security\": \"none\"")
-    mismatch = f"the server and this {role} disagree on security: {sides}; set the same \"security\" in both configs"
-    if keys is None or (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                        and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
-        return mismatch
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        port_key = f"network.{role}_port"
-        return (f"the server refused this {role}'s key: either this is not the server's {role} port (check "
-                f"{port_key}, {flag_for(port_key)}), or add {keys.folder}/*.key to the server's keys/server/{role}s/ "
-                "allow-list, or use keys made by the server's --keygen")
-    return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's public key (copy it "
-            "from the server's keys/server/server.key), or the server runs with \"security\": \"none\" (set the "
-            "same security on both)")
-
-
-class Liveness:
-    """Paranoid Pirate liveness: a peer is lost when nothing arrived from it for :attr:`window` seconds.
-
-    The window is ``interval * liveness``, or longer on a link whose round trip needs it: heartbeats carry the
-    sender's clock (``t``), and the peer echoes the newest one it got with the time it held it (``echo``, ``held``),
-    so each side measures the round trip on its own clock and keeps a smoothed one and its variation, as TCP does
-    for its retransmission timeout. Over a long lossy link TCP holds everything behind a lost segment for a
-    retransmission timeout or more, so the window grows to ``interval + RTT_FACTOR * (srtt + 4 * rttvar)`` when
-    that is longer (at most ``MAX_STRETCH`` times the configured window); on a LAN it stays as configured.
-    """
-
-    RTT_FACTOR = 6.0
-    MAX_STRETCH = 10.0
-
-    def __init__(self, interval: float, liveness: int) -> None:
-        self.liveness = liveness
-        self.interval = interval
-        self.window = interval * liveness
-        self.last_heard = time.monotonic()
-        self.last_sent = time.monotonic()
-        self.srtt: float | None = None  # smoothed round trip, seconds (None until a heartbeat came back)
-        self.rttvar = 0.0
-        self._peer_t: tuple[float, float] | None = None  # the peer's newest heartbeat clock, and when it came
-
-    def set_interval(self, interval: float) -> None:
-        self.interval = interval
-        self._update_window()
-
-    def heard(self) -> None:
-        self.last_heard = time.monotonic()
-
-    def sent(self) -> None:
-        self.last_sent = time.monotonic()
-
-    def expired(self, now: float) -> bool:
-        return now - self.last_heard > self.window
-
-    def heartbeat_due(self, now: float) -> bool:
-        return now - self.last_sent >= self.interval
-
-    def stamp(self) -> dict[str, float]:
-        """The round-trip fields of a heartbeat about to be sent."""
-        now = time.monotonic()
-        body = {"t": now}
-        if self._peer_t is not None:
-            body["echo"], body["held"] = self._peer_t[0], now - self._peer_t[1]
-        return body
-
-    def on_heartbeat(self, body: dict[str, object]) -> None:
-        """Take a received heartbeat's round-trip fields (a peer without them, or with nonsense, changes nothing)."""
-        now = time.monotonic()
-        t, echo, held = body.get("t"), body.get("echo"), body.get("held")
-        if isinstance(t, float):
-            self._peer_t = (t, now)
-        if not (isinstance(echo, float) and isinstance(held, (float, int))):
-            return
-        rtt = now - echo - held
-        if not 0.0 <= rtt <= self.MAX_STRETCH * self.liveness * self.interval:  # not our clock's: ignored
-            return
-        if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        else:  # RFC 6298's gains
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self._update_window()
-
-    def _update_window(self) -> None:
-        base = self.interval * self.liveness
-        if self.srtt is None:
-            self.window = base
-            return
-        needed = self.interval + self.RTT_FACTOR * (self.srtt + 4 * self.rttvar)
-        self.window = max(base, min(needed, self.MAX_STRETCH * base))
-
-
-class Backoff:
-    """Exponential reconnect delays with jitter: initial, 2x, 4x ... up to ``maximum``."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.delay = initial
-        self._rng = random.Random()  # its own: never moves the user's global random state (or a seeded run's)
-
-    def next(self) -> float:
-        delay = self.delay * self._rng.uniform(0.8, 1.2)
-        self.delay = min(self.delay * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = self.initial
 
 
 class ClientLink:
@@ -265,7 +113,7 @@ class ClientLink:
             except zmq.ZMQError:
                 self._close_socket()
                 raise
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake, and to wait for one
+        self._monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)  # to explain a failed handshake, and to wait for one
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError:

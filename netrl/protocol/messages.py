@@ -1,6 +1,7 @@
-"""The message vocabulary: the types of message, :class:`Message` (one message, decoded or to be encoded), the body
-fields each type carries, which role may send which type, and the names and versions a peer may announce. It knows
-nothing of msgpack or frames: :mod:`netrl.protocol.wire` encodes and decodes, and checks every decoded body with
+"""The message vocabulary: the types of message, :class:`Message` (one message, decoded or to be
+encoded), the body fields each type carries and the protocol version that added them, which role may
+send which type, and the names and versions a peer may announce. It knows nothing of msgpack or
+frames: :mod:`netrl.protocol.wire` encodes and decodes, and checks every decoded body with
 :func:`check_body` (the server then checks the sender with :func:`check_role`).
 """
 
@@ -16,8 +17,9 @@ import numpy as np
 
 from netrl.errors import MalformedMessage, RoleViolation
 
-__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "MIN_MESSAGE_BYTES", "PEER_NAME", "PEER_NAME_RULE",
-           "VERSION_TEXT", "Message", "MsgType", "check_body", "check_role", "printable"]
+__all__ = ["ALLOWED_FROM", "BODY_SCHEMA", "MAX_POLICY_VERSION", "MIN_MESSAGE_BYTES", "PEER_NAME",
+           "PEER_NAME_RULE", "PROTOCOL_VERSION", "STORED_VERSIONS", "VERSION_TEXT", "Message", "MsgType",
+           "check_body", "check_role", "printable"]
 
 # The names a server prints in its logs and status tables (a worker_id in HELLO, a key name): nothing that could
 # forge a log line or a terminal escape.
@@ -29,6 +31,17 @@ VERSION_TEXT = re.compile(r"[0-9A-Za-z.+!_-]{1,64}")  # a PEP 440 version, as a 
 # int64's limit that no arithmetic on versions overflows (a trainer takes a version it never published as taken
 # only up to half of it: see netrl.trainer.link).
 MAX_POLICY_VERSION = 2**41
+# 2: NOTICE, WEIGHTS' collect, WELCOME's and PROGRESS's batch_steps, PROGRESS's batch_version, the
+# layout of NACK and of the server's HEARTBEAT to workers, extra/<name> sample arrays and the SCHEMA's
+# extra leaves. A version-1 peer refuses these as malformed, so peers of different versions are
+# refused at HELLO instead.
+# 3: several named models and compact weight formats: WEIGHTS' model, format, base, encoded, crc,
+# rank and budget_s, ACK's model, format and need_full, HELLO's models and formats, WELCOME's models.
+PROTOCOL_VERSION = 3
+# What this netrl still reads from its own disk (the trainer's sample log, the server's spool), never
+# from a peer: every field versions 2 and 3 added is optional, so an older stored message is a valid
+# current one.
+STORED_VERSIONS = frozenset({1, 2, PROTOCOL_VERSION})
 MIN_MESSAGE_BYTES = 1 << 16  # the smallest network.max_message_bytes (netrl.config.sections checks the same bound)
 # the longest network interval or delay (netrl.config.sections too): ZeroMQ takes int32 milliseconds
 MAX_SECONDS = 86_400.0

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from netrl.errors import NetrlError
-from netrl.protocol.wire import ALLOWED_DTYPES, check_layout
+from netrl.protocol.checks import ALLOWED_DTYPES, check_layout
 
 __all__ = ["PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs", "all_finite", "check_weights", "copy_tensors",
            "flat_arrays", "flat_layout", "flat_views", "load_weights", "snapshot_into", "state_arrays", "sum_is_finite",

@@ -6,7 +6,7 @@ line per peer that a flood cannot multiply, replies REJECT where the peer can ac
 that failed their ZeroMQ handshake before any message arrived. A trainer session that replaces another is logged
 loudly, and the old trainer is told to stop (two trainers would split the samples between their runs). The
 server's loop calls it; it never sends a WELCOME (that carries the server's state:
-:meth:`netrl.server.server.Server._hello`).
+:meth:`netrl.server.membership.Membership.hello`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import zmq
 
 from netrl import __version__
 from netrl.config.sections import NetworkConfig
-from netrl.net.transport import Liveness
+from netrl.net.liveness import Liveness
+from netrl.protocol.checks import MAX_ENVS
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.wire import MAX_ENVS, encode
+from netrl.protocol.wire import encode
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.sockets import ServerSockets

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import zmq
@@ -105,6 +105,12 @@ class Outbound:
         self.stats.weights_out += self.weights.stream(worker, send)
         if results and results[-1] is False:
             self.blocked[worker.rid] = worker  # its queue filled mid-version: retry() resumes it
+
+    def stream_weights_to(self, workers: Iterable[Peer]) -> None:
+        """:meth:`stream_weights` to each of ``workers`` (a copy of the peer table's: a send may
+        forget an unreachable worker)."""
+        for worker in workers:
+            self.stream_weights(worker)
 
     def retry(self) -> None:
         """Once per pass of the loop: send what full queues refused, oldest first, while they take it."""

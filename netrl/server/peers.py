@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from netrl.net.transport import Liveness
+from netrl.net.liveness import Liveness
 from netrl.server.weight_choice import LinkRate, WorkerModel
 from netrl.storage.segments import Position
 

@@ -40,6 +40,7 @@ from netrl.protocol.wire import encode_bundle, max_packet_bytes
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import QueuedPacket
 from netrl.server.spool import Spool, SpooledPacket
+from netrl.server.spool_gate import SpoolGate
 
 __all__ = ["FRAME_OVERHEAD", "SampleRelay", "memory_cost"]
 
@@ -68,7 +69,6 @@ class SampleRelay:
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
-        self.workers = workers  # the names of the connected workers, who share the spool
         self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
         self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
         self.held_cost: dict[str, int] = {}  # by session: what those packets cost (FRAME_OVERHEAD included)
@@ -81,7 +81,10 @@ class SampleRelay:
         self.inflight_spooled = 0  # ... of which the spool still counts these (until the trainer acknowledges them)
         self.last_bundle_at = 0.0
         self.cut_short = False  # the last flush stopped at MAX_BUNDLES_PER_PASS with credit left
-        self._last_full_warning = self._last_spool_error = self._spool_retry_at = self._last_share_warning = 0.0
+        self._last_full_warning = 0.0
+        # who may spool (workers: the names of the connected workers, who share the spool), and the
+        # rest after the disk refused
+        self.gate = SpoolGate(spool, stats, workers)
         self._stale_scan_at = 0.0  # spool_stale rests until then after keeping packets past their share
 
     # -- packets in ----------------------------------------------------------------------------------------------
@@ -104,72 +107,19 @@ class SampleRelay:
         reason = "server queue and spool are full"
         if not self.spool.fits(packet.nbytes):
             self._warn_full(packet.worker)
-        elif not self._spool_share_ok(packet):
-            reason = self._over_spool_share(packet)
+        elif not self.gate.share_ok(packet):
+            reason = self.gate.over_share(packet)
         else:
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "no trainer is connected"
                          if not trainer_connected else f"the memory queue is full ({self.mem_bytes} bytes)")
-            if self._spool(packet):  # on disk: the server has it
+            if self.gate.push(packet):  # on disk: the server has it
                 self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq], "spooled": True})
                 return "spooled"
             reason = "the server cannot write its spool"
         self.stats.samples_refused += packet.steps
         self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0, "reason": reason})
         return "refused"
-
-    def _spool_share_ok(self, packet: QueuedPacket) -> bool:
-        """Whether ``packet`` may go to the spool as far as the workers' shares go (see the module docstring): within
-        its worker's share, or into room that no other connected worker's unused share needs. A worker with nothing
-        spooled may always spool one packet, so that a share smaller than a packet cannot shut it out."""
-        used, workers = self.spool.by_worker, self.workers()
-        share = self.spool.max_bytes // max(1, len(workers))
-        mine = used.get(packet.worker, 0)
-        if mine == 0 or mine + packet.nbytes <= share:
-            return True
-        kept = sum(max(0, share - used.get(w, 0)) for w in workers if w != packet.worker)
-        return self.spool.bytes + packet.nbytes + kept <= self.spool.max_bytes
-
-    def _over_spool_share(self, packet: QueuedPacket) -> str:
-        """Count and log (at most every 10 s) a packet refused for its worker's share of the spool; the NACK's
-        reason."""
-        self.stats.spool_share_refusals += 1
-        workers, mine = len(self.workers()), self.spool.by_worker.get(packet.worker, 0)
-        reason = (f"worker {packet.worker!r} has {mine} bytes in the spool, and {packet.nbytes} more would pass its "
-                  f"share ({self.spool.max_bytes} bytes between {workers} connected workers) into the room kept for "
-                  "the others")
-        now = time.monotonic()
-        if now - self._last_share_warning > 10:
-            self._last_share_warning = now
-            log.warning("refused a packet for the spool: %s; it resends once the trainer takes spooled packets "
-                        "(server.spool_max_bytes sets the spool's size; %d refused so far)", reason,
-                        self.stats.spool_share_refusals)
-        return reason
-
-    def _spool(self, packet: QueuedPacket) -> bool:
-        """Append ``packet`` to the spool; False (logged, counted) if the disk refuses it (full, too many files).
-        After a refusal the spool rests for a second instead of failing on every pass of the server's loop."""
-        if time.monotonic() < self._spool_retry_at:
-            return False
-        try:
-            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
-                                            "steps": packet.steps, "inflated": packet.trainer_bytes})
-        except OSError as exc:
-            self._spool_failed(exc)
-            return False
-        self.stats.samples_spooled += packet.steps
-        return True
-
-    def _spool_failed(self, exc: OSError) -> None:
-        """The disk refused the spool: the packets stay with their workers (or in memory), nothing is lost."""
-        self.stats.spool_errors += 1
-        now = time.monotonic()
-        self._spool_retry_at = now + 1.0
-        if now - self._last_spool_error > 10:
-            self._last_spool_error = now
-            log.error("cannot use the spool in %s (%s); packets stay with their workers until it works again: free "
-                      "disk space there, or raise the open-file limit (ulimit -n) (%d spool errors so far)",
-                      self.spool.dir, exc, self.stats.spool_errors)
 
     # -- the trainer ---------------------------------------------------------------------------------------------
     def trainer_joined(self) -> None:
@@ -228,7 +178,7 @@ class SampleRelay:
                 self.cut_short = True
                 return
             built += 1
-            spooled = self.spool.pending() and now >= self._spool_retry_at  # a spool that failed rests a second
+            spooled = self.spool.pending() and now >= self.gate.retry_at  # a failed spool rests
             if not spooled and (not self.queue or (self.queued_steps < self.min_samples
                                                    and now - self.queue[0].received < self.max_delay)):
                 return
@@ -238,7 +188,7 @@ class SampleRelay:
                 try:
                     taken = self.spool.take(self._more)
                 except OSError as exc:  # cannot read it now (too many open files?): the queue goes on its own terms
-                    self._spool_failed(exc)
+                    self.gate.failed(exc)
                     continue
                 for sp in taken:
                     if not self._deliverable(sp):
@@ -322,13 +272,13 @@ class SampleRelay:
         kept: list[QueuedPacket] = []  # past their workers' shares of the spool: they stay in memory, unacknowledged
         while self.queue and now - self.queue[0].received >= wait and self.spool.fits(self.queue[0].nbytes):
             packet = self.queue.popleft()
-            if not self._spool_share_ok(packet):
+            if not self.gate.share_ok(packet):
                 kept.append(packet)
                 continue
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "the trainer is not keeping up"
                          if trainer_connected else "no trainer is connected")
-            if not self._spool(packet):
+            if not self.gate.push(packet):
                 self.queue.appendleft(packet)
                 break  # it stays queued in memory, and its worker keeps it
             self.queued_steps -= packet.steps
@@ -348,8 +298,8 @@ class SampleRelay:
         moved: list[int] = []
         kept: collections.deque[QueuedPacket] = collections.deque()
         for packet in self.queue:
-            if (packet.session == session and self.spool.fits(packet.nbytes) and self._spool_share_ok(packet)
-                    and self._spool(packet)):
+            if (packet.session == session and self.spool.fits(packet.nbytes)
+                    and self.gate.share_ok(packet) and self.gate.push(packet)):
                 self.queued_steps -= packet.steps
                 self._release(packet)
                 moved.append(packet.seq)

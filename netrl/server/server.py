@@ -16,6 +16,11 @@ allowance per worker. :class:`~netrl.server.admission.Admission` checks each HEL
 logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
 window and PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part
 counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
+
+Peers come and go through :class:`~netrl.server.membership.Membership`: the WELCOME, the heartbeats,
+and the peers forgotten after a BYE, a silence or a failed send. This module keeps the loop, what
+each message type is handed to, and the messages the server handles itself (acknowledgements,
+credit, weight parts).
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
-from netrl.protocol.messages import PEER_NAME, Message, MsgType, check_role
+from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import FORMAT_NAME, MAX_MODELS, PacketTooLarge, decode
+from netrl.protocol.wire import PacketTooLarge, decode
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
+from netrl.server.membership import Membership
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
@@ -108,10 +114,11 @@ class Server:
                                                     "ports and another spool folder"))
         self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
                                 "first, or give this server another spool folder (config.json: server.spool_dir)")
-        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers,
-                                   max_rows_per_packet)
-        self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
-        self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
+        # (the two callbacks reach self.members, made below from these parts among others)
+        self.admission = Admission(self.net, self.sockets, self.peers, self.stats,
+                                   lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet)
+        self.out = Outbound(self.sockets, self.stats, self.weights,
+                            lambda peer, why: self.members.lost_on_send(peer, why))
         self.spool = Spool(spool_dir, spool_max_bytes, fsync)
         self.relay = SampleRelay(self.spool, min_samples_per_server_packet, max_bundle_bytes,
                                  self.net.max_message_bytes, max_packet_delay_s, max_queue_bytes, spool_after_s,
@@ -121,12 +128,14 @@ class Server:
                                    self.admission, self.relay, self.stats, self.out.must_send, max_rows_per_packet)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
+        self.members = Membership(self.net, self.session, self.sockets, self.peers, self.stats, self.admission,
+                                  self.out, self.weights, self.intake, self.relay, self.status)
         # what the server does with each message a peer may send it after HELLO (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
             MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
             MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
             MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
-            MsgType.BYE: self._forget_leaving}
+            MsgType.BYE: self.members.on_bye}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -195,7 +204,7 @@ class Server:
             if status is not None and status in events:
                 self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
             self._housekeeping(now)
-            if self._gone:
+            if self.members.gone:
                 self._forget_gone()
 
     def _housekeeping(self, now: float) -> None:
@@ -203,9 +212,14 @@ class Server:
         relay, trainer = self.relay, self.peers.trainer is not None
         steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer, MAX_BUNDLES_PER_PASS),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
-                                           lambda: self._heartbeats(now), lambda: self.status.tick(now)]
+                                           lambda: self.members.heartbeats(now), lambda: self.status.tick(now)]
         for step in steps:
             self._guarded(step, now)
+
+    def _forget_gone(self) -> None:
+        """The loop's last step: the peers a send found gone are forgotten, after their port is read
+        once more (a BYE waiting there is a clean stop)."""
+        self.members.forget_gone(lambda role: self._drain(role, self.sockets.by_role[role]))
 
     def _guarded(self, step: Callable[[], None], now: float) -> None:
         try:
@@ -280,7 +294,7 @@ class Server:
             # compressed images stay compressed: the server checks their layout, the trainer their contents
             msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
-                self._hello(role, rid, msg, frames[0])
+                self.members.hello(role, rid, msg, frames[0])
                 return
             if peer is None and msg.type is MsgType.BYE:  # from a peer already forgotten: it is leaving anyway
                 log.debug("a BYE from a %s this server does not know (already forgotten)", role)
@@ -312,84 +326,7 @@ class Server:
             return
         handler(peer, msg, frames[1:])
 
-    def _hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> None:
-        declared = _declared_weights(msg.body) if role == "worker" else ([], [])
-        if isinstance(declared, str):
-            self.admission.refuse(role, rid, None, declared, declared)
-            return
-        peer = self.admission.hello(role, rid, msg, rid_frame)
-        if peer is None:
-            return
-        if role == "worker":
-            peer.wants, peer.decodes = declared
-        welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
-                   "max_message_bytes": self.net.max_message_bytes}
-        if role == "worker":
-            welcome["window"] = peer.window = self.intake.window_for(peer)
-            progress = self.intake.progress or {}
-            newest = self.weights.newest.get("policy", -1)
-            if progress.get("batch_version", -1) == newest >= 0:  # sync collection: the batch of the
-                # weights it is about to get (a worker joining mid-batch waits for the next: netrl.worker.sync)
-                welcome["weights_version"], welcome["batch_steps"] = newest, progress["batch_steps"]
-        else:  # a restarted trainer numbers its weights after these, so that no number names two actors
-            welcome["weights_version"] = self.weights.newest.get("policy", -1)
-        welcome["models"] = self.weights.newest_versions()  # (each model's counter)
-        self.out.send(peer, Message(MsgType.WELCOME, "server", body=welcome))
-        if role == "trainer":
-            self._trainer_joined(peer)
-        else:
-            self.status.worker_joined(peer)
-            self._send_weights(peer)
-            self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
-
-    def _trainer_joined(self, peer: Peer) -> None:
-        self.relay.trainer_joined()
-        self.weights.trainer_session(peer.session, self.peers.values())
-
-    def _lost_on_send(self, peer: Peer, why: str) -> None:
-        """A send found ``peer`` gone (its connection closed, or it reads nothing): it is forgotten at the end of this
-        pass of the loop, after its socket is read once more. A client that stops says BYE and closes at once: a
-        send to it in between finds the connection closed while the BYE still waits unread, and forgetting the peer
-        right then would log a clean stop as a lost peer, and its BYE as a message before HELLO."""
-        self._gone.setdefault((peer.role, peer.rid), (peer, why))
-
-    def _forget_gone(self) -> None:
-        gone, self._gone = self._gone, {}
-        for role in {role for role, _ in gone}:
-            self._drain(role, self.sockets.by_role[role])  # a BYE among them forgets its peer as a clean stop
-        for (role, rid), (peer, why) in gone.items():
-            if self.peers.get(role, rid) is peer:
-                self._lost(peer, why)
-
-    def _lost(self, peer: Peer, why: str) -> None:
-        """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""
-        self.stats.peers_lost += 1
-        packets, nbytes = peer.reported.get("backlog_packets", 0), peer.reported.get("backlog_bytes", 0)
-        if packets:
-            log.warning("%s lost (%s); it last reported %d unacknowledged packets (%.1f MiB): it resends them if it "
-                        "reconnects, and they are lost if it died", peer.label, why, packets, nbytes / 2**20)
-        else:
-            log.info("%s lost (%s)", peer.label, why)
-        self._forget(peer)
-
-    def _forget(self, peer: Peer) -> None:
-        self.peers.remove(peer)
-        self.out.forget(peer)
-        if peer.role == "worker":
-            self.status.worker_left(peer)
-        if peer.role == "trainer":
-            self.intake.progress = None
-            self.relay.trainer_left()
-            self.weights.trainer_left()
-            self._stream_weights()
-
     # -- the server's own handlers (self.handlers) ---------------------------------------------------------
-    def _forget_leaving(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
-        log.info("%s disconnected (%s)", peer.label, (reason if reason.isprintable() else repr(reason)) or "no reason "
-                 "given")
-        self._forget(peer)
-
     def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
@@ -399,7 +336,7 @@ class Server:
             if problem:
                 self.admission.reject("worker", peer.rid, peer, problem)
                 return
-            self._send_weights(peer)
+            self.out.stream_weights(peer)
             return
         self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
@@ -423,11 +360,8 @@ class Server:
             log.debug("weights %s v%d%s from the trainer (%d parts)", b.get("model", "policy"), msg.policy_version,
                       f" ({b.get('format', 'float32')}{' delta' if 'base' in b else ''})", b["parts"])
             self.stats.weights_in += 1
-        self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
-
-    def _stream_weights(self) -> None:
-        for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
-            self._send_weights(worker)
+        # after a bad part too: it may have abandoned a version for the previous one
+        self.out.stream_weights_to(self.peers.workers())
 
     # -- sending (netrl.server.outbound) ---------------------------------------------------------------------------
     def _send_to_trainer(self, frames: list[Any]) -> bool:
@@ -436,30 +370,6 @@ class Server:
 
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
         self.intake.tell_worker(session, kind, body)  # (the intake is built after the relay, which it takes)
-
-    def _send_weights(self, worker: Peer) -> None:
-        self.out.stream_weights(worker)
-
-    def _heartbeats(self, now: float) -> None:
-        connected = int(self.peers.trainer is not None)  # why a throttled worker waits: told as soon as it changes
-        # Messages waiting unread on a port may be the silent peer's: only a port the loop has caught up with tells.
-        unread = {role: bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-                  for role, sock in self.sockets.by_role.items()}
-        # the layout: a worker keeps the packets another one refused, and sends them again once it changes
-        news: dict[str, int] = {"trainer_connected": connected, "layout": self.intake.layout_tag}
-        told = (connected, news["layout"])
-        if self.intake.progress is not None:  # a worker acts at random until it holds worker.init_random_frames
-            news["trainer_samples"] = self.intake.progress["samples"]  # (a busy worker hears it in its PACEs)
-        for peer in self.peers.values():
-            if peer.liveness.expired(now) and not unread[peer.role]:
-                self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
-            elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told != told):
-                # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
-                body = {"stats": news, **peer.liveness.stamp()}
-                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
-                    peer.told = told
-            elif peer.liveness.heartbeat_due(now):
-                self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp()))
 
     @property
     def schema(self) -> SampleSchema | None:
@@ -470,17 +380,3 @@ class Server:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
         return self.status.snapshot()
 
-
-MAX_DECLARED_FORMATS = 64  # weight formats a worker may say it decodes
-
-
-def _declared_weights(body: dict[str, Any]) -> tuple[list[str], list[str]] | str:
-    """A worker HELLO's ``models`` and ``formats`` (absent: the policy, in float32), or what is wrong with them."""
-    models, formats = body.get("models", ["policy"]), body.get("formats", ["float32"])
-    for key, names, rule, limit in (("models", models, PEER_NAME, MAX_MODELS), ("formats", formats, FORMAT_NAME,
-                                                                               MAX_DECLARED_FORMATS)):
-        if len(names) > limit or not all(isinstance(n, str) and rule.fullmatch(n) for n in names):
-            return (f"worker HELLO {key} {str(names)[:120]} is not a list of at most {limit} valid names (a model: "
-                    "1 to 64 letters, digits, '.', '_' or '-'; a format: a lower-case letter, then up to 31 lower-case "
-                    "letters, digits or _)")
-    return list(models), list(formats)

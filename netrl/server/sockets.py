@@ -15,7 +15,7 @@ from zmq.utils.monitor import recv_monitor_message
 from netrl.config.sections import NetworkConfig
 from netrl.errors import TransportError
 from netrl.net.keys import ServerAuth, ServerKeys
-from netrl.net.transport import bind, new_socket
+from netrl.net.sockets import bind, new_socket
 
 __all__ = ["ServerSockets"]
 

@@ -1,20 +1,16 @@
 """Append-only logs of messages on disk: the server's spool and the trainer's sample log.
 
-A log is a folder of numbered segment files. Each record holds one message's frames plus a small metadata map::
+A log is a folder of numbered segment files of records, each one message's frames plus a small
+metadata map, checksummed (:mod:`netrl.storage.records` draws their layout and reads them back).
 
-    record  = magic "NRL3" | crc32c (u32) | segment number (u32) | header length (u32) | data length (u64)
-              | header | data
-    header  = msgpack {"m": metadata, "l": [length of each frame]}
-    data    = the frames, concatenated
-
-The CRC (CRC-32C, computed in hardware) covers the segment number, header and data. Opening a log scans the last
-segment and cuts a torn tail, which is what a crash mid-write leaves (a damaged last record is cut too, with a
-warning; a last segment of another netrl log format is moved aside whole, as ``*.seg.foreign``). Damage anywhere
-else (a flipped byte, a missing segment file, an intact record whose metadata the log's owner cannot use) loses only
-the records it touches: readers skip to the next valid record and a warning names the file and the bytes lost, once
-per damaged stretch. Nothing in a damaged file is cut or rewritten.
-Records are written with one ``writev`` and no copy of the data, so a killed process loses nothing it appended;
-``fsync=True`` also survives a power cut, at a cost.
+Opening a log scans the last segment and cuts a torn tail, which is what a crash mid-write leaves (a
+damaged last record is cut too, with a warning; a last segment of another netrl log format is moved
+aside whole, as ``*.seg.foreign``). Damage anywhere else (a flipped byte, a missing segment file, an
+intact record whose metadata the log's owner cannot use) loses only the records it touches: readers
+skip to the next valid record and a warning names the file and the bytes lost, once per damaged
+stretch. Nothing in a damaged file is cut or rewritten. Records are written with one ``writev`` and
+no copy of the data, so a killed process loses nothing it appended; ``fsync=True`` also survives a
+power cut, at a cost.
 
 Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and overwritten
 in place as a later segment, because writing into pages the page cache already holds is several times faster
@@ -26,9 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import mmap
 import os
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,17 +31,23 @@ import crc32c
 import msgpack
 
 from netrl.storage.folderlock import make_folder, sync_folder
+from netrl.storage.records import (
+    DAMAGED,
+    FOREIGN,
+    HEAD,
+    MAGIC,
+    MAX_SEGMENT,
+    SEG,
+    TORN,
+    next_record,
+    other_format,
+    read_record,
+    renumbered,
+)
 
 __all__ = ["Position", "Record", "SegmentLog", "check_meta"]
 
 log = logging.getLogger(__name__)
-
-MAGIC = b"NRL3"
-_HEAD = struct.Struct("<4sIIIQ")
-_SEG = struct.Struct("<I")
-_MAX_HEADER = 1 << 20
-_MAX_SEGMENT = 2**32 - 1  # the header's u32
-
 
 class Position(NamedTuple):
     """Where a record starts: (segment number, byte offset). Orders like the log."""
@@ -109,12 +109,12 @@ class SegmentLog:
             found = []
             for path in self.dir.glob("*.seg"):
                 number = int(path.stem) if path.stem.isdigit() else -1
-                if 0 < number <= _MAX_SEGMENT and path.name == self._path(number).name:
+                if 0 < number <= MAX_SEGMENT and path.name == self._path(number).name:
                     found.append(number)
                 elif path.name not in self._strays:
                     self._strays.add(path.name)
                     log.warning("%s: ignoring %s, not a segment file name this log writes (%s to %s)", self.dir,
-                                path.name, self._path(1).name, self._path(_MAX_SEGMENT).name)
+                                path.name, self._path(1).name, self._path(MAX_SEGMENT).name)
             self._segments = sorted(found)
         return list(self._segments)
 
@@ -127,11 +127,11 @@ class SegmentLog:
         problem = TORN
         with path.open("rb") as f:
             while end < size:
-                parsed = _read_record(f, end, segment, size)
+                parsed = read_record(f, end, segment, size)
                 if isinstance(parsed, tuple):
                     end = parsed[0]
                     continue
-                after = _next_record(f, end, segment, size)
+                after = next_record(f, end, segment, size)
                 if after is None:
                     problem = parsed
                     break
@@ -140,9 +140,9 @@ class SegmentLog:
         if end < size:
             why = "fails its checksum"
             with path.open("rb") as f:
-                if problem == FOREIGN and _renumbered(f, end, segment, size):
+                if problem == FOREIGN and renumbered(f, end, segment, size):
                     problem, why = DAMAGED, "has a damaged magic or segment number"
-                other = _other_format(f, end)
+                other = other_format(f, end)
             if end == 0 and other:  # the whole file: another netrl version's log, kept for it
                 aside = path.with_name(path.name + ".foreign")
                 os.replace(path, aside)
@@ -198,7 +198,7 @@ class SegmentLog:
         if position.offset in (0, size):
             return True
         with path.open("rb") as f:
-            found = _read_record(f, position.offset, position.segment, size)
+            found = read_record(f, position.offset, position.segment, size)
         return isinstance(found, tuple) or found == DAMAGED
 
     def size_bytes(self, since: Position | None = None) -> int:
@@ -219,14 +219,14 @@ class SegmentLog:
         views = [memoryview(getattr(f, "buffer", f)).cast("B") for f in frames]
         header = msgpack.packb({"m": meta, "l": [v.nbytes for v in views]})
         data_len = sum(v.nbytes for v in views)
-        if self._end > 0 and self._end + _HEAD.size + len(header) + data_len > self.segment_bytes:
+        if self._end > 0 and self._end + HEAD.size + len(header) + data_len > self.segment_bytes:
             self._roll()
-        crc = crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(self._segment)))
+        crc = crc32c.crc32c(header, crc32c.crc32c(SEG.pack(self._segment)))
         for v in views:
             crc = crc32c.crc32c(v, crc)
         fd = self._open_current()
         pos = Position(self._segment, self._end)
-        parts = [_HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
+        parts = [HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         try:
             written = os.writev(fd, parts)
@@ -300,12 +300,12 @@ class SegmentLog:
                 continue
             with f:
                 while offset < size:
-                    parsed = _read_record(f, offset, seg, size)
+                    parsed = read_record(f, offset, seg, size)
                     if not isinstance(parsed, tuple):
-                        after = _next_record(f, offset, seg, size)
+                        after = next_record(f, offset, seg, size)
                         if after is None and self.readonly and seg == self._segment:
                             return  # the writer is mid-record
-                        other = _other_format(f, offset)
+                        other = other_format(f, offset)
                         self._report(Position(seg, offset), size if after is None else after,
                                      f"holds records of another netrl log format ({other!r})" if other else None)
                         if after is None:
@@ -343,18 +343,6 @@ class SegmentLog:
         return dropped
 
 
-def _next_record(f: Any, offset: int, segment: int, size: int) -> int | None:
-    """Where the first valid record of ``segment`` after ``offset`` starts (the end of a damaged stretch), or None
-    if none does before ``size`` (a torn or damaged tail)."""
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        start = data.find(MAGIC, offset + 1, size)
-        while start != -1:
-            if isinstance(_read_record(f, start, segment, size), tuple):
-                return start
-            start = data.find(MAGIC, start + 1, size)
-    return None
-
-
 def check_meta(meta: Any, required: dict[str, type], optional: dict[str, type] | None = None) -> str | None:
     """What is wrong with a record's metadata for an owner that needs the ``required`` keys and may read the
     ``optional`` ones, with these types (ints non-negative, never bools); None if nothing."""
@@ -370,65 +358,3 @@ def check_meta(meta: Any, required: dict[str, type], optional: dict[str, type] |
             wanted = "a non-negative int" if kind is int else f"a {kind.__name__}"
             return f"its metadata's {key!r} is {value!r:.40}, not {wanted}"
     return None
-
-
-def _renumbered(f: Any, offset: int, segment: int, size: int) -> bool:
-    """True if the bytes at ``offset`` are a whole record of ``segment`` whose magic or segment number alone is
-    wrong (its checksum, which covers the segment number it was written with, matches ``segment``): damage, not a
-    recycled file's old record, which matches the segment number it names."""
-    f.seek(offset)
-    head = f.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        return False
-    _, crc, _, header_len, data_len = _HEAD.unpack(head)
-    if header_len > _MAX_HEADER or offset + _HEAD.size + header_len + data_len > size:
-        return False
-    rest = f.read(header_len + data_len)
-    return crc32c.crc32c(rest, crc32c.crc32c(_SEG.pack(segment))) == crc
-
-
-def _other_format(f: Any, offset: int) -> bytes | None:
-    """The magic of another netrl log format if a record of one starts at ``offset``, else None."""
-    f.seek(offset)
-    magic = f.read(len(MAGIC))
-    return magic if len(magic) == len(MAGIC) and magic[:3] == MAGIC[:3] and magic != MAGIC else None
-
-
-TORN = "torn"  # the record runs past the end of the file: a write cut short
-FOREIGN = "foreign"  # no record of this segment starts here: an old record of a recycled file, or garbage
-DAMAGED = "damaged"  # a whole record of this segment whose checksum or header is wrong
-
-
-def _read_record(f: Any, offset: int, segment: int,
-                 size: int) -> tuple[int, dict[str, Any], list[memoryview]] | str:
-    """(next offset, metadata, frames) of the record of ``segment`` at ``offset`` in a file of ``size`` bytes, or
-    why there is none: :data:`TORN`, :data:`FOREIGN` or :data:`DAMAGED`."""
-    f.seek(offset)
-    head = f.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        return TORN
-    magic, crc, seg, header_len, data_len = _HEAD.unpack(head)
-    if magic != MAGIC or seg != segment:
-        return FOREIGN
-    if header_len > _MAX_HEADER:
-        return DAMAGED
-    if offset + _HEAD.size + header_len + data_len > size:  # checked before reading: a damaged length can be huge
-        return TORN
-    header = f.read(header_len)
-    body = f.read(data_len)
-    if crc32c.crc32c(body, crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(seg)))) != crc:
-        return DAMAGED
-    try:
-        parsed = msgpack.unpackb(header, raw=False)
-        meta, lengths = parsed["m"], parsed["l"]
-    except Exception:  # intact by its checksum, yet not a header this code wrote
-        return DAMAGED
-    if not (isinstance(lengths, list) and all(type(n) is int and n >= 0 for n in lengths)
-            and sum(lengths) == data_len):
-        return DAMAGED
-    view = memoryview(body)
-    frames, pos = [], 0
-    for n in lengths:
-        frames.append(view[pos:pos + n])
-        pos += n
-    return offset + _HEAD.size + header_len + data_len, meta, frames

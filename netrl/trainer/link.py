@@ -16,12 +16,15 @@ Besides the policy it publishes further named models (an observation normaliser,
 :mod:`netrl.protocol.models`), each with a version counter and an outbox of its own: a big policy waiting for a slow
 link never holds back a small model. A WEIGHTS command's head carries the model's slot (its index in
 ``TrainerLink.models``, 0 for "policy") in the top 8 bits of its part number.
+
+:meth:`TrainerLink.publish` numbers each version; the training thread's side of sending it (a reused
+snapshot, the encodings, the WEIGHTS commands) is :class:`~netrl.trainer.weight_sender.WeightSender`,
+and the status line's wording is :mod:`netrl.trainer.status_line`'s.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import logging
 import threading
@@ -29,7 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
@@ -41,14 +43,15 @@ from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType, printable
 from netrl.protocol.models import POLICY
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
-from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode, weight_parts
+from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode
 from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
-from netrl.trainer.encoding import Encoded, WeightEncoder
+from netrl.trainer.encoding import WeightEncoder
 from netrl.trainer.outbox import Outboxes
-from netrl.util import version_label, worth_logging
+from netrl.trainer.status_line import status_line
+from netrl.trainer.weight_sender import WeightSender
+from netrl.util import worth_logging
 
 # A version named by a worker's samples that this session never published is taken (numbered after) only up to
 # here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.
@@ -57,7 +60,7 @@ MAX_LAYOUT_CAUSES = 64  # of the server's NOTICEs, logged once each
 KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
 _SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these bits, the part below
 
-__all__ = ["TrainerLink", "trainer_label", "write_failed"]
+__all__ = ["TrainerLink", "write_failed"]
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +72,6 @@ def write_failed(what: str, path: Path, exc: OSError) -> str:
     else:
         fix = "check that this process can write there (permissions, a read-only or failing disk, ulimit -n)"
     return f"could not write {what} {path} ({exc}): {fix}"
-
-
-def trainer_label(name: str) -> str:
-    """How the logs name a trainer: "trainer", or "trainer 'gpu-box'" for one with another name."""
-    return "trainer" if name == "trainer" else f"trainer {name!r}"
-
-
-@dataclasses.dataclass
-class _Snapshot:
-    """A flat buffer the trainer copies an actor into, the tensors viewing it for that actor's layout, and the
-    sends of the version in it that are still reading it."""
-
-    flat: np.ndarray
-    layout: list[list[Any]]
-    views: list[torch.Tensor]
-    trackers: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
-    busy: bool = False  # waiting for the encoding thread, which reads it (network.weight_format)
 
 
 class TrainerLink(NetThread):
@@ -123,11 +109,13 @@ class TrainerLink(NetThread):
         self.granted = 0  # credits granted on the current connection
         self.received = 0  # bundles received on the current connection
         self.last_progress: list[Any] | None = None
-        self._snapshots: list[_Snapshot] = []  # reusable flat buffers
+        # the training thread's side of publishing: snapshots, encodings, WEIGHTS commands (through
+        # self.command as it is when called: a test may replace it on the instance)
+        self.sender = WeightSender(name, session, lambda frames, track=False: self.command(frames, track),
+                                   self.encoder)
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this trainer's layout
-        self.collect: dict[str, Any] | None = None  # sync collection's announcement, sent with every version
 
     # -- SampleSource, called from the training thread --------------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -157,7 +145,7 @@ class TrainerLink(NetThread):
         """Training thread: every version published from now on tells the workers how to collect (sync mode, its
         fragment length and batch mode; see :mod:`netrl.worker.sync`): the worker config does not repeat them, so
         the two cannot disagree."""
-        self.collect = dict(collect)
+        self.sender.collect = dict(collect)
 
     def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:
         with self._command_lock:
@@ -200,66 +188,12 @@ class TrainerLink(NetThread):
             self.record_version(version, model)
         if model == POLICY:
             self.version = version
-            fields = None
         else:
             self.model_versions[model] = version
-            fields = {"model": model}
             if model not in self.models:
                 self.models.append(model)  # before the command that names its slot
         slot = self.models.index(model) << _SLOT_SHIFT
-        state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
-        layout, nbytes = flat_layout(state)
-        snap = self._free_snapshot(layout, nbytes)
-        copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
-        self._snapshots.append(snap)
-        if self.encoder is not None:  # encoded and sent on the encoding thread
-            snap.busy = True
-            self.encoder.put(model, version, trained_steps, snap.flat, layout,
-                             lambda out: self._send_encoded(model, slot, version, trained_steps, snap, out),
-                             lambda: setattr(snap, "busy", False), exact=getattr(actor, "exact_weights", False))
-            return
-        self._send_encoding(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
-        log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
-                  len(snap.trackers))
-
-    def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int,
-                       snap: _Snapshot) -> None:
-        """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy until sent)."""
-        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, out.data, snap.layout,
-                                PART_BYTES, out.fields):
-            if self.collect is not None and model == POLICY:
-                msg.body["collect"] = self.collect
-            tracker = self.command([command_head(Command.WEIGHTS, slot | msg.body["part"], version), *encode(msg)],
-                                   track=out.snapshot)
-            if tracker is not None:
-                snap.trackers.append(tracker)
-
-    def _send_encoded(self, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot,
-                      out: list[Encoded]) -> None:
-        """Encoding thread: send a version's encodings, then free its snapshot (unless a send still reads it)."""
-        try:
-            for encoded in out:
-                self._send_encoding(encoded, model, slot, version, trained_steps, snap)
-        except NetrlError:  # the network thread has stopped: the training thread hears of it at its next call
-            pass
-        finally:
-            snap.busy = False
-
-    def _free_snapshot(self, layout: list[list[Any]], nbytes: int) -> _Snapshot:
-        """A buffer no send still reads, with views for ``layout``: the network thread keeps the newest version
-        until the next one."""
-        for i, snap in enumerate(self._snapshots):
-            if snap.flat.nbytes == nbytes and not snap.busy and all(t.done for t in snap.trackers):
-                del self._snapshots[i]
-                if snap.layout != layout:  # another actor of the same size: view it anew, padding zeroed again
-                    snap.flat.fill(0)
-                    snap = _Snapshot(snap.flat, layout, flat_views(snap.flat, layout))
-                snap.trackers.clear()
-                return snap
-        if len(self._snapshots) > 4 * len(self.models):
-            self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
-        flat = np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
-        return _Snapshot(flat, layout, flat_views(flat, layout))
+        self.sender.send(actor, model, slot, version, trained_steps, keep=4 * len(self.models))
 
     def progress(self, trained_steps: int, samples: int, wanted: int, batch: tuple[int, int] | None = None) -> None:
         """``batch``: sync collection's batch under way, (its version, env steps so far)."""
@@ -342,22 +276,7 @@ class TrainerLink(NetThread):
         rates = self._status.rates({"trained_steps": s["trained_steps"], "samples": s["samples"]})
         if rates is None:
             return
-        lag = "-" if s["lag"] is None else f"{s['lag'][0]}/{s['lag'][1]:.1f}/{s['lag'][2]}"
-        ret = "-" if s["return_mean"] is None else f"{s['return_mean']:.1f} over {s['episodes']} eps this round"
-        waiting = (f" | training starts at {s['start_training']:,} samples" if s["samples"] < s["start_training"]
-                   else "")
-        if s.get("collection") == "sync":  # the batch under way replaces the replay memory's fill
-            who = f", waiting for {', '.join(s['waiting_for'])}" if s["waiting_for"] else ""
-            waiting = (f" | batch v{s['batch_version']}: {s['batch_steps']:,} of {s['frames_per_batch']:,} env steps"
-                       f"{who} | waits: trainer {s['trainer_wait_s']:.2f} s, workers {s['worker_wait_s']:.2f} s | "
-                       f"{s['late_samples']:,} late samples")
-        log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
-                 "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
-                 rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",
-                 100 * s["memory_len"] / max(1, s["memory_size"]),
-                 version_label(s["version"]) + "".join(f", {m} v{v}" for m, v in s.get("model_versions", {}).items()),
-                 lag, ret,
-                 self.link.state(), waiting)
+        log.info("%s", status_line(self.link.name, s, rates, self.link.state()))
 
     def on_command(self, frames: list[Any]) -> None:
         (kind, values), payload = read_command(frames[0]), frames[1:]

@@ -39,8 +39,9 @@ from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps, write_weights_file
 from netrl.trainer.delivery import Deliveries, SampleLog
-from netrl.trainer.link import TrainerLink, trainer_label, write_failed
+from netrl.trainer.link import TrainerLink, write_failed
 from netrl.trainer.resume import agent_state, check_model_path, restore
+from netrl.trainer.status_line import trainer_label
 from netrl.training.loop import TrainingOffline
 from netrl.training.settings import TrainingSettings
 from netrl.util import partial

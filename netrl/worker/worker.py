@@ -114,9 +114,9 @@ class RolloutWorker:
     env_failures = _Via[int]("host", "failures")
     observation_space = _Via[Any]("host", "observation_space")
     action_space = _Via[Any]("host", "action_space")
-    model_path = _Via[str | None]("settings", "model_path")
-    num_envs = _Via[int]("settings", "num_envs")
-    standalone = _Via[bool]("settings", "standalone")
+    model_path = _Via[str | None]("settings", "model_path", writable=False)
+    num_envs = _Via[int]("settings", "num_envs", writable=False)
+    standalone = _Via[bool]("settings", "standalone", writable=False)
 
     @tmrl_arguments("RolloutWorker", TMRL_WORKER_ORDER, TMRL_ONLY, _AFTER_OBS_PREPROCESSOR, {
         "server_ip": (is_text, "a string or None"),
@@ -173,15 +173,16 @@ class RolloutWorker:
         self.name_lock: FolderLock | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config, pipeline: Pipeline) -> RolloutWorker:
+    def from_config(cls, cfg: Config, pipeline: Pipeline, **options: Any) -> RolloutWorker:
         """The worker ``cfg.worker`` describes, running ``pipeline``'s env and actor; it holds its
         worker_id's lock in the run folder until it closes (the default name: the host's, see
-        :mod:`netrl.worker.names`)."""
+        :mod:`netrl.worker.names`). ``options`` replace settings by name, as the constructor's do
+        (``standalone=True``: the same worker, deployed without a server)."""
         worker_id, name_lock = claim_worker_id(cfg.run_dir, cfg.worker.worker_id)
         try:
             worker = cls(pipeline.env_cls, pipeline.actor_module_cls, pipeline.sample_compressor,
                          obs_preprocessor=pipeline.obs_preprocessor,
-                         settings=WorkerSettings.from_config(cfg, pipeline, worker_id))
+                         settings=WorkerSettings.from_config(cfg, pipeline, worker_id), **options)
         except BaseException:
             if name_lock is not None:
                 name_lock.release()

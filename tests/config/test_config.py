@@ -288,8 +288,9 @@ def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
     cfg = config_from_dict({"env": {"pipeline": "my_pipeline:build", "kwargs": {"drift": 0.5}},
                             "weights_folder": str(tmp_path / "weights"), "security": "none"})
     pipeline = make_pipeline(cfg)
-    worker = RolloutWorker.from_config(cfg, pipeline)
-    worker.standalone = True
+    worker = RolloutWorker.from_config(cfg, pipeline, standalone=True)
+    with pytest.raises(AttributeError, match=r"RolloutWorker\.standalone is a setting, fixed when the worker is built"):
+        worker.standalone = False  # the parts took it when built: a later change would reach only some
     episode = worker.run_episode()  # the user's env, with config.json's kwargs, driven by the user's actor class
     assert episode.length == 5 and type(worker.env).__name__ == "Drift" and worker.env.drift == 0.5
     worker.close()

@@ -260,7 +260,8 @@ def test_a_version_that_cannot_be_noted_on_disk_is_not_sent_and_the_trainer_stop
                                               r"was not sent"):
         make_trainer(tmp_path, epochs=1).run()
     (link,) = links.made
-    assert link.version == 0 and not link._snapshots  # nothing went to the network thread
+    # nothing went to the network thread
+    assert link.version == 0 and not link.sender.snapshots.held
 
 
 def test_the_link_counts_a_servers_versions_as_taken_unless_only_its_own_can_have_them(tmp_path: Path) -> None:

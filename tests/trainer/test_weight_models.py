@@ -368,7 +368,8 @@ def test_observation_statistics_travel_in_float32_whatever_the_setting() -> None
     norm.update(np.random.default_rng(0).normal(size=(50, 100)).astype(np.float32))
     link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
     sent: list[tuple[str, str]] = []
-    link._send_encoding = lambda encoded, model, *_: sent.append((model, encoded.fields["format"]))  # type: ignore
+    link.sender._send_encoding = (  # type: ignore
+        lambda encoded, model, *_: sent.append((model, encoded.fields["format"])))
     try:
         link.publish(norm, 1, 0, model="obs_norm")
         link.publish(torch.nn.Linear(64, 64), 1, 0)
