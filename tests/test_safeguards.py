@@ -209,7 +209,8 @@ def test_a_nonfinite_actor_is_never_published(caplog: pytest.LogCaptureFixture) 
         t.agent.get_actor().mu.weight[0, 0] = float("nan")  # type: ignore[index, union-attr]
     with caplog.at_level(logging.ERROR, logger="netrl.training.safeguards"):
         t.publish(source)  # type: ignore[arg-type]
-    assert list(source.published) == [1] and t.version == 1  # the workers keep v1
+    assert t.publisher is not None
+    assert list(source.published) == [1] and t.publisher.version == 1  # the workers keep v1
     assert "not publishing the actor: mu.weight is not finite" in caplog.text
 
 

@@ -182,7 +182,8 @@ def test_memory_size_and_batch_size_come_from_the_memory_partial_as_in_tmrl(capl
         t = training(partial(SeededTutorialMemory, act_buf_len=4, memory_size=5000, batch_size=32))
         t.build()
     assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 32)
-    assert (t.memory_size, t.batch_size) == (5000, 32)  # what the trainer sizes its sample log by
+    # what the trainer sizes its sample log by
+    assert (t.settings.memory_size, t.settings.batch_size) == (5000, 32)
     assert ("replay memory SeededTutorialMemory: memory_size=5000 (from partial(SeededTutorialMemory)), "
             "batch_size=32 (from partial(SeededTutorialMemory))") in caplog.text
     # what the partial leaves out comes from TrainingOffline, else from the memory's own default
@@ -191,7 +192,7 @@ def test_memory_size_and_batch_size_come_from_the_memory_partial_as_in_tmrl(capl
     assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 16)
     t = training(partial(SeededTutorialMemory, act_buf_len=4))
     t.build()
-    assert (t.memory_size, t.batch_size) == (7, 3)
+    assert (t.settings.memory_size, t.settings.batch_size) == (7, 3)
     # the same value twice is fine; two different values name both places
     training(partial(MyMemoryDataloading, act_buf_len=4, memory_size=5000), memory_size=5000).build()
     with pytest.raises(ValueError, match=re.escape("memory_size is set twice, to different values: "

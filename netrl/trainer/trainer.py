@@ -2,11 +2,11 @@
 
 The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a network thread
 (:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
-The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
-replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
-continues the weight version numbering after the newest version it ever sent out (noted in the run folder before
-each send: see :mod:`netrl.storage.checkpoint`) and, once connected, after the newest the server or a worker has seen
-(see :mod:`netrl.trainer.link`).
+The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint,
+rebuilds the replay memory by replaying the sample log, so every sample a worker produced enters the
+memory exactly once, and continues the weight version numbering after the newest version it ever
+sent out (noted in the run folder before each send: see :mod:`netrl.trainer.resume`) and, once
+connected, after the newest the server or a worker has seen (see :mod:`netrl.trainer.link`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from netrl.actor import declared_extras
 from netrl.agents.base import ModelSpec
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
-from netrl.errors import CheckpointError, NetrlError, ProtocolError
+from netrl.errors import CheckpointError, NetrlError
 from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
 from netrl.lifecycle.torch_threads import apply_torch_threads
@@ -36,15 +34,17 @@ from netrl.net.transport import new_session
 from netrl.protocol.models import POLICY, check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weight_formats import formats_for
-from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sample_row_bytes
+from netrl.protocol.wire import PacketLimits, sample_row_bytes
 from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
-from netrl.storage.segments import Position
-from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
+from netrl.storage.weight_files import remove_stale_temps, write_weights_file
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import TrainerLink, write_failed
+from netrl.trainer.resume import agent_state, check_model_path, restore
 from netrl.trainer.status_line import trainer_label
 from netrl.training.loop import TrainingOffline
+from netrl.training.settings import TrainingSettings
+from netrl.util import partial
 
 __all__ = ["Trainer", "TrainerLink"]
 
@@ -148,20 +148,15 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> Trainer:
-        t, m = cfg.trainer, cfg.memory
-        training_cls = lambda: TrainingOffline(  # noqa: E731
-            env_cls=pipeline.env_cls, memory_cls=pipeline.memory_cls, training_agent_cls=pipeline.training_agent_cls,
-            epochs=t.epochs, rounds=t.rounds, steps=t.steps, update_model_interval=t.update_model_interval,
+        t = cfg.trainer
+        training_cls = partial(  # tmrl's parameters, then netrl's settings
+            TrainingOffline, pipeline.env_cls, pipeline.memory_cls, pipeline.training_agent_cls,
+            epochs=t.epochs, rounds=t.rounds, steps=t.steps,
+            update_model_interval=t.update_model_interval,
             update_buffer_interval=t.update_buffer_interval,
-            max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
-            device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
-            stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
-            seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps,
-            total_frames=t.total_frames, collection=t.collection, frames_per_batch=t.frames_per_batch,
-            rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
-            sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, memory_device=m.device,
-            compile=t.compile, normalize_obs=cfg.env.normalize_obs, normalize_obs_clip=cfg.env.normalize_obs_clip,
-            normalize_obs_every=cfg.env.normalize_obs_every)
+            max_training_steps_per_env_step=t.max_training_steps_per_env_step,
+            start_training=t.start_training, device=t.device,
+            settings=TrainingSettings.from_config(cfg))
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
@@ -218,11 +213,13 @@ class Trainer:
         apply_torch_threads(self.torch_threads, trainer_label(self.name))  # before the agent and memory are built
         self.training = training = self.training_cls()
         training.build()
-        training.add_models(self.models, "Trainer(models=...)")
-        check_model_names(training.extra_models, f"the models {type(training.agent).__name__}.extra_models() and "
-                          "Trainer(models=...) declare")
+        publisher = training.publisher
+        assert publisher is not None
+        publisher.add_models(self.models, "Trainer(models=...)")
+        check_model_names(publisher.models, f"the models {type(training.agent).__name__}"
+                          ".extra_models() and Trainer(models=...) declare")
         self._lock.acquire()  # creates the folder
-        self._check_model_path()
+        check_model_path(self.model_path, self.run_dir)
         remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
         deliveries, sample_log = self._restore(training, stop)
         if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
@@ -232,7 +229,8 @@ class Trainer:
         if training.epoch >= training.epochs or training.frames_done():
             done, setting = ((f"{training.epoch} of {int(training.epochs)} epochs", "epochs")
                              if training.epoch >= training.epochs else
-                             (f"{training.total_samples} samples of total_frames {training.total_frames}",
+                             (f"{training.total_samples} samples of total_frames "
+                              f"{training.settings.total_frames}",
                               "total_frames"))
             log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the %s "
                         "(Python: TrainingOffline(%s=...); config.json: trainer.%s); to start a new run, choose "
@@ -250,13 +248,13 @@ class Trainer:
                                           self.sample_compressor if probe is None else probe,
                                           guards.limits if guards is not None else None,
                                           {**declared_extras(training.agent.get_actor() if training.agent else None),
-                                           **version_columns(training.extra_models)})
+                                           **version_columns(publisher.models)})
         if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
             guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
                                      self._record_version, self.weight_format, self.weight_budget_s)
-        net.version = training.version
+        net.version = publisher.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
             schema.leaves)), f"server.max_rows_per_packet is {rows}, in the trainer's config too")
@@ -276,97 +274,16 @@ class Trainer:
         if training.frames_done() and not stop.is_set():  # (saved just above)
             log.info("%s finished: trainer.total_frames reached (%d env steps arrived from all workers together, of "
                      "%d) after %d training steps", trainer_label(self.name), training.total_samples,
-                     training.total_frames, training.total_updates)
+                     training.settings.total_frames, training.total_updates)
 
-    def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
-        """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is
-        set meanwhile (a log of a million image rows takes minutes): then it returns at once, with the memory and
-        the deliveries part-built, and the caller must neither train nor save."""
-        saved = checkpoint.load_checkpoint(self.run_dir) if self.resume else None
-        if not self.resume and (checkpoint.exists(self.run_dir) or (self.run_dir / "samples").exists()):
-            raise CheckpointError(f"{self.run_dir} already holds a checkpoint or sample log and trainer.resume is "
-                                  "false: set trainer.resume to true to continue that run, or choose another run_name")
-        state: dict[str, Any] = {}
-        if saved is not None:
-            agent_state, state = saved
-            self._load_agent(training, agent_state, state.get("agent_state", "full"))
-            training.load_state(state)
-        deliveries = Deliveries(state.get("deliveries"))
-        _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
-        for model, newest in checkpoint.published_models(self.run_dir).items():
-            if model in training.extra_models and newest > training.model_versions.get(model, 0):
-                training.model_versions[model] = newest  # no number names two versions of a model either
-        self._published = {POLICY: training.version, **training.model_versions}
-        held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
-        if not self.persist_samples:
-            if held:
-                log.warning("trainer.persist_samples is off, so the replay memory starts empty: the %d transitions "
-                            "it held at the checkpoint are lost (the server and workers do not send them again)",
-                            held)
-            return deliveries, None
-        memory_size = training.memory_size
-        assert memory_size is not None  # build() resolved it
-        sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
-        at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
-        restored = after = newest = 0
-        matched = at_checkpoint is None
-
-        def reached() -> None:
-            assert training.memory is not None
-            log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
-                     len(training.memory), held)
-
-        for rec in sample_log.read():
-            if stop.is_set():
-                log.info("stopped while rebuilding the replay memory (%d samples read): nothing was trained, and the "
-                         "next start rebuilds it from the start of the sample log", restored + after)
-                return deliveries, sample_log
-            try:
-                # as on arrival; a log an older netrl wrote holds older protocol versions
-                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes, stored=True))
-            except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
-                log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
-                continue
-            buf.recv_version = int(rec.meta["recv_version"])
-            newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
-            new = at_checkpoint is None or rec.position >= at_checkpoint
-            if new and not matched:  # the first record after the checkpoint, with a damaged one just before it
-                matched = True
-                reached()
-            steps = training.add(buf, new=new)
-            deliveries.add(buf.worker, buf.seq)
-            restored += 0 if new else steps
-            after += steps if new else 0
-            if not new and rec.next == at_checkpoint:
-                matched = True
-                reached()
-        if restored or after:
-            log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
-                     "received after it; memory holds %d transitions", restored, after,
-                     len(training.memory) if training.memory is not None else 0)
-        if not matched and held:  # e.g. samples/ deleted or not copied with checkpoint/, or its end damaged
-            log.warning("the sample log in %s does not reach the checkpoint's position, so the replay memory holds "
-                        "%d of the %d transitions it held at the checkpoint: the missing ones are lost (they were "
-                        "acknowledged, so nobody sends them again)", self.run_dir / "samples",
-                        len(training.memory) if training.memory is not None else 0, held)
-        _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
-        return deliveries, sample_log
-
-    def _check_model_path(self) -> None:
-        """Refuse a ``model_path`` outside the run folder that holds a policy another run saved: each save would
-        overwrite that run's trained policy (its checkpoint keeps the agent, but not where a user looks for it)."""
-        run_dir = self.run_dir.resolve()
-        path = self.model_path.resolve()
-        if path.is_relative_to(run_dir) or not path.exists():
-            return
-        owner = policy_run_dir(path)
-        if owner == str(run_dir):
-            return
-        saved_by = f"the run in {owner}" if owner else "another run or program (its sidecar names no run folder)"
-        raise CheckpointError(f"model_path {self.model_path} holds a policy saved by {saved_by}, and this trainer "
-                              f"(run folder {self.run_dir}) would overwrite it with its own: leave model_path out to "
-                              f"save under the run folder ({self.run_dir / 'policy.pt'}), give another path, or move "
-                              "that file away first")
+    def _restore(self, training: TrainingOffline, stop: threading.Event
+                 ) -> tuple[Deliveries, SampleLog | None]:
+        """The checkpoint and the sample log into ``training`` (see :mod:`netrl.trainer.resume`)."""
+        restored = restore(training, self.run_dir, resume=self.resume,
+                           persist_samples=self.persist_samples, fsync=self.fsync,
+                           max_message_bytes=self.network.max_message_bytes, stop=stop)
+        self._published = restored.published
+        return restored.deliveries, restored.sample_log
 
     def _record_version(self, version: int, model: str = POLICY) -> None:
         """Note a weight version (of the policy, or of another ``model``) in the run folder before it is sent (see
@@ -380,41 +297,12 @@ class Trainer:
             raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
                                   f"; v{version} was not sent, so no number names two actors") from None
 
-    @staticmethod
-    def _load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:
-        """Restore the agent: all of it (``kind`` "full"), or only its actor when the checkpoint was saved from an
-        agent without ``state_dict`` ("actor")."""
-        agent = training.agent
-        assert agent is not None
-        name = type(agent).__name__
-        if kind == "full" and training.agent_has_state:
-            try:
-                agent.load_state_dict(agent_state)
-            except (RuntimeError, KeyError, ValueError) as exc:  # e.g. other layer sizes, or another env's spaces
-                detail = "; ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): the model or the env "
-                                      "changed since it was saved; revert that change to resume, or start a new run "
-                                      "(--run-name, config.json: run_name)") from None
-            return
-        if kind == "full":
-            log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): the agent starts "
-                        "afresh (the counters still continue)", name)
-            return
-        actor = agent.get_actor()
-        try:
-            actor.load_state_dict(agent_state.get("actor", {}))
-        except (RuntimeError, AttributeError) as exc:
-            log.warning("the checkpoint's actor does not fit %s's actor, which starts afresh: %s", name, exc)
-            return
-        log.warning("the checkpoint holds only the actor's weights (saved from an agent without state_dict()): "
-                    "restored them into %s's actor; the rest of %s (critics, target networks, optimisers) starts "
-                    "afresh", name, name)
-
     def _progress(self) -> tuple[Any, ...]:
         """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
         t, net = self.training, self.net
-        assert t is not None
-        return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
+        assert t is not None and t.publisher is not None
+        return (t.epoch, t.total_updates, t.total_samples, t.publisher.version,
+                net.ingested if net is not None else None)
 
     def _save(self) -> None:
         guards = self.training.safeguards if self.training is not None else None
@@ -428,24 +316,21 @@ class Trainer:
     def checkpoint(self) -> None:
         """Save agent, counters, weight version, sample-log position and delivery state (atomically)."""
         training, net = self.training, self.net
-        if training is None or training.agent is None or net is None:
+        if training is None or training.agent is None or training.publisher is None or net is None:
             return
         state = {**training.state(), "memory_len": len(training.memory) if training.memory is not None else 0,
                  "log_position": list(net.ingested) if net.ingested is not None else None,
                  "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
                  "config": self.config, "agent_state": "full" if training.agent_has_state else "actor"}
-        if training.agent_has_state:
-            agent_state = training.agent.state_dict()
-        else:  # an agent without state_dict() (see TrainingOffline.build): its actor's weights are what is known
-            actor = training.agent.get_actor()
-            agent_state = {"actor": actor.state_dict()} if isinstance(actor, torch.nn.Module) else {}
         try:
-            path = checkpoint.save_checkpoint(self.run_dir, agent_state, state, self.fsync)
+            path = checkpoint.save_checkpoint(self.run_dir, agent_state(training), state,
+                                              self.fsync)
         except OSError as exc:
             raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
                                   "previous checkpoint is intact") from None
         log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
-                 training.epoch, training.total_updates, training.version, state["memory_len"])
+                 training.epoch, training.total_updates, training.publisher.version,
+                 state["memory_len"])
 
     def _number_actor(self, training: TrainingOffline) -> None:
         """Give the actor a version of its own before it is saved, so that no number names two actors: published
@@ -456,25 +341,28 @@ class Trainer:
                 return
             except NetrlError:  # the network thread has stopped
                 pass
-        training.version = max(training.version, self.net.taken_version() if self.net else -1) + 1
-        self._record_version(training.version)
-        training.published_updates = training.total_updates
+        publisher = training.publisher
+        assert publisher is not None
+        publisher.version = max(publisher.version, self.net.taken_version() if self.net else -1) + 1
+        self._record_version(publisher.version)
+        publisher.published_updates = training.total_updates
 
     def save_policy(self) -> None:
         """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
         training = self.training
-        if training is None or training.agent is None:
+        if training is None or training.agent is None or training.publisher is None:
             return
-        if training.published_updates != training.total_updates:  # trained since the version it last sent
+        if training.publisher.published_updates != training.total_updates:  # trained since its last
             self._number_actor(training)
         bad = checkpoint.nonfinite_entries(training.agent.get_actor().state_dict())
         if bad:  # the loop undoes non-finite steps: this agent changed its actor where StateGuard could not see it
             raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold NaN or infinity; "
                                   f"{self.model_path} keeps the last finite one. Make the agent's state_tensors() list "
                                   "every tensor its train() changes")
-        meta = {"version": training.version, "trained_steps": training.total_updates,
+        meta = {"version": training.publisher.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
-                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}  # whose policy it is: _check_model_path
+                # whose policy it is (see check_model_path)
+                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}
         try:
             write_weights_file(self.model_path, training.agent.get_actor(), meta)
         except OSError as exc:
@@ -530,20 +418,15 @@ class Trainer:
         else:
             policy = f"policy saved to {self.model_path}"
         guards = self.training.safeguards if self.training else None
+        ingester = self.training.ingester if self.training else None
+        unstored = ingester.unstored if ingester is not None else 0
         log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
                  "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
                  "steps undone (not finite)",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
-                 stats["rejected"], self.training.unstored if self.training else 0, malformed, stats["duplicates"],
+                 stats["rejected"], unstored, malformed, stats["duplicates"],
                  guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
         if failed is not None and raise_errors:
             raise failed
 
-
-def _number_after(training: TrainingOffline, version: int, source: str) -> None:
-    """Continue the weight version numbering after ``version`` if it is newer: no number may name two actors."""
-    if version > training.version:
-        log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
-                 training.version)
-        training.version = version

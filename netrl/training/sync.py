@@ -1,6 +1,7 @@
 """Synchronous, version-synced collection (``trainer.collection: sync``): the trainer's half.
 
-Calling sequence, one iteration per batch (:meth:`TrainingOffline.run_epoch` calls :meth:`SyncBatches.step`)::
+Calling sequence, one iteration per batch (the loop's ``_sync_step``; packets go in through
+:mod:`netrl.training.ingest`, versions out through :mod:`netrl.training.publish`)::
 
     publish v (the weights carry the announcement: sync, rollout_fragment_length, batch_mode)
     ingest packets: transitions of version v go into the RolloutMemory; others are late (counted, logged, left out)
@@ -24,7 +25,7 @@ import numpy as np
 from netrl.samples.columns import Buffer
 from netrl.util import worth_logging
 
-__all__ = ["BATCH_MODES", "BatchMode", "SyncBatches", "add_packet", "check_sync", "collect_and_train"]
+__all__ = ["BATCH_MODES", "BatchMode", "SyncBatches", "check_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -131,67 +132,3 @@ class SyncBatches:
     def metrics(self) -> dict[str, Any]:
         return {"late_samples": self.late_samples, "trainer_wait_s": self.trainer_wait_s,
                 "worker_wait_s": self.worker_wait_s, "batch_steps": self.steps, "short_batches": self.shortfalls}
-
-
-def collect_and_train(loop: Any, source: Any, stop: Any) -> dict[str, Any] | None:
-    """One iteration of a :class:`~netrl.training.loop.TrainingOffline` in sync mode: wait for the batch of the version
-    published last, train on it once, clear the memory and publish the next version. Returns the agent's metrics,
-    or None when ``stop`` was set first (nothing trained)."""
-    sync: SyncBatches = loop.sync
-    memory = loop.memory
-    waited = time.monotonic()
-    loop._report(source, force=True)
-    told = waited
-    while not sync.full():
-        if stop.is_set() or loop.frames_done():
-            return None
-        if loop.ingest(source):
-            loop._report(source, force=True)
-            continue
-        if sync.timed_out():
-            if len(memory):
-                sync.short()
-                break
-            if time.monotonic() - told >= sync.timeout_s:  # nothing at all: no worker is collecting
-                told = time.monotonic()
-                log.warning("no samples of weights v%d arrived for %.0f s: is any worker connected?", sync.version,
-                            told - sync.opened)
-        loop._renumber(source)  # a version another session may hold: the batch restarts under a new number
-        source.wait(min(0.05, loop.sleep_between_buffer_retrieval_attempts))
-    sync.trainer_wait_s = time.monotonic() - waited
-    loop._round.waited_s += sync.trainer_wait_s
-    t0 = time.perf_counter()
-    batch = memory.sample()
-    t1 = time.perf_counter()
-    metrics = loop._train(batch)
-    loop._round.train_s += time.perf_counter() - t1
-    loop._round.sample_s += t1 - t0
-    return metrics  # the memory is cleared as the next version is published
-
-
-def add_packet(loop: Any, buf: Buffer, new: bool) -> int:
-    """A :class:`~netrl.training.loop.TrainingOffline` in sync mode takes a packet: the batch's version into the memory,
-    the rest counted late; returns its env steps. A packet replayed from the sample log after a restart was counted
-    before and belongs to a batch trained then: the new batch starts fresh."""
-    assert loop.sync is not None and loop.memory is not None
-    if not new:
-        return 0
-    steps = int(np.count_nonzero(~(buf.reset | buf.context)))
-    kept = loop.sync.admit(buf)
-    if kept:
-        try:
-            loop.memory.append_buffer(buf)
-        except ValueError as exc:
-            loop.unstored += 1
-            if worth_logging(loop.unstored, first=5, every=100):
-                log.error("packet %d of worker %s (%d samples) could not be stored and is skipped (%d so far): "
-                          "%s", buf.seq, buf.worker, steps, loop.unstored, exc)
-            return 0
-        loop.sync.stored(kept)
-    r = loop._round
-    r.samples += steps
-    r.add_lags(loop.version - np.maximum(buf.policy_version[~(buf.reset | buf.context)], 0))
-    for ep in buf.episodes:
-        (r.test_returns if ep.test else r.returns).append(ep.ret)
-    loop.total_samples += steps
-    return steps

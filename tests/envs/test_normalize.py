@@ -306,7 +306,7 @@ def test_the_training_loop_learns_from_every_row_once_and_refuses_a_packet_that_
     loop.build()
     assert loop.memory is not None and loop.memory.obs_transform is loop.obs_norm
     loop.ingest(ListSource([*packets, bad]))
-    assert loop.unstored == 1
+    assert loop.ingester is not None and loop.ingester.unstored == 1
     rows = np.concatenate([b.obs[0][~b.context] for b in packets]).astype(np.float64)
     assert loop.obs_norm is not None and float(loop.obs_norm.count) == len(rows)
     np.testing.assert_allclose(loop.obs_norm.mean_0.numpy(), rows.mean(0), rtol=1e-6)

@@ -235,7 +235,8 @@ def test_the_batch_under_way_and_the_waits_show_in_the_status_and_the_metrics(ro
     training = trainer.training
     assert training is not None
     live = training.live()
-    assert live["batch_version"] == training.version and 0 <= live["batch_steps"] <= 40
+    assert training.publisher is not None
+    assert live["batch_version"] == training.publisher.version and 0 <= live["batch_steps"] <= 40
     assert live["frames_per_batch"] == 40 and isinstance(live["waiting_for"], list)
     assert live["trainer_wait_s"] > 0 and live["worker_wait_s"] > 0
     summary = training._round_summary(0)

@@ -578,16 +578,16 @@ def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
     import shutil
 
     make_trainer(tmp_path, epochs=1).run()
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1).run()  # the sample log is whole: nothing to warn about
     assert "transitions" not in caplog.text
     shutil.rmtree(tmp_path / "samples")  # say, only checkpoint/ was copied to a new machine
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1).run()
     assert re.search(r"does not reach the checkpoint's position, so the replay memory holds 0 of the \d+ transitions",
                      caplog.text)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1, persist_samples=False).run()
     assert re.search(r"persist_samples is off, so the replay memory starts empty: the \d+ transitions", caplog.text)
 
@@ -606,7 +606,7 @@ def test_a_stop_while_the_memory_is_rebuilt_ends_the_start_at_once_and_saves_not
         return real_add(self, buf, new=new)
 
     monkeypatch.setattr(TrainingOffline, "add", add)
-    with caplog.at_level(logging.INFO, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.INFO, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=2).run(stop)
     assert len(added) == 1 and "stopped while rebuilding the replay memory" in caplog.text
     assert checkpoint.load_state(tmp_path) == before  # a part-built memory and delivery state are never saved
