@@ -9,9 +9,10 @@ from typing import Any
 
 import gymnasium
 
-from netrl.agents.dqn import DQNActor, DQNAgent, is_discrete
+from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.agents.ppo import PPOActor, PPOAgent
 from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
+from netrl.agents.registry import ALGORITHMS, Algorithm, choose, either, entries
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
@@ -52,7 +53,7 @@ def gym_pipeline(cfg: Config) -> Pipeline:
         env.close()
     a, m = cfg.agent, cfg.memory
     hidden = tuple(a.hidden_sizes)
-    algorithm = _algorithm(cfg, actions)
+    algorithm = _algorithm(cfg, actions).name
     if m.sequence_length > 1 and a.recurrent is None:
         raise ConfigError([f"memory.sequence_length is {m.sequence_length}, but the gym pipeline's agents learn from "
                            "single transitions unless agent.recurrent is set: set agent.recurrent (\"gru\" or "
@@ -99,21 +100,25 @@ def gym_pipeline(cfg: Config) -> Pipeline:
     )
 
 
-def _algorithm(cfg: Config, actions: gymnasium.Space) -> str:
-    """``agent.algorithm``, with auto resolved from the action space; ConfigError when the agent cannot take them."""
-    box = isinstance(actions, gymnasium.spaces.Box)
-    algorithm = cfg.agent.algorithm
-    if algorithm == "auto":
-        if not (box or is_discrete(actions)):
-            raise ConfigError([f'env.id "{cfg.env.id}" has {type(actions).__name__} actions, but the gym pipeline '
-                               "trains SAC for Box actions and DQN for Discrete, MultiDiscrete and MultiBinary ones "
-                               "(PPO for both): flatten the action space with a wrapper, or build a pipeline with an "
-                               "agent for these actions"])
-        return "sac" if box else "dqn"
-    takes = {"sac": box, "dqn": is_discrete(actions), "ppo": box or is_discrete(actions)}[algorithm]
-    if not takes:
-        need = {"sac": "Box", "dqn": "Discrete, MultiDiscrete or MultiBinary",
-                "ppo": "Box, Discrete, MultiDiscrete or MultiBinary"}[algorithm]
-        raise ConfigError([f'agent.algorithm "{algorithm}" needs {need} actions, but env.id "{cfg.env.id}" has '
-                           f'{actions}: choose another agent.algorithm ("auto" picks one that fits), or another env'])
-    return algorithm
+def _algorithm(cfg: Config, actions: gymnasium.Space) -> Algorithm:
+    """What ``agent.algorithm`` runs for ``actions`` (auto: the first of the registry's ``auto``
+    algorithms that takes them); ConfigError when it cannot take them."""
+    name, recurrent = cfg.agent.algorithm, cfg.agent.recurrent is not None
+    chosen = choose(name, recurrent, actions)
+    if chosen is not None:
+        return chosen
+    if name == "auto":
+        picks = [f"{a.supports.label} for {a.supports.spaces_text('and')} actions"
+                 for a in entries("auto", recurrent)]
+        others = [f'agent.algorithm "{a.name}": {a.supports.label} for '
+                  f'{a.supports.spaces_text("and")} ones'
+                  for a in ALGORITHMS if not a.auto and a.supports.recurrent == recurrent]
+        more = f" ({'; '.join(others)})" if others else ""
+        kind = type(actions).__name__
+        raise ConfigError([f'env.id "{cfg.env.id}" has {kind} actions, but the gym pipeline trains '
+                           f"{either(picks, 'and')}{more}: flatten the action space with a "
+                           "wrapper, or build a pipeline with an agent for these actions"])
+    takes = either([a.supports.spaces_text() for a in entries(name, recurrent)])
+    raise ConfigError([f'agent.algorithm "{name}" needs {takes} actions, but env.id '
+                       f'"{cfg.env.id}" has {actions}: choose another agent.algorithm ("auto" '
+                       "picks one that fits), or another env"])

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from netrl.agents.cnn import CNNActor, CNNActorCritic, EncoderHead
+from netrl.agents.cnn import CNNActor, CNNActorCritic
+from netrl.agents.common.encoders import EncoderHead
 from netrl.agents.sac import SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv

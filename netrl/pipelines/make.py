@@ -7,6 +7,7 @@ import functools
 import importlib
 from typing import Any
 
+from netrl.agents.registry import ALGORITHMS, Supports
 from netrl.config.sections import Config
 from netrl.errors import ConfigError
 from netrl.pipelines.base import Pipeline, rollout_memory
@@ -18,9 +19,10 @@ __all__ = ["make_pipeline"]
 def make_pipeline(cfg: Config) -> Pipeline:
     """The pipeline named by ``env.pipeline``: a built-in one, or ``module:function``'s (``function(cfg)``).
 
-    Raises ConfigError also when an on-policy agent (``agent.algorithm`` "ppo", or an agent class with ``on_policy``
-    set) comes with a memory that is not a RolloutMemory, and when ``memory.n_step`` or ``memory.prioritized`` is
-    set for a memory that is not a ReplayMemory."""
+    Raises ConfigError also when an on-policy agent (``agent.algorithm`` "ppo", or an agent class
+    that declares a rollout memory: :mod:`netrl.agents.registry`) comes with a memory that is not a
+    RolloutMemory, and when ``memory.n_step`` or ``memory.prioritized`` is set for a memory that is
+    not a ReplayMemory."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
@@ -47,23 +49,31 @@ def _unwrapped(cls: Any) -> Any:
 
 
 def _check_on_policy(cfg: Config, pipeline: Pipeline) -> None:
-    """An on-policy agent trains each batch once, on samples of one weight version: a replay memory would hand it
-    older ones, sampled at random, without the trajectory ids its advantages need."""
+    """An on-policy agent (one that declares a rollout memory) trains each batch once, on samples of
+    one weight version: a replay memory would hand it older ones, sampled at random, without the
+    trajectory ids its advantages need."""
     agent = _unwrapped(pipeline.training_agent_cls)
-    if cfg.agent.algorithm != "ppo" and not getattr(agent, "on_policy", False):
+    declared = getattr(agent, "supports", None)
+    on_policy = isinstance(declared, Supports) and declared.memory == "rollout"
+    named = [a for a in ALGORITHMS
+             if a.name == cfg.agent.algorithm and a.supports.memory == "rollout"]
+    if not (named or on_policy):
         return
     memory = _unwrapped(pipeline.memory_cls)
     if isinstance(memory, type) and issubclass(memory, rollout_memory()):
         return
     name, memory_name = (getattr(c, "__name__", repr(c)) for c in (agent, memory))
-    if getattr(agent, "on_policy", False):
-        problem = (f'{name} is on-policy (agent.algorithm "{cfg.agent.algorithm}") and needs a RolloutMemory, but '
-                   f'env.pipeline "{cfg.env.pipeline}" gives it {memory_name}, which is not one: build the pipeline '
-                   'with memory_cls=netrl.memory.rollout.RolloutMemory (and trainer.collection "sync")')
+    if on_policy:
+        problem = (f'{name} is on-policy (agent.algorithm "{cfg.agent.algorithm}") and needs a '
+                   f'RolloutMemory, but env.pipeline "{cfg.env.pipeline}" gives it {memory_name}, '
+                   "which is not one: build the pipeline with "
+                   'memory_cls=netrl.memory.rollout.RolloutMemory (and trainer.collection "sync")')
     else:
-        problem = (f'agent.algorithm "ppo" needs PPO with a RolloutMemory, but env.pipeline "{cfg.env.pipeline}" '
-                   f'gives {name} with {memory_name}: use env.pipeline "gym" (or a pipeline of your own that builds '
-                   "PPOAgent with RolloutMemory), or choose another agent.algorithm")
+        label = named[0].supports.label
+        problem = (f'agent.algorithm "{cfg.agent.algorithm}" needs {label} with a RolloutMemory, '
+                   f'but env.pipeline "{cfg.env.pipeline}" gives {name} with {memory_name}: use '
+                   f'env.pipeline "gym" (or a pipeline of your own that builds {label} with '
+                   "RolloutMemory), or choose another agent.algorithm")
     raise ConfigError([problem])
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from netrl.agents.dqn import MASK_KEY, DQNActor, DQNAgent
+from netrl.agents.common.masks import MASK_KEY
+from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.config.load import config_from_dict
 from netrl.local import run_local
 from netrl.memory.replay import ReplayMemory
