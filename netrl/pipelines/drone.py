@@ -122,8 +122,8 @@ def drone_pipeline(cfg: Config, *, time_step: float = TIME_STEP, act_buf_len: in
         memory_cls=partial(ActionBufferMemory, **settings),
         training_agent_cls=partial(
             SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+            alpha=a.sac.entropy_coef, lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic, lr_entropy=a.sac.lr_entropy,
+            learn_entropy_coef=a.sac.learn_entropy_coef, target_entropy=a.sac.target_entropy),
         sample_compressor=ActionBufferCompressor(**settings),
         overlap=2 * act_buf_len - 1,  # a reset row skips one action: a buffer reaches 2L - 1 rows back
         realtime=True,

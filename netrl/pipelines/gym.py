@@ -65,8 +65,9 @@ def gym_pipeline(cfg: Config) -> Pipeline:
             memory_cls=partial(ReplayMemory, sequence_length=m.sequence_length, burn_in=m.burn_in),
             training_agent_cls=partial(
                 RecurrentSACAgent, hidden_sizes=hidden, cell=a.recurrent, burn_in=m.burn_in, gamma=a.gamma,
-                polyak=a.polyak, alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-                learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+                polyak=a.polyak, alpha=a.sac.entropy_coef, lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic,
+                lr_entropy=a.sac.lr_entropy,
+                learn_entropy_coef=a.sac.learn_entropy_coef, target_entropy=a.sac.target_entropy),
         )
     if algorithm == "ppo":
         return Pipeline(
@@ -74,10 +75,11 @@ def gym_pipeline(cfg: Config) -> Pipeline:
             actor_module_cls=partial(PPOActor, hidden_sizes=hidden),
             memory_cls=rollout_memory(),  # the sync collection's: one batch, in stored order
             training_agent_cls=partial(
-                PPOAgent, hidden_sizes=hidden, gamma=a.gamma, gae_lambda=a.gae_lambda, lr=a.lr_ppo,
-                n_epochs=a.ppo_epochs, minibatch_size=a.minibatch_size, clip_range=a.clip_range,
-                clip_range_vf=a.clip_range_vf, ent_coef=a.ent_coef, vf_coef=a.vf_coef, max_grad_norm=a.max_grad_norm,
-                anneal_frames=a.ppo_anneal_frames),
+                PPOAgent, hidden_sizes=hidden, gamma=a.gamma, gae_lambda=a.ppo.gae_lambda, lr=a.ppo.lr,
+                n_epochs=a.ppo.epochs, minibatch_size=a.ppo.minibatch_size, clip_range=a.ppo.clip_range,
+                clip_range_vf=a.ppo.clip_range_vf, ent_coef=a.ppo.ent_coef, vf_coef=a.ppo.vf_coef,
+                max_grad_norm=a.ppo.max_grad_norm,
+                anneal_frames=a.ppo.anneal_frames),
         )
     if algorithm == "dqn":
         return Pipeline(
@@ -85,9 +87,10 @@ def gym_pipeline(cfg: Config) -> Pipeline:
             actor_module_cls=partial(DQNActor, hidden_sizes=hidden),
             memory_cls=ReplayMemory,
             training_agent_cls=partial(
-                DQNAgent, hidden_sizes=hidden, gamma=a.gamma, lr=a.lr_critic,
-                target_update_interval=a.target_update_interval, exploration_initial_eps=a.exploration_initial_eps,
-                exploration_final_eps=a.exploration_final_eps, exploration_steps=a.exploration_steps),
+                DQNAgent, hidden_sizes=hidden, gamma=a.gamma, lr=a.dqn.lr,
+                target_update_interval=a.dqn.target_update_interval,
+                exploration_initial_eps=a.dqn.exploration_initial_eps,
+                exploration_final_eps=a.dqn.exploration_final_eps, exploration_steps=a.dqn.exploration_steps),
         )
     return Pipeline(
         env_cls=env_cls,
@@ -95,8 +98,8 @@ def gym_pipeline(cfg: Config) -> Pipeline:
         memory_cls=ReplayMemory,
         training_agent_cls=partial(
             SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+            alpha=a.sac.entropy_coef, lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic, lr_entropy=a.sac.lr_entropy,
+            learn_entropy_coef=a.sac.learn_entropy_coef, target_entropy=a.sac.target_entropy),
     )
 
 

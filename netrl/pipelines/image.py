@@ -46,8 +46,8 @@ def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, c
         memory_cls=partial(FrameStackMemory, stack=stack, frame_shape=(gym_kwargs["size"], gym_kwargs["size"])),
         training_agent_cls=partial(
             SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=hidden, head=head), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+            alpha=a.sac.entropy_coef, lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic, lr_entropy=a.sac.lr_entropy,
+            learn_entropy_coef=a.sac.learn_entropy_coef, target_entropy=a.sac.target_entropy),
         sample_compressor=FrameStackCompressor(codec, quality),
         overlap=stack,  # the first transition of a packet reads `stack` rows back
     )
