@@ -3,8 +3,9 @@ pipeline's choice of algorithm, ``make_pipeline``'s checks and the agents themse
 
 Each agent class declares what it trains with in its class attribute ``supports``, a
 :class:`Supports` (as SB3's ``supported_action_spaces``); :data:`ALGORITHMS` maps
-``agent.algorithm`` to those declarations, and one checker reads them (as RLlib's
-``AlgorithmConfig.validate()``, in :mod:`netrl.config.algorithms`)::
+``agent.algorithm`` to those declarations and to the function that builds the gym pipeline's parts,
+and one checker reads the declarations (as RLlib's ``AlgorithmConfig.validate()``, in
+:mod:`netrl.config.algorithms`)::
 
     algorithm  agent              actions                         collection  memory     random
     sac        SACAgent           Box                             async       replay     yes
@@ -90,19 +91,22 @@ PPO = Supports("PPO", ("Box", *_DISCRETE), "sync", "rollout", random_actions=Fal
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A value of ``agent.algorithm`` (with ``agent.recurrent`` set when ``supports.recurrent``)
-    and what it needs."""
+    """A value of ``agent.algorithm`` (with ``agent.recurrent`` set when ``supports.recurrent``),
+    what it needs, and ``build``: the ``"module:function"`` that makes the gym pipeline's actor,
+    memory and agent from the config, imported when used (as gymnasium's entry points)."""
 
     name: str
     supports: Supports
+    build: str
     auto: bool  # "auto" may pick it
 
 
+_BUILD = "netrl.pipelines.algorithms"
 ALGORITHMS: tuple[Algorithm, ...] = (
-    Algorithm("sac", SAC, auto=True),
-    Algorithm("sac", RECURRENT_SAC, auto=True),
-    Algorithm("dqn", DQN, auto=True),
-    Algorithm("ppo", PPO, auto=False),
+    Algorithm("sac", SAC, f"{_BUILD}:sac", auto=True),
+    Algorithm("sac", RECURRENT_SAC, f"{_BUILD}:recurrent_sac", auto=True),
+    Algorithm("dqn", DQN, f"{_BUILD}:dqn", auto=True),
+    Algorithm("ppo", PPO, f"{_BUILD}:ppo", auto=False),
 )
 # agent.algorithm's values besides "auto"
 NAMES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in ALGORITHMS))

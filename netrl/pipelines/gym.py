@@ -1,6 +1,9 @@
-"""The generic pipeline: any Gymnasium env and an MLP actor, with the agent ``agent.algorithm`` names, by default
-(auto) the one its action space needs: SAC for Box actions (Pendulum-v1, the default), double DQN for Discrete,
-MultiDiscrete and MultiBinary ones (CartPole-v1). ``ppo`` takes either, with a RolloutMemory (sync collection)."""
+"""The generic pipeline: any Gymnasium env and an MLP actor, with the agent ``agent.algorithm``
+names, by default (auto) the one its action space needs: SAC for Box actions (Pendulum-v1, the
+default), double DQN for Discrete, MultiDiscrete and MultiBinary ones (CartPole-v1). ``ppo`` takes
+either, with a RolloutMemory (sync collection). The algorithm table (:mod:`netrl.agents.registry`)
+says which takes what, and names the function of :mod:`netrl.pipelines.algorithms` that builds it.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,13 @@ from typing import Any
 
 import gymnasium
 
-from netrl.agents.dqn import DQNActor, DQNAgent
-from netrl.agents.ppo import PPOActor, PPOAgent
-from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
 from netrl.agents.registry import ALGORITHMS, Algorithm, choose, either, entries
-from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.envs.pomdp import partially_observed
 from netrl.errors import ConfigError
-from netrl.memory.replay import ReplayMemory
-from netrl.pipelines.base import Pipeline, rollout_memory
+from netrl.pipelines.algorithms import Parts
+from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
 __all__ = ["gym_pipeline"]
@@ -51,56 +50,15 @@ def gym_pipeline(cfg: Config) -> Pipeline:
         actions = env.action_space
     finally:
         env.close()
-    a, m = cfg.agent, cfg.memory
-    hidden = tuple(a.hidden_sizes)
-    algorithm = _algorithm(cfg, actions).name
-    if m.sequence_length > 1 and a.recurrent is None:
+    algorithm = _algorithm(cfg, actions)
+    m = cfg.memory
+    if m.sequence_length > 1 and algorithm.supports.memory != "sequences":
         raise ConfigError([f"memory.sequence_length is {m.sequence_length}, but the gym pipeline's agents learn from "
                            "single transitions unless agent.recurrent is set: set agent.recurrent (\"gru\" or "
                            "\"lstm\") for the recurrent SAC, or memory.sequence_length to 1"])
-    if a.recurrent is not None:
-        return Pipeline(
-            env_cls=env_cls,
-            actor_module_cls=partial(RecurrentActor, hidden_sizes=hidden, cell=a.recurrent),
-            memory_cls=partial(ReplayMemory, sequence_length=m.sequence_length, burn_in=m.burn_in),
-            training_agent_cls=partial(
-                RecurrentSACAgent, hidden_sizes=hidden, cell=a.recurrent, burn_in=m.burn_in, gamma=a.gamma,
-                polyak=a.polyak, alpha=a.sac.entropy_coef, lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic,
-                lr_entropy=a.sac.lr_entropy,
-                learn_entropy_coef=a.sac.learn_entropy_coef, target_entropy=a.sac.target_entropy),
-        )
-    if algorithm == "ppo":
-        return Pipeline(
-            env_cls=env_cls,
-            actor_module_cls=partial(PPOActor, hidden_sizes=hidden),
-            memory_cls=rollout_memory(),  # the sync collection's: one batch, in stored order
-            training_agent_cls=partial(
-                PPOAgent, hidden_sizes=hidden, gamma=a.gamma, gae_lambda=a.ppo.gae_lambda, lr=a.ppo.lr,
-                n_epochs=a.ppo.epochs, minibatch_size=a.ppo.minibatch_size, clip_range=a.ppo.clip_range,
-                clip_range_vf=a.ppo.clip_range_vf, ent_coef=a.ppo.ent_coef, vf_coef=a.ppo.vf_coef,
-                max_grad_norm=a.ppo.max_grad_norm,
-                anneal_frames=a.ppo.anneal_frames),
-        )
-    if algorithm == "dqn":
-        return Pipeline(
-            env_cls=env_cls,
-            actor_module_cls=partial(DQNActor, hidden_sizes=hidden),
-            memory_cls=ReplayMemory,
-            training_agent_cls=partial(
-                DQNAgent, hidden_sizes=hidden, gamma=a.gamma, lr=a.dqn.lr,
-                target_update_interval=a.dqn.target_update_interval,
-                exploration_initial_eps=a.dqn.exploration_initial_eps,
-                exploration_final_eps=a.dqn.exploration_final_eps, exploration_steps=a.dqn.exploration_steps),
-        )
-    return Pipeline(
-        env_cls=env_cls,
-        actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
-        memory_cls=ReplayMemory,
-        training_agent_cls=partial(
-            SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.sac.entropy_coef, lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic, lr_entropy=a.sac.lr_entropy,
-            learn_entropy_coef=a.sac.learn_entropy_coef, target_entropy=a.sac.target_entropy),
-    )
+    module_name, _, function = algorithm.build.partition(":")
+    parts: Parts = getattr(importlib.import_module(module_name), function)(cfg)
+    return Pipeline(env_cls=env_cls, **parts._asdict())
 
 
 def _algorithm(cfg: Config, actions: gymnasium.Space) -> Algorithm:
