@@ -30,7 +30,7 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
-from netrl.agents.common.actors import check_action_space, register_action_bounds
+from netrl.agents.common.actors import add_gaussian_head, check_action_space
 from netrl.agents.common.distributions import squashed_gaussian
 from netrl.agents.common.encoders import flat_obs, obs_dim
 from netrl.agents.common.networks import TwinQ, mlp
@@ -55,18 +55,17 @@ class RecurrentActor(ActorModule):
         if cell not in ("gru", "lstm"):
             raise ValueError(f'cell must be "gru" or "lstm" (got {cell!r}; config.json: agent.recurrent)')
         self.cell = cell
-        act_dim = int(np.prod(action_space.shape or ()))
         width, self.hidden = hidden_sizes[0], hidden_sizes[-1]
         self.encoder = nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU())
         self.core: nn.GRU | nn.LSTM = (nn.GRU if cell == "gru" else nn.LSTM)(width, self.hidden, batch_first=True)
         head = list(hidden_sizes[1:]) or [self.hidden]
         self.head = mlp([self.hidden, *head])
         self.head.append(nn.ReLU())
-        self.mu = nn.Linear(head[-1], act_dim)
-        self.log_std = nn.Linear(head[-1], act_dim)
+        self.mu: nn.Linear
+        self.log_std: nn.Linear
         self.act_scale: torch.Tensor
         self.act_bias: torch.Tensor
-        register_action_bounds(self, action_space)
+        add_gaussian_head(self, head[-1], action_space)
 
     def recurrent_state(self) -> ExtraSpec:
         names = ["recurrent_state"] if self.cell == "gru" else ["recurrent_state_h", "recurrent_state_c"]

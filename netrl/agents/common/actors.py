@@ -20,7 +20,7 @@ from netrl.agents.common.encoders import flat_obs, obs_dim
 from netrl.agents.common.networks import mlp
 from netrl.agents.registry import SAC, Supports
 
-__all__ = ["MLPActor", "check_action_space", "register_action_bounds"]
+__all__ = ["MLPActor", "add_gaussian_head", "check_action_space"]
 
 
 def check_action_space(supports: Supports, space: gymnasium.Space) -> None:
@@ -30,11 +30,15 @@ def check_action_space(supports: Supports, space: gymnasium.Space) -> None:
         raise ValueError(problem)
 
 
-def register_action_bounds(module: nn.Module, space: gymnasium.Space) -> None:
-    """Buffers ``act_scale`` and ``act_bias`` of a Box ``space``: ``tanh`` output in [-1, 1] times
-    the scale plus the bias is an action within its bounds."""
+def add_gaussian_head(module: nn.Module, width: int, space: gymnasium.Space) -> None:
+    """What :func:`squashed_gaussian` reads, on ``module``: linear layers ``mu`` and ``log_std``
+    from ``width`` features, and buffers ``act_scale`` and ``act_bias`` of a Box ``space`` (``tanh``
+    output in [-1, 1] times the scale plus the bias is an action within its bounds)."""
     if not isinstance(space, gymnasium.spaces.Box):
-        raise ValueError(f"action bounds come from a Box action space (got {space})")
+        raise ValueError(f"a squashed Gaussian acts in a Box action space (got {space})")
+    act_dim = int(np.prod(space.shape))
+    module.mu = nn.Linear(width, act_dim)
+    module.log_std = nn.Linear(width, act_dim)
     low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1)
                  for x in (space.low, space.high))
     module.register_buffer("act_scale", (high - low) / 2)
@@ -49,14 +53,13 @@ class MLPActor(ActorModule):
                  hidden_sizes: Sequence[int] = (256, 256)) -> None:
         super().__init__(observation_space, action_space)
         check_action_space(SAC, action_space)
-        act_dim = int(np.prod(action_space.shape or ()))
         self.net = mlp([obs_dim(observation_space), *hidden_sizes])
         self.net.append(nn.ReLU())
-        self.mu = nn.Linear(hidden_sizes[-1], act_dim)
-        self.log_std = nn.Linear(hidden_sizes[-1], act_dim)
+        self.mu: nn.Linear
+        self.log_std: nn.Linear
         self.act_scale: torch.Tensor
         self.act_bias: torch.Tensor
-        register_action_bounds(self, action_space)
+        add_gaussian_head(self, hidden_sizes[-1], action_space)
 
     def features(self, obs: Any) -> torch.Tensor:
         """Observation encoder; image actors override this with a CNN."""
