@@ -137,7 +137,8 @@ class DQNActor(ActorModule):
 
 
 class DQNAgent(TrainingAgent):
-    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s ``agent``."""
+    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s
+    ``agent.dqn`` (and ``agent.gamma``, ``agent.hidden_sizes``)."""
 
     supports = DQN
 

@@ -152,7 +152,8 @@ def _mean(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
 
 
 class PPOAgent(TrainingAgent):
-    """PPO-clip; the arguments a pipeline sets come from ``config.json``'s ``agent`` section.
+    """PPO-clip; the arguments a pipeline sets come from ``config.json``'s ``agent.ppo`` section
+    (and ``agent.gamma``, ``agent.hidden_sizes``).
 
     Args:
         n_epochs: passes over each batch; minibatch_size: transitions per gradient step (the last one of a pass
