@@ -5,14 +5,8 @@ Each agent class declares what it trains with in its class attribute ``supports`
 :class:`Supports` (as SB3's ``supported_action_spaces``); :data:`ALGORITHMS` maps
 ``agent.algorithm`` to those declarations and to the function that builds the gym pipeline's parts,
 and one checker reads the declarations (as RLlib's ``AlgorithmConfig.validate()``, in
-:mod:`netrl.config.algorithms`)::
-
-    algorithm  agent              actions                         collection  memory     random
-    sac        SACAgent           Box                             async       replay     yes
-    sac        RecurrentSACAgent  Box                             async       sequences  yes
-    dqn        DQNAgent           Discrete, MultiDiscrete, Multi- async       replay     yes
-                                  Binary
-    ppo        PPOAgent           all four                        sync        rollout    no
+:mod:`netrl.config.algorithms`). The declarations below are the only statement of what an
+algorithm needs: the messages that refuse a config are made from them.
 
 The recurrent SAC is what ``sac`` runs with ``agent.recurrent`` set. ``agent.algorithm`` "auto"
 takes the first algorithm marked ``auto`` whose declaration takes the env's actions. Neither torch
