@@ -54,7 +54,8 @@ def algorithm_problems(cfg: Any) -> list[Problem]:
     problems: list[Problem] = []
     if recurrent and not chosen:
         names = list(dict.fromkeys(e.name for e in ALGORITHMS if e.supports.recurrent))
-        labels = either([e.supports.label for e in entries("auto", False) if e.name in names])
+        labels = either([e.supports.label for e in ALGORITHMS
+                         if e.name in names and not e.supports.recurrent])
         quoted = either([f'"{n}"' for n in names])
         problems.append((("agent.recurrent", "agent.algorithm"),
                          f'agent.recurrent "{a.recurrent}" is for {labels}, not agent.algorithm '
