@@ -220,7 +220,8 @@ def test_steps_that_stay_nonfinite_stop_training_naming_the_workers_and_what_to_
     t = training(agent, steps=150, start_training=0)  # trainer.max_nonfinite_steps: 100 by default
     with pytest.raises(NetrlError, match=r"100 training steps in a row were not finite .* each undone; nothing "
                                          r"non-finite was published or saved. Their batches held samples from "
-                                         r"robot-9\. .*trainer.max_abs_reward \(1e\+06\).*agent.lr_critic"):
+                                         r"robot-9\. .*trainer.max_abs_reward \(1e\+06\)"
+                                         r".*agent.sac.lr_critic"):
         list(t.run_epoch(ListSource([packet(1, "robot-9")]), threading.Event()))  # type: ignore[arg-type]
     assert t.safeguards is not None and t.safeguards.nonfinite_steps == 100 and t.total_updates == 0
     assert t.agent is not None and finite(t.agent.model)  # what the last finite step left

@@ -17,13 +17,14 @@ Calling sequence, as the Trainer drives it::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium
 import torch
 
 from netrl.actor import ActorModule
 from netrl.agents.guard import find_state_tensors
+from netrl.agents.registry import Supports
 from netrl.samples.batch import Batch
 
 __all__ = ["Batch", "ModelSpec", "TrainingAgent", "has_state_dict"]
@@ -40,7 +41,14 @@ class ModelSpec(NamedTuple):
 
 
 class TrainingAgent(ABC):
-    """An RL algorithm. Subclasses take at least ``observation_space``, ``action_space`` and ``device``."""
+    """An RL algorithm. Subclasses take at least ``observation_space``, ``action_space`` and
+    ``device``.
+
+    ``supports`` declares what it trains with (:mod:`netrl.agents.registry`), which
+    ``make_pipeline`` checks against the config. None (the default, as tmrl's agents): nothing is
+    declared, and nothing checked."""
+
+    supports: ClassVar[Supports | None] = None
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str) -> None:
         self.observation_space = observation_space

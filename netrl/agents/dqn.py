@@ -36,6 +36,10 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.common.actors import check_action_space
+from netrl.agents.common.distributions import action_branches
+from netrl.agents.common.encoders import ObsEncoder
+from netrl.agents.common.masks import action_mask, check_allows_an_action, check_mask_space
 from netrl.agents.compiled import (
     CompileMode,
     check_compile,
@@ -45,84 +49,12 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
+from netrl.agents.registry import DQN
 from netrl.samples.batch import Batch
 
-__all__ = ["MASK_KEY", "DQNActor", "DQNAgent", "DuelingQ", "ObsEncoder", "action_branches", "is_discrete"]
+__all__ = ["DQNActor", "DQNAgent", "DuelingQ"]
 
-MASK_KEY = "action_mask"
 MAX_GRAD_NORM = 10.0  # SB3's DQN default
-
-
-def is_discrete(space: gymnasium.Space) -> bool:
-    """Whether :class:`DQNAgent` takes ``space`` as its action space."""
-    return isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete, gymnasium.spaces.MultiBinary))
-
-
-def action_branches(space: gymnasium.Space) -> tuple[list[int], np.ndarray]:
-    """The number of choices of each action dimension, and the value of each dimension's first choice."""
-    if isinstance(space, gymnasium.spaces.Discrete):
-        return [int(space.n)], np.array([int(space.start)], np.int64)
-    if isinstance(space, gymnasium.spaces.MultiDiscrete):
-        return [int(n) for n in space.nvec.reshape(-1)], np.asarray(space.start, np.int64).reshape(-1)
-    if isinstance(space, gymnasium.spaces.MultiBinary):
-        return [2] * int(np.prod(space.shape)), np.zeros(int(np.prod(space.shape)), np.int64)
-    raise ValueError(f"DQN needs Discrete, MultiDiscrete or MultiBinary actions (got {space}); for Box actions use "
-                     "SACAgent")
-
-
-def _mask_problem(space: gymnasium.spaces.Dict, width: int) -> str | None:
-    mask = space.spaces[MASK_KEY]
-    if not isinstance(mask, (gymnasium.spaces.MultiBinary, gymnasium.spaces.Box)) or mask.shape != (width,):
-        return (f'observation_space["{MASK_KEY}"] is {mask}; it must be a MultiBinary({width}) or a Box of shape '
-                f"({width},): one 0/1 per choice of the action space")
-    return None
-
-
-class ObsEncoder(nn.Module):
-    """Every observation leaf but the action mask, flattened into one float vector: a ``Box`` as it is, a
-    ``Discrete`` or ``MultiDiscrete`` leaf one-hot (an index is not a magnitude), a ``MultiBinary`` leaf as 0/1."""
-
-    def __init__(self, space: gymnasium.Space) -> None:
-        super().__init__()
-        self.leaves: list[tuple[tuple[str | int, ...], str, list[int], list[int]]] = []  # path, kind, sizes, starts
-        self._add(space, ())
-        if not self.leaves:
-            raise ValueError(f"observation_space {space} has no leaf besides the action mask for the Q network to see")
-        self.dim = sum(sum(sizes) for _, _, sizes, _ in self.leaves)
-
-    def _add(self, space: gymnasium.Space, path: tuple[str | int, ...]) -> None:
-        name = "observation_space" + "".join(f"[{p!r}]" for p in path)
-        if isinstance(space, gymnasium.spaces.Dict):
-            for key, sub in space.spaces.items():
-                if not (path == () and key == MASK_KEY):
-                    self._add(sub, (*path, key))
-        elif isinstance(space, gymnasium.spaces.Tuple):
-            for i, sub in enumerate(space.spaces):
-                self._add(sub, (*path, i))
-        elif isinstance(space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary)):
-            self.leaves.append((path, "flat", [int(np.prod(space.shape))], [0]))
-        elif isinstance(space, gymnasium.spaces.Discrete):
-            self.leaves.append((path, "onehot", [int(space.n)], [int(space.start)]))
-        elif isinstance(space, gymnasium.spaces.MultiDiscrete):
-            self.leaves.append((path, "onehot", [int(n) for n in space.nvec.reshape(-1)],
-                                [int(s) for s in np.asarray(space.start).reshape(-1)]))
-        else:
-            raise ValueError(f"{name} is a {type(space).__name__}, which DQN cannot encode: use Box, Discrete, "
-                             "MultiDiscrete or MultiBinary leaves in Dict and Tuple spaces")
-
-    def forward(self, obs: Any) -> torch.Tensor:
-        parts = []
-        for path, kind, sizes, starts in self.leaves:
-            x = obs
-            for p in path:
-                x = x[p]
-            x = x.reshape(x.shape[0], -1)
-            if kind == "flat":
-                parts.append(x.float())
-            else:
-                for j, (n, start) in enumerate(zip(sizes, starts, strict=True)):
-                    parts.append(F.one_hot(x[:, j].long() - start, n).float())
-        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
 
 
 class DuelingQ(nn.Module):
@@ -131,7 +63,7 @@ class DuelingQ(nn.Module):
 
     def __init__(self, observation_space: gymnasium.Space, sizes: Sequence[int], hidden_sizes: Sequence[int]) -> None:
         super().__init__()
-        self.encoder = ObsEncoder(observation_space)
+        self.encoder = ObsEncoder(observation_space, DQN.label)
         layers: list[nn.Module] = []
         width = self.encoder.dim
         for h in hidden_sizes:
@@ -149,13 +81,6 @@ class DuelingQ(nn.Module):
             return self.value(h) + adv - adv.mean(-1, keepdim=True)
         parts = [a - a.mean(-1, keepdim=True) for a in torch.split(adv, self.sizes, -1)]
         return self.value(h) + torch.cat(parts, -1)
-
-
-def action_mask(obs: Any) -> torch.Tensor | None:
-    """The batch's action mask as booleans, or None when the observations carry none."""
-    if isinstance(obs, dict) and MASK_KEY in obs:
-        return obs[MASK_KEY].reshape(obs[MASK_KEY].shape[0], -1) != 0
-    return None
 
 
 def greedy(q: torch.Tensor, mask: torch.Tensor | None, sizes: Sequence[int]) -> torch.Tensor:
@@ -176,11 +101,9 @@ class DQNActor(ActorModule):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256)) -> None:
         super().__init__(observation_space, action_space)
+        check_action_space(DQN, action_space)
         self.sizes, starts = action_branches(action_space)
-        if isinstance(observation_space, gymnasium.spaces.Dict) and MASK_KEY in observation_space.spaces:
-            problem = _mask_problem(observation_space, sum(self.sizes))
-            if problem:
-                raise ValueError(problem)
+        check_mask_space(observation_space, sum(self.sizes))
         self.q = DuelingQ(observation_space, self.sizes, hidden_sizes)
         self.epsilon: torch.Tensor
         self.register_buffer("epsilon", torch.tensor(1.0))
@@ -200,11 +123,7 @@ class DQNActor(ActorModule):
         q = self.q(obs)
         mask = action_mask(obs)
         if mask is not None:
-            for b, part in enumerate(torch.split(mask, self.sizes, -1)):
-                empty = ~part.any(-1)
-                if bool(empty.any()):
-                    raise ValueError(f'the "{MASK_KEY}" of observation {int(empty.nonzero()[0])} allows no action in '
-                                     f"action dimension {b}: an env must allow at least one action per dimension")
+            check_allows_an_action(mask, self.sizes)
         choice = greedy(q, mask, self.sizes)
         if not test:
             explore = torch.rand(q.shape[0], device=q.device) < self.epsilon  # each env explores on its own
@@ -218,7 +137,10 @@ class DQNActor(ActorModule):
 
 
 class DQNAgent(TrainingAgent):
-    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s ``agent``."""
+    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s
+    ``agent.dqn`` (and ``agent.gamma``, ``agent.hidden_sizes``)."""
+
+    supports = DQN
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (256, 256), gamma: float = 0.99, lr: float = 1e-3,

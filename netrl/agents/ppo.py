@@ -26,7 +26,6 @@ exactly, so the ratio compares like with like.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,29 +36,27 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.common.actors import check_action_space
+from netrl.agents.common.distributions import (
+    LOG_SQRT_2PI,
+    action_branches,
+    branch_log_probs,
+    categorical_entropy,
+    categorical_log_prob,
+    clipped_gaussian_log_prob,
+)
+from netrl.agents.common.encoders import ObsEncoder
+from netrl.agents.common.masks import action_mask, check_mask_space
+from netrl.agents.common.networks import tanh_mlp
 from netrl.agents.compiled import CompileMode, check_compile, compile_fn, step_begin
-from netrl.agents.dqn import MASK_KEY, ObsEncoder, _mask_problem, action_branches, action_mask, is_discrete
 from netrl.agents.gae import gae, trajectory_ends
+from netrl.agents.registry import PPO
 from netrl.samples.batch import Batch
 from netrl.samples.columns import tree_map
 
 __all__ = ["EXTRAS", "PPOActor", "PPOAgent"]
 
 EXTRAS = ("action_log_prob", "state_value")  # what PPOActor records per row; the memory adds "traj_ids"
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def _mlp(n_in: int, hidden: Sequence[int], n_out: int, out_gain: float) -> nn.Sequential:
-    """Tanh MLP, orthogonally initialised (gain sqrt(2) inside, ``out_gain`` on the last layer), as SB3's PPO."""
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(n_in, h), nn.Tanh()]
-        n_in = h
-    layers.append(nn.Linear(n_in, n_out))
-    for i, layer in enumerate(m for m in layers if isinstance(m, nn.Linear)):
-        nn.init.orthogonal_(layer.weight, out_gain if i == len(hidden) else math.sqrt(2))
-        nn.init.zeros_(layer.bias)
-    return nn.Sequential(*layers)
 
 
 class PPOActor(ActorModule):
@@ -68,6 +65,7 @@ class PPOActor(ActorModule):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (64, 64), log_std_init: float = 0.0) -> None:
         super().__init__(observation_space, action_space)
+        check_action_space(PPO, action_space)
         self.continuous = isinstance(action_space, gymnasium.spaces.Box)
         if self.continuous:
             box = action_space
@@ -80,22 +78,17 @@ class PPOActor(ActorModule):
             self.register_buffer("low", low)
             self.register_buffer("high", high)
             self._shape: tuple[int, ...] = tuple(box.shape)
-        elif is_discrete(action_space):
+        else:
             self.sizes, starts = action_branches(action_space)
             n_out = sum(self.sizes)
             self.starts: torch.Tensor
             self.register_buffer("starts", torch.as_tensor(starts))
             self._shape = tuple(action_space.shape or ())
-            if isinstance(observation_space, gymnasium.spaces.Dict) and MASK_KEY in observation_space.spaces:
-                problem = _mask_problem(observation_space, n_out)
-                if problem:
-                    raise ValueError(problem)
-        else:
-            raise ValueError(f"PPO needs Box, Discrete, MultiDiscrete or MultiBinary actions (got {action_space})")
+            check_mask_space(observation_space, n_out)
         self._dtype = action_space.dtype
-        self.encoder = ObsEncoder(observation_space)  # the action mask is not an input
-        self.pi = _mlp(self.encoder.dim, hidden_sizes, n_out, 0.01)  # near-uniform first policy
-        self.vf = _mlp(self.encoder.dim, hidden_sizes, 1, 1.0)
+        self.encoder = ObsEncoder(observation_space, PPO.label)  # the action mask is not an input
+        self.pi = tanh_mlp(self.encoder.dim, hidden_sizes, n_out, 0.01)  # near-uniform first policy
+        self.vf = tanh_mlp(self.encoder.dim, hidden_sizes, 1, 1.0)
 
     def extra_outputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {name: ((), "float32") for name in EXTRAS}
@@ -106,31 +99,12 @@ class PPOActor(ActorModule):
 
     # -- distributions ------------------------------------------------------------------------------------------------
     def _logits(self, obs: Any, h: torch.Tensor) -> list[torch.Tensor]:
-        """Each branch's log-probabilities, masked choices at the float's lowest value (probability 0)."""
-        logits = self.pi(h)
-        mask = action_mask(obs)
-        if mask is not None:
-            for b, part in enumerate(torch.split(mask, self.sizes, -1)):
-                empty = ~part.any(-1)
-                if bool(empty.any()):
-                    raise ValueError(f'the "{MASK_KEY}" of observation {int(empty.nonzero()[0])} allows no action in '
-                                     f"action dimension {b}: an env must allow at least one action per dimension")
-            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-        return [torch.log_softmax(part, -1) for part in torch.split(logits, self.sizes, -1)]
+        """Each branch's log-probabilities, masked choices at probability 0."""
+        return branch_log_probs(self.pi(h), action_mask(obs), self.sizes)
 
     def _box_log_prob(self, mean: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """Log-probability of (clipped) actions ``a`` under the clipped Gaussian, summed over dimensions."""
-        log_std = self.log_std.expand_as(mean)
-        std = log_std.exp()
-        inside = -0.5 * ((a - mean) / std) ** 2 - log_std - LOG_SQRT_2PI
-        # A bound that is infinite is never hit; it is replaced by 0 so that no inf reaches a gradient through where
-        at_low = torch.isfinite(self.low) & (a <= self.low)
-        at_high = torch.isfinite(self.high) & (a >= self.high)
-        low = torch.where(torch.isfinite(self.low), self.low, 0.0)
-        high = torch.where(torch.isfinite(self.high), self.high, 0.0)
-        below = torch.special.log_ndtr((low - mean) / std)  # P(sample <= low): all of it lands on the bound
-        above = torch.special.log_ndtr((mean - high) / std)
-        return torch.where(at_low, below, torch.where(at_high, above, inside)).sum(-1)
+        """Log-probability of (clipped) actions ``a``, summed over dimensions."""
+        return clipped_gaussian_log_prob(mean, self.log_std, a, self.low, self.high)
 
     def log_prob_entropy(self, obs: Any, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(log pi(act|obs), entropy of pi(.|obs))``, each ``(B,)``; ``act`` as the packets store it."""
@@ -142,9 +116,7 @@ class PPOActor(ActorModule):
             return self._box_log_prob(mean, act.reshape(n, -1).float()), entropy
         choice = act.reshape(n, -1).long() - self.starts
         parts = self._logits(obs, h)
-        logp = torch.stack([lp.gather(1, choice[:, b:b + 1]).squeeze(1) for b, lp in enumerate(parts)], -1).sum(-1)
-        entropy = torch.stack([-(lp.exp() * lp).sum(-1) for lp in parts], -1).sum(-1)
-        return logp, entropy
+        return categorical_log_prob(parts, choice), categorical_entropy(parts)
 
     def act(self, obs: Any, test: bool = False) -> Any:
         """``(actions, extras)``: ``B`` actions shaped ``(B, *action_space.shape)``, and ``{"action_log_prob",
@@ -164,8 +136,7 @@ class PPOActor(ActorModule):
                     choice = torch.stack([lp.argmax(-1) for lp in parts], -1)
                 else:
                     choice = torch.stack([torch.multinomial(lp.exp(), 1).squeeze(-1) for lp in parts], -1)
-                logp = torch.stack([lp.gather(1, choice[:, b:b + 1]).squeeze(1) for b, lp in enumerate(parts)],
-                                   -1).sum(-1)
+                logp = categorical_log_prob(parts, choice)
                 actions = (choice + self.starts).cpu().numpy().reshape(h.shape[0], *self._shape).astype(self._dtype)
         extras = {"action_log_prob": logp.float().cpu().numpy(), "state_value": value.float().cpu().numpy()}
         return actions, extras
@@ -181,7 +152,8 @@ def _mean(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
 
 
 class PPOAgent(TrainingAgent):
-    """PPO-clip; the arguments a pipeline sets come from ``config.json``'s ``agent`` section.
+    """PPO-clip; the arguments a pipeline sets come from ``config.json``'s ``agent.ppo`` section
+    (and ``agent.gamma``, ``agent.hidden_sizes``).
 
     Args:
         n_epochs: passes over each batch; minibatch_size: transitions per gradient step (the last one of a pass
@@ -192,7 +164,7 @@ class PPOAgent(TrainingAgent):
             linearly to 0 (RL Zoo's ``lin_`` schedules over ``n_timesteps``).
     """
 
-    on_policy = True  # it trains on a RolloutMemory's batches only (netrl.pipelines.make refuses others)
+    supports = PPO  # on-policy: RolloutMemory batches only (netrl.pipelines.make refuses others)
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (64, 64), gamma: float = 0.99, gae_lambda: float = 0.95,
@@ -219,8 +191,9 @@ class PPOAgent(TrainingAgent):
     def _extras(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         missing = [k for k in (*EXTRAS, "traj_ids") if k not in batch.extra]
         if missing:
-            raise ValueError(f"PPOAgent.train needs batch.extra {missing} (it has {sorted(batch.extra)}): PPO trains "
-                             "on a RolloutMemory's batches (trainer.collection \"sync\") of a PPOActor's samples")
+            raise ValueError(f"PPOAgent.train needs batch.extra {missing} (it has "
+                             f"{sorted(batch.extra)}): PPO trains on a RolloutMemory's batches "
+                             f'(trainer.collection "{PPO.collection}") of a PPOActor\'s samples')
         return (batch.extra["action_log_prob"].float(), batch.extra["state_value"].float(),
                 batch.extra["traj_ids"])
 

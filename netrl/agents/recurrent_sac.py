@@ -30,7 +30,11 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
-from netrl.agents.sac import TwinQ, flat_obs, mlp, obs_dim, squashed_gaussian
+from netrl.agents.common.actors import add_gaussian_head, check_action_space
+from netrl.agents.common.distributions import squashed_gaussian
+from netrl.agents.common.encoders import flat_obs, obs_dim
+from netrl.agents.common.networks import TwinQ, mlp
+from netrl.agents.registry import RECURRENT_SAC
 from netrl.samples.batch import Batch
 from netrl.samples.columns import ExtraSpec, tree_map
 
@@ -47,25 +51,21 @@ class RecurrentActor(ActorModule):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru") -> None:
         super().__init__(observation_space, action_space)
-        if not isinstance(action_space, gymnasium.spaces.Box):
-            raise ValueError(f"SAC needs a Box action space (got {action_space})")
+        check_action_space(RECURRENT_SAC, action_space)
         if cell not in ("gru", "lstm"):
             raise ValueError(f'cell must be "gru" or "lstm" (got {cell!r}; config.json: agent.recurrent)')
         self.cell = cell
-        act_dim = int(np.prod(action_space.shape))
         width, self.hidden = hidden_sizes[0], hidden_sizes[-1]
         self.encoder = nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU())
         self.core: nn.GRU | nn.LSTM = (nn.GRU if cell == "gru" else nn.LSTM)(width, self.hidden, batch_first=True)
         head = list(hidden_sizes[1:]) or [self.hidden]
         self.head = mlp([self.hidden, *head])
         self.head.append(nn.ReLU())
-        self.mu = nn.Linear(head[-1], act_dim)
-        self.log_std = nn.Linear(head[-1], act_dim)
-        low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in (action_space.low, action_space.high))
+        self.mu: nn.Linear
+        self.log_std: nn.Linear
         self.act_scale: torch.Tensor
         self.act_bias: torch.Tensor
-        self.register_buffer("act_scale", (high - low) / 2)
-        self.register_buffer("act_bias", (high + low) / 2)
+        add_gaussian_head(self, head[-1], action_space)
 
     def recurrent_state(self) -> ExtraSpec:
         names = ["recurrent_state"] if self.cell == "gru" else ["recurrent_state_h", "recurrent_state_c"]
@@ -103,6 +103,8 @@ class RecurrentActor(ActorModule):
 
 class RecurrentSACAgent(TrainingAgent):
     """SAC v2 on sequences with a recurrent actor (see the module). ``burn_in``: ``memory.burn_in``."""
+
+    supports = RECURRENT_SAC
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", burn_in: int = 0, gamma: float = 0.99,

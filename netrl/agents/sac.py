@@ -20,7 +20,6 @@ steps and the target update); the results match eager mode within floating-point
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -29,12 +28,14 @@ from typing import Any, cast
 import gymnasium
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.common.actors import MLPActor
+from netrl.agents.common.encoders import flat_obs, obs_dim
+from netrl.agents.common.networks import TwinQ
 from netrl.agents.compiled import (
     CompileMode,
     Reparametrized,
@@ -46,115 +47,13 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
+from netrl.agents.registry import SAC
 from netrl.samples.batch import Batch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MLPActor", "MLPActorCritic", "SACAgent", "TwinQ", "flat_obs", "obs_dim", "squashed_gaussian"]
-
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-
-
-def _leaves(obs: Any) -> list[torch.Tensor]:
-    if isinstance(obs, (tuple, list)):
-        return [leaf for o in obs for leaf in _leaves(o)]
-    if isinstance(obs, dict):
-        return [leaf for k in sorted(obs) for leaf in _leaves(obs[k])]
-    return [obs]
-
-
-def flat_obs(obs: Any) -> torch.Tensor:
-    """Concatenate every leaf of a (possibly nested) batch of observations into ``(batch, features)``."""
-    parts = [o.reshape(o.shape[0], -1).float() for o in _leaves(obs)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
-
-
-def obs_dim(space: gymnasium.Space) -> int:
-    """Number of features :func:`flat_obs` produces for one observation of ``space``."""
-    return int(gymnasium.spaces.flatdim(space)) if not isinstance(space, gymnasium.spaces.Box) else int(
-        np.prod(space.shape))
-
-
-def squashed_gaussian(mu: torch.Tensor, log_std: torch.Tensor, act_scale: torch.Tensor, act_bias: torch.Tensor,
-                      test: bool = False, with_logprob: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """SAC's policy sample: ``tanh`` of a Gaussian (its mean when ``test``), scaled to the action bounds, and its
-    log-probability (None unless ``with_logprob``)."""
-    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-    std = log_std.exp()
-    u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
-    logp = None
-    if with_logprob:
-        logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        # Change of variables through tanh, in the numerically stable form (Spinning Up, eq. 21 of the paper).
-        logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(act_scale).sum()
-    return torch.tanh(u) * act_scale + act_bias, logp
-
-
-def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(activation())
-    return nn.Sequential(*layers)
-
-
-class MLPActor(ActorModule):
-    """Squashed Gaussian policy: ``a = low + (tanh(u) + 1) / 2 * (high - low)``, ``u ~ N(mu(s), sigma(s))``."""
-
-    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
-                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
-        super().__init__(observation_space, action_space)
-        if not isinstance(action_space, gymnasium.spaces.Box):
-            raise ValueError(f"SAC needs a Box action space (got {action_space})")
-        act_dim = int(np.prod(action_space.shape))
-        self.net = mlp([obs_dim(observation_space), *hidden_sizes])
-        self.net.append(nn.ReLU())
-        self.mu = nn.Linear(hidden_sizes[-1], act_dim)
-        self.log_std = nn.Linear(hidden_sizes[-1], act_dim)
-        low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in (action_space.low, action_space.high))
-        self.act_scale: torch.Tensor
-        self.act_bias: torch.Tensor
-        self.register_buffer("act_scale", (high - low) / 2)
-        self.register_buffer("act_bias", (high + low) / 2)
-
-    def features(self, obs: Any) -> torch.Tensor:
-        """Observation encoder; image actors override this with a CNN."""
-        return self.net(flat_obs(obs))
-
-    def forward(self, obs: Any, test: bool = False, with_logprob: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = self.features(obs)
-        return squashed_gaussian(self.mu(h), self.log_std(h), self.act_scale, self.act_bias, test, with_logprob)
-
-    def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        a, _ = self.forward(obs, test=test, with_logprob=False)
-        return a.detach().cpu().numpy().reshape((-1, *(self.action_space.shape or ())))  # one action per observation
-
-
-class TwinQ(nn.Module):
-    """Two Q networks evaluated as one batched MLP: weights are stacked along a leading dimension of 2."""
-
-    def __init__(self, in_dim: int, hidden_sizes: Sequence[int]) -> None:
-        super().__init__()
-        sizes = [in_dim, *hidden_sizes, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for fan_in, fan_out in itertools.pairwise(sizes):
-            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation
-            self.weights.append(nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (batch, in_dim) -> Q values (2, batch)."""
-        h = x.unsqueeze(0).expand(2, *x.shape)
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            # compiled, the bias add fuses with the ReLU instead of being copied into the product's output first
-            h = torch.bmm(h, w) + b if torch.compiler.is_compiling() else torch.baddbmm(b, h, w)
-            if i < last:
-                h = F.relu(h)
-        return h.squeeze(-1)
+# MLPActor lives in netrl.agents.common.actors; this is its tmrl path
+__all__ = ["MLPActor", "MLPActorCritic", "SACAgent"]
 
 
 class MLPActorCritic(nn.Module):
@@ -164,14 +63,18 @@ class MLPActorCritic(nn.Module):
                  hidden_sizes: Sequence[int] = (256, 256)) -> None:
         super().__init__()
         self.actor = MLPActor(observation_space, action_space, hidden_sizes)
-        self.critic = TwinQ(obs_dim(observation_space) + int(np.prod(action_space.shape or ())), hidden_sizes)
+        act_dim = int(np.prod(action_space.shape or ()))
+        self.critic = TwinQ(obs_dim(observation_space) + act_dim, hidden_sizes)
 
     def q(self, obs: Any, act: torch.Tensor, critic: nn.Module | None = None) -> torch.Tensor:
-        return (critic or self.critic)(torch.cat([flat_obs(obs), act.reshape(act.shape[0], -1)], -1))
+        pairs = torch.cat([flat_obs(obs), act.reshape(act.shape[0], -1)], -1)
+        return (critic or self.critic)(pairs)
 
 
 class SACAgent(TrainingAgent):
     """SAC v2 (automatic entropy tuning) with tmrl's constructor arguments."""
+
+    supports = SAC
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  model_cls: Any = MLPActorCritic, gamma: float = 0.99, polyak: float = 0.995, alpha: float = 0.2,

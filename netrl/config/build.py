@@ -15,10 +15,21 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import field
 from typing import Any, Literal
 
-__all__ = ["build_dataclass", "field_problem"]
+__all__ = ["build_dataclass", "field_problem", "setting"]
+
+
+def setting(default: Any, help: str, check: Callable[[Any], str | None] | None = None,
+            convert: Callable[[Any], Any] | None = None) -> Any:
+    """A config field with its ``help`` line, the ``check`` its value must pass, and a ``convert``
+    applied before the check (see :func:`field_problem`)."""
+    metadata = {"help": help, "check": check, "convert": convert}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def _type_name(tp: Any) -> str:

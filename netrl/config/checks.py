@@ -1,8 +1,8 @@
 """The checks config fields carry: each takes a value and returns what is wrong with it, or None.
 
 :mod:`netrl.config.sections` attaches them to its dataclass fields; :mod:`netrl.config.build` runs them and
-``_validate`` in :mod:`netrl.config.sections` lists every problem. :func:`algorithm_problems` holds the rules between
-``agent.algorithm`` and the keys it needs, which :mod:`netrl.config.load` applies with the other rules between fields.
+``_validate`` in :mod:`netrl.config.sections` lists every problem. The rules between
+``agent.algorithm`` and the keys it needs are in :mod:`netrl.config.algorithms`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "algorithm_problems", "between", "file_name", "folder",
-           "ge", "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder", "pipeline_name",
-           "port", "sequence_problems", "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge",
+           "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder",
+           "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -130,34 +130,9 @@ def optional_folder(v: str | None) -> str | None:
     return optional(folder)(v)
 
 
-def algorithm_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
-    """The rules between ``agent.algorithm`` and the keys it needs, as ``(keys involved, message)``: PPO trains each
-    batch on the samples of one weight version, collected by its own policy."""
-    if cfg.agent.algorithm != "ppo":
-        return []
-    problems: list[tuple[tuple[str, ...], str]] = []
-    # trainer.collection and trainer.frames_per_batch come with the sync collection; a config without them is async
-    collection = getattr(cfg.trainer, "collection", "async")
-    if collection != "sync":
-        problems.append((("agent.algorithm", "trainer.collection"),
-                         f'agent.algorithm "ppo" needs trainer.collection "sync" (got "{collection}"): PPO trains each '
-                         "batch on samples of one weight version; set trainer.collection to \"sync\", or choose "
-                         "another agent.algorithm"))
-    if cfg.worker.init_random_frames > 0:
-        problems.append((("agent.algorithm", "worker.init_random_frames"),
-                         f"worker.init_random_frames ({cfg.worker.init_random_frames}) must be 0 with agent.algorithm "
-                         '"ppo": PPO learns from the actions its own policy chose, with their log-probabilities, and a '
-                         "random action has none"))
-    frames = getattr(cfg.trainer, "frames_per_batch", None)
-    if frames is not None and cfg.agent.minibatch_size > frames:
-        problems.append((("agent.minibatch_size", "trainer.frames_per_batch"),
-                         f"agent.minibatch_size ({cfg.agent.minibatch_size}) must be <= trainer.frames_per_batch "
-                         f"({frames}): a PPO minibatch is drawn from one batch"))
-    return problems
-
-
 def sequence_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
-    """The rules between the sequence keys (``memory.sequence_length``, ``memory.burn_in``) and ``agent.recurrent``."""
+    """The rules between the sequence keys (``memory.sequence_length``, ``memory.burn_in``) and the
+    memory; those with ``agent.recurrent`` are in :mod:`netrl.config.algorithms`."""
     m = cfg.memory
     problems: list[tuple[tuple[str, ...], str]] = []
     if m.sequence_length > m.memory_size:
@@ -168,13 +143,4 @@ def sequence_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
         problems.append((("memory.burn_in", "memory.sequence_length"),
                          f"memory.burn_in ({m.burn_in}) must be < memory.sequence_length ({m.sequence_length}): a "
                          "sequence needs steps left to learn from after its burn-in"))
-    if cfg.agent.recurrent is not None and m.sequence_length < 2:
-        problems.append((("agent.recurrent", "memory.sequence_length"),
-                         f'agent.recurrent "{cfg.agent.recurrent}" needs memory.sequence_length >= 2 (got '
-                         f"{m.sequence_length}): a recurrent agent learns from sequences of steps; set it (e.g. 16, "
-                         "with memory.burn_in 4), or set agent.recurrent to null"))
-    if cfg.agent.recurrent is not None and cfg.agent.algorithm not in ("auto", "sac"):
-        problems.append((("agent.recurrent", "agent.algorithm"),
-                         f'agent.recurrent "{cfg.agent.recurrent}" is for SAC, not agent.algorithm '
-                         f'"{cfg.agent.algorithm}": set agent.algorithm to "sac", or agent.recurrent to null'))
     return problems

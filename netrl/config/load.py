@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import sys
 import typing
@@ -18,10 +19,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from netrl.config.algorithms import algorithm_problems
 from netrl.config.build import build_dataclass, field_problem
-from netrl.config.checks import algorithm_problems, sequence_problems
+from netrl.config.checks import sequence_problems
+from netrl.config.renamed import rename_old_keys
 from netrl.config.sections import CONFIG_VERSION, Config, Problem
 from netrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_DEPTH", "check_value", "config_from_dict", "config_to_dict", "load_config"]
 
@@ -132,14 +137,24 @@ def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, 
     if deep is not None:
         raise ConfigError([f"{deep} nests objects and lists more than {MAX_DEPTH} levels deep; no setting needs that "
                            "many"], source)
+    renamed = rename_old_keys(data)
+    if renamed.notices:
+        count = len(renamed.notices)
+        lines = "".join(f"\n  {n}" for n in renamed.notices)
+        log.warning("%s uses %d old key name%s, which still work%s: rename them%s", source, count,
+                    "s" if count != 1 else "", "s" if count == 1 else "", lines)
     rejected: list[tuple[str, str]] = []
-    cfg = typing.cast(Config, build_dataclass(Config, data, "", rejected))
+    cfg = typing.cast(Config, build_dataclass(Config, renamed.data, "", rejected))
     bad = {key for key, _ in rejected}
 
     def involves_bad(key: str) -> bool:
         return any(b == "" or key == b or key.startswith(b + ".") for b in bad)
 
-    problems: list[Problem] = [((key,), message) for key, message in rejected]
+    # a value set under an old name is refused under that name
+    problems: list[Problem] = [
+        ((key,), message.replace(key, f"{renamed.origin[key]} (now {key})", 1)
+         if key in renamed.origin else message) for key, message in rejected]
+    problems += renamed.clashes
     problems += [p for p in _cross_checks(cfg, role) if not any(involves_bad(k) for k in p[0])]
     if problems:
         if any(key in (flagged or {}) for keys, _ in problems for key in keys):

@@ -13,13 +13,13 @@ import dataclasses
 import json
 import re
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from netrl.config.agent import AgentConfig
+from netrl.config.build import setting as _f
 from netrl.config.checks import (
-    Check,
     between,
     file_name,
     folder,
@@ -33,9 +33,9 @@ from netrl.config.checks import (
     optional_folder,
     pipeline_name,
     port,
-    sizes,
     torch_device,
 )
+from netrl.config.renamed import old_attribute
 from netrl.protocol.codecs import Codec
 from netrl.protocol.messages import MAX_SECONDS, MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
@@ -67,15 +67,6 @@ FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "tra
 def flag_for(key: str) -> str | None:
     """The command-line flag that sets config key ``key`` (``--worker-port``), or None if no flag does."""
     return next((f"--{dest.replace('_', '-')}" for dest, k in FLAG_KEYS.items() if k == key), None)
-
-
-def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
-    """A field with its ``help`` line, the ``check`` its value must pass, and a ``convert`` applied before the check
-    (see :func:`netrl.config.build.field_problem`)."""
-    metadata = {"help": help, "check": check, "convert": convert}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -255,12 +246,14 @@ class MemoryConfig:
                      "of its episode before bootstrapping (1: one-step; ReplayMemory only)", ge(1))
     prioritized: bool = _f(False, "prioritized replay: transitions drawn by their agent's |TD error|, with importance "
                            "weights (ReplayMemory with SAC or DQN)")
-    alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully by priority)",
-                      between(0.0, 1.0))
-    beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, annealed linearly to 1",
-                     between(0.0, 1.0))
-    beta_steps: int = _f(100_000, "prioritized replay: training steps over which beta reaches 1 (0: 1 at once)", ge(0))
-    eps: float = _f(1e-6, "prioritized replay: added to each |TD error| so that no transition's priority is 0", gt(0))
+    priority_alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully "
+                               "by priority)", between(0.0, 1.0))
+    priority_beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, "
+                              "annealed linearly to 1", between(0.0, 1.0))
+    priority_beta_steps: int = _f(100_000, "prioritized replay: training steps over which "
+                                  "priority_beta reaches 1 (0: 1 at once)", ge(0))
+    priority_eps: float = _f(1e-6, "prioritized replay: added to each |TD error| so that no "
+                             "transition's priority is 0", gt(0))
     device: Literal["cpu", "cuda"] = _f("cpu", "where the replay memory's columns live: cpu (host memory; batches are "
                                         "copied to a CUDA trainer from page-locked buffers) or cuda (the training "
                                         "device's memory, if memory_size fits: packets are copied in once and batches "
@@ -272,46 +265,9 @@ class MemoryConfig:
     burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent state, without gradient "
                       "(R2D2); must be < sequence_length", ge(0))
 
-
-@dataclass(frozen=True)
-class AgentConfig:
-    algorithm: Literal["auto", "sac", "dqn", "ppo"] = _f(
-        "auto", "the gym pipeline's agent: auto (SAC for Box actions, DQN for discrete ones), sac, dqn, or ppo "
-        "(on-policy, for both; needs trainer.collection sync)")
-    gamma: float = _f(0.99, "discount factor", between(0.0, 1.0))
-    polyak: float = _f(0.995, "target network averaging factor", between(0.0, 1.0))
-    alpha: float = _f(0.2, "initial entropy coefficient", gt(0))
-    lr_actor: float = _f(1e-3, "actor learning rate", gt(0))
-    lr_critic: float = _f(1e-3, "critic learning rate (DQN: its Q network's)", gt(0))
-    lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", gt(0))
-    learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
-    target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
-    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", sizes)
-    recurrent: Literal["gru", "lstm"] | None = _f(None, "SAC: a GRU or LSTM over the actor's encoder, its state kept "
-                                                  "per env by the worker and stored with each step (needs "
-                                                  "memory.sequence_length >= 2; null: MLP SAC)")
-    target_update_interval: int = _f(128, "DQN (discrete actions): training steps between copies of the Q network "
-                                     "into its target", ge(1))
-    exploration_initial_eps: float = _f(1.0, "DQN: chance of a random (allowed) action when training starts",
-                                        between(0.0, 1.0))
-    exploration_final_eps: float = _f(0.04, "DQN: chance of a random (allowed) action after exploration_steps",
-                                      between(0.0, 1.0))
-    exploration_steps: int = _f(4000, "DQN: training steps over which the chance of a random action falls linearly "
-                                "from exploration_initial_eps to exploration_final_eps (workers follow with each "
-                                "weight version; test episodes act greedily)", ge(0))
-    lr_ppo: float = _f(3e-4, "PPO: learning rate of its one optimiser (policy and value together)", gt(0))
-    ppo_epochs: int = _f(10, "PPO: passes over each collected batch", ge(1))
-    minibatch_size: int = _f(64, "PPO: transitions per gradient step within a pass", ge(1))
-    clip_range: float = _f(0.2, "PPO: epsilon of the clipped surrogate (the policy ratio counts within 1 +- this)",
-                           gt(0))
-    clip_range_vf: float | None = _f(None, "PPO: the new value is kept within this of the value recorded at action "
-                                     "time (null: no value clipping)", optional(gt(0)))
-    gae_lambda: float = _f(0.95, "PPO: lambda of generalised advantage estimation", between(0.0, 1.0))
-    ent_coef: float = _f(0.0, "PPO: weight of the entropy bonus", ge(0))
-    vf_coef: float = _f(0.5, "PPO: weight of the value loss", ge(0))
-    max_grad_norm: float = _f(0.5, "PPO: gradients are clipped to this global norm", gt(0))
-    ppo_anneal_frames: int | None = _f(None, "PPO: lr_ppo and clip_range fall linearly to 0 over this many trained env "
-                                       "steps (RL Zoo's lin_ schedules; null: constant)", optional(ge(1)))
+    if not typing.TYPE_CHECKING:  # mypy still refuses unknown names; old ones read at run time
+        def __getattr__(self, name: str) -> Any:
+            return old_attribute(self, "memory", name)
 
 
 @dataclass(frozen=True)

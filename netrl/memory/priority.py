@@ -36,13 +36,17 @@ def check_priority_args(alpha: float, beta: float, beta_steps: int, eps: float) 
     """The problems with these settings, each naming its key and value."""
     problems = []
     if not 0.0 <= alpha <= 1.0:
-        problems.append(f"memory.alpha must be within [0, 1] (got {alpha}): 0 samples uniformly, 1 fully by priority")
+        problems.append(f"memory.priority_alpha must be within [0, 1] (got {alpha}): 0 samples "
+                        "uniformly, 1 fully by priority")
     if not 0.0 <= beta <= 1.0:
-        problems.append(f"memory.beta must be within [0, 1] (got {beta}); it is annealed to 1")
+        problems.append(f"memory.priority_beta must be within [0, 1] (got {beta}); it is annealed "
+                        "to 1")
     if beta_steps < 0:
-        problems.append(f"memory.beta_steps must be >= 0 (got {beta_steps}); 0: beta is 1 from the start")
+        problems.append(f"memory.priority_beta_steps must be >= 0 (got {beta_steps}); 0: beta is 1 "
+                        "from the start")
     if not eps > 0:
-        problems.append(f"memory.eps must be > 0 (got {eps}): a priority of 0 would never be sampled again")
+        problems.append(f"memory.priority_eps must be > 0 (got {eps}): a priority of 0 would never "
+                        "be sampled again")
     return problems
 
 

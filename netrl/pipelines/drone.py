@@ -23,11 +23,12 @@ import numpy as np
 import rtgym.tuto.dummy_drone
 from rtgym import DEFAULT_CONFIG_DICT, DummyRCDrone, RealTimeGymInterface
 
-from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.agents.sac import MLPActor, MLPActorCritic
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.envs.realtime import StepTimer
 from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
+from netrl.pipelines.algorithms import sac_agent
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
@@ -114,16 +115,12 @@ def drone_pipeline(cfg: Config, *, time_step: float = TIME_STEP, act_buf_len: in
     """Build the drone pipeline. Its sample compressor is stateful: build one pipeline per worker."""
     rtgym_config = drone_rtgym_config(time_step, act_buf_len, ep_max_length, reset_act_buf, last_act_on_reset)
     settings = act_buf_settings(rtgym_config)
-    a = cfg.agent
-    hidden = tuple(a.hidden_sizes)
+    hidden = tuple(cfg.agent.hidden_sizes)
     return Pipeline(
         env_cls=partial(drone_env, env_id, rtgym_config),
         actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
         memory_cls=partial(ActionBufferMemory, **settings),
-        training_agent_cls=partial(
-            SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+        training_agent_cls=sac_agent(cfg, partial(MLPActorCritic, hidden_sizes=hidden)),
         sample_compressor=ActionBufferCompressor(**settings),
         overlap=2 * act_buf_len - 1,  # a reset row skips one action: a buffer reaches 2L - 1 rows back
         realtime=True,

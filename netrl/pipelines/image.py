@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from netrl.agents.cnn import CNNActor, CNNActorCritic, EncoderHead
-from netrl.agents.sac import SACAgent
+from netrl.agents.cnn import CNNActor, CNNActorCritic
+from netrl.agents.common.encoders import EncoderHead
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.envs.image import ENV_ID
 from netrl.memory.frames import FrameCodec, FrameStackCompressor, FrameStackMemory
+from netrl.pipelines.algorithms import sac_agent
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
@@ -36,17 +37,13 @@ def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, c
                    quality: int = JPEG_QUALITY, env_kwargs: dict[str, Any] | None = None,
                    head: EncoderHead = ENCODER_HEAD) -> Pipeline:
     """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs.image.ImageReachEnv`)."""
-    a = cfg.agent
-    hidden = tuple(a.hidden_sizes)
+    hidden = tuple(cfg.agent.hidden_sizes)
     gym_kwargs = {"size": size, "stack": stack, **(env_kwargs or {})}
     return Pipeline(
         env_cls=partial(GenericGymEnv, id=f"netrl.envs.image:{ENV_ID}", gym_kwargs=gym_kwargs),
         actor_module_cls=partial(CNNActor, hidden_sizes=hidden, head=head),
         memory_cls=partial(FrameStackMemory, stack=stack, frame_shape=(gym_kwargs["size"], gym_kwargs["size"])),
-        training_agent_cls=partial(
-            SACAgent, model_cls=partial(CNNActorCritic, hidden_sizes=hidden, head=head), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+        training_agent_cls=sac_agent(cfg, partial(CNNActorCritic, hidden_sizes=hidden, head=head)),
         sample_compressor=FrameStackCompressor(codec, quality),
         overlap=stack,  # the first transition of a packet reads `stack` rows back
     )

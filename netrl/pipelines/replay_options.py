@@ -1,6 +1,7 @@
-"""The replay keys of config.json (``memory.n_step``, ``memory.prioritized`` and its ``alpha``, ``beta``,
-``beta_steps``, ``eps``) applied to any pipeline's memory: a :class:`~netrl.memory.replay.ReplayMemory` gets them,
-with ``agent.gamma`` for the n-step returns; a pipeline whose memory cannot take them is refused, naming the key."""
+"""The replay keys of config.json (``memory.n_step``, ``memory.prioritized`` and its
+``priority_alpha``, ``priority_beta``, ``priority_beta_steps``, ``priority_eps``) applied to any
+pipeline's memory: a :class:`~netrl.memory.replay.ReplayMemory` gets them, with ``agent.gamma`` for
+the n-step returns; a pipeline whose memory cannot take them is refused, naming the key."""
 
 from __future__ import annotations
 
@@ -34,5 +35,6 @@ def apply_replay_options(cfg: Config, pipeline: Pipeline) -> Pipeline:
                            'false), or use a pipeline with a ReplayMemory (env.pipeline "gym" with SAC or DQN)'])
     options: dict[str, Any] = {"n_step": m.n_step, "gamma": cfg.agent.gamma, "prioritized": m.prioritized}
     if m.prioritized:
-        options.update(alpha=m.alpha, beta=m.beta, beta_steps=m.beta_steps, eps=m.eps)
+        options.update(alpha=m.priority_alpha, beta=m.priority_beta,
+                       beta_steps=m.priority_beta_steps, eps=m.priority_eps)
     return dataclasses.replace(pipeline, memory_cls=functools.partial(pipeline.memory_cls, **options))

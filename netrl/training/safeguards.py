@@ -131,8 +131,9 @@ class Safeguards:
                 f"undone; nothing non-finite was published or saved. Their batches held samples from "
                 f"{_names(list(self._suspects))}{'' if known else ' (packets stored lately)'}. Look at what those "
                 f"workers send ({reward}; observations and actions are checked against the spaces), and at the "
-                "learning rates (agent.lr_actor, agent.lr_critic, agent.lr_entropy): lower them, or scale the "
-                "rewards down. Then start the trainer again: it resumes from its last checkpoint, which is finite")
+                "learning rates (agent.sac.lr_actor, agent.sac.lr_critic, agent.sac.lr_entropy, "
+                "agent.dqn.lr, agent.ppo.lr): lower them, or scale the rewards down. Then start "
+                "the trainer again: it resumes from its last checkpoint, which is finite")
         return False
 
     def settle(self, step: int) -> None:

@@ -53,8 +53,9 @@ def bench_config(tmp: Path, seed: int) -> Config:
     data["trainer"].update(epochs=1000, rounds=1, steps=500, update_model_interval=20, update_buffer_interval=20,
                            start_training=1000, worker_lead=100, max_training_steps_per_env_step=0.5)
     data["memory"].update(memory_size=100_000, batch_size=64)
-    data["agent"].update(gamma=0.99, lr_critic=2.3e-3, hidden_sizes=[256, 256], target_update_interval=128,
-                         exploration_initial_eps=1.0, exploration_final_eps=0.04, exploration_steps=3500)
+    data["agent"].update(gamma=0.99, hidden_sizes=[256, 256], dqn={
+        "lr": 2.3e-3, "target_update_interval": 128, "exploration_initial_eps": 1.0,
+        "exploration_final_eps": 0.04, "exploration_steps": 3500})
     data["wandb"]["mode"] = "disabled"
     return config_from_dict(data)
 

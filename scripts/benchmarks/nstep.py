@@ -31,7 +31,7 @@ THRESHOLD = -200.0
 WINDOW = 10
 VARIANTS: dict[str, dict[str, Any]] = {
     "sac": {},
-    "sac_3step_prioritized": {"n_step": 3, "prioritized": True, "beta_steps": 10_000},
+    "sac_3step_prioritized": {"n_step": 3, "prioritized": True, "priority_beta_steps": 10_000},
 }
 
 

@@ -7,7 +7,7 @@ Rows (``--row ppo-cartpole``, ``--row ppo-pendulum``):
   SB3's. RL Zoo: 8 envs x n_steps 32 (256 env steps per batch), minibatch 256, 20 epochs, gamma 0.98, lambda 0.8,
   learning rate lin_0.001 and clip range lin_0.2 over 100,000 steps, no entropy bonus. netrl collects the same 256
   env steps per batch as 16 envs x 16 steps (``trainer.frames_per_batch`` 256, ``rollout_fragment_length`` 16), and
-  anneals both over the same 100,000 env steps (``agent.ppo_anneal_frames``).
+  anneals both over the same 100,000 env steps (``agent.ppo.anneal_frames``).
 * Pendulum-v1: the env steps until a mean return >= -250 over 10 deterministic episodes, reported beside SB3's (no
   target). RL Zoo: 4 envs x n_steps 1024 (4,096 per batch), minibatch 64, 10 epochs, gamma 0.9, lambda 0.95, learning
   rate 1e-3, clip range 0.2, and gSDE (``use_sde``, ``sde_sample_freq`` 4), which netrl's PPO does not have: its
@@ -51,8 +51,9 @@ ROWS: dict[str, dict[str, Any]] = {
         "zoo": {"n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
                 "ent_coef": 0.0, "learning_rate": ("lin", 1e-3), "clip_range": ("lin", 0.2), "n_timesteps": 100_000},
         "trainer": {"frames_per_batch": 256, "rollout_fragment_length": 16},
-        "agent": {"gamma": 0.98, "gae_lambda": 0.8, "lr_ppo": 1e-3, "ppo_epochs": 20, "minibatch_size": 256,
-                  "clip_range": 0.2, "ent_coef": 0.0, "ppo_anneal_frames": 100_000},
+        "agent": {"gamma": 0.98, "ppo": {"gae_lambda": 0.8, "lr": 1e-3, "epochs": 20,
+                                         "minibatch_size": 256, "clip_range": 0.2, "ent_coef": 0.0,
+                                         "anneal_frames": 100_000}},
     },
     "ppo-pendulum": {
         "env": "Pendulum-v1", "threshold": -250.0, "episodes": 10, "eval_every": 4096, "max_steps": 200_000,
@@ -61,8 +62,9 @@ ROWS: dict[str, dict[str, Any]] = {
                 "ent_coef": 0.0, "learning_rate": 1e-3, "clip_range": 0.2, "use_sde": True, "sde_sample_freq": 4,
                 "n_timesteps": 100_000},
         "trainer": {"frames_per_batch": 4096, "rollout_fragment_length": 256},
-        "agent": {"gamma": 0.9, "gae_lambda": 0.95, "lr_ppo": 1e-3, "ppo_epochs": 10, "minibatch_size": 64,
-                  "clip_range": 0.2, "ent_coef": 0.0, "ppo_anneal_frames": None},
+        "agent": {"gamma": 0.9, "ppo": {"gae_lambda": 0.95, "lr": 1e-3, "epochs": 10,
+                                        "minibatch_size": 64, "clip_range": 0.2, "ent_coef": 0.0,
+                                        "anneal_frames": None}},
     },
 }
 

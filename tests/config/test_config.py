@@ -55,7 +55,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "network": {"worker_port": 70000, "server_ip": 5, "handshake_timeout_s": 3e6},
         "env": {"pipeline": "atari"},
         "wandb": {"mode": "loud"},
-        "agent": {"learn_entropy_coef": "yes"},
+        "agent": {"sac": {"learn_entropy_coef": "yes"}},
         "worker": {"compression": "gzip", "worker_id": "robot 1"},
     })
     assert found == [
@@ -69,7 +69,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         'env.pipeline must be "gym", "drone", "image", or "module:function" naming a function of the config that '
         'returns a netrl.pipelines.Pipeline (got "atari")',
         'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',
-        'agent.learn_entropy_coef must be true or false (got "yes")',
+        'agent.sac.learn_entropy_coef must be true or false (got "yes")',
         'worker.compression must be "none" or "zstd" or "lz4" (got "gzip")',
         "worker.worker_id must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit (got "
         '"robot 1")',
