@@ -1,23 +1,28 @@
-"""Weight broadcast latency: from the trainer's publish until every worker has checked and loaded the weights.
+"""Weight broadcast latency: from the trainer's publish until every worker has checked and loaded
+the weights, for 0.1M, 1M and 10M-parameter actors, 1, 4 and 16 workers, CURVE on and off.
 
-netrl: a real TrainerLink publishes a real actor's state_dict through a real server to real RolloutWorkers, whose
-network threads check the weights against their actor and load them into a spare one (the control path then swaps
-it in). A worker reports the moment a version is ready; the latency of a version is the slowest worker's time.
-Raw, with no netrl code: a PUB socket sends the same bytes to the same number of SUB processes (one hop), and the
-same through a forwarding process in between (SUB -> PUB, zero-copy: the trainer -> server -> worker topology).
+netrl: a real TrainerLink publishes a real actor's state_dict through a real server to real
+RolloutWorkers, whose network threads check the weights against their actor and load them into a
+spare one (the control path then swaps it in). A worker reports the moment a version is ready;
+the latency of a version is the slowest worker's time. Raw, with no netrl code: a PUB socket sends
+the same bytes to the same number of SUB processes (one hop), and the same through a forwarding
+process in between (SUB -> PUB, zero-copy: the trainer -> server -> worker topology). Target:
+within 2x raw ZeroMQ over the same path.
 
-Each measurement first publishes ``WARMUP`` versions that are not counted, on both sides: a worker's first versions
-allocate its weight buffers and run its loading code for the first time (up to 4x the steady latency for 16 workers
-here), a cost paid once per worker process, not per version. The JSON keeps those latencies too.
+Each measurement first publishes ``WARMUP`` versions that are not counted, on both sides: a
+worker's first versions allocate its weight buffers and run its loading code for the first time
+(up to 4x the steady latency for 16 workers here), a cost paid once per worker process, not per
+version. The detail keeps those latencies too.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,15 +30,46 @@ from typing import Any
 import numpy as np
 import zmq
 
-from benchmarks.common import child, forward, kill, report_loaded
+from benchmarks.common import child, forward, json_lines, kill, report_loaded
+from benchmarks.results import Row
+from benchmarks.settings import choose, ints, names, positive
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.net.keys import keygen
 from netrl.util import count_of
 
-SIZES = {"0.1M": 313, "1M": 997, "10M": 3160}  # hidden width h of an MLP actor (3 -> h -> h -> 1): about h^2 params
+SIZES = {"0.1M": 313, "1M": 997, "10M": 3160}  # hidden width h of an MLP actor (3 -> h -> h -> 1)
 WARMUP = 2  # versions published before the measured ones (see the module docstring)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    sizes: tuple[str, ...] = tuple(SIZES)
+    workers: tuple[int, ...] = (1, 4, 16)
+    security: tuple[str, ...] = ("curve", "none")
+    versions: int = 20  # measured per figure: small versions swing most and cost least
+    versions_10m: int = 8  # measured per figure of a 10M-parameter actor
+
+    def __post_init__(self) -> None:
+        choose(self.sizes, SIZES, "--sizes")
+        choose(self.security, ("curve", "none"), "--security")
+        positive("--workers", min(self.workers, default=0), 1, strict=False)
+        positive("--versions", min(self.versions, self.versions_10m), 1, strict=False)
+
+
+QUICK = Settings(versions=3, versions_10m=3)
+SMOKE = Settings(sizes=("0.1M",), workers=(1,), security=("none",), versions=2, versions_10m=2)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    d = Settings()
+    p.add_argument("--sizes", type=names, help=f"actor sizes (default {','.join(d.sizes)})")
+    p.add_argument("--workers", type=ints, help="worker counts (default 1,4,16)")
+    p.add_argument("--security", type=names, help="curve and/or none (default both)")
+    p.add_argument("--versions", type=int, help=f"versions measured per figure ({d.versions})")
+    p.add_argument("--versions-10m", type=int,
+                   help=f"versions measured per figure of the 10M actor ({d.versions_10m})")
 
 
 def _actor(hidden: int) -> Any:
@@ -46,7 +82,8 @@ def _actor(hidden: int) -> Any:
 
 
 def child_worker(cfg_path: str, hidden: str, name: str) -> None:
-    """A real RolloutWorker (Pendulum env, never stepped) that prints when each weight version is ready."""
+    """A real RolloutWorker (Pendulum env, never stepped) that prints when each weight version is
+    ready."""
     import torch
 
     from netrl.agents.sac import MLPActor
@@ -60,9 +97,10 @@ def child_worker(cfg_path: str, hidden: str, name: str) -> None:
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "worker", name) if cfg.security == "curve" else None
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"),
-                           partial(MLPActor, hidden_sizes=(int(hidden), int(hidden))), server_ip="127.0.0.1",
-                           server_port=cfg.network.worker_port, worker_id=name, network=cfg.network, keys=keys,
-                           run_dir=None)  # no weights file: the figure is the time to a loaded actor, as before
+                           partial(MLPActor, hidden_sizes=(int(hidden), int(hidden))),
+                           server_ip="127.0.0.1", server_port=cfg.network.worker_port,
+                           worker_id=name, network=cfg.network, keys=keys,
+                           run_dir=None)  # no weights file: the figure is the time to a loaded actor
     worker.start()
     assert worker.weights is not None
     report_loaded(worker, 0.02)  # polling faster only loads the machine
@@ -81,8 +119,8 @@ def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) ->
     torch.set_num_threads(1)
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
-    link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, 8, Deliveries(), None,
-                       None, keys)
+    link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, 8,
+                       Deliveries(), None, None, keys)
     link.start()
     actor = _actor(int(hidden))
     while not link.link.ready:
@@ -98,13 +136,16 @@ def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) ->
     link.halt(2.0)
 
 
-def child_raw_forwarder(upstream: str, out_port: str, server_public: str, server_secret: str) -> None:
-    """The raw stand-in for the server: subscribes to the publisher and republishes every message unchanged."""
+def child_raw_forwarder(upstream: str, out_port: str, server_public: str,
+                        server_secret: str) -> None:
+    """The raw stand-in for the server: subscribes to the publisher and republishes every message
+    unchanged."""
     ctx = zmq.Context()
     sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
     if server_public:
         public, secret = zmq.curve_keypair()
-        sub.curve_publickey, sub.curve_secretkey, sub.curve_serverkey = public, secret, server_public.encode()
+        sub.curve_publickey, sub.curve_secretkey = public, secret
+        sub.curve_serverkey = server_public.encode()
         pub.curve_server = True
         pub.curve_secretkey, pub.curve_publickey = server_secret.encode(), server_public.encode()
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -118,7 +159,8 @@ def child_raw_sub(endpoint: str, server_public: str) -> None:
     sock = ctx.socket(zmq.SUB)
     if server_public:
         public, secret = zmq.curve_keypair()
-        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public.encode()
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.curve_serverkey = server_public.encode()
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(endpoint)
     print(json.dumps({"ready": True}), flush=True)
@@ -127,20 +169,9 @@ def child_raw_sub(endpoint: str, server_public: str) -> None:
         print(json.dumps({"v": int(frames[0].bytes), "t": time.time()}), flush=True)
 
 
-def _lines(p: subprocess.Popen[str], into: list[dict[str, Any]]) -> threading.Thread:
-    def read() -> None:
-        assert p.stdout is not None
-        for line in p.stdout:
-            if line.startswith("{"):
-                into.append(json.loads(line))
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
 def _latencies(published: dict[int, float], reports: list[list[dict[str, Any]]]) -> dict[int, float]:
-    """Version -> seconds from its publication until the last worker had it (versions some worker missed: none)."""
+    """Version -> seconds from its publication until the last worker had it (versions some worker
+    missed: none)."""
     out = {}
     for version, t0 in published.items():
         times = [next((r["t"] for r in rep if r.get("v") == version), None) for rep in reports]
@@ -157,25 +188,25 @@ def _wait_ready(reports: list[list[dict[str, Any]]], timeout: float) -> None:
         time.sleep(0.05)
 
 
-def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, versions: int, interval: float
-                    ) -> dict[int, float]:
+def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, versions: int,
+                    interval: float) -> dict[int, float]:
     data = config_to_dict(Config())
     data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
-    data["network"].update(trainer_port=free_port(), worker_port=free_port(), heartbeat_interval_s=1.0,
-                           heartbeat_liveness=30)
+    data["network"].update(trainer_port=free_port(), worker_port=free_port(),
+                           heartbeat_interval_s=1.0, heartbeat_liveness=30)
     data["server"].update(status_port=free_port())
     cfg_path = write_config(data, tmp / f"broadcast-{hidden}-{workers}-{security}.json")
     server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
     time.sleep(0.8)
-    procs = [child("_bworker", str(cfg_path), str(hidden), f"b{hidden}-{i}") for i in range(workers)]
+    procs = [child(child_worker, str(cfg_path), str(hidden), f"b{hidden}-{i}")
+             for i in range(workers)]
     reports: list[list[dict[str, Any]]] = [[] for _ in procs]
     for p, rep in zip(procs, reports, strict=True):
-        _lines(p, rep)
-    publisher = subprocess.Popen([sys.executable, str(Path(__file__).parent.parent / "bench.py"), "_bpub",
-                                  str(cfg_path), str(hidden), str(versions), str(interval)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        json_lines(p, rep)
+    publisher = child(child_publisher, str(cfg_path), str(hidden), str(versions), str(interval),
+                      stdin=True)
     published: list[dict[str, Any]] = []
-    _lines(publisher, published)
+    json_lines(publisher, published)
     try:
         _wait_ready(reports, 120)
         time.sleep(1.0)
@@ -186,7 +217,8 @@ def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, version
         time.sleep(interval)
         return _latencies({r["v"]: r["t0"] for r in published}, reports)
     finally:
-        # Each worker's interpreter spends about 0.3 s of CPU tearing torch down at exit: 16 need 4-5 s on two cores
+        # Each worker's interpreter spends about 0.3 s of CPU tearing torch down at exit: 16 need
+        # 4-5 s on two cores
         stop_processes([publisher, *procs], timeout=5 + 0.5 * workers, then=[server])
 
 
@@ -208,12 +240,13 @@ def broadcast_raw(hidden: int, workers: int, security: str, versions: int, inter
     helpers, sub_port = [], port
     if forwarded:
         sub_port = free_port()
-        helpers.append(child("_rawbforward", f"tcp://127.0.0.1:{port}", str(sub_port), public.decode(),
-                             secret.decode()))
-    subs = [child("_rawsub", f"tcp://127.0.0.1:{sub_port}", public.decode()) for _ in range(workers)]
+        helpers.append(child(child_raw_forwarder, f"tcp://127.0.0.1:{port}", str(sub_port),
+                             public.decode(), secret.decode()))
+    subs = [child(child_raw_sub, f"tcp://127.0.0.1:{sub_port}", public.decode())
+            for _ in range(workers)]
     reports: list[list[dict[str, Any]]] = [[] for _ in subs]
     for p, rep in zip(subs, reports, strict=True):
-        _lines(p, rep)
+        json_lines(p, rep)
     try:
         _wait_ready(reports, 60)
         time.sleep(1.0)  # PUB/SUB: let the subscriptions arrive
@@ -238,29 +271,37 @@ def _steady_ms(latencies: dict[int, float]) -> float:
     return 1000 * float(np.median(steady))
 
 
-def bench_broadcast(quick: bool) -> list[dict[str, Any]]:
+def run(s: Settings) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="netrl-bench-") as d:
         tmp = Path(d)
         keygen(tmp / "keys")
-        for size, hidden in SIZES.items():
-            for workers in (1, 4, 16):
+        for size in s.sizes:
+            hidden = SIZES[size]
+            for workers in s.workers:
                 interval = {"0.1M": 0.3, "1M": 0.5, "10M": 1.0 + 0.15 * workers}[size]
-                # small versions swing most (their baselines are a millisecond) and cost least: measure more of them
-                versions = WARMUP + (3 if quick else 8 if size == "10M" else 20)
-                for security in ("curve", "none"):
+                versions = WARMUP + (s.versions_10m if size == "10M" else s.versions)
+                for security in s.security:
                     got = broadcast_netrl(tmp, hidden, workers, security, versions, interval)
                     raw = broadcast_raw(hidden, workers, security, versions, interval)
-                    fwd = broadcast_raw(hidden, workers, security, versions, interval, forwarded=True)
+                    fwd = broadcast_raw(hidden, workers, security, versions, interval,
+                                        forwarded=True)
                     net_ms, raw_ms, fwd_ms = _steady_ms(got), _steady_ms(raw), _steady_ms(fwd)
-                    rows.append({"section": "broadcast", "params": size, "workers": workers, "security": security,
-                                 "netrl_ms": net_ms, "raw_ms": raw_ms, "raw_forwarded_ms": fwd_ms,
-                                 "ratio": net_ms / raw_ms, "ratio_forwarded": net_ms / fwd_ms,
-                                 "versions_measured": sum(v > WARMUP for v in got),
-                                 "all_ms": {name: {v: 1000 * t for v, t in lat.items()}
-                                            for name, lat in (("netrl", got), ("raw", raw), ("raw_forwarded", fwd))}})
                     who = count_of(workers, "worker")
-                    print(f"broadcast {size:>4} params {who:>10} {security:<5}  netrl {net_ms:8.1f} ms | "
-                          f"raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x | raw through a forwarder {fwd_ms:8.1f} ms "
-                          f"| {net_ms / fwd_ms:.2f}x", flush=True)
+                    print(f"broadcast {size:>4} params {who:>10} {security:<5}  netrl {net_ms:8.1f} "
+                          f"ms | raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x | raw through a "
+                          f"forwarder {fwd_ms:8.1f} ms | {net_ms / fwd_ms:.2f}x", flush=True)
+                    detail = {"raw_ms": raw_ms, "ratio": net_ms / raw_ms,
+                              "versions_measured": sum(v > WARMUP for v in got),
+                              "all_ms": {name: {v: 1000 * t for v, t in lat.items()}
+                                         for name, lat in (("netrl", got), ("raw", raw),
+                                                           ("raw_forwarded", fwd))}}
+                    rows.append(Row(
+                        "broadcast", f"{size} params, {who}, {security}",
+                        "publish to loaded on every worker, median", net_ms, "ms", fwd_ms,
+                        "raw ZeroMQ, same path", net_ms / fwd_ms, "x", "<= 2x",
+                        net_ms / fwd_ms <= 2,
+                        {"params": size, "workers": workers, "security": security,
+                         "versions": versions - WARMUP, "warmup_versions": WARMUP,
+                         "interval_s": interval}, detail))
     return rows
