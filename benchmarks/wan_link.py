@@ -1,23 +1,26 @@
-"""An emulated wide-area link: a userspace TCP forwarder that delays, loses (as TCP experiences loss) and limits
-bandwidth, for machines whose kernel has no netem and for users without root.
+"""An emulated wide-area link: a userspace TCP forwarder that delays, loses (as TCP experiences
+loss) and limits bandwidth, for machines whose kernel has no netem and for users without root.
 
-Each direction of each connection is cut into segments of ``MSS`` bytes as the forwarder reads them, and each
-segment is delivered at
+Each direction of each connection is cut into segments of ``MSS`` bytes as the forwarder reads
+them, and each segment is delivered at
 
     max(the segment before it,  when the link finishes sending it + RTT/2  [+ RTO if it is lost])
 
 * **bandwidth**: a token bucket of ``bandwidth_mbit``, shared by the segments of one direction;
 * **delay**: half the round trip each way;
-* **loss**: TCP cannot lose bytes; a segment lost with probability ``loss`` arrives after an extra retransmission
-  timeout, ``RTO = max(200 ms, 2 * RTT)``, and everything behind it waits for it (head-of-line blocking), as a
-  receiver's TCP holds in-order data behind a hole. Losses close together overlap, as TCP retransmits them within
-  the same timeout; the model does not shrink a congestion window, so on a real lossy path throughput is lower
-  (roughly ``MSS / RTT * 1.22 / sqrt(loss)`` for one TCP stream: 0.32 Mbit/s at 200 ms and 5%);
-* **buffer**: at most ``buffer_bytes`` wait in the forwarder per direction (a socket buffer on the path); beyond
-  it the forwarder stops reading, so the sender's own buffers fill as they would over a slow link.
+* **loss**: TCP cannot lose bytes; a segment lost with probability ``loss`` arrives after an extra
+  retransmission timeout, ``RTO = max(200 ms, 2 * RTT)``, and everything behind it waits for it
+  (head-of-line blocking), as a receiver's TCP holds in-order data behind a hole. Losses close
+  together overlap, as TCP retransmits them within the same timeout; the model does not shrink a
+  congestion window, so on a real lossy path throughput is lower (roughly
+  ``MSS / RTT * 1.22 / sqrt(loss)`` for one TCP stream: 0.32 Mbit/s at 200 ms and 5%);
+* **buffer**: at most ``buffer_bytes`` wait in the forwarder per direction (a socket buffer on the
+  path); beyond it the forwarder stops reading, so the sender's own buffers fill as they would
+  over a slow link.
 
-:class:`WanLink` runs the forwarder in a thread of its own (an asyncio loop); ``with WanLink(...) as link:`` listens
-on ``link.port`` and forwards to ``target``.
+:class:`WanLink` runs the forwarder in a thread of its own (an asyncio loop); ``with WanLink(...)
+as link:`` listens on ``link.port`` and forwards to ``target``. The wan and weights families use it,
+and so does tests/net/test_lossy_link.py.
 """
 
 from __future__ import annotations
@@ -44,14 +47,16 @@ class WanStats:
 
 
 class WanLink:
-    def __init__(self, target_port: int, rtt_ms: float = 200.0, loss: float = 0.05, bandwidth_mbit: float = 10.0,
-                 buffer_bytes: int = 4 << 20, target_host: str = "127.0.0.1", seed: int = 1,
+    def __init__(self, target_port: int, rtt_ms: float = 200.0, loss: float = 0.05,
+                 bandwidth_mbit: float = 10.0, buffer_bytes: int = 4 << 20,
+                 target_host: str = "127.0.0.1", seed: int = 1,
                  loss_from_s: float = 0.0) -> None:
         self.target = (target_host, target_port)
         self.one_way = rtt_ms / 2000.0
         self.rto = max(0.2, 2 * rtt_ms / 1000.0)
         self.loss = loss
-        self.loss_from_s = loss_from_s  # segments are lost only this long after the link opened (a link turning bad)
+        # segments are lost only this long after the link opened (a link turning bad)
+        self.loss_from_s = loss_from_s
         self._opened_at = 0.0
         self.bytes_per_s = bandwidth_mbit * 1e6 / 8
         self.buffer_bytes = buffer_bytes
@@ -75,7 +80,8 @@ class WanLink:
         self.close()
 
     def cpu_s(self) -> float:
-        """CPU seconds the forwarder's thread has used so far (to show it was not the bottleneck)."""
+        """CPU seconds the forwarder's thread has used so far (to show it was not the
+        bottleneck)."""
         ident = self._thread.ident
         return 0.0 if ident is None else time.clock_gettime(time.pthread_getcpuclockid(ident))
 
@@ -108,15 +114,18 @@ class WanLink:
         except OSError:
             client_w.close()
             return
-        await asyncio.sleep(2 * self.one_way)  # the TCP handshake over the emulated path (SYN, SYN-ACK, ACK)
+        # the TCP handshake over the emulated path (SYN, SYN-ACK, ACK)
+        await asyncio.sleep(2 * self.one_way)
         try:
-            await asyncio.gather(self._pipe(client_r, server_w, "up"), self._pipe(server_r, client_w, "down"),
+            await asyncio.gather(self._pipe(client_r, server_w, "up"),
+                                 self._pipe(server_r, client_w, "down"),
                                  return_exceptions=True)
-        except asyncio.CancelledError:  # the link closes: so do its connections (a clean end for asyncio's streams)
+        except asyncio.CancelledError:  # the link closes, so do its connections (a clean end)
             client_w.close()
             server_w.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    direction: str) -> None:
         loop = asyncio.get_running_loop()
         queue: collections.deque[tuple[float, bytes]] = collections.deque()
         state = {"queued": 0, "free_at": 0.0, "last": 0.0, "eof": False}
@@ -140,7 +149,8 @@ class WanLink:
                     if now - self._opened_at >= self.loss_from_s and self._rng.random() < self.loss:
                         self.stats.lost += 1
                         at += self.rto
-                    at = state["last"] = max(at, state["last"])  # in order: nothing overtakes a lost segment
+                    # in order: nothing overtakes a lost segment
+                    at = state["last"] = max(at, state["last"])
                     queue.append((at, seg))
                     state["queued"] += len(seg)
                 wake.set()
