@@ -16,19 +16,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import zmq
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: where `python -m benchmarks` runs
 
 
-def child(function: Callable[..., None], *args: str, stdin: bool = False) -> subprocess.Popen[str]:
-    """``function(*args)`` in a process of its own and its own process group, stdout captured (and
-    stdin a pipe, with ``stdin``)."""
+def child(function: Callable[..., None], *args: str, stdin: bool = False,
+          log: IO[Any] | None = None) -> subprocess.Popen[str]:
+    """``function(*args)`` in a process of its own and its own process group, stdout captured (or,
+    with ``log``, written there with stderr), and stdin a pipe with ``stdin``."""
     target = f"{function.__module__}.{function.__name__}"
     return subprocess.Popen([sys.executable, "-m", "benchmarks", "_child", target, *args], cwd=ROOT,
-                            stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE, text=True,
+                            stdin=subprocess.PIPE if stdin else None,
+                            stdout=log if log is not None else subprocess.PIPE,
+                            stderr=subprocess.STDOUT if log is not None else None, text=True,
                             start_new_session=True)
 
 

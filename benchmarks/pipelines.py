@@ -1,32 +1,29 @@
-"""Benchmarks of the real-time and image pipelines, each part measured side by side in one run.
+"""The real-time and image pipelines, each part measured beside its baseline in one run:
 
-wire    Bytes per sample on the wire for the image pipeline (4x64x64 uint8 stacks), from one recorded stream of
-        ImageReach steps (random actions, episodes of up to 50 steps), packed exactly as a worker packs it
-        (BufferBuilder, 100 samples per packet, samples_message + encode): naive full stacks, each frame once,
-        with zstd / lz4, with PNG and JPEG frame codecs. Also the worker's CPU cost per sample (compressor + encode)
-        and the trainer's (decode + append to FrameStackMemory). For noisy frames (sensor noise sigma 3, default)
-        and clean ones. Target: >= 6x fewer bytes than naive stacks with lossless settings.
-jitter  The worker's step period at 20 Hz (rtgym drone, 1.07M-parameter actor) while the trainer publishes new
-        weights every 2 s, against the same loop with no weight updates; each condition runs in fresh server and
-        trainer processes, conditions alternate, medians over repeats. The trainer only publishes (a perturbed
-        actor), so both conditions load the machine alike. Target: p99 within 2 ms of the no-update loop.
-memory  Sampling batches of 256 from a FrameStackMemory of --memory-rows transitions: the vectorised sample()
-        against tmrl's per-item approach (get_transition per item, then collate).
+wire    Bytes per sample on the wire for the image pipeline (4x64x64 uint8 stacks), from one
+        recorded stream of ImageReach steps (random actions, episodes of up to 50 steps), packed
+        exactly as a worker packs it (BufferBuilder, 100 samples per packet, samples_message +
+        encode): naive full stacks (tmrl's layout, the baseline), each frame once, with zstd / lz4,
+        with PNG and JPEG frame codecs. Also the worker's CPU cost per sample (compressor + encode)
+        and the trainer's (decode + append to FrameStackMemory). For noisy frames (sensor noise
+        sigma 3, default) and clean ones. Target: >= 6x fewer bytes than naive stacks, lossless.
+jitter  The worker's step period at 20 Hz (rtgym drone, 1.07M-parameter actor) while the trainer
+        publishes new weights every 2 s, against the same loop with no weight updates; each
+        condition runs in fresh server and trainer processes, conditions alternate, medians over
+        repeats. The trainer only publishes (a perturbed actor), so both conditions load the
+        machine alike. Target: p99 within 2 ms of the no-update loop.
+memory  Sampling batches of 256 from a FrameStackMemory of --memory-rows transitions: the
+        vectorised sample() against tmrl's per-item approach (get_transition per item, then
+        collate).
 
-The last line of output is one JSON object with every number.
-
-Usage: .venv/bin/python scripts/bench_pipelines.py [--part wire|jitter|memory|all] [--seconds 60] [--repeats 3]
+The drone and image pipelines' learning runs are rows of the learning family (``--row drone``,
+``--row image``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,11 +32,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("WANDB_MODE", "disabled")
-
 import numpy as np
 import torch
 
+from benchmarks.common import child
+from benchmarks.results import Row
+from benchmarks.settings import choose, names, positive
 from netrl.config.load import config_from_dict, config_to_dict, load_config
 from netrl.config.sections import Config
 from netrl.envs.image import ImageReachEnv
@@ -56,8 +54,60 @@ from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 
 PACKET = 100  # samples per packet
+PARTS = ("wire", "jitter", "memory")
+WIRE_TARGET = 6.0  # lossless: at least this many times fewer bytes than tmrl's layout
+JITTER_TARGET_MS = 2.0  # p99 with new weights at most this much above the loop without
 
-# -- wire ---------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    parts: tuple[str, ...] = PARTS
+    steps: int = 3000  # env steps recorded for the wire part
+    seconds: float = 60.0  # length of each jitter run
+    repeats: int = 3  # jitter runs per condition
+    memory_rows: int = 1_000_000  # transitions in the memory part
+
+    def __post_init__(self) -> None:
+        choose(self.parts, PARTS, "--parts")
+        positive("--steps", self.steps, PACKET, strict=False)
+        positive("--seconds", self.seconds)
+        positive("--repeats", self.repeats, 1, strict=False)
+        positive("--memory-rows", self.memory_rows, 1000, strict=False)
+
+
+SMOKE = Settings(steps=300, seconds=3.0, repeats=1, memory_rows=20_000)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    d = Settings()
+    p.add_argument("--parts", type=names, help=f"which parts (default {','.join(d.parts)})")
+    p.add_argument("--steps", type=int, help=f"env steps recorded for the wire part ({d.steps})")
+    p.add_argument("--seconds", type=float, help=f"length of each jitter run ({d.seconds:g})")
+    p.add_argument("--repeats", type=int, help=f"jitter runs per condition ({d.repeats})")
+    p.add_argument("--memory-rows", type=int,
+                   help=f"transitions in the memory part ({d.memory_rows:,})")
+
+
+def run(s: Settings) -> list[Row]:
+    torch.set_num_threads(1)
+    rows: list[Row] = []
+    if "wire" in s.parts:
+        rows += wire_rows({f"noise {n:g}": bench_wire(n, s.steps) for n in (3.0, 0.0)}, s)
+    if "jitter" in s.parts:
+        rows += jitter_rows(bench_jitter(s.seconds, s.repeats), s)
+    if "memory" in s.parts:
+        m = bench_memory(s.memory_rows)
+        print(f"memory: batch of 256 from {m['transitions']:,} transitions: vectorised "
+              f"{m['vectorised_ms']:.2f} ms, per item {m['per_item_ms']:.1f} ms "
+              f"({m['speedup']:.0f}x)", flush=True)
+        rows.append(Row("pipelines", f"FrameStackMemory, batch of 256 from {m['transitions']:,}",
+                        "one batch", m["vectorised_ms"], "ms", m["per_item_ms"],
+                        "get_transition per item, then collate", m["speedup"], "x faster",
+                        params={"part": "memory", "memory_rows": s.memory_rows}, detail=m))
+    return rows
+
+
+# -- wire ----------------------------------------------------------------------------------------
 
 
 def record_stream(noise: float, steps: int, seed: int = 0) -> list[tuple[Any, ...]]:
@@ -76,7 +126,8 @@ def record_stream(noise: float, steps: int, seed: int = 0) -> list[tuple[Any, ..
     return rows
 
 
-def packets(rows: list[tuple[Any, ...]], compressor: Any, overlap: int, codec: str) -> Iterator[tuple[list[Any], int]]:
+def packets(rows: list[tuple[Any, ...]], compressor: Any, overlap: int,
+            codec: str) -> Iterator[tuple[list[Any], int]]:
     """Encoded packets (frames) and their transition counts, packed as RolloutWorker packs them."""
     builder = BufferBuilder(PACKET + overlap + 2, overlap)
     for act, obs, rew, term, trunc, reset in rows:
@@ -86,10 +137,14 @@ def packets(rows: list[tuple[Any, ...]], compressor: Any, overlap: int, codec: s
         if len(builder) >= PACKET or builder.full:
             buf = builder.cut()
             assert buf is not None
-            yield encode(samples_message(buf, "bench", "s", 1, 0), codec), int(buf.transition_end.sum())  # type: ignore[arg-type]
+            message = samples_message(buf, "bench", "s", 1, 0)
+            frames = encode(message, codec)  # type: ignore[arg-type]
+            yield frames, int(buf.transition_end.sum())
 
 
-VARIANTS = [  # name, frame codec (None: full stacks), packet compression, lossless
+# name, frame codec (None: full stacks, else a kind or a kind and its option), packet compression,
+# lossless
+VARIANTS: list[tuple[str, Any, Any, bool]] = [
     ("naive full stacks (tmrl's layout)", None, "none", True),
     ("naive full stacks + zstd", None, "zstd", True),
     ("each frame once", "raw", "none", True),
@@ -104,21 +159,24 @@ VARIANTS = [  # name, frame codec (None: full stacks), packet compression, lossl
 
 def bench_wire(noise: float, steps: int) -> list[dict[str, Any]]:
     rows = record_stream(noise, steps)
-    originals = np.stack([r[1][-1] for r in rows])  # newest frame of every row, for the lossy codecs' error
-    results = []
+    originals = np.stack([r[1][-1] for r in rows])  # each row's newest frame: the lossy ones' error
+    results: list[dict[str, Any]] = []
     for name, frame_codec, codec, lossless in VARIANTS:
-        compressor, overlap = None, 1
+        compressor: FrameStackCompressor | None = None
+        overlap = 1
         if frame_codec is not None:
+            kind: Any
             kind, option = (frame_codec, None) if isinstance(frame_codec, str) else frame_codec
-            compressor = (FrameStackCompressor("png", png_strategy=option or "rle") if kind == "png"  # type: ignore[arg-type]
-                          else FrameStackCompressor(kind, option or 95))  # type: ignore[arg-type]
+            compressor = (FrameStackCompressor("png", png_strategy=option or "rle")
+                          if kind == "png" else FrameStackCompressor(kind, option or 95))
             overlap = 4
         t0 = time.perf_counter()
         encoded = list(packets(rows, compressor, overlap, codec))
         worker_s = time.perf_counter() - t0
         nbytes = sum(sum(memoryview(f).nbytes for f in frames) for frames, _ in encoded)
         samples = sum(n for _, n in encoded)
-        memory = FrameStackMemory(memory_size=len(rows) * 2, stack=4) if compressor is not None else None
+        memory = (FrameStackMemory(memory_size=len(rows) * 2, stack=4) if compressor is not None
+                  else None)
         t0 = time.perf_counter()
         bufs: list[Buffer] = []
         for frames, _ in encoded:
@@ -132,23 +190,24 @@ def bench_wire(noise: float, steps: int) -> list[dict[str, Any]]:
             fresh = [b for b in bufs]
             payload = np.concatenate([b.obs[0][~b.context] for b in fresh])
             lengths = np.concatenate([b.obs[1][~b.context] for b in fresh])
-            decoded = np.stack([decode_frame(p, int(n)) for p, n in zip(payload, lengths, strict=True)])
+            decoded = np.stack([decode_frame(p, int(n))
+                                for p, n in zip(payload, lengths, strict=True)])
             error = float(np.abs(decoded.astype(int) - originals[:len(decoded)]).mean())
-        results.append({"variant": name, "bytes_per_sample": nbytes / samples, "lossless": lossless,
-                        "worker_us_per_sample": worker_s / samples * 1e6,
-                        "trainer_us_per_sample": trainer_s / samples * 1e6, "mean_abs_error": error})
+        results.append({"variant": name, "bytes_per_sample": nbytes / samples,
+                        "lossless": lossless, "worker_us_per_sample": worker_s / samples * 1e6,
+                        "trainer_us_per_sample": trainer_s / samples * 1e6,
+                        "mean_abs_error": error})
     naive = results[0]["bytes_per_sample"]
     for r in results:
         r["ratio"] = naive / r["bytes_per_sample"]
     return results
 
 
-# -- jitter -------------------------------------------------------------------------------------------------------
-
-
+# -- jitter --------------------------------------------------------------------------------------
 @dataclasses.dataclass(eq=False)
 class PublishEvery(TrainingOffline):
-    """A trainer that does not train: it takes samples and publishes a perturbed actor every ``interval`` s."""
+    """A trainer that does not train: it takes samples and publishes a perturbed actor every
+    ``interval`` s."""
 
     interval: float = 0.0
 
@@ -167,7 +226,8 @@ class PublishEvery(TrainingOffline):
         yield from ()
 
 
-def fake_trainer(config_path: str, interval: float) -> None:
+def child_fake_trainer(config_path: str, interval: str) -> None:
+    """The trainer of a jitter run: a real Trainer whose loop only publishes (PublishEvery)."""
     from netrl.__main__ import install_stop_signals, setup_logging
     from netrl.trainer.trainer import Trainer
 
@@ -177,11 +237,13 @@ def fake_trainer(config_path: str, interval: float) -> None:
     stop = threading.Event()
     install_stop_signals(stop)
     pipe = make_pipeline(cfg)
-    training_cls = partial(PublishEvery, interval=interval, env_cls=pipe.env_cls, memory_cls=pipe.memory_cls,
-                           training_agent_cls=pipe.training_agent_cls, epochs=1, memory_size=10_000, batch_size=32)
+    training_cls = partial(PublishEvery, interval=float(interval), env_cls=pipe.env_cls,
+                           memory_cls=pipe.memory_cls, training_agent_cls=pipe.training_agent_cls,
+                           epochs=1, memory_size=10_000, batch_size=32)
     keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
-    Trainer(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"), server_port=cfg.network.trainer_port,
-            network=cfg.network, run_dir=cfg.run_dir, wandb_mode="disabled", resume=False, persist_samples=False,
+    Trainer(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
+            server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
+            wandb_mode="disabled", resume=False, persist_samples=False,
             sample_compressor=pipe.sample_compressor, keys=keys).run(stop)
 
 
@@ -189,11 +251,12 @@ def jitter_config(folder: Path) -> Config:
     """The drone pipeline with a 1.07M-parameter actor, CURVE-encrypted as by default."""
     keygen(folder / "keys")
     data = config_to_dict(Config())
-    data.update(run_name="jitter", weights_folder=str(folder), torch_threads=1, keys_dir=str(folder / "keys"))
+    data.update(run_name="jitter", weights_folder=str(folder), torch_threads=1,
+                keys_dir=str(folder / "keys"))
     data["env"]["pipeline"] = "drone"
     data["agent"]["hidden_sizes"] = [1024, 1024]  # a 1.07M-parameter actor
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
-    data["server"]["status_port"] = free_port()  # never the default port of a server already running here
+    data["server"]["status_port"] = free_port()  # never the default port of a running server
     data["worker"].update(worker_id="jitter", min_samples_per_worker_packet=20)
     data["wandb"]["mode"] = "disabled"
     return config_from_dict(data)
@@ -205,8 +268,7 @@ def run_jitter(interval: float, seconds: float, save: bool, folder: Path) -> dic
     logs = [(folder / f"{r}.log").open("wb") for r in ("server", "trainer")]
     server = spawn_role("server", path, stdout=logs[0])
     time.sleep(1.0)
-    trainer = subprocess.Popen([sys.executable, __file__, "--fake-trainer", str(path), "--interval", str(interval)],
-                               stdout=logs[1], stderr=subprocess.STDOUT, start_new_session=True)
+    trainer = child(child_fake_trainer, str(path), str(interval), log=logs[1])
     try:
         time.sleep(4.0)  # the trainer builds its model and publishes v1
         pipe = make_pipeline(cfg)
@@ -224,7 +286,8 @@ def run_jitter(interval: float, seconds: float, save: bool, folder: Path) -> dic
         assert isinstance(env, StepTimer)
         periods = env.periods[40:]  # skip the start-up (first inference, first weights)
         timeouts = sum("Time-step timed out" in str(w.message) for w in caught)
-        return {**period_stats(periods), "versions_applied": worker.version, "rtgym_timeouts": timeouts}
+        return {**period_stats(periods), "versions_applied": worker.version,
+                "rtgym_timeouts": timeouts}
     finally:
         stop_processes([trainer, server], timeout=15)
         for f in logs:
@@ -241,21 +304,20 @@ def bench_jitter(seconds: float, repeats: int) -> list[dict[str, Any]]:
         for rep in range(repeats):
             for i, (name, interval, save) in enumerate(JITTER_CONDITIONS):
                 r = run_jitter(interval, seconds, save, Path(tmp) / f"{rep}-{i}")
-                print(f"  repeat {rep + 1}, {name}: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-                      f"max {r['max_ms']:.2f} ms, {r['steps']} steps, {r['versions_applied']} versions", flush=True)
+                print(f"  repeat {rep + 1}, {name}: p50 {r['p50_ms']:.2f} ms, p99 "
+                      f"{r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms, {r['steps']} steps, "
+                      f"{r['versions_applied']} versions", flush=True)
                 runs[name].append(r)
     out = []
     for name, rs in runs.items():
-        med = {k: float(np.median([r[k] for r in rs])) for k in ("p50_ms", "p99_ms", "max_ms", "versions_applied",
-                                                                 "rtgym_timeouts")}
-        out.append({"condition": name, **med, "steps": sum(r["steps"] for r in rs), "repeats": len(rs),
-                    "p99_each": [round(r["p99_ms"], 2) for r in rs]})
+        med = {k: float(np.median([r[k] for r in rs]))
+               for k in ("p50_ms", "p99_ms", "max_ms", "versions_applied", "rtgym_timeouts")}
+        out.append({"condition": name, **med, "steps": sum(r["steps"] for r in rs),
+                    "repeats": len(rs), "p99_each": [round(r["p99_ms"], 2) for r in rs]})
     return out
 
 
-# -- memory -------------------------------------------------------------------------------------------------------
-
-
+# -- memory --------------------------------------------------------------------------------------
 def bench_memory(rows: int) -> dict[str, Any]:
     memory = FrameStackMemory(memory_size=rows, batch_size=256, stack=4, seed=0)
     n = 1000
@@ -264,8 +326,9 @@ def bench_memory(rows: int) -> dict[str, Any]:
     reset = np.zeros(n, bool)
     reset[::51] = True  # episodes of 50 steps
     flags = np.zeros(n, bool)
-    buf = Buffer(act=rng.uniform(-1, 1, (n, 2)).astype(np.float32), obs=frames, rew=np.zeros(n, np.float32),
-                 terminated=flags, truncated=flags, reset=reset, context=flags, policy_version=np.zeros(n, np.int64))
+    buf = Buffer(act=rng.uniform(-1, 1, (n, 2)).astype(np.float32), obs=frames,
+                 rew=np.zeros(n, np.float32), terminated=flags, truncated=flags, reset=reset,
+                 context=flags, policy_version=np.zeros(n, np.int64))
     t0 = time.perf_counter()
     while memory.total_appended < rows:
         memory.append_buffer(buf)
@@ -285,68 +348,46 @@ def bench_memory(rows: int) -> dict[str, Any]:
         batch = [collate(list(column), "cpu") for column in columns]
         slow.append(time.perf_counter() - t)
         assert batch[0].shape == (memory.batch_size, 4, 64, 64)
-    return {"rows": rows, "transitions": len(memory), "fill_s": fill_s, "vectorised_ms": 1000 * float(np.median(fast)),
-            "per_item_ms": 1000 * float(np.median(slow)), "speedup": float(np.median(slow) / np.median(fast))}
+    return {"rows": rows, "transitions": len(memory), "fill_s": fill_s,
+            "vectorised_ms": 1000 * float(np.median(fast)),
+            "per_item_ms": 1000 * float(np.median(slow)),
+            "speedup": float(np.median(slow) / np.median(fast))}
 
 
-# -- report -------------------------------------------------------------------------------------------------------
+# -- rows ----------------------------------------------------------------------------------------
+def wire_rows(results: dict[str, list[dict[str, Any]]], s: Settings) -> list[Row]:
+    rows = []
+    for noise, label in (("noise 3", "noisy camera"), ("noise 0", "clean frames")):
+        naive = results[noise][0]["bytes_per_sample"]
+        for r in results[noise]:
+            lossy = "" if r["lossless"] else (f" (lossy: mean error {r['mean_abs_error']:.1f} gray "
+                                              "levels)")
+            print(f"wire, {label}: {r['variant']}{lossy}: {r['bytes_per_sample']:,.0f} bytes per "
+                  f"sample, {r['ratio']:.2f}x fewer than naive, worker "
+                  f"{r['worker_us_per_sample']:.0f} us, trainer "
+                  f"{r['trainer_us_per_sample']:.0f} us per sample", flush=True)
+            png = r["variant"].startswith("each frame once, PNG (zlib RLE)")
+            judged = noise == "noise 3" and png
+            rows.append(Row("pipelines", f"{r['variant']}{lossy}, {label}",
+                            "bytes per image sample on the wire", r["bytes_per_sample"], "bytes",
+                            naive, "naive full stacks (tmrl's layout)", r["ratio"],
+                            "x fewer bytes", f">= {WIRE_TARGET:g}x fewer" if judged else "",
+                            r["ratio"] >= WIRE_TARGET if judged else None,
+                            {"part": "wire", "noise": noise, "steps": s.steps}, r))
+    return rows
 
 
-def wire_table(results: dict[str, list[dict[str, Any]]]) -> str:
-    noisy, clean = results["noise 3"], results["noise 0"]
-    lines = ["| image sample on the wire (4x64x64 uint8) | bytes/sample, noisy frames | vs naive | bytes/sample, "
-             "clean frames | vs naive | worker CPU | trainer CPU |", "|---|---|---|---|---|---|---|"]
-    for a, b in zip(noisy, clean, strict=True):
-        err = "" if a["lossless"] else f" (lossy, mean abs error {a['mean_abs_error']:.1f} gray levels)"
-        lines.append(f"| {a['variant']}{err} | {a['bytes_per_sample']:,.0f} | {a['ratio']:.2f}x | "
-                     f"{b['bytes_per_sample']:,.0f} | {b['ratio']:.1f}x | {a['worker_us_per_sample']:.0f} us | "
-                     f"{a['trainer_us_per_sample']:.0f} us |")
-    return "\n".join(lines)
-
-
-def jitter_table(results: list[dict[str, Any]]) -> str:
-    lines = ["| worker loop at 20 Hz, 1.07M-parameter actor | p50 | p99 | max | versions applied | rtgym time-outs |",
-             "|---|---|---|---|---|---|"]
+def jitter_rows(results: list[dict[str, Any]], s: Settings) -> list[Row]:
+    base = results[0]["p99_ms"]  # no weight updates
+    rows = []
     for r in results:
-        lines.append(f"| {r['condition']} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['max_ms']:.2f} ms | "
-                     f"{r['versions_applied']:.0f} | {r['rtgym_timeouts']:.0f} |")
-    return "\n".join(lines)
-
-
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["wire", "jitter", "memory", "all"], default="all")
-    p.add_argument("--steps", type=int, default=3000, help="env steps recorded for the wire part")
-    p.add_argument("--seconds", type=float, default=60.0, help="length of each jitter run")
-    p.add_argument("--repeats", type=int, default=3, help="jitter runs per condition")
-    p.add_argument("--memory-rows", type=int, default=1_000_000, help="transitions in the memory part")
-    p.add_argument("--fake-trainer", help=argparse.SUPPRESS)
-    p.add_argument("--interval", type=float, default=0.0, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.fake_trainer:
-        fake_trainer(args.fake_trainer, args.interval)
-        return 0
-    torch.set_num_threads(1)
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # the finally clauses stop the server and trainer processes
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)  # also when started in the background, where SIGINT is ignored
-    out: dict[str, Any] = {}
-    if args.part in ("wire", "all"):
-        out["wire"] = {f"noise {s:g}": bench_wire(s, args.steps) for s in (3.0, 0.0)}
-        print(wire_table(out["wire"]), flush=True)
-    if args.part in ("jitter", "all"):
-        out["jitter"] = bench_jitter(args.seconds, args.repeats)
-        print(jitter_table(out["jitter"]), flush=True)
-    if args.part in ("memory", "all"):
-        out["memory"] = m = bench_memory(args.memory_rows)
-        print(f"memory: batch of 256 from {m['transitions']:,} transitions: vectorised {m['vectorised_ms']:.2f} ms, "
-              f"per item {m['per_item_ms']:.1f} ms ({m['speedup']:.0f}x)", flush=True)
-    print(json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        print(f"worker loop at 20 Hz, {r['condition']}: p50 {r['p50_ms']:.2f} ms, p99 "
+              f"{r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms, {r['versions_applied']:.0f} "
+              f"versions applied, {r['rtgym_timeouts']:.0f} rtgym time-outs", flush=True)
+        judged = r["condition"] == "weights every 2 s"
+        rows.append(Row("pipelines", f"worker loop at 20 Hz, {r['condition']}", "step period p99",
+                        r["p99_ms"], "ms", base, "no weight updates", r["p99_ms"] / base, "x",
+                        f"<= +{JITTER_TARGET_MS:g} ms" if judged else "",
+                        r["p99_ms"] - base <= JITTER_TARGET_MS if judged else None,
+                        {"part": "jitter", "seconds": s.seconds, "repeats": s.repeats}, r))
+    return rows
