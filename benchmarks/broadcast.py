@@ -78,7 +78,8 @@ def _actor(hidden: int) -> Any:
     from netrl.agents.sac import MLPActor
 
     obs = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
-    return MLPActor(obs, gymnasium.spaces.Box(-2, 2, (1,), np.float32), hidden_sizes=(hidden, hidden))
+    act = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
+    return MLPActor(obs, act, hidden_sizes=(hidden, hidden))
 
 
 def child_worker(cfg_path: str, hidden: str, name: str) -> None:
@@ -96,18 +97,19 @@ def child_worker(cfg_path: str, hidden: str, name: str) -> None:
     torch.set_num_threads(1)
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "worker", name) if cfg.security == "curve" else None
+    # no weights file (run_dir None): the figure is the time to a loaded actor
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"),
                            partial(MLPActor, hidden_sizes=(int(hidden), int(hidden))),
                            server_ip="127.0.0.1", server_port=cfg.network.worker_port,
-                           worker_id=name, network=cfg.network, keys=keys,
-                           run_dir=None)  # no weights file: the figure is the time to a loaded actor
+                           worker_id=name, network=cfg.network, keys=keys, run_dir=None)
     worker.start()
     assert worker.weights is not None
     report_loaded(worker, 0.02)  # polling faster only loads the machine
 
 
 def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) -> None:
-    """A real TrainerLink publishing ``versions`` versions of an actor, ``interval`` seconds apart."""
+    """A real TrainerLink publishing ``versions`` versions of an actor, ``interval`` seconds
+    apart."""
     import torch
 
     from netrl.config.load import load_config
@@ -169,7 +171,8 @@ def child_raw_sub(endpoint: str, server_public: str) -> None:
         print(json.dumps({"v": int(frames[0].bytes), "t": time.time()}), flush=True)
 
 
-def _latencies(published: dict[int, float], reports: list[list[dict[str, Any]]]) -> dict[int, float]:
+def _latencies(published: dict[int, float],
+               reports: list[list[dict[str, Any]]]) -> dict[int, float]:
     """Version -> seconds from its publication until the last worker had it (versions some worker
     missed: none)."""
     out = {}
@@ -288,9 +291,10 @@ def run(s: Settings) -> list[Row]:
                                         forwarded=True)
                     net_ms, raw_ms, fwd_ms = _steady_ms(got), _steady_ms(raw), _steady_ms(fwd)
                     who = count_of(workers, "worker")
-                    print(f"broadcast {size:>4} params {who:>10} {security:<5}  netrl {net_ms:8.1f} "
-                          f"ms | raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x | raw through a "
-                          f"forwarder {fwd_ms:8.1f} ms | {net_ms / fwd_ms:.2f}x", flush=True)
+                    print(f"broadcast {size:>4} params {who:>10} {security:<5}  netrl "
+                          f"{net_ms:8.1f} ms | raw {raw_ms:8.1f} ms | {net_ms / raw_ms:.2f}x | "
+                          f"raw through a forwarder {fwd_ms:8.1f} ms | {net_ms / fwd_ms:.2f}x",
+                          flush=True)
                     detail = {"raw_ms": raw_ms, "ratio": net_ms / raw_ms,
                               "versions_measured": sum(v > WARMUP for v in got),
                               "all_ms": {name: {v: 1000 * t for v, t in lat.items()}

@@ -1,8 +1,8 @@
 """The helper processes of the benchmarks: started, read and stopped the same way by every family.
 
 A family's helper is a function named ``child_<what>`` in its module; :func:`child` runs it in a
-process of its own as ``python -m benchmarks _child <module>.<function> <args>`` (benchmarks/run.py),
-from the repository root, so that it imports the same netrl and benchmarks as its parent.
+process of its own as ``python -m benchmarks _child <module>.<function> <args>`` (run.py), from
+the repository root, so that it imports the same netrl and benchmarks as its parent.
 """
 
 from __future__ import annotations

@@ -45,12 +45,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
     d = Settings()
     p.add_argument("--rounds", type=int, help=f"training rounds, the first left out ({d.rounds})")
     p.add_argument("--steps", type=int, help=f"training steps per round ({d.steps})")
-    p.add_argument("--start-training", type=int, help=f"samples before training ({d.start_training})")
+    p.add_argument("--start-training", type=int,
+                   help=f"samples before training ({d.start_training})")
 
 
 def _config(tmp: Path, s: Settings) -> dict[str, Any]:
     data = config_to_dict(Config())
-    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), run_name="overhead", seed=1)
+    data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), run_name="overhead",
+                seed=1)
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
     data["server"]["status_port"] = free_port()
     data["worker"].update(throttle=False, test_episode_interval=0)

@@ -49,8 +49,10 @@ from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.util import count_of
 
 KINDS: dict[str, dict[str, Any]] = {  # rows per packet, one row's layout, the worker's packet codec
-    "vector": {"rows": 1000, "obs": ((12,), np.float32), "act": ((2,), np.float32), "codec": "none"},
-    "image": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32), "codec": "none"},
+    "vector": {"rows": 1000, "obs": ((12,), np.float32), "act": ((2,), np.float32),
+               "codec": "none"},
+    "image": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32),
+              "codec": "none"},
     # image rows as a camera makes them (ImageReach's noisy frame stacks), sent as a worker does
     "camera": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32),
                "codec": "zstd"},
@@ -86,7 +88,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kinds", type=names, help=f"kinds of packet (default {','.join(d.kinds)})")
     p.add_argument("--workers", type=ints, help="worker counts (default 1,4,16)")
     p.add_argument("--security", type=names, help="curve and/or none (default both)")
-    p.add_argument("--repeat", type=int, help=f"measurements per figure, medians (default {d.repeat})")
+    p.add_argument("--repeat", type=int,
+                   help=f"measurements per figure, medians (default {d.repeat})")
     p.add_argument("--warmup-s", type=float, help=f"seconds not counted (default {d.warmup_s})")
     p.add_argument("--seconds", type=float, help=f"seconds counted (default {d.seconds})")
 
@@ -141,7 +144,8 @@ def _ready_then_wait(go: str) -> None:
 
 
 def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
-    """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it can."""
+    """A worker whose 'env' is a prebuilt packet: it drives the real WorkerLink as fast as it
+    can."""
     from netrl.config.load import load_config
     from netrl.worker.link import WorkerLink
 
@@ -155,7 +159,8 @@ def child_source(cfg_path: str, kind: str, worker_id: str, go: str) -> None:
     while not link.link.ready:
         time.sleep(0.01)
     _ready_then_wait(go)
-    nbytes = frames_nbytes(encode(samples_message(buf, worker_id, link.link.session, 1, steps), codec))
+    first = samples_message(buf, worker_id, link.link.session, 1, steps)
+    nbytes = frames_nbytes(encode(first, codec))
 
     def room() -> bool:  # unacknowledged packets, and those on their way to the network thread
         return link.backlog_bytes + (seq - link.last_seq) * nbytes < 16 << 20
@@ -249,7 +254,8 @@ def _curve_server(sock: zmq.Socket[Any], server_secret: str, server_public: str)
         sock.curve_secretkey, sock.curve_publickey = server_secret.encode(), server_public.encode()
 
 
-def child_raw_forwarder(in_port: str, out_port: str, server_secret: str, server_public: str) -> None:
+def child_raw_forwarder(in_port: str, out_port: str, server_secret: str,
+                        server_public: str) -> None:
     """The raw stand-in for the server: frames in on PULL, out on PUSH, never copied in Python."""
     ctx = zmq.Context()
     pull, push = _bounded(ctx.socket(zmq.PULL)), _bounded(ctx.socket(zmq.PUSH))
@@ -370,7 +376,8 @@ def measure(tmp: Path, kind: str, workers: int, security: str, s: Settings) -> d
         runs.append({"netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
                      "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
                      "raw_forwarded_samples_s": fwd["samples_s"],
-                     "raw_forwarded_mb_s": fwd["mb_s"], "ratio": got["samples_s"] / raw["samples_s"],
+                     "raw_forwarded_mb_s": fwd["mb_s"],
+                     "ratio": got["samples_s"] / raw["samples_s"],
                      "ratio_forwarded": got["samples_s"] / fwd["samples_s"]})
     row = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
     print(f"relay {kind:<6} {count_of(workers, 'worker'):>10} {security:<5}  netrl "

@@ -127,7 +127,8 @@ def _interleaved(memory: MemoryDataloading, rounds: int, fast_per_round: int) ->
         assert batch[0].shape[0] == memory.batch_size
         fast += times
         ratios.append(slow[-1] / float(np.median(times)))
-    return {"batches_s": 1 / float(np.median(fast)), "per_item_batches_s": 1 / float(np.median(slow)),
+    return {"batches_s": 1 / float(np.median(fast)),
+            "per_item_batches_s": 1 / float(np.median(slow)),
             "ratio": float(np.median(ratios)), "ratio_per_round": ratios}
 
 
@@ -146,7 +147,8 @@ def bench_batches(s: Settings) -> list[Row]:
     rows = []
     for kind, r in out:
         print(f"replay {kind:<6} {r['transitions']:,} transitions  vectorised "
-              f"{r['batches_s']:8.0f} batches/s | per item {r['per_item_batches_s']:6.1f} batches/s | "
+              f"{r['batches_s']:8.0f} batches/s | per item {r['per_item_batches_s']:6.1f} "
+              "batches/s | "
               f"{r['ratio']:.0f}x with {r['torch_threads']} torch threads; "
               f"{r['batches_s_one_thread']:8.0f} batches/s, {r['ratio_one_thread']:.0f}x with one",
               flush=True)

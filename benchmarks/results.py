@@ -63,7 +63,8 @@ def number(value: float | None, unit: str = "") -> str:
     if unit == "share":
         return f"{100 * value:.1f}%"
     size = abs(value)
-    text = (f"{value:,.0f}" if size >= 1000 else f"{value:.1f}" if size >= 100
+    whole = size >= 100 and float(value).is_integer()
+    text = (f"{value:,.0f}" if size >= 1000 or whole else f"{value:.1f}" if size >= 100
             else f"{value:.2f}" if size >= 1 or size == 0 else f"{value:.3g}")
     return f"{text} {unit}" if unit else text
 
@@ -83,7 +84,8 @@ def table(rows: Sequence[Row]) -> list[str]:
 
 def write(rows: Sequence[Row], path: Path) -> None:
     """The rows as a JSON list (numpy numbers and tuples turned into JSON's own)."""
-    path.write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1, default=_plain) + "\n")
+    data = [dataclasses.asdict(r) for r in rows]
+    path.write_text(json.dumps(data, indent=1, default=_plain) + "\n")
 
 
 def _plain(value: Any) -> Any:

@@ -43,7 +43,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "weights": ("benchmarks.weights", "weight versions over an emulated slow link, per format"),
     "server-memory": ("benchmarks.server_memory", "the server's memory with workers connected"),
 }
-CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper process
+CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper
 
 
 def listing() -> str:
@@ -52,15 +52,17 @@ def listing() -> str:
 
 def family_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
     """The options of one family: the runner's own, then the family's (``add_options``)."""
-    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=module.__doc__,
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}",
+                                     description=module.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     runner = parser.add_argument_group("every family")
     runner.add_argument("--smoke", action="store_true",
-                        help="the quickest setting: seconds, to show the family runs (figures mean nothing)")
+                        help="the quickest setting: seconds, to show the family runs (its "
+                        "figures mean nothing)")
     if getattr(module, "QUICK", None) is not None:
         runner.add_argument("--quick", action="store_true", help="a shorter, noisier run")
     runner.add_argument("--json", type=Path, default=None, metavar="FILE",
-                        help="write the result rows to FILE (a JSON list, see benchmarks/results.py)")
+                        help="write the result rows to FILE (a JSON list: benchmarks/results.py)")
     module.add_options(parser)
     return parser
 
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     top = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
                                   epilog=f"families:\n{listing()}")
-    top.add_argument("family", choices=list(FAMILIES), metavar="family", help="which to run (below)")
+    top.add_argument("family", choices=list(FAMILIES), metavar="family",
+                     help="which to run (below)")
     if not argv or argv[0] not in FAMILIES:
         top.parse_args(argv[:1])  # says what is wrong (or prints the help) and exits
     name = argv[0]
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the family's finally clauses have stopped what it started
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
-    print("\n".join([f"\n{name}{' (smoke: figures mean nothing)' if args.smoke else ''}", *table(rows)]))
+    title = f"\n{name}{' (smoke: figures mean nothing)' if args.smoke else ''}"
+    print("\n".join([title, *table(rows)]))
     if args.json is not None:
         write(rows, args.json)
         print(f"{count_of(len(rows), 'row')} written to {args.json}")
@@ -117,8 +121,8 @@ def stop_on_signals() -> None:
 
 
 def child_main(argv: list[str]) -> int:
-    """A family's helper process (``benchmarks.common.child``): its function, until it returns or the
-    parent stops it with SIGINT."""
+    """A family's helper process (``benchmarks.common.child``): its function, until it returns or
+    the parent stops it with SIGINT."""
     target, *args = argv or [""]
     module_name, _, function = target.rpartition(".")
     if not module_name.startswith("benchmarks.") or not function.startswith("child_"):

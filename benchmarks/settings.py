@@ -24,7 +24,8 @@ def ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}") from None
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -41,7 +42,8 @@ def choose(given: tuple[str, ...], allowed: Any, option: str) -> None:
 
 
 def positive(option: str, value: float, minimum: float = 0.0, *, strict: bool = True) -> None:
-    """Raise a ValueError naming ``option`` when ``value`` is not above (or at least) ``minimum``."""
+    """Raise a ValueError naming ``option`` when ``value`` is not above (or at least)
+    ``minimum``."""
     if value < minimum or (strict and value == minimum):
         raise ValueError(f"{option} must be {'>' if strict else '>='} {minimum:g} (got {value:g})")
 
