@@ -1,38 +1,30 @@
-"""Learning runs of the drone and image pipelines through the three processes (server, trainer, worker).
+"""Learning runs of the drone and image pipelines through the three processes (server, trainer,
+worker): the learning family's rows ``drone`` and ``image``.
 
-For a pipeline this writes a config, starts the roles on localhost with free ports, trains for ``--minutes``
-(or until the trainer's epochs are done), prints the learning curve from the worker's episode log, and then
-evaluates the trainer's final policy against a random policy in fresh envs, in this process:
+For a pipeline this writes a config, starts the roles on localhost with free ports (CURVE on),
+trains for ``--minutes`` (or until the trainer's epochs are done), prints the learning curve from
+the worker's episode log, and then evaluates the trainer's final policy against uniformly random
+actions on the same fresh episodes (reset seeds 1000..), in this process:
 
-* drone: rtgym's dummy RC drone at 50 ms steps. Reported: mean distance to the target over an episode, the
-  distance at its end, and the steps until the drone first came within 0.05 of the target.
-* image: ImageReach from 4x64x64 frames. Reported: return, success rate (reached the goal), episode length.
-
-The last line of output is one JSON object with the curve and both evaluations.
-
-Usage: .venv/bin/python scripts/learn_pipelines.py drone [--minutes 10] [--out DIR] [--seed 1]
-       .venv/bin/python scripts/learn_pipelines.py image [--minutes 20]
+* drone: rtgym's dummy RC drone at 50 ms steps. Reported: mean distance to the target over an
+  episode, the distance at its end, the share of episodes that came within 0.05 of the target and
+  the steps until they first did.
+* image: ImageReach from 4x64x64 frames. Reported: return, success rate (reached the goal),
+  episode length.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
-import os
-import signal
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("WANDB_MODE", "disabled")
-
 import numpy as np
-import torch
 
+from benchmarks.results import Row
 from netrl.config.load import config_from_dict, config_to_dict
 from netrl.config.sections import Config
 from netrl.launch import free_port, spawn_role, stop_processes, write_config
@@ -41,16 +33,24 @@ from netrl.pipelines.make import make_pipeline
 from netrl.protocol.weights import load_weights
 from netrl.storage.weight_files import read_weights_file
 
-# Trainer settings per pipeline: the drone's samples come at 20 Hz, so it trains several steps per sample.
+# Trainer settings per pipeline: the drone's samples come at 20 Hz, so it trains several steps per
+# sample.
 SETTINGS: dict[str, dict[str, Any]] = {
-    "drone": {"trainer": {"start_training": 400, "max_training_steps_per_env_step": 4.0, "steps": 400,
-                          "update_model_interval": 100, "update_buffer_interval": 20},
+    "drone": {"trainer": {"start_training": 400, "max_training_steps_per_env_step": 4.0,
+                          "steps": 400, "update_model_interval": 100, "update_buffer_interval": 20},
               "memory": {"memory_size": 100_000, "batch_size": 256},
               "worker": {"test_episode_interval": 5, "min_samples_per_worker_packet": 20}},
-    "image": {"trainer": {"start_training": 1000, "max_training_steps_per_env_step": 1.0, "steps": 500,
-                          "update_model_interval": 50, "update_buffer_interval": 20, "worker_lead": 100},
+    "image": {"trainer": {"start_training": 1000, "max_training_steps_per_env_step": 1.0,
+                          "steps": 500, "update_model_interval": 50, "update_buffer_interval": 20,
+                          "worker_lead": 100},
               "memory": {"memory_size": 100_000, "batch_size": 64},
               "worker": {"test_episode_interval": 10, "min_samples_per_worker_packet": 50}},
+}
+FIGURES = {  # per pipeline: (key of an evaluation, the figure, its unit)
+    "drone": [("mean_distance", "mean distance to the target over an episode", ""),
+              ("reached_0.05", "episodes within 0.05 of the target", "share")],
+    "image": [("success", "episodes that reach the goal", "share"),
+              ("return", "mean return of an episode", "")],
 }
 
 
@@ -60,7 +60,7 @@ def learn_config(pipeline: str, out: Path, seed: int) -> Config:
     data.update(run_name=pipeline, weights_folder=str(out), seed=seed, keys_dir=str(out / "keys"))
     data["env"]["pipeline"] = pipeline
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
-    data["server"]["status_port"] = free_port()  # never the default port of a server already running here
+    data["server"]["status_port"] = free_port()  # never the default port of a running server
     data["worker"].update(worker_id="learn", **SETTINGS[pipeline]["worker"])
     data["trainer"].update(epochs=100_000, rounds=1, **SETTINGS[pipeline]["trainer"])
     data["memory"].update(SETTINGS[pipeline]["memory"])
@@ -84,12 +84,14 @@ def curve(episodes: list[dict[str, float]], t0: float, block: int) -> list[dict[
         out.append({"episodes": i + block, "env_steps": int(part[-1]["env_steps"]),
                     "minutes": round((part[-1]["time"] - t0) / 60, 1),
                     "return": round(float(np.mean([e["return"] for e in part])), 2),
-                    "return_per_step": round(float(np.mean([e["return"] / e["length"] for e in part])), 4)})
+                    "return_per_step": round(float(np.mean([e["return"] / e["length"]
+                                                            for e in part])), 4)})
     return out
 
 
 def evaluate(pipeline: str, cfg: Config, policy: Path | None, episodes: int) -> dict[str, Any]:
-    """Deterministic episodes of the saved policy (or uniformly random actions when ``policy`` is None)."""
+    """Deterministic episodes of the saved policy (or uniformly random actions when ``policy`` is
+    None)."""
     pipe = make_pipeline(cfg)
     env = pipe.env_cls()
     actor = pipe.actor_module_cls(env.observation_space, env.action_space)
@@ -105,8 +107,9 @@ def evaluate(pipeline: str, cfg: Config, policy: Path | None, episodes: int) -> 
             rewards: list[float] = []
             done, terminated = False, False
             while not done:
+                space = env.action_space
                 act = (actor.act_(obs, test=True) if policy is not None
-                       else rng.uniform(env.action_space.low, env.action_space.high).astype(np.float32))
+                       else rng.uniform(space.low, space.high).astype(np.float32))
                 obs, rew, terminated, truncated, _ = env.step(act)
                 rewards.append(float(rew))
                 done = terminated or truncated
@@ -121,14 +124,17 @@ def evaluate(pipeline: str, cfg: Config, policy: Path | None, episodes: int) -> 
     summary: dict[str, Any] = {}
     for key in results[0]:
         values = [r[key] for r in results if not np.isnan(r[key])]
-        summary[key] = round(float(np.mean(values)), 4) if values else None  # None: no episode got there
+        # None: no episode got there
+        summary[key] = round(float(np.mean(values)), 4) if values else None
     summary["episodes"] = episodes
     if pipeline == "drone":
-        summary["reached_0.05"] = round(float(np.mean([not np.isnan(r["steps_to_0.05"]) for r in results])), 3)
+        reached = [not np.isnan(r["steps_to_0.05"]) for r in results]
+        summary["reached_0.05"] = round(float(np.mean(reached)), 3)
     return summary
 
 
-def run(pipeline: str, minutes: float, out: Path, seed: int, eval_episodes: int = 20) -> dict[str, Any]:
+def run(pipeline: str, minutes: float, out: Path, seed: int,
+        eval_episodes: int = 20) -> dict[str, Any]:
     cfg = learn_config(pipeline, out, seed)
     config_path = write_config(cfg, out / "config.json")
     logs = {role: (out / f"{role}.log").open("wb") for role in ("server", "trainer", "worker")}
@@ -146,10 +152,12 @@ def run(pipeline: str, minutes: float, out: Path, seed: int, eval_episodes: int 
             eps = read_episodes(episodes_csv)
             train = [e for e in eps if e["test"] == 0][-10:]
             if train:
-                print(f"{(time.time() - t0) / 60:5.1f} min  env steps {int(eps[-1]['env_steps']):6d}  "
-                      f"last 10 returns {np.mean([e['return'] for e in train]):8.2f}", flush=True)
+                print(f"{(time.time() - t0) / 60:5.1f} min  env steps "
+                      f"{int(eps[-1]['env_steps']):6d}  last 10 returns "
+                      f"{np.mean([e['return'] for e in train]):8.2f}", flush=True)
     finally:
-        codes = stop_processes([worker, trainer], timeout=20, then=[server])  # the server last: it acks the rest
+        # the server last: it acknowledges the rest
+        codes = stop_processes([worker, trainer], timeout=20, then=[server])
         for f in logs.values():
             f.close()
     eps = read_episodes(episodes_csv)
@@ -163,30 +171,22 @@ def run(pipeline: str, minutes: float, out: Path, seed: int, eval_episodes: int 
             "trained_policy": trained, "random_policy": random_policy}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pipeline", choices=["drone", "image"])
-    p.add_argument("--minutes", type=float, default=10.0, help="training time (default 10)")
-    p.add_argument("--out", help="output folder (default: a temporary one)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--eval-episodes", type=int, default=20)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # the finally clauses stop the three roles cleanly
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)  # also when started in the background, where SIGINT is ignored
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"netrl-learn-{args.pipeline}-"))
-    result = run(args.pipeline, args.minutes, out, args.seed, args.eval_episodes)
+def rows(pipeline: str, minutes: float, seed: int, eval_episodes: int,
+         out: Path | None) -> list[Row]:
+    """The learning family's rows for ``pipeline``: the trained policy against random actions."""
+    folder = out if out is not None else Path(tempfile.mkdtemp(prefix=f"netrl-learn-{pipeline}-"))
+    result = run(pipeline, minutes, folder, seed, eval_episodes)
     for point in result["curve"]:
-        print(point)
-    print("trained:", result["trained_policy"])
-    print("random: ", result["random_policy"])
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        print(f"  {point}", flush=True)
+    print(f"  trained: {result['trained_policy']}", flush=True)
+    print(f"  random:  {result['random_policy']}", flush=True)
+    trained, random_policy = result["trained_policy"], result["random_policy"]
+    params = {"pipeline": pipeline, "minutes": minutes, "seed": seed,
+              "eval_episodes": eval_episodes, "folder": str(folder)}
+    out_rows = []
+    for key, figure, unit in FIGURES[pipeline]:
+        value, base = trained.get(key), random_policy.get(key)
+        out_rows.append(Row("learning", f"{pipeline}: trained for {minutes:g} minutes, "
+                            f"{result['env_steps']:,} env steps", figure, value, unit, base,
+                            "random actions", None, params=params, detail=result))
+    return out_rows
