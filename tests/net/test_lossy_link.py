@@ -1,10 +1,11 @@
 """A long lossy link keeps its one connection: the liveness window follows the measured round trip.
 
-The worker's link goes through the benchmarks' emulated link (benchmarks/wan_link.py), a TCP forwarder in
-this process: TCP cannot lose bytes, so a lost segment arrives a retransmission timeout late and holds back what
-follows, as it does on a real path. A link whose window ignores the round trip takes each such stall for a dead
-peer and reconnects; and one that counts the handshake against the window (four round trips without CURVE, seven
-with it) never gets connected where those take longer than the window.
+The worker's link goes through the benchmarks' emulated link (benchmarks/wan_link.py), a TCP
+forwarder in this process: TCP cannot lose bytes, so a lost segment arrives a retransmission timeout
+late and holds back what follows, as it does on a real path. A link whose window ignores the round
+trip takes each such stall for a dead peer and reconnects; and one that counts the handshake against
+the window (four round trips without CURVE, seven with it) never gets connected where those take
+longer than the window.
 """
 
 from __future__ import annotations

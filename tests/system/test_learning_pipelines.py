@@ -1,7 +1,7 @@
 """Long learning runs of the drone and image pipelines through the three processes (opt-in: ``-m slow``).
 
-They call ``benchmarks/learning/pipelines.py`` and check its evaluation of the trained policy against random
-actions.
+They call ``benchmarks/learning/pipelines.py`` and check its evaluation of the trained policy
+against random actions.
 """
 
 from __future__ import annotations
