@@ -14,7 +14,8 @@ import netrl
 from tests.fakes import imported_modules
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted((ROOT / "netrl").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
+SOURCES = [*sorted((ROOT / "netrl").rglob("*.py")), *sorted((ROOT / "scripts").rglob("*.py")),
+           *sorted((ROOT / "benchmarks").rglob("*.py"))]
 
 
 def test_public_names_are_pinned() -> None:
