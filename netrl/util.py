@@ -3,6 +3,7 @@ that log lines in every layer share."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
@@ -10,8 +11,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["cached_property", "count_of", "lazy_exports", "partial", "prod", "takes_args", "version_label",
-           "worth_logging"]
+__all__ = ["cached_property", "count_of", "did_you_mean", "lazy_exports", "partial", "prod", "takes_args",
+           "version_label", "worth_logging"]
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -72,3 +73,10 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
         return sorted(exports)
 
     return getattr_, dir_
+
+
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean "<prefix><nearest>"?)`` for a name that is none of ``known``, or "" when
+    none is near: the hint that config keys and the roles' keyword arguments give alike."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f' (did you mean "{prefix}{close[0]}"?)' if close else ""

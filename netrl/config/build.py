@@ -10,7 +10,6 @@ closest known key as a suggestion.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import types
@@ -18,6 +17,8 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, Literal
+
+from netrl.util import did_you_mean
 
 __all__ = ["build_dataclass", "field_problem", "setting"]
 
@@ -106,8 +107,7 @@ def build_dataclass(cls: type, data: Any, path: str, problems: list[tuple[str, s
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else key
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
-            hint = f' (did you mean "{(path + ".") if path else ""}{close[0]}"?)' if close else ""
+            hint = did_you_mean(key, fields, f"{path}." if path else "")
             problems.append((key_path, f'unknown key "{key_path}"{hint}'))
             continue
         tp = hints[key]

@@ -12,13 +12,13 @@ tutorial works unchanged; netrl's own settings live here. Three ways to give the
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from netrl.training.sync import BatchMode
+from netrl.util import did_you_mean
 
 if TYPE_CHECKING:
     from netrl.config.sections import Config
@@ -97,8 +97,7 @@ def fold_keywords(settings: TrainingSettings | None, keywords: Mapping[str, Any]
     for key in keywords:
         if key not in _FIELDS:
             known = [*inspect.signature(owner).parameters, *_FIELDS]
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            hint = did_you_mean(key, known)
             raise TypeError(f"{name}() got an unexpected keyword argument {key!r}{hint}; it takes "
                             "tmrl's parameters and the fields of netrl.training.TrainingSettings")
     return dataclasses.replace(settings, **keywords) if keywords else settings

@@ -9,7 +9,6 @@ models) are not settings: they stay arguments of :class:`~netrl.worker.worker.Ro
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import numbers
@@ -23,6 +22,7 @@ from netrl.net.keys import ClientKeys, client_keys
 from netrl.pipelines.base import Pipeline
 from netrl.protocol.codecs import Codec
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
+from netrl.util import did_you_mean
 from netrl.worker.names import default_worker_id
 
 __all__ = ["Vectorization", "WorkerSettings", "worker_seed"]
@@ -164,8 +164,7 @@ class WorkerSettings:
         names = [f.name for f in dataclasses.fields(cls)]
         for name in keywords:
             if name not in names and name != "server_ip":
-                near = difflib.get_close_matches(name, [*names, "server_ip"], n=1)
-                hint = f' (did you mean "{near[0]}"?)' if near else ""
+                hint = did_you_mean(name, [*names, "server_ip"])
                 raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}; its "
                                 f"settings are WorkerSettings' fields: {', '.join(names)}")
         base = base or cls()
