@@ -1,7 +1,8 @@
 """Single-process mode: one RolloutWorker and one TrainingOffline in one thread, with no networking.
 
 The worker steps exactly as many env steps as the training loop asks for, so the update-to-data schedule is the
-same as the networked pipeline's. Used as the baseline in scripts/bench_learning.py and for debugging pipelines.
+same as the networked pipeline's. Used as the baseline in `python -m benchmarks learning` and for debugging
+pipelines.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ class Membership:
             progress = self.intake.progress or {}
             newest = self.weights.newest.get("policy", -1)
             # sync collection: the batch of the weights it is about to get (a worker joining
-            # mid-batch waits for the next: netrl.worker.sync)
+            # mid-batch waits for the next: netrl.worker.runners.sync)
             if progress.get("batch_version", -1) == newest >= 0:
                 welcome["weights_version"] = newest
                 welcome["batch_steps"] = progress["batch_steps"]

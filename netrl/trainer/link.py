@@ -142,9 +142,9 @@ class TrainerLink(NetThread):
             raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
 
     def announce(self, collect: dict[str, Any]) -> None:
-        """Training thread: every version published from now on tells the workers how to collect (sync mode, its
-        fragment length and batch mode; see :mod:`netrl.worker.sync`): the worker config does not repeat them, so
-        the two cannot disagree."""
+        """Training thread: every version published from now on tells the workers how to collect
+        (sync mode, its fragment length and batch mode; see :mod:`netrl.worker.runners.sync`): the
+        worker config does not repeat them, so the two cannot disagree."""
         self.sender.collect = dict(collect)
 
     def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:

@@ -10,7 +10,7 @@ Calling sequence, one iteration per batch (the loop's ``_sync_step``; packets go
     memory.clear(); publish v + 1
 
 Each worker collects ``rollout_fragment_length`` steps per env under the newest version it holds, sends them and
-waits for a newer version (:mod:`netrl.worker.sync`). The RL half: nothing here imports the network.
+waits for a newer version (:mod:`netrl.worker.runners.sync`). The RL half: nothing here imports the network.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class SyncBatches:
         self.shortfalls = 0  # batches trained short after the timeout
 
     def announcement(self) -> dict[str, Any]:
-        """What the weights tell the workers (see :mod:`netrl.worker.sync`)."""
+        """What the weights tell the workers (see :mod:`netrl.worker.runners.sync`)."""
         return {"mode": "sync", "fragment": self.fragment, "batch_mode": self.batch_mode}
 
     def open(self, version: int) -> None:
