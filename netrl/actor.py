@@ -6,8 +6,9 @@ dimension ``B``, on the module's device. The worker never calls ``act`` itself: 
 which collates raw numpy observations. The calling sequence::
 
     actor = MyActorModule(env.observation_space, env.action_space).to(device)
-    action = actor.act_(obs, test=False)                  # one observation -> one action (B = 1)
-    actions = actor.act_(obs_batch, test=False, batch=True)  # N observations (a vector env's) -> N actions
+    action = actor.act_(obs, test=False)                     # one observation -> one action (B = 1)
+    actions = actor.act_(obs_batch, test=False, batch=True)  # N observations (a vector env's)
+                                                             # -> N actions
 
 The ``act`` contract, which the built-in agents follow and new ones should:
 

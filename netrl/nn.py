@@ -2,7 +2,8 @@
 
 A SAC agent often keeps a gradient-free view of its model to hand the actor out::
 
-    model_nograd = cached_property(lambda self: no_grad(copy_shared(self.model)))  # in the class body
+    # in the class body
+    model_nograd = cached_property(lambda self: no_grad(copy_shared(self.model)))
 """
 
 from __future__ import annotations

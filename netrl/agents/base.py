@@ -4,14 +4,19 @@ Calling sequence, as the Trainer drives it::
 
     agent = MyTrainingAgent(observation_space, action_space, device)
     for each training step:
-        metrics = agent.train(memory.sample())     # Batch of tensors on `device` -> {"loss_actor": 0.3, ...}
-    actor = agent.get_actor()                       # an ActorModule; its state_dict is sent to the workers
-    agent.state_dict() / agent.load_state_dict(d)   # optional, for checkpoints: tensors only, loaded with
-                                                    # weights_only=True; without them a checkpoint keeps the actor only
-    agent.state_tensors()                           # what a training step may change, for the loop to undo a step
-                                                    # that went non-finite (netrl.agents.guard); found by default
-    agent.extra_models()                            # optional: {name: ModelSpec(module, every)}, further modules
-                                                    # synced to the workers besides the actor (default: none)
+        metrics = agent.train(memory.sample())     # Batch of tensors on `device`
+                                                    # -> {"loss_actor": 0.3, ...}
+    actor = agent.get_actor()                       # an ActorModule; its state_dict is sent to the
+                                                    # workers
+    agent.state_dict() / agent.load_state_dict(d)   # optional, for checkpoints: tensors only,
+                                                    # loaded with weights_only=True; without them a
+                                                    # checkpoint keeps the actor only
+    agent.state_tensors()                           # what a training step may change, for the loop
+                                                    # to undo a step that went non-finite
+                                                    # (netrl.agents.guard); found by default
+    agent.extra_models()                            # optional: {name: ModelSpec(module, every)},
+                                                    # further modules synced to the workers besides
+                                                    # the actor (default: none)
 """
 
 from __future__ import annotations

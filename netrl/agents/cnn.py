@@ -3,8 +3,10 @@
 ``CNNActorCritic`` fits :class:`~netrl.agents.sac.SACAgent`'s ``model_cls`` contract (``.actor``, ``.critic``,
 ``.q(obs, act, critic=None)``)::
 
-    frames (B, S, 64, 64) uint8 -> /255 -> ConvEncoder -> 64 features -+-> actor MLP -> squashed Gaussian action
-        (4x4 patches, 3x3 conv, spatial-softmax keypoints)              +-> twin Q MLPs (with the action)
+    frames (B, S, 64, 64) uint8 -> /255 -> ConvEncoder -> 64 features
+        (4x4 patches, 3x3 conv, spatial-softmax keypoints) |
+                                                           +-> actor MLP -> squashed Gaussian action
+                                                           +-> twin Q MLPs (with the action)
 
 The keypoint head turns each channel into the (x, y) where it fires, which suits tasks about where things are: on
 ImageReach it learned within 10,000 steps what a flattened-map linear head had not learned in 36,000. The critic

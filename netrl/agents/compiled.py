@@ -3,7 +3,8 @@
 Three modes, each agent taking a ``compile`` argument::
 
     none        eager PyTorch, as written (the default)
-    compile     torch.compile of the agent's training step (see below): forward and backward run as generated kernels
+    compile     torch.compile of the agent's training step (see below): forward and backward run
+                as generated kernels
     cudagraphs  the same, each graph also captured as a CUDA graph and replayed (torch.compile's
                 "reduce-overhead"); CUDA only, refused elsewhere
 

@@ -4,7 +4,8 @@ Mnih et al., "Human-level control through deep reinforcement learning" (2015); v
 Reinforcement Learning with Double Q-learning" (2016); Wang et al., "Dueling Network Architectures" (2016). Read
 :meth:`DQNAgent.train` against Algorithm 1 of the DQN paper with the double-DQN target::
 
-    y = r + gamma * (1 - terminated) * Q_target(s', argmax_a' Q(s', a'))      a' among the actions s' allows
+    y = r + gamma * (1 - terminated) * Q_target(s', argmax_a' Q(s', a'))
+                                                        (a' among the actions s' allows)
 
 Actions: ``Discrete``, and ``MultiDiscrete`` / ``MultiBinary`` as independent branches (Tavakoli et al., "Action
 Branching Architectures", 2018): one dueling advantage head per action dimension over a shared value, each branch

@@ -7,7 +7,8 @@ optimiser state, bare tensors such as SAC's ``log_alpha``), which it then keeps 
 step's metrics or the state are not finite, every one of those tensors is put back as it was kept. Calling sequence::
 
     guard = StateGuard(agent)
-    guard.begin()                          # before training (after loading a checkpoint): the state to go back to
+    guard.begin()                          # before training (after loading a checkpoint): the state
+                                           # to go back to
     metrics = agent.train(batch)
     if not guard.accept(metrics, check):   # check the state too, and keep it, every few steps...
         ...                                # ...or it has put the last state kept back

@@ -11,9 +11,11 @@ RolloutMemory), calling ``train(batch)`` once per batch and running ``n_epochs``
 :class:`PPOActor` the workers run returns two extra outputs with each action (TorchRL's keys), recorded per row and
 handed back in ``batch.extra``::
 
-    action_log_prob   log pi_old(a|s) of the action taken       -> the ratio pi / pi_old
-    state_value       V_old(s) of the observation it was chosen from -> GAE, and the value clipping's anchor
-    traj_ids          (added by the memory) rows with equal ids are one piece of one env's trajectory
+    action_log_prob   log pi_old(a|s) of the action taken -> the ratio pi / pi_old
+    state_value       V_old(s) of the observation it was chosen from -> GAE, and the value
+                      clipping's anchor
+    traj_ids          (added by the memory) rows with equal ids are one piece of one env's
+                      trajectory
 
 Actions: ``Box`` (a Gaussian with a state-independent log std) and ``Discrete``, ``MultiDiscrete``, ``MultiBinary``
 (a categorical per branch, as DQN's branches; an ``"action_mask"`` entry of a Dict observation is respected: a masked

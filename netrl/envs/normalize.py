@@ -2,10 +2,13 @@
 
 Calling sequence::
 
-    norm = ObsNormalizer(observation_space, clip=10.0)   # mean 0, var 1, count 0: a near-identity before any data
-    norm.update(packet_obs)          # trainer: numpy rows (leading dimension n) of every packet it receives
-    memory.obs_transform = norm      # trainer: a batch's obs and next_obs, as the memory gathers them
-    obs = norm(obs)                  # worker: the observation before act, with the statistics it last received
+    norm = ObsNormalizer(observation_space, clip=10.0)  # mean 0, var 1, count 0: a near-identity
+                                                        # before any data
+    norm.update(packet_obs)      # trainer: numpy rows (leading dimension n) of every packet it
+                                 # receives
+    memory.obs_transform = norm  # trainer: a batch's obs and next_obs, as the memory gathers them
+    obs = norm(obs)              # worker: the observation before act, with the statistics it last
+                                 # received
 
 ``forward`` applies SB3 VecNormalize's rule to each float ``Box`` leaf, ``clip((x - mean) / sqrt(var + 1e-8), -clip,
 clip)`` in float32; other leaves (integer images, Discrete...) pass through untouched. The statistics live in float32

@@ -11,7 +11,8 @@ one line per 10 s)::
 
     env = StepTimer(GenericGymEnv("rtgym:real-time-gym-ts-v1", {"config": config}), nominal_s=0.05)
     ...
-    env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4, "overruns": 0, "late_calls": 0}
+    env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4,
+                    #  "overruns": 0, "late_calls": 0}
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ because actions act with a delay. Those actions are already in the rows (each ro
 :class:`ActionBufferCompressor` drops them and :class:`ActionBufferMemory` rebuilds them from the rows'
 actions, following rtgym's rules (``rtgym/envs/real_time_env.py``)::
 
-    step(a):   buffer.append(a)                          (every row that is not a reset row)
+    step(a):   buffer.append(a)                      (every row that is not a reset row)
     reset():   reset_act_buf=True:            buffer = [default] * L
-               else, last_act_on_reset=False: buffer[-1] = default   (the last action was never applied)
+               else, last_act_on_reset=False: buffer[-1] = default
+                                                     (the last action was never applied)
                else:                          buffer unchanged
 
 With ``reset_act_buf=False`` the buffer carries actions across episodes, so it also holds actions the memory never

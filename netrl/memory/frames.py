@@ -7,7 +7,8 @@ only the newest frame of each row (the compressor raises ValueError at the first
 
     worker:  obs (S, H, W) --FrameStackCompressor--> newest frame (H, W), or its PNG/JPEG bytes
     wire:    one frame per row, plus ``S`` context rows per packet (pipeline ``overlap = S``)
-    trainer: FrameStackMemory stores each frame once (uint8) and rebuilds the stacks of a batch with one gather
+    trainer: FrameStackMemory stores each frame once (uint8) and rebuilds the stacks of a batch
+             with one gather
 
 FrameStackMemory is a declaration on :class:`~netrl.memory.history.HistoryMemory`: each row stores its newest frame,
 and one view (:mod:`netrl.memory.views`) makes the observation the last ``S`` frames. The stack of row ``k`` is the

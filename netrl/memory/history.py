@@ -7,8 +7,9 @@ assembles the views when it samples, by index arithmetic over the ring. Each row
 many rows back its views read (``need``); a transition can be sampled while all of those rows are still stored, so
 wrapping the ring never yields a half-overwritten stack. A memory is configured by the views it is given::
 
-    HistoryMemory(views=[prev_actions(4), prev_rewards(4)])      # batch.extra["prev_actions"], ["next_prev_actions"]
-    HistoryMemory(views=[last_observations(4)])                    # obs of [B, 4, ...] from one stored obs per row
+    HistoryMemory(views=[prev_actions(4), prev_rewards(4)])  # batch.extra["prev_actions"],
+                                                             # ["next_prev_actions"]
+    HistoryMemory(views=[last_observations(4)])  # obs of [B, 4, ...] from one stored obs per row
 
 A worker's sample compressor can drop from each row whatever earlier rows already hold (tmrl's idea): the newest
 frame of a stack, the observation without rtgym's action buffer. The matching memories are thin declarations on

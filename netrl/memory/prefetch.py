@@ -3,10 +3,12 @@
 Calling sequence (the training loop's)::
 
     batches = BatchesAhead(memory, device)   # ahead=False: sample() when asked, as without it
-    batch = batches.next()             # the batch gathered ahead (the first one: gathered now); starts the next
+    batch = batches.next()             # the batch gathered ahead (the first one: gathered now);
+                                       # starts the next
     metrics = agent.train(batch)
     batches.batch_workers()            # whose samples were in the batch next() returned last
-    batches.settle()                   # before the memory changes (append_buffer): waits for the gather under way
+    batches.settle()                   # before the memory changes (append_buffer): waits for the
+                                       # gather under way
     memory.append_buffer(packet)
     batches.close()                    # idempotent
 

@@ -3,8 +3,10 @@
 ``python -m netrl --keygen [--workers robot-1,robot-2]`` writes::
 
     keys/server/server.key, server.key_secret      keep on the server machine
-    keys/server/trainers/trainer.key               allow-list: public keys that may connect as the trainer
-    keys/server/workers/worker.key, robot-1.key    allow-list: public keys that may connect as workers
+    keys/server/trainers/trainer.key               allow-list: public keys that may connect as the
+                                                   trainer
+    keys/server/workers/worker.key, robot-1.key    allow-list: public keys that may connect as
+                                                   workers
     keys/trainer/trainer.key(_secret), server.key  copy this folder to the GPU box
     keys/workers/<name>/<name>.key(_secret), server.key   copy this folder to worker <name>
 

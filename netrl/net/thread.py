@@ -10,9 +10,12 @@ A command is one multipart message on the pipe. Its first frame, the head, is th
 :class:`Command`) and a fixed set of little-endian integers; the frames after it are handed over as they are,
 zero-copy (a message encoded by :mod:`netrl.protocol.wire`, for the network thread to send)::
 
-    PACKET     worker    head: u8 1 | u64 seq | u64 steps     then one SAMPLES message: the packet, kept until acked
-    CREDIT     trainer   head: u8 2                           nothing: the loop took bundles, grant credit now
-    WEIGHTS    trainer   head: u8 3 | u32 part | i64 version  then one WEIGHTS message: that part of the version
+    PACKET     worker    head: u8 1 | u64 seq | u64 steps     then one SAMPLES message: the packet,
+                                                              kept until acked
+    CREDIT     trainer   head: u8 2                           nothing: the loop took bundles, grant
+                                                              credit now
+    WEIGHTS    trainer   head: u8 3 | u32 part | i64 version  then one WEIGHTS message: that part of
+                                                              the version
     PROGRESS   trainer   head: u8 4                           then one PROGRESS message
 
 :func:`command_head` writes a head and :func:`read_command` reads it back. A head no command has (an unknown kind,

@@ -3,7 +3,8 @@
 The drone obeys velocity commands after a random 20-50 ms delay and reports its position after another one, so
 the observation carries the last 4 actions (rtgym's action buffer) to stay Markov::
 
-    obs = (pos_x, pos_y, target_x, target_y, a[t-3], a[t-2], a[t-1], a[t])     # 4 x (1,) + 4 x (2,) float32
+    obs = (pos_x, pos_y, target_x, target_y, a[t-3], a[t-2], a[t-1], a[t])  # 4 x (1,) + 4 x (2,)
+                                                                            # float32
     reward = -|pos - target|; terminated when closer than 0.01; truncated after 100 steps (5 s)
 
 As in the tutorial, the worker's :class:`~netrl.memory.action_buffer.ActionBufferCompressor` drops the action buffer and

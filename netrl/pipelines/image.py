@@ -2,9 +2,11 @@
 
 ::
 
-    worker:  ImageReach-v0 (OpenCV, no display) -> obs (4, 64, 64) uint8 -> FrameStackCompressor -> newest frame
+    worker:  ImageReach-v0 (OpenCV, no display) -> obs (4, 64, 64) uint8 -> FrameStackCompressor
+             -> newest frame
     wire:    one frame per row (+4 context rows per packet), zstd packet compression by default
-    trainer: FrameStackMemory (each frame stored once, stacks rebuilt per batch) -> SAC with CNNActorCritic
+    trainer: FrameStackMemory (each frame stored once, stacks rebuilt per batch)
+             -> SAC with CNNActorCritic
 
 Settings are module constants; :func:`image_pipeline` takes them as arguments for tests and benchmarks. Size the
 replay memory for images: ``memory.memory_size`` rows cost 4 KB each (100,000 rows: 400 MB).

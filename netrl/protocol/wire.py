@@ -8,11 +8,12 @@
                  "sender": "worker-a",        the sender's name
                  "seq": 41,                   per-sender sequence number (sample packets, bundles)
                  "policy_version": 17,        newest weight version the message relates to
-                 "body": {...},               small type-specific fields, checked against BODY_SCHEMA
+                 "body": {...},               small type-specific fields, checked against
+                                              BODY_SCHEMA
                  "arrays": [{"name": "obs/0", "dtype": "<f4", "shape": [50, 3],
                              "codec": "none", "nbytes": 600}, ...]}
-    frame 1+  one buffer per entry of "arrays", in order: the raw C-contiguous bytes, or their zstd/lz4
-              compression when "codec" says so ("nbytes" is always the raw size).
+    frame 1+  one buffer per entry of "arrays", in order: the raw C-contiguous bytes, or their
+              zstd/lz4 compression when "codec" says so ("nbytes" is always the raw size).
 
 A SAMPLES message's arrays are its act/obs leaves (``act``, ``obs/0``...), the sample columns (``rew``, the flags,
 ``policy_version``, ``env``) and the actor's extra outputs (``extra/<name>``), all with one row per sample.

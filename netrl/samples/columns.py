@@ -9,7 +9,8 @@ A worker produces one *row* per env step, tmrl style: ``(act, obs, rew, terminat
     row      k-1        k          k+1 (reset)   k+2
     obs      o1         o2         o'0           o'1
     act      a0         a1         -             a'0
-    ->       transition (o1, a1, r, o2, term, trunc) ends at k; none ends at k+1; (o'0, a'0, ...) ends at k+2
+    ->       transition (o1, a1, r, o2, term, trunc) ends at k; none ends at k+1;
+             (o'0, a'0, ...) ends at k+2
 
 Every packet after the first starts with ``overlap`` *context* rows copied from the end of the previous packet
 (``reset`` flags included), so every packet is self-contained: a memory never has to stitch rows from two packets

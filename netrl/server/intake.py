@@ -3,16 +3,21 @@ may send.
 
 ::
 
-    worker  --SAMPLES-->  sender, size and value checks --> SampleRelay.accept()    (or a NACK: never resent)
-                          another layout than the trainer's --> a NACK naming the layout: the worker keeps the
-                          packet until the server names another (heartbeats), and the trainer gets a NOTICE
+    worker  --SAMPLES-->  sender, size and value checks --> SampleRelay.accept()
+                              (or a NACK: never resent)
+                          another layout than the trainer's --> a NACK naming the layout: the
+                              worker keeps the packet until the server names another
+                              (heartbeats), and the trainer gets a NOTICE
                           beyond the worker's share of the memory --> a NACK: resend later
-    worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples produced (for pacing)
-    trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a restarted server)
-    trainer --PROGRESS--> a PACE allowance per worker: the samples the trainer still wants, split between the workers
-                          that are producing
-    worker  <--ACK--      every ACK carries the worker's window: its share of the server's memory, in the bytes of
-                          its packets (a packet takes FRAME_OVERHEAD per frame beyond its bytes: a tiny one, many times)
+    worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples
+                          produced (for pacing)
+    trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a
+                          restarted server)
+    trainer --PROGRESS--> a PACE allowance per worker: the samples the trainer still wants, split
+                          between the workers that are producing
+    worker  <--ACK--      every ACK carries the worker's window: its share of the server's memory,
+                          in the bytes of its packets (a packet takes FRAME_OVERHEAD per frame
+                          beyond its bytes: a tiny one, many times)
 
 The server's loop routes these messages here and supplies the send; :class:`~netrl.server.admission.Admission` counts
 and logs what is rejected.

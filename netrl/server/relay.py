@@ -3,8 +3,8 @@
 ::
 
     worker --SAMPLES--> accept() --> queue (memory, unacknowledged) --flush()--> BUNDLE --> trainer
-                                 \\-> spool (disk, acknowledged at once) ---/         trainer --ACK--> trainer_acked()
-                                                                                     --> the workers get their ACKs
+                                 \\-> spool (disk, acknowledged at once) ---/
+    trainer --ACK--> trainer_acked() --> the workers get their ACKs
 
 * A trainer is connected and the packets held in memory stay under ``max_queue_bytes`` (counting their bytes plus
   ``FRAME_OVERHEAD`` per frame, for what holding one costs): the packet waits in memory, and its worker gets the ACK

@@ -2,11 +2,14 @@
 
 ::
 
-    checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy coefficient
-    checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state, config
+    checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy
+                                    coefficient
+    checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state,
+                                    config
     checkpoint/CURRENT              {"number": 7}: the newest complete checkpoint
-    checkpoint/PUBLISHED            {"version": 93, "models": {"obs_norm": 12}}: the newest weight version this run
-                                    has sent out, and that of each further model (netrl.protocol.models)
+    checkpoint/PUBLISHED            {"version": 93, "models": {"obs_norm": 12}}: the newest weight
+                                    version this run has sent out, and that of each further model
+                                    (netrl.protocol.models)
 
 A checkpoint is written file by file and becomes current only when ``CURRENT`` is atomically replaced, so a crash
 mid-save leaves the previous checkpoint intact. Tensors are loaded with ``torch.load(weights_only=True)``; nothing is

@@ -4,8 +4,10 @@ Calling sequence, one iteration per batch (the loop's ``_sync_step``; packets go
 :mod:`netrl.training.ingest`, versions out through :mod:`netrl.training.publish`)::
 
     publish v (the weights carry the announcement: sync, rollout_fragment_length, batch_mode)
-    ingest packets: transitions of version v go into the RolloutMemory; others are late (counted, logged, left out)
-    until the memory holds frames_per_batch transitions, or sync_timeout_s passed with some: the shortfall is logged
+    ingest packets: transitions of version v go into the RolloutMemory; others are late
+        (counted, logged, left out)
+    until the memory holds frames_per_batch transitions, or sync_timeout_s passed with some:
+        the shortfall is logged
     agent.train(memory.sample())   # once: the agent runs its epochs and minibatches inside
     memory.clear(); publish v + 1
 
