@@ -108,9 +108,10 @@ class FolderInUse(NetrlError):
 
 
 class EnvFailure(NetrlError):
-    """An env call did not return within its time limit, or a thread of the process (one the env runs) died."""
+    """An env call did not return within its time limit, or a thread of the process
+    (one the env runs) died."""
 
 
 class TrainingDiverged(NetrlError):
-    """Training steps kept making the losses or the agent's state non-finite: each was undone, and after
-    ``trainer.max_nonfinite_steps`` of them in a row the trainer stops (exit code 1)."""
+    """Training steps kept making the losses or the agent's state non-finite: each was undone, and
+    after ``trainer.max_nonfinite_steps`` of them in a row the trainer stops (exit code 1)."""

@@ -1,8 +1,8 @@
 """Single-process mode: one RolloutWorker and one TrainingOffline in one thread, with no networking.
 
-The worker steps exactly as many env steps as the training loop asks for, so the update-to-data schedule is the
-same as the networked pipeline's. Used as the baseline in `python -m benchmarks learning` and for debugging
-pipelines.
+The worker steps exactly as many env steps as the training loop asks for, so the update-to-data
+schedule is the same as the networked pipeline's. Used as the baseline in `python -m benchmarks
+learning` and for debugging pipelines.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class LocalSource:
         """Nothing to wait for: :meth:`fetch` produces samples on demand."""
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int, model: str = "policy") -> None:
-        """Load a version into the worker's actor, or into its target of an extra model (env.normalize_obs's
-        ``obs_norm``: the worker normalises with the statistics the trainer's batches use)."""
+        """Load a version into the worker's actor, or into its target of an extra model
+        (env.normalize_obs's ``obs_norm``: the worker normalises with the statistics the
+        trainer's batches use)."""
         w = self.worker
         if w.env is None:
             w.start()
@@ -76,7 +77,8 @@ class LocalSource:
 
 def run_local(training: TrainingOffline, worker: RolloutWorker, stop: threading.Event,
               on_round: Any = None) -> None:
-    """Train ``training`` on samples from ``worker`` in this thread until its epochs are done or ``stop``."""
+    """Train ``training`` on samples from ``worker`` in this thread until its epochs
+    are done or ``stop``."""
     source = LocalSource(worker)
     training.start(source)
     try:

@@ -1,11 +1,13 @@
-"""Training agents. They see tensors and return metrics; they never import zmq, msgpack or netrl.config.
+"""Training agents. They see tensors and return metrics; they never import
+zmq, msgpack or netrl.config.
 
 :class:`TrainingAgent` is the interface (tmrl's). The built-in agents: :class:`SACAgent` with
-:class:`MLPActorCritic` (vectors) or :class:`CNNActorCritic` (stacked frames) for continuous actions, and
-:class:`DQNAgent` with its :class:`DQNActor` (double DQN, dueling head, action masks) for discrete ones; and
-on-policy, :class:`PPOAgent` with its :class:`PPOActor` for both (trained on version-synced batches). For partially
-observed envs, :class:`RecurrentSACAgent` with its :class:`RecurrentActor` (a GRU or LSTM, trained on sequences).
-:class:`ModelSpec` declares a module synced to the workers besides the actor (``TrainingAgent.extra_models``).
+:class:`MLPActorCritic` (vectors) or :class:`CNNActorCritic` (stacked frames) for continuous
+actions, and :class:`DQNAgent` with its :class:`DQNActor` (double DQN, dueling head, action masks)
+for discrete ones; and on-policy, :class:`PPOAgent` with its :class:`PPOActor` for both (trained on
+version-synced batches). For partially observed envs, :class:`RecurrentSACAgent` with its
+:class:`RecurrentActor` (a GRU or LSTM, trained on sequences). :class:`ModelSpec` declares a module
+synced to the workers besides the actor (``TrainingAgent.extra_models``).
 
 What each algorithm needs (action spaces, collection, memory) is declared in
 :mod:`netrl.agents.registry`; the parts the agents share (encoders, networks, distributions, action

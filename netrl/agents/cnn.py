@@ -1,18 +1,19 @@
 """A small CNN actor-critic for SAC on stacked grayscale frames, sized to train on a CPU.
 
-``CNNActorCritic`` fits :class:`~netrl.agents.sac.SACAgent`'s ``model_cls`` contract (``.actor``, ``.critic``,
-``.q(obs, act, critic=None)``)::
+``CNNActorCritic`` fits :class:`~netrl.agents.sac.SACAgent`'s ``model_cls`` contract (``.actor``,
+``.critic``, ``.q(obs, act, critic=None)``)::
 
     frames (B, S, 64, 64) uint8 -> /255 -> ConvEncoder -> 64 features
         (4x4 patches, 3x3 conv, spatial-softmax keypoints) |
                                                            +-> actor MLP -> squashed Gaussian action
                                                            +-> twin Q MLPs (with the action)
 
-The keypoint head turns each channel into the (x, y) where it fires, which suits tasks about where things are: on
-ImageReach it learned within 10,000 steps what a flattened-map linear head had not learned in 36,000. The critic
-and the actor share one encoder, trained by the critic's loss only; the actor reads its features detached (as in
-SAC-AE and DrQ), so the actor loss never back-propagates through the convolutions. The target critic is a copy of the
-critic, encoder included. The actor owns the encoder as a submodule, so its ``state_dict`` (what workers load) is
+The keypoint head turns each channel into the (x, y) where it fires, which suits tasks about
+where things are: on ImageReach it learned within 10,000 steps what a flattened-map linear head
+had not learned in 36,000. The critic and the actor share one encoder, trained by the critic's
+loss only; the actor reads its features detached (as in SAC-AE and DrQ), so the actor loss never
+back-propagates through the convolutions. The target critic is a copy of the critic, encoder
+included. The actor owns the encoder as a submodule, so its ``state_dict`` (what workers load) is
 self-contained; a worker's actor simply has its own encoder.
 """
 
@@ -63,7 +64,8 @@ class _CNNCritic(nn.Module):
 
 
 class CNNActorCritic(nn.Module):
-    """Actor plus twin critic sharing one encoder; ``q(obs, act)`` returns both Q estimates, shape (2, batch)."""
+    """Actor plus twin critic sharing one encoder; ``q(obs, act)`` returns both Q
+    estimates, shape (2, batch)."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256), features: int = 64, head: EncoderHead = "keypoints") -> None:

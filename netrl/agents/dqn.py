@@ -1,26 +1,29 @@
 """Double DQN with a dueling head, for discrete actions, in one file.
 
-Mnih et al., "Human-level control through deep reinforcement learning" (2015); van Hasselt et al., "Deep
-Reinforcement Learning with Double Q-learning" (2016); Wang et al., "Dueling Network Architectures" (2016). Read
-:meth:`DQNAgent.train` against Algorithm 1 of the DQN paper with the double-DQN target::
+Mnih et al., "Human-level control through deep reinforcement learning" (2015); van Hasselt et
+al., "Deep Reinforcement Learning with Double Q-learning" (2016); Wang et al., "Dueling
+Network Architectures" (2016). Read :meth:`DQNAgent.train` against Algorithm 1 of the DQN
+paper with the double-DQN target::
 
     y = r + gamma * (1 - terminated) * Q_target(s', argmax_a' Q(s', a'))
                                                         (a' among the actions s' allows)
 
-Actions: ``Discrete``, and ``MultiDiscrete`` / ``MultiBinary`` as independent branches (Tavakoli et al., "Action
-Branching Architectures", 2018): one dueling advantage head per action dimension over a shared value, each branch
-trained towards the same target, whose next-state value is the mean over branches of each branch's double-DQN value.
-With one branch this is exactly double DQN.
+Actions: ``Discrete``, and ``MultiDiscrete`` / ``MultiBinary`` as independent branches (Tavakoli et
+al., "Action Branching Architectures", 2018): one dueling advantage head per action dimension over a
+shared value, each branch trained towards the same target, whose next-state value is the mean over
+branches of each branch's double-DQN value. With one branch this is exactly double DQN.
 
-Action masks (Gymnasium's and PettingZoo's convention, TorchRL's key): a ``Dict`` observation with an
-``"action_mask"`` entry, one 0/1 per choice (``n`` for ``Discrete(n)``, ``sum(nvec)`` for ``MultiDiscrete``). The
-actor never picks a masked action, exploring included (it samples among the allowed ones), and the target's argmax
-runs over the *next* state's allowed actions. The mask is not an input of the Q network.
+Action masks (Gymnasium's and PettingZoo's convention, TorchRL's key): a ``Dict`` observation
+with an ``"action_mask"`` entry, one 0/1 per choice (``n`` for ``Discrete(n)``, ``sum(nvec)`` for
+``MultiDiscrete``). The actor never picks a masked action, exploring included (it samples among
+the allowed ones), and the target's argmax runs over the *next* state's allowed actions. The
+mask is not an input of the Q network.
 
-Deviations, all common practice (SB3, CleanRL): Huber loss and gradients clipped to norm 10; a hard target copy
-every ``target_update_interval`` training steps; epsilon decays linearly over *training* steps (the agent sees no env
-steps). Epsilon is a buffer of the actor, so the workers get the current one with each weight version; test
-episodes act greedily. ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
+Deviations, all common practice (SB3, CleanRL): Huber loss and gradients clipped to norm 10; a hard
+target copy every ``target_update_interval`` training steps; epsilon decays linearly over *training*
+steps (the agent sees no env steps). Epsilon is a buffer of the actor, so the workers get the
+current one with each weight version; test episodes act greedily. ``truncated`` never stops
+bootstrapping: a time limit is not a terminal state.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ MAX_GRAD_NORM = 10.0  # SB3's DQN default
 
 
 class DuelingQ(nn.Module):
-    """``Q(s, .)`` for every choice of every branch, ``(batch, sum(sizes))``: a shared value plus each branch's
-    advantages less their mean (Wang et al.'s choice over the max: it trains more stably)."""
+    """``Q(s, .)`` for every choice of every branch, ``(batch, sum(sizes))``: a shared
+    value plus each branch's advantages less their mean (Wang et al.'s choice over the
+    max: it trains more stably)."""
 
     def __init__(self, observation_space: gymnasium.Space, sizes: Sequence[int], hidden_sizes: Sequence[int]) -> None:
         super().__init__()
@@ -97,7 +101,8 @@ def pick(q: torch.Tensor, choice: torch.Tensor, offsets: torch.Tensor) -> torch.
 
 
 class DQNActor(ActorModule):
-    """Epsilon-greedy over a dueling Q network; ``epsilon`` is a buffer, so it travels with the weights."""
+    """Epsilon-greedy over a dueling Q network; ``epsilon`` is a buffer, so it
+    travels with the weights."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256)) -> None:
@@ -127,14 +132,16 @@ class DQNActor(ActorModule):
             check_allows_an_action(mask, self.sizes)
         choice = greedy(q, mask, self.sizes)
         if not test:
-            explore = torch.rand(q.shape[0], device=q.device) < self.epsilon  # each env explores on its own
+            # each env explores on its own
+            explore = torch.rand(q.shape[0], device=q.device) < self.epsilon
             if bool(explore.any()):
                 choice = torch.where(explore[:, None], self.explore(mask, q.shape[0]), choice)
         actions = choice.cpu().numpy() + self._starts
         return actions.reshape(q.shape[0], *self._shape).astype(self._dtype)
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        return self.act_batch(obs, test)  # one action per observation: act_ unwraps a batch of one (netrl.actor)
+        # one action per observation: act_ unwraps a batch of one (netrl.actor)
+        return self.act_batch(obs, test)
 
 
 class DQNAgent(TrainingAgent):
@@ -160,7 +167,8 @@ class DQNAgent(TrainingAgent):
         self.sizes = self.actor.sizes
         self.starts = torch.as_tensor(self.actor._starts, device=device)
         self.offsets = torch.as_tensor(np.cumsum([0, *self.sizes[:-1]]), device=device)
-        self.steps = torch.zeros((), dtype=torch.int64)  # a tensor: a training step that goes non-finite undoes it
+        # a tensor: a training step that goes non-finite undoes it
+        self.steps = torch.zeros((), dtype=torch.int64)
         self.actor.epsilon.fill_(exploration_initial_eps)
         self._online_tensors, self._target_tensors = module_tensors(self.actor.q), module_tensors(self.q_target)
         self.compile = compile
@@ -172,16 +180,20 @@ class DQNAgent(TrainingAgent):
     def loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
              weight: torch.Tensor | None, discount: torch.Tensor | float
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(Huber loss, mean Q of the actions taken, |TD error| per sample)`` on one batch (what ``compile``
-        compiles). ``discount``: gamma, or each sample's own gamma ** (steps to next_obs) in an n-step batch."""
+        """``(Huber loss, mean Q of the actions taken, |TD error| per
+        sample)`` on one batch (what ``compile`` compiles). ``discount``: gamma, or each sample's
+        own gamma ** (steps to next_obs) in an n-step batch."""
         n = r.shape[0]
-        choice = a.reshape(n, -1).long() - self.starts  # stored actions are values; the heads index choices
+        # stored actions are values; the heads index choices
+        choice = a.reshape(n, -1).long() - self.starts
         with torch.no_grad():
-            # Double DQN: the online network picks the next action among those the NEXT state allows, the target
-            # network values it. The pick is allowed, so no -inf from the mask reaches the target.
+            # Double DQN: the online network picks the next action among those the NEXT state
+            # allows, the target network values it. The pick is allowed, so no -inf from
+            # the mask reaches the target.
             a2 = greedy(self.actor.q(o2), action_mask(o2), self.sizes)
             q2 = pick(self.q_target(o2), a2, self.offsets).mean(-1)
-            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
+            # still has a future.
             y = r + discount * (1.0 - terminated) * q2
         q = pick(self.actor.q(o), choice, self.offsets)  # (batch, branches)
         per_sample = F.smooth_l1_loss(q, y[:, None].expand_as(q), reduction="none").mean(-1)
@@ -205,7 +217,8 @@ class DQNAgent(TrainingAgent):
         fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
         self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))
         metrics: dict[str, Any] = {**to_floats({"loss_q": loss, "q": q_mean}), "epsilon": float(self.actor.epsilon)}
-        if "index" in batch.extra:  # from a prioritized memory: the new priorities (|TD|) of its samples
+        # from a prioritized memory: the new priorities (|TD|) of its samples
+        if "index" in batch.extra:
             metrics["priority"] = priority
         return metrics
 
@@ -218,5 +231,6 @@ class DQNAgent(TrainingAgent):
         self.q_target.load_state_dict(state["q_target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps.copy_(state["steps"])
-        for group in self.optimizer.param_groups:  # the learning rate configured now wins over the checkpoint's
+        # the learning rate configured now wins over the checkpoint's
+        for group in self.optimizer.param_groups:
             group["lr"] = self.lr

@@ -1,18 +1,20 @@
 """Soft Actor-Critic with twin Q networks and automatic entropy tuning, in one file.
 
-Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018), https://arxiv.org/abs/1812.05905.
-Read :meth:`SACAgent.eager_step` (what ``train`` runs) against Algorithm 1 of the paper. Deviations, all common
-practice:
+Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018),
+https://arxiv.org/abs/1812.05905. Read :meth:`SACAgent.eager_step` (what ``train`` runs) against
+Algorithm 1 of the paper. Deviations, all common practice:
 
-* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so the ensemble is
-  one call, as LeanRL's ``torch.vmap`` over the critics;
+* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so
+  the ensemble is one call, as LeanRL's ``torch.vmap`` over the critics;
 * only the critics have target copies (as in SB3 and CleanRL), moved in place in one fused call;
-* the policy, entropy coefficient and targets are updated every step; the policy and the entropy coefficient share
-  one backward pass (their losses touch disjoint parameters, so the gradients are those of two passes).
+* the policy, entropy coefficient and targets are updated every step; the policy and the
+  entropy coefficient share one backward pass (their losses touch disjoint parameters, so the
+  gradients are those of two passes).
 
-``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles the whole update as one graph
-(:meth:`SACAgent.compiled_step`: the same two losses, their gradients by :func:`torch.func.grad_and_value`, the Adam
-steps and the target update); the results match eager mode within floating-point tolerance.
+``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles the whole
+update as one graph (:meth:`SACAgent.compiled_step`: the same two losses, their gradients by
+:func:`torch.func.grad_and_value`, the Adam steps and the target update); the results match eager
+mode within floating-point tolerance.
 
 ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
 """
@@ -86,7 +88,8 @@ class SACAgent(TrainingAgent):
         self.model = model_cls(observation_space, action_space).to(device)
         self.critic_target = copy.deepcopy(self.model.critic).requires_grad_(False)
         self.gamma, self.polyak, self.learn_entropy_coef = gamma, polyak, learn_entropy_coef
-        fused = True if str(device).startswith(("cpu", "cuda")) else None  # fused Adam: a few % faster
+        # fused Adam: a few % faster
+        fused = True if str(device).startswith(("cpu", "cuda")) else None
         self.pi_optimizer = torch.optim.Adam(self.model.actor.parameters(), lr=lr_actor, fused=fused)
         self.q_optimizer = torch.optim.Adam(self.model.critic.parameters(), lr=lr_critic, fused=fused)
         # Target entropy -dim(A) is the paper's heuristic.
@@ -98,16 +101,19 @@ class SACAgent(TrainingAgent):
         self._q_params = list(self.model.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
         self.compile = compile
-        # in a tuple: the modules are the model's, which state_dict and the training loop's safeguards hold already
+        # in a tuple: the modules are the model's, which state_dict and the training
+        # loop's safeguards hold already
         self._losses = (Reparametrized(self.critic_loss, critic=self.model.critic),
                         Reparametrized(self.actor_loss, actor=self.model.actor))
-        # The policy's gradient reaches only parameters that are not also the critics' (an encoder both share is
-        # frozen with the critics in eager mode's policy step, so only the critic loss trains it).
+        # The policy's gradient reaches only parameters that are not also the critics' (an
+        # encoder both share is frozen with the critics in eager mode's policy step, so only
+        # the critic loss trains it).
         critic_ids = {id(p) for p in self._q_params}
         self._pi_params = {f"actor.{name}": p for name, p in self.model.actor.named_parameters()
                            if id(p) not in critic_ids}
         self._compiled_step = compile_fn(self.compiled_step, compile)
-        if compile != "none":  # the optimisers' state exists before the first trace, which would otherwise make it
+        # the optimisers' state exists before the first trace, which would otherwise make it
+        if compile != "none":
             adam_state(self.q_optimizer)
             adam_state(self.pi_optimizer, list(self._pi_params.values()))
             adam_state(self.alpha_optimizer)
@@ -118,15 +124,18 @@ class SACAgent(TrainingAgent):
     def critic_loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
                     weight: torch.Tensor | None, discount: torch.Tensor | float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, |TD error| per sample)``: the twin critics' soft Bellman error on one batch (what ``compile``
-        compiles, with its backward), and the priorities a prioritized memory takes. ``discount``: gamma, or each
-        sample's own gamma ** (steps to next_obs) in an n-step batch."""
+        """``(loss, |TD error| per sample)``: the twin critics' soft Bellman error on
+        one batch (what ``compile`` compiles, with its backward), and the priorities a
+        prioritized memory takes. ``discount``: gamma, or each sample's own gamma ** (steps to
+        next_obs) in an n-step batch."""
         alpha = self.log_alpha.detach().exp()
-        # Critic target: soft value of the next state from the *current* policy and the *target* critics.
+        # Critic target: soft value of the next state from the *current* policy
+        # and the *target* critics.
         with torch.no_grad():
             a2, logp_a2 = self.model.actor(o2)
             q_targ = self.model.q(o2, a2, self.critic_target).min(0).values
-            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
+            # still has a future.
             backup = r + discount * (1.0 - terminated) * (q_targ - alpha * logp_a2)
         q = self.model.q(o, a)  # (2, batch): both critics in one call
         td = ((q - backup) ** 2).sum(0)
@@ -135,9 +144,10 @@ class SACAgent(TrainingAgent):
 
     def actor_loss(self, o: Any, weight: torch.Tensor | None, log_alpha: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(policy loss, entropy coefficient loss, alpha)``: maximise min Q - alpha * log pi, and move alpha
-        towards the target entropy. The entropy loss is 0 when the coefficient is fixed. ``log_alpha``: the
-        agent's own unless given (as the tensor a functional gradient is taken with respect to)."""
+        """``(policy loss, entropy coefficient loss, alpha)``: maximise min Q - alpha * log pi,
+        and move alpha towards the target entropy. The entropy loss is 0 when the coefficient is
+        fixed. ``log_alpha``: the agent's own unless given (as the tensor a functional gradient is
+        taken with respect to)."""
         log_alpha = self.log_alpha if log_alpha is None else log_alpha
         alpha = log_alpha.detach().exp()
         pi, logp_pi = self.model.actor(o)
@@ -153,9 +163,10 @@ class SACAgent(TrainingAgent):
     def compiled_step(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
                       weight: torch.Tensor | None, discount: torch.Tensor | float
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What :meth:`train` does, written functionally so that ``compile`` makes one graph of it (no autograd
-        graph, no ``.grad``, no optimiser ``step()`` to break it): ``(loss_q, priority, loss_pi, loss_alpha,
-        alpha)``. Run under ``torch.no_grad()``; the updates are in place."""
+        """What :meth:`train` does, written functionally so that ``compile`` makes one
+        graph of it (no autograd graph, no ``.grad``, no optimiser ``step()`` to break it):
+        ``(loss_q, priority, loss_pi, loss_alpha, alpha)``. Run under ``torch.no_grad()``;
+        the updates are in place."""
         critic_loss, actor_loss = self._losses
         q_state = adam_state(self.q_optimizer)
         pi_state = adam_state(self.pi_optimizer, list(self._pi_params.values()))
@@ -170,12 +181,14 @@ class SACAgent(TrainingAgent):
                                                                                      strict=True)))
         adam_(self.q_optimizer, q_state, [grads[name] for name in q_names])
 
-        # The policy's loss reads the critics just updated, as a constant: only the actor and alpha get gradients.
+        # The policy's loss reads the critics just updated, as a constant: only the actor
+        # and alpha get gradients.
         def loss_pi_of(params: dict[str, torch.Tensor], log_alpha: torch.Tensor
                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             losses = cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                           functional_call(actor_loss, params, (o, weight, log_alpha)))
-            return losses[0] + losses[1], losses  # disjoint parameters: each gets its own loss's gradient
+            # disjoint parameters: each gets its own loss's gradient
+            return losses[0] + losses[1], losses
 
         (grads, grad_alpha), (_, (loss_pi, loss_alpha, alpha)) = grad_and_value(
             loss_pi_of, argnums=(0, 1), has_aux=True)(dict(zip(pi_names, pi_state.params, strict=True)),
@@ -205,8 +218,9 @@ class SACAgent(TrainingAgent):
 
     def eager_step(self, batch: Batch, discount: torch.Tensor | float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One update with autograd and the optimisers' own ``step()``: ``(loss_q, priority, loss_pi, loss_alpha,
-        alpha)``. Without ``compile``, :meth:`train` runs this; :meth:`compiled_step` does the same."""
+        """One update with autograd and the optimisers' own ``step()``:
+        ``(loss_q, priority, loss_pi, loss_alpha, alpha)``. Without ``compile``, :meth:`train` runs
+        this; :meth:`compiled_step` does the same."""
         loss_q, priority = self.critic_loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
                                             batch.weight, discount)
         self.q_optimizer.zero_grad(set_to_none=True)
@@ -219,7 +233,8 @@ class SACAgent(TrainingAgent):
         loss_pi, loss_alpha, alpha = self.actor_loss(batch.obs, batch.weight)
         self.pi_optimizer.zero_grad(set_to_none=True)
         self.alpha_optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss_pi + loss_alpha)  # disjoint parameters: each gets its own loss's gradient
+        # disjoint parameters: each gets its own loss's gradient
+        torch.autograd.backward(loss_pi + loss_alpha)
         self.pi_optimizer.step()
         if self.learn_entropy_coef:
             self.alpha_optimizer.step()
@@ -247,8 +262,9 @@ class SACAgent(TrainingAgent):
         self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        # The optimizers' states carry the learning rates they were saved with, and log_alpha a fixed alpha: the
-        # values configured now win, so that a run resumed with a lower learning rate trains at that rate.
+        # The optimizers' states carry the learning rates they were saved with, and log_alpha a
+        # fixed alpha: the values configured now win, so that a run resumed with a lower learning
+        # rate trains at that rate.
         changed = []
         for name, optimizer in (("lr_actor", self.pi_optimizer), ("lr_critic", self.q_optimizer),
                                 ("lr_entropy", self.alpha_optimizer)):
@@ -264,4 +280,5 @@ class SACAgent(TrainingAgent):
             if not math.isclose(saved_alpha, self._configured["alpha"], rel_tol=1e-6):
                 changed.append(f"alpha {saved_alpha:g} -> {self._configured['alpha']:g}")
         if changed:
-            log.info("resumed with the configured %s (the checkpoint had the others)", ", ".join(changed))
+            log.info("resumed with the configured %s (the checkpoint had the others)",
+                     ", ".join(changed))

@@ -1,10 +1,10 @@
-"""Building the config's dataclasses from parsed JSON, generically: every value is converted to its field's type and
-checked, and every rejected key is collected rather than raised.
+"""Building the config's dataclasses from parsed JSON, generically: every value is converted to its
+field's type and checked, and every rejected key is collected rather than raised.
 
-:mod:`netrl.config.sections` owns what the config is (the dataclasses, the rules between fields) and calls
-:func:`build_dataclass` on the whole tree. This module knows only type hints and field metadata: a field's ``check``
-(see :mod:`netrl.config.checks`) runs on the converted value, and a key the dataclass lacks is reported with the
-closest known key as a suggestion.
+:mod:`netrl.config.sections` owns what the config is (the dataclasses, the rules between fields)
+and calls :func:`build_dataclass` on the whole tree. This module knows only type hints and field
+metadata: a field's ``check`` (see :mod:`netrl.config.checks`) runs on the converted value, and a
+key the dataclass lacks is reported with the closest known key as a suggestion.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
 
 
 def field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str | None, Any]:
-    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value). A field's ``convert``
-    (e.g. expanding ``~`` in a folder) runs before its ``check``, so the check sees the value the config holds."""
+    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value). A
+    field's ``convert`` (e.g. expanding ``~`` in a folder) runs before its ``check``, so the check
+    sees the value the config holds."""
     ok, conv = _convert(value, tp)
     if not ok:
         return f"must be {_type_name(tp)}", value
@@ -97,9 +98,11 @@ def field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str |
 
 
 def build_dataclass(cls: type, data: Any, path: str, problems: list[tuple[str, str]]) -> Any:
-    """``cls`` from ``data``; each rejected key is appended to ``problems`` as (key path, message)."""
+    """``cls`` from ``data``; each rejected key is appended to ``problems`` as
+    (key path, message)."""
     if not isinstance(data, Mapping):
-        problems.append((path, f"{path or 'the top level'} must be an object (got {json.dumps(data)})"))
+        problems.append((path, f"{path or 'the top level'} must be an "
+                               f"object (got {json.dumps(data)})"))
         return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}

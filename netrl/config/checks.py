@@ -1,7 +1,7 @@
 """The checks config fields carry: each takes a value and returns what is wrong with it, or None.
 
-:mod:`netrl.config.sections` attaches them to its dataclass fields; :mod:`netrl.config.build` runs them and
-``_validate`` in :mod:`netrl.config.sections` lists every problem. The rules between
+:mod:`netrl.config.sections` attaches them to its dataclass fields; :mod:`netrl.config.build` runs
+them and ``_validate`` in :mod:`netrl.config.sections` lists every problem. The rules between
 ``agent.algorithm`` and the keys it needs are in :mod:`netrl.config.algorithms`.
 """
 
@@ -50,8 +50,8 @@ def pipeline_name(v: str) -> str | None:
     module, _, function = v.partition(":")
     if module and all(part.isidentifier() for part in module.split(".")) and function.isidentifier():
         return None
-    return ('must be "gym", "drone", "image", or "module:function" naming a function of the config that returns '
-            "a netrl.pipelines.Pipeline")
+    return ('must be "gym", "drone", "image", or "module:function" naming a '
+            "function of the config that returns a netrl.pipelines.Pipeline")
 
 
 HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
@@ -61,11 +61,13 @@ def host(v: str) -> str | None:
     """An IPv4 address or a host name (ZeroMQ resolves it); IPv6 literals are not supported."""
     if ":" in v:
         return "must be an IPv4 address or a host name (IPv6 addresses are not supported)"
-    return None if HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
+    return None if HOST_NAME.fullmatch(v) else ("must be an IPv4 address or a "
+                                                "host name, e.g. 192.168.1.20")
 
 
-# The longest run_name, in bytes: file systems allow 255 for a name, and netrl makes longer ones from it (the demo
-# moves a finished run to <run_name>-<date>-<time>, beside its lock .<run_name>.demo-lock)
+# The longest run_name, in bytes: file systems allow 255 for a name, and netrl makes
+# longer ones from it (the demo moves a finished run to <run_name>-<date>-<time>, beside
+# its lock .<run_name>.demo-lock)
 MAX_NAME_BYTES = 200
 
 
@@ -75,9 +77,10 @@ def file_name(v: str) -> str | None:
     if v in (".", "..") or set("/\\") & set(v):
         return "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)"
     size = len(v.encode("utf-8", "surrogatepass"))
-    if size > MAX_NAME_BYTES:  # else it passes here and stops the role that makes the folder: "File name too long"
-        return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file systems allow 255 for a name, and "
-                "netrl makes longer names from it")
+    # else it passes here and stops the role that makes the folder: "File name too long"
+    if size > MAX_NAME_BYTES:
+        return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file "
+                f"systems allow 255 for a name, and netrl makes longer names from it")
     return None
 
 
@@ -85,23 +88,25 @@ DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")
 
 
 def torch_device(v: str) -> str | None:
-    return None if DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
+    return None if DEVICE.fullmatch(v) else ('must be a torch device: "cpu", '
+                                             '"cuda", "cuda:N" or "mps"')
 
 
 def home(v: Any) -> Any:
-    """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``, run before its
-    check): JSON has no shell to expand it, and a literal ``~`` folder would appear in the current one."""
+    """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``,
+    run before its check): JSON has no shell to expand it, and a literal ``~`` folder would
+    appear in the current one."""
     return os.path.expanduser(v) if isinstance(v, str) else v
 
 
 def folder(v: str) -> str | None:
-    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file. A leading ``~`` is
-    expanded before (see :func:`home`): one still there names no home folder."""
+    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file. A
+    leading ``~`` is expanded before (see :func:`home`): one still there names no home folder."""
     if not v.strip():
         return "must not be empty"
     if v.startswith("~"):
-        return (f"starts with {v.split('/')[0]}, but this machine has no such home folder (is HOME set?): give the "
-                "full path, or ./~... for a folder of that name")
+        return (f"starts with {v.split('/')[0]}, but this machine has no such home folder "
+                f"(is HOME set?): give the full path, or ./~... for a folder of that name")
     path = Path(v)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
@@ -124,7 +129,8 @@ def optional(check: Check) -> Check:
 
 
 def optional_folder(v: str | None) -> str | None:
-    """:func:`folder`, or null for the default; "" is not taken for null (a user who wrote it meant something)."""
+    """:func:`folder`, or null for the default; "" is not taken for null (a user who
+    wrote it meant something)."""
     if v is not None and not v.strip():
         return "must not be empty (null: the default)"
     return optional(folder)(v)
@@ -137,10 +143,12 @@ def sequence_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
     problems: list[tuple[tuple[str, ...], str]] = []
     if m.sequence_length > m.memory_size:
         problems.append((("memory.sequence_length", "memory.memory_size"),
-                         f"memory.sequence_length ({m.sequence_length}) must be <= memory.memory_size "
-                         f"({m.memory_size}): a sequence cannot be longer than the memory"))
+                         f"memory.sequence_length ({m.sequence_length}) "
+                         f"must be <= memory.memory_size ({m.memory_size}): a "
+                         f"sequence cannot be longer than the memory"))
     if m.burn_in and m.burn_in >= m.sequence_length:
         problems.append((("memory.burn_in", "memory.sequence_length"),
-                         f"memory.burn_in ({m.burn_in}) must be < memory.sequence_length ({m.sequence_length}): a "
-                         "sequence needs steps left to learn from after its burn-in"))
+                         f"memory.burn_in ({m.burn_in}) must be < "
+                         f"memory.sequence_length ({m.sequence_length}): a sequence "
+                         f"needs steps left to learn from after its burn-in"))
     return problems

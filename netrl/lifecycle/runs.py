@@ -1,10 +1,11 @@
-"""How the library roles (Server, Trainer, RolloutWorker) run: one thread at a time, stopped by ``close()`` from
-another thread, never run again once closed.
+"""How the library roles (Server, Trainer, RolloutWorker) run: one thread at a time, stopped by
+``close()`` from another thread, never run again once closed.
 
-A role keeps one :class:`Runs`. Its ``run()`` enters with the caller's ``stop`` and watches the :class:`RunStop`
-it gets back; its ``close()`` calls :meth:`Runs.close` first, which, from another thread than the running one,
-stops that run and waits for it to end (the run closes the role on its way out: sockets, the env and the training
-loop belong to its thread), and then tears down once (:meth:`Runs.shut_once`).
+A role keeps one :class:`Runs`. Its ``run()`` enters with the caller's ``stop`` and watches
+the :class:`RunStop` it gets back; its ``close()`` calls :meth:`Runs.close` first, which, from
+another thread than the running one, stops that run and waits for it to end (the run closes the
+role on its way out: sockets, the env and the training loop belong to its thread), and then tears
+down once (:meth:`Runs.shut_once`).
 
 In a script, :func:`ctrl_c_stops` makes Ctrl+C stop a role the way ``python -m netrl`` does.
 """
@@ -27,8 +28,9 @@ log = logging.getLogger(__name__)
 
 
 class RunStop(threading.Event):
-    """The event a role's ``run()`` watches: set when the caller's ``stop`` is, or by the role's ``close()`` called
-    from another thread. close() sets this one, not the caller's, which other roles in the process may watch too."""
+    """The event a role's ``run()`` watches: set when the caller's ``stop`` is, or by the role's
+    ``close()`` called from another thread. close() sets this one, not the caller's, which other
+    roles in the process may watch too."""
 
     def __init__(self, stop: threading.Event | None) -> None:
         super().__init__()
@@ -62,8 +64,9 @@ class Runs:
         self._idle.set()
 
     def enter(self, stop: threading.Event | None, once: bool = False) -> RunStop:
-        """Make the calling thread the runner and return the event it is to watch; ``once``: no later run may
-        start. Raises the role's error when another thread runs it, or when it is closed."""
+        """Make the calling thread the runner and return the event it is to watch;
+        ``once``: no later run may start. Raises the role's error when another thread runs
+        it, or when it is closed."""
         with self._lock:
             if self.runner is not None:
                 raise self._busy_error(self.runner)
@@ -80,8 +83,9 @@ class Runs:
             self._idle.set()
 
     def close(self) -> bool:
-        """Close: no run may start any more. Called from another thread than the runner, stop the run and wait for
-        it to end; returns True then (the run has closed the role on its way out, or left that to the caller)."""
+        """Close: no run may start any more. Called from another thread than the runner, stop the
+        run and wait for it to end; returns True then (the run has closed the role on its way
+        out, or left that to the caller)."""
         with self._lock:
             self.closed = True
             runner = self.runner if self.runner is not threading.current_thread() else None
@@ -111,12 +115,14 @@ class Runs:
 
 @contextlib.contextmanager
 def ctrl_c_stops(stop: threading.Event, what: str) -> Iterator[None]:
-    """While a role runs on the main thread of a script that leaves SIGINT to Python, the first Ctrl+C sets ``stop``
-    (the role saves, flushes and its ``run()`` returns) and a second one raises KeyboardInterrupt at once.
+    """While a role runs on the main thread of a script that leaves SIGINT to Python, the first
+    Ctrl+C sets ``stop`` (the role saves, flushes and its ``run()`` returns) and a second one
+    raises KeyboardInterrupt at once.
 
-    Python's own handler would raise KeyboardInterrupt wherever the main thread happens to be (mid-save, mid-send),
-    with a traceback from every process of the script. A handler the script or ``python -m netrl`` installed is
-    kept, and so is everything on other threads (only the main thread may set a handler)."""
+    Python's own handler would raise KeyboardInterrupt wherever the main thread happens to be
+    (mid-save, mid-send), with a traceback from every process of the script. A handler the script or
+    ``python -m netrl`` installed is kept, and so is everything on other threads (only the main
+    thread may set a handler)."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield

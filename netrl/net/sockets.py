@@ -1,10 +1,11 @@
 """ZeroMQ sockets as every netrl role makes them: their options, binding, and handshake failures.
 
-Every socket has ``linger=0``, a maximum message size and high-water marks (:func:`new_socket`). A
-port that cannot be bound, and a ZeroMQ handshake that fails (a CURVE key the server refuses,
-security set on one side only), raise or log a message that names the setting to change
-(:func:`bind`, :func:`handshake_failure`). The server's ports are opened by
-:class:`~netrl.server.sockets.ServerSockets`, a client's by :class:`~netrl.net.transport.ClientLink`.
+Every socket has ``linger=0``, a maximum message size and high-water marks
+(:func:`new_socket`). A port that cannot be bound, and a ZeroMQ handshake that
+fails (a CURVE key the server refuses, security set on one side only), raise or log a
+message that names the setting to change (:func:`bind`, :func:`handshake_failure`).
+The server's ports are opened by :class:`~netrl.server.sockets.ServerSockets`, a
+client's by :class:`~netrl.net.transport.ClientLink`.
 """
 
 from __future__ import annotations

@@ -25,19 +25,21 @@ __all__ = ["gym_pipeline"]
 
 
 def gym_pipeline(cfg: Config) -> Pipeline:
-    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose actions the agent cannot
-    take."""
-    module, _, name = cfg.env.id.rpartition(":")  # "module:EnvId" imports the module, as gymnasium.make does
+    """Raises ConfigError when ``env.id`` names no registered Gymnasium env, or one whose
+    actions the agent cannot take."""
+    # "module:EnvId" imports the module, as gymnasium.make does
+    module, _, name = cfg.env.id.rpartition(":")
     try:
         if module:
             importlib.import_module(module)
         gymnasium.spec(name)
     except ImportError as exc:
-        raise ConfigError([f'env.id "{cfg.env.id}" names the module "{module}" to import first, which does not import '
-                           f"({exc})"]) from None
+        raise ConfigError([f'env.id "{cfg.env.id}" names the module "{module}" to '
+                           f"import first, which does not import ({exc})"]) from None
     except gymnasium.error.Error as exc:  # NameNotFound, VersionNotFound, ...
-        raise ConfigError([f'env.id "{cfg.env.id}" is not a Gymnasium env this machine has ({exc}); install the '
-                           'package that registers it, or write "module:EnvId" to import it first']) from None
+        raise ConfigError([f'env.id "{cfg.env.id}" is not a Gymnasium env this machine '
+                           f'has ({exc}); install the package that registers it, or '
+                           f'write "module:EnvId" to import it first']) from None
     env_cls: Any = partial(GenericGymEnv, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs))
     if cfg.env.hide_obs:  # a partially observed env (netrl.envs.pomdp)
         env_cls = partial(partially_observed, id=cfg.env.id, gym_kwargs=dict(cfg.env.kwargs),
@@ -53,9 +55,10 @@ def gym_pipeline(cfg: Config) -> Pipeline:
     algorithm = _algorithm(cfg, actions)
     m = cfg.memory
     if m.sequence_length > 1 and algorithm.supports.memory != "sequences":
-        raise ConfigError([f"memory.sequence_length is {m.sequence_length}, but the gym pipeline's agents learn from "
-                           "single transitions unless agent.recurrent is set: set agent.recurrent (\"gru\" or "
-                           "\"lstm\") for the recurrent SAC, or memory.sequence_length to 1"])
+        raise ConfigError([f"memory.sequence_length is {m.sequence_length}, but the gym "
+                           f"pipeline's agents learn from single transitions unless "
+                           f"agent.recurrent is set: set agent.recurrent (\"gru\" or "
+                           f"\"lstm\") for the recurrent SAC, or memory.sequence_length to 1"])
     module_name, _, function = algorithm.build.partition(":")
     parts: Parts = getattr(importlib.import_module(module_name), function)(cfg)
     return Pipeline(env_cls=env_cls, **parts._asdict())

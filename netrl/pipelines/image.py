@@ -1,4 +1,5 @@
-"""The image pipeline: ImageReach seen as 4 stacked 64x64 grayscale frames, one frame sent per step, CNN SAC.
+"""The image pipeline: ImageReach seen as 4 stacked 64x64 grayscale frames, one
+frame sent per step, CNN SAC.
 
 ::
 
@@ -8,8 +9,9 @@
     trainer: FrameStackMemory (each frame stored once, stacks rebuilt per batch)
              -> SAC with CNNActorCritic
 
-Settings are module constants; :func:`image_pipeline` takes them as arguments for tests and benchmarks. Size the
-replay memory for images: ``memory.memory_size`` rows cost 4 KB each (100,000 rows: 400 MB).
+Settings are module constants; :func:`image_pipeline` takes them as arguments for tests
+and benchmarks. Size the replay memory for images: ``memory.memory_size`` rows cost 4 KB
+each (100,000 rows: 400 MB).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ __all__ = ["FRAME_CODEC", "FRAME_SIZE", "STACK", "image_pipeline"]
 
 STACK = 4  # frames per observation
 FRAME_SIZE = 64  # pixels per side
-FRAME_CODEC: FrameCodec = "raw"  # per-frame codec on the worker: raw (zstd on the wire does the rest), png, jpeg
+FRAME_CODEC: FrameCodec = "raw"  # per-frame codec on the worker: raw (zstd on the wire does
+                                 # the rest), png, jpeg
 JPEG_QUALITY = 90
 ENCODER_HEAD: EncoderHead = "keypoints"  # "keypoints" (spatial softmax) or "linear"
 

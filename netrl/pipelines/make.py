@@ -1,5 +1,5 @@
-"""The pipeline config.json names (``env.pipeline``): a built-in one, imported only when chosen, or the user's own
-``module:function``."""
+"""The pipeline config.json names (``env.pipeline``): a built-in one, imported only when chosen, or
+the user's own ``module:function``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ __all__ = ["make_pipeline"]
 
 
 def make_pipeline(cfg: Config) -> Pipeline:
-    """The pipeline named by ``env.pipeline``: a built-in one, or ``module:function``'s (``function(cfg)``).
+    """The pipeline named by ``env.pipeline``: a built-in one, or
+    ``module:function``'s (``function(cfg)``).
 
     Raises ConfigError also when the pipeline's agent class declares what it trains with
     (:mod:`netrl.agents.registry`) and the config does not give it that (``trainer.collection``,
@@ -93,36 +94,42 @@ def _on_policy_problems(cfg: Config, pipeline: Pipeline, declared: Any) -> list[
 
 
 def _check_sequences(cfg: Config, pipeline: Pipeline) -> None:
-    """memory.sequence_length reaches a pipeline's memory only through its partial: one built without it would hand
-    single transitions to an agent configured for sequences, without a word."""
+    """memory.sequence_length reaches a pipeline's memory only through its partial:
+    one built without it would hand single transitions to an agent configured for
+    sequences, without a word."""
     want = cfg.memory.sequence_length
     if want == 1:
         return
     got = (getattr(pipeline.memory_cls, "keywords", None) or {}).get("sequence_length", 1)
     if got != want:
-        raise ConfigError([f'memory.sequence_length is {want}, but env.pipeline "{cfg.env.pipeline}" builds its memory '
-                           f"with sequence_length {got}: pass memory_cls=partial(ReplayMemory, sequence_length=..., "
-                           "burn_in=...) from the config in the pipeline, or set memory.sequence_length to 1"])
+        raise ConfigError([f"memory.sequence_length is {want}, but env.pipeline "
+                           f'"{cfg.env.pipeline}" builds its memory with sequence_length '
+                           f"{got}: pass memory_cls=partial(ReplayMemory, "
+                           f"sequence_length=..., burn_in=...) from the config in "
+                           f"the pipeline, or set memory.sequence_length to 1"])
 
 
 def _own_pipeline(cfg: Config) -> Pipeline:
-    """``env.pipeline`` as "module:function": import the module and call ``function(cfg)``. ConfigError when that
-    cannot be done or does not give a Pipeline; errors inside the function are the user's, and keep their traceback."""
+    """``env.pipeline`` as "module:function": import the module and call ``function(cfg)``.
+    ConfigError when that cannot be done or does not give a Pipeline; errors inside the function are
+    the user's, and keep their traceback."""
     name = cfg.env.pipeline
     module_name, _, function_name = name.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         if exc.name is not None and exc.name != module_name and not module_name.startswith(exc.name + "."):
-            raise  # the module was found, but something it imports is missing: its own traceback says what
-        raise ConfigError([f'env.pipeline "{name}": cannot import {module_name} ({exc}); start netrl from the '
-                           "folder that holds it (netrl puts the folder it starts in on the import path), or "
-                           "install it"]) from None
+            # the module was found, but something it imports is missing: its own traceback says what
+            raise
+        raise ConfigError([f'env.pipeline "{name}": cannot import {module_name} ({exc}); '
+                           f"start netrl from the folder that holds it (netrl puts the "
+                           f"folder it starts in on the import path), or install it"]) from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ConfigError([f'env.pipeline "{name}": {module.__name__} has no function {function_name}'])
+        raise ConfigError([f'env.pipeline "{name}": {module.__name__} has no '
+                           f'function {function_name}'])
     pipeline = function(cfg)
     if not isinstance(pipeline, Pipeline):
-        raise ConfigError([f'env.pipeline "{name}": {function_name}(cfg) returned a {type(pipeline).__name__}, not a '
-                           "netrl.pipelines.Pipeline"])
+        raise ConfigError([f'env.pipeline "{name}": {function_name}(cfg) returned a '
+                           f"{type(pipeline).__name__}, not a netrl.pipelines.Pipeline"])
     return pipeline

@@ -52,23 +52,28 @@ _lock = threading.Lock()
 
 
 def register_format(fmt: WeightFormat, replace: bool = False) -> None:
-    """Make ``fmt`` known under ``fmt.name`` in this process (trainer and workers; the server needs nothing)."""
+    """Make ``fmt`` known under ``fmt.name`` in this process (trainer and workers;
+    the server needs nothing)."""
     if not isinstance(fmt, WeightFormat):
-        raise FormatError(f"register_format takes a WeightFormat instance, not {type(fmt).__name__}")
+        raise FormatError(f"register_format takes a WeightFormat "
+                          f"instance, not {type(fmt).__name__}")
     name = fmt.name
     if not (isinstance(name, str) and FORMAT_NAME.fullmatch(name)):
-        raise FormatError(f"the format name {name!r} is not a lower-case letter followed by up to 31 lower-case "
-                          "letters, digits or _")
+        raise FormatError(f"the format name {name!r} is not a lower-case letter "
+                          f"followed by up to 31 lower-case letters, digits or _")
     if name in _SETTINGS:
-        raise FormatError(f"{name!r} is a network.weight_format setting, not a format name: choose another name")
+        raise FormatError(f"{name!r} is a network.weight_format setting, "
+                          f"not a format name: choose another name")
     if type(fmt.rank) is not int or fmt.rank < 0 or not isinstance(fmt.exact, bool):
-        raise FormatError(f"format {name!r}: rank must be an int >= 0 (got {fmt.rank!r}) and exact a bool "
-                          f"(got {fmt.exact!r})")
+        raise FormatError(f"format {name!r}: rank must be an int >= 0 (got "
+                          f"{fmt.rank!r}) and exact a bool (got {fmt.exact!r})")
     with _lock:
         if name in _BUILTIN:
-            raise FormatError(f"{name!r} is a built-in format, which cannot be replaced: choose another name")
+            raise FormatError(f"{name!r} is a built-in format, which "
+                              f"cannot be replaced: choose another name")
         if name in _formats and not replace:
-            raise FormatError(f"a format named {name!r} is registered already (pass replace=True to replace it)")
+            raise FormatError(f"a format named {name!r} is registered "
+                              f"already (pass replace=True to replace it)")
         _formats[name] = fmt
 
 
@@ -76,8 +81,9 @@ def get_format(name: str) -> WeightFormat:
     """The format registered as ``name`` (FormatError listing the known names otherwise)."""
     fmt = _formats.get(name)
     if fmt is None:
-        raise FormatError(f"unknown weight format {str(name)[:40]!r}; known formats: {', '.join(format_names())} "
-                          "(a custom one must be registered with register_format in this process)")
+        raise FormatError(f"unknown weight format {str(name)[:40]!r}; known formats: "
+                          f"{', '.join(format_names())} (a custom one must be "
+                          f"registered with register_format in this process)")
     return fmt
 
 
@@ -97,5 +103,6 @@ def formats_for(setting: str) -> list[str]:
 
 
 def sends_deltas(setting: str) -> bool:
-    """Whether the trainer also sends each version as a delta against the one before, for this setting."""
+    """Whether the trainer also sends each version as a delta against the one
+    before, for this setting."""
     return setting in _SETTINGS or bool(get_format(formats_for(setting)[0]).deltas)

@@ -1,4 +1,5 @@
-"""The wire format: every message netrl sends, as ZeroMQ multipart frames. Nothing else knows this layout.
+"""The wire format: every message netrl sends, as ZeroMQ multipart frames.
+Nothing else knows this layout.
 
 ::
 
@@ -15,23 +16,25 @@
     frame 1+  one buffer per entry of "arrays", in order: the raw C-contiguous bytes, or their
               zstd/lz4 compression when "codec" says so ("nbytes" is always the raw size).
 
-A SAMPLES message's arrays are its act/obs leaves (``act``, ``obs/0``...), the sample columns (``rew``, the flags,
-``policy_version``, ``env``) and the actor's extra outputs (``extra/<name>``), all with one row per sample.
+A SAMPLES message's arrays are its act/obs leaves (``act``, ``obs/0``...), the sample columns
+(``rew``, the flags, ``policy_version``, ``env``) and the actor's extra outputs (``extra/<name>``),
+all with one row per sample.
 
-A server BUNDLE carries several worker SAMPLES messages unchanged: its header lists how many frames each part
-has (``body.parts``) and the parts' frames follow, so the relay never copies or re-encodes sample data.
+A server BUNDLE carries several worker SAMPLES messages unchanged: its header lists how
+many frames each part has (``body.parts``) and the parts' frames follow, so the relay never
+copies or re-encodes sample data.
 
-:func:`encode` and :func:`decode` are exact inverses. :func:`decode` checks, in this order, the frame
-count, the header size and schema, the protocol version, the body schema of the message type, each
-array's dtype against :data:`ALLOWED_DTYPES`, its shape against its buffer length (after decompressing
-it; the server's relay-only decode leaves compressed integer arrays compressed, see :func:`decode`),
-and the size limits; anything else raises :class:`~netrl.errors.ProtocolError`. Nothing is ever
-pickled.
+:func:`encode` and :func:`decode` are exact inverses. :func:`decode` checks, in this order, the
+frame count, the header size and schema, the protocol version, the body schema of the message type,
+each array's dtype against :data:`ALLOWED_DTYPES`, its shape against its buffer length (after
+decompressing it; the server's relay-only decode leaves compressed integer arrays compressed, see
+:func:`decode`), and the size limits; anything else raises :class:`~netrl.errors.ProtocolError`.
+Nothing is ever pickled.
 
 This module owns the frames and msgpack. What a decoded header, sample packet or weights part must
-hold, and the limits, are checked by :mod:`netrl.protocol.checks`, which sees plain values only; what
-the message types are, the body fields of each (``BODY_SCHEMA``) and which role may send which live in
-:mod:`netrl.protocol.messages`. This module re-exports the names its callers need of both.
+hold, and the limits, are checked by :mod:`netrl.protocol.checks`, which sees plain values only;
+what the message types are, the body fields of each (``BODY_SCHEMA``) and which role may send which
+live in :mod:`netrl.protocol.messages`. This module re-exports the names its callers need of both.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ MAX_DIMS = 8
 
 
 def encode(msg: Message, compression: Codec = "none") -> list[Any]:
-    """Turn a message into frames: the msgpack header, then one buffer per array (zero-copy when raw)."""
+    """Turn a message into frames: the msgpack header, then one buffer per array
+    (zero-copy when raw)."""
     specs = []
     frames: list[Any] = [b""]
     for name, arr in msg.arrays.items():
@@ -124,11 +128,12 @@ def encode_bundle(sender: str, seq: int, parts: Sequence[Sequence[Any]]) -> list
 
 
 def restamp(frames: Sequence[Any]) -> list[Any]:
-    """The frames of a message an older netrl stored (one of :data:`STORED_VERSIONS`) as this version sends them:
-    the header's ``"v"`` becomes :data:`PROTOCOL_VERSION`, all else stays as it was. The server's spool hands what
-    it kept from before an upgrade on to the trainer this way, since the trainer takes only today's version. Frames
-    of today's version, of a version not stored, or whose header does not read, come back unchanged (the trainer
-    refuses the last two as it would anything else)."""
+    """The frames of a message an older netrl stored (one of :data:`STORED_VERSIONS`) as this
+    version sends them: the header's ``"v"`` becomes :data:`PROTOCOL_VERSION`, all else stays as it
+    was. The server's spool hands what it kept from before an upgrade on to the trainer this
+    way, since the trainer takes only today's version. Frames of today's version, of a version
+    not stored, or whose header does not read, come back unchanged (the trainer refuses the last
+    two as it would anything else)."""
     out = list(frames)
     head = bytes(_buf(out[0])) if out else b""
     if head[1:len(_STAMP) + 1] == _STAMP:  # how encode() starts every header of today's version
@@ -149,12 +154,14 @@ _STAMP = msgpack.packb("v") + msgpack.packb(PROTOCOL_VERSION)
 
 
 def _unpack_header(head: Any) -> Any:
-    """Frame 0 as msgpack, already known to be at most MAX_HEADER_BYTES: these caps bound every container in it."""
+    """Frame 0 as msgpack, already known to be at most MAX_HEADER_BYTES: these caps
+    bound every container in it."""
     try:
         return msgpack.unpackb(head, raw=False, strict_map_key=True, max_str_len=MAX_HEADER_BYTES, max_bin_len=0,
                                max_ext_len=0, max_array_len=MAX_EPISODES_PER_PACKET * 4, max_map_len=4096)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise MalformedMessage(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
+        raise MalformedMessage(f"header is not valid msgpack "
+                               f"({type(exc).__name__}: {exc})") from None
 
 
 def _buf(frame: Any) -> memoryview:
@@ -174,7 +181,8 @@ _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 
 
 def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) -> tuple[str, np.ndarray]:
-    # On the hot path of every relayed packet: plain type checks (`type(x) is int` also refuses bools).
+    # On the hot path of every relayed packet: plain type checks (`type(x) is
+    # int` also refuses bools).
     if type(spec) is not dict or spec.keys() != _ARRAY_KEYS:
         raise MalformedMessage("array entry must have exactly name, dtype, shape, codec, nbytes")
     name, shape, codec, nbytes = spec["name"], spec["shape"], spec["codec"], spec["nbytes"]
@@ -194,18 +202,22 @@ def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) ->
         raise MalformedMessage(f"array {name!r} has unknown codec {codec!r}")
     expected = count * dtype.itemsize
     if nbytes != expected:
-        raise MalformedMessage(f"array {name!r} declares {nbytes!r} bytes but shape {shape} needs {expected}")
-    if expected > budget:  # what the message's arrays take once inflated: a small message cannot claim gigabytes
-        raise MalformedMessage(f"array {name!r} needs {expected} bytes: with the arrays before it, the message "
-                               f"would take over the {max_bytes}-byte limit")
+        raise MalformedMessage(f"array {name!r} declares {nbytes!r} bytes "
+                               f"but shape {shape} needs {expected}")
+    # what the message's arrays take once inflated: a small message cannot claim gigabytes
+    if expected > budget:
+        raise MalformedMessage(f"array {name!r} needs {expected} bytes: with the arrays before "
+                               f"it, the message would take over the {max_bytes}-byte limit")
     data = _buf(frame)
     if codec != "none" and not inflate and dtype.kind in "iu":
         check_declared_size(name, codec, data, expected)
-        return name, np.broadcast_to(np.zeros((), dtype), tuple(shape))  # read-only zeros: shape and dtype only
+        # read-only zeros: shape and dtype only
+        return name, np.broadcast_to(np.zeros((), dtype), tuple(shape))
     if codec != "none":
         data = memoryview(decompress(name, codec, data, expected))
     if data.nbytes != expected:
-        raise MalformedMessage(f"array {name!r}: shape {shape} needs {expected} bytes, frame has {data.nbytes}")
+        raise MalformedMessage(f"array {name!r}: shape {shape} needs "
+                               f"{expected} bytes, frame has {data.nbytes}")
     arr = np.frombuffer(data, dtype=dtype).reshape(shape)
     if dtype.kind == "b" and count and int(arr.view(np.uint8).max()) > 1:
         raise MalformedMessage(f"array {name!r} is boolean but holds bytes other than 0 and 1")
@@ -216,18 +228,20 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
            limits: PacketLimits | None = None, stored: bool = False) -> Message:
     """Parse and validate frames into a :class:`Message`.
 
-    With ``inflate=False`` (the server, which reads sample packets but relays them as they came), integer arrays
-    that arrive compressed are not decompressed: their declared size is checked where the codec records it, and
-    they come back as read-only zeros of their shape and dtype. Boolean and float arrays are always inflated and
-    checked, and the trainer decodes everything in full before anything reaches its memory.
+    With ``inflate=False`` (the server, which reads sample packets but relays them as they came),
+    integer arrays that arrive compressed are not decompressed: their declared size is checked where
+    the codec records it, and they come back as read-only zeros of their shape and dtype. Boolean
+    and float arrays are always inflated and checked, and the trainer decodes everything in full
+    before anything reaches its memory.
 
-    ``limits`` bounds a SAMPLES packet's rows and inflated bytes; both are checked from the header, before any
-    array is decompressed (and decompression never yields more than an array declares: see
-    :func:`~netrl.protocol.codecs.decompress`).
+    ``limits`` bounds a SAMPLES packet's rows and inflated bytes; both are checked from the header,
+    before any array is decompressed (and decompression never yields more than an array declares:
+    see :func:`~netrl.protocol.codecs.decompress`).
 
-    ``stored=True`` is for frames this process reads back from its own disk (the trainer's sample log), which an
-    older netrl may have written: a header of any of :data:`STORED_VERSIONS` is accepted. Never for a live peer,
-    which must speak :data:`PROTOCOL_VERSION`, so that roles of different versions are refused at HELLO.
+    ``stored=True`` is for frames this process reads back from its own disk (the trainer's sample
+    log), which an older netrl may have written: a header of any of :data:`STORED_VERSIONS` is
+    accepted. Never for a live peer, which must speak :data:`PROTOCOL_VERSION`, so that roles of
+    different versions are refused at HELLO.
 
     Raises:
         PacketTooLarge: a SAMPLES packet beyond ``limits``.
@@ -259,7 +273,8 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     if len(specs) > MAX_ARRAYS:
         raise MalformedMessage(f"{len(specs)} arrays exceed the limit of {MAX_ARRAYS}")
     if len(frames) != 1 + len(specs):
-        raise MalformedMessage(f"header lists {len(specs)} arrays but {len(frames) - 1} data frames follow")
+        raise MalformedMessage(f"header lists {len(specs)} arrays but "
+                               f"{len(frames) - 1} data frames follow")
     budget = max_bytes
     if mtype is MsgType.SAMPLES and limits is not None:
         budget = min(budget, check_packet_limits(msg, specs, limits))
@@ -278,9 +293,9 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
 
 def weight_parts(sender: str, session: str, version: int, trained_steps: int, flat: np.ndarray,
                  layout: list[Any], part_bytes: int, fields: dict[str, Any] | None = None) -> list[Message]:
-    """A flat weights buffer (or a model's encoding of it, or a delta) as WEIGHTS parts of at most ``part_bytes``
-    (views, no copies). ``fields``: the optional WEIGHTS fields (model, format, base, encoded, crc, rank, budget_s),
-    the same in every part."""
+    """A flat weights buffer (or a model's encoding of it, or a delta) as WEIGHTS parts of at most
+    ``part_bytes`` (views, no copies). ``fields``: the optional WEIGHTS fields (model, format, base,
+    encoded, crc, rank, budget_s), the same in every part."""
     starts = list(range(0, flat.nbytes, part_bytes)) or [0]
     return [Message(MsgType.WEIGHTS, sender, policy_version=version, arrays={"chunk": flat[s:s + part_bytes]},
                     body={"trained_steps": trained_steps, "session": session, "part": i, "parts": len(starts),
@@ -293,7 +308,8 @@ def _split_parts(msg: Message, frames: Sequence[Any]) -> None:
     if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
         raise MalformedMessage("bundle part sizes must be positive integers")
     if 1 + sum(counts) != len(frames):
-        raise MalformedMessage(f"bundle lists {sum(counts)} part frames but {len(frames) - 1} follow")
+        raise MalformedMessage(f"bundle lists {sum(counts)} part "
+                               f"frames but {len(frames) - 1} follow")
     start = 1
     for count in counts:
         msg.parts.append(list(frames[start:start + count]))

@@ -1,4 +1,5 @@
-"""What crosses every boundary: rows as columns (:class:`Buffer`) in, transitions (:class:`Batch`) out.
+"""What crosses every boundary: rows as columns (:class:`Buffer`) in, transitions
+(:class:`Batch`) out.
 
 ``columns`` holds the rows, ``batch`` the batches, ``spaces`` how each kind of Gymnasium
 space travels, ``value_limits`` what a sample's values may be. This package's names are those of

@@ -1,21 +1,25 @@
-"""Server: relays sample packets from workers to the trainer and weights from the trainer to every worker.
+"""Server: relays sample packets from workers to the trainer and weights from
+the trainer to every worker.
 
-One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a loopback-only status
-socket (opened and secured by :class:`~netrl.server.sockets.ServerSockets`)::
+One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a
+loopback-only status socket (opened and secured by :class:`~netrl.server.sockets.ServerSockets`)::
 
     worker --SAMPLES--> [checks] --> SampleRelay (memory queue / disk spool) --BUNDLE--> trainer
     worker <--ACK------------------- SampleRelay <--ACK-------------------------------- trainer
     worker <--WEIGHTS parts--------- newest-weights cache <--WEIGHTS parts------------- trainer
 
-The server authenticates peers (CURVE keys per port), checks every message against its sender's role and every
-sample packet against the trainer's schema (compressed images are relayed without decompressing them: the trainer
-checks their contents), and hands packets to :class:`~netrl.server.relay.SampleRelay`, which decides where each waits
-and when its worker is acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`) and
-streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE
-allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats.rejected``),
-logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
-window and PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part
-counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
+The server authenticates peers (CURVE keys per port), checks every message against its
+sender's role and every sample packet against the trainer's schema (compressed images are
+relayed without decompressing them: the trainer checks their contents), and hands packets to
+:class:`~netrl.server.relay.SampleRelay`, which decides where each waits and when its worker is
+acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`)
+and streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's
+PROGRESS becomes a PACE allowance per worker. :class:`~netrl.server.admission.Admission`
+checks each HELLO, and counts (``stats.rejected``), logs and drops bad messages.
+:class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's window and
+PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line.
+Every part counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`,
+which declares each counter.
 
 Peers come and go through :class:`~netrl.server.membership.Membership`: the WELCOME, the heartbeats,
 and the peers forgotten after a BYE, a silence or a failed send. This module keeps the loop, what
@@ -69,13 +73,16 @@ class Server:
         bind_ip: interface to bind; 127.0.0.1 by default.
         trainer_port, worker_port: the two ports (tmrl's defaults 55555 and 55556).
         network: heartbeat, size and reconnect settings.
-        max_bundle_bytes: beyond ``min_samples_per_server_packet``, a bundle takes the packets already waiting up to
-            this size.
+        max_bundle_bytes: beyond ``min_samples_per_server_packet``, a bundle takes the packets
+            already waiting up to this size.
         max_packet_delay_s: a bundle is sent after this long even if it has fewer samples.
-        max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
-        spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
+        max_queue_bytes: sample data held in memory (queued or in flight to the
+            trainer) before spooling.
+        spool_after_s: a queued packet the trainer has not taken after this
+            long is moved to the spool.
         spool_dir, spool_max_bytes, fsync: the disk spool.
-        keys: the server's CURVE keypair and allow-lists; None runs unencrypted (``"security": "none"``).
+        keys: the server's CURVE keypair and allow-lists; None runs
+            unencrypted (``"security": "none"``).
         status_port: loopback port answering ``python -m netrl --status`` (None: no status port).
         status_interval_s: seconds between status log lines (0: none).
         max_weights_bytes: the largest weight version cached and relayed.
@@ -84,8 +91,8 @@ class Server:
     """
 
     @tmrl_arguments("Server", ("port", "password"), SERVER_ONLY,
-                    "tmrl's Server takes its port and password there; netrl takes trainer_port=... and "
-                    "worker_port=..., and CURVE keys as keys=...", {
+                    "tmrl's Server takes its port and password there; netrl takes "
+                    "trainer_port=... and worker_port=..., and CURVE keys as keys=...", {
                         "min_samples_per_server_packet": (is_count, "an integer")})
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
@@ -107,13 +114,17 @@ class Server:
         self.weights = WeightCache(max_weights_bytes)
         self.stats = ServerCounters()
         self._opened = self._listening = False
-        self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
-                                             "spool folder are released; create a new Server to serve again"),
-                          lambda runner: NetrlError(f"this Server is already running (run() was called in "
-                                                    f"{runner.name}): call run() once; a second server needs other "
-                                                    "ports and another spool folder"))
-        self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
-                                "first, or give this server another spool folder (config.json: server.spool_dir)")
+        self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is "
+                                             f"closed: its ports and spool folder are "
+                                             f"released; create a new Server to serve again"),
+                          lambda runner: NetrlError(f"this Server is already running (run() "
+                                                    f"was called in {runner.name}): call "
+                                                    f"run() once; a second server needs "
+                                                    f"other ports and another spool folder"))
+        self._lock = FolderLock(spool_dir, "spool folder",
+                                "two servers would interleave its packets; stop "
+                                "that one first, or give this server another "
+                                "spool folder (config.json: server.spool_dir)")
         # (the two callbacks reach self.members, made below from these parts among others)
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats,
                                    lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet)
@@ -130,7 +141,8 @@ class Server:
                                    status_interval_s)
         self.members = Membership(self.net, self.session, self.sockets, self.peers, self.stats, self.admission,
                                   self.out, self.weights, self.intake, self.relay, self.status)
-        # what the server does with each message a peer may send it after HELLO (check_role has let it through)
+        # what the server does with each message a peer may send it after HELLO
+        # (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
             MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
             MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
@@ -150,10 +162,10 @@ class Server:
                    max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers,
                    max_rows_per_packet=s.max_rows_per_packet)
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> None:
-        """Open the spool and bind both ports (TransportError names the config key to change). Does nothing on an
-        open server; raises NetrlError on a closed one."""
+        """Open the spool and bind both ports (TransportError names the config key to change). Does
+        nothing on an open server; raises NetrlError on a closed one."""
         self._runs.check_open()
         if self._opened:
             return
@@ -168,12 +180,14 @@ class Server:
         self.sockets.open()
         self._listening = True
         keys = self.sockets.keys
-        log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
+        log.info("server listening on %s (trainer port %d, "
+                 "worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
                  f"CURVE keys from {keys.allow_dir}" if keys else "UNENCRYPTED", self.session[:8], self.spool_dir)
 
     def run(self, stop: threading.Event) -> None:
-        """Relay until ``stop`` is set, then close: a server runs once (a closed one raises NetrlError)."""
+        """Relay until ``stop`` is set, then close: a server runs once (a closed
+        one raises NetrlError)."""
         run_stop = self._runs.enter(stop)
         try:
             with ctrl_c_stops(run_stop, "server"):  # the spool flushed on the way out too (close)
@@ -202,13 +216,15 @@ class Server:
                     self.admission.failed_handshakes(role)
             now = time.monotonic()
             if status is not None and status in events:
-                self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
+                # --status must never stop the relay
+                self._guarded(lambda: self.status.answer(status), now)
             self._housekeeping(now)
             if self.members.gone:
                 self._forget_gone()
 
     def _housekeeping(self, now: float) -> None:
-        """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
+        """Bundles out, stale packets to disk, heartbeats and the status tick, once
+        per pass of the loop."""
         relay, trainer = self.relay, self.peers.trainer is not None
         steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer, MAX_BUNDLES_PER_PASS),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
@@ -224,17 +240,18 @@ class Server:
     def _guarded(self, step: Callable[[], None], now: float) -> None:
         try:
             step()
-        except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
+        # as in _drain: a bug must not take the relay down, nor flood the log every pass
+        except Exception:
             self.stats.internal_errors += 1
             if now >= self._next_internal_error_log:
                 self._next_internal_error_log = now + 60.0
-                log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
-                              "later at the earliest)", self.stats.internal_errors)
+                log.exception("internal error in the server's loop (%d so far; the next one is "
+                              "logged a minute later at the earliest)", self.stats.internal_errors)
 
     def close(self) -> None:
-        """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
-        while :meth:`run` runs, it stops the loop as ``stop`` would and waits for run() to close (ZeroMQ sockets
-        must not be closed under the thread that polls them)."""
+        """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from
+        another thread while :meth:`run` runs, it stops the loop as ``stop`` would and waits for
+        run() to close (ZeroMQ sockets must not be closed under the thread that polls them)."""
         if self._runs.close() or not self._runs.shut_once():
             return
         for peer in self.peers.values():
@@ -242,21 +259,25 @@ class Server:
         self.sockets.close()
         try:
             self.spool.close()
-        except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
+        # the packets on disk stay; at worst some are sent again after a restart
+        except OSError as exc:
             log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         self._lock.release()
-        if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
+        # it never served (a port in use, a spool folder in use): the error says it all
+        if not self._listening:
             return
-        log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
-                 "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
-                 "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
-                 "memory (their workers still have them)", self.stats.samples_out, self.stats.rejected,
+        log.info("server stopped: %d samples relayed (the trainer has them), %d messages "
+                 "rejected, %d samples spooled in all (%d packets still on disk), %d sample "
+                 "refusals while the spool was full or failing (workers keep refused samples "
+                 "and resend them, so one can be refused again), %d packets held in memory "
+                 "(their workers still have them)", self.stats.samples_out, self.stats.rejected,
                  self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
                  self.relay.held_packets())
 
-    # -- receiving -----------------------------------------------------------------------------------------
-    # The stop event is seen only between polls (a SIGINT does not end one): waiting heartbeat_interval_s / 2 alone
-    # would make an idle server with 60 s heartbeats take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
+    # -- receiving ---------------------------------------------------------------------------------
+    # The stop event is seen only between polls (a SIGINT does not end one): waiting
+    # heartbeat_interval_s / 2 alone would make an idle server with 60 s heartbeats
+    # take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
     MAX_POLL_S = 0.25
 
     def _poll_timeout_ms(self) -> int:
@@ -271,9 +292,10 @@ class Server:
         return max(1, int(timeout * 1000))
 
     def _drain(self, role: str, sock: zmq.Socket, budget: int = 32) -> None:
-        # A few messages per pass, so that a burst from many workers never holds up bundles to the trainer: with a
-        # budget of 1,000, 16 workers filling their windows keep the server accepting for seconds while it sends the
-        # trainer 8 bundles per pass (measured: 3,000 samples/s instead of 700,000).
+        # A few messages per pass, so that a burst from many workers never holds up bundles to
+        # the trainer: with a budget of 1,000, 16 workers filling their windows keep the server
+        # accepting for seconds while it sends the trainer 8 bundles per pass (measured: 3,000
+        # samples/s instead of 700,000).
         for _ in range(budget):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -281,7 +303,8 @@ class Server:
                 return
             try:
                 self._receive(role, frames)
-            except Exception:  # a bug must not take the relay down: log it loudly, count it, carry on
+            # a bug must not take the relay down: log it loudly, count it, carry on
+            except Exception:
                 self.stats.internal_errors += 1
                 log.exception("internal error while handling a message on the %s port", role)
 
@@ -289,20 +312,26 @@ class Server:
         rid = frames[0].bytes
         peer = self.peers.get(role, rid)
         if peer is not None:
-            peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
+            # any data proves the peer is alive, even a message we then reject
+            peer.liveness.heard()
         try:
-            # compressed images stay compressed: the server checks their layout, the trainer their contents
+            # compressed images stay compressed: the server checks their layout,
+            # the trainer their contents
             msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
                 self.members.hello(role, rid, msg, frames[0])
                 return
-            if peer is None and msg.type is MsgType.BYE:  # from a peer already forgotten: it is leaving anyway
+            # from a peer already forgotten: it is leaving anyway
+            if peer is None and msg.type is MsgType.BYE:
                 log.debug("a BYE from a %s this server does not know (already forgotten)", role)
                 return
-            if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
+            # e.g. a client of a server that restarted: it says HELLO again when told
+            if peer is None:
                 self.stats.unknown_peer += 1
-                self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
-                                             "server restart, every client sends one); asked it to say HELLO", first=1)
+                self.admission.log_rejection(role, rid, None,
+                                             f"a {msg.type.value} message before HELLO "
+                                             f"(after a server restart, every client "
+                                             f"sends one); asked it to say HELLO", first=1)
                 self.admission.reply(role, rid, "unknown peer: say HELLO")
                 return
             check_role(peer.role, msg)
@@ -313,8 +342,9 @@ class Server:
                 self.admission.reject(role, rid, peer, str(exc))
             return
         except VersionMismatch as exc:
-            self.admission.refuse(role, rid, peer, f"{exc}; install the same netrl version on the server and the "
-                                  f"{role}", str(exc))
+            self.admission.refuse(role, rid, peer,
+                                  f"{exc}; install the same netrl version on "
+                                  f"the server and the {role}", str(exc))
             return
         except ProtocolError as exc:
             self.admission.reject(role, rid, peer, str(exc))
@@ -326,7 +356,7 @@ class Server:
             return
         handler(peer, msg, frames[1:])
 
-    # -- the server's own handlers (self.handlers) ---------------------------------------------------------
+    # -- the server's own handlers (self.handlers) -------------------------------------------------
     def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
@@ -352,24 +382,28 @@ class Server:
         completed = self.weights.completed
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
                                    msg.arrays["chunk"].nbytes, frames, b["layout"], b)
-        if isinstance(problem, LoggedProblem):  # logged once by the cache: a trainer sends many such parts
+        # logged once by the cache: a trainer sends many such parts
+        if isinstance(problem, LoggedProblem):
             self.stats.rejected += 1
         elif problem:
             self.admission.reject("trainer", peer.rid, peer, problem)
         elif self.weights.completed > completed:
-            log.debug("weights %s v%d%s from the trainer (%d parts)", b.get("model", "policy"), msg.policy_version,
-                      f" ({b.get('format', 'float32')}{' delta' if 'base' in b else ''})", b["parts"])
+            log.debug("weights %s v%d%s from the trainer (%d parts)",
+                      b.get("model", "policy"), msg.policy_version,
+                      f" ({b.get('format', 'float32')}{' delta' if 'base' in b else ''})",
+                      b["parts"])
             self.stats.weights_in += 1
         # after a bad part too: it may have abandoned a version for the previous one
         self.out.stream_weights_to(self.peers.workers())
 
-    # -- sending (netrl.server.outbound) ---------------------------------------------------------------------------
+    # -- sending (netrl.server.outbound) -----------------------------------------------------------
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
         return trainer is not None and self.out.send_frames(trainer, frames) is True
 
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
-        self.intake.tell_worker(session, kind, body)  # (the intake is built after the relay, which it takes)
+        # (the intake is built after the relay, which it takes)
+        self.intake.tell_worker(session, kind, body)
 
     @property
     def schema(self) -> SampleSchema | None:

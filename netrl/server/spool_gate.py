@@ -90,5 +90,5 @@ class SpoolGate:
         if now - self._last_error > 10:
             self._last_error = now
             log.error("cannot use the spool in %s (%s); packets stay with their workers until it "
-                      "works again: free disk space there, or raise the open-file limit (ulimit -n) "
-                      "(%d spool errors so far)", self.spool.dir, exc, self.stats.spool_errors)
+                      "works again: free disk space there, or raise the open-file limit (ulimit "
+                      "-n) (%d spool errors so far)", self.spool.dir, exc, self.stats.spool_errors)

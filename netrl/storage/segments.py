@@ -12,10 +12,11 @@ stretch. Nothing in a damaged file is cut or rewritten. Records are written with
 no copy of the data, so a killed process loses nothing it appended; ``fsync=True`` also survives a
 power cut, at a cost.
 
-Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and overwritten
-in place as a later segment, because writing into pages the page cache already holds is several times faster
-than into fresh ones (on this project's VMs, 2-10 GB/s against 370 MB/s). A recycled file still holds its old
-records past the new ones; each record names its segment, so an old record never passes for a new one.
+Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and
+overwritten in place as a later segment, because writing into pages the page cache already holds is
+several times faster than into fresh ones (on this project's VMs, 2-10 GB/s against 370 MB/s). A
+recycled file still holds its old records past the new ones; each record names its segment, so an
+old record never passes for a new one.
 """
 
 from __future__ import annotations
@@ -70,29 +71,37 @@ class SegmentLog:
                  readonly: bool = False, recycle: int = 4, what: str = "log folder",
                  meta_check: Callable[[Any], str | None] | None = None) -> None:
         self.dir = Path(directory)
-        # what is wrong with a record's metadata (None: nothing): an intact record the owner cannot use (another
-        # version's, or not its own) is skipped and reported like damage instead of failing the reader
+        # what is wrong with a record's metadata (None: nothing): an intact record the owner
+        # cannot use (another version's, or not its own) is skipped and reported like damage
+        # instead of failing the reader
         self.meta_check = meta_check
-        self._strays: set[str] = set()  # *.seg files whose names this log never writes, already warned about
+        # *.seg files whose names this log never writes, already warned about
+        self._strays: set[str] = set()
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self.recycle = recycle  # dropped segment files kept for reuse
-        self.readonly = readonly  # for inspecting a log another process writes: never repairs, stops at a torn tail
+        self.readonly = readonly  # for inspecting a log another process writes: never repairs,
+                                  # stops at a torn tail
         if not readonly:
             make_folder(self.dir, what)
         self._file: int | None = None  # the current segment's descriptor, positioned at ``_end``
         self._segments: list[int] | None = None  # cached listing; this log is the only writer
-        self._reported: set[Position] = set()  # damaged stretches already warned about, by where they start
-        self.damaged = 0  # damaged stretches and missing files found so far: a reader's totals may need a recount
+        self._reported: set[Position] = set()  # damaged stretches already warned about, by
+                                               # where they start
+        self.damaged = 0  # damaged stretches and missing files found so far: a reader's
+                          # totals may need a recount
         segments = self.segments()
         gaps = [(low + 1, high - 1) for low, high in itertools.pairwise(segments) if high > low + 1]
-        if gaps:  # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+        # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+        if gaps:
             names = [", ".join(self._path(s).name for s in range(first, last + 1)) if last - first < 3
                      else f"{self._path(first).name} to {self._path(last).name}" for first, last in gaps]
-            log.warning("%s: segment files %s are missing between %s and %s: the records they held are lost",
+            log.warning("%s: segment files %s are missing between %s and "
+                        "%s: the records they held are lost",
                         self.dir, ", ".join(names), self._path(segments[0]).name, self._path(segments[-1]).name)
         self._segment = segments[-1] if segments else 1
-        if not segments and not readonly:  # numbers start again at 1: a free file's old records could carry them
+        # numbers start again at 1: a free file's old records could carry them
+        if not segments and not readonly:
             for free in self.dir.glob("*.free"):
                 free.unlink()
         if readonly:
@@ -100,7 +109,7 @@ class SegmentLog:
         else:
             self._end = self._repair(self._segment) if segments else 0
 
-    # -- files ----------------------------------------------------------------------------------------------
+    # -- files -------------------------------------------------------------------------------------
     def _path(self, segment: int) -> Path:
         return self.dir / f"{segment:08d}.seg"
 
@@ -113,14 +122,15 @@ class SegmentLog:
                     found.append(number)
                 elif path.name not in self._strays:
                     self._strays.add(path.name)
-                    log.warning("%s: ignoring %s, not a segment file name this log writes (%s to %s)", self.dir,
+                    log.warning("%s: ignoring %s, not a segment file name "
+                                "this log writes (%s to %s)", self.dir,
                                 path.name, self._path(1).name, self._path(MAX_SEGMENT).name)
             self._segments = sorted(found)
         return list(self._segments)
 
     def _repair(self, segment: int) -> int:
-        """Return the end of the last valid record of ``segment``, truncating anything after it. Damage with valid
-        records after it is skipped (and reported), not cut."""
+        """Return the end of the last valid record of ``segment``, truncating anything after it.
+        Damage with valid records after it is skipped (and reported), not cut."""
         path = self._path(segment)
         size = path.stat().st_size
         end = 0
@@ -147,23 +157,27 @@ class SegmentLog:
                 aside = path.with_name(path.name + ".foreign")
                 os.replace(path, aside)
                 self._segments = None
-                log.warning("%s holds records of another netrl log format (%r, this version writes %r), which this "
-                            "version cannot read: moved aside to %s, untouched", path, other, MAGIC, aside.name)
+                log.warning("%s holds records of another netrl log format (%r, this version writes "
+                            "%r), which this version cannot read: moved aside to %s, untouched",
+                            path, other, MAGIC, aside.name)
                 return 0
             if problem == DAMAGED:  # acknowledged once, so its loss is reported
-                log.warning("%s: the last record, at offset %d, %s (damaged on disk, or a write cut short by a "
-                            "crash): its %d bytes are dropped and the records in them lost", path, end, why,
+                log.warning("%s: the last record, at offset %d, %s (damaged on "
+                            "disk, or a write cut short by a crash): its %d bytes are "
+                            "dropped and the records in them lost", path, end, why,
                             size - end)
             else:
-                log.info("%s: cut %d bytes after the last record (a torn write, or a recycled file's old records)",
+                log.info("%s: cut %d bytes after the last record (a "
+                         "torn write, or a recycled file's old records)",
                          path, size - end)
             with path.open("r+b") as f:
                 f.truncate(end)
         return end
 
     def _report(self, start: Position, resume: int, what: str | None = None) -> None:
-        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record (or, with
-        ``what``, a record it describes); a ``start`` offset of -1 stands for the whole file, deleted while in use."""
+        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable
+        record (or, with ``what``, a record it describes); a ``start`` offset of -1 stands for the
+        whole file, deleted while in use."""
         if start in self._reported:
             return
         self._reported.add(start)
@@ -172,11 +186,13 @@ class SegmentLog:
         if start.offset < 0:
             log.warning("%s was deleted while in use: the records it held are lost", path)
         elif what is not None:
-            log.warning("%s %s at offset %d: its %d bytes are skipped and the samples in them lost", path, what,
+            log.warning("%s %s at offset %d: its %d bytes are skipped and the samples in them lost",
+                        path, what,
                         start.offset, resume - start.offset)
         else:
-            log.warning("%s is damaged from offset %d to %d: the records in those %d bytes are lost and skipped; "
-                        "the records around them are read as usual", path, start.offset, resume,
+            log.warning("%s is damaged from offset %d to %d: the records in those %d bytes "
+                        "are lost and skipped; the records around them are read as usual",
+                        path, start.offset, resume,
                         resume - start.offset)
 
     def end(self) -> Position:
@@ -187,8 +203,8 @@ class SegmentLog:
         return Position(segments[0] if segments else self._segment, 0)
 
     def starts_record(self, position: Position) -> bool:
-        """True if a record (even a damaged one) starts at ``position``, or it is the end of a segment: a place a
-        reader can start from."""
+        """True if a record (even a damaged one) starts at ``position``, or it is the end of a
+        segment: a place a reader can start from."""
         if position == self.end():
             return True
         if position.segment not in self.segments():
@@ -211,7 +227,7 @@ class SegmentLog:
             total += size - (since.offset if since is not None and seg == since.segment else 0)
         return total
 
-    # -- writing ----------------------------------------------------------------------------------------------
+    # -- writing -----------------------------------------------------------------------------------
     def append(self, frames: Sequence[Any], meta: dict[str, Any]) -> Position:
         """Write one record and flush it; returns its position."""
         if self.readonly:
@@ -230,7 +246,8 @@ class SegmentLog:
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         try:
             written = os.writev(fd, parts)
-            if written != total:  # a short write (rare: disk full, signals): finish it, or fail loudly
+            # a short write (rare: disk full, signals): finish it, or fail loudly
+            if written != total:
                 rest = b"".join(bytes(p) for p in parts)[written:]
                 while rest:
                     n = os.write(fd, rest)
@@ -246,25 +263,30 @@ class SegmentLog:
         return pos
 
     def _cut_back(self, fd: int) -> None:
-        """After a failed append (a full disk): drop what it wrote, so the next record starts where it should."""
+        """After a failed append (a full disk): drop what it wrote, so the next record
+        starts where it should."""
         try:  # shrinking a file needs no space, so this holds even on a full disk
             os.ftruncate(fd, self._end)
             os.lseek(fd, self._end, os.SEEK_SET)
         except OSError as exc:
-            log.error("could not cut a failed append off %s (%s): reopening it will cut the torn record",
+            log.error("could not cut a failed append off %s (%s): "
+                      "reopening it will cut the torn record",
                       self._path(self._segment), exc)
 
     def _open_current(self) -> int:
-        """The current segment's descriptor, opening it (a recycled file if one is free) at the end of its records."""
+        """The current segment's descriptor, opening it (a recycled file if one is free) at
+        the end of its records."""
         if self._file is None:
             path = self._path(self._segment)
             free = sorted(self.dir.glob("*.free"))
             new = not path.exists()
             if free and new:
-                os.replace(free[0], path)  # overwritten in place: its pages are already in the page cache
+                # overwritten in place: its pages are already in the page cache
+                os.replace(free[0], path)
             self._file = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             os.lseek(self._file, self._end, os.SEEK_SET)
-            if new and self.fsync:  # or a power cut could lose the new file's name, and every record in it
+            # or a power cut could lose the new file's name, and every record in it
+            if new and self.fsync:
                 sync_folder(self.dir)
             if self._segments is not None and self._segment not in self._segments:
                 self._segments.append(self._segment)
@@ -272,7 +294,8 @@ class SegmentLog:
 
     def _roll(self) -> None:
         if self._file is not None:
-            os.ftruncate(self._file, self._end)  # a closed segment ends at its last record, even a recycled one
+            # a closed segment ends at its last record, even a recycled one
+            os.ftruncate(self._file, self._end)
         self.close()
         self._segment += 1
         self._end = 0
@@ -282,7 +305,7 @@ class SegmentLog:
             os.close(self._file)
             self._file = None
 
-    # -- reading ----------------------------------------------------------------------------------------------
+    # -- reading -----------------------------------------------------------------------------------
     def read(self, since: Position | None = None, limit: int | None = None) -> Iterator[Record]:
         """Records from ``since`` (default: the start) to the end, in order, read one at a time."""
         count = 0
@@ -307,7 +330,8 @@ class SegmentLog:
                             return  # the writer is mid-record
                         other = other_format(f, offset)
                         self._report(Position(seg, offset), size if after is None else after,
-                                     f"holds records of another netrl log format ({other!r})" if other else None)
+                                     f"holds records of another netrl log "
+                                     f"format ({other!r})" if other else None)
                         if after is None:
                             break
                         offset = after
@@ -315,8 +339,8 @@ class SegmentLog:
                     nxt, meta, frames = parsed
                     problem = self.meta_check(meta) if self.meta_check is not None else None
                     if problem is not None:
-                        self._report(Position(seg, offset), nxt, f"holds a record this version of netrl cannot "
-                                     f"use ({problem})")
+                        self._report(Position(seg, offset), nxt,
+                                     f"holds a record this version of netrl cannot use ({problem})")
                         offset = nxt
                         continue
                     yield Record(Position(seg, offset), Position(seg, nxt), meta, frames)
@@ -326,8 +350,8 @@ class SegmentLog:
                     offset = nxt
 
     def drop_before(self, position: Position) -> int:
-        """Drop whole segments that end before ``position`` (kept for reuse, up to ``recycle`` files, else
-        deleted); returns how many were dropped."""
+        """Drop whole segments that end before ``position`` (kept for reuse, up to ``recycle``
+        files, else deleted); returns how many were dropped."""
         dropped = 0
         free = len(list(self.dir.glob("*.free")))
         for seg in self.segments():
@@ -344,8 +368,9 @@ class SegmentLog:
 
 
 def check_meta(meta: Any, required: dict[str, type], optional: dict[str, type] | None = None) -> str | None:
-    """What is wrong with a record's metadata for an owner that needs the ``required`` keys and may read the
-    ``optional`` ones, with these types (ints non-negative, never bools); None if nothing."""
+    """What is wrong with a record's metadata for an owner that needs the ``required``
+    keys and may read the ``optional`` ones, with these types (ints non-negative, never
+    bools); None if nothing."""
     if not isinstance(meta, dict):
         return f"its metadata is a {type(meta).__name__}, not a map"
     for key, kind in {**required, **(optional or {})}.items():

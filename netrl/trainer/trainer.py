@@ -1,12 +1,14 @@
-"""Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
+"""Trainer: samples from the server -> replay memory -> TrainingAgent.train ->
+versioned weights to the server.
 
-The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a network thread
-(:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
-The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint,
-rebuilds the replay memory by replaying the sample log, so every sample a worker produced enters the
-memory exactly once, and continues the weight version numbering after the newest version it ever
-sent out (noted in the run folder before each send: see :mod:`netrl.trainer.resume`) and, once
-connected, after the newest the server or a worker has seen (see :mod:`netrl.trainer.link`).
+The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a
+network thread (:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to
+disk and acknowledges them. The Trainer checkpoints after every epoch and when stopped. A
+restarted Trainer loads the checkpoint, rebuilds the replay memory by replaying the sample log, so
+every sample a worker produced enters the memory exactly once, and continues the weight version
+numbering after the newest version it ever sent out (noted in the run folder before each send: see
+:mod:`netrl.trainer.resume`) and, once connected, after the newest the server or a worker has seen
+(see :mod:`netrl.trainer.link`).
 """
 
 from __future__ import annotations
@@ -52,14 +54,15 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Runs a :class:`TrainingOffline` against the server (tmrl's ``Trainer``), with checkpoints and resume.
+    """Runs a :class:`TrainingOffline` against the server (tmrl's ``Trainer``),
+    with checkpoints and resume.
 
     Args:
         training_cls: a callable returning a :class:`TrainingOffline` (usually a ``partial``).
         server_ip: address of the server.
-        model_path: where the trainer saves its current policy (state_dict + JSON) after every epoch; default
-            ``<run_dir>/policy.pt``. A path outside ``run_dir`` that holds another run's policy is refused at start,
-            rather than overwritten.
+        model_path: where the trainer saves its current policy (state_dict + JSON) after every
+            epoch; default ``<run_dir>/policy.pt``. A path outside ``run_dir`` that holds another
+            run's policy is refused at start, rather than overwritten.
         server_port, network, name: connection settings.
         run_dir: folder for the checkpoint, the sample log, metrics.csv and wandb files.
         wandb_mode, wandb_project, wandb_entity: wandb settings ("disabled" turns it off).
@@ -67,26 +70,30 @@ class Trainer:
         resume: continue from the checkpoint in ``run_dir`` if there is one.
         persist_samples: keep a sample log so that a restart rebuilds the replay memory.
         fsync: fsync the sample log and checkpoints.
-        sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
-        keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
+        sample_compressor: the workers' compressor, so the trainer knows the
+            packet layout to expect.
+        keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`);
+            None connects unencrypted.
         status_interval_s: seconds between status log lines (0: none); 10 s, as ``python -m netrl``.
-        torch_threads: ``torch.set_num_threads`` when the run starts (None: leave torch's setting); 1, as
-            ``python -m netrl``: torch's default of one thread per core slows training on a machine that the
-            trainer shares with a worker or the server.
-        max_rows_per_packet: rows a sample packet may hold (the server's ``server.max_rows_per_packet``): a packet
-            beyond it, or beyond that many rows of the expected layout in bytes, is refused before it is inflated.
-        weight_format, weight_budget_s: how weights are encoded for the workers (``network.weight_format``: float32,
-            float16, bfloat16, int8, delta, auto or a registered format) and auto's time per version to a worker;
-            None: the ``network`` config's.
-        models: further modules to sync to the workers besides the actor, by name (those of the agent's
-            ``extra_models()`` come too): each published every ``ModelSpec.every`` training steps under a version
-            counter of its own, loaded by the workers into their target of the same name, and recorded in every
-            sample row as ``batch.extra["<name>_version"]``.
+        torch_threads: ``torch.set_num_threads`` when the run starts (None: leave torch's
+            setting); 1, as ``python -m netrl``: torch's default of one thread per core slows
+            training on a machine that the trainer shares with a worker or the server.
+        max_rows_per_packet: rows a sample packet may hold (the server's
+            ``server.max_rows_per_packet``): a packet beyond it, or beyond that many rows of the
+            expected layout in bytes, is refused before it is inflated.
+        weight_format, weight_budget_s: how weights are encoded for the workers
+            (``network.weight_format``: float32, float16, bfloat16, int8, delta,
+            auto or a registered format) and auto's time per version to a worker; None:
+            the ``network`` config's.
+        models: further modules to sync to the workers besides the actor, by name (those of the
+            agent's ``extra_models()`` come too): each published every ``ModelSpec.every`` training
+            steps under a version counter of its own, loaded by the workers into their target of the
+            same name, and recorded in every sample row as ``batch.extra["<name>_version"]``.
     """
 
     @tmrl_arguments("Trainer", ("training_cls", "server_ip", "server_port", "password"), TMRL_ONLY,
-                    "today's tmrl has server_port, password and tlspyo's settings there; netrl takes the port as "
-                    "server_port=... and CURVE keys as keys=...", {
+                    "today's tmrl has server_port, password and tlspyo's settings there; "
+                    "netrl takes the port as server_port=... and CURVE keys as keys=...", {
                         "server_ip": (is_text, "a string or None"), "model_path": (is_path, "a path or None")})
     def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
                  model_path: str | None = None, *, server_port: int = 55555, network: NetworkConfig | None = None,
@@ -99,8 +106,8 @@ class Trainer:
                  models: dict[str, ModelSpec] | None = None, weight_format: str | None = None,
                  weight_budget_s: float | None = None) -> None:
         if torch_threads is not None and not 1 <= torch_threads <= 1024:
-            raise ValueError(f"torch_threads must be between 1 and 1024, or None to leave torch's setting "
-                             f"(got {torch_threads!r})")
+            raise ValueError(f"torch_threads must be between 1 and 1024, or None to "
+                             f"leave torch's setting (got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
         self.models = dict(models or {})
@@ -114,10 +121,11 @@ class Trainer:
             self.network = replace(self.network, server_ip=server_ip)
         self.weight_format = self.network.weight_format if weight_format is None else weight_format
         self.weight_budget_s = self.network.weight_budget_s if weight_budget_s is None else weight_budget_s
-        formats_for(self.weight_format)  # FormatError naming the known ones (a custom format: register it first)
+        # FormatError naming the known ones (a custom format: register it first)
+        formats_for(self.weight_format)
         if not 0 <= self.weight_budget_s <= 3600:
-            raise ValueError(f"weight_budget_s must be between 0 (the time between publications) and 3600 s (got "
-                             f"{self.weight_budget_s!r})")
+            raise ValueError(f"weight_budget_s must be between 0 (the time between "
+                             f"publications) and 3600 s (got {self.weight_budget_s!r})")
         self.server_port = server_port
         self.run_dir = Path(run_dir)
         self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
@@ -135,15 +143,20 @@ class Trainer:
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
         self.metrics: MetricsLogger | None = None
-        self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
-        self._policy_saved = False  # by this run (the closing log line must not claim an older file)
-        self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; "
-                                             f"create a new Trainer on {self.run_dir} to resume from its checkpoint"),
-                          lambda runner: NetrlError(f"this Trainer is already running (run() was called in "
-                                                    f"{runner.name}): call run() once; to train two runs at once, "
-                                                    "create a Trainer for each"))
-        self._lock = FolderLock(self.run_dir, "run folder", "two trainers would interleave its sample log and "
-                                "checkpoints; stop that one first, or give this trainer another run folder "
+        self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to
+                                                    # save (yet)
+        self._policy_saved = False  # by this run (the closing log line must not
+                                    # claim an older file)
+        self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a "
+                                             f"Trainer runs once; create a new Trainer on "
+                                             f"{self.run_dir} to resume from its checkpoint"),
+                          lambda runner: NetrlError(f"this Trainer is already running (run() "
+                                                    f"was called in {runner.name}): call "
+                                                    f"run() once; to train two runs at "
+                                                    f"once, create a Trainer for each"))
+        self._lock = FolderLock(self.run_dir, "run folder",
+                                "two trainers would interleave its sample log and checkpoints; "
+                                "stop that one first, or give this trainer another run folder "
                                 "(config.json: run_name; Python: Trainer(run_dir=...))")
 
     @classmethod
@@ -168,13 +181,16 @@ class Trainer:
                    torch_threads=cfg.torch_threads)
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close.
+        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing
+        each epoch, then close.
 
-        A Trainer runs once: its run folder lock, network thread and sample log are gone once it closes, so a second
-        run() (or a run() after close()) raises NetrlError; a new Trainer on the same ``run_dir`` resumes."""
+        A Trainer runs once: its run folder lock, network thread and sample log are gone once it
+        closes, so a second run() (or a run() after close()) raises NetrlError; a new Trainer on
+        the same ``run_dir`` resumes."""
         run_stop = self._runs.enter(stop, once=True)
         try:
-            with ctrl_c_stops(run_stop, trainer_label(self.name)):  # the checkpoint saved on the way out too
+            # the checkpoint saved on the way out too
+            with ctrl_c_stops(run_stop, trainer_label(self.name)):
                 self._run(run_stop)
         finally:
             self._runs.leave()
@@ -183,25 +199,27 @@ class Trainer:
         try:
             self._train(run_stop)
         except KeyboardInterrupt:
-            # With stop already set, this is a second Ctrl+C (the first set stop), which must interrupt at once, not
-            # start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
+            # With stop already set, this is a second Ctrl+C (the first set stop), which must
+            # interrupt at once, not start another save. Without (a notebook's Ctrl+C), save what
+            # was trained, as a stop does.
             again = run_stop.is_set()
             if again:
-                log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
-                            "checkpoint in %s", self.run_dir)
+                log.warning("interrupted again: stopping without saving; a new Trainer "
+                            "resumes from the last checkpoint in %s", self.run_dir)
             self._close(raise_errors=False, failing=True, save=not again, interrupted=True)
             raise
         except BaseException:
-            self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
+            # the error that stopped training is the one to report
+            self._close(raise_errors=False, failing=True)
             raise
         self.close()
 
     def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
                        key: str | None = None, stop: threading.Event | None = None) -> None:
-        """tmrl's name for :meth:`run` with wandb online: ``entity`` and ``project`` replace the constructor's
-        (None keeps them), ``run_id`` resumes that wandb run, and ``key`` is the API key (better: leave it None and
-        set ``WANDB_API_KEY`` or run ``wandb login``, so that it stays out of your code). :meth:`run` logs to wandb
-        too, offline by default."""
+        """tmrl's name for :meth:`run` with wandb online: ``entity`` and ``project`` replace the
+        constructor's (None keeps them), ``run_id`` resumes that wandb run, and ``key`` is the API
+        key (better: leave it None and set ``WANDB_API_KEY`` or run ``wandb login``, so that it
+        stays out of your code). :meth:`run` logs to wandb too, offline by default."""
         if key is not None:
             os.environ["WANDB_API_KEY"] = key
         _, default_project, default_entity = self.wandb
@@ -210,7 +228,8 @@ class Trainer:
         self.run(stop)
 
     def _train(self, stop: threading.Event) -> None:
-        apply_torch_threads(self.torch_threads, trainer_label(self.name))  # before the agent and memory are built
+        # before the agent and memory are built
+        apply_torch_threads(self.torch_threads, trainer_label(self.name))
         self.training = training = self.training_cls()
         training.build()
         publisher = training.publisher
@@ -220,7 +239,8 @@ class Trainer:
                           ".extra_models() and Trainer(models=...) declare")
         self._lock.acquire()  # creates the folder
         check_model_path(self.model_path, self.run_dir)
-        remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
+        # what a trainer killed while saving its policy left
+        remove_stale_temps(self.model_path.parent)
         deliveries, sample_log = self._restore(training, stop)
         if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
             if sample_log is not None:
@@ -232,9 +252,10 @@ class Trainer:
                              (f"{training.total_samples} samples of total_frames "
                               f"{training.settings.total_frames}",
                               "total_frames"))
-            log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the %s "
-                        "(Python: TrainingOffline(%s=...); config.json: trainer.%s); to start a new run, choose "
-                        "another folder (Python: Trainer(run_dir=...); config.json: run_name)", self.run_dir, done,
+            log.warning("%s holds a finished run (%s): nothing to train. To train it further, "
+                        "raise the %s (Python: TrainingOffline(%s=...); config.json: "
+                        "trainer.%s); to start a new run, choose another folder (Python: "
+                        "Trainer(run_dir=...); config.json: run_name)", self.run_dir, done,
                         setting, setting, setting)
             if sample_log is not None:
                 sample_log.close()
@@ -242,14 +263,16 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config,
                                      run_id=self.wandb_run_id)
         self.metrics.rewind(training.total_updates)
-        probe = probe_copy(self.sample_compressor)  # as the worker probes; if it cannot be copied, the instance
+        # as the worker probes; if it cannot be copied, the instance
+        probe = probe_copy(self.sample_compressor)
         guards = training.safeguards
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
                                           self.sample_compressor if probe is None else probe,
                                           guards.limits if guards is not None else None,
                                           {**declared_extras(training.agent.get_actor() if training.agent else None),
                                            **version_columns(publisher.models)})
-        if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
+        # bounds only where the workers' compressor sends leaves as the spaces describe them
+        if guards is not None:
             guards.limits = schema.limits
         self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
                                      deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
@@ -259,12 +282,15 @@ class Trainer:
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
             schema.leaves)), f"server.max_rows_per_packet is {rows}, in the trainer's config too")
         self._saved = self._progress()  # what the checkpoint on disk (if any) holds
-        if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish nothing, save nothing
+        if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish
+                           # nothing, save nothing
             return
         net.start()
         training.start(net)
-        epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"  # tmrl's np.inf
-        log.info("%s started: %s epochs x %d rounds x %d steps on %s", trainer_label(self.name), epochs,
+        # tmrl's np.inf
+        epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"
+        log.info("%s started: %s epochs x %d rounds x %d steps on %s",
+                 trainer_label(self.name), epochs,
                  training.rounds, training.steps, training.device)
         while training.epoch < training.epochs and not stop.is_set() and not training.frames_done():
             for stats in training.run_epoch(net, stop):
@@ -272,8 +298,9 @@ class Trainer:
             if not stop.is_set():
                 self._save()
         if training.frames_done() and not stop.is_set():  # (saved just above)
-            log.info("%s finished: trainer.total_frames reached (%d env steps arrived from all workers together, of "
-                     "%d) after %d training steps", trainer_label(self.name), training.total_samples,
+            log.info("%s finished: trainer.total_frames reached (%d env steps arrived "
+                     "from all workers together, of %d) after %d training steps",
+                     trainer_label(self.name), training.total_samples,
                      training.settings.total_frames, training.total_updates)
 
     def _restore(self, training: TrainingOffline, stop: threading.Event
@@ -286,8 +313,8 @@ class Trainer:
         return restored.deliveries, restored.sample_log
 
     def _record_version(self, version: int, model: str = POLICY) -> None:
-        """Note a weight version (of the policy, or of another ``model``) in the run folder before it is sent (see
-        :func:`checkpoint.record_published`)."""
+        """Note a weight version (of the policy, or of another ``model``) in the run folder
+        before it is sent (see :func:`checkpoint.record_published`)."""
         self._published[model] = version
         others = {name: v for name, v in self._published.items() if name != POLICY}
         try:
@@ -298,7 +325,8 @@ class Trainer:
                                   f"; v{version} was not sent, so no number names two actors") from None
 
     def _progress(self) -> tuple[Any, ...]:
-        """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
+        """What a checkpoint and the policy file would hold; equal to the last save's
+        means nothing to save."""
         t, net = self.training, self.net
         assert t is not None and t.publisher is not None
         return (t.epoch, t.total_updates, t.total_samples, t.publisher.version,
@@ -306,7 +334,8 @@ class Trainer:
 
     def _save(self) -> None:
         guards = self.training.safeguards if self.training is not None else None
-        if guards is not None and self.training is not None:  # stopped mid-round: keep only a finite state
+        # stopped mid-round: keep only a finite state
+        if guards is not None and self.training is not None:
             guards.settle(self.training.total_updates)
         self.save_policy()  # first: it may number the actor, which the checkpoint then records
         self.checkpoint()
@@ -314,7 +343,8 @@ class Trainer:
         self._saved = self._progress()
 
     def checkpoint(self) -> None:
-        """Save agent, counters, weight version, sample-log position and delivery state (atomically)."""
+        """Save agent, counters, weight version, sample-log position and delivery
+        state (atomically)."""
         training, net = self.training, self.net
         if training is None or training.agent is None or training.publisher is None or net is None:
             return
@@ -328,13 +358,15 @@ class Trainer:
         except OSError as exc:
             raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
                                   "previous checkpoint is intact") from None
-        log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
+        log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)",
+                 path,
                  training.epoch, training.total_updates, training.publisher.version,
                  state["memory_len"])
 
     def _number_actor(self, training: TrainingOffline) -> None:
-        """Give the actor a version of its own before it is saved, so that no number names two actors: published
-        while the network thread runs (after an epoch: the workers get it too), else noted like a sent one."""
+        """Give the actor a version of its own before it is saved, so that no number names two
+        actors: published while the network thread runs (after an epoch: the workers get it too),
+        else noted like a sent one."""
         if self.net is not None and not self._runs.shutting:
             try:
                 training.publish(self.net)
@@ -348,17 +380,21 @@ class Trainer:
         publisher.published_updates = training.total_updates
 
     def save_policy(self) -> None:
-        """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
+        """Write the current actor to ``model_path`` (state_dict plus a JSON
+        sidecar with its version)."""
         training = self.training
         if training is None or training.agent is None or training.publisher is None:
             return
         if training.publisher.published_updates != training.total_updates:  # trained since its last
             self._number_actor(training)
         bad = checkpoint.nonfinite_entries(training.agent.get_actor().state_dict())
-        if bad:  # the loop undoes non-finite steps: this agent changed its actor where StateGuard could not see it
-            raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold NaN or infinity; "
-                                  f"{self.model_path} keeps the last finite one. Make the agent's state_tensors() list "
-                                  "every tensor its train() changes")
+        # the loop undoes non-finite steps: this agent changed its actor where
+        # StateGuard could not see it
+        if bad:
+            raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold "
+                                  f"NaN or infinity; {self.model_path} keeps the last "
+                                  f"finite one. Make the agent's state_tensors() "
+                                  f"list every tensor its train() changes")
         meta = {"version": training.publisher.version, "trained_steps": training.total_updates,
                 "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
                 # whose policy it is (see check_model_path)
@@ -369,10 +405,12 @@ class Trainer:
             raise CheckpointError(write_failed("the policy to", self.model_path, exc)) from None
 
     def close(self) -> None:
-        """Checkpoint and save the policy if anything changed since the last save, disconnect and flush metrics.
-        Idempotent. Called from another thread while :meth:`run` runs, it stops the run as its ``stop`` would and
-        waits until run() has saved and closed (the training loop must not go on under a checkpoint)."""
-        if self._runs.close():  # (and a run() after close() would lock the run folder again, never to release it)
+        """Checkpoint and save the policy if anything changed since the last save, disconnect and
+        flush metrics. Idempotent. Called from another thread while :meth:`run` runs, it stops the
+        run as its ``stop`` would and waits until run() has saved and closed (the training loop must
+        not go on under a checkpoint)."""
+        # (and a run() after close() would lock the run folder again, never to release it)
+        if self._runs.close():
             return
         self._close(raise_errors=True)
 
@@ -381,7 +419,9 @@ class Trainer:
             return
         try:
             self._close_steps(raise_errors, failing, save, interrupted)
-        finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
+        # even when a second Ctrl+C cut the save short: a new Trainer in this
+        # process may take the folder
+        finally:
             if self.net is not None and self.net.sample_log is not None:
                 self.net.sample_log.close()
             if self.metrics is not None:
@@ -392,7 +432,8 @@ class Trainer:
         failed: Exception | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
-        unsaved = self._saved is not None and self._progress() != self._saved  # stopped mid-epoch, or failed
+        # stopped mid-epoch, or failed
+        unsaved = self._saved is not None and self._progress() != self._saved
         if save and unsaved:
             try:
                 self._save()
@@ -402,10 +443,12 @@ class Trainer:
                     log.error("%s (the error that stopped the trainer follows)", exc)
             except Exception as exc:  # user code (the agent, the actor) failed while saving
                 failed = exc
-                if not raise_errors:  # log it, and report the error that stopped training, not one chained on it
-                    log.exception("saving the checkpoint and the policy failed too; the error that stopped the "
-                                  "trainer follows")
-        if failing and self.net is None:  # it never got to train: the error that follows says it all
+                # log it, and report the error that stopped training, not one chained on it
+                if not raise_errors:
+                    log.exception("saving the checkpoint and the policy failed "
+                                  "too; the error that stopped the trainer follows")
+        # it never got to train: the error that follows says it all
+        if failing and self.net is None:
             return
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
@@ -420,9 +463,9 @@ class Trainer:
         guards = self.training.safeguards if self.training else None
         ingester = self.training.ingester if self.training else None
         unstored = ingester.unstored if ingester is not None else 0
-        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
-                 "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
-                 "steps undone (not finite)",
+        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could "
+                 "not store, %d malformed messages from the server, %d duplicate packets "
+                 "dropped, %d refused for their values, %d training steps undone (not finite)",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
                  stats["rejected"], unstored, malformed, stats["duplicates"],

@@ -1,4 +1,5 @@
-"""RoundStats: what the training loop counts in the round under way, and the round's line of metrics.csv."""
+"""RoundStats: what the training loop counts in the round under way, and the
+round's line of metrics.csv."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ __all__ = ["RoundStats"]
 
 @dataclass
 class RoundStats:
-    """What the round under way has counted; a checkpoint keeps it (see :meth:`to_state`), so that a round a stop
-    cut short reports all of itself after the resume."""
+    """What the round under way has counted; a checkpoint keeps it (see :meth:`to_state`), so that a
+    round a stop cut short reports all of itself after the resume."""
 
     started: float = field(default_factory=time.monotonic)
     metric_sums: dict[str, float] = field(default_factory=dict)
@@ -50,7 +51,8 @@ class RoundStats:
         return (self.lag_min, self.lag_sum / count, self.lag_max) if count else None
 
     def to_state(self) -> dict[str, Any]:
-        """JSON-ready; the wall time so far replaces the start, which means nothing to another process."""
+        """JSON-ready; the wall time so far replaces the start, which means
+        nothing to another process."""
         state = {k: v for k, v in vars(self).items() if k != "started"}
         state["returns"], state["test_returns"] = list(map(float, self.returns)), list(map(float, self.test_returns))
         return {**state, "elapsed_s": time.monotonic() - self.started}
@@ -61,8 +63,8 @@ class RoundStats:
         return cls(started=time.monotonic() - float(state.get("elapsed_s", 0.0)), **fields)
 
     def summary(self) -> dict[str, Any]:
-        """The round's figures for metrics.csv: rates, where the time went, returns, policy lag, and the mean of each
-        of the agent's metrics."""
+        """The round's figures for metrics.csv: rates, where the time went, returns, policy lag, and
+        the mean of each of the agent's metrics."""
         wall = time.monotonic() - self.started
         lag = self.lag()
         stats: dict[str, Any] = {
@@ -70,7 +72,8 @@ class RoundStats:
             "samples_per_s": self.samples / wall if wall > 0 else 0.0, "wall_s": wall,
             "waiting_fraction": self.waited_s / wall if wall > 0 else 0.0,
             "train_fraction": self.train_s / wall if wall > 0 else 0.0,  # inside agent.train
-            "sample_fraction": self.sample_s / wall if wall > 0 else 0.0,  # waiting for a batch (sampled or ahead)
+            # waiting for a batch (sampled or ahead)
+            "sample_fraction": self.sample_s / wall if wall > 0 else 0.0,
             "episodes": len(self.returns),
             "return_mean": float(np.mean(self.returns)) if self.returns else None,
             "return_max": float(np.max(self.returns)) if self.returns else None,

@@ -11,8 +11,9 @@ Calling sequence, one iteration per batch (the loop's ``_sync_step``; packets go
     agent.train(memory.sample())   # once: the agent runs its epochs and minibatches inside
     memory.clear(); publish v + 1
 
-Each worker collects ``rollout_fragment_length`` steps per env under the newest version it holds, sends them and
-waits for a newer version (:mod:`netrl.worker.runners.sync`). The RL half: nothing here imports the network.
+Each worker collects ``rollout_fragment_length`` steps per env under the newest version it
+holds, sends them and waits for a newer version (:mod:`netrl.worker.runners.sync`). The RL half:
+nothing here imports the network.
 """
 
 from __future__ import annotations
@@ -63,10 +64,13 @@ class SyncBatches:
         self.steps = 0  # transitions of this batch stored so far
         self.late_samples = 0  # in all: transitions of another version, never trained on
         self.late_by_worker: Counter[str] = Counter()
-        self.delivered: dict[str, float] = {}  # worker -> when its newest transition of this batch arrived
-        self.previous: dict[str, float] = {}  # the workers of the batch before, and when their last rows arrived
+        self.delivered: dict[str, float] = {}  # worker -> when its newest transition of this
+                                               # batch arrived
+        self.previous: dict[str, float] = {}  # the workers of the batch before, and when their
+                                              # last rows arrived
         self.trainer_wait_s = 0.0  # the newest iteration's wait for samples
-        self.worker_wait_s = 0.0  # the newest iteration's mean wait of the workers for weights, as seen here
+        self.worker_wait_s = 0.0  # the newest iteration's mean wait of the workers for
+                                  # weights, as seen here
         self.shortfalls = 0  # batches trained short after the timeout
 
     def announcement(self) -> dict[str, Any]:
@@ -74,8 +78,8 @@ class SyncBatches:
         return {"mode": "sync", "fragment": self.fragment, "batch_mode": self.batch_mode}
 
     def open(self, version: int) -> None:
-        """Batch ``version`` starts (its weights were just published): the workers of the last one now wait for
-        them, from when their last rows arrived."""
+        """Batch ``version`` starts (its weights were just published): the workers of the last one
+        now wait for them, from when their last rows arrived."""
         now = time.monotonic()
         if self.delivered:
             self.worker_wait_s = float(np.mean([now - t for t in self.delivered.values()]))
@@ -83,8 +87,9 @@ class SyncBatches:
         self.version, self.opened, self.steps, self.delivered = version, now, 0, {}
 
     def admit(self, buf: Buffer) -> int:
-        """Mark the transitions of another version than the batch's as late (loss weight 0: the memory leaves them
-        out), count and log them; returns the transitions of this batch's version."""
+        """Mark the transitions of another version than the batch's as late (loss weight 0:
+        the memory leaves them out), count and log them; returns the transitions of
+        this batch's version."""
         ends = ~(buf.reset | buf.context)
         wrong = ends & (buf.policy_version != self.version)
         late = int(wrong.sum())
@@ -94,8 +99,9 @@ class SyncBatches:
             self.late_by_worker[buf.worker] += late
             if worth_logging(self.late_samples, first=5, every=100) or late == int(ends.sum()):
                 versions = sorted(set(buf.policy_version[wrong].tolist()))
-                log.info("%d late samples of worker %s (weights %s) left out of batch v%d, which takes v%d only "
-                         "(%d late in all)", late, buf.worker, ", ".join(f"v{v}" for v in versions), self.version,
+                log.info("%d late samples of worker %s (weights %s) left out of "
+                         "batch v%d, which takes v%d only (%d late in all)",
+                         late, buf.worker, ", ".join(f"v{v}" for v in versions), self.version,
                          self.version, self.late_samples)
         kept = int(ends.sum()) - late
         if kept:
@@ -116,14 +122,18 @@ class SyncBatches:
         return sorted(w for w in self.previous if w not in self.delivered)
 
     def short(self) -> None:
-        """The timeout passed with fewer than frames_per_batch transitions: say so, and who did not deliver."""
+        """The timeout passed with fewer than frames_per_batch transitions: say so,
+        and who did not deliver."""
         self.shortfalls += 1
         missing = self.waiting_for()
-        log.warning("batch v%d is trained with %d of trainer.frames_per_batch %d env steps after "
-                    "trainer.sync_timeout_s (%.1f s): %s", self.version, self.steps, self.frames_per_batch,
-                    self.timeout_s, f"no samples from {', '.join(missing)}, which delivered to the batch before"
-                    if missing else "every worker of the batch before delivered: frames_per_batch may be more than "
-                    "the workers collect per version (workers x envs x rollout_fragment_length)")
+        log.warning("batch v%d is trained with %d of trainer.frames_per_batch %d env "
+                    "steps after trainer.sync_timeout_s (%.1f s): %s",
+                    self.version, self.steps, self.frames_per_batch,
+                    self.timeout_s, f"no samples from {', '.join(missing)}, "
+                                    f"which delivered to the batch before"
+                    if missing else "every worker of the batch before delivered: "
+                                    "frames_per_batch may be more than the workers collect "
+                                    "per version (workers x envs x rollout_fragment_length)")
 
     def live(self) -> dict[str, Any]:
         return {"collection": "sync", "batch_version": self.version, "batch_steps": self.steps,
