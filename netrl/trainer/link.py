@@ -101,7 +101,7 @@ class TrainerLink(NetThread):
                                                # the pipe's socket
         self.live = live  # TrainingOffline.live
         self.record_version = record_version  # notes a version on disk before it is
-                                              # sent (Trainer._record_version)
+                                              # sent (RunSaver.record_version)
         self._status = StatusClock(status_interval_s)
         self.schema = schema
         # checked on every packet before it is inflated

@@ -3,12 +3,12 @@ versioned weights to the server.
 
 The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a
 network thread (:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to
-disk and acknowledges them. The Trainer checkpoints after every epoch and when stopped. A
-restarted Trainer loads the checkpoint, rebuilds the replay memory by replaying the sample log, so
-every sample a worker produced enters the memory exactly once, and continues the weight version
-numbering after the newest version it ever sent out (noted in the run folder before each send: see
-:mod:`netrl.trainer.resume`) and, once connected, after the newest the server or a worker has seen
-(see :mod:`netrl.trainer.link`).
+disk and acknowledges them. The Trainer saves its policy and a checkpoint after every epoch and
+when stopped (see :mod:`netrl.trainer.saving`). A restarted Trainer loads the checkpoint, rebuilds
+the replay memory by replaying the sample log, so every sample a worker produced enters the memory
+exactly once, and continues the weight version numbering after the newest version it ever sent out
+(noted in the run folder before each send: see :mod:`netrl.trainer.resume`) and, once connected,
+after the newest the server or a worker has seen (see :mod:`netrl.trainer.link`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import collections
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +25,23 @@ from netrl.agents.base import ModelSpec
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
-from netrl.errors import CheckpointError, NetrlError
+from netrl.errors import NetrlError
 from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
 from netrl.lifecycle.torch_threads import apply_torch_threads
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
-from netrl.protocol.models import POLICY, check_model_names, version_columns
+from netrl.protocol.models import check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weight_formats import formats_for
 from netrl.protocol.wire import PacketLimits, sample_row_bytes
-from netrl.storage import checkpoint
 from netrl.storage.folderlock import FolderLock
-from netrl.storage.weight_files import remove_stale_temps, write_weights_file
+from netrl.storage.weight_files import remove_stale_temps
 from netrl.trainer.delivery import Deliveries, SampleLog
-from netrl.trainer.link import TrainerLink, write_failed
-from netrl.trainer.resume import agent_state, check_model_path, restore
+from netrl.trainer.link import TrainerLink
+from netrl.trainer.resume import check_model_path, restore
+from netrl.trainer.saving import RunSaver
 from netrl.trainer.status_line import trainer_label
 from netrl.training.loop import TrainingOffline
 from netrl.training.settings import TrainingSettings
@@ -112,7 +111,6 @@ class Trainer:
             check_sample_compressor(sample_compressor)
         self.models = dict(models or {})
         check_model_names(self.models, "Trainer(models=...)")
-        self._published: dict[str, int] = {}  # model -> newest version noted as sent (PUBLISHED)
         self.training_cls = training_cls
         self.network = network or NetworkConfig()
         if server_ip is not None:
@@ -143,10 +141,7 @@ class Trainer:
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
         self.metrics: MetricsLogger | None = None
-        self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to
-                                                    # save (yet)
-        self._policy_saved = False  # by this run (the closing log line must not
-                                    # claim an older file)
+        self._saver = RunSaver(self.run_dir, self.model_path, self.session, config, fsync)
         self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a "
                                              f"Trainer runs once; create a new Trainer on "
                                              f"{self.run_dir} to resume from its checkpoint"),
@@ -274,14 +269,16 @@ class Trainer:
         # bounds only where the workers' compressor sends leaves as the spaces describe them
         if guards is not None:
             guards.limits = schema.limits
-        self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
-                                     deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
-                                     self._record_version, self.weight_format, self.weight_budget_s)
+        self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port,
+                                     self.credit_window, deliveries, sample_log, schema, self.keys,
+                                     self.status_interval, training.live,
+                                     self._saver.record_version, self.weight_format,
+                                     self.weight_budget_s)
         net.version = publisher.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
             schema.leaves)), f"server.max_rows_per_packet is {rows}, in the trainer's config too")
-        self._saved = self._progress()  # what the checkpoint on disk (if any) holds
+        self._saver.note_saved(training, net)  # what the checkpoint on disk (if any) holds
         if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish
                            # nothing, save nothing
             return
@@ -309,100 +306,23 @@ class Trainer:
         restored = restore(training, self.run_dir, resume=self.resume,
                            persist_samples=self.persist_samples, fsync=self.fsync,
                            max_message_bytes=self.network.max_message_bytes, stop=stop)
-        self._published = restored.published
+        self._saver.published = restored.published
         return restored.deliveries, restored.sample_log
 
-    def _record_version(self, version: int, model: str = POLICY) -> None:
-        """Note a weight version (of the policy, or of another ``model``) in the run folder
-        before it is sent (see :func:`checkpoint.record_published`)."""
-        self._published[model] = version
-        others = {name: v for name, v in self._published.items() if name != POLICY}
-        try:
-            checkpoint.record_published(self.run_dir, self._published.get(POLICY, 0), self.fsync,
-                                        **({"models": others} if others else {}))
-        except OSError as exc:
-            raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
-                                  f"; v{version} was not sent, so no number names two actors") from None
-
-    def _progress(self) -> tuple[Any, ...]:
-        """What a checkpoint and the policy file would hold; equal to the last save's
-        means nothing to save."""
-        t, net = self.training, self.net
-        assert t is not None and t.publisher is not None
-        return (t.epoch, t.total_updates, t.total_samples, t.publisher.version,
-                net.ingested if net is not None else None)
-
     def _save(self) -> None:
-        guards = self.training.safeguards if self.training is not None else None
-        # stopped mid-round: keep only a finite state
-        if guards is not None and self.training is not None:
-            guards.settle(self.training.total_updates)
-        self.save_policy()  # first: it may number the actor, which the checkpoint then records
-        self.checkpoint()
-        self._policy_saved = True
-        self._saved = self._progress()
+        """The policy file, then the checkpoint; an actor that needs a version of its own is
+        published under it, unless the trainer is closing (its network thread has halted)."""
+        self._saver.save(self.training, self.net, publish=not self._runs.shutting)
 
     def checkpoint(self) -> None:
         """Save agent, counters, weight version, sample-log position and delivery
         state (atomically)."""
-        training, net = self.training, self.net
-        if training is None or training.agent is None or training.publisher is None or net is None:
-            return
-        state = {**training.state(), "memory_len": len(training.memory) if training.memory is not None else 0,
-                 "log_position": list(net.ingested) if net.ingested is not None else None,
-                 "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
-                 "config": self.config, "agent_state": "full" if training.agent_has_state else "actor"}
-        try:
-            path = checkpoint.save_checkpoint(self.run_dir, agent_state(training), state,
-                                              self.fsync)
-        except OSError as exc:
-            raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
-                                  "previous checkpoint is intact") from None
-        log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)",
-                 path,
-                 training.epoch, training.total_updates, training.publisher.version,
-                 state["memory_len"])
-
-    def _number_actor(self, training: TrainingOffline) -> None:
-        """Give the actor a version of its own before it is saved, so that no number names two
-        actors: published while the network thread runs (after an epoch: the workers get it too),
-        else noted like a sent one."""
-        if self.net is not None and not self._runs.shutting:
-            try:
-                training.publish(self.net)
-                return
-            except NetrlError:  # the network thread has stopped
-                pass
-        publisher = training.publisher
-        assert publisher is not None
-        publisher.version = max(publisher.version, self.net.taken_version() if self.net else -1) + 1
-        self._record_version(publisher.version)
-        publisher.published_updates = training.total_updates
+        self._saver.checkpoint(self.training, self.net)
 
     def save_policy(self) -> None:
         """Write the current actor to ``model_path`` (state_dict plus a JSON
         sidecar with its version)."""
-        training = self.training
-        if training is None or training.agent is None or training.publisher is None:
-            return
-        if training.publisher.published_updates != training.total_updates:  # trained since its last
-            self._number_actor(training)
-        bad = checkpoint.nonfinite_entries(training.agent.get_actor().state_dict())
-        # the loop undoes non-finite steps: this agent changed its actor where
-        # StateGuard could not see it
-        if bad:
-            raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold "
-                                  f"NaN or infinity; {self.model_path} keeps the last "
-                                  f"finite one. Make the agent's state_tensors() "
-                                  f"list every tensor its train() changes")
-        meta = {"version": training.publisher.version, "trained_steps": training.total_updates,
-                "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
-                # whose policy it is (see check_model_path)
-                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}
-        try:
-            write_weights_file(self.model_path, training.agent.get_actor(), meta)
-        except OSError as exc:
-            raise CheckpointError(write_failed("the policy to", self.model_path, exc)) from None
+        self._saver.save_policy(self.training, self.net, publish=not self._runs.shutting)
 
     def close(self) -> None:
         """Checkpoint and save the policy if anything changed since the last save, disconnect and
@@ -433,7 +353,7 @@ class Trainer:
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
         # stopped mid-epoch, or failed
-        unsaved = self._saved is not None and self._progress() != self._saved
+        unsaved = self._saver.unsaved(self.training, self.net)
         if save and unsaved:
             try:
                 self._save()
@@ -456,7 +376,7 @@ class Trainer:
             policy = "the policy could not be saved"
         elif unsaved and not save:
             policy = "what it trained since its last save is not saved"
-        elif not self._policy_saved:
+        elif not self._saver.policy_saved:
             policy = "no policy saved (nothing was trained)"
         else:
             policy = f"policy saved to {self.model_path}"
