@@ -94,7 +94,8 @@ def configure_torch(cfg: Config, role: str) -> None:
 
     from netrl.errors import ConfigError
 
-    wanted = {"worker.device": cfg.worker.device} if role == "worker" else {"trainer.device": cfg.trainer.device}
+    wanted = ({"worker.device": cfg.worker.device} if role == "worker"
+              else {"trainer.device": cfg.trainer.device})
     if role == "trainer":
         from netrl.memory.device import check_storage_device
 
@@ -116,7 +117,8 @@ def folders_used(role: str, cfg: Config) -> str:
     """The absolute folders ``role`` uses, for its first log line: relative paths in config.json
     are relative to the folder netrl starts in (as in tmrl), not to the config file, so the
     same --config started elsewhere quietly starts a new run, or finds no keys."""
-    folders = [("spool folder", cfg.server_spool_dir) if role == "server" else ("run folder", cfg.run_dir)]
+    folders = [("spool folder", cfg.server_spool_dir) if role == "server"
+               else ("run folder", cfg.run_dir)]
     if cfg.security == "curve":
         folders.append(("keys folder", Path(cfg.keys_dir)))
     return ", ".join(f"{what} {os.path.abspath(path)}" for what, path in folders)
@@ -214,8 +216,9 @@ def run_check_env(cfg: Config) -> int:
     pipeline = make_pipeline(cfg)
     route = WireRoute(cfg.worker.compression,
                       lambda obs, act: value_limits(obs, act, cfg.trainer.max_abs_reward))
-    report = preflight(pipeline.env_cls, pipeline.sample_compressor, pipeline.memory_cls, pipeline.overlap,
-                       seed=cfg.seed if cfg.seed is not None else 0, through_wire=route)
+    report = preflight(pipeline.env_cls, pipeline.sample_compressor, pipeline.memory_cls,
+                       pipeline.overlap, seed=cfg.seed if cfg.seed is not None else 0,
+                       through_wire=route)
     print(report.format(), flush=True)
     return 0 if report.ok else 2
 
@@ -247,14 +250,16 @@ def _main(argv: Sequence[str] | None) -> int:
     errors = [ConfigError(flag_problems, "command line")] if flag_problems else []
     # --plot of a folder or file, and --keygen with --keys-dir, need nothing from a config file:
     # without one, the defaults do (a missing config.json is an error for every other use)
-    self_contained = (args.role == "plot" and Path(args.plot).exists()) or (args.role == "keygen" and args.keys_dir)
-    if args.role == "plot" and not self_contained and not Path(args.config).exists():
+    self_contained = ((args.role == "plot" and Path(args.plot).exists())
+                      or (args.role == "keygen" and args.keys_dir))
+    plot_without_file = args.role == "plot" and not Path(args.config).exists()
+    if plot_without_file and not self_contained:
         errors.append(ConfigError([f"--plot {args.plot}: no such run folder or CSV file "
                                    f"here, and no {args.config} to find a run of that "
                                    f"name under its weights_folder"], "command line"))
     try:
-        cfg = load_config(None if self_contained or (args.role == "plot" and not Path(args.config).exists())
-                          else args.config, overrides, args.role)
+        cfg = load_config(None if self_contained or plot_without_file else args.config,
+                          overrides, args.role)
     except ConfigError as exc:
         errors.append(exc)
     if errors:  # the flags' problems and the file's, all at once
@@ -277,7 +282,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
             # a run folder, one of its CSV files, or a run name under weights_folder
             given = Path(args.plot)
-            run_dir = given if given.is_dir() else given.parent if given.is_file() else Path(cfg.weights_folder) / given
+            run_dir = (given if given.is_dir() else given.parent if given.is_file()
+                       else Path(cfg.weights_folder) / given)
             log.info("wrote %s", plot_run(run_dir))
         else:
             log.info("%s", folders_used(args.role, cfg))
