@@ -198,8 +198,8 @@ def _too_deep(data: Any) -> str | None:
 
 def check_value(key: str, value: Any) -> str | None:
     """What is wrong with setting the dotted ``key`` to ``value``, checked on its own (e.g.
-    "must be >= 1"), or None. ``__main__`` checks its flags with this, so that a bad flag is
-    not blamed on config.json.
+    "must be >= 1"), or None. :mod:`netrl.config.flags` checks the flags with this, so that a bad
+    flag is not blamed on config.json.
 
     Raises:
         KeyError: ``key`` is not a setting.
