@@ -24,7 +24,9 @@ import numpy as np
 import pytest
 
 import benchmarks
+from benchmarks.learning import figures
 from benchmarks.learning.loop import Judge, Progress, medians, run_one
+from benchmarks.learning.rows import LearningRow
 from benchmarks.results import Row, number, table, write
 from benchmarks.run import FAMILIES
 from benchmarks.settings import resolve
@@ -184,3 +186,22 @@ def test_the_loop_evaluates_a_frozen_policy_every_n_env_steps(
     assert out.count("dqn seed 1: 300 env steps, policy's mean") == 2
     assert "dqn seed 1: 600 env steps, policy's mean" in out  # every 300 env steps
     assert "not reached; its last warnings and errors:\n    a warning" in out
+
+
+def test_a_ratio_target_is_not_met_by_runs_that_never_got_there() -> None:
+    """A run that never reaches the return counts as the budget in the medians; two such budgets
+    make a ratio, but no verdict: the target is met only when every judged run got there."""
+    judge = Judge(threshold=-200.0)
+    row = LearningRow("test", judge, {}, max_steps=600, reference="single", judged=("pipeline",),
+                      target_ratio=1.5, compare="wall_s")
+
+    def run(variant: str, steps: int | None, wall_s: float) -> dict[str, Any]:
+        return {"variant": variant, "seed": 1, "steps": steps, "wall_s": wall_s}
+
+    def verdict(pipeline_steps: int | None) -> Any:
+        runs = [run("single", 500, 40.0), run("pipeline", pipeline_steps, 30.0)]
+        rows = figures("test", row, runs, (1,), 600)
+        return next(r.met for r in rows if r.row == "test: pipeline" and r.unit == "s")
+
+    assert verdict(500) is True
+    assert verdict(None) is False  # 30 s against 40 s, but it never got there

@@ -158,7 +158,9 @@ def _target(row: LearningRow, variant: str, kind: str, mine: list[dict[str, Any]
     parts, met = [], True
     if row.target_ratio is not None and kind == row.compare:
         parts.append(f"<= {row.target_ratio:g}x {row.reference}")
-        met = met and ratio is not None and ratio <= row.target_ratio
+        # a run that never got there counts as the budget: a ratio of budgets says nothing
+        met = met and ratio is not None and ratio <= row.target_ratio and all(
+            r["steps"] is not None for r in mine)
     if row.target_steps is not None and kind == "steps":
         parts.append(f"median <= {row.target_steps:,} env steps")
         reached = statistics.median(r["steps"] if r["steps"] is not None else float("inf")
