@@ -1,48 +1,57 @@
 """ActorModule: the policy a RolloutWorker runs and the Trainer optimises, as in tmrl.
 
 A subclass is a ``torch.nn.Module`` built from ``(observation_space, action_space)`` that implements
-``act(obs, test=False)``, where ``obs`` is already a batch of tensors (or a tuple/dict of them) with a leading
-dimension ``B``, on the module's device. The worker never calls ``act`` itself: it calls :meth:`ActorModule.act_`,
-which collates raw numpy observations. The calling sequence::
+``act(obs, test=False)``, where ``obs`` is already a batch of tensors (or a tuple/dict of them)
+with a leading dimension ``B``, on the module's device. The worker never calls ``act`` itself: it
+calls :meth:`ActorModule.act_`, which collates raw numpy observations. The calling sequence::
 
     actor = MyActorModule(env.observation_space, env.action_space).to(device)
-    action = actor.act_(obs, test=False)                  # one observation -> one action (B = 1)
-    actions = actor.act_(obs_batch, test=False, batch=True)  # N observations (a vector env's) -> N actions
+    action = actor.act_(obs, test=False)                     # one observation -> one action (B = 1)
+    actions = actor.act_(obs_batch, test=False, batch=True)  # N observations (a vector env's)
+                                                             # -> N actions
 
 The ``act`` contract, which the built-in agents follow and new ones should:
 
-* ``act`` returns a numpy array of shape ``(B, *action_space.shape)``: one action per observation, for any
-  ``B >= 1``. A Discrete action space has shape ``()``, so its batch of actions has shape ``(B,)``.
-* ``act_(obs)`` (one observation) unwraps such a ``(1, *action_space.shape)`` result to the single action.
-* ``act_(obs, batch=True)`` requires it, and raises ValueError naming the actor when ``act`` returns anything
-  else for a batch of ``N > 1``: a worker with ``worker.num_envs > 1`` makes one such call per vector step.
-* tmrl-style actors, whose ``act`` returns one action shaped like the action space (``a.squeeze()``, ``a[0]``),
-  keep working through ``act_(obs)``, so with ``worker.num_envs = 1``; they need the change above for more envs.
-* ``test`` is one flag for the whole batch. A worker whose envs mix test and training episodes calls ``act_``
-  once for each group.
+* ``act`` returns a numpy array of shape ``(B, *action_space.shape)``: one action per
+  observation, for any ``B >= 1``. A Discrete action space has shape ``()``, so its batch of
+  actions has shape ``(B,)``.
+* ``act_(obs)`` (one observation) unwraps such a ``(1, *action_space.shape)``
+  result to the single action.
+* ``act_(obs, batch=True)`` requires it, and raises ValueError naming the actor when ``act``
+  returns anything else for a batch of ``N > 1``: a worker with ``worker.num_envs > 1`` makes
+  one such call per vector step.
+* tmrl-style actors, whose ``act`` returns one action shaped like the action space (``a.squeeze()``,
+  ``a[0]``), keep working through ``act_(obs)``, so with ``worker.num_envs = 1``; they need
+  the change above for more envs.
+* ``test`` is one flag for the whole batch. A worker whose envs mix test and training episodes
+  calls ``act_`` once for each group.
 
-Extra outputs: an actor may return named per-observation values with its actions (a log-probability, a value
-estimate), which the worker records in each row and the trainer's memory hands the agent as ``Batch.extra`` (see
-:mod:`netrl.samples`). It declares them with :meth:`ActorModule.extra_outputs`, and its ``act`` then returns
-``(actions, {name: array of shape (B, *shape)})``; ``act_`` returns ``(action, {name: array of shape})`` for one
-observation and ``(actions, extras)`` for a batch. An actor that declares none returns actions alone, as before::
+Extra outputs: an actor may return named per-observation values with its actions (a
+log-probability, a value estimate), which the worker records in each row and the trainer's
+memory hands the agent as ``Batch.extra`` (see :mod:`netrl.samples`). It declares them with
+:meth:`ActorModule.extra_outputs`, and its ``act`` then returns ``(actions, {name: array of shape
+(B, *shape)})``; ``act_`` returns ``(action, {name: array of shape})`` for one observation and
+``(actions, extras)`` for a batch. An actor that declares none returns actions alone, as before::
 
     def extra_outputs(self):
         return {"action_log_prob": ((), "float32"), "state_value": ((), "float32")}
 
-Recurrent state: an actor that remembers (an RNN over its observations, for a partially observed env) declares its
-per-env state with :meth:`ActorModule.recurrent_state`, name -> (per-env shape, dtype), TorchRL's names::
+Recurrent state: an actor that remembers (an RNN over its observations, for a partially observed
+env) declares its per-env state with :meth:`ActorModule.recurrent_state`, name -> (per-env
+shape, dtype), TorchRL's names::
 
     def recurrent_state(self):  # a GRU; an LSTM has "recurrent_state_h" and "recurrent_state_c"
         return {"recurrent_state": ((1, 64), "float32")}
 
-Its ``act`` then takes the state and returns the next one: ``act(obs, state=None, test=False)`` with ``state`` a
-dict of tensors shaped ``(B, *shape)`` (None: the initial state, zeros), returning ``(actions, new_state)``, or
-``(actions, new_state, extras)`` when it declares extra outputs too. The worker keeps one state per env (zeros at
-each episode start) and calls ``act_(obs, test, batch, state=...)``, which returns ``(actions, new_state)`` or
-``(actions, new_state, extras)`` with numpy arrays. The state that *entered* each step travels with the step's row
-as extra outputs of the same names (:func:`declared_extras` adds them), so a memory stores it with each row, as
-R2D2 does, and a sampled sequence starts from the state the worker really had.
+Its ``act`` then takes the state and returns the next one: ``act(obs, state=None, test=False)``
+with ``state`` a dict of tensors shaped ``(B, *shape)`` (None: the initial state, zeros),
+returning ``(actions, new_state)``, or ``(actions, new_state, extras)`` when it declares
+extra outputs too. The worker keeps one state per env (zeros at each episode start) and
+calls ``act_(obs, test, batch, state=...)``, which returns ``(actions, new_state)`` or
+``(actions, new_state, extras)`` with numpy arrays. The state that *entered* each step
+travels with the step's row as extra outputs of the same names (:func:`declared_extras` adds
+them), so a memory stores it with each row, as R2D2 does, and a sampled sequence starts from
+the state the worker really had.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from netrl.samples import MAX_EXTRAS, ExtraSpec, check_extra_spec, tree_map
+from netrl.samples.columns import MAX_EXTRAS, ExtraSpec, check_extra_spec, tree_map
 
 __all__ = ["ActorModule", "declared_extras"]
 
@@ -74,15 +83,15 @@ class ActorModule(torch.nn.Module, ABC):
         return torch.device("cpu")
 
     def extra_outputs(self) -> ExtraSpec:
-        """The extra outputs ``act`` returns with its actions: name -> (per-row shape, numpy dtype string), e.g.
-        ``{"action_log_prob": ((), "float32")}``. Names are lowercase identifiers of at most 32 characters. None by
-        default: ``act`` returns actions only."""
+        """The extra outputs ``act`` returns with its actions: name -> (per-row shape, numpy
+        dtype string), e.g. ``{"action_log_prob": ((), "float32")}``. Names are lowercase
+        identifiers of at most 32 characters. None by default: ``act`` returns actions only."""
         return {}
 
     def recurrent_state(self) -> ExtraSpec:
-        """The state a recurrent actor keeps per env: name -> (per-env shape, numpy dtype string), e.g.
-        ``{"recurrent_state": ((1, 64), "float32")}``; zeros at each episode start (see the module's docstring).
-        None by default: ``act`` takes no state."""
+        """The state a recurrent actor keeps per env: name -> (per-env shape, numpy dtype string),
+        e.g. ``{"recurrent_state": ((1, 64), "float32")}``; zeros at each episode start (see the
+        module's docstring). None by default: ``act`` takes no state."""
         return {}
 
     @abstractmethod
@@ -90,35 +99,39 @@ class ActorModule(torch.nn.Module, ABC):
         """Compute actions from a batch of observations (tensors with a leading dimension ``B``).
 
         Args:
-            obs: a tensor, or a tuple/dict of tensors, shaped ``(B, *obs_shape)`` on this module's device.
+            obs: a tensor, or a tuple/dict of tensors, shaped ``(B, *obs_shape)`` on
+                this module's device.
             test: True for test episodes, which usually act deterministically.
 
         Returns:
-            ``B`` actions as a numpy array shaped ``(B, *action_space.shape)`` (see the module's docstring; a
-            tmrl-style actor may return the one action of a batch of 1 instead, and then serves one env only).
-            With :meth:`extra_outputs` declared: ``(actions, {name: array shaped (B, *shape)})``.
+            ``B`` actions as a numpy array shaped ``(B, *action_space.shape)`` (see the
+            module's docstring; a tmrl-style actor may return the one action of a batch of 1
+            instead, and then serves one env only). With :meth:`extra_outputs` declared:
+            ``(actions, {name: array shaped (B, *shape)})``.
         """
 
     def act_(self, obs: Any, test: bool = False, batch: bool = False, state: dict[str, Any] | None = None) -> Any:
         """Collate raw observations to tensors on this module's device and call :meth:`act`.
 
         Args:
-            obs: one observation (``batch=False``), or a tree whose leaves have a leading dimension ``N``, one row
-                per env, as Gymnasium's vector envs return them (``batch=True``).
+            obs: one observation (``batch=False``), or a tree whose leaves have a leading dimension
+                ``N``, one row per env, as Gymnasium's vector envs return them (``batch=True``).
             test: passed on to :meth:`act`.
             batch: whether ``obs`` is a batch.
-            state: a recurrent actor's state (:meth:`recurrent_state`), arrays shaped ``(N, *shape)`` for a batch
-                and ``(*shape)`` for one observation; None: the initial state.
+            state: a recurrent actor's state (:meth:`recurrent_state`), arrays shaped
+                ``(N, *shape)`` for a batch and ``(*shape)`` for one observation;
+                None: the initial state.
 
         Returns:
-            one action shaped like the action space, or ``N`` actions shaped ``(N, *action_space.shape)``; with
-            :meth:`extra_outputs` declared, ``(actions, extras)``, each extra shaped ``(*shape)`` for one
-            observation and ``(N, *shape)`` for a batch, in its declared dtype. A recurrent actor's:
+            one action shaped like the action space, or ``N`` actions shaped
+            ``(N, *action_space.shape)``; with :meth:`extra_outputs` declared,
+            ``(actions, extras)``, each extra shaped ``(*shape)`` for one observation
+            and ``(N, *shape)`` for a batch, in its declared dtype. A recurrent actor's:
             ``(actions, new_state)``, or ``(actions, new_state, extras)``.
 
         Raises:
-            ValueError: ``batch`` is True and :meth:`act` did not return one action per observation, or the extras
-                are not the declared ones, in their declared shapes.
+            ValueError: ``batch`` is True and :meth:`act` did not return one action per
+                observation, or the extras are not the declared ones, in their declared shapes.
         """
         declared = self.extra_outputs()
         if self.recurrent_state():
@@ -145,14 +158,16 @@ class ActorModule(torch.nn.Module, ABC):
             with torch.no_grad():
                 out = self.act(tensors, test=test)
         if shape is not None and np.shape(out) != (n, *shape):
-            raise ValueError(f"{type(self).__name__}.act returned an array of shape {np.shape(out)} for a batch of {n} "
-                             f"observations; a worker with several envs needs one action per observation, shape "
-                             f"{(n, *shape)}: make act() return the whole batch (see netrl.actor), or run this actor "
-                             "with worker.num_envs = 1")
+            raise ValueError(f"{type(self).__name__}.act returned an array of shape "
+                             f"{np.shape(out)} for a batch of {n} observations; a worker "
+                             f"with several envs needs one action per observation, shape "
+                             f"{(n, *shape)}: make act() return the whole batch (see "
+                             f"netrl.actor), or run this actor with worker.num_envs = 1")
         return np.asarray(out)
 
     def _act_with_extras(self, obs: Any, test: bool, batch: bool, declared: ExtraSpec, out: Any = None) -> Any:
-        """``act_`` for actions with extra outputs (``out``: what ``act`` already returned, as (actions, extras))."""
+        """``act_`` for actions with extra outputs (``out``: what ``act`` already returned, as
+        (actions, extras))."""
         name = type(self).__name__
         spec = check_extra_spec(declared, name)
         if out is None:
@@ -162,21 +177,23 @@ class ActorModule(torch.nn.Module, ABC):
             with torch.no_grad():
                 out = self.act(tensors, test=test)
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
-            raise ValueError(f"{name} declares extra outputs {sorted(spec)}, so its act() must return (actions, "
-                             f"{{name: array}}); it returned a {type(out).__name__}")
+            raise ValueError(f"{name} declares extra outputs {sorted(spec)}, so "
+                             f"its act() must return (actions, {{name: "
+                             f"array}}); it returned a {type(out).__name__}")
         actions, extras = out
         n = 1 if not batch else _rows(obs)
         if extras.keys() != spec.keys():
-            raise ValueError(f"{name}.act() returned the extra outputs {sorted(extras)}, but extra_outputs() declares "
-                             f"{sorted(spec)}: return exactly those")
+            raise ValueError(f"{name}.act() returned the extra outputs {sorted(extras)}, but "
+                             f"extra_outputs() declares {sorted(spec)}: return exactly those")
         checked = {}
         for key, (shape, dtype) in spec.items():
             value = extras[key]
             value = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
             if value.shape != (n, *shape) or (value.dtype.kind == "f" and dtype.kind in "biu"):
-                raise ValueError(f"{name}.act() returned the extra output {key!r} as {value.dtype} of shape "
-                                 f"{value.shape} for {n} observations; extra_outputs() declares {dtype} of shape "
-                                 f"{shape} per observation, so it must be shaped {(n, *shape)}")
+                raise ValueError(f"{name}.act() returned the extra output {key!r} as "
+                                 f"{value.dtype} of shape {value.shape} for {n} observations; "
+                                 f"extra_outputs() declares {dtype} of shape {shape} per "
+                                 f"observation, so it must be shaped {(n, *shape)}")
             checked[key] = value.astype(dtype, copy=False) if batch else value[0].astype(dtype, copy=False)
         return self._act_only(obs, test, batch, actions), checked
 
@@ -190,31 +207,32 @@ class ActorModule(torch.nn.Module, ABC):
         if state is None:
             state = {k: np.zeros((n, *shape) if batch else shape, dtype) for k, (shape, dtype) in spec.items()}
         if state.keys() != spec.keys():
-            raise ValueError(f"{name}.act_ got the recurrent state {sorted(state)}; recurrent_state() declares "
-                             f"{sorted(spec)}")
+            raise ValueError(f"{name}.act_ got the recurrent state {sorted(state)}; "
+                             f"recurrent_state() declares {sorted(spec)}")
         state_in = {k: torch.as_tensor(np.asarray(v), device=device) for k, v in state.items()}
         if not batch:
             tensors = tree_map(lambda t: t.unsqueeze(0), tensors)
             state_in = {k: v.unsqueeze(0) for k, v in state_in.items()}
         with torch.no_grad():
-            out = self.act(tensors, state=state_in, test=test)  # type: ignore[call-arg]  # a recurrent act's form
+            # a recurrent act's form
+            out = self.act(tensors, state=state_in, test=test)  # type: ignore[call-arg]
         size = 3 if declared else 2
         if not (isinstance(out, tuple) and len(out) == size and isinstance(out[1], dict)):
             form = "(actions, new_state, extras)" if declared else "(actions, new_state)"
-            raise ValueError(f"{name} declares a recurrent state {sorted(spec)}, so its act(obs, state, test) must "
-                             f"return {form}; it returned a {type(out).__name__}"
+            raise ValueError(f"{name} declares a recurrent state {sorted(spec)}, so its act(obs, "
+                             f"state, test) must return {form}; it returned a {type(out).__name__}"
                              + (f" of {len(out)}" if isinstance(out, tuple) else ""))
         new_state = {}
         if out[1].keys() != spec.keys():
-            raise ValueError(f"{name}.act() returned the state {sorted(out[1])}; recurrent_state() declares "
-                             f"{sorted(spec)}: return exactly those")
+            raise ValueError(f"{name}.act() returned the state {sorted(out[1])}; "
+                             f"recurrent_state() declares {sorted(spec)}: return exactly those")
         for key, (shape, dtype) in spec.items():
             value = out[1][key]
             value = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
             if value.shape != (n, *shape):
-                raise ValueError(f"{name}.act() returned the state {key!r} of shape {value.shape} for {n} "
-                                 f"observations; recurrent_state() declares {shape} per env, so it must be shaped "
-                                 f"{(n, *shape)}")
+                raise ValueError(f"{name}.act() returned the state {key!r} of shape "
+                                 f"{value.shape} for {n} observations; recurrent_state() "
+                                 f"declares {shape} per env, so it must be shaped {(n, *shape)}")
             new_state[key] = value.astype(dtype, copy=False) if batch else value[0].astype(dtype, copy=False)
         if not declared:
             return self._act_only(obs, test, batch, out[0]), new_state
@@ -223,9 +241,9 @@ class ActorModule(torch.nn.Module, ABC):
 
 
 def declared_extras(actor: Any) -> ExtraSpec:
-    """What every row carries for ``actor``: its ``extra_outputs()`` and its ``recurrent_state()`` (``{}`` for an actor
-    that has neither, tmrl-style ones too), checked; ValueError naming the actor and the entry that is wrong, or a
-    name declared twice."""
+    """What every row carries for ``actor``: its ``extra_outputs()`` and its ``recurrent_state()``
+    (``{}`` for an actor that has neither, tmrl-style ones too), checked; ValueError naming the
+    actor and the entry that is wrong, or a name declared twice."""
     owner = type(actor).__name__
     out: ExtraSpec = {}
     for method_name in ("extra_outputs", "recurrent_state"):
@@ -235,11 +253,12 @@ def declared_extras(actor: Any) -> ExtraSpec:
         spec = check_extra_spec(method(), owner)
         both = sorted(set(spec) & set(out))
         if both:
-            raise ValueError(f"{owner} declares {both} both as extra outputs and as recurrent state: name them apart")
+            raise ValueError(f"{owner} declares {both} both as extra outputs "
+                             f"and as recurrent state: name them apart")
         out.update({name: (shape, dtype.str) for name, (shape, dtype) in spec.items()})
     if len(out) > MAX_EXTRAS:
-        raise ValueError(f"{owner} declares {len(out)} extra outputs and recurrent state leaves together; at most "
-                         f"{MAX_EXTRAS} travel with a row")
+        raise ValueError(f"{owner} declares {len(out)} extra outputs and recurrent state "
+                         f"leaves together; at most {MAX_EXTRAS} travel with a row")
     return out
 
 

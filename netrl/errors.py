@@ -4,18 +4,23 @@
 
     NetrlError                  anything netrl raises on purpose
     ├── ConfigError             config.json or a CLI flag is invalid (exit code 2)
-    ├── ProtocolError           a message broke the wire contract; the receiver logs, counts and drops it
+    ├── ProtocolError           a message broke the wire contract; the receiver logs, counts and
+    │                           drops it
     │   ├── MalformedMessage    bad frame count, header, dtype, shape, size or body field
     │   ├── VersionMismatch     the peer speaks another protocol version
     │   └── RoleViolation       the peer sent a message its role may not send
     ├── SampleRejected          a well-formed sample packet does not match the expected spaces
     ├── PeerLost                a peer stayed silent past its liveness window
-    ├── TransportError          a socket could not be bound or connected (says which config key to change)
+    ├── TransportError          a socket could not be bound or connected (says which config key
+    │                           to change)
     ├── SecurityError           keys are missing or a setting would expose an unencrypted port
     ├── FolderInUse             another live process holds this run folder or spool folder
-    ├── EnvFailure              an env call hung, or a thread of the env died (the worker stops, exit code 1)
-    ├── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the model
-    └── TrainingDiverged        training steps kept going non-finite (trainer.max_nonfinite_steps in a row)
+    ├── EnvFailure              an env call hung, or a thread of the env died (the worker stops,
+    │                           exit code 1)
+    ├── CheckpointError         a checkpoint or weights file is missing, torn or does not fit the
+    │                           model
+    └── TrainingDiverged        training steps kept going non-finite
+                                (trainer.max_nonfinite_steps in a row)
 
 Every message says what went wrong and, where there is one, what to do about it.
 """
@@ -103,9 +108,10 @@ class FolderInUse(NetrlError):
 
 
 class EnvFailure(NetrlError):
-    """An env call did not return within its time limit, or a thread of the process (one the env runs) died."""
+    """An env call did not return within its time limit, or a thread of the process
+    (one the env runs) died."""
 
 
 class TrainingDiverged(NetrlError):
-    """Training steps kept making the losses or the agent's state non-finite: each was undone, and after
-    ``trainer.max_nonfinite_steps`` of them in a row the trainer stops (exit code 1)."""
+    """Training steps kept making the losses or the agent's state non-finite: each was undone, and
+    after ``trainer.max_nonfinite_steps`` of them in a row the trainer stops (exit code 1)."""

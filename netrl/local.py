@@ -1,7 +1,8 @@
 """Single-process mode: one RolloutWorker and one TrainingOffline in one thread, with no networking.
 
-The worker steps exactly as many env steps as the training loop asks for, so the update-to-data schedule is the
-same as the networked pipeline's. Used as the baseline in scripts/bench_learning.py and for debugging pipelines.
+The worker steps exactly as many env steps as the training loop asks for, so the update-to-data
+schedule is the same as the networked pipeline's. Used as the baseline in `python -m benchmarks
+learning` and for debugging pipelines.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from typing import Any
 import torch
 
 from netrl.protocol.weights import load_weights, state_arrays
-from netrl.samples import Buffer
-from netrl.training import TrainingOffline
+from netrl.samples.columns import Buffer
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 
 __all__ = ["LocalSource", "run_local"]
 
 
 class LocalSource:
-    """A :class:`~netrl.training.SampleSource` that runs a local worker on demand."""
+    """A :class:`~netrl.training.loop.SampleSource` that runs a local worker on demand."""
 
     def __init__(self, worker: RolloutWorker) -> None:
         self.worker = worker
@@ -41,7 +42,7 @@ class LocalSource:
                 next(self._episode)
             except StopIteration:
                 self._episode = None
-        w._send_packet()  # hand over whatever was produced, even a partial packet
+        w.sink.send()  # hand over whatever was produced, even a partial packet
         assert w.local_packets is not None
         out, w.local_packets[:] = list(w.local_packets), []
         return out
@@ -50,8 +51,9 @@ class LocalSource:
         """Nothing to wait for: :meth:`fetch` produces samples on demand."""
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int, model: str = "policy") -> None:
-        """Load a version into the worker's actor, or into its target of an extra model (env.normalize_obs's
-        ``obs_norm``: the worker normalises with the statistics the trainer's batches use)."""
+        """Load a version into the worker's actor, or into its target of an extra model
+        (env.normalize_obs's ``obs_norm``: the worker normalises with the statistics the
+        trainer's batches use)."""
         w = self.worker
         if w.env is None:
             w.start()
@@ -75,7 +77,8 @@ class LocalSource:
 
 def run_local(training: TrainingOffline, worker: RolloutWorker, stop: threading.Event,
               on_round: Any = None) -> None:
-    """Train ``training`` on samples from ``worker`` in this thread until its epochs are done or ``stop``."""
+    """Train ``training`` on samples from ``worker`` in this thread until its epochs
+    are done or ``stop``."""
     source = LocalSource(worker)
     training.start(source)
     try:

@@ -2,7 +2,8 @@
 
 A SAC agent often keeps a gradient-free view of its model to hand the actor out::
 
-    model_nograd = cached_property(lambda self: no_grad(copy_shared(self.model)))  # in the class body
+    # in the class body
+    model_nograd = cached_property(lambda self: no_grad(copy_shared(self.model)))
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ M = TypeVar("M", bound=torch.nn.Module)
 
 
 def copy_shared(module: M) -> M:
-    """A copy of ``module`` whose parameters and buffers share memory with the original's: the copy is a second set
-    of module objects (so its ``requires_grad`` flags can differ) that always holds the original's current values."""
+    """A copy of ``module`` whose parameters and buffers share memory with the original's: the
+    copy is a second set of module objects (so its ``requires_grad`` flags can differ) that always
+    holds the original's current values."""
     twin = copy.deepcopy(module)
     original = module.state_dict(keep_vars=True)
     for name, tensor in twin.state_dict(keep_vars=True).items():

@@ -1,5 +1,6 @@
-"""Rewrite the configuration table in docs/configuration.md from netrl/config/sections.py (run after changing a
-config field); with --check, only say whether the page is up to date (exit 1 if not), as tests/test_docs.py does."""
+"""Rewrite the configuration table in docs/configuration.md from netrl/config/sections.py, and
+the table of renamed keys from netrl/config/renamed.py (run after changing a config field); with
+--check, only say whether the page is up to date (exit 1 if not), as tests/test_docs.py does."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from netrl.config.renamed import RENAMED
 from netrl.config.sections import describe_fields
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -17,6 +19,11 @@ START, END = "<!-- config-table -->", "<!-- /config-table -->"
 def table() -> str:
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [f"| `{key}` | `{default}` | {help_text} |" for key, default, help_text in describe_fields()]
+    rows += ["", "Renamed keys: the old name still works, with a deprecation message that names",
+             "the new key; a config that sets both is refused.", "", "| old key | new key |",
+             "|---|---|"]
+    rows += [f"| `{old}` | {' and '.join(f'`{k}`' for k in new)} |"
+             for old, new in RENAMED.items()]
     return "\n".join(rows)
 
 

@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-.venv/bin/ruff check netrl tests scripts
+.venv/bin/ruff check netrl tests scripts benchmarks
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

@@ -18,7 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "netrl"
 ROLES = ("netrl.server", "netrl.worker", "netrl.trainer")
+# packages, so that a module added to one is guarded with it; nothing of the RL half sits loose at the top level
 RL_HALF = ("netrl.agents", "netrl.memory", "netrl.envs", "netrl.training", "netrl.samples")
+# what may sit loose at netrl/ top level: anything else belongs in a package (docs/development.md's module map)
+TOP_LEVEL = ["__init__", "__main__", "actor", "errors", "launch", "local", "nn", "util"]
 NETWORK = ("netrl.net", "netrl.protocol", *ROLES)
 
 
@@ -141,6 +144,15 @@ def test_the_graph_sees_every_module_and_resolves_relative_and_module_imports(tm
     assert len(GRAPH) > 70 and "netrl.server.server" in GRAPH and "netrl.protocol.wire" in GRAPH
 
 
+def test_the_top_level_holds_only_the_listed_modules() -> None:
+    assert sorted(p.stem for p in ROOT.glob("*.py")) == TOP_LEVEL
+
+
+def test_the_rl_half_is_packages() -> None:
+    """The RL half is guarded by package: each name above must be a package, or its new modules go unguarded."""
+    assert all((ROOT / name.split(".")[1] / "__init__.py").is_file() for name in RL_HALF)
+
+
 def test_no_import_cycles() -> None:
     assert cycles(GRAPH) == []
 
@@ -160,8 +172,8 @@ def test_the_rl_half_never_imports_the_network() -> None:
 
 
 # Each entry point of the RL half, imported alone in a fresh interpreter: what it loads, not only what it names.
-RL_ENTRY_POINTS = ["netrl.training", "netrl.memory", "netrl.agents", "netrl.envs.gym", "netrl.envs.image",
-                   "netrl.envs.realtime", "netrl.envs.checks", "netrl.samples", "netrl.local"]
+RL_ENTRY_POINTS = ["netrl.training", "netrl.training.loop", "netrl.memory", "netrl.agents", "netrl.envs.gym",
+                   "netrl.envs.image", "netrl.envs.realtime", "netrl.envs.checks", "netrl.samples", "netrl.local"]
 
 
 def loaded_after_import(module: str) -> list[str]:

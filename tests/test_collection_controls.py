@@ -15,7 +15,7 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs.gym import GenericGymEnv
 from netrl.local import run_local
 from netrl.memory.replay import ReplayMemory
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 
@@ -99,7 +99,7 @@ def test_random_actions_are_reproducible_per_seed_and_within_the_action_space() 
         worker.local_packets = []
         try:
             worker.run_episode()
-            worker._send_packet()
+            worker.sink.send()
             assert worker.local_packets
             return np.concatenate([b.act[~(b.reset | b.context)] for b in worker.local_packets])
         finally:

@@ -150,7 +150,8 @@ def test_a_custom_pipeline_module_runs_with_python_m_netrl_and_deploys(tmp_path:
 
 
 def test_every_example_is_linked_from_the_docs() -> None:
-    docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    docs = "\n".join(p.read_text() for p in pages)
     for path in [*EXAMPLES.glob("*.py"), EXAMPLES / "custom_pipeline"]:
         assert f"examples/{path.name}" in docs, f"no page of the docs links examples/{path.name}"
     named = set(re.findall(r"(?<![\w./-])(examples/[\w./-]*\w)", docs))

@@ -20,7 +20,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, ExtraSpec
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, Counter, TagActor, wait_until
@@ -194,7 +194,7 @@ def test_random_actions_hold_zeros_and_test_episodes_leave_the_rows_of_the_other
                            init_random_frames=10)
     worker.local_packets = []
     worker.trainer_samples = 0  # the single-process mode's count: random actions until it reaches 10
-    original, calls = worker.random_actions, [0]
+    original, calls = worker.policy.random_actions, [0]
 
     def random_then_policy(obs: Any, n: int | None = None) -> Any:
         calls[0] += 1
@@ -202,9 +202,9 @@ def test_random_actions_hold_zeros_and_test_episodes_leave_the_rows_of_the_other
             worker.trainer_samples = 10
         return original(obs, n)
 
-    worker.random_actions = random_then_policy  # type: ignore[method-assign]
+    worker.policy.random_actions = random_then_policy  # type: ignore[method-assign]
     worker.run(1, nb_episodes=8)
-    worker._send_packet()
+    worker.sink.send()
     rows = [(o, b.extra["action_log_prob"][i], b.reset[i] or b.context[i], b.act[i])
             for b in worker.local_packets for i, o in enumerate(b.obs) if b.extra is not None]
     assert len(rows) == sum(len(b) for b in worker.local_packets)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from netrl.lifecycle import RunStop, ctrl_c_stops
+from netrl.lifecycle.runs import RunStop, ctrl_c_stops
 
 
 @pytest.fixture(autouse=True)

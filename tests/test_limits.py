@@ -11,13 +11,13 @@ import pytest
 
 from netrl.envs.checks import value_limits
 from netrl.errors import MalformedMessage, SampleRejected
-from netrl.limits import Bounds, ValueLimits
 from netrl.memory.action_buffer import ActionBufferCompressor
 from netrl.memory.frames import FrameStackCompressor
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode, encode, samples_message
 from netrl.samples import Buffer
+from netrl.samples.value_limits import Bounds, ValueLimits
 from tests.fakes import ACT, sample_buffer
 
 OBS = gymnasium.spaces.Tuple((gymnasium.spaces.Box(-3, 3, (3,), np.float32),

@@ -14,7 +14,8 @@ import netrl
 from tests.fakes import imported_modules
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted((ROOT / "netrl").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
+SOURCES = [*sorted((ROOT / "netrl").rglob("*.py")), *sorted((ROOT / "scripts").rglob("*.py")),
+           *sorted((ROOT / "benchmarks").rglob("*.py"))]
 
 
 def test_public_names_are_pinned() -> None:
@@ -38,6 +39,10 @@ SECOND_LEVEL = {
     "netrl.config": ["AgentConfig", "Config", "EnvConfig", "MemoryConfig", "NetworkConfig", "ServerConfig",
                      "TrainerConfig", "WandbConfig", "WorkerConfig", "check_value", "config_from_dict",
                      "config_to_dict", "describe_fields", "load_config"],
+    "netrl.training": ["SampleSource", "TrainingAgent", "TrainingOffline", "TrainingSettings"],
+    "netrl.worker": ["RolloutWorker", "WorkerSettings"],
+    "netrl.samples": ["Batch", "Buffer", "BufferBuilder", "EpisodeStats", "ExtraSpec", "Spec", "check_extra_spec",
+                      "concat_segments", "flatten", "row", "tree_map", "unflatten"],
     "netrl.errors": ["CheckpointError", "ConfigError", "EnvFailure", "FolderInUse", "MalformedMessage", "NetrlError",
                      "PeerLost", "ProtocolError", "RoleViolation", "SampleRejected", "SecurityError",
                      "TrainingDiverged", "TransportError", "VersionMismatch"],

@@ -19,7 +19,7 @@ from netrl.agents.base import TrainingAgent
 from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.errors import NetrlError
 from netrl.samples import Batch, Buffer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import ListSource
 
@@ -63,7 +63,7 @@ def test_packets_with_extreme_values_are_refused_named_counted_and_training_stay
         field: str, value: float, named: str, caplog: pytest.LogCaptureFixture) -> None:
     t = training(steps=40, start_training=0)
     bufs = [packet(1), *(packet(seq, "robot-2", field=field, value=value) for seq in range(2, 7)), packet(7)]
-    with caplog.at_level(logging.WARNING, logger="netrl.safeguards"):
+    with caplog.at_level(logging.WARNING, logger="netrl.training.safeguards"):
         rounds = list(t.run_epoch(ListSource(bufs), threading.Event()))  # type: ignore[arg-type]
     assert t.total_samples == 2 * 39 and t.memory is not None and len(t.memory) == 2 * 39  # none of robot-2's
     assert t.safeguards is not None and t.safeguards.refused == 5
@@ -129,7 +129,7 @@ def test_a_step_with_a_nonfinite_loss_is_undone_exactly_and_counted_with_the_bat
     agent = partial(PoisonedSAC, model_cls=partial(MLPActorCritic, hidden_sizes=(16,)))
     PoisonedSAC.poison = {1, 12}  # the first step too: the optimisers' state does not exist before it
     t = training(agent, steps=12, start_training=0)
-    with caplog.at_level(logging.WARNING, logger="netrl.safeguards"):
+    with caplog.at_level(logging.WARNING, logger="netrl.training.safeguards"):
         list(t.run_epoch(ListSource([packet(1, "robot-1"), packet(2, "robot-2")]), threading.Event()))  # type: ignore[arg-type]
     assert isinstance(t.agent, PoisonedSAC) and t.agent.calls == 12
     assert same(t.agent.state_dict(), t.agent.before)  # parameters, targets, Adam moments and steps, log_alpha
@@ -183,7 +183,7 @@ def test_a_user_agent_without_state_dict_is_undone_too_when_only_its_gradient_go
     assert isinstance(agent, TutorialAgent)
     initial = agent.actor.lin.weight.detach().clone()
     source = ListSource([packet(1)])
-    with caplog.at_level(logging.WARNING, logger="netrl.safeguards"):
+    with caplog.at_level(logging.WARNING, logger="netrl.training.safeguards"):
         list(t.run_epoch(source, threading.Event()))  # type: ignore[arg-type]
     # The 4th call's loss is finite, so only the check of the whole state at the round's end sees its weights:
     # back to the state last checked, the start, undoing the 4 steps since.
@@ -207,9 +207,10 @@ def test_a_nonfinite_actor_is_never_published(caplog: pytest.LogCaptureFixture) 
     assert t.agent is not None
     with torch.no_grad():
         t.agent.get_actor().mu.weight[0, 0] = float("nan")  # type: ignore[index, union-attr]
-    with caplog.at_level(logging.ERROR, logger="netrl.safeguards"):
+    with caplog.at_level(logging.ERROR, logger="netrl.training.safeguards"):
         t.publish(source)  # type: ignore[arg-type]
-    assert list(source.published) == [1] and t.version == 1  # the workers keep v1
+    assert t.publisher is not None
+    assert list(source.published) == [1] and t.publisher.version == 1  # the workers keep v1
     assert "not publishing the actor: mu.weight is not finite" in caplog.text
 
 
@@ -219,7 +220,8 @@ def test_steps_that_stay_nonfinite_stop_training_naming_the_workers_and_what_to_
     t = training(agent, steps=150, start_training=0)  # trainer.max_nonfinite_steps: 100 by default
     with pytest.raises(NetrlError, match=r"100 training steps in a row were not finite .* each undone; nothing "
                                          r"non-finite was published or saved. Their batches held samples from "
-                                         r"robot-9\. .*trainer.max_abs_reward \(1e\+06\).*agent.lr_critic"):
+                                         r"robot-9\. .*trainer.max_abs_reward \(1e\+06\)"
+                                         r".*agent.sac.lr_critic"):
         list(t.run_epoch(ListSource([packet(1, "robot-9")]), threading.Event()))  # type: ignore[arg-type]
     assert t.safeguards is not None and t.safeguards.nonfinite_steps == 100 and t.total_updates == 0
     assert t.agent is not None and finite(t.agent.model)  # what the last finite step left

@@ -182,7 +182,8 @@ def test_memory_size_and_batch_size_come_from_the_memory_partial_as_in_tmrl(capl
         t = training(partial(SeededTutorialMemory, act_buf_len=4, memory_size=5000, batch_size=32))
         t.build()
     assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 32)
-    assert (t.memory_size, t.batch_size) == (5000, 32)  # what the trainer sizes its sample log by
+    # what the trainer sizes its sample log by
+    assert (t.settings.memory_size, t.settings.batch_size) == (5000, 32)
     assert ("replay memory SeededTutorialMemory: memory_size=5000 (from partial(SeededTutorialMemory)), "
             "batch_size=32 (from partial(SeededTutorialMemory))") in caplog.text
     # what the partial leaves out comes from TrainingOffline, else from the memory's own default
@@ -191,7 +192,7 @@ def test_memory_size_and_batch_size_come_from_the_memory_partial_as_in_tmrl(capl
     assert t.memory is not None and (t.memory.memory_size, t.memory.batch_size) == (5000, 16)
     t = training(partial(SeededTutorialMemory, act_buf_len=4))
     t.build()
-    assert (t.memory_size, t.batch_size) == (7, 3)
+    assert (t.settings.memory_size, t.settings.batch_size) == (7, 3)
     # the same value twice is fine; two different values name both places
     training(partial(MyMemoryDataloading, act_buf_len=4, memory_size=5000), memory_size=5000).build()
     with pytest.raises(ValueError, match=re.escape("memory_size is set twice, to different values: "
@@ -307,7 +308,7 @@ def test_tmrls_positional_order_fails_instead_of_shifting_values_after_crc_debug
         RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 100, 200, str(tmp_path / "w.pt"), None, False,
                       str(tmp_path / "hist"), 10)  # type: ignore[misc]
     worker = RolloutWorker(env_cls, MLPActor, model_path=str(tmp_path / "w.pt"), model_history=2, standalone=True)
-    assert worker.model_path_history == str(tmp_path / "w_history")  # model_history works without naming it
+    assert worker.settings.model_path_history == str(tmp_path / "w_history")  # model_history works unnamed
     with caplog.at_level(logging.WARNING, logger="netrl.worker.worker"):
         worker.start()  # deployment with a path that does not exist says so
     worker.close()
@@ -360,5 +361,6 @@ def test_todays_tmrl_positional_order_is_refused_at_the_first_value_that_does_no
         Server(55555, "pswd")  # type: ignore[misc]
     # netrl's own order (older tmrl's) still works by position
     worker = RolloutWorker(env_cls, MLPActor, None, "cpu", "127.0.0.1", 10, 1000, str(tmp_path / "w.pt"), None)
-    assert (worker.network.server_ip, worker.min_samples) == ("127.0.0.1", 10)
+    settings = worker.settings
+    assert (settings.network.server_ip, settings.min_samples_per_worker_packet) == ("127.0.0.1", 10)
     assert worker.model_path == str(tmp_path / "w.pt")

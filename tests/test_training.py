@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gymnasium
@@ -16,6 +18,7 @@ import torch
 
 from netrl.agents.cnn import CNNActorCritic
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.errors import ConfigError
 from netrl.local import run_local
@@ -26,7 +29,8 @@ from netrl.samples import Buffer, EpisodeStats
 from netrl.storage import checkpoint
 from netrl.storage.weight_files import read_weights_file
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training import TrainingSettings
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import ACT, OBS, ListSource
@@ -54,7 +58,8 @@ def test_local_training_holds_the_update_to_data_ratio() -> None:
     assert training.total_updates <= 2.0 * training.total_samples
     assert training.total_samples <= max(64, training.total_updates / 2) + 8 + 4
     assert sum(r["episodes"] for r in rounds) >= 1 and rounds[0]["lag_max"] is not None
-    assert worker.version == training.version  # published weights reached the worker
+    assert training.publisher is not None
+    assert worker.version == training.publisher.version  # published weights reached the worker
     assert np.isfinite(rounds[-1]["loss_critic"])
 
 
@@ -129,7 +134,7 @@ def test_the_trainer_reports_its_progress_at_least_once_a_second(monkeypatch: py
     training = TrainingOffline(env_cls=(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Box(-1, 1, (1,))),
                                start_training=1000, worker_lead=100)
     clock = [100.0]
-    monkeypatch.setattr("netrl.training.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("netrl.training.loop.time.monotonic", lambda: clock[0])
     source = Source()
     for step in range(1, 6):
         training.total_updates = step
@@ -163,7 +168,8 @@ def test_a_packet_the_memory_cannot_store_is_skipped_and_counted_not_fatal(caplo
     assert training.memory is not None
     with caplog.at_level(logging.ERROR, logger="netrl.training"):
         assert training.add(image_packet(7)) == 0  # passes the schema check, but no frame decodes
-    assert training.unstored == 1 and len(training.memory) == 0 and training.total_samples == 0
+    assert training.ingester is not None and training.ingester.unstored == 1
+    assert len(training.memory) == 0 and training.total_samples == 0
     assert "packet 1 of worker w (5 samples) could not be stored and is skipped" in caplog.text
     assert "neither valid PNG nor JPEG" in caplog.text
     assert training.add(image_packet(None)) == 5 and len(training.memory) == 5  # the next one is stored
@@ -333,3 +339,63 @@ def test_local_training_sends_the_observation_statistics_to_the_worker() -> None
     # the worker holds the version published last; the trainer may have learnt from packets since
     assert set(got) == set(training.obs_norm.state_dict())
     assert 0 < float(got["count"]) <= float(training.obs_norm.count)
+
+
+# -- netrl's settings: one frozen object, from config or as keywords ------------------------------
+# every setting with a value other than its default, and where config.json keeps it
+SET = {"trainer": {"worker_lead": 7, "max_policy_lag": 3, "stale_sample_weight": 0.5,
+                   "max_abs_reward": 5.0, "max_nonfinite_steps": 4, "total_frames": 999,
+                   "collection": "sync", "frames_per_batch": 64, "rollout_fragment_length": 16,
+                   "batch_mode": "complete_episodes", "sync_timeout_s": 2.5, "prefetch": False,
+                   "compile": "compile"},
+       "memory": {"memory_size": 123, "batch_size": 9, "device": "cuda"},
+       "env": {"normalize_obs": True, "normalize_obs_clip": 3.0, "normalize_obs_every": 5}}
+SETTINGS = {**SET["trainer"], "memory_size": 123, "batch_size": 9, "memory_device": "cuda",
+            **SET["env"], "seed": 42}
+
+
+def test_every_setting_comes_from_its_config_key_and_goes_with_tmrls_parameters() -> None:
+    assert set(SETTINGS) == {f.name for f in dataclasses.fields(TrainingSettings)}
+    default = TrainingSettings()
+    assert all(getattr(default, k) != v for k, v in SETTINGS.items())  # none read from elsewhere
+    cfg = Config()
+    sections = {name: dataclasses.replace(getattr(cfg, name), **keys) for name, keys in SET.items()}
+    cfg = dataclasses.replace(cfg, seed=42, security="none", **sections)
+    assert TrainingSettings.from_config(cfg) == TrainingSettings(**SETTINGS)
+    pipeline = SimpleNamespace(env_cls=(OBS, ACT), memory_cls=ReplayMemory,
+                               training_agent_cls=SACAgent, sample_compressor=None)
+    training = Trainer.from_config(cfg, pipeline).training_cls()
+    assert training.settings == TrainingSettings(**SETTINGS)
+    t = cfg.trainer
+    assert (training.env_cls, training.memory_cls, training.training_agent_cls) == (
+        (OBS, ACT), ReplayMemory, SACAgent)
+    assert (training.epochs, training.rounds, training.steps, training.update_model_interval,
+            training.update_buffer_interval, training.max_training_steps_per_env_step,
+            training.start_training, training.device) == (
+        t.epochs, t.rounds, t.steps, t.update_model_interval, t.update_buffer_interval,
+        t.max_training_steps_per_env_step, t.start_training, t.device)
+
+
+def test_netrls_keywords_are_folded_into_the_settings_and_an_unknown_one_is_named() -> None:
+    by_keyword = TrainingOffline(env_cls=(OBS, ACT), epochs=2, **SETTINGS)
+    assert by_keyword.settings == TrainingSettings(**SETTINGS) and by_keyword.epochs == 2
+    assert by_keyword.sync is not None and by_keyword.sync.frames_per_batch == 64  # built from them
+    base = TrainingSettings(worker_lead=7, seed=1)
+    over = TrainingOffline(env_cls=(OBS, ACT), settings=base, seed=2)  # a keyword wins
+    assert over.settings == TrainingSettings(worker_lead=7, seed=2) and base.seed == 1
+    assert TrainingOffline(settings=base).settings is base
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.seed = 3  # type: ignore[misc]
+    for given, named in [("memory_sise", "memory_size"), ("python_profiling", "profiling"),
+                         ("epoch", "epochs")]:
+        with pytest.raises(TypeError, match=(
+                rf"^TrainingOffline\(\) got an unexpected keyword argument '{given}' "
+                rf'\(did you mean "{named}"\?\); it takes tmrl\'s parameters and the fields of '
+                r"netrl\.training\.TrainingSettings$")):
+            TrainingOffline(env_cls=(OBS, ACT), **{given: 1})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz'; it takes"):
+        TrainingOffline(zzz=1)
+    with pytest.raises(TypeError, match=r"takes a netrl\.training\.TrainingSettings, not dict"):
+        TrainingOffline(settings={"seed": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r'collection must be "async" or "sync" \(got \'both\'\)'):
+        TrainingSettings(collection="both")  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ def reach_pipeline(cfg: Config) -> Pipeline:
         actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
         memory_cls=ReplayMemory,  # memory.memory_size and memory.batch_size size it
         training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma,
-                                   lr_actor=a.lr_actor, lr_critic=a.lr_critic),
+                                   lr_actor=a.sac.lr_actor, lr_critic=a.sac.lr_critic),
         # optional: sample_compressor=..., obs_preprocessor=..., and realtime=True for an env that runs in real
         # time (a robot), which pacing must never pause; this one is simulated, so the trainer paces the worker
     )

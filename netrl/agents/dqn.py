@@ -1,25 +1,29 @@
 """Double DQN with a dueling head, for discrete actions, in one file.
 
-Mnih et al., "Human-level control through deep reinforcement learning" (2015); van Hasselt et al., "Deep
-Reinforcement Learning with Double Q-learning" (2016); Wang et al., "Dueling Network Architectures" (2016). Read
-:meth:`DQNAgent.train` against Algorithm 1 of the DQN paper with the double-DQN target::
+Mnih et al., "Human-level control through deep reinforcement learning" (2015); van Hasselt et
+al., "Deep Reinforcement Learning with Double Q-learning" (2016); Wang et al., "Dueling
+Network Architectures" (2016). Read :meth:`DQNAgent.train` against Algorithm 1 of the DQN
+paper with the double-DQN target::
 
-    y = r + gamma * (1 - terminated) * Q_target(s', argmax_a' Q(s', a'))      a' among the actions s' allows
+    y = r + gamma * (1 - terminated) * Q_target(s', argmax_a' Q(s', a'))
+                                                        (a' among the actions s' allows)
 
-Actions: ``Discrete``, and ``MultiDiscrete`` / ``MultiBinary`` as independent branches (Tavakoli et al., "Action
-Branching Architectures", 2018): one dueling advantage head per action dimension over a shared value, each branch
-trained towards the same target, whose next-state value is the mean over branches of each branch's double-DQN value.
-With one branch this is exactly double DQN.
+Actions: ``Discrete``, and ``MultiDiscrete`` / ``MultiBinary`` as independent branches (Tavakoli et
+al., "Action Branching Architectures", 2018): one dueling advantage head per action dimension over a
+shared value, each branch trained towards the same target, whose next-state value is the mean over
+branches of each branch's double-DQN value. With one branch this is exactly double DQN.
 
-Action masks (Gymnasium's and PettingZoo's convention, TorchRL's key): a ``Dict`` observation with an
-``"action_mask"`` entry, one 0/1 per choice (``n`` for ``Discrete(n)``, ``sum(nvec)`` for ``MultiDiscrete``). The
-actor never picks a masked action, exploring included (it samples among the allowed ones), and the target's argmax
-runs over the *next* state's allowed actions. The mask is not an input of the Q network.
+Action masks (Gymnasium's and PettingZoo's convention, TorchRL's key): a ``Dict`` observation
+with an ``"action_mask"`` entry, one 0/1 per choice (``n`` for ``Discrete(n)``, ``sum(nvec)`` for
+``MultiDiscrete``). The actor never picks a masked action, exploring included (it samples among
+the allowed ones), and the target's argmax runs over the *next* state's allowed actions. The
+mask is not an input of the Q network.
 
-Deviations, all common practice (SB3, CleanRL): Huber loss and gradients clipped to norm 10; a hard target copy
-every ``target_update_interval`` training steps; epsilon decays linearly over *training* steps (the agent sees no env
-steps). Epsilon is a buffer of the actor, so the workers get the current one with each weight version; test
-episodes act greedily. ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
+Deviations, all common practice (SB3, CleanRL): Huber loss and gradients clipped to norm 10; a hard
+target copy every ``target_update_interval`` training steps; epsilon decays linearly over *training*
+steps (the agent sees no env steps). Epsilon is a buffer of the actor, so the workers get the
+current one with each weight version; test episodes act greedily. ``truncated`` never stops
+bootstrapping: a time limit is not a terminal state.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.common.actors import check_action_space
+from netrl.agents.common.distributions import action_branches
+from netrl.agents.common.encoders import ObsEncoder
+from netrl.agents.common.masks import action_mask, check_allows_an_action, check_mask_space
 from netrl.agents.compiled import (
     CompileMode,
     check_compile,
@@ -45,93 +53,22 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
-from netrl.samples import Batch
+from netrl.agents.registry import DQN
+from netrl.samples.batch import Batch
 
-__all__ = ["MASK_KEY", "DQNActor", "DQNAgent", "DuelingQ", "ObsEncoder", "action_branches", "is_discrete"]
+__all__ = ["DQNActor", "DQNAgent", "DuelingQ"]
 
-MASK_KEY = "action_mask"
 MAX_GRAD_NORM = 10.0  # SB3's DQN default
 
 
-def is_discrete(space: gymnasium.Space) -> bool:
-    """Whether :class:`DQNAgent` takes ``space`` as its action space."""
-    return isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete, gymnasium.spaces.MultiBinary))
-
-
-def action_branches(space: gymnasium.Space) -> tuple[list[int], np.ndarray]:
-    """The number of choices of each action dimension, and the value of each dimension's first choice."""
-    if isinstance(space, gymnasium.spaces.Discrete):
-        return [int(space.n)], np.array([int(space.start)], np.int64)
-    if isinstance(space, gymnasium.spaces.MultiDiscrete):
-        return [int(n) for n in space.nvec.reshape(-1)], np.asarray(space.start, np.int64).reshape(-1)
-    if isinstance(space, gymnasium.spaces.MultiBinary):
-        return [2] * int(np.prod(space.shape)), np.zeros(int(np.prod(space.shape)), np.int64)
-    raise ValueError(f"DQN needs Discrete, MultiDiscrete or MultiBinary actions (got {space}); for Box actions use "
-                     "SACAgent")
-
-
-def _mask_problem(space: gymnasium.spaces.Dict, width: int) -> str | None:
-    mask = space.spaces[MASK_KEY]
-    if not isinstance(mask, (gymnasium.spaces.MultiBinary, gymnasium.spaces.Box)) or mask.shape != (width,):
-        return (f'observation_space["{MASK_KEY}"] is {mask}; it must be a MultiBinary({width}) or a Box of shape '
-                f"({width},): one 0/1 per choice of the action space")
-    return None
-
-
-class ObsEncoder(nn.Module):
-    """Every observation leaf but the action mask, flattened into one float vector: a ``Box`` as it is, a
-    ``Discrete`` or ``MultiDiscrete`` leaf one-hot (an index is not a magnitude), a ``MultiBinary`` leaf as 0/1."""
-
-    def __init__(self, space: gymnasium.Space) -> None:
-        super().__init__()
-        self.leaves: list[tuple[tuple[str | int, ...], str, list[int], list[int]]] = []  # path, kind, sizes, starts
-        self._add(space, ())
-        if not self.leaves:
-            raise ValueError(f"observation_space {space} has no leaf besides the action mask for the Q network to see")
-        self.dim = sum(sum(sizes) for _, _, sizes, _ in self.leaves)
-
-    def _add(self, space: gymnasium.Space, path: tuple[str | int, ...]) -> None:
-        name = "observation_space" + "".join(f"[{p!r}]" for p in path)
-        if isinstance(space, gymnasium.spaces.Dict):
-            for key, sub in space.spaces.items():
-                if not (path == () and key == MASK_KEY):
-                    self._add(sub, (*path, key))
-        elif isinstance(space, gymnasium.spaces.Tuple):
-            for i, sub in enumerate(space.spaces):
-                self._add(sub, (*path, i))
-        elif isinstance(space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary)):
-            self.leaves.append((path, "flat", [int(np.prod(space.shape))], [0]))
-        elif isinstance(space, gymnasium.spaces.Discrete):
-            self.leaves.append((path, "onehot", [int(space.n)], [int(space.start)]))
-        elif isinstance(space, gymnasium.spaces.MultiDiscrete):
-            self.leaves.append((path, "onehot", [int(n) for n in space.nvec.reshape(-1)],
-                                [int(s) for s in np.asarray(space.start).reshape(-1)]))
-        else:
-            raise ValueError(f"{name} is a {type(space).__name__}, which DQN cannot encode: use Box, Discrete, "
-                             "MultiDiscrete or MultiBinary leaves in Dict and Tuple spaces")
-
-    def forward(self, obs: Any) -> torch.Tensor:
-        parts = []
-        for path, kind, sizes, starts in self.leaves:
-            x = obs
-            for p in path:
-                x = x[p]
-            x = x.reshape(x.shape[0], -1)
-            if kind == "flat":
-                parts.append(x.float())
-            else:
-                for j, (n, start) in enumerate(zip(sizes, starts, strict=True)):
-                    parts.append(F.one_hot(x[:, j].long() - start, n).float())
-        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
-
-
 class DuelingQ(nn.Module):
-    """``Q(s, .)`` for every choice of every branch, ``(batch, sum(sizes))``: a shared value plus each branch's
-    advantages less their mean (Wang et al.'s choice over the max: it trains more stably)."""
+    """``Q(s, .)`` for every choice of every branch, ``(batch, sum(sizes))``: a shared
+    value plus each branch's advantages less their mean (Wang et al.'s choice over the
+    max: it trains more stably)."""
 
     def __init__(self, observation_space: gymnasium.Space, sizes: Sequence[int], hidden_sizes: Sequence[int]) -> None:
         super().__init__()
-        self.encoder = ObsEncoder(observation_space)
+        self.encoder = ObsEncoder(observation_space, DQN.label)
         layers: list[nn.Module] = []
         width = self.encoder.dim
         for h in hidden_sizes:
@@ -151,13 +88,6 @@ class DuelingQ(nn.Module):
         return self.value(h) + torch.cat(parts, -1)
 
 
-def action_mask(obs: Any) -> torch.Tensor | None:
-    """The batch's action mask as booleans, or None when the observations carry none."""
-    if isinstance(obs, dict) and MASK_KEY in obs:
-        return obs[MASK_KEY].reshape(obs[MASK_KEY].shape[0], -1) != 0
-    return None
-
-
 def greedy(q: torch.Tensor, mask: torch.Tensor | None, sizes: Sequence[int]) -> torch.Tensor:
     """Each branch's best allowed choice, ``(batch, branches)``."""
     if mask is not None:
@@ -171,16 +101,15 @@ def pick(q: torch.Tensor, choice: torch.Tensor, offsets: torch.Tensor) -> torch.
 
 
 class DQNActor(ActorModule):
-    """Epsilon-greedy over a dueling Q network; ``epsilon`` is a buffer, so it travels with the weights."""
+    """Epsilon-greedy over a dueling Q network; ``epsilon`` is a buffer, so it
+    travels with the weights."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256)) -> None:
         super().__init__(observation_space, action_space)
+        check_action_space(DQN, action_space)
         self.sizes, starts = action_branches(action_space)
-        if isinstance(observation_space, gymnasium.spaces.Dict) and MASK_KEY in observation_space.spaces:
-            problem = _mask_problem(observation_space, sum(self.sizes))
-            if problem:
-                raise ValueError(problem)
+        check_mask_space(observation_space, sum(self.sizes))
         self.q = DuelingQ(observation_space, self.sizes, hidden_sizes)
         self.epsilon: torch.Tensor
         self.register_buffer("epsilon", torch.tensor(1.0))
@@ -200,25 +129,26 @@ class DQNActor(ActorModule):
         q = self.q(obs)
         mask = action_mask(obs)
         if mask is not None:
-            for b, part in enumerate(torch.split(mask, self.sizes, -1)):
-                empty = ~part.any(-1)
-                if bool(empty.any()):
-                    raise ValueError(f'the "{MASK_KEY}" of observation {int(empty.nonzero()[0])} allows no action in '
-                                     f"action dimension {b}: an env must allow at least one action per dimension")
+            check_allows_an_action(mask, self.sizes)
         choice = greedy(q, mask, self.sizes)
         if not test:
-            explore = torch.rand(q.shape[0], device=q.device) < self.epsilon  # each env explores on its own
+            # each env explores on its own
+            explore = torch.rand(q.shape[0], device=q.device) < self.epsilon
             if bool(explore.any()):
                 choice = torch.where(explore[:, None], self.explore(mask, q.shape[0]), choice)
         actions = choice.cpu().numpy() + self._starts
         return actions.reshape(q.shape[0], *self._shape).astype(self._dtype)
 
     def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        return self.act_batch(obs, test)  # one action per observation: act_ unwraps a batch of one (netrl.actor)
+        # one action per observation: act_ unwraps a batch of one (netrl.actor)
+        return self.act_batch(obs, test)
 
 
 class DQNAgent(TrainingAgent):
-    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s ``agent``."""
+    """Double DQN with a dueling head; the arguments a pipeline sets come from ``config.json``'s
+    ``agent.dqn`` (and ``agent.gamma``, ``agent.hidden_sizes``)."""
+
+    supports = DQN
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (256, 256), gamma: float = 0.99, lr: float = 1e-3,
@@ -237,7 +167,8 @@ class DQNAgent(TrainingAgent):
         self.sizes = self.actor.sizes
         self.starts = torch.as_tensor(self.actor._starts, device=device)
         self.offsets = torch.as_tensor(np.cumsum([0, *self.sizes[:-1]]), device=device)
-        self.steps = torch.zeros((), dtype=torch.int64)  # a tensor: a training step that goes non-finite undoes it
+        # a tensor: a training step that goes non-finite undoes it
+        self.steps = torch.zeros((), dtype=torch.int64)
         self.actor.epsilon.fill_(exploration_initial_eps)
         self._online_tensors, self._target_tensors = module_tensors(self.actor.q), module_tensors(self.q_target)
         self.compile = compile
@@ -249,16 +180,20 @@ class DQNAgent(TrainingAgent):
     def loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
              weight: torch.Tensor | None, discount: torch.Tensor | float
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(Huber loss, mean Q of the actions taken, |TD error| per sample)`` on one batch (what ``compile``
-        compiles). ``discount``: gamma, or each sample's own gamma ** (steps to next_obs) in an n-step batch."""
+        """``(Huber loss, mean Q of the actions taken, |TD error| per
+        sample)`` on one batch (what ``compile`` compiles). ``discount``: gamma, or each sample's
+        own gamma ** (steps to next_obs) in an n-step batch."""
         n = r.shape[0]
-        choice = a.reshape(n, -1).long() - self.starts  # stored actions are values; the heads index choices
+        # stored actions are values; the heads index choices
+        choice = a.reshape(n, -1).long() - self.starts
         with torch.no_grad():
-            # Double DQN: the online network picks the next action among those the NEXT state allows, the target
-            # network values it. The pick is allowed, so no -inf from the mask reaches the target.
+            # Double DQN: the online network picks the next action among those the NEXT state
+            # allows, the target network values it. The pick is allowed, so no -inf from
+            # the mask reaches the target.
             a2 = greedy(self.actor.q(o2), action_mask(o2), self.sizes)
             q2 = pick(self.q_target(o2), a2, self.offsets).mean(-1)
-            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
+            # still has a future.
             y = r + discount * (1.0 - terminated) * q2
         q = pick(self.actor.q(o), choice, self.offsets)  # (batch, branches)
         per_sample = F.smooth_l1_loss(q, y[:, None].expand_as(q), reduction="none").mean(-1)
@@ -282,7 +217,8 @@ class DQNAgent(TrainingAgent):
         fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
         self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))
         metrics: dict[str, Any] = {**to_floats({"loss_q": loss, "q": q_mean}), "epsilon": float(self.actor.epsilon)}
-        if "index" in batch.extra:  # from a prioritized memory: the new priorities (|TD|) of its samples
+        # from a prioritized memory: the new priorities (|TD|) of its samples
+        if "index" in batch.extra:
             metrics["priority"] = priority
         return metrics
 
@@ -295,5 +231,6 @@ class DQNAgent(TrainingAgent):
         self.q_target.load_state_dict(state["q_target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps.copy_(state["steps"])
-        for group in self.optimizer.param_groups:  # the learning rate configured now wins over the checkpoint's
+        # the learning rate configured now wins over the checkpoint's
+        for group in self.optimizer.param_groups:
             group["lr"] = self.lr

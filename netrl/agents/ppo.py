@@ -1,32 +1,35 @@
 """Proximal Policy Optimization with a clipped surrogate, in one file.
 
-Schulman et al., "Proximal Policy Optimization Algorithms" (2017), https://arxiv.org/abs/1707.06347. Read
-:meth:`PPOAgent.train` against Algorithm 1 of the paper, with the details of Stable-Baselines3 and CleanRL (Huang et
-al., "The 37 Implementation Details of PPO", 2022): advantages normalised per minibatch, value loss optionally clipped
-around the value recorded at action time, an entropy bonus, gradients clipped by global norm, Adam with eps 1e-5,
-orthogonal initialisation, separate tanh MLPs for the policy and the value.
+Schulman et al., "Proximal Policy Optimization Algorithms" (2017), https://arxiv.org/abs/1707.06347.
+Read :meth:`PPOAgent.train` against Algorithm 1 of the paper, with the details of Stable-Baselines3
+and CleanRL (Huang et al., "The 37 Implementation Details of PPO", 2022): advantages normalised per
+minibatch, value loss optionally clipped around the value recorded at action time, an entropy bonus,
+gradients clipped by global norm, Adam with eps 1e-5, orthogonal initialisation, separate tanh
+MLPs for the policy and the value.
 
-On-policy: PPO trains on one batch collected under one weight version (``trainer.collection`` "sync" and a
-RolloutMemory), calling ``train(batch)`` once per batch and running ``n_epochs`` of minibatches inside. The
-:class:`PPOActor` the workers run returns two extra outputs with each action (TorchRL's keys), recorded per row and
-handed back in ``batch.extra``::
+On-policy: PPO trains on one batch collected under one weight version (``trainer.collection``
+"sync" and a RolloutMemory), calling ``train(batch)`` once per batch and running ``n_epochs`` of
+minibatches inside. The :class:`PPOActor` the workers run returns two extra outputs with each action
+(TorchRL's keys), recorded per row and handed back in ``batch.extra``::
 
-    action_log_prob   log pi_old(a|s) of the action taken       -> the ratio pi / pi_old
-    state_value       V_old(s) of the observation it was chosen from -> GAE, and the value clipping's anchor
-    traj_ids          (added by the memory) rows with equal ids are one piece of one env's trajectory
+    action_log_prob   log pi_old(a|s) of the action taken -> the ratio pi / pi_old
+    state_value       V_old(s) of the observation it was chosen from -> GAE, and the value
+                      clipping's anchor
+    traj_ids          (added by the memory) rows with equal ids are one piece of one env's
+                      trajectory
 
-Actions: ``Box`` (a Gaussian with a state-independent log std) and ``Discrete``, ``MultiDiscrete``, ``MultiBinary``
-(a categorical per branch, as DQN's branches; an ``"action_mask"`` entry of a Dict observation is respected: a masked
-choice has probability 0, in sampling and in the log-probabilities the loss sees). A Gaussian sample is clipped to
-the space on the worker, and the packet stores the clipped action, as the trainer's value limits require; its
-log-probability is therefore that of the *clipped* action under the clipped Gaussian (Fujita and Maeda, "Clipped
-Action Policy Gradient", 2018: the density inside the bounds, the tail mass at a bound), which the trainer recomputes
-exactly, so the ratio compares like with like.
+Actions: ``Box`` (a Gaussian with a state-independent log std) and ``Discrete``, ``MultiDiscrete``,
+``MultiBinary`` (a categorical per branch, as DQN's branches; an ``"action_mask"`` entry of a
+Dict observation is respected: a masked choice has probability 0, in sampling and in the
+log-probabilities the loss sees). A Gaussian sample is clipped to the space on the worker, and the
+packet stores the clipped action, as the trainer's value limits require; its log-probability is
+therefore that of the *clipped* action under the clipped Gaussian (Fujita and Maeda, "Clipped Action
+Policy Gradient", 2018: the density inside the bounds, the tail mass at a bound), which the trainer
+recomputes exactly, so the ratio compares like with like.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,36 +40,38 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.common.actors import check_action_space
+from netrl.agents.common.distributions import (
+    LOG_SQRT_2PI,
+    action_branches,
+    branch_log_probs,
+    categorical_entropy,
+    categorical_log_prob,
+    clipped_gaussian_log_prob,
+)
+from netrl.agents.common.encoders import ObsEncoder
+from netrl.agents.common.masks import action_mask, check_mask_space
+from netrl.agents.common.networks import tanh_mlp
 from netrl.agents.compiled import CompileMode, check_compile, compile_fn, step_begin
-from netrl.agents.dqn import MASK_KEY, ObsEncoder, _mask_problem, action_branches, action_mask, is_discrete
 from netrl.agents.gae import gae, trajectory_ends
-from netrl.samples import Batch, tree_map
+from netrl.agents.registry import PPO
+from netrl.samples.batch import Batch
+from netrl.samples.columns import tree_map
 
 __all__ = ["EXTRAS", "PPOActor", "PPOAgent"]
 
-EXTRAS = ("action_log_prob", "state_value")  # what PPOActor records per row; the memory adds "traj_ids"
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def _mlp(n_in: int, hidden: Sequence[int], n_out: int, out_gain: float) -> nn.Sequential:
-    """Tanh MLP, orthogonally initialised (gain sqrt(2) inside, ``out_gain`` on the last layer), as SB3's PPO."""
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(n_in, h), nn.Tanh()]
-        n_in = h
-    layers.append(nn.Linear(n_in, n_out))
-    for i, layer in enumerate(m for m in layers if isinstance(m, nn.Linear)):
-        nn.init.orthogonal_(layer.weight, out_gain if i == len(hidden) else math.sqrt(2))
-        nn.init.zeros_(layer.bias)
-    return nn.Sequential(*layers)
+# what PPOActor records per row; the memory adds "traj_ids"
+EXTRAS = ("action_log_prob", "state_value")
 
 
 class PPOActor(ActorModule):
-    """Policy and value of PPO; the workers run it and record its extra outputs (module docstring)."""
+    """Policy and value of PPO; the workers run it and record its extra outputs
+    (module docstring)."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (64, 64), log_std_init: float = 0.0) -> None:
         super().__init__(observation_space, action_space)
+        check_action_space(PPO, action_space)
         self.continuous = isinstance(action_space, gymnasium.spaces.Box)
         if self.continuous:
             box = action_space
@@ -79,22 +84,17 @@ class PPOActor(ActorModule):
             self.register_buffer("low", low)
             self.register_buffer("high", high)
             self._shape: tuple[int, ...] = tuple(box.shape)
-        elif is_discrete(action_space):
+        else:
             self.sizes, starts = action_branches(action_space)
             n_out = sum(self.sizes)
             self.starts: torch.Tensor
             self.register_buffer("starts", torch.as_tensor(starts))
             self._shape = tuple(action_space.shape or ())
-            if isinstance(observation_space, gymnasium.spaces.Dict) and MASK_KEY in observation_space.spaces:
-                problem = _mask_problem(observation_space, n_out)
-                if problem:
-                    raise ValueError(problem)
-        else:
-            raise ValueError(f"PPO needs Box, Discrete, MultiDiscrete or MultiBinary actions (got {action_space})")
+            check_mask_space(observation_space, n_out)
         self._dtype = action_space.dtype
-        self.encoder = ObsEncoder(observation_space)  # the action mask is not an input
-        self.pi = _mlp(self.encoder.dim, hidden_sizes, n_out, 0.01)  # near-uniform first policy
-        self.vf = _mlp(self.encoder.dim, hidden_sizes, 1, 1.0)
+        self.encoder = ObsEncoder(observation_space, PPO.label)  # the action mask is not an input
+        self.pi = tanh_mlp(self.encoder.dim, hidden_sizes, n_out, 0.01)  # near-uniform first policy
+        self.vf = tanh_mlp(self.encoder.dim, hidden_sizes, 1, 1.0)
 
     def extra_outputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {name: ((), "float32") for name in EXTRAS}
@@ -103,58 +103,41 @@ class PPOActor(ActorModule):
         """``V(obs)``, shaped ``(B,)``."""
         return self.vf(self.encoder(obs)).squeeze(-1)
 
-    # -- distributions ------------------------------------------------------------------------------------------------
+    # -- distributions -----------------------------------------------------------------------------
     def _logits(self, obs: Any, h: torch.Tensor) -> list[torch.Tensor]:
-        """Each branch's log-probabilities, masked choices at the float's lowest value (probability 0)."""
-        logits = self.pi(h)
-        mask = action_mask(obs)
-        if mask is not None:
-            for b, part in enumerate(torch.split(mask, self.sizes, -1)):
-                empty = ~part.any(-1)
-                if bool(empty.any()):
-                    raise ValueError(f'the "{MASK_KEY}" of observation {int(empty.nonzero()[0])} allows no action in '
-                                     f"action dimension {b}: an env must allow at least one action per dimension")
-            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-        return [torch.log_softmax(part, -1) for part in torch.split(logits, self.sizes, -1)]
+        """Each branch's log-probabilities, masked choices at probability 0."""
+        return branch_log_probs(self.pi(h), action_mask(obs), self.sizes)
 
     def _box_log_prob(self, mean: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """Log-probability of (clipped) actions ``a`` under the clipped Gaussian, summed over dimensions."""
-        log_std = self.log_std.expand_as(mean)
-        std = log_std.exp()
-        inside = -0.5 * ((a - mean) / std) ** 2 - log_std - LOG_SQRT_2PI
-        # A bound that is infinite is never hit; it is replaced by 0 so that no inf reaches a gradient through where
-        at_low = torch.isfinite(self.low) & (a <= self.low)
-        at_high = torch.isfinite(self.high) & (a >= self.high)
-        low = torch.where(torch.isfinite(self.low), self.low, 0.0)
-        high = torch.where(torch.isfinite(self.high), self.high, 0.0)
-        below = torch.special.log_ndtr((low - mean) / std)  # P(sample <= low): all of it lands on the bound
-        above = torch.special.log_ndtr((mean - high) / std)
-        return torch.where(at_low, below, torch.where(at_high, above, inside)).sum(-1)
+        """Log-probability of (clipped) actions ``a``, summed over dimensions."""
+        return clipped_gaussian_log_prob(mean, self.log_std, a, self.low, self.high)
 
     def log_prob_entropy(self, obs: Any, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(log pi(act|obs), entropy of pi(.|obs))``, each ``(B,)``; ``act`` as the packets store it."""
+        """``(log pi(act|obs), entropy of pi(.|obs))``, each ``(B,)``; ``act`` as
+        the packets store it."""
         h = self.encoder(obs)
         n = h.shape[0]
         if self.continuous:
             mean = self.pi(h)
-            entropy = (self.log_std + 0.5 + LOG_SQRT_2PI).sum().expand(n)  # the Gaussian's (the clip's is lower)
+            # the Gaussian's (the clip's is lower)
+            entropy = (self.log_std + 0.5 + LOG_SQRT_2PI).sum().expand(n)
             return self._box_log_prob(mean, act.reshape(n, -1).float()), entropy
         choice = act.reshape(n, -1).long() - self.starts
         parts = self._logits(obs, h)
-        logp = torch.stack([lp.gather(1, choice[:, b:b + 1]).squeeze(1) for b, lp in enumerate(parts)], -1).sum(-1)
-        entropy = torch.stack([-(lp.exp() * lp).sum(-1) for lp in parts], -1).sum(-1)
-        return logp, entropy
+        return categorical_log_prob(parts, choice), categorical_entropy(parts)
 
     def act(self, obs: Any, test: bool = False) -> Any:
-        """``(actions, extras)``: ``B`` actions shaped ``(B, *action_space.shape)``, and ``{"action_log_prob",
-        "state_value"}``, each ``(B,)`` float32. Test episodes take the mean (Box) or the likeliest allowed choice."""
+        """``(actions, extras)``: ``B`` actions shaped ``(B, *action_space.shape)``, and
+        ``{"action_log_prob", "state_value"}``, each ``(B,)`` float32. Test episodes take the mean
+        (Box) or the likeliest allowed choice."""
         with torch.no_grad():
             h = self.encoder(obs)
             value = self.vf(h).squeeze(-1)
             if self.continuous:
                 mean = self.pi(h)
                 u = mean if test else mean + self.log_std.exp() * torch.randn_like(mean)
-                a = torch.clamp(u, self.low, self.high)  # the space's bounds; log-prob of the clipped action
+                # the space's bounds; log-prob of the clipped action
+                a = torch.clamp(u, self.low, self.high)
                 logp = self._box_log_prob(mean, a)
                 actions = a.cpu().numpy().reshape(h.shape[0], *self._shape).astype(self._dtype)
             else:
@@ -163,8 +146,7 @@ class PPOActor(ActorModule):
                     choice = torch.stack([lp.argmax(-1) for lp in parts], -1)
                 else:
                     choice = torch.stack([torch.multinomial(lp.exp(), 1).squeeze(-1) for lp in parts], -1)
-                logp = torch.stack([lp.gather(1, choice[:, b:b + 1]).squeeze(1) for b, lp in enumerate(parts)],
-                                   -1).sum(-1)
+                logp = categorical_log_prob(parts, choice)
                 actions = (choice + self.starts).cpu().numpy().reshape(h.shape[0], *self._shape).astype(self._dtype)
         extras = {"action_log_prob": logp.float().cpu().numpy(), "state_value": value.float().cpu().numpy()}
         return actions, extras
@@ -180,18 +162,19 @@ def _mean(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
 
 
 class PPOAgent(TrainingAgent):
-    """PPO-clip; the arguments a pipeline sets come from ``config.json``'s ``agent`` section.
+    """PPO-clip; the arguments a pipeline sets come from ``config.json``'s ``agent.ppo`` section
+    (and ``agent.gamma``, ``agent.hidden_sizes``).
 
     Args:
-        n_epochs: passes over each batch; minibatch_size: transitions per gradient step (the last one of a pass
-            takes what is left).
-        clip_range: the surrogate's epsilon; clip_range_vf: None (no value clipping) or the epsilon of the value
-            around the one recorded at action time.
-        anneal_frames: None, or the number of trained transitions over which the learning rate and clip_range fall
-            linearly to 0 (RL Zoo's ``lin_`` schedules over ``n_timesteps``).
+        n_epochs: passes over each batch; minibatch_size: transitions per gradient step (the last
+            one of a pass takes what is left).
+        clip_range: the surrogate's epsilon; clip_range_vf: None (no value clipping) or the
+            epsilon of the value around the one recorded at action time.
+        anneal_frames: None, or the number of trained transitions over which the learning rate and
+            clip_range fall linearly to 0 (RL Zoo's ``lin_`` schedules over ``n_timesteps``).
     """
 
-    on_policy = True  # it trains on a RolloutMemory's batches only (netrl.pipelines.make refuses others)
+    supports = PPO  # on-policy: RolloutMemory batches only (netrl.pipelines.make refuses others)
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (64, 64), gamma: float = 0.99, gae_lambda: float = 0.95,
@@ -207,7 +190,8 @@ class PPOAgent(TrainingAgent):
         self.minibatch_size, self.clip_range, self.clip_range_vf = minibatch_size, clip_range, clip_range_vf
         self.ent_coef, self.vf_coef, self.max_grad_norm = ent_coef, vf_coef, max_grad_norm
         self.normalize_advantage, self.anneal_frames = normalize_advantage, anneal_frames
-        self.frames = torch.zeros((), dtype=torch.int64)  # tensors: a step that goes non-finite undoes them too
+        # tensors: a step that goes non-finite undoes them too
+        self.frames = torch.zeros((), dtype=torch.int64)
         self.updates = torch.zeros((), dtype=torch.int64)
         self.compile = compile
         self._minibatch_loss = compile_fn(self.minibatch_loss, compile)
@@ -218,19 +202,23 @@ class PPOAgent(TrainingAgent):
     def _extras(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         missing = [k for k in (*EXTRAS, "traj_ids") if k not in batch.extra]
         if missing:
-            raise ValueError(f"PPOAgent.train needs batch.extra {missing} (it has {sorted(batch.extra)}): PPO trains "
-                             "on a RolloutMemory's batches (trainer.collection \"sync\") of a PPOActor's samples")
+            raise ValueError(f"PPOAgent.train needs batch.extra {missing} (it has "
+                             f"{sorted(batch.extra)}): PPO trains on a RolloutMemory's batches "
+                             f'(trainer.collection "{PPO.collection}") of a PPOActor\'s samples')
         return (batch.extra["action_log_prob"].float(), batch.extra["state_value"].float(),
                 batch.extra["traj_ids"])
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE ``(advantage, value_target)`` of every transition of ``batch`` (see :mod:`netrl.agents.gae`)."""
+        """GAE ``(advantage, value_target)`` of every transition of ``batch``
+        (see :mod:`netrl.agents.gae`)."""
         _, value, traj_ids = self._extras(batch)
         ends = trajectory_ends(batch.terminated, batch.truncated, traj_ids)
         next_value = torch.zeros_like(value)
-        next_value[:-1] = value[1:]  # within a piece, next_obs is the next row's obs: its value was recorded
-        # Where a piece ends but the episode goes on (a truncation, a fragment's end), bootstrap with the critic.
-        # The weights are still the version that collected the batch, so this is the value a worker would record.
+        # within a piece, next_obs is the next row's obs: its value was recorded
+        next_value[:-1] = value[1:]
+        # Where a piece ends but the episode goes on (a truncation, a fragment's end), bootstrap
+        # with the critic. The weights are still the version that collected the batch, so this is
+        # the value a worker would record.
         boot = torch.nonzero(ends & (batch.terminated == 0)).flatten()
         if len(boot):
             with torch.no_grad():
@@ -240,17 +228,20 @@ class PPOAgent(TrainingAgent):
     def minibatch_loss(self, obs: Any, act: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
                        old_value: torch.Tensor, value_target: torch.Tensor, w: torch.Tensor | None,
                        clip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, [loss_pi, loss_v, entropy, approx_kl, clip_fraction])`` of one minibatch (what ``compile``
-        compiles). ``clip`` is a tensor, so that an annealed clip range does not recompile each batch."""
+        """``(loss, [loss_pi, loss_v, entropy, approx_kl, clip_fraction])`` of one minibatch
+        (what ``compile`` compiles). ``clip`` is a tensor, so that an annealed clip range does
+        not recompile each batch."""
         logp, entropy = self.actor.log_prob_entropy(obs, act)
         if self.normalize_advantage and adv.shape[0] > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         log_ratio = logp - old_logp
         ratio = log_ratio.exp()
-        # The clipped surrogate: the pessimistic one of the two, so no step gains by moving ratio past 1 +- clip
+        # The clipped surrogate: the pessimistic one of the two, so no step gains by
+        # moving ratio past 1 +- clip
         loss_pi = -_mean(torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv), w)
         value = self.actor.value(obs)
-        if self.clip_range_vf is not None:  # SB3's: the new value stays near the one recorded at action time
+        # SB3's: the new value stays near the one recorded at action time
+        if self.clip_range_vf is not None:
             value = old_value + torch.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
         loss_v = _mean((value_target - value) ** 2, w)
         loss_ent = _mean(entropy, w)
@@ -272,13 +263,15 @@ class PPOAgent(TrainingAgent):
         clip = self.clip_range * remaining
         clip_t = torch.tensor(clip, device=batch.rew.device)
         weight = batch.weight.float() if batch.weight is not None else None
-        sums = torch.zeros(5, dtype=torch.float64, device=batch.rew.device)  # read once, after the last minibatch
+        # read once, after the last minibatch
+        sums = torch.zeros(5, dtype=torch.float64, device=batch.rew.device)
         steps = 0
         for _ in range(self.n_epochs):
             order = torch.randperm(n, device=batch.rew.device)
             for start in range(0, n, self.minibatch_size):
                 idx = order[start:start + self.minibatch_size]
-                step_begin(self.compile)  # each minibatch replays the graph: the last one's outputs are done with
+                # each minibatch replays the graph: the last one's outputs are done with
+                step_begin(self.compile)
                 loss, stats = self._minibatch_loss(
                     _take(batch.obs, idx), batch.act[idx], old_logp[idx], advantage[idx], old_value[idx],
                     value_target[idx], weight[idx] if weight is not None else None, clip_t)

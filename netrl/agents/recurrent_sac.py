@@ -1,19 +1,22 @@
-"""Recurrent SAC: a GRU or LSTM over an MLP encoder, trained on sequences, for partially observed envs.
+"""Recurrent SAC: a GRU or LSTM over an MLP encoder, trained on sequences,
+for partially observed envs.
 
-The actor reads each observation through an encoder and a recurrent core; its features ``z_t`` summarise every
-observation of the episode so far. The worker keeps the core's state per env and records the state that entered
-each step (:mod:`netrl.actor`), so a sampled sequence starts from the state the worker really had (R2D2, Kapturowski
-et al. 2019, "stored state"), and the first ``burn_in`` steps run the core without gradient to refresh it, masked
-out of every loss. Design, as in SAC-AE / DrQ for a shared encoder:
+The actor reads each observation through an encoder and a recurrent core; its features ``z_t``
+summarise every observation of the episode so far. The worker keeps the core's state per env
+and records the state that entered each step (:mod:`netrl.actor`), so a sampled sequence starts
+from the state the worker really had (R2D2, Kapturowski et al. 2019, "stored state"), and the
+first ``burn_in`` steps run the core without gradient to refresh it, masked out of every loss.
+Design, as in SAC-AE / DrQ for a shared encoder:
 
-* the twin critics read ``(z_t, a_t)``: the critic loss trains the encoder and the core (the features must hold
-  what Q needs, e.g. a velocity the observation leaves out);
+* the twin critics read ``(z_t, a_t)``: the critic loss trains the encoder and the core (the
+  features must hold what Q needs, e.g. a velocity the observation leaves out);
 * the policy head reads ``z_t`` detached: the actor loss trains the head only;
-* target critics read the features of a target copy of the encoder and core (Polyak-averaged with the critics),
-  unrolled from the same recorded state.
+* target critics read the features of a target copy of the encoder and core (Polyak-averaged with
+  the critics), unrolled from the same recorded state.
 
-A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``: ``obs[:, 0]`` and the L
-``next_obs`` form the L + 1 observations the core unrolls over. ``truncated`` never stops bootstrapping.
+A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``: ``obs[:, 0]``
+and the L ``next_obs`` form the L + 1 observations the core unrolls over. ``truncated``
+never stops bootstrapping.
 """
 
 from __future__ import annotations
@@ -30,8 +33,13 @@ from torch import nn
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
-from netrl.agents.sac import TwinQ, flat_obs, mlp, obs_dim, squashed_gaussian
-from netrl.samples import Batch, ExtraSpec, tree_map
+from netrl.agents.common.actors import add_gaussian_head, check_action_space
+from netrl.agents.common.distributions import squashed_gaussian
+from netrl.agents.common.encoders import flat_obs, obs_dim
+from netrl.agents.common.networks import TwinQ, mlp
+from netrl.agents.registry import RECURRENT_SAC
+from netrl.samples.batch import Batch
+from netrl.samples.columns import ExtraSpec, tree_map
 
 __all__ = ["RecurrentActor", "RecurrentSACAgent"]
 
@@ -39,40 +47,38 @@ Cell = Literal["gru", "lstm"]
 
 
 class RecurrentActor(ActorModule):
-    """Squashed Gaussian policy over a GRU or LSTM: encoder ``hidden_sizes[0]``, core of ``hidden_sizes[-1]`` units,
-    head ``hidden_sizes[1:]``. Its state per env: ``recurrent_state`` (GRU) or ``recurrent_state_h`` and
-    ``recurrent_state_c`` (LSTM), each ``(1, hidden)``: TorchRL's names and (layers, hidden) layout."""
+    """Squashed Gaussian policy over a GRU or LSTM: encoder ``hidden_sizes[0]``, core of
+    ``hidden_sizes[-1]`` units, head ``hidden_sizes[1:]``. Its state per env: ``recurrent_state``
+    (GRU) or ``recurrent_state_h`` and ``recurrent_state_c`` (LSTM), each ``(1, hidden)``: TorchRL's
+    names and (layers, hidden) layout."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru") -> None:
         super().__init__(observation_space, action_space)
-        if not isinstance(action_space, gymnasium.spaces.Box):
-            raise ValueError(f"SAC needs a Box action space (got {action_space})")
+        check_action_space(RECURRENT_SAC, action_space)
         if cell not in ("gru", "lstm"):
-            raise ValueError(f'cell must be "gru" or "lstm" (got {cell!r}; config.json: agent.recurrent)')
+            raise ValueError(f'cell must be "gru" or "lstm" (got '
+                             f'{cell!r}; config.json: agent.recurrent)')
         self.cell = cell
-        act_dim = int(np.prod(action_space.shape))
         width, self.hidden = hidden_sizes[0], hidden_sizes[-1]
         self.encoder = nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU())
         self.core: nn.GRU | nn.LSTM = (nn.GRU if cell == "gru" else nn.LSTM)(width, self.hidden, batch_first=True)
         head = list(hidden_sizes[1:]) or [self.hidden]
         self.head = mlp([self.hidden, *head])
         self.head.append(nn.ReLU())
-        self.mu = nn.Linear(head[-1], act_dim)
-        self.log_std = nn.Linear(head[-1], act_dim)
-        low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in (action_space.low, action_space.high))
+        self.mu: nn.Linear
+        self.log_std: nn.Linear
         self.act_scale: torch.Tensor
         self.act_bias: torch.Tensor
-        self.register_buffer("act_scale", (high - low) / 2)
-        self.register_buffer("act_bias", (high + low) / 2)
+        add_gaussian_head(self, head[-1], action_space)
 
     def recurrent_state(self) -> ExtraSpec:
         names = ["recurrent_state"] if self.cell == "gru" else ["recurrent_state_h", "recurrent_state_c"]
         return {name: ((1, self.hidden), "float32") for name in names}
 
     def unroll(self, obs: Any, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Features ``[B, T, hidden]`` for observations ``[B, T, ...]`` from ``state`` (leaves ``[B, 1, hidden]``),
-        and the state after the last one."""
+        """Features ``[B, T, hidden]`` for observations ``[B, T, ...]`` from ``state`` (leaves
+        ``[B, 1, hidden]``), and the state after the last one."""
         b, t = _lead(obs)
         x = self.encoder(flat_obs(tree_map(lambda o: o.reshape(b * t, *o.shape[2:]), obs))).reshape(b, t, -1)
         if self.cell == "gru":
@@ -93,7 +99,8 @@ class RecurrentActor(ActorModule):
 
     def act(self, obs: Any, state: dict[str, torch.Tensor] | None = None,  # type: ignore[override]
             test: bool = False) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-        """One step for a batch of observations ``(B, ...)``: actions and the next state (None: from zeros)."""
+        """One step for a batch of observations ``(B, ...)``: actions and the next
+        state (None: from zeros)."""
         b = _lead(obs, 1)[0]
         z, new_state = self.unroll(tree_map(lambda o: o.unsqueeze(1), obs), state or self.initial(b))
         a, _ = self.policy(z[:, 0], test=test, with_logprob=False)
@@ -101,7 +108,10 @@ class RecurrentActor(ActorModule):
 
 
 class RecurrentSACAgent(TrainingAgent):
-    """SAC v2 on sequences with a recurrent actor (see the module). ``burn_in``: ``memory.burn_in``."""
+    """SAC v2 on sequences with a recurrent actor (see the module).
+    ``burn_in``: ``memory.burn_in``."""
+
+    supports = RECURRENT_SAC
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", burn_in: int = 0, gamma: float = 0.99,
@@ -112,7 +122,8 @@ class RecurrentSACAgent(TrainingAgent):
         self.actor = RecurrentActor(observation_space, action_space, hidden_sizes, cell).to(device)
         act_dim = int(np.prod(action_space.shape or ()))
         self.critic = TwinQ(self.actor.hidden + act_dim, hidden_sizes).to(device)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)  # its encoder and core give target features
+        # its encoder and core give target features
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.burn_in, self.gamma, self.polyak, self.learn_entropy_coef = burn_in, gamma, polyak, learn_entropy_coef
         shared = [*self.actor.encoder.parameters(), *self.actor.core.parameters()]
@@ -133,13 +144,16 @@ class RecurrentSACAgent(TrainingAgent):
         need = ["mask", *self.actor.recurrent_state()]
         missing = [k for k in need if k not in batch.extra]
         if missing:
-            raise ValueError(f"{type(self).__name__} learns from sequences that carry the actor's recurrent state, but "
-                             f"the batch's extras lack {missing}: use a ReplayMemory with sequence_length >= 2 "
-                             "(config.json: memory.sequence_length), which stores the state the workers record with "
-                             "each step; a memory that stores no state cannot train a recurrent actor")
+            raise ValueError(f"{type(self).__name__} learns from sequences that carry "
+                             f"the actor's recurrent state, but the batch's extras lack "
+                             f"{missing}: use a ReplayMemory with sequence_length >= 2 "
+                             f"(config.json: memory.sequence_length), which stores "
+                             f"the state the workers record with each step; a memory "
+                             f"that stores no state cannot train a recurrent actor")
         if batch.extra["mask"].shape[1] <= self.burn_in:
-            raise ValueError(f"sequences of {batch.extra['mask'].shape[1]} steps leave none after the burn-in of "
-                             f"{self.burn_in} (memory.burn_in must be < memory.sequence_length)")
+            raise ValueError(f"sequences of {batch.extra['mask'].shape[1]} steps "
+                             f"leave none after the burn-in of {self.burn_in} "
+                             f"(memory.burn_in must be < memory.sequence_length)")
 
     def train(self, batch: Batch) -> dict[str, float]:
         self._check(batch)
@@ -148,7 +162,8 @@ class RecurrentSACAgent(TrainingAgent):
         seq = _cat(first, batch.next_obs)  # the L + 1 observations: obs[:, j + 1] is next_obs[:, j]
         state = {k: batch.extra[k][:, 0] for k in self.actor.recurrent_state()}
         target_state = state
-        if bi:  # R2D2's burn-in: the recorded state is refreshed by the current networks, without gradient
+        # R2D2's burn-in: the recorded state is refreshed by the current networks, without gradient
+        if bi:
             with torch.no_grad():
                 warm = tree_map(lambda o: o[:, :bi], seq)
                 _, state = self.actor.unroll(warm, state)
@@ -161,13 +176,15 @@ class RecurrentSACAgent(TrainingAgent):
         act, rew, term = batch.act[:, bi:], batch.rew[:, bi:], batch.terminated[:, bi:]
         alpha = self.log_alpha.detach().exp()
 
-        z, _ = self.actor.unroll(seq, state)  # [B, T + 1, hidden]; gradient from the critic loss only
+        # [B, T + 1, hidden]; gradient from the critic loss only
+        z, _ = self.actor.unroll(seq, state)
         with torch.no_grad():
             z_target, _ = self.actor_target.unroll(seq, target_state)
             a2, logp_a2 = self.actor.policy(z[:, 1:])
             assert logp_a2 is not None
             q_targ = self.critic_target(_pair(z_target[:, 1:], a2)).min(0).values.reshape(rew.shape)
-            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
+            # still has a future.
             backup = rew + self.gamma * (1.0 - term) * (q_targ - alpha * logp_a2)
 
         q = self.critic(_pair(z[:, :-1], act))  # (2, B * T)
@@ -177,7 +194,8 @@ class RecurrentSACAgent(TrainingAgent):
         loss_q.backward()
         self.q_optimizer.step()
 
-        features = z[:, :-1].detach()  # the policy head learns on the features; they learn from the critic
+        # the policy head learns on the features; they learn from the critic
+        features = z[:, :-1].detach()
         for p in self._q_params:
             p.requires_grad_(False)
         pi, logp_pi = self.actor.policy(features)
@@ -195,7 +213,8 @@ class RecurrentSACAgent(TrainingAgent):
             entropy_gap = ((logp_pi.detach() + self.target_entropy) * weight).sum() / total
             loss_alpha = -(self.log_alpha * entropy_gap).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
-            loss_alpha.backward()  # type: ignore[no-untyped-call]  # torch's stubs leave Tensor.backward untyped
+            # torch's stubs leave Tensor.backward untyped
+            loss_alpha.backward()  # type: ignore[no-untyped-call]
             self.alpha_optimizer.step()
             metrics["loss_entropy_coef"] = loss_alpha.item()
 
@@ -234,5 +253,6 @@ def _cat(a: Any, b: Any) -> Any:
 
 
 def _pair(z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """Critic input rows ``(z, a)`` for features ``[B, T, H]`` and actions ``[B, T, ...]``: ``[B * T, H + A]``."""
+    """Critic input rows ``(z, a)`` for features ``[B, T, H]`` and actions
+    ``[B, T, ...]``: ``[B * T, H + A]``."""
     return torch.cat([z.reshape(-1, z.shape[-1]), a.reshape(z.shape[0] * z.shape[1], -1).float()], -1)

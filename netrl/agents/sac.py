@@ -1,18 +1,20 @@
 """Soft Actor-Critic with twin Q networks and automatic entropy tuning, in one file.
 
-Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018), https://arxiv.org/abs/1812.05905.
-Read :meth:`SACAgent.eager_step` (what ``train`` runs) against Algorithm 1 of the paper. Deviations, all common
-practice:
+Haarnoja et al., "Soft Actor-Critic Algorithms and Applications" (2018),
+https://arxiv.org/abs/1812.05905. Read :meth:`SACAgent.eager_step` (what ``train`` runs) against
+Algorithm 1 of the paper. Deviations, all common practice:
 
-* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so the ensemble is
-  one call, as LeanRL's ``torch.vmap`` over the critics;
+* both Q networks live in one module and run as one batched matmul (about 20% faster on a CPU), so
+  the ensemble is one call, as LeanRL's ``torch.vmap`` over the critics;
 * only the critics have target copies (as in SB3 and CleanRL), moved in place in one fused call;
-* the policy, entropy coefficient and targets are updated every step; the policy and the entropy coefficient share
-  one backward pass (their losses touch disjoint parameters, so the gradients are those of two passes).
+* the policy, entropy coefficient and targets are updated every step; the policy and the
+  entropy coefficient share one backward pass (their losses touch disjoint parameters, so the
+  gradients are those of two passes).
 
-``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles the whole update as one graph
-(:meth:`SACAgent.compiled_step`: the same two losses, their gradients by :func:`torch.func.grad_and_value`, the Adam
-steps and the target update); the results match eager mode within floating-point tolerance.
+``compile`` (``trainer.compile``, see :mod:`netrl.agents.compiled`) compiles the whole
+update as one graph (:meth:`SACAgent.compiled_step`: the same two losses, their gradients by
+:func:`torch.func.grad_and_value`, the Adam steps and the target update); the results match eager
+mode within floating-point tolerance.
 
 ``truncated`` never stops bootstrapping: a time limit is not a terminal state.
 """
@@ -20,7 +22,6 @@ steps and the target update); the results match eager mode within floating-point
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -29,12 +30,14 @@ from typing import Any, cast
 import gymnasium
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
+from netrl.agents.common.actors import MLPActor
+from netrl.agents.common.encoders import flat_obs, obs_dim
+from netrl.agents.common.networks import TwinQ
 from netrl.agents.compiled import (
     CompileMode,
     Reparametrized,
@@ -46,115 +49,13 @@ from netrl.agents.compiled import (
     step_begin,
     to_floats,
 )
-from netrl.samples import Batch
+from netrl.agents.registry import SAC
+from netrl.samples.batch import Batch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MLPActor", "MLPActorCritic", "SACAgent", "TwinQ", "flat_obs", "obs_dim", "squashed_gaussian"]
-
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-
-
-def _leaves(obs: Any) -> list[torch.Tensor]:
-    if isinstance(obs, (tuple, list)):
-        return [leaf for o in obs for leaf in _leaves(o)]
-    if isinstance(obs, dict):
-        return [leaf for k in sorted(obs) for leaf in _leaves(obs[k])]
-    return [obs]
-
-
-def flat_obs(obs: Any) -> torch.Tensor:
-    """Concatenate every leaf of a (possibly nested) batch of observations into ``(batch, features)``."""
-    parts = [o.reshape(o.shape[0], -1).float() for o in _leaves(obs)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
-
-
-def obs_dim(space: gymnasium.Space) -> int:
-    """Number of features :func:`flat_obs` produces for one observation of ``space``."""
-    return int(gymnasium.spaces.flatdim(space)) if not isinstance(space, gymnasium.spaces.Box) else int(
-        np.prod(space.shape))
-
-
-def squashed_gaussian(mu: torch.Tensor, log_std: torch.Tensor, act_scale: torch.Tensor, act_bias: torch.Tensor,
-                      test: bool = False, with_logprob: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """SAC's policy sample: ``tanh`` of a Gaussian (its mean when ``test``), scaled to the action bounds, and its
-    log-probability (None unless ``with_logprob``)."""
-    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-    std = log_std.exp()
-    u = mu if test else mu + std * torch.randn_like(mu)  # reparameterisation trick
-    logp = None
-    if with_logprob:
-        logp = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        # Change of variables through tanh, in the numerically stable form (Spinning Up, eq. 21 of the paper).
-        logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1) - torch.log(act_scale).sum()
-    return torch.tanh(u) * act_scale + act_bias, logp
-
-
-def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(activation())
-    return nn.Sequential(*layers)
-
-
-class MLPActor(ActorModule):
-    """Squashed Gaussian policy: ``a = low + (tanh(u) + 1) / 2 * (high - low)``, ``u ~ N(mu(s), sigma(s))``."""
-
-    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
-                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
-        super().__init__(observation_space, action_space)
-        if not isinstance(action_space, gymnasium.spaces.Box):
-            raise ValueError(f"SAC needs a Box action space (got {action_space})")
-        act_dim = int(np.prod(action_space.shape))
-        self.net = mlp([obs_dim(observation_space), *hidden_sizes])
-        self.net.append(nn.ReLU())
-        self.mu = nn.Linear(hidden_sizes[-1], act_dim)
-        self.log_std = nn.Linear(hidden_sizes[-1], act_dim)
-        low, high = (torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in (action_space.low, action_space.high))
-        self.act_scale: torch.Tensor
-        self.act_bias: torch.Tensor
-        self.register_buffer("act_scale", (high - low) / 2)
-        self.register_buffer("act_bias", (high + low) / 2)
-
-    def features(self, obs: Any) -> torch.Tensor:
-        """Observation encoder; image actors override this with a CNN."""
-        return self.net(flat_obs(obs))
-
-    def forward(self, obs: Any, test: bool = False, with_logprob: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = self.features(obs)
-        return squashed_gaussian(self.mu(h), self.log_std(h), self.act_scale, self.act_bias, test, with_logprob)
-
-    def act(self, obs: Any, test: bool = False) -> np.ndarray:
-        a, _ = self.forward(obs, test=test, with_logprob=False)
-        return a.detach().cpu().numpy().reshape((-1, *(self.action_space.shape or ())))  # one action per observation
-
-
-class TwinQ(nn.Module):
-    """Two Q networks evaluated as one batched MLP: weights are stacked along a leading dimension of 2."""
-
-    def __init__(self, in_dim: int, hidden_sizes: Sequence[int]) -> None:
-        super().__init__()
-        sizes = [in_dim, *hidden_sizes, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for fan_in, fan_out in itertools.pairwise(sizes):
-            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation
-            self.weights.append(nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (batch, in_dim) -> Q values (2, batch)."""
-        h = x.unsqueeze(0).expand(2, *x.shape)
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            # compiled, the bias add fuses with the ReLU instead of being copied into the product's output first
-            h = torch.bmm(h, w) + b if torch.compiler.is_compiling() else torch.baddbmm(b, h, w)
-            if i < last:
-                h = F.relu(h)
-        return h.squeeze(-1)
+# MLPActor lives in netrl.agents.common.actors; this is its tmrl path
+__all__ = ["MLPActor", "MLPActorCritic", "SACAgent"]
 
 
 class MLPActorCritic(nn.Module):
@@ -164,14 +65,18 @@ class MLPActorCritic(nn.Module):
                  hidden_sizes: Sequence[int] = (256, 256)) -> None:
         super().__init__()
         self.actor = MLPActor(observation_space, action_space, hidden_sizes)
-        self.critic = TwinQ(obs_dim(observation_space) + int(np.prod(action_space.shape or ())), hidden_sizes)
+        act_dim = int(np.prod(action_space.shape or ()))
+        self.critic = TwinQ(obs_dim(observation_space) + act_dim, hidden_sizes)
 
     def q(self, obs: Any, act: torch.Tensor, critic: nn.Module | None = None) -> torch.Tensor:
-        return (critic or self.critic)(torch.cat([flat_obs(obs), act.reshape(act.shape[0], -1)], -1))
+        pairs = torch.cat([flat_obs(obs), act.reshape(act.shape[0], -1)], -1)
+        return (critic or self.critic)(pairs)
 
 
 class SACAgent(TrainingAgent):
     """SAC v2 (automatic entropy tuning) with tmrl's constructor arguments."""
+
+    supports = SAC
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
                  model_cls: Any = MLPActorCritic, gamma: float = 0.99, polyak: float = 0.995, alpha: float = 0.2,
@@ -183,7 +88,8 @@ class SACAgent(TrainingAgent):
         self.model = model_cls(observation_space, action_space).to(device)
         self.critic_target = copy.deepcopy(self.model.critic).requires_grad_(False)
         self.gamma, self.polyak, self.learn_entropy_coef = gamma, polyak, learn_entropy_coef
-        fused = True if str(device).startswith(("cpu", "cuda")) else None  # fused Adam: a few % faster
+        # fused Adam: a few % faster
+        fused = True if str(device).startswith(("cpu", "cuda")) else None
         self.pi_optimizer = torch.optim.Adam(self.model.actor.parameters(), lr=lr_actor, fused=fused)
         self.q_optimizer = torch.optim.Adam(self.model.critic.parameters(), lr=lr_critic, fused=fused)
         # Target entropy -dim(A) is the paper's heuristic.
@@ -195,16 +101,19 @@ class SACAgent(TrainingAgent):
         self._q_params = list(self.model.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
         self.compile = compile
-        # in a tuple: the modules are the model's, which state_dict and the training loop's safeguards hold already
+        # in a tuple: the modules are the model's, which state_dict and the training
+        # loop's safeguards hold already
         self._losses = (Reparametrized(self.critic_loss, critic=self.model.critic),
                         Reparametrized(self.actor_loss, actor=self.model.actor))
-        # The policy's gradient reaches only parameters that are not also the critics' (an encoder both share is
-        # frozen with the critics in eager mode's policy step, so only the critic loss trains it).
+        # The policy's gradient reaches only parameters that are not also the critics' (an
+        # encoder both share is frozen with the critics in eager mode's policy step, so only
+        # the critic loss trains it).
         critic_ids = {id(p) for p in self._q_params}
         self._pi_params = {f"actor.{name}": p for name, p in self.model.actor.named_parameters()
                            if id(p) not in critic_ids}
         self._compiled_step = compile_fn(self.compiled_step, compile)
-        if compile != "none":  # the optimisers' state exists before the first trace, which would otherwise make it
+        # the optimisers' state exists before the first trace, which would otherwise make it
+        if compile != "none":
             adam_state(self.q_optimizer)
             adam_state(self.pi_optimizer, list(self._pi_params.values()))
             adam_state(self.alpha_optimizer)
@@ -215,15 +124,18 @@ class SACAgent(TrainingAgent):
     def critic_loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
                     weight: torch.Tensor | None, discount: torch.Tensor | float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, |TD error| per sample)``: the twin critics' soft Bellman error on one batch (what ``compile``
-        compiles, with its backward), and the priorities a prioritized memory takes. ``discount``: gamma, or each
-        sample's own gamma ** (steps to next_obs) in an n-step batch."""
+        """``(loss, |TD error| per sample)``: the twin critics' soft Bellman error on
+        one batch (what ``compile`` compiles, with its backward), and the priorities a
+        prioritized memory takes. ``discount``: gamma, or each sample's own gamma ** (steps to
+        next_obs) in an n-step batch."""
         alpha = self.log_alpha.detach().exp()
-        # Critic target: soft value of the next state from the *current* policy and the *target* critics.
+        # Critic target: soft value of the next state from the *current* policy
+        # and the *target* critics.
         with torch.no_grad():
             a2, logp_a2 = self.model.actor(o2)
             q_targ = self.model.q(o2, a2, self.critic_target).min(0).values
-            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a future.
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
+            # still has a future.
             backup = r + discount * (1.0 - terminated) * (q_targ - alpha * logp_a2)
         q = self.model.q(o, a)  # (2, batch): both critics in one call
         td = ((q - backup) ** 2).sum(0)
@@ -232,9 +144,10 @@ class SACAgent(TrainingAgent):
 
     def actor_loss(self, o: Any, weight: torch.Tensor | None, log_alpha: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(policy loss, entropy coefficient loss, alpha)``: maximise min Q - alpha * log pi, and move alpha
-        towards the target entropy. The entropy loss is 0 when the coefficient is fixed. ``log_alpha``: the
-        agent's own unless given (as the tensor a functional gradient is taken with respect to)."""
+        """``(policy loss, entropy coefficient loss, alpha)``: maximise min Q - alpha * log pi,
+        and move alpha towards the target entropy. The entropy loss is 0 when the coefficient is
+        fixed. ``log_alpha``: the agent's own unless given (as the tensor a functional gradient is
+        taken with respect to)."""
         log_alpha = self.log_alpha if log_alpha is None else log_alpha
         alpha = log_alpha.detach().exp()
         pi, logp_pi = self.model.actor(o)
@@ -250,9 +163,10 @@ class SACAgent(TrainingAgent):
     def compiled_step(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
                       weight: torch.Tensor | None, discount: torch.Tensor | float
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What :meth:`train` does, written functionally so that ``compile`` makes one graph of it (no autograd
-        graph, no ``.grad``, no optimiser ``step()`` to break it): ``(loss_q, priority, loss_pi, loss_alpha,
-        alpha)``. Run under ``torch.no_grad()``; the updates are in place."""
+        """What :meth:`train` does, written functionally so that ``compile`` makes one
+        graph of it (no autograd graph, no ``.grad``, no optimiser ``step()`` to break it):
+        ``(loss_q, priority, loss_pi, loss_alpha, alpha)``. Run under ``torch.no_grad()``;
+        the updates are in place."""
         critic_loss, actor_loss = self._losses
         q_state = adam_state(self.q_optimizer)
         pi_state = adam_state(self.pi_optimizer, list(self._pi_params.values()))
@@ -267,12 +181,14 @@ class SACAgent(TrainingAgent):
                                                                                      strict=True)))
         adam_(self.q_optimizer, q_state, [grads[name] for name in q_names])
 
-        # The policy's loss reads the critics just updated, as a constant: only the actor and alpha get gradients.
+        # The policy's loss reads the critics just updated, as a constant: only the actor
+        # and alpha get gradients.
         def loss_pi_of(params: dict[str, torch.Tensor], log_alpha: torch.Tensor
                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             losses = cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                           functional_call(actor_loss, params, (o, weight, log_alpha)))
-            return losses[0] + losses[1], losses  # disjoint parameters: each gets its own loss's gradient
+            # disjoint parameters: each gets its own loss's gradient
+            return losses[0] + losses[1], losses
 
         (grads, grad_alpha), (_, (loss_pi, loss_alpha, alpha)) = grad_and_value(
             loss_pi_of, argnums=(0, 1), has_aux=True)(dict(zip(pi_names, pi_state.params, strict=True)),
@@ -302,8 +218,9 @@ class SACAgent(TrainingAgent):
 
     def eager_step(self, batch: Batch, discount: torch.Tensor | float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One update with autograd and the optimisers' own ``step()``: ``(loss_q, priority, loss_pi, loss_alpha,
-        alpha)``. Without ``compile``, :meth:`train` runs this; :meth:`compiled_step` does the same."""
+        """One update with autograd and the optimisers' own ``step()``:
+        ``(loss_q, priority, loss_pi, loss_alpha, alpha)``. Without ``compile``, :meth:`train` runs
+        this; :meth:`compiled_step` does the same."""
         loss_q, priority = self.critic_loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
                                             batch.weight, discount)
         self.q_optimizer.zero_grad(set_to_none=True)
@@ -316,7 +233,8 @@ class SACAgent(TrainingAgent):
         loss_pi, loss_alpha, alpha = self.actor_loss(batch.obs, batch.weight)
         self.pi_optimizer.zero_grad(set_to_none=True)
         self.alpha_optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss_pi + loss_alpha)  # disjoint parameters: each gets its own loss's gradient
+        # disjoint parameters: each gets its own loss's gradient
+        torch.autograd.backward(loss_pi + loss_alpha)
         self.pi_optimizer.step()
         if self.learn_entropy_coef:
             self.alpha_optimizer.step()
@@ -344,8 +262,9 @@ class SACAgent(TrainingAgent):
         self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        # The optimizers' states carry the learning rates they were saved with, and log_alpha a fixed alpha: the
-        # values configured now win, so that a run resumed with a lower learning rate trains at that rate.
+        # The optimizers' states carry the learning rates they were saved with, and log_alpha a
+        # fixed alpha: the values configured now win, so that a run resumed with a lower learning
+        # rate trains at that rate.
         changed = []
         for name, optimizer in (("lr_actor", self.pi_optimizer), ("lr_critic", self.q_optimizer),
                                 ("lr_entropy", self.alpha_optimizer)):
@@ -361,4 +280,5 @@ class SACAgent(TrainingAgent):
             if not math.isclose(saved_alpha, self._configured["alpha"], rel_tol=1e-6):
                 changed.append(f"alpha {saved_alpha:g} -> {self._configured['alpha']:g}")
         if changed:
-            log.info("resumed with the configured %s (the checkpoint had the others)", ", ".join(changed))
+            log.info("resumed with the configured %s (the checkpoint had the others)",
+                     ", ".join(changed))

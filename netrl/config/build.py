@@ -1,24 +1,36 @@
-"""Building the config's dataclasses from parsed JSON, generically: every value is converted to its field's type and
-checked, and every rejected key is collected rather than raised.
+"""Building the config's dataclasses from parsed JSON, generically: every value is converted to its
+field's type and checked, and every rejected key is collected rather than raised.
 
-:mod:`netrl.config.sections` owns what the config is (the dataclasses, the rules between fields) and calls
-:func:`build_dataclass` on the whole tree. This module knows only type hints and field metadata: a field's ``check``
-(see :mod:`netrl.config.checks`) runs on the converted value, and a key the dataclass lacks is reported with the
-closest known key as a suggestion.
+:mod:`netrl.config.sections` owns what the config is (the dataclasses, the rules between fields)
+and calls :func:`build_dataclass` on the whole tree. This module knows only type hints and field
+metadata: a field's ``check`` (see :mod:`netrl.config.checks`) runs on the converted value, and a
+key the dataclass lacks is reported with the closest known key as a suggestion.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import field
 from typing import Any, Literal
 
-__all__ = ["build_dataclass", "field_problem"]
+from netrl.util import did_you_mean
+
+__all__ = ["build_dataclass", "field_problem", "setting"]
+
+
+def setting(default: Any, help: str, check: Callable[[Any], str | None] | None = None,
+            convert: Callable[[Any], Any] | None = None) -> Any:
+    """A config field with its ``help`` line, the ``check`` its value must pass, and a ``convert``
+    applied before the check (see :func:`field_problem`)."""
+    metadata = {"help": help, "check": check, "convert": convert}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def _type_name(tp: Any) -> str:
@@ -72,8 +84,9 @@ def _convert(value: Any, tp: Any) -> tuple[bool, Any]:
 
 
 def field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str | None, Any]:
-    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value). A field's ``convert``
-    (e.g. expanding ``~`` in a folder) runs before its ``check``, so the check sees the value the config holds."""
+    """(what is wrong with ``value`` for the leaf field ``f``, or None; the converted value). A
+    field's ``convert`` (e.g. expanding ``~`` in a folder) runs before its ``check``, so the check
+    sees the value the config holds."""
     ok, conv = _convert(value, tp)
     if not ok:
         return f"must be {_type_name(tp)}", value
@@ -85,9 +98,11 @@ def field_problem(f: dataclasses.Field[Any], tp: Any, value: Any) -> tuple[str |
 
 
 def build_dataclass(cls: type, data: Any, path: str, problems: list[tuple[str, str]]) -> Any:
-    """``cls`` from ``data``; each rejected key is appended to ``problems`` as (key path, message)."""
+    """``cls`` from ``data``; each rejected key is appended to ``problems`` as
+    (key path, message)."""
     if not isinstance(data, Mapping):
-        problems.append((path, f"{path or 'the top level'} must be an object (got {json.dumps(data)})"))
+        problems.append((path, f"{path or 'the top level'} must be an "
+                               f"object (got {json.dumps(data)})"))
         return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -95,8 +110,7 @@ def build_dataclass(cls: type, data: Any, path: str, problems: list[tuple[str, s
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else key
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
-            hint = f' (did you mean "{(path + ".") if path else ""}{close[0]}"?)' if close else ""
+            hint = did_you_mean(key, fields, f"{path}." if path else "")
             problems.append((key_path, f'unknown key "{key_path}"{hint}'))
             continue
         tp = hints[key]

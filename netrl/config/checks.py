@@ -1,8 +1,8 @@
 """The checks config fields carry: each takes a value and returns what is wrong with it, or None.
 
-:mod:`netrl.config.sections` attaches them to its dataclass fields; :mod:`netrl.config.build` runs them and
-``_validate`` in :mod:`netrl.config.sections` lists every problem. :func:`algorithm_problems` holds the rules between
-``agent.algorithm`` and the keys it needs, which :mod:`netrl.config.load` applies with the other rules between fields.
+:mod:`netrl.config.sections` attaches them to its dataclass fields; :mod:`netrl.config.build` runs
+them and ``_validate`` in :mod:`netrl.config.sections` lists every problem. The rules between
+``agent.algorithm`` and the keys it needs are in :mod:`netrl.config.algorithms`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "algorithm_problems", "between", "file_name", "folder",
-           "ge", "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder", "pipeline_name",
-           "port", "sequence_problems", "sizes", "torch_device"]
+__all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge",
+           "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder",
+           "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -50,8 +50,8 @@ def pipeline_name(v: str) -> str | None:
     module, _, function = v.partition(":")
     if module and all(part.isidentifier() for part in module.split(".")) and function.isidentifier():
         return None
-    return ('must be "gym", "drone", "image", or "module:function" naming a function of the config that returns '
-            "a netrl.pipelines.Pipeline")
+    return ('must be "gym", "drone", "image", or "module:function" naming a '
+            "function of the config that returns a netrl.pipelines.Pipeline")
 
 
 HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
@@ -61,11 +61,13 @@ def host(v: str) -> str | None:
     """An IPv4 address or a host name (ZeroMQ resolves it); IPv6 literals are not supported."""
     if ":" in v:
         return "must be an IPv4 address or a host name (IPv6 addresses are not supported)"
-    return None if HOST_NAME.fullmatch(v) else "must be an IPv4 address or a host name, e.g. 192.168.1.20"
+    return None if HOST_NAME.fullmatch(v) else ("must be an IPv4 address or a "
+                                                "host name, e.g. 192.168.1.20")
 
 
-# The longest run_name, in bytes: file systems allow 255 for a name, and netrl makes longer ones from it (the demo
-# moves a finished run to <run_name>-<date>-<time>, beside its lock .<run_name>.demo-lock)
+# The longest run_name, in bytes: file systems allow 255 for a name, and netrl makes
+# longer ones from it (the demo moves a finished run to <run_name>-<date>-<time>, beside
+# its lock .<run_name>.demo-lock)
 MAX_NAME_BYTES = 200
 
 
@@ -75,9 +77,10 @@ def file_name(v: str) -> str | None:
     if v in (".", "..") or set("/\\") & set(v):
         return "must be a folder name (no '/' or '\\'; set weights_folder for where runs go)"
     size = len(v.encode("utf-8", "surrogatepass"))
-    if size > MAX_NAME_BYTES:  # else it passes here and stops the role that makes the folder: "File name too long"
-        return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file systems allow 255 for a name, and "
-                "netrl makes longer names from it")
+    # else it passes here and stops the role that makes the folder: "File name too long"
+    if size > MAX_NAME_BYTES:
+        return (f"must be at most {MAX_NAME_BYTES} bytes in UTF-8, not {size}: file "
+                f"systems allow 255 for a name, and netrl makes longer names from it")
     return None
 
 
@@ -85,23 +88,25 @@ DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?|mps")
 
 
 def torch_device(v: str) -> str | None:
-    return None if DEVICE.fullmatch(v) else 'must be a torch device: "cpu", "cuda", "cuda:N" or "mps"'
+    return None if DEVICE.fullmatch(v) else ('must be a torch device: "cpu", '
+                                             '"cuda", "cuda:N" or "mps"')
 
 
 def home(v: Any) -> Any:
-    """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``, run before its
-    check): JSON has no shell to expand it, and a literal ``~`` folder would appear in the current one."""
+    """A folder path with a leading ``~`` or ``~user`` made the home folder (a field's ``convert``,
+    run before its check): JSON has no shell to expand it, and a literal ``~`` folder would
+    appear in the current one."""
     return os.path.expanduser(v) if isinstance(v, str) else v
 
 
 def folder(v: str) -> str | None:
-    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file. A leading ``~`` is
-    expanded before (see :func:`home`): one still there names no home folder."""
+    """A folder path that is, or can become, a folder: neither it nor a parent of it is a file. A
+    leading ``~`` is expanded before (see :func:`home`): one still there names no home folder."""
     if not v.strip():
         return "must not be empty"
     if v.startswith("~"):
-        return (f"starts with {v.split('/')[0]}, but this machine has no such home folder (is HOME set?): give the "
-                "full path, or ./~... for a folder of that name")
+        return (f"starts with {v.split('/')[0]}, but this machine has no such home folder "
+                f"(is HOME set?): give the full path, or ./~... for a folder of that name")
     path = Path(v)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
@@ -124,57 +129,26 @@ def optional(check: Check) -> Check:
 
 
 def optional_folder(v: str | None) -> str | None:
-    """:func:`folder`, or null for the default; "" is not taken for null (a user who wrote it meant something)."""
+    """:func:`folder`, or null for the default; "" is not taken for null (a user who
+    wrote it meant something)."""
     if v is not None and not v.strip():
         return "must not be empty (null: the default)"
     return optional(folder)(v)
 
 
-def algorithm_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
-    """The rules between ``agent.algorithm`` and the keys it needs, as ``(keys involved, message)``: PPO trains each
-    batch on the samples of one weight version, collected by its own policy."""
-    if cfg.agent.algorithm != "ppo":
-        return []
-    problems: list[tuple[tuple[str, ...], str]] = []
-    # trainer.collection and trainer.frames_per_batch come with the sync collection; a config without them is async
-    collection = getattr(cfg.trainer, "collection", "async")
-    if collection != "sync":
-        problems.append((("agent.algorithm", "trainer.collection"),
-                         f'agent.algorithm "ppo" needs trainer.collection "sync" (got "{collection}"): PPO trains each '
-                         "batch on samples of one weight version; set trainer.collection to \"sync\", or choose "
-                         "another agent.algorithm"))
-    if cfg.worker.init_random_frames > 0:
-        problems.append((("agent.algorithm", "worker.init_random_frames"),
-                         f"worker.init_random_frames ({cfg.worker.init_random_frames}) must be 0 with agent.algorithm "
-                         '"ppo": PPO learns from the actions its own policy chose, with their log-probabilities, and a '
-                         "random action has none"))
-    frames = getattr(cfg.trainer, "frames_per_batch", None)
-    if frames is not None and cfg.agent.minibatch_size > frames:
-        problems.append((("agent.minibatch_size", "trainer.frames_per_batch"),
-                         f"agent.minibatch_size ({cfg.agent.minibatch_size}) must be <= trainer.frames_per_batch "
-                         f"({frames}): a PPO minibatch is drawn from one batch"))
-    return problems
-
-
 def sequence_problems(cfg: Any) -> list[tuple[tuple[str, ...], str]]:
-    """The rules between the sequence keys (``memory.sequence_length``, ``memory.burn_in``) and ``agent.recurrent``."""
+    """The rules between the sequence keys (``memory.sequence_length``, ``memory.burn_in``) and the
+    memory; those with ``agent.recurrent`` are in :mod:`netrl.config.algorithms`."""
     m = cfg.memory
     problems: list[tuple[tuple[str, ...], str]] = []
     if m.sequence_length > m.memory_size:
         problems.append((("memory.sequence_length", "memory.memory_size"),
-                         f"memory.sequence_length ({m.sequence_length}) must be <= memory.memory_size "
-                         f"({m.memory_size}): a sequence cannot be longer than the memory"))
+                         f"memory.sequence_length ({m.sequence_length}) "
+                         f"must be <= memory.memory_size ({m.memory_size}): a "
+                         f"sequence cannot be longer than the memory"))
     if m.burn_in and m.burn_in >= m.sequence_length:
         problems.append((("memory.burn_in", "memory.sequence_length"),
-                         f"memory.burn_in ({m.burn_in}) must be < memory.sequence_length ({m.sequence_length}): a "
-                         "sequence needs steps left to learn from after its burn-in"))
-    if cfg.agent.recurrent is not None and m.sequence_length < 2:
-        problems.append((("agent.recurrent", "memory.sequence_length"),
-                         f'agent.recurrent "{cfg.agent.recurrent}" needs memory.sequence_length >= 2 (got '
-                         f"{m.sequence_length}): a recurrent agent learns from sequences of steps; set it (e.g. 16, "
-                         "with memory.burn_in 4), or set agent.recurrent to null"))
-    if cfg.agent.recurrent is not None and cfg.agent.algorithm not in ("auto", "sac"):
-        problems.append((("agent.recurrent", "agent.algorithm"),
-                         f'agent.recurrent "{cfg.agent.recurrent}" is for SAC, not agent.algorithm '
-                         f'"{cfg.agent.algorithm}": set agent.algorithm to "sac", or agent.recurrent to null'))
+                         f"memory.burn_in ({m.burn_in}) must be < "
+                         f"memory.sequence_length ({m.sequence_length}): a sequence "
+                         f"needs steps left to learn from after its burn-in"))
     return problems

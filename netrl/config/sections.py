@@ -1,10 +1,13 @@
-"""The sections of config.json as frozen dataclasses: every setting, its default, its ``help`` line and its check.
+"""The sections of config.json as frozen dataclasses: every setting, its default, its
+``help`` line and its check.
 
-Loaded once in ``__main__`` (:func:`netrl.config.load.load_config`) and passed down. The field checks live in
-:mod:`netrl.config.checks`; turning parsed JSON into the dataclasses (type conversion, unknown keys) in
-:mod:`netrl.config.build`; reading the file and the rules between fields in :mod:`netrl.config.load`.
+Loaded once in ``__main__`` (:func:`netrl.config.load.load_config`) and passed down. The field
+checks live in :mod:`netrl.config.checks`; turning parsed JSON into the dataclasses (type
+conversion, unknown keys) in :mod:`netrl.config.build`; reading the file and the rules between
+fields in :mod:`netrl.config.load`.
 
-Secrets (CURVE secret keys, the wandb API key) never live here: they come from files or environment variables.
+Secrets (CURVE secret keys, the wandb API key) never live here: they come from
+files or environment variables.
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ import dataclasses
 import json
 import re
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from netrl.config.agent import AgentConfig
+from netrl.config.build import setting as _f
 from netrl.config.checks import (
-    Check,
     between,
     file_name,
     folder,
@@ -33,9 +36,9 @@ from netrl.config.checks import (
     optional_folder,
     pipeline_name,
     port,
-    sizes,
     torch_device,
 )
+from netrl.config.renamed import old_attribute
 from netrl.protocol.codecs import Codec
 from netrl.protocol.messages import MAX_SECONDS, MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
@@ -57,47 +60,45 @@ __all__ = [
 CONFIG_VERSION = 1
 Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
 
-# The command-line flags that set a config key (argparse's name for each flag -> the key it sets). Messages that tell
-# the user to change one of these keys name the flag too: the user may have set it either way.
+# The command-line flags that set a config key (argparse's name for each flag -> the key it
+# sets). Messages that tell the user to change one of these keys name the flag too: the
+# user may have set it either way.
 FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
              "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
              "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
 
 
 def flag_for(key: str) -> str | None:
-    """The command-line flag that sets config key ``key`` (``--worker-port``), or None if no flag does."""
+    """The command-line flag that sets config key ``key`` (``--worker-port``), or
+    None if no flag does."""
     return next((f"--{dest.replace('_', '-')}" for dest, k in FLAG_KEYS.items() if k == key), None)
-
-
-def _f(default: Any, help: str, check: Check | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
-    """A field with its ``help`` line, the ``check`` its value must pass, and a ``convert`` applied before the check
-    (see :func:`netrl.config.build.field_problem`)."""
-    metadata = {"help": help, "check": check, "convert": convert}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     pipeline: str = _f(
-        "gym", 'ready-made pipeline: gym (any Gymnasium id: SAC for continuous actions, DQN for discrete ones), '
-        'drone, image; or your own, as "module:function" (see docs/configuration.md)', pipeline_name)
+        "gym", 'ready-made pipeline: gym (any Gymnasium id: SAC for continuous '
+               'actions, DQN for discrete ones), drone, image; or your own, as '
+               '"module:function" (see docs/configuration.md)', pipeline_name)
     id: str = _f("Pendulum-v1", "Gymnasium env id used by the gym pipeline", nonempty)
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
-    hide_obs: list[int] = _f([], "gym pipeline: indices of the flat observation left out (a partially observed env, "
-                             "e.g. [2] hides Pendulum-v1's angular velocity; see netrl.envs.pomdp)", hidden_indices)
-    normalize_obs: bool = _f(False, "normalise each float Box leaf of the observation by running statistics of the "
-                             "samples the trainer receives, published to the workers as the model obs_norm "
-                             "(docs/weights.md); the memory keeps raw observations")
-    normalize_obs_clip: float = _f(10.0, "normalised observations are clipped to [-clip, clip]", gt(0))
-    normalize_obs_every: int = _f(0, "training steps between publications of the observation statistics (0: with "
-                                  "every policy publication)", ge(0))
+    hide_obs: list[int] = _f([], "gym pipeline: indices of the flat observation left out (a "
+                                 "partially observed env, e.g. [2] hides Pendulum-v1's "
+                                 "angular velocity; see netrl.envs.pomdp)", hidden_indices)
+    normalize_obs: bool = _f(False, "normalise each float Box leaf of the observation by "
+                                    "running statistics of the samples the trainer receives, "
+                                    "published to the workers as the model obs_norm "
+                                    "(docs/weights.md); the memory keeps raw observations")
+    normalize_obs_clip: float = _f(10.0, "normalised observations are clipped to [-clip, clip]",
+                                   gt(0))
+    normalize_obs_every: int = _f(0, "training steps between publications of the observation "
+                                     "statistics (0: with every policy publication)", ge(0))
 
 
 def seconds(v: float) -> str | None:
-    """An interval, delay or timeout: ZeroMQ takes some as 32-bit milliseconds, and a wait beyond
-    threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) would stop a role with OverflowError."""
+    """An interval, delay or timeout: ZeroMQ takes some as 32-bit milliseconds, and a
+    wait beyond threading.TIMEOUT_MAX (a worker's flush_timeout_s of 1e12) would stop a
+    role with OverflowError."""
     return None if 0 < v <= MAX_SECONDS else f"must be > 0 and at most {MAX_SECONDS:g} (a day)"
 
 
@@ -106,7 +107,8 @@ def seconds_or_zero(v: float) -> str | None:
     return None if 0 <= v <= MAX_SECONDS else f"must be >= 0 and at most {MAX_SECONDS:g} (a day)"
 
 
-_WEIGHT_FORMAT = re.compile(r"[a-z][a-z0-9_]{0,31}")  # (netrl.protocol.wire.FORMAT_NAME; checked at start)
+# (netrl.protocol.wire.FORMAT_NAME; checked at start)
+_WEIGHT_FORMAT = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -116,85 +118,119 @@ class NetworkConfig:
     worker_port: int = _f(55556, "server port the workers connect to", port)
     heartbeat_interval_s: float = _f(0.5, "seconds between heartbeats in both directions", seconds)
     heartbeat_liveness: int = _f(6, "missed heartbeats before a peer is declared lost", ge(2))
-    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s", seconds)
+    reconnect_initial_s: float = _f(0.25, "first reconnect delay; doubles up to reconnect_max_s",
+                                    seconds)
     reconnect_max_s: float = _f(8.0, "longest reconnect delay", seconds)
-    max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet may use all "
-                                "but 32 KiB of it: the room for the server's bundle header)", ge(MIN_MESSAGE_BYTES))
-    handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish its handshake before it is "
-                                    "closed (bounds what half-open connections hold)", seconds)
-    weight_format: str = _f("float32", "how the trainer sends weights: float32 (exact), float16, bfloat16, int8, "
-                            "delta (float32 plus the difference to the version before, compressed: exact), auto "
-                            "(float32, float16 and int8, each with deltas; the server picks per worker by its link "
-                            "rate), or a format registered with netrl.protocol.weight_formats.register_format",
+    max_message_bytes: int = _f(256 * 2**20, "largest message any socket accepts (a sample packet "
+                                             "may use all but 32 KiB of it: the room for the "
+                                             "server's bundle header)", ge(MIN_MESSAGE_BYTES))
+    handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish "
+                                          "its handshake before it is closed (bounds "
+                                          "what half-open connections hold)", seconds)
+    weight_format: str = _f("float32", "how the trainer sends weights: float32 (exact), float16, "
+                                       "bfloat16, int8, delta (float32 plus the difference to "
+                                       "the version before, compressed: exact), auto (float32, "
+                                       "float16 and int8, each with deltas; the server picks "
+                                       "per worker by its link rate), or a format registered "
+                                       "with netrl.protocol.weight_formats.register_format",
                             lambda v: None if _WEIGHT_FORMAT.fullmatch(v) else
-                            "must be float32, float16, bfloat16, int8, delta, auto or a registered format's name")
-    weight_budget_s: float = _f(0.0, "weight_format auto: the time one version may take to reach a worker (the "
-                                "server sends each worker the most exact format its measured link rate allows in it); "
-                                "0: the time between two publications of the model, so that workers keep up",
+                            "must be float32, float16, bfloat16, int8, "
+                            "delta, auto or a registered format's name")
+    weight_budget_s: float = _f(0.0, "weight_format auto: the time one version may take to reach a "
+                                     "worker (the server sends each worker the most exact format "
+                                     "its measured link rate allows in it); 0: the time between "
+                                     "two publications of the model, so that workers keep up",
                                 between(0.0, 3600))
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     bind_ip: str = _f("127.0.0.1", "interface the server binds (0.0.0.0 for all)", host)
-    min_samples_per_server_packet: int = _f(100, "samples the server bundles before sending to the trainer", ge(1))
-    max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes packets already "
-                               "waiting up to this size (fewer messages and acknowledgements under load)", ge(1))
-    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server for a bundle to fill", seconds)
-    max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in memory before spooling to disk", ge(1))
-    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this long, waiting packets are spooled",
+    min_samples_per_server_packet: int = _f(100, "samples the server bundles before "
+                                                 "sending to the trainer", ge(1))
+    max_bundle_bytes: int = _f(4 * 2**20, "beyond min_samples_per_server_packet, a bundle takes "
+                                          "packets already waiting up to this size (fewer "
+                                          "messages and acknowledgements under load)", ge(1))
+    max_packet_delay_s: float = _f(0.05, "longest a sample waits at the server "
+                                         "for a bundle to fill", seconds)
+    max_queue_bytes: int = _f(64 * 2**20, "sample data the server holds in "
+                                          "memory before spooling to disk", ge(1))
+    spool_after_s: float = _f(2.0, "if the trainer takes nothing for this "
+                                   "long, waiting packets are spooled",
                                seconds)
-    spool_dir: str | None = _f(None, "where the server spools packets (null: <weights_folder>/server-spool)",
+    spool_dir: str | None = _f(None, "where the server spools packets "
+                                     "(null: <weights_folder>/server-spool)",
                                optional_folder, home)
-    spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold their packets (the folder "
-                              "may also keep up to a quarter more in emptied 64 MB files for reuse)", ge(0))
-    fsync: bool = _f(False, "fsync every spooled packet (survives power loss, not just a crash; slower)")
+    spool_max_bytes: int = _f(2**30, "spool size cap; beyond it workers are told to hold "
+                                     "their packets (the folder may also keep up to a "
+                                     "quarter more in emptied 64 MB files for reuse)", ge(0))
+    fsync: bool = _f(False, "fsync every spooled packet (survives "
+                            "power loss, not just a crash; slower)")
     status_port: int = _f(55557, "loopback-only port that answers python -m netrl --status", port)
-    max_weights_bytes: int = _f(2**30, "largest weight version the server caches and relays (an actor of 10M float32 "
-                                "parameters is 40 MB; two versions may be held while a new one arrives)", ge(1))
-    max_workers: int = _f(1000, "workers connected at once; a new worker beyond it is refused with a message naming "
-                          "this key (a connected worker saying HELLO again keeps its place)", ge(1))
-    max_rows_per_packet: int = _f(65_536, "most rows a sample packet may hold, whatever a worker declares at HELLO "
-                                  "(a worker's own bound is its worker.min_samples_per_worker_packet plus a few "
-                                  "context rows); the trainer applies it too", ge(1))
+    max_weights_bytes: int = _f(2**30, "largest weight version the server caches and relays "
+                                       "(an actor of 10M float32 parameters is 40 MB; two "
+                                       "versions may be held while a new one arrives)", ge(1))
+    max_workers: int = _f(1000, "workers connected at once; a new worker beyond it is "
+                                "refused with a message naming this key (a connected "
+                                "worker saying HELLO again keeps its place)", ge(1))
+    max_rows_per_packet: int = _f(65_536, "most rows a sample packet may hold, whatever a "
+                                          "worker declares at HELLO (a worker's own bound is "
+                                          "its worker.min_samples_per_worker_packet plus a few "
+                                          "context rows); the trainer applies it too", ge(1))
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    worker_id: str | None = _f(None, "name of this worker in logs, status and its file names (default: the host "
-                               "name; <host>-2, -3... for more workers on one machine)",
+    worker_id: str | None = _f(None, "name of this worker in logs, status and its "
+                                     "file names (default: the host name; <host>-2, "
+                                     "-3... for more workers on one machine)",
                                optional(lambda v: None if PEER_NAME.fullmatch(v) else f"must be {PEER_NAME_RULE}"))
     device: str = _f("cpu", "inference device of the worker's policy", torch_device)
-    min_samples_per_worker_packet: int = _f(20, "samples the worker gathers before sending a packet", ge(1))
-    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker for its packet to fill", seconds)
-    max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this (null: never)", optional(ge(1)))
-    test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)", ge(0))
+    min_samples_per_worker_packet: int = _f(20, "samples the worker gathers "
+                                                "before sending a packet", ge(1))
+    max_packet_delay_s: float = _f(0.5, "longest a sample waits at the worker "
+                                        "for its packet to fill", seconds)
+    max_samples_per_episode: int | None = _f(None, "truncate episodes longer than this "
+                                                   "(null: never)", optional(ge(1)))
+    test_episode_interval: int = _f(10, "run a test episode every N training episodes (0: never)",
+                                    ge(0))
     throttle: bool = _f(True, "pace a simulated env to the trainer's update-to-data ratio")
-    model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)", ge(0))
-    max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for resending; oldest dropped beyond",
+    model_history: int = _f(0, "also keep every N-th received weight version on disk (0: never)",
+                            ge(0))
+    max_backlog_bytes: int = _f(256 * 2**20, "unacknowledged packets kept for "
+                                             "resending; oldest dropped beyond",
                                 ge(1))
-    send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged once the trainer has "
-                                "them: image packets at full speed need about 32 MB)", ge(1))
-    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the last packets to be acknowledged",
+    send_window_bytes: int = _f(32 * 2**20, "unacknowledged packets in flight (acknowledged "
+                                            "once the trainer has them: image packets at "
+                                            "full speed need about 32 MB)", ge(1))
+    flush_timeout_s: float = _f(2.0, "on stop, how long to wait for the "
+                                     "last packets to be acknowledged",
                                  seconds_or_zero)
-    env_timeout_factor: float = _f(50.0, "an env call (reset or step) running longer than this multiple of the "
-                                   "mean of earlier ones (and env_timeout_min_s) is reported, and the worker stops "
-                                   "with exit code 1; a thread of the env that dies stops it at once (0: no limit, and "
-                                   "env calls run on the worker's thread, for envs that step in microseconds)",
+    env_timeout_factor: float = _f(50.0, "an env call (reset or step) running longer than "
+                                         "this multiple of the mean of earlier ones (and "
+                                         "env_timeout_min_s) is reported, and the worker stops "
+                                         "with exit code 1; a thread of the env that dies "
+                                         "stops it at once (0: no limit, and env calls run on the "
+                                         "worker's thread, for envs that step in microseconds)",
                                    between(0.0, 1e6))
-    env_timeout_min_s: float = _f(5.0, "no env call is declared hung sooner; the first reset and the first step "
-                                  "may take env_timeout_factor times this (a game loading, a robot homing)", seconds)
-    compression: Codec = _f("zstd", "packet codec for integer arrays such as images: zstd (fewest bytes), lz4 (less "
-                            "CPU, but finds little in noisy camera frames) or none")
-    num_envs: int = _f(1, "copies of the pipeline's env one worker runs, stepped together with one batched act() per "
-                       "step (each env keeps its own episodes, test episodes and packet segments)", ge(1))
-    vectorization: Literal["sync", "async"] = _f("sync", "how a worker with num_envs > 1 steps its envs: sync (one "
-                                                 "after another in the worker) or async (a process per env, for "
-                                                 "envs whose step is slow)")
-    init_random_frames: int = _f(0, "act uniformly at random from the action space until the trainer holds this "
-                                 "many samples (TorchRL's collectors' name; SB3's learning_starts), then with the "
-                                 "policy for good; never in test episodes (0: off, as random actions can be unsafe on "
-                                 "real hardware)", ge(0))
+    env_timeout_min_s: float = _f(5.0, "no env call is declared hung sooner; the first reset "
+                                       "and the first step may take env_timeout_factor times "
+                                       "this (a game loading, a robot homing)", seconds)
+    compression: Codec = _f("zstd", "packet codec for integer arrays such as images: "
+                                    "zstd (fewest bytes), lz4 (less CPU, but "
+                                    "finds little in noisy camera frames) or none")
+    num_envs: int = _f(1, "copies of the pipeline's env one worker runs, stepped "
+                          "together with one batched act() per step (each env keeps "
+                          "its own episodes, test episodes and packet segments)", ge(1))
+    vectorization: Literal["sync", "async"] = _f("sync", "how a worker with num_envs > 1 steps "
+                                                         "its envs: sync (one after another in "
+                                                         "the worker) or async (a process per "
+                                                         "env, for envs whose step is slow)")
+    init_random_frames: int = _f(0, "act uniformly at random from the action space until "
+                                    "the trainer holds this many samples (TorchRL's "
+                                    "collectors' name; SB3's learning_starts), then with the "
+                                    "policy for good; never in test episodes (0: off, as "
+                                    "random actions can be unsafe on real hardware)", ge(0))
 
 
 @dataclass(frozen=True)
@@ -203,115 +239,102 @@ class TrainerConfig:
     rounds: int = _f(4, "rounds per epoch; metrics are logged after each", ge(1))
     steps: int = _f(1000, "training steps per round", ge(1))
     update_model_interval: int = _f(20, "training steps between weight publications", ge(1))
-    update_buffer_interval: int = _f(20, "training steps between pulls of new samples into memory", ge(1))
-    max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training pauses above it", gt(0))
+    update_buffer_interval: int = _f(20, "training steps between pulls of new samples into memory",
+                                     ge(1))
+    max_training_steps_per_env_step: float = _f(1.0, "update-to-data ratio: training "
+                                                     "pauses above it", gt(0))
     start_training: int = _f(1000, "samples in memory before training starts", ge(0))
     worker_lead: int = _f(100, "samples workers may run ahead of the update-to-data ratio", ge(1))
-    device: str | None = _f(None, "training device (null: cuda if available, else cpu)", optional(torch_device))
+    device: str | None = _f(None, "training device (null: cuda if available, else cpu)",
+                            optional(torch_device))
     resume: bool = _f(True, "resume from the run's checkpoint when one exists")
-    persist_samples: bool = _f(True, "log received packets to disk so a restart rebuilds the replay memory")
+    persist_samples: bool = _f(True, "log received packets to disk so a "
+                                     "restart rebuilds the replay memory")
     fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
-    max_policy_lag: int | None = _f(None, "samples older than this many weight versions are stale (null: off)",
+    max_policy_lag: int | None = _f(None, "samples older than this many weight "
+                                          "versions are stale (null: off)",
                                     optional(ge(0)))
-    stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)", between(0.0, 1.0))
+    stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)",
+                                    between(0.0, 1.0))
     credit_window: int = _f(8, "bundles the server may send ahead of the training loop", ge(1))
-    max_abs_reward: float = _f(1e6, "packets with a reward beyond this magnitude are refused (named and counted): far "
-                               "above the scales SAC learns well at (about 1 to 100 per step), far below what makes "
-                               "float32 values overflow", gt(0))
-    max_nonfinite_steps: int = _f(100, "training steps in a row whose losses or weights are not finite (each one "
-                                  "skipped and undone) before the trainer stops with exit code 1 (0: no such "
-                                  "guard, and no copy of the agent's state each step)", ge(0))
-    total_frames: int | None = _f(None, "training stops once this many env steps (samples) have arrived from all "
-                                  "workers together, with a final checkpoint and policy and exit code 0 (TorchRL's "
-                                  "collectors' name; null: no limit, trainer.epochs decides)", optional(ge(1)))
-    collection: Literal["async", "sync"] = _f("async", "async: workers stream samples and the trainer trains from a "
-                                              "replay memory as they arrive; sync: every batch is collected under "
-                                              "one weight version, which the workers wait for (on-policy "
-                                              "algorithms such as PPO)")
-    frames_per_batch: int = _f(2048, "sync collection: env steps per batch, all under one weight version", ge(1))
-    rollout_fragment_length: int = _f(256, "sync collection: env steps each env of a worker collects per version "
-                                      "before it waits for the next one", ge(1))
+    max_abs_reward: float = _f(1e6, "packets with a reward beyond this magnitude are "
+                                    "refused (named and counted): far above the scales "
+                                    "SAC learns well at (about 1 to 100 per step), far "
+                                    "below what makes float32 values overflow", gt(0))
+    max_nonfinite_steps: int = _f(100, "training steps in a row whose losses or weights are "
+                                       "not finite (each one skipped and undone) before the "
+                                       "trainer stops with exit code 1 (0: no such guard, "
+                                       "and no copy of the agent's state each step)", ge(0))
+    total_frames: int | None = _f(None, "training stops once this many env steps (samples) "
+                                        "have arrived from all workers together, with a final "
+                                        "checkpoint and policy and exit code 0 (TorchRL's "
+                                        "collectors' name; null: no limit, trainer.epochs decides)",
+                                  optional(ge(1)))
+    collection: Literal["async", "sync"] = _f("async",
+                                              "async: workers stream samples and the "
+                                              "trainer trains from a replay memory as they "
+                                              "arrive; sync: every batch is collected "
+                                              "under one weight version, which the workers "
+                                              "wait for (on-policy algorithms such as PPO)")
+    frames_per_batch: int = _f(2048, "sync collection: env steps per batch, "
+                                     "all under one weight version", ge(1))
+    rollout_fragment_length: int = _f(256, "sync collection: env steps each env of a worker "
+                                           "collects per version before it waits for the next one",
+                                      ge(1))
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = _f(
-        "truncate_episodes", "sync collection: truncate_episodes (fragments of rollout_fragment_length steps) or "
-        "complete_episodes (each env runs on to the end of its episode)")
-    sync_timeout_s: float = _f(30.0, "sync collection: a batch is trained with what arrived after this long (the "
-                               "shortfall and the workers that did not deliver are logged)", gt(0))
-    prefetch: bool = _f(True, "gather the next batch (and copy it to a CUDA device) while the agent trains on this "
-                        "one; on a CPU trainer only where a core is free beside torch_threads")
+        "truncate_episodes", "sync collection: truncate_episodes (fragments of "
+                             "rollout_fragment_length steps) or complete_episodes "
+                             "(each env runs on to the end of its episode)")
+    sync_timeout_s: float = _f(30.0, "sync collection: a batch is trained with what "
+                                     "arrived after this long (the shortfall and the "
+                                     "workers that did not deliver are logged)", gt(0))
+    prefetch: bool = _f(True, "gather the next batch (and copy it to a CUDA device) "
+                              "while the agent trains on this one; on a CPU trainer "
+                              "only where a core is free beside torch_threads")
     compile: Literal["none", "compile", "cudagraphs"] = _f(
-        "none", "how the agent's updates run: none (eager PyTorch), compile (torch.compile of SAC's whole update, or "
-        "of DQN's and PPO's losses with their backward; the first steps take a while to compile) or cudagraphs "
-        "(compile, plus CUDA graph capture: CUDA training devices only). The built-in SAC, DQN and PPO take it; "
-        "results match eager within floating-point tolerance")
+        "none", "how the agent's updates run: none (eager PyTorch), compile (torch.compile of "
+                "SAC's whole update, or of DQN's and PPO's losses with their backward; "
+                "the first steps take a while to compile) or cudagraphs (compile, plus "
+                "CUDA graph capture: CUDA training devices only). The built-in SAC, DQN "
+                "and PPO take it; results match eager within floating-point tolerance")
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    memory_size: int = _f(1_000_000, "capacity of the replay memory in rows (each episode's reset row and each "
-                          "packet's context rows take slots too, so a full memory holds somewhat fewer transitions)",
+    memory_size: int = _f(1_000_000, "capacity of the replay memory in rows (each episode's "
+                                     "reset row and each packet's context rows take slots "
+                                     "too, so a full memory holds somewhat fewer transitions)",
                           ge(1))
     batch_size: int = _f(256, "transitions per training batch", ge(1))
-    n_step: int = _f(1, "n-step returns: each sampled transition sums up to this many discounted rewards (agent.gamma) "
-                     "of its episode before bootstrapping (1: one-step; ReplayMemory only)", ge(1))
-    prioritized: bool = _f(False, "prioritized replay: transitions drawn by their agent's |TD error|, with importance "
-                           "weights (ReplayMemory with SAC or DQN)")
-    alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully by priority)",
-                      between(0.0, 1.0))
-    beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, annealed linearly to 1",
-                     between(0.0, 1.0))
-    beta_steps: int = _f(100_000, "prioritized replay: training steps over which beta reaches 1 (0: 1 at once)", ge(0))
-    eps: float = _f(1e-6, "prioritized replay: added to each |TD error| so that no transition's priority is 0", gt(0))
-    device: Literal["cpu", "cuda"] = _f("cpu", "where the replay memory's columns live: cpu (host memory; batches are "
-                                        "copied to a CUDA trainer from page-locked buffers) or cuda (the training "
-                                        "device's memory, if memory_size fits: packets are copied in once and batches "
-                                        "gathered there)")
-    sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent agents: batches "
-                              "are [batch_size, sequence_length] with a mask; a sequence stops at an episode's end "
-                              "and at a packet boundary, so keep it well below worker.min_samples_per_worker_packet "
-                              "(1: single transitions)", ge(1))
-    burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent state, without gradient "
-                      "(R2D2); must be < sequence_length", ge(0))
+    n_step: int = _f(1, "n-step returns: each sampled transition sums up to this "
+                        "many discounted rewards (agent.gamma) of its episode before "
+                        "bootstrapping (1: one-step; ReplayMemory only)", ge(1))
+    prioritized: bool = _f(False, "prioritized replay: transitions drawn by their agent's |TD "
+                                  "error|, with importance weights (ReplayMemory with SAC or DQN)")
+    priority_alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully "
+                               "by priority)", between(0.0, 1.0))
+    priority_beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, "
+                              "annealed linearly to 1", between(0.0, 1.0))
+    priority_beta_steps: int = _f(100_000, "prioritized replay: training steps over which "
+                                  "priority_beta reaches 1 (0: 1 at once)", ge(0))
+    priority_eps: float = _f(1e-6, "prioritized replay: added to each |TD error| so that no "
+                             "transition's priority is 0", gt(0))
+    device: Literal["cpu", "cuda"] = _f("cpu", "where the replay memory's columns live: cpu (host "
+                                               "memory; batches are copied to a CUDA trainer "
+                                               "from page-locked buffers) or cuda (the training "
+                                               "device's memory, if memory_size fits: packets "
+                                               "are copied in once and batches gathered there)")
+    sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent "
+                                 "agents: batches are [batch_size, sequence_length] with a mask; a "
+                                 "sequence stops at an episode's end and at a packet boundary, so "
+                                 "keep it well below worker.min_samples_per_worker_packet "
+                                 "(1: single transitions)", ge(1))
+    burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent "
+                         "state, without gradient (R2D2); must be < sequence_length", ge(0))
 
-
-@dataclass(frozen=True)
-class AgentConfig:
-    algorithm: Literal["auto", "sac", "dqn", "ppo"] = _f(
-        "auto", "the gym pipeline's agent: auto (SAC for Box actions, DQN for discrete ones), sac, dqn, or ppo "
-        "(on-policy, for both; needs trainer.collection sync)")
-    gamma: float = _f(0.99, "discount factor", between(0.0, 1.0))
-    polyak: float = _f(0.995, "target network averaging factor", between(0.0, 1.0))
-    alpha: float = _f(0.2, "initial entropy coefficient", gt(0))
-    lr_actor: float = _f(1e-3, "actor learning rate", gt(0))
-    lr_critic: float = _f(1e-3, "critic learning rate (DQN: its Q network's)", gt(0))
-    lr_entropy: float = _f(1e-3, "entropy coefficient learning rate", gt(0))
-    learn_entropy_coef: bool = _f(True, "tune the entropy coefficient automatically (SAC v2)")
-    target_entropy: float | None = _f(None, "target entropy (null: -dim(action))")
-    hidden_sizes: list[int] = _f([256, 256], "hidden layer sizes of actor and critics", sizes)
-    recurrent: Literal["gru", "lstm"] | None = _f(None, "SAC: a GRU or LSTM over the actor's encoder, its state kept "
-                                                  "per env by the worker and stored with each step (needs "
-                                                  "memory.sequence_length >= 2; null: MLP SAC)")
-    target_update_interval: int = _f(128, "DQN (discrete actions): training steps between copies of the Q network "
-                                     "into its target", ge(1))
-    exploration_initial_eps: float = _f(1.0, "DQN: chance of a random (allowed) action when training starts",
-                                        between(0.0, 1.0))
-    exploration_final_eps: float = _f(0.04, "DQN: chance of a random (allowed) action after exploration_steps",
-                                      between(0.0, 1.0))
-    exploration_steps: int = _f(4000, "DQN: training steps over which the chance of a random action falls linearly "
-                                "from exploration_initial_eps to exploration_final_eps (workers follow with each "
-                                "weight version; test episodes act greedily)", ge(0))
-    lr_ppo: float = _f(3e-4, "PPO: learning rate of its one optimiser (policy and value together)", gt(0))
-    ppo_epochs: int = _f(10, "PPO: passes over each collected batch", ge(1))
-    minibatch_size: int = _f(64, "PPO: transitions per gradient step within a pass", ge(1))
-    clip_range: float = _f(0.2, "PPO: epsilon of the clipped surrogate (the policy ratio counts within 1 +- this)",
-                           gt(0))
-    clip_range_vf: float | None = _f(None, "PPO: the new value is kept within this of the value recorded at action "
-                                     "time (null: no value clipping)", optional(gt(0)))
-    gae_lambda: float = _f(0.95, "PPO: lambda of generalised advantage estimation", between(0.0, 1.0))
-    ent_coef: float = _f(0.0, "PPO: weight of the entropy bonus", ge(0))
-    vf_coef: float = _f(0.5, "PPO: weight of the value loss", ge(0))
-    max_grad_norm: float = _f(0.5, "PPO: gradients are clipped to this global norm", gt(0))
-    ppo_anneal_frames: int | None = _f(None, "PPO: lr_ppo and clip_range fall linearly to 0 over this many trained env "
-                                       "steps (RL Zoo's lin_ schedules; null: constant)", optional(ge(1)))
+    if not typing.TYPE_CHECKING:  # mypy still refuses unknown names; old ones read at run time
+        def __getattr__(self, name: str) -> Any:
+            return old_attribute(self, "memory", name)
 
 
 @dataclass(frozen=True)
@@ -325,16 +348,21 @@ class WandbConfig:
 @dataclass(frozen=True)
 class Config:
     config_version: int = _f(CONFIG_VERSION, "version of this file's layout")
-    run_name: str = _f("pendulum-sac", "name of the run; outputs go to <weights_folder>/<run_name>/", file_name)
+    run_name: str = _f("pendulum-sac", "name of the run; outputs go to "
+                                       "<weights_folder>/<run_name>/", file_name)
     weights_folder: str = _f("weights", "folder for weights, checkpoints and metrics", folder, home)
     torch_threads: int = _f(1, "torch.set_num_threads in every netrl process", between(1, 1024))
     status_interval_s: float = _f(10.0, "seconds between each role's status lines (0: none)",
                                 seconds_or_zero)
     # gymnasium and numpy refuse seeds < 0
-    seed: int | None = _f(None, "random seed (null: random); each worker adds a number made from its worker_id, so "
-                          "workers explore differently, and each the same way every run", optional(ge(0)))
-    security: Literal["curve", "none"] = _f("curve", "CurveZMQ encryption and key authentication; none is unsafe")
-    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)", folder, home)
+    seed: int | None = _f(None, "random seed (null: random); each worker adds a number "
+                                "made from its worker_id, so workers explore differently, "
+                                "and each the same way every run", optional(ge(0)))
+    security: Literal["curve", "none"] = _f("curve",
+                                            "CurveZMQ encryption and key "
+                                            "authentication; none is unsafe")
+    keys_dir: str = _f("keys", "folder of CURVE keys (python -m netrl --keygen writes it)",
+                       folder, home)
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     server: ServerConfig = field(default_factory=ServerConfig)

@@ -1,6 +1,6 @@
-"""Environments: tmrl's :class:`GenericGymEnv` wrapper and the checks run on every env, the :class:`ImageReachEnv`
-image env, and :class:`StepTimer` for real-time step periods. Loaded on first use: ``import netrl.envs`` imports
-neither Gymnasium nor OpenCV.
+"""Environments: tmrl's :class:`GenericGymEnv` wrapper and the checks run on every env, the
+:class:`ImageReachEnv` image env, and :class:`StepTimer` for real-time step periods. Loaded on first
+use: ``import netrl.envs`` imports neither Gymnasium nor OpenCV.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The checks netrl runs on every env before use: the spaces it can carry, observations and actions that fit them,
-and a sample compressor's signature. Each names the leaf or argument that is wrong and says what to do."""
+"""The checks netrl runs on every env before use: the spaces it can carry, observations and
+actions that fit them, and a sample compressor's signature. Each names the leaf or argument
+that is wrong and says what to do."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from netrl.limits import Bounds, ValueLimits
-from netrl.spaces import integer_range, space_kind
+from netrl.samples.spaces import integer_range, space_kind
+from netrl.samples.value_limits import Bounds, ValueLimits
 from netrl.util import takes_args
 
 __all__ = ["ACTION_MASK", "check_action", "check_observation", "check_sample_compressor", "check_spaces",
            "fit_problem", "fit_problems", "mask_problem", "mask_size", "space_problems", "value_limits"]
 
 
-ACTION_MASK = "action_mask"  # Gymnasium's, PettingZoo's and TorchRL's key for the actions allowed in a state
+# Gymnasium's, PettingZoo's and TorchRL's key for the actions allowed in a state
+ACTION_MASK = "action_mask"
 _LEAVES = (gymnasium.spaces.Box, gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete,
            gymnasium.spaces.MultiBinary)
 _WHY_NOT = {"Text": "encode the text as a Box or MultiDiscrete of character codes",
@@ -29,10 +31,12 @@ _WHY_NOT = {"Text": "encode the text as a Box or MultiDiscrete of character code
 
 
 def space_problems(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> list[str]:
-    """Every reason netrl cannot carry these spaces, each naming the leaf (``observation_space['mask']``), or [].
+    """Every reason netrl cannot carry these spaces, each naming the leaf
+    (``observation_space['mask']``), or [].
 
-    Observations are Box, Discrete, MultiDiscrete and MultiBinary leaves, within Tuple and Dict spaces; actions are
-    one such leaf. A Dict observation's ``action_mask`` entry must fit the action space (see :func:`mask_size`)."""
+    Observations are Box, Discrete, MultiDiscrete and MultiBinary leaves, within Tuple and Dict
+    spaces; actions are one such leaf. A Dict observation's ``action_mask`` entry must fit the
+    action space (see :func:`mask_size`)."""
     problems: list[str] = []
 
     def leaves(space: gymnasium.Space, path: str) -> None:
@@ -45,14 +49,16 @@ def space_problems(observation_space: gymnasium.Space, action_space: gymnasium.S
         elif not isinstance(space, _LEAVES):
             name = type(space).__name__
             fix = _WHY_NOT.get(name, "wrap the env to turn it into one of them")
-            problems.append(f"{path} is a {name}, which netrl cannot carry: its leaves must be Box, Discrete, "
-                            f"MultiDiscrete or MultiBinary spaces within Tuple and Dict spaces ({fix})")
+            problems.append(f"{path} is a {name}, which netrl cannot carry: its "
+                            f"leaves must be Box, Discrete, MultiDiscrete or "
+                            f"MultiBinary spaces within Tuple and Dict spaces ({fix})")
 
     leaves(observation_space, "observation_space")
     if not isinstance(action_space, _LEAVES):
-        problems.append(f"action_space is a {type(action_space).__name__}; netrl carries Box, Discrete, MultiDiscrete "
-                        "and MultiBinary actions: give the env one of them (a Tuple of choices can be a "
-                        "MultiDiscrete, a Dict of Boxes one Box)")
+        problems.append(f"action_space is a {type(action_space).__name__}; netrl "
+                        f"carries Box, Discrete, MultiDiscrete and MultiBinary "
+                        f"actions: give the env one of them (a Tuple of choices "
+                        f"can be a MultiDiscrete, a Dict of Boxes one Box)")
     if isinstance(observation_space, gymnasium.spaces.Dict) and ACTION_MASK in observation_space.spaces:
         problem = _mask_space_problem(observation_space.spaces[ACTION_MASK], action_space)
         if problem:
@@ -68,8 +74,9 @@ def check_spaces(observation_space: gymnasium.Space, action_space: gymnasium.Spa
 
 
 def mask_size(action_space: gymnasium.Space) -> int | None:
-    """How many entries an action mask of ``action_space`` has: ``n`` for a Discrete, ``sum(nvec)`` for a 1-D
-    MultiDiscrete (one entry per choice of each part, as TorchRL and PettingZoo flatten it); None for the others."""
+    """How many entries an action mask of ``action_space`` has: ``n`` for a Discrete, ``sum(nvec)``
+    for a 1-D MultiDiscrete (one entry per choice of each part, as TorchRL and PettingZoo flatten
+    it); None for the others."""
     if isinstance(action_space, gymnasium.spaces.Discrete):
         return int(action_space.n)
     if isinstance(action_space, gymnasium.spaces.MultiDiscrete) and len(action_space.shape) == 1:
@@ -81,23 +88,26 @@ def _mask_space_problem(mask: gymnasium.Space, action_space: gymnasium.Space) ->
     where = f"observation_space[{ACTION_MASK!r}]"
     size = mask_size(action_space)
     if size is None:
-        return (f"{where} is an action mask, but the action_space is a {type(action_space).__name__}"
-                f"{' of more than one dimension' if space_kind(action_space) == 'MultiDiscrete' else ''}: masks "
-                f"are for Discrete and 1-D MultiDiscrete actions (rename the entry if it is not a mask)")
+        return (f"{where} is an action mask, but the "
+                f"action_space is a {type(action_space).__name__}"
+                f"{' of more than one dimension' if space_kind(action_space) == 'MultiDiscrete' else ''}: "
+                f"masks are for Discrete and 1-D MultiDiscrete "
+                f"actions (rename the entry if it is not a mask)")
     is_box = isinstance(mask, gymnasium.spaces.Box)
     if not (is_box or isinstance(mask, gymnasium.spaces.MultiBinary)) or np.dtype(mask.dtype).kind not in "biu":
         dtype = f" of {mask.dtype}" if is_box else ""
-        return (f"{where} is a {type(mask).__name__}{dtype}; an action mask is a MultiBinary({size}) or an integer or "
-                f"bool Box of shape ({size},)")
+        return (f"{where} is a {type(mask).__name__}{dtype}; an action mask is a "
+                f"MultiBinary({size}) or an integer or bool Box of shape ({size},)")
     if mask.shape != (size,):
-        return (f"{where} has shape {mask.shape}; the action_space {action_space} needs a mask of shape "
-                f"({size},), one entry per action")
+        return (f"{where} has shape {mask.shape}; the action_space "
+                f"{action_space} needs a mask of shape ({size},), one entry per action")
     return None
 
 
 def mask_problem(obs: Any, action_space: gymnasium.Space, path: str = "observation_space") -> str | None:
-    """Why the action mask in ``obs`` (a dict with an ``action_mask`` entry) allows no action, or None: an actor
-    could not choose, nor a target bootstrap from that state. A MultiDiscrete needs an allowed choice in each part."""
+    """Why the action mask in ``obs`` (a dict with an ``action_mask`` entry) allows no action, or
+    None: an actor could not choose, nor a target bootstrap from that state. A MultiDiscrete
+    needs an allowed choice in each part."""
     if not isinstance(obs, dict) or ACTION_MASK not in obs:
         return None
     mask = np.asarray(obs[ACTION_MASK])
@@ -111,18 +121,19 @@ def mask_problem(obs: Any, action_space: gymnasium.Space, path: str = "observati
     for i, (a, b) in enumerate(itertools.pairwise(bounds)):
         if not mask[a:b].any():
             part = f" for part {i} of the action (entries {a}..{b - 1})" if len(parts) > 1 else ""
-            return (f"{path}[{ACTION_MASK!r}] allows no action{part}: a state that is not terminal must allow one "
-                    "(1 or True marks an allowed action)")
+            return (f"{path}[{ACTION_MASK!r}] allows no action{part}: a state that is "
+                    f"not terminal must allow one (1 or True marks an allowed action)")
     return None
 
 
 def fit_problem(value: Any, space: gymnasium.Space, path: str) -> str | None:
-    """Why ``value`` does not fit ``space`` (naming the leaf, e.g. ``observation_space[2]``), or None if it does.
+    """Why ``value`` does not fit ``space`` (naming the leaf, e.g. ``observation_space[2]``), or
+    None if it does.
 
-    Box leaves must have the space's shape and a dtype that casts to the space's within its kind (float64 to float32
-    is fine, float to int is not); Discrete, MultiDiscrete and MultiBinary leaves integers (or bools) of the
-    space's shape within its values. Tuple spaces take tuples or lists of as many parts, Dict spaces dicts with the
-    same keys."""
+    Box leaves must have the space's shape and a dtype that casts to the space's within its kind
+    (float64 to float32 is fine, float to int is not); Discrete, MultiDiscrete and MultiBinary
+    leaves integers (or bools) of the space's shape within its values. Tuple spaces take tuples or
+    lists of as many parts, Dict spaces dicts with the same keys."""
     problems = fit_problems(value, space, path)
     return problems[0] if problems else None
 
@@ -150,12 +161,15 @@ def _leaf_fit_problem(value: Any, space: gymnasium.Space, path: str) -> str | No
     try:
         arr = np.asarray(value)
     except Exception as exc:  # e.g. a CUDA tensor
-        return f"{path} expects a numpy array, got a {type(value).__name__} that numpy cannot read ({exc})"
+        return (f"{path} expects a numpy array, got a "
+                f"{type(value).__name__} that numpy cannot read ({exc})")
     want_shape, want_dtype = tuple(space.shape or ()), np.dtype(space.dtype or np.float32)
     if arr.shape != want_shape:
-        return f"{path} expects shape {want_shape}, got shape {arr.shape} ({type(value).__name__} of {arr.dtype})"
+        return (f"{path} expects shape {want_shape}, got shape "
+                f"{arr.shape} ({type(value).__name__} of {arr.dtype})")
     found = integer_range(space)
-    if found is not None:  # Discrete, MultiDiscrete, MultiBinary: integers (or bools) within the space's range
+    # Discrete, MultiDiscrete, MultiBinary: integers (or bools) within the space's range
+    if found is not None:
         kind = space_kind(space)
         if arr.dtype.kind not in "biu":
             return f"{path} is a {kind}, whose values are integers; got {arr.dtype} ({_short(arr)})"
@@ -164,8 +178,8 @@ def _leaf_fit_problem(value: Any, space: gymnasium.Space, path: str) -> str | No
         if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             element = f" element {at[0] if len(at) == 1 else at}" if at else ""
-            return (f"{path}{element} is {int(arr[at])}, outside the {kind}'s values {int(low[at])}.."
-                    f"{int(high[at])}")
+            return (f"{path}{element} is {int(arr[at])}, outside the "
+                    f"{kind}'s values {int(low[at])}..{int(high[at])}")
         return None
     if not np.can_cast(arr.dtype, want_dtype, casting="same_kind"):
         return f"{path} expects dtype {want_dtype}, got {arr.dtype}, which does not cast to it"
@@ -178,7 +192,8 @@ def _short(arr: np.ndarray) -> str:
 
 
 def _box_bound_problem(value: Any, space: gymnasium.Space, path: str) -> str | None:
-    """Why a Box action is outside its bounds (beyond the float rounding margin the trainer allows), or None."""
+    """Why a Box action is outside its bounds (beyond the float rounding margin the
+    trainer allows), or None."""
     if not isinstance(space, gymnasium.spaces.Box):
         return None
     arr = np.asarray(value, np.float64)
@@ -195,45 +210,52 @@ def _box_bound_problem(value: Any, space: gymnasium.Space, path: str) -> str | N
 
 def check_observation(obs: Any, space: gymnasium.Space, what: str, action_space: gymnasium.Space | None = None,
                       terminal: bool = False) -> None:
-    """Raise ValueError, naming the leaf, unless ``obs`` (``what``: where it came from) fits ``space`` and, given
-    the ``action_space``, its action mask allows an action (unless the state is ``terminal``). The worker checks its
-    first observations: one that does not fit would fail much later, in the actor or on the trainer."""
+    """Raise ValueError, naming the leaf, unless ``obs`` (``what``: where it came from) fits
+    ``space`` and, given the ``action_space``, its action mask allows an action (unless the state is
+    ``terminal``). The worker checks its first observations: one that does not fit would fail much
+    later, in the actor or on the trainer."""
     problem = fit_problem(obs, space, "observation_space")
     if problem is None and action_space is not None and not terminal:
         problem = mask_problem(obs, action_space)
     if problem:
-        raise ValueError(f"{what} does not fit the env's observation_space: {problem}. Make the env's reset() and "
-                         "step() return observations shaped like observation_space (with rtgym: the interface's "
-                         "reset() and get_obs_rew_terminated_info() must match get_observation_space(); a number for "
-                         "a Box of shape (1,) must be an array of 1)")
+        raise ValueError(f"{what} does not fit the env's observation_space: {problem}. "
+                         f"Make the env's reset() and step() return observations shaped "
+                         f"like observation_space (with rtgym: the interface's reset() and "
+                         f"get_obs_rew_terminated_info() must match get_observation_space(); a "
+                         f"number for a Box of shape (1,) must be an array of 1)")
 
 
 def check_action(act: Any, space: gymnasium.Space, actor: str) -> None:
-    """Raise ValueError, naming the leaf, unless the action ``actor.act`` returned fits ``space``."""
+    """Raise ValueError, naming the leaf, unless the action ``actor.act``
+    returned fits ``space``."""
     problem = fit_problem(act, space, "action_space") or _box_bound_problem(act, space, "action_space")
     if problem:
-        raise ValueError(f"ActorModule.act ({actor}.act) returned an action that does not fit the env's "
-                         f"action_space: {problem}. act() receives a batch of one observation and must return one "
-                         "action shaped like action_space, as a numpy array (drop the batch dimension, e.g. a[0] "
-                         "or a.squeeze(0))")
+        raise ValueError(f"ActorModule.act ({actor}.act) returned an action that does not fit "
+                         f"the env's action_space: {problem}. act() receives a batch of one "
+                         f"observation and must return one action shaped like action_space, as a "
+                         f"numpy array (drop the batch dimension, e.g. a[0] or a.squeeze(0))")
 
 
 def check_sample_compressor(compressor: Callable[..., Any]) -> None:
     """Raise TypeError unless ``compressor`` takes netrl's (and tmrl >= 0.5's) six arguments."""
     if not takes_args(compressor, 6):
-        raise TypeError(f"sample_compressor {getattr(compressor, '__name__', compressor)!r} must take 6 arguments, "
-                        "(act, obs, rew, terminated, truncated, info), and return them in that order. tmrl before "
-                        "0.5 (and its older tutorial) used 5, (prev_act, obs, rew, done, info): split done into "
-                        "terminated (the episode ended) and truncated (it was cut short, e.g. by a time limit)")
+        raise TypeError(f"sample_compressor {getattr(compressor, '__name__', compressor)!r} must "
+                        f"take 6 arguments, (act, obs, rew, terminated, truncated, "
+                        f"info), and return them in that order. tmrl before 0.5 (and "
+                        f"its older tutorial) used 5, (prev_act, obs, rew, done, "
+                        f"info): split done into terminated (the episode ended) "
+                        f"and truncated (it was cut short, e.g. by a time limit)")
 
 
 def value_limits(observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  max_abs_reward: float = math.inf) -> ValueLimits:
-    """The values rows of these spaces may hold, by leaf name as packets carry them (``obs/1``, ``act``).
+    """The values rows of these spaces may hold, by leaf name as packets carry
+    them (``obs/1``, ``act``).
 
-    A float Box leaf is bounded by the space's finite bounds (infinite ones leave only finiteness to check); an
-    integer Box leaf by its bounds where they are narrower than its dtype's range; a Discrete or MultiDiscrete leaf
-    by ``start`` to ``start + n - 1``, a MultiBinary leaf by 0 and 1."""
+    A float Box leaf is bounded by the space's finite bounds (infinite ones leave only
+    finiteness to check); an integer Box leaf by its bounds where they are narrower than its
+    dtype's range; a Discrete or MultiDiscrete leaf by ``start`` to ``start + n - 1``, a
+    MultiBinary leaf by 0 and 1."""
     bounds: dict[str, Bounds] = {}
 
     def walk(space: gymnasium.Space, name: str, path: str) -> None:
@@ -256,8 +278,9 @@ def value_limits(observation_space: gymnasium.Space, action_space: gymnasium.Spa
 
 
 def _box_bounds(space: gymnasium.spaces.Box, path: str) -> Bounds | None:
-    """A Box's bounds, or None where they bound nothing a row's dtype could hold (unbounded floats, full-range
-    integers such as uint8 images: checking them would cost a pass over every frame and refuse nothing)."""
+    """A Box's bounds, or None where they bound nothing a row's dtype could hold (unbounded
+    floats, full-range integers such as uint8 images: checking them would cost a pass over every
+    frame and refuse nothing)."""
     low = np.broadcast_to(np.asarray(space.low, np.float64), space.shape)
     high = np.broadcast_to(np.asarray(space.high, np.float64), space.shape)
     kind = np.dtype(space.dtype).kind

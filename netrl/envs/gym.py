@@ -1,10 +1,12 @@
-"""tmrl's ``GenericGymEnv`` wrapper (the checks netrl runs on every env are in :mod:`netrl.envs.checks`).
+"""tmrl's ``GenericGymEnv`` wrapper (the checks netrl runs on every env
+are in :mod:`netrl.envs.checks`).
 
-``GenericGymEnv`` builds any registered Gymnasium env, including rtgym's ``real-time-gym-v1`` and
-``real-time-gym-ts-v1`` (pass ``id="rtgym:real-time-gym-ts-v1"`` and ``gym_kwargs={"config": ...}``), keeps
-Gymnasium's passive env checker on, and turns float64 observations into float32 as tmrl does; discrete leaves
-(Discrete, MultiDiscrete, MultiBinary) stay integers. Observations are
-always fresh arrays: rtgym reuses its action-buffer arrays between steps, so they are copied here.
+``GenericGymEnv`` builds any registered Gymnasium env, including rtgym's ``real-time-gym-v1``
+and ``real-time-gym-ts-v1`` (pass ``id="rtgym:real-time-gym-ts-v1"`` and
+``gym_kwargs={"config": ...}``), keeps Gymnasium's passive env checker on, and turns float64
+observations into float32 as tmrl does; discrete leaves (Discrete, MultiDiscrete, MultiBinary)
+stay integers. Observations are always fresh arrays: rtgym reuses its action-buffer arrays between
+steps, so they are copied here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import gymnasium
 import numpy as np
 
 from netrl.errors import ConfigError
-from netrl.samples import tree_map
-from netrl.spaces import default_value
+from netrl.samples.columns import tree_map
+from netrl.samples.spaces import default_value
 
 __all__ = ["GenericGymEnv", "float32_space"]
 
@@ -47,21 +49,24 @@ class GenericGymEnv(gymnasium.Wrapper):
     """``gymnasium.make(id, **gym_kwargs)`` with float32 observations that are copies, never views.
 
     Args:
-        id: a registered env id; ``"module:EnvId"`` imports ``module`` first (e.g. ``"rtgym:real-time-gym-ts-v1"``;
-            rtgym's ``real-time-gym-v1`` gets a warning: it is not thread-safe, and a worker runs threads).
+        id: a registered env id; ``"module:EnvId"`` imports ``module`` first (e.g.
+            ``"rtgym:real-time-gym-ts-v1"``; rtgym's ``real-time-gym-v1`` gets a warning: it is not
+            thread-safe, and a worker runs threads).
         gym_kwargs: keyword arguments for ``gymnasium.make``.
     """
 
     def __init__(self, id: str = "Pendulum-v1", gym_kwargs: dict[str, Any] | None = None) -> None:
         if id.rpartition(":")[2] == "real-time-gym-v1":
-            log.warning("%s is rtgym's env that is not thread-safe, and a RolloutWorker runs threads beside it (its "
-                        "network thread; the env's calls run on a thread of their own): use \"%s\", the thread-safe "
-                        "one, with the same config", id, id.replace("real-time-gym-v1", "real-time-gym-ts-v1"))
+            log.warning("%s is rtgym's env that is not thread-safe, and a RolloutWorker runs "
+                        "threads beside it (its network thread; the env's calls run on a thread of "
+                        "their own): use \"%s\", the thread-safe one, with the same config",
+                        id, id.replace("real-time-gym-v1", "real-time-gym-ts-v1"))
         try:
             env = gymnasium.make(id, **(gym_kwargs or {}))
         except TypeError as exc:  # most often a keyword the env does not take
-            raise ConfigError([f"gymnasium.make({id!r}, **{gym_kwargs}) failed: {exc}; check the keyword "
-                               "arguments"], "GenericGymEnv gym_kwargs (env.kwargs in config.json)") from None
+            raise ConfigError([f"gymnasium.make({id!r}, **{gym_kwargs}) failed: {exc}; "
+                               f"check the keyword arguments"], "GenericGymEnv gym_kwargs "
+                                             "(env.kwargs in config.json)") from None
         super().__init__(env)
         self.observation_space = float32_space(self.env.observation_space)
 
@@ -75,8 +80,9 @@ class GenericGymEnv(gymnasium.Wrapper):
 
     @property
     def default_action(self) -> np.ndarray:
-        """The action recorded with the first observation of an episode: rtgym's default action, else a valid action
-        of the space (zeros where the space holds them, e.g. a Discrete's ``start``)."""
+        """The action recorded with the first observation of an episode: rtgym's default
+        action, else a valid action of the space (zeros where the space holds them, e.g. a
+        Discrete's ``start``)."""
         default = getattr(self.env.unwrapped, "default_action", None)
         space = self.action_space
         if default is None:

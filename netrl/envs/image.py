@@ -1,16 +1,20 @@
-"""ImageReach: a small image env for the image pipeline, rendered with OpenCV and needing no display.
+"""ImageReach: a small image env for the image pipeline, rendered with OpenCV
+and needing no display.
 
-A point robot moves on a square table seen by an overhead 64x64 grayscale camera; it must reach a target disc.
-The camera image is the only observation: a stack of the last ``stack`` frames, ``(stack, size, size)`` uint8,
-newest last, with ``stack`` copies of the first frame at reset (so a memory can rebuild stacks from single frames,
-see :mod:`netrl.memory.frames`). Frames carry Gaussian sensor noise (``noise``, in gray levels) over a fixed textured
-background, so that compression figures resemble a real camera's rather than a flat synthetic image's.
+A point robot moves on a square table seen by an overhead 64x64 grayscale camera; it must reach a
+target disc. The camera image is the only observation: a stack of the last ``stack`` frames,
+``(stack, size, size)`` uint8, newest last, with ``stack`` copies of the first frame at reset (so a
+memory can rebuild stacks from single frames, see :mod:`netrl.memory.frames`). Frames carry Gaussian
+sensor noise (``noise``, in gray levels) over a fixed textured background, so that compression
+figures resemble a real camera's rather than a flat synthetic image's.
 
-* action: velocity command in ``[-1, 1]^2``, scaled by ``speed`` (world units per step; the table is ``[-1, 1]^2``)
-* reward: minus the distance to the target; the episode terminates when the robot is within ``goal_radius``
-  and is truncated after ``max_steps`` steps
+* action: velocity command in ``[-1, 1]^2``, scaled by ``speed`` (world units per step;
+  the table is ``[-1, 1]^2``)
+* reward: minus the distance to the target; the episode terminates when the robot is within
+  ``goal_radius`` and is truncated after ``max_steps`` steps
 
-Import this module (or use the id ``"netrl.envs.image:ImageReach-v0"``) to register ``ImageReach-v0``.
+Import this module (or use the id ``"netrl.envs.image:ImageReach-v0"``) to
+register ``ImageReach-v0``.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     def __init__(self, size: int = 64, stack: int = 4, max_steps: int = 50, noise: float = 3.0, speed: float = 0.1,
                  goal_radius: float = 0.12, render_mode: str | None = None) -> None:
-        # the start is drawn over 3 goal radii from the target, inside [-0.85, 0.85]^2: at most 0.85 * sqrt(2) away
-        # from a target at the centre, so a radius from 0.4 on has no start there (reset() would loop for ever)
+        # the start is drawn over 3 goal radii from the target, inside [-0.85, 0.85]^2: at
+        # most 0.85 * sqrt(2) away from a target at the centre, so a radius from 0.4 on has no start
+        # there (reset() would loop for ever)
         if size < 16 or stack < 1 or max_steps < 1 or noise < 0 or speed <= 0 or not 0 < goal_radius < 0.4:
-            raise ValueError(f"ImageReachEnv needs size >= 16, stack >= 1, max_steps >= 1, noise >= 0, speed > 0 and "
-                             f"0 < goal_radius < 0.4 (got size={size}, stack={stack}, max_steps={max_steps}, "
+            raise ValueError(f"ImageReachEnv needs size >= 16, stack >= 1, max_steps >= 1, "
+                             f"noise >= 0, speed > 0 and 0 < goal_radius < 0.4 (got "
+                             f"size={size}, stack={stack}, max_steps={max_steps}, "
                              f"noise={noise}, speed={speed}, goal_radius={goal_radius})")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array' (got {render_mode!r})")
@@ -55,7 +61,8 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self._steps = 0
 
     def _pixel(self, xy: np.ndarray) -> tuple[int, int]:
-        """World coordinates to pixel centre, with 4 bits of sub-pixel precision for anti-aliased drawing."""
+        """World coordinates to pixel centre, with 4 bits of sub-pixel precision
+        for anti-aliased drawing."""
         scale = (self.size - 1) / 2 * 16
         return round((xy[0] + 1) * scale), round((xy[1] + 1) * scale)
 
@@ -85,7 +92,8 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             self._pos = self.np_random.uniform(-0.85, 0.85, 2)
             if np.linalg.norm(self._pos - self._target) > 3 * self.goal_radius:
                 break
-            if tries % 1000 == 0:  # a large radius and a central target leave starts only in the far corners
+            # a large radius and a central target leave starts only in the far corners
+            if tries % 1000 == 0:
                 self._target = self.np_random.uniform(-0.75, 0.75, 2)
         self._steps = 0
         return self._observe(first=True), {}
@@ -105,7 +113,8 @@ class ImageReachEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
 
 def _background(size: int) -> np.ndarray:
-    """A fixed table texture: a soft diagonal gradient and a faint grid, like a floor under a camera."""
+    """A fixed table texture: a soft diagonal gradient and a faint grid, like a
+    floor under a camera."""
     y, x = np.mgrid[0:size, 0:size]
     img = 90 + 40 * (x + y) / (2 * size)
     img[(x % 16 == 0) | (y % 16 == 0)] += 25

@@ -1,13 +1,16 @@
-"""The pre-flight check (``python -m netrl --check-env``): the pipeline's env, run for a short while with random
-actions through the sample compressor, the packet layout and the replay memory, as a worker and a trainer would.
+"""The pre-flight check (``python -m netrl --check-env``): the pipeline's env, run for a short
+while with random actions through the sample compressor, the packet layout and the replay
+memory, as a worker and a trainer would.
 
-Every mismatch is reported at once, each with the step or packet where it first showed, rather than one per run of
-a worker: spaces netrl cannot carry, observations that do not fit their space, action masks that allow nothing,
-what the sample compressor returns, rows the packet builder refuses, values outside the spaces, packets the memory
-refuses, and the batch it hands the agent (as Gymnasium's ``check_env`` and TorchRL's ``check_env_specs`` do for
-their own contracts). The worker keeps running the same checks on its first steps.
+Every mismatch is reported at once, each with the step or packet where it first showed, rather
+than one per run of a worker: spaces netrl cannot carry, observations that do not fit their space,
+action masks that allow nothing, what the sample compressor returns, rows the packet builder
+refuses, values outside the spaces, packets the memory refuses, and the batch it hands the agent (as
+Gymnasium's ``check_env`` and TorchRL's ``check_env_specs`` do for their own contracts). The worker
+keeps running the same checks on its first steps.
 
-The RL half: the packet encoding is the network's, so :mod:`netrl.__main__` passes it in as ``through_wire``.
+The RL half: the packet encoding is the network's, so :mod:`netrl.__main__`
+passes it in as ``through_wire``.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from netrl.envs.checks import (
     space_problems,
     value_limits,
 )
-from netrl.samples import Buffer, BufferBuilder, flatten
-from netrl.spaces import carried_sample, default_value
+from netrl.samples.columns import Buffer, BufferBuilder, flatten
+from netrl.samples.spaces import carried_sample, default_value
 
 __all__ = ["PreflightReport", "WireCheck", "preflight", "random_action"]
 
-# (packet, observation space, action space, sample compressor) -> the packet as the trainer receives it; raises
-# ValueError (or a NetrlError) naming the field when the server or the trainer would refuse it
+# (packet, observation space, action space, sample compressor) -> the packet as the trainer
+# receives it; raises ValueError (or a NetrlError) naming the field when the server or
+# the trainer would refuse it
 WireCheck = Callable[[Buffer, gymnasium.Space, gymnasium.Space, Any], Buffer]
 PACKET_ROWS = 32
 _PLACE = re.compile(r"\b(env step|episode|packet|row) \d+")
@@ -43,11 +47,13 @@ _PLACE = re.compile(r"\b(env step|episode|packet|row) \d+")
 
 @dataclass
 class PreflightReport:
-    """What :func:`preflight` found: ``problems`` (each once, where it first showed) and ``checked`` (what passed)."""
+    """What :func:`preflight` found: ``problems`` (each once, where it first showed) and
+    ``checked`` (what passed)."""
 
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
-    seen: dict[str, int] = field(default_factory=dict)  # a problem without its place -> how often it showed
+    seen: dict[str, int] = field(default_factory=dict)  # a problem without its place -> how
+                                                        # often it showed
     _keys: list[str] = field(default_factory=list, repr=False)  # each problem's key in seen
 
     @property
@@ -55,7 +61,8 @@ class PreflightReport:
         return not self.problems
 
     def add(self, problem: str, where: str = "") -> None:
-        """Keep ``problem`` (found at ``where``) unless the same one, wherever it was, showed before: count it then."""
+        """Keep ``problem`` (found at ``where``) unless the same one, wherever it was,
+        showed before: count it then."""
         key = _PLACE.sub("#", problem)
         if key not in self.seen:
             self.problems.append(f"{where}: {problem}" if where else problem)
@@ -64,11 +71,13 @@ class PreflightReport:
 
     def format(self) -> str:
         head = ("env check passed" if self.ok else
-                f"env check found {len(self.problems)} problem{'' if len(self.problems) == 1 else 's'}")
+                f"env check found {len(self.problems)} "
+                f"problem{'' if len(self.problems) == 1 else 's'}")
         lines = [head, *(f"  checked: {c}" for c in self.checked)]
         for p, key in zip(self.problems, self._keys, strict=True):
             times = self.seen[key]
-            lines.append(f"  problem: {p}" + (f" (and {times - 1} more time{'' if times == 2 else 's'})"
+            lines.append(f"  problem: {p}" + (f" (and {times - 1} more "
+                                              f"time{'' if times == 2 else 's'})"
                                                  if times > 1 else ""))
         return "\n".join(lines)
 
@@ -87,10 +96,12 @@ def random_action(action_space: gymnasium.Space, obs: Any) -> Any:
 def preflight(env_cls: Callable[[], Any], sample_compressor: Callable[..., Any] | None = None,
               memory_cls: Callable[..., Any] | None = None, overlap: int = 1, steps: int = 200,
               seed: int | None = 0, through_wire: WireCheck | None = None) -> PreflightReport:
-    """Build ``env_cls()``, run ``steps`` env steps with random actions, and report every mismatch at once.
+    """Build ``env_cls()``, run ``steps`` env steps with random actions, and
+    report every mismatch at once.
 
-    ``memory_cls`` is built with ``device="cpu"`` (and a small ``memory_size`` and ``batch_size`` where it takes
-    them); ``through_wire`` (see :data:`WireCheck`) checks each packet as the server and trainer would."""
+    ``memory_cls`` is built with ``device="cpu"`` (and a small ``memory_size`` and ``batch_size``
+    where it takes them); ``through_wire`` (see :data:`WireCheck`) checks each packet as
+    the server and trainer would."""
     report = PreflightReport()
     try:
         env = env_cls()
@@ -133,13 +144,14 @@ def _run(env: Any, report: PreflightReport, compressor: Callable[..., Any] | Non
 def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] | None,
              memory_cls: Callable[..., Any] | None, overlap: int, steps: int, seed: int | None,
              through_wire: WireCheck | None, expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
-    """Random actions for ``steps`` env steps, rows cut into packets as a worker does, each packet checked."""
+    """Random actions for ``steps`` env steps, rows cut into packets as a worker
+    does, each packet checked."""
     obs_space, act_space = env.observation_space, env.action_space
     builder = BufferBuilder(PACKET_ROWS + overlap, overlap)
     builder.dtypes = {name: np.dtype(d) for name, (d, _) in expected.items()}
     memory = _memory(memory_cls, report)
-    # the values' checks, where no wire route brings the trainer's (with a compressor, its schema knows which leaves
-    # keep the spaces' bounds)
+    # the values' checks, where no wire route brings the trainer's (with a compressor, its schema
+    # knows which leaves keep the spaces' bounds)
     limits = value_limits(obs_space, act_space) if compressor is None and through_wire is None else None
     act_space.seed(seed)
     packets, rows, episodes = 0, 0, 0
@@ -181,21 +193,23 @@ def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] |
         if builder.full or len(builder) >= PACKET_ROWS:
             send(builder.cut())
     send(builder.cut())
-    report.checked.append(f"{step} env steps ({episodes} episode{'' if episodes == 1 else 's'} finished) in "
-                          f"{packets} packet{'' if packets == 1 else 's'}")
+    report.checked.append(f"{step} env steps ({episodes} episode{'' if episodes == 1 else 's'} "
+                          f"finished) in {packets} packet{'' if packets == 1 else 's'}")
     if memory is not None:
         _batch(memory, expected, report)
 
 
 def _expected_leaves(obs_space: gymnasium.Space, act_space: gymnasium.Space, compressor: Callable[..., Any] | None,
                      report: PreflightReport) -> dict[str, tuple[str, tuple[int, ...]]] | None:
-    """The leaves a worker sends for these spaces (as the trainer's schema derives them), or None on a problem."""
+    """The leaves a worker sends for these spaces (as the trainer's schema derives
+    them), or None on a problem."""
     act, obs = carried_sample(act_space), carried_sample(obs_space)
     if compressor is not None:
         try:
             act, obs, *_ = copy.deepcopy(compressor)(act, obs, 0.0, False, False, {"probe": True})
         except Exception as exc:
-            report.add(f"the sample compressor failed on a random row of the spaces: {type(exc).__name__}: {exc}")
+            report.add(f"the sample compressor failed on a random "
+                       f"row of the spaces: {type(exc).__name__}: {exc}")
             return None
     try:
         leaves = flatten(act, "act")[1] + flatten(obs, "obs")[1]
@@ -238,7 +252,8 @@ def _placeholder(env: Any, act_space: gymnasium.Space) -> Any:
 def _observation(obs: Any, obs_space: gymnasium.Space, act_space: gymnasium.Space, where: str,
                  report: PreflightReport, terminal: bool) -> None:
     problems = fit_problems(obs, obs_space, "observation_space")
-    if not terminal:  # a mask may be checked whatever else is wrong: mask_problem passes over one it cannot read
+    # a mask may be checked whatever else is wrong: mask_problem passes over one it cannot read
+    if not terminal:
         problems += [p for p in [mask_problem(obs, act_space)] if p]
     for problem in problems:
         report.add(problem, where)
@@ -246,7 +261,8 @@ def _observation(obs: Any, obs_space: gymnasium.Space, act_space: gymnasium.Spac
 
 def _add(builder: BufferBuilder, compressor: Callable[..., Any] | None, act: Any, obs: Any, rew: float,
          terminated: bool, truncated: bool, info: Any, reset: bool, where: str, report: PreflightReport) -> bool:
-    """One row through the compressor into the builder (as the worker's PacketMaker does); False on a problem."""
+    """One row through the compressor into the builder (as the worker's PacketMaker
+    does); False on a problem."""
     if compressor is not None:
         try:
             act, obs, rew, terminated, truncated, info = compressor(act, obs, rew, terminated, truncated, info)
@@ -265,12 +281,14 @@ def _packet(buf: Buffer, number: int, expected: dict[str, tuple[str, tuple[int, 
             limits: Any, through_wire: WireCheck | None, obs_space: gymnasium.Space, act_space: gymnasium.Space,
             compressor: Any, memory: Any) -> None:
     leaves = dict(flatten(buf.act, "act")[1] + flatten(buf.obs, "obs")[1])
-    for name, (dtype, shape) in expected.items() if through_wire is None else ():  # else the route's schema checks
+    # else the route's schema checks
+    for name, (dtype, shape) in expected.items() if through_wire is None else ():
         got = leaves.get(name)
         if got is not None and (got.dtype.str != dtype or got.shape[1:] != shape):
-            report.add(f"{name} is {got.dtype.name} of row shape {got.shape[1:]}, but the spaces "
-                       f"(after the sample compressor) give {np.dtype(dtype).name} {shape}: the trainer would refuse "
-                       "every packet; make the env (or the compressor) return what its spaces say", f"packet {number}")
+            report.add(f"{name} is {got.dtype.name} of row shape {got.shape[1:]}, but the "
+                       f"spaces (after the sample compressor) give {np.dtype(dtype).name} "
+                       f"{shape}: the trainer would refuse every packet; make the env (or "
+                       f"the compressor) return what its spaces say", f"packet {number}")
     if limits is not None:
         problem = limits.buffer_problem(buf)
         if problem:
@@ -304,7 +322,7 @@ def _batch(memory: Any, expected: dict[str, tuple[str, tuple[int, ...]]], report
     act = getattr(batch, "act", None)
     want = expected.get("act")
     if act is not None and want is not None and tuple(act.shape[1:]) != want[1]:
-        report.add(f"the memory's batch has actions of row shape {tuple(act.shape[1:])}; the action space gives "
-                   f"{want[1]}")
-    report.checked.append(f"the memory holds {size} transitions; a batch of {len(act) if act is not None else '?'} "
-                          "was sampled")
+        report.add(f"the memory's batch has actions of row shape "
+                   f"{tuple(act.shape[1:])}; the action space gives {want[1]}")
+    report.checked.append(f"the memory holds {size} transitions; a batch of "
+                          f"{len(act) if act is not None else '?'} was sampled")

@@ -1,17 +1,20 @@
-"""Watching a real-time control loop keep its clock: step periods as the worker's control path sees them.
+"""Watching a real-time control loop keep its clock: step periods as the worker's
+control path sees them.
 
-rtgym's elastic clock makes every ``step()`` return one time step after the previous one, as long as the control
-path calls it in time. :class:`StepTimer` wraps an env and records the period between consecutive ``step()``
-returns, so a slow policy, a blocking weight load or a busy machine shows up as a longer period (an *overrun*).
-It also records the *caller time*: how long the control path took between a ``step()`` return and its next call
-(policy, bookkeeping, anything that blocked it). An overrun whose caller time exceeds the time step was the control
-path's doing (a *late call*); any other overrun happened inside the env's own time step (its threads, its device,
-or a machine too busy to wake them). It logs a one-line summary per episode (DEBUG) and overruns (WARNING, at most
-one line per 10 s)::
+rtgym's elastic clock makes every ``step()`` return one time step after the previous one, as
+long as the control path calls it in time. :class:`StepTimer` wraps an env and records the period
+between consecutive ``step()`` returns, so a slow policy, a blocking weight load or a busy machine
+shows up as a longer period (an *overrun*). It also records the *caller time*: how long the control
+path took between a ``step()`` return and its next call (policy, bookkeeping, anything that blocked
+it). An overrun whose caller time exceeds the time step was the control path's doing (a *late
+call*); any other overrun happened inside the env's own time step (its threads, its device, or a
+machine too busy to wake them). It logs a one-line summary per episode (DEBUG) and overruns
+(WARNING, at most one line per 10 s)::
 
     env = StepTimer(GenericGymEnv("rtgym:real-time-gym-ts-v1", {"config": config}), nominal_s=0.05)
     ...
-    env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4, "overruns": 0, "late_calls": 0}
+    env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4,
+                    #  "overruns": 0, "late_calls": 0}
 """
 
 from __future__ import annotations
@@ -40,13 +43,16 @@ def period_stats(periods_s: Any) -> dict[str, float]:
 
 
 class StepTimer(gymnasium.Wrapper):
-    """Records the period between consecutive ``step()`` returns within an episode, and the caller time before each.
+    """Records the period between consecutive ``step()`` returns within an episode, and
+    the caller time before each.
 
     Args:
         env: the env to time (usually an rtgym env wrapped in ``GenericGymEnv``).
         nominal_s: the env's time step in seconds.
-        overrun_s: a period longer than ``nominal_s + overrun_s`` counts (and is logged) as an overrun.
-        keep: periods (and caller times) kept in :attr:`periods` and :attr:`caller_times` (the newest ones).
+        overrun_s: a period longer than ``nominal_s + overrun_s`` counts (and is
+            logged) as an overrun.
+        keep: periods (and caller times) kept in :attr:`periods` and :attr:`caller_times`
+            (the newest ones).
         clock: the clock read around each call, in seconds (tests pass a fake one).
     """
 
@@ -57,10 +63,13 @@ class StepTimer(gymnasium.Wrapper):
         super().__init__(env)
         self.nominal_s, self.overrun_s, self.keep, self.clock = nominal_s, overrun_s, keep, clock
         self.periods: list[float] = []
-        self.step_times: list[float] = []  # perf_counter() at each step() return, in step with `periods`
-        self.caller_times: list[float] = []  # seconds from the previous return to this call, in step with `periods`
+        self.step_times: list[float] = []  # perf_counter() at each step() return, in step
+                                           # with `periods`
+        self.caller_times: list[float] = []  # seconds from the previous return to this call, in
+                                             # step with `periods`
         self.overruns = 0
-        self.late_calls = 0  # overruns with a caller time above the time step: the control path was late
+        # overruns with a caller time above the time step: the control path was late
+        self.late_calls = 0
         self.steps = 0
         self._last: float | None = None
         self._reported = (0, -math.inf)  # overruns when last logged, and when
@@ -88,10 +97,13 @@ class StepTimer(gymnasium.Wrapper):
                 late = caller > self.nominal_s
                 self.late_calls += late
                 if now - self._reported[1] > 10:
-                    log.warning("real-time step overran: %.1f ms (nominal %.1f ms), %s; %d overruns (%d late calls) "
-                                "in %d steps so far", period * 1000, self.nominal_s * 1000,
-                                f"the control path called step() {caller * 1000:.1f} ms after the last return"
-                                if late else "inside the env's time step (the control path was on time)",
+                    log.warning("real-time step overran: %.1f ms (nominal %.1f ms), "
+                                "%s; %d overruns (%d late calls) in %d steps so far",
+                                period * 1000, self.nominal_s * 1000,
+                                f"the control path called step() "
+                                f"{caller * 1000:.1f} ms after the last return"
+                                if late else "inside the env's time step "
+                                             "(the control path was on time)",
                                 self.overruns, self.late_calls, self.steps)
                     self._reported = (self.overruns, now)
             if len(self.periods) > self.keep:
@@ -102,7 +114,8 @@ class StepTimer(gymnasium.Wrapper):
     def _flush(self) -> None:
         if self._episode:
             s = period_stats(self._episode)
-            log.debug("step periods over %d steps: p50 %.1f ms, p99 %.1f ms, max %.1f ms", s["steps"], s["p50_ms"],
+            log.debug("step periods over %d steps: p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+                      s["steps"], s["p50_ms"],
                       s["p99_ms"], s["max_ms"])
         self._episode = []
 
@@ -115,5 +128,6 @@ class StepTimer(gymnasium.Wrapper):
 
     @property
     def default_action(self) -> Any:
-        """The wrapped env's default action (rtgym's), recorded with an episode's first observation."""
+        """The wrapped env's default action (rtgym's), recorded with an episode's
+        first observation."""
         return getattr(self.env, "default_action", None)

@@ -1,7 +1,8 @@
-"""Replay memories: tmrl's :class:`MemoryDataloading` contract, the default :class:`ReplayMemory`, memories that
-assemble each row's input from earlier rows by declared views (:class:`View`: :func:`prev_actions`,
-:func:`prev_rewards`, :func:`last_observations`) on :class:`HistoryMemory` (:class:`FrameStackMemory`,
-:class:`ActionBufferMemory`), the worker-side compressors that drop what they rebuild, and ``.npz`` datasets.
+"""Replay memories: tmrl's :class:`MemoryDataloading` contract, the default :class:`ReplayMemory`,
+memories that assemble each row's input from earlier rows by declared views (:class:`View`:
+:func:`prev_actions`, :func:`prev_rewards`, :func:`last_observations`) on :class:`HistoryMemory`
+(:class:`FrameStackMemory`, :class:`ActionBufferMemory`), the worker-side compressors that drop what
+they rebuild, and ``.npz`` datasets.
 
 The RL half: nothing here imports the network (zmq, msgpack, the protocol or the roles).
 """

@@ -1,10 +1,11 @@
 """tmrl's ``MemoryDataloading`` contract, and the vectorised helpers the batched memories share.
 
-A memory receives :class:`~netrl.samples.Buffer` packets through ``append_buffer`` and hands the trainer
-batches through :meth:`MemoryDataloading.sample`. A memory ported from tmrl implements only
-``append_buffer``, ``__len__`` and ``get_transition``; the base class then samples items one by one and collates
-them (tmrl's approach). :class:`~netrl.memory.replay.ReplayMemory` stores rows in preallocated numpy columns and
-gathers a whole batch with a few fancy-indexing calls, with no per-item Python code.
+A memory receives :class:`~netrl.samples.Buffer` packets through ``append_buffer`` and hands the
+trainer batches through :meth:`MemoryDataloading.sample`. A memory ported from tmrl implements
+only ``append_buffer``, ``__len__`` and ``get_transition``; the base class then samples items
+one by one and collates them (tmrl's approach). :class:`~netrl.memory.replay.ReplayMemory`
+stores rows in preallocated numpy columns and gathers a whole batch with a few fancy-indexing
+calls, with no per-item Python code.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 
 from netrl.errors import ConfigError
 from netrl.memory.dataset import read_dataset
-from netrl.samples import Batch, Buffer, tree_map
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, tree_map
 from netrl.util import takes_args
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,8 @@ Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
 
 
 def collate(items: list[Any], device: str | torch.device) -> Any:
-    """Stack a list of equally-structured samples (arrays, numbers, tuples, dicts) into tensors on ``device``."""
+    """Stack a list of equally-structured samples (arrays, numbers, tuples, dicts)
+    into tensors on ``device``."""
     first = items[0]
     if isinstance(first, (tuple, list)):
         return type(first)(collate([it[i] for it in items], device) for i in range(len(first)))
@@ -43,20 +46,23 @@ def collate(items: list[Any], device: str | torch.device) -> Any:
 
 
 def to_tensor(x: Any, device: str | torch.device) -> Any:
-    # A read-only array (derived from the views sample_preprocessor gets) is copied: torch.from_numpy warns on it.
-    # A tensor is a column already gathered on a device (memory.device cuda).
+    # A read-only array (derived from the views sample_preprocessor gets) is copied:
+    # torch.from_numpy warns on it. A tensor is a column already gathered on a
+    # device (memory.device cuda).
     return tree_map(lambda a: a.to(device, non_blocking=True) if isinstance(a, torch.Tensor) else
                     torch.from_numpy(np.ascontiguousarray(a) if a.flags.writeable else np.array(a))
                     .to(device, non_blocking=True), x)
 
 
 def run_sample_preprocessor(fn: Callable[..., Any], batch: tuple[Any, ...]) -> Any:
-    """``fn(*batch)`` on read-only views of the batch's arrays, so that changing one in place raises.
+    """``fn(*batch)`` on read-only views of the batch's arrays, so that
+    changing one in place raises.
 
-    The arrays are buffers reused between batches and, in :class:`~netrl.memory.frames.FrameStackMemory`, obs and
-    next_obs are overlapping views of one window of frames: ``obs[:] = 0`` would also change next_obs. numpy
-    refuses it ("assignment destination is read-only"). The views are made writeable again afterwards, so arrays
-    that ``fn`` returns unchanged reach ``torch.from_numpy`` without a copy (and without its read-only warning).
+    The arrays are buffers reused between batches and, in
+    :class:`~netrl.memory.frames.FrameStackMemory`, obs and next_obs are overlapping views of one
+    window of frames: ``obs[:] = 0`` would also change next_obs. numpy refuses it ("assignment
+    destination is read-only"). The views are made writeable again afterwards, so arrays that ``fn``
+    returns unchanged reach ``torch.from_numpy`` without a copy (and without its read-only warning).
     """
     locked: list[np.ndarray] = []
 
@@ -76,11 +82,13 @@ def run_sample_preprocessor(fn: Callable[..., Any], batch: tuple[Any, ...]) -> A
 
 def draw_ends(rng: np.random.Generator, batch_size: int, rows: int, ends: int,
               valid: Callable[[np.ndarray], np.ndarray], ordered: Callable[[], np.ndarray]) -> np.ndarray:
-    """``batch_size`` of a ring's ``rows`` that end one of its ``ends`` transitions, uniformly at random.
+    """``batch_size`` of a ring's ``rows`` that end one of its ``ends`` transitions,
+    uniformly at random.
 
-    By rejection sampling (``valid`` says which drawn rows end a transition), or, when few rows do (most are stale
-    samples of weight 0, say), from ``ordered()``, the list of those that do: rejection would draw rows / ends times
-    the batch (with 3 of 100,000 rows, 0.8 s and 290 MB for one batch).
+    By rejection sampling (``valid`` says which drawn rows end a transition), or, when few
+    rows do (most are stale samples of weight 0, say), from ``ordered()``, the list of those
+    that do: rejection would draw rows / ends times the batch (with 3 of 100,000 rows, 0.8 s
+    and 290 MB for one batch).
     """
     if ends == 0:
         raise RuntimeError("the replay memory holds no complete transition yet")
@@ -98,40 +106,46 @@ def draw_ends(rng: np.random.Generator, batch_size: int, rows: int, ends: int,
 
 
 def nth_end(ordered: np.ndarray, item: int) -> int:
-    """The row where the ``item``-th transition (oldest first) ends, from a memory's ``ordered`` transition ends;
-    IndexError unless ``0 <= item < len(ordered)``."""
+    """The row where the ``item``-th transition (oldest first) ends, from a memory's ``ordered``
+    transition ends; IndexError unless ``0 <= item < len(ordered)``."""
     if not 0 <= item < len(ordered):
-        raise IndexError(f"transition index {item} is out of range: the memory holds {len(ordered)} transitions "
-                         "(0 <= item < len(memory))")
+        raise IndexError(f"transition index {item} is out of range: the memory holds "
+                         f"{len(ordered)} transitions (0 <= item < len(memory))")
     return int(ordered[item])
 
 
 def check_columns(columns: dict[str, np.ndarray], stored: dict[str, Any], n: int) -> None:
-    """Raise ValueError unless every column of an ``n``-row packet fits the memory's ``stored`` columns.
+    """Raise ValueError unless every column of an ``n``-row packet fits the
+    memory's ``stored`` columns.
 
-    Per-row shapes must match exactly (numpy would broadcast a ``(3, 1)`` observation into ``(3,)`` rows, or a
-    scalar per row into every value), and dtypes must convert within their kind (``np.can_cast(..., "same_kind")``:
-    float64 into float32 is fine; float into uint8 is refused, since numpy would truncate). Memories call this
-    before writing anything, so a refused packet leaves them as they were.
+    Per-row shapes must match exactly (numpy would broadcast a ``(3, 1)`` observation into
+    ``(3,)`` rows, or a scalar per row into every value), and dtypes must convert within their
+    kind (``np.can_cast(..., "same_kind")``: float64 into float32 is fine; float into uint8 is
+    refused, since numpy would truncate). Memories call this before writing anything, so a refused
+    packet leaves them as they were.
     """
     for name, col in columns.items():
         want = stored[name]
         want_dtype = np_dtype(want)
         if col.shape[:1] != (n,):
-            raise ValueError(f"column {name!r} has shape {col.shape}, not one row per sample of this {n}-row packet "
+            raise ValueError(f"column {name!r} has shape {col.shape}, not "
+                             f"one row per sample of this {n}-row packet "
                              f"({(n, *want.shape[1:])}): the packet is malformed")
         if col.shape[1:] != want.shape[1:]:
-            raise ValueError(f"column {name!r} has shape {col.shape[1:]} per row (shape {col.shape}); the memory "
-                             f"stores {want.shape[1:]} per row: every worker (and the dataset) must send the same "
-                             "observation and action shapes")
+            raise ValueError(f"column {name!r} has shape {col.shape[1:]} per "
+                             f"row (shape {col.shape}); the memory stores "
+                             f"{want.shape[1:]} per row: every worker (and the dataset) "
+                             f"must send the same observation and action shapes")
         if not np.can_cast(col.dtype, want_dtype, "same_kind"):
-            raise ValueError(f"column {name!r} has dtype {col.dtype}; the memory stores {want_dtype}, and {col.dtype} "
-                             f"does not convert to it without changing kind (e.g. float to integer): send "
+            raise ValueError(f"column {name!r} has dtype {col.dtype}; the memory stores "
+                             f"{want_dtype}, and {col.dtype} does not convert to it "
+                             f"without changing kind (e.g. float to integer): send "
                              f"{want_dtype}, or convert in the worker's sample_compressor")
 
 
 def np_dtype(column: np.ndarray | torch.Tensor) -> np.dtype[Any]:
-    """A ring column's numpy dtype, also for a column held as a tensor on a device (memory.device cuda)."""
+    """A ring column's numpy dtype, also for a column held as a tensor on a device
+    (memory.device cuda)."""
     if isinstance(column, torch.Tensor):
         return torch.empty(0, dtype=column.dtype).numpy().dtype
     return column.dtype
@@ -141,27 +155,31 @@ DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
 
 
 def extra_columns(buffer: Buffer, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A packet's extra outputs as columns ``extra/<name>``; ValueError unless they are the ones the memory's
-    ``stored`` columns hold (none yet: any), since a packet without one would leave old rows' values in its slots."""
+    """A packet's extra outputs as columns ``extra/<name>``; ValueError unless they are the ones
+    the memory's ``stored`` columns hold (none yet: any), since a packet without one would leave
+    old rows' values in its slots."""
     cols = {f"extra/{name}": np.asarray(col) for name, col in (getattr(buffer, "extra", None) or {}).items()}
     if stored:
         have = sorted(n[6:] for n in stored if n.startswith("extra/"))
         if sorted(n[6:] for n in cols) != have:
-            raise ValueError(f"packet {buffer.seq} of worker {buffer.worker or '(unnamed)'} carries the extra outputs "
-                             f"{sorted(n[6:] for n in cols)}; the memory stores {have}: every worker must run the "
-                             "same actor")
+            raise ValueError(f"packet {buffer.seq} of worker "
+                             f"{buffer.worker or '(unnamed)'} carries the extra "
+                             f"outputs {sorted(n[6:] for n in cols)}; the memory "
+                             f"stores {have}: every worker must run the same actor")
     return cols
 
 
 def env_column(buffer: Buffer, n: int) -> np.ndarray:
-    """A packet's ``env`` column (which of its worker's envs each row came from), zeros when it has none."""
+    """A packet's ``env`` column (which of its worker's envs each row came from),
+    zeros when it has none."""
     env = getattr(buffer, "env", None)
     return np.zeros(n, np.uint16) if env is None else np.asarray(env, np.uint16)
 
 
 class WorkerIds:
-    """Small integers for worker names, so a memory keeps each row's worker in an int32 column (4 bytes a row): the
-    training loop names the workers whose samples were in a batch that made a training step go wrong."""
+    """Small integers for worker names, so a memory keeps each row's worker in an int32 column (4
+    bytes a row): the training loop names the workers whose samples were in a batch that
+    made a training step go wrong."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -182,9 +200,10 @@ class WorkerIds:
 def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
     """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``.
 
-    Their size is known only when the first packet shows a row's shapes, long after the config was accepted and the
-    trainer connected: a ``memory_size`` this machine cannot hold is reported here as the config problem it is,
-    with the bytes it needs, and not as numpy's traceback (MemoryError; ValueError past numpy's largest array).
+    Their size is known only when the first packet shows a row's shapes, long after the config was
+    accepted and the trainer connected: a ``memory_size`` this machine cannot hold is reported
+    here as the config problem it is, with the bytes it needs, and not as numpy's traceback
+    (MemoryError; ValueError past numpy's largest array).
     """
     import psutil  # here: only allocations need it
 
@@ -196,16 +215,19 @@ def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]
         if isinstance(exc, ValueError) and need < np.iinfo(np.intp).max:
             raise  # not numpy's "array is too big"
         available = psutil.virtual_memory().available
-        raise ConfigError([f"memory.memory_size is {memory_size}: the replay memory needs {_gib(need)} for it "
-                           f"({row_bytes} bytes per row) and could not allocate them; this machine has "
-                           f"{_gib(available)} available, about {available // max(row_bytes, 1)} rows: lower "
-                           "memory.memory_size to fit (leave room for the trainer itself), or train on a machine "
-                           "with more memory"]) from None
+        raise ConfigError([f"memory.memory_size is {memory_size}: the replay memory "
+                           f"needs {_gib(need)} for it ({row_bytes} bytes per row) and "
+                           f"could not allocate them; this machine has {_gib(available)} "
+                           f"available, about {available // max(row_bytes, 1)} rows: "
+                           f"lower memory.memory_size to fit (leave room for the trainer "
+                           f"itself), or train on a machine with more memory"]) from None
     available = psutil.virtual_memory().available
-    if need > available:  # the pages come as the ring fills: the system would kill the trainer then, without a word
-        log.warning("memory.memory_size %d needs %s for the replay memory (%d bytes per row), more than the %s this "
-                    "machine has available: the trainer will be killed as the memory fills, unless memory is freed "
-                    "by then; lower memory.memory_size to about %d rows to be sure", memory_size, _gib(need), row_bytes,
+    # the pages come as the ring fills: the system would kill the trainer then, without a word
+    if need > available:
+        log.warning("memory.memory_size %d needs %s for the replay memory (%d bytes per row), more "
+                    "than the %s this machine has available: the trainer will be killed as the "
+                    "memory fills, unless memory is freed by then; lower memory.memory_size to "
+                    "about %d rows to be sure", memory_size, _gib(need), row_bytes,
                     _gib(available), available // max(row_bytes, 1))
     return ring
 
@@ -221,26 +243,30 @@ class MemoryDataloading(ABC):
         device: device of the tensors in the batches.
         nb_steps: training steps per round; iterating over the memory yields that many batches.
         obs_preprocessor: same function as the worker's; applied to observations before training.
-        sample_preprocessor: data augmentation, ``f(obs, act, rew, next_obs, terminated, truncated)`` returning
-            the same tuple; applied to each item (base class) or to each batch (:class:`ReplayMemory`). It must
-            return new arrays rather than change its inputs: the batched memories pass read-only views (their
-            buffers are reused, and a frame-stack memory's obs and next_obs share frames), so ``obs[:] = 0``
-            raises; write ``obs = np.zeros_like(obs)`` instead.
-        memory_size: capacity in rows, not transitions. Every row a worker sends takes a slot, including the rows
-            that end no transition: each episode's reset row and the context rows repeated at the start of every
-            packet (the pipeline's ``overlap``). So a full memory holds fewer than ``memory_size`` transitions:
-            e.g. about 950 of 1000 with 20-row packets and overlap 1, 830 with overlap 4 (frame stacks) and 740
-            with overlap 7.
+        sample_preprocessor: data augmentation, ``f(obs, act, rew, next_obs, terminated,
+            truncated)`` returning the same tuple; applied to each item (base class) or to each
+            batch (:class:`ReplayMemory`). It must return new arrays rather than change its
+            inputs: the batched memories pass read-only views (their buffers are reused, and a
+            frame-stack memory's obs and next_obs share frames), so ``obs[:] = 0`` raises; write
+            ``obs = np.zeros_like(obs)`` instead.
+        memory_size: capacity in rows, not transitions. Every row a worker sends takes a slot,
+            including the rows that end no transition: each episode's reset row and the context rows
+            repeated at the start of every packet (the pipeline's ``overlap``). So a full memory
+            holds fewer than ``memory_size`` transitions: e.g. about 950 of 1000 with 20-row packets
+            and overlap 1, 830 with overlap 4 (frame stacks) and 740 with overlap 7.
         batch_size: transitions per batch.
-        dataset_path: optional ``.npz`` file of samples to start from, written by :func:`save_dataset` (see
-            :meth:`load_dataset`). Unlike tmrl, not a folder holding a pickled ``data.pkl``.
+        dataset_path: optional ``.npz`` file of samples to start from, written by
+            :func:`save_dataset` (see :meth:`load_dataset`). Unlike tmrl, not a folder
+            holding a pickled ``data.pkl``.
 
-    ``obs_transform`` (an attribute, None by default): a callable applied to a batch's ``obs`` and ``next_obs``
-    (trees of tensors on ``device``) after they are gathered, before the batch is returned, so the memory keeps the
-    observations as they arrived. The trainer sets it to its observation normaliser (``env.normalize_obs``).
+    ``obs_transform`` (an attribute, None by default): a callable applied to a batch's ``obs`` and
+    ``next_obs`` (trees of tensors on ``device``) after they are gathered, before the batch is
+    returned, so the memory keeps the observations as they arrived. The trainer sets it to its
+    observation normaliser (``env.normalize_obs``).
     """
 
-    obs_transform: Callable[[Any], Any] | None = None  # a class attribute: tmrl memories skip our __init__ too
+    # a class attribute: tmrl memories skip our __init__ too
+    obs_transform: Callable[[Any], Any] | None = None
 
     def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
                  | None = None, sample_preprocessor: Callable[..., Any] | None = None,
@@ -265,36 +291,41 @@ class MemoryDataloading(ABC):
 
     @abstractmethod
     def append_buffer(self, buffer: Buffer) -> None:
-        """Store a packet of rows (see :mod:`netrl.samples` for their meaning) and trim to ``memory_size``."""
+        """Store a packet of rows (see :mod:`netrl.samples` for their meaning) and
+        trim to ``memory_size``."""
 
     @abstractmethod
     def __len__(self) -> int:
-        """Number of items ``get_transition`` accepts: it is called with ``0 <= item < len(self)``."""
+        """Number of items ``get_transition`` accepts: it is called
+        with ``0 <= item < len(self)``."""
 
     @abstractmethod
     def get_transition(self, item: int) -> Transition:
-        """``(last_obs, new_act, rew, new_obs, terminated, truncated, info)`` with the observations as stored.
+        """``(last_obs, new_act, rew, new_obs, terminated, truncated,
+        info)`` with the observations as stored.
 
-        This generic :meth:`sample` applies ``obs_preprocessor`` to what this returns, so a memory that stores
-        observations as the env produced them (tmrl's) must not apply it here. :class:`ReplayMemory` applies it
-        once per row on append instead, so its ``get_transition`` returns preprocessed observations (and its own
-        ``sample`` does not apply it again).
+        This generic :meth:`sample` applies ``obs_preprocessor`` to what this returns, so a
+        memory that stores observations as the env produced them (tmrl's) must not apply it here.
+        :class:`ReplayMemory` applies it once per row on append instead, so its ``get_transition``
+        returns preprocessed observations (and its own ``sample`` does not apply it again).
         """
 
     def sample_indices(self) -> np.ndarray:
         return self.rng.integers(0, len(self), size=self.batch_size)
 
     def keep_batches(self, count: int, pinned: bool = False) -> bool:
-        """Whether a batch from :meth:`sample` can stay valid through the ``count - 1`` calls after it; a memory that
-        says True then keeps it so (and gathers into page-locked host memory with ``pinned``, for copies to a CUDA
-        device that do not block). The training loop asks with ``count`` 2 to gather batch k+1 while the agent trains
-        on batch k, and copies each batch of a memory that says False. This generic :meth:`sample` builds new tensors
-        every call, so it keeps them all; a subclass with its own ``sample`` must say what it does."""
+        """Whether a batch from :meth:`sample` can stay valid through the ``count - 1`` calls after
+        it; a memory that says True then keeps it so (and gathers into page-locked host memory
+        with ``pinned``, for copies to a CUDA device that do not block). The training loop asks
+        with ``count`` 2 to gather batch k+1 while the agent trains on batch k, and copies each
+        batch of a memory that says False. This generic :meth:`sample` builds new tensors every
+        call, so it keeps them all; a subclass with its own ``sample`` must say what it does."""
         return type(self).sample is MemoryDataloading.sample
 
     def batch_workers(self) -> list[str] | None:
-        """The workers whose samples were in the batch :meth:`sample` returned last, or None when this memory does
-        not keep track (the training loop then names the workers whose packets it stored lately)."""
+        """The workers whose samples were in the batch :meth:`sample` returned last, or None
+        when this memory does not keep track (the training loop then names the workers whose
+        packets it stored lately)."""
         return None
 
     def sample(self) -> Batch:
@@ -303,11 +334,12 @@ class MemoryDataloading(ABC):
         for item in self.sample_indices():
             transition = self.get_transition(int(item))
             if len(transition) != 7:
-                raise TypeError(f"{type(self).__name__}.get_transition must return 7 values, (last_obs, new_act, rew, "
-                                f"new_obs, terminated, truncated, info); it returned {len(transition)}. tmrl before "
-                                "0.5 (and its older tutorial) returned 6, (last_obs, new_act, rew, new_obs, done, "
-                                "info): return terminated (the episode ended) and truncated (it was cut short, e.g. "
-                                "by a time limit) instead of done")
+                raise TypeError(f"{type(self).__name__}.get_transition must return 7 values, "
+                                f"(last_obs, new_act, rew, new_obs, terminated, truncated, "
+                                f"info); it returned {len(transition)}. tmrl before 0.5 (and its "
+                                f"older tutorial) returned 6, (last_obs, new_act, rew, new_obs, "
+                                f"done, info): return terminated (the episode ended) and truncated "
+                                f"(it was cut short, e.g. by a time limit) instead of done")
             o, a, r, o2, term, trunc, _info = transition
             if self.obs_preprocessor is not None:
                 o, o2 = self.obs_preprocessor(o), self.obs_preprocessor(o2)
@@ -327,10 +359,11 @@ class MemoryDataloading(ABC):
     def load_dataset(self, path: str | os.PathLike[str]) -> None:
         """Append an ``.npz`` dataset written by :func:`save_dataset` (arrays only, never pickles).
 
-        Raises FileNotFoundError if ``path`` does not exist and ValueError if it is a folder (tmrl's layout) or
-        not an ``.npz`` archive of sample columns (a pickle such as tmrl's ``data.pkl``, an ``.npy`` file...).
-        Floating-point ``act`` and ``obs`` columns are stored as float32, whatever the file holds (rows built from
-        Python floats are float64), as the agents train in float32 and workers send float32.
+        Raises FileNotFoundError if ``path`` does not exist and ValueError if it is a folder
+        (tmrl's layout) or not an ``.npz`` archive of sample columns (a pickle such as tmrl's
+        ``data.pkl``, an ``.npy`` file...). Floating-point ``act`` and ``obs`` columns are stored as
+        float32, whatever the file holds (rows built from Python floats are float64), as the agents
+        train in float32 and workers send float32.
         """
         self.append_buffer(read_dataset(path))
 
@@ -340,7 +373,8 @@ def _check_sample_preprocessor(fn: Callable[..., Any]) -> None:
     if not callable(fn):
         raise TypeError(f"sample_preprocessor must be a function or None (got {type(fn).__name__})")
     if not takes_args(fn, 6):
-        raise TypeError(f"sample_preprocessor {getattr(fn, '__name__', fn)!r} must take 6 arguments, (obs, act, "
-                        "rew, next_obs, terminated, truncated), and return them in that order. tmrl's older "
-                        "5-argument form, (obs, act, rew, next_obs, done), must split done into terminated (the "
-                        "episode ended) and truncated (it was cut short, e.g. by a time limit)")
+        raise TypeError(f"sample_preprocessor {getattr(fn, '__name__', fn)!r} must take 6 "
+                        f"arguments, (obs, act, rew, next_obs, terminated, truncated), and "
+                        f"return them in that order. tmrl's older 5-argument form, (obs, act, "
+                        f"rew, next_obs, done), must split done into terminated (the episode "
+                        f"ended) and truncated (it was cut short, e.g. by a time limit)")

@@ -1,4 +1,5 @@
-"""build_memory: a training loop's memory from its class (or tmrl-style ``partial``) and the loop's settings."""
+"""build_memory: a training loop's memory from its class (or tmrl-style ``partial``)
+and the loop's settings."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ log = logging.getLogger(__name__)
 def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, steps: int, memory_size: int | None,
                  batch_size: int | None, seed: int | None, memory_device: str = "cpu"
                  ) -> tuple[MemoryDataloading, int, int]:
-    """``(memory, memory_size, batch_size)``: ``memory_cls(device=..., nb_steps=steps, ...)`` and the sizes it has.
+    """``(memory, memory_size, batch_size)``: ``memory_cls(device=..., nb_steps=steps, ...)``
+    and the sizes it has.
 
-    ``memory_size`` and ``batch_size`` come from the ``partial(memory_cls, ...)`` (tmrl's way), else from these
-    arguments (the loop's fields: config.json's memory section), else the memory's defaults; set in both places they
-    must agree (ValueError otherwise). ``seed`` is passed only to a memory that takes it (tmrl's tutorial's does not).
+    ``memory_size`` and ``batch_size`` come from the ``partial(memory_cls, ...)`` (tmrl's way),
+    else from these arguments (the loop's fields: config.json's memory section), else the memory's
+    defaults; set in both places they must agree (ValueError otherwise). ``seed`` is passed
+    only to a memory that takes it (tmrl's tutorial's does not).
     """
-    preset: dict[str, Any] = dict(getattr(memory_cls, "keywords", None) or {})  # a functools.partial's
+    # a functools.partial's
+    preset: dict[str, Any] = dict(getattr(memory_cls, "keywords", None) or {})
     takes = _keywords(memory_cls)
     name = getattr(getattr(memory_cls, "func", memory_cls), "__name__", repr(memory_cls))
     kwargs: dict[str, Any] = {"device": device, "nb_steps": steps}
@@ -34,15 +38,17 @@ def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, s
     for key, ours in (("memory_size", memory_size), ("batch_size", batch_size)):
         theirs = preset.get(key)
         if ours is not None and theirs is not None and ours != theirs:
-            raise ValueError(f"{key} is set twice, to different values: partial({name}, {key}={theirs}) and "
-                             f"TrainingOffline({key}={ours}) (config.json: memory.{key}); set it in one place "
-                             f"(tmrl sets it in the memory's partial)")
+            raise ValueError(f"{key} is set twice, to different values: partial({name}, "
+                             f"{key}={theirs}) and TrainingOffline({key}={ours}) "
+                             f"(config.json: memory.{key}); set it in one "
+                             f"place (tmrl sets it in the memory's partial)")
         if theirs is not None:
             sources[key] = f"partial({name})"
         elif ours is not None:
             if takes is not None and key not in takes:
-                raise ValueError(f"TrainingOffline({key}={ours}) is set, but {name}.__init__ takes no {key} "
-                                 f"argument: add one (and pass it to MemoryDataloading.__init__)")
+                raise ValueError(f"TrainingOffline({key}={ours}) is set, but "
+                                 f"{name}.__init__ takes no {key} argument: add "
+                                 f"one (and pass it to MemoryDataloading.__init__)")
             kwargs[key] = ours
             sources[key] = "TrainingOffline"
         else:
@@ -51,7 +57,8 @@ def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, s
         if takes is None or "seed" in takes:
             kwargs["seed"] = seed
         elif seed is not None:
-            log.info("%s.__init__ takes no seed argument: its batches are not seeded by seed=%d", name, seed)
+            log.info("%s.__init__ takes no seed argument: its batches are not seeded by seed=%d",
+                     name, seed)
     memory = memory_cls(**kwargs)
     size = int(getattr(memory, "memory_size", kwargs.get("memory_size", DEFAULT_MEMORY_SIZE)))
     batch = int(getattr(memory, "batch_size", kwargs.get("batch_size", DEFAULT_BATCH_SIZE)))
@@ -61,7 +68,8 @@ def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, s
 
 
 def _keywords(cls: Callable[..., Any]) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` accepts; None if it takes ``**kwargs`` or its signature is unknown."""
+    """The keyword arguments ``cls(...)`` accepts; None if it takes ``**kwargs`` or
+    its signature is unknown."""
     try:
         params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):

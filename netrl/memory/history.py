@@ -1,23 +1,27 @@
-"""A ring-buffer memory that assembles each row's input from earlier rows: declared views (frame stacks, action
-buffers, ``prev_actions``...).
+"""A ring-buffer memory that assembles each row's input from earlier rows: declared views (frame
+stacks, action buffers, ``prev_actions``...).
 
-A row's input may need earlier rows (see :mod:`netrl.memory.views`): the last frames of a stack, the actions of
-rtgym's action buffer, RLlib's ``prev_actions`` and ``prev_rewards``. :class:`HistoryMemory` stores every row once and
-assembles the views when it samples, by index arithmetic over the ring. Each row that ends a transition records how
-many rows back its views read (``need``); a transition can be sampled while all of those rows are still stored, so
-wrapping the ring never yields a half-overwritten stack. A memory is configured by the views it is given::
+A row's input may need earlier rows (see :mod:`netrl.memory.views`): the last frames of a
+stack, the actions of rtgym's action buffer, RLlib's ``prev_actions`` and ``prev_rewards``.
+:class:`HistoryMemory` stores every row once and assembles the views when it samples, by index
+arithmetic over the ring. Each row that ends a transition records how many rows back its views read
+(``need``); a transition can be sampled while all of those rows are still stored, so wrapping the
+ring never yields a half-overwritten stack. A memory is configured by the views it is given::
 
-    HistoryMemory(views=[prev_actions(4), prev_rewards(4)])      # batch.extra["prev_actions"], ["next_prev_actions"]
-    HistoryMemory(views=[last_observations(4)])                    # obs of [B, 4, ...] from one stored obs per row
+    HistoryMemory(views=[prev_actions(4), prev_rewards(4)])  # batch.extra["prev_actions"],
+                                                             # ["next_prev_actions"]
+    HistoryMemory(views=[last_observations(4)])  # obs of [B, 4, ...] from one stored obs per row
 
-A worker's sample compressor can drop from each row whatever earlier rows already hold (tmrl's idea): the newest
-frame of a stack, the observation without rtgym's action buffer. The matching memories are thin declarations on
-this one: :class:`~netrl.memory.frames.FrameStackMemory` and :class:`~netrl.memory.action_buffer.ActionBufferMemory`
-read their packets (``_obs_columns``) and declare a view each.
+A worker's sample compressor can drop from each row whatever earlier rows already hold (tmrl's
+idea): the newest frame of a stack, the observation without rtgym's action buffer. The matching
+memories are thin declarations on this one: :class:`~netrl.memory.frames.FrameStackMemory` and
+:class:`~netrl.memory.action_buffer.ActionBufferMemory` read their packets (``_obs_columns``)
+and declare a view each.
 
-Rows of one packet are written contiguously, and a packet is self-contained (see :mod:`netrl.samples`), so a row
-and the rows it reads are always from the same packet, at fixed distances in the ring. Batches are gathered with
-a few fancy-indexing calls into reused buffers; nothing loops over items.
+Rows of one packet are written contiguously, and a packet is self-contained (see
+:mod:`netrl.samples`), so a row and the rows it reads are always from the same packet, at
+fixed distances in the ring. Batches are gathered with a few fancy-indexing calls into reused
+buffers; nothing loops over items.
 """
 
 from __future__ import annotations
@@ -40,16 +44,18 @@ from netrl.memory.base import (
     run_sample_preprocessor,
 )
 from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
-from netrl.samples import Batch, Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
 
 __all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "attach_views", "transition_needs"]
 
 
 def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
-    """Rows back a transition ending at each row reads: its own observation's and, one row further, the previous one.
+    """Rows back a transition ending at each row reads: its own observation's and, one
+    row further, the previous one.
 
-    ``row_needs[k]`` is how many rows back row ``k``'s observation reads (``NEVER`` if it cannot be rebuilt).
-    Rows that end no transition get ``NEVER``.
+    ``row_needs[k]`` is how many rows back row ``k``'s observation reads (``NEVER`` if it cannot be
+    rebuilt). Rows that end no transition get ``NEVER``.
     """
     need = np.full(len(buffer), NEVER, np.int64)
     ends = np.flatnonzero(buffer.transition_end)
@@ -62,19 +68,23 @@ def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
 
 
 class HistoryMemory(MemoryDataloading):
-    """Preallocated ring of rows with vectorised sampling of transitions whose declared views are still stored.
+    """Preallocated ring of rows with vectorised sampling of transitions whose
+    declared views are still stored.
 
     Args:
-        views: what each row's input needs from earlier rows (:class:`~netrl.memory.views.View`); more can be added
-            with :meth:`add_views` until the first packet arrives (an agent's own declarations).
+        views: what each row's input needs from earlier rows (:class:`~netrl.memory.views.View`);
+            more can be added with :meth:`add_views` until the first packet arrives (an
+            agent's own declarations).
         *args, **kwargs: :class:`~netrl.memory.base.MemoryDataloading`'s arguments.
 
-    ``obs_preprocessor`` is not supported: the observations are assembled per batch, so preprocess in the model.
-    ``sample_preprocessor`` runs once per batch, on read-only arrays: it must return new arrays rather than change
-    its inputs, because obs and next_obs share rows (overlapping views of one gathered window) and the buffers are
-    reused. Rows with a loss weight of 0 (stale samples the trainer drops) end no transition; other weights below 1
-    make every batch carry ``Batch.weight``. A batch's tensors share memory with reused buffers (and with each other:
-    a view's obs and next_obs sides are views of one tensor) and stay valid until the next :meth:`sample` call.
+    ``obs_preprocessor`` is not supported: the observations are assembled per batch, so
+    preprocess in the model. ``sample_preprocessor`` runs once per batch, on read-only arrays: it
+    must return new arrays rather than change its inputs, because obs and next_obs share rows
+    (overlapping views of one gathered window) and the buffers are reused. Rows with a loss
+    weight of 0 (stale samples the trainer drops) end no transition; other weights below 1 make
+    every batch carry ``Batch.weight``. A batch's tensors share memory with reused buffers (and
+    with each other: a view's obs and next_obs sides are views of one tensor) and stay valid
+    until the next :meth:`sample` call.
     """
 
     def __init__(self, *args: Any, views: Sequence[View] = (), **kwargs: Any) -> None:
@@ -93,41 +103,45 @@ class HistoryMemory(MemoryDataloading):
         self.views: list[View] = []
         super().__init__(*args, **kwargs)
         if self.obs_preprocessor is not None:
-            raise ValueError(f"{type(self).__name__} rebuilds observations per batch and takes no obs_preprocessor; "
-                             "preprocess inside the model instead")
+            raise ValueError(f"{type(self).__name__} rebuilds observations per batch and "
+                             f"takes no obs_preprocessor; preprocess inside the model instead")
         self.add_views(views)
 
     def add_views(self, views: Sequence[View]) -> None:
-        """Declare more views (an agent's). ValueError once a packet is stored (its rows hold no offsets for them),
-        for a name already taken, or for a view that reaches further back than the memory holds."""
+        """Declare more views (an agent's). ValueError once a packet is stored (its rows
+        hold no offsets for them), for a name already taken, or for a view that reaches further
+        back than the memory holds."""
         if not views:
             return
         name = type(self).__name__
         if self._cols:
-            raise ValueError(f"{name} already stores packets: declare the views {[v.name for v in views]} before "
-                             "the first packet arrives")
+            raise ValueError(f"{name} already stores packets: declare the views "
+                             f"{[v.name for v in views]} before the first packet arrives")
         checked = check_views([*self.views, *views], name)
         for view in views:
             if self.memory_size <= view.max_reach + 1:
-                raise ValueError(f"memory_size ({self.memory_size}) must be larger than {self._reach_label(view)}: "
-                                 f"a transition reads {view.max_reach + 2} rows, so a smaller memory could never "
-                                 "hold one")
+                raise ValueError(f"memory_size ({self.memory_size}) must be "
+                                 f"larger than {self._reach_label(view)}: a "
+                                 f"transition reads {view.max_reach + 2} rows, so a "
+                                 f"smaller memory could never hold one")
         self.views = checked
 
     def _reach_label(self, view: View) -> str:
         return f"{view.max_reach + 1} (view {view.name!r} reads up to {view.max_reach} rows back)"
 
-    # -- subclass hook --------------------------------------------------------------------------------------
+    # -- subclass hook -----------------------------------------------------------------------------
     def _obs_columns(self, buffer: Buffer) -> tuple[Spec, dict[str, np.ndarray]]:
-        """The observation's spec (leaf names) and the per-row columns to store for it (leading dimension
-        ``len(buffer)``); leaves that a view fills (``into="obs"``) need no column. Raise ValueError on bad input."""
+        """The observation's spec (leaf names) and the per-row columns to store for it (leading
+        dimension ``len(buffer)``); leaves that a view fills (``into="obs"``) need no column.
+        Raise ValueError on bad input."""
         spec, leaves = flatten(buffer.obs, "obs")
         return spec, {name: np.asarray(leaf) for name, leaf in leaves}
 
-    # -- storage --------------------------------------------------------------------------------------------
+    # -- storage -----------------------------------------------------------------------------------
     def append_buffer(self, buffer: Buffer) -> None:
-        """Store a packet's rows. A packet that does not fit (another structure, per-row shape or kind of dtype than
-        the first packet's) raises ValueError before anything is written, so the memory stays as it was."""
+        """Store a packet's rows. A packet that does not fit (another structure, per-row shape or
+        kind of dtype than the first packet's) raises ValueError before anything is written, so
+        the memory stays as it was."""
         n = len(buffer)
         if n == 0:
             return
@@ -145,11 +159,12 @@ class HistoryMemory(MemoryDataloading):
         columns.update(self._view_columns(buffer, columns))
         columns["need"] = need = self._needs(buffer, columns)
         if self._cols and (act_spec != self._act_spec or obs_spec != self._obs_spec or set(columns) != set(self._cols)):
-            raise ValueError("a packet's observation/action structure differs from the memory's; every worker must "
-                             "run the same pipeline")
+            raise ValueError("a packet's observation/action structure differs from "
+                             "the memory's; every worker must run the same pipeline")
         cap = self.memory_size
         stored = self._cols or allocate_ring(cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()})
-        check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
+        # before any change: a refused packet must leave the memory as it was
+        check_columns(columns, stored, n)
         if not self._cols:
             self._act_spec, self._obs_spec, self._cols = act_spec, obs_spec, stored
         if weight is not None and bool((columns["weight"][need != NEVER] < 1).any()):
@@ -170,29 +185,31 @@ class HistoryMemory(MemoryDataloading):
         self._ordered = None
 
     def _check_layout(self, obs_spec: Spec, columns: dict[str, np.ndarray]) -> None:
-        """At the first packet: every view reads a stored column, fills an observation leaf that exists, and every
-        other observation leaf is stored."""
+        """At the first packet: every view reads a stored column, fills an observation leaf that
+        exists, and every other observation leaf is stored."""
         name = type(self).__name__
         for view in self.views:
             if view.source not in columns:
-                raise ValueError(f"{name}: view {view.name!r} reads the column {view.source!r}, which this memory "
-                                 f"does not store (it stores {sorted(columns)})")
+                raise ValueError(f"{name}: view {view.name!r} reads the column {view.source!r}, "
+                                 f"which this memory does not store (it stores {sorted(columns)})")
         leaves = spec_leaves(obs_spec)
         filled = {v.name for v in self.views if v.into == "obs"}
         missing = sorted(filled - set(leaves))
         if missing:
-            raise ValueError(f"{name}: view {missing[0]!r} goes into the observation leaf {missing[0]!r}, but the "
-                             f"observations have the leaves {leaves}")
+            raise ValueError(f"{name}: view {missing[0]!r} goes into the observation leaf "
+                             f"{missing[0]!r}, but the observations have the leaves {leaves}")
         for leaf in leaves:
             if leaf not in filled and leaf not in columns:
-                raise ValueError(f"{name}: the observation leaf {leaf!r} is neither stored nor filled by a view")
+                raise ValueError(f"{name}: the observation leaf {leaf!r} is "
+                                 f"neither stored nor filled by a view")
 
     def _view_columns(self, buffer: Buffer, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {f"view/{view.name}": segment_offsets(view, buffer) for view in self.views}
 
     def _needs(self, buffer: Buffer, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """Per row: rows back the transition it ends reads, ``NEVER`` if none ends there or a view is unknown. A
-        view whose windows do not slide at a transition end (a rule that breaks the convention) raises ValueError."""
+        """Per row: rows back the transition it ends reads, ``NEVER`` if none ends there or a
+        view is unknown. A view whose windows do not slide at a transition end (a rule that breaks
+        the convention) raises ValueError."""
         row_need = np.zeros(len(buffer), np.int64)
         for view in self.views:
             off = columns[f"view/{view.name}"]
@@ -203,12 +220,13 @@ class HistoryMemory(MemoryDataloading):
         for view in self.views:
             bad = sliding_rows(view, columns[f"view/{view.name}"], ends)
             if len(bad):
-                raise ValueError(f"packet {buffer.seq} of worker {buffer.worker or '(unnamed)'}, row {int(bad[0])}: "
-                                 f"view {view.name!r}'s window is not the previous row's shifted by one; a view's "
-                                 "rule must slide at every row that continues a trajectory (netrl.memory.views)")
+                raise ValueError(f"packet {buffer.seq} of worker {buffer.worker or '(unnamed)'}, "
+                                 f"row {int(bad[0])}: view {view.name!r}'s window is not the "
+                                 f"previous row's shifted by one; a view's rule must slide at "
+                                 f"every row that continues a trajectory (netrl.memory.views)")
         return need
 
-    # -- validity -------------------------------------------------------------------------------------------
+    # -- validity ----------------------------------------------------------------------------------
     @property
     def _oldest(self) -> int:
         return self._pos if self._size == self.memory_size else 0
@@ -226,24 +244,27 @@ class HistoryMemory(MemoryDataloading):
         need = self._cols["need"][head]
         return self._ends - int(np.count_nonzero((need != NEVER) & ~self._valid(head)))
 
-    # -- sampling -------------------------------------------------------------------------------------------
+    # -- sampling ----------------------------------------------------------------------------------
     def sample_indices(self) -> np.ndarray:
         """Ring rows of ``batch_size`` transition ends, uniformly at random (see
         :func:`~netrl.memory.base.draw_ends`)."""
         return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends)
 
     def _ordered_ends(self) -> np.ndarray:
-        """The ring rows where a sampleable transition ends, oldest first (computed once per append)."""
+        """The ring rows where a sampleable transition ends, oldest first (computed
+        once per append)."""
         if self._ordered is None:
             logical = (np.arange(self._size) + self._oldest) % self.memory_size
             self._ordered = logical[self._valid(logical)] if self._cols else logical
         return self._ordered
 
     def _take(self, key: str, col: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        """``col[idx]`` along the first axis, into an output buffer reused between batches of the same shape.
+        """``col[idx]`` along the first axis, into an output buffer reused between
+        batches of the same shape.
 
-        torch's ``index_select`` copies rows about twice as fast as ``np.take`` here (4 KB frames: 0.65 against
-        1.15 ms for 1,280 rows of a 1M-row ring), so it does the copy; both arrays stay numpy.
+        torch's ``index_select`` copies rows about twice as fast as ``np.take`` here (4 KB
+        frames: 0.65 against 1.15 ms for 1,280 rows of a 1M-row ring), so it does the
+        copy; both arrays stay numpy.
         """
         shape = (*idx.shape, *col.shape[1:])
         out = self._out.get((key, shape))
@@ -261,8 +282,9 @@ class HistoryMemory(MemoryDataloading):
         return out
 
     def _windows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        """Per view, the ``length + 1`` values a transition ending at ring rows ``idx`` reads: ``(B, length + 1,
-        ...)``, whose ``[:, :-1]`` is the observation's view and ``[:, 1:]`` the next observation's."""
+        """Per view, the ``length + 1`` values a transition ending at ring rows ``idx`` reads:
+        ``(B, length + 1, ...)``, whose ``[:, :-1]`` is the observation's view and ``[:, 1:]``
+        the next observation's."""
         out = {}
         prev = (idx - 1) % self.memory_size
         for view in self.views:
@@ -275,8 +297,9 @@ class HistoryMemory(MemoryDataloading):
         return out
 
     def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray]) -> tuple[Any, Any]:
-        """Batched ``(obs, next_obs)`` (numpy trees) for transitions ending at ring rows ``idx``: stored leaves at
-        the row before and the row, views into the observation from their windows."""
+        """Batched ``(obs, next_obs)`` (numpy trees) for transitions ending at ring rows
+        ``idx``: stored leaves at the row before and the row, views into the observation
+        from their windows."""
         prev = (idx - 1) % self.memory_size
         now: dict[str, np.ndarray] = {}
         before: dict[str, np.ndarray] = {}
@@ -321,9 +344,10 @@ class HistoryMemory(MemoryDataloading):
         return Batch(o, _tensor(a, d), _tensor(r, d), o2, _tensor(term, d), _tensor(trunc, d), weight, extra=extra)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
-        """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for tests and tmrl-style
-        code). ``info["extra"]`` holds the actor's extra outputs recorded with the action and the views that go
-        into ``batch.extra``, if any. Raises IndexError unless ``0 <= item < len()``."""
+        """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for
+        tests and tmrl-style code). ``info["extra"]`` holds the actor's extra outputs recorded
+        with the action and the views that go into ``batch.extra``, if any. Raises IndexError
+        unless ``0 <= item < len()``."""
         i = nth_end(self._ordered_ends(), item)
         transition, windows = self._transitions(np.array([i]))
         o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in transition)
@@ -341,21 +365,25 @@ class HistoryMemory(MemoryDataloading):
         return self._cols["policy_version"][idx]
 
 def attach_views(memory: MemoryDataloading, agent: Any) -> None:
-    """Add the views ``agent`` declares (an optional ``views()`` method) to ``memory``, before any packet arrives.
-    ValueError naming both when the memory cannot assemble views (it is not a :class:`HistoryMemory`)."""
+    """Add the views ``agent`` declares (an optional ``views()`` method) to ``memory``, before
+    any packet arrives. ValueError naming both when the memory cannot assemble views (it is
+    not a :class:`HistoryMemory`)."""
     views = declared_views(agent)
     if not views:
         return
     if not isinstance(memory, HistoryMemory):
-        raise ValueError(f"{type(agent).__name__} declares the views {[v.name for v in views]}, but "
-                         f"{type(memory).__name__} cannot assemble views: train with netrl.memory.HistoryMemory (or "
-                         "FrameStackMemory, ActionBufferMemory), e.g. memory_cls=HistoryMemory")
+        raise ValueError(f"{type(agent).__name__} declares the views {[v.name for v in views]}, "
+                         f"but {type(memory).__name__} cannot assemble views: train "
+                         f"with netrl.memory.HistoryMemory (or FrameStackMemory, "
+                         f"ActionBufferMemory), e.g. memory_cls=HistoryMemory")
     memory.add_views(views)
 
 
 def _tensor(x: Any, device: str | torch.device) -> Any:
-    """numpy tree -> tensors on ``device``; strided views (e.g. overlapping frame windows) are not copied on CPU.
+    """numpy tree -> tensors on ``device``; strided views (e.g. overlapping frame
+    windows) are not copied on CPU.
 
-    A read-only array (derived from the views ``sample_preprocessor`` gets) is copied: torch.from_numpy warns on it.
+    A read-only array (derived from the views ``sample_preprocessor`` gets) is copied:
+    torch.from_numpy warns on it.
     """
     return tree_map(lambda a: torch.from_numpy(a if a.flags.writeable else a.copy()).to(device, non_blocking=True), x)

@@ -1,18 +1,21 @@
 """Prioritized replay (Schaul et al., "Prioritized Experience Replay", 2016) over a ring's rows.
 
-A row's priority is ``(|td| + eps) ** alpha``; it is drawn with probability ``P(i) = p_i / sum p`` (a
-:class:`~netrl.memory.sumtree.SumTree`), and its loss is weighted by ``w_i = (N P(i)) ** -beta / max_j w_j`` over the
-batch (the paper's Algorithm 1), with ``beta`` annealed linearly from its start to 1 over ``beta_steps`` training
-steps. New rows enter at the highest priority given so far, so each is seen at least once soon. Rows that end no
-transition (resets, context rows, stale rows dropped) and the ring's oldest row (its previous row is gone) have
-priority 0 and are never drawn.
+A row's priority is ``(|td| + eps) ** alpha``; it is drawn with probability
+``P(i) = p_i / sum p`` (a :class:`~netrl.memory.sumtree.SumTree`), and its loss is weighted by
+``w_i = (N P(i)) ** -beta / max_j w_j`` over the batch (the paper's Algorithm 1), with ``beta``
+annealed linearly from its start to 1 over ``beta_steps`` training steps. New rows enter at the
+highest priority given so far, so each is seen at least once soon. Rows that end no transition
+(resets, context rows, stale rows dropped) and the ring's oldest row (its previous row is gone)
+have priority 0 and are never drawn.
 
-Batches name their rows by *absolute* row number (rows appended before them, ``batch.extra["index"]``, TorchRL's key):
-an update for a row that a newer packet has overwritten since it was sampled is ignored, so priorities computed from
-a batch prepared ahead can never land on other data.
+Batches name their rows by *absolute* row number (rows appended before them,
+``batch.extra["index"]``, TorchRL's key): an update for a row that a newer packet has
+overwritten since it was sampled is ignored, so priorities computed from a batch prepared
+ahead can never land on other data.
 
-The training loop calls :func:`update_from_metrics` after each accepted step: an agent's ``train()`` may return
-``metrics["priority"]``, one value per sample (its absolute TD errors, say); it is never logged as a metric.
+The training loop calls :func:`update_from_metrics` after each accepted step: an agent's
+``train()`` may return ``metrics["priority"]``, one value per sample (its absolute TD errors,
+say); it is never logged as a metric.
 """
 
 from __future__ import annotations
@@ -36,13 +39,17 @@ def check_priority_args(alpha: float, beta: float, beta_steps: int, eps: float) 
     """The problems with these settings, each naming its key and value."""
     problems = []
     if not 0.0 <= alpha <= 1.0:
-        problems.append(f"memory.alpha must be within [0, 1] (got {alpha}): 0 samples uniformly, 1 fully by priority")
+        problems.append(f"memory.priority_alpha must be within [0, 1] (got {alpha}): 0 samples "
+                        "uniformly, 1 fully by priority")
     if not 0.0 <= beta <= 1.0:
-        problems.append(f"memory.beta must be within [0, 1] (got {beta}); it is annealed to 1")
+        problems.append(f"memory.priority_beta must be within [0, 1] (got {beta}); it is annealed "
+                        "to 1")
     if beta_steps < 0:
-        problems.append(f"memory.beta_steps must be >= 0 (got {beta_steps}); 0: beta is 1 from the start")
+        problems.append(f"memory.priority_beta_steps must be >= 0 (got {beta_steps}); 0: beta is 1 "
+                        "from the start")
     if not eps > 0:
-        problems.append(f"memory.eps must be > 0 (got {eps}): a priority of 0 would never be sampled again")
+        problems.append(f"memory.priority_eps must be > 0 (got {eps}): a priority of 0 would never "
+                        "be sampled again")
     return problems
 
 
@@ -56,7 +63,8 @@ class Priorities:
         self.tree = SumTree(capacity)
         self.alpha, self.beta0, self.beta_steps, self.eps = alpha, beta, beta_steps, eps
         self.max_priority = 1.0  # already raised to alpha: new rows enter with it
-        self.training_steps = 0  # beta's clock: the training loop sets it, else each sample() counts one
+        self.training_steps = 0  # beta's clock: the training loop sets it, else each
+                                 # sample() counts one
         self.refused = 0  # updates skipped for non-finite priorities
 
     @property
@@ -66,31 +74,34 @@ class Priorities:
         return self.beta0 + (1.0 - self.beta0) * min(1.0, self.training_steps / self.beta_steps)
 
     def written(self, rows: np.ndarray, ends: np.ndarray, oldest: int) -> None:
-        """Rows ``rows`` were just written; ``ends`` says which end a transition. The ring's ``oldest`` row cannot be
-        sampled any more (its previous row is gone or was never there)."""
+        """Rows ``rows`` were just written; ``ends`` says which end a transition. The ring's
+        ``oldest`` row cannot be sampled any more (its previous row is gone or was never there)."""
         self.tree.update(rows, np.where(ends, self.max_priority, 0.0))
         self.tree.update(np.array([oldest]), 0.0)
 
     def draw(self, rng: np.random.Generator, n: int, transitions: int) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` rows by priority and their importance weights (float32, the largest 1) among ``transitions``."""
+        """``n`` rows by priority and their importance weights (float32, the largest 1)
+        among ``transitions``."""
         rows = self.tree.sample(rng, n)
         p = self.tree.get(rows) / self.tree.total
         w = (transitions * p) ** -self.beta
         return rows, (w / w.max()).astype(np.float32)
 
     def update(self, rows: np.ndarray, priority: np.ndarray) -> int:
-        """Set rows' priorities from ``priority`` (``|td|``, say: the absolute value is taken); returns how many.
+        """Set rows' priorities from ``priority`` (``|td|``, say: the absolute value is
+        taken); returns how many.
 
-        Non-finite values refuse the whole update (counted and logged): a step whose losses went non-finite is
-        undone, and a NaN in the tree would end sampling."""
+        Non-finite values refuse the whole update (counted and logged): a step whose losses went
+        non-finite is undone, and a NaN in the tree would end sampling."""
         priority = np.abs(np.asarray(priority, np.float64).reshape(-1))
         if priority.shape != rows.shape:
-            raise ValueError(f"{PRIORITY_KEY} has {priority.size} values for a batch of {rows.size}: return one per "
-                             "sample, in the batch's order")
+            raise ValueError(f"{PRIORITY_KEY} has {priority.size} values for a batch of "
+                             f"{rows.size}: return one per sample, in the batch's order")
         if not np.isfinite(priority).all():
             self.refused += 1
             if worth_logging(self.refused):
-                log.warning("skipped a priority update: %d of %d priorities are not finite (%d updates skipped so far)",
+                log.warning("skipped a priority update: %d of %d priorities "
+                            "are not finite (%d updates skipped so far)",
                             int((~np.isfinite(priority)).sum()), priority.size, self.refused)
             return 0
         p = (priority + self.eps) ** self.alpha
@@ -101,13 +112,15 @@ class Priorities:
 
 
 def pop_priority(metrics: dict[str, Any]) -> Any:
-    """Take ``metrics["priority"]`` out of an agent's metrics (None if absent): it is per sample, not a metric."""
+    """Take ``metrics["priority"]`` out of an agent's metrics (None if absent): it is
+    per sample, not a metric."""
     return metrics.pop(PRIORITY_KEY, None)
 
 
 def update_from_metrics(memory: Any, batch: Any, priority: Any, training_steps: int) -> None:
-    """After an accepted training step: give ``memory`` the per-sample ``priority`` its agent returned for ``batch``
-    (if the memory is prioritized), and the number of training steps beta anneals over."""
+    """After an accepted training step: give ``memory`` the per-sample ``priority`` its
+    agent returned for ``batch`` (if the memory is prioritized), and the number of training
+    steps beta anneals over."""
     update = getattr(memory, "update_priority", None)
     if update is None or not getattr(memory, "prioritized", False):
         return

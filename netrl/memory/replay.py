@@ -1,4 +1,5 @@
-"""ReplayMemory: netrl's default memory, a preallocated ring of sample columns sampled in a few vectorised calls."""
+"""ReplayMemory: netrl's default memory, a preallocated ring of sample columns sampled in a
+few vectorised calls."""
 
 from __future__ import annotations
 
@@ -24,33 +25,38 @@ from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_
 from netrl.memory.nstep import nstep_windows
 from netrl.memory.priority import Priorities
 from netrl.memory.sequences import check_sequence_args, sample_sequences
-from netrl.samples import Batch, Buffer, flatten, row, unflatten
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
 
 class ReplayMemory(MemoryDataloading):
     """A preallocated numpy ring buffer of rows with vectorised batch sampling.
 
-    Rows are stored as the worker sent them (observations once, not twice per transition). A transition ends at
-    every row that is neither a ``reset`` nor a ``context`` row; its previous observation is the row before.
-    ``obs_preprocessor`` runs once per row when it is appended; ``sample_preprocessor`` runs once per batch.
-    A batch's tensors share memory with reused buffers and stay valid until the next :meth:`sample` call, or the
-    ``count - 1`` after it once :meth:`keep_batches` was called.
+    Rows are stored as the worker sent them (observations once, not twice per transition). A
+    transition ends at every row that is neither a ``reset`` nor a ``context`` row; its previous
+    observation is the row before. ``obs_preprocessor`` runs once per row when it is appended;
+    ``sample_preprocessor`` runs once per batch. A batch's tensors share memory with reused
+    buffers and stay valid until the next :meth:`sample` call, or the ``count - 1`` after it once
+    :meth:`keep_batches` was called.
 
-    ``n_step`` > 1 turns rewards into n-step returns with ``gamma`` (the agent's discount), computed per batch from
-    the stored rows (:mod:`netrl.memory.nstep`): batches then carry ``extra["discount"]`` and
-    ``extra["steps_to_next_obs"]``. ``prioritized`` draws transitions by priority (:mod:`netrl.memory.priority`,
-    with ``alpha``, ``beta`` annealed to 1 over ``beta_steps`` training steps, and ``eps``): batches then carry
-    ``weight`` (importance weights times stale-sample weights) and ``extra["index"]``, and
-    :meth:`update_priority` takes the new priorities of a batch's samples.
+    ``n_step`` > 1 turns rewards into n-step returns with ``gamma`` (the agent's discount),
+    computed per batch from the stored rows (:mod:`netrl.memory.nstep`): batches then carry
+    ``extra["discount"]`` and ``extra["steps_to_next_obs"]``. ``prioritized`` draws transitions by
+    priority (:mod:`netrl.memory.priority`, with ``alpha``, ``beta`` annealed to 1 over
+    ``beta_steps`` training steps, and ``eps``): batches then carry ``weight`` (importance weights
+    times stale-sample weights) and ``extra["index"]``, and :meth:`update_priority` takes the new
+    priorities of a batch's samples.
 
-    ``sequence_length`` L > 1 makes every batch ``batch_size`` sequences of L consecutive transitions of one env,
-    fields shaped ``[B, L, ...]`` with ``batch.extra["mask"]``, for recurrent agents; ``burn_in`` (< L) is what the
-    agent runs without gradient (see :mod:`netrl.memory.sequences`). Sequences take neither n-step returns nor
+    ``sequence_length`` L > 1 makes every batch ``batch_size`` sequences of L consecutive
+    transitions of one env, fields shaped ``[B, L, ...]`` with ``batch.extra["mask"]``,
+    for recurrent agents; ``burn_in`` (< L) is what the agent runs without gradient
+    (see :mod:`netrl.memory.sequences`). Sequences take neither n-step returns nor
     priorities, and need host columns.
 
-    ``storage_device`` (``memory.device``): None keeps every column in host memory; a torch device (``"cuda"``) keeps
-    the columns batches are made of there (see :mod:`netrl.memory.device`), and gathers batches there.
+    ``storage_device`` (``memory.device``): None keeps every column in host memory; a torch device
+    (``"cuda"``) keeps the columns batches are made of there (see :mod:`netrl.memory.device`),
+    and gathers batches there.
     """
 
     def __init__(self, *args: Any, n_step: int = 1, gamma: float | None = None, prioritized: bool = False,
@@ -58,23 +64,28 @@ class ReplayMemory(MemoryDataloading):
                  storage_device: str | None = None, sequence_length: int = 1, burn_in: int = 0,
                  **kwargs: Any) -> None:
         if not isinstance(n_step, int) or n_step < 1:
-            raise ValueError(f"memory.n_step must be an integer >= 1 (got {n_step!r}); 1: one-step transitions")
+            raise ValueError(f"memory.n_step must be an integer >= 1 "
+                             f"(got {n_step!r}); 1: one-step transitions")
         if n_step > 1 and (gamma is None or not 0.0 <= gamma <= 1.0):
-            raise ValueError(f"ReplayMemory(n_step={n_step}) needs gamma, the agent's discount (agent.gamma), within "
-                             f"[0, 1] (got {gamma!r}): the n-step return discounts each reward with it")
+            raise ValueError(f"ReplayMemory(n_step={n_step}) needs gamma, the agent's "
+                             f"discount (agent.gamma), within [0, 1] (got {gamma!r}): "
+                             f"the n-step return discounts each reward with it")
         if n_step > 1 and storage_device is not None:
-            raise ValueError(f"memory.n_step {n_step} with memory.device {storage_device!r}: n-step returns are summed "
-                             'from host columns; set memory.device to "cpu" or memory.n_step to 1')
+            raise ValueError(f"memory.n_step {n_step} with memory.device "
+                             f"{storage_device!r}: n-step returns are summed from host "
+                             f'columns; set memory.device to "cpu" or memory.n_step to 1')
         if sequence_length > 1 and (n_step > 1 or prioritized or storage_device is not None):
-            raise ValueError(f"memory.sequence_length {sequence_length} takes neither memory.n_step > 1 (got "
-                             f"{n_step}), memory.prioritized (got {prioritized}) nor memory.device cuda (got "
-                             f"{storage_device!r}): sequences are sampled uniformly from host columns, one step at a "
-                             "time")
+            raise ValueError(f"memory.sequence_length {sequence_length} takes neither "
+                             f"memory.n_step > 1 (got {n_step}), memory.prioritized "
+                             f"(got {prioritized}) nor memory.device cuda (got "
+                             f"{storage_device!r}): sequences are sampled "
+                             f"uniformly from host columns, one step at a time")
         self.n_step, self.gamma = n_step, 1.0 if gamma is None else float(gamma)
         self.prioritized = bool(prioritized)
         self._priority_args = (alpha, beta, beta_steps, eps)
         self._priorities: Priorities | None = None
-        self._cols: dict[str, Any] = {}  # numpy arrays; tensors on storage_device for the batch columns
+        self._cols: dict[str, Any] = {}  # numpy arrays; tensors on storage_device for
+                                         # the batch columns
         self._out: dict[tuple[int, str], Any] = {}  # (slot, key) -> gather buffer
         self._slots, self._slot, self._pinned = 1, 0, False  # see keep_batches
         self._storage = None if storage_device is None else str(check_storage_device(storage_device))
@@ -85,26 +96,30 @@ class ReplayMemory(MemoryDataloading):
         self._ends = 0  # rows flagged as transition ends among the stored rows
         self.total_appended = 0
         self._weighted = False
-        self._ordered: np.ndarray | None = None  # sampleable rows oldest first (_ordered_ends); reset on append
+        # sampleable rows oldest first (_ordered_ends); reset on append
+        self._ordered: np.ndarray | None = None
         self._workers = WorkerIds()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
         if self.prioritized:
             self._priorities = Priorities(self.memory_size, *self._priority_args)
         if n_step > self.memory_size:
-            raise ValueError(f"memory.n_step ({n_step}) must be <= memory.memory_size ({self.memory_size})")
+            raise ValueError(f"memory.n_step ({n_step}) must be <= "
+                             f"memory.memory_size ({self.memory_size})")
         if self._storage is not None and self.sample_preprocessor is not None:
-            raise ValueError(f"{type(self).__name__}: sample_preprocessor runs on numpy batches, and with "
-                             f"storage_device {self._storage!r} (memory.device) batches are gathered on the device: "
-                             'set memory.device to "cpu" to keep the sample_preprocessor')
+            raise ValueError(f"{type(self).__name__}: sample_preprocessor runs on numpy "
+                             f"batches, and with storage_device {self._storage!r} "
+                             f"(memory.device) batches are gathered on the device: set "
+                             f'memory.device to "cpu" to keep the sample_preprocessor')
         problems = check_sequence_args(sequence_length, burn_in, self.memory_size)
         if problems:
             raise ValueError(f"{type(self).__name__}: {'; '.join(problems)}")
         self.sequence_length, self.burn_in = sequence_length, burn_in
 
-    # -- storage -------------------------------------------------------------------------------------------
+    # -- storage -----------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Empty ring columns for the act/obs leaves of ``columns`` (their per-row shape and dtype) and the rest."""
+        """Empty ring columns for the act/obs leaves of ``columns`` (their per-row shape
+        and dtype) and the rest."""
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
                  "policy_version": np.int64, "weight": np.float32, "worker": np.int32,
                  "env": np.uint16}
@@ -115,8 +130,9 @@ class ReplayMemory(MemoryDataloading):
         return allocate_ring(self.memory_size, rows)
 
     def append_buffer(self, buffer: Buffer) -> None:
-        """Store a packet's rows. A packet that does not fit (another structure, per-row shape or kind of dtype than
-        the first packet's) raises ValueError before anything is written, so the memory stays as it was."""
+        """Store a packet's rows. A packet that does not fit (another structure, per-row shape or
+        kind of dtype than the first packet's) raises ValueError before anything is written, so
+        the memory stays as it was."""
         n = len(buffer)
         if n == 0:
             return
@@ -137,7 +153,8 @@ class ReplayMemory(MemoryDataloading):
                        worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
         columns.update(extra_columns(buffer, self._cols))
         stored = self._cols or self._allocate(columns)
-        check_columns(columns, stored, n)  # before any change: a refused packet must leave the memory as it was
+        # before any change: a refused packet must leave the memory as it was
+        check_columns(columns, stored, n)
         if not self._cols:
             self._act_spec, self._obs_spec, self._cols = act_spec, obs_spec, stored
         if buffer.weight is not None and bool((columns["weight"][columns["end"]] < 1).any()):
@@ -158,7 +175,7 @@ class ReplayMemory(MemoryDataloading):
         if self._priorities is not None:
             self._priorities.written(idx, columns["end"], self._pos if self._size == self.memory_size else 0)
 
-    # -- sampling ------------------------------------------------------------------------------------------
+    # -- sampling ----------------------------------------------------------------------------------
     def _valid(self, idx: np.ndarray) -> np.ndarray:
         """Rows where a transition ends and whose previous row is still stored."""
         oldest = self._pos if self._size == self.memory_size else 0
@@ -171,15 +188,16 @@ class ReplayMemory(MemoryDataloading):
         return self._ends - int(self._cols["end"][oldest] and self._size > 0)
 
     def _ordered_ends(self) -> np.ndarray:
-        """The physical rows where a sampleable transition ends, oldest first (computed once per append)."""
+        """The physical rows where a sampleable transition ends, oldest first
+        (computed once per append)."""
         if self._ordered is None:
             logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
             self._ordered = logical[self._valid(logical)] if self._cols else logical
         return self._ordered
 
     def sample_indices(self) -> np.ndarray:
-        """Physical rows of ``batch_size`` transition ends, uniformly at random (see :func:`draw_ends`), or by
-        priority."""
+        """Physical rows of ``batch_size`` transition ends, uniformly at random (see
+        :func:`draw_ends`), or by priority."""
         return self._draw()[0]
 
     def _draw(self) -> tuple[np.ndarray, np.ndarray | None]:
@@ -192,8 +210,8 @@ class ReplayMemory(MemoryDataloading):
 
     @property
     def training_steps(self) -> int:
-        """The training steps beta has annealed over (prioritized): the training loop sets it, else each batch
-        counts one."""
+        """The training steps beta has annealed over (prioritized): the training loop sets it,
+        else each batch counts one."""
         return self._priorities.training_steps if self._priorities is not None else 0
 
     @training_steps.setter
@@ -202,35 +220,41 @@ class ReplayMemory(MemoryDataloading):
             self._priorities.training_steps = steps
 
     def _absolute(self, rows: np.ndarray) -> np.ndarray:
-        """Physical rows -> absolute row numbers (rows appended before each), which a later overwrite changes."""
+        """Physical rows -> absolute row numbers (rows appended before each), which a
+        later overwrite changes."""
         return self.total_appended - 1 - (self._pos - 1 - rows) % self.memory_size
 
     def update_priority(self, priority: Any, index: Any = None) -> int:
-        """New priorities (``|td|``: one per sample) for the rows of batch ``index`` (its ``extra["index"]``, absolute
-        row numbers), by default the last batch sampled. Rows overwritten since, or no longer sampleable, keep
-        theirs. Returns how many rows were updated (0 when any priority is not finite: the update is skipped)."""
+        """New priorities (``|td|``: one per sample) for the rows of batch ``index`` (its
+        ``extra["index"]``, absolute row numbers), by default the last batch sampled. Rows
+        overwritten since, or no longer sampleable, keep theirs. Returns how many rows were
+        updated (0 when any priority is not finite: the update is skipped)."""
         if self._priorities is None:
-            raise RuntimeError("update_priority needs ReplayMemory(prioritized=True) (config.json: memory.prioritized)")
+            raise RuntimeError("update_priority needs ReplayMemory(prioritized=True) "
+                               "(config.json: memory.prioritized)")
         if index is None:
             if self._sampled is None:
-                raise RuntimeError("update_priority before any batch was sampled: nothing to update")
+                raise RuntimeError("update_priority before any batch "
+                                   "was sampled: nothing to update")
             index = self._absolute(self._sampled)
         index = np.asarray(index, np.int64).reshape(-1)
         priority = np.asarray(priority, np.float64).reshape(-1)
         if priority.shape != index.shape:
-            raise ValueError(f"priority has {priority.size} values for a batch of {index.size}: return one per "
-                             "sample, in the batch's order")
+            raise ValueError(f"priority has {priority.size} values for a batch of "
+                             f"{index.size}: return one per sample, in the batch's order")
         rows = index % self.memory_size
         keep = (index >= self.total_appended - self.memory_size) & (index < self.total_appended)
         keep[keep] = self._valid(rows[keep])
         return self._priorities.update(rows[keep], priority[keep])
 
     def keep_batches(self, count: int, pinned: bool = False) -> bool:
-        """Gather into ``count`` sets of buffers in turn (page-locked ones with ``pinned``, for host columns), so
-        that a batch stays valid through the ``count - 1`` :meth:`sample` calls after it."""
+        """Gather into ``count`` sets of buffers in turn (page-locked ones with ``pinned``,
+        for host columns), so that a batch stays valid through the ``count - 1``
+        :meth:`sample` calls after it."""
         if count < 1:
             raise ValueError(f"keep_batches: count must be >= 1 (got {count})")
-        pinned = pinned and self._storage is None and torch.cuda.is_available()  # tensor columns gather in place
+        # tensor columns gather in place
+        pinned = pinned and self._storage is None and torch.cuda.is_available()
         if (count, pinned) != (self._slots, self._pinned):
             self._slots, self._slot, self._pinned, self._out = count, 0, pinned, {}
         return type(self).sample is ReplayMemory.sample
@@ -268,12 +292,13 @@ class ReplayMemory(MemoryDataloading):
         idx, importance = self._draw() if self._priorities is not None else (self.sample_indices(), None)
         self._sampled = idx
         if self._priorities is not None:
-            self._priorities.training_steps += 1  # the training loop sets the true count after each step
+            # the training loop sets the true count after each step
+            self._priorities.training_steps += 1
         return self._batch(idx, importance)
 
     def _batch(self, idx: np.ndarray, importance: np.ndarray | None = None) -> Batch:
-        """The transitions that end at physical rows ``idx`` (1-D), one gather per column; ``importance``: their
-        importance weights (prioritized)."""
+        """The transitions that end at physical rows ``idx`` (1-D), one gather per column;
+        ``importance``: their importance weights (prioritized)."""
         prev = self._rows((idx - 1) % self.memory_size)
         nxt, r, steps = idx, None, None
         if self.n_step > 1:
@@ -293,7 +318,8 @@ class ReplayMemory(MemoryDataloading):
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = self._gather("weight", "weight", rows) if self._weighted else None
-        if importance is not None and isinstance(weight, torch.Tensor):  # a column on the storage device
+        # a column on the storage device
+        if importance is not None and isinstance(weight, torch.Tensor):
             weight = torch.from_numpy(importance).to(weight.device) * weight
         elif importance is not None:
             weight = importance if weight is None else importance * weight
@@ -305,17 +331,20 @@ class ReplayMemory(MemoryDataloading):
         if importance is not None:
             extra["index"] = to_tensor(self._absolute(idx), d)
         o, o2 = to_tensor(o, d), to_tensor(o2, d)
-        if self.obs_transform is not None:  # new tensors: the gather buffers keep the raw observations
+        # new tensors: the gather buffers keep the raw observations
+        if self.obs_transform is not None:
             o, o2 = self.obs_transform(o), self.obs_transform(o2)
         return Batch(o, to_tensor(a, d), to_tensor(r, d), o2, to_tensor(term, d), to_tensor(trunc, d), weight,
                      extra=extra)
 
     def get_transition(self, item: int) -> Transition:
-        """The ``item``-th stored transition, oldest first (per-item access, for tests and tmrl-style code).
+        """The ``item``-th stored transition, oldest first (per-item access, for
+        tests and tmrl-style code).
 
-        The arrays are copies, which later packets do not change. The observations are as stored: after
-        ``obs_preprocessor``, which this memory applies on append. ``info["extra"]`` holds the actor's extra outputs
-        recorded with the action, if any. Raises IndexError unless ``0 <= item < len()``.
+        The arrays are copies, which later packets do not change. The observations are as stored:
+        after ``obs_preprocessor``, which this memory applies on append. ``info["extra"]``
+        holds the actor's extra outputs recorded with the action, if any. Raises IndexError
+        unless ``0 <= item < len()``.
         """
         i = nth_end(self._ordered_ends(), item)
         p = (i - 1) % self.memory_size

@@ -1,20 +1,23 @@
-"""RolloutMemory: the transitions of one synchronous batch, handed to the agent all at once, in order.
+"""RolloutMemory: the transitions of one synchronous batch, handed to the
+agent all at once, in order.
 
-With ``trainer.collection: sync`` (see :mod:`netrl.sync`) the training loop stores every transition of the batch
-under collection here, calls ``agent.train(memory.sample())`` once, then :meth:`RolloutMemory.clear`. The agent (PPO)
-computes advantages from whole pieces of trajectories, so the order matters:
+With ``trainer.collection: sync`` (see :mod:`netrl.training.sync`) the training loop stores
+every transition of the batch under collection here, calls ``agent.train(memory.sample())``
+once, then :meth:`RolloutMemory.clear`. The agent (PPO) computes advantages from whole pieces of
+trajectories, so the order matters:
 
-- rows keep their arrival order: packet after packet, env-major within a packet (its env segments), time order
-  within an env segment;
-- except that a piece continued by the next packet of the same worker (a worker cuts a fragment into packets of at
-  most its ``min_samples_per_worker_packet`` rows per env) is joined to the piece it continues, so each trajectory
-  piece is contiguous;
-- ``traj_ids`` (int64, TorchRL's collectors' ``("collector", "traj_ids")``) numbers the pieces: rows with equal
-  ids are one contiguous piece of one env's trajectory, and a new id starts wherever a row does not continue the
-  row before it (another worker or env, an episode start, a row left out as late, a gap in a worker's packets).
+- rows keep their arrival order: packet after packet, env-major within a packet (its env segments),
+  time order within an env segment;
+- except that a piece continued by the next packet of the same worker (a worker cuts a fragment into
+  packets of at most its ``min_samples_per_worker_packet`` rows per env) is joined to the piece it
+  continues, so each trajectory piece is contiguous;
+- ``traj_ids`` (int64, TorchRL's collectors' ``("collector", "traj_ids")``) numbers the pieces: rows
+  with equal ids are one contiguous piece of one env's trajectory, and a new id starts wherever a
+  row does not continue the row before it (another worker or env, an episode start, a row left
+  out as late, a gap in a worker's packets).
 
-The batch carries the extra outputs each row's action came with (``Buffer.extra``, e.g. ``action_log_prob``,
-``state_value``) and ``traj_ids`` in ``batch.extra``.
+The batch carries the extra outputs each row's action came with (``Buffer.extra``, e.g.
+``action_log_prob``, ``state_value``) and ``traj_ids`` in ``batch.extra``.
 """
 
 from __future__ import annotations
@@ -24,24 +27,28 @@ from typing import Any
 import numpy as np
 
 from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
-from netrl.samples import Batch, Buffer, flatten, row, unflatten
+from netrl.samples.batch import Batch
+from netrl.samples.columns import Buffer, flatten, row, unflatten
 
 __all__ = ["RolloutMemory"]
 
 class RolloutMemory(MemoryDataloading):
-    """Every transition of one batch, in arrival order (see the module docstring); ``sample()`` returns them all.
+    """Every transition of one batch, in arrival order (see the module docstring);
+    ``sample()`` returns them all.
 
-    Rows a packet marks with ``weight`` 0 (the loop's late samples) are left out. ``memory_size`` and
-    ``batch_size`` are accepted for the loop's sake and not used: the batch is whatever arrived.
+    Rows a packet marks with ``weight`` 0 (the loop's late samples) are left out. ``memory_size``
+    and ``batch_size`` are accepted for the loop's sake and not used: the batch is whatever arrived.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._chunks: list[dict[str, np.ndarray]] = []  # per packet: transition columns, one row per transition
+        # per packet: transition columns, one row per transition
+        self._chunks: list[dict[str, np.ndarray]] = []
         self._act_spec: Any = None
         self._obs_spec: Any = None
         self._n = 0
         self._next_traj = 0
-        # (worker, env) -> (seq, traj id) of a piece that ended its packet mid-episode: the next packet may continue it
+        # (worker, env) -> (seq, traj id) of a piece that ended its packet mid-episode: the
+        # next packet may continue it
         self._open: dict[tuple[str, int], tuple[int, int]] = {}
         self._workers = WorkerIds()
         super().__init__(*args, **kwargs)
@@ -56,8 +63,8 @@ class RolloutMemory(MemoryDataloading):
         self._n = self._next_traj = 0
 
     def append_buffer(self, buffer: Buffer) -> None:
-        """Store a packet's transitions. One whose structure or leaves differ from the first packet's raises
-        ValueError before anything is stored."""
+        """Store a packet's transitions. One whose structure or leaves differ from the first
+        packet's raises ValueError before anything is stored."""
         n = len(buffer)
         if n == 0:
             return
@@ -67,8 +74,9 @@ class RolloutMemory(MemoryDataloading):
         act_spec, act_leaves = flatten(buffer.act, "act")
         obs_spec, obs_leaves = flatten(obs, "obs")
         if self._act_spec is not None and (act_spec, obs_spec) != (self._act_spec, self._obs_spec):
-            raise ValueError(f"packet {buffer.seq} of worker {buffer.worker}: its observation/action structure differs "
-                             "from the batch's; every worker must run the same pipeline")
+            raise ValueError(f"packet {buffer.seq} of worker {buffer.worker}: "
+                             f"its observation/action structure differs from the "
+                             f"batch's; every worker must run the same pipeline")
         ends = buffer.transition_end  # (weight 0: late rows the loop left out)
         idx = np.flatnonzero(ends)
         if not len(idx):
@@ -76,15 +84,17 @@ class RolloutMemory(MemoryDataloading):
         env = env_column(buffer, n)
         prev = idx - 1
         if (prev < 0).any():
-            raise ValueError(f"packet {buffer.seq} of worker {buffer.worker}: its first row ends a transition, but "
-                             "the row before it is in another packet (a packet starts with a reset or context row)")
+            raise ValueError(f"packet {buffer.seq} of worker {buffer.worker}: its first "
+                             f"row ends a transition, but the row before it is in another "
+                             f"packet (a packet starts with a reset or context row)")
         cols: dict[str, np.ndarray] = {}
         for name, leaf in obs_leaves:
             arr = np.asarray(leaf)
             cols["prev:" + name], cols[name] = arr[prev], arr[idx]
         for name, leaf in act_leaves:
             cols[name] = np.asarray(leaf)[idx]
-        for name, values in (getattr(buffer, "extra", None) or {}).items():  # the actor's extra outputs, per row
+        # the actor's extra outputs, per row
+        for name, values in (getattr(buffer, "extra", None) or {}).items():
             cols["extra/" + name] = np.asarray(values)[idx]
         cols.update(rew=np.asarray(buffer.rew, np.float32)[idx], terminated=np.asarray(buffer.terminated)[idx],
                     truncated=np.asarray(buffer.truncated)[idx], policy_version=np.asarray(buffer.policy_version)[idx],
@@ -94,15 +104,17 @@ class RolloutMemory(MemoryDataloading):
             wrong = [k for k in set(first) | set(cols) if k not in first or k not in cols
                      or first[k].shape[1:] != cols[k].shape[1:] or first[k].dtype.kind != cols[k].dtype.kind]
             if wrong:
-                raise ValueError(f"packet {buffer.seq} of worker {buffer.worker}: its columns {sorted(wrong)} differ "
-                                 "from the batch's first packet's (missing, extra, or another shape or kind of dtype)")
+                raise ValueError(f"packet {buffer.seq} of worker {buffer.worker}: its columns "
+                                 f"{sorted(wrong)} differ from the batch's first packet's "
+                                 f"(missing, extra, or another shape or kind of dtype)")
         cols["traj_ids"] = self._traj_ids(buffer, idx, env)
         self._act_spec, self._obs_spec = act_spec, obs_spec
         self._chunks.append(cols)
         self._n += len(idx)
 
     def _traj_ids(self, buffer: Buffer, idx: np.ndarray, env: np.ndarray) -> np.ndarray:
-        """One id per stored transition: a new one where a row does not continue the row before it."""
+        """One id per stored transition: a new one where a row does not continue
+        the row before it."""
         starts = np.ones(len(idx), np.bool_)
         starts[1:] = (np.diff(idx) != 1) | (env[idx[1:]] != env[idx[:-1]])
         ids = np.empty(len(idx), np.int64)
@@ -110,8 +122,8 @@ class RolloutMemory(MemoryDataloading):
         ended = np.asarray(buffer.terminated) | np.asarray(buffer.truncated)
         for k in np.flatnonzero(starts).tolist():
             i, e = int(idx[k]), int(env[idx[k]])
-            # a piece continues the same env's open piece of the worker's previous packet when only that env's
-            # context rows come before it in this packet
+            # a piece continues the same env's open piece of the worker's previous packet when only
+            # that env's context rows come before it in this packet
             before = np.flatnonzero(env[:i] == e)
             continues = len(before) > 0 and bool(context[before].all()) and context[i - 1]
             held = self._open.get((buffer.worker, e))
@@ -126,12 +138,14 @@ class RolloutMemory(MemoryDataloading):
         for e in np.unique(env[idx]).tolist():
             last = int(np.flatnonzero(env == e)[-1])
             k = int(np.flatnonzero(idx == last)[0]) if last in idx else -1
-            if k >= 0 and not ended[last]:  # the env's segment ends mid-episode on a stored transition
+            # the env's segment ends mid-episode on a stored transition
+            if k >= 0 and not ended[last]:
                 self._open[(buffer.worker, e)] = (buffer.seq, int(ids[k]))
         return ids
 
     def _columns(self) -> dict[str, np.ndarray]:
-        """All stored columns, each trajectory piece contiguous (pieces in order of their first row)."""
+        """All stored columns, each trajectory piece contiguous (pieces in
+        order of their first row)."""
         cols = {k: np.concatenate([c[k] for c in self._chunks]) for k in self._chunks[0]}
         order = np.argsort(cols["traj_ids"], kind="stable")
         if (np.diff(order) != 1).any():
@@ -139,8 +153,8 @@ class RolloutMemory(MemoryDataloading):
         return cols
 
     def sample(self) -> Batch:
-        """Every stored transition as one Batch on ``self.device`` (see the module docstring for the order), with
-        the recorded extras and ``traj_ids`` . Raises ValueError when empty."""
+        """Every stored transition as one Batch on ``self.device`` (see the module docstring for the
+        order), with the recorded extras and ``traj_ids`` . Raises ValueError when empty."""
         if not self._n:
             raise ValueError("RolloutMemory.sample(): the memory holds no transition")
         cols = self._columns()

@@ -1,10 +1,11 @@
 """``python -m netrl --plot RUN``: the learning curve and throughput of a run, as a PNG.
 
 Reads ``<weights_folder>/<run>/metrics.csv`` (one row per training round) and the workers'
-``episodes_<worker>.csv`` (one row per episode) and draws four panels: episode returns against env steps, sample
-and training-step rates over time, losses, and policy lag. Without episode rows (a worker given no run folder writes
-none), the returns come from metrics.csv: each round's mean return and mean test return, against the env steps the
-trainer had received. The log says which source it used, or what is missing.
+``episodes_<worker>.csv`` (one row per episode) and draws four panels: episode returns against env
+steps, sample and training-step rates over time, losses, and policy lag. Without episode rows (a
+worker given no run folder writes none), the returns come from metrics.csv: each round's mean
+return and mean test return, against the env steps the trainer had received. The log says which
+source it used, or what is missing.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ T = TypeVar("T", int, float)
 
 
 def _rows(path: Path, columns: dict[str, Callable[[str], object]]) -> list[dict[str, str]]:
-    """The file's complete rows whose ``columns`` read as numbers of their kind (or are empty); NetrlError if it is
-    not a CSV with these columns. The last line, cut short by a crash, has fewer fields and is skipped; any other row
-    with the wrong number of fields (a line a crash cut short before the run resumed, or a damaged disk) or a value
-    that is not a number (a damaged disk) is skipped with a warning, so the rest of the run still plots."""
+    """The file's complete rows whose ``columns`` read as numbers of their kind (or are empty);
+    NetrlError if it is not a CSV with these columns. The last line, cut short by a crash, has fewer
+    fields and is skipped; any other row with the wrong number of fields (a line a crash cut short
+    before the run resumed, or a damaged disk) or a value that is not a number (a damaged disk) is
+    skipped with a warning, so the rest of the run still plots."""
     try:
-        header, rows = read_table(path)  # ([], []) if the trainer has not written it yet: nothing to check
+        # ([], []) if the trainer has not written it yet: nothing to check
+        header, rows = read_table(path)
         if rows and None in rows[-1].values() and None not in rows[-1]:
             rows.pop()  # the line a crash was writing
         misshapen = len(rows)
@@ -40,11 +43,12 @@ def _rows(path: Path, columns: dict[str, Callable[[str], object]]) -> list[dict[
         if any(c in name for name in header for c in "\ufffd\x00"):
             raise csv.Error("its first line is not text")
     except (OSError, csv.Error) as exc:
-        raise NetrlError(f"{path} cannot be read as a CSV file ({exc}): netrl writes it during a run; move the "
-                         "damaged file away to plot the rest") from None
+        raise NetrlError(f"{path} cannot be read as a CSV file ({exc}): netrl writes it "
+                         f"during a run; move the damaged file away to plot the rest") from None
     missing = set(columns) - set(header) if header else set()
     if missing:
-        raise NetrlError(f"{path} has no column {', '.join(sorted(missing))}: was it written by netrl?")
+        raise NetrlError(f"{path} has no column {', '.join(sorted(missing))}: "
+                         f"was it written by netrl?")
     kinds = {**columns, **{name: float for name in header if name.startswith("loss_")}}
     kept, damaged = [], []
     for row in rows:
@@ -55,11 +59,13 @@ def _rows(path: Path, columns: dict[str, Callable[[str], object]]) -> list[dict[
         else:
             damaged.append(bad)
     if misshapen:
-        log.warning("%s: skipped %d row(s) with other than %d fields (a line a crash cut short, or a damaged disk); "
-                    "the other %d rows are plotted", path, misshapen, len(header), len(kept))
+        log.warning("%s: skipped %d row(s) with other than %d fields (a line a crash "
+                    "cut short, or a damaged disk); the other %d rows are plotted",
+                    path, misshapen, len(header), len(kept))
     if damaged:
-        log.warning("%s: skipped %d row(s) with a value that is not a number, the first where %s is %r (a damaged "
-                    "disk?); the other %d rows are plotted", path, len(damaged), *damaged[0], len(kept))
+        log.warning("%s: skipped %d row(s) with a value that is not a number, the first "
+                    "where %s is %r (a damaged disk?); the other %d rows are plotted",
+                    path, len(damaged), *damaged[0], len(kept))
     return kept
 
 
@@ -72,7 +78,8 @@ def _reads(text: str, kind: Callable[[str], object]) -> bool:
 
 
 def _column(rows: list[dict[str, str]], key: str, kind: Callable[[str], T]) -> list[T | None]:
-    """One column as numbers (None where empty); :func:`_rows` kept only rows where it reads as ``kind``."""
+    """One column as numbers (None where empty); :func:`_rows` kept only rows
+    where it reads as ``kind``."""
     return [kind(row[key]) if row.get(key) else None for row in rows]
 
 
@@ -98,18 +105,21 @@ def _legend(ax: Any) -> None:
 
 
 def _round_returns(ax: Any, run_dir: Path, m: list[dict[str, str]], episode_files: list[Path]) -> None:
-    """Draw each round's mean return from metrics.csv (``m``) in ``ax``, the panel of episode returns; or, with none,
-    write in it what is missing. Either way the log says which."""
-    why = (f"{', '.join(p.name for p in episode_files)} in {run_dir} hold no episode yet" if episode_files else
-           f"no episodes_*.csv in {run_dir} (a RolloutWorker writes episodes_<worker_id>.csv in its run_dir, "
-           "weights/run by default: give the worker the trainer's run_dir)")
+    """Draw each round's mean return from metrics.csv (``m``) in ``ax``, the panel of episode
+    returns; or, with none, write in it what is missing. Either way the log says which."""
+    why = (f"{', '.join(p.name for p in episode_files)} in "
+           f"{run_dir} hold no episode yet" if episode_files else
+           f"no episodes_*.csv in {run_dir} (a RolloutWorker writes episodes_<worker_id>.csv in "
+           f"its run_dir, weights/run by default: give the worker the trainer's run_dir)")
     keys = ("return_mean", "test_return_mean")
     rows = [{k: r[k] if r.get(k) and _reads(r[k], float) else "" for k in ("samples", *keys)} for r in m
-            if r.get("samples") and _reads(r["samples"], int)]  # (_rows checked only the columns every plot needs)
+            # (_rows checked only the columns every plot needs)
+            if r.get("samples") and _reads(r["samples"], int)]
     rows = [r for r in rows if any(r[k] for k in keys)]
     if not rows:
         missing = ("metrics.csv has no rows yet (the trainer writes one per round)" if not m else
-                   "metrics.csv has no return_mean in any round (no episode ended within a round)" if m and
+                   "metrics.csv has no return_mean in any round "
+                   "(no episode ended within a round)" if m and
                    "return_mean" in m[0] else "metrics.csv has no return_mean column")
         log.warning("no returns to plot: %s, and %s", why, missing)
         ax.text(0.5, 0.5, f"no returns:\n{why}\n{missing}", ha="center", va="center", wrap=True, fontsize=7,
@@ -129,8 +139,9 @@ def draw_run(run_dir: Path) -> Any:
     episode_files = sorted(run_dir.glob("episodes_*.csv"))
     if not metrics_file.exists() and not episode_files:
         if run_dir.is_dir() and any(run_dir.iterdir()):  # a run, but nothing logged yet
-            raise NetrlError(f"{run_dir} has no metrics.csv or episodes_*.csv yet: the trainer writes metrics.csv "
-                             "after each round, and a worker its episodes_<worker_id>.csv after each episode")
+            raise NetrlError(f"{run_dir} has no metrics.csv or episodes_*.csv yet: "
+                             f"the trainer writes metrics.csv after each round, and a "
+                             f"worker its episodes_<worker_id>.csv after each episode")
         raise NetrlError(f"{run_dir} has no metrics.csv or episodes_*.csv: is the run name right? "
                          f"(runs live in <weights_folder>/<run_name>/)")
     import matplotlib

@@ -3,15 +3,18 @@
 ``python -m netrl --keygen [--workers robot-1,robot-2]`` writes::
 
     keys/server/server.key, server.key_secret      keep on the server machine
-    keys/server/trainers/trainer.key               allow-list: public keys that may connect as the trainer
-    keys/server/workers/worker.key, robot-1.key    allow-list: public keys that may connect as workers
+    keys/server/trainers/trainer.key               allow-list: public keys that may connect as the
+                                                   trainer
+    keys/server/workers/worker.key, robot-1.key    allow-list: public keys that may connect as
+                                                   workers
     keys/trainer/trainer.key(_secret), server.key  copy this folder to the GPU box
     keys/workers/<name>/<name>.key(_secret), server.key   copy this folder to worker <name>
 
-A client needs only its own keypair and the server's public key. Secret key files are created with mode 0600.
-A worker uses ``keys/workers/<worker_id>/`` when it exists, else the shared ``keys/workers/worker/``; a named
-worker key may only be used by the worker of that name. Trainer keys may only connect to the trainer port and
-worker keys to the worker port, so a captured worker key can never publish weights.
+A client needs only its own keypair and the server's public key. Secret key files are created
+with mode 0600. A worker uses ``keys/workers/<worker_id>/`` when it exists, else the shared
+``keys/workers/worker/``; a named worker key may only be used by the worker of that name. Trainer
+keys may only connect to the trainer port and worker keys to the worker port, so a captured worker
+key can never publish weights.
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ __all__ = ["RESERVED_WORKER_NAMES", "ClientKeys", "KeyRing", "ServerAuth", "Serv
 log = logging.getLogger(__name__)
 
 SHARED_WORKER = "worker"
-# Names a worker's own key cannot take, and why (a worker *named* "worker" is fine: it uses the shared key)
-RESERVED_WORKER_NAMES = {SHARED_WORKER: "it names the shared worker key, which --keygen always makes",
-                         "server": "a worker's key folder holds the server's public key as server.key"}
+# Names a worker's own key cannot take, and why (a worker *named* "worker" is
+# fine: it uses the shared key)
+RESERVED_WORKER_NAMES = {SHARED_WORKER: "it names the shared worker key, "
+                                        "which --keygen always makes",
+                         "server": "a worker's key folder holds the "
+                                   "server's public key as server.key"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,8 @@ def _create_pair(folder: Path, name: str) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     public, secret = zmq.auth.create_certificates(folder, name)
-    os.chmod(secret, 0o600)  # pyzmq writes 0644 (unreachable meanwhile: every folder under keys_dir is 0700)
+    # pyzmq writes 0644 (unreachable meanwhile: every folder under keys_dir is 0700)
+    os.chmod(secret, 0o600)
     return Path(public), Path(secret)
 
 
@@ -77,12 +84,13 @@ def _make_private(root: Path) -> None:
 def _write_public(path: Path, public: bytes) -> None:
     """A public key file as pyzmq writes one (for a public file lost beside its secret one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'#   ZeroMQ CURVE Public Certificate, written by netrl --keygen\n\nmetadata\ncurve\n'
-                    f'    public-key = "{public.decode()}"\n')
+    path.write_text(f'#   ZeroMQ CURVE Public Certificate, written by netrl '
+                    f'--keygen\n\nmetadata\ncurve\n    public-key = "{public.decode()}"\n')
 
 
 def _holds(path: Path, public: bytes) -> bool:
-    """Whether the public key file ``path`` holds ``public`` (False if it is missing, damaged or another key's)."""
+    """Whether the public key file ``path`` holds ``public`` (False if it is missing,
+    damaged or another key's)."""
     try:
         return path.exists() and _load(path, "public key", "")[0] == public
     except SecurityError:
@@ -90,12 +98,14 @@ def _holds(path: Path, public: bytes) -> bool:
 
 
 def _public_of(secret_file: Path) -> bytes:
-    public, _ = _load(secret_file, "secret key", "delete the folder it is in and run `python -m netrl --keygen` again")
+    public, _ = _load(secret_file, "secret key",
+                      "delete the folder it is in and run `python -m netrl --keygen` again")
     return public
 
 
 def worker_name_problem(name: str) -> str | None:
-    """What is wrong with ``name`` as the name of a worker's own key (keygen's ``workers``), or None."""
+    """What is wrong with ``name`` as the name of a worker's own key (keygen's
+    ``workers``), or None."""
     if not PEER_NAME.fullmatch(name):
         return f"is not a valid worker name: it must be {PEER_NAME_RULE}"
     why = RESERVED_WORKER_NAMES.get(name)
@@ -103,12 +113,14 @@ def worker_name_problem(name: str) -> str | None:
 
 
 def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool = False) -> list[Path]:
-    """Create the server, trainer and shared worker keys (if missing) plus one key per named worker, and repair
-    what a client folder or the server's allow-lists lack: a missing or outdated copy of the server's public key
-    (written again: copy that client's folder to its machine again), a missing allow-list entry.
+    """Create the server, trainer and shared worker keys (if missing) plus one key per named
+    worker, and repair what a client folder or the server's allow-lists lack: a missing or outdated
+    copy of the server's public key (written again: copy that client's folder to its machine
+    again), a missing allow-list entry.
 
-    Existing keypairs are kept (regenerating the server key would lock out every deployed client) unless ``force``.
-    Every folder under ``keys_dir`` is made private (0700) before a secret is written. Returns the files written.
+    Existing keypairs are kept (regenerating the server key would lock out every deployed client)
+    unless ``force``. Every folder under ``keys_dir`` is made private (0700) before a secret is
+    written. Returns the files written.
     """
     root = Path(keys_dir)
     bad = [f"{name!r} {problem}" for name in workers or [] if (problem := worker_name_problem(name))]
@@ -124,9 +136,9 @@ def keygen(keys_dir: str | Path, workers: list[str] | None = None, force: bool =
     server_public_file = server_dir / "server.key"
     if not (server_dir / "server.key_secret").exists():
         if any(root.glob("*/*.key_secret")) or any(root.glob("workers/*/*.key_secret")):
-            log.warning("%s has no server secret key: making a new server keypair; the clients' copies of the "
-                        "server's public key are updated, so copy trainer/ and workers/<name>/ to their machines "
-                        "again", server_dir)
+            log.warning("%s has no server secret key: making a new server keypair; the "
+                        "clients' copies of the server's public key are updated, so copy "
+                        "trainer/ and workers/<name>/ to their machines again", server_dir)
         written += _create_pair(server_dir, "server")
     server_public = _public_of(server_dir / "server.key_secret")
     if not _holds(server_public_file, server_public):
@@ -158,9 +170,10 @@ def _load(path: Path, what: str, hint: str) -> tuple[bytes, bytes | None]:
         raise SecurityError(f"{what} {path} is not a valid CURVE key file ({exc})") from None
     for kind, key in (("public", public), ("secret", secret)):
         problem = _z85_problem(key) if key is not None else None
-        if problem:  # ZeroMQ would refuse it with a bare "Invalid argument" once the socket is set up
-            raise SecurityError(f"{what} {path} holds a damaged {kind} key ({problem}): copy the file again from the "
-                                "machine where `python -m netrl --keygen` ran")
+        # ZeroMQ would refuse it with a bare "Invalid argument" once the socket is set up
+        if problem:
+            raise SecurityError(f"{what} {path} holds a damaged {kind} key ({problem}): copy the "
+                                f"file again from the machine where `python -m netrl --keygen` ran")
     return public, secret
 
 
@@ -178,13 +191,15 @@ def _z85_problem(key: bytes) -> str | None:
 def _check_private(path: Path) -> None:
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        raise SecurityError(f"{path} is readable by other users (mode {oct(mode)}); run `chmod 600 {path}`")
+        raise SecurityError(f"{path} is readable by other users (mode "
+                            f"{oct(mode)}); run `chmod 600 {path}`")
 
 
 def server_keys(keys_dir: str | Path) -> ServerKeys:
     root = Path(keys_dir)
     secret_file = root / "server" / "server.key_secret"
-    hint = "run `python -m netrl --keygen` on the server, or set \"security\": \"none\" (unencrypted)"
+    hint = ("run `python -m netrl --keygen` on the server, or "
+            "set \"security\": \"none\" (unencrypted)")
     public, secret = _load(secret_file, "server secret key", hint)
     _check_private(secret_file)
     return ServerKeys(public, _secret(secret, secret_file), root / "server")
@@ -192,8 +207,8 @@ def server_keys(keys_dir: str | Path) -> ServerKeys:
 
 def _secret(secret: bytes | None, path: Path) -> bytes:
     if secret is None:  # e.g. the public .key copied over the .key_secret
-        raise SecurityError(f"{path} holds no secret key (is it a copy of the public .key file?): copy the "
-                            ".key_secret file that `python -m netrl --keygen` made")
+        raise SecurityError(f"{path} holds no secret key (is it a copy of the public .key file?): "
+                            f"copy the .key_secret file that `python -m netrl --keygen` made")
     return secret
 
 
@@ -206,14 +221,16 @@ def client_keys(keys_dir: str | Path, role: Literal["trainer", "worker"], name: 
         folder, key_name = root / "workers" / name, name
     else:
         folder, key_name = root / "workers" / SHARED_WORKER, SHARED_WORKER
-    hint = (f"copy {folder.relative_to(root) if folder.is_relative_to(root) else folder}/ from the machine where "
-            "`python -m netrl --keygen` ran (it holds this client's keypair and the server's public key)")
-    if role == "worker" and key_name == SHARED_WORKER:  # e.g. keys/workers/robot-1/ copied, but no --worker-id
+    hint = (f"copy {folder.relative_to(root) if folder.is_relative_to(root) else folder}/ "
+            f"from the machine where `python -m netrl --keygen` ran (it "
+            f"holds this client's keypair and the server's public key)")
+    # e.g. keys/workers/robot-1/ copied, but no --worker-id
+    if role == "worker" and key_name == SHARED_WORKER:
         named = sorted(p.parent.name for p in (root / "workers").glob("*/*.key_secret") if p.parent.name != name)
         if named:
-            hint += (f", or give this worker the name of the keys it has: --worker-id {named[0]} (config.json: "
-                     f"worker.worker_id; this worker is {name!r}), or make keys for {name!r} on the server's machine: "
-                     f"python -m netrl --keygen --workers {name}")
+            hint += (f", or give this worker the name of the keys it has: --worker-id {named[0]} "
+                     f"(config.json: worker.worker_id; this worker is {name!r}), or make keys for "
+                     f"{name!r} on the server's machine: python -m netrl --keygen --workers {name}")
     if not root.exists():
         hint += f"; {root} does not exist: is keys_dir (--keys-dir) right?"
     public, secret = _load(folder / f"{key_name}.key_secret", f"{role} secret key", hint)
@@ -223,8 +240,9 @@ def client_keys(keys_dir: str | Path, role: Literal["trainer", "worker"], name: 
 
 
 class KeyRing:
-    """The server's allow-lists: z85 public key -> key name, per role. Re-read when an unknown key shows up,
-    so a worker key added to ``keys/server/workers/`` is accepted without restarting the server."""
+    """The server's allow-lists: z85 public key -> key name, per role. Re-read when an
+    unknown key shows up, so a worker key added to ``keys/server/workers/`` is accepted
+    without restarting the server."""
 
     def __init__(self, allow_dir: Path) -> None:
         self.allow_dir = allow_dir
@@ -269,10 +287,13 @@ class KeyRing:
                 count = ring.refused[role]
                 if worth_logging(count, every=100):
                     other = "worker" if role == "trainer" else "trainer"
-                    wrong_port = (f": it is a {other}'s key ({ring.keys.get(other, {})[key]!r}), so that {other} "
-                                  f"connects to the {role} port" if key in ring.keys.get(other, {}) else "")
-                    log.warning("refused a connection on the %s port: public key %s is not in %s/%ss/%s (%d "
-                                "refused)", role, key.decode(errors="replace"), ring.allow_dir, role, wrong_port,
+                    wrong_port = (f": it is a {other}'s key "
+                                  f"({ring.keys.get(other, {})[key]!r}), so "
+                                  f"that {other} connects to the "
+                                  f"{role} port" if key in ring.keys.get(other, {}) else "")
+                    log.warning("refused a connection on the %s port: public "
+                                "key %s is not in %s/%ss/%s (%d refused)",
+                                role, key.decode(errors="replace"), ring.allow_dir, role, wrong_port,
                                 count)
                 return False
 
@@ -280,7 +301,8 @@ class KeyRing:
 
 
 class ServerAuth:
-    """CURVE on the server's ports: a ZAP authenticator thread and one allow-list (:class:`KeyRing`) per port."""
+    """CURVE on the server's ports: a ZAP authenticator thread and one allow-list
+    (:class:`KeyRing`) per port."""
 
     def __init__(self, ctx: zmq.Context, keys: ServerKeys) -> None:
         self.keys = keys
@@ -289,7 +311,8 @@ class ServerAuth:
         self._auth.start()
 
     def secure(self, sock: zmq.Socket, role: str) -> None:
-        """Make ``sock`` (before it binds) a CURVE server that admits only ``role``'s allow-listed keys."""
+        """Make ``sock`` (before it binds) a CURVE server that admits only ``role``'s
+        allow-listed keys."""
         sock.curve_server = True
         sock.curve_secretkey = self.keys.secret
         sock.curve_publickey = self.keys.public
@@ -297,17 +320,19 @@ class ServerAuth:
         self._auth.configure_curve_callback(f"netrl-{role}", self.ring.provider(role))
 
     def key_name(self, role: str, rid_frame: Any) -> str:
-        """The name of the key a peer connected with (ZAP put its public key in the frame's User-Id)."""
+        """The name of the key a peer connected with (ZAP put its public key in
+        the frame's User-Id)."""
         return self.ring.name(role, (rid_frame.get("User-Id") or "").encode()) or "?"
 
     def worker_name_problem(self, key: str, worker_id: str) -> str | None:
-        """Why a worker that connected with key ``key`` may not call itself ``worker_id`` (None: it may). A named
-        key works only for its worker, and the shared key never for a worker that has a key of its own."""
+        """Why a worker that connected with key ``key`` may not call itself ``worker_id`` (None: it
+        may). A named key works only for its worker, and the shared key never for a worker
+        that has a key of its own."""
         if key not in (SHARED_WORKER, worker_id):
             return f"key {key!r} belongs to worker {key!r}; this worker calls itself {worker_id!r}"
         if key == SHARED_WORKER != worker_id and worker_id in self.ring.keys["worker"].values():
-            return (f"worker {worker_id!r} has a key of its own (keys/workers/{worker_id}/): connect with it, not "
-                    "with the shared worker key")
+            return (f"worker {worker_id!r} has a key of its own (keys/workers/{worker_id}/): "
+                    f"connect with it, not with the shared worker key")
         return None
 
     def stop(self) -> None:

@@ -1,23 +1,28 @@
-"""A role's network thread: owns a :class:`~netrl.net.transport.ClientLink` and an inproc pipe from the role's main
-thread, and the layout of the commands that cross that pipe.
+"""A role's network thread: owns a :class:`~netrl.net.transport.ClientLink` and an inproc pipe from
+the role's main thread, and the layout of the commands that cross that pipe.
 
-ZeroMQ sockets are not thread-safe, so a worker's or trainer's main thread (env steps, training) never touches the
-link's socket and never blocks on the network: it hands commands over an inproc PAIR pipe, zero-copy, and reads
-results from whatever thread-safe state the subclass (:class:`~netrl.worker.link.WorkerLink`,
-:class:`~netrl.trainer.link.TrainerLink`) exposes.
+ZeroMQ sockets are not thread-safe, so a worker's or trainer's main thread (env steps, training)
+never touches the link's socket and never blocks on the network: it hands commands over an
+inproc PAIR pipe, zero-copy, and reads results from whatever thread-safe state the subclass
+(:class:`~netrl.worker.link.WorkerLink`, :class:`~netrl.trainer.link.TrainerLink`) exposes.
 
-A command is one multipart message on the pipe. Its first frame, the head, is the command's kind (one byte, a
-:class:`Command`) and a fixed set of little-endian integers; the frames after it are handed over as they are,
-zero-copy (a message encoded by :mod:`netrl.protocol.wire`, for the network thread to send)::
+A command is one multipart message on the pipe. Its first frame, the head, is the command's kind
+(one byte, a :class:`Command`) and a fixed set of little-endian integers; the frames after it
+are handed over as they are, zero-copy (a message encoded by :mod:`netrl.protocol.wire`,
+for the network thread to send)::
 
-    PACKET     worker    head: u8 1 | u64 seq | u64 steps     then one SAMPLES message: the packet, kept until acked
-    CREDIT     trainer   head: u8 2                           nothing: the loop took bundles, grant credit now
-    WEIGHTS    trainer   head: u8 3 | u32 part | i64 version  then one WEIGHTS message: that part of the version
+    PACKET     worker    head: u8 1 | u64 seq | u64 steps     then one SAMPLES message: the packet,
+                                                              kept until acked
+    CREDIT     trainer   head: u8 2                           nothing: the loop took bundles, grant
+                                                              credit now
+    WEIGHTS    trainer   head: u8 3 | u32 part | i64 version  then one WEIGHTS message: that part of
+                                                              the version
     PROGRESS   trainer   head: u8 4                           then one PROGRESS message
 
-:func:`command_head` writes a head and :func:`read_command` reads it back. A head no command has (an unknown kind,
-or the wrong size for its kind) is a bug in the role, not input from a peer: it raises ValueError, and a network
-thread that meets one stops with it, which the main thread's next command reports.
+:func:`command_head` writes a head and :func:`read_command` reads it back. A head no command
+has (an unknown kind, or the wrong size for its kind) is a bug in the role, not input from a
+peer: it raises ValueError, and a network thread that meets one stops with it, which the main
+thread's next command reports.
 """
 
 from __future__ import annotations
@@ -59,30 +64,34 @@ _BY_BYTE = {int(kind): (kind, head) for kind, head in _HEADS.items()}
 
 
 def command_head(kind: Command, *values: int) -> bytes:
-    """The first frame of a ``kind`` command carrying ``values`` (struct.error if they do not fit its head)."""
+    """The first frame of a ``kind`` command carrying ``values`` (struct.error if
+    they do not fit its head)."""
     return _HEADS[kind].pack(kind, *values)
 
 
 def read_command(head: Any) -> tuple[Command, tuple[int, ...]]:
-    """The kind and integers of a command's head (a zmq.Frame or bytes); ValueError for a head no command has."""
+    """The kind and integers of a command's head (a zmq.Frame or bytes); ValueError
+    for a head no command has."""
     view = memoryview(head)
     known = _BY_BYTE.get(view[0]) if view.nbytes else None
     if known is None or view.nbytes != known[1].size:
         what = f"a {known[0].name} command's head of {view.nbytes} bytes" if known else "an unknown command"
-        raise ValueError(f"{what} ({bytes(view[:32]).hex() or 'empty'}) on a network thread's pipe: a bug in its "
-                         f"role, which must build commands with command_head()")
+        raise ValueError(f"{what} ({bytes(view[:32]).hex() or 'empty'}) on a network thread's "
+                         f"pipe: a bug in its role, which must build commands with command_head()")
     return known[0], known[1].unpack(view)[1:]
 
 
 class NetThread(threading.Thread):
-    """A role's network thread. The main thread sends commands through :meth:`command` and stops it with
-    :meth:`halt`; the thread itself may end early with :meth:`stop_soon`. Subclasses implement :meth:`on_message`,
-    :meth:`on_command` and optionally :meth:`on_tick`, :meth:`on_ready`, :meth:`on_exit` and :meth:`on_finish`.
+    """A role's network thread. The main thread sends commands through :meth:`command` and stops it
+    with :meth:`halt`; the thread itself may end early with :meth:`stop_soon`. Subclasses implement
+    :meth:`on_message`, :meth:`on_command` and optionally :meth:`on_tick`, :meth:`on_ready`,
+    :meth:`on_exit` and :meth:`on_finish`.
     """
 
     POLL_MS = 20
-    # One pass reads messages for at most this long (and at least one), then heartbeats and liveness get their turn:
-    # a backlog of bundles after a stall must not keep them waiting until the peer takes this side for dead.
+    # One pass reads messages for at most this long (and at least one), then heartbeats and liveness
+    # get their turn: a backlog of bundles after a stall must not keep them waiting until the
+    # peer takes this side for dead.
     READ_BUDGET_S = 0.05
 
     def __init__(self, net: NetworkConfig, role: str, name: str, session: str, port: int,
@@ -102,26 +111,29 @@ class NetThread(threading.Thread):
         self._halt = threading.Event()
         self.error: BaseException | None = None
 
-    # -- main-thread side ---------------------------------------------------------------------------------
+    # -- main-thread side --------------------------------------------------------------------------
     def command(self, frames: Sequence[Any], track: bool = False) -> zmq.MessageTracker | None:
-        """Hand a command to the network thread: its head (:func:`command_head`), then its frames (zero-copy, never
-        blocks). With ``track``, the returned tracker is done once ZeroMQ no longer holds the last frame's memory
-        anywhere (all sends that reused it are complete).
+        """Hand a command to the network thread: its head (:func:`command_head`), then its frames
+        (zero-copy, never blocks). With ``track``, the returned tracker is done once ZeroMQ no
+        longer holds the last frame's memory anywhere (all sends that reused it are complete).
 
-        Raises NetrlError once the network thread has ended (its end of the pipe is closed, so a send would block
-        forever)."""
+        Raises NetrlError once the network thread has ended (its end of the pipe is closed, so a
+        send would block forever)."""
         try:
-            if self.ident is not None and not self.is_alive():  # ended: its end of the pipe may still be closing
+            # ended: its end of the pipe may still be closing
+            if self.ident is not None and not self.is_alive():
                 raise zmq.Again
             tracker = self._pipe_out.send_multipart(frames, zmq.NOBLOCK, copy=False, track=track)
         except zmq.Again:  # the pipe has no reader any more: SNDHWM 0 never refuses while it does
-            why = self.link.fatal or self.error  # e.g. the server's REJECT: the reason to show, not just the symptom
+            why = self.link.fatal or self.error  # e.g. the server's REJECT: the reason to show, not
+                                                 # just the symptom
             raise NetrlError(f"{self.link.role} cannot continue: its network thread has stopped"
                              f"{f' ({why})' if why else ''}") from None
         return tracker if track else None
 
     def halt(self, timeout: float = 5.0) -> None:
-        """Stop the thread, wait for it, and free the sockets (also of a thread never started). Idempotent."""
+        """Stop the thread, wait for it, and free the sockets (also of a thread never
+        started). Idempotent."""
         self._halt.set()
         if self.is_alive():
             self.join(timeout)
@@ -134,10 +146,11 @@ class NetThread(threading.Thread):
             self.ctx.term()
 
     def stop_soon(self) -> None:
-        """Network thread: end the loop after this pass, as if halted (the owner still calls halt to join)."""
+        """Network thread: end the loop after this pass, as if halted (the owner
+        still calls halt to join)."""
         self._halt.set()
 
-    # -- network-thread side ------------------------------------------------------------------------------
+    # -- network-thread side -----------------------------------------------------------------------
     def run(self) -> None:
         try:
             self.link.open()
@@ -172,8 +185,8 @@ class NetThread(threading.Thread):
             self.on_finish()
 
     def _read(self) -> None:
-        """Handle waiting messages for at most READ_BUDGET_S; the rest wait for the next pass (the poll returns at
-        once while they do)."""
+        """Handle waiting messages for at most READ_BUDGET_S; the rest wait for the next pass (the
+        poll returns at once while they do)."""
         deadline = time.monotonic() + self.READ_BUDGET_S
         while True:
             for msg in self.link.receive(limit=1):
@@ -188,7 +201,8 @@ class NetThread(threading.Thread):
         raise NotImplementedError
 
     def on_command(self, frames: list[Any]) -> None:
-        """A command from the main thread: ``frames[0]`` is its head (:func:`read_command`), the rest its frames."""
+        """A command from the main thread: ``frames[0]`` is its head (:func:`read_command`),
+        the rest its frames."""
         raise NotImplementedError
 
     def on_tick(self) -> None:

@@ -1,24 +1,26 @@
-"""ZeroMQ plumbing shared by all roles: sockets, liveness, reconnect back-off and the client link.
+"""A worker's or the trainer's connection to the server: :class:`ClientLink`.
 
-The server binds two ROUTER sockets (trainer port, worker port). Each worker and the trainer hold one DEALER
-:class:`ClientLink` to it, which follows the ZeroMQ Guide's Paranoid Pirate pattern:
+The server binds two ROUTER sockets (trainer port, worker port). Each worker and the trainer hold
+one DEALER :class:`ClientLink` to it, which follows the ZeroMQ Guide's Paranoid Pirate pattern:
 
-* the first message on every connection is HELLO (role, protocol and netrl versions, name, session);
-* whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as one;
-* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost, or for longer on a link whose measured
-  round trip needs it (:class:`Liveness`): the client closes its socket and reconnects with exponential back-off,
-  then says HELLO again; the server forgets it. Messages waiting unread, and a connection's handshake, count as
-  the peer talking.
+* the first message on every connection is HELLO (role, protocol and netrl versions, name,
+  session);
+* whoever has sent nothing for a heartbeat interval sends HEARTBEAT, and *any* message counts as
+  one;
+* a peer silent for ``heartbeat_interval_s * heartbeat_liveness`` is lost, or for longer on a link
+  whose measured round trip needs it (:class:`~netrl.net.liveness.Liveness`): the client closes its
+  socket and reconnects with exponential back-off (:class:`~netrl.net.liveness.Backoff`), then says
+  HELLO again; the server forgets it. Messages waiting unread, and a connection's handshake, count
+  as the peer talking.
 
-Every socket has ``linger=0``, a maximum message size and high-water marks; every poll has a finite timeout.
+Every socket has ``linger=0``, a maximum message size and high-water marks
+(:func:`~netrl.net.sockets.new_socket`); every poll has a finite timeout.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import random
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -29,176 +31,23 @@ from zmq.utils.monitor import recv_monitor_message
 
 from netrl import __version__
 from netrl.config.sections import NetworkConfig, flag_for
-from netrl.errors import ProtocolError, TransportError, VersionMismatch
+from netrl.errors import ProtocolError, VersionMismatch
 from netrl.net.keys import ClientKeys
+from netrl.net.liveness import Backoff, Liveness
+from netrl.net.sockets import HANDSHAKE_EVENTS, handshake_failure, new_socket
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import decode, encode
 from netrl.util import worth_logging
 
-__all__ = ["Backoff", "ClientLink", "Liveness", "bind", "handshake_failure", "new_session", "new_socket"]
+__all__ = ["ClientLink", "new_session"]
 
 log = logging.getLogger(__name__)
 
-_HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-
 
 def new_session() -> str:
-    """A random id for one process run: (worker name, session, seq) identifies every sample packet."""
+    """A random id for one process run: (worker name, session, seq) identifies
+    every sample packet."""
     return os.urandom(8).hex()
-
-
-def new_socket(ctx: zmq.Context, kind: int, max_bytes: int, hwm: int = 10_000,
-               handshake_s: float | None = None) -> zmq.Socket:
-    """A socket with the options every netrl socket needs (``handshake_s``: how long a new connection may take to
-    finish its ZeroMQ handshake before it is closed; ZeroMQ's default is 30 s)."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    if handshake_s is not None:
-        sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
-    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-    sock.setsockopt(zmq.SNDHWM, hwm)
-    sock.setsockopt(zmq.RCVHWM, hwm)
-    if kind == zmq.ROUTER:
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise instead of silently dropping to unknown peers
-    return sock
-
-
-def bind(sock: zmq.Socket, host: str, port: int, port_key: str, host_key: str = "server.bind_ip") -> str:
-    """Bind or raise a :class:`TransportError` that says which setting to change: the port (``port_key``) when it
-    is taken or not allowed, else the address (``host_key``)."""
-    endpoint = f"tcp://{host}:{port}"
-
-    def setting(key: str) -> str:  # the user may have set it with its flag: name both
-        flag = flag_for(key)
-        return f"`{key}` (or {flag})" if flag else f"`{key}`"
-
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        if exc.errno == zmq.EADDRINUSE:
-            hint = f"is another netrl server running? change {setting(port_key)}"
-        elif exc.errno == errno.EACCES:
-            hint = f"ports below 1024 need privileges; change {setting(port_key)}"
-        else:
-            hint = f"is {host} an address of this machine? change {setting(host_key)} (0.0.0.0 binds every interface)"
-        raise TransportError(f"could not bind {endpoint} ({exc.strerror}): {hint}") from None
-    return endpoint
-
-
-def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None) -> str:
-    """Why a client's ZeroMQ handshake failed, in words that say what to fix.
-
-    Which event a security mismatch raises is a race: the side that notices first sends an error and closes, and
-    the other side then often sees HANDSHAKE_FAILED_NO_DETAIL. Only a CURVE client can have the wrong server key.
-    """
-    sides = ("the server uses CURVE and this process has \"security\": \"none\"" if keys is None else
-             "this process uses CURVE and the server has \"security\": \"none\"")
-    mismatch = f"the server and this {role} disagree on security: {sides}; set the same \"security\" in both configs"
-    if keys is None or (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                        and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
-        return mismatch
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        port_key = f"network.{role}_port"
-        return (f"the server refused this {role}'s key: either this is not the server's {role} port (check "
-                f"{port_key}, {flag_for(port_key)}), or add {keys.folder}/*.key to the server's keys/server/{role}s/ "
-                "allow-list, or use keys made by the server's --keygen")
-    return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's public key (copy it "
-            "from the server's keys/server/server.key), or the server runs with \"security\": \"none\" (set the "
-            "same security on both)")
-
-
-class Liveness:
-    """Paranoid Pirate liveness: a peer is lost when nothing arrived from it for :attr:`window` seconds.
-
-    The window is ``interval * liveness``, or longer on a link whose round trip needs it: heartbeats carry the
-    sender's clock (``t``), and the peer echoes the newest one it got with the time it held it (``echo``, ``held``),
-    so each side measures the round trip on its own clock and keeps a smoothed one and its variation, as TCP does
-    for its retransmission timeout. Over a long lossy link TCP holds everything behind a lost segment for a
-    retransmission timeout or more, so the window grows to ``interval + RTT_FACTOR * (srtt + 4 * rttvar)`` when
-    that is longer (at most ``MAX_STRETCH`` times the configured window); on a LAN it stays as configured.
-    """
-
-    RTT_FACTOR = 6.0
-    MAX_STRETCH = 10.0
-
-    def __init__(self, interval: float, liveness: int) -> None:
-        self.liveness = liveness
-        self.interval = interval
-        self.window = interval * liveness
-        self.last_heard = time.monotonic()
-        self.last_sent = time.monotonic()
-        self.srtt: float | None = None  # smoothed round trip, seconds (None until a heartbeat came back)
-        self.rttvar = 0.0
-        self._peer_t: tuple[float, float] | None = None  # the peer's newest heartbeat clock, and when it came
-
-    def set_interval(self, interval: float) -> None:
-        self.interval = interval
-        self._update_window()
-
-    def heard(self) -> None:
-        self.last_heard = time.monotonic()
-
-    def sent(self) -> None:
-        self.last_sent = time.monotonic()
-
-    def expired(self, now: float) -> bool:
-        return now - self.last_heard > self.window
-
-    def heartbeat_due(self, now: float) -> bool:
-        return now - self.last_sent >= self.interval
-
-    def stamp(self) -> dict[str, float]:
-        """The round-trip fields of a heartbeat about to be sent."""
-        now = time.monotonic()
-        body = {"t": now}
-        if self._peer_t is not None:
-            body["echo"], body["held"] = self._peer_t[0], now - self._peer_t[1]
-        return body
-
-    def on_heartbeat(self, body: dict[str, object]) -> None:
-        """Take a received heartbeat's round-trip fields (a peer without them, or with nonsense, changes nothing)."""
-        now = time.monotonic()
-        t, echo, held = body.get("t"), body.get("echo"), body.get("held")
-        if isinstance(t, float):
-            self._peer_t = (t, now)
-        if not (isinstance(echo, float) and isinstance(held, (float, int))):
-            return
-        rtt = now - echo - held
-        if not 0.0 <= rtt <= self.MAX_STRETCH * self.liveness * self.interval:  # not our clock's: ignored
-            return
-        if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        else:  # RFC 6298's gains
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self._update_window()
-
-    def _update_window(self) -> None:
-        base = self.interval * self.liveness
-        if self.srtt is None:
-            self.window = base
-            return
-        needed = self.interval + self.RTT_FACTOR * (self.srtt + 4 * self.rttvar)
-        self.window = max(base, min(needed, self.MAX_STRETCH * base))
-
-
-class Backoff:
-    """Exponential reconnect delays with jitter: initial, 2x, 4x ... up to ``maximum``."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.delay = initial
-        self._rng = random.Random()  # its own: never moves the user's global random state (or a seeded run's)
-
-    def next(self) -> float:
-        delay = self.delay * self._rng.uniform(0.8, 1.2)
-        self.delay = min(self.delay * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = self.initial
 
 
 class ClientLink:
@@ -230,32 +79,41 @@ class ClientLink:
         self.sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self.handshake_failures = 0
-        self.handshake_problem: str | None = None  # why the newest handshake failed, until one succeeds
+        # why the newest handshake failed, until one succeeds
+        self.handshake_problem: str | None = None
         self._last_handshake_log = 0.0
         self.ready = False
         self.welcome: dict[str, Any] = {}  # the body of the last WELCOME
-        self.fatal: str | None = None  # set when the server refused us for good (e.g. version mismatch)
+        self.fatal: str | None = None  # set when the server refused us for good (e.g.
+                                       # version mismatch)
         self.rejected_messages = 0
         self._liveness = Liveness(net.heartbeat_interval_s, net.heartbeat_liveness)
         self._backoff = Backoff(net.reconnect_initial_s, net.reconnect_max_s)
         self._reconnect_at: float | None = None
         self._connections = 0
         self._was_ready = False
-        self._unanswered, self._last_unanswered_log = 0, 0.0  # connection attempts without a WELCOME in a row
-        self.heartbeat_body: Callable[[], dict[str, Any]] | None = None  # extra HEARTBEAT fields, e.g. counters
+        # connection attempts without a WELCOME in a row
+        self._unanswered, self._last_unanswered_log = 0, 0.0
+        # extra HEARTBEAT fields, e.g. counters
+        self.heartbeat_body: Callable[[], dict[str, Any]] | None = None
         self.hello_extra: dict[str, Any] = {}  # extra HELLO fields, e.g. a worker's packet bounds
         self.server_stats: dict[str, Any] = {}  # the stats of the server's last HEARTBEAT
         self._reported_at = 0.0  # when a HEARTBEAT last carried them
-        self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered yet went out
-        self._connecting_since: float | None = None  # the first attempt of the connection being made
-        self.connect_s: float | None = None  # how long the last connection took to be made, retries included
-        self._handshaking_since: float | None = None  # when the TCP connection whose handshake runs was made
+        self._hello_at: float | None = None  # when a HELLO no WELCOME or REJECT has answered
+                                             # yet went out
+        self._connecting_since: float | None = None  # the first attempt of the connection
+                                                     # being made
+        self.connect_s: float | None = None  # how long the last connection took to be made,
+                                             # retries included
+        self._handshaking_since: float | None = None  # when the TCP connection whose handshake
+                                                      # runs was made
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
         self._connections += 1
         sock = new_socket(self.ctx, zmq.DEALER, self.net.max_message_bytes, handshake_s=self.net.handshake_timeout_s)
-        self.sock = sock  # first: _close_socket() closes it even if an option below fails (or term() hangs)
+        # first: _close_socket() closes it even if an option below fails (or term() hangs)
+        self.sock = sock
         sock.setsockopt(zmq.ROUTING_ID, f"{self.role}:{self.session}:{self._connections}".encode())
         if self.keys is not None:
             try:
@@ -265,7 +123,8 @@ class ClientLink:
             except zmq.ZMQError:
                 self._close_socket()
                 raise
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)  # to explain a failed handshake, and to wait for one
+        # to explain a failed handshake, and to wait for one
+        self._monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError:
@@ -276,7 +135,8 @@ class ClientLink:
         self._send_hello()
 
     def _send_hello(self) -> None:
-        if self._connecting_since is None:  # (a retry after a lost HELLO keeps the first attempt's time)
+        # (a retry after a lost HELLO keeps the first attempt's time)
+        if self._connecting_since is None:
             self._connecting_since = time.monotonic()
         body = {"role": self.role, "netrl_version": __version__, "worker_id": self.name, "session": self.session,
                 **self.hello_extra}
@@ -298,8 +158,9 @@ class ClientLink:
         return self.ready and self._send_raw(frames)
 
     def send_tracked(self, frames: Sequence[Any]) -> zmq.MessageTracker | None:
-        """:meth:`send`, returning a tracker that is done once ZeroMQ has written the message to the connection (or
-        dropped it with its socket); None: not sent. Frames received with ``copy=False`` are sent without a copy."""
+        """:meth:`send`, returning a tracker that is done once ZeroMQ has written the message to
+        the connection (or dropped it with its socket); None: not sent. Frames received with
+        ``copy=False`` are sent without a copy."""
         if not self.ready or self.sock is None:
             return None
         last = frames[-1]
@@ -314,7 +175,8 @@ class ClientLink:
         return tracker
 
     def maintain(self) -> None:
-        """Heartbeat when idle, notice a silent server, and reconnect once the back-off delay has passed."""
+        """Heartbeat when idle, notice a silent server, and reconnect once the
+        back-off delay has passed."""
         self._check_handshakes()
         now = time.monotonic()
         if self.sock is None:
@@ -322,22 +184,24 @@ class ClientLink:
                 self._reconnect_at = None
                 self.open()
             return
-        # Messages waiting unread prove the server alive: an owner busy with a backlog must not drop a healthy link.
-        # Nor does a handshake under way, which ZeroMQ itself ends after handshake_timeout_s.
+        # Messages waiting unread prove the server alive: an owner busy with a backlog must
+        # not drop a healthy link. Nor does a handshake under way, which ZeroMQ itself ends
+        # after handshake_timeout_s.
         handshaking = (self._handshaking_since is not None
                        and now - self._handshaking_since < self.net.handshake_timeout_s)
         if self._liveness.expired(now) and not handshaking and not self.input_waiting():
             self._lose(f"no message from the server for {self._liveness.window:.1f} s")
         elif self._liveness.heartbeat_due(now) or (self.heartbeat_body is not None and self.ready
                                                    and now - self._reported_at >= self._liveness.interval):
-            # A busy link never falls idle, but its counters (a worker's drops) must reach --status all the same:
-            # a heartbeat that carries them goes out every interval either way.
+            # A busy link never falls idle, but its counters (a worker's drops) must reach --status
+            # all the same: a heartbeat that carries them goes out every interval either way.
             body = {**(self.heartbeat_body() if self.heartbeat_body else {}), **self._liveness.stamp()}
             if self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=body))):
                 self._reported_at = now
 
     def reconnect_now(self) -> None:
-        """Skip what is left of the reconnect back-off (for a worker delivering its last packets before it stops)."""
+        """Skip what is left of the reconnect back-off (for a worker delivering its last
+        packets before it stops)."""
         if self.sock is None and self._reconnect_at is not None:
             self._reconnect_at = min(self._reconnect_at, time.monotonic())
 
@@ -346,13 +210,14 @@ class ClientLink:
         return self.sock is not None and bool(int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     def keepalive(self) -> None:
-        """Send a heartbeat if one is due, for an owner in the middle of a long piece of work (the server must not
-        take a busy client for a dead one)."""
+        """Send a heartbeat if one is due, for an owner in the middle of a long piece of work (the
+        server must not take a busy client for a dead one)."""
         if self.sock is not None and self._liveness.heartbeat_due(time.monotonic()):
             self._send_raw(encode(Message(MsgType.HEARTBEAT, self.name, body=self._liveness.stamp())))
 
     def receive(self, limit: int | None = None) -> list[Message]:
-        """Read up to ``limit`` waiting messages (all of them by default); returns those the role must handle."""
+        """Read up to ``limit`` waiting messages (all of them by default); returns
+        those the role must handle."""
         out: list[Message] = []
         read = 0
         while self.sock is not None and (limit is None or read < limit):
@@ -365,8 +230,10 @@ class ClientLink:
             try:
                 msg = decode(frames, self.net.max_message_bytes)
             except VersionMismatch as exc:
-                if not self.ready:  # the server itself speaks another version: nothing will ever work
-                    self._rejected(f"{exc}; install the same netrl version on the server and this {self.role}")
+                # the server itself speaks another version: nothing will ever work
+                if not self.ready:
+                    self._rejected(f"{exc}; install the same netrl version on "
+                                   f"the server and this {self.role}")
                     continue
                 self._malformed(exc)
                 continue
@@ -378,11 +245,13 @@ class ClientLink:
             elif msg.type is MsgType.REJECT:
                 self._rejected(printable(msg.body["reason"]), msg.body.get("retry_s"))
             elif msg.type is MsgType.BYE:
-                self._lose(f"the server said goodbye ({printable(msg.body.get('reason', 'no reason'))})")
+                self._lose(f"the server said goodbye "
+                           f"({printable(msg.body.get('reason', 'no reason'))})")
             elif msg.type is MsgType.HEARTBEAT:
                 self._liveness.on_heartbeat(msg.body)
                 stats = msg.body.get("stats")
-                if isinstance(stats, dict):  # what the server says of itself, e.g. whether a trainer is connected
+                # what the server says of itself, e.g. whether a trainer is connected
+                if isinstance(stats, dict):
                     self.server_stats = stats
             else:
                 out.append(msg)
@@ -391,7 +260,8 @@ class ClientLink:
     def _malformed(self, exc: Exception) -> None:
         self.rejected_messages += 1
         if worth_logging(self.rejected_messages):
-            log.warning("dropped a malformed message from the server at %s (%d so far): %s", self.endpoint,
+            log.warning("dropped a malformed message from the server at %s (%d so far): %s",
+                        self.endpoint,
                         self.rejected_messages, exc)
 
     def _welcome(self, msg: Message) -> None:
@@ -402,9 +272,11 @@ class ClientLink:
         self.welcome = msg.body
         self._backoff.reset()
         interval = float(msg.body["heartbeat_interval_s"])
-        if interval != self._liveness.interval:  # both sides must expect heartbeats at the same pace
-            log.warning("the server's network.heartbeat_interval_s is %g s and this %s's is %g s: using the "
-                        "server's; set the same value on every machine", interval, self.role, self._liveness.interval)
+        # both sides must expect heartbeats at the same pace
+        if interval != self._liveness.interval:
+            log.warning("the server's network.heartbeat_interval_s is %g s and this "
+                        "%s's is %g s: using the server's; set the same value on every machine",
+                        interval, self.role, self._liveness.interval)
             self._liveness.set_interval(interval)
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True
@@ -413,27 +285,32 @@ class ClientLink:
         log.info("%s %s server at %s (server session %s) in %.2f s", verb, self.role, self.endpoint,
                  printable(msg.body["server_session"], 64), self.connect_s or 0.0)
         server_max = msg.body.get("max_message_bytes", self.net.max_message_bytes)
-        if server_max != self.net.max_message_bytes:  # ZeroMQ resets a connection over a message above its limit
-            log.error("the server's network.max_message_bytes is %d and this %s's is %d: set the same value on every "
-                      "machine; a message larger than the receiver's limit is never delivered (ZeroMQ drops the "
-                      "connection instead)", server_max, self.role, self.net.max_message_bytes)
+        # ZeroMQ resets a connection over a message above its limit
+        if server_max != self.net.max_message_bytes:
+            log.error("the server's network.max_message_bytes is %d and this %s's is %d: set "
+                      "the same value on every machine; a message larger than the receiver's "
+                      "limit is never delivered (ZeroMQ drops the connection instead)",
+                      server_max, self.role, self.net.max_message_bytes)
         if self.on_ready:
             self.on_ready()
 
     def _rejected(self, reason: str, retry_s: float | None = None) -> None:
         if reason.startswith("unknown peer"):
-            # The server restarted and forgot us: introduce ourselves again right away, once. Every message sent
-            # before the new server heard our HELLO comes back with this REJECT, and each HELLO more would make it
-            # drop and re-admit this peer again. A HELLO unanswered for a heartbeat interval was lost (the server
-            # restarted again): these REJECTs keep the link alive, so only a new HELLO gets it in.
+            # The server restarted and forgot us: introduce ourselves again right away, once. Every
+            # message sent before the new server heard our HELLO comes back with this REJECT, and
+            # each HELLO more would make it drop and re-admit this peer again. A HELLO unanswered
+            # for a heartbeat interval was lost (the server restarted again): these REJECTs keep the
+            # link alive, so only a new HELLO gets it in.
             if self._hello_at is not None and time.monotonic() - self._hello_at < self._liveness.interval:
                 return
-            log.info("server at %s does not know this %s any more; saying HELLO again", self.endpoint, self.role)
+            log.info("server at %s does not know this %s any more; saying HELLO again",
+                     self.endpoint, self.role)
             self.ready = False
             self._send_hello()
             return
         if retry_s is not None:  # refused for now (e.g. the server is full): not for good
-            log.warning("server at %s refused this %s for now: %s; trying again in %.1f s", self.endpoint, self.role,
+            log.warning("server at %s refused this %s for now: %s; trying again in %.1f s",
+                        self.endpoint, self.role,
                         reason, retry_s)
             self.ready = False
             self._close_socket()
@@ -447,36 +324,42 @@ class ClientLink:
         delay = self._backoff.next()
         if self.ready:
             self._unanswered = 0
-            log.warning("lost the server at %s (%s); reconnecting in %.1f s", self.endpoint, why, delay)
-        else:  # this connection never got a WELCOME: say so once, then every 30 s, not on every retry
+            log.warning("lost the server at %s (%s); reconnecting in %.1f s",
+                        self.endpoint, why, delay)
+        # this connection never got a WELCOME: say so once, then every 30 s, not on every retry
+        else:
             self._unanswered += 1
             now = time.monotonic()
             if self._unanswered == 1 or now - self._last_unanswered_log >= 30:
                 self._last_unanswered_log = now
-                log.warning("no answer from the server at %s (%s; attempt %d); trying again in %.1f s, then "
-                            "waiting up to %.0f s between attempts: %s", self.endpoint, why, self._unanswered, delay,
+                log.warning("no answer from the server at %s (%s; attempt %d); trying "
+                            "again in %.1f s, then waiting up to %.0f s between attempts: %s",
+                            self.endpoint, why, self._unanswered, delay,
                             self.net.reconnect_max_s, self._where_to_look())
         self._close_socket()
         self._reconnect_at = time.monotonic() + delay
 
     def _where_to_look(self) -> str:
-        """What to check when no server answers: a name that does not resolve, or the server and its port."""
+        """What to check when no server answers: a name that does not resolve, or
+        the server and its port."""
         host = self.net.server_ip
         try:
             socket.getaddrinfo(host, None)  # only when logging: at most every 30 s
         except OSError as exc:
-            return f"{host!r} is not an address or a name this machine can resolve ({exc}); check --server-ip"
+            return (f"{host!r} is not an address or a name this "
+                    f"machine can resolve ({exc}); check --server-ip")
         port_key = "network.trainer_port" if self.role == "trainer" else "network.worker_port"
-        return (f"is a netrl server running at {host} and reachable from here? check --server-ip, {port_key} "
-                f"({flag_for(port_key)}) and the server's server.bind_ip (it must listen on an interface this machine "
-                "reaches)")
+        return (f"is a netrl server running at {host} and reachable from here? check "
+                f"--server-ip, {port_key} ({flag_for(port_key)}) and the server's "
+                f"server.bind_ip (it must listen on an interface this machine reaches)")
 
     def _check_handshakes(self) -> None:
         """Turn ZeroMQ's handshake events into log lines that say what to fix."""
         while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
-            # The connection and its handshake are the server talking: a handshake of several round trips over a
-            # long link (7 with CURVE) must not make the link give up on a server that answers.
+            # The connection and its handshake are the server talking: a handshake of
+            # several round trips over a long link (7 with CURVE) must not make the link
+            # give up on a server that answers.
             if event["event"] == zmq.EVENT_CONNECTED:
                 self._handshaking_since = time.monotonic()
                 self._liveness.heard()
@@ -493,7 +376,8 @@ class ClientLink:
             if now - self._last_handshake_log < 30 and self.handshake_failures > 1:
                 continue
             self._last_handshake_log = now
-            log.error("cannot connect to %s: %s (%d failed handshakes)", self.endpoint, why, self.handshake_failures)
+            log.error("cannot connect to %s: %s (%d failed handshakes)",
+                      self.endpoint, why, self.handshake_failures)
 
     @property
     def liveness(self) -> Liveness:
@@ -501,7 +385,8 @@ class ClientLink:
         return self._liveness
 
     def state(self) -> str:
-        """The connection in a few words, for status lines: a failing handshake says why in every one of them."""
+        """The connection in a few words, for status lines: a failing handshake says
+        why in every one of them."""
         if self.ready:
             return "connected"
         return f"unreachable: {self.handshake_problem}" if self.handshake_problem else "unreachable"
@@ -519,7 +404,8 @@ class ClientLink:
             self._monitor = None
 
     def close(self, reason: str = "shutting down") -> None:
-        """Say BYE and close, giving queued messages (last acknowledgements, BYE) up to 1 s to leave. Idempotent."""
+        """Say BYE and close, giving queued messages (last acknowledgements, BYE) up to 1 s to
+        leave. Idempotent."""
         if self.sock is not None and self.ready:
             self._send_raw(encode(Message(MsgType.BYE, self.name, body={"reason": reason})))
             self.sock.disable_monitor()

@@ -1,8 +1,9 @@
 """Ready-made pipelines: the classes a worker and a trainer must agree on, built from config.
 
 :class:`Pipeline` bundles them; :func:`make_pipeline` builds the one ``env.pipeline`` names: ``gym``
-(:func:`gym_pipeline`), ``drone`` (:func:`drone_pipeline`), ``image`` (:func:`image_pipeline`), or your own
-``module:function``. Loaded on first use, so that naming one pipeline does not import the others' dependencies.
+(:func:`gym_pipeline`), ``drone`` (:func:`drone_pipeline`), ``image`` (:func:`image_pipeline`), or
+your own ``module:function``. Loaded on first use, so that naming one pipeline does not
+import the others' dependencies.
 """
 
 from __future__ import annotations

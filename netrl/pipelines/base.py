@@ -1,8 +1,8 @@
-"""A pipeline: the classes a worker and a trainer must agree on (:func:`netrl.pipelines.make.make_pipeline` builds the
-one config names).
+"""A pipeline: the classes a worker and a trainer must agree on
+(:func:`netrl.pipelines.make.make_pipeline` builds the one config names).
 
-A pipeline bundles what tmrl users pass to ``RolloutWorker`` and ``TrainingOffline``: the env class, the actor
-class, the sample compressor, the memory class and the training agent class.
+A pipeline bundles what tmrl users pass to ``RolloutWorker`` and ``TrainingOffline``: the env class,
+the actor class, the sample compressor, the memory class and the training agent class.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ class Pipeline:
     obs_preprocessor: Callable[..., Any] | None = None
     overlap: int = 1  # rows of history a memory needs before a transition (see netrl.samples)
     realtime: bool = False  # a real-time env must never be paused by pacing
-    # When an env call hangs or a thread of the env dies (netrl.envs.guard): "stop" the worker with exit code 1, or
-    # "reset": start a new episode, on a new env if the old one is stuck (three failures in a row still stop it).
+    # When an env call hangs or a thread of the env dies (netrl.envs.guard): "stop" the worker with
+    # exit code 1, or "reset": start a new episode, on a new env if the old one is stuck (three
+    # failures in a row still stop it).
     on_env_failure: Literal["stop", "reset"] = "stop"
 
 
 def rollout_memory() -> Any:
-    """netrl.memory.rollout.RolloutMemory, the memory an on-policy agent needs, imported when a pipeline needs it (it
-    loads torch)."""
+    """netrl.memory.rollout.RolloutMemory, the memory an on-policy agent needs, imported when a
+    pipeline needs it (it loads torch)."""
     from netrl.memory.rollout import RolloutMemory
 
     return RolloutMemory

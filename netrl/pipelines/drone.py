@@ -1,16 +1,19 @@
-"""The RC-drone pipeline of tmrl's tutorial: rtgym's dummy drone at 50 ms steps with a 4-action buffer.
+"""The RC-drone pipeline of tmrl's tutorial: rtgym's dummy drone at 50 ms
+steps with a 4-action buffer.
 
-The drone obeys velocity commands after a random 20-50 ms delay and reports its position after another one, so
-the observation carries the last 4 actions (rtgym's action buffer) to stay Markov::
+The drone obeys velocity commands after a random 20-50 ms delay and reports its position after
+another one, so the observation carries the last 4 actions (rtgym's action buffer) to stay Markov::
 
-    obs = (pos_x, pos_y, target_x, target_y, a[t-3], a[t-2], a[t-1], a[t])     # 4 x (1,) + 4 x (2,) float32
+    obs = (pos_x, pos_y, target_x, target_y, a[t-3], a[t-2], a[t-1], a[t])  # 4 x (1,) + 4 x (2,)
+                                                                            # float32
     reward = -|pos - target|; terminated when closer than 0.01; truncated after 100 steps (5 s)
 
-As in the tutorial, the worker's :class:`~netrl.memory.action_buffer.ActionBufferCompressor` drops the action buffer and
-the trainer's :class:`~netrl.memory.action_buffer.ActionBufferMemory` rebuilds it (exactly, across episode ends: the
-buffer is not reset between episodes). The env runs in real time, so the worker is never paused by pacing, and a
-:class:`~netrl.envs.realtime.StepTimer` logs its step periods. Settings are module
-constants; :func:`drone_pipeline` takes them as arguments for tests and benchmarks.
+As in the tutorial, the worker's :class:`~netrl.memory.action_buffer.ActionBufferCompressor`
+drops the action buffer and the trainer's :class:`~netrl.memory.action_buffer.ActionBufferMemory`
+rebuilds it (exactly, across episode ends: the buffer is not reset between
+episodes). The env runs in real time, so the worker is never paused by pacing, and a
+:class:`~netrl.envs.realtime.StepTimer` logs its step periods. Settings are module constants;
+:func:`drone_pipeline` takes them as arguments for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import numpy as np
 import rtgym.tuto.dummy_drone
 from rtgym import DEFAULT_CONFIG_DICT, DummyRCDrone, RealTimeGymInterface
 
-from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.agents.sac import MLPActor, MLPActorCritic
 from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.envs.realtime import StepTimer
 from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
+from netrl.pipelines.algorithms import sac_agent
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
@@ -71,8 +75,9 @@ class DummyRCDroneInterface(RealTimeGymInterface):  # type: ignore[misc]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[np.ndarray], dict]:
         if self.rc_drone is None:
-            # rtgym's drone draws its delays from the global random module, in threads that run until the process
-            # exits: its own generator keeps it from moving the user's (perhaps seeded) random state
+            # rtgym's drone draws its delays from the global random module, in threads that
+            # run until the process exits: its own generator keeps it from moving the user's
+            # (perhaps seeded) random state
             rtgym.tuto.dummy_drone.random = _DRONE_RANDOM
             self.rc_drone = DummyRCDrone()  # the drone keeps flying between episodes
         if seed is not None:
@@ -92,9 +97,11 @@ class DummyRCDroneInterface(RealTimeGymInterface):  # type: ignore[misc]
 def drone_rtgym_config(time_step: float = TIME_STEP, act_buf_len: int = ACT_BUF_LEN,
                        ep_max_length: int = EP_MAX_LENGTH, reset_act_buf: bool = False,
                        last_act_on_reset: bool = False) -> dict[str, Any]:
-    """The tutorial's rtgym config (a copy of ``DEFAULT_CONFIG_DICT``, which rtgym shares between envs)."""
+    """The tutorial's rtgym config (a copy of ``DEFAULT_CONFIG_DICT``, which rtgym
+    shares between envs)."""
     if time_step <= 0 or ep_max_length < 1:
-        raise ValueError(f"time_step must be > 0 and ep_max_length >= 1 (got {time_step}, {ep_max_length})")
+        raise ValueError(f"time_step must be > 0 and ep_max_length >= 1 "
+                         f"(got {time_step}, {ep_max_length})")
     config = dict(DEFAULT_CONFIG_DICT)
     config.update(interface=DummyRCDroneInterface, time_step_duration=time_step, start_obs_capture=time_step,
                   time_step_timeout_factor=1.0, ep_max_length=ep_max_length, act_buf_len=act_buf_len,
@@ -103,7 +110,8 @@ def drone_rtgym_config(time_step: float = TIME_STEP, act_buf_len: int = ACT_BUF_
 
 
 def drone_env(env_id: str = ENV_ID, rtgym_config: dict[str, Any] | None = None) -> StepTimer:
-    """The drone env, timed: step periods are logged per episode (DEBUG) and overruns as warnings."""
+    """The drone env, timed: step periods are logged per episode (DEBUG) and
+    overruns as warnings."""
     config = rtgym_config or drone_rtgym_config()
     return StepTimer(GenericGymEnv(env_id, {"config": config}), nominal_s=config["time_step_duration"])
 
@@ -111,20 +119,18 @@ def drone_env(env_id: str = ENV_ID, rtgym_config: dict[str, Any] | None = None) 
 def drone_pipeline(cfg: Config, *, time_step: float = TIME_STEP, act_buf_len: int = ACT_BUF_LEN,
                    ep_max_length: int = EP_MAX_LENGTH, reset_act_buf: bool = False, last_act_on_reset: bool = False,
                    env_id: str = ENV_ID) -> Pipeline:
-    """Build the drone pipeline. Its sample compressor is stateful: build one pipeline per worker."""
+    """Build the drone pipeline. Its sample compressor is stateful: build
+    one pipeline per worker."""
     rtgym_config = drone_rtgym_config(time_step, act_buf_len, ep_max_length, reset_act_buf, last_act_on_reset)
     settings = act_buf_settings(rtgym_config)
-    a = cfg.agent
-    hidden = tuple(a.hidden_sizes)
+    hidden = tuple(cfg.agent.hidden_sizes)
     return Pipeline(
         env_cls=partial(drone_env, env_id, rtgym_config),
         actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
         memory_cls=partial(ActionBufferMemory, **settings),
-        training_agent_cls=partial(
-            SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=hidden), gamma=a.gamma, polyak=a.polyak,
-            alpha=a.alpha, lr_actor=a.lr_actor, lr_critic=a.lr_critic, lr_entropy=a.lr_entropy,
-            learn_entropy_coef=a.learn_entropy_coef, target_entropy=a.target_entropy),
+        training_agent_cls=sac_agent(cfg, partial(MLPActorCritic, hidden_sizes=hidden)),
         sample_compressor=ActionBufferCompressor(**settings),
-        overlap=2 * act_buf_len - 1,  # a reset row skips one action: a buffer reaches 2L - 1 rows back
+        # a reset row skips one action: a buffer reaches 2L - 1 rows back
+        overlap=2 * act_buf_len - 1,
         realtime=True,
     )

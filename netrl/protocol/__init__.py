@@ -1,3 +1,4 @@
-"""The wire contract, with no sockets: message types, the frame layout, codecs, the sample schema and weight layouts.
+"""The wire contract, with no sockets: message types, the frame layout, codecs, the
+sample schema and weight layouts.
 
 Internal: the roles use it; user code should not need it."""

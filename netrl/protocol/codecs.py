@@ -1,9 +1,11 @@
-"""Packet compression: the codecs a worker may apply to each array of a packet (``worker.compression``).
+"""Packet compression: the codecs a worker may apply to each array of a
+packet (``worker.compression``).
 
-:func:`compress` compresses integer arrays (images, masks) of at least ``COMPRESS_MIN_BYTES`` where that saves
-over 10%, and leaves float arrays, which barely compress, raw. :func:`decompress` inflates untrusted data to
-exactly the size the wire header declared, or raises :class:`~netrl.errors.MalformedMessage`: a payload that
-would inflate beyond it (a decompression bomb) stops there. :mod:`netrl.protocol.wire` records the codec per array.
+:func:`compress` compresses integer arrays (images, masks) of at least ``COMPRESS_MIN_BYTES``
+where that saves over 10%, and leaves float arrays, which barely compress, raw. :func:`decompress`
+inflates untrusted data to exactly the size the wire header declared, or raises
+:class:`~netrl.errors.MalformedMessage`: a payload that would inflate beyond it (a decompression
+bomb) stops there. :mod:`netrl.protocol.wire` records the codec per array.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ COMPRESS_MIN_BYTES = 1024
 
 
 class _Compressors(threading.local):
-    """Reused (de)compressor objects, one pair per thread: creating them per message costs more than small
-    payloads, and python-zstandard's objects must not be used by two threads at once (a trainer's network thread
-    decodes packets while its training thread replays the sample log)."""
+    """Reused (de)compressor objects, one pair per thread: creating them per message costs more
+    than small payloads, and python-zstandard's objects must not be used by two threads at once (a
+    trainer's network thread decodes packets while its training thread replays the sample log)."""
 
     def __init__(self) -> None:
         self.zstd_c = zstandard.ZstdCompressor(level=1)
@@ -38,7 +40,8 @@ _compressors = _Compressors()
 
 
 def compress(arr: np.ndarray, codec: Codec) -> tuple[str, Any]:
-    """Compress integer data (images, masks) where it pays; float vectors barely compress and stay raw."""
+    """Compress integer data (images, masks) where it pays; float vectors barely
+    compress and stay raw."""
     raw = np.ascontiguousarray(arr).data.cast("B")
     if codec == "none" or arr.dtype.kind == "f" or raw.nbytes < COMPRESS_MIN_BYTES:
         return "none", raw
@@ -49,7 +52,8 @@ def compress(arr: np.ndarray, codec: Codec) -> tuple[str, Any]:
 
 
 def check_declared_size(name: str, codec: str, data: memoryview, nbytes: int) -> None:
-    """What can be checked without decompressing: the size a zstd frame declares (lz4 blocks declare none)."""
+    """What can be checked without decompressing: the size a zstd frame declares
+    (lz4 blocks declare none)."""
     if codec != "zstd":
         return
     try:
@@ -57,11 +61,13 @@ def check_declared_size(name: str, codec: str, data: memoryview, nbytes: int) ->
     except Exception as exc:  # not even a zstd frame header
         raise MalformedMessage(f"array {name!r}: zstd data does not decompress ({exc})") from None
     if declared not in (nbytes, -1):
-        raise MalformedMessage(f"array {name!r}: zstd frame declares {declared} bytes, expected {nbytes}")
+        raise MalformedMessage(f"array {name!r}: zstd frame declares "
+                               f"{declared} bytes, expected {nbytes}")
 
 
 def decompress(name: str, codec: str, data: memoryview, nbytes: int) -> bytes:
-    """Inflate array ``name`` to exactly ``nbytes`` bytes (MalformedMessage otherwise, never more memory)."""
+    """Inflate array ``name`` to exactly ``nbytes`` bytes (MalformedMessage otherwise,
+    never more memory)."""
     check_declared_size(name, codec, data, nbytes)
     try:
         if codec == "zstd":
@@ -69,7 +75,9 @@ def decompress(name: str, codec: str, data: memoryview, nbytes: int) -> bytes:
         else:
             out = lz4.block.decompress(data, uncompressed_size=nbytes)
     except Exception as exc:  # every codec failure is a malformed message, never a crash
-        raise MalformedMessage(f"array {name!r}: {codec} data does not decompress ({exc})") from None
+        raise MalformedMessage(f"array {name!r}: {codec} data does "
+                               f"not decompress ({exc})") from None
     if len(out) != nbytes:
-        raise MalformedMessage(f"array {name!r}: decompressed to {len(out)} bytes, expected {nbytes}")
+        raise MalformedMessage(f"array {name!r}: decompressed to "
+                               f"{len(out)} bytes, expected {nbytes}")
     return out

@@ -1,12 +1,14 @@
-"""What a sample packet must look like: the layout the trainer expects, checked at the server and the trainer.
+"""What a sample packet must look like: the layout the trainer expects, checked at
+the server and the trainer.
 
-The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed through the pipeline's
-sample compressor, and from the extra outputs its actor declares (leaves ``extra/<name>``), and sends it to the
-server (SCHEMA message). Both check every packet against it: the act/obs trees, the extra outputs (none missing,
-none undeclared), each leaf's dtype and per-row shape, and the values (:class:`~netrl.limits.ValueLimits`):
-floating-point data (observations, actions, rewards, extra outputs) finite, float leaves within the bounds of the
-spaces, rewards within ``trainer.max_abs_reward``. A packet that fails names the worker, the field, the row and the
-value, and is rejected and counted; the rest of the traffic is unaffected.
+The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed
+through the pipeline's sample compressor, and from the extra outputs its actor declares (leaves
+``extra/<name>``), and sends it to the server (SCHEMA message). Both check every packet against
+it: the act/obs trees, the extra outputs (none missing, none undeclared), each leaf's dtype and
+per-row shape, and the values (:class:`~netrl.samples.value_limits.ValueLimits`): floating-point
+data (observations, actions, rewards, extra outputs) finite, float leaves within the bounds of the
+spaces, rewards within ``trainer.max_abs_reward``. A packet that fails names the worker, the field,
+the row and the value, and is rejected and counted; the rest of the traffic is unaffected.
 """
 
 from __future__ import annotations
@@ -24,30 +26,43 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from netrl.errors import MalformedMessage, ProtocolError, SampleRejected
-from netrl.limits import ValueLimits
 from netrl.protocol.codecs import Codec
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
-from netrl.samples import EXTRA_NAME, MAX_EXTRAS, Buffer, ExtraSpec, Spec, check_extra_spec, flatten, spec_leaves
-from netrl.spaces import carried_sample
+from netrl.samples.columns import (
+    EXTRA_NAME,
+    MAX_EXTRAS,
+    Buffer,
+    ExtraSpec,
+    Spec,
+    check_extra_spec,
+    flatten,
+    spec_leaves,
+)
+from netrl.samples.spaces import carried_sample
+from netrl.samples.value_limits import ValueLimits
 
-if TYPE_CHECKING:  # spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
+# spaces come from the trainer's env: the server, which only checks packets, never loads gymnasium
+if TYPE_CHECKING:
     import gymnasium
 
 __all__ = ["LayoutMismatch", "SampleSchema", "WireRoute", "load_schema", "probe_copy", "save_schema"]
 
 log = logging.getLogger(__name__)
 
-# The usual cause of a packet that does not fit: the trainer derives its layout from the workers' sample compressor
-_SAME_ACTOR = (" (ActorModule.extra_outputs() declares them: do the worker and the trainer run the same actor "
-               "class?)")
-_SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline and sample compressor? In Python, give the "
-                    "Trainer the workers' compressor: Trainer(..., sample_compressor=...))")
+# The usual cause of a packet that does not fit: the trainer derives its layout from
+# the workers' sample compressor
+_SAME_ACTOR = (" (ActorModule.extra_outputs() declares them: do the "
+               "worker and the trainer run the same actor class?)")
+_SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline "
+                    "and sample compressor? In Python, give the Trainer the "
+                    "workers' compressor: Trainer(..., sample_compressor=...))")
 
 
 class LayoutMismatch(SampleRejected):
-    """A packet whose layout (act/obs structure, a field's dtype or row shape) is not the trainer's: the packet is
-    fine, the trainer's sample compressor or pipeline usually is not, so its worker keeps it for a trainer whose
-    layout matches. ``cause`` says what differs without naming the worker: one cause, one log line."""
+    """A packet whose layout (act/obs structure, a field's dtype or row shape) is not the trainer's:
+    the packet is fine, the trainer's sample compressor or pipeline usually is not, so its worker
+    keeps it for a trainer whose layout matches. ``cause`` says what differs without naming the
+    worker: one cause, one log line."""
 
     def __init__(self, message: str, cause: str) -> None:
         super().__init__(message)
@@ -55,8 +70,9 @@ class LayoutMismatch(SampleRejected):
 
 
 def probe_copy(sample_compressor: Any) -> Any | None:
-    """A copy of ``sample_compressor`` to probe for the schema (None for None, or if it cannot be copied):
-    one that keeps state (ActionBufferCompressor, FrameStackCompressor) may be the very instance a worker uses."""
+    """A copy of ``sample_compressor`` to probe for the schema (None for None, or if it cannot be
+    copied): one that keeps state (ActionBufferCompressor, FrameStackCompressor) may be the
+    very instance a worker uses."""
     try:
         return copy.deepcopy(sample_compressor)
     except Exception as exc:
@@ -69,17 +85,19 @@ class SampleSchema:
     act_spec: Spec
     obs_spec: Spec
     leaves: dict[str, tuple[str, tuple[int, ...]]]  # leaf name -> (dtype string, shape of one row)
-    limits: ValueLimits = field(default_factory=ValueLimits)  # finiteness only, unless the trainer sent bounds
+    # finiteness only, unless the trainer sent bounds
+    limits: ValueLimits = field(default_factory=ValueLimits)
 
     @classmethod
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                     sample_compressor: Callable[..., Any] | None = None,
                     limits: ValueLimits | None = None, extra: ExtraSpec | None = None) -> SampleSchema:
         """The layout of rows a worker produces for these spaces, in the dtypes leaves travel in
-        (:func:`netrl.spaces.storage_dtype`: a Discrete action is a scalar of the smallest integer dtype that holds
-        its values), after ``sample_compressor``, if any, called once with a random row and ``info={"probe": True}``
-        (a compressor that checks rows against the ones before should neither check nor count it). ``limits`` (the
-        spaces' bounds) are kept for the leaves the compressor returns as it got them: one that rescales or
+        (:func:`netrl.samples.spaces.storage_dtype`: a Discrete action is a scalar of the smallest
+        integer dtype that holds its values), after ``sample_compressor``, if any, called once
+        with a random row and ``info={"probe": True}`` (a compressor that checks rows against
+        the ones before should neither check nor count it). ``limits`` (the spaces' bounds)
+        are kept for the leaves the compressor returns as it got them: one that rescales or
         re-encodes a leaf makes its bounds meaningless. ``extra``: the actor's extra outputs
         (:func:`netrl.actor.declared_extras`), leaves ``extra/<name>``."""
         act, obs = carried_sample(action_space), carried_sample(observation_space)
@@ -97,8 +115,8 @@ class SampleSchema:
 
     @functools.cached_property
     def tag(self) -> int:
-        """A number for this layout (structure, dtypes and row shapes; not the value bounds), never 0: a worker keeps
-        the packets a layout refused until the server names another one."""
+        """A number for this layout (structure, dtypes and row shapes; not the value bounds),
+        never 0: a worker keeps the packets a layout refused until the server names another one."""
         layout = json.dumps([self.act_spec, self.obs_spec, sorted(self.to_wire()["leaves"])], sort_keys=True)
         return int.from_bytes(hashlib.sha256(layout.encode()).digest()[:6], "big") or 1
 
@@ -128,25 +146,30 @@ class SampleSchema:
         return cls(act, obs, parsed, limits)
 
     def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str) -> None:
-        """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this schema
-        (:class:`LayoutMismatch` when its layout is not this one's)."""
+        """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this
+        schema (:class:`LayoutMismatch` when its layout is not this one's)."""
         for key, spec in (("act", self.act_spec), ("obs", self.obs_spec)):
             if body[key] != spec:
-                self._mismatch(worker, f"the {key} structure {body[key]!r} differs from the trainer's {spec!r}")
+                self._mismatch(worker, f"the {key} structure {body[key]!r} differs "
+                                       f"from the trainer's {spec!r}")
         sent = {name for name in arrays if name.startswith("extra/")}
         declared = {name for name in self.leaves if name.startswith("extra/")}
         if sent != declared:
             missing, undeclared = sorted(declared - sent), sorted(sent - declared)
-            self._mismatch(worker, f"it lacks the extra output {missing[0][6:]!r}, which the trainer's actor declares"
-                           if missing else f"it carries the extra output {undeclared[0][6:]!r}, which the trainer's "
-                                           "actor does not declare", _SAME_ACTOR)
+            self._mismatch(worker, f"it lacks the extra output {missing[0][6:]!r}, "
+                                   f"which the trainer's actor declares"
+                           if missing else f"it carries the extra output {undeclared[0][6:]!r}, "
+                                           f"which the trainer's actor does not declare",
+                           _SAME_ACTOR)
         for name, (dtype, shape) in self.leaves.items():
             arr = arrays[name]
             if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
-                self._mismatch(worker, f"field {name!r} has dtype {arr.dtype.str} and row shape "
-                                       f"{tuple(arr.shape[1:])}; the trainer expects {dtype} and {shape}",
+                self._mismatch(worker, f"field {name!r} has dtype {arr.dtype.str} and "
+                                       f"row shape {tuple(arr.shape[1:])}; the "
+                                       f"trainer expects {dtype} and {shape}",
                                _SAME_ACTOR if name in declared else _SAME_COMPRESSOR)
-        # float leaves only: the server's relay-only decode leaves compressed integer arrays compressed
+        # float leaves only: the server's relay-only decode leaves compressed
+        # integer arrays compressed
         floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}
         problem = self.limits.problem(floats, arrays["rew"], arrays.get("reset"))
         if problem:
@@ -158,31 +181,34 @@ class SampleSchema:
 
 
 def load_schema(path: Path) -> SampleSchema | None:
-    """The schema a server saved at ``path`` (the trainer's last), or None (also when it cannot be read)."""
+    """The schema a server saved at ``path`` (the trainer's last), or None (also
+    when it cannot be read)."""
     if not path.exists():
         return None
     try:
         return SampleSchema.from_wire(json.loads(path.read_text()))
-    except (OSError, ValueError, ProtocolError) as exc:  # the trainer sends it again when it connects
-        log.warning("ignoring the saved sample layout %s (%s): packets are checked against the layout the trainer "
-                    "sends when it connects", path, exc)
+    # the trainer sends it again when it connects
+    except (OSError, ValueError, ProtocolError) as exc:
+        log.warning("ignoring the saved sample layout %s (%s): packets are checked "
+                    "against the layout the trainer sends when it connects", path, exc)
         return None
 
 
 def save_schema(path: Path, body: dict[str, Any]) -> None:
-    """Save the trainer's schema, so a restarted server checks packets before the trainer reconnects."""
+    """Save the trainer's schema, so a restarted server checks packets before
+    the trainer reconnects."""
     try:
         path.write_text(json.dumps(body))
     except OSError as exc:
-        log.warning("could not save the sample layout to %s (%s): after a restart, this server checks packets "
-                    "against it only once the trainer reconnects", path, exc)
+        log.warning("could not save the sample layout to %s (%s): after a restart, this server "
+                    "checks packets against it only once the trainer reconnects", path, exc)
 
 
 class WireRoute:
-    """A packet's way from a worker to the trainer's memory, without a network, for ``--check-env``: encoded with the
-    worker's ``compression``, checked as the server checks it (integer arrays left compressed) and as the trainer
-    does (layout and values, with the bounds of the spaces), and decoded. Raises :class:`SampleRejected` naming the
-    field, as they would refuse it."""
+    """A packet's way from a worker to the trainer's memory, without a network, for ``--check-env``:
+    encoded with the worker's ``compression``, checked as the server checks it (integer arrays left
+    compressed) and as the trainer does (layout and values, with the bounds of the spaces), and
+    decoded. Raises :class:`SampleRejected` naming the field, as they would refuse it."""
 
     def __init__(self, compression: Codec, limits: Callable[[Any, Any], ValueLimits]) -> None:
         self.compression, self.limits = compression, limits

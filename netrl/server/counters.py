@@ -1,9 +1,10 @@
 """The server's counters: every one declared here, once, with what it counts.
 
-One :class:`ServerCounters` belongs to a server; its parts (admission, intake, relay, outbound, status) are handed
-that object and increment its attributes in place (``stats.rejected += 1``). A name not declared here is an
-AttributeError at the increment (its ``__slots__`` hold nothing else), and mypy's error before that, so a typo can
-never start a counter of its own. ``python -m netrl --status`` shows them all, at 0 until they count.
+One :class:`ServerCounters` belongs to a server; its parts (admission, intake, relay, outbound,
+status) are handed that object and increment its attributes in place (``stats.rejected += 1``). A
+name not declared here is an AttributeError at the increment (its ``__slots__`` hold nothing
+else), and mypy's error before that, so a typo can never start a counter of its own.
+``python -m netrl --status`` shows them all, at 0 until they count.
 """
 
 from __future__ import annotations
@@ -17,32 +18,46 @@ __all__ = ["COUNTERS", "ServerCounters"]
 class ServerCounters:
     """The counters of one server session, in the order ``--status --json`` lists them."""
 
-    bundles_out: int = 0  # bundles sent to the trainer (one sent again after the trainer reconnected counts again)
-    failed_handshakes_trainer: int = 0  # connections to the trainer port that failed their ZeroMQ handshake
-    failed_handshakes_worker: int = 0  # connections to the worker port that failed their ZeroMQ handshake
-    internal_errors: int = 0  # exceptions in the server's own code that its loop caught and logged (bugs)
-    layout_refusals: int = 0  # packets refused for another sample layout than the trainer's (their workers keep them)
-    oversized_packets: int = 0  # packets refused before inflating: more rows or bytes than their worker declared
-    pace_refusals: int = 0  # packets held back (NACK) beyond their worker's PACE allowance while the trainer paces
-    peers_lost: int = 0  # peers forgotten without a BYE: silent past their liveness, or found gone by a send
+    bundles_out: int = 0  # bundles sent to the trainer (one sent again after the trainer
+                          # reconnected counts again)
+    failed_handshakes_trainer: int = 0  # connections to the trainer port that failed their
+                                        # ZeroMQ handshake
+    failed_handshakes_worker: int = 0  # connections to the worker port that failed their
+                                       # ZeroMQ handshake
+    internal_errors: int = 0  # exceptions in the server's own code that its loop caught
+                              # and logged (bugs)
+    layout_refusals: int = 0  # packets refused for another sample layout than the trainer's
+                              # (their workers keep them)
+    oversized_packets: int = 0  # packets refused before inflating: more rows or bytes than
+                                # their worker declared
+    pace_refusals: int = 0  # packets held back (NACK) beyond their worker's PACE allowance
+                            # while the trainer paces
+    peers_lost: int = 0  # peers forgotten without a BYE: silent past their liveness, or
+                         # found gone by a send
     refused_full: int = 0  # worker HELLOs refused because server.max_workers workers were connected
-    rejected: int = 0  # messages rejected: malformed, from the wrong role, failing a check, bad status requests
+    rejected: int = 0  # messages rejected: malformed, from the wrong role, failing a check,
+                       # bad status requests
     resends_ignored: int = 0  # packets a worker sent again while the relay still held them
-    samples_dropped: int = 0  # samples in spooled packets larger than the trainer takes, dropped from the spool
+    samples_dropped: int = 0  # samples in spooled packets larger than the trainer takes,
+                              # dropped from the spool
     samples_in: int = 0  # samples accepted from workers (held in memory or spooled)
-    samples_out: int = 0  # samples the trainer acknowledged (once each, however often they were sent)
-    samples_refused: int = 0  # samples refused because memory and spool were full or failing (workers resend them)
+    samples_out: int = 0  # samples the trainer acknowledged (once each, however
+                          # often they were sent)
+    samples_refused: int = 0  # samples refused because memory and spool were full or failing
+                              # (workers resend them)
     samples_spooled: int = 0  # samples written to the spool
     send_full: int = 0  # sends refused because a peer's queue was full
     spool_errors: int = 0  # spool reads and writes that the disk refused
     spool_share_refusals: int = 0  # packets refused for the spool beyond their worker's share of it
-    unknown_peer: int = 0  # messages from a connection that had not said HELLO (e.g. after a server restart)
+    unknown_peer: int = 0  # messages from a connection that had not said HELLO (e.g.
+                           # after a server restart)
     weights_in: int = 0  # complete weight versions received from the trainer
     weights_out: int = 0  # complete weight versions sent to a worker
     window_refusals: int = 0  # packets refused beyond their worker's window
 
     def handshake_failed(self, role: str) -> int:
-        """Count a connection to ``role``'s port ("trainer" or "worker") that failed its handshake; the count so far."""
+        """Count a connection to ``role``'s port ("trainer" or "worker") that failed its
+        handshake; the count so far."""
         if role == "trainer":
             self.failed_handshakes_trainer += 1
             return self.failed_handshakes_trainer
@@ -52,7 +67,8 @@ class ServerCounters:
     def __getitem__(self, name: str) -> int:
         """A counter by its name (the snapshot, tests); KeyError for a name not declared."""
         if name not in _NAMES:
-            raise KeyError(f"{name!r} is not a server counter (netrl.server.counters declares them)")
+            raise KeyError(f"{name!r} is not a server counter "
+                           f"(netrl.server.counters declares them)")
         value: int = getattr(self, name)
         return value
 

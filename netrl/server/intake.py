@@ -1,21 +1,26 @@
-"""What the server takes from workers: the checks a sample packet passes before the relay, and how much each worker
-may send.
+"""What the server takes from workers: the checks a sample packet passes before the relay,
+and how much each worker may send.
 
 ::
 
-    worker  --SAMPLES-->  sender, size and value checks --> SampleRelay.accept()    (or a NACK: never resent)
-                          another layout than the trainer's --> a NACK naming the layout: the worker keeps the
-                          packet until the server names another (heartbeats), and the trainer gets a NOTICE
+    worker  --SAMPLES-->  sender, size and value checks --> SampleRelay.accept()
+                              (or a NACK: never resent)
+                          another layout than the trainer's --> a NACK naming the layout: the
+                              worker keeps the packet until the server names another
+                              (heartbeats), and the trainer gets a NOTICE
                           beyond the worker's share of the memory --> a NACK: resend later
-    worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples produced (for pacing)
-    trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a restarted server)
-    trainer --PROGRESS--> a PACE allowance per worker: the samples the trainer still wants, split between the workers
-                          that are producing
-    worker  <--ACK--      every ACK carries the worker's window: its share of the server's memory, in the bytes of
-                          its packets (a packet takes FRAME_OVERHEAD per frame beyond its bytes: a tiny one, many times)
+    worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples
+                          produced (for pacing)
+    trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a
+                          restarted server)
+    trainer --PROGRESS--> a PACE allowance per worker: the samples the trainer still wants, split
+                          between the workers that are producing
+    worker  <--ACK--      every ACK carries the worker's window: its share of the server's memory,
+                          in the bytes of its packets (a packet takes FRAME_OVERHEAD per frame
+                          beyond its bytes: a tiny one, many times)
 
-The server's loop routes these messages here and supplies the send; :class:`~netrl.server.admission.Admission` counts
-and logs what is rejected.
+The server's loop routes these messages here and supplies the send;
+:class:`~netrl.server.admission.Admission` counts and logs what is rejected.
 """
 
 from __future__ import annotations
@@ -43,17 +48,19 @@ __all__ = ["SampleIntake"]
 
 log = logging.getLogger(__name__)
 
-# A worker that reports no new samples for this many heartbeat intervals while it has allowance left takes no share
-# of the trainer's wish (a producing worker reports its count in every heartbeat).
+# A worker that reports no new samples for this many heartbeat intervals while it has allowance left
+# takes no share of the trainer's wish (a producing worker reports its count in every heartbeat).
 IDLE_HEARTBEATS = 4
-MAX_NOTICES = 16  # causes of layout refusals told to one trainer connection (a worker could make endless causes)
+# causes of layout refusals told to one trainer connection (a worker could make endless causes)
+MAX_NOTICES = 16
 
 
 class SampleIntake:
     """Worker packets checked for the relay, and each worker's window and PACE allowance.
 
-    The server constructs it (no I/O), then calls :meth:`open`, and routes SAMPLES, HEARTBEAT, SCHEMA and PROGRESS
-    to its ``on_*`` methods; the relay acknowledges workers through :meth:`tell_worker`.
+    The server constructs it (no I/O), then calls :meth:`open`, and routes SAMPLES,
+    HEARTBEAT, SCHEMA and PROGRESS to its ``on_*`` methods; the relay acknowledges workers
+    through :meth:`tell_worker`.
     """
 
     def __init__(self, net: NetworkConfig, max_queue_bytes: int, schema_path: Path, peers: PeerTable,
@@ -64,28 +71,37 @@ class SampleIntake:
         self.peers, self.admission, self.stats, self.send = peers, admission, stats, send
         self.relay = relay
         self.schema: SampleSchema | None = None
-        self._row_bytes: tuple[SampleSchema | None, int] = (None, 0)  # the layout's most bytes per row
-        self.progress: dict[str, int] | None = None  # the trainer's latest PROGRESS (None: no trainer)
+        # the layout's most bytes per row
+        self._row_bytes: tuple[SampleSchema | None, int] = (None, 0)
+        self.progress: dict[str, int] | None = None  # the trainer's latest PROGRESS
+                                                     # (None: no trainer)
         self.workers_joined = False  # since the last pass of the server's loop
-        self._noticed: tuple[bytes, set[str]] = (b"", set())  # the trainer connection, and the causes it was told
+        # the trainer connection, and the causes it was told
+        self._noticed: tuple[bytes, set[str]] = (b"", set())
 
     def open(self) -> None:
-        """Read the layout a previous run saved (packets are checked against it until the trainer sends its own)."""
+        """Read the layout a previous run saved (packets are checked against it until the
+        trainer sends its own)."""
         self.schema = load_schema(self.schema_path)
 
-    # -- packets in ----------------------------------------------------------------------------------------------
+    # -- packets in --------------------------------------------------------------------------------
     def on_samples(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        """A worker's packet: refused with a NACK unless it passes every check, else handed to the relay."""
-        if msg.body["session"] != peer.session or msg.sender != peer.name:  # the trainer trusts these names
-            self._refuse(peer, msg.seq, f"the packet says it is from worker {msg.sender[:64]!r}, session "
-                         f"{msg.body['session'][:16]!r}, but this connection said HELLO as {peer.name!r}, session "
-                         f"{peer.session[:16]!r}")
+        """A worker's packet: refused with a NACK unless it passes every check,
+        else handed to the relay."""
+        # the trainer trusts these names
+        if msg.body["session"] != peer.session or msg.sender != peer.name:
+            self._refuse(peer, msg.seq, f"the packet says it is from worker {msg.sender[:64]!r}, "
+                                        f"session {msg.body['session'][:16]!r}, "
+                                        f"but this connection said HELLO as "
+                                        f"{peer.name!r}, session {peer.session[:16]!r}")
             return
         nbytes = frames_nbytes(frames)
         if nbytes > self.relay.bundle_limit:
-            self._refuse(peer, msg.seq, f"a packet of {nbytes} bytes cannot reach the trainer, whose messages are "
-                         f"capped at network.max_message_bytes ({self.net.max_message_bytes}) with "
-                         f"{BUNDLE_HEADER_ROOM} bytes kept for the bundle header: send fewer samples per packet")
+            self._refuse(peer, msg.seq, f"a packet of {nbytes} bytes cannot reach "
+                                        f"the trainer, whose messages are capped at "
+                                        f"network.max_message_bytes ({self.net.max_message_bytes}) "
+                                        f"with {BUNDLE_HEADER_ROOM} bytes kept for the "
+                                        f"bundle header: send fewer samples per packet")
             return
         if self.schema is not None:
             try:
@@ -98,18 +114,22 @@ class SampleIntake:
                 return
         a = msg.arrays
         env = a.get("env")
-        if env is not None and len(env) and int(env[-1]) >= peer.num_envs:  # non-decreasing (wire): the last is max
-            self._refuse(peer, msg.seq, f"packet {msg.seq} from {peer.label} has rows of env {int(env[-1])} (row "
-                         f"{int(np.argmax(env >= peer.num_envs))}), but the worker declared {peer.num_envs} envs at "
-                         "HELLO")
+        # non-decreasing (wire): the last is max
+        if env is not None and len(env) and int(env[-1]) >= peer.num_envs:
+            self._refuse(peer, msg.seq, f"packet {msg.seq} from {peer.label} has "
+                                        f"rows of env {int(env[-1])} (row "
+                                        f"{int(np.argmax(env >= peer.num_envs))}), but the "
+                                        f"worker declared {peer.num_envs} envs at HELLO")
             return
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
-        inflated = sum(arr.nbytes for arr in a.values())  # compressed arrays are declared-size stand-ins here
+        # compressed arrays are declared-size stand-ins here
+        inflated = sum(arr.nbytes for arr in a.values())
         packet = QueuedPacket(peer.name, msg.body["session"], msg.seq, steps, frames, nbytes, time.monotonic(),
                               inflated=inflated)
         cost, held = memory_cost(packet), self.relay.held_cost.get(peer.session, 0)
         peer.bytes_in, peer.cost_in = peer.bytes_in + nbytes, peer.cost_in + cost
-        if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:  # (resends: ok)
+        # (resends: ok)
+        if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:
             self._over_window(peer, msg.seq, nbytes, held)
             return
         if self._over_pace(peer, msg.seq, steps):
@@ -123,9 +143,9 @@ class SampleIntake:
             self.stats.samples_in += steps
 
     def packet_limits(self, peer: Peer | None) -> PacketLimits:
-        """How large a packet from ``peer`` may be, checked before it is inflated: the rows and bytes it declared at
-        HELLO, within ``server.max_rows_per_packet``, the trainer's layout (rows times the bytes of a row) and
-        ``network.max_message_bytes``."""
+        """How large a packet from ``peer`` may be, checked before it is inflated: the rows and
+        bytes it declared at HELLO, within ``server.max_rows_per_packet``, the trainer's layout
+        (rows times the bytes of a row) and ``network.max_message_bytes``."""
         rows, nbytes = self.max_rows_per_packet, self.net.max_message_bytes
         source = f"server.max_rows_per_packet is {rows}"
         if peer is not None and peer.max_rows:
@@ -135,58 +155,66 @@ class SampleIntake:
             nbytes = min(nbytes, peer.max_bytes)
             source += f"; it declared {peer.max_bytes} bytes"
         if self.schema is not None:
-            if self._row_bytes[0] is not self.schema:  # asked for every message: computed once per layout
+            # asked for every message: computed once per layout
+            if self._row_bytes[0] is not self.schema:
                 self._row_bytes = (self.schema, sample_row_bytes(self.schema.leaves))
             nbytes = min(nbytes, rows * self._row_bytes[1])
         return PacketLimits(rows, nbytes, source)
 
     def on_oversized(self, peer: Peer, exc: PacketTooLarge) -> None:
-        """A packet beyond its worker's bounds, refused before it was inflated: counted, and a NACK tells the worker
-        not to resend it (an honest worker never makes one: its bounds are its own configuration)."""
+        """A packet beyond its worker's bounds, refused before it was inflated: counted, and a
+        NACK tells the worker not to resend it (an honest worker never makes one: its bounds
+        are its own configuration)."""
         peer.oversized += 1
         self.stats.oversized_packets += 1
         self._refuse(peer, exc.seq, str(exc))
 
     def _over_pace(self, peer: Peer, seq: int, steps: int) -> bool:
-        """While the trainer paces, a packet beyond the samples its worker was allowed (PACE) is held back with a
-        NACK (the worker resends it once a PACE allows more): a worker that ignores its allowance would otherwise
-        take the other workers' share. Real-time workers (``paced`` false at HELLO) are never held."""
+        """While the trainer paces, a packet beyond the samples its worker was allowed (PACE) is
+        held back with a NACK (the worker resends it once a PACE allows more): a worker that ignores
+        its allowance would otherwise take the other workers' share. Real-time workers (``paced``
+        false at HELLO) are never held."""
         if (self.progress is None or not peer.paced or steps <= max(0, peer.pace_budget)
                 or (peer.session, seq) in self.relay.held):
             return False
         peer.over_pace += 1
         self.stats.pace_refusals += 1
-        reason = (f"over this worker's PACE allowance: the trainer paces the samples it takes, and this worker may "
-                  f"deliver {max(0, peer.pace_budget)} more (its allowance is {peer.allowance} samples produced in "
-                  f"all), not the {steps} of this packet; a throttled worker waits for its allowance")
+        reason = (f"over this worker's PACE allowance: the trainer paces the samples it "
+                  f"takes, and this worker may deliver {max(0, peer.pace_budget)} more "
+                  f"(its allowance is {peer.allowance} samples produced in all), not the "
+                  f"{steps} of this packet; a throttled worker waits for its allowance")
         if worth_logging(peer.over_pace, first=3):
-            log.warning("held back a packet of %d samples from %s, %s (%d held back so far)", steps, peer.label,
+            log.warning("held back a packet of %d samples from %s, %s (%d held back so far)",
+                        steps, peer.label,
                         reason, peer.over_pace)
         self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 1.0, "reason": reason}))
         return True
 
     def _refuse(self, peer: Peer, seq: int, reason: str) -> None:
-        """A packet that can never be relayed: logged, counted, and a NACK tells the worker not to resend it."""
+        """A packet that can never be relayed: logged, counted, and a NACK tells the
+        worker not to resend it."""
         self.admission.reject("worker", peer.rid, peer, reason)
         self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "reason": f"rejected: "
                                                               f"{reason}"}))
 
     @property
     def layout_tag(self) -> int:
-        """The tag of the layout packets are checked against (0: none); the server's heartbeats tell the workers."""
+        """The tag of the layout packets are checked against (0: none); the server's
+        heartbeats tell the workers."""
         return 0 if self.schema is None else self.schema.tag
 
     def _refuse_layout(self, peer: Peer, seq: int, exc: LayoutMismatch) -> None:
-        """A packet of another layout than the trainer's: the trainer is the one to fix (its sample compressor or
-        pipeline), and the packet is fine for a trainer with the worker's layout. So its worker keeps it (the NACK
-        names this layout; the worker resends it once the server names another), and the trainer is told each cause
-        once per connection (a NOTICE)."""
+        """A packet of another layout than the trainer's: the trainer is the one to fix (its sample
+        compressor or pipeline), and the packet is fine for a trainer with the worker's layout. So
+        its worker keeps it (the NACK names this layout; the worker resends it once the server names
+        another), and the trainer is told each cause once per connection (a NOTICE)."""
         assert self.schema is not None
         self.stats.layout_refusals += 1
         peer.layout_refusals += 1
         if worth_logging(peer.layout_refusals, first=3):
-            log.warning("refused a packet from %s for the trainer's sample layout: %s; the worker keeps it and sends "
-                        "it again once a trainer with its layout connects (%d refused so far)", peer.label,
+            log.warning("refused a packet from %s for the trainer's sample layout: "
+                        "%s; the worker keeps it and sends it again once a trainer "
+                        "with its layout connects (%d refused so far)", peer.label,
                         printable(exc.cause), peer.layout_refusals)
         self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 0, "layout": self.schema.tag,
                                                               "reason": str(exc)}))
@@ -203,30 +231,33 @@ class SampleIntake:
                                                                    "reason": printable(str(exc), 2000)}))
 
     def _over_window(self, peer: Peer, seq: int, nbytes: int, held: int) -> None:
-        """A packet beyond the worker's share of the server's memory: a NACK (it resends once the server has
-        acknowledged others), and the window that fits the share if it was told another. A worker that ignores its
-        window would otherwise take the whole queue, then the spool; one that keeps to it sees this only for its
-        first window, before the server has seen what its packets cost."""
+        """A packet beyond the worker's share of the server's memory: a NACK (it resends once
+        the server has acknowledged others), and the window that fits the share if it was told
+        another. A worker that ignores its window would otherwise take the whole queue, then the
+        spool; one that keeps to it sees this only for its first window, before the server has
+        seen what its packets cost."""
         peer.over_window += 1
         self.stats.window_refusals += 1
-        reason = (f"over this worker's window: its unacknowledged packets take {held} of the {self.window()} bytes of "
-                  f"the server's memory it may use; keep to the window of the latest ACK ({self.window_for(peer)} "
-                  "bytes of packets) and wait for ACKs")
+        reason = (f"over this worker's window: its unacknowledged packets take {held} of the "
+                  f"{self.window()} bytes of the server's memory it may use; keep to the window of "
+                  f"the latest ACK ({self.window_for(peer)} bytes of packets) and wait for ACKs")
         if worth_logging(peer.over_window, first=3):
-            log.warning("refused a packet of %d bytes from %s, %s (%d refused so far)", nbytes, peer.label, reason,
+            log.warning("refused a packet of %d bytes from %s, %s (%d refused so far)",
+                        nbytes, peer.label, reason,
                         peer.over_window)
         self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 1.0, "reason": reason}))
         if peer.window != self.window_for(peer):
             self.tell_worker(peer.session, MsgType.ACK, {"seqs": []})
 
     def on_heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        """A peer's heartbeat: its counters for --status and, from a worker, the samples it has produced, and
-        whether it is stopping (its packets then go to the spool at once, and it is told so)."""
+        """A peer's heartbeat: its counters for --status and, from a worker, the samples it
+        has produced, and whether it is stopping (its packets then go to the spool at
+        once, and it is told so)."""
         if msg.body.get("flushing") and peer.role == "worker" and not peer.flushing:
             peer.flushing = True
             moved = self.relay.spool_now(peer.session)
-            log.info("%s is stopping: %d of its packets waiting in memory went to the spool, and so do the ones it "
-                     "still sends", peer.label, moved)
+            log.info("%s is stopping: %d of its packets waiting in memory went to the "
+                     "spool, and so do the ones it still sends", peer.label, moved)
         stats = msg.body.get("stats")
         if not isinstance(stats, dict):
             return
@@ -234,18 +265,21 @@ class SampleIntake:
         if ignored:
             peer.bad_reports += 1
             if worth_logging(peer.bad_reports, first=3):
-                log.warning("ignored %d heartbeat counters from %s: %s (kept: up to %d short lowercase names, each "
-                            "with a finite number within +-2**53; %d heartbeats with others so far)", len(ignored),
+                log.warning("ignored %d heartbeat counters from %s: %s (kept: up to %d short "
+                            "lowercase names, each with a finite number within "
+                            "+-2**53; %d heartbeats with others so far)", len(ignored),
                             peer.label, ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else ""), MAX_REPORTED,
                             peer.bad_reports)
         produced = peer.reported.get("produced")
         if peer.role == "worker" and type(produced) is int and produced > peer.produced:
-            # a worker that reconnected to a restarted server: pace it from its real count, not from zero
+            # a worker that reconnected to a restarted server: pace it from its
+            # real count, not from zero
             peer.produced_up_to(produced)
             self.pace()
 
     def on_schema(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        """The trainer's sample layout: every packet is checked against it from now on, also after a restart."""
+        """The trainer's sample layout: every packet is checked against it from now
+        on, also after a restart."""
         try:
             schema = SampleSchema.from_wire(msg.body)
         except ProtocolError as exc:
@@ -253,33 +287,37 @@ class SampleIntake:
             return
         if schema != self.schema:
             self.schema = schema
-            log.info("sample layout from the trainer: %d fields, checked on every packet", len(schema.leaves))
+            log.info("sample layout from the trainer: %d fields, checked on every packet",
+                     len(schema.leaves))
             save_schema(self.schema_path, msg.body)
 
-    # -- how much each worker may send ---------------------------------------------------------------------------
+    # -- how much each worker may send -------------------------------------------------------------
     def window(self) -> int:
-        """Memory each worker's packets may take at the server (their bytes and FRAME_OVERHEAD per frame): its share
-        of ``max_queue_bytes`` (:meth:`PeerTable.window`). Beyond it, its packets are refused with a NACK."""
+        """Memory each worker's packets may take at the server (their bytes and FRAME_OVERHEAD
+        per frame): its share of ``max_queue_bytes`` (:meth:`PeerTable.window`). Beyond it, its
+        packets are refused with a NACK."""
         return self.peers.window(self.max_queue_bytes)
 
     def window_for(self, worker: Peer) -> int:
-        """The window told to ``worker``: the bytes of its packets that fit its share of the memory, as far as its
-        packets so far tell (the worker counts their bytes, the server what holding them costs)."""
+        """The window told to ``worker``: the bytes of its packets that fit its share of the
+        memory, as far as its packets so far tell (the worker counts their bytes, the server
+        what holding them costs)."""
         share = self.window()
         return max(1, share * worker.bytes_in // worker.cost_in) if worker.cost_in else share
 
     def tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
         """The relay's ACK or NACK to a worker; an ACK also tells it its current window."""
         worker = self.peers.workers_by_session.get(session)
-        if worker is not None:  # a worker that left resends after reconnecting; the trainer deduplicates
+        # a worker that left resends after reconnecting; the trainer deduplicates
+        if worker is not None:
             if kind is MsgType.ACK:
                 body = {**body, "window": self.window_for(worker)}
                 worker.window = body["window"]
             self.send(worker, Message(kind, "server", body=body))
 
     def after_joins(self) -> None:
-        """Workers joined since the last pass: everyone's share of the server's memory shrank, and the trainer's
-        wanted samples are split between more workers."""
+        """Workers joined since the last pass: everyone's share of the server's memory shrank, and
+        the trainer's wanted samples are split between more workers."""
         if not self.workers_joined:
             return
         self.workers_joined = False
@@ -292,13 +330,15 @@ class SampleIntake:
         """The trainer's PROGRESS (samples it has and wants): the workers' allowances follow it."""
         wrong = {k: v for k, v in msg.body.items() if not 0 <= v < MAX_COUNT}
         if wrong:  # check_body let through any int64: these feed the pacing arithmetic
-            self.admission.reject("trainer", peer.rid, peer, f"progress counts {wrong} are not between 0 and 2**53")
+            self.admission.reject("trainer", peer.rid, peer,
+                                  f"progress counts {wrong} are not between 0 and 2**53")
             return
         self.progress = dict(msg.body)
         self.pace()
 
     def pace(self) -> None:
-        """Raise the workers' PACE allowances to cover the samples the trainer wants beyond those on the way."""
+        """Raise the workers' PACE allowances to cover the samples the trainer wants
+        beyond those on the way."""
         if self.progress is None:
             return
         wanted = self.progress["wanted"] - self.progress["samples"] - self.relay.on_the_way()

@@ -1,30 +1,36 @@
-"""The server's sample relay: where each worker packet waits, when it goes to the trainer, who acknowledges it.
+"""The server's sample relay: where each worker packet waits, when it goes to the
+trainer, who acknowledges it.
 
 ::
 
     worker --SAMPLES--> accept() --> queue (memory, unacknowledged) --flush()--> BUNDLE --> trainer
-                                 \\-> spool (disk, acknowledged at once) ---/         trainer --ACK--> trainer_acked()
-                                                                                     --> the workers get their ACKs
+                                 \\-> spool (disk, acknowledged at once) ---/
+    trainer --ACK--> trainer_acked() --> the workers get their ACKs
 
-* A trainer is connected and the packets held in memory stay under ``max_queue_bytes`` (counting their bytes plus
-  ``FRAME_OVERHEAD`` per frame, for what holding one costs): the packet waits in memory, and its worker gets the ACK
-  when the trainer acknowledges the bundle that carried it (until then the worker keeps it). If the trainer takes
-  no bundle for ``spool_after_s``, waiting packets move to the spool.
-* Otherwise it is appended to the spool on disk and acknowledged at once; bundles take spooled packets first.
-* If the spool is full too, or the disk refuses it (full, too many open files), the packet is refused (the server
-  sends the worker a NACK; it resends later). A packet waiting in memory stays there until the disk takes it.
-* Each connected worker is sure of its share of the spool, ``max_bytes`` split evenly between them: a worker past
-  its share spools only into room that the others' unused shares do not need, so one fast worker (a simulator
-  beside robots) cannot fill the spool while the trainer is away and leave the others refused until it drains.
+* A trainer is connected and the packets held in memory stay under ``max_queue_bytes`` (counting
+  their bytes plus ``FRAME_OVERHEAD`` per frame, for what holding one costs): the packet waits in
+  memory, and its worker gets the ACK when the trainer acknowledges the bundle that carried it
+  (until then the worker keeps it). If the trainer takes no bundle for ``spool_after_s``,
+  waiting packets move to the spool.
+* Otherwise it is appended to the spool on disk and acknowledged at once; bundles
+  take spooled packets first.
+* If the spool is full too, or the disk refuses it (full, too many open files), the packet is
+  refused (the server sends the worker a NACK; it resends later). A packet waiting in memory stays
+  there until the disk takes it.
+* Each connected worker is sure of its share of the spool, ``max_bytes`` split evenly between
+  them: a worker past its share spools only into room that the others' unused shares do not need, so
+  one fast worker (a simulator beside robots) cannot fill the spool while the trainer is away and
+  leave the others refused until it drains.
 
-Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only while the trainer
-has credit, so a slow trainer never makes the server's memory grow. Beyond ``min_samples``, a bundle also takes the
-packets already waiting, up to ``max_bundle_bytes``: under load, one bundle, one trainer ACK and one ACK per worker
-then cover many packets instead of one each. Whatever ``min_samples`` asks, a bundle never holds more than
-``MAX_BUNDLE_PARTS`` packets, or more bytes than the trainer accepts (``max_message_bytes``, less room for the
-header), on the wire or once decoded (compressed arrays declare their size); packets that cannot reach
-``min_samples`` within those limits leave after ``max_delay_s``, and a packet too big to share a bundle goes alone.
-Packets are forwarded unchanged.
+Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only
+while the trainer has credit, so a slow trainer never makes the server's memory grow. Beyond
+``min_samples``, a bundle also takes the packets already waiting, up to ``max_bundle_bytes``: under
+load, one bundle, one trainer ACK and one ACK per worker then cover many packets instead of one
+each. Whatever ``min_samples`` asks, a bundle never holds more than ``MAX_BUNDLE_PARTS`` packets, or
+more bytes than the trainer accepts (``max_message_bytes``, less room for the header), on
+the wire or once decoded (compressed arrays declare their size); packets that cannot reach
+``min_samples`` within those limits leave after ``max_delay_s``, and a packet too big to share a
+bundle goes alone. Packets are forwarded unchanged.
 """
 
 from __future__ import annotations
@@ -40,21 +46,26 @@ from netrl.protocol.wire import encode_bundle, max_packet_bytes
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import QueuedPacket
 from netrl.server.spool import Spool, SpooledPacket
+from netrl.server.spool_gate import SpoolGate
 
 __all__ = ["FRAME_OVERHEAD", "SampleRelay", "memory_cost"]
 
 log = logging.getLogger(__name__)
 
 Outcome = Literal["held", "spooled", "refused", "duplicate"]
-MAX_BUNDLE_PARTS = 4096  # far below what a header may list (wire.MAX_EPISODES_PER_PACKET * 4 array items)
-# Memory a held frame costs beyond its bytes (its zmq.Frame and message, the lists and sets holding it): measured
-# at 400-460 bytes with pyzmq 27 on CPython 3.11. Without it, 64 MiB of 560-byte packets (9 frames) would take 450 MiB.
+# far below what a header may list (wire.MAX_EPISODES_PER_PACKET * 4 array items)
+MAX_BUNDLE_PARTS = 4096
+# Memory a held frame costs beyond its bytes (its zmq.Frame and message, the lists and sets holding
+# it): measured at 400-460 bytes with pyzmq 27 on CPython 3.11. Without it, 64 MiB of 560-byte
+# packets (9 frames) would take 450 MiB.
 FRAME_OVERHEAD = 512
-MAX_BUNDLES_PER_PASS = 1  # bundles one flush builds: one of 4,096 packets takes the loop a good part of a second
+# bundles one flush builds: one of 4,096 packets takes the loop a good part of a second
+MAX_BUNDLES_PER_PASS = 1
 
 
 class SampleRelay:
-    """Sample packets between the workers and the trainer. The server owns it and supplies the two sends."""
+    """Sample packets between the workers and the trainer. The server owns it and
+    supplies the two sends."""
 
     def __init__(self, spool: Spool, min_samples: int, max_bundle_bytes: int, max_message_bytes: int,
                  max_delay_s: float, max_queue_bytes: int, spool_after_s: float, stats: ServerCounters,
@@ -63,34 +74,44 @@ class SampleRelay:
                  workers: Callable[[], Collection[str]]) -> None:
         self.spool = spool
         self.min_samples, self.max_bundle_bytes, self.max_delay = min_samples, max_bundle_bytes, max_delay_s
-        self.bundle_limit = max_packet_bytes(max_message_bytes)  # what the trainer accepts, less the header
-        self.max_message_bytes = max_message_bytes  # what the trainer decodes one packet's arrays into, at most
+        # what the trainer accepts, less the header
+        self.bundle_limit = max_packet_bytes(max_message_bytes)
+        self.max_message_bytes = max_message_bytes  # what the trainer decodes one packet's arrays
+                                                    # into, at most
         self.max_queue_bytes, self.spool_after = max_queue_bytes, spool_after_s
         self.stats = stats
         self.send_to_trainer, self.tell_worker = send_to_trainer, tell_worker
-        self.workers = workers  # the names of the connected workers, who share the spool
         self.queue: collections.deque[QueuedPacket] = collections.deque()  # in memory, not yet sent
-        self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory, queued or in flight
-        self.held_cost: dict[str, int] = {}  # by session: what those packets cost (FRAME_OVERHEAD included)
+        self.held: set[tuple[str, int]] = set()  # (session, seq) of packets in memory,
+                                                 # queued or in flight
+        self.held_cost: dict[str, int] = {}  # by session: what those packets cost
+                                             # (FRAME_OVERHEAD included)
         self.mem_bytes = 0  # what they all cost
         self.queued_steps = 0
         self.credit = 0
         self.bundle_seq = 0
         self.inflight: dict[int, list[QueuedPacket]] = {}
         self.inflight_steps = 0  # samples in bundles the trainer has not acknowledged ...
-        self.inflight_spooled = 0  # ... of which the spool still counts these (until the trainer acknowledges them)
+        self.inflight_spooled = 0  # ... of which the spool still counts these (until the trainer
+                                   # acknowledges them)
         self.last_bundle_at = 0.0
         self.cut_short = False  # the last flush stopped at MAX_BUNDLES_PER_PASS with credit left
-        self._last_full_warning = self._last_spool_error = self._spool_retry_at = self._last_share_warning = 0.0
-        self._stale_scan_at = 0.0  # spool_stale rests until then after keeping packets past their share
+        self._last_full_warning = 0.0
+        # who may spool (workers: the names of the connected workers, who share the spool), and the
+        # rest after the disk refused
+        self.gate = SpoolGate(spool, stats, workers)
+        # spool_stale rests until then after keeping packets past their share
+        self._stale_scan_at = 0.0
 
-    # -- packets in ----------------------------------------------------------------------------------------------
+    # -- packets in --------------------------------------------------------------------------------
     def accept(self, packet: QueuedPacket, trainer_connected: bool, spool_now: bool = False) -> Outcome:
-        """Hold, spool or refuse a worker's packet, and tell the worker when that settles it (ACK or NACK). (Each
-        worker's share of the memory is enforced before: :meth:`netrl.server.intake.SampleIntake.on_samples`.)
-        ``spool_now``: the worker is stopping, so the packet goes to the spool rather than wait in memory."""
+        """Hold, spool or refuse a worker's packet, and tell the worker when that
+        settles it (ACK or NACK). (Each worker's share of the memory is enforced before:
+        :meth:`netrl.server.intake.SampleIntake.on_samples`.) ``spool_now``: the worker is
+        stopping, so the packet goes to the spool rather than wait in memory."""
         key = (packet.session, packet.seq)
-        if key in self.held:  # a resend of a packet still held: it is acknowledged with the original
+        # a resend of a packet still held: it is acknowledged with the original
+        if key in self.held:
             self.stats.resends_ignored += 1
             return "duplicate"
         cost = memory_cost(packet)
@@ -104,13 +125,14 @@ class SampleRelay:
         reason = "server queue and spool are full"
         if not self.spool.fits(packet.nbytes):
             self._warn_full(packet.worker)
-        elif not self._spool_share_ok(packet):
-            reason = self._over_spool_share(packet)
+        elif not self.gate.share_ok(packet):
+            reason = self.gate.over_share(packet)
         else:
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "no trainer is connected"
-                         if not trainer_connected else f"the memory queue is full ({self.mem_bytes} bytes)")
-            if self._spool(packet):  # on disk: the server has it
+                         if not trainer_connected else f"the memory queue is full "
+                                                       f"({self.mem_bytes} bytes)")
+            if self.gate.push(packet):  # on disk: the server has it
                 self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq], "spooled": True})
                 return "spooled"
             reason = "the server cannot write its spool"
@@ -118,65 +140,13 @@ class SampleRelay:
         self.tell_worker(packet.session, MsgType.NACK, {"seqs": [packet.seq], "retry_s": 1.0, "reason": reason})
         return "refused"
 
-    def _spool_share_ok(self, packet: QueuedPacket) -> bool:
-        """Whether ``packet`` may go to the spool as far as the workers' shares go (see the module docstring): within
-        its worker's share, or into room that no other connected worker's unused share needs. A worker with nothing
-        spooled may always spool one packet, so that a share smaller than a packet cannot shut it out."""
-        used, workers = self.spool.by_worker, self.workers()
-        share = self.spool.max_bytes // max(1, len(workers))
-        mine = used.get(packet.worker, 0)
-        if mine == 0 or mine + packet.nbytes <= share:
-            return True
-        kept = sum(max(0, share - used.get(w, 0)) for w in workers if w != packet.worker)
-        return self.spool.bytes + packet.nbytes + kept <= self.spool.max_bytes
-
-    def _over_spool_share(self, packet: QueuedPacket) -> str:
-        """Count and log (at most every 10 s) a packet refused for its worker's share of the spool; the NACK's
-        reason."""
-        self.stats.spool_share_refusals += 1
-        workers, mine = len(self.workers()), self.spool.by_worker.get(packet.worker, 0)
-        reason = (f"worker {packet.worker!r} has {mine} bytes in the spool, and {packet.nbytes} more would pass its "
-                  f"share ({self.spool.max_bytes} bytes between {workers} connected workers) into the room kept for "
-                  "the others")
-        now = time.monotonic()
-        if now - self._last_share_warning > 10:
-            self._last_share_warning = now
-            log.warning("refused a packet for the spool: %s; it resends once the trainer takes spooled packets "
-                        "(server.spool_max_bytes sets the spool's size; %d refused so far)", reason,
-                        self.stats.spool_share_refusals)
-        return reason
-
-    def _spool(self, packet: QueuedPacket) -> bool:
-        """Append ``packet`` to the spool; False (logged, counted) if the disk refuses it (full, too many files).
-        After a refusal the spool rests for a second instead of failing on every pass of the server's loop."""
-        if time.monotonic() < self._spool_retry_at:
-            return False
-        try:
-            self.spool.push(packet.frames, {"worker": packet.worker, "session": packet.session, "seq": packet.seq,
-                                            "steps": packet.steps, "inflated": packet.trainer_bytes})
-        except OSError as exc:
-            self._spool_failed(exc)
-            return False
-        self.stats.samples_spooled += packet.steps
-        return True
-
-    def _spool_failed(self, exc: OSError) -> None:
-        """The disk refused the spool: the packets stay with their workers (or in memory), nothing is lost."""
-        self.stats.spool_errors += 1
-        now = time.monotonic()
-        self._spool_retry_at = now + 1.0
-        if now - self._last_spool_error > 10:
-            self._last_spool_error = now
-            log.error("cannot use the spool in %s (%s); packets stay with their workers until it works again: free "
-                      "disk space there, or raise the open-file limit (ulimit -n) (%d spool errors so far)",
-                      self.spool.dir, exc, self.stats.spool_errors)
-
-    # -- the trainer ---------------------------------------------------------------------------------------------
+    # -- the trainer -------------------------------------------------------------------------------
     def trainer_joined(self) -> None:
         self.credit = 0
 
     def trainer_left(self) -> None:
-        """It left without acknowledging some bundles: their packets go back to the front, and the spool rewinds."""
+        """It left without acknowledging some bundles: their packets go back to the front,
+        and the spool rewinds."""
         self.credit = 0
         for seq in sorted(self.inflight, reverse=True):
             for packet in reversed(self.inflight.pop(seq)):
@@ -190,7 +160,8 @@ class SampleRelay:
         self.credit = min(self.credit + max(0, bundles), 10_000)
 
     def trainer_acked(self, bundle_seqs: list[int]) -> None:
-        """The trainer has these bundles (in its sample log): free them and acknowledge their workers."""
+        """The trainer has these bundles (in its sample log): free them and
+        acknowledge their workers."""
         acks: dict[str, list[int]] = collections.defaultdict(list)
         spooled_before = self.spool.packets
         for seq in bundle_seqs:
@@ -208,19 +179,20 @@ class SampleRelay:
         for session, seqs in acks.items():
             self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
 
-    # -- bundles out ---------------------------------------------------------------------------------------------
+    # -- bundles out -------------------------------------------------------------------------------
     def next_deadline(self, trainer_connected: bool) -> float | None:
-        """When the oldest queued packet must leave even in a small bundle; None while nothing can leave (no trainer,
-        or no credit: the message that changes that wakes the server anyway), so that a deadline already passed does
-        not make the server's loop spin."""
+        """When the oldest queued packet must leave even in a small bundle; None while nothing can
+        leave (no trainer, or no credit: the message that changes that wakes the server anyway), so
+        that a deadline already passed does not make the server's loop spin."""
         if not self.queue or not trainer_connected or self.credit <= 0:
             return None
         return self.queue[0].received + self.max_delay
 
     def flush(self, now: float, trainer_connected: bool, max_bundles: int | None = None) -> None:
-        """Bundle spooled, then queued packets for the trainer while it has credit, at most ``max_bundles`` of them
-        (the server's loop builds ``MAX_BUNDLES_PER_PASS`` per pass, so that its heartbeats go out on time while it
-        drains a spool); :attr:`cut_short` says whether that limit stopped it with credit left."""
+        """Bundle spooled, then queued packets for the trainer while it has credit, at most
+        ``max_bundles`` of them (the server's loop builds ``MAX_BUNDLES_PER_PASS`` per pass, so that
+        its heartbeats go out on time while it drains a spool); :attr:`cut_short` says whether that
+        limit stopped it with credit left."""
         self.cut_short = False
         built = 0
         while trainer_connected and self.credit > 0:
@@ -228,7 +200,7 @@ class SampleRelay:
                 self.cut_short = True
                 return
             built += 1
-            spooled = self.spool.pending() and now >= self._spool_retry_at  # a spool that failed rests a second
+            spooled = self.spool.pending() and now >= self.gate.retry_at  # a failed spool rests
             if not spooled and (not self.queue or (self.queued_steps < self.min_samples
                                                    and now - self.queue[0].received < self.max_delay)):
                 return
@@ -237,8 +209,9 @@ class SampleRelay:
             if spooled:
                 try:
                     taken = self.spool.take(self._more)
-                except OSError as exc:  # cannot read it now (too many open files?): the queue goes on its own terms
-                    self._spool_failed(exc)
+                # cannot read it now (too many open files?): the queue goes on its own terms
+                except OSError as exc:
+                    self.gate.failed(exc)
                     continue
                 for sp in taken:
                     if not self._deliverable(sp):
@@ -257,13 +230,16 @@ class SampleRelay:
                 steps += packet.steps
                 nbytes += packet.nbytes
                 inflated += packet.trainer_bytes
-            if not packets:  # the spool held only damage (reported by its log) or dropped packets; the queue is empty
+            # the spool held only damage (reported by its log) or dropped
+            # packets; the queue is empty
+            if not packets:
                 if spooled and self.spool.pending():
                     continue
                 return
             self.bundle_seq += 1
             if not self.send_to_trainer(encode_bundle("server", self.bundle_seq, [p.frames for p in packets])):
-                self._untake(packets)  # nothing is lost: the bundle is rebuilt when the trainer can take it
+                # nothing is lost: the bundle is rebuilt when the trainer can take it
+                self._untake(packets)
                 return
             self.inflight[self.bundle_seq] = packets
             self.inflight_steps += steps
@@ -273,29 +249,34 @@ class SampleRelay:
             self.last_bundle_at = now
 
     def _deliverable(self, sp: SpooledPacket) -> bool:
-        """False (logged, counted in ``samples_dropped``, and acknowledged in the spool, so that the packets behind it
-        flow) for a packet spooled under a larger ``network.max_message_bytes`` than this server's, which the
-        trainer would refuse, closing its connection, every time it was sent."""
+        """False (logged, counted in ``samples_dropped``, and acknowledged in the spool, so that the
+        packets behind it flow) for a packet spooled under a larger ``network.max_message_bytes``
+        than this server's, which the trainer would refuse, closing its connection,
+        every time it was sent."""
         inflated = int(sp.meta.get("inflated", 0))
         if sp.nbytes <= self.bundle_limit and inflated <= self.max_message_bytes:
             return True
         steps = int(sp.meta["steps"])
         self.stats.samples_dropped += steps
-        log.error("spooled packet %d of worker %s (%d samples, %d bytes, %d decoded) is over what the trainer takes: "
-                  "network.max_message_bytes is %d (%d bytes for one packet, less the bundle header); it was spooled "
-                  "under a larger limit. Dropped (%d samples so far): restart the server and the trainer with the "
-                  "limit raised to keep such packets", sp.meta["seq"], sp.meta["worker"], steps, sp.nbytes, inflated,
+        log.error("spooled packet %d of worker %s (%d samples, %d bytes, %d decoded) is "
+                  "over what the trainer takes: network.max_message_bytes is %d (%d bytes "
+                  "for one packet, less the bundle header); it was spooled under a "
+                  "larger limit. Dropped (%d samples so far): restart the server "
+                  "and the trainer with the limit raised to keep such packets",
+                  sp.meta["seq"], sp.meta["worker"], steps, sp.nbytes, inflated,
                   self.max_message_bytes, self.bundle_limit, self.stats.samples_dropped)
         self.spool.ack(sp.position)
         return False
 
     def _more(self, count: int, steps: int, nbytes: int, next_bytes: int, inflated: int, next_inflated: int) -> bool:
-        """Whether a bundle of ``count`` packets (``steps`` samples, ``nbytes`` bytes on the wire, ``inflated`` once
-        decoded) also takes the next one."""
+        """Whether a bundle of ``count`` packets (``steps`` samples, ``nbytes`` bytes on the wire,
+        ``inflated`` once decoded) also takes the next one."""
         if count >= MAX_BUNDLE_PARTS or nbytes + next_bytes > self.bundle_limit:
             return False  # the trainer would refuse the bundle
-        if inflated + next_inflated > self.bundle_limit:  # what one bundle may take at the trainer, decoded: blank
-            return False  # camera frames shrink 1,000 times, so a few MB on the wire could take gigabytes there
+        if inflated + next_inflated > self.bundle_limit:  # what one bundle may take at the trainer,
+                                                          # decoded: blank
+            return False  # camera frames shrink 1,000 times, so a few MB on the wire could
+                          # take gigabytes there
         return steps < self.min_samples or nbytes + next_bytes <= self.max_bundle_bytes
 
     def _untake(self, packets: list[QueuedPacket]) -> None:
@@ -307,49 +288,54 @@ class SampleRelay:
             self.spool.untake(min(spooled))
 
     def spool_stale(self, now: float, trainer_connected: bool) -> None:
-        """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to disk and
-        acknowledge them, so workers stop holding them. (A trainer that keeps taking bundles is left to drain the
-        queue: spooling then would only add disk work, and the workers' send windows already bound the queue.) With
-        no trainer connected, every packet waiting goes at once, as a new one would: otherwise a worker that stops just
-        after the trainer left would wait ``spool_after_s`` for its ACKs, and give up on its last packets first."""
-        self.spool.tick()  # the head after the last acknowledgements, and the emptied segments off the disk
+        """The trainer has taken nothing for ``spool_after_s``: move packets waiting that long to
+        disk and acknowledge them, so workers stop holding them. (A trainer that keeps taking
+        bundles is left to drain the queue: spooling then would only add disk work, and the workers'
+        send windows already bound the queue.) With no trainer connected, every packet waiting
+        goes at once, as a new one would: otherwise a worker that stops just after the trainer left
+        would wait ``spool_after_s`` for its ACKs, and give up on its last packets first."""
+        # the head after the last acknowledgements, and the emptied segments off the disk
+        self.spool.tick()
         wait = self.spool_after if trainer_connected else 0.0
         if now - self.last_bundle_at < wait:
             return
         if now < self._stale_scan_at:
             return
         acks: dict[str, list[int]] = collections.defaultdict(list)
-        kept: list[QueuedPacket] = []  # past their workers' shares of the spool: they stay in memory, unacknowledged
+        # past their workers' shares of the spool: they stay in memory, unacknowledged
+        kept: list[QueuedPacket] = []
         while self.queue and now - self.queue[0].received >= wait and self.spool.fits(self.queue[0].nbytes):
             packet = self.queue.popleft()
-            if not self._spool_share_ok(packet):
+            if not self.gate.share_ok(packet):
                 kept.append(packet)
                 continue
             if not self.spool.packets:
                 log.info("spooling packets to %s: %s", self.spool.dir, "the trainer is not keeping up"
                          if trainer_connected else "no trainer is connected")
-            if not self._spool(packet):
+            if not self.gate.push(packet):
                 self.queue.appendleft(packet)
                 break  # it stays queued in memory, and its worker keeps it
             self.queued_steps -= packet.steps
             self._release(packet)
             acks[packet.session].append(packet.seq)
-        if kept:  # in their place, at the front; looked at again in a while, not on every pass of the server's loop
+        # in their place, at the front; looked at again in a while, not on every
+        # pass of the server's loop
+        if kept:
             self.queue.extendleft(reversed(kept))
             self._stale_scan_at = now + 0.5
         for session, seqs in acks.items():
             self.tell_worker(session, MsgType.ACK, {"seqs": seqs, "spooled": True})
 
     def spool_now(self, session: str) -> int:
-        """A stopping worker's packets waiting in memory go to the spool at once, and it is told they are spooled:
-        otherwise it would wait for the trainer, or for ``spool_after_s``, and could stop first, its last packets
-        unconfirmed. Those past its share of the spool, or that the disk refuses, stay in memory. Returns how many
-        moved."""
+        """A stopping worker's packets waiting in memory go to the spool at once, and it is told
+        they are spooled: otherwise it would wait for the trainer, or for ``spool_after_s``, and
+        could stop first, its last packets unconfirmed. Those past its share of the spool, or that
+        the disk refuses, stay in memory. Returns how many moved."""
         moved: list[int] = []
         kept: collections.deque[QueuedPacket] = collections.deque()
         for packet in self.queue:
-            if (packet.session == session and self.spool.fits(packet.nbytes) and self._spool_share_ok(packet)
-                    and self._spool(packet)):
+            if (packet.session == session and self.spool.fits(packet.nbytes)
+                    and self.gate.share_ok(packet) and self.gate.push(packet)):
                 self.queued_steps -= packet.steps
                 self._release(packet)
                 moved.append(packet.seq)
@@ -361,7 +347,8 @@ class SampleRelay:
         return len(moved)
 
     def _release(self, packet: QueuedPacket) -> None:
-        """A packet held in memory is settled (the trainer or the spool has it): its worker's window opens."""
+        """A packet held in memory is settled (the trainer or the spool has it): its
+        worker's window opens."""
         self.held.discard((packet.session, packet.seq))
         cost = memory_cost(packet)
         self.mem_bytes -= cost
@@ -369,9 +356,10 @@ class SampleRelay:
         if left > 0:
             self.held_cost[packet.session] = left
 
-    # -- numbers ---------------------------------------------------------------------------------------------------
+    # -- numbers -----------------------------------------------------------------------------------
     def on_the_way(self) -> int:
-        """Samples accepted but not yet acknowledged by the trainer (for pacing): spooled ones in flight once."""
+        """Samples accepted but not yet acknowledged by the trainer (for pacing):
+        spooled ones in flight once."""
         return self.queued_steps + self.inflight_steps - self.inflight_spooled + self.spool.steps
 
     def held_packets(self) -> int:
@@ -388,8 +376,9 @@ class SampleRelay:
         now = time.monotonic()
         if now - self._last_full_warning > 10:
             self._last_full_warning = now
-            log.warning("memory queue (%d bytes) and spool (%d of %d bytes) are full: refusing packets from worker %r "
-                        "until the trainer catches up (%d samples refused so far)", self.mem_bytes, self.spool.bytes,
+            log.warning("memory queue (%d bytes) and spool (%d of %d bytes) are full: "
+                        "refusing packets from worker %r until the trainer catches up "
+                        "(%d samples refused so far)", self.mem_bytes, self.spool.bytes,
                         self.spool.max_bytes, who, self.stats.samples_refused)
 
 

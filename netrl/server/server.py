@@ -1,21 +1,30 @@
-"""Server: relays sample packets from workers to the trainer and weights from the trainer to every worker.
+"""Server: relays sample packets from workers to the trainer and weights from
+the trainer to every worker.
 
-One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a loopback-only status
-socket (opened and secured by :class:`~netrl.server.sockets.ServerSockets`)::
+One thread, one poll loop over two ROUTER sockets (``trainer_port``, ``worker_port``) and a
+loopback-only status socket (opened and secured by :class:`~netrl.server.sockets.ServerSockets`)::
 
     worker --SAMPLES--> [checks] --> SampleRelay (memory queue / disk spool) --BUNDLE--> trainer
     worker <--ACK------------------- SampleRelay <--ACK-------------------------------- trainer
     worker <--WEIGHTS parts--------- newest-weights cache <--WEIGHTS parts------------- trainer
 
-The server authenticates peers (CURVE keys per port), checks every message against its sender's role and every
-sample packet against the trainer's schema (compressed images are relayed without decompressing them: the trainer
-checks their contents), and hands packets to :class:`~netrl.server.relay.SampleRelay`, which decides where each waits
-and when its worker is acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`) and
-streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's PROGRESS becomes a PACE
-allowance per worker. :class:`~netrl.server.admission.Admission` checks each HELLO, and counts (``stats.rejected``),
-logs and drops bad messages. :class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's
-window and PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line. Every part
-counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`, which declares each counter.
+The server authenticates peers (CURVE keys per port), checks every message against its
+sender's role and every sample packet against the trainer's schema (compressed images are
+relayed without decompressing them: the trainer checks their contents), and hands packets to
+:class:`~netrl.server.relay.SampleRelay`, which decides where each waits and when its worker is
+acknowledged. The newest weights are cached (:class:`~netrl.server.weight_cache.WeightCache`)
+and streamed to a worker the moment it says HELLO, part by part as they arrive. The trainer's
+PROGRESS becomes a PACE allowance per worker. :class:`~netrl.server.admission.Admission`
+checks each HELLO, and counts (``stats.rejected``), logs and drops bad messages.
+:class:`~netrl.server.intake.SampleIntake` checks sample packets and sets each worker's window and
+PACE; :class:`~netrl.server.status.ServerStatus` answers ``--status`` and logs the status line.
+Every part counts what it does in the server's one :class:`~netrl.server.counters.ServerCounters`,
+which declares each counter.
+
+Peers come and go through :class:`~netrl.server.membership.Membership`: the WELCOME, the heartbeats,
+and the peers forgotten after a BYE, a silence or a failed send. This module keeps the loop, what
+each message type is handed to, and the messages the server handles itself (acknowledgements,
+credit, weight parts).
 """
 
 from __future__ import annotations
@@ -31,15 +40,17 @@ import zmq
 
 from netrl.config.sections import Config, NetworkConfig
 from netrl.errors import NetrlError, ProtocolError, VersionMismatch
-from netrl.lifecycle import Runs, ctrl_c_stops
+from netrl.lifecycle.runs import Runs, ctrl_c_stops
+from netrl.lifecycle.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
-from netrl.protocol.messages import PEER_NAME, Message, MsgType, check_role
+from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import FORMAT_NAME, MAX_MODELS, PacketTooLarge, decode
+from netrl.protocol.wire import PacketTooLarge, decode
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
+from netrl.server.membership import Membership
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
@@ -48,7 +59,6 @@ from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
 from netrl.server.weight_cache import LoggedProblem, WeightCache
 from netrl.storage.folderlock import FolderLock
-from netrl.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 
 __all__ = ["Server"]
 
@@ -63,13 +73,16 @@ class Server:
         bind_ip: interface to bind; 127.0.0.1 by default.
         trainer_port, worker_port: the two ports (tmrl's defaults 55555 and 55556).
         network: heartbeat, size and reconnect settings.
-        max_bundle_bytes: beyond ``min_samples_per_server_packet``, a bundle takes the packets already waiting up to
-            this size.
+        max_bundle_bytes: beyond ``min_samples_per_server_packet``, a bundle takes the packets
+            already waiting up to this size.
         max_packet_delay_s: a bundle is sent after this long even if it has fewer samples.
-        max_queue_bytes: sample data held in memory (queued or in flight to the trainer) before spooling.
-        spool_after_s: a queued packet the trainer has not taken after this long is moved to the spool.
+        max_queue_bytes: sample data held in memory (queued or in flight to the
+            trainer) before spooling.
+        spool_after_s: a queued packet the trainer has not taken after this
+            long is moved to the spool.
         spool_dir, spool_max_bytes, fsync: the disk spool.
-        keys: the server's CURVE keypair and allow-lists; None runs unencrypted (``"security": "none"``).
+        keys: the server's CURVE keypair and allow-lists; None runs
+            unencrypted (``"security": "none"``).
         status_port: loopback port answering ``python -m netrl --status`` (None: no status port).
         status_interval_s: seconds between status log lines (0: none).
         max_weights_bytes: the largest weight version cached and relayed.
@@ -78,8 +91,8 @@ class Server:
     """
 
     @tmrl_arguments("Server", ("port", "password"), SERVER_ONLY,
-                    "tmrl's Server takes its port and password there; netrl takes trainer_port=... and "
-                    "worker_port=..., and CURVE keys as keys=...", {
+                    "tmrl's Server takes its port and password there; netrl takes "
+                    "trainer_port=... and worker_port=..., and CURVE keys as keys=...", {
                         "min_samples_per_server_packet": (is_count, "an integer")})
     def __init__(self, min_samples_per_server_packet: int = 200, *, bind_ip: str = "127.0.0.1",
                  trainer_port: int = 55555, worker_port: int = 55556, network: NetworkConfig | None = None,
@@ -101,17 +114,22 @@ class Server:
         self.weights = WeightCache(max_weights_bytes)
         self.stats = ServerCounters()
         self._opened = self._listening = False
-        self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is closed: its ports and "
-                                             "spool folder are released; create a new Server to serve again"),
-                          lambda runner: NetrlError(f"this Server is already running (run() was called in "
-                                                    f"{runner.name}): call run() once; a second server needs other "
-                                                    "ports and another spool folder"))
-        self._lock = FolderLock(spool_dir, "spool folder", "two servers would interleave its packets; stop that one "
-                                "first, or give this server another spool folder (config.json: server.spool_dir)")
-        self.admission = Admission(self.net, self.sockets, self.peers, self.stats, self._forget, max_workers,
-                                   max_rows_per_packet)
-        self.out = Outbound(self.sockets, self.stats, self.weights, self._lost_on_send)
-        self._gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}  # found gone by a send, in this pass of the loop
+        self._runs = Runs(lambda: NetrlError(f"this Server (worker port {self.worker_port}) is "
+                                             f"closed: its ports and spool folder are "
+                                             f"released; create a new Server to serve again"),
+                          lambda runner: NetrlError(f"this Server is already running (run() "
+                                                    f"was called in {runner.name}): call "
+                                                    f"run() once; a second server needs "
+                                                    f"other ports and another spool folder"))
+        self._lock = FolderLock(spool_dir, "spool folder",
+                                "two servers would interleave its packets; stop "
+                                "that one first, or give this server another "
+                                "spool folder (config.json: server.spool_dir)")
+        # (the two callbacks reach self.members, made below from these parts among others)
+        self.admission = Admission(self.net, self.sockets, self.peers, self.stats,
+                                   lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet)
+        self.out = Outbound(self.sockets, self.stats, self.weights,
+                            lambda peer, why: self.members.lost_on_send(peer, why))
         self.spool = Spool(spool_dir, spool_max_bytes, fsync)
         self.relay = SampleRelay(self.spool, min_samples_per_server_packet, max_bundle_bytes,
                                  self.net.max_message_bytes, max_packet_delay_s, max_queue_bytes, spool_after_s,
@@ -121,12 +139,15 @@ class Server:
                                    self.admission, self.relay, self.stats, self.out.must_send, max_rows_per_packet)
         self.status = ServerStatus(self.session, self.peers, self.weights, self.intake, self.sockets, self.stats,
                                    status_interval_s)
-        # what the server does with each message a peer may send it after HELLO (check_role has let it through)
+        self.members = Membership(self.net, self.session, self.sockets, self.peers, self.stats, self.admission,
+                                  self.out, self.weights, self.intake, self.relay, self.status)
+        # what the server does with each message a peer may send it after HELLO
+        # (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
             MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
             MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
             MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
-            MsgType.BYE: self._forget_leaving}
+            MsgType.BYE: self.members.on_bye}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -141,10 +162,10 @@ class Server:
                    max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers,
                    max_rows_per_packet=s.max_rows_per_packet)
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> None:
-        """Open the spool and bind both ports (TransportError names the config key to change). Does nothing on an
-        open server; raises NetrlError on a closed one."""
+        """Open the spool and bind both ports (TransportError names the config key to change). Does
+        nothing on an open server; raises NetrlError on a closed one."""
         self._runs.check_open()
         if self._opened:
             return
@@ -159,12 +180,14 @@ class Server:
         self.sockets.open()
         self._listening = True
         keys = self.sockets.keys
-        log.info("server listening on %s (trainer port %d, worker port %d), %s, session %s, spool %s",
+        log.info("server listening on %s (trainer port %d, "
+                 "worker port %d), %s, session %s, spool %s",
                  self.bind_ip, self.trainer_port, self.worker_port,
                  f"CURVE keys from {keys.allow_dir}" if keys else "UNENCRYPTED", self.session[:8], self.spool_dir)
 
     def run(self, stop: threading.Event) -> None:
-        """Relay until ``stop`` is set, then close: a server runs once (a closed one raises NetrlError)."""
+        """Relay until ``stop`` is set, then close: a server runs once (a closed
+        one raises NetrlError)."""
         run_stop = self._runs.enter(stop)
         try:
             with ctrl_c_stops(run_stop, "server"):  # the spool flushed on the way out too (close)
@@ -193,34 +216,42 @@ class Server:
                     self.admission.failed_handshakes(role)
             now = time.monotonic()
             if status is not None and status in events:
-                self._guarded(lambda: self.status.answer(status), now)  # --status must never stop the relay
+                # --status must never stop the relay
+                self._guarded(lambda: self.status.answer(status), now)
             self._housekeeping(now)
-            if self._gone:
+            if self.members.gone:
                 self._forget_gone()
 
     def _housekeeping(self, now: float) -> None:
-        """Bundles out, stale packets to disk, heartbeats and the status tick, once per pass of the loop."""
+        """Bundles out, stale packets to disk, heartbeats and the status tick, once
+        per pass of the loop."""
         relay, trainer = self.relay, self.peers.trainer is not None
         steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer, MAX_BUNDLES_PER_PASS),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
-                                           lambda: self._heartbeats(now), lambda: self.status.tick(now)]
+                                           lambda: self.members.heartbeats(now), lambda: self.status.tick(now)]
         for step in steps:
             self._guarded(step, now)
+
+    def _forget_gone(self) -> None:
+        """The loop's last step: the peers a send found gone are forgotten, after their port is read
+        once more (a BYE waiting there is a clean stop)."""
+        self.members.forget_gone(lambda role: self._drain(role, self.sockets.by_role[role]))
 
     def _guarded(self, step: Callable[[], None], now: float) -> None:
         try:
             step()
-        except Exception:  # as in _drain: a bug must not take the relay down, nor flood the log every pass
+        # as in _drain: a bug must not take the relay down, nor flood the log every pass
+        except Exception:
             self.stats.internal_errors += 1
             if now >= self._next_internal_error_log:
                 self._next_internal_error_log = now + 60.0
-                log.exception("internal error in the server's loop (%d so far; the next one is logged a minute "
-                              "later at the earliest)", self.stats.internal_errors)
+                log.exception("internal error in the server's loop (%d so far; the next one is "
+                              "logged a minute later at the earliest)", self.stats.internal_errors)
 
     def close(self) -> None:
-        """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from another thread
-        while :meth:`run` runs, it stops the loop as ``stop`` would and waits for run() to close (ZeroMQ sockets
-        must not be closed under the thread that polls them)."""
+        """Say BYE to every peer, close the spool and release the sockets. Idempotent. Called from
+        another thread while :meth:`run` runs, it stops the loop as ``stop`` would and waits for
+        run() to close (ZeroMQ sockets must not be closed under the thread that polls them)."""
         if self._runs.close() or not self._runs.shut_once():
             return
         for peer in self.peers.values():
@@ -228,21 +259,25 @@ class Server:
         self.sockets.close()
         try:
             self.spool.close()
-        except OSError as exc:  # the packets on disk stay; at worst some are sent again after a restart
+        # the packets on disk stay; at worst some are sent again after a restart
+        except OSError as exc:
             log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
         self._lock.release()
-        if not self._listening:  # it never served (a port in use, a spool folder in use): the error says it all
+        # it never served (a port in use, a spool folder in use): the error says it all
+        if not self._listening:
             return
-        log.info("server stopped: %d samples relayed (the trainer has them), %d messages rejected, %d samples "
-                 "spooled in all (%d packets still on disk), %d sample refusals while the spool was full or failing "
-                 "(workers keep refused samples and resend them, so one can be refused again), %d packets held in "
-                 "memory (their workers still have them)", self.stats.samples_out, self.stats.rejected,
+        log.info("server stopped: %d samples relayed (the trainer has them), %d messages "
+                 "rejected, %d samples spooled in all (%d packets still on disk), %d sample "
+                 "refusals while the spool was full or failing (workers keep refused samples "
+                 "and resend them, so one can be refused again), %d packets held in memory "
+                 "(their workers still have them)", self.stats.samples_out, self.stats.rejected,
                  self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
                  self.relay.held_packets())
 
-    # -- receiving -----------------------------------------------------------------------------------------
-    # The stop event is seen only between polls (a SIGINT does not end one): waiting heartbeat_interval_s / 2 alone
-    # would make an idle server with 60 s heartbeats take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
+    # -- receiving ---------------------------------------------------------------------------------
+    # The stop event is seen only between polls (a SIGINT does not end one): waiting
+    # heartbeat_interval_s / 2 alone would make an idle server with 60 s heartbeats
+    # take up to 30 s to obey Ctrl+C. 0.25 s is the default interval's.
     MAX_POLL_S = 0.25
 
     def _poll_timeout_ms(self) -> int:
@@ -257,9 +292,10 @@ class Server:
         return max(1, int(timeout * 1000))
 
     def _drain(self, role: str, sock: zmq.Socket, budget: int = 32) -> None:
-        # A few messages per pass, so that a burst from many workers never holds up bundles to the trainer: with a
-        # budget of 1,000, 16 workers filling their windows keep the server accepting for seconds while it sends the
-        # trainer 8 bundles per pass (measured: 3,000 samples/s instead of 700,000).
+        # A few messages per pass, so that a burst from many workers never holds up bundles to
+        # the trainer: with a budget of 1,000, 16 workers filling their windows keep the server
+        # accepting for seconds while it sends the trainer 8 bundles per pass (measured: 3,000
+        # samples/s instead of 700,000).
         for _ in range(budget):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -267,7 +303,8 @@ class Server:
                 return
             try:
                 self._receive(role, frames)
-            except Exception:  # a bug must not take the relay down: log it loudly, count it, carry on
+            # a bug must not take the relay down: log it loudly, count it, carry on
+            except Exception:
                 self.stats.internal_errors += 1
                 log.exception("internal error while handling a message on the %s port", role)
 
@@ -275,20 +312,26 @@ class Server:
         rid = frames[0].bytes
         peer = self.peers.get(role, rid)
         if peer is not None:
-            peer.liveness.heard()  # any data proves the peer is alive, even a message we then reject
+            # any data proves the peer is alive, even a message we then reject
+            peer.liveness.heard()
         try:
-            # compressed images stay compressed: the server checks their layout, the trainer their contents
+            # compressed images stay compressed: the server checks their layout,
+            # the trainer their contents
             msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
-                self._hello(role, rid, msg, frames[0])
+                self.members.hello(role, rid, msg, frames[0])
                 return
-            if peer is None and msg.type is MsgType.BYE:  # from a peer already forgotten: it is leaving anyway
+            # from a peer already forgotten: it is leaving anyway
+            if peer is None and msg.type is MsgType.BYE:
                 log.debug("a BYE from a %s this server does not know (already forgotten)", role)
                 return
-            if peer is None:  # e.g. a client of a server that restarted: it says HELLO again when told
+            # e.g. a client of a server that restarted: it says HELLO again when told
+            if peer is None:
                 self.stats.unknown_peer += 1
-                self.admission.log_rejection(role, rid, None, f"a {msg.type.value} message before HELLO (after a "
-                                             "server restart, every client sends one); asked it to say HELLO", first=1)
+                self.admission.log_rejection(role, rid, None,
+                                             f"a {msg.type.value} message before HELLO "
+                                             f"(after a server restart, every client "
+                                             f"sends one); asked it to say HELLO", first=1)
                 self.admission.reply(role, rid, "unknown peer: say HELLO")
                 return
             check_role(peer.role, msg)
@@ -299,8 +342,9 @@ class Server:
                 self.admission.reject(role, rid, peer, str(exc))
             return
         except VersionMismatch as exc:
-            self.admission.refuse(role, rid, peer, f"{exc}; install the same netrl version on the server and the "
-                                  f"{role}", str(exc))
+            self.admission.refuse(role, rid, peer,
+                                  f"{exc}; install the same netrl version on "
+                                  f"the server and the {role}", str(exc))
             return
         except ProtocolError as exc:
             self.admission.reject(role, rid, peer, str(exc))
@@ -312,84 +356,7 @@ class Server:
             return
         handler(peer, msg, frames[1:])
 
-    def _hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> None:
-        declared = _declared_weights(msg.body) if role == "worker" else ([], [])
-        if isinstance(declared, str):
-            self.admission.refuse(role, rid, None, declared, declared)
-            return
-        peer = self.admission.hello(role, rid, msg, rid_frame)
-        if peer is None:
-            return
-        if role == "worker":
-            peer.wants, peer.decodes = declared
-        welcome = {"server_session": self.session, "heartbeat_interval_s": self.net.heartbeat_interval_s,
-                   "max_message_bytes": self.net.max_message_bytes}
-        if role == "worker":
-            welcome["window"] = peer.window = self.intake.window_for(peer)
-            progress = self.intake.progress or {}
-            newest = self.weights.newest.get("policy", -1)
-            if progress.get("batch_version", -1) == newest >= 0:  # sync collection: the batch of the
-                # weights it is about to get (a worker joining mid-batch waits for the next: netrl.worker.sync)
-                welcome["weights_version"], welcome["batch_steps"] = newest, progress["batch_steps"]
-        else:  # a restarted trainer numbers its weights after these, so that no number names two actors
-            welcome["weights_version"] = self.weights.newest.get("policy", -1)
-        welcome["models"] = self.weights.newest_versions()  # (each model's counter)
-        self.out.send(peer, Message(MsgType.WELCOME, "server", body=welcome))
-        if role == "trainer":
-            self._trainer_joined(peer)
-        else:
-            self.status.worker_joined(peer)
-            self._send_weights(peer)
-            self.intake.workers_joined = True  # told once per pass of the loop: joins come in bursts
-
-    def _trainer_joined(self, peer: Peer) -> None:
-        self.relay.trainer_joined()
-        self.weights.trainer_session(peer.session, self.peers.values())
-
-    def _lost_on_send(self, peer: Peer, why: str) -> None:
-        """A send found ``peer`` gone (its connection closed, or it reads nothing): it is forgotten at the end of this
-        pass of the loop, after its socket is read once more. A client that stops says BYE and closes at once: a
-        send to it in between finds the connection closed while the BYE still waits unread, and forgetting the peer
-        right then would log a clean stop as a lost peer, and its BYE as a message before HELLO."""
-        self._gone.setdefault((peer.role, peer.rid), (peer, why))
-
-    def _forget_gone(self) -> None:
-        gone, self._gone = self._gone, {}
-        for role in {role for role, _ in gone}:
-            self._drain(role, self.sockets.by_role[role])  # a BYE among them forgets its peer as a clean stop
-        for (role, rid), (peer, why) in gone.items():
-            if self.peers.get(role, rid) is peer:
-                self._lost(peer, why)
-
-    def _lost(self, peer: Peer, why: str) -> None:
-        """A peer went away without BYE. A worker's unacknowledged packets are lost if it died, so say how many."""
-        self.stats.peers_lost += 1
-        packets, nbytes = peer.reported.get("backlog_packets", 0), peer.reported.get("backlog_bytes", 0)
-        if packets:
-            log.warning("%s lost (%s); it last reported %d unacknowledged packets (%.1f MiB): it resends them if it "
-                        "reconnects, and they are lost if it died", peer.label, why, packets, nbytes / 2**20)
-        else:
-            log.info("%s lost (%s)", peer.label, why)
-        self._forget(peer)
-
-    def _forget(self, peer: Peer) -> None:
-        self.peers.remove(peer)
-        self.out.forget(peer)
-        if peer.role == "worker":
-            self.status.worker_left(peer)
-        if peer.role == "trainer":
-            self.intake.progress = None
-            self.relay.trainer_left()
-            self.weights.trainer_left()
-            self._stream_weights()
-
-    # -- the server's own handlers (self.handlers) ---------------------------------------------------------
-    def _forget_leaving(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
-        reason = msg.body.get("reason", "")[:200]  # cut short, and quoted unless printable: no forged log lines
-        log.info("%s disconnected (%s)", peer.label, (reason if reason.isprintable() else repr(reason)) or "no reason "
-                 "given")
-        self._forget(peer)
-
+    # -- the server's own handlers (self.handlers) -------------------------------------------------
     def _take_acks(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         seqs = [s for s in msg.body["seqs"] if isinstance(s, int) and not isinstance(s, bool)]
         if peer.role == "worker":  # a worker acknowledges the weight version it received completely
@@ -399,7 +366,7 @@ class Server:
             if problem:
                 self.admission.reject("worker", peer.rid, peer, problem)
                 return
-            self._send_weights(peer)
+            self.out.stream_weights(peer)
             return
         self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
 
@@ -415,51 +382,28 @@ class Server:
         completed = self.weights.completed
         problem = self.weights.add(msg.policy_version, b["part"], b["parts"], b["offset"], b["nbytes"],
                                    msg.arrays["chunk"].nbytes, frames, b["layout"], b)
-        if isinstance(problem, LoggedProblem):  # logged once by the cache: a trainer sends many such parts
+        # logged once by the cache: a trainer sends many such parts
+        if isinstance(problem, LoggedProblem):
             self.stats.rejected += 1
         elif problem:
             self.admission.reject("trainer", peer.rid, peer, problem)
         elif self.weights.completed > completed:
-            log.debug("weights %s v%d%s from the trainer (%d parts)", b.get("model", "policy"), msg.policy_version,
-                      f" ({b.get('format', 'float32')}{' delta' if 'base' in b else ''})", b["parts"])
+            log.debug("weights %s v%d%s from the trainer (%d parts)",
+                      b.get("model", "policy"), msg.policy_version,
+                      f" ({b.get('format', 'float32')}{' delta' if 'base' in b else ''})",
+                      b["parts"])
             self.stats.weights_in += 1
-        self._stream_weights()  # after a bad part too: it may have abandoned a version for the previous one
+        # after a bad part too: it may have abandoned a version for the previous one
+        self.out.stream_weights_to(self.peers.workers())
 
-    def _stream_weights(self) -> None:
-        for worker in self.peers.workers():  # (a copy: a send may forget an unreachable worker)
-            self._send_weights(worker)
-
-    # -- sending (netrl.server.outbound) ---------------------------------------------------------------------------
+    # -- sending (netrl.server.outbound) -----------------------------------------------------------
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
         return trainer is not None and self.out.send_frames(trainer, frames) is True
 
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
-        self.intake.tell_worker(session, kind, body)  # (the intake is built after the relay, which it takes)
-
-    def _send_weights(self, worker: Peer) -> None:
-        self.out.stream_weights(worker)
-
-    def _heartbeats(self, now: float) -> None:
-        connected = int(self.peers.trainer is not None)  # why a throttled worker waits: told as soon as it changes
-        # Messages waiting unread on a port may be the silent peer's: only a port the loop has caught up with tells.
-        unread = {role: bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-                  for role, sock in self.sockets.by_role.items()}
-        # the layout: a worker keeps the packets another one refused, and sends them again once it changes
-        news: dict[str, int] = {"trainer_connected": connected, "layout": self.intake.layout_tag}
-        told = (connected, news["layout"])
-        if self.intake.progress is not None:  # a worker acts at random until it holds worker.init_random_frames
-            news["trainer_samples"] = self.intake.progress["samples"]  # (a busy worker hears it in its PACEs)
-        for peer in self.peers.values():
-            if peer.liveness.expired(now) and not unread[peer.role]:
-                self._lost(peer, f"no message for {peer.liveness.window:.1f} s")
-            elif peer.role == "worker" and (peer.liveness.heartbeat_due(now) or peer.told != told):
-                # a busy worker's link never falls idle: without this, it would keep the news of the last idle moment
-                body = {"stats": news, **peer.liveness.stamp()}
-                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
-                    peer.told = told
-            elif peer.liveness.heartbeat_due(now):
-                self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp()))
+        # (the intake is built after the relay, which it takes)
+        self.intake.tell_worker(session, kind, body)
 
     @property
     def schema(self) -> SampleSchema | None:
@@ -470,17 +414,3 @@ class Server:
         """Connected peers, rates, queues and counters (what ``--status`` shows)."""
         return self.status.snapshot()
 
-
-MAX_DECLARED_FORMATS = 64  # weight formats a worker may say it decodes
-
-
-def _declared_weights(body: dict[str, Any]) -> tuple[list[str], list[str]] | str:
-    """A worker HELLO's ``models`` and ``formats`` (absent: the policy, in float32), or what is wrong with them."""
-    models, formats = body.get("models", ["policy"]), body.get("formats", ["float32"])
-    for key, names, rule, limit in (("models", models, PEER_NAME, MAX_MODELS), ("formats", formats, FORMAT_NAME,
-                                                                               MAX_DECLARED_FORMATS)):
-        if len(names) > limit or not all(isinstance(n, str) and rule.fullmatch(n) for n in names):
-            return (f"worker HELLO {key} {str(names)[:120]} is not a list of at most {limit} valid names (a model: "
-                    "1 to 64 letters, digits, '.', '_' or '-'; a format: a lower-case letter, then up to 31 lower-case "
-                    "letters, digits or _)")
-    return list(models), list(formats)

@@ -1,9 +1,11 @@
-"""The server's account of itself: the snapshot that ``python -m netrl --status`` shows, and the status line it logs.
+"""The server's account of itself: the snapshot that ``python -m netrl --status`` shows,
+and the status line it logs.
 
-:class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes none of them but
-the count of rejected messages. The server's loop calls :meth:`ServerStatus.answer` when a ``--status`` request
-waits, and :meth:`ServerStatus.tick` on every pass: once a second it samples the sample rates, and every
-``status_interval_s`` it logs one :func:`status_line` while any peer is connected.
+:class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes
+none of them but the count of rejected messages. The server's loop calls :meth:`ServerStatus.answer`
+when a ``--status`` request waits, and :meth:`ServerStatus.tick` on every pass: once a second it
+samples the sample rates, and every ``status_interval_s`` it logs one :func:`status_line`
+while any peer is connected.
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ def status_line(s: dict[str, Any]) -> str:
     if len(s["workers"]) > len(shown):
         versions += f" and {len(s['workers']) - len(shown):,} more (--status lists them)"
     return (f"status | {count_of(len(s['workers']), 'worker')} [{versions or '-'}] | trainer "
-            f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s out "
-            f"{rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | spool "
-            f"{s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
+            f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s "
+            f"out {rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | "
+            f"spool {s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
 
 
 def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> bool:
-    """Answer one STATUS request waiting on the server's REP socket; False if the request was malformed.
+    """Answer one STATUS request waiting on the server's REP socket; False if
+    the request was malformed.
 
-    A snapshot that cannot be built or encoded (a bug) is logged and answered with ``{"error": ...}``: a REP socket
-    that leaves a request unanswered can never answer another one."""
+    A snapshot that cannot be built or encoded (a bug) is logged and answered
+    with ``{"error": ...}``: a REP socket that leaves a request unanswered can
+    never answer another one."""
     try:
         frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
     except zmq.Again:
@@ -66,11 +70,13 @@ def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> b
         reply = encode(Message(MsgType.STATUS, "server", body=body))
         listed = body["snapshot"]["workers"] if body else []
         keep = len(listed)
-        while len(reply[0]) > MAX_HEADER_BYTES and keep:  # thousands of workers: list as many as a header takes
+        # thousands of workers: list as many as a header takes
+        while len(reply[0]) > MAX_HEADER_BYTES and keep:
             keep //= 2
             body["snapshot"] = {**body["snapshot"], "workers": listed[:keep], "workers_omitted": len(listed) - keep}
             reply = encode(Message(MsgType.STATUS, "server", body=body))
-    except Exception as exc:  # (the status port is loopback-only and asked by hand: no flood to fear here)
+    # (the status port is loopback-only and asked by hand: no flood to fear here)
+    except Exception as exc:
         log.exception("could not answer a status request")
         reply = encode(Message(MsgType.STATUS, "server", body={"snapshot": {"error": repr(exc)[:300]}}))
     sock.send_multipart(reply)
@@ -78,8 +84,8 @@ def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> b
 
 
 class ServerStatus:
-    """Connected peers, rates, queues and counters of one server session. ``intake`` supplies the trainer's
-    progress and the relay."""
+    """Connected peers, rates, queues and counters of one server session. ``intake`` supplies the
+    trainer's progress and the relay."""
 
     def __init__(self, session: str, peers: PeerTable, weights: WeightCache, intake: SampleIntake,
                  sockets: ServerSockets, stats: ServerCounters, interval_s: float) -> None:
@@ -89,7 +95,8 @@ class ServerStatus:
         self.rates = Rates()
         self.started = time.time()
         self._next_tick = self._next_status_line = 0.0
-        # samples dropped by workers that left, by session (its last report), so that the total never falls
+        # samples dropped by workers that left, by session (its last report), so
+        # that the total never falls
         self._departed: dict[str, int] = {}
         self._departed_folded = 0  # those of the sessions forgotten beyond MAX_DEPARTED
 
@@ -120,7 +127,8 @@ class ServerStatus:
             "trainer": self.peers.trainer.describe() if self.peers.trainer else None,
             "progress": self.intake.progress,
             "weights_version": self.weights.complete_version,
-            "models": self.weights.describe(),  # per model: its newest version, formats and deltas cached
+            # per model: its newest version, formats and deltas cached
+            "models": self.weights.describe(),
             "rates": self.rates.rates(),
             **relay.snapshot(),
             "rejected": self.stats.rejected, "refused": self.stats.samples_refused,
@@ -128,11 +136,13 @@ class ServerStatus:
             "failed_handshakes": {"trainer": self.stats.failed_handshakes_trainer,
                                   "worker": self.stats.failed_handshakes_worker},
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
-            "stats": self.stats.as_dict(),  # every counter, at 0 until it counts: no key a script reads goes missing
+            "stats": self.stats.as_dict(),  # every counter, at 0 until it counts: no key a script
+                                            # reads goes missing
         }
 
     def answer(self, sock: zmq.Socket) -> None:
-        """Answer one ``--status`` request waiting on ``sock`` (a malformed one is counted as rejected)."""
+        """Answer one ``--status`` request waiting on ``sock`` (a malformed one is
+        counted as rejected)."""
         if not answer_status(sock, self.snapshot):
             self.stats.rejected += 1
 

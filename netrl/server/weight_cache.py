@@ -1,27 +1,31 @@
-"""The server's weights cache: each named model's newest versions, in each format the trainer sends, as parts that
-arrive from the trainer and are streamed to each worker.
+"""The server's weights cache: each named model's newest versions, in each format the trainer
+sends, as parts that arrive from the trainer and are streamed to each worker.
 
-A version arrives as ``parts`` WEIGHTS messages (see :func:`netrl.protocol.wire.weight_parts`), labelled by model
-(absent: "policy"), format (absent: "float32") and, for a delta, its ``base``. Each part is forwarded to workers as soon
-as it arrives, so the trainer->server and server->worker hops overlap. A worker gets a model's next message only after
-acknowledging the one it received completely (a slow worker gets the newest version, not every version); a newer
-version preempts one still streaming, starting from its first part. Which encoding each worker gets is
+A version arrives as ``parts`` WEIGHTS messages (see :func:`netrl.protocol.wire.weight_parts`),
+labelled by model (absent: "policy"), format (absent: "float32") and, for a delta, its ``base``.
+Each part is forwarded to workers as soon as it arrives, so the trainer->server and server->worker
+hops overlap. A worker gets a model's next message only after acknowledging the one it received
+completely (a slow worker gets the newest version, not every version); a newer version
+preempts one still streaming, starting from its first part. Which encoding each worker gets is
 :func:`next_sent`'s choice (by :func:`netrl.server.weight_choice.choose`).
 
-What is kept, per trainer session: at most ``MAX_MODELS`` models (:data:`netrl.protocol.wire.MAX_MODELS`), each in at
-most :data:`MAX_FORMATS` formats. Per (model, format): the newest full encoding, plus the last complete one while a
-newer one arrives (if the newer one is abandoned, workers get the last complete version instead of half of one); and a
-chain of deltas of recent versions, at most :data:`MAX_DELTAS` of them and at most the full encoding's size in delta
-bytes (the oldest go first), plus the one arriving. Each encoding takes at most ``max_bytes + OVERHEAD_ROOM_BYTES`` of
-memory (its frames plus :data:`PART_OVERHEAD_BYTES` per part), so the whole cache stays under
-``MAX_MODELS * MAX_FORMATS * 4 * (max_bytes + OVERHEAD_ROOM_BYTES)``: two full encodings, the deltas and the arriving
-delta per (model, format); in practice, a few times the largest model's float32 size.
+What is kept, per trainer session: at most ``MAX_MODELS`` models
+(:data:`netrl.protocol.wire.MAX_MODELS`), each in at most :data:`MAX_FORMATS` formats. Per
+(model, format): the newest full encoding, plus the last complete one while a newer one arrives
+(if the newer one is abandoned, workers get the last complete version instead of half of one);
+and a chain of deltas of recent versions, at most :data:`MAX_DELTAS` of them and at most the full
+encoding's size in delta bytes (the oldest go first), plus the one arriving. Each encoding takes at
+most ``max_bytes + OVERHEAD_ROOM_BYTES`` of memory (its frames plus :data:`PART_OVERHEAD_BYTES`
+per part), so the whole cache stays under ``MAX_MODELS * MAX_FORMATS * 4 * (max_bytes +
+OVERHEAD_ROOM_BYTES)``: two full encodings, the deltas and the arriving delta per (model,
+format); in practice, a few times the largest model's float32 size.
 
-The cache refuses an encoding unless its parts are exactly those :func:`~netrl.protocol.wire.weight_parts` makes (part 0
-sets the part size) and part 0's layout passes :func:`~netrl.protocol.wire.check_layout`, which each worker applies
-too (for a float32 full version against its size; for others only its structure: the server never decodes). A delta
-whose base is no version of its (model, format) this trainer session sent can never be applied: it is dropped. This
-module never imports torch: the server only moves bytes.
+The cache refuses an encoding unless its parts are exactly those
+:func:`~netrl.protocol.wire.weight_parts` makes (part 0 sets the part size) and part 0's layout
+passes :func:`~netrl.protocol.wire.check_layout`, which each worker applies too (for a float32 full
+version against its size; for others only its structure: the server never decodes). A delta whose
+base is no version of its (model, format) this trainer session sent can never be applied: it is
+dropped. This module never imports torch: the server only moves bytes.
 """
 
 from __future__ import annotations
@@ -68,8 +72,10 @@ class ModelCache:
         self.deltas: dict[str, DeltaChain] = {}
         self.rank: dict[str, int] = {}
         self.budget_s: float | None = None
-        self.known: dict[str, set[int]] = {}  # per format: versions it had, which deltas may continue
-        self.started: dict[int, set[tuple[str, bool]]] = {}  # per recent version: (format, delta?) that started
+        self.known: dict[str, set[int]] = {}  # per format: versions it had, which deltas
+                                              # may continue
+        # per recent version: (format, delta?) that started
+        self.started: dict[int, set[tuple[str, bool]]] = {}
 
     def label(self, fmt: str, delta: bool) -> str:
         if self.name == "policy" and fmt == "float32" and not delta:
@@ -84,12 +90,14 @@ class ModelCache:
             size: int, frames: list[Any], layout: list[Any], fields: dict[str, Any]) -> str | None:
         if fmt not in self.fulls:
             if len(self.fulls) >= MAX_FORMATS:
-                return (f"weights of model {self.name!r} in format {fmt!r}: this model already comes in "
-                        f"{MAX_FORMATS} formats ({', '.join(self.fulls)}), the most a server keeps")
+                return (f"weights of model {self.name!r} in format {fmt!r}: "
+                        f"this model already comes in {MAX_FORMATS} formats "
+                        f"({', '.join(self.fulls)}), the most a server keeps")
             if base is not None:
-                log.debug("%s v%d (from v%d) dropped: no version of this format arrived before it, so no worker "
-                          "could apply it", self.label(fmt, True), version, base)
-                return LoggedProblem(f"{self.label(fmt, True)} v{version} arrived before any full version")
+                log.debug("%s v%d (from v%d) dropped: no version of this format arrived before "
+                          "it, so no worker could apply it", self.label(fmt, True), version, base)
+                return LoggedProblem(f"{self.label(fmt, True)} v{version} arrived "
+                                     f"before any full version")
             self.fulls[fmt] = Encoding(self.max_bytes, self.label(fmt, False), sized_layout=fmt == "float32")
             self.deltas[fmt] = DeltaChain(self.max_bytes, self.label(fmt, True))
             self.known[fmt] = set()
@@ -99,7 +107,8 @@ class ModelCache:
         else:
             problem = self.deltas[fmt].add(version, base, part, parts, offset, nbytes, size, frames, layout,
                                            self.known[fmt])
-        if problem and full.version < 0 and not self.deltas[fmt].links:  # a format that never got anywhere
+        # a format that never got anywhere
+        if problem and full.version < 0 and not self.deltas[fmt].links:
             del self.fulls[fmt], self.deltas[fmt], self.known[fmt]
         if problem:
             return problem
@@ -132,19 +141,21 @@ class ModelCache:
 
 
 class WeightCache:
-    """Every model's encodings from the current trainer session (:class:`ModelCache` each), and what each worker is
-    sent of them. The attributes of today's single cache (``version``, ``parts``, ...) read the policy's float32 full
-    encoding."""
+    """Every model's encodings from the current trainer session (:class:`ModelCache` each),
+    and what each worker is sent of them. The attributes of today's single cache (``version``,
+    ``parts``, ...) read the policy's float32 full encoding."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.models: dict[str, ModelCache] = {}
         self.session = ""  # the trainer process the cached versions came from
-        self.newest: dict[str, int] = {}  # per model: the newest complete version from any trainer session
+        self.newest: dict[str, int] = {}  # per model: the newest complete version from any
+                                          # trainer session
         self._refused_models: set[str] = set()  # models beyond MAX_MODELS, logged once per session
-        self._expected: dict[str, set[tuple[str, bool]]] = {}  # per model: what the last session sent of a version
+        # per model: what the last session sent of a version
+        self._expected: dict[str, set[tuple[str, bool]]] = {}
 
-    # -- today's single cache: the policy's float32 full encoding ------------------------------------------------
+    # -- today's single cache: the policy's float32 full encoding ----------------------------------
     @property
     def primary(self) -> Encoding:
         model = self.models.get("policy")
@@ -182,19 +193,19 @@ class WeightCache:
         """WELCOME's ``models``: each model's newest complete version from any trainer session."""
         return dict(self.newest)
 
-    # -- the trainer's side -----------------------------------------------------------------------------------------
+    # -- the trainer's side ------------------------------------------------------------------------
     def trainer_session(self, session: str, peers: list[Peer]) -> None:
-        """A trainer said HELLO: a new trainer process need not continue the old one's versions, so forget the
-        cached ones and what every peer holds."""
+        """A trainer said HELLO: a new trainer process need not continue the old one's versions, so
+        forget the cached ones and what every peer holds."""
         if session == self.session:
             return
         if self.session and self.models:
             log.info("new trainer session %s; dropping cached weights (%s)", session[:8],
                      ", ".join(f"{n} v{m.complete_version}" for n, m in self.models.items()))
         self.session = session
-        # what the old session sent of each model's last version: a restarted trainer most likely sends the same
-        # formats, so its first version waits for them too (a worker left waiting for one it no longer sends gets
-        # its next version: see candidates below)
+        # what the old session sent of each model's last version: a restarted trainer most likely
+        # sends the same formats, so its first version waits for them too (a worker left waiting for
+        # one it no longer sends gets its next version: see candidates below)
         self._expected = {name: m.started[max(m.started)] for name, m in self.models.items() if m.started}
         self.models = {}
         self._refused_models = set()
@@ -207,17 +218,19 @@ class WeightCache:
         """The trainer is gone: versions it did not finish are abandoned."""
         for model in self.models.values():
             for fmt, full in model.fulls.items():
-                full.abandon_unfinished(f"its trainer left after {len(full.parts)} of {full.nparts} parts")
+                full.abandon_unfinished(f"its trainer left after "
+                                        f"{len(full.parts)} of {full.nparts} parts")
                 chain = model.deltas[fmt]
                 if chain.arriving is not None:
-                    chain.arriving.clear()  # stale for a worker streaming it: it is sent something else
+                    # stale for a worker streaming it: it is sent something else
+                    chain.arriving.clear()
                     chain.arriving = None
 
     def add(self, version: int, part: int, parts: int, offset: int, nbytes: int, size: int,
             frames: list[Any], layout: list[Any], fields: dict[str, Any] | None = None) -> str | None:
-        """Cache one part (``size`` bytes of a ``nbytes`` encoding, at ``offset``) of the model, format and base that
-        ``fields`` name (the WEIGHTS body: absent, "policy" in float32, full); returns what was wrong, if anything.
-        ``layout`` is the part's ``body["layout"]``."""
+        """Cache one part (``size`` bytes of a ``nbytes`` encoding, at ``offset``) of the model,
+        format and base that ``fields`` name (the WEIGHTS body: absent, "policy" in float32, full);
+        returns what was wrong, if anything. ``layout`` is the part's ``body["layout"]``."""
         fields = fields or {}
         name, fmt, base = fields.get("model", "policy"), fields.get("format", "float32"), fields.get("base")
         model = self.models.get(name)
@@ -225,29 +238,34 @@ class WeightCache:
             if len(self.models) >= MAX_MODELS:
                 if name not in self._refused_models:
                     self._refused_models.add(name)
-                    log.error("weights of model %r refused: the trainer already sends %d models (%s), the most a "
-                              "server keeps (MAX_MODELS); publish fewer models", name, MAX_MODELS,
+                    log.error("weights of model %r refused: the trainer already sends %d models "
+                              "(%s), the most a server keeps (MAX_MODELS); publish fewer models",
+                              name, MAX_MODELS,
                               ", ".join(self.models))
-                return LoggedProblem(f"weights of model {name!r}: over {MAX_MODELS} models (MAX_MODELS)")
+                return LoggedProblem(f"weights of model {name!r}: over "
+                                     f"{MAX_MODELS} models (MAX_MODELS)")
             if part != 0:
                 return f"weights of model {name!r} v{version} part {part} arrived out of order"
             model = ModelCache(name, self.max_bytes)
             if name in self._expected:
-                model.started[-1] = {key for key in self._expected[name] if not key[1]}  # (no delta starts one)
+                # (no delta starts one)
+                model.started[-1] = {key for key in self._expected[name] if not key[1]}
         problem = model.add(fmt, base, version, part, parts, offset, nbytes, size, frames, layout, fields)
-        if model.fulls and name not in self.models:  # (a model whose first part was refused is not kept)
+        # (a model whose first part was refused is not kept)
+        if model.fulls and name not in self.models:
             self.models[name] = model
         if model.complete_version > self.newest.get(name, -1):
             self.newest[name] = model.complete_version
         return problem
 
-    # -- the workers' side ------------------------------------------------------------------------------------------
+    # -- the workers' side -------------------------------------------------------------------------
     def stream(self, worker: Peer, send: Callable[[list[Any]], bool]) -> int:
-        """Send ``worker`` the parts of each model's next message it lacks, as far as they have arrived, the model with
-        the fewest bytes left first (a small model never waits behind a big one's parts).
+        """Send ``worker`` the parts of each model's next message it lacks, as far as they
+        have arrived, the model with the fewest bytes left first (a small model never waits
+        behind a big one's parts).
 
-        ``send`` returns False when the worker's queue is full; the next call resumes where this one stopped.
-        Returns how many messages this call completed for the worker."""
+        ``send`` returns False when the worker's queue is full; the next call resumes where this one
+        stopped. Returns how many messages this call completed for the worker."""
         done, progressed = 0, True
         while progressed:  # a message completed: the next may follow it at once (a pipelined delta)
             progressed = False
@@ -273,7 +291,8 @@ class WeightCache:
         return done
 
     def describe(self) -> dict[str, Any]:
-        """--status: per model, its newest version and the formats and deltas cached, with their bytes."""
+        """--status: per model, its newest version and the formats and deltas
+        cached, with their bytes."""
         return {name: model.describe() for name, model in self.models.items()}
 
 
@@ -290,7 +309,8 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
     if name not in worker.wants:
         if not st.refused_logged:
             st.refused_logged = True
-            log.info("%s is not sent model %r: it has no target for it (its models: %s)", worker.label, name,
+            log.info("%s is not sent model %r: it has no target for it (its models: %s)",
+                     worker.label, name,
                      ", ".join(worker.wants))
         return None
     ways = candidates(model, st.ahead, worker.decodes)
@@ -299,26 +319,31 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
     if not ways and st.holds is None and model.fulls and not st.refused_logged:
         if not any(f in model.fulls for f in worker.decodes):
             st.refused_logged = True
-            log.warning("%s is not sent model %r: it decodes none of its formats (the trainer sends %s; the "
-                        "worker decodes %s)", worker.label, name, ", ".join(model.fulls),
+            log.warning("%s is not sent model %r: it decodes none of its "
+                        "formats (the trainer sends %s; the worker decodes %s)",
+                        worker.label, name, ", ".join(model.fulls),
                         ", ".join(worker.decodes))
     pick = choose(ways, worker.link.rate, model.budget_s)
     if pick is None:
         return None
     if st.inflight:
         if (pick.base, pick.format) != (st.inflight[-1].version, st.inflight[-1].format):
-            return None  # only a delta on the newest in flight may follow it before its ACK: the rest waits for them
+            # only a delta on the newest in flight may follow it before its ACK:
+            # the rest waits for them
+            return None
         if not drains_in_time(st, worker.link.rate, model.budget_s):
-            return None  # a queue behind a slow link would hold old versions: the newest goes after the ACKs
+            # a queue behind a slow link would hold old versions: the newest goes after the ACKs
+            return None
     st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
     st.ever_sent = True
     return st.streaming
 
 
 def drains_in_time(st: WorkerModel, rate: float | None, budget_s: float | None) -> bool:
-    """Whether the link carries what is in flight to the worker within the budget, so that a delta may queue behind
-    it. Behind a link that cannot keep up (float32 deltas of 3 MB at 10 Mbit/s), pipelined deltas would queue up and
-    the worker would only ever get old versions; waiting for the ACKs lets it skip to the newest instead."""
+    """Whether the link carries what is in flight to the worker within the budget, so that a delta
+    may queue behind it. Behind a link that cannot keep up (float32 deltas of 3 MB at 10 Mbit/s),
+    pipelined deltas would queue up and the worker would only ever get old versions; waiting for the
+    ACKs lets it skip to the newest instead."""
     queued = sum(sent.nbytes for sent in st.inflight)
     if queued <= MIN_RATE_BYTES:  # too little to hold a newer version back for long, on any link
         return True
@@ -327,9 +352,9 @@ def drains_in_time(st: WorkerModel, rate: float | None, budget_s: float | None) 
 
 
 def candidates(model: ModelCache, holds: tuple[str, int] | None, decodes: list[str]) -> list[Candidate] | None:
-    """Ways to bring a worker holding ``holds`` (format, version; None: unknown) to the newest version it can decode
-    ([]: nothing newer; None: wait, an encoding the trainer sent for the previous version has not started for this
-    one yet)."""
+    """Ways to bring a worker holding ``holds`` (format, version; None: unknown) to the newest
+    version it can decode ([]: nothing newer; None: wait, an encoding the trainer sent for the
+    previous version has not started for this one yet)."""
     fmts = [f for f in decodes if f in model.fulls and model.fulls[f].parts]
     if not fmts:
         return []
@@ -339,7 +364,8 @@ def candidates(model: ModelCache, holds: tuple[str, int] | None, decodes: list[s
     previous = max((v for v in model.started if v < version), default=None)
     if previous is not None:
         started = model.started.get(version, set())
-        for fmt, delta in model.started[previous]:  # the trainer sends them together: a better one is coming
+        # the trainer sends them together: a better one is coming
+        for fmt, delta in model.started[previous]:
             relevant = fmt in decodes and (not delta or (holds is not None and holds[0] == fmt))
             if relevant and (fmt, delta) not in started:
                 return None

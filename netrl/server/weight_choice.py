@@ -1,26 +1,31 @@
-"""What the server sends each worker of each model: what the worker holds, what is on its way, and the choice between
-a model's cached encodings (netrl.server.weight_cache holds them).
+"""What the server sends each worker of each model: what the worker holds, what is on its way, and
+the choice between a model's cached encodings (netrl.server.weight_cache holds them).
 
-Per worker and per model, :class:`WorkerModel` keeps the (format, version) the worker acknowledged (unknown after a
-``need_full`` ACK or a new trainer session), the messages sent completely but not acknowledged yet (oldest first), and
-the one whose parts are being sent. Deltas are pipelined: while messages of a model are in flight to a worker, the next
-one may go when it is a delta whose base is the newest in flight, in the same format (the worker receives them in order
-over one connection and applies each to the version it just took), at most :data:`MAX_PIPELINE` messages of a model sent
-or being sent and not acknowledged, and only while what is in flight is under :data:`MIN_RATE_BYTES` or the worker's
-measured link rate carries it within the budget (behind a link that cannot keep up, queued deltas would only ever bring
-old versions: the newest then goes after the ACKs, as a chain or in full); a full version waits for every ACK (sent
-behind a delta it would waste the link). So a chain ``b -> ... -> v`` streams back to back, not one delta per round
-trip. ACKs come in order: each must match the oldest message in flight. A ``need_full`` ACK drops everything in flight
-(the deltas behind it cannot apply either): their ACKs, each a ``need_full`` too, are expected and ignored. Models are
-independent: a big policy streaming to a slow worker never holds back a small model's next version.
+Per worker and per model, :class:`WorkerModel` keeps the (format, version) the worker acknowledged
+(unknown after a ``need_full`` ACK or a new trainer session), the messages sent completely but not
+acknowledged yet (oldest first), and the one whose parts are being sent. Deltas are pipelined: while
+messages of a model are in flight to a worker, the next one may go when it is a delta whose base is
+the newest in flight, in the same format (the worker receives them in order over one connection and
+applies each to the version it just took), at most :data:`MAX_PIPELINE` messages of a model sent or
+being sent and not acknowledged, and only while what is in flight is under :data:`MIN_RATE_BYTES` or
+the worker's measured link rate carries it within the budget (behind a link that cannot keep
+up, queued deltas would only ever bring old versions: the newest then goes after the ACKs, as a
+chain or in full); a full version waits for every ACK (sent behind a delta it would waste the
+link). So a chain ``b -> ... -> v`` streams back to back, not one delta per round trip. ACKs come in
+order: each must match the oldest message in flight. A ``need_full`` ACK drops everything in
+flight (the deltas behind it cannot apply either): their ACKs, each a ``need_full`` too, are
+expected and ignored. Models are independent: a big policy streaming to a slow worker never holds
+back a small model's next version.
 
-:func:`choose` picks between the candidates of the newest version (one per format the worker decodes, each either a
-full encoding or the delta chain from the version the worker holds, or will hold once what is in flight arrives):
-the only one; or, with several (``auto``), the lowest ``rank`` (fidelity order, 0 = exact) whose bytes reach the
-worker within ``budget_s`` at its measured link rate, else the one with the fewest bytes; the fewest bytes too while
-the rate is unknown. :class:`LinkRate` measures the rate from complete versions of at least :data:`MIN_RATE_BYTES`:
-bytes / (ACK time - time its first part was sent, or the time the message before it was acknowledged if later: a
-pipelined message's wait behind the one before is no slowness of the link), smoothed (EWMA 0.5).
+:func:`choose` picks between the candidates of the newest version (one per format the worker
+decodes, each either a full encoding or the delta chain from the version the worker holds, or will
+hold once what is in flight arrives): the only one; or, with several (``auto``), the lowest ``rank``
+(fidelity order, 0 = exact) whose bytes reach the worker within ``budget_s`` at its measured
+link rate, else the one with the fewest bytes; the fewest bytes too while the rate is unknown.
+:class:`LinkRate` measures the rate from complete versions of at least :data:`MIN_RATE_BYTES`:
+bytes / (ACK time - time its first part was sent, or the time the message before it was
+acknowledged if later: a pipelined message's wait behind the one before is no slowness of
+the link), smoothed (EWMA 0.5).
 """
 
 from __future__ import annotations
@@ -31,17 +36,21 @@ from typing import Any
 __all__ = ["DEFAULT_BUDGET_S", "MAX_PIPELINE", "MIN_RATE_BYTES", "Candidate", "LinkRate", "Sent", "WorkerModel",
            "choose"]
 
-MIN_RATE_BYTES = 64 << 10  # smaller versions say more about the round trip than about the link's rate
+# smaller versions say more about the round trip than about the link's rate
+MIN_RATE_BYTES = 64 << 10
 RATE_EWMA = 0.5
-DEFAULT_BUDGET_S = 1.0  # network.weight_budget_s's default, for a trainer that sends several formats without one
+DEFAULT_BUDGET_S = 1.0  # network.weight_budget_s's default, for a trainer that sends several
+                        # formats without one
 MAX_PIPELINE = 4  # messages of a model sent (or being sent) to a worker and not acknowledged yet
-MAX_DROPPED = 64  # (format, version)s dropped from a pipeline whose ACKs are still awaited, per worker and model
+MAX_DROPPED = 64  # (format, version)s dropped from a pipeline whose ACKs are still awaited,
+                  # per worker and model
 
 
 @dataclass
 class Sent:
-    """One message of a model on its way to a worker: ``encoding`` (netrl.server.weight_cache.Encoding) holds its
-    parts; it is stale once that encoding holds another version (a newer one preempts it, as it always did)."""
+    """One message of a model on its way to a worker: ``encoding``
+    (netrl.server.weight_cache.Encoding) holds its parts; it is stale once that encoding holds
+    another version (a newer one preempts it, as it always did)."""
 
     version: int
     format: str
@@ -65,9 +74,11 @@ class WorkerModel:
     """One model at one worker."""
 
     holds: tuple[str, int] | None = None  # (format, version) it acknowledged; None: unknown
-    inflight: list[Sent] = field(default_factory=list)  # sent completely, not acknowledged yet: oldest first
+    inflight: list[Sent] = field(default_factory=list)  # sent completely, not acknowledged yet:
+                                                        # oldest first
     streaming: Sent | None = None  # its parts being sent
-    dropped: dict[tuple[str, int], None] = field(default_factory=dict)  # dropped from the pipeline: ACKs ignored
+    # dropped from the pipeline: ACKs ignored
+    dropped: dict[tuple[str, int], None] = field(default_factory=dict)
     acked_at: float = 0.0  # monotonic time of its last ACK
     ever_sent: bool = False  # an ACK of a model never sent is refused
     refused_logged: bool = False  # "not streamed to it" logged once per (worker, model)
@@ -83,12 +94,14 @@ class WorkerModel:
 
     @property
     def ahead(self) -> tuple[str, int] | None:
-        """The (format, version) it will hold once what is in flight is acknowledged (that it holds without)."""
+        """The (format, version) it will hold once what is in flight is acknowledged
+        (that it holds without)."""
         return (self.inflight[-1].format, self.inflight[-1].version) if self.inflight else self.holds
 
     def drop_inflight(self) -> None:
-        """A ``need_full`` ACK of the oldest in flight: the rest cannot apply, so their ACKs (need_full) are expected
-        and ignored; a message half sent is abandoned (the worker never acknowledges a message it lacks parts of)."""
+        """A ``need_full`` ACK of the oldest in flight: the rest cannot apply, so their ACKs
+        (need_full) are expected and ignored; a message half sent is abandoned (the worker never
+        acknowledges a message it lacks parts of)."""
         for sent in self.inflight[1:]:
             self.dropped[(sent.format, sent.version)] = None
         while len(self.dropped) > MAX_DROPPED:  # (a worker that never acknowledges them)
@@ -106,7 +119,8 @@ class WorkerModel:
 
 @dataclass
 class LinkRate:
-    """A worker's measured link rate in bytes/s (None until a version of at least MIN_RATE_BYTES came back ACKed)."""
+    """A worker's measured link rate in bytes/s (None until a version of at least
+    MIN_RATE_BYTES came back ACKed)."""
 
     rate: float | None = None
     samples: int = 0
@@ -121,8 +135,9 @@ class LinkRate:
 
 @dataclass(order=True)
 class Candidate:
-    """One way to bring a worker to the newest version in ``format``: ``first`` is the next message to send (the full
-    encoding, or the first delta of the chain); ``nbytes`` counts the whole way (every delta of a chain)."""
+    """One way to bring a worker to the newest version in ``format``: ``first`` is the next
+    message to send (the full encoding, or the first delta of the chain); ``nbytes`` counts the
+    whole way (every delta of a chain)."""
 
     rank: int
     format: str

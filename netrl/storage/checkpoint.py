@@ -1,19 +1,25 @@
-"""Trainer checkpoints under ``<run_dir>/checkpoint/``: tensors in a torch file, everything else in JSON.
+"""Trainer checkpoints under ``<run_dir>/checkpoint/``: tensors in a torch
+file, everything else in JSON.
 
 ::
 
-    checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy coefficient
-    checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state, config
+    checkpoint/agent_000007.pt      agent.state_dict(): model, target networks, optimisers, entropy
+                                    coefficient
+    checkpoint/state_000007.json    counters, weight version, sample-log position, delivery state,
+                                    config
     checkpoint/CURRENT              {"number": 7}: the newest complete checkpoint
-    checkpoint/PUBLISHED            {"version": 93, "models": {"obs_norm": 12}}: the newest weight version this run
-                                    has sent out, and that of each further model (netrl.protocol.models)
+    checkpoint/PUBLISHED            {"version": 93, "models": {"obs_norm": 12}}: the newest weight
+                                    version this run has sent out, and that of each further model
+                                    (netrl.protocol.models)
 
-A checkpoint is written file by file and becomes current only when ``CURRENT`` is atomically replaced, so a crash
-mid-save leaves the previous checkpoint intact. Tensors are loaded with ``torch.load(weights_only=True)``; nothing is
-pickled. The replay memory itself is rebuilt from the trainer's sample log (see :mod:`netrl.trainer.delivery`).
+A checkpoint is written file by file and becomes current only when ``CURRENT`` is atomically
+replaced, so a crash mid-save leaves the previous checkpoint intact. Tensors are loaded with
+``torch.load(weights_only=True)``; nothing is pickled. The replay memory itself is rebuilt from the
+trainer's sample log (see :mod:`netrl.trainer.delivery`).
 
-``PUBLISHED`` is replaced before each weight version leaves the trainer, so a restarted trainer numbers after every
-version a worker or the server may still hold, even when the server restarted too and forgot them.
+``PUBLISHED`` is replaced before each weight version leaves the trainer, so a restarted trainer
+numbers after every version a worker or the server may still hold, even when the server
+restarted too and forgot them.
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ def exists(run_dir: Path) -> bool:
 
 
 def nonfinite_entries(state: Any, prefix: str = "") -> list[str]:
-    """Key paths of the floating-point tensors in a nested dict/list ``state`` that hold a NaN or an infinity."""
+    """Key paths of the floating-point tensors in a nested dict/list ``state`` that
+    hold a NaN or an infinity."""
     if isinstance(state, torch.Tensor):
         finite = not (state.is_floating_point() or state.is_complex()) or bool(torch.isfinite(state).all())
         return [] if finite else [prefix or "(the tensor)"]
@@ -76,13 +83,14 @@ def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str,
     """Write a new checkpoint and make it current; returns the state file's path.
 
     Raises:
-        CheckpointError: the agent's state holds a NaN or an infinity (nothing is written: a restart would resume
-            from the poison).
+        CheckpointError: the agent's state holds a NaN or an infinity (nothing is written: a restart
+            would resume from the poison).
     """
     bad = nonfinite_entries(agent_state)
     if bad:
-        raise CheckpointError(f"not saving a checkpoint: the agent's {_named(bad)} hold NaN or infinity; the previous "
-                              f"checkpoint in {_dir(run_dir)} is intact, and a restarted trainer resumes from it")
+        raise CheckpointError(f"not saving a checkpoint: the agent's {_named(bad)} hold NaN or "
+                              f"infinity; the previous checkpoint in {_dir(run_dir)} is "
+                              f"intact, and a restarted trainer resumes from it")
     folder = _dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     number = _current(folder) + 1
@@ -93,7 +101,8 @@ def save_checkpoint(run_dir: Path, agent_state: dict[str, Any], state: dict[str,
     _replace(folder / "state.tmp", state_file, fsync)
     _set_current(folder, number, fsync)
     for old in list(folder.glob("agent_*.pt")) + list(folder.glob("state_*.json")):
-        if int(old.stem.split("_")[1]) < number - 1:  # keep the previous one too, in case this one is damaged
+        # keep the previous one too, in case this one is damaged
+        if int(old.stem.split("_")[1]) < number - 1:
             old.unlink()
     return state_file
 
@@ -104,8 +113,8 @@ def _set_current(folder: Path, number: int, fsync: bool = False) -> None:
 
 
 def record_published(run_dir: Path, version: int, fsync: bool = False, models: dict[str, int] | None = None) -> None:
-    """Note ``version`` as the newest this run has published (before it is sent), and ``models``' newest versions of
-    the further models (each one's own counter). Raises OSError."""
+    """Note ``version`` as the newest this run has published (before it is sent), and ``models``'
+    newest versions of the further models (each one's own counter). Raises OSError."""
     folder = _dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "PUBLISHED.tmp").write_text(json.dumps({"version": version, **({"models": models} if models else {})}))
@@ -122,8 +131,9 @@ def published_version(run_dir: Path) -> int:
 
 
 def published_models(run_dir: Path) -> dict[str, int]:
-    """The newest version this run has published of each further model ({} when none is noted, as in a note an
-    older netrl wrote). Raises CheckpointError when the note is unreadable."""
+    """The newest version this run has published of each further model ({} when
+    none is noted, as in a note an older netrl wrote). Raises CheckpointError when
+    the note is unreadable."""
     return _published(run_dir)[1]
 
 
@@ -135,9 +145,10 @@ def _published(run_dir: Path) -> tuple[int, dict[str, int]]:
     except FileNotFoundError:
         return 0, {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{path} is unreadable ({exc}); it holds the newest weight version this run sent "
-                              "out. If no server or worker still holds this run's weights, remove it: versions then "
-                              "continue after the checkpoint's and the sample log's newest") from None
+        raise CheckpointError(f"{path} is unreadable ({exc}); it holds the newest weight "
+                              f"version this run sent out. If no server or worker still "
+                              f"holds this run's weights, remove it: versions then continue "
+                              f"after the checkpoint's and the sample log's newest") from None
 
 
 def _current(folder: Path) -> int:
@@ -150,8 +161,9 @@ def _current(folder: Path) -> int:
         why = f"{pointer} is unreadable ({exc})"
     numbers = _complete(folder)
     if not numbers:
-        raise CheckpointError(f"{why}, and {folder} holds no complete checkpoint: remove {pointer} to start this "
-                              "run afresh (the sample log is kept and replayed)") from None
+        raise CheckpointError(f"{why}, and {folder} holds no complete checkpoint: "
+                              f"remove {pointer} to start this run afresh (the "
+                              f"sample log is kept and replayed)") from None
     log.warning("%s: using checkpoint %d, the newest whose files are all there", why, numbers[-1])
     return numbers[-1]
 
@@ -167,7 +179,8 @@ def _complete(folder: Path) -> list[int]:
 
 
 class _Unreadable(CheckpointError):
-    """A checkpoint file that cannot be read: damaged, so an older checkpoint may stand in for it."""
+    """A checkpoint file that cannot be read: damaged, so an older checkpoint
+    may stand in for it."""
 
 
 def _read(folder: Path, number: int, tensors: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -179,7 +192,8 @@ def _read(folder: Path, number: int, tensors: bool) -> tuple[dict[str, Any], dic
         raise _Unreadable(f"cannot read {state_file}: {exc}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"{state_file} has format {found!r}; this netrl reads format {FORMAT}")
+        raise CheckpointError(f"{state_file} has format {found!r}; "
+                              f"this netrl reads format {FORMAT}")
     if not tensors:
         return {}, state
     try:
@@ -193,8 +207,9 @@ def _read(folder: Path, number: int, tensors: bool) -> tuple[dict[str, Any], dic
 
 
 def _load(run_dir: Path, tensors: bool) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-    """(number, agent_state, state) of the current checkpoint, or of the newest older one that reads when the
-    current one is damaged (save_checkpoint keeps the previous checkpoint for this); None when there is none."""
+    """(number, agent_state, state) of the current checkpoint, or of the newest older one that
+    reads when the current one is damaged (save_checkpoint keeps the previous checkpoint for
+    this); None when there is none."""
     folder = _dir(run_dir)
     number = _current(folder)
     if number == 0:
@@ -208,21 +223,25 @@ def _load(run_dir: Path, tensors: bool) -> tuple[int, dict[str, Any], dict[str, 
             got = _read(folder, older, tensors)
         except _Unreadable:
             continue
-        log.warning("%s: resuming from checkpoint %d, the one before it; the training since then is done again",
+        log.warning("%s: resuming from checkpoint %d, the one before "
+                    "it; the training since then is done again",
                     damaged, older)
-        if tensors:  # the trainer resumes from it: the next save replaces the damaged one, and keeps this one
+        # the trainer resumes from it: the next save replaces the damaged one, and keeps this one
+        if tensors:
             try:
                 _set_current(folder, older)
             except OSError as exc:
-                log.warning("could not make checkpoint %d current in %s (%s): the next save keeps the damaged "
-                            "checkpoint as the one before it", older, folder, exc)
+                log.warning("could not make checkpoint %d current in %s (%s): the next save keeps "
+                            "the damaged checkpoint as the one before it", older, folder, exc)
         return older, *got
-    raise CheckpointError(f"{damaged}, and no older checkpoint in {folder} reads either: remove {folder / 'CURRENT'} "
-                          "to start this run afresh (the sample log is kept and replayed)")
+    raise CheckpointError(f"{damaged}, and no older checkpoint in {folder} reads "
+                          f"either: remove {folder / 'CURRENT'} to start this "
+                          f"run afresh (the sample log is kept and replayed)")
 
 
 def load_state(run_dir: Path) -> dict[str, Any] | None:
-    """The current checkpoint's state (counters, epoch, config...) without its tensors, or None when there is none.
+    """The current checkpoint's state (counters, epoch, config...) without its tensors, or
+    None when there is none.
 
     Raises:
         CheckpointError: no checkpoint's state reads, or it is from an incompatible format.
@@ -232,8 +251,8 @@ def load_state(run_dir: Path) -> dict[str, Any] | None:
 
 
 def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(agent_state, state) of the current checkpoint (or the previous one, with a warning, when the current one is
-    damaged), or None when there is none.
+    """(agent_state, state) of the current checkpoint (or the previous one, with a warning, when the
+    current one is damaged), or None when there is none.
 
     Raises:
         CheckpointError: no checkpoint reads, or it is from an incompatible format.
@@ -242,6 +261,7 @@ def load_checkpoint(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | No
     if got is None:
         return None
     number, agent_state, state = got
-    log.info("loaded checkpoint %d from %s (epoch %d, %d training steps, weights v%d)", number, _dir(run_dir),
+    log.info("loaded checkpoint %d from %s (epoch %d, %d training steps, weights v%d)",
+             number, _dir(run_dir),
              state["epoch"], state["total_updates"], state["version"])
     return agent_state, state

@@ -1,34 +1,29 @@
 """Append-only logs of messages on disk: the server's spool and the trainer's sample log.
 
-A log is a folder of numbered segment files. Each record holds one message's frames plus a small metadata map::
+A log is a folder of numbered segment files of records, each one message's frames plus a small
+metadata map, checksummed (:mod:`netrl.storage.records` draws their layout and reads them back).
 
-    record  = magic "NRL3" | crc32c (u32) | segment number (u32) | header length (u32) | data length (u64)
-              | header | data
-    header  = msgpack {"m": metadata, "l": [length of each frame]}
-    data    = the frames, concatenated
+Opening a log scans the last segment and cuts a torn tail, which is what a crash mid-write leaves (a
+damaged last record is cut too, with a warning; a last segment of another netrl log format is moved
+aside whole, as ``*.seg.foreign``). Damage anywhere else (a flipped byte, a missing segment file, an
+intact record whose metadata the log's owner cannot use) loses only the records it touches: readers
+skip to the next valid record and a warning names the file and the bytes lost, once per damaged
+stretch. Nothing in a damaged file is cut or rewritten. Records are written with one ``writev`` and
+no copy of the data, so a killed process loses nothing it appended; ``fsync=True`` also survives a
+power cut, at a cost.
 
-The CRC (CRC-32C, computed in hardware) covers the segment number, header and data. Opening a log scans the last
-segment and cuts a torn tail, which is what a crash mid-write leaves (a damaged last record is cut too, with a
-warning; a last segment of another netrl log format is moved aside whole, as ``*.seg.foreign``). Damage anywhere
-else (a flipped byte, a missing segment file, an intact record whose metadata the log's owner cannot use) loses only
-the records it touches: readers skip to the next valid record and a warning names the file and the bytes lost, once
-per damaged stretch. Nothing in a damaged file is cut or rewritten.
-Records are written with one ``writev`` and no copy of the data, so a killed process loses nothing it appended;
-``fsync=True`` also survives a power cut, at a cost.
-
-Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and overwritten
-in place as a later segment, because writing into pages the page cache already holds is several times faster
-than into fresh ones (on this project's VMs, 2-10 GB/s against 370 MB/s). A recycled file still holds its old
-records past the new ones; each record names its segment, so an old record never passes for a new one.
+Segments are recycled: a dropped segment file is kept (as ``*.free``, up to ``recycle`` of them) and
+overwritten in place as a later segment, because writing into pages the page cache already holds is
+several times faster than into fresh ones (on this project's VMs, 2-10 GB/s against 370 MB/s). A
+recycled file still holds its old records past the new ones; each record names its segment, so an
+old record never passes for a new one.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import mmap
 import os
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,17 +32,23 @@ import crc32c
 import msgpack
 
 from netrl.storage.folderlock import make_folder, sync_folder
+from netrl.storage.records import (
+    DAMAGED,
+    FOREIGN,
+    HEAD,
+    MAGIC,
+    MAX_SEGMENT,
+    SEG,
+    TORN,
+    next_record,
+    other_format,
+    read_record,
+    renumbered,
+)
 
 __all__ = ["Position", "Record", "SegmentLog", "check_meta"]
 
 log = logging.getLogger(__name__)
-
-MAGIC = b"NRL3"
-_HEAD = struct.Struct("<4sIIIQ")
-_SEG = struct.Struct("<I")
-_MAX_HEADER = 1 << 20
-_MAX_SEGMENT = 2**32 - 1  # the header's u32
-
 
 class Position(NamedTuple):
     """Where a record starts: (segment number, byte offset). Orders like the log."""
@@ -70,29 +71,37 @@ class SegmentLog:
                  readonly: bool = False, recycle: int = 4, what: str = "log folder",
                  meta_check: Callable[[Any], str | None] | None = None) -> None:
         self.dir = Path(directory)
-        # what is wrong with a record's metadata (None: nothing): an intact record the owner cannot use (another
-        # version's, or not its own) is skipped and reported like damage instead of failing the reader
+        # what is wrong with a record's metadata (None: nothing): an intact record the owner
+        # cannot use (another version's, or not its own) is skipped and reported like damage
+        # instead of failing the reader
         self.meta_check = meta_check
-        self._strays: set[str] = set()  # *.seg files whose names this log never writes, already warned about
+        # *.seg files whose names this log never writes, already warned about
+        self._strays: set[str] = set()
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self.recycle = recycle  # dropped segment files kept for reuse
-        self.readonly = readonly  # for inspecting a log another process writes: never repairs, stops at a torn tail
+        self.readonly = readonly  # for inspecting a log another process writes: never repairs,
+                                  # stops at a torn tail
         if not readonly:
             make_folder(self.dir, what)
         self._file: int | None = None  # the current segment's descriptor, positioned at ``_end``
         self._segments: list[int] | None = None  # cached listing; this log is the only writer
-        self._reported: set[Position] = set()  # damaged stretches already warned about, by where they start
-        self.damaged = 0  # damaged stretches and missing files found so far: a reader's totals may need a recount
+        self._reported: set[Position] = set()  # damaged stretches already warned about, by
+                                               # where they start
+        self.damaged = 0  # damaged stretches and missing files found so far: a reader's
+                          # totals may need a recount
         segments = self.segments()
         gaps = [(low + 1, high - 1) for low, high in itertools.pairwise(segments) if high > low + 1]
-        if gaps:  # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+        # segments are only ever dropped from the start, so a gap is a file lost or deleted by hand
+        if gaps:
             names = [", ".join(self._path(s).name for s in range(first, last + 1)) if last - first < 3
                      else f"{self._path(first).name} to {self._path(last).name}" for first, last in gaps]
-            log.warning("%s: segment files %s are missing between %s and %s: the records they held are lost",
+            log.warning("%s: segment files %s are missing between %s and "
+                        "%s: the records they held are lost",
                         self.dir, ", ".join(names), self._path(segments[0]).name, self._path(segments[-1]).name)
         self._segment = segments[-1] if segments else 1
-        if not segments and not readonly:  # numbers start again at 1: a free file's old records could carry them
+        # numbers start again at 1: a free file's old records could carry them
+        if not segments and not readonly:
             for free in self.dir.glob("*.free"):
                 free.unlink()
         if readonly:
@@ -100,7 +109,7 @@ class SegmentLog:
         else:
             self._end = self._repair(self._segment) if segments else 0
 
-    # -- files ----------------------------------------------------------------------------------------------
+    # -- files -------------------------------------------------------------------------------------
     def _path(self, segment: int) -> Path:
         return self.dir / f"{segment:08d}.seg"
 
@@ -109,29 +118,30 @@ class SegmentLog:
             found = []
             for path in self.dir.glob("*.seg"):
                 number = int(path.stem) if path.stem.isdigit() else -1
-                if 0 < number <= _MAX_SEGMENT and path.name == self._path(number).name:
+                if 0 < number <= MAX_SEGMENT and path.name == self._path(number).name:
                     found.append(number)
                 elif path.name not in self._strays:
                     self._strays.add(path.name)
-                    log.warning("%s: ignoring %s, not a segment file name this log writes (%s to %s)", self.dir,
-                                path.name, self._path(1).name, self._path(_MAX_SEGMENT).name)
+                    log.warning("%s: ignoring %s, not a segment file name "
+                                "this log writes (%s to %s)", self.dir,
+                                path.name, self._path(1).name, self._path(MAX_SEGMENT).name)
             self._segments = sorted(found)
         return list(self._segments)
 
     def _repair(self, segment: int) -> int:
-        """Return the end of the last valid record of ``segment``, truncating anything after it. Damage with valid
-        records after it is skipped (and reported), not cut."""
+        """Return the end of the last valid record of ``segment``, truncating anything after it.
+        Damage with valid records after it is skipped (and reported), not cut."""
         path = self._path(segment)
         size = path.stat().st_size
         end = 0
         problem = TORN
         with path.open("rb") as f:
             while end < size:
-                parsed = _read_record(f, end, segment, size)
+                parsed = read_record(f, end, segment, size)
                 if isinstance(parsed, tuple):
                     end = parsed[0]
                     continue
-                after = _next_record(f, end, segment, size)
+                after = next_record(f, end, segment, size)
                 if after is None:
                     problem = parsed
                     break
@@ -140,30 +150,34 @@ class SegmentLog:
         if end < size:
             why = "fails its checksum"
             with path.open("rb") as f:
-                if problem == FOREIGN and _renumbered(f, end, segment, size):
+                if problem == FOREIGN and renumbered(f, end, segment, size):
                     problem, why = DAMAGED, "has a damaged magic or segment number"
-                other = _other_format(f, end)
+                other = other_format(f, end)
             if end == 0 and other:  # the whole file: another netrl version's log, kept for it
                 aside = path.with_name(path.name + ".foreign")
                 os.replace(path, aside)
                 self._segments = None
-                log.warning("%s holds records of another netrl log format (%r, this version writes %r), which this "
-                            "version cannot read: moved aside to %s, untouched", path, other, MAGIC, aside.name)
+                log.warning("%s holds records of another netrl log format (%r, this version writes "
+                            "%r), which this version cannot read: moved aside to %s, untouched",
+                            path, other, MAGIC, aside.name)
                 return 0
             if problem == DAMAGED:  # acknowledged once, so its loss is reported
-                log.warning("%s: the last record, at offset %d, %s (damaged on disk, or a write cut short by a "
-                            "crash): its %d bytes are dropped and the records in them lost", path, end, why,
+                log.warning("%s: the last record, at offset %d, %s (damaged on "
+                            "disk, or a write cut short by a crash): its %d bytes are "
+                            "dropped and the records in them lost", path, end, why,
                             size - end)
             else:
-                log.info("%s: cut %d bytes after the last record (a torn write, or a recycled file's old records)",
+                log.info("%s: cut %d bytes after the last record (a "
+                         "torn write, or a recycled file's old records)",
                          path, size - end)
             with path.open("r+b") as f:
                 f.truncate(end)
         return end
 
     def _report(self, start: Position, resume: int, what: str | None = None) -> None:
-        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable record (or, with
-        ``what``, a record it describes); a ``start`` offset of -1 stands for the whole file, deleted while in use."""
+        """Warn (once) that the bytes from ``start`` to ``resume`` in its segment hold no readable
+        record (or, with ``what``, a record it describes); a ``start`` offset of -1 stands for the
+        whole file, deleted while in use."""
         if start in self._reported:
             return
         self._reported.add(start)
@@ -172,11 +186,13 @@ class SegmentLog:
         if start.offset < 0:
             log.warning("%s was deleted while in use: the records it held are lost", path)
         elif what is not None:
-            log.warning("%s %s at offset %d: its %d bytes are skipped and the samples in them lost", path, what,
+            log.warning("%s %s at offset %d: its %d bytes are skipped and the samples in them lost",
+                        path, what,
                         start.offset, resume - start.offset)
         else:
-            log.warning("%s is damaged from offset %d to %d: the records in those %d bytes are lost and skipped; "
-                        "the records around them are read as usual", path, start.offset, resume,
+            log.warning("%s is damaged from offset %d to %d: the records in those %d bytes "
+                        "are lost and skipped; the records around them are read as usual",
+                        path, start.offset, resume,
                         resume - start.offset)
 
     def end(self) -> Position:
@@ -187,8 +203,8 @@ class SegmentLog:
         return Position(segments[0] if segments else self._segment, 0)
 
     def starts_record(self, position: Position) -> bool:
-        """True if a record (even a damaged one) starts at ``position``, or it is the end of a segment: a place a
-        reader can start from."""
+        """True if a record (even a damaged one) starts at ``position``, or it is the end of a
+        segment: a place a reader can start from."""
         if position == self.end():
             return True
         if position.segment not in self.segments():
@@ -198,7 +214,7 @@ class SegmentLog:
         if position.offset in (0, size):
             return True
         with path.open("rb") as f:
-            found = _read_record(f, position.offset, position.segment, size)
+            found = read_record(f, position.offset, position.segment, size)
         return isinstance(found, tuple) or found == DAMAGED
 
     def size_bytes(self, since: Position | None = None) -> int:
@@ -211,7 +227,7 @@ class SegmentLog:
             total += size - (since.offset if since is not None and seg == since.segment else 0)
         return total
 
-    # -- writing ----------------------------------------------------------------------------------------------
+    # -- writing -----------------------------------------------------------------------------------
     def append(self, frames: Sequence[Any], meta: dict[str, Any]) -> Position:
         """Write one record and flush it; returns its position."""
         if self.readonly:
@@ -219,18 +235,19 @@ class SegmentLog:
         views = [memoryview(getattr(f, "buffer", f)).cast("B") for f in frames]
         header = msgpack.packb({"m": meta, "l": [v.nbytes for v in views]})
         data_len = sum(v.nbytes for v in views)
-        if self._end > 0 and self._end + _HEAD.size + len(header) + data_len > self.segment_bytes:
+        if self._end > 0 and self._end + HEAD.size + len(header) + data_len > self.segment_bytes:
             self._roll()
-        crc = crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(self._segment)))
+        crc = crc32c.crc32c(header, crc32c.crc32c(SEG.pack(self._segment)))
         for v in views:
             crc = crc32c.crc32c(v, crc)
         fd = self._open_current()
         pos = Position(self._segment, self._end)
-        parts = [_HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
+        parts = [HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         try:
             written = os.writev(fd, parts)
-            if written != total:  # a short write (rare: disk full, signals): finish it, or fail loudly
+            # a short write (rare: disk full, signals): finish it, or fail loudly
+            if written != total:
                 rest = b"".join(bytes(p) for p in parts)[written:]
                 while rest:
                     n = os.write(fd, rest)
@@ -246,25 +263,30 @@ class SegmentLog:
         return pos
 
     def _cut_back(self, fd: int) -> None:
-        """After a failed append (a full disk): drop what it wrote, so the next record starts where it should."""
+        """After a failed append (a full disk): drop what it wrote, so the next record
+        starts where it should."""
         try:  # shrinking a file needs no space, so this holds even on a full disk
             os.ftruncate(fd, self._end)
             os.lseek(fd, self._end, os.SEEK_SET)
         except OSError as exc:
-            log.error("could not cut a failed append off %s (%s): reopening it will cut the torn record",
+            log.error("could not cut a failed append off %s (%s): "
+                      "reopening it will cut the torn record",
                       self._path(self._segment), exc)
 
     def _open_current(self) -> int:
-        """The current segment's descriptor, opening it (a recycled file if one is free) at the end of its records."""
+        """The current segment's descriptor, opening it (a recycled file if one is free) at
+        the end of its records."""
         if self._file is None:
             path = self._path(self._segment)
             free = sorted(self.dir.glob("*.free"))
             new = not path.exists()
             if free and new:
-                os.replace(free[0], path)  # overwritten in place: its pages are already in the page cache
+                # overwritten in place: its pages are already in the page cache
+                os.replace(free[0], path)
             self._file = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             os.lseek(self._file, self._end, os.SEEK_SET)
-            if new and self.fsync:  # or a power cut could lose the new file's name, and every record in it
+            # or a power cut could lose the new file's name, and every record in it
+            if new and self.fsync:
                 sync_folder(self.dir)
             if self._segments is not None and self._segment not in self._segments:
                 self._segments.append(self._segment)
@@ -272,7 +294,8 @@ class SegmentLog:
 
     def _roll(self) -> None:
         if self._file is not None:
-            os.ftruncate(self._file, self._end)  # a closed segment ends at its last record, even a recycled one
+            # a closed segment ends at its last record, even a recycled one
+            os.ftruncate(self._file, self._end)
         self.close()
         self._segment += 1
         self._end = 0
@@ -282,7 +305,7 @@ class SegmentLog:
             os.close(self._file)
             self._file = None
 
-    # -- reading ----------------------------------------------------------------------------------------------
+    # -- reading -----------------------------------------------------------------------------------
     def read(self, since: Position | None = None, limit: int | None = None) -> Iterator[Record]:
         """Records from ``since`` (default: the start) to the end, in order, read one at a time."""
         count = 0
@@ -300,14 +323,15 @@ class SegmentLog:
                 continue
             with f:
                 while offset < size:
-                    parsed = _read_record(f, offset, seg, size)
+                    parsed = read_record(f, offset, seg, size)
                     if not isinstance(parsed, tuple):
-                        after = _next_record(f, offset, seg, size)
+                        after = next_record(f, offset, seg, size)
                         if after is None and self.readonly and seg == self._segment:
                             return  # the writer is mid-record
-                        other = _other_format(f, offset)
+                        other = other_format(f, offset)
                         self._report(Position(seg, offset), size if after is None else after,
-                                     f"holds records of another netrl log format ({other!r})" if other else None)
+                                     f"holds records of another netrl log "
+                                     f"format ({other!r})" if other else None)
                         if after is None:
                             break
                         offset = after
@@ -315,8 +339,8 @@ class SegmentLog:
                     nxt, meta, frames = parsed
                     problem = self.meta_check(meta) if self.meta_check is not None else None
                     if problem is not None:
-                        self._report(Position(seg, offset), nxt, f"holds a record this version of netrl cannot "
-                                     f"use ({problem})")
+                        self._report(Position(seg, offset), nxt,
+                                     f"holds a record this version of netrl cannot use ({problem})")
                         offset = nxt
                         continue
                     yield Record(Position(seg, offset), Position(seg, nxt), meta, frames)
@@ -326,8 +350,8 @@ class SegmentLog:
                     offset = nxt
 
     def drop_before(self, position: Position) -> int:
-        """Drop whole segments that end before ``position`` (kept for reuse, up to ``recycle`` files, else
-        deleted); returns how many were dropped."""
+        """Drop whole segments that end before ``position`` (kept for reuse, up to ``recycle``
+        files, else deleted); returns how many were dropped."""
         dropped = 0
         free = len(list(self.dir.glob("*.free")))
         for seg in self.segments():
@@ -343,21 +367,10 @@ class SegmentLog:
         return dropped
 
 
-def _next_record(f: Any, offset: int, segment: int, size: int) -> int | None:
-    """Where the first valid record of ``segment`` after ``offset`` starts (the end of a damaged stretch), or None
-    if none does before ``size`` (a torn or damaged tail)."""
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        start = data.find(MAGIC, offset + 1, size)
-        while start != -1:
-            if isinstance(_read_record(f, start, segment, size), tuple):
-                return start
-            start = data.find(MAGIC, start + 1, size)
-    return None
-
-
 def check_meta(meta: Any, required: dict[str, type], optional: dict[str, type] | None = None) -> str | None:
-    """What is wrong with a record's metadata for an owner that needs the ``required`` keys and may read the
-    ``optional`` ones, with these types (ints non-negative, never bools); None if nothing."""
+    """What is wrong with a record's metadata for an owner that needs the ``required``
+    keys and may read the ``optional`` ones, with these types (ints non-negative, never
+    bools); None if nothing."""
     if not isinstance(meta, dict):
         return f"its metadata is a {type(meta).__name__}, not a map"
     for key, kind in {**required, **(optional or {})}.items():
@@ -370,65 +383,3 @@ def check_meta(meta: Any, required: dict[str, type], optional: dict[str, type] |
             wanted = "a non-negative int" if kind is int else f"a {kind.__name__}"
             return f"its metadata's {key!r} is {value!r:.40}, not {wanted}"
     return None
-
-
-def _renumbered(f: Any, offset: int, segment: int, size: int) -> bool:
-    """True if the bytes at ``offset`` are a whole record of ``segment`` whose magic or segment number alone is
-    wrong (its checksum, which covers the segment number it was written with, matches ``segment``): damage, not a
-    recycled file's old record, which matches the segment number it names."""
-    f.seek(offset)
-    head = f.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        return False
-    _, crc, _, header_len, data_len = _HEAD.unpack(head)
-    if header_len > _MAX_HEADER or offset + _HEAD.size + header_len + data_len > size:
-        return False
-    rest = f.read(header_len + data_len)
-    return crc32c.crc32c(rest, crc32c.crc32c(_SEG.pack(segment))) == crc
-
-
-def _other_format(f: Any, offset: int) -> bytes | None:
-    """The magic of another netrl log format if a record of one starts at ``offset``, else None."""
-    f.seek(offset)
-    magic = f.read(len(MAGIC))
-    return magic if len(magic) == len(MAGIC) and magic[:3] == MAGIC[:3] and magic != MAGIC else None
-
-
-TORN = "torn"  # the record runs past the end of the file: a write cut short
-FOREIGN = "foreign"  # no record of this segment starts here: an old record of a recycled file, or garbage
-DAMAGED = "damaged"  # a whole record of this segment whose checksum or header is wrong
-
-
-def _read_record(f: Any, offset: int, segment: int,
-                 size: int) -> tuple[int, dict[str, Any], list[memoryview]] | str:
-    """(next offset, metadata, frames) of the record of ``segment`` at ``offset`` in a file of ``size`` bytes, or
-    why there is none: :data:`TORN`, :data:`FOREIGN` or :data:`DAMAGED`."""
-    f.seek(offset)
-    head = f.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        return TORN
-    magic, crc, seg, header_len, data_len = _HEAD.unpack(head)
-    if magic != MAGIC or seg != segment:
-        return FOREIGN
-    if header_len > _MAX_HEADER:
-        return DAMAGED
-    if offset + _HEAD.size + header_len + data_len > size:  # checked before reading: a damaged length can be huge
-        return TORN
-    header = f.read(header_len)
-    body = f.read(data_len)
-    if crc32c.crc32c(body, crc32c.crc32c(header, crc32c.crc32c(_SEG.pack(seg)))) != crc:
-        return DAMAGED
-    try:
-        parsed = msgpack.unpackb(header, raw=False)
-        meta, lengths = parsed["m"], parsed["l"]
-    except Exception:  # intact by its checksum, yet not a header this code wrote
-        return DAMAGED
-    if not (isinstance(lengths, list) and all(type(n) is int and n >= 0 for n in lengths)
-            and sum(lengths) == data_len):
-        return DAMAGED
-    view = memoryview(body)
-    frames, pos = [], 0
-    for n in lengths:
-        frames.append(view[pos:pos + n])
-        pos += n
-    return offset + _HEAD.size + header_len + data_len, meta, frames

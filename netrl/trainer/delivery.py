@@ -1,10 +1,11 @@
 """Exactly-once delivery on the trainer side: which packets arrived, and the log that keeps them.
 
-Every sample packet is identified by its *stream* (``worker/session``, one per worker process run) and its sequence
-number. :class:`Deliveries` remembers the packets that entered the replay memory, as ranges of sequence numbers per
-stream (a worker that dropped packets leaves a gap, not an ever-growing set). :class:`SampleLog` appends every new
-packet to disk *before* the trainer acknowledges it, so a killed trainer rebuilds its replay memory by replaying
-the log: what was acknowledged is never lost, and what was not is resent by the server.
+Every sample packet is identified by its *stream* (``worker/session``, one per worker process
+run) and its sequence number. :class:`Deliveries` remembers the packets that entered the replay
+memory, as ranges of sequence numbers per stream (a worker that dropped packets leaves a gap,
+not an ever-growing set). :class:`SampleLog` appends every new packet to disk *before* the trainer
+acknowledges it, so a killed trainer rebuilds its replay memory by replaying the log: what was
+acknowledged is never lost, and what was not is resent by the server.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ log = logging.getLogger(__name__)
 class Deliveries:
     """Sequence numbers seen per stream, kept as sorted, merged, inclusive ranges.
 
-    Both are bounded, so that a worker sending every other sequence number, or a new session per packet, cannot
-    grow the trainer's memory and checkpoints without limit: beyond ``max_ranges`` gaps in a stream the oldest gap
-    is taken as delivered (a packet from it arriving later is dropped as a duplicate), and beyond ``max_streams``
-    the stream added to longest ago is forgotten (a packet resent from it would be taken again). Either is logged.
-    An honest worker's gaps are filled by its resends within seconds, and a stream is one worker process run.
+    Both are bounded, so that a worker sending every other sequence number, or a new session per
+    packet, cannot grow the trainer's memory and checkpoints without limit: beyond ``max_ranges``
+    gaps in a stream the oldest gap is taken as delivered (a packet from it arriving later is
+    dropped as a duplicate), and beyond ``max_streams`` the stream added to longest ago is
+    forgotten (a packet resent from it would be taken again). Either is logged. An honest worker's
+    gaps are filled by its resends within seconds, and a stream is one worker process run.
     """
 
     def __init__(self, streams: dict[str, list[list[int]]] | None = None, max_ranges: int = 1024,
@@ -62,17 +64,19 @@ class Deliveries:
             first = ranges.pop(0)
             self.gaps_closed += 1
             if worth_logging(self.gaps_closed):
-                log.warning("stream %s has over %d gaps in its sequence numbers: packets %d to %d are taken as "
-                            "delivered (%d gaps closed so far); a packet from them arriving later is dropped as a "
-                            "duplicate", stream, self.max_ranges, first[1] + 1, ranges[0][0] - 1, self.gaps_closed)
+                log.warning("stream %s has over %d gaps in its sequence numbers: "
+                            "packets %d to %d are taken as delivered (%d gaps closed so "
+                            "far); a packet from them arriving later is dropped as a duplicate",
+                            stream, self.max_ranges, first[1] + 1, ranges[0][0] - 1, self.gaps_closed)
             ranges[0][0] = first[0]
         if len(self._ranges) > self.max_streams:
             oldest = next(iter(self._ranges))
             del self._ranges[oldest]
             self.streams_forgotten += 1
             if worth_logging(self.streams_forgotten):
-                log.warning("over %d worker sessions sent packets: forgot which packets %s sent, the session added to "
-                            "longest ago (%d forgotten so far)", self.max_streams, oldest, self.streams_forgotten)
+                log.warning("over %d worker sessions sent packets: forgot which packets %s sent, "
+                            "the session added to longest ago (%d forgotten so far)",
+                            self.max_streams, oldest, self.streams_forgotten)
         return True
 
     def count(self, stream: str | None = None) -> int:
@@ -90,8 +94,8 @@ class Deliveries:
 class SampleLog:
     """The trainer's log of accepted packets, trimmed to what the replay memory can still hold.
 
-    Each record's metadata is ``{"stream", "seq", "rows", "recv_version"}``. Whole segments are deleted once the
-    segments after them hold at least ``keep_rows`` rows.
+    Each record's metadata is ``{"stream", "seq", "rows", "recv_version"}``. Whole segments are
+    deleted once the segments after them hold at least ``keep_rows`` rows.
     """
 
     def __init__(self, directory: str | Path, keep_rows: int, fsync: bool = False,
@@ -101,7 +105,8 @@ class SampleLog:
         try:
             self.log = SegmentLog(directory, segment_bytes=segment_bytes, fsync=fsync,
                                   what="trainer's sample log folder", meta_check=_meta_problem)
-        except OSError as exc:  # damage is skipped and reported inside; this is the disk or the folder refusing
+        # damage is skipped and reported inside; this is the disk or the folder refusing
+        except OSError as exc:
             raise _unreadable(directory, exc) from None
         for rec in self.read():
             self._rows[rec.position.segment] = self._rows.get(rec.position.segment, 0) + int(rec.meta["rows"])
@@ -136,7 +141,8 @@ def _meta_problem(meta: Any) -> str | None:
     """What is wrong with a logged packet's metadata (see :class:`SampleLog`), or None."""
     problem = check_meta(meta, {"stream": str, "seq": int, "rows": int})
     if problem is None and not (type(meta.get("recv_version")) is int and meta["recv_version"] >= -1):
-        problem = f"its metadata's 'recv_version' is {meta.get('recv_version')!r:.40}, not an int >= -1"
+        problem = (f"its metadata's 'recv_version' is "
+                   f"{meta.get('recv_version')!r:.40}, not an int >= -1")
     return problem
 
 

@@ -1,20 +1,23 @@
 """The trainer's weight encodings (issue 34): each published version of each model in the formats
 ``network.weight_format`` asks for, and deltas between versions, on a thread of its own.
 
-The training thread only snapshots a model into a flat buffer (:meth:`~netrl.trainer.link.TrainerLink.publish`);
-:class:`WeightEncoder` turns that snapshot into WEIGHTS messages, one set per format (see
-:mod:`netrl.protocol.weight_formats`):
+The training thread only snapshots a model into a flat buffer
+(:meth:`~netrl.trainer.link.TrainerLink.publish`); :class:`WeightEncoder` turns that snapshot into
+WEIGHTS messages, one set per format (see :mod:`netrl.protocol.weight_formats`):
 
-- a full version: the format's encoding, with ``format``, ``encoded`` (its size), ``crc`` and ``rank`` (and
-  ``budget_s`` under ``auto``: ``network.weight_budget_s``, or with 0 the time between the model's last two
-  publications, so that the server picks formats with which a worker keeps up with the trainer);
-- for settings that send deltas, also a delta against the version of the same model and format encoded just before
-  (``base``): the worker applies it to the encoding it holds and checks the crc, so float32's stay bit-exact.
+- a full version: the format's encoding, with ``format``, ``encoded`` (its size), ``crc`` and
+  ``rank`` (and ``budget_s`` under ``auto``: ``network.weight_budget_s``, or with 0 the time
+  between the model's last two publications, so that the server picks formats with which a
+  worker keeps up with the trainer);
+- for settings that send deltas, also a delta against the version of the same model and format
+  encoded just before (``base``): the worker applies it to the encoding it holds and checks the
+  crc, so float32's stay bit-exact.
 
-Each lossy version's error against the float32 original is measured and logged (the first per format at INFO, then
-DEBUG) and kept in :attr:`WeightEncoder.max_errors`. A version a 16-bit format cannot hold (a weight beyond float16's
-range) goes in float32 in that format's place, logged, unless float32 is sent anyway. A newer version of a model
-replaces one still waiting to be encoded: on a slow CPU the encodings never queue without limit.
+Each lossy version's error against the float32 original is measured and logged (the first per
+format at INFO, then DEBUG) and kept in :attr:`WeightEncoder.max_errors`. A version a 16-bit format
+cannot hold (a weight beyond float16's range) goes in float32 in that format's place, logged, unless
+float32 is sent anyway. A newer version of a model replaces one still waiting to be encoded: on a
+slow CPU the encodings never queue without limit.
 """
 
 from __future__ import annotations
@@ -60,19 +63,22 @@ class _Job:
     trained_steps: int
     flat: np.ndarray
     layout: list[list[Any]]
-    done: Callable[[list[Encoded]], None]  # sends them (on the encoding thread) and releases the snapshot
+    done: Callable[[list[Encoded]], None]  # sends them (on the encoding thread) and releases
+                                           # the snapshot
     release: Callable[[], None]  # releases the snapshot of a version replaced before it was encoded
     interval_s: float | None = None  # time since the model's publication before (None: its first)
     exact: bool = False  # float32 only, whatever the setting
 
 
-MIN_BUDGET_S = 0.05  # a budget measured from publications: versions published faster are still allowed this long
+# a budget measured from publications: versions published faster are still allowed this long
+MIN_BUDGET_S = 0.05
 MAX_BUDGET_S = 3600.0
 
 
 @dataclasses.dataclass
 class _Chain:
-    """A model's state in one format: its encoder (int8 keeps scales), and the encoding of the version before."""
+    """A model's state in one format: its encoder (int8 keeps scales), and the
+    encoding of the version before."""
 
     layout: list[list[Any]]
     encoder: Encoder
@@ -90,21 +96,24 @@ class WeightEncoder:
         # auto only; 0: each model's time between publications (see the module docstring)
         self.budget_s = budget_s if setting == "auto" else None
         self._published: dict[str, float] = {}  # model -> time.monotonic() of its last publication
-        self.max_errors: dict[str, float] = {}  # format -> the newest lossy version's measured error
+        self.max_errors: dict[str, float] = {}  # format -> the newest lossy version's
+                                                # measured error
         self.counts: collections.Counter[str] = collections.Counter()
         self._chains: dict[tuple[str, str], _Chain] = {}
         self._cond = threading.Condition()
-        self._jobs: dict[str, _Job] = {}  # model -> its newest version waiting (insertion order: arrival)
+        # model -> its newest version waiting (insertion order: arrival)
+        self._jobs: dict[str, _Job] = {}
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    # -- the training thread -----------------------------------------------------------------------------------
+    # -- the training thread -----------------------------------------------------------------------
     def put(self, model: str, version: int, trained_steps: int, flat: np.ndarray, layout: list[list[Any]],
             done: Callable[[list[Encoded]], None], release: Callable[[], None], exact: bool = False) -> None:
-        """Encode ``flat`` (a snapshot, read-only until ``done`` or ``release`` is called) on the encoding thread;
-        ``release`` frees a snapshot whose version a newer one replaced before it was encoded. ``exact``: the model
-        travels in float32 whatever the setting (its module's ``exact_weights``: the observation statistics)."""
+        """Encode ``flat`` (a snapshot, read-only until ``done`` or ``release`` is called) on the
+        encoding thread; ``release`` frees a snapshot whose version a newer one replaced before it
+        was encoded. ``exact``: the model travels in float32 whatever the setting (its module's
+        ``exact_weights``: the observation statistics)."""
         now = time.monotonic()
         last, self._published[model] = self._published.get(model), now
         with self._cond:
@@ -115,7 +124,8 @@ class WeightEncoder:
         if old is not None:
             self.counts["encodings_superseded"] += 1
             old.release()
-            log.debug("%s v%d was replaced by v%d before it was encoded", _what(model), old.version, version)
+            log.debug("%s v%d was replaced by v%d before it was encoded",
+                      _what(model), old.version, version)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="netrl-weight-encoder", daemon=True)
             self._thread.start()
@@ -132,7 +142,7 @@ class WeightEncoder:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    # -- the encoding thread -----------------------------------------------------------------------------------
+    # -- the encoding thread -----------------------------------------------------------------------
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -145,7 +155,8 @@ class WeightEncoder:
                 self._busy = True
             try:
                 job.done(self.encode(job.model, job.version, job.flat, job.layout, job.interval_s, job.exact))
-            except Exception:  # a bug or a custom format's: that version is not sent, later ones still are
+            # a bug or a custom format's: that version is not sent, later ones still are
+            except Exception:
                 self.counts["encodings_failed"] += 1
                 log.exception("encoding %s v%d failed; it is not sent", _what(job.model), job.version)
                 job.done([])
@@ -156,10 +167,11 @@ class WeightEncoder:
 
     def encode(self, model: str, version: int, flat: np.ndarray, layout: list[list[Any]],
                interval_s: float | None = None, exact: bool = False) -> list[Encoded]:
-        """The messages of one version in every format: deltas first (small, and most workers take them), then the
-        full encodings, each kind smallest first: the server streams to an idle worker what it has, and one whose
-        link rate it does not know yet gets the fewest bytes. ``interval_s``: the time since the model's
-        publication before, auto's budget when ``network.weight_budget_s`` is 0."""
+        """The messages of one version in every format: deltas first (small, and most workers
+        take them), then the full encodings, each kind smallest first: the server streams to an
+        idle worker what it has, and one whose link rate it does not know yet gets the fewest
+        bytes. ``interval_s``: the time since the model's publication before, auto's budget
+        when ``network.weight_budget_s`` is 0."""
         budget = self.budget_s
         if budget == 0:
             budget = None if interval_s is None else min(max(interval_s, MIN_BUDGET_S), MAX_BUDGET_S)
@@ -175,17 +187,20 @@ class WeightEncoder:
             except FormatError as exc:
                 self._chains.pop((model, name), None)  # the next version goes in full
                 if "float32" in formats:
-                    log.warning("%s v%d is not sent in %s (%s); workers get it in float32", _what(model), version,
+                    log.warning("%s v%d is not sent in %s (%s); workers get it in float32",
+                                _what(model), version,
                                 name, exc)
                     continue
-                log.warning("%s v%d goes in float32 in place of %s: %s", _what(model), version, name, exc)
+                log.warning("%s v%d goes in float32 in place of %s: %s",
+                            _what(model), version, name, exc)
                 fmt, encoding = get_format("float32"), flat.view()
                 name = "float32"
                 chain = self._chain(model, name, layout)
             if name in sent:
                 continue
             sent.add(name)
-            snapshot = np.may_share_memory(encoding, flat)  # float32's: a view of the snapshot, which is reused
+            # float32's: a view of the snapshot, which is reused
+            snapshot = np.may_share_memory(encoding, flat)
             if not fmt.exact:
                 self._measure(model, version, name, fmt, flat, encoding, layout)
             fields: dict[str, Any] = {"format": name, "encoded": int(encoding.nbytes), "crc": crc(encoding),
@@ -199,13 +214,15 @@ class WeightEncoder:
                 deltas.append(Encoded(delta_encode(chain.encoding, encoding), {**fields, "base": chain.version},
                                       False))
             fulls.append(Encoded(encoding, fields, snapshot))
-            if self.deltas:  # the base of the next delta: float32's encoding is the snapshot, which is reused
+            # the base of the next delta: float32's encoding is the snapshot, which is reused
+            if self.deltas:
                 chain.version, chain.encoding = version, encoding.copy() if snapshot else encoding
         return sorted(deltas, key=lambda e: e.data.nbytes) + sorted(fulls, key=lambda e: e.data.nbytes)
 
     def _chain(self, model: str, name: str, layout: list[list[Any]]) -> _Chain:
         chain = self._chains.get((model, name))
-        if chain is None or chain.layout != layout:  # another actor: a new encoder, and no delta against the old
+        # another actor: a new encoder, and no delta against the old
+        if chain is None or chain.layout != layout:
             chain = self._chains[(model, name)] = _Chain(layout, get_format(name).encoder(layout))
         return chain
 

@@ -1,27 +1,34 @@
 """The trainer's network thread: bundles of sample packets in, weights and progress out.
 
 :class:`TrainerLink` keeps the connection alive while training runs and is the training loop's
-:class:`~netrl.training.SampleSource`. For every bundle it receives it:
+:class:`~netrl.training.loop.SampleSource`. For every bundle it receives it:
 
 1. decodes and checks each sample packet, and drops packets it has already seen
    (:class:`~netrl.trainer.delivery.Deliveries`);
 2. appends each new packet to the sample log on disk (:class:`~netrl.trainer.delivery.SampleLog`);
-3. queues the packets for the training loop and acknowledges the bundle; the server then acknowledges the workers.
+3. queues the packets for the training loop and acknowledges the bundle; the server
+   then acknowledges the workers.
 
-It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's memory grow.
-It also tells the loop which weight versions an earlier trainer session may have published (the server's WELCOME,
-and packets naming versions this session never published), so that no number ever names two actors.
+It grants the server credit as the loop consumes bundles, so a slow trainer never makes the server's
+memory grow. It also tells the loop which weight versions an earlier trainer session may have
+published (the server's WELCOME, and packets naming versions this session never published), so
+that no number ever names two actors.
 
-Besides the policy it publishes further named models (an observation normaliser, a user's module; see
-:mod:`netrl.protocol.models`), each with a version counter and an outbox of its own: a big policy waiting for a slow
-link never holds back a small model. A WEIGHTS command's head carries the model's slot (its index in
-``TrainerLink.models``, 0 for "policy") in the top 8 bits of its part number.
+Besides the policy it publishes further named models (an observation normaliser, a user's
+module; see :mod:`netrl.protocol.models`), each with a version counter and an outbox of its
+own: a big policy waiting for a slow link never holds back a small model. A WEIGHTS command's
+head carries the model's slot (its index in ``TrainerLink.models``, 0 for "policy") in the
+top 8 bits of its part number.
+
+:meth:`TrainerLink.publish` numbers each version; the training thread's
+side of sending it (a reused snapshot, the encodings, the WEIGHTS commands) is
+:class:`~netrl.trainer.weight_sender.WeightSender`, and the status line's
+wording is :mod:`netrl.trainer.status_line`'s.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import logging
 import threading
@@ -29,7 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
@@ -41,23 +47,26 @@ from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType, printable
 from netrl.protocol.models import POLICY
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
-from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode, weight_parts
-from netrl.samples import Buffer
+from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode
+from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
-from netrl.trainer.encoding import Encoded, WeightEncoder
+from netrl.trainer.encoding import WeightEncoder
 from netrl.trainer.outbox import Outboxes
-from netrl.util import version_label, worth_logging
+from netrl.trainer.status_line import status_line
+from netrl.trainer.weight_sender import WeightSender
+from netrl.util import worth_logging
 
-# A version named by a worker's samples that this session never published is taken (numbered after) only up to
-# here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION, and real runs never get here.
+# A version named by a worker's samples that this session never published is taken (numbered after)
+# only up to here: a worker, buggy or hostile, cannot push the numbering near MAX_POLICY_VERSION,
+# and real runs never get here.
 FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
 MAX_LAYOUT_CAUSES = 64  # of the server's NOTICEs, logged once each
 KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
-_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these bits, the part below
+_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these
+                  # bits, the part below
 
-__all__ = ["TrainerLink", "trainer_label", "write_failed"]
+__all__ = ["TrainerLink", "write_failed"]
 
 log = logging.getLogger(__name__)
 
@@ -65,31 +74,17 @@ log = logging.getLogger(__name__)
 def write_failed(what: str, path: Path, exc: OSError) -> str:
     """Advice for a failed write: the path, the OS error and what to do."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free disk space there, or move the run folder to a disk with room and point weights_folder at it"
+        fix = ("free disk space there, or move the run folder to a "
+               "disk with room and point weights_folder at it")
     else:
-        fix = "check that this process can write there (permissions, a read-only or failing disk, ulimit -n)"
+        fix = ("check that this process can write there "
+               "(permissions, a read-only or failing disk, ulimit -n)")
     return f"could not write {what} {path} ({exc}): {fix}"
 
 
-def trainer_label(name: str) -> str:
-    """How the logs name a trainer: "trainer", or "trainer 'gpu-box'" for one with another name."""
-    return "trainer" if name == "trainer" else f"trainer {name!r}"
-
-
-@dataclasses.dataclass
-class _Snapshot:
-    """A flat buffer the trainer copies an actor into, the tensors viewing it for that actor's layout, and the
-    sends of the version in it that are still reading it."""
-
-    flat: np.ndarray
-    layout: list[list[Any]]
-    views: list[torch.Tensor]
-    trackers: list[zmq.MessageTracker] = dataclasses.field(default_factory=list)
-    busy: bool = False  # waiting for the encoding thread, which reads it (network.weight_format)
-
-
 class TrainerLink(NetThread):
-    """The trainer's network thread; also the training loop's :class:`~netrl.training.SampleSource`."""
+    """The trainer's network thread; also the training
+    loop's :class:`~netrl.training.loop.SampleSource`."""
 
     def __init__(self, net: NetworkConfig, name: str, session: str, port: int, credit_window: int,
                  deliveries: Deliveries, sample_log: SampleLog | None, schema: SampleSchema | None = None,
@@ -98,38 +93,50 @@ class TrainerLink(NetThread):
                  record_version: Callable[[int, str], None] | None = None, weight_format: str = "float32",
                  weight_budget_s: float = 0.0) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
-        # network.weight_format: float32 alone is sent as today, from the training thread; any other setting is
-        # encoded on a thread of its own (netrl.trainer.encoding). FormatError for an unknown setting.
+        # network.weight_format: float32 alone is sent as today, from the training thread;
+        # any other setting is encoded on a thread of its own (netrl.trainer.encoding).
+        # FormatError for an unknown setting.
         self.encoder = None if weight_format == "float32" else WeightEncoder(weight_format, weight_budget_s)
-        self._command_lock = threading.Lock()  # the training and the encoding threads share the pipe's socket
+        self._command_lock = threading.Lock()  # the training and the encoding threads share
+                                               # the pipe's socket
         self.live = live  # TrainingOffline.live
-        self.record_version = record_version  # notes a version on disk before it is sent (Trainer._record_version)
+        self.record_version = record_version  # notes a version on disk before it is
+                                              # sent (RunSaver.record_version)
         self._status = StatusClock(status_interval_s)
         self.schema = schema
-        self.packet_limits: PacketLimits | None = None  # checked on every packet before it is inflated
+        # checked on every packet before it is inflated
+        self.packet_limits: PacketLimits | None = None
         self.credit_window = credit_window
         self.deliveries = deliveries
         self.sample_log = sample_log
-        self.lock = threading.Lock()  # guards deliveries and the sample log against checkpoint snapshots
+        # guards deliveries and the sample log against checkpoint snapshots
+        self.lock = threading.Lock()
         self.inbox: collections.deque[tuple[list[Buffer], Position | None]] = collections.deque()
         self.new_data = threading.Event()
         self.version = 0  # the newest published weight version, written by the training thread
-        self.taken = -1  # the newest version that may name another session's weights, written by the network thread
-        self.model_versions: dict[str, int] = {}  # other models: newest published version (training thread)
+        self.taken = -1  # the newest version that may name another session's weights, written by
+                         # the network thread
+        self.model_versions: dict[str, int] = {}  # other models: newest published version
+                                                  # (training thread)
         self.taken_models: dict[str, int] = {}  # other models: as ``taken`` (network thread)
-        self.models: list[str] = [POLICY]  # the slots of the models published so far (training thread appends)
+        self.models: list[str] = [POLICY]  # the slots of the models published so far (training
+                                           # thread appends)
         self.server_session = ""  # the server process that sent the last WELCOME
-        self.ingested: Position | None = sample_log.end() if sample_log else None  # log end of fetched packets
+        # log end of fetched packets
+        self.ingested: Position | None = sample_log.end() if sample_log else None
         self.granted = 0  # credits granted on the current connection
         self.received = 0  # bundles received on the current connection
         self.last_progress: list[Any] | None = None
-        self._snapshots: list[_Snapshot] = []  # reusable flat buffers
+        # the training thread's side of publishing: snapshots, encodings, WEIGHTS commands (through
+        # self.command as it is when called: a test may replace it on the instance)
+        self.sender = WeightSender(name, session, lambda frames, track=False: self.command(frames, track),
+                                   self.encoder)
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
-        self.layout_causes: set[str] = set()  # why the server refused workers' packets for this trainer's layout
-        self.collect: dict[str, Any] | None = None  # sync collection's announcement, sent with every version
+        self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
+                                              # trainer's layout
 
-    # -- SampleSource, called from the training thread --------------------------------------------------
+    # -- SampleSource, called from the training thread ---------------------------------------------
     def fetch(self) -> list[Buffer]:
         self._check()
         out: list[Buffer] = []
@@ -154,24 +161,26 @@ class TrainerLink(NetThread):
             raise NetrlError(f"trainer cannot continue: {self.link.fatal or self.error}")
 
     def announce(self, collect: dict[str, Any]) -> None:
-        """Training thread: every version published from now on tells the workers how to collect (sync mode, its
-        fragment length and batch mode; see :mod:`netrl.worker.sync`): the worker config does not repeat them, so
-        the two cannot disagree."""
-        self.collect = dict(collect)
+        """Training thread: every version published from now on tells the workers how to collect
+        (sync mode, its fragment length and batch mode; see :mod:`netrl.worker.runners.sync`): the
+        worker config does not repeat them, so the two cannot disagree."""
+        self.sender.collect = dict(collect)
 
     def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:
         with self._command_lock:
             return super().command(frames, track)
 
     def halt(self, timeout: float = 5.0) -> None:
-        """Stop the thread, after the encoding thread has handed on what it was given (up to ``timeout`` s)."""
+        """Stop the thread, after the encoding thread has handed on what it was given
+        (up to ``timeout`` s)."""
         if self.encoder is not None:
             self.encoder.wait(timeout)
             self.encoder.close(timeout)
         super().halt(timeout)
 
     def weight_metrics(self) -> dict[str, float]:
-        """The newest lossy version's measured error per format, for the metrics (``weights_max_error/<format>``)."""
+        """The newest lossy version's measured error per format, for the
+        metrics (``weights_max_error/<format>``)."""
         errors = self.encoder.max_errors if self.encoder is not None else {}
         return {f"weights_max_error/{name}": error for name, error in errors.items()}
 
@@ -189,77 +198,25 @@ class TrainerLink(NetThread):
         return self.taken_models.get(model, -1)
 
     def publish(self, actor: torch.nn.Module, version: int, trained_steps: int, model: str = POLICY) -> None:
-        """Snapshot the actor (or the named ``model``) into a reused flat buffer and send it in parts (training goes
-        on meanwhile)."""
-        if version > MAX_POLICY_VERSION:  # only a server that was sent such a version can have made this number
-            raise NetrlError(f"cannot number weights v{version}: the largest weight version is v{MAX_POLICY_VERSION}, "
-                             f"and the server reports v{self.taken} as taken. Another trainer, or a peer holding the "
-                             "trainer key, sent it that version: restart the server to clear its weights cache, and "
-                             "check who holds keys/trainer/")
+        """Snapshot the actor (or the named ``model``) into a reused flat buffer and send it in
+        parts (training goes on meanwhile)."""
+        # only a server that was sent such a version can have made this number
+        if version > MAX_POLICY_VERSION:
+            raise NetrlError(f"cannot number weights v{version}: the largest weight "
+                             f"version is v{MAX_POLICY_VERSION}, and the server reports "
+                             f"v{self.taken} as taken. Another trainer, or a peer holding "
+                             f"the trainer key, sent it that version: restart the server to "
+                             f"clear its weights cache, and check who holds keys/trainer/")
         if self.record_version is not None:
             self.record_version(version, model)
         if model == POLICY:
             self.version = version
-            fields = None
         else:
             self.model_versions[model] = version
-            fields = {"model": model}
             if model not in self.models:
                 self.models.append(model)  # before the command that names its slot
         slot = self.models.index(model) << _SLOT_SHIFT
-        state = actor.state_dict()  # once: it costs tens of microseconds, a third of a small actor's publish
-        layout, nbytes = flat_layout(state)
-        snap = self._free_snapshot(layout, nbytes)
-        copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
-        self._snapshots.append(snap)
-        if self.encoder is not None:  # encoded and sent on the encoding thread
-            snap.busy = True
-            self.encoder.put(model, version, trained_steps, snap.flat, layout,
-                             lambda out: self._send_encoded(model, slot, version, trained_steps, snap, out),
-                             lambda: setattr(snap, "busy", False), exact=getattr(actor, "exact_weights", False))
-            return
-        self._send_encoding(Encoded(snap.flat, fields or {}, True), model, slot, version, trained_steps, snap)
-        log.debug("published %s v%d in %d parts", "weights" if model == POLICY else f"model {model!r}", version,
-                  len(snap.trackers))
-
-    def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int,
-                       snap: _Snapshot) -> None:
-        """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy until sent)."""
-        for msg in weight_parts(self.link.name, self.link.session, version, trained_steps, out.data, snap.layout,
-                                PART_BYTES, out.fields):
-            if self.collect is not None and model == POLICY:
-                msg.body["collect"] = self.collect
-            tracker = self.command([command_head(Command.WEIGHTS, slot | msg.body["part"], version), *encode(msg)],
-                                   track=out.snapshot)
-            if tracker is not None:
-                snap.trackers.append(tracker)
-
-    def _send_encoded(self, model: str, slot: int, version: int, trained_steps: int, snap: _Snapshot,
-                      out: list[Encoded]) -> None:
-        """Encoding thread: send a version's encodings, then free its snapshot (unless a send still reads it)."""
-        try:
-            for encoded in out:
-                self._send_encoding(encoded, model, slot, version, trained_steps, snap)
-        except NetrlError:  # the network thread has stopped: the training thread hears of it at its next call
-            pass
-        finally:
-            snap.busy = False
-
-    def _free_snapshot(self, layout: list[list[Any]], nbytes: int) -> _Snapshot:
-        """A buffer no send still reads, with views for ``layout``: the network thread keeps the newest version
-        until the next one."""
-        for i, snap in enumerate(self._snapshots):
-            if snap.flat.nbytes == nbytes and not snap.busy and all(t.done for t in snap.trackers):
-                del self._snapshots[i]
-                if snap.layout != layout:  # another actor of the same size: view it anew, padding zeroed again
-                    snap.flat.fill(0)
-                    snap = _Snapshot(snap.flat, layout, flat_views(snap.flat, layout))
-                snap.trackers.clear()
-                return snap
-        if len(self._snapshots) > 4 * len(self.models):
-            self._snapshots.pop(0)  # let an old, still-busy buffer go; a fresh one is allocated below
-        flat = np.zeros(nbytes, np.uint8)  # zero padding between tensors: a worker's one-sum check (KnownLayout)
-        return _Snapshot(flat, layout, flat_views(flat, layout))
+        self.sender.send(actor, model, slot, version, trained_steps, keep=4 * len(self.models))
 
     def progress(self, trained_steps: int, samples: int, wanted: int, batch: tuple[int, int] | None = None) -> None:
         """``batch``: sync collection's batch under way, (its version, env steps so far)."""
@@ -277,7 +234,7 @@ class TrainerLink(NetThread):
         with self.lock:
             return self.deliveries.to_json()
 
-    # -- network thread ---------------------------------------------------------------------------------
+    # -- network thread ----------------------------------------------------------------------------
     def on_ready(self) -> None:
         self.granted = self.received = 0
         self._note_server_version()
@@ -290,17 +247,21 @@ class TrainerLink(NetThread):
             self.link.send(self.last_progress)
 
     def _note_server_version(self) -> None:
-        """The newest version the server has seen is taken, unless it can only be this session's own."""
+        """The newest version the server has seen is taken, unless it can only be
+        this session's own."""
         reported = self.link.welcome.get("weights_version", -1)
         server = self.link.welcome.get("server_session", "")
         same_server, self.server_session = server == self.server_session, server
-        # Back on the server process that told us its versions at our first WELCOME: what it has now, up to our
-        # newest, is ours (it never names two actors). A new server process may have them from another session.
+        # Back on the server process that told us its versions at our first WELCOME: what it has
+        # now, up to our newest, is ours (it never names two actors). A new server process may
+        # have them from another session.
         models = self.link.welcome.get("models")
         for model, newest in (models if isinstance(models, dict) else {}).items():
             if (model == POLICY or not isinstance(newest, int) or model not in self.model_versions
                     or (same_server and newest <= self.model_versions[model])):
-                continue  # (a model this session does not publish: none of its numbers are this session's to give)
+                # (a model this session does not publish: none of its numbers are
+                # this session's to give)
+                continue
             if newest > self.taken_models.get(model, -1):
                 self.taken_models[model] = newest
                 self.new_data.set()
@@ -311,13 +272,14 @@ class TrainerLink(NetThread):
             self.new_data.set()  # wake the training loop: it publishes again under a new number
 
     def _outnumbered(self, version: int, model: str = POLICY) -> bool:
-        """Weights numbered before a WELCOME said the number is taken are never sent: the loop publishes the actor
-        (or the model) again under a new number (publish() numbers after taken_version()), so no sample carries a
-        number that reads as stale."""
+        """Weights numbered before a WELCOME said the number is taken are never sent: the loop
+        publishes the actor (or the model) again under a new number (publish() numbers after
+        taken_version()), so no sample carries a number that reads as stale."""
         return version <= (self.taken if model == POLICY else self.taken_models.get(model, -1))
 
     def _grant(self) -> None:
-        """Keep at most ``credit_window`` bundles either granted-but-unsent or waiting in the inbox."""
+        """Keep at most ``credit_window`` bundles either granted-but-unsent or
+        waiting in the inbox."""
         if not self.link.ready or self.error is not None:
             return
         extra = self.credit_window - (self.granted - self.received) - len(self.inbox)
@@ -330,34 +292,22 @@ class TrainerLink(NetThread):
         self._status_line()
 
     def _status_line(self) -> None:
-        """Every ``status_interval_s``: one line with the loop's rates and state (the first tick only starts)."""
+        """Every ``status_interval_s``: one line with the loop's rates and state (the
+        first tick only starts)."""
         if self.live is None or not self._status.due():
             return
         try:
             s = self.live()
-        except Exception:  # e.g. a user's memory whose __len__ is not safe from this thread: never stop training
-            log.exception("could not read the training loop's counters for the status line; no more status lines")
+        # e.g. a user's memory whose __len__ is not safe from this thread: never stop training
+        except Exception:
+            log.exception("could not read the training loop's counters "
+                          "for the status line; no more status lines")
             self.live = None
             return
         rates = self._status.rates({"trained_steps": s["trained_steps"], "samples": s["samples"]})
         if rates is None:
             return
-        lag = "-" if s["lag"] is None else f"{s['lag'][0]}/{s['lag'][1]:.1f}/{s['lag'][2]}"
-        ret = "-" if s["return_mean"] is None else f"{s['return_mean']:.1f} over {s['episodes']} eps this round"
-        waiting = (f" | training starts at {s['start_training']:,} samples" if s["samples"] < s["start_training"]
-                   else "")
-        if s.get("collection") == "sync":  # the batch under way replaces the replay memory's fill
-            who = f", waiting for {', '.join(s['waiting_for'])}" if s["waiting_for"] else ""
-            waiting = (f" | batch v{s['batch_version']}: {s['batch_steps']:,} of {s['frames_per_batch']:,} env steps"
-                       f"{who} | waits: trainer {s['trainer_wait_s']:.2f} s, workers {s['worker_wait_s']:.2f} s | "
-                       f"{s['late_samples']:,} late samples")
-        log.info("status | %s | %.0f training steps/s | samples in %.0f/s | memory %s of %s (%.1f%%) | "
-                 "weights %s | lag %s | return %s | server %s%s", trainer_label(self.link.name), rates["trained_steps"],
-                 rates["samples"], f"{s['memory_len']:,}", f"{s['memory_size']:,}",
-                 100 * s["memory_len"] / max(1, s["memory_size"]),
-                 version_label(s["version"]) + "".join(f", {m} v{v}" for m, v in s.get("model_versions", {}).items()),
-                 lag, ret,
-                 self.link.state(), waiting)
+        log.info("%s", status_line(self.link.name, s, rates, self.link.state()))
 
     def on_command(self, frames: list[Any]) -> None:
         (kind, values), payload = read_command(frames[0]), frames[1:]
@@ -366,15 +316,16 @@ class TrainerLink(NetThread):
             return
         if kind is Command.WEIGHTS:
             slotted, version = values
-            model = self.models[slotted >> _SLOT_SHIFT]  # (the part number itself is in the message)
+            # (the part number itself is in the message)
+            model = self.models[slotted >> _SLOT_SHIFT]
             if self._outnumbered(version, model):
                 return
             self.outboxes.take(model, version, payload, self.link.ready)
             self._send_weights()
             return
         if kind is not Command.PROGRESS:
-            raise ValueError(f"a {kind.name} command on the trainer's network thread, which takes CREDIT, WEIGHTS and "
-                             "PROGRESS")
+            raise ValueError(f"a {kind.name} command on the trainer's network "
+                             f"thread, which takes CREDIT, WEIGHTS and PROGRESS")
         self.last_progress = payload
         self.link.send(payload)
 
@@ -391,11 +342,13 @@ class TrainerLink(NetThread):
             log.debug("ignored a %s message from the server", msg.type.value)
 
     def _take_bundle(self, msg: Message) -> None:
-        if self.error is not None:  # stopping after a failed write: the server keeps what it cannot deliver
+        # stopping after a failed write: the server keeps what it cannot deliver
+        if self.error is not None:
             return
         bufs = []
         for i, part in enumerate(msg.parts):
-            if i % KEEPALIVE_PARTS == KEEPALIVE_PARTS - 1:  # a bundle of 4,096 packets can take seconds on a busy CPU
+            # a bundle of 4,096 packets can take seconds on a busy CPU
+            if i % KEEPALIVE_PARTS == KEEPALIVE_PARTS - 1:
                 self.link.keepalive()
             try:
                 sample_msg = decode(part, self.link.net.max_message_bytes, limits=self.packet_limits)
@@ -406,23 +359,26 @@ class TrainerLink(NetThread):
                 buf = buffer_from_message(sample_msg)
                 newest = int(buf.policy_version.max(initial=-1))
                 if newest > max(self.version, self.taken, FOREIGN_VERSION_LIMIT):
-                    raise SampleRejected(f"{buf.worker} names weights v{newest}, which this trainer session never "
-                                         f"published; versions it did not publish are taken only up to "
-                                         f"v{FOREIGN_VERSION_LIMIT}")
+                    raise SampleRejected(f"{buf.worker} names weights v{newest}, which this "
+                                         f"trainer session never published; versions it did not "
+                                         f"publish are taken only up to v{FOREIGN_VERSION_LIMIT}")
             except (ProtocolError, SampleRejected) as exc:
                 self.stats["rejected"] += 1
                 if worth_logging(self.stats["rejected"]):
                     log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
                                 self.stats["rejected"], exc)
                 continue
-            if newest > max(self.version, self.taken):  # a version this session never published: another's
+            # a version this session never published: another's
+            if newest > max(self.version, self.taken):
                 self.stats["foreign_versions"] += 1
                 if worth_logging(self.stats["foreign_versions"]):
-                    log.warning("%s sent samples from weights v%d, which this trainer session never published (its "
-                                "newest is v%d): new versions are numbered after it, so that no number names two "
-                                "actors", buf.worker, newest, max(self.version, self.taken))
+                    log.warning("%s sent samples from weights v%d, which this trainer "
+                                "session never published (its newest is v%d): new versions "
+                                "are numbered after it, so that no number names two actors",
+                                buf.worker, newest, max(self.version, self.taken))
                 self.taken = newest
-            buf.recv_version = max(self.version, self.taken)  # what the loop is about to number after: lag >= 0
+            # what the loop is about to number after: lag >= 0
+            buf.recv_version = max(self.version, self.taken)
             with self.lock:
                 if self.deliveries.seen(buf.worker, buf.seq):
                     self.stats["duplicates"] += 1  # resent after a reconnect or a server restart
@@ -433,7 +389,8 @@ class TrainerLink(NetThread):
                     except OSError as exc:
                         self._stop_after_failed_write(exc)
                         return  # no ACK: the server and the worker keep this bundle's packets
-                self.deliveries.add(buf.worker, buf.seq)  # only once it is on disk: a checkpoint may save this
+                self.deliveries.add(buf.worker, buf.seq)  # only once it is on disk: a checkpoint
+                                                          # may save this
             bufs.append(buf)
         self.stats["bundles"] += 1
         self.received += 1
@@ -442,22 +399,25 @@ class TrainerLink(NetThread):
         self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
 
     def _notice(self, cause: str, reason: str) -> None:
-        """The server refuses workers' packets for this trainer's sample layout: logged once per cause (the server
-        says each once per connection), since this trainer is the one to fix."""
+        """The server refuses workers' packets for this trainer's sample layout: logged once per
+        cause (the server says each once per connection), since this trainer is the one to fix."""
         if cause in self.layout_causes or len(self.layout_causes) >= MAX_LAYOUT_CAUSES:
             return
         self.layout_causes.add(cause)
-        log.error("the server refuses workers' packets: their sample layout is not this trainer's: %s. This trainer "
-                  "gets none of their samples; the workers keep them (up to worker.max_backlog_bytes each) and send "
-                  "them to the first trainer whose layout matches theirs: stop this one and start it with the "
-                  "workers' sample_compressor and pipeline (config.json: the same env.pipeline)", printable(reason))
+        log.error("the server refuses workers' packets: their sample layout is not this trainer's: "
+                  "%s. This trainer gets none of their samples; the workers keep them (up to "
+                  "worker.max_backlog_bytes each) and send them to the first trainer whose layout "
+                  "matches theirs: stop this one and start it with the workers' sample_compressor "
+                  "and pipeline (config.json: the same env.pipeline)", printable(reason))
 
     def _stop_after_failed_write(self, exc: OSError) -> None:
-        """End this thread cleanly; the training loop raises the advice at its next fetch or wait."""
+        """End this thread cleanly; the training loop raises the advice at
+        its next fetch or wait."""
         assert self.sample_log is not None
         advice = write_failed("the sample log in", self.sample_log.log.dir, exc)
-        self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes from its last checkpoint. "
-                                "Nothing is lost: packets the log does not hold were not acknowledged, so the server "
-                                "and the workers still have them")
+        self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes "
+                                f"from its last checkpoint. Nothing is lost: packets "
+                                f"the log does not hold were not acknowledged, so "
+                                f"the server and the workers still have them")
         self.stop_soon()
         self.new_data.set()

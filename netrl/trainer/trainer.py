@@ -1,12 +1,14 @@
-"""Trainer: samples from the server -> replay memory -> TrainingAgent.train -> versioned weights to the server.
+"""Trainer: samples from the server -> replay memory -> TrainingAgent.train ->
+versioned weights to the server.
 
-The training loop (:class:`~netrl.training.TrainingOffline`) runs on the calling thread; a network thread
-(:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to disk and acknowledges them.
-The Trainer checkpoints after every epoch and when stopped. A restarted Trainer loads the checkpoint, rebuilds the
-replay memory by replaying the sample log, so every sample a worker produced enters the memory exactly once, and
-continues the weight version numbering after the newest version it ever sent out (noted in the run folder before
-each send: see :mod:`netrl.storage.checkpoint`) and, once connected, after the newest the server or a worker has seen
-(see :mod:`netrl.trainer.link`).
+The training loop (:class:`~netrl.training.loop.TrainingOffline`) runs on the calling thread; a
+network thread (:class:`~netrl.trainer.link.TrainerLink`) receives sample packets, logs them to
+disk and acknowledges them. The Trainer saves its policy and a checkpoint after every epoch and
+when stopped (see :mod:`netrl.trainer.saving`). A restarted Trainer loads the checkpoint, rebuilds
+the replay memory by replaying the sample log, so every sample a worker produced enters the memory
+exactly once, and continues the weight version numbering after the newest version it ever sent out
+(noted in the run folder before each send: see :mod:`netrl.trainer.resume`) and, once connected,
+after the newest the server or a worker has seen (see :mod:`netrl.trainer.link`).
 """
 
 from __future__ import annotations
@@ -15,35 +17,35 @@ import collections
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from netrl.actor import declared_extras
 from netrl.agents.base import ModelSpec
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config, NetworkConfig
 from netrl.envs.checks import check_sample_compressor
-from netrl.errors import CheckpointError, NetrlError, ProtocolError
-from netrl.lifecycle import Runs, ctrl_c_stops
+from netrl.errors import NetrlError
+from netrl.lifecycle.runs import Runs, ctrl_c_stops
+from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
+from netrl.lifecycle.torch_threads import apply_torch_threads
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
-from netrl.protocol.models import POLICY, check_model_names, version_columns
+from netrl.protocol.models import check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weight_formats import formats_for
-from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, sample_row_bytes
-from netrl.storage import checkpoint
+from netrl.protocol.wire import PacketLimits, sample_row_bytes
 from netrl.storage.folderlock import FolderLock
-from netrl.storage.segments import Position
-from netrl.storage.weight_files import policy_run_dir, remove_stale_temps, write_weights_file
-from netrl.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
-from netrl.torch_threads import apply_torch_threads
+from netrl.storage.weight_files import remove_stale_temps
 from netrl.trainer.delivery import Deliveries, SampleLog
-from netrl.trainer.link import TrainerLink, trainer_label, write_failed
-from netrl.training import TrainingOffline
+from netrl.trainer.link import TrainerLink
+from netrl.trainer.resume import check_model_path, restore
+from netrl.trainer.saving import RunSaver
+from netrl.trainer.status_line import trainer_label
+from netrl.training.loop import TrainingOffline
+from netrl.training.settings import TrainingSettings
+from netrl.util import partial
 
 __all__ = ["Trainer", "TrainerLink"]
 
@@ -51,14 +53,15 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Runs a :class:`TrainingOffline` against the server (tmrl's ``Trainer``), with checkpoints and resume.
+    """Runs a :class:`TrainingOffline` against the server (tmrl's ``Trainer``),
+    with checkpoints and resume.
 
     Args:
         training_cls: a callable returning a :class:`TrainingOffline` (usually a ``partial``).
         server_ip: address of the server.
-        model_path: where the trainer saves its current policy (state_dict + JSON) after every epoch; default
-            ``<run_dir>/policy.pt``. A path outside ``run_dir`` that holds another run's policy is refused at start,
-            rather than overwritten.
+        model_path: where the trainer saves its current policy (state_dict + JSON) after every
+            epoch; default ``<run_dir>/policy.pt``. A path outside ``run_dir`` that holds another
+            run's policy is refused at start, rather than overwritten.
         server_port, network, name: connection settings.
         run_dir: folder for the checkpoint, the sample log, metrics.csv and wandb files.
         wandb_mode, wandb_project, wandb_entity: wandb settings ("disabled" turns it off).
@@ -66,26 +69,30 @@ class Trainer:
         resume: continue from the checkpoint in ``run_dir`` if there is one.
         persist_samples: keep a sample log so that a restart rebuilds the replay memory.
         fsync: fsync the sample log and checkpoints.
-        sample_compressor: the workers' compressor, so the trainer knows the packet layout to expect.
-        keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`); None connects unencrypted.
+        sample_compressor: the workers' compressor, so the trainer knows the
+            packet layout to expect.
+        keys: CURVE keys to connect with (:func:`netrl.net.keys.client_keys`);
+            None connects unencrypted.
         status_interval_s: seconds between status log lines (0: none); 10 s, as ``python -m netrl``.
-        torch_threads: ``torch.set_num_threads`` when the run starts (None: leave torch's setting); 1, as
-            ``python -m netrl``: torch's default of one thread per core slows training on a machine that the
-            trainer shares with a worker or the server.
-        max_rows_per_packet: rows a sample packet may hold (the server's ``server.max_rows_per_packet``): a packet
-            beyond it, or beyond that many rows of the expected layout in bytes, is refused before it is inflated.
-        weight_format, weight_budget_s: how weights are encoded for the workers (``network.weight_format``: float32,
-            float16, bfloat16, int8, delta, auto or a registered format) and auto's time per version to a worker;
-            None: the ``network`` config's.
-        models: further modules to sync to the workers besides the actor, by name (those of the agent's
-            ``extra_models()`` come too): each published every ``ModelSpec.every`` training steps under a version
-            counter of its own, loaded by the workers into their target of the same name, and recorded in every
-            sample row as ``batch.extra["<name>_version"]``.
+        torch_threads: ``torch.set_num_threads`` when the run starts (None: leave torch's
+            setting); 1, as ``python -m netrl``: torch's default of one thread per core slows
+            training on a machine that the trainer shares with a worker or the server.
+        max_rows_per_packet: rows a sample packet may hold (the server's
+            ``server.max_rows_per_packet``): a packet beyond it, or beyond that many rows of the
+            expected layout in bytes, is refused before it is inflated.
+        weight_format, weight_budget_s: how weights are encoded for the workers
+            (``network.weight_format``: float32, float16, bfloat16, int8, delta,
+            auto or a registered format) and auto's time per version to a worker; None:
+            the ``network`` config's.
+        models: further modules to sync to the workers besides the actor, by name (those of the
+            agent's ``extra_models()`` come too): each published every ``ModelSpec.every`` training
+            steps under a version counter of its own, loaded by the workers into their target of the
+            same name, and recorded in every sample row as ``batch.extra["<name>_version"]``.
     """
 
     @tmrl_arguments("Trainer", ("training_cls", "server_ip", "server_port", "password"), TMRL_ONLY,
-                    "today's tmrl has server_port, password and tlspyo's settings there; netrl takes the port as "
-                    "server_port=... and CURVE keys as keys=...", {
+                    "today's tmrl has server_port, password and tlspyo's settings there; "
+                    "netrl takes the port as server_port=... and CURVE keys as keys=...", {
                         "server_ip": (is_text, "a string or None"), "model_path": (is_path, "a path or None")})
     def __init__(self, training_cls: Any = TrainingOffline, server_ip: str | None = None,
                  model_path: str | None = None, *, server_port: int = 55555, network: NetworkConfig | None = None,
@@ -98,13 +105,12 @@ class Trainer:
                  models: dict[str, ModelSpec] | None = None, weight_format: str | None = None,
                  weight_budget_s: float | None = None) -> None:
         if torch_threads is not None and not 1 <= torch_threads <= 1024:
-            raise ValueError(f"torch_threads must be between 1 and 1024, or None to leave torch's setting "
-                             f"(got {torch_threads!r})")
+            raise ValueError(f"torch_threads must be between 1 and 1024, or None to "
+                             f"leave torch's setting (got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
         self.models = dict(models or {})
         check_model_names(self.models, "Trainer(models=...)")
-        self._published: dict[str, int] = {}  # model -> newest version noted as sent (PUBLISHED)
         self.training_cls = training_cls
         self.network = network or NetworkConfig()
         if server_ip is not None:
@@ -113,10 +119,11 @@ class Trainer:
             self.network = replace(self.network, server_ip=server_ip)
         self.weight_format = self.network.weight_format if weight_format is None else weight_format
         self.weight_budget_s = self.network.weight_budget_s if weight_budget_s is None else weight_budget_s
-        formats_for(self.weight_format)  # FormatError naming the known ones (a custom format: register it first)
+        # FormatError naming the known ones (a custom format: register it first)
+        formats_for(self.weight_format)
         if not 0 <= self.weight_budget_s <= 3600:
-            raise ValueError(f"weight_budget_s must be between 0 (the time between publications) and 3600 s (got "
-                             f"{self.weight_budget_s!r})")
+            raise ValueError(f"weight_budget_s must be between 0 (the time between "
+                             f"publications) and 3600 s (got {self.weight_budget_s!r})")
         self.server_port = server_port
         self.run_dir = Path(run_dir)
         self.model_path = Path(model_path) if model_path else self.run_dir / "policy.pt"
@@ -134,33 +141,30 @@ class Trainer:
         self.training: TrainingOffline | None = None
         self.net: TrainerLink | None = None
         self.metrics: MetricsLogger | None = None
-        self._saved: tuple[Any, ...] | None = None  # progress() at the last save; None: nothing to save (yet)
-        self._policy_saved = False  # by this run (the closing log line must not claim an older file)
-        self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a Trainer runs once; "
-                                             f"create a new Trainer on {self.run_dir} to resume from its checkpoint"),
-                          lambda runner: NetrlError(f"this Trainer is already running (run() was called in "
-                                                    f"{runner.name}): call run() once; to train two runs at once, "
-                                                    "create a Trainer for each"))
-        self._lock = FolderLock(self.run_dir, "run folder", "two trainers would interleave its sample log and "
-                                "checkpoints; stop that one first, or give this trainer another run folder "
+        self._saver = RunSaver(self.run_dir, self.model_path, self.session, config, fsync)
+        self._runs = Runs(lambda: NetrlError(f"this Trainer has already run or was closed: a "
+                                             f"Trainer runs once; create a new Trainer on "
+                                             f"{self.run_dir} to resume from its checkpoint"),
+                          lambda runner: NetrlError(f"this Trainer is already running (run() "
+                                                    f"was called in {runner.name}): call "
+                                                    f"run() once; to train two runs at "
+                                                    f"once, create a Trainer for each"))
+        self._lock = FolderLock(self.run_dir, "run folder",
+                                "two trainers would interleave its sample log and checkpoints; "
+                                "stop that one first, or give this trainer another run folder "
                                 "(config.json: run_name; Python: Trainer(run_dir=...))")
 
     @classmethod
     def from_config(cls, cfg: Config, pipeline: Any) -> Trainer:
-        t, m = cfg.trainer, cfg.memory
-        training_cls = lambda: TrainingOffline(  # noqa: E731
-            env_cls=pipeline.env_cls, memory_cls=pipeline.memory_cls, training_agent_cls=pipeline.training_agent_cls,
-            epochs=t.epochs, rounds=t.rounds, steps=t.steps, update_model_interval=t.update_model_interval,
+        t = cfg.trainer
+        training_cls = partial(  # tmrl's parameters, then netrl's settings
+            TrainingOffline, pipeline.env_cls, pipeline.memory_cls, pipeline.training_agent_cls,
+            epochs=t.epochs, rounds=t.rounds, steps=t.steps,
+            update_model_interval=t.update_model_interval,
             update_buffer_interval=t.update_buffer_interval,
-            max_training_steps_per_env_step=t.max_training_steps_per_env_step, start_training=t.start_training,
-            device=t.device, worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
-            stale_sample_weight=t.stale_sample_weight, memory_size=m.memory_size, batch_size=m.batch_size,
-            seed=cfg.seed, max_abs_reward=t.max_abs_reward, max_nonfinite_steps=t.max_nonfinite_steps,
-            total_frames=t.total_frames, collection=t.collection, frames_per_batch=t.frames_per_batch,
-            rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
-            sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, memory_device=m.device,
-            compile=t.compile, normalize_obs=cfg.env.normalize_obs, normalize_obs_clip=cfg.env.normalize_obs_clip,
-            normalize_obs_every=cfg.env.normalize_obs_every)
+            max_training_steps_per_env_step=t.max_training_steps_per_env_step,
+            start_training=t.start_training, device=t.device,
+            settings=TrainingSettings.from_config(cfg))
         return cls(training_cls, cfg.network.server_ip, str(cfg.run_dir / "policy.pt"),
                    server_port=cfg.network.trainer_port, network=cfg.network, run_dir=cfg.run_dir,
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
@@ -172,13 +176,16 @@ class Trainer:
                    torch_threads=cfg.torch_threads)
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing each epoch, then close.
+        """Train for ``epochs`` epochs or until ``stop`` is set, checkpointing
+        each epoch, then close.
 
-        A Trainer runs once: its run folder lock, network thread and sample log are gone once it closes, so a second
-        run() (or a run() after close()) raises NetrlError; a new Trainer on the same ``run_dir`` resumes."""
+        A Trainer runs once: its run folder lock, network thread and sample log are gone once it
+        closes, so a second run() (or a run() after close()) raises NetrlError; a new Trainer on
+        the same ``run_dir`` resumes."""
         run_stop = self._runs.enter(stop, once=True)
         try:
-            with ctrl_c_stops(run_stop, trainer_label(self.name)):  # the checkpoint saved on the way out too
+            # the checkpoint saved on the way out too
+            with ctrl_c_stops(run_stop, trainer_label(self.name)):
                 self._run(run_stop)
         finally:
             self._runs.leave()
@@ -187,25 +194,27 @@ class Trainer:
         try:
             self._train(run_stop)
         except KeyboardInterrupt:
-            # With stop already set, this is a second Ctrl+C (the first set stop), which must interrupt at once, not
-            # start another save. Without (a notebook's Ctrl+C), save what was trained, as a stop does.
+            # With stop already set, this is a second Ctrl+C (the first set stop), which must
+            # interrupt at once, not start another save. Without (a notebook's Ctrl+C), save what
+            # was trained, as a stop does.
             again = run_stop.is_set()
             if again:
-                log.warning("interrupted again: stopping without saving; a new Trainer resumes from the last "
-                            "checkpoint in %s", self.run_dir)
+                log.warning("interrupted again: stopping without saving; a new Trainer "
+                            "resumes from the last checkpoint in %s", self.run_dir)
             self._close(raise_errors=False, failing=True, save=not again, interrupted=True)
             raise
         except BaseException:
-            self._close(raise_errors=False, failing=True)  # the error that stopped training is the one to report
+            # the error that stopped training is the one to report
+            self._close(raise_errors=False, failing=True)
             raise
         self.close()
 
     def run_with_wandb(self, entity: str | None = None, project: str | None = None, run_id: str | None = None,
                        key: str | None = None, stop: threading.Event | None = None) -> None:
-        """tmrl's name for :meth:`run` with wandb online: ``entity`` and ``project`` replace the constructor's
-        (None keeps them), ``run_id`` resumes that wandb run, and ``key`` is the API key (better: leave it None and
-        set ``WANDB_API_KEY`` or run ``wandb login``, so that it stays out of your code). :meth:`run` logs to wandb
-        too, offline by default."""
+        """tmrl's name for :meth:`run` with wandb online: ``entity`` and ``project`` replace the
+        constructor's (None keeps them), ``run_id`` resumes that wandb run, and ``key`` is the API
+        key (better: leave it None and set ``WANDB_API_KEY`` or run ``wandb login``, so that it
+        stays out of your code). :meth:`run` logs to wandb too, offline by default."""
         if key is not None:
             os.environ["WANDB_API_KEY"] = key
         _, default_project, default_entity = self.wandb
@@ -214,15 +223,19 @@ class Trainer:
         self.run(stop)
 
     def _train(self, stop: threading.Event) -> None:
-        apply_torch_threads(self.torch_threads, trainer_label(self.name))  # before the agent and memory are built
+        # before the agent and memory are built
+        apply_torch_threads(self.torch_threads, trainer_label(self.name))
         self.training = training = self.training_cls()
         training.build()
-        training.add_models(self.models, "Trainer(models=...)")
-        check_model_names(training.extra_models, f"the models {type(training.agent).__name__}.extra_models() and "
-                          "Trainer(models=...) declare")
+        publisher = training.publisher
+        assert publisher is not None
+        publisher.add_models(self.models, "Trainer(models=...)")
+        check_model_names(publisher.models, f"the models {type(training.agent).__name__}"
+                          ".extra_models() and Trainer(models=...) declare")
         self._lock.acquire()  # creates the folder
-        self._check_model_path()
-        remove_stale_temps(self.model_path.parent)  # what a trainer killed while saving its policy left
+        check_model_path(self.model_path, self.run_dir)
+        # what a trainer killed while saving its policy left
+        remove_stale_temps(self.model_path.parent)
         deliveries, sample_log = self._restore(training, stop)
         if stop.is_set():  # stopped while rebuilding the memory: nothing trained, nothing to save
             if sample_log is not None:
@@ -231,11 +244,13 @@ class Trainer:
         if training.epoch >= training.epochs or training.frames_done():
             done, setting = ((f"{training.epoch} of {int(training.epochs)} epochs", "epochs")
                              if training.epoch >= training.epochs else
-                             (f"{training.total_samples} samples of total_frames {training.total_frames}",
+                             (f"{training.total_samples} samples of total_frames "
+                              f"{training.settings.total_frames}",
                               "total_frames"))
-            log.warning("%s holds a finished run (%s): nothing to train. To train it further, raise the %s "
-                        "(Python: TrainingOffline(%s=...); config.json: trainer.%s); to start a new run, choose "
-                        "another folder (Python: Trainer(run_dir=...); config.json: run_name)", self.run_dir, done,
+            log.warning("%s holds a finished run (%s): nothing to train. To train it further, "
+                        "raise the %s (Python: TrainingOffline(%s=...); config.json: "
+                        "trainer.%s); to start a new run, choose another folder (Python: "
+                        "Trainer(run_dir=...); config.json: run_name)", self.run_dir, done,
                         setting, setting, setting)
             if sample_log is not None:
                 sample_log.close()
@@ -243,29 +258,36 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.run_name, *self.wandb, config=self.config,
                                      run_id=self.wandb_run_id)
         self.metrics.rewind(training.total_updates)
-        probe = probe_copy(self.sample_compressor)  # as the worker probes; if it cannot be copied, the instance
+        # as the worker probes; if it cannot be copied, the instance
+        probe = probe_copy(self.sample_compressor)
         guards = training.safeguards
         schema = SampleSchema.from_spaces(training.observation_space, training.action_space,
                                           self.sample_compressor if probe is None else probe,
                                           guards.limits if guards is not None else None,
                                           {**declared_extras(training.agent.get_actor() if training.agent else None),
-                                           **version_columns(training.extra_models)})
-        if guards is not None:  # bounds only where the workers' compressor sends leaves as the spaces describe them
+                                           **version_columns(publisher.models)})
+        # bounds only where the workers' compressor sends leaves as the spaces describe them
+        if guards is not None:
             guards.limits = schema.limits
-        self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port, self.credit_window,
-                                     deliveries, sample_log, schema, self.keys, self.status_interval, training.live,
-                                     self._record_version, self.weight_format, self.weight_budget_s)
-        net.version = training.version
+        self.net = net = TrainerLink(self.network, self.name, self.session, self.server_port,
+                                     self.credit_window, deliveries, sample_log, schema, self.keys,
+                                     self.status_interval, training.live,
+                                     self._saver.record_version, self.weight_format,
+                                     self.weight_budget_s)
+        net.version = publisher.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(
             schema.leaves)), f"server.max_rows_per_packet is {rows}, in the trainer's config too")
-        self._saved = self._progress()  # what the checkpoint on disk (if any) holds
-        if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish nothing, save nothing
+        self._saver.note_saved(training, net)  # what the checkpoint on disk (if any) holds
+        if stop.is_set():  # Ctrl+C while starting (wandb takes seconds): publish
+                           # nothing, save nothing
             return
         net.start()
         training.start(net)
-        epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"  # tmrl's np.inf
-        log.info("%s started: %s epochs x %d rounds x %d steps on %s", trainer_label(self.name), epochs,
+        # tmrl's np.inf
+        epochs = "unlimited" if training.epochs == float("inf") else f"{training.epochs:g}"
+        log.info("%s started: %s epochs x %d rounds x %d steps on %s",
+                 trainer_label(self.name), epochs,
                  training.rounds, training.steps, training.device)
         while training.epoch < training.epochs and not stop.is_set() and not training.frames_done():
             for stats in training.run_epoch(net, stop):
@@ -273,217 +295,42 @@ class Trainer:
             if not stop.is_set():
                 self._save()
         if training.frames_done() and not stop.is_set():  # (saved just above)
-            log.info("%s finished: trainer.total_frames reached (%d env steps arrived from all workers together, of "
-                     "%d) after %d training steps", trainer_label(self.name), training.total_samples,
-                     training.total_frames, training.total_updates)
+            log.info("%s finished: trainer.total_frames reached (%d env steps arrived "
+                     "from all workers together, of %d) after %d training steps",
+                     trainer_label(self.name), training.total_samples,
+                     training.settings.total_frames, training.total_updates)
 
-    def _restore(self, training: TrainingOffline, stop: threading.Event) -> tuple[Deliveries, SampleLog | None]:
-        """Load the checkpoint (if resuming) and rebuild the replay memory from the sample log, unless ``stop`` is
-        set meanwhile (a log of a million image rows takes minutes): then it returns at once, with the memory and
-        the deliveries part-built, and the caller must neither train nor save."""
-        saved = checkpoint.load_checkpoint(self.run_dir) if self.resume else None
-        if not self.resume and (checkpoint.exists(self.run_dir) or (self.run_dir / "samples").exists()):
-            raise CheckpointError(f"{self.run_dir} already holds a checkpoint or sample log and trainer.resume is "
-                                  "false: set trainer.resume to true to continue that run, or choose another run_name")
-        state: dict[str, Any] = {}
-        if saved is not None:
-            agent_state, state = saved
-            self._load_agent(training, agent_state, state.get("agent_state", "full"))
-            training.load_state(state)
-        deliveries = Deliveries(state.get("deliveries"))
-        _number_after(training, checkpoint.published_version(self.run_dir), "this run sent out")
-        for model, newest in checkpoint.published_models(self.run_dir).items():
-            if model in training.extra_models and newest > training.model_versions.get(model, 0):
-                training.model_versions[model] = newest  # no number names two versions of a model either
-        self._published = {POLICY: training.version, **training.model_versions}
-        held = state.get("memory_len") or 0  # transitions the replay memory held at the checkpoint
-        if not self.persist_samples:
-            if held:
-                log.warning("trainer.persist_samples is off, so the replay memory starts empty: the %d transitions "
-                            "it held at the checkpoint are lost (the server and workers do not send them again)",
-                            held)
-            return deliveries, None
-        memory_size = training.memory_size
-        assert memory_size is not None  # build() resolved it
-        sample_log = SampleLog(self.run_dir / "samples", keep_rows=int(memory_size * 1.1) + 10_000, fsync=self.fsync)
-        at_checkpoint = Position(*state["log_position"]) if state.get("log_position") else None
-        restored = after = newest = 0
-        matched = at_checkpoint is None
-
-        def reached() -> None:
-            assert training.memory is not None
-            log.info("replay memory restored to its checkpoint state: %d transitions (checkpoint: %d)",
-                     len(training.memory), held)
-
-        for rec in sample_log.read():
-            if stop.is_set():
-                log.info("stopped while rebuilding the replay memory (%d samples read): nothing was trained, and the "
-                         "next start rebuilds it from the start of the sample log", restored + after)
-                return deliveries, sample_log
-            try:
-                # as on arrival; a log an older netrl wrote holds older protocol versions
-                buf = buffer_from_message(decode(rec.frames, self.network.max_message_bytes, stored=True))
-            except ProtocolError as exc:  # intact on disk, but refused by today's checks (an older netrl wrote it)
-                log.warning("skipped a packet in the sample log at %s that this netrl refuses: %s", rec.position, exc)
-                continue
-            buf.recv_version = int(rec.meta["recv_version"])
-            newest = max(newest, buf.recv_version, int(buf.policy_version.max(initial=0)))
-            new = at_checkpoint is None or rec.position >= at_checkpoint
-            if new and not matched:  # the first record after the checkpoint, with a damaged one just before it
-                matched = True
-                reached()
-            steps = training.add(buf, new=new)
-            deliveries.add(buf.worker, buf.seq)
-            restored += 0 if new else steps
-            after += steps if new else 0
-            if not new and rec.next == at_checkpoint:
-                matched = True
-                reached()
-        if restored or after:
-            log.info("rebuilt the replay memory from the sample log: %d samples from before the checkpoint, %d "
-                     "received after it; memory holds %d transitions", restored, after,
-                     len(training.memory) if training.memory is not None else 0)
-        if not matched and held:  # e.g. samples/ deleted or not copied with checkpoint/, or its end damaged
-            log.warning("the sample log in %s does not reach the checkpoint's position, so the replay memory holds "
-                        "%d of the %d transitions it held at the checkpoint: the missing ones are lost (they were "
-                        "acknowledged, so nobody sends them again)", self.run_dir / "samples",
-                        len(training.memory) if training.memory is not None else 0, held)
-        _number_after(training, newest, "in the sample log")  # e.g. another run's weights, still with workers
-        return deliveries, sample_log
-
-    def _check_model_path(self) -> None:
-        """Refuse a ``model_path`` outside the run folder that holds a policy another run saved: each save would
-        overwrite that run's trained policy (its checkpoint keeps the agent, but not where a user looks for it)."""
-        run_dir = self.run_dir.resolve()
-        path = self.model_path.resolve()
-        if path.is_relative_to(run_dir) or not path.exists():
-            return
-        owner = policy_run_dir(path)
-        if owner == str(run_dir):
-            return
-        saved_by = f"the run in {owner}" if owner else "another run or program (its sidecar names no run folder)"
-        raise CheckpointError(f"model_path {self.model_path} holds a policy saved by {saved_by}, and this trainer "
-                              f"(run folder {self.run_dir}) would overwrite it with its own: leave model_path out to "
-                              f"save under the run folder ({self.run_dir / 'policy.pt'}), give another path, or move "
-                              "that file away first")
-
-    def _record_version(self, version: int, model: str = POLICY) -> None:
-        """Note a weight version (of the policy, or of another ``model``) in the run folder before it is sent (see
-        :func:`checkpoint.record_published`)."""
-        self._published[model] = version
-        others = {name: v for name, v in self._published.items() if name != POLICY}
-        try:
-            checkpoint.record_published(self.run_dir, self._published.get(POLICY, 0), self.fsync,
-                                        **({"models": others} if others else {}))
-        except OSError as exc:
-            raise CheckpointError(f"{write_failed('the newest weight version to', self.run_dir / 'checkpoint', exc)}"
-                                  f"; v{version} was not sent, so no number names two actors") from None
-
-    @staticmethod
-    def _load_agent(training: TrainingOffline, agent_state: dict[str, Any], kind: str) -> None:
-        """Restore the agent: all of it (``kind`` "full"), or only its actor when the checkpoint was saved from an
-        agent without ``state_dict`` ("actor")."""
-        agent = training.agent
-        assert agent is not None
-        name = type(agent).__name__
-        if kind == "full" and training.agent_has_state:
-            try:
-                agent.load_state_dict(agent_state)
-            except (RuntimeError, KeyError, ValueError) as exc:  # e.g. other layer sizes, or another env's spaces
-                detail = "; ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                raise CheckpointError(f"the checkpoint does not fit this {name} ({detail}): the model or the env "
-                                      "changed since it was saved; revert that change to resume, or start a new run "
-                                      "(--run-name, config.json: run_name)") from None
-            return
-        if kind == "full":
-            log.warning("the checkpoint holds a full agent state, but %s has no load_state_dict(): the agent starts "
-                        "afresh (the counters still continue)", name)
-            return
-        actor = agent.get_actor()
-        try:
-            actor.load_state_dict(agent_state.get("actor", {}))
-        except (RuntimeError, AttributeError) as exc:
-            log.warning("the checkpoint's actor does not fit %s's actor, which starts afresh: %s", name, exc)
-            return
-        log.warning("the checkpoint holds only the actor's weights (saved from an agent without state_dict()): "
-                    "restored them into %s's actor; the rest of %s (critics, target networks, optimisers) starts "
-                    "afresh", name, name)
-
-    def _progress(self) -> tuple[Any, ...]:
-        """What a checkpoint and the policy file would hold; equal to the last save's means nothing to save."""
-        t, net = self.training, self.net
-        assert t is not None
-        return t.epoch, t.total_updates, t.total_samples, t.version, net.ingested if net is not None else None
+    def _restore(self, training: TrainingOffline, stop: threading.Event
+                 ) -> tuple[Deliveries, SampleLog | None]:
+        """The checkpoint and the sample log into ``training`` (see :mod:`netrl.trainer.resume`)."""
+        restored = restore(training, self.run_dir, resume=self.resume,
+                           persist_samples=self.persist_samples, fsync=self.fsync,
+                           max_message_bytes=self.network.max_message_bytes, stop=stop)
+        self._saver.published = restored.published
+        return restored.deliveries, restored.sample_log
 
     def _save(self) -> None:
-        guards = self.training.safeguards if self.training is not None else None
-        if guards is not None and self.training is not None:  # stopped mid-round: keep only a finite state
-            guards.settle(self.training.total_updates)
-        self.save_policy()  # first: it may number the actor, which the checkpoint then records
-        self.checkpoint()
-        self._policy_saved = True
-        self._saved = self._progress()
+        """The policy file, then the checkpoint; an actor that needs a version of its own is
+        published under it, unless the trainer is closing (its network thread has halted)."""
+        self._saver.save(self.training, self.net, publish=not self._runs.shutting)
 
     def checkpoint(self) -> None:
-        """Save agent, counters, weight version, sample-log position and delivery state (atomically)."""
-        training, net = self.training, self.net
-        if training is None or training.agent is None or net is None:
-            return
-        state = {**training.state(), "memory_len": len(training.memory) if training.memory is not None else 0,
-                 "log_position": list(net.ingested) if net.ingested is not None else None,
-                 "deliveries": net.delivery_state(), "trainer_session": self.session, "saved_at": time.time(),
-                 "config": self.config, "agent_state": "full" if training.agent_has_state else "actor"}
-        if training.agent_has_state:
-            agent_state = training.agent.state_dict()
-        else:  # an agent without state_dict() (see TrainingOffline.build): its actor's weights are what is known
-            actor = training.agent.get_actor()
-            agent_state = {"actor": actor.state_dict()} if isinstance(actor, torch.nn.Module) else {}
-        try:
-            path = checkpoint.save_checkpoint(self.run_dir, agent_state, state, self.fsync)
-        except OSError as exc:
-            raise CheckpointError(f"{write_failed('a checkpoint in', self.run_dir / 'checkpoint', exc)}; the "
-                                  "previous checkpoint is intact") from None
-        log.info("checkpoint saved to %s (epoch %d, %d training steps, weights v%d, memory %d)", path,
-                 training.epoch, training.total_updates, training.version, state["memory_len"])
-
-    def _number_actor(self, training: TrainingOffline) -> None:
-        """Give the actor a version of its own before it is saved, so that no number names two actors: published
-        while the network thread runs (after an epoch: the workers get it too), else noted like a sent one."""
-        if self.net is not None and not self._runs.shutting:
-            try:
-                training.publish(self.net)
-                return
-            except NetrlError:  # the network thread has stopped
-                pass
-        training.version = max(training.version, self.net.taken_version() if self.net else -1) + 1
-        self._record_version(training.version)
-        training.published_updates = training.total_updates
+        """Save agent, counters, weight version, sample-log position and delivery
+        state (atomically)."""
+        self._saver.checkpoint(self.training, self.net)
 
     def save_policy(self) -> None:
-        """Write the current actor to ``model_path`` (state_dict plus a JSON sidecar with its version)."""
-        training = self.training
-        if training is None or training.agent is None:
-            return
-        if training.published_updates != training.total_updates:  # trained since the version it last sent
-            self._number_actor(training)
-        bad = checkpoint.nonfinite_entries(training.agent.get_actor().state_dict())
-        if bad:  # the loop undoes non-finite steps: this agent changed its actor where StateGuard could not see it
-            raise CheckpointError(f"not saving the policy: the actor's {', '.join(bad[:3])} hold NaN or infinity; "
-                                  f"{self.model_path} keeps the last finite one. Make the agent's state_tensors() list "
-                                  "every tensor its train() changes")
-        meta = {"version": training.version, "trained_steps": training.total_updates,
-                "samples": training.total_samples, "trainer_session": self.session, "saved_at": time.time(),
-                "pid": os.getpid(), "run_dir": str(self.run_dir.resolve())}  # whose policy it is: _check_model_path
-        try:
-            write_weights_file(self.model_path, training.agent.get_actor(), meta)
-        except OSError as exc:
-            raise CheckpointError(write_failed("the policy to", self.model_path, exc)) from None
+        """Write the current actor to ``model_path`` (state_dict plus a JSON
+        sidecar with its version)."""
+        self._saver.save_policy(self.training, self.net, publish=not self._runs.shutting)
 
     def close(self) -> None:
-        """Checkpoint and save the policy if anything changed since the last save, disconnect and flush metrics.
-        Idempotent. Called from another thread while :meth:`run` runs, it stops the run as its ``stop`` would and
-        waits until run() has saved and closed (the training loop must not go on under a checkpoint)."""
-        if self._runs.close():  # (and a run() after close() would lock the run folder again, never to release it)
+        """Checkpoint and save the policy if anything changed since the last save, disconnect and
+        flush metrics. Idempotent. Called from another thread while :meth:`run` runs, it stops the
+        run as its ``stop`` would and waits until run() has saved and closed (the training loop must
+        not go on under a checkpoint)."""
+        # (and a run() after close() would lock the run folder again, never to release it)
+        if self._runs.close():
             return
         self._close(raise_errors=True)
 
@@ -492,7 +339,9 @@ class Trainer:
             return
         try:
             self._close_steps(raise_errors, failing, save, interrupted)
-        finally:  # even when a second Ctrl+C cut the save short: a new Trainer in this process may take the folder
+        # even when a second Ctrl+C cut the save short: a new Trainer in this
+        # process may take the folder
+        finally:
             if self.net is not None and self.net.sample_log is not None:
                 self.net.sample_log.close()
             if self.metrics is not None:
@@ -503,7 +352,8 @@ class Trainer:
         failed: Exception | None = None
         if self.net is not None:
             self.net.halt()  # stop receiving first, so the checkpoint's delivery state is final
-        unsaved = self._saved is not None and self._progress() != self._saved  # stopped mid-epoch, or failed
+        # stopped mid-epoch, or failed
+        unsaved = self._saver.unsaved(self.training, self.net)
         if save and unsaved:
             try:
                 self._save()
@@ -513,10 +363,12 @@ class Trainer:
                     log.error("%s (the error that stopped the trainer follows)", exc)
             except Exception as exc:  # user code (the agent, the actor) failed while saving
                 failed = exc
-                if not raise_errors:  # log it, and report the error that stopped training, not one chained on it
-                    log.exception("saving the checkpoint and the policy failed too; the error that stopped the "
-                                  "trainer follows")
-        if failing and self.net is None:  # it never got to train: the error that follows says it all
+                # log it, and report the error that stopped training, not one chained on it
+                if not raise_errors:
+                    log.exception("saving the checkpoint and the policy failed "
+                                  "too; the error that stopped the trainer follows")
+        # it never got to train: the error that follows says it all
+        if failing and self.net is None:
             return
         stats = self.net.stats if self.net is not None else collections.Counter()
         malformed = self.net.link.rejected_messages if self.net is not None else 0
@@ -524,25 +376,20 @@ class Trainer:
             policy = "the policy could not be saved"
         elif unsaved and not save:
             policy = "what it trained since its last save is not saved"
-        elif not self._policy_saved:
+        elif not self._saver.policy_saved:
             policy = "no policy saved (nothing was trained)"
         else:
             policy = f"policy saved to {self.model_path}"
         guards = self.training.safeguards if self.training else None
-        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could not store, %d malformed "
-                 "messages from the server, %d duplicate packets dropped, %d refused for their values, %d training "
-                 "steps undone (not finite)",
+        ingester = self.training.ingester if self.training else None
+        unstored = ingester.unstored if ingester is not None else 0
+        log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could "
+                 "not store, %d malformed messages from the server, %d duplicate packets "
+                 "dropped, %d refused for their values, %d training steps undone (not finite)",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
-                 stats["rejected"], self.training.unstored if self.training else 0, malformed, stats["duplicates"],
+                 stats["rejected"], unstored, malformed, stats["duplicates"],
                  guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
         if failed is not None and raise_errors:
             raise failed
 
-
-def _number_after(training: TrainingOffline, version: int, source: str) -> None:
-    """Continue the weight version numbering after ``version`` if it is newer: no number may name two actors."""
-    if version > training.version:
-        log.info("weight versions continue after v%d, the newest %s, not after v%d", version, source,
-                 training.version)
-        training.version = version

@@ -1,8 +1,11 @@
 """The worker's network thread: sample packets out (kept until acknowledged), weights and pacing in.
 
-It never touches the env or the policy: the control path hands it encoded packets through an inproc pipe
-(:meth:`NetThread.command`, as PACKET commands), and weights are passed to a callback that loads them off the control
-path. It needs no torch, so benchmarks and tools can drive the real delivery path with synthetic packets.
+It never touches the env or the policy: the control path hands it encoded packets through an inproc
+pipe (:meth:`~netrl.worker.backlog.BacklogThread.hand_over`, as PACKET commands), and weights are
+passed to a callback that loads them off the control path. It needs no torch, so benchmarks and
+tools can drive the real delivery path with synthetic packets. The packets' side, the backlog, is
+:mod:`netrl.worker.backlog`'s; this module adds what comes in beside the acks (weights, the
+collection they announce, the trainer's pace), the heartbeats' counters and the status line.
 """
 
 from __future__ import annotations
@@ -11,109 +14,75 @@ import collections
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
-from netrl.net.thread import Command, NetThread, read_command
-from netrl.protocol.messages import Message, MsgType, printable
-from netrl.protocol.wire import encode, frames_nbytes, max_packet_bytes
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import encode
 from netrl.util import version_label, worth_logging
-from netrl.worker.sync import check_announcement
+from netrl.worker.announcement import check_announcement
+from netrl.worker.backlog import BacklogThread
 
 __all__ = ["WorkerLink"]
 
 log = logging.getLogger(__name__)
 
 
-class _Outgoing(NamedTuple):
-    frames: list[Any]
-    nbytes: int
-    steps: int
+class WorkerLink(BacklogThread):
+    """The worker's network thread: packets out, weights and pace in.
 
-
-def _packet(head: Any) -> tuple[int, int]:
-    """The seq and transitions of a PACKET command's head: the only command a worker's network thread takes."""
-    kind, values = read_command(head)
-    if kind is not Command.PACKET:
-        raise ValueError(f"a {kind.name} command on a worker's network thread, which takes PACKET commands only")
-    seq, steps = values
-    return seq, steps
-
-
-class WorkerLink(NetThread):
-    """The worker's network thread: packets out (kept until acknowledged), weights and pace in.
-
-    A packet stays in the backlog until the server acknowledges it (the server does so once the packet is on its
-    disk spool or in the trainer's sample log). At most ``send_window_bytes`` are in flight, and no more than the
-    server's share of its memory for this worker (sent in WELCOME and every ACK); a NACK (server full) makes a
-    packet wait ``retry_s`` before it is sent again; after a reconnect everything unacknowledged is sent again.
-    A packet the server refuses for another sample layout than the trainer's (a NACK naming that layout) is kept
-    (``held``) until the server's heartbeats name another layout (a trainer with its own connected), then sent again:
-    a misconfigured trainer costs no samples. Past ``max_backlog_bytes`` the oldest packets, held ones included, are
-    dropped, counted and reported loudly.
+    Packets follow the backlog's rules (:class:`~netrl.worker.backlog.BacklogThread`: kept until
+    acknowledged, sent within a window, held, resent or dropped as the server answers). Each weight
+    part goes to ``on_weights`` on this thread, and each whole version is acknowledged, in order; a
+    PACE raises the allowance :meth:`wait_for_pace` holds the control path to. Heartbeats carry
+    the counters, and the status line logs them every ``status_interval_s``.
     """
 
-    def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int, keys: ClientKeys | None,
-                 max_backlog_bytes: int, send_window_bytes: int, produced: Callable[[], int] | None = None,
-                 on_weights: Callable[[Message], dict[str, Any]] | None = None, status_interval_s: float = 0.0,
+    def __init__(self, network: NetworkConfig, worker_id: str, session: str, port: int,
+                 keys: ClientKeys | None, max_backlog_bytes: int, send_window_bytes: int,
+                 produced: Callable[[], int] | None = None,
+                 on_weights: Callable[[Message], dict[str, Any]] | None = None,
+                 status_interval_s: float = 0.0,
                  last_return: Callable[[], float | None] | None = None,
                  weight_ack: Callable[[Message], dict[str, Any] | None] | None = None) -> None:
-        super().__init__(network, "worker", worker_id, session, port, keys=keys)
-        self.worker_id = worker_id
-        self.max_backlog_bytes, self.send_window_bytes = max_backlog_bytes, send_window_bytes
+        super().__init__(network, worker_id, session, port, keys, max_backlog_bytes,
+                         send_window_bytes)
         self.produced = produced or (lambda: 0)
-        self.on_weights = on_weights  # called on this thread; returns counters to report in heartbeats
-        self.weight_ack = weight_ack  # the ACK body of a version whose last part arrived (None: no ACK)
+        self.on_weights = on_weights  # called on this thread; returns counters to
+                                      # report in heartbeats
+        self.weight_ack = weight_ack  # the ACK body of a version whose last part arrived
+                                      # (None: no ACK)
         self.last_return = last_return or (lambda: None)
         self.num_envs = 1  # the worker's envs: the status line's steps/s are their sum
         self._status = StatusClock(status_interval_s, {"produced": 0})
-        self.backlog: OrderedDict[int, _Outgoing] = OrderedDict()  # every unacknowledged packet, by seq
-        self.unsent: OrderedDict[int, None] = OrderedDict()  # backlog packets to send on this connection
-        self.waiting: dict[int, float] = {}  # NACKed packets: seq -> monotonic time to resend
-        self.held: dict[int, int] = {}  # packets refused for the trainer's layout: seq -> the tag of that layout
-        self._held_reasons: set[str] = set()  # why, as logged (once each)
-        self.inflight: set[int] = set()
-        self.server_window: int | None = None  # the share of the server's memory it grants this worker
-        # ACK bodies of the versions received that the link has not taken yet, in order: the server pipelines deltas and
-        # expects an ACK of each, in the order it sent them (at most a few per model: it sends no more without them)
+        # ACK bodies of the versions received that the link has not taken yet, in order: the server
+        # pipelines deltas and expects an ACK of each, in the order it sent them (at most a few per
+        # model: it sends no more without them)
         self.weights_acks: collections.deque[dict[str, Any]] = collections.deque()
-        self.backlog_bytes = self.inflight_bytes = 0
-        self.settled = threading.Condition()  # notified whenever the backlog shrinks or a packet arrives
-        self.last_seq = 0  # newest packet this thread took from the control path
-        self.handed_seq = 0  # newest packet the control path handed over (written by it only)
-        # bytes, packets and samples the control path handed over (hand_over; written by it only), and those of them
-        # this thread took off the pipe (written by this thread only)
-        self.piped_bytes = self.piped_packets = self.piped_samples = 0
-        self.taken_bytes = self.taken_packets = self.taken_samples = 0
-        # the control path's, see hand_over; its keys exist from the start, so this thread can read it meanwhile
-        self.pipe_drops = collections.Counter({"dropped_packets": 0, "dropped_samples": 0})
-        self._last_pipe_warning = 0.0
-        self.flushing = threading.Event()  # set by flush(): the worker is stopping, so reconnect without back-off
-        self._told_flushing = False  # the server knows, on this connection, that this worker is stopping
+        self._told_flushing = False  # the server knows, on this connection, that this
+                                     # worker is stopping
         self.weight_stats: dict[str, Any] = {}
-        # the trainer's collection announcement, from the newest weights (netrl.worker.sync); None: none heard
+        # the trainer's collection announcement, from the newest weights
+        # (netrl.worker.runners.sync); None: none heard
         self.collect: dict[str, Any] | None = None
         self.sync_stats: dict[str, Any] = {}  # the control path's waits for weights in sync mode
         self.allowance = 0
         self.pace_cond = threading.Condition()
         self.paced = False  # True once the server sent a PACE
-        self.trainer_samples: int | None = None  # what the trainer held at the newest PACE (see also server_stats)
-        self.waiting_for_pace = False  # set by the control path while it waits for a larger allowance
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.last_rejection = ""  # why the newest rejected packet was refused (the status line repeats it)
-        self.last_held_reason = ""  # why the newest held packet was refused
-        self._last_drop_warning = 0.0
+        self.trainer_samples: int | None = None  # what the trainer held at the newest PACE (see
+                                                 # also server_stats)
+        self.waiting_for_pace = False  # set by the control path while it waits for a
+                                       # larger allowance
         self.link.heartbeat_body = self._heartbeat_stats
 
-
-    def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event, send: Callable[[], None],
-                      check: Callable[[], None]) -> None:
-        """Block the control path while the worker has ``produced`` as many samples as the trainer's PACE allows:
-        ``send`` first (the trainer may be waiting for exactly these rows), then ``check`` the network as it waits."""
+    def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event,
+                      send: Callable[[], None], check: Callable[[], None]) -> None:
+        """Block the control path while the worker has ``produced`` as many samples as the trainer's
+        PACE allows: ``send`` first (the trainer may be waiting for exactly these rows), then
+        ``check`` the network as it waits."""
         if produced() < self.allowance:
             return
         send()
@@ -124,7 +93,8 @@ class WorkerLink(NetThread):
                 while produced() >= self.allowance and not stop.is_set():
                     self.pace_cond.wait(0.05)
                     if time.monotonic() - waited > 10 and not self.paced:
-                        log.info("worker %s is waiting for the trainer to ask for samples (worker.throttle is on)",
+                        log.info("worker %s is waiting for the trainer to "
+                                 "ask for samples (worker.throttle is on)",
                                  self.worker_id)
                         waited = time.monotonic()
                     check()
@@ -133,166 +103,35 @@ class WorkerLink(NetThread):
 
     def _heartbeat_stats(self) -> dict[str, Any]:
         return {"stats": {"produced": self.produced(), "backlog_packets": len(self.backlog),
-                          "backlog_bytes": self.backlog_bytes, "held_packets": len(self.held), **self.weight_stats,
-                          **self.sync_stats,
-                          **self.dropped()}}
-
-    def dropped(self) -> collections.Counter[str]:
-        """This thread's counts, with the packets the control path dropped at the pipe added to the dropped ones."""
-        return self.counts + self.pipe_drops  # Counter addition keeps the positive counts, which all are
-
-    # -- packets out --------------------------------------------------------------------------------------
-    def hand_over(self, frames: list[Any]) -> bool:
-        """Control path: hand this thread a packet, as a PACKET command: its head (seq and transitions, see
-        :mod:`netrl.net.thread`) and the message's frames. Never blocks.
-
-        The pipe is bounded too: while ``max_backlog_bytes`` of packets wait in it (this thread is so short of CPU
-        that it does not even take them), a further packet is dropped here, counted with the dropped ones and
-        logged, rather than taking memory without limit; the backlog drops packets beyond the same limit. Returns
-        False for a dropped packet."""
-        nbytes, waiting = frames_nbytes(frames[1:]), self.piped_bytes - self.taken_bytes
-        seq, steps = _packet(frames[0])
-        if waiting and waiting + nbytes > self.max_backlog_bytes:
-            self.pipe_drops["dropped_packets"] += 1
-            self.pipe_drops["dropped_samples"] += steps
-            now = time.monotonic()
-            if now - self._last_pipe_warning > 10:
-                self._last_pipe_warning = now
-                # pipe_drops, not counts: counts is the network thread's, and may grow while this thread reads it
-                log.warning("worker %s network thread is behind: %d bytes of packets wait for it (limit "
-                            "worker.max_backlog_bytes = %d), so the newest packet was dropped; %d samples dropped "
-                            "here so far. The machine is short of CPU for this worker", self.worker_id, waiting,
-                            self.max_backlog_bytes, self.pipe_drops["dropped_samples"])
-            return False
-        self.handed_seq = seq
-        self.piped_bytes += nbytes
-        self.piped_packets += 1
-        self.piped_samples += steps
-        self.command(frames)
-        return True
-
-    def unacknowledged(self) -> tuple[int, int]:
-        """Packets and samples not acknowledged: the backlog's, and those still in the pipe (a stopped thread never
-        took them)."""
-        return (len(self.backlog) + self.piped_packets - self.taken_packets,
-                sum(p.steps for p in self.backlog.values()) + self.piped_samples - self.taken_samples)
-
-    def on_command(self, frames: list[Any]) -> None:
-        seq, steps = _packet(frames[0])
-        packet = _Outgoing(frames[1:], frames_nbytes(frames[1:]), steps)
-        self.taken_bytes += packet.nbytes
-        self.taken_packets += 1
-        self.taken_samples += steps
-        self.backlog[seq] = packet
-        self.unsent[seq] = None
-        self.backlog_bytes += packet.nbytes
-        with self.settled:
-            self.last_seq = seq
-            self.settled.notify_all()
-        while self.backlog_bytes > self.max_backlog_bytes and self._drop_oldest():
-            pass
-        self._pump()
-
-    def _drop_oldest(self) -> bool:
-        """Drop the oldest packet that is not in flight (one in flight may still be delivered and acknowledged)."""
-        seq = next((s for s in self.backlog if s not in self.inflight), None)
-        if seq is None:
-            return False
-        packet = self.backlog.pop(seq)
-        self._forget(seq, packet)
-        self.counts["dropped_packets"] += 1
-        self.counts["dropped_samples"] += packet.steps
-        now = time.monotonic()
-        if now - self._last_drop_warning > 10:
-            self._last_drop_warning = now
-            log.warning("worker %s backlog is full (%d bytes unacknowledged, limit worker.max_backlog_bytes = %d): "
-                        "dropped its oldest packets; %d samples in %d packets dropped so far", self.worker_id,
-                        self.backlog_bytes, self.max_backlog_bytes, self.dropped()["dropped_samples"],
-                        self.dropped()["dropped_packets"])
-        return True
-
-    def _forget(self, seq: int, packet: _Outgoing) -> None:
-        self.backlog_bytes -= packet.nbytes
-        self.unsent.pop(seq, None)
-        self.waiting.pop(seq, None)
-        self.held.pop(seq, None)
-        if seq in self.inflight:
-            self.inflight.discard(seq)
-            self.inflight_bytes -= packet.nbytes
-        with self.settled:
-            self.settled.notify_all()
-
-    def _pump(self) -> None:
-        """Send unsent packets, oldest first, within the window."""
-        while self.unsent and self.link.ready:
-            seq = next(iter(self.unsent))
-            packet = self.backlog[seq]
-            limit = self.link.welcome.get("max_message_bytes")
-            if limit is not None and packet.nbytes > max_packet_bytes(limit):  # ZeroMQ would drop the connection
-                self._reject(seq, packet, f"a packet of {packet.nbytes} bytes is more than the server relays "
-                             f"(its network.max_message_bytes is {limit}): set the same value on every machine")
-                continue
-            window = min(self.send_window_bytes, self.server_window or self.send_window_bytes)
-            if self.inflight and self.inflight_bytes + packet.nbytes > window:
-                return
-            if not self.link.send(packet.frames):
-                return
-            del self.unsent[seq]
-            self.inflight.add(seq)
-            self.inflight_bytes += packet.nbytes
+                          "backlog_bytes": self.backlog_bytes, "held_packets": len(self.held),
+                          **self.weight_stats, **self.sync_stats, **self.dropped()}}
 
     def on_ready(self) -> None:
-        """(Re)connected: the server may have lost anything unacknowledged, so send it all again."""
-        if self.backlog and self.counts["connections"]:
-            log.info("resending %d unacknowledged packets (%d bytes)", len(self.backlog), self.backlog_bytes)
-        self.counts["connections"] += 1
+        """(Re)connected: the backlog goes again, and no weights ACK is owed any more."""
         self._told_flushing = False
         self.weights_acks.clear()  # the server's new session for this worker waits for no ACK
-        self.server_window = self.link.welcome.get("window")
-        self.inflight.clear()
-        self.inflight_bytes = 0
-        self.waiting.clear()
-        self.held.clear()  # maybe another server, or a trainer with their layout: they go again with the rest
-        self.unsent = OrderedDict.fromkeys(self.backlog)
-        self._pump()
+        super().on_ready()
 
     def _ack_weights(self) -> None:
-        """Acknowledge each version received, in order. The server sends this worker few more versions of a model
-        until it has the ACKs, so those the link refuses (its queue full of packets) are kept and sent again at
-        every tick."""
+        """Acknowledge each version received, in order. The server sends this worker few more
+        versions of a model until it has the ACKs, so those the link refuses (its queue full of
+        packets) are kept and sent again at every tick."""
         while self.weights_acks:
-            if not self.link.send(encode(Message(MsgType.ACK, self.worker_id, body=self.weights_acks[0]))):
+            ack = Message(MsgType.ACK, self.worker_id, body=self.weights_acks[0])
+            if not self.link.send(encode(ack)):
                 return
             self.weights_acks.popleft()
 
     def on_tick(self) -> None:
         self._ack_weights()
         self._status_line()
-        if self.flushing.is_set() and self.backlog:
-            self.link.reconnect_now()  # the flush timeout is shorter than the longest back-off
         if self.flushing.is_set() and self.link.ready and not self._told_flushing:
-            # the server then spools this worker's packets at once and says so, rather than hold them for the trainer
-            self._told_flushing = self.link.send(encode(Message(MsgType.HEARTBEAT, self.worker_id,
-                                                                body={**self._heartbeat_stats(), "flushing": True})))
-        ready: list[int] = []
-        if self.waiting:
-            now = time.monotonic()
-            ready = [seq for seq, t in self.waiting.items() if t <= now]
-            for seq in ready:
-                del self.waiting[seq]
-        layout = self.link.server_stats.get("layout") if self.link.ready else None
-        if self.held and layout:  # (0: news from before the server had the layout that refused them)
-            released = [seq for seq, tag in self.held.items() if tag != layout]  # refused by a layout now gone
-            for seq in released:
-                del self.held[seq]
-            if released:
-                log.info("worker %s sends again %d packets the server refused for the trainer's sample layout: it "
-                         "checks packets against another layout now", self.worker_id, len(released))
-            ready += released
-        if ready:
-            self.unsent.update(dict.fromkeys(ready))
-            self.unsent = OrderedDict.fromkeys(sorted(self.unsent))
-        self._pump()
+            # the server then spools this worker's packets at once and says so, rather than
+            # hold them for the trainer
+            body = {**self._heartbeat_stats(), "flushing": True}
+            self._told_flushing = self.link.send(
+                encode(Message(MsgType.HEARTBEAT, self.worker_id, body=body)))
+        super().on_tick()
 
     def _status_line(self) -> None:
         if not self._status.due():
@@ -300,76 +139,55 @@ class WorkerLink(NetThread):
         rates = self._status.rates({"produced": self.produced()})
         assert rates is not None  # the clock started with the link
         ret = self.last_return()
-        log.info("status | worker %s | %.0f steps/s%s | weights %s | server %s | backlog %d packets (%.1f MiB) | "
-                 "acked %d, dropped %d samples | last return %s%s", self.worker_id, rates["produced"],
+        log.info("status | worker %s | %.0f steps/s%s | weights %s | server %s | "
+                 "backlog %d packets (%.1f MiB) | acked %d, dropped %d samples | last return %s%s",
+                 self.worker_id, rates["produced"],
                  f" over {self.num_envs} envs" if self.num_envs > 1 else "",
                  version_label(self.weight_stats.get("version")), self.link.state(),
                  len(self.backlog), self.backlog_bytes / 2**20, self.counts["acked_samples"],
                  self.dropped()["dropped_samples"], "-" if ret is None else f"{ret:.1f}",
                  self._waiting() if self.waiting_for_pace else self._sync_line())
         if self.held:
-            log.warning("status | worker %s | %d packets (%d samples) held: the server refuses them for the trainer's "
-                        "sample layout (%s); they are sent again once a trainer with their layout connects",
-                        self.worker_id, len(self.held), sum(self.backlog[s].steps for s in self.held),
-                        self.last_held_reason)
-        if self.counts["rejected_samples"]:  # e.g. a packet beyond the spaces' bounds: refused for good
-            log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s", self.worker_id,
+            log.warning("status | worker %s | %d packets (%d samples) held: the server "
+                        "refuses them for the trainer's sample layout (%s); they "
+                        "are sent again once a trainer with their layout connects",
+                        self.worker_id, len(self.held),
+                        sum(self.backlog[s].steps for s in self.held), self.last_held_reason)
+        # e.g. a packet beyond the spaces' bounds: refused for good
+        if self.counts["rejected_samples"]:
+            log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s",
+                        self.worker_id,
                         self.counts["rejected_samples"], self.last_rejection)
 
     def _sync_line(self) -> str:
         if not self.sync_stats:
             return ""
-        return (f" | sync: {self.sync_stats['fragments']} fragments, {self.sync_stats['worker_wait_s']:.1f} s waiting "
-                f"for weights (last wait {self.sync_stats['last_wait_s']:.2f} s)")
+        return (f" | sync: {self.sync_stats['fragments']} fragments, "
+                f"{self.sync_stats['worker_wait_s']:.1f} s waiting for "
+                f"weights (last wait {self.sync_stats['last_wait_s']:.2f} s)")
 
     def _waiting(self) -> str:
         """Why a throttled worker makes no steps, as far as the server's heartbeats tell."""
         if self.link.ready and self.link.server_stats.get("trainer_connected") == 0:
-            return (" | waiting for the trainer to ask for samples (worker.throttle): no trainer is connected to the "
-                    "server (it finished, or has not started)")
+            return (" | waiting for the trainer to ask for samples (worker.throttle): no "
+                    "trainer is connected to the server (it finished, or has not started)")
         return " | waiting for the trainer to ask for samples (worker.throttle)"
 
-    def on_finish(self) -> None:
-        with self.settled:
-            self.settled.notify_all()
-
-    def flush(self, upto_seq: int, timeout: float) -> bool:
-        """Main thread: wait until packets up to ``upto_seq`` reached this thread and all are acknowledged (a link
-        waiting out its reconnect back-off reconnects at once)."""
-        self.flushing.set()
-        with self.settled:  # held packets wait for another trainer: no use waiting for them here
-            self.settled.wait_for(lambda: (self.last_seq >= upto_seq and len(self.backlog) <= len(self.held))
-                                  or not self.is_alive(), timeout)
-            return self.last_seq >= upto_seq and not self.backlog  # a stopped thread may have left some in the pipe
-
-    # -- messages in -------------------------------------------------------------------------------------
-    def on_message(self, msg: Message) -> None:
+    # -- messages in besides ACK and NACK ----------------------------------------------------------
+    def on_other_message(self, msg: Message) -> None:
         if msg.type is MsgType.WEIGHTS:
             self._collect(msg)
             if self.on_weights is not None:
                 self.weight_stats = self.on_weights(msg)
-            if msg.body["part"] == msg.body["parts"] - 1:  # the whole version arrived: the server may send the next
+            # the whole version arrived: the server may send the next
+            if msg.body["part"] == msg.body["parts"] - 1:
                 model = msg.body.get("model", "policy")
                 ack = (self.weight_ack(msg) if self.weight_ack is not None else
-                       {"seqs": [msg.policy_version], "model": model, "format": msg.body.get("format", "float32")})
+                       {"seqs": [msg.policy_version], "model": model,
+                        "format": msg.body.get("format", "float32")})
                 if ack is not None:
                     self.weights_acks.append(ack)
                 self._ack_weights()
-        elif msg.type is MsgType.ACK:
-            self.server_window = msg.body.get("window", self.server_window)
-            spooled = msg.body.get("spooled") is True  # on the server's disk: safe, though the trainer lacks them
-            for seq in msg.body["seqs"]:
-                packet = self.backlog.pop(seq, None) if isinstance(seq, int) else None
-                if packet is not None:
-                    self.counts["acked_packets"] += 1
-                    self.counts["acked_samples"] += packet.steps
-                    if spooled:
-                        self.counts["spooled_packets"] += 1
-                        self.counts["spooled_samples"] += packet.steps
-                    self._forget(seq, packet)
-            self._pump()
-        elif msg.type is MsgType.NACK:
-            self._nack(msg)
         elif msg.type is MsgType.PACE:
             with self.pace_cond:
                 self.allowance = max(self.allowance, msg.body["allowance"])
@@ -377,7 +195,7 @@ class WorkerLink(NetThread):
                 self.paced = True
                 self.pace_cond.notify_all()
         else:
-            log.debug("ignored a %s message from the server", msg.type.value)
+            super().on_other_message(msg)
 
     def _collect(self, msg: Message) -> None:
         """Take the collection mode a version announces (``collect`` in its WEIGHTS body)."""
@@ -388,60 +206,14 @@ class WorkerLink(NetThread):
         if problem is not None:
             self.counts["bad_announcements"] += 1
             if worth_logging(self.counts["bad_announcements"]):
-                log.error("weights v%d announce a collection this worker cannot follow (%s); it keeps collecting as "
-                          "before. Run the same netrl version on the trainer and the workers", msg.policy_version,
+                log.error("weights v%d announce a collection this worker cannot follow "
+                          "(%s); it keeps collecting as before. Run the same netrl "
+                          "version on the trainer and the workers", msg.policy_version,
                           problem)
             return
         if collect != self.collect:
             log.info("worker %s: the trainer collects %s", self.worker_id,
                      "asynchronously" if collect["mode"] == "async" else
-                     f"synchronously: {collect['fragment']} steps per env under each weight version "
-                     f"({collect['batch_mode']}), then a wait for the next version")
+                     f"synchronously: {collect['fragment']} steps per env under each weight "
+                     f"version ({collect['batch_mode']}), then a wait for the next version")
             self.collect = dict(collect)
-
-    def _reject(self, seq: int, packet: _Outgoing, reason: str) -> None:
-        """A packet that can never be delivered: dropped, counted and logged (it would fail every time)."""
-        self.backlog.pop(seq)
-        self._forget(seq, packet)
-        self.counts["rejected_packets"] += 1
-        self.counts["rejected_samples"] += packet.steps
-        self.last_rejection = reason
-        if worth_logging(self.counts["rejected_packets"], first=5, every=100):
-            log.error("packet %d of %d samples is dropped (%d rejected so far): %s", seq, packet.steps,
-                      self.counts["rejected_packets"], reason)
-
-    def _hold(self, seq: int, packet: _Outgoing, layout: int, reason: str) -> None:
-        """Keep a packet the server refused for the trainer's sample layout, until it names another layout."""
-        self.inflight.discard(seq)
-        self.inflight_bytes -= packet.nbytes
-        self.held[seq] = layout
-        self.counts["layout_refused_packets"] += 1  # a packet refused again after a resend counts again
-        self.counts["layout_refused_samples"] += packet.steps
-        self.last_held_reason = reason = printable(reason)
-        if reason not in self._held_reasons and len(self._held_reasons) < 16:
-            self._held_reasons.add(reason)
-            log.warning("worker %s keeps the packets the server refuses for the trainer's sample layout (%s): they "
-                        "are sent again once a trainer with their layout connects, up to worker.max_backlog_bytes "
-                        "(%d) of packets; beyond it the oldest are dropped", self.worker_id, reason,
-                        self.max_backlog_bytes)
-        with self.settled:  # a flush need not wait for it
-            self.settled.notify_all()
-
-    def _nack(self, msg: Message) -> None:
-        """Refused packets: resend after ``retry_s``, or never when ``retry_s`` is 0 (the packet is invalid), or, when
-        the NACK names a sample layout, once the server checks packets against another."""
-        retry_s, layout = float(msg.body["retry_s"]), msg.body.get("layout")
-        for seq in msg.body["seqs"]:
-            packet = self.backlog.get(seq) if isinstance(seq, int) else None
-            if packet is None or seq not in self.inflight:
-                continue
-            if layout is not None:
-                self._hold(seq, packet, layout, msg.body["reason"])
-                continue
-            if retry_s <= 0:
-                self._reject(seq, packet, f"the server rejected it: {msg.body['reason']}")
-                continue
-            self.inflight.discard(seq)
-            self.inflight_bytes -= packet.nbytes
-            self.waiting[seq] = time.monotonic() + min(max(retry_s, 0.05), 30.0)
-            self.counts["nacked_packets"] += 1

@@ -1,12 +1,13 @@
-"""The worker's sample packets: env-step rows gathered into packets, then numbered and encoded for the network thread.
+"""The worker's sample packets: env-step rows gathered into packets, then numbered and
+encoded for the network thread.
 
-The control path adds one row per env step, plus one per reset, with :meth:`PacketMaker.add`. A packet is due once
-it holds ``min_samples_per_worker_packet`` rows, when its columns are full, or, if ``max_packet_delay_s`` is set, that
-long after its first row. :meth:`PacketMaker.cut` takes it, with the episodes finished since the previous packet, and
-:meth:`PacketMaker.to_frames` numbers and encodes it. A packet the server could never relay (over
-``network.max_message_bytes``, less the bundle header's room, uncompressed: a message's arrays may not inflate
-past that limit either) stops the worker at its first row with a :class:`~netrl.errors.ConfigError` that says
-what to change.
+The control path adds one row per env step, plus one per reset, with :meth:`PacketMaker.add`. A
+packet is due once it holds ``min_samples_per_worker_packet`` rows, when its columns are full,
+or, if ``max_packet_delay_s`` is set, that long after its first row. :meth:`PacketMaker.cut` takes
+it, with the episodes finished since the previous packet, and :meth:`PacketMaker.to_frames` numbers
+and encodes it. A packet the server could never relay (over ``network.max_message_bytes``, less the
+bundle header's room, uncompressed: a message's arrays may not inflate past that limit either) stops
+the worker at its first row with a :class:`~netrl.errors.ConfigError` that says what to change.
 """
 
 from __future__ import annotations
@@ -30,21 +31,23 @@ from netrl.protocol.wire import (
     sample_row_bytes,
     samples_message,
 )
-from netrl.samples import Buffer, BufferBuilder, EpisodeStats, ExtraSpec
+from netrl.samples.columns import Buffer, BufferBuilder, EpisodeStats, ExtraSpec
 
 __all__ = ["PacketMaker"]
 
 class PacketMaker:
-    """Rows in, numbered sample packets out, for one worker session (it owns the row columns and the packet count).
+    """Rows in, numbered sample packets out, for one worker session (it owns the row
+    columns and the packet count).
 
     Args:
         worker_id, session: the worker's name and session, which every packet carries.
         min_samples, overlap, max_delay_s, compression: the worker's packet settings (see
             :class:`~netrl.worker.worker.RolloutWorker`).
         max_message_bytes: ``network.max_message_bytes``, which bounds a packet.
-        sample_compressor: applied to each row before it is stored (None: rows are stored as they are).
-        envs: the worker's envs, whose segments share each packet (see :mod:`netrl.worker.vector`): the size check
-            counts them all.
+        sample_compressor: applied to each row before it is stored (None: rows
+            are stored as they are).
+        envs: the worker's envs, whose segments share each packet (see :mod:`netrl.worker.sink`):
+            the size check counts them all.
     """
 
     def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int, max_delay_s: float | None,
@@ -52,41 +55,48 @@ class PacketMaker:
                  envs: int = 1) -> None:
         self.worker_id, self.session = worker_id, session
         self.min_samples, self.overlap = min_samples, overlap
-        self.max_delay = math.inf if max_delay_s is None else max_delay_s  # None: wait for min_samples rows
+        # None: wait for min_samples rows
+        self.max_delay = math.inf if max_delay_s is None else max_delay_s
         self.compression: Codec = compression
         self.max_message_bytes = max_message_bytes
         self.sample_compressor = sample_compressor
         self.envs = envs
         self.seq = 0  # packets numbered so far
-        self.pending_episodes: list[EpisodeStats] = []  # finished since the previous packet: they go with the next
+        self.pending_episodes: list[EpisodeStats] = []  # finished since the previous packet:
+                                                        # they go with the next
         self._builder = BufferBuilder(min_samples + overlap + 2, overlap)
-        self.stamp: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None  # adds the models' versions
+        # adds the models' versions
+        self.stamp: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None
         self._first_unsent = 0.0
         self._size_checked = False  # the packet size was checked against the server's limit
         self._row_bytes = 0  # the most one row takes, from the spaces (0: not known, see follow)
 
     def bounds(self) -> dict[str, int]:
-        """The largest packet this worker makes, as its HELLO declares it: the rows of one block of columns (a packet
-        is cut before they overflow, context rows included) and, once the spaces are known, their bytes inflated.
-        The server and the trainer refuse a packet beyond them before inflating it."""
+        """The largest packet this worker makes, as its HELLO declares it: the rows of one block of
+        columns (a packet is cut before they overflow, context rows included) and, once the
+        spaces are known, their bytes inflated. The server and the trainer refuse a packet beyond
+        them before inflating it."""
         rows = self._builder.capacity
         return {"max_rows": rows, "max_bytes": rows * self._row_bytes} if self._row_bytes else {"max_rows": rows}
 
     def follow(self, schema: SampleSchema) -> None:
-        """Store leaves in the dtypes ``schema`` (the env's spaces, after the sample compressor) gives them, which
-        the trainer expects: an env whose float32 space returns float64 observations still sends float32."""
+        """Store leaves in the dtypes ``schema`` (the env's spaces, after the sample compressor)
+        gives them, which the trainer expects: an env whose float32 space returns float64
+        observations still sends float32."""
         self._builder.dtypes = {name: np.dtype(dtype) for name, (dtype, _shape) in schema.leaves.items()}
         self._row_bytes = sample_row_bytes(schema.leaves)
 
     def declare_extras(self, spec: ExtraSpec) -> None:
-        """The actor's extra outputs, which every row carries (zeros where it has none): before the first row."""
+        """The actor's extra outputs, which every row carries (zeros where it has none):
+        before the first row."""
         self._builder.extra = dict(spec)
 
     def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, info: dict[str, Any],
             reset: bool, version: int, networked: bool, extra: dict[str, Any] | None = None) -> None:
-        """Store one row (``version``: the weights that chose its action; ``extra``: the actor's extra outputs with
-        it, None for zeros). The first row of a ``networked`` worker shows a sample's size, which is checked against
-        what the server relays. The sample compressor never sees the extras."""
+        """Store one row (``version``: the weights that chose its action; ``extra``: the actor's
+        extra outputs with it, None for zeros). The first row of a ``networked`` worker shows a
+        sample's size, which is checked against what the server relays. The sample compressor
+        never sees the extras."""
         if self.sample_compressor is not None:
             act, obs, rew, terminated, truncated, info = self.sample_compressor(act, obs, rew, terminated,
                                                                                 truncated, info)
@@ -114,9 +124,11 @@ class PacketMaker:
                 or time.monotonic() - self._first_unsent > self.max_delay)
 
     def cut(self) -> Buffer | None:
-        """The rows gathered so far as a packet carrying the episodes finished since the previous one, or None."""
+        """The rows gathered so far as a packet carrying the episodes finished since
+        the previous one, or None."""
         if not self._builder.transitions and not self.pending_episodes:
-            return None  # only an episode's first observation: it travels with the transition that follows it
+            # only an episode's first observation: it travels with the transition that follows it
+            return None
         buf = self._builder.cut()
         if buf is None:
             return None
@@ -124,8 +136,8 @@ class PacketMaker:
         return buf
 
     def to_frames(self, buf: Buffer, produced: int) -> list[Any]:
-        """Number ``buf`` and encode it for the network thread: a PACKET command (its head carries the seq and the
-        transitions), then the message."""
+        """Number ``buf`` and encode it for the network thread: a PACKET command (its head carries
+        the seq and the transitions), then the message."""
         self.seq += 1
         msg = samples_message(buf, self.worker_id, self.session, self.seq, produced)
         frames = encode(msg, self.compression)
@@ -136,18 +148,21 @@ class PacketMaker:
         return [command_head(Command.PACKET, self.seq, int(np.count_nonzero(buf.transition_end))), *frames]
 
     def _check_packet_size(self) -> None:
-        """Once the first row shows a sample's size: say now, not when the first packet closes, that packets of
-        ``min_samples_per_worker_packet`` rows cannot reach the trainer. Compression does not help: a receiver
-        refuses a message whose arrays inflate past its limit (a small message must not claim gigabytes)."""
+        """Once the first row shows a sample's size: say now, not when the first packet closes, that
+        packets of ``min_samples_per_worker_packet`` rows cannot reach the trainer. Compression does
+        not help: a receiver refuses a message whose arrays inflate past its limit (a small message
+        must not claim gigabytes)."""
         rows = (self.min_samples + self.overlap) * self.envs
         nbytes = rows * self._builder.row_nbytes
         if nbytes > max_packet_bytes(self.max_message_bytes):
             raise ConfigError([self._too_big(rows, nbytes, " uncompressed" if self.compression != "none" else "")])
 
     def _too_big(self, rows: int, nbytes: int, how: str = "") -> str:
-        """Why packets of ``rows`` samples taking ``nbytes`` cannot be sent (the server would refuse every one)."""
-        return (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} bytes{how}, more than the server "
-                f"relays (network.max_message_bytes = {self.max_message_bytes}, less {BUNDLE_HEADER_ROOM} "
-                f"for the bundle header): lower worker.min_samples_per_worker_packet ({self.min_samples})"
-                f"{f' or worker.num_envs ({self.envs})' if self.envs > 1 else ''} or raise network.max_message_bytes "
-                "on every machine")
+        """Why packets of ``rows`` samples taking ``nbytes`` cannot be sent (the server
+        would refuse every one)."""
+        return (f"worker {self.worker_id}: a packet of {rows} samples takes {nbytes} "
+                f"bytes{how}, more than the server relays (network.max_message_bytes = "
+                f"{self.max_message_bytes}, less {BUNDLE_HEADER_ROOM} for the bundle "
+                f"header): lower worker.min_samples_per_worker_packet ({self.min_samples})"
+                f"{f' or worker.num_envs ({self.envs})' if self.envs > 1 else ''} or "
+                f"raise network.max_message_bytes on every machine")

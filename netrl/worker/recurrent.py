@@ -1,5 +1,6 @@
-"""A recurrent actor's state, one per env of a worker: zeros at each episode start, fed to the actor with each
-observation, and recorded with the row of the step it entered (R2D2's stored state; see :mod:`netrl.actor`)."""
+"""A recurrent actor's state, one per env of a worker: zeros at each episode start, fed to the
+actor with each observation, and recorded with the row of the step it entered (R2D2's stored
+state; see :mod:`netrl.actor`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from netrl.actor import ActorModule
-from netrl.samples import check_extra_spec
+from netrl.samples.columns import check_extra_spec
 
 __all__ = ["RecurrentStates"]
 
@@ -28,10 +29,12 @@ class RecurrentStates:
 
     def act(self, actor: ActorModule, obs: Any, test: bool,
             idx: np.ndarray | None = None) -> tuple[Any, dict[str, Any]]:
-        """The actions for ``obs`` (one env's observation when ``idx`` is None, else the batch of envs ``idx``), and
-        each row's extras: the actor's own, and the state that entered the step. The envs' states advance."""
+        """The actions for ``obs`` (one env's observation when ``idx`` is None, else the batch of
+        envs ``idx``), and each row's extras: the actor's own, and the state that entered the
+        step. The envs' states advance."""
         rows = np.zeros(1, np.intp) if idx is None else idx
-        entering = {k: v[rows] for k, v in self.values.items()}  # copies: the rows' record keeps them
+        # copies: the rows' record keeps them
+        entering = {k: v[rows] for k, v in self.values.items()}
         if idx is None:
             out = actor.act_(obs, test=test, state={k: v[0] for k, v in entering.items()})
         else:
@@ -44,6 +47,6 @@ class RecurrentStates:
         return actions, extras
 
     def random_extras(self, extras: dict[str, Any]) -> dict[str, Any]:
-        """A random action's row: the actor's own extra outputs are zeros (it did not choose the action), the state is
-        the one that entered the step."""
+        """A random action's row: the actor's own extra outputs are zeros (it did not choose the
+        action), the state is the one that entered the step."""
         return {k: v if k in self.values else np.zeros_like(v) for k, v in extras.items()}

@@ -1,8 +1,10 @@
-"""A worker's incoming weights, on its network thread: assembled from parts, checked, loaded into a spare actor.
+"""A worker's incoming weights, on its network thread: assembled from parts, checked,
+loaded into a spare actor.
 
-The control path picks the loaded actor up between two env steps with :meth:`WeightSlot.swap`, a pointer swap,
-so a weight update never delays a real-time step. A worker with further model targets (an observation normaliser, a
-user's module: :mod:`netrl.protocol.models`) has one :class:`WeightReceiver` and one slot per model, and
+The control path picks the loaded actor up between two env steps with
+:meth:`~netrl.worker.weight_slot.WeightSlot.swap`, a pointer swap, so a weight update never
+delays a real-time step. A worker with further model targets (an observation normaliser, a user's
+module: :mod:`netrl.protocol.models`) has one :class:`WeightReceiver` and one slot per model, and
 :class:`ModelReceivers` routes each WEIGHTS part to its model's.
 """
 
@@ -36,79 +38,32 @@ from netrl.protocol.weights import (
 )
 from netrl.util import worth_logging
 from netrl.worker.weight_decode import Encodings, Refused
+from netrl.worker.weight_slot import WeightSlot
 
-__all__ = ["ModelReceivers", "WeightReceiver", "WeightSlot"]
+__all__ = ["ModelReceivers", "WeightReceiver"]
 
 log = logging.getLogger(__name__)
 
 
-class WeightSlot:
-    """Hands a fully loaded actor from the network thread to the control path (double buffering).
-
-    Every actor is in one place at a time: the control path's (current), pending (loaded, not yet swapped in),
-    the network thread's (being written), or spare. A pending actor stays pending until a newer one is put in its
-    place, so a version that fails midway never costs the control path the one before it. That takes at most three
-    actors; ``make`` builds the third when the first new version comes before the control path swapped in the
-    last."""
-
-    def __init__(self, spare: torch.nn.Module, make: Callable[[], torch.nn.Module]) -> None:
-        self._lock = threading.Lock()
-        self._pending: tuple[int, str, torch.nn.Module] | None = None
-        self._spares = [spare]
-        self._make = make
-        self.arrived = threading.Event()  # set by put: a control path waiting for a version wakes (sync collection)
-
-    def take_spare(self) -> torch.nn.Module:
-        """Network thread: an actor that neither the control path nor the pending slot holds."""
-        with self._lock:
-            if self._spares:
-                return self._spares.pop()
-        return self._make()
-
-    def give_back(self, module: torch.nn.Module) -> None:
-        """Network thread: a taken actor that got no version (the version was rejected)."""
-        with self._lock:
-            self._spares.append(module)
-
-    def put(self, version: int, session: str, module: torch.nn.Module) -> None:
-        with self._lock:
-            if self._pending is not None:  # never swapped in: a spare again
-                self._spares.append(self._pending[2])
-            self._pending = (version, session, module)
-        self.arrived.set()
-
-    def pending_version(self) -> int | None:
-        """Control path: the version waiting to be swapped in, if any."""
-        pending = self._pending
-        return None if pending is None else pending[0]
-
-    def swap(self, current: torch.nn.Module) -> tuple[int, str, torch.nn.Module] | None:
-        """Control path: the pending actor, if any; ``current`` becomes a spare."""
-        if self._pending is None:  # cheap check without the lock; the lock below makes it exact
-            return None
-        with self._lock:
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                self._spares.append(current)
-            return pending
-
-
 @dataclasses.dataclass
 class _Bound:
-    """A CPU actor whose tensors view one flat buffer in the worker's own layout, for as long as it lives: a
-    version in that layout is written straight into the buffer, and nothing is re-pointed per version."""
+    """A CPU actor whose tensors view one flat buffer in the worker's own layout, for as
+    long as it lives: a version in that layout is written straight into the buffer, and
+    nothing is re-pointed per version."""
 
     module: torch.nn.Module
     flat: np.ndarray
-    whole: torch.Tensor | None  # the buffer as one tensor, for the one-sum finiteness proof (KnownLayout.views)
+    whole: torch.Tensor | None  # the buffer as one tensor, for the one-sum finiteness
+                                # proof (KnownLayout.views)
     own: dict[str, torch.Tensor]  # the module's tensors (state_dict(keep_vars=True)), views of flat
 
 
 class _Saver:
-    """Writes received weights to disk on its own thread, the newest version first: on a slow disk (an SD card, a
-    stalled network mount) a write on the network thread would hold back its heartbeats for seconds, and the server
-    would drop the worker. A version that arrives while another is written waits; a newer one replaces it,
-    unwritten. :meth:`close` writes the one waiting."""
+    """Writes received weights to disk on its own thread, the newest version first: on a
+    slow disk (an SD card, a stalled network mount) a write on the network thread would hold
+    back its heartbeats for seconds, and the server would drop the worker. A version that
+    arrives while another is written waits; a newer one replaces it, unwritten. :meth:`close`
+    writes the one waiting."""
 
     def __init__(self, write: Callable[[dict[str, torch.Tensor], int, str], None]) -> None:
         self._write = write
@@ -135,7 +90,8 @@ class _Saver:
                 job, self._next, self._writing = self._next, None, True
             try:
                 self._write(*job)
-            except Exception:  # (a disk's refusal is handled inside): a bug must not end the saving for good
+            # (a disk's refusal is handled inside): a bug must not end the saving for good
+            except Exception:
                 log.exception("saving received weights v%d failed", job[1])
             finally:
                 with self._cond:
@@ -143,7 +99,8 @@ class _Saver:
                     self._cond.notify_all()
 
     def wait(self, timeout: float) -> bool:
-        """Wait until every version put is written (or replaced); False if that took over ``timeout`` s."""
+        """Wait until every version put is written (or replaced); False if that
+        took over ``timeout`` s."""
         with self._cond:
             return self._cond.wait_for(lambda: self._next is None and not self._writing, timeout)
 
@@ -154,46 +111,56 @@ class _Saver:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():  # a daemon: it cannot keep the process from exiting
-                log.warning("the received weights were still being written to disk after %.0f s: the file may hold "
-                            "an older version (a restart is sent the current one by the server anyway)", timeout)
+                log.warning("the received weights were still being written to disk after "
+                            "%.0f s: the file may hold an older version (a restart is "
+                            "sent the current one by the server anyway)", timeout)
 
 
 class WeightReceiver:
-    """Network thread: check received weights against the actor, load them into a spare one, save them (on a
-    thread of their own).
+    """Network thread: check received weights against the actor, load them into a spare one, save
+    them (on a thread of their own).
 
-    A version laid out like the worker's own actor (the usual case) is assembled straight into a spare CPU actor's
-    buffer, which its tensors view (:class:`_Bound`), and proven finite with one sum; any other version is
-    assembled apart, checked tensor by tensor and copied into a spare actor.
+    A version laid out like the worker's own actor (the usual case) is assembled straight
+    into a spare CPU actor's buffer, which its tensors view (:class:`_Bound`), and proven
+    finite with one sum; any other version is assembled apart, checked tensor by tensor
+    and copied into a spare actor.
 
-    Nothing a server sends stops the thread: a version that does not fit (parts out of order, a malformed layout,
-    weights that do not match the actor or are not finite) is rejected, counted once in ``weights_rejected`` and
-    logged, and the actor in use stays. The rest of a rejected version's parts are dropped, counted in
-    ``weight_parts_dropped`` (a new part 0 starts it again)."""
+    Nothing a server sends stops the thread: a version that does not fit (parts out of
+    order, a malformed layout, weights that do not match the actor or are not finite) is
+    rejected, counted once in ``weights_rejected`` and logged, and the actor in use stays. The
+    rest of a rejected version's parts are dropped, counted in ``weight_parts_dropped`` (a
+    new part 0 starts it again)."""
 
     _KEEP_LOADED_AT = 1000  # versions remembered in loaded_at (a benchmark polls it)
 
     def __init__(self, template_actor: torch.nn.Module, spare: torch.nn.Module, version: int,
                  save: Callable[[dict[str, torch.Tensor], int, str], None] | None, model: str = POLICY) -> None:
         self.template_actor, self.save = template_actor, save
-        self.what = "weights" if model == POLICY else f"model {model!r}"  # as the log lines name its versions
+        # as the log lines name its versions
+        self.what = "weights" if model == POLICY else f"model {model!r}"
         self.specs = weight_specs(template_actor)
         self.slot = WeightSlot(spare, lambda: copy.deepcopy(template_actor))
         self.version, self.session = version, ""
         self.counts: collections.Counter[str] = collections.Counter()
-        self.loaded_at: dict[int, float] = {}  # version -> time.time() it was ready for the control path
+        # version -> time.time() it was ready for the control path
+        self.loaded_at: dict[int, float] = {}
         self.known = KnownLayout(template_actor)
-        self.assembler = WeightAssembler(max_bytes=self.known.nbytes)  # a bigger version is rejected early
+        # a bigger version is rejected early
+        self.assembler = WeightAssembler(max_bytes=self.known.nbytes)
         self._bound: dict[int, _Bound] = {}  # id(module) -> its buffer (CPU actors only)
         self._on_cpu = all(t.device.type == "cpu" for t in template_actor.state_dict().values())
         self._target: _Bound | None = None  # the spare actor the version being assembled lands in
         self._save_failing = False
-        self._saver = _Saver(self._write) if save is not None else None  # None: nothing to keep on disk
-        self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its parts are dropped
-        # versions in another format than float32, and deltas (netrl.worker.weight_decode); an encoding may be larger
-        # than the flat buffer (a custom format, a delta of random bytes), within reason
+        # None: nothing to keep on disk
+        self._saver = _Saver(self._write) if save is not None else None
+        self._rejected: tuple[str, int] | None = None  # (session, version) rejected last: its
+                                                       # parts are dropped
+        # versions in another format than float32, and deltas (netrl.worker.weight_decode); an
+        # encoding may be larger than the flat buffer (a custom format, a delta of
+        # random bytes), within reason
         self.encodings = Encodings(max_bytes=2 * self.known.nbytes + (1 << 20))
-        self.need_full = -1  # a version refused for a reason a full version cures: its ACK asks for one
+        # a version refused for a reason a full version cures: its ACK asks for one
+        self.need_full = -1
 
     def __call__(self, msg: Message) -> dict[str, Any]:
         b, version, session = msg.body, msg.policy_version, msg.body["session"]
@@ -201,7 +168,8 @@ class WeightReceiver:
             return self.stats()  # already have it (e.g. re-sent after a reconnect)
         if (session, version) == self._rejected:
             if b["part"]:
-                self.counts["weight_parts_dropped"] += 1  # the version was rejected (and logged) once: not per part
+                # the version was rejected (and logged) once: not per part
+                self.counts["weight_parts_dropped"] += 1
                 return self.stats()
             self._rejected = None  # sent again from its part 0: a new try
         if "base" in b or b.get("format", "float32") != "float32":
@@ -213,9 +181,10 @@ class WeightReceiver:
             if not self.assembler.done:
                 return self.stats()
             flat, layout = self.assembler.take()
-            if "crc" in b and crc(flat) != b["crc"]:  # (a trainer sending deltas: the base of the next one)
-                raise Refused(f"weights v{version} in float32 have the crc {crc(flat):#010x}, not the trainer's "
-                              f"{b['crc']:#010x}")
+            # (a trainer sending deltas: the base of the next one)
+            if "crc" in b and crc(flat) != b["crc"]:
+                raise Refused(f"weights v{version} in float32 have the crc "
+                              f"{crc(flat):#010x}, not the trainer's {b['crc']:#010x}")
         except Refused as exc:
             self._drop_target()
             return self._reject(session, version, str(exc), need_full=True)
@@ -235,11 +204,13 @@ class WeightReceiver:
                 return self.stats()
             module = loaded
         if "crc" in b:
-            self.encodings.keep("float32", version, flat.copy())  # the module may view flat, and a spare reuses it
+            # the module may view flat, and a spare reuses it
+            self.encodings.keep("float32", version, flat.copy())
         return self._loaded(version, session, module)
 
     def _encoded(self, msg: Message) -> dict[str, Any]:
-        """A version in another format, or a delta: assembled apart, decoded into a spare module, checked."""
+        """A version in another format, or a delta: assembled apart, decoded into a
+        spare module, checked."""
         b, version, session = msg.body, msg.policy_version, msg.body["session"]
         if b["part"] == 0:
             self._drop_target()  # a float32 version cut short
@@ -259,8 +230,8 @@ class WeightReceiver:
 
     def _decode(self, session: str, version: int, fmt: WeightFormat, encoding: np.ndarray,
                 layout: list[Any]) -> torch.nn.Module | None:
-        """Decode into a spare module (a CPU one in the worker's own layout: straight into its buffer) and check it
-        as a float32 version is checked; None: rejected."""
+        """Decode into a spare module (a CPU one in the worker's own layout: straight into its
+        buffer) and check it as a float32 version is checked; None: rejected."""
         try:
             if self._on_cpu and layout == self.known.layout:
                 target = self._bind(self.slot.take_spare())
@@ -286,18 +257,21 @@ class WeightReceiver:
         self.need_full = -1
         self.slot.put(version, session, module)
         self.loaded_at[version] = time.time()
-        if len(self.loaded_at) > self._KEEP_LOADED_AT:  # one entry per version would grow for as long as it runs
+        # one entry per version would grow for as long as it runs
+        if len(self.loaded_at) > self._KEEP_LOADED_AT:
             del self.loaded_at[next(iter(self.loaded_at))]
         self.version, self.session = version, session
         self.counts["weights_received"] += 1
         log.log(logging.INFO if self.counts["weights_received"] == 1 else logging.DEBUG,
                 "%s v%d ready (%d received)", self.what, version, self.counts["weights_received"])
-        if self._saver is not None:  # a copy: once the control path lets go of this actor, the next version lands there
+        # a copy: once the control path lets go of this actor, the next version lands there
+        if self._saver is not None:
             self._saver.put({k: t.detach().clone() for k, t in module.state_dict().items()}, version, session)
         return self.stats()
 
     def saved(self, timeout: float = 10.0) -> bool:
-        """Wait until the versions received so far are on disk (or replaced by newer ones); False on a timeout."""
+        """Wait until the versions received so far are on disk (or replaced by newer
+        ones); False on a timeout."""
         return self._saver is None or self._saver.wait(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -306,8 +280,9 @@ class WeightReceiver:
             self._saver.close(timeout)
 
     def _landing(self, nbytes: int, layout: Any) -> np.ndarray | None:
-        """Part 0: the buffer of the spare CPU actor a version in the worker's own layout is assembled in (the one
-        taken for the version before, if that one never finished); None for any other version."""
+        """Part 0: the buffer of the spare CPU actor a version in the worker's own layout is
+        assembled in (the one taken for the version before, if that one never finished);
+        None for any other version."""
         if not self._on_cpu or nbytes != self.known.nbytes or layout != self.known.layout:
             self._drop_target()  # (an actor on another device: assembled apart, then copied there)
             return None
@@ -321,7 +296,8 @@ class WeightReceiver:
         if bound is not None and bound.module is module:
             return bound
         own = module.state_dict(keep_vars=True)
-        flat = np.zeros(self.known.nbytes, np.uint8)  # zero padding, as the trainer's: see KnownLayout
+        # zero padding, as the trainer's: see KnownLayout
+        flat = np.zeros(self.known.nbytes, np.uint8)
         views, whole = self.known.views(flat)
         load_weights(module, views, assign=True, own=own)  # from now on its tensors view flat
         bound = self._bound[id(module)] = _Bound(module, flat, whole, own)
@@ -344,28 +320,33 @@ class WeightReceiver:
                 return None
         if not finite:  # checked as tensors: torch's sum is the fastest finiteness proof
             problems = check_weights(self.specs, tensors)
-            named = getattr(self.template_actor, "check_state", None)  # a target that explains its own shapes
-            if problems and named is not None:  # (the obs_norm statistics name the observation leaf and the key)
+            # a target that explains its own shapes
+            named = getattr(self.template_actor, "check_state", None)
+            if problems and named is not None:  # (the obs_norm statistics name the observation
+                                                # leaf and the key)
                 problems = [*named(tensors), *(p for p in problems if " has shape " not in p)]
             if problems:
                 self._reject(session, version, "; ".join(problems[:5]), flat)
                 return None
         module = self.slot.take_spare()
-        load_weights(module, tensors)  # a copy: into a bound actor's own buffer, or onto the actor's device
+        # a copy: into a bound actor's own buffer, or onto the actor's device
+        load_weights(module, tensors)
         self.assembler.release(flat)
         return module
 
     def _write(self, state: dict[str, torch.Tensor], version: int, session: str) -> None:
-        """Saver thread: keep the weights on disk. A convenience for the next start, so a failed write (a full disk)
-        is logged when it starts and when it ends, counted, and never stops the worker."""
+        """Saver thread: keep the weights on disk. A convenience for the next start, so a
+        failed write (a full disk) is logged when it starts and when it ends, counted,
+        and never stops the worker."""
         assert self.save is not None
         try:
             self.save(state, version, session)
         except OSError as exc:
             self.counts["weights_save_failed"] += 1
             if not self._save_failing:
-                log.error("could not save weights v%d (%s); the worker goes on with them loaded, and a restart "
-                          "would start from the last saved version: free disk space there or check permissions",
+                log.error("could not save weights v%d (%s); the worker goes on with "
+                          "them loaded, and a restart would start from the last "
+                          "saved version: free disk space there or check permissions",
                           version, exc)
             self._save_failing = True
             return
@@ -382,10 +363,13 @@ class WeightReceiver:
         if need_full:
             self.need_full = version
             self.counts["weights_need_full"] += 1
-        if worth_logging(self.counts["weights_rejected"], first=10, every=100):  # a server sending only bad versions
-            why = why if len(why) <= 2000 else why[:2000] + "..."  # it may quote tensor names of any length
-            log.error("rejected %s v%d from the server (%d rejected so far; the worker keeps the version it has): "
-                      "%s", self.what, version, self.counts["weights_rejected"], why)
+        # a server sending only bad versions
+        if worth_logging(self.counts["weights_rejected"], first=10, every=100):
+            # it may quote tensor names of any length
+            why = why if len(why) <= 2000 else why[:2000] + "..."
+            log.error("rejected %s v%d from the server (%d rejected so "
+                      "far; the worker keeps the version it has): %s",
+                      self.what, version, self.counts["weights_rejected"], why)
         return self.stats()
 
     def stats(self) -> dict[str, Any]:
@@ -393,12 +377,14 @@ class WeightReceiver:
 
 
 class ModelReceivers:
-    """Network thread: each WEIGHTS part to the receiver of its model (``model`` in its body; absent: "policy").
+    """Network thread: each WEIGHTS part to the receiver of its model (``model`` in
+    its body; absent: "policy").
 
-    Weights for a model this worker has no target for are rejected with an error naming the model and the worker's
-    targets (logged once per name), counted per version in ``weights_unknown_model``, and not acknowledged: a server
-    streams a model only to workers whose HELLO names it, so only a server that ignores that sends one.
-    Heartbeat stats: the policy's, with each other model's version as ``<model>_version`` and the counters of all.
+    Weights for a model this worker has no target for are rejected with an error naming
+    the model and the worker's targets (logged once per name), counted per version in
+    ``weights_unknown_model``, and not acknowledged: a server streams a model only to workers whose
+    HELLO names it, so only a server that ignores that sends one. Heartbeat stats: the policy's,
+    with each other model's version as ``<model>_version`` and the counters of all.
     """
 
     def __init__(self, receivers: dict[str, WeightReceiver]) -> None:
@@ -421,7 +407,8 @@ class ModelReceivers:
         return self.stats()
 
     def ack(self, msg: Message) -> dict[str, Any] | None:
-        """The ACK body for a version whose last part ``msg`` is (None: not acknowledged, see the class)."""
+        """The ACK body for a version whose last part ``msg`` is (None: not
+        acknowledged, see the class)."""
         model = msg.body.get("model", POLICY)
         if model not in self.receivers:
             return None
@@ -436,9 +423,10 @@ class ModelReceivers:
         self.counts["weights_unknown_model"] += 1
         if model not in self._unknown and len(self._unknown) < 64:
             self._unknown.add(model)
-            log.error("rejected weights v%d of the model %r from the server: this worker has no target for it (its "
-                      "targets: %s). The worker goes on without it; to load it, give the worker a module of that "
-                      "name (RolloutWorker(models={%r: module}))", msg.policy_version, model,
+            log.error("rejected weights v%d of the model %r from the server: this worker has no "
+                      "target for it (its targets: %s). The worker goes on without it; to load it, "
+                      "give the worker a module of that name (RolloutWorker(models={%r: module}))",
+                      msg.policy_version, model,
                       ", ".join(self.receivers), model)
 
     def stats(self) -> dict[str, Any]:

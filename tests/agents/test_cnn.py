@@ -9,7 +9,7 @@ import pytest
 
 def test_the_cnn_encoder_refuses_frames_it_would_scale_wrongly() -> None:
     # forward() divides by 255: a float [0, 1] image space, if accepted, would reach it 255 times too small.
-    from netrl.agents.cnn import ConvEncoder
+    from netrl.agents.common.encoders import ConvEncoder
 
     with pytest.raises(ValueError, match=r"ConvEncoder takes uint8 frames \(0-255\), which it scales to \[0, 1\] \(got "
                                          r"a float32 space"):

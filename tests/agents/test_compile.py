@@ -26,7 +26,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.make import make_pipeline
 from netrl.samples import Batch, Buffer
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import ListSource
 
@@ -284,7 +284,7 @@ def test_the_config_key_reaches_the_agent_and_the_loop_trains_compiled(tmp_path:
                             "memory": {"batch_size": 16, "memory_size": 200}, "agent": {"hidden_sizes": [8, 8]},
                             "weights_folder": str(tmp_path), "security": "none", "seed": 0}, "config.json")
     training = Trainer.from_config(cfg, make_pipeline(cfg)).training_cls()
-    assert training.compile == "compile"
+    assert training.settings.compile == "compile"
     source = ListSource([_packet(40, 1), _packet(40, 2)])
     training.start(source)  # type: ignore[arg-type]
     assert isinstance(training.agent, SACAgent) and training.agent.compile == "compile"

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from netrl.agents.dqn import MASK_KEY, DQNActor, DQNAgent
+from netrl.agents.common.masks import MASK_KEY
+from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.config.load import config_from_dict
 from netrl.local import run_local
 from netrl.memory.replay import ReplayMemory
@@ -22,7 +23,7 @@ from netrl.pipelines.base import Pipeline
 from netrl.pipelines.make import make_pipeline
 from netrl.samples import Batch
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 
@@ -245,8 +246,8 @@ def test_a_masked_env_trains_end_to_end_and_no_masked_action_is_ever_taken(tmp_p
 
 def test_the_gym_pipeline_learns_cartpole_in_single_process_mode(tmp_path: Path) -> None:
     """Random play scores about 22 on CartPole; 3,000 env steps of DQN clearly beat it."""
-    cfg_agent = {"hidden_sizes": [64, 64], "lr_critic": 2.3e-3, "target_update_interval": 100,
-                 "exploration_steps": 800}
+    cfg_agent = {"hidden_sizes": [64, 64], "dqn": {"lr": 2.3e-3, "target_update_interval": 100,
+                                                   "exploration_steps": 800}}
     pipeline = make_pipeline(config_from_dict({"env": {"id": "CartPole-v1"}, "agent": cfg_agent}))
     torch.manual_seed(0)
     training, _ = local_run(tmp_path, pipeline, agent=cfg_agent, memory={"batch_size": 64}, trainer={

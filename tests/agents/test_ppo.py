@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from netrl.agents.dqn import MASK_KEY
+from netrl.agents.common.masks import MASK_KEY
 from netrl.agents.gae import gae, trajectory_ends
 from netrl.agents.guard import find_state_tensors
 from netrl.agents.ppo import PPOActor, PPOAgent

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
+from netrl.agents.registry import NAMES
 from netrl.config.load import config_from_dict
-from netrl.config.sections import TrainerConfig
+from netrl.config.sections import AgentConfig, TrainerConfig
 from netrl.errors import ConfigError
 
 SYNC = hasattr(TrainerConfig, "collection")  # trainer.collection comes with the sync collection (issue 33)
@@ -20,19 +23,26 @@ def problems(data: dict, role: str | None = None) -> list[str]:
 def test_the_default_is_auto_and_the_ppo_keys_have_sb3s_defaults() -> None:
     a = config_from_dict({}).agent
     assert a.algorithm == "auto"
-    assert (a.lr_ppo, a.ppo_epochs, a.minibatch_size, a.clip_range, a.clip_range_vf, a.gae_lambda, a.ent_coef,
-            a.vf_coef, a.max_grad_norm, a.ppo_anneal_frames) == (3e-4, 10, 64, 0.2, None, 0.95, 0.0, 0.5, 0.5, None)
+    p = a.ppo
+    assert (p.lr, p.epochs, p.minibatch_size, p.clip_range, p.clip_range_vf, p.gae_lambda,
+            p.ent_coef, p.vf_coef, p.max_grad_norm, p.anneal_frames) == (
+        3e-4, 10, 64, 0.2, None, 0.95, 0.0, 0.5, 0.5, None)
+
+
+def test_agent_algorithm_takes_the_names_of_the_algorithm_table() -> None:
+    assert typing.get_args(typing.get_type_hints(AgentConfig)["algorithm"]) == ("auto", *NAMES)
 
 
 def test_bad_ppo_values_are_all_named_at_once() -> None:
-    assert sorted(problems({"agent": {"algorithm": "a2c", "ppo_epochs": 0, "clip_range": 0, "gae_lambda": 1.5,
-                                      "clip_range_vf": -1.0, "ppo_anneal_frames": 0}})) == [
+    ppo = {"epochs": 0, "clip_range": 0, "gae_lambda": 1.5, "clip_range_vf": -1.0,
+           "anneal_frames": 0}
+    assert sorted(problems({"agent": {"algorithm": "a2c", "ppo": ppo}})) == [
         'agent.algorithm must be "auto" or "sac" or "dqn" or "ppo" (got "a2c")',
-        "agent.clip_range must be > 0 (got 0)",
-        "agent.clip_range_vf must be > 0 (got -1.0)",
-        "agent.gae_lambda must be between 0.0 and 1.0 (got 1.5)",
-        "agent.ppo_anneal_frames must be >= 1 (got 0)",
-        "agent.ppo_epochs must be >= 1 (got 0)"]
+        "agent.ppo.anneal_frames must be >= 1 (got 0)",
+        "agent.ppo.clip_range must be > 0 (got 0)",
+        "agent.ppo.clip_range_vf must be > 0 (got -1.0)",
+        "agent.ppo.epochs must be >= 1 (got 0)",
+        "agent.ppo.gae_lambda must be between 0.0 and 1.0 (got 1.5)"]
 
 
 def test_ppo_with_async_collection_is_refused_naming_both_keys() -> None:
@@ -57,7 +67,21 @@ def test_ppo_with_random_first_actions_is_refused_naming_both_keys() -> None:
 @pytest.mark.skipif(not SYNC, reason="trainer.collection and trainer.frames_per_batch come with the sync collection")
 def test_ppo_with_sync_collection_loads_and_a_minibatch_beyond_the_batch_is_refused() -> None:
     sync = {"collection": "sync", "frames_per_batch": 256}
-    cfg = config_from_dict({"agent": {"algorithm": "ppo", "minibatch_size": 256}, "trainer": sync})
+    cfg = config_from_dict({"agent": {"algorithm": "ppo", "ppo": {"minibatch_size": 256}},
+                            "trainer": sync})
     assert cfg.agent.algorithm == "ppo"
-    assert problems({"agent": {"algorithm": "ppo", "minibatch_size": 512}, "trainer": sync}) == [
-        "agent.minibatch_size (512) must be <= trainer.frames_per_batch (256): a PPO minibatch is drawn from one batch"]
+    assert problems({"agent": {"algorithm": "ppo", "ppo": {"minibatch_size": 512}},
+                     "trainer": sync}) == [
+        "agent.ppo.minibatch_size (512) must be <= trainer.frames_per_batch (256): a PPO "
+        "minibatch is drawn from one batch"]
+
+
+def test_sac_and_dqn_named_with_sync_collection_are_refused_naming_both_keys() -> None:
+    """The table says what each algorithm needs: SAC and DQN learn from a replay memory."""
+    for name, label in (("sac", "SAC"), ("dqn", "DQN")):
+        assert problems({"agent": {"algorithm": name}, "trainer": {"collection": "sync"}}) == [
+            f'agent.algorithm "{name}" needs trainer.collection "async" (got "sync"): {label} '
+            "learns from a replay memory that the workers fill as they go; set "
+            'trainer.collection to "async", or choose another agent.algorithm']
+    # auto: decided by the env's actions, in the gym pipeline
+    assert config_from_dict({"trainer": {"collection": "sync"}}).trainer.collection == "sync"

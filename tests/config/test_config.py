@@ -55,7 +55,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         "network": {"worker_port": 70000, "server_ip": 5, "handshake_timeout_s": 3e6},
         "env": {"pipeline": "atari"},
         "wandb": {"mode": "loud"},
-        "agent": {"learn_entropy_coef": "yes"},
+        "agent": {"sac": {"learn_entropy_coef": "yes"}},
         "worker": {"compression": "gzip", "worker_id": "robot 1"},
     })
     assert found == [
@@ -69,7 +69,7 @@ def test_every_problem_is_listed_with_key_value_and_rule() -> None:
         'env.pipeline must be "gym", "drone", "image", or "module:function" naming a function of the config that '
         'returns a netrl.pipelines.Pipeline (got "atari")',
         'wandb.mode must be "auto" or "offline" or "online" or "disabled" (got "loud")',
-        'agent.learn_entropy_coef must be true or false (got "yes")',
+        'agent.sac.learn_entropy_coef must be true or false (got "yes")',
         'worker.compression must be "none" or "zstd" or "lz4" (got "gzip")',
         "worker.worker_id must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit (got "
         '"robot 1")',
@@ -288,8 +288,9 @@ def test_config_json_runs_your_own_classes_through_a_module_function_pipeline(
     cfg = config_from_dict({"env": {"pipeline": "my_pipeline:build", "kwargs": {"drift": 0.5}},
                             "weights_folder": str(tmp_path / "weights"), "security": "none"})
     pipeline = make_pipeline(cfg)
-    worker = RolloutWorker.from_config(cfg, pipeline)
-    worker.standalone = True
+    worker = RolloutWorker.from_config(cfg, pipeline, standalone=True)
+    with pytest.raises(AttributeError, match=r"RolloutWorker\.standalone is a setting, fixed when the worker is built"):
+        worker.standalone = False  # the parts took it when built: a later change would reach only some
     episode = worker.run_episode()  # the user's env, with config.json's kwargs, driven by the user's actor class
     assert episode.length == 5 and type(worker.env).__name__ == "Drift" and worker.env.drift == 0.5
     worker.close()

@@ -8,7 +8,7 @@ from netrl.config.load import config_from_dict
 from netrl.errors import ConfigError
 from netrl.memory.replay import ReplayMemory
 from netrl.memory.rollout import RolloutMemory
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from tests.fakes import ACT, OBS, ListSource
 
 

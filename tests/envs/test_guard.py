@@ -161,3 +161,21 @@ def test_with_no_time_limit_the_calls_run_on_the_callers_thread_and_a_dead_threa
     with pytest.raises(EnvFailure, match="thread 'sensor' ended with ZeroDivisionError"):
         calls.call("step", calls.env.step, np.zeros(1, np.float32))
     calls.close()
+
+
+def test_a_thread_that_dies_between_two_calls_marks_the_env_for_rebuilding() -> None:
+    """Found at the start of the next call (not while one waits), the death still means the env is
+    not to be used again: a worker on on_env_failure "reset" rebuilds it rather than failing three
+    times in a row on the same dead thread (seen under load, when rtgym's thread died between steps)."""
+    calls = EnvCaller(Stall, "worker w1")
+    calls.call("reset", calls.env.reset)
+    dying = threading.Thread(target=lambda: 1 / 0, name="sensor")
+    dying.start()
+    dying.join()
+    assert not calls.stuck
+    with pytest.raises(EnvFailure, match=r"thread 'sensor' ended with ZeroDivisionError.*during env\.step"):
+        calls.call("step", calls.env.step, np.zeros(1, np.float32))
+    assert calls.stuck
+    with pytest.raises(EnvFailure, match="still stuck in an earlier call"):
+        calls.call("step", calls.env.step, np.zeros(1, np.float32))
+    calls.close()

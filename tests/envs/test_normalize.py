@@ -22,7 +22,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.memory.rollout import RolloutMemory
 from netrl.protocol.weights import check_weights
 from netrl.samples import Buffer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import ListSource, small_config
 from tests.recording import over_the_wire
@@ -216,7 +216,7 @@ def run_worker(norm: ObsNormalizer, num_envs: int) -> tuple[RolloutWorker, list[
         assert worker.obs_norm is not None and torch.equal(worker.obs_norm.var_0, torch.ones(3))  # until one arrives
         worker.obs_norm.load_state_dict(norm.state_dict())  # what the model transport does with a version
         worker.run(0, nb_episodes=4)
-        worker._send_packet()
+        worker.sink.send()
         return worker, [over_the_wire(b) for b in worker.local_packets]
     finally:
         worker.close()
@@ -306,7 +306,7 @@ def test_the_training_loop_learns_from_every_row_once_and_refuses_a_packet_that_
     loop.build()
     assert loop.memory is not None and loop.memory.obs_transform is loop.obs_norm
     loop.ingest(ListSource([*packets, bad]))
-    assert loop.unstored == 1
+    assert loop.ingester is not None and loop.ingester.unstored == 1
     rows = np.concatenate([b.obs[0][~b.context] for b in packets]).astype(np.float64)
     assert loop.obs_norm is not None and float(loop.obs_norm.count) == len(rows)
     np.testing.assert_allclose(loop.obs_norm.mean_0.numpy(), rows.mean(0), rtol=1e-6)

@@ -26,7 +26,7 @@ from netrl.memory.device import fit_problem
 from netrl.memory.prefetch import BatchesAhead
 from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, Buffer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from tests.fakes import ListSource, small_config
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

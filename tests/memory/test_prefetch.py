@@ -27,7 +27,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, Buffer, BufferBuilder
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, Counter, ListSource, TagActor
@@ -98,7 +98,9 @@ def loop(memory_cls: Any = ReplayMemory, **kw: Any) -> TrainingOffline:
     training.build()
     agent = training.agent
     assert isinstance(agent, CheckingAgent)
-    agent.settle = lambda: training._batches.settle() if training._batches is not None else None
+    ingester = training.ingester
+    assert ingester is not None
+    agent.settle = lambda: ingester.batches.settle() if ingester.batches is not None else None
     return training
 
 
@@ -118,7 +120,8 @@ def test_batch_k_stays_intact_while_batch_k_plus_1_is_gathered_and_packets_arriv
     assert isinstance(agent, CheckingAgent) and agent.trained == 40 and rounds[0]["trained_steps"] == 40
     assert len(sampled) == 41  # the 41st batch was gathered ahead, never trained on
     assert all(name.startswith("netrl-batches") for name in sampled)
-    assert training._batches is None and not any(t.name.startswith("netrl-batches") for t in threading.enumerate())
+    assert training.ingester is not None and training.ingester.batches is None
+    assert not any(t.name.startswith("netrl-batches") for t in threading.enumerate())
 
 
 def test_without_prefetch_each_batch_is_sampled_in_the_loop_when_asked() -> None:
@@ -259,8 +262,9 @@ def test_end_to_end_every_batch_holds_real_transitions_with_columns_as_tensors(
 
         @staticmethod
         def settle() -> None:
-            if trainer.training is not None and trainer.training._batches is not None:
-                trainer.training._batches.settle()
+            ingester = trainer.training.ingester if trainer.training is not None else None
+            if ingester is not None and ingester.batches is not None:
+                ingester.batches.settle()
 
     training_cls = partial(TrainingOffline, env_cls=(OBS, ACT),
                            memory_cls=partial(ReplayMemory, storage_device="cpu"),  # memory.device's code, on cpu

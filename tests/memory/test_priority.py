@@ -168,9 +168,9 @@ def test_the_oldest_row_of_a_full_ring_is_never_drawn() -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"alpha": 1.5}, r"memory.alpha must be within \[0, 1\] \(got 1.5\)"),
-    ({"beta": -0.1}, r"memory.beta must be within \[0, 1\] \(got -0.1\)"),
-    ({"eps": 0.0}, r"memory.eps must be > 0 \(got 0.0\)"),
+    ({"alpha": 1.5}, r"memory.priority_alpha must be within \[0, 1\] \(got 1.5\)"),
+    ({"beta": -0.1}, r"memory.priority_beta must be within \[0, 1\] \(got -0.1\)"),
+    ({"eps": 0.0}, r"memory.priority_eps must be > 0 \(got 0.0\)"),
 ])
 def test_bad_priority_settings_are_refused_naming_the_key(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -189,7 +189,7 @@ def config(tmp_path: Path, **sections: dict[str, Any]) -> Any:
 def test_sac_trains_with_3_step_prioritized_replay_from_a_workers_packets(tmp_path: Path) -> None:
     """worker -> packets -> memory (config's n_step, priorities) -> batches -> SAC -> priorities -> memory."""
     cfg = config(tmp_path, memory={"memory_size": 2000, "batch_size": 32, "n_step": 3, "prioritized": True,
-                                   "beta_steps": 100},
+                                   "priority_beta_steps": 100},
                  agent={"hidden_sizes": [16, 16], "gamma": 0.9},
                  trainer={"epochs": 1, "rounds": 1, "steps": 60, "start_training": 100,
                           "max_training_steps_per_env_step": 0.5})
@@ -242,7 +242,7 @@ def test_a_pipeline_whose_memory_cannot_take_the_keys_is_refused_naming_them(
 
 @pytest.mark.parametrize("memory, message", [
     ({"n_step": 0}, "memory.n_step must be >= 1"),
-    ({"alpha": 2}, "memory.alpha must be between 0.0 and 1.0"),
+    ({"priority_alpha": 2}, "memory.priority_alpha must be between 0.0 and 1.0"),
 ])
 def test_bad_replay_keys_in_config_are_refused(tmp_path: Path, memory: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -31,7 +31,7 @@ from netrl.memory.views import (
     prev_rewards,
 )
 from netrl.samples import Buffer, concat_segments
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from tests.fakes import ListSource
 
 

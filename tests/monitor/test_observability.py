@@ -156,7 +156,7 @@ def test_plot_explains_a_damaged_run_folder_and_draws_a_run_with_no_rounds_yet(
 
 
 def test_status_gives_weights_and_samples_for_workers_only() -> None:
-    from netrl.net.transport import Liveness
+    from netrl.net.liveness import Liveness
     from netrl.server.peers import Peer
 
     def described(role: str) -> dict[str, object]:

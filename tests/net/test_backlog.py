@@ -10,8 +10,8 @@ from typing import Any
 import zmq
 
 from netrl.config.sections import NetworkConfig
+from netrl.net.liveness import Liveness
 from netrl.net.thread import NetThread
-from netrl.net.transport import Liveness
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode
 

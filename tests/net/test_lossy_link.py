@@ -1,20 +1,18 @@
 """A long lossy link keeps its one connection: the liveness window follows the measured round trip.
 
-The worker's link goes through the benchmark's emulated link (scripts/benchmarks/wan_link.py), a TCP forwarder in
-this process: TCP cannot lose bytes, so a lost segment arrives a retransmission timeout late and holds back what
-follows, as it does on a real path. A link whose window ignores the round trip takes each such stall for a dead
-peer and reconnects; and one that counts the handshake against the window (four round trips without CURVE, seven
-with it) never gets connected where those take longer than the window.
+The worker's link goes through the benchmarks' emulated link (benchmarks/wan_link.py), a TCP
+forwarder in this process: TCP cannot lose bytes, so a lost segment arrives a retransmission timeout
+late and holds back what follows, as it does on a real path. A link whose window ignores the round
+trip takes each such stall for a dead peer and reconnects; and one that counts the handshake against
+the window (four round trips without CURVE, seven with it) never gets connected where those take
+longer than the window.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
-from types import ModuleType
 
+from benchmarks.wan_link import WanLink
 from netrl.config.sections import NetworkConfig
 from netrl.net.transport import ClientLink
 from tests.fakes import MakeServer, wait_until
@@ -24,20 +22,10 @@ NET = NetworkConfig(heartbeat_interval_s=0.1, heartbeat_liveness=5, reconnect_in
 RTT_MS, LOSS, LOSSY_S = 400.0, 0.1, 6.0
 
 
-def wan_link() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "wan_link.py"
-    spec = importlib.util.spec_from_file_location("wan_link", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_worker_over_a_long_lossy_link_keeps_its_one_connection(make_server: MakeServer) -> None:
     srv, ctx = make_server(network=NET)
     # lossless for its first 2 s (the round trip is measured meanwhile), then 10% of segments lost
-    with wan_link().WanLink(srv.worker_port, RTT_MS, LOSS, 10.0, seed=3, loss_from_s=2.0) as wan:
+    with WanLink(srv.worker_port, RTT_MS, LOSS, 10.0, seed=3, loss_from_s=2.0) as wan:
         link = ClientLink(ctx, NET, "worker", "far", "session1", wan.port)
         link.open()
         try:

@@ -26,7 +26,8 @@ from netrl.errors import SecurityError
 from netrl.launch import free_port
 from netrl.monitor.status import format_status
 from netrl.net.keys import ClientKeys, KeyRing, ServerKeys, client_keys, keygen, server_keys
-from netrl.net.transport import ClientLink, handshake_failure, new_session
+from netrl.net.sockets import handshake_failure
+from netrl.net.transport import ClientLink, new_session
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import all_finite, check_weights, state_arrays, tensor_views, weight_specs
 from netrl.protocol.wire import samples_message

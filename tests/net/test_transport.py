@@ -13,7 +13,9 @@ import zmq
 from netrl.config.sections import NetworkConfig
 from netrl.errors import TransportError
 from netrl.launch import free_port
-from netrl.net.transport import Backoff, ClientLink, Liveness, bind, new_session, new_socket
+from netrl.net.liveness import Backoff, Liveness
+from netrl.net.sockets import bind, new_socket
+from netrl.net.transport import ClientLink, new_session
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import PROTOCOL_VERSION, decode, encode
 from tests.fakes import MakeServer

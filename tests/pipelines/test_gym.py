@@ -27,9 +27,10 @@ class TextActions(gymnasium.Env[np.ndarray, str]):
 
 
 def test_cartpole_gets_dqn_with_the_agent_section_and_pendulum_keeps_sac() -> None:
-    cfg = config_from_dict({"env": {"id": "CartPole-v1"}, "agent": {
-        "gamma": 0.9, "lr_critic": 2e-3, "hidden_sizes": [32], "target_update_interval": 7,
-        "exploration_initial_eps": 0.5, "exploration_final_eps": 0.1, "exploration_steps": 9}})
+    dqn = {"lr": 2e-3, "target_update_interval": 7, "exploration_initial_eps": 0.5,
+           "exploration_final_eps": 0.1, "exploration_steps": 9}
+    cfg = config_from_dict({"env": {"id": "CartPole-v1"},
+                            "agent": {"gamma": 0.9, "hidden_sizes": [32], "dqn": dqn}})
     pipeline = make_pipeline(cfg)
     env = pipeline.env_cls()
     try:
@@ -63,10 +64,11 @@ def test_actions_neither_agent_takes_are_refused_naming_the_env_and_the_space() 
 
 def test_bad_dqn_settings_are_all_named_at_once() -> None:
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"agent": {"target_update_interval": 0, "exploration_final_eps": 1.5,
-                                    "exploration_steps": -1, "exploration_initial_eps": "x"}})
+        config_from_dict({"agent": {"dqn": {
+            "target_update_interval": 0, "exploration_final_eps": 1.5, "exploration_steps": -1,
+            "exploration_initial_eps": "x"}}})
     assert sorted(err.value.problems) == [
-        'agent.exploration_final_eps must be between 0.0 and 1.0 (got 1.5)',
-        'agent.exploration_initial_eps must be a finite number (got "x")',
-        "agent.exploration_steps must be >= 0 (got -1)",
-        "agent.target_update_interval must be >= 1 (got 0)"]
+        'agent.dqn.exploration_final_eps must be between 0.0 and 1.0 (got 1.5)',
+        'agent.dqn.exploration_initial_eps must be a finite number (got "x")',
+        "agent.dqn.exploration_steps must be >= 0 (got -1)",
+        "agent.dqn.target_update_interval must be >= 1 (got 0)"]

@@ -48,11 +48,13 @@ def test_sac_and_dqn_may_be_named_and_are_refused_for_actions_they_cannot_take()
 
 def test_ppo_is_built_with_the_agent_section_and_a_rollout_memory_for_box_and_discrete_actions() -> None:
     rollout = pytest.importorskip("netrl.memory.rollout", reason="RolloutMemory comes with the sync collection")
-    keys = {"algorithm": "ppo", "hidden_sizes": [32], "gamma": 0.98, "gae_lambda": 0.8, "lr_ppo": 1e-3,
-            "ppo_epochs": 20, "minibatch_size": 256, "clip_range": 0.3, "clip_range_vf": 0.5, "ent_coef": 0.01,
-            "vf_coef": 0.7, "max_grad_norm": 0.9, "ppo_anneal_frames": 100_000}
+    ppo = {"gae_lambda": 0.8, "lr": 1e-3, "epochs": 20, "minibatch_size": 256, "clip_range": 0.3,
+           "clip_range_vf": 0.5, "ent_coef": 0.01, "vf_coef": 0.7, "max_grad_norm": 0.9,
+           "anneal_frames": 100_000}
+    keys = {"algorithm": "ppo", "hidden_sizes": [32], "gamma": 0.98, "ppo": ppo}
     for env_id in ("Pendulum-v1", "CartPole-v1"):
-        pipeline = make_pipeline(with_agent(config_from_dict({"env": {"id": env_id}}), **keys))
+        pipeline = make_pipeline(config_from_dict({"env": {"id": env_id}, "agent": keys,
+                                                   "trainer": {"collection": "sync"}}))
         assert pipeline.memory_cls is rollout.RolloutMemory
         agent, actor = built(pipeline)
         assert isinstance(agent, PPOAgent) and isinstance(actor, PPOActor) and actor.pi[0].out_features == 32

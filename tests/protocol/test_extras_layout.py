@@ -14,15 +14,15 @@ import pytest
 
 from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.limits import ValueLimits
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
-from netrl.safeguards import Safeguards
 from netrl.samples import Buffer
+from netrl.samples.value_limits import ValueLimits
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
+from netrl.training.safeguards import Safeguards
 from tests.fakes import MakeServer, Peer, sample_buffer, wait_until
 
 DECLARED = {"action_log_prob": ((), "float32"), "state_value": ((), "float32")}

@@ -332,20 +332,22 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
         assert msg.policy_version == version and set(got) == set(actor.state_dict())
         assert all(np.array_equal(got[k], t.numpy()) for k, t in actor.state_dict().items())
         deadline = time.monotonic() + 5
-        while not all(t.done for t in link._snapshots[-1].trackers):  # ZeroMQ lets go of the buffer
+        held = link.sender.snapshots.held
+        while not all(t.done for t in held[-1].trackers):  # ZeroMQ lets go of the buffer
             assert time.monotonic() < deadline
             time.sleep(0.01)
 
     try:
         ab, ba = TwoTensors("a", n), TwoTensors("b", n)
         published(ab, 1)
-        first = link._snapshots[-1]
+        first = link.sender.snapshots.held[-1]
         with torch.no_grad():
             ab.a.mul_(-2)
         published(ab, 2)
-        assert link._snapshots == [first] and len(first.trackers) == -(-first.flat.nbytes // PART_BYTES)
+        assert link.sender.snapshots.held == [first]
+        assert len(first.trackers) == -(-first.flat.nbytes // PART_BYTES)
         published(ba, 3)  # as many bytes in another layout: the buffer is viewed anew, not written by ab's views
-        snap = link._snapshots[-1]
+        snap = link.sender.snapshots.held[-1]
         assert snap.flat is first.flat and snap.layout != flat_layout(ab)[0]
         used = np.zeros(snap.flat.nbytes, bool)
         for _, dtype, shape, offset in snap.layout:

@@ -15,9 +15,10 @@ import zmq
 
 from netrl.agents.sac import MLPActor
 from netrl.errors import MalformedMessage
+from netrl.protocol.checks import MAX_LAYOUT_ENTRIES, check_layout
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import flat_layout, snapshot_into
-from netrl.protocol.wire import MAX_LAYOUT_ENTRIES, check_layout, decode, encode, frames_nbytes, weight_parts
+from netrl.protocol.wire import decode, encode, frames_nbytes, weight_parts
 from netrl.server.server import Server
 from netrl.server.weight_cache import OVERHEAD_ROOM_BYTES, WeightCache
 from netrl.worker.weight_receiver import WeightReceiver

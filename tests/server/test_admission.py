@@ -137,7 +137,7 @@ def test_a_bye_reason_is_logged_quoted_and_short(server: tuple[Server, zmq.Conte
     srv, ctx = server
     worker = Peer(ctx, srv.worker_port, "worker", "w")
     worker.hello()
-    with caplog.at_level(logging.INFO, logger="netrl.server.server"):
+    with caplog.at_level(logging.INFO, logger="netrl.server.membership"):
         worker.send(Message(MsgType.BYE, "w", body={"reason": "bye\n12:00:00 I forged line" + "x" * 10_000}))
         line = wait_until(lambda: next((r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()),
                                        None), 5, "the BYE logged", poll=0.02)

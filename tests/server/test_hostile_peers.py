@@ -13,7 +13,8 @@ import zmq
 
 from netrl.errors import NetrlError
 from netrl.monitor.status import format_status, query_status
-from netrl.net.transport import ClientLink, Liveness
+from netrl.net.liveness import Liveness
+from netrl.net.transport import ClientLink
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import encode, samples_message
 from netrl.server.peers import MAX_COUNT, PeerTable, QueuedPacket

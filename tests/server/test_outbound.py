@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from netrl.net.transport import Liveness
+from netrl.net.liveness import Liveness
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, samples_message, weight_parts
 from netrl.server.counters import ServerCounters

@@ -21,7 +21,7 @@ from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode, encode_bundle, samples_message
 from netrl.samples import Buffer
 from netrl.server.server import Server
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import MakeServer, Peer, sample_buffer, wait_until

@@ -166,13 +166,13 @@ def test_a_disk_that_refuses_the_spool_loses_nothing(tmp_path: Path, monkeypatch
     # a packet waiting in memory too long stays there, unacknowledged, while the disk refuses it
     r.told.clear()
     r.packet("a", 2)
-    relay._spool_retry_at = 0.0  # past the rest a refusal buys the spool
+    relay.gate.retry_at = 0.0  # past the rest a refusal buys the spool
     relay.spool_stale(now=120.0, trainer_connected=False)
     assert [p.seq for p in relay.queue] == [2] and not r.told and relay.stats["spool_errors"] == 2
     relay.spool_stale(now=120.5, trainer_connected=False)  # within the rest: not tried again
     assert relay.stats["spool_errors"] == 2
     monkeypatch.undo()  # the disk has room again: the packet is spooled and acknowledged
-    relay._spool_retry_at = 0.0
+    relay.gate.retry_at = 0.0
     relay.spool_stale(now=121.0, trainer_connected=False)
     assert not relay.queue and spool.packets == 1 and r.told == [("a", MsgType.ACK, {"seqs": [2], "spooled": True})]
 

@@ -596,8 +596,8 @@ def test_a_peer_that_says_bye_and_closes_at_once_is_logged_as_a_clean_stop(
         assert sock.poll(2000)  # the BYE waits in the server's socket, unread
         peer.sock.close()
         with caplog.at_level(logging.INFO, logger="netrl"):
-            wait_until(lambda: srv.out.send(known, Message(MsgType.HEARTBEAT, "server")) is False and bool(srv._gone),
-                       5, "a send to find the connection closed")
+            wait_until(lambda: srv.out.send(known, Message(MsgType.HEARTBEAT, "server")) is False
+                       and bool(srv.members.gone), 5, "a send to find the connection closed")
             srv._forget_gone()  # the end of the loop's pass
         assert "disconnected (worker stopping)" in caplog.text and "lost" not in caplog.text, caplog.text
         assert not srv.peers.workers() and "before HELLO" not in caplog.text

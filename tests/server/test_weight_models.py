@@ -390,8 +390,10 @@ def test_an_acknowledgement_out_of_order_is_refused_naming_both(
                                 ("policy", 3, "float32", 2)]
     with caplog.at_level(logging.WARNING, logger="netrl.server.admission"):
         ack(worker, ("policy", 2, "float32", None))  # v1 first
-        wait_until(lambda: srv.stats["rejected"] == 1, 5, "the acknowledgement refused", poll=0.02)
+        # the line, not the count: the server's thread counts the refusal before it logs it
+        wait_until(lambda: "but was sent" in caplog.text, 5, "the acknowledgement refused", poll=0.02)
     assert "[2] ('float32') but was sent 'policy' v1 (float32) first" in caplog.text
+    assert srv.stats["rejected"] == 1
     for v in (1, 2, 3):  # the right order still counts
         ack(worker, ("policy", v, "float32", None))
     wait_until(lambda: srv.peers.workers()[0].version == 3, 5, "v3 acknowledged", poll=0.02)

@@ -12,8 +12,8 @@ from tests.fakes import FAST_TRAINER, small_config, wait_until
 
 
 def test_cartpole_trains_dqn_and_the_worker_acts_with_the_trainers_epsilon(tmp_path: Path, procs: Procs) -> None:
-    config = small_config(tmp_path, env={"id": "CartPole-v1"}, trainer=FAST_TRAINER, agent={
-        "exploration_initial_eps": 1.0, "exploration_final_eps": 0.25, "exploration_steps": 60})
+    config = small_config(tmp_path, env={"id": "CartPole-v1"}, trainer=FAST_TRAINER, agent={"dqn": {
+        "exploration_initial_eps": 1.0, "exploration_final_eps": 0.25, "exploration_steps": 60}})
     server = procs.spawn("server", config)
     procs.wait_for(server, "server listening")
     trainer = procs.spawn("trainer", config)

@@ -12,7 +12,7 @@ So the test checks that (1) every load ran on the network thread, never on the c
 load or a swap were not late calls, allowing for the machine's own rare stalls: a load on the control path would
 make every load's step late, so at most a quarter of them may be; and (3) the loop kept its 20 Hz median. Overruns
 that happened inside the env's time step while the control path was on time are reported, not failed. The jitter
-of real 1M-parameter loads is measured by scripts/bench_pipelines.py, not here.
+of real 1M-parameter loads is measured by benchmarks/pipelines.py, not here.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from netrl.monitor.status import format_status
 from netrl.samples import Batch
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, wait_until
 
@@ -188,7 +188,7 @@ def test_a_worker_joining_mid_batch_starts_with_the_next_version(roles: Roles) -
 
 def test_a_worker_lost_mid_batch_stalls_the_trainer_only_until_sync_timeout_s(
         roles: Roles, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "netrl.sync")
+    caplog.set_level(logging.WARNING, "netrl.training.sync")
     training = roles.trainer(frames_per_batch=80, sync_timeout_s=1.0).training
     roles.worker("stays")
     worker = roles.worker("leaves", delay=0.01)
@@ -235,7 +235,8 @@ def test_the_batch_under_way_and_the_waits_show_in_the_status_and_the_metrics(ro
     training = trainer.training
     assert training is not None
     live = training.live()
-    assert live["batch_version"] == training.version and 0 <= live["batch_steps"] <= 40
+    assert training.publisher is not None
+    assert live["batch_version"] == training.publisher.version and 0 <= live["batch_steps"] <= 40
     assert live["frames_per_batch"] == 40 and isinstance(live["waiting_for"], list)
     assert live["trainer_wait_s"] > 0 and live["worker_wait_s"] > 0
     summary = training._round_summary(0)

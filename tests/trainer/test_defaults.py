@@ -3,6 +3,7 @@ overwrites another run's."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import threading
@@ -19,8 +20,9 @@ from netrl.config.sections import Config
 from netrl.errors import CheckpointError
 from netrl.storage.weight_files import read_weights_file
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
+from netrl.worker.settings import WorkerSettings
 from netrl.worker.worker import RolloutWorker
 
 OBS = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
@@ -38,13 +40,13 @@ def torch_threads() -> Any:
 
 def test_the_classes_default_to_the_clis_torch_threads_status_lines_and_run_folder() -> None:
     cfg = Config()
-    for role in (Trainer, RolloutWorker):
-        defaults = {name: p.default for name, p in inspect.signature(role).parameters.items()}
+    trainer = {name: p.default for name, p in inspect.signature(Trainer).parameters.items()}
+    worker = {f.name: f.default for f in dataclasses.fields(WorkerSettings)}  # RolloutWorker's keywords
+    for role, defaults in (("Trainer", trainer), ("RolloutWorker", worker)):
         assert defaults["torch_threads"] == cfg.torch_threads == 1, role
         assert defaults["status_interval_s"] == cfg.status_interval_s == 10.0, role
     # a worker's episodes and the trainer's metrics meet in one folder, which --plot reads
-    assert (inspect.signature(Trainer).parameters["run_dir"].default
-            == inspect.signature(RolloutWorker).parameters["run_dir"].default == "weights/run")
+    assert trainer["run_dir"] == worker["run_dir"] == RolloutWorker(None, None).settings.run_dir == "weights/run"
 
 
 def test_the_trainer_sets_torch_threads_as_its_run_starts_and_logs_it(

@@ -15,7 +15,7 @@ from netrl.protocol.wire import encode, samples_message
 from netrl.samples import Buffer
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import ACT, OBS
 
@@ -69,10 +69,12 @@ def test_a_restarted_trainer_numbers_weights_after_any_version_in_its_sample_log
     sample_log.close()
     training = TrainingOffline(env_cls=(OBS, ACT), memory_size=100, batch_size=8, seed=0)
     training.build()
-    training.version = 121  # what load_state(checkpoint) sets
+    assert training.publisher is not None
+    training.publisher.version = 121  # what load_state(checkpoint) sets
     trainer = Trainer(partial(lambda: training), run_dir=tmp_path, wandb_mode="disabled")
     trainer._restore(training, threading.Event())
-    assert training.version == 139 and len(training.memory or []) == n - 1  # the next version is v140
+    assert training.publisher.version == 139  # the next version is v140
+    assert len(training.memory or []) == n - 1
 
 
 def test_a_restart_keeps_every_logged_packet_the_configured_message_limit_let_in(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.envs.gym import GenericGymEnv
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, wait_until

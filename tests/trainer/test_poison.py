@@ -30,7 +30,7 @@ from netrl.storage.weight_files import torch_save
 from netrl.trainer.delivery import SampleLog
 from netrl.trainer.link import TrainerLink
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import small_config
 
@@ -178,13 +178,16 @@ def test_training_that_stays_nonfinite_stops_the_trainer_with_exit_code_1_and_ad
     config = small_config(tmp_path, trainer={"epochs": 1, "rounds": 2, "steps": 150, "update_buffer_interval": 2,
                                              "start_training": 10, "worker_lead": 10, "max_training_steps_per_env_step":
                                              100.0},
-                          agent={"lr_actor": 1e30, "lr_critic": 1e30, "hidden_sizes": [16]})  # no network survives
+                          # no network survives
+                          agent={"sac": {"lr_actor": 1e30, "lr_critic": 1e30},
+                                 "hidden_sizes": [16]})
     monkeypatch.setattr(netrl.__main__, "install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
     monkeypatch.setattr(netrl.__main__, "configure_torch", lambda cfg, role: None)  # keep this process's torch threads
     assert netrl.__main__.main(["--trainer", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "Traceback" not in out
     assert "netrl: 100 training steps in a row were not finite" in out
-    assert "Their batches held samples from robot-1/s1." in out and "agent.lr_critic" in out  # worker/session
+    # worker/session
+    assert "Their batches held samples from robot-1/s1." in out and "agent.sac.lr_critic" in out
     run = tmp_path / "weights" / "test"
     assert not checkpoint.exists(run) or finite(checkpoint.load_checkpoint(run)[0])  # type: ignore[index]

@@ -40,7 +40,7 @@ from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog
 from netrl.trainer.link import FOREIGN_VERSION_LIMIT, TrainerLink
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from tests.fakes import small_config
 
@@ -260,7 +260,8 @@ def test_a_version_that_cannot_be_noted_on_disk_is_not_sent_and_the_trainer_stop
                                               r"was not sent"):
         make_trainer(tmp_path, epochs=1).run()
     (link,) = links.made
-    assert link.version == 0 and not link._snapshots  # nothing went to the network thread
+    # nothing went to the network thread
+    assert link.version == 0 and not link.sender.snapshots.held
 
 
 def test_the_link_counts_a_servers_versions_as_taken_unless_only_its_own_can_have_them(tmp_path: Path) -> None:
@@ -577,16 +578,16 @@ def test_a_restart_that_cannot_rebuild_the_checkpoints_memory_says_so(
     import shutil
 
     make_trainer(tmp_path, epochs=1).run()
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1).run()  # the sample log is whole: nothing to warn about
     assert "transitions" not in caplog.text
     shutil.rmtree(tmp_path / "samples")  # say, only checkpoint/ was copied to a new machine
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1).run()
     assert re.search(r"does not reach the checkpoint's position, so the replay memory holds 0 of the \d+ transitions",
                      caplog.text)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.WARNING, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=1, persist_samples=False).run()
     assert re.search(r"persist_samples is off, so the replay memory starts empty: the \d+ transitions", caplog.text)
 
@@ -605,7 +606,7 @@ def test_a_stop_while_the_memory_is_rebuilt_ends_the_start_at_once_and_saves_not
         return real_add(self, buf, new=new)
 
     monkeypatch.setattr(TrainingOffline, "add", add)
-    with caplog.at_level(logging.INFO, logger="netrl.trainer.trainer"):
+    with caplog.at_level(logging.INFO, logger="netrl.trainer"):
         make_trainer(tmp_path, epochs=2).run(stop)
     assert len(added) == 1 and "stopped while rebuilding the replay memory" in caplog.text
     assert checkpoint.load_state(tmp_path) == before  # a part-built memory and delivery state are never saved

@@ -28,7 +28,7 @@ from netrl.storage import checkpoint
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, PATIENT_NET, wait_until
@@ -118,19 +118,21 @@ def test_each_extra_model_is_published_on_its_own_interval_under_its_own_counter
     # its first version with the policy's, then every 5 steps, numbered after the server's v7; each holds the
     # module as it was then
     assert norm == [(8, 0, 0.0), (9, 5, 5.0), (10, 10, 10.0), (11, 15, 15.0)]
-    assert loop.model_versions == {"obs_norm": 11} and loop.version == 20
+    assert loop.publisher is not None
+    assert loop.publisher.model_versions == {"obs_norm": 11} and loop.publisher.version == 20
     state = loop.state()
     assert state["model_versions"] == {"obs_norm": 11}
 
     again = training()
     again.build()
     again.load_state(json.loads(json.dumps(state)))  # as a checkpoint holds it
-    assert again.model_versions == {"obs_norm": 11}
+    assert again.publisher is not None and again.publisher.model_versions == {"obs_norm": 11}
     old = {k: v for k, v in state.items() if k != "model_versions"}  # a checkpoint from before issue 34
     again = training()
     again.build()
     again.load_state(old)
-    assert again.model_versions == {"obs_norm": 0} and again.version == 20
+    assert again.publisher is not None
+    assert again.publisher.model_versions == {"obs_norm": 0} and again.publisher.version == 20
 
 
 @pytest.mark.parametrize(("models", "why"), [
@@ -149,11 +151,11 @@ def test_a_models_interval_and_module_are_checked_and_a_name_is_published_once()
     loop.build()
     with pytest.raises(ValueError, match=r"Trainer\(models=\.\.\.\) declares the model 'obs_norm', which is already "
                                          r"published"):
-        loop.add_models({"obs_norm": ModelSpec(Norm(), 2)}, "Trainer(models=...)")
+        loop.publisher.add_models({"obs_norm": ModelSpec(Norm(), 2)}, "Trainer(models=...)")
     with pytest.raises(ValueError, match=r"\['extra'\]\.every must be an integer >= 1: .*\(got 0\)"):
-        loop.add_models({"extra": ModelSpec(Norm(), 0)}, "Trainer(models=...)")
+        loop.publisher.add_models({"extra": ModelSpec(Norm(), 0)}, "Trainer(models=...)")
     with pytest.raises(ValueError, match=r"\['extra'\] is 3, not a ModelSpec\(module, every\)"):
-        loop.add_models({"extra": 3}, "Trainer(models=...)")  # type: ignore[dict-item]
+        loop.publisher.add_models({"extra": 3}, "Trainer(models=...)")  # type: ignore[dict-item]
 
 
 class _Tracker:
@@ -258,12 +260,14 @@ def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tu
         late = worker("late")
         late.start()
         assert trainer.net is not None and late.weights is not None
-        newest = (trainer.net.version, training.model_versions["obs_norm"], training.model_versions["probe"])
+        assert training.publisher is not None
+        versions = training.publisher.model_versions
+        newest = (trainer.net.version, versions["obs_norm"], versions["probe"])
         assert newest == (60, 12, 9)  # v1 at the start, then before steps 1..59; 0, 5, ..., 55; 0, 7, ..., 56
         receivers = late.models.receivers
         wait_until(lambda: (late.weights.version, receivers["obs_norm"].version, receivers["probe"].version)
                    == newest, 10, "the newest version of each model at the late worker", poll=0.02)
-        late._swap_weights()
+        late.policy.swap()
         assert late.version == 60 and late.models.versions == {"obs_norm": 12, "probe": 9}
         assert float(late.model("obs_norm").count) == 55.0  # as trained when v12 was published
         assert torch.equal(late.model("probe").weight, probe.weight)
@@ -364,7 +368,8 @@ def test_observation_statistics_travel_in_float32_whatever_the_setting() -> None
     norm.update(np.random.default_rng(0).normal(size=(50, 100)).astype(np.float32))
     link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
     sent: list[tuple[str, str]] = []
-    link._send_encoding = lambda encoded, model, *_: sent.append((model, encoded.fields["format"]))  # type: ignore
+    link.sender._send_encoding = (  # type: ignore
+        lambda encoded, model, *_: sent.append((model, encoded.fields["format"])))
     try:
         link.publish(norm, 1, 0, model="obs_norm")
         link.publish(torch.nn.Linear(64, 64), 1, 0)

@@ -21,7 +21,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples import Batch, ExtraSpec
 from netrl.server.server import Server
 from netrl.trainer.trainer import Trainer
-from netrl.training import TrainingOffline
+from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, Counter, TagActor, wait_until
@@ -142,7 +142,7 @@ def test_the_state_advances_under_random_actions_and_test_episodes_and_rides_wit
                            min_samples_per_worker_packet=5, init_random_frames=10)
     worker.local_packets = []
     worker.trainer_samples = 0  # the single-process mode's count: random actions until it reaches 10
-    original, calls = worker.random_actions, [0]
+    original, calls = worker.policy.random_actions, [0]
 
     def random_then_policy(obs: Any, n: int | None = None) -> Any:
         calls[0] += 1
@@ -150,9 +150,9 @@ def test_the_state_advances_under_random_actions_and_test_episodes_and_rides_wit
             worker.trainer_samples = 10
         return original(obs, n)
 
-    worker.random_actions = random_then_policy  # type: ignore[method-assign]
+    worker.policy.random_actions = random_then_policy  # type: ignore[method-assign]
     worker.run(1 if num_envs > 1 else 0, nb_episodes=8)
-    worker._send_packet()
+    worker.sink.send()
     assert set(declared_extras(worker.actor)) == {"action_log_prob", "recurrent_state"}
     randomly = acted = 0
     for b in worker.local_packets:

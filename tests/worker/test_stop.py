@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from netrl.config.load import load_config
-from netrl.net.transport import Liveness
+from netrl.net.liveness import Liveness
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, split_bundle
 from netrl.server.counters import ServerCounters

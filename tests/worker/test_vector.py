@@ -18,6 +18,7 @@ from netrl.errors import ConfigError, MalformedMessage
 from netrl.memory.replay import ReplayMemory
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer
+from netrl.worker.runners.one_env import OneEnvRunner
 from netrl.worker.worker import RolloutWorker
 from tests.fakes import NET, Counter, TagActor, wait_until
 
@@ -46,7 +47,7 @@ def test_every_transition_stays_within_one_env_one_episode_and_one_packet() -> N
                            max_samples_per_episode=4)
     worker.local_packets = []
     worker.run(0, nb_episodes=12)
-    worker._send_packet()  # the rows left at the end (a networked worker sends them as it closes)
+    worker.sink.send()  # the rows left at the end (a networked worker sends them as it closes)
     packets = worker.local_packets
     assert len(packets) >= 4
     for buf in packets:
@@ -70,7 +71,7 @@ def test_autoreset_records_the_final_observation_and_the_next_reset_row_per_env(
     worker = RolloutWorker(Counter, TagActor, num_envs=2, seed=0, min_samples_per_worker_packet=100)
     worker.local_packets = []
     worker.run(0, nb_episodes=4)  # env 0 ends episodes at steps 3, 6, 9; env 1 at 5
-    worker._send_packet()
+    worker.sink.send()
     rows = [(int(e), tuple(o.tolist()), bool(r), bool(t)) for buf in worker.local_packets
             for e, o, r, t in zip(buf.env, buf.obs, buf.reset, buf.terminated, strict=True)]
     env0 = [(o, r, t) for e, o, r, t in rows if e == 0]
@@ -85,7 +86,7 @@ def test_each_env_runs_its_own_test_episodes_unrecorded_and_acted_on_with_test_t
     worker = RolloutWorker(Counter, TagActor, num_envs=3, seed=0, min_samples_per_worker_packet=5)
     worker.local_packets = []
     worker.run(1, nb_episodes=9)  # a test episode after every training episode of each env
-    worker._send_packet()
+    worker.sink.send()
     episodes = [e for buf in worker.local_packets for e in buf.episodes]
     tests = [e for e in episodes if e.test]
     assert {e.env for e in tests} == {0, 1, 2}
@@ -137,7 +138,7 @@ def test_one_env_is_unchanged_single_observations_and_no_env_column() -> None:
     worker.local_packets = []
     stats = worker.run_episode()
     assert stats is not None and (stats.length, stats.env) == (3, 0)
-    assert worker.vec is None and {n for n, _ in worker.actor.calls} == {1}
+    assert isinstance(worker.runner, OneEnvRunner) and {n for n, _ in worker.actor.calls} == {1}
     assert all(buf.env is None for buf in worker.local_packets)
 
 
@@ -226,7 +227,7 @@ def test_the_single_process_mode_trains_on_a_vector_worker() -> None:
     from netrl.agents.sac import MLPActor
     from netrl.envs.gym import GenericGymEnv
     from netrl.local import run_local
-    from netrl.training import TrainingOffline
+    from netrl.training.loop import TrainingOffline
     from netrl.util import partial
 
     env = partial(GenericGymEnv, id="Pendulum-v1")
@@ -254,7 +255,7 @@ def test_a_hung_env_restarts_every_env_with_a_reset_row_and_no_transition_joins_
                            env_timeout_factor=2.0, env_timeout_min_s=0.2, on_env_failure="reset")
     worker.local_packets = []
     worker.run(0, nb_episodes=6)
-    worker._send_packet()
+    worker.sink.send()
     assert worker.env_failures == 1 and len(Counter.made) == 4  # a new vector env of two new envs
     mem = memory_of(worker.local_packets)
     assert len(mem) == worker.produced
@@ -302,7 +303,7 @@ def test_discrete_actions_and_masks_travel_per_env_from_a_vector_worker() -> Non
     worker = RolloutWorker(MaskedChoice, MaskActor, num_envs=3, seed=0, min_samples_per_worker_packet=5)
     worker.local_packets = []
     worker.run(0, nb_episodes=6)
-    worker._send_packet()
+    worker.sink.send()
     buf = worker.local_packets[0]
     assert buf.act.dtype == np.uint8 and buf.act.shape == (len(buf),)  # a Discrete(3) action per row
     mem = memory_of(worker.local_packets)

@@ -83,7 +83,7 @@ def test_a_model_reaches_its_target_and_every_row_carries_its_version(server: tu
         assert w.net.weight_stats["obs_norm_version"] == 3
         with pytest.raises(KeyError, match=r"worker w has no model 'other'; its models: \['obs_norm'\]"):
             w.model("other")
-        w._send_packet()
+        w.sink.send()
         versions: list[int] = []
         trainer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 64}))
         while len(versions) < w.produced + w.episodes_done:  # every row, its episode's reset row too
@@ -299,7 +299,7 @@ def test_each_format_reaches_a_worker_through_the_server(server: tuple[Server, z
         def holds(v: int) -> None:
             """The worker's module is the decoding of v's encoding in the format it came in."""
             wait_until(lambda: rx.version == v, 10, f"v{v} at the worker", poll=0.02)
-            w._swap_weights()
+            w.policy.swap()
             held = rx.encodings.held.format if rx.encodings.held is not None else "float32"
             assert _flat(w.actor).tobytes() == expected[held].tobytes(), (v, held)
             if get_format(held).exact:
@@ -369,7 +369,7 @@ def test_a_float32_delta_chain_published_faster_than_the_worker_acks_is_pipeline
         assert len(net.weights_acks) == 4 and st.streaming is None  # MAX_PIPELINE reached: v6 waits for an ACK
         monkeypatch.undo()  # the next tick sends the ACKs, in order
         wait_until(lambda: srv.peers.workers()[0].version == 6, 10, "v6 acknowledged", poll=0.02)
-        w._swap_weights()
+        w.policy.swap()
         assert _flat(w.actor).tobytes() == _flat(versions[5]).tobytes()
         assert rx.counts["weights_received"] == 6 and rx.counts["weights_need_full"] == 0
         assert rx.counts["weights_rejected"] == 0 and srv.stats["rejected"] == 0

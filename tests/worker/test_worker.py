@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-import netrl.worker.episode
+import netrl.worker.policy
+import netrl.worker.runners.one_env
 import netrl.worker.worker
 from netrl.actor import ActorModule
 from netrl.agents.sac import MLPActor
@@ -36,8 +37,9 @@ from netrl.protocol.messages import PEER_NAME, Message, MsgType
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, decode, encode, samples_message
 from netrl.util import partial
 from netrl.worker.link import WorkerLink
+from netrl.worker.names import default_worker_id
 from netrl.worker.packets import PacketMaker
-from netrl.worker.worker import RolloutWorker, default_worker_id
+from netrl.worker.worker import RolloutWorker
 from tests.fakes import MakeServer, running_server, sample_buffer, wait_until
 
 
@@ -71,13 +73,13 @@ def test_the_configured_codec_compresses_what_the_worker_sends(codec: str, tmp_p
     # camera frames without sensor noise, which both codecs shrink (lz4 finds little in noisy ones)
     worker = RolloutWorker.from_config(cfg, image_pipeline(cfg, env_kwargs={"noise": 0.0}))
     sent: list[list[bytes]] = []
-    worker.net = Recorder(sent)  # type: ignore[assignment]  # what the worker hands its network thread
+    worker.sink.link = Recorder(sent)  # type: ignore[assignment]  # what the worker hands its network thread
     worker.env = worker.env_cls()
     obs, _ = worker.env.reset(seed=0)
-    worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=True)
+    worker.sink.record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, True, worker.version)
     while not sent:
         obs, rew, term, trunc, info = worker.env.step(worker.env.action_space.sample())
-        worker._record(worker.env.action_space.sample(), obs, float(rew), term, trunc, info, reset=False)
+        worker.sink.record(worker.env.action_space.sample(), obs, float(rew), term, trunc, info, False, -1)
     codecs = {a["name"]: a["codec"] for a in msgpack.unpackb(sent[0][1])["arrays"]}
     assert codecs["obs"] == codec  # frames (uint8) use the codec; float arrays never do
     assert codecs["rew"] == "none"
@@ -255,13 +257,13 @@ def test_an_episodes_first_observation_is_never_sent_alone() -> None:
     worker.local_packets = []  # what would go to the server
     worker.env = worker.env_cls()
     obs, _ = worker.env.reset(seed=0)
-    worker._record(worker._default_action(), obs, 0.0, False, False, {}, reset=True)
-    worker._send_packet()  # as when it stops, or waits for the trainer, right after a reset
+    worker.sink.record(worker.host.default_action(), obs, 0.0, False, False, {}, True, worker.version)
+    worker.sink.send()  # as when it stops, or waits for the trainer, right after a reset
     assert worker.local_packets == []  # a packet of no transitions would be relayed, logged and counted for nothing
     act = worker.env.action_space.sample()
     obs, rew, term, trunc, info = worker.env.step(act)
-    worker._record(act, obs, float(rew), term, trunc, info, reset=False)
-    worker._send_packet()
+    worker.sink.record(act, obs, float(rew), term, trunc, info, False, -1)
+    worker.sink.send()
     (buf,) = worker.local_packets
     assert buf.reset.tolist() == [True, False]  # the first observation went with its transition
     worker.env.close()
@@ -391,8 +393,8 @@ def test_the_first_action_after_a_wait_for_the_trainer_uses_the_weights_that_cam
     net, weights = worker.net, worker.weights
     assert net is not None and weights is not None
     tagged: list[int] = []
-    record = worker._record
-    monkeypatch.setattr(worker, "_record", lambda *a, **kw: (tagged.append(kw.get("version", -1)), record(*a, **kw)))
+    record = worker.sink.record  # (act, obs, rew, terminated, truncated, info, reset, version, ...)
+    monkeypatch.setattr(worker.sink, "record", lambda *a, **kw: (tagged.append(a[7]), record(*a, **kw)))
 
     failed: list[AssertionError] = []
 
@@ -488,8 +490,8 @@ def test_a_worker_whose_last_packet_was_dropped_at_the_pipe_stops_without_waitin
     wait_until(lambda: not net.backlog and net.last_seq == worker.packets.seq, 10, "every packet acknowledged",
                poll=0.02)
     obs, _ = worker.env.reset()
-    worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=True)
-    worker._record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, reset=False)
+    worker.sink.record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, True, worker.version)
+    worker.sink.record(worker.env.action_space.sample(), obs, 0.0, False, False, {}, False, -1)
     net.piped_bytes += 1 << 40  # as if its network thread were far behind: the last packet is dropped
     t0 = time.monotonic()
     worker.close()
@@ -501,6 +503,7 @@ def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
     worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
                            worker_id="w", throttle=True, seed=0)
     worker.net = WorkerLink(NetworkConfig(), "w", "s" * 16, free_port(), None, 1 << 20, 1 << 20)  # never started
+    worker.pacer.link = worker.net  # what the worker waits on
     stop, seen = threading.Event(), []
 
     def watch() -> None:
@@ -513,7 +516,7 @@ def test_a_throttled_worker_flags_its_wait_for_the_status_line() -> None:
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        worker._wait_for_pace(stop)  # allowance 0: it waits until stopped
+        worker.pacer.wait_for_pace(stop)  # allowance 0: it waits until stopped
     finally:
         watcher.join()
         worker.net.halt()
@@ -579,10 +582,10 @@ def test_a_first_action_that_does_not_fit_the_space_names_actor_module_act(actio
 
 def test_observations_and_actions_are_checked_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     checks: list[str] = []
-    loop = netrl.worker.episode  # the one-env episode loop
-    real_obs, real_act = loop.check_observation, loop.check_action
+    loop, policy = netrl.worker.runners.one_env, netrl.worker.policy  # the one-env episode loop, the actor's
+    real_obs, real_act = loop.check_observation, policy.check_action
     monkeypatch.setattr(loop, "check_observation", lambda *a: checks.append("obs") or real_obs(*a))
-    monkeypatch.setattr(loop, "check_action", lambda *a: checks.append("act") or real_act(*a))
+    monkeypatch.setattr(policy, "check_action", lambda *a: checks.append("act") or real_act(*a))
     worker = RolloutWorker(TwoPartEnv, partial(FixedActor, action=torch.zeros(2, dtype=torch.float64)),
                            standalone=True)  # a float64 tensor fits a float32 Box, as gymnasium takes it
     worker.run(nb_episodes=3)

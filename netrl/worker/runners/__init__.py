@@ -1,0 +1,2 @@
+"""Env runners: what steps a worker's envs (one env, a vector of envs) and the
+sync-collection variant."""

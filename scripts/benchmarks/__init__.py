@@ -1,1 +1,0 @@
-"""Sections of scripts/bench.py."""

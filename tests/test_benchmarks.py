@@ -1,0 +1,207 @@
+"""The benchmark runner (benchmarks/): every family is on the entry point's list, a family's
+quickest setting runs through ``python -m benchmarks`` and writes rows in the one results format,
+bad options fail naming the option, and the shared learning loop judges runs as its docstring says.
+
+The families that run in a few seconds in one process are smoke-run in the default suite; those that
+start the roles as processes or learn for tens of seconds run under ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import benchmarks
+from benchmarks.learning import figures
+from benchmarks.learning.loop import Judge, Progress, medians, run_one
+from benchmarks.learning.rows import LearningRow
+from benchmarks.results import Row, number, table, write
+from benchmarks.run import FAMILIES
+from benchmarks.settings import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = {f.name for f in dataclasses.fields(Row)}
+FAST = {"replay": [], "sequences": [], "trainer": [], "prefetch": [], "server-memory": [],
+        "pipelines": ["--parts", "wire,memory"]}
+SLOW = {"relay": [], "broadcast": [], "overhead": [], "pipelines": ["--parts", "jitter"],
+        "learning": ["--rows", "pendulum,nstep,weights,pomdp,vector"], "throughput": [],
+        "sync": [], "wan": [], "weights": []}
+
+
+def run_benchmarks(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def smoke(family: str, extra: list[str], tmp_path: Path, timeout: float) -> list[dict[str, Any]]:
+    out = tmp_path / f"{family}.json"
+    proc = run_benchmarks(family, "--smoke", "--json", str(out), *extra, timeout=timeout)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert f"{family}: runs with " in proc.stdout  # the settings it ran with, before it runs
+    rows: list[dict[str, Any]] = json.loads(out.read_text())
+    assert rows, proc.stdout[-3000:]
+    for row in rows:
+        assert set(row) == FIELDS, row
+        assert row["family"] == family and row["params"], row
+    assert "| row | figure | value | baseline | ratio | target |" in proc.stdout
+    return rows
+
+
+@pytest.mark.parametrize("family", sorted(FAST))
+def test_a_fast_family_runs_its_smoke_setting(family: str, tmp_path: Path) -> None:
+    rows = smoke(family, FAST[family], tmp_path, timeout=110)
+    assert all(r["value"] is not None for r in rows), rows  # every figure was measured
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family", sorted(SLOW))
+def test_a_slow_family_runs_its_smoke_setting(family: str, tmp_path: Path) -> None:
+    smoke(family, SLOW[family], tmp_path, timeout=880)
+
+
+def test_every_family_module_is_on_the_entry_points_list() -> None:
+    listed = {module for module, _ in FAMILIES.values()}
+    found = set()
+    for info in pkgutil.walk_packages(benchmarks.__path__, "benchmarks."):
+        module = importlib.import_module(info.name)
+        if hasattr(module, "add_options"):  # the mark of a family
+            found.add(info.name)
+    assert found == listed
+    for name, (module_name, what) in FAMILIES.items():
+        module = importlib.import_module(module_name)
+        assert module.__doc__ and what, name
+        assert dataclasses.is_dataclass(module.Settings), name
+        assert module.Settings.__dataclass_params__.frozen, name
+        assert isinstance(module.SMOKE, module.Settings), name
+        assert callable(module.run) and callable(module.add_options), name
+    listing = run_benchmarks("--list", timeout=60)
+    assert listing.returncode == 0
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == list(FAMILIES)
+
+
+def test_a_bad_option_or_family_fails_naming_it() -> None:
+    bad = run_benchmarks("replay", "--parts", "batch,nope", timeout=60)
+    assert bad.returncode == 2
+    assert "--parts: unknown nope; choose among batch, prioritized" in bad.stderr
+    unknown = run_benchmarks("replays", timeout=60)
+    assert unknown.returncode == 2 and "invalid choice: 'replays'" in unknown.stderr
+    child = run_benchmarks("_child", "os.system", "true", timeout=60)
+    assert child.returncode != 0 and "not a benchmark's helper" in child.stderr
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    rows: int = 1_000_000
+    rounds: int = 10
+
+
+def test_settings_start_from_the_preset_and_take_each_option_given() -> None:
+    import argparse
+
+    full, smoke_preset, quick = _Settings(), _Settings(rows=100, rounds=1), _Settings(rows=500)
+    given = argparse.Namespace(smoke=False, quick=False, rows=None, rounds=None)
+    assert resolve(full, smoke_preset, quick, given) == full
+    quick_given = argparse.Namespace(**{**vars(given), "quick": True})
+    assert resolve(full, smoke_preset, quick, quick_given) == _Settings(rows=500)
+    assert resolve(full, smoke_preset, None, quick_given) == full  # a family without --quick
+    smoke_rounds = argparse.Namespace(**{**vars(given), "smoke": True, "rounds": 3})
+    assert resolve(full, smoke_preset, quick, smoke_rounds) == _Settings(rows=100, rounds=3)
+
+
+def test_rows_print_as_one_table_and_write_as_json(tmp_path: Path) -> None:
+    rows = [Row("replay", "vector", "batches/s", np.float64(15839.4), "batches/s", 477.1,
+                "tmrl's per-item loop", 33.2, "x", ">= 20x", True, {"rows": 1000}),
+            Row("overhead", "pipeline", "outside agent.train", 0.057, "share", target="<= 10%",
+                met=False),
+            Row("learning", "pomdp: mlp", "env steps", None, "env steps")]
+    lines = table(rows)
+    assert lines[2] == ("| vector | batches/s | 15,839 batches/s | 477.1 batches/s (tmrl's "
+                        "per-item loop) | 33.20x | >= 20x (met) |")
+    assert lines[3] == "| pipeline | outside agent.train | 5.7% |  |  | <= 10% (NOT met) |"
+    assert lines[4] == "| pomdp: mlp | env steps | - |  |  |  |"
+    assert number(600.0, "env steps") == "600 env steps" and number(0.0963, "s") == "0.0963 s"
+    write(rows, tmp_path / "rows.json")
+    back = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["value"] for r in back] == [15839.4, 0.057, None]
+    assert back[0]["params"] == {"rows": 1000} and set(back[0]) == FIELDS
+
+
+class _Learner:
+    """A learner that reports ``steps`` one after the other, with a training episode logged at each
+    (returns from ``returns``) and a policy that always pushes left."""
+
+    def __init__(self, folder: Path, returns: list[float]) -> None:
+        self.episodes, self.returns = folder / "episodes.csv", returns
+        folder.mkdir(parents=True)
+
+    def learn(self, progress: Callable[[Progress], bool]) -> None:
+        for i, ret in enumerate(self.returns):
+            steps = 100 * (i + 1)
+            with self.episodes.open("a", newline="") as f:
+                writer = csv.writer(f)
+                if i == 0:
+                    writer.writerow(["env_steps", "time", "return", "test"])
+                writer.writerow([steps, time.time(), ret, 0])
+            if progress(Progress(steps, lambda: (lambda obs: 0), self.episodes)):
+                return
+
+    def problems(self) -> list[str]:
+        return ["a warning"]
+
+
+def test_the_loop_judges_training_returns_over_the_last_episodes(tmp_path: Path) -> None:
+    judge = Judge(-200.0, window=3)
+    got = run_one("sac", 1, _Learner(tmp_path / "a", [-900, -300, -200, -100, -50]), judge, 10_000)
+    assert got["steps"] == 400  # the mean of the last 3 first reaches -200 at the 4th episode
+    assert got["best_mean_return"] == -200.0  # the run stopped there
+    assert 0 <= got["wall_s"] < 60
+    missed = run_one("sac", 2, _Learner(tmp_path / "b", [-900] * 8), judge, 600)
+    assert missed["steps"] is None and missed["env_steps_run"] == 600  # stopped at the budget
+    assert medians([got, missed], 600) == {"sac": {"steps": 500, "wall_s": pytest.approx(
+        (got["wall_s"] + missed["wall_s"]) / 2)}}  # the run that never got there counts as 600
+
+
+def test_the_loop_evaluates_a_frozen_policy_every_n_env_steps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # always pushing left keeps CartPole up for about 9 steps: a mean of 9 passes 8, never 20
+    easy, hard = Judge(8.0, "CartPole-v1", 300, 2), Judge(20.0, "CartPole-v1", 300, 2)
+    reached = run_one("dqn", 1, _Learner(tmp_path / "a", [0.0] * 9), easy, 900)
+    assert reached["steps"] == 300  # the first evaluation, at 300 env steps
+    missed = run_one("dqn", 1, _Learner(tmp_path / "b", [0.0] * 9), hard, 900)
+    assert missed["steps"] is None
+    out = capsys.readouterr().out
+    assert out.count("dqn seed 1: 300 env steps, policy's mean") == 2
+    assert "dqn seed 1: 600 env steps, policy's mean" in out  # every 300 env steps
+    assert "not reached; its last warnings and errors:\n    a warning" in out
+
+
+def test_a_ratio_target_is_not_met_by_runs_that_never_got_there() -> None:
+    """A run that never reaches the return counts as the budget in the medians; two such budgets
+    make a ratio, but no verdict: the target is met only when every judged run got there."""
+    judge = Judge(threshold=-200.0)
+    row = LearningRow("test", judge, {}, max_steps=600, reference="single", judged=("pipeline",),
+                      target_ratio=1.5, compare="wall_s")
+
+    def run(variant: str, steps: int | None, wall_s: float) -> dict[str, Any]:
+        return {"variant": variant, "seed": 1, "steps": steps, "wall_s": wall_s}
+
+    def verdict(pipeline_steps: int | None) -> Any:
+        runs = [run("single", 500, 40.0), run("pipeline", pipeline_steps, 30.0)]
+        rows = figures("test", row, runs, (1,), 600)
+        return next(r.met for r in rows if r.row == "test: pipeline" and r.unit == "s")
+
+    assert verdict(500) is True
+    assert verdict(None) is False  # 30 s against 40 s, but it never got there
