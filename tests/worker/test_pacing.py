@@ -1,20 +1,25 @@
 """Pacing that holds at the source: a throttled worker takes a step only when the trainer's PACE allows every row
 it makes, one env or many (a vector step is one row per env that collects), and the server grants a vector worker
-whole steps, so it never waits for an allowance that cannot come."""
+whole steps, so it never waits for an allowance that cannot come; close() then leaves nothing unacknowledged."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
+import zmq
 
 from netrl.net.liveness import Liveness
+from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import decode, split_bundle
 from netrl.server.peers import Peer as ServerPeer
 from netrl.server.peers import PeerTable
+from netrl.server.server import Server
 from netrl.worker.link import WorkerLink
 from netrl.worker.worker import RolloutWorker
-from tests.fakes import Counter, TagActor, wait_until
+from tests.fakes import NET, Counter, Peer, TagActor, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +107,59 @@ def test_the_server_grants_a_vector_worker_whole_steps_and_paces_it_once_a_step_
     peers["eight"].produced_at -= 60  # long ago: only being out of allowance makes it busy
     raised = {p.name: a for p, a in table.raised_allowances(4, idle_after_s=10.0)}
     assert raised == {"one": 3 + 2, "eight": 5 + 8}
+
+
+class SlowTrainer:
+    """A trainer's network side that trains RATE samples a second on what it got, wants LEAD beyond, and takes
+    every bundle: far slower than the worker's envs, so the worker waits for PACE most of the time."""
+
+    RATE, LEAD = 200.0, 30
+
+    def __init__(self, ctx: zmq.Context, port: int) -> None:
+        self.peer = Peer(ctx, port, "trainer", "trainer")
+        assert self.peer.hello().type is MsgType.WELCOME
+        self.got: dict[tuple[str, int], int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        self.peer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 8}))
+        trained, clock = 0.0, time.monotonic()
+        while not self.stop.is_set():
+            msg = self.peer.recv(0.02)
+            if msg is not None and msg.type is MsgType.BUNDLE:
+                for part in split_bundle(msg):
+                    sample = decode(part)
+                    self.got[(sample.sender, sample.seq)] = int((~(sample.arrays["reset"]
+                                                                   | sample.arrays["context"])).sum())
+                self.peer.send(Message(MsgType.ACK, "trainer", body={"seqs": [msg.seq]}))
+                self.peer.send(Message(MsgType.CREDIT, "trainer", body={"bundles": 1}))
+            now, samples = time.monotonic(), sum(self.got.values())
+            trained, clock = min(samples, trained + self.RATE * (now - clock)), now
+            self.peer.send(Message(MsgType.PROGRESS, "trainer", body={
+                "trained_steps": int(trained), "samples": samples, "wanted": int(trained) + self.LEAD}))
+
+
+@pytest.mark.server(min_samples_per_server_packet=1)
+def test_close_stops_a_paced_vector_worker_with_every_sample_acknowledged_and_none_held_back(
+        monkeypatch: pytest.MonkeyPatch, server: tuple[Server, zmq.Context]) -> None:
+    srv, ctx = server
+    trainer = SlowTrainer(ctx, srv.trainer_port)
+    trainer.thread.start()
+    worker = RolloutWorker(Counter, TagActor, server_ip="127.0.0.1", server_port=srv.worker_port, network=NET,
+                           worker_id="v", seed=0, throttle=True, num_envs=4, min_samples_per_worker_packet=3)
+    runner = threading.Thread(target=worker.run)
+    try:
+        runner.start()
+        wait_until(lambda: worker.produced >= 400, 30, "400 samples, paced", poll=0.05)
+        worker.close()  # from another thread: it stops the run and delivers what is left
+        runner.join(10)
+        assert not runner.is_alive()
+        assert worker.samples_unacknowledged == 0
+        assert worker.net is not None and worker.net.counts["acked_samples"] == worker.produced
+        assert srv.stats["pace_refusals"] == 0  # it never made a sample beyond its allowance
+        wait_until(lambda: sum(trainer.got.values()) == worker.produced, 10, "every sample at the trainer",
+                   poll=0.05)
+    finally:
+        trainer.stop.set()
+        trainer.thread.join(5)
