@@ -239,7 +239,7 @@ class PeerTable:
         share = -(-min(max(0, wanted), MAX_COUNT) // max(1, len(busy)))
         # a share of at least one step of every env (a vector worker never takes a step in part:
         # less would leave it waiting, and the trainer with it); clamped: always fits a PACE
-        raised = [(w, min(w.produced + max(share, w.num_envs), MAX_COUNT)) for w in busy if share]
+        raised = [(w, min(w.produced + (share and max(share, w.num_envs)), MAX_COUNT)) for w in busy]
         return [(w, allowance) for w, allowance in raised if allowance > w.allowance]
 
     def session_problem(self, new: Peer) -> str | None:

@@ -99,7 +99,7 @@ def test_the_server_grants_a_vector_worker_whole_steps_and_paces_it_once_a_step_
     assert raised == {"one": 3, "eight": 8}
     for peer in peers.values():
         peer.granted(raised[peer.name])
-    assert table.raised_allowances(0, idle_after_s=10.0) == []  # nothing wanted: nothing granted, not a step each
+    assert table.raised_allowances(0, idle_after_s=10.0) == []  # nothing wanted: no step granted
     # the vector worker made 5 and cannot make 8 more with 3 left: it is out of allowance, and shares what is wanted
     # with the worker that used up its own (an idle worker, with allowance left for long, would not)
     peers["eight"].produced_up_to(5)
