@@ -252,7 +252,8 @@ class TrainerConfig:
                                      "restart rebuilds the replay memory")
     fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
     max_policy_lag: int | None = _f(None, "samples older than this many weight "
-                                          "versions are stale (null: off)",
+                                          "versions are stale (null: off); throttled "
+                                          "workers are asked for none that would be",
                                     optional(ge(0)))
     stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)",
                                     between(0.0, 1.0))

@@ -233,10 +233,13 @@ class PeerTable:
         produces or runs out of allowance."""
         workers = self.workers()
         now = time.monotonic()
-        busy = [w for w in workers if w.produced >= w.allowance or now - w.produced_at < idle_after_s] or workers
+        # (out of allowance: no room for a row of each of its envs, a step it cannot take in part)
+        busy = [w for w in workers if w.produced + w.num_envs > w.allowance
+                or now - w.produced_at < idle_after_s] or workers
         share = -(-min(max(0, wanted), MAX_COUNT) // max(1, len(busy)))
-        # clamped: always fits a PACE
-        raised = [(w, min(w.produced + share, MAX_COUNT)) for w in busy]
+        # a share of at least one step of every env (a vector worker never takes a step in part:
+        # less would leave it waiting, and the trainer with it); clamped: always fits a PACE
+        raised = [(w, min(w.produced + (share and max(share, w.num_envs)), MAX_COUNT)) for w in busy]
         return [(w, allowance) for w, allowance in raised if allowance > w.allowance]
 
     def session_problem(self, new: Peer) -> str | None:

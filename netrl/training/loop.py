@@ -18,7 +18,12 @@ collection, ``sync`` (:mod:`netrl.training.sync`).
 Pacing (the update-to-data ratio): training pauses while ``trained_steps >=
 max_training_steps_per_env_step * samples`` (tmrl's meaning), and the loop tells the source how many
 samples it wants in total, ``max(start_training, trained_steps / ratio) + worker_lead``, so
-throttled workers run no further ahead.
+throttled workers run no further ahead. With ``max_policy_lag`` set, it wants no more than it trains
+on before it publishes ``max_policy_lag - 1`` versions beyond its newest (but always one more than
+it holds): a sample made with the newest weights, or the one before, then reaches it before it can
+publish ``max_policy_lag`` more, since it trains on no sample it did not ask for. (Given that a
+worker's samples arrive in order, and that the workers step beyond the wish by fewer samples than
+a version is trained on: a vector step is one row per env.)
 
 With ``total_frames`` set (TorchRL's collectors' name), the loop stops once that many samples have
 arrived: an epoch cut short yields the round under way, and :meth:`TrainingOffline.frames_done`
@@ -213,9 +218,13 @@ class TrainingOffline:
         """Total samples the trainer wants by now: the pacing target for throttled workers."""
         if self.sync is not None:  # the workers wait for each version: it asks for all they make
             return self.total_samples + (1 << 40)
-        paced = math.ceil(self.total_updates / self.max_training_steps_per_env_step)
-        wanted = max(self.start_training, paced) + self.settings.worker_lead
-        total = self.settings.total_frames
+        s, ratio, start = self.settings, self.max_training_steps_per_env_step, self.start_training
+        wanted = max(start, math.ceil(self.total_updates / ratio)) + s.worker_lead
+        if s.max_policy_lag is not None and self.publisher is not None:  # (module docstring)
+            ahead = (s.max_policy_lag - 1) * self.update_model_interval
+            fresh = math.floor((self.publisher.published_updates + ahead) / ratio)
+            wanted = min(wanted, max(fresh, start, self.total_samples + 1))
+        total = s.total_frames
         return wanted if total is None else min(wanted, total)  # none beyond the last
 
     def frames_done(self) -> bool:

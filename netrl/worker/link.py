@@ -79,18 +79,20 @@ class WorkerLink(BacklogThread):
         self.link.heartbeat_body = self._heartbeat_stats
 
     def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event,
-                      send: Callable[[], None], check: Callable[[], None]) -> None:
-        """Block the control path while the worker has ``produced`` as many samples as the trainer's
-        PACE allows: ``send`` first (the trainer may be waiting for exactly these rows), then
-        ``check`` the network as it waits."""
-        if produced() < self.allowance:
+                      send: Callable[[], None], check: Callable[[], None], rows: int = 1) -> None:
+        """Block the control path until the trainer's PACE allows the ``rows`` samples of the next
+        step beyond those ``produced``: ``send`` first (the trainer may be waiting for exactly
+        these rows), then ``check`` the network as it waits. A step is never taken in part, so a
+        vector step waits for room for every env's row: the server holds back any sample beyond
+        the allowance, and such a backlog reaches the trainer stale."""
+        if produced() + rows <= self.allowance:
             return
         send()
         waited = time.monotonic()
         self.waiting_for_pace = True  # the status line says why the worker makes no steps
         try:
             with self.pace_cond:
-                while produced() >= self.allowance and not stop.is_set():
+                while produced() + rows > self.allowance and not stop.is_set():
                     self.pace_cond.wait(0.05)
                     if time.monotonic() - waited > 10 and not self.paced:
                         log.info("worker %s is waiting for the trainer to "
