@@ -216,6 +216,7 @@ class EnvCaller:
             if self._failure is not None:
                 # the call is still inside the env, waiting for the thread that died
                 self.stuck = True
+                watch.current = None  # given up on: nothing more to judge
                 self._raise_failure(kind)
             verdict = watch.verdict
             if verdict is not None and verdict[0] is call:
