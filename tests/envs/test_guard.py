@@ -332,7 +332,8 @@ class Env:
 HOG = "import sys, time\nsys.stdin.read(1)\nend = time.monotonic() + 20\nwhile time.monotonic() < end: pass"
 hog = None
 if mode == "hog":  # this process and a CPU hog on one core, the hog first in line (at nice 0)
-    os.sched_setaffinity(0, {0})
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
     hog = subprocess.Popen([sys.executable, "-c", HOG],
                            stdin=subprocess.PIPE)
     os.nice(19)
@@ -391,9 +392,13 @@ def test_a_call_of_a_stopped_process_is_waited_for_and_a_stuck_one_still_fails(t
         proc.kill()
     report = json.loads(out.strip().splitlines()[-1])
     assert report["steps"] == 30 and report["starved"] == 1, err[-3000:]
-    assert re.search(r"env.step\(\) has not returned after 1\.\d s", report["error"]), report
-    assert re.search(r"env.step\(\) has taken [4-9]\.\d s, beyond its limit of 1\.5 s, but the process could run "
-                     r"it for only 0\.\d s of them .*starved, not stuck; waiting for it", err), err[-3000:]
+    # The figures move with the machine's load (late wake-ups count as time without CPU): bounds, not digits.
+    failed = re.search(r"env.step\(\) has not returned after (\d+\.\d) s", report["error"])
+    assert failed and float(failed[1]) >= 1.5, report  # the hung step, at its limit or later
+    warned = re.search(r"env.step\(\) has taken (\d+\.\d) s, beyond its limit of 1\.5 s, but the process could "
+                       r"run it for only (\d+\.\d) s of them .*starved, not stuck; waiting for it", err)
+    assert warned, err[-3000:]
+    assert float(warned[1]) >= 4.0 and float(warned[2]) <= 1.5, warned[0]  # the stopped step, within its limit
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins to a core with sched_setaffinity (Linux)")

@@ -151,7 +151,12 @@ def test_a_worker_stopped_for_10_s_inside_a_step_goes_on_and_a_step_that_hangs_s
             proc.kill()
     log = (tmp_path / "worker.log").read_text()
     assert (tmp_path / "hung").exists(), log[-3000:]  # it went on after the pause, up to step 400
-    assert re.search(r"env.step\(\) has taken 1\d\.\d s, beyond its limit of 2\.0 s, but the process could run it "
-                     r"for only 0\.\d s of them .*starved, not stuck; waiting for it", log), log[-3000:]
-    assert re.search(r"env.step\(\) has not returned after 2\.\d s, beyond 50 times its mean .*; worker \S+ stops",
-                     log), log[-3000:]
+    # The figures move with the machine's load (late wake-ups count as time without CPU): bounds, not digits.
+    warned = re.search(r"env.step\(\) has taken (\d+\.\d) s, beyond its limit of 2\.0 s, but the process could run "
+                       r"it for only (\d+\.\d) s of them .*starved, not stuck; waiting for it", log)
+    assert warned, log[-3000:]
+    assert float(warned[1]) >= 10.0 and float(warned[2]) <= 2.0, warned[0]  # the stopped step, within its limit
+    failed = re.search(r"env.step\(\) has not returned after (\d+\.\d) s, beyond 50 times its mean .*; "
+                       r"worker \S+ stops", log)
+    assert failed and float(failed[1]) >= 2.0, log[-3000:]  # the hung step, at its limit or later
+    assert "handed over" not in log, log[-3000:]  # the worker's own thread made the calls, watched by a signal
