@@ -16,6 +16,10 @@ and its time, and the process's CPU time per step (steps per CPU second against 
 cost alone, whatever share of a loaded machine's cores the process got). After ``--warmup``
 seconds of turns, the measured turns last ``--seconds`` in all. ``--repeat`` processes per env;
 medians of their figures. Target: ``main`` at least 90% of ``off``'s steps/s.
+
+Then what one call costs alone (``child_calls``): ``EnvCaller.call`` on an env whose ``step``
+returns at once, the three ways in turns, ``CALLS`` calls a turn, three turns per process;
+microseconds a call, medians over the turns of ``--repeat`` processes.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from benchmarks.results import Row
 
 ENVS = ("Pendulum-v1", "CartPole-v1")
 WAYS = ("off", "main", "handed over")
+CALLS = 100_000  # calls a turn of child_calls
 
 
 def child_standalone(env: str, warmup: str, seconds: str, folder: str) -> None:
@@ -107,6 +112,59 @@ def child_standalone(env: str, warmup: str, seconds: str, folder: str) -> None:
                       for way, t in totals.items()}), flush=True)
 
 
+class _Instant:
+    def step(self, action: int) -> int:
+        return action
+
+    def close(self) -> None:
+        pass
+
+
+def child_calls() -> None:
+    """Print ``{way: [microseconds a call, one per turn]}`` for EnvCaller.call itself."""
+    from netrl.envs.guard import EnvCaller
+
+    callers = {"off": EnvCaller(_Instant, "off", timeout_factor=0.0),
+               "main": EnvCaller(_Instant, "main", same_thread=True)}
+    # built off the main thread, so handed over; called from the main thread like the others
+    built = threading.Thread(target=lambda: callers.update(
+        {"handed over": EnvCaller(_Instant, "handed over", same_thread=True)}))
+    built.start()
+    built.join()
+    if callers["main"]._thread is not None or callers["handed over"]._thread is None:
+        raise SystemExit("the env calls did not run where this benchmark measures them")
+    took: dict[str, list[float]] = {way: [] for way in WAYS}
+    for _ in range(3):
+        for way in WAYS:
+            calls = callers[way]
+            step, t0 = calls.env.step, time.perf_counter()
+            for _ in range(CALLS):
+                calls.call("step", step, 0)
+            took[way].append((time.perf_counter() - t0) / CALLS * 1e6)
+    for calls in callers.values():
+        calls.close()
+    print(json.dumps(took), flush=True)
+
+
+def call_rows(repeat: int) -> list[Row]:
+    """What one call costs alone: microseconds a call, each way, against ``off``."""
+    took: dict[str, list[float]] = {way: [] for way in WAYS}
+    for _ in range(repeat):
+        got = result(child(child_calls), timeout=300)
+        for way in WAYS:
+            took[way] += got[way]
+    print("EnvCaller.call: " + ", ".join(
+        f"{way} {min(took[way]):.2f}-{max(took[way]):.2f} us" for way in WAYS), flush=True)
+    base = statistics.median(took["off"])
+    return [Row("throughput", f"EnvCaller.call, watchdog {way}", "time a call",
+                statistics.median(took[way]), "us", base if way != "off" else None,
+                "watchdog off" if way != "off" else "",
+                statistics.median(took[way]) / base if way != "off" else None, "x",
+                params={"calls": CALLS, "turns": 3 * repeat, "watchdog": way},
+                detail={"us_per_call": took[way]})
+            for way in WAYS]
+
+
 def run(warmup: float, seconds: float, repeat: int) -> list[Row]:
     rates: dict[tuple[str, str], list[float]] = {(e, w): [] for e in ENVS for w in WAYS}
     ratios: dict[tuple[str, str], list[float]] = {(e, w): [] for e in ENVS for w in WAYS}
@@ -147,4 +205,4 @@ def run(warmup: float, seconds: float, repeat: int) -> list[Row]:
                 {"steps_s": rates[env, way], "ratio_to_off": ratios[env, way],
                  "cpu_us_per_step": cpu[env, way], "cpu_ratio_to_off": by_cpu[env, way],
                  "cpu_ratio_median": statistics.median(by_cpu[env, way])}))
-    return rows
+    return rows + call_rows(repeat)
