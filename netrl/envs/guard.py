@@ -17,7 +17,7 @@ watch of a :class:`~netrl.envs.watchdog.Watchdog` (a thread that looks ten times
 Where the calls run:
 
 - on the caller's thread, when it is the main thread and ``same_thread`` is set (a worker's own
-  process): nothing is handed over, and the watch costs a call about a microsecond. A stuck call
+  process): nothing is handed over, and the watch costs a call a few microseconds. A stuck call
   is interrupted with a signal (SIGUSR2) whose handler raises inside the env's code; a call that
   lets three interrupts pass (code that never looks at signals) ends the process, exit code 1.
 - otherwise (a worker on another thread, as in ``netrl.local``; SIGUSR2 handled by someone else;

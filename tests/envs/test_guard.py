@@ -1,4 +1,5 @@
-"""EnvCaller: an env's calls on a thread of their own, failing fast when a thread of the env dies or a call hangs.
+"""EnvCaller: an env's calls under watch, on the main thread or handed over to a thread of their own, failing
+fast when a thread of the env dies or a call hangs, and waiting for a call starved of CPU.
 
 The rtgym case is the one met in the field: rtgym runs the user's interface in its own thread, and when that thread
 raises, the next step() waits for ever for an observation.
