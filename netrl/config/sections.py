@@ -210,8 +210,9 @@ class WorkerConfig:
                                          "this multiple of the mean of earlier ones (and "
                                          "env_timeout_min_s) is reported, and the worker stops "
                                          "with exit code 1; a thread of the env that dies "
-                                         "stops it at once (0: no limit, and env calls run on the "
-                                         "worker's thread, for envs that step in microseconds)",
+                                         "stops it at once (time the process could not run "
+                                         "the call, stopped or starved of CPU, does not count; "
+                                         "0: no limit and no watchdog)",
                                    between(0.0, 1e6))
     env_timeout_min_s: float = _f(5.0, "no env call is declared hung sooner; the first reset "
                                        "and the first step may take env_timeout_factor times "
