@@ -72,6 +72,15 @@ def test_a_slow_family_runs_its_smoke_setting(family: str, tmp_path: Path) -> No
     smoke(family, SLOW[family], tmp_path, timeout=880)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_watchdog_figure_runs_its_smoke_setting(tmp_path: Path) -> None:
+    rows = smoke("throughput", ["--watchdog"], tmp_path, timeout=280)
+    labels = {r["row"] for r in rows if r["value"] is not None}
+    for env in ("Pendulum-v1", "CartPole-v1"):  # the three ways each, measured in the same process
+        assert {f"{env} standalone, watchdog {way}" for way in ("off", "main", "handed over")} <= labels, labels
+
+
 def test_every_family_module_is_on_the_entry_points_list() -> None:
     listed = {module for module, _ in FAMILIES.values()}
     found = set()
