@@ -358,9 +358,10 @@ class SampleRelay:
         would wait ``spool_after_s`` for its ACKs, and give up on its last packets first."""
         # the head after the last acknowledgements, and the emptied segments off the disk
         self.spool.tick()
-        self.hold.tick()
-        if trainer_connected and self.layout:
-            self._release_held()
+        if self.hold.stores:  # (rarely: a pass of the server's loop pays one look when empty)
+            self.hold.tick()
+            if trainer_connected:
+                self._release_held()
         wait = self.spool_after if trainer_connected else 0.0
         if now - self.last_bundle_at < wait:
             return
