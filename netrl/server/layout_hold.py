@@ -14,7 +14,8 @@ layout, named after the layout's tag (:attr:`~netrl.protocol.schema.SampleSchema
 each a :class:`~netrl.server.spool.Spool` with a head of its own, so a restarted server finds them.
 When a trainer of that layout connects, they go back to the spool and reach it from there; a folder
 emptied so is removed. Together the folders hold at most ``max_bytes``; beyond that, or when the
-disk refuses, :meth:`LayoutHold.keep` says why it could not keep a packet, and the relay reports it.
+disk refuses, or for a layout beyond :data:`MAX_LAYOUTS`, :meth:`LayoutHold.keep` says why it could
+not keep a packet, and the relay reports it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # packets moved back to the spool per call: the server's loop stays responsive while it moves many
 RELEASE_PER_PASS = 256
+# layouts held at once: each keeps a file open, and a worker could make a new layout per packet
+MAX_LAYOUTS = 16
 _TAG_NAME = re.compile(r"[0-9a-f]{12}")  # a tag has 6 bytes (SampleSchema.tag)
 
 
@@ -120,6 +123,9 @@ class LayoutHold:
             return (f"the held packets' folder {self.dir} is full ({self.bytes} of "
                     f"{self.max_bytes} bytes, as server.spool_max_bytes): start a trainer of "
                     "their layout to take them, or raise server.spool_max_bytes")
+        if tag not in self.stores and len(self.stores) >= MAX_LAYOUTS:
+            return (f"the server already holds packets of {MAX_LAYOUTS} other layouts, its most "
+                    f"(in {self.dir}): start trainers of their layouts to take them")
         try:
             store = self.stores.get(tag)
             if store is None:

@@ -18,7 +18,7 @@ from netrl.launch import free_port
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import PROTOCOL_VERSION, encode, frames_nbytes, samples_message
 from netrl.server.counters import ServerCounters
-from netrl.server.layout_hold import LayoutHold
+from netrl.server.layout_hold import MAX_LAYOUTS, LayoutHold
 from netrl.server.peers import QueuedPacket
 from netrl.server.relay import SampleRelay
 from netrl.server.server import Server
@@ -333,3 +333,19 @@ def test_held_packets_go_back_to_the_spool_as_its_room_allows(tmp_path: Path) ->
     assert again.release(5, spool) == 4 and again.stores == {}
     assert [sp.meta["seq"] for sp in spool.take(lambda *_: True)] == [3]
     assert not (tmp_path / "held" / "000000000005").exists()
+
+
+def test_the_held_folder_keeps_packets_of_a_bounded_number_of_layouts(tmp_path: Path) -> None:
+    # a worker could make a new layout per packet, and each held layout keeps a file open
+    hold = LayoutHold(tmp_path / "held", 1 << 20, ServerCounters())
+    hold.open()
+    frames = layout_packet(1).frames
+    meta = {"worker": "wb", "session": "sb", "seq": 1, "steps": 4}
+    try:
+        assert all(hold.keep(tag, frames, meta) is None for tag in range(1, MAX_LAYOUTS + 1))
+        problem = hold.keep(MAX_LAYOUTS + 1, frames, meta)
+        assert problem is not None and f"packets of {MAX_LAYOUTS} other layouts" in problem
+        assert hold.keep(1, frames, meta) is None  # a layout already held takes more
+        assert len(hold.stores) == MAX_LAYOUTS and hold.packets == MAX_LAYOUTS + 1
+    finally:
+        hold.close()
