@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from netrl.protocol.wire import decode, frames_nbytes
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import QueuedPacket
 from netrl.server.spool import Spool
+from netrl.server.spool_gate import SpoolGate
 
 __all__ = ["LayoutHold", "tag_name"]
 
@@ -136,9 +138,14 @@ class LayoutHold:
             return f"the disk refused the held packets' folder {self.dir} ({exc})"
         return None
 
-    def waiting(self, tag: int) -> bool:
-        """Whether packets of layout ``tag`` are held."""
-        return tag in self.stores
+    def release_to(self, tag: int, spool: Spool, gate: SpoolGate) -> None:
+        """Move packets held for layout ``tag`` (the connected trainer's) back to ``spool``, unless
+        ``gate`` rests it after the disk refused; a refusal now makes it rest."""
+        if tag in self.stores and not gate.resting(time.monotonic()):
+            try:
+                self.release(tag, spool)
+            except OSError as exc:
+                gate.failed(exc)
 
     def release(self, tag: int, spool: Spool) -> int:
         """Move packets of layout ``tag`` to the end of ``spool``, as many as fit there (up to

@@ -156,7 +156,7 @@ class SampleRelay:
         """The connected trainer's sample layout (its SCHEMA): the packets held for it go back to
         the spool, and from there to it."""
         self.layout = tag
-        self._release_held()
+        self.hold.release_to(self.layout, self.spool, self.gate)
 
     def trainer_left(self) -> None:
         """It left without acknowledging some bundles: their packets go back to the front,
@@ -204,7 +204,8 @@ class SampleRelay:
                   refused: dict[str, list[int]]) -> list[QueuedPacket]:
         """Settle the packets of a bundle that the trainer refused; the others, to deliver. One
         refused for its layout is held for a trainer of its layout; one in memory that cannot be
-        goes back to its worker (a NACK naming the layout, as the server's own check sends)."""
+        goes back to its worker (a NACK naming the layout, as the server's own check sends). One
+        refused for anything else is refused for good (a NACK, for one in memory)."""
         layout, rejected = ({i for i in refused.get(why, ()) if type(i) is int}
                             for why in ("layout_refused", "rejected"))
         delivered = []
@@ -224,22 +225,15 @@ class SampleRelay:
                     self.hold.lost(packet, problem)
                 continue
             self._release(packet)
-            if problem:
-                self.tell_worker(packet.session, MsgType.NACK, {
-                    "seqs": [packet.seq], "retry_s": 0, "layout": self.layout,
-                    "reason": f"the trainer refused it for its sample layout, and {problem}"})
-            else:  # delivered and refused, or on disk in the held folder
-                self.tell_worker(packet.session, MsgType.ACK,
-                                 {"seqs": [packet.seq], "spooled": i in layout})
+            if i in layout and not problem:  # on disk in the held folder: its worker may let it go
+                self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq], "spooled": True})
+                continue
+            # refused for good (its worker counts it rejected), or kept by its worker for its layout
+            why = (f"for its sample layout, and {problem}" if problem else "(its log says why)")
+            self.tell_worker(packet.session, MsgType.NACK, {
+                "seqs": [packet.seq], "retry_s": 0, "reason": f"the trainer refused it {why}",
+                **({"layout": self.layout} if problem else {})})
         return delivered
-
-    def _release_held(self) -> None:
-        """Packets held for the connected trainer's layout go back to the spool (those that fit)."""
-        if self.hold.waiting(self.layout) and not self.gate.resting(time.monotonic()):
-            try:
-                self.hold.release(self.layout, self.spool)
-            except OSError as exc:
-                self.gate.failed(exc)
 
     # -- bundles out -------------------------------------------------------------------------------
     def next_deadline(self, trainer_connected: bool) -> float | None:
@@ -361,7 +355,7 @@ class SampleRelay:
         if self.hold.stores:  # (rarely: a pass of the server's loop pays one look when empty)
             self.hold.tick()
             if trainer_connected:
-                self._release_held()
+                self.hold.release_to(self.layout, self.spool, self.gate)
         wait = self.spool_after if trainer_connected else 0.0
         if now - self.last_bundle_at < wait:
             return

@@ -269,9 +269,12 @@ def test_a_packet_in_memory_refused_for_its_layout_is_held_on_disk_and_its_worke
     assert len(relay.inflight[1]) == 3  # one bundle
     relay.trainer_acked([1], {"layout_refused": [0], "rejected": [2]})
     # 1 held (on disk: its worker may let it go), 2 delivered, 3 refused for good (the trainer
-    # said why)
-    assert sorted((kind, body["seqs"], body.get("spooled")) for _, kind, body in told) == [
-        (MsgType.ACK, [1], True), (MsgType.ACK, [2], None), (MsgType.ACK, [3], False)]
+    # said why): a NACK that its worker counts as rejected, never sent again
+    assert sorted((kind.value, body["seqs"], body.get("spooled"), body.get("retry_s"))
+                  for _, kind, body in told) == [
+        ("ack", [1], True, None), ("ack", [2], None, None), ("nack", [3], None, 0)]
+    [nack] = [body for _, kind, body in told if kind is MsgType.NACK]
+    assert nack["reason"] == "the trainer refused it (its log says why)" and "layout" not in nack
     stats = relay.stats
     assert (stats.samples_out, stats.samples_held, stats.samples_trainer_rejected) == (4, 4, 4)
     assert relay.mem_bytes == 0 and not relay.held and relay.inflight_steps == 0
