@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import zmq
 
+from netrl.launch import free_port
+from netrl.monitor.status import format_status, query_status
 from netrl.net.thread import Command, command_head
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType
@@ -21,6 +23,7 @@ from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode, encode, frames_nbytes, samples_message, split_bundle
 from netrl.samples import Buffer, flatten
 from netrl.server.server import Server
+from netrl.server.status import status_line
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
 from netrl.worker.link import WorkerLink
@@ -177,7 +180,9 @@ def test_spooled_packets_refused_for_their_layout_wait_on_disk_for_a_trainer_of_
     # another layout, which refused them; the server counted them as delivered and dropped them.
     caplog.set_level(logging.INFO)
     spool = tmp_path / "spool"
-    settings = {"spool_dir": spool, "network": NET, "min_samples_per_server_packet": 1}
+    status_port = free_port()
+    settings = {"spool_dir": spool, "network": NET, "min_samples_per_server_packet": 1,
+                "status_port": status_port}
     with running_server(**settings) as (srv, ctx):
         spool_from(ctx, srv, "wa", sample_buffer(ROWS), 3)  # the first trainer's layout
         spool_from(ctx, srv, "wb", other_layout_buffer(), 2)  # another one
@@ -192,10 +197,14 @@ def test_spooled_packets_refused_for_their_layout_wait_on_disk_for_a_trainer_of_
         assert first.stats["layout_refused"] == 2 and first.stats["rejected"] == 0
         assert srv.stats["samples_out"] == 3 * SAMPLES  # delivered: wa's alone
         assert srv.stats["samples_held"] == 2 * SAMPLES
-        held = srv.snapshot()["held"]
+        tag = f"{schema_of(**B).tag:012x}"
+        snapshot = query_status(status_port)  # what --status gets
+        held = snapshot["held"]
         assert held["packets"] == 2 and held["samples"] == 2 * SAMPLES
-        assert held["layouts"] == {f"{schema_of(**B).tag:012x}": {
-            "packets": 2, "samples": 2 * SAMPLES, "workers": ["wb"]}}
+        assert held["layouts"] == {tag: {"packets": 2, "samples": 2 * SAMPLES, "workers": ["wb"]}}
+        assert (f"; held for another sample layout {2 * SAMPLES} samples in 2 packets ({tag}: "
+                f"{2 * SAMPLES} samples from wb)") in format_status(snapshot)
+        assert f" | held {2 * SAMPLES} | " in status_line(snapshot)
     [stop] = stop_lines(caplog)
     assert stop.startswith(
         f"server stopped: {3 * SAMPLES} samples delivered to the trainer; 0 spooled for it (0 "
