@@ -387,7 +387,7 @@ class Trainer:
                  "not store, %d malformed messages from the server, %d duplicate packets "
                  "dropped, %d refused for their values, %d training steps undone (not finite); "
                  "%d packets refused for their sample layout (the server keeps them for a "
-                 "trainer with theirs)",
+                 "trainer with theirs where it can: its last line says where each is)",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
                  stats["rejected"], unstored, malformed, stats["duplicates"],

@@ -156,7 +156,7 @@ def test_packets_spooled_while_no_trainer_ran_reach_the_trainer_of_their_layout_
     assert sum(delivered(tmp_path / "first").values()) == w3.produced  # w3's, once each
     assert last_line(caplog, "trainer stopped").endswith(
         f"; {w2.packets} packets refused for their sample layout (the server keeps them for a "
-        f"trainer with theirs)")
+        f"trainer with theirs where it can: its last line says where each is)")
     assert last_line(caplog, "server stopped").startswith(
         f"server stopped: {w3.produced} samples delivered to the trainer; 0 spooled for it (0 "
         f"packets); {w2.produced} held for another sample layout ({w2.packets} packets in 1 layout")
@@ -174,7 +174,7 @@ def test_packets_spooled_while_no_trainer_ran_reach_the_trainer_of_their_layout_
     assert sorted(got) == [(w2.session, seq) for seq in range(1, w2.packets + 1)]
     assert last_line(caplog, "trainer stopped").endswith(
         "; 0 packets refused for their sample layout (the server keeps them for a trainer with "
-        "theirs)")
+        "theirs where it can: its last line says where each is)")
     assert last_line(caplog, "server stopped").startswith(
         f"server stopped: {w2.produced} samples delivered to the trainer; 0 spooled for it (0 "
         f"packets); 0 held for another sample layout (0 packets in 0 layouts")
