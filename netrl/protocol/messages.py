@@ -37,12 +37,13 @@ MAX_POLICY_VERSION = 2**41
 # SCHEMA's extra leaves. A version-1 peer refuses these as malformed, so peers of different versions
 # are refused at HELLO instead. 3: several named models and compact weight formats: WEIGHTS' model,
 # format, base, encoded, crc, rank and budget_s, ACK's model, format and need_full, HELLO's models
-# and formats, WELCOME's models.
-PROTOCOL_VERSION = 3
+# and formats, WELCOME's models. 4: the trainer's ACK names the parts of its bundle it refused
+# (layout_refused, rejected), so that the server keeps the first for a trainer of their layout.
+PROTOCOL_VERSION = 4
 # What this netrl still reads from its own disk (the trainer's sample log, the server's spool),
 # never from a peer: every field versions 2 and 3 added is optional, so an older stored
 # message is a valid current one.
-STORED_VERSIONS = frozenset({1, 2, PROTOCOL_VERSION})
+STORED_VERSIONS = frozenset({1, 2, 3, PROTOCOL_VERSION})
 # the smallest network.max_message_bytes (netrl.config.sections checks the same bound)
 MIN_MESSAGE_BYTES = 1 << 16
 # the longest network interval or delay (netrl.config.sections too): ZeroMQ takes int32 milliseconds
@@ -120,9 +121,11 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.BUNDLE: {"parts": ((list,), True)},
     # spooled: the server has the packets on disk, and the trainer not yet a worker's ACK of weights
     # names the model and format it took; need_full: it could not apply a delta (or a version failed
-    # its checks) and wants a full version next
+    # its checks) and wants a full version next. The trainer's ACK of one bundle: layout_refused,
+    # rejected: the indices of its parts refused for their sample layout, and for anything else
     MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False),
-                  "model": (_STR, False), "format": (_STR, False), "need_full": (_BOOL, False)},
+                  "model": (_STR, False), "format": (_STR, False), "need_full": (_BOOL, False),
+                  "layout_refused": ((list,), False), "rejected": ((list,), False)},
     # layout: the tag of the sample layout that refused the packets
     # (netrl.protocol.schema.SampleSchema.tag): the worker keeps them and sends them again once the
     # server's heartbeats name another layout

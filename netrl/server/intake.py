@@ -290,6 +290,7 @@ class SampleIntake:
             log.info("sample layout from the trainer: %d fields, checked on every packet",
                      len(schema.leaves))
             save_schema(self.schema_path, msg.body)
+        self.relay.trainer_layout(schema.tag)  # the packets held for this layout go to it
 
     # -- how much each worker may send -------------------------------------------------------------
     def window(self) -> int:

@@ -172,6 +172,7 @@ class Server:
         self._lock.acquire()
         try:
             self.spool.open()
+            self.relay.hold.open()
         except BaseException:
             self._lock.release()
             raise
@@ -259,6 +260,7 @@ class Server:
         self.sockets.close()
         try:
             self.spool.close()
+            self.relay.hold.close()
         # the packets on disk stay; at worst some are sent again after a restart
         except OSError as exc:
             log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
@@ -266,13 +268,7 @@ class Server:
         # it never served (a port in use, a spool folder in use): the error says it all
         if not self._listening:
             return
-        log.info("server stopped: %d samples relayed (the trainer has them), %d messages "
-                 "rejected, %d samples spooled in all (%d packets still on disk), %d sample "
-                 "refusals while the spool was full or failing (workers keep refused samples "
-                 "and resend them, so one can be refused again), %d packets held in memory "
-                 "(their workers still have them)", self.stats.samples_out, self.stats.rejected,
-                 self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
-                 self.relay.held_packets())
+        log.info("%s", self.status.stop_line())
 
     # -- receiving ---------------------------------------------------------------------------------
     # The stop event is seen only between polls (a SIGINT does not end one): waiting
@@ -368,7 +364,9 @@ class Server:
                 return
             self.out.stream_weights(peer)
             return
-        self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
+        # the trainer acknowledges bundles, naming the parts it refused
+        self.relay.trainer_acked(seqs, {k: v for k, v in msg.body.items()
+                                        if k in ("layout_refused", "rejected")})
 
     def _heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         peer.liveness.on_heartbeat(msg.body)  # the round trip, for the window that declares it lost

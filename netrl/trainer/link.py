@@ -46,7 +46,7 @@ from netrl.net.keys import ClientKeys
 from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType, printable
 from netrl.protocol.models import POLICY
-from netrl.protocol.schema import SampleSchema
+from netrl.protocol.schema import LayoutMismatch, SampleSchema
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode
 from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
@@ -346,6 +346,7 @@ class TrainerLink(NetThread):
         if self.error is not None:
             return
         bufs = []
+        refused: dict[str, list[int]] = {}  # the parts refused, told back in the ACK
         for i, part in enumerate(msg.parts):
             # a bundle of 4,096 packets can take seconds on a busy CPU
             if i % KEEPALIVE_PARTS == KEEPALIVE_PARTS - 1:
@@ -363,10 +364,7 @@ class TrainerLink(NetThread):
                                          f"trainer session never published; versions it did not "
                                          f"publish are taken only up to v{FOREIGN_VERSION_LIMIT}")
             except (ProtocolError, SampleRejected) as exc:
-                self.stats["rejected"] += 1
-                if worth_logging(self.stats["rejected"]):
-                    log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
-                                self.stats["rejected"], exc)
+                self._refused(msg.seq, i, exc, refused)
                 continue
             # a version this session never published: another's
             if newest > max(self.version, self.taken):
@@ -396,7 +394,26 @@ class TrainerLink(NetThread):
         self.received += 1
         self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
         self.new_data.set()
-        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
+        self.link.send(encode(Message(MsgType.ACK, self.link.name,
+                                      body={"seqs": [msg.seq], **refused})))
+
+    def _refused(self, bundle: int, part: int, exc: ProtocolError | SampleRejected,
+                 refused: dict[str, list[int]]) -> None:
+        """Count and log a packet of a bundle refused, and note its part for the bundle's ACK: the
+        server keeps one refused for its layout for a trainer of that layout (it is fine for one),
+        and drops the others, refused for good."""
+        why = "layout_refused" if isinstance(exc, LayoutMismatch) else "rejected"
+        refused.setdefault(why, []).append(part)
+        self.stats[why] += 1
+        if not worth_logging(self.stats[why]):
+            return
+        if why == "rejected":
+            log.warning("rejected a sample packet in bundle %d (%d rejected): %s", bundle,
+                        self.stats["rejected"], exc)
+        else:
+            log.warning("refused a sample packet in bundle %d for its sample layout (%d so far): "
+                        "%s; the server keeps it on disk for a trainer with its layout", bundle,
+                        self.stats[why], exc)
 
     def _notice(self, cause: str, reason: str) -> None:
         """The server refuses workers' packets for this trainer's sample layout: logged once per
