@@ -177,6 +177,14 @@ class ServerConfig:
                                           "worker declares at HELLO (a worker's own bound is "
                                           "its worker.min_samples_per_worker_packet plus a few "
                                           "context rows); the trainer applies it too", ge(1))
+    unpaced_workers: list[str] = _f([], "worker keys exempt from the trainer's pacing (without "
+                                        "CURVE: worker names): real-time workers whose env "
+                                        "cannot wait (a robot, the drone pipeline); a HELLO "
+                                        "saying paced false is honoured for these alone (the "
+                                        "shared key's name, \"worker\", names every worker "
+                                        "using it)", lambda v: None if all(
+                                            PEER_NAME.fullmatch(n) for n in v) else
+                                        f"must list worker key names ({PEER_NAME_RULE})")
 
 
 @dataclass(frozen=True)
