@@ -82,6 +82,10 @@ class OwnedRows:
         """Rows held per worker, for every worker holding some."""
         return {self._workers.names[i]: int(c) for i, c in enumerate(self._counts) if c > 0}
 
+    def workers_holding(self) -> int:
+        """How many workers hold rows."""
+        return int(np.count_nonzero(self._counts))
+
     def rows_after(self, worker: str, rows: int) -> int:
         """The rows ``worker`` would hold once ``rows`` more of its rows are stored: the ring
         overwrites its oldest rows, some of them perhaps ``worker``'s own."""
