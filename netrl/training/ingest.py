@@ -168,6 +168,20 @@ class Ingester:
                         len(self._recent() | {buf.worker}), refused)
         return True
 
+    def drop_worker(self, worker: str) -> int:
+        """The memory's :meth:`~netrl.memory.base.MemoryDataloading.drop_worker`, once no batch is
+        being gathered from it: the call for the training loop's own thread to make."""
+        if self.batches is not None:
+            self.batches.settle()
+        return self.memory.drop_worker(worker)
+
+    def set_quarantined(self, worker: str, flag: bool) -> int:
+        """The memory's :meth:`~netrl.memory.base.MemoryDataloading.set_quarantined`, once no
+        batch is being gathered from it."""
+        if self.batches is not None:
+            self.batches.settle()
+        return self.memory.set_quarantined(worker, flag)
+
     def _store(self, buf: Buffer, steps: int) -> bool:
         if self._over_share(buf):
             return False

@@ -129,3 +129,18 @@ def test_a_memory_that_keeps_no_worker_is_not_capped() -> None:
     loop = training(partial(RolloutMemory), max_worker_share=0.01)
     assert loop.ingester is not None and loop.ingester.owned is None
     assert loop.add(honest("w1", 1)) == 49
+
+
+def test_the_loop_quarantines_and_drops_a_worker_once_no_batch_is_being_gathered() -> None:
+    loop = training()
+    for seq in range(1, 5):
+        loop.add(honest("w1", seq))
+        loop.add(attack(seq, 50, reset_only=False))  # all-zero observations: x's rows
+    ingester, memory = loop.ingester, loop.memory
+    assert ingester is not None and memory is not None
+    settled: list[bool] = []
+    ingester.batches = type("Batches", (), {"settle": lambda self: settled.append(True)})()  # type: ignore[assignment]
+    assert ingester.set_quarantined("x", True) == 200 and honest_transitions(loop) == len(memory) == 4 * 49
+    assert ingester.set_quarantined("x", False) == 200 and len(memory) == 8 * 49
+    assert ingester.drop_worker("x") == 200 and honest_transitions(loop) == len(memory) == 4 * 49
+    assert settled == [True, True, True]
