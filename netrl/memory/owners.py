@@ -16,6 +16,10 @@ Quarantine and drop change only the sampling column of the worker's rows (``end`
 ``need`` NEVER), so sampling costs what it did: draws never see them. Lifting a quarantine restores
 the values ``sent`` kept. A dropped row keeps its slot until the ring overwrites it, but belongs to
 no worker (id -1): it no longer counts against anyone's share.
+
+A worker is its name, as its peer name (and CURVE key, with per-worker keys) gives it: the trainer
+sees each packet's worker as ``name/session``, and a restarted worker starts a new session, so
+rows are counted, quarantined and dropped by name (:func:`worker_key`), whichever the caller gives.
 """
 
 from __future__ import annotations
@@ -26,9 +30,14 @@ import numpy as np
 
 from netrl.memory.base import WorkerIds
 
-__all__ = ["DROPPED", "OwnedRows"]
+__all__ = ["DROPPED", "OwnedRows", "worker_key"]
 
 DROPPED = -1  # the worker id of a dropped row
+
+
+def worker_key(worker: str) -> str:
+    """The worker a packet's ``worker`` (``name/session``) or a name stands for: its name."""
+    return worker.split("/", 1)[0]
 
 
 class OwnedRows:
@@ -45,26 +54,39 @@ class OwnedRows:
     _NONE: Any  # its value for a row that ends none
 
     def _owned_init(self) -> None:
-        self._workers = WorkerIds()
-        self._counts = np.zeros(0, np.int64)  # rows held, per worker id
-        self._held: set[int] = set()  # quarantined worker ids
+        self._workers = WorkerIds()  # the worker column's ids: name/session, as batch_workers tells
+        self._keys = WorkerIds()  # names (worker_key)
+        self._key_of = np.zeros(0, np.int64)  # worker column id -> name id
+        self._counts = np.zeros(0, np.int64)  # rows held, per name id
+        self._held: set[int] = set()  # quarantined name ids
+
+    def _key_id(self, worker: str) -> int:
+        """``worker``'s name id, registered on first sight."""
+        self._keys.column(worker_key(worker), 0)
+        k = self._keys.id_of(worker_key(worker))
+        assert k is not None
+        if len(self._counts) <= k:
+            self._counts = np.concatenate([self._counts, np.zeros(k + 1 - len(self._counts), np.int64)])
+        return k
 
     def _owned_columns(self, name: str, columns: dict[str, np.ndarray], n: int) -> None:
         """Add a packet's ``worker`` and ``sent`` columns, and hide its rows when ``name`` is
         quarantined."""
         columns["worker"] = ids = self._workers.column(name, n)
+        i, k = int(ids[0]), self._key_id(name)
+        if len(self._key_of) <= i:
+            self._key_of = np.concatenate([self._key_of, np.zeros(i + 1 - len(self._key_of), np.int64)])
+        self._key_of[i] = k
         columns["sent"] = columns[self._SAMPLING].copy()
-        if int(ids[0]) in self._held:
+        if k in self._held:
             columns[self._SAMPLING] = np.full_like(columns["sent"], self._NONE)
 
     def _owned_written(self, new: np.ndarray, evicted: np.ndarray) -> None:
         """Count the rows of ``new`` (their worker ids) in, those of ``evicted`` out."""
-        size = len(self._workers.names)
-        if len(self._counts) < size:
-            self._counts = np.concatenate([self._counts, np.zeros(size - len(self._counts), np.int64)])
-        self._counts[int(new[0])] += len(new)
+        self._counts[self._key_of[int(new[0])]] += len(new)
         if len(evicted):
-            self._counts -= np.bincount(evicted[evicted != DROPPED], minlength=size)
+            names = self._key_of[evicted[evicted != DROPPED]]
+            self._counts -= np.bincount(names, minlength=len(self._counts))
 
     def _sampling_changed(self, rows: np.ndarray, now: np.ndarray) -> None:
         """Rows ``rows`` of the sampling column now hold ``now`` (already written): the memory
@@ -73,14 +95,14 @@ class OwnedRows:
 
     # -- the public face ---------------------------------------------------------------------------
     def rows_of(self, worker: str) -> int:
-        """The rows of ``worker`` the memory holds, sampleable or not (0 for a worker it never
-        saw)."""
-        i = self._workers.id_of(worker)
-        return 0 if i is None or i >= len(self._counts) else int(self._counts[i])
+        """The rows of ``worker`` (a name, or a packet's ``name/session``: every session of that
+        name) the memory holds, sampleable or not; 0 for a worker it never saw."""
+        k = self._keys.id_of(worker_key(worker))
+        return 0 if k is None else int(self._counts[k])
 
     def worker_rows(self) -> dict[str, int]:
-        """Rows held per worker, for every worker holding some."""
-        return {self._workers.names[i]: int(c) for i, c in enumerate(self._counts) if c > 0}
+        """Rows held per worker name, for every worker holding some."""
+        return {self._keys.names[k]: int(c) for k, c in enumerate(self._counts) if c > 0}
 
     def workers_holding(self) -> int:
         """How many workers hold rows."""
@@ -94,22 +116,19 @@ class OwnedRows:
         over = self._size + rows - self.memory_size  # rows the ring would overwrite
         if over <= 0 or have == 0:
             return have + rows
-        i = self._workers.id_of(worker)
         start = self._pos if self._size == self.memory_size else 0
         slots = (start + np.arange(over)) % self.memory_size
-        return have + rows - int(np.count_nonzero(self._cols["worker"][slots] == i))
+        return have + rows - len(self._rows_of_key(self._key_id(worker), self._cols["worker"][slots]))
 
     def set_quarantined(self, worker: str, flag: bool) -> int:
         """Quarantine ``worker`` (``flag`` True): its rows stay, and count against its share,
         but no batch draws them, nor the rows it sends while quarantined; False lifts it, and its
         rows still stored are drawn again. Returns the rows of ``worker`` whose state changed."""
-        self._workers.column(worker, 0)  # a worker not seen yet is quarantined from its first row
-        i = self._workers.id_of(worker)
-        assert i is not None
-        if flag == (i in self._held):
+        k = self._key_id(worker)  # a worker not seen yet is quarantined from its first row
+        if flag == (k in self._held):
             return 0
-        (self._held.add if flag else self._held.discard)(i)
-        rows = self._rows_of_id(i)
+        (self._held.add if flag else self._held.discard)(k)
+        rows = self._stored_rows_of(k)
         if flag:
             self._set_sampling(rows, np.full(len(rows), self._NONE, self._cols[self._SAMPLING].dtype))
         else:
@@ -118,30 +137,33 @@ class OwnedRows:
 
     def quarantined(self) -> list[str]:
         """The workers quarantined now, sorted."""
-        return sorted(self._workers.names[i] for i in self._held)
+        return sorted(self._keys.names[k] for k in self._held)
 
     def drop_worker(self, worker: str) -> int:
         """Take every row of ``worker`` the memory holds out of sampling for good (a revoked
         key's): they no longer count as its rows, and the ring overwrites them in turn. Rows it
         sends later are stored as usual (refusing them is the server's part). Returns how many
         rows were dropped."""
-        i = self._workers.id_of(worker)
-        if i is None or not self._cols:
+        k = self._keys.id_of(worker_key(worker))
+        if k is None or not self._cols:
             return 0
-        rows = self._rows_of_id(i)
+        rows = self._stored_rows_of(k)
         none = np.full(len(rows), self._NONE, self._cols[self._SAMPLING].dtype)
         self._cols["sent"][rows] = none
         self._set_sampling(rows, none)
         self._cols["worker"][rows] = DROPPED
-        if i < len(self._counts):
-            self._counts[i] = 0
+        self._counts[k] = 0
         return len(rows)
 
-    def _rows_of_id(self, i: int) -> np.ndarray:
+    def _rows_of_key(self, k: int, ids: np.ndarray) -> np.ndarray:
+        """Where worker name ``k``'s rows are among the worker column ids ``ids``."""
+        return np.flatnonzero((ids != DROPPED) & (self._key_of[ids] == k))
+
+    def _stored_rows_of(self, k: int) -> np.ndarray:
         if not self._cols:
             return np.zeros(0, np.int64)
-        stored = self._cols["worker"][: self._size]  # the first _size slots: the ring fills in order
-        return np.flatnonzero(stored == i)
+        # the first _size slots: the ring fills in order
+        return self._rows_of_key(k, self._cols["worker"][: self._size])
 
     def _set_sampling(self, rows: np.ndarray, values: np.ndarray) -> None:
         col = self._cols[self._SAMPLING]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
+from netrl.memory.owners import worker_key
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, flatten, row, unflatten
 
@@ -51,26 +52,31 @@ class RolloutMemory(MemoryDataloading):
         # next packet may continue it
         self._open: dict[tuple[str, int], tuple[int, int]] = {}
         self._workers = WorkerIds()
-        self._held: set[int] = set()  # quarantined worker ids: their transitions stay out of batches
+        self._held: set[str] = set()  # quarantined worker names: their transitions stay out of batches
         super().__init__(*args, **kwargs)
 
     def __len__(self) -> int:
         if not self._held:
             return self._n
-        return sum(int(np.count_nonzero(~np.isin(c["worker"], list(self._held)))) for c in self._chunks)
+        return sum(int(np.count_nonzero(~self._of(c, self._held))) for c in self._chunks)
 
     # -- each transition's worker (the API of netrl.memory.owners, for one batch) -----------------
+    def _of(self, chunk: dict[str, np.ndarray], names: set[str]) -> np.ndarray:
+        """Which of ``chunk``'s transitions come from the workers ``names`` (any session)."""
+        ids = [i for i, n in enumerate(self._workers.names) if worker_key(n) in names]
+        return np.isin(chunk["worker"], ids)
+
     def rows_of(self, worker: str) -> int:
-        """The transitions of ``worker`` in the batch under collection (quarantined or not)."""
-        i = self._workers.id_of(worker)
-        return 0 if i is None else sum(int(np.count_nonzero(c["worker"] == i)) for c in self._chunks)
+        """The transitions of ``worker`` (a name, or ``name/session``) in the batch under
+        collection, quarantined or not."""
+        return sum(int(np.count_nonzero(self._of(c, {worker_key(worker)}))) for c in self._chunks)
 
     def drop_worker(self, worker: str) -> int:
         """Remove ``worker``'s transitions from the batch under collection; returns how many."""
-        i = self._workers.id_of(worker)
         dropped = self.rows_of(worker)
         if dropped:
-            chunks = [{k: v[c["worker"] != i] for k, v in c.items()} for c in self._chunks]
+            keep = [~self._of(c, {worker_key(worker)}) for c in self._chunks]
+            chunks = [{k: v[m] for k, v in c.items()} for c, m in zip(self._chunks, keep, strict=True)]
             self._chunks = [c for c in chunks if len(c["worker"])]
             self._n -= dropped
         return dropped
@@ -78,10 +84,7 @@ class RolloutMemory(MemoryDataloading):
     def set_quarantined(self, worker: str, flag: bool) -> int:
         """Keep ``worker``'s transitions (and those it sends while ``flag`` is on) out of
         :meth:`sample`, or let them in again; returns how many it holds."""
-        self._workers.column(worker, 0)
-        i = self._workers.id_of(worker)
-        assert i is not None
-        (self._held.add if flag else self._held.discard)(i)
+        (self._held.add if flag else self._held.discard)(worker_key(worker))
         return self.rows_of(worker)
 
     def clear(self) -> None:
@@ -176,7 +179,7 @@ class RolloutMemory(MemoryDataloading):
         order of their first row)."""
         cols = {k: np.concatenate([c[k] for c in self._chunks]) for k in self._chunks[0]}
         if self._held:
-            keep = ~np.isin(cols["worker"], list(self._held))
+            keep = ~self._of(cols, self._held)
             cols = {k: v[keep] for k, v in cols.items()}
         order = np.argsort(cols["traj_ids"], kind="stable")
         if (np.diff(order) != 1).any():

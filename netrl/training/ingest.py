@@ -32,7 +32,7 @@ import numpy as np
 
 from netrl.envs.normalize import ObsNormalizer
 from netrl.memory.base import MemoryDataloading
-from netrl.memory.owners import OwnedRows
+from netrl.memory.owners import OwnedRows, worker_key
 from netrl.memory.prefetch import BatchesAhead
 from netrl.samples.columns import Buffer, tree_map
 from netrl.training.rounds import RoundStats
@@ -66,7 +66,7 @@ class Ingester:
         self.memory_size = settings.memory_size  # the memory's (build resolves it)
         self.unstored = 0  # packets skipped for a ValueError of the statistics or the memory
         self.max_share, self.min_share = settings.max_worker_share, settings.min_worker_share
-        self.over_share: dict[str, int] = {}  # per worker: packets refused over its share
+        self.over_share: dict[str, int] = {}  # per worker name: packets refused over its share
         self.owned = memory if isinstance(memory, OwnedRows) else None  # None: not capped
         self.clock = time.monotonic
         self._stored_at: dict[str, float] = {}  # per worker: when a packet of its was last stored
@@ -142,7 +142,7 @@ class Ingester:
         assert self.owned is not None
         share = self.max_share
         if not share:
-            share = max(SHARE_HEADROOM / len(self._recent() | {worker}), self.min_share)
+            share = max(SHARE_HEADROOM / len(self._recent() | {worker_key(worker)}), self.min_share)
         return max(1, int(min(share, 1.0) * self.owned.memory_size))
 
     def _recent(self) -> set[str]:
@@ -154,18 +154,19 @@ class Ingester:
         """Whether ``buf`` would take its worker over :meth:`share_cap` (counted and logged)."""
         if self.owned is None:
             return False
-        cap, after = self.share_cap(buf.worker), self.owned.rows_after(buf.worker, len(buf))
+        name = worker_key(buf.worker)  # every session of a worker: a restart starts a new one
+        cap, after = self.share_cap(name), self.owned.rows_after(name, len(buf))
         if after <= cap:
-            self._stored_at[buf.worker] = self.clock()
+            self._stored_at[name] = self.clock()
             return False
-        refused = self.over_share[buf.worker] = self.over_share.get(buf.worker, 0) + 1
+        refused = self.over_share[name] = self.over_share.get(name, 0) + 1
         if worth_logging(refused, first=3, every=100):
             log.warning("packet %d of worker %s (%d rows) is refused: the worker would hold %d "
                         "of the replay memory's %d rows, over its share of %d (memory."
                         "max_worker_share %g, %d workers storing lately); %d of its packets "
                         "refused so far", buf.seq, buf.worker or "(unnamed)", len(buf), after,
                         self.owned.memory_size, cap, self.max_share,
-                        len(self._recent() | {buf.worker}), refused)
+                        len(self._recent() | {name}), refused)
         return True
 
     def drop_worker(self, worker: str) -> int:

@@ -35,11 +35,12 @@ def honest(worker: str, seq: int, n: int = 50) -> Buffer:
 
 def attack(seq: int, n: int, reset_only: bool) -> Buffer:
     """Issue 43's packets: all-zero rows (transitions nobody can learn from), or reset rows only
-    (no env step at all, so the old step-counting budgets let any number through)."""
+    (no env step at all, so the old step-counting budgets let any number through); each from a new
+    session, as a worker that reconnects for every packet sends them."""
     return Buffer(act=np.zeros((n, 1), np.float32), obs=np.zeros((n, 3), np.float32),
                   rew=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
                   reset=np.ones(n, bool) if reset_only else np.arange(n) == 0, context=np.zeros(n, bool),
-                  policy_version=np.zeros(n, np.int64), recv_version=1, worker="x", seq=seq)
+                  policy_version=np.zeros(n, np.int64), recv_version=1, worker=f"x/s{seq}", seq=seq)
 
 
 def training(memory_cls: Any = ReplayMemory, **settings: Any) -> TrainingOffline:
@@ -75,7 +76,7 @@ def test_one_key_sending_far_more_rows_cannot_take_more_than_its_share_and_the_r
     assert memory.rows_of("x") <= 416 and memory.rows_of("w1") + memory.rows_of("w2") >= SIZE - 416
     assert ingester.share_cap("x") == 416
     assert ingester.over_share["x"] >= 18  # refused, counted and logged, not silently dropped
-    assert "packet 2 of worker x (200 rows) is refused: the worker would hold 600 of the replay " \
+    assert "packet 2 of worker x/s2 (200 rows) is refused: the worker would hold 600 of the replay " \
            "memory's 1000 rows, over its share of 416" in caplog.text
     # The attacker stops. The real workers carry on: they may hold their share of three workers
     # (some of their packets are refused meanwhile, while the attacker's rows block the ring's

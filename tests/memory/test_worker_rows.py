@@ -3,6 +3,7 @@ in every memory kind netrl ships."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,20 @@ def test_a_dropped_worker_is_never_sampled_again_and_its_rows_count_for_no_one(k
     assert owners(memory) == {"a", "c"}
 
 
+@pytest.mark.parametrize("kind", RING)
+def test_every_session_of_a_worker_is_that_worker(kind: str) -> None:
+    # The trainer sees each packet's worker as name/session, and a restarted worker starts a new
+    # session: a worker that reconnected must neither get a second share nor escape a drop.
+    memory = RING[kind](100)
+    memory.append_buffer(packet("a", 10, 0))
+    memory.append_buffer(dataclasses.replace(packet("a", 10, 10), worker="a/s1"))
+    memory.append_buffer(dataclasses.replace(packet("a", 10, 20), worker="a/s2"))
+    memory.append_buffer(dataclasses.replace(packet("b", 10, 0), worker="b/s1"))
+    assert memory.rows_of("a") == memory.rows_of("a/s9") == 30 and memory.worker_rows() == {"a": 30, "b": 10}
+    assert memory.set_quarantined("a/s2", True) == 30 and owners(memory) == {"b"}
+    assert memory.quarantined() == ["a"] and memory.drop_worker("a") == 30 and memory.rows_of("a/s1") == 0
+
+
 def test_quarantine_and_drop_keep_prioritized_draws_off_the_rows() -> None:
     memory = ReplayMemory(memory_size=100, batch_size=64, seed=0, prioritized=True)
     for k in range(4):
@@ -119,9 +134,9 @@ def test_quarantine_and_drop_keep_prioritized_draws_off_the_rows() -> None:
 def test_the_rollout_memory_keeps_a_quarantined_workers_transitions_out_of_its_batch() -> None:
     memory = RolloutMemory()
     memory.append_buffer(packet("a", 10, 0))
-    memory.append_buffer(packet("b", 10, 0))
+    memory.append_buffer(dataclasses.replace(packet("b", 10, 0), worker="b/s1"))
     assert (memory.rows_of("a"), memory.rows_of("b"), len(memory)) == (9, 9, 18)
-    assert memory.set_quarantined("b", True) == 9
+    assert memory.set_quarantined("b/s2", True) == 9
     assert len(memory) == 9 and memory.workers() == ["a"] and owners(memory, 1) == {"a"}
     memory.set_quarantined("b", False)
     assert memory.drop_worker("b") == 9 and len(memory) == 9 and owners(memory, 1) == {"a"}
