@@ -128,7 +128,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
     )
 
     # as the worker and the trainer will: a bad env.id is exit code 2 before anything starts
-    make_pipeline(cfg)
+    realtime = make_pipeline(cfg).realtime
     run_dir = cfg.run_dir
     # one demo per run folder, held before the folder is moved aside or its config rewritten
     # (the other demo's --status hint would point nowhere); the lock file sits next to the
@@ -153,7 +153,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
 
             if keygen(cfg.keys_dir):
                 log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
-        _run_demo(cfg, run_dir, stop, log_level)
+        _run_demo(cfg, run_dir, stop, log_level, realtime)
     finally:
         lock.release()
 
@@ -175,12 +175,18 @@ def _move_aside(run_dir: Path, why: str) -> None:
     log.info("demo: %s/ %s; moved it to %s/ and starting a new one", run_dir, why, old)
 
 
-def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str) -> None:
+def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str, realtime: bool) -> None:
+    from netrl.worker.names import host_name
+
     ports = {"trainer_port": free_port(), "worker_port": free_port()}
+    # a real-time env never waits: the server exempts the demo's worker from pacing (its shared
+    # key; without CURVE, its name)
+    unpaced = ([] if not realtime else ["worker"] if cfg.security == "curve"
+               else [cfg.worker.worker_id or host_name()])
     # the spool lives in the run folder: a finished demo moved aside takes its samples with it
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
                             server={"bind_ip": "127.0.0.1", "status_port": free_port(),
-                                    "spool_dir": str(run_dir / "server-spool")})
+                                    "spool_dir": str(run_dir / "server-spool"), "unpaced_workers": unpaced})
     # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
     metrics = run_dir / "metrics.csv"
     # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1"

@@ -72,7 +72,7 @@ class MsgType(str, enum.Enum):
     STATUS = "status"  # status tool <-> server (loopback status port): request, and
                        # the snapshot in reply
     NOTICE = "notice"  # server -> trainer: why workers' packets are refused that the trainer
-                       # can fix (its layout)
+                       # can fix (its layout); server -> a peer: why its message was refused
 
 
 @dataclass
@@ -154,7 +154,9 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True),
                      "limits": ((dict,), False)},
     MsgType.STATUS: {"snapshot": ((dict,), False)},
-    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True)},
+    # refused: the peer's own message was refused (the reason names the field), not workers'
+    # packets for the trainer's layout
+    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True), "refused": (_BOOL, False)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.
@@ -174,11 +176,12 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
         if key not in schema:
             raise MalformedMessage(f"{mtype.value} body has unexpected field {key!r}")
         types, _ = schema[key]
+        # (short: a REJECT quoting it never outgrows the message it answers)
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise MalformedMessage(f"{mtype.value} body field {key!r} has "
-                                   f"the wrong type ({type(value).__name__})")
+            raise MalformedMessage(f"{mtype.value} {key!r} is a {type(value).__name__}, not a "
+                                   f"{' or '.join(t.__name__ for t in types)}")
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-            raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
+            raise MalformedMessage(f"{mtype.value} {key!r} is out of range")
         if isinstance(value, float) and not math.isfinite(value):  # a NaN delay would never end
             raise MalformedMessage(f"{mtype.value} body field {key!r} is "
                                    f"{value}, not a finite number")
@@ -211,7 +214,7 @@ def _check_hello(body: dict[str, Any]) -> None:
                                f"not a version number")
     for key in ("max_rows", "max_bytes"):
         if key in body and body[key] < 1:
-            raise MalformedMessage(f"HELLO {key} {body[key]} is not a positive number")
+            raise MalformedMessage(f"hello {key!r} is {body[key]}, not >= 1")
 
 
 def _check_from_server(mtype: MsgType, body: dict[str, Any]) -> None:

@@ -37,6 +37,8 @@ class ServerCounters:
     refused_full: int = 0  # worker HELLOs refused because server.max_workers workers were connected
     rejected: int = 0  # messages rejected: malformed, from the wrong role, failing a check,
                        # bad status requests
+    replies_withheld: int = 0  # refusals left unanswered: their connection was answered within the
+                               # heartbeat interval, or no answer fits in the bytes it sent
     resends_ignored: int = 0  # packets a worker sent again while the relay still held them
     samples_dropped: int = 0  # samples in spooled packets larger than the trainer takes,
                               # dropped from the spool
@@ -58,6 +60,8 @@ class ServerCounters:
     spool_share_refusals: int = 0  # packets refused for the spool beyond their worker's share of it
     unknown_peer: int = 0  # messages from a connection that had not said HELLO (e.g.
                            # after a server restart)
+    unpaced_denied: int = 0  # worker HELLOs asking for paced false whose key
+                             # server.unpaced_workers does not name (they are paced)
     weights_in: int = 0  # complete weight versions received from the trainer
     weights_out: int = 0  # complete weight versions sent to a worker
     window_refusals: int = 0  # packets refused beyond their worker's window

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import PacketTooLarge, decode
+from netrl.protocol.wire import PacketTooLarge, decode, frames_nbytes
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
@@ -88,6 +88,9 @@ class Server:
         max_weights_bytes: the largest weight version cached and relayed.
         max_workers: workers connected at once; a new one beyond it is refused.
         max_rows_per_packet: rows a sample packet may hold, whatever its worker declares.
+        unpaced_workers: the worker keys (without CURVE, names) exempt from PACE: real-time
+            workers whose env cannot wait; a HELLO saying ``paced`` false is honoured for these
+            alone.
     """
 
     @tmrl_arguments("Server", ("port", "password"), SERVER_ONLY,
@@ -101,7 +104,7 @@ class Server:
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
                  status_port: int | None = None, status_interval_s: float = 10.0,
                  max_weights_bytes: int = 1 << 30, max_workers: int = 1000,
-                 max_rows_per_packet: int = 65_536) -> None:
+                 max_rows_per_packet: int = 65_536, unpaced_workers: Collection[str] = ()) -> None:
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
@@ -127,7 +130,8 @@ class Server:
                                 "spool folder (config.json: server.spool_dir)")
         # (the two callbacks reach self.members, made below from these parts among others)
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats,
-                                   lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet)
+                                   lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet,
+                                   unpaced_workers)
         self.out = Outbound(self.sockets, self.stats, self.weights,
                             lambda peer, why: self.members.lost_on_send(peer, why))
         self.spool = Spool(spool_dir, spool_max_bytes, fsync)
@@ -160,7 +164,7 @@ class Server:
                    spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
                    fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s,
                    max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers,
-                   max_rows_per_packet=s.max_rows_per_packet)
+                   max_rows_per_packet=s.max_rows_per_packet, unpaced_workers=s.unpaced_workers)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -315,7 +319,7 @@ class Server:
             # the trainer their contents
             msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
-                self.members.hello(role, rid, msg, frames[0])
+                self.members.hello(role, rid, msg, frames[0], frames_nbytes(frames[1:]))
                 return
             # from a peer already forgotten: it is leaving anyway
             if peer is None and msg.type is MsgType.BYE:
@@ -328,27 +332,30 @@ class Server:
                                              f"a {msg.type.value} message before HELLO "
                                              f"(after a server restart, every client "
                                              f"sends one); asked it to say HELLO", first=1)
-                self.admission.reply(role, rid, "unknown peer: say HELLO")
+                self.admission.reply(role, rid, "unknown peer: say HELLO",
+                                     received=frames_nbytes(frames[1:]))
                 return
             check_role(peer.role, msg)
         except PacketTooLarge as exc:  # checked before inflating
             if peer is not None and peer.role == "worker":
                 self.intake.on_oversized(peer, exc)
             else:
-                self.admission.reject(role, rid, peer, str(exc))
+                self.admission.reject(role, rid, peer, str(exc), frames_nbytes(frames[1:]))
             return
         except VersionMismatch as exc:
             self.admission.refuse(role, rid, peer,
                                   f"{exc}; install the same netrl version on "
-                                  f"the server and the {role}", str(exc))
+                                  f"the server and the {role}", str(exc),
+                                  received=frames_nbytes(frames[1:]))
             return
-        except ProtocolError as exc:
-            self.admission.reject(role, rid, peer, str(exc))
+        except ProtocolError as exc:  # malformed, or outside its sender's role: told why
+            self.admission.reject(role, rid, peer, str(exc), frames_nbytes(frames[1:]))
             return
         peer.last_seen = time.time()
         handler = self.handlers.get(msg.type)
         if handler is None:
-            self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
+            self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server",
+                                  frames_nbytes(frames[1:]))
             return
         handler(peer, msg, frames[1:])
 
@@ -360,7 +367,7 @@ class Server:
             problem = peer.weights_acked(seqs, b.get("model", "policy"), b.get("format", "float32"),
                                          b.get("need_full", False))
             if problem:
-                self.admission.reject("worker", peer.rid, peer, problem)
+                self.admission.reject("worker", peer.rid, peer, problem, frames_nbytes(frames))
                 return
             self.out.stream_weights(peer)
             return
@@ -384,7 +391,7 @@ class Server:
         if isinstance(problem, LoggedProblem):
             self.stats.rejected += 1
         elif problem:
-            self.admission.reject("trainer", peer.rid, peer, problem)
+            self.admission.reject("trainer", peer.rid, peer, problem, frames_nbytes(frames))
         elif self.weights.completed > completed:
             log.debug("weights %s v%d%s from the trainer (%d parts)",
                       b.get("model", "policy"), msg.policy_version,

@@ -133,6 +133,7 @@ class TrainerLink(NetThread):
                                    self.encoder)
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
+        self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
                                               # trainer's layout
 
@@ -336,6 +337,11 @@ class TrainerLink(NetThread):
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.BUNDLE:
             self._take_bundle(msg)
+        elif msg.type is MsgType.NOTICE and msg.body.get("refused"):  # one of its own messages
+            self.refused_notices += 1
+            if worth_logging(self.refused_notices):
+                log.warning("the server refused a message of this trainer: %s (%d so far)",
+                            printable(msg.body["reason"]), self.refused_notices)
         elif msg.type is MsgType.NOTICE:
             self._notice(msg.body["cause"], msg.body["reason"])
         else:

@@ -20,7 +20,7 @@ from typing import Any
 from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
-from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import encode
 from netrl.util import version_label, worth_logging
 from netrl.worker.announcement import check_announcement
@@ -196,6 +196,12 @@ class WorkerLink(BacklogThread):
                 self.trainer_samples = msg.body.get("trainer_samples", self.trainer_samples)
                 self.paced = True
                 self.pace_cond.notify_all()
+        elif msg.type is MsgType.NOTICE:  # the server refused one of its messages: why
+            self.counts["refused_notices"] += 1
+            if worth_logging(self.counts["refused_notices"]):
+                log.warning("worker %s: the server refused a message of this worker: %s (%d so "
+                            "far)", self.worker_id, printable(msg.body["reason"]),
+                            self.counts["refused_notices"])
         else:
             super().on_other_message(msg)
 
