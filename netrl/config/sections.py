@@ -350,6 +350,15 @@ class MemoryConfig:
                                  "(1: single transitions)", ge(1))
     burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent "
                          "state, without gradient (R2D2); must be < sequence_length", ge(0))
+    max_worker_share: float = _f(0.0, "most of the replay memory's rows one worker key may hold "
+                                      "(a fraction; its packets beyond it are refused, counted "
+                                      "and logged). 0: an equal share of the workers that "
+                                      "stored packets in the last 30 s, plus a quarter, at "
+                                      "least min_worker_share",
+                                 between(0.0, 1.0))
+    min_worker_share: float = _f(0.05, "the least share of the replay memory a worker may hold "
+                                       "when max_worker_share is 0, however many workers there are",
+                                 between(0.0, 1.0))
 
     if not typing.TYPE_CHECKING:  # mypy still refuses unknown names; old ones read at run time
         def __getattr__(self, name: str) -> Any:

@@ -383,13 +383,15 @@ class Trainer:
         guards = self.training.safeguards if self.training else None
         ingester = self.training.ingester if self.training else None
         unstored = ingester.unstored if ingester is not None else 0
+        over_share = sum(ingester.over_share.values()) if ingester is not None else 0
         log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could "
                  "not store, %d malformed messages from the server, %d duplicate packets "
-                 "dropped, %d refused for their values, %d training steps undone (not finite)",
+                 "dropped, %d refused for their values, %d training steps undone (not finite), "
+                 "%d refused over their worker's share of the memory",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
                  stats["rejected"], unstored, malformed, stats["duplicates"],
-                 guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
+                 guards.refused if guards else 0, guards.nonfinite_steps if guards else 0, over_share)
         if failed is not None and raise_errors:
             raise failed
 

@@ -42,6 +42,10 @@ class TrainingSettings:
     # places must agree. Once TrainingOffline.build() ran, its settings hold those the memory has.
     memory_size: int | None = None
     batch_size: int | None = None
+    # each worker's share of a ring memory's rows (training/ingest.py): 0 gives an equal share of
+    # the workers holding rows, with headroom, at least min_worker_share
+    max_worker_share: float = 0.0
+    min_worker_share: float = 0.05
     seed: int | None = None
     # packets with larger rewards are refused (training/safeguards.py); None: the env's declared
     # reward_range, else 1e6 (training/plausibility.py)
@@ -83,6 +87,7 @@ class TrainingSettings:
             rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
             sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, compile=t.compile,
             memory_size=m.memory_size, batch_size=m.batch_size, memory_device=m.device,
+            max_worker_share=m.max_worker_share, min_worker_share=m.min_worker_share,
             normalize_obs=env.normalize_obs, normalize_obs_clip=env.normalize_obs_clip,
             normalize_obs_every=env.normalize_obs_every, seed=cfg.seed)
 
