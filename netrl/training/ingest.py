@@ -61,9 +61,10 @@ class Ingester:
 
     def __init__(self, memory: MemoryDataloading, settings: TrainingSettings,
                  safeguards: Safeguards, obs_norm: ObsNormalizer | None,
-                 sync: SyncBatches | None, plausibility: Plausibility | None = None) -> None:
+                 sync: SyncBatches | None) -> None:
         self.memory, self.safeguards, self.obs_norm, self.sync = memory, safeguards, obs_norm, sync
-        self.plausibility = plausibility
+        # values valid but implausible, quarantine and revocation (TrainingOffline.build sets it)
+        self.plausibility: Plausibility | None = None
         self.max_policy_lag = settings.max_policy_lag
         self.stale_weight = np.float32(settings.stale_sample_weight)
         self.memory_size = settings.memory_size  # the memory's (build resolves it)

@@ -169,9 +169,9 @@ class TrainingOffline:
         limits = value_limits(obs_space, act_space, reward_bound(s.max_abs_reward, self.reward_range))
         self.safeguards = guards = Safeguards(limits, agent, s.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(agent)
-        plausible = Plausibility(s.implausible, s.implausible_factor, self.reward_range,
-                                 memory_size or 1_000_000, memory)
-        self.ingester = Ingester(memory, s, guards, self.obs_norm, self.sync, plausible)
+        self.ingester = ingester = Ingester(memory, s, guards, self.obs_norm, self.sync)
+        ingester.plausibility = Plausibility(s.implausible, s.implausible_factor, self.reward_range,
+                                             memory_size or 1_000_000, ingester)
         self.publisher = Publisher(agent, guards, self.update_model_interval, self.sync, memory)
         self.publisher.add_models(agent.extra_models(), f"{type(agent).__name__}.extra_models()")
         if self.obs_norm is not None:  # the workers normalise act's observations as published

@@ -54,6 +54,10 @@ MAX_LEAF_FEATURES = 64  # an observation leaf with more numbers a row (an image)
 MAX_FEATURES = 256
 
 
+def _memory_name(rows: Any) -> str:
+    return type(getattr(rows, "memory", rows)).__name__
+
+
 def worker_name(worker: str) -> str:
     """A packet's worker (``name/session``) as the server's keys and revocations name it."""
     return worker.split("/", 1)[0]
@@ -93,16 +97,18 @@ class _Worker:
 
 
 class Plausibility:
-    """The check of every packet (module docstring). ``memory``: the replay memory, whose
-    ``drop_worker`` and ``set_quarantined`` (where it has them) are called by worker name."""
+    """The check of every packet (module docstring). ``rows`` hides and drops a worker's rows by
+    its name: ``set_quarantined(name, flag)`` and ``drop_worker(name)``, each returning the rows
+    it changed (the loop's :class:`~netrl.training.ingest.Ingester`, which lets no batch be
+    gathered meanwhile, passes itself; None: nothing to hide or drop)."""
 
     def __init__(self, action: Implausible, factor: float,
-                 reward_range: tuple[float, float] | None, hold_rows: int, memory: Any) -> None:
+                 reward_range: tuple[float, float] | None, hold_rows: int, rows: Any) -> None:
         if action not in ("warn", "quarantine", "refuse"):
             raise ValueError(f'implausible must be "warn", "quarantine" or "refuse" '
                              f'(got {action!r})')
         self.action, self.factor, self.reward_range = action, float(factor), reward_range
-        self.hold_rows, self.memory = hold_rows, memory
+        self.hold_rows, self.rows = hold_rows, rows
         self.workers: dict[str, _Worker] = {}
         self.requests: list[tuple[str, str]] = []  # (worker, why): revocations to ask the server
         self.counts = collections.Counter[str]()
@@ -256,7 +262,7 @@ class Plausibility:
         log.warning("worker %s is quarantined: its rows are kept aside, never sampled, until the "
                     "run ends or it is lifted (%s); %s", name, why,
                     f"{hidden} rows it wrote before are hidden" if hidden is not None else
-                    f"the rows it wrote before stay ({type(self.memory).__name__} cannot hide them)")
+                    f"the rows it wrote before stay ({_memory_name(self.rows)} cannot hide them)")
 
     def lift(self, name: str) -> list[Buffer]:
         """End ``name``'s quarantine; its held packets, to be ingested (the caller's)."""
@@ -284,21 +290,22 @@ class Plausibility:
             log.warning("worker %s is revoked: %s, %d held in quarantine dropped; its packets "
                         "still on their way are refused", name,
                         f"{dropped} of its rows dropped from the memory" if dropped is not None
-                        else f"its rows stay in the memory ({type(self.memory).__name__} cannot "
+                        else f"its rows stay in the memory ({_memory_name(self.rows)} cannot "
                              f"drop a worker's rows)", held)
         return dropped or 0
 
     def _in_memory(self, method: str, name: str, *args: Any) -> int | None:
-        """``memory.<method>(key, *args)`` for each of the memory's keys of worker ``name`` (one
-        per session: ``name/session``); the rows it reports in all, or None where the memory
-        does not keep each row's worker."""
-        call, rows = getattr(self.memory, method, None), getattr(self.memory, "worker_rows", None)
-        if not callable(call) or not callable(rows):
+        """``rows.<method>(name, *args)``: the rows it reports, or None where the memory does not
+        keep each row's worker (a ported tmrl memory)."""
+        call = getattr(self.rows, method, None)
+        if not callable(call):
             return None
         try:
-            keys = [key for key in rows() if worker_name(key) == name]
-            return sum(int(call(key, *args)) for key in keys)
-        except NotImplementedError:  # a ported memory that keeps no worker per row
+            held = getattr(getattr(self.rows, "memory", self.rows), "rows_of", None)
+            if callable(held) and not held(name):  # none of its rows: nothing to hide or drop
+                return 0
+            return int(call(name, *args))
+        except NotImplementedError:
             return None
 
     def _hold(self, name: str, worker: _Worker, buf: Buffer) -> None:

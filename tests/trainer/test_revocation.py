@@ -4,6 +4,8 @@ trainer.implausible "refuse", it asks the server to revoke a worker itself."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import zmq
 
 from netrl.protocol.messages import Message, MsgType
@@ -11,9 +13,8 @@ from netrl.server.revocation import ask_revoke
 from netrl.server.server import Server
 from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
-from netrl.training.plausibility import Plausibility
 from tests.fakes import NET, Peer, wait_until
-from tests.training.test_plausibility import WARM, packet
+from tests.training.test_plausibility import WARM, packet, training
 
 
 def hello(peer: Peer) -> Message:
@@ -43,38 +44,56 @@ def test_the_trainer_hears_of_a_revocation_and_can_ask_for_one(server: tuple[Ser
         link.halt()
 
 
-class Owned:
-    """A memory that keeps each row's worker, with the API netrl's memories have (netrl.memory.owners)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, int] = {}
-        self.hidden: set[str] = set()
-
-    def worker_rows(self) -> dict[str, int]:
-        return dict(self.rows)
-
-    def drop_worker(self, worker: str) -> int:
-        return self.rows.pop(worker, 0)
-
-    def set_quarantined(self, worker: str, flag: bool) -> int:
-        (self.hidden.add if flag else self.hidden.discard)(worker)
-        return self.rows.get(worker, 0)
-
-
 def test_a_revoked_workers_rows_are_dropped_and_its_late_packets_refused() -> None:
-    memory = Owned()
-    check = Plausibility("quarantine", 200.0, None, 10_000, memory)
+    t = training()
+    assert t.memory is not None and t.ingester is not None and t.ingester.plausibility is not None
     for seq in range(1, WARM + 1):
         for name in ("w1", "w2"):
-            buf = packet(seq, name)
-            assert check.admit(buf)
-            memory.rows[buf.worker] = memory.rows.get(buf.worker, 0) + len(buf)
-    memory.rows["w1/an-earlier-session"] = 7  # every session of the worker goes
-    assert check.revoked("w1") == WARM * 40 + 7
-    assert memory.worker_rows() == {"w2/s-w2": WARM * 40}
-    assert not check.admit(packet(999, "w1"))  # on its way before the revocation
-    assert check.metrics()["revoked_workers"] == 1 and check.counts["revoked_packets"] == 1
-    # quarantine hides what a worker wrote before, and lifting it hands back what was held
-    assert not check.admit(packet(1000, "w2", reward=1e5))
-    assert memory.hidden == {"w2/s-w2"}
-    assert [b.seq for b in check.lift("w2")] == [1000] and not memory.hidden
+            t.add(packet(seq, name))
+    t.add(packet(5000, "w1/an-earlier-session"))  # every session of the worker goes
+    held = t.memory.worker_rows()
+    assert held["w1"] == (WARM + 1) * 40 and held["w2"] == WARM * 40
+    t.ingest(Heard(["w1"]))  # type: ignore[arg-type]  # the server told the trainer's link
+    assert t.memory.rows_of("w1") == 0 and t.memory.worker_rows() == {"w2": WARM * 40}
+    assert t.ingester.plausibility.metrics()["revoked_rows_dropped"] == (WARM + 1) * 40
+    assert sampled_workers(t) == {"w2"}  # no batch draws w1's rows
+    assert t.add(packet(999, "w1")) == 0  # on its way before the revocation
+    assert t.ingester.plausibility.counts["revoked_packets"] == 1
+
+
+def test_quarantine_hides_what_the_worker_wrote_before_and_lifting_hands_it_all_back() -> None:
+    t = training()
+    assert t.memory is not None and t.ingester is not None and t.ingester.plausibility is not None
+    check = t.ingester.plausibility
+    for seq in range(1, WARM + 1):
+        for name in ("w1", "w2"):
+            t.add(packet(seq, name))
+    assert t.add(packet(1000, "w2", reward=1e5)) == 0
+    assert t.memory.rows_of("w2") == WARM * 40  # kept, but never sampled
+    assert sampled_workers(t) == {"w1"}
+    held = check.lift("w2")
+    assert [b.seq for b in held] == [1000]
+    assert sampled_workers(t) == {"w1", "w2"}
+
+
+def sampled_workers(t: Any, draws: int = 20) -> set[str]:
+    """The worker names in ``draws`` batches of the loop's memory."""
+    names: set[str] = set()
+    for _ in range(draws):
+        t.memory.sample()
+        names |= {w.split("/")[0] for w in t.memory.batch_workers()}
+    return names
+
+
+class Heard:
+    """A source that has nothing to fetch, and heard of these revocations."""
+
+    def __init__(self, revoked: list[str]) -> None:
+        self.revoked = revoked
+
+    def fetch(self) -> list[Any]:
+        return []
+
+    def revocations(self) -> list[str]:
+        out, self.revoked = self.revoked, []
+        return out

@@ -132,7 +132,7 @@ def test_the_bound_follows_the_envs_declared_reward_range_and_a_users_value_wins
 
 
 def test_honest_workers_are_not_flagged_by_sparse_large_rewards_or_drifting_observations() -> None:
-    check = Plausibility("quarantine", 200.0, None, 10_000, memory=None)
+    check = Plausibility("quarantine", 200.0, None, 10_000, rows=None)
     for seq in range(1, 200):
         buf = packet(seq, f"w{seq % 3}")
         buf.obs[:, 2] += seq * 0.05  # a slowly drifting feature
@@ -143,7 +143,7 @@ def test_honest_workers_are_not_flagged_by_sparse_large_rewards_or_drifting_obse
 
 
 def test_the_check_is_judged_per_packet_in_one_vectorised_step() -> None:
-    check = Plausibility("warn", 200.0, None, 10_000, memory=None)
+    check = Plausibility("warn", 200.0, None, 10_000, rows=None)
     for seq in range(1, WARM + 1):
         check.admit(packet(seq))
     big = packet(7, n=4096)
