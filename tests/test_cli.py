@@ -210,7 +210,8 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     err = capsys.readouterr().err
     assert ("--run-name is for --worker, --trainer and --demo; --plot does not use it (give the run as --plot RUN)\n"
             in err)
-    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --plot does not use it\n" in err
+    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen and --revoke; --plot does not "
+            "use it\n") in err
 
 
 def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.CaptureFixture[str]) -> None:

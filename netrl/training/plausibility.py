@@ -122,6 +122,9 @@ class Plausibility:
         self._median: np.ndarray | None = None
         self._limit: np.ndarray | None = None
         self._scale: np.ndarray | None = None
+        self._lo: np.ndarray | None = None  # median -+ limit: what passes, per feature
+        self._hi: np.ndarray | None = None
+        self._bounds: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (at, dtype) ->
 
     # -- one packet --------------------------------------------------------------------------------
     def admit(self, buf: Buffer, new: bool = True) -> bool:
@@ -156,9 +159,9 @@ class Plausibility:
         self.revoked(name)
         return False
 
-    def _values(self, buf: Buffer) -> np.ndarray | None:
-        """The packet's judged numbers as (rows, features) float64: the reward, then each small
-        numeric observation leaf (None when the layout gives more than MAX_FEATURES)."""
+    def _values(self, buf: Buffer) -> list[np.ndarray] | None:
+        """The packet's judged numbers as (rows, width) views, no copies: the reward, then each
+        small numeric observation leaf (None when the layout gives more than MAX_FEATURES)."""
         obs, n = buf.obs, len(buf)
         leaves = [("obs", obs)] if isinstance(obs, np.ndarray) else flatten(obs, "obs")[1]
         arrays = [np.asarray(leaf) for _, leaf in leaves]
@@ -167,13 +170,7 @@ class Plausibility:
             self._plan(layout)
         if self._width > MAX_FEATURES:
             return None
-        out = np.empty((n, self._width), np.float64)  # filled in place: no concatenation
-        out[:, 0] = buf.rew
-        at = 1
-        for i, width in self._used:
-            out[:, at:at + width] = arrays[i].reshape(n, width)
-            at += width
-        return out
+        return [buf.rew.reshape(n, 1), *(arrays[i].reshape(n, width) for i, width in self._used)]
 
     def _plan(self, layout: tuple[tuple[str, tuple[int, ...], str], ...]) -> None:
         """Which observation leaves are judged, and their features' names, for a new layout."""
@@ -184,10 +181,11 @@ class Plausibility:
                 self._used.append((i, width))
                 self._names += [f"{name}[{j}]" if shape else name for j in range(width)]
         self._width = len(self._names)
-        self._ring, self._median = None, None
+        self._ring, self._median, self._lo, self._hi = None, None, None, None
+        self._bounds.clear()
         self._filled = self._pos = self._since = 0
 
-    def _judge(self, buf: Buffer, values: np.ndarray | None) -> str | None:
+    def _judge(self, buf: Buffer, values: list[np.ndarray] | None) -> str | None:
         if self.reward_range is not None and len(buf):
             lo, hi = self.reward_range
             rew = buf.rew
@@ -196,36 +194,59 @@ class Plausibility:
                 row = int(np.argmax(outside))
                 return (f"reward {float(rew[row]):g} in row {row} is outside the env's declared "
                         f"reward_range [{lo:g}, {hi:g}]")
-        if values is None or self._median is None or self._limit is None or not len(values):
+        if values is None or self._lo is None or self._hi is None or not len(buf):
             return None
+        at = 0
+        for block in values:  # compared in its own dtype (numpy's axis-0 min of a narrow block,
+            width = block.shape[1]  # and a float64 copy, each cost more than the comparison)
+            below, above = self._typed(at, width, block.dtype)
+            if (block < below).any() or (block > above).any():
+                return self._why(np.concatenate(values, axis=1, dtype=np.float64))
+            at += width
+        return None
+
+    def _typed(self, at: int, width: int, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The bounds of features ``at:at + width``, in ``dtype`` when it is a float's."""
+        key = (at, dtype)
+        bounds = self._bounds.get(key)
+        if bounds is None:
+            assert self._lo is not None and self._hi is not None
+            lo, hi = self._lo[at:at + width], self._hi[at:at + width]
+            if dtype.kind == "f":  # finite bounds beyond the dtype's range become inf: still right
+                with np.errstate(over="ignore"):
+                    lo, hi = lo.astype(dtype), hi.astype(dtype)
+            bounds = self._bounds[key] = (lo, hi)
+        return bounds
+
+    def _why(self, values: np.ndarray) -> str:
+        """What is implausible in a packet found so (the slow path, for those alone)."""
+        assert self._median is not None and self._limit is not None and self._scale is not None
         over = np.abs(values - self._median) > self._limit
-        if not over.any():
-            return None
         row, col = (int(i) for i in np.unravel_index(int(np.argmax(over)), over.shape))
-        assert self._scale is not None
         value, median = float(values[row, col]), float(self._median[col])
         return (f"{self._names[col]} {value:g} in row {row} is {abs(value - median) / self._scale[col]:.0f} "
                 f"robust scales from the median {median:g} of recent rows (beyond "
                 f"trainer.implausible_factor, {self.factor:g})")
 
-    def _learn(self, values: np.ndarray | None) -> None:
+    def _learn(self, values: list[np.ndarray] | None) -> None:
         """A few rows of a plausible packet into the ring; the medians and scales renewed every
         REFRESH_EVERY packets once it holds MIN_ROWS."""
-        if values is None or not len(values):
+        n = len(values[0]) if values else 0
+        if values is None or not n:
             return
         if self._ring is None:
-            self._ring = np.empty((RING_ROWS, values.shape[1]), np.float64)
-        n = len(values)
+            self._ring = np.empty((RING_ROWS, self._width), np.float64)
         picks = self._picks.get(n)
         if picks is None:
             if len(self._picks) > 1024:
                 self._picks.clear()
             picks = self._picks[n] = np.linspace(0, n - 1, min(SAMPLED_PER_PACKET, n)).astype(np.intp)
         k = len(picks)
+        rows = np.concatenate([block[picks] for block in values], axis=1, dtype=np.float64)
         if self._pos + k <= RING_ROWS:
-            self._ring[self._pos:self._pos + k] = values[picks]
+            self._ring[self._pos:self._pos + k] = rows
         else:
-            self._ring[(self._pos + np.arange(k)) % RING_ROWS] = values[picks]
+            self._ring[(self._pos + np.arange(k)) % RING_ROWS] = rows
         self._pos = (self._pos + k) % RING_ROWS
         self._filled = min(RING_ROWS, self._filled + k)
         self._since += 1
@@ -235,6 +256,8 @@ class Plausibility:
             mad = np.median(np.abs(ring - median), axis=0)
             self._scale = np.maximum(np.maximum(1.4826 * mad, 0.1 * np.abs(median)), 1.0)
             self._median, self._limit, self._since = median, self.factor * self._scale, 0
+            self._lo, self._hi = median - self._limit, median + self._limit
+            self._bounds.clear()
 
     def exchange(self, source: Any) -> None:
         """The training loop's ingest, first: revocations the source (the trainer's link) heard of
