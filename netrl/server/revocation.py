@@ -70,7 +70,8 @@ class Revocations:
             return
         if isinstance(entries, dict):
             self.revoked = {k: v for k, v in entries.items()
-                            if isinstance(k, str) and PEER_NAME.fullmatch(k) and isinstance(v, dict)}
+                            if isinstance(k, str) and PEER_NAME.fullmatch(k)
+                            and isinstance(v, dict)}
         if self.revoked:
             log.info("%d worker keys or names revoked (%s): %s", len(self.revoked), self.path,
                      ", ".join(sorted(self.revoked)[:20]))
@@ -111,7 +112,8 @@ class Revocations:
         reason = printable(msg.body.get("reason", ""), 300)
         if not PEER_NAME.fullmatch(name):
             self.stats.rejected += 1
-            problem = f"revoke 'worker' {name[:64]!r} is not a worker key or name ({PEER_NAME_RULE})"
+            problem = (f"revoke 'worker' {name[:64]!r} is not a worker key or name "
+                       f"({PEER_NAME_RULE})")
             log.warning("refused a REVOKE from the %s: %s", by, problem)
             answer(Message(MsgType.REVOKE, "server", body={"worker": name[:64], "links": 0,
                                                           "reason": problem, "refused": True}))

@@ -166,7 +166,8 @@ class TrainingOffline:
         self.agent = agent = self.training_agent_cls(
             observation_space=obs_space, action_space=act_space, device=device, **compiled)
         attach_views(memory, agent)  # what the agent's inputs need from earlier rows (views.py)
-        limits = value_limits(obs_space, act_space, reward_bound(s.max_abs_reward, self.reward_range))
+        bound = reward_bound(s.max_abs_reward, self.reward_range)
+        limits = value_limits(obs_space, act_space, bound)
         self.safeguards = guards = Safeguards(limits, agent, s.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(agent)
         self.ingester = ingester = Ingester(memory, s, guards, self.obs_norm, self.sync)

@@ -165,7 +165,8 @@ class Plausibility:
         obs, n = buf.obs, len(buf)
         leaves = [("obs", obs)] if isinstance(obs, np.ndarray) else flatten(obs, "obs")[1]
         arrays = [np.asarray(leaf) for _, leaf in leaves]
-        layout = tuple((name, a.shape[1:], a.dtype.kind) for (name, _), a in zip(leaves, arrays, strict=True))
+        layout = tuple((name, a.shape[1:], a.dtype.kind)
+                       for (name, _), a in zip(leaves, arrays, strict=True))
         if layout != self._layout:  # the first packet, or another layout: start again
             self._plan(layout)
         if self._width > MAX_FEATURES:
@@ -224,8 +225,9 @@ class Plausibility:
         over = np.abs(values - self._median) > self._limit
         row, col = (int(i) for i in np.unravel_index(int(np.argmax(over)), over.shape))
         value, median = float(values[row, col]), float(self._median[col])
-        return (f"{self._names[col]} {value:g} in row {row} is {abs(value - median) / self._scale[col]:.0f} "
-                f"robust scales from the median {median:g} of recent rows (beyond "
+        scales = abs(value - median) / self._scale[col]
+        return (f"{self._names[col]} {value:g} in row {row} is {scales:.0f} robust scales "
+                f"from the median {median:g} of recent rows (beyond "
                 f"trainer.implausible_factor, {self.factor:g})")
 
     def _learn(self, values: list[np.ndarray] | None) -> None:
@@ -240,7 +242,8 @@ class Plausibility:
         if picks is None:
             if len(self._picks) > 1024:
                 self._picks.clear()
-            picks = self._picks[n] = np.linspace(0, n - 1, min(SAMPLED_PER_PACKET, n)).astype(np.intp)
+            picks = np.linspace(0, n - 1, min(SAMPLED_PER_PACKET, n)).astype(np.intp)
+            self._picks[n] = picks
         k = len(picks)
         rows = np.concatenate([block[picks] for block in values], axis=1, dtype=np.float64)
         if self._pos + k <= RING_ROWS:

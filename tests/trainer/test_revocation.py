@@ -1,6 +1,6 @@
-"""The trainer's side of revocation (issue 43, item 2): told by the server that a worker was revoked, the
-trainer drops that worker's rows from its replay memory and refuses its packets still on their way; with
-trainer.implausible "refuse", it asks the server to revoke a worker itself."""
+"""The trainer's side of revocation (issue 43, item 2): told by the server that a worker was
+revoked, the trainer drops that worker's rows from its replay memory and refuses its packets still
+on their way; with trainer.implausible "refuse", it asks the server to revoke a worker itself."""
 
 from __future__ import annotations
 
@@ -18,28 +18,55 @@ from tests.training.test_plausibility import WARM, packet, training
 
 
 def hello(peer: Peer) -> Message:
-    peer.send(Message(MsgType.HELLO, peer.name, body={
-        "role": peer.role, "netrl_version": "0.1.0", "worker_id": peer.name, "session": peer.session}))
+    peer.send(
+        Message(
+            MsgType.HELLO,
+            peer.name,
+            body={
+                "role": peer.role,
+                "netrl_version": "0.1.0",
+                "worker_id": peer.name,
+                "session": peer.session,
+            },
+        )
+    )
     return peer.expect(MsgType.WELCOME, MsgType.REJECT)
 
 
-def test_the_trainer_hears_of_a_revocation_and_can_ask_for_one(server: tuple[Server, zmq.Context]) -> None:
+def test_the_trainer_hears_of_a_revocation_and_can_ask_for_one(
+    server: tuple[Server, zmq.Context],
+) -> None:
     srv, ctx = server
     link = TrainerLink(NET, "trainer", "t" * 16, srv.trainer_port, 8, Deliveries(), None)
     link.start()
     try:
         wait_until(lambda: link.link.ready, 5, "the trainer connected", poll=0.02)
-        w1, w2 = Peer(ctx, srv.worker_port, "worker", "w1"), Peer(ctx, srv.worker_port, "worker", "w2")
+        w1, w2 = (
+            Peer(ctx, srv.worker_port, "worker", "w1"),
+            Peer(ctx, srv.worker_port, "worker", "w2"),
+        )
         assert hello(w1).type is MsgType.WELCOME and hello(w2).type is MsgType.WELCOME
         assert ask_revoke("127.0.0.1", srv.trainer_port, "w1", "by hand", None)["links"] == 1
         heard: list[str] = []
-        wait_until(lambda: heard.extend(link.revocations()) or heard, 5, "the REVOKE at the trainer", poll=0.02)
+        wait_until(
+            lambda: heard.extend(link.revocations()) or heard,
+            5,
+            "the REVOKE at the trainer",
+            poll=0.02,
+        )
         assert heard == ["w1"]
-        link.revoke("w2", "the trainer found implausible values: reward 1e+05")  # trainer.implausible: refuse
+        link.revoke(
+            "w2", "the trainer found implausible values: reward 1e+05"
+        )  # trainer.implausible: refuse
         told = w2.expect(MsgType.REJECT)
-        assert "revoked by the trainer" in told.body["reason"] and "reward 1e+05" in told.body["reason"]
+        assert (
+            "revoked by the trainer" in told.body["reason"]
+            and "reward 1e+05" in told.body["reason"]
+        )
         wait_until(lambda: srv.peers.worker_count() == 0, 2, "both cut off", poll=0.02)
-        wait_until(lambda: heard.extend(link.revocations()) or "w2" in heard, 5, "the answer", poll=0.02)
+        wait_until(
+            lambda: heard.extend(link.revocations()) or "w2" in heard, 5, "the answer", poll=0.02
+        )
     finally:
         link.halt()
 

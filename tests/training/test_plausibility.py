@@ -1,7 +1,8 @@
-"""Valid but implausible values (issue 43, items 1 and 2): a worker's rewards of 1e5 on a Pendulum run
-(rewards in [-16, 0]) pushed the critic loss to 7.8e11 while trainer.max_abs_reward was 1e6. The bound
-now follows the env's declared reward_range where it has one, and a robust statistic over recent rows
-judges the rest: the worker is warned about, quarantined (its rows never sampled) or revoked."""
+"""Valid but implausible values (issue 43, items 1 and 2): a worker's rewards of 1e5 on a
+Pendulum run (rewards in [-16, 0]) pushed the critic loss to 7.8e11 while trainer.max_abs_reward
+was 1e6. The bound now follows the env's declared reward_range where it has one, and a robust
+statistic over recent rows judges the rest: the worker is warned about, quarantined (its rows
+never sampled) or revoked."""
 
 from __future__ import annotations
 
@@ -23,24 +24,49 @@ from tests.fakes import ListSource
 # Pendulum-v1's spaces; its rewards lie in [-16.3, 0] but it declares no reward_range
 OBS = gymnasium.spaces.Box(np.array([-1, -1, -8], np.float32), np.array([1, 1, 8], np.float32))
 ACT = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
-WARM = plausibility.MIN_ROWS // plausibility.SAMPLED_PER_PACKET + 2  # honest packets before anything is judged
+WARM = (
+    plausibility.MIN_ROWS // plausibility.SAMPLED_PER_PACKET + 2
+)  # honest packets before anything is judged
 
 
 def packet(seq: int, worker: str = "w1", n: int = 40, reward: float | None = None) -> Buffer:
-    """``n`` rows of Pendulum-like samples from ``worker``; with ``reward``, every reward is that."""
+    """``n`` rows of Pendulum-like samples from ``worker``; with ``reward``, every reward is
+    that."""
     rng = np.random.default_rng(seq)
     theta = rng.uniform(-np.pi, np.pi, n)
     obs = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, n)], 1).astype(np.float32)
-    rew = -(theta ** 2 + 0.1 * obs[:, 2] ** 2).astype(np.float32) if reward is None else np.full(n, reward, np.float32)
-    return Buffer(act=rng.uniform(-2, 2, (n, 1)).astype(np.float32), obs=obs, rew=rew, terminated=np.zeros(n, bool),
-                  truncated=np.zeros(n, bool), reset=np.arange(n) == 0, context=np.zeros(n, bool),
-                  policy_version=np.zeros(n, np.int64), recv_version=1, worker=f"{worker}/s-{worker}", seq=seq)
+    rew = (
+        -(theta**2 + 0.1 * obs[:, 2] ** 2).astype(np.float32)
+        if reward is None
+        else np.full(n, reward, np.float32)
+    )
+    return Buffer(
+        act=rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+        obs=obs,
+        rew=rew,
+        terminated=np.zeros(n, bool),
+        truncated=np.zeros(n, bool),
+        reset=np.arange(n) == 0,
+        context=np.zeros(n, bool),
+        policy_version=np.zeros(n, np.int64),
+        recv_version=1,
+        worker=f"{worker}/s-{worker}",
+        seq=seq,
+    )
 
 
 def training(env: Any = (OBS, ACT), **kw: Any) -> TrainingOffline:
-    t = TrainingOffline(env_cls=env, training_agent_cls=partial(SACAgent, model_cls=partial(
-                        MLPActorCritic, hidden_sizes=(16,))), epochs=1, rounds=1, memory_size=100_000,
-                        batch_size=256, seed=0, device="cpu", **kw)
+    t = TrainingOffline(
+        env_cls=env,
+        training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
+        epochs=1,
+        rounds=1,
+        memory_size=100_000,
+        batch_size=256,
+        seed=0,
+        device="cpu",
+        **kw,
+    )
     t.build()
     return t
 
@@ -51,7 +77,8 @@ def batch_rewards(t: TrainingOffline, draws: int = 40) -> np.ndarray:
 
 
 def test_rewards_of_1e5_from_one_worker_on_a_pendulum_run_never_reach_the_batches(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     t = training()
     for seq in range(1, WARM + 1):  # two honest workers
         t.add(packet(seq, "w1"))
@@ -62,11 +89,15 @@ def test_rewards_of_1e5_from_one_worker_on_a_pendulum_run_never_reach_the_batche
             t.add(packet(2000 + seq, "w1"))
     assert batch_rewards(t).max() <= 0.0  # the attacker's rows are never sampled
     assert "packet 5001 of worker attacker/s-attacker holds implausible values" in caplog.text
-    assert "reward 100000 in row 0 is" in caplog.text and "trainer.implausible_factor" in caplog.text
+    assert (
+        "reward 100000 in row 0 is" in caplog.text and "trainer.implausible_factor" in caplog.text
+    )
     assert "worker attacker is quarantined" in caplog.text
     assert t.ingester is not None and t.ingester.plausibility is not None
     metrics = t.ingester.plausibility.metrics()
-    assert metrics["implausible_packets"] == 1 and metrics["quarantined_workers"] == 1  # quarantine holds the rest
+    assert (
+        metrics["implausible_packets"] == 1 and metrics["quarantined_workers"] == 1
+    )  # quarantine holds the rest
     assert metrics["quarantined_rows"] == 20 * 40
     assert t._round_summary(0)["quarantined_workers"] == 1  # in the round's metrics
 
@@ -114,10 +145,14 @@ def test_the_bound_follows_the_envs_declared_reward_range_and_a_users_value_wins
         reward_range = (-16.5, 0.0)
 
     assert declared_reward_range(Declared()) == (-16.5, 0.0)
-    assert declared_reward_range(gymnasium.make("Pendulum-v1")) is None  # gymnasium 1.x declares none
+    assert (
+        declared_reward_range(gymnasium.make("Pendulum-v1")) is None
+    )  # gymnasium 1.x declares none
     assert reward_bound(None, (-16.5, 0.0)) == 16.5
     assert reward_bound(None, None) == plausibility.DEFAULT_MAX_ABS_REWARD
-    assert reward_bound(50.0, (-16.5, 0.0)) == 50.0  # an explicit trainer.max_abs_reward is the user's
+    assert (
+        reward_bound(50.0, (-16.5, 0.0)) == 50.0
+    )  # an explicit trainer.max_abs_reward is the user's
     t = training(env=Declared)
     assert t.safeguards is not None and t.safeguards.limits.max_abs_reward == 16.5
     assert t.add(packet(1, "w1", reward=-100.0)) == 0  # beyond the bound: refused whole
