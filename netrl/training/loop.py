@@ -402,7 +402,9 @@ class TrainingOffline:
                 "memory_size": self.settings.memory_size, "version": p.version if p else 0,
                 "model_versions": dict(p.model_versions) if p else {}, "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None,
-                "episodes": len(returns), **(self.sync.live() if self.sync is not None else {})}
+                "episodes": len(returns), **(self.sync.live() if self.sync is not None else {}),
+                "implausible": (odd.metrics() if self.ingester and (odd := self.ingester.plausibility)
+                                else {})}
 
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint (after build)."""

@@ -348,8 +348,9 @@ class Plausibility:
                             self.counts["quarantine_dropped_rows"])
 
     def metrics(self) -> dict[str, int]:
-        """The counters for the round's metrics and the status line."""
-        workers = self.workers.values()
+        """The counters for the round's metrics and the status line (read from the trainer's
+        network thread too: a copy of the workers, made in one step)."""
+        workers = list(self.workers.values())
         return {"implausible_packets": self.counts["implausible_packets"],
                 "quarantined_workers": sum(w.quarantined for w in workers),
                 "quarantined_rows": sum(w.held_rows for w in workers),

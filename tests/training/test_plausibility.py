@@ -15,6 +15,7 @@ import pytest
 
 from netrl.agents.sac import MLPActorCritic, SACAgent
 from netrl.samples import Buffer
+from netrl.trainer.status_line import status_line
 from netrl.training import plausibility
 from netrl.training.loop import TrainingOffline
 from netrl.training.plausibility import Plausibility, declared_reward_range, reward_bound
@@ -184,3 +185,14 @@ def test_the_check_is_judged_per_packet_in_one_vectorised_step() -> None:
     big = packet(7, n=4096)
     big.obs[4000, 1] = 1e4
     assert check.admit(big) and check.metrics()["implausible_packets"] == 1
+
+
+def test_the_trainers_status_line_shows_implausible_packets_once_there_are_any() -> None:
+    t = training()
+    for seq in range(1, WARM + 1):
+        t.add(packet(seq))
+    rates = {"trained_steps": 0.0, "samples": 0.0}
+    assert "implausible" not in status_line("trainer", t.live(), rates, "connected")
+    t.add(packet(999, "odd", reward=1e5))
+    line = status_line("trainer", t.live(), rates, "connected")
+    assert "| implausible packets 1, workers quarantined 1, revoked 0" in line
