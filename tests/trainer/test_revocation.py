@@ -9,6 +9,7 @@ from typing import Any
 import zmq
 
 from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.wire import samples_message
 from netrl.server.revocation import ask_revoke
 from netrl.server.server import Server
 from netrl.trainer.delivery import Deliveries
@@ -124,3 +125,42 @@ class Heard:
     def revocations(self) -> list[str]:
         out, self.revoked = self.revoked, []
         return out
+
+
+def test_revoke_on_the_command_line_takes_the_workers_rows_out_of_a_running_trainers_batches(
+    server: tuple[Server, zmq.Context],
+) -> None:
+    """End to end: workers' packets through a real server into the trainer's link and memory;
+    --revoke's request reaches the server, which cuts the worker off and tells the link; the
+    loop's next ingest drops the worker's rows."""
+    srv, ctx = server
+    t = training()
+    assert t.memory is not None
+    link = TrainerLink(NET, "trainer", "t" * 16, srv.trainer_port, 8, Deliveries(), None)
+    link.start()
+    try:
+        wait_until(lambda: link.link.ready, 5, "the trainer connected", poll=0.02)
+        workers = [Peer(ctx, srv.worker_port, "worker", name) for name in ("w1", "w2")]
+        for worker in workers:
+            assert hello(worker).type is MsgType.WELCOME
+        for seq in range(1, WARM + 1):
+            for worker in workers:
+                buf = packet(seq, worker.name)
+                worker.send(samples_message(buf, worker.name, worker.session, seq, 40 * seq))
+        wait_until(
+            lambda: t.ingest(link) >= 0 and t.memory is not None and len(t.memory) >= 2 * WARM * 39,
+            10,
+            "every packet in the trainer's memory",
+            poll=0.05,
+        )
+        assert sampled_workers(t) == {"w1", "w2"}
+        assert ask_revoke("127.0.0.1", srv.trainer_port, "w1", "left", None)["links"] == 1
+        wait_until(
+            lambda: t.ingest(link) >= 0 and t.memory is not None and not t.memory.rows_of("w1"),
+            5,
+            "w1's rows dropped",
+            poll=0.05,
+        )
+        assert sampled_workers(t) == {"w2"}
+    finally:
+        link.halt()
