@@ -414,7 +414,8 @@ class TrainingOffline:
                 "total_samples": self.total_samples, "version": p.version, "round": self.round,
                 "round_steps": self.round_steps, "model_versions": dict(p.model_versions),
                 "round_stats": self._round.to_state(),
-                **(self.safeguards.state() if self.safeguards else {})}
+                **(self.safeguards.state() if self.safeguards else {}),
+                **(odd.state() if self.ingester and (odd := self.ingester.plausibility) else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's :meth:`state` (after build)."""
@@ -428,6 +429,8 @@ class TrainingOffline:
             p.model_versions[name] = max(p.model_versions.get(name, 0), int(version))
         if self.safeguards is not None:
             self.safeguards.load_state(state)
+        if self.ingester is not None and self.ingester.plausibility is not None:
+            self.ingester.plausibility.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
             self._round = RoundStats.from_state(state["round_stats"])
             # its clock runs on from when training does: rebuilding the memory is not its time

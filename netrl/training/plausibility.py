@@ -23,7 +23,8 @@ per worker (a log line for the first packets, then every hundredth):
   revocation`); its packets are refused and its rows dropped from the memory at once.
 
 A worker the server revoked (``--revoke``, or this trainer's refuse) is :meth:`revoked`: its rows
-are dropped from the memory (``drop_worker``) and its packets still on their way refused.
+are dropped from the memory (``drop_worker``) and its packets still on their way refused. The
+checkpoint keeps who is quarantined and revoked (:meth:`state`).
 """
 
 from __future__ import annotations
@@ -346,6 +347,23 @@ class Plausibility:
                 log.warning("worker %s is quarantined beyond %d rows: its oldest held rows are "
                             "dropped (%d so far)", name, self.hold_rows,
                             self.counts["quarantine_dropped_rows"])
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the workers quarantined and revoked (a restarted trainer holds
+        or refuses their packets again as it replays the sample log), and the counts."""
+        return {"plausibility": {
+            "quarantined": sorted(n for n, w in self.workers.items() if w.quarantined),
+            "revoked": sorted(n for n, w in self.workers.items() if w.revoked),
+            "counts": dict(self.counts)}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's :meth:`state` (before the sample log is replayed: the
+        memory is empty, so nothing is hidden or dropped there)."""
+        kept = state.get("plausibility") or {}
+        for key in ("quarantined", "revoked"):
+            for name in kept.get(key, []):
+                setattr(self.workers.setdefault(str(name), _Worker()), key, True)
+        self.counts.update({str(k): int(v) for k, v in (kept.get("counts") or {}).items()})
 
     def metrics(self) -> dict[str, int]:
         """The counters for the round's metrics and the status line (read from the trainer's

@@ -6,6 +6,7 @@ never sampled) or revoked."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -196,3 +197,22 @@ def test_the_trainers_status_line_shows_implausible_packets_once_there_are_any()
     t.add(packet(999, "odd", reward=1e5))
     line = status_line("trainer", t.live(), rates, "connected")
     assert "| implausible packets 1, workers quarantined 1, revoked 0" in line
+
+
+def test_a_restarted_trainer_holds_a_quarantined_workers_packets_and_refuses_a_revoked_ones() -> None:
+    t = training()
+    for seq in range(1, WARM + 1):
+        t.add(packet(seq))
+    assert t.add(packet(999, "odd", reward=1e5)) == 0
+    assert t.ingester is not None and t.ingester.plausibility is not None
+    t.ingester.plausibility.revoked("gone")
+    state = json.loads(json.dumps(t.state()))  # as the checkpoint keeps it
+    again = training()
+    again.load_state(state)
+    # replaying the sample log: the ring is empty again, so nothing would be judged yet
+    assert again.add(packet(999, "odd", reward=1e5), new=False) == 0
+    assert again.add(packet(1000, "gone"), new=False) == 0
+    assert again.add(packet(1, "w1"), new=False) == 39
+    assert again.ingester is not None and again.ingester.plausibility is not None
+    metrics = again.ingester.plausibility.metrics()
+    assert metrics["quarantined_workers"] == 1 and metrics["implausible_packets"] == 1
