@@ -57,14 +57,18 @@ class OwnedRows:
         self._workers = WorkerIds()  # the worker column's ids: name/session, as batch_workers tells
         self._keys = WorkerIds()  # names (worker_key)
         self._key_of = np.zeros(0, np.int64)  # worker column id -> name id
+        self._ids_of: list[list[int]] = []  # name id -> its worker column ids (one a session)
         self._counts = np.zeros(0, np.int64)  # rows held, per name id
         self._held: set[int] = set()  # quarantined name ids
 
     def _key_id(self, worker: str) -> int:
         """``worker``'s name id, registered on first sight."""
-        self._keys.column(worker_key(worker), 0)
         k = self._keys.id_of(worker_key(worker))
-        assert k is not None
+        if k is not None:
+            return k
+        self._keys.column(worker_key(worker), 0)
+        k = len(self._keys.names) - 1
+        self._ids_of.append([])
         if len(self._counts) <= k:
             self._counts = np.concatenate([self._counts, np.zeros(k + 1 - len(self._counts), np.int64)])
         return k
@@ -76,7 +80,9 @@ class OwnedRows:
         i, k = int(ids[0]), self._key_id(name)
         if len(self._key_of) <= i:
             self._key_of = np.concatenate([self._key_of, np.zeros(i + 1 - len(self._key_of), np.int64)])
-        self._key_of[i] = k
+        if i not in self._ids_of[k]:
+            self._key_of[i] = k
+            self._ids_of[k].append(i)
         columns["sent"] = columns[self._SAMPLING].copy()
         if k in self._held:
             columns[self._SAMPLING] = np.full_like(columns["sent"], self._NONE)
@@ -117,8 +123,11 @@ class OwnedRows:
         if over <= 0 or have == 0:
             return have + rows
         start = self._pos if self._size == self.memory_size else 0
-        slots = (start + np.arange(over)) % self.memory_size
-        return have + rows - len(self._rows_of_key(self._key_id(worker), self._cols["worker"][slots]))
+        col = self._cols["worker"]
+        ids = col[start:start + over]  # the oldest rows, in at most two slices (the ring wraps)
+        if len(ids) < over:
+            ids = np.concatenate([ids, col[: over - len(ids)]])
+        return have + rows - len(self._rows_of_key(self._key_id(worker), ids))
 
     def set_quarantined(self, worker: str, flag: bool) -> int:
         """Quarantine ``worker`` (``flag`` True): its rows stay, and count against its share,
@@ -157,7 +166,11 @@ class OwnedRows:
 
     def _rows_of_key(self, k: int, ids: np.ndarray) -> np.ndarray:
         """Where worker name ``k``'s rows are among the worker column ids ``ids``."""
-        return np.flatnonzero((ids != DROPPED) & (self._key_of[ids] == k))
+        mine = self._ids_of[k]
+        if not mine:
+            return np.zeros(0, np.int64)
+        # one session, as a rule: a comparison, not np.isin (a check made for every packet)
+        return np.flatnonzero(ids == mine[0] if len(mine) == 1 else np.isin(ids, mine))
 
     def _stored_rows_of(self, k: int) -> np.ndarray:
         if not self._cols:
