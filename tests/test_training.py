@@ -347,7 +347,7 @@ SET = {"trainer": {"worker_lead": 7, "max_policy_lag": 3, "stale_sample_weight":
                    "max_abs_reward": 5.0, "max_nonfinite_steps": 4, "total_frames": 999,
                    "collection": "sync", "frames_per_batch": 64, "rollout_fragment_length": 16,
                    "batch_mode": "complete_episodes", "sync_timeout_s": 2.5, "prefetch": False,
-                   "compile": "compile"},
+                   "compile": "compile", "implausible": "refuse", "implausible_factor": 50.0},
        "memory": {"memory_size": 123, "batch_size": 9, "device": "cuda", "max_worker_share": 0.5,
                   "min_worker_share": 0.2},
        "env": {"normalize_obs": True, "normalize_obs_clip": 3.0, "normalize_obs_every": 5}}

@@ -267,10 +267,21 @@ class TrainerConfig:
     stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)",
                                     between(0.0, 1.0))
     credit_window: int = _f(8, "bundles the server may send ahead of the training loop", ge(1))
-    max_abs_reward: float = _f(1e6, "packets with a reward beyond this magnitude are "
-                                    "refused (named and counted): far above the scales "
-                                    "SAC learns well at (about 1 to 100 per step), far "
-                                    "below what makes float32 values overflow", gt(0))
+    max_abs_reward: float | None = _f(None, "packets with a reward beyond this magnitude are "
+                                            "refused (named and counted); null: the env's "
+                                            "declared reward_range where it has one, else 1e6, "
+                                            "and trainer.implausible judges rewards by what "
+                                            "the workers send", optional(gt(0)))
+    implausible: Literal["warn", "quarantine", "refuse"] = _f(
+        "quarantine", "what a worker's packet of valid but implausible values gets (beyond "
+                      "trainer.implausible_factor, or outside the env's declared reward_range; "
+                      "counted and logged per worker): warn (trained on), quarantine (that "
+                      "worker's rows kept aside, never sampled, until lifted or the run ends), "
+                      "refuse (the trainer has the server revoke the worker's key)")
+    implausible_factor: float = _f(200.0, "a reward or small observation value is implausible "
+                                          "beyond this many robust scales (1.4826 MAD, at least "
+                                          "a tenth of the median's magnitude and 1) from the "
+                                          "median of recent rows", gt(1))
     max_nonfinite_steps: int = _f(100, "training steps in a row whose losses or weights are "
                                        "not finite (each one skipped and undone) before the "
                                        "trainer stops with exit code 1 (0: no such guard, "

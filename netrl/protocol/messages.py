@@ -73,6 +73,8 @@ class MsgType(str, enum.Enum):
                        # the snapshot in reply
     NOTICE = "notice"  # server -> trainer: why workers' packets are refused that the trainer
                        # can fix (its layout); server -> a peer: why its message was refused
+    REVOKE = "revoke"  # trainer or --revoke -> server: revoke a worker key; server -> the revoker:
+                       # done (links dropped); server -> trainer: a worker revoked, drop its rows
 
 
 @dataclass
@@ -157,13 +159,17 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     # refused: the peer's own message was refused (the reason names the field), not workers'
     # packets for the trainer's layout
     MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True), "refused": (_BOOL, False)},
+    # worker: a worker key (CURVE) or name; links: the connections the server dropped; refused:
+    # the request was refused (the reason says why)
+    MsgType.REVOKE: {"worker": (_STR, True), "reason": (_STR, False), "links": (_INT, False),
+                     "refused": (_BOOL, False)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.
 ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
     "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
     "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
-                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE}),
+                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE, MsgType.REVOKE}),
 }
 
 

@@ -70,6 +70,8 @@ class Admission:
         self._rejections_logged: collections.Counter[bytes] = collections.Counter()
         self._answered: dict[bytes, float] = {}  # connection -> when it was last answered
         self._denied = 0  # HELLOs that asked for paced false without the grant
+        # why a worker may not connect for its key or name (the server's Revocations set it)
+        self.revoked: Callable[[Peer], str | None] = lambda peer: None
 
     def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any,
               received: int | None = None) -> Peer | None:
@@ -95,7 +97,8 @@ class Admission:
         liveness = Liveness(self.net.heartbeat_interval_s, self.net.heartbeat_liveness)
         peer = Peer(rid, role, body["worker_id"], body["session"], rid_frame.get("Peer-Address") or "?", liveness,
                     key=key)
-        problem = self.peers.session_problem(peer) or self._declared(peer, body)
+        problem = ((self.revoked(peer) if role == "worker" else None)
+                   or self.peers.session_problem(peer) or self._declared(peer, body))
         if problem:
             self.refuse(role, rid, None, problem, problem, received=received)
             return None
@@ -260,6 +263,14 @@ class Admission:
             self._answered[rid] = now
         else:
             frames = encode(Message(kind, "server", body=body))
+        self._send(role, rid, frames)
+
+    def send(self, role: str, rid: bytes, msg: Message) -> None:
+        """``msg`` to connection ``rid`` on ``role``'s port, peer or not (an answer to a request
+        from an authenticated port: ``--revoke``)."""
+        self._send(role, rid, encode(msg))
+
+    def _send(self, role: str, rid: bytes, frames: list[Any]) -> None:
         try:
             self.sockets.by_role[role].send_multipart([rid, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:

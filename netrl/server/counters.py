@@ -39,6 +39,9 @@ class ServerCounters:
                        # bad status requests
     replies_withheld: int = 0  # refusals left unanswered: their connection was answered within the
                                # heartbeat interval, or no answer fits in the bytes it sent
+    revocations: int = 0  # worker keys or names revoked (--revoke, or the trainer's refuse)
+    revoked_links: int = 0  # worker connections dropped because their key or name was revoked
+    revoked_refused: int = 0  # worker HELLOs refused because their key or name was revoked
     resends_ignored: int = 0  # packets a worker sent again while the relay still held them
     samples_dropped: int = 0  # samples in spooled packets larger than the trainer takes,
                               # dropped from the spool

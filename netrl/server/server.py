@@ -54,6 +54,7 @@ from netrl.server.membership import Membership
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
+from netrl.server.revocation import Revocations
 from netrl.server.sockets import ServerSockets
 from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
@@ -145,13 +146,16 @@ class Server:
                                    status_interval_s)
         self.members = Membership(self.net, self.session, self.sockets, self.peers, self.stats, self.admission,
                                   self.out, self.weights, self.intake, self.relay, self.status)
+        self.revocations = Revocations(spool_dir, self.peers, self.stats, self.admission,
+                                       lambda peer: self.members.forget(peer), self._tell_trainer)
+        self.admission.revoked = self.revocations.refusal
         # what the server does with each message a peer may send it after HELLO
         # (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
             MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
             MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
             MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
-            MsgType.BYE: self.members.on_bye}
+            MsgType.BYE: self.members.on_bye, MsgType.REVOKE: self.revocations.on_trainer}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -181,6 +185,7 @@ class Server:
             self._lock.release()
             raise
         self.intake.open()
+        self.revocations.open()
         self._opened = True
         self.sockets.open()
         self._listening = True
@@ -320,6 +325,12 @@ class Server:
             msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
                 self.members.hello(role, rid, msg, frames[0], frames_nbytes(frames[1:]))
+                if role == "trainer" and (trainer := self.peers.get(role, rid)) is not None:
+                    self.revocations.trainer_joined(trainer)  # the rows it must not train on
+                return
+            # --revoke: on the trainer port (its keys' authority), without a HELLO of its own
+            if peer is None and role == "trainer" and msg.type is MsgType.REVOKE:
+                self.revocations.on_operator(rid, msg)
                 return
             # from a peer already forgotten: it is leaving anyway
             if peer is None and msg.type is MsgType.BYE:
@@ -405,6 +416,10 @@ class Server:
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
         return trainer is not None and self.out.send_frames(trainer, frames) is True
+
+    def _tell_trainer(self, msg: Message) -> None:
+        if self.peers.trainer is not None:
+            self.out.must_send(self.peers.trainer, msg)
 
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
         # (the intake is built after the relay, which it takes)

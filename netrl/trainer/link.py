@@ -136,6 +136,9 @@ class TrainerLink(NetThread):
         self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
                                               # trainer's layout
+        # workers the server revoked, for the loop; revocations the loop asks for, to send
+        self.revoked: collections.deque[str] = collections.deque()
+        self.revoke_requests: collections.deque[Message] = collections.deque()
 
     # -- SampleSource, called from the training thread ---------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -151,6 +154,16 @@ class TrainerLink(NetThread):
             # wake the network thread: it can grant the server new credit right away
             self.command([command_head(Command.CREDIT)])
         return out
+
+    def revocations(self) -> list[str]:
+        """Training thread: the workers the server revoked since the last call (drop their rows)."""
+        return [self.revoked.popleft() for _ in range(len(self.revoked))]
+
+    def revoke(self, worker: str, reason: str) -> None:
+        """Training thread: ask the server to revoke ``worker`` (trainer.implausible: refuse)."""
+        body = {"worker": worker, "reason": reason}
+        self.revoke_requests.append(Message(MsgType.REVOKE, self.link.name, body=body))
+        self.command([command_head(Command.CREDIT)])  # wakes the network thread
 
     def wait(self, timeout: float) -> None:
         self.new_data.wait(timeout)
@@ -314,6 +327,8 @@ class TrainerLink(NetThread):
         (kind, values), payload = read_command(frames[0]), frames[1:]
         if kind is Command.CREDIT:
             self._grant()
+            while self.revoke_requests and self.link.ready:
+                self.link.send(encode(self.revoke_requests.popleft()))
             return
         if kind is Command.WEIGHTS:
             slotted, version = values
@@ -344,6 +359,11 @@ class TrainerLink(NetThread):
                             printable(msg.body["reason"]), self.refused_notices)
         elif msg.type is MsgType.NOTICE:
             self._notice(msg.body["cause"], msg.body["reason"])
+        elif msg.type is MsgType.REVOKE and not msg.body.get("refused"):
+            log.warning("the server revoked worker %s: %s", msg.body["worker"],
+                        printable(msg.body.get("reason", ""), 300))
+            self.revoked.append(msg.body["worker"])
+            self.new_data.set()
         else:
             log.debug("ignored a %s message from the server", msg.type.value)
 

@@ -3,7 +3,8 @@
 In order, for each packet (:meth:`Ingester.add`):
 
 1. values beyond what the spaces and the config allow: the packet is refused whole (see
-   :mod:`netrl.training.safeguards`);
+   :mod:`netrl.training.safeguards`); values valid but implausible for this run, or a worker
+   quarantined or revoked: as :mod:`netrl.training.plausibility` says;
 2. with ``normalize_obs``, its observations are merged into the statistics, each row once;
 3. sync collection: the transitions of the batch's version go into the memory, the rest are late
    (:mod:`netrl.training.sync`); async: those of a policy more than ``max_policy_lag`` versions old
@@ -35,6 +36,7 @@ from netrl.memory.base import MemoryDataloading
 from netrl.memory.owners import OwnedRows, worker_key
 from netrl.memory.prefetch import BatchesAhead
 from netrl.samples.columns import Buffer, tree_map
+from netrl.training.plausibility import Plausibility
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
 from netrl.training.settings import TrainingSettings
@@ -61,6 +63,8 @@ class Ingester:
                  safeguards: Safeguards, obs_norm: ObsNormalizer | None,
                  sync: SyncBatches | None) -> None:
         self.memory, self.safeguards, self.obs_norm, self.sync = memory, safeguards, obs_norm, sync
+        # values valid but implausible, quarantine and revocation (TrainingOffline.build sets it)
+        self.plausibility: Plausibility | None = None
         self.max_policy_lag = settings.max_policy_lag
         self.stale_weight = np.float32(settings.stale_sample_weight)
         self.memory_size = settings.memory_size  # the memory's (build resolves it)
@@ -80,6 +84,8 @@ class Ingester:
         log makes the same staleness decisions."""
         if self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
             return 0
+        if self.plausibility is not None and not self.plausibility.admit(buf, new):
+            return 0  # held in quarantine, or refused
         if self.obs_norm is not None and not self._learn_obs_stats(buf):
             return 0
         if self.sync is not None:

@@ -61,6 +61,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer
 from netrl.training.ingest import Ingester
+from netrl.training.plausibility import Plausibility, declared_reward_range, reward_bound
 from netrl.training.publish import Publisher
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
@@ -123,6 +124,7 @@ class TrainingOffline:
         self.agent: TrainingAgent | None = None
         self.agent_has_state = False  # whether the agent has state_dict and load_state_dict
         self.observation_space: Any = None
+        self.reward_range: tuple[float, float] | None = None  # the env's, where it declares one
         self.action_space: Any = None
         self.obs_norm: ObsNormalizer | None = None  # published as the model "obs_norm"
         self.safeguards: Safeguards | None = None  # value limits, the undo of non-finite steps
@@ -138,6 +140,7 @@ class TrainingOffline:
             return self.env_cls
         env = self.env_cls()
         try:
+            self.reward_range = declared_reward_range(env)  # (trainer.max_abs_reward's default)
             return env.observation_space, env.action_space
         finally:
             env.close()
@@ -168,10 +171,13 @@ class TrainingOffline:
         self.agent = agent = self.training_agent_cls(
             observation_space=obs_space, action_space=act_space, device=device, **compiled)
         attach_views(memory, agent)  # what the agent's inputs need from earlier rows (views.py)
-        limits = value_limits(obs_space, act_space, s.max_abs_reward)
+        bound = reward_bound(s.max_abs_reward, self.reward_range)
+        limits = value_limits(obs_space, act_space, bound)
         self.safeguards = guards = Safeguards(limits, agent, s.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(agent)
-        self.ingester = Ingester(memory, s, guards, self.obs_norm, self.sync)
+        self.ingester = ingester = Ingester(memory, s, guards, self.obs_norm, self.sync)
+        ingester.plausibility = Plausibility(s.implausible, s.implausible_factor, self.reward_range,
+                                             memory_size or 1_000_000, ingester)
         self.publisher = Publisher(agent, guards, self.update_model_interval, self.sync, memory)
         self.publisher.add_models(agent.extra_models(), f"{type(agent).__name__}.extra_models()")
         if self.obs_norm is not None:  # the workers normalise act's observations as published
@@ -197,6 +203,8 @@ class TrainingOffline:
     # -- samples in, weights out -------------------------------------------------------------------
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
+        if self.ingester is not None and self.ingester.plausibility is not None:
+            self.ingester.plausibility.exchange(source)  # revocations heard of, and asked for
         return sum(self.add(buf) for buf in source.fetch())
 
     def add(self, buf: Buffer, new: bool = True) -> int:
@@ -403,7 +411,9 @@ class TrainingOffline:
                 "memory_size": self.settings.memory_size, "version": p.version if p else 0,
                 "model_versions": dict(p.model_versions) if p else {}, "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None,
-                "episodes": len(returns), **(self.sync.live() if self.sync is not None else {})}
+                "episodes": len(returns), **(self.sync.live() if self.sync is not None else {}),
+                "implausible": (odd.metrics() if self.ingester and (odd := self.ingester.plausibility)
+                                else {})}
 
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint (after build)."""
@@ -413,7 +423,8 @@ class TrainingOffline:
                 "total_samples": self.total_samples, "version": p.version, "round": self.round,
                 "round_steps": self.round_steps, "model_versions": dict(p.model_versions),
                 "round_stats": self._round.to_state(),
-                **(self.safeguards.state() if self.safeguards else {})}
+                **(self.safeguards.state() if self.safeguards else {}),
+                **(odd.state() if self.ingester and (odd := self.ingester.plausibility) else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's :meth:`state` (after build)."""
@@ -427,6 +438,8 @@ class TrainingOffline:
             p.model_versions[name] = max(p.model_versions.get(name, 0), int(version))
         if self.safeguards is not None:
             self.safeguards.load_state(state)
+        if self.ingester is not None and self.ingester.plausibility is not None:
+            self.ingester.plausibility.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
             self._round = RoundStats.from_state(state["round_stats"])
             # its clock runs on from when training does: rebuilding the memory is not its time
@@ -438,7 +451,8 @@ class TrainingOffline:
                 "samples": self.total_samples, "memory_len": self._memory_len(),
                 "policy_version": self.publisher.version, **self._round.summary(),
                 **(self.sync.metrics() if self.sync is not None else {}),
-                **(self.safeguards.state() if self.safeguards else {})}
+                **(self.safeguards.state() if self.safeguards else {}),
+                **(p.metrics() if self.ingester and (p := self.ingester.plausibility) else {})}
 
     def _memory_len(self) -> int:
         return len(self.memory) if self.memory is not None else 0

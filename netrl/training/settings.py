@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from netrl.training.plausibility import Implausible
 from netrl.training.sync import BatchMode
 from netrl.util import did_you_mean
 
@@ -46,7 +47,12 @@ class TrainingSettings:
     max_worker_share: float = 0.0
     min_worker_share: float = 0.05
     seed: int | None = None
-    max_abs_reward: float = 1e6  # packets with larger rewards are refused (training/safeguards.py)
+    # packets with larger rewards are refused (training/safeguards.py); None: the env's declared
+    # reward_range, else 1e6 (training/plausibility.py)
+    max_abs_reward: float | None = None
+    implausible: Implausible = "quarantine"  # what an implausible packet gets (plausibility.py)
+    implausible_factor: float = 200.0  # robust scales from the median beyond which a value is
+                                       # implausible
     max_nonfinite_steps: int = 100  # non-finite steps in a row (each undone) that stop it (0: off)
     total_frames: int | None = None  # stop once this many samples have arrived (None: epochs do)
     # "sync": every batch under one weight version, trained once, in a RolloutMemory
@@ -75,6 +81,7 @@ class TrainingSettings:
         return cls(
             worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
             stale_sample_weight=t.stale_sample_weight, max_abs_reward=t.max_abs_reward,
+            implausible=t.implausible, implausible_factor=t.implausible_factor,
             max_nonfinite_steps=t.max_nonfinite_steps, total_frames=t.total_frames,
             collection=t.collection, frames_per_batch=t.frames_per_batch,
             rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,

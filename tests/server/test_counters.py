@@ -14,7 +14,7 @@ from netrl.server.server import Server
 # What `python -m netrl --status --json` lists under "stats": scripts read these keys.
 STATUS_KEYS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors",
                "layout_refusals", "oversized_packets", "pace_refusals", "peers_lost", "refused_full", "rejected",
-               "replies_withheld", "resends_ignored",
+               "replies_withheld", "revocations", "revoked_links", "revoked_refused", "resends_ignored",
                "samples_dropped", "samples_held", "samples_held_lost", "samples_in", "samples_out",
                "samples_refused", "samples_released", "samples_spooled", "samples_trainer_rejected",
                "send_full", "spool_errors", "spool_share_refusals", "unknown_peer", "unpaced_denied", "weights_in",
