@@ -137,6 +137,8 @@ class OwnedRows:
         if flag == (k in self._held):
             return 0
         (self._held.add if flag else self._held.discard)(k)
+        if not self._cols:  # no row stored yet: the flag alone keeps its rows out
+            return 0
         rows = self._stored_rows_of(k)
         if flag:
             self._set_sampling(rows, np.full(len(rows), self._NONE, self._cols[self._SAMPLING].dtype))

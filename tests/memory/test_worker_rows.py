@@ -155,3 +155,16 @@ def test_a_memory_that_keeps_no_worker_says_so() -> None:
 
     with pytest.raises(NotImplementedError, match="Plain does not keep each row's worker"):
         Plain().drop_worker("a")
+
+
+@pytest.mark.parametrize("kind", RING)
+def test_a_worker_quarantined_before_the_memory_holds_a_row_is_kept_out_from_its_first(kind: str) -> None:
+    # a restarted trainer restores its quarantines before the sample log refills the memory
+    memory = RING[kind](200)
+    assert memory.set_quarantined("b", True) == 0
+    assert memory.drop_worker("b") == 0
+    for k in range(5):
+        memory.append_buffer(packet("a", 10, 10 * k))
+        memory.append_buffer(packet("b", 10, 10 * k))
+    assert owners(memory) == {"a"} and memory.rows_of("b") == 50
+    assert memory.set_quarantined("b", False) == 50 and owners(memory) == {"a", "b"}
