@@ -29,11 +29,9 @@ wording is :mod:`netrl.trainer.status_line`'s.
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,7 +48,7 @@ from netrl.protocol.schema import LayoutMismatch, SampleSchema
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode
 from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
-from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.delivery import Deliveries, SampleLog, write_failed
 from netrl.trainer.encoding import WeightEncoder
 from netrl.trainer.outbox import Outboxes
 from netrl.trainer.status_line import status_line
@@ -66,20 +64,9 @@ KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a hear
 _SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these
                   # bits, the part below
 
-__all__ = ["TrainerLink", "write_failed"]
+__all__ = ["TrainerLink"]
 
 log = logging.getLogger(__name__)
-
-
-def write_failed(what: str, path: Path, exc: OSError) -> str:
-    """Advice for a failed write: the path, the OS error and what to do."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = ("free disk space there, or move the run folder to a "
-               "disk with room and point weights_folder at it")
-    else:
-        fix = ("check that this process can write there "
-               "(permissions, a read-only or failing disk, ulimit -n)")
-    return f"could not write {what} {path} ({exc}): {fix}"
 
 
 class TrainerLink(NetThread):
@@ -425,21 +412,16 @@ class TrainerLink(NetThread):
 
     def _refused(self, bundle: int, part: int, exc: ProtocolError | SampleRejected,
                  refused: dict[str, list[int]]) -> None:
-        """Count and log a packet of a bundle refused, and note its part for the bundle's ACK: the
-        server keeps one refused for its layout for a trainer of that layout (it is fine for one),
-        and drops the others, refused for good."""
+        """Count and log a packet of a bundle refused; its part goes back in the bundle's ACK, so
+        the server keeps one refused for its layout for a trainer of it and drops the others."""
         why = "layout_refused" if isinstance(exc, LayoutMismatch) else "rejected"
         refused.setdefault(why, []).append(part)
         self.stats[why] += 1
-        if not worth_logging(self.stats[why]):
-            return
-        if why == "rejected":
-            log.warning("rejected a sample packet in bundle %d (%d rejected): %s", bundle,
-                        self.stats["rejected"], exc)
-        else:
-            log.warning("refused a sample packet in bundle %d for its sample layout (%d so far): "
-                        "%s; the server keeps it on disk for a trainer with its layout", bundle,
-                        self.stats[why], exc)
+        if worth_logging(self.stats[why]):
+            held = why == "layout_refused"  # the server keeps it on disk for a trainer of its layout
+            log.warning("%s a sample packet in bundle %d (%d so far): %s%s", "refused" if held else
+                        "rejected", bundle, self.stats[why], exc, " (its layout; the server keeps "
+                        "it on disk for a trainer with that layout)" if held else "")
 
     def _notice(self, cause: str, reason: str) -> None:
         """The server refuses workers' packets for this trainer's sample layout: logged once per

@@ -61,10 +61,11 @@ class Ingester:
 
     def __init__(self, memory: MemoryDataloading, settings: TrainingSettings,
                  safeguards: Safeguards, obs_norm: ObsNormalizer | None,
-                 sync: SyncBatches | None) -> None:
+                 sync: SyncBatches | None, reward_range: tuple[float, float] | None = None) -> None:
         self.memory, self.safeguards, self.obs_norm, self.sync = memory, safeguards, obs_norm, sync
-        # values valid but implausible, quarantine and revocation (TrainingOffline.build sets it)
-        self.plausibility: Plausibility | None = None
+        # values valid but implausible, quarantine and revocation
+        self.plausibility = Plausibility(settings.implausible, settings.implausible_factor,
+                                         reward_range, settings.memory_size or 1_000_000, self)
         self.max_policy_lag = settings.max_policy_lag
         self.stale_weight = np.float32(settings.stale_sample_weight)
         self.memory_size = settings.memory_size  # the memory's (build resolves it)
@@ -84,7 +85,7 @@ class Ingester:
         log makes the same staleness decisions."""
         if self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
             return 0
-        if self.plausibility is not None and not self.plausibility.admit(buf, new):
+        if not self.plausibility.admit(buf, new):
             return 0  # held in quarantine, or refused
         if self.obs_norm is not None and not self._learn_obs_stats(buf):
             return 0

@@ -18,12 +18,10 @@ collection, ``sync`` (:mod:`netrl.training.sync`).
 Pacing (the update-to-data ratio): training pauses while ``trained_steps >=
 max_training_steps_per_env_step * samples`` (tmrl's meaning), and the loop tells the source how many
 samples it wants in total, ``max(start_training, trained_steps / ratio) + worker_lead``, so
-throttled workers run no further ahead. With ``max_policy_lag`` set, it wants no more than it trains
-on before it publishes ``max_policy_lag - 1`` versions beyond its newest (but always one more than
-it holds): a sample made with the newest weights, or the one before, then reaches it before it can
-publish ``max_policy_lag`` more, since it trains on no sample it did not ask for. (Given that a
-worker's samples arrive in order, and that the workers step beyond the wish by fewer samples than
-a version is trained on: a vector step is one row per env.)
+throttled workers run no further ahead. With ``max_policy_lag`` set, it wants no more than it
+trains on before it publishes ``max_policy_lag - 1`` more versions (yet one more than it holds), so
+a sample arrives before the policy moves ``max_policy_lag`` versions on (a worker's samples arrive
+in order, and its steps beyond the wish are fewer than a version's: a vector step is a row an env).
 
 With ``total_frames`` set (TorchRL's collectors' name), the loop stops once that many samples have
 arrived: an epoch cut short yields the round under way, and :meth:`TrainingOffline.frames_done`
@@ -61,7 +59,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer
 from netrl.training.ingest import Ingester
-from netrl.training.plausibility import Plausibility, declared_reward_range, reward_bound
+from netrl.training.plausibility import declared_reward_range, reward_bound
 from netrl.training.publish import Publisher
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
@@ -175,9 +173,7 @@ class TrainingOffline:
         limits = value_limits(obs_space, act_space, bound)
         self.safeguards = guards = Safeguards(limits, agent, s.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(agent)
-        self.ingester = ingester = Ingester(memory, s, guards, self.obs_norm, self.sync)
-        ingester.plausibility = Plausibility(s.implausible, s.implausible_factor, self.reward_range,
-                                             memory_size or 1_000_000, ingester)
+        self.ingester = Ingester(memory, s, guards, self.obs_norm, self.sync, self.reward_range)
         self.publisher = Publisher(agent, guards, self.update_model_interval, self.sync, memory)
         self.publisher.add_models(agent.extra_models(), f"{type(agent).__name__}.extra_models()")
         if self.obs_norm is not None:  # the workers normalise act's observations as published
@@ -203,8 +199,8 @@ class TrainingOffline:
     # -- samples in, weights out -------------------------------------------------------------------
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
-        if self.ingester is not None and self.ingester.plausibility is not None:
-            self.ingester.plausibility.exchange(source)  # revocations heard of, and asked for
+        if self.ingester is not None:  # revocations heard of, and asked for
+            self.ingester.plausibility.exchange(source)
         return sum(self.add(buf) for buf in source.fetch())
 
     def add(self, buf: Buffer, new: bool = True) -> int:
@@ -412,8 +408,7 @@ class TrainingOffline:
                 "model_versions": dict(p.model_versions) if p else {}, "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None,
                 "episodes": len(returns), **(self.sync.live() if self.sync is not None else {}),
-                "implausible": (odd.metrics() if self.ingester and (odd := self.ingester.plausibility)
-                                else {})}
+                "implausible": self.ingester.plausibility.metrics() if self.ingester else {}}
 
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint (after build)."""
@@ -424,7 +419,7 @@ class TrainingOffline:
                 "round_steps": self.round_steps, "model_versions": dict(p.model_versions),
                 "round_stats": self._round.to_state(),
                 **(self.safeguards.state() if self.safeguards else {}),
-                **(odd.state() if self.ingester and (odd := self.ingester.plausibility) else {})}
+                **(self.ingester.plausibility.state() if self.ingester else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's :meth:`state` (after build)."""
@@ -438,7 +433,7 @@ class TrainingOffline:
             p.model_versions[name] = max(p.model_versions.get(name, 0), int(version))
         if self.safeguards is not None:
             self.safeguards.load_state(state)
-        if self.ingester is not None and self.ingester.plausibility is not None:
+        if self.ingester is not None:
             self.ingester.plausibility.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
             self._round = RoundStats.from_state(state["round_stats"])
@@ -452,7 +447,7 @@ class TrainingOffline:
                 "policy_version": self.publisher.version, **self._round.summary(),
                 **(self.sync.metrics() if self.sync is not None else {}),
                 **(self.safeguards.state() if self.safeguards else {}),
-                **(p.metrics() if self.ingester and (p := self.ingester.plausibility) else {})}
+                **(self.ingester.plausibility.metrics() if self.ingester else {})}
 
     def _memory_len(self) -> int:
         return len(self.memory) if self.memory is not None else 0
