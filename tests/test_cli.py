@@ -220,3 +220,30 @@ def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.Cap
 
     with pytest.raises(ValueError, match="unknown role 'plot': run_role runs server, worker, trainer, demo"):
         run_role("plot", Config(), threading.Event())
+
+
+def test_training_runs_until_stopped_unless_epochs_or_total_frames_are_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The default config stopped training after 3 epochs x 4 rounds x 1,000 steps, whatever the env: a harder env
+    # stopped mid-learning. Now a trainer trains until stopped unless one of the two keys (or flags) says otherwise.
+    import math
+
+    from netrl.pipelines.make import make_pipeline
+    from netrl.trainer.trainer import Trainer
+
+    assert Config().trainer.epochs is None and Config().trainer.total_frames is None
+    assert load_config(ROOT / "config.json").trainer.epochs is None  # the shipped config.json too
+    unencrypted = Config(security="none", weights_folder=str(tmp_path / "weights"))
+    training = Trainer.from_config(unencrypted, make_pipeline(unencrypted)).training_cls()
+    assert training.epochs == math.inf and training.settings.total_frames is None
+    ran = []
+    monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append(cfg.trainer))
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--trainer", "--config", str(empty), "--epochs", "5", "--total-frames", "20000"]) == 0
+    assert (ran[0].epochs, ran[0].total_frames) == (5, 20000)
+    assert main(["--trainer", "--config", str(empty), "--total-frames", "0"]) == 2
+    assert "--total-frames must be >= 1 (got 0)" in capsys.readouterr().err
+    assert main(["--worker", "--config", str(empty), "--total-frames", "10"]) == 2
+    assert "--total-frames is for --trainer and --demo; --worker does not use it" in capsys.readouterr().err

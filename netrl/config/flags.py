@@ -69,7 +69,10 @@ def parser() -> argparse.ArgumentParser:
                                        "names (worker.worker_id; default: the host name)")
     p.add_argument("--wandb", choices=["offline", "online", "disabled"],
                    help="wandb mode (wandb.mode)")
-    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
+    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs; default: "
+                                              "until stopped)")
+    p.add_argument("--total-frames", type=int, help="stop training once this many env steps "
+                                                    "have arrived (trainer.total_frames)")
     p.add_argument("--episodes", type=int, help="worker: run this many "
                                                 "training episodes, then stop")
     p.add_argument("--workers", default="",
@@ -98,8 +101,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # samples, goes to run B's trainer).
 _FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",),
                "bind_ip": ("server",), "worker_id": ("worker",), "epochs": ("trainer", "demo"),
-               "wandb": ("trainer", "demo"), "server_ip": ("worker", "trainer"),
-               "trainer_port": ("server", "trainer"), "worker_port": ("server", "worker"),
+               "total_frames": ("trainer", "demo"), "wandb": ("trainer", "demo"),
+               "server_ip": ("worker", "trainer"), "trainer_port": ("server", "trainer"),
+               "worker_port": ("server", "worker"),
                "run_name": ("worker", "trainer", "demo"),
                "keys_dir": ("server", "worker", "trainer", "demo", "keygen")}
 # Why a role does not use a flag, where that is not plain
