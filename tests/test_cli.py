@@ -222,6 +222,35 @@ def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.Cap
         run_role("plot", Config(), threading.Event())
 
 
+def test_every_port_has_a_flag_and_the_status_port_reaches_the_server_and_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # server.status_port had no flag: two servers on one machine needed two config files to be told apart
+    from netrl.config.sections import describe_fields, flag_for
+
+    ports = [key for key, _, _ in describe_fields() if key.endswith("_port")]
+    assert ports and all(flag_for(key) for key in ports), [key for key in ports if not flag_for(key)]
+    ran, asked = [], []
+    monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append((role, cfg)))
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
+    monkeypatch.setattr("netrl.monitor.status.query_status", lambda port, stop=None: asked.append(port) or {})
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--server", "--config", str(empty), "--status-port", "56001"]) == 0
+    assert [(role, cfg.server.status_port) for role, cfg in ran] == [("server", 56001)]
+    assert main(["--status", "--config", str(empty), "--status-port", "56001"]) == 0
+    assert asked == [56001]
+    capsys.readouterr()
+    assert main(["--server", "--config", str(empty), "--status-port", "70000"]) == 2
+    assert "--status-port must be a TCP port between 1 and 65535 (got 70000)" in capsys.readouterr().err
+    assert main(["--server", "--config", str(empty), "--status-port", "55556"]) == 2  # the clash names the key
+    assert "network.worker_port and server.status_port must differ (both 55556)" in capsys.readouterr().err
+    assert main(["--worker", "--config", str(empty), "--status-port", "56001"]) == 2
+    assert "--status-port is for --server and --status; --worker does not use it\n" in capsys.readouterr().err
+    assert main(["--demo", "--config", str(empty), "--status-port", "56001"]) == 2
+    assert ("--status-port is for --server and --status; --demo does not use it (it picks free ports on localhost)"
+            in capsys.readouterr().err)
+
+
 def test_training_runs_until_stopped_unless_epochs_or_total_frames_are_set(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The default config stopped training after 3 epochs x 4 rounds x 1,000 steps, whatever the env: a harder env

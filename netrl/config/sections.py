@@ -64,7 +64,7 @@ Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
 # sets). Messages that tell the user to change one of these keys name the flag too: the
 # user may have set it either way.
 FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
-             "worker_port": "network.worker_port", "run_name": "run_name",
+             "worker_port": "network.worker_port", "status_port": "server.status_port", "run_name": "run_name",
              "worker_id": "worker.worker_id", "wandb": "wandb.mode", "epochs": "trainer.epochs",
              "total_frames": "trainer.total_frames", "keys_dir": "keys_dir"}
 
