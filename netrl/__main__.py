@@ -7,6 +7,7 @@ runs the role. Exit codes: 0 done, 1 runtime error, 2 invalid config or usage.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -336,6 +337,11 @@ def program() -> int:
     if here is not None and here not in sys.path:
         sys.path.insert(0, here)
     code = main()
+    # What the role leaves is garbage only because the process ends, yet Python's shutdown collects
+    # it: with torch loaded that took 2-6 s of CPU at load 10 (a demo's Ctrl+C took 6.4 s, 4.3 of
+    # them until every role had said it stopped). Frozen, the collector skips it (0.6-0.9 s);
+    # atexit hooks and thread joins run as before.
+    gc.freeze()
 
     def handler(signum: int, frame: Any) -> None:
         for stream in (sys.stdout, sys.stderr):

@@ -139,10 +139,13 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
     lock.acquire()
     try:
         state = load_state(run_dir) if cfg.trainer.resume else None
-        # a finished demo: watch it learn again
-        if state is not None and state["epoch"] >= cfg.trainer.epochs:
-            _move_aside(run_dir, f"held a finished run ({state['epoch']} of "
-                                 f"{cfg.trainer.epochs} epochs)")
+        # a finished demo: watch it learn again (null epochs and total_frames: never finished)
+        t = cfg.trainer
+        if state is not None and t.epochs is not None and state["epoch"] >= t.epochs:
+            _move_aside(run_dir, f"held a finished run ({state['epoch']} of {t.epochs} epochs)")
+        elif state is not None and t.total_frames is not None and state.get("total_samples", 0) >= t.total_frames:
+            _move_aside(run_dir, f"held a finished run ({state.get('total_samples')} of "
+                                 f"trainer.total_frames {t.total_frames} env steps)")
         elif not cfg.trainer.resume and any((run_dir / name).exists() for name in _EARLIER_RUN):
             # the trainer refuses such a folder (it never overwrites a run), and the spool
             # would feed the old samples to the new run: resume false asks for a new

@@ -68,13 +68,19 @@ def parser() -> argparse.ArgumentParser:
                    help="server port for the trainer (network.trainer_port)")
     p.add_argument("--worker-port", type=int,
                    help="server port for workers (network.worker_port)")
+    p.add_argument("--status-port", type=int,
+                   help="loopback port the server answers --status on, and the port --status asks "
+                        "(server.status_port)")
     p.add_argument("--run-name", help="run name; outputs go to "
                                       "<weights_folder>/<run_name>/ (run_name)")
     p.add_argument("--worker-id", help="this worker's name in logs, status and its file "
                                        "names (worker.worker_id; default: the host name)")
     p.add_argument("--wandb", choices=["offline", "online", "disabled"],
                    help="wandb mode (wandb.mode)")
-    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
+    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs; default: "
+                                              "until stopped)")
+    p.add_argument("--total-frames", type=int, help="stop training once this many env steps "
+                                                    "have arrived (trainer.total_frames)")
     p.add_argument("--episodes", type=int, help="worker: run this many "
                                                 "training episodes, then stop")
     p.add_argument("--workers", default="",
@@ -107,14 +113,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 _FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",),
                "reason": ("revoke",),
                "bind_ip": ("server",), "worker_id": ("worker",), "epochs": ("trainer", "demo"),
-               "wandb": ("trainer", "demo"), "server_ip": ("worker", "trainer", "revoke"),
-               "trainer_port": ("server", "trainer", "revoke"), "worker_port": ("server", "worker"),
+               "total_frames": ("trainer", "demo"), "wandb": ("trainer", "demo"),
+               "server_ip": ("worker", "trainer", "revoke"), "trainer_port": ("server", "trainer", "revoke"),
+               "worker_port": ("server", "worker"), "status_port": ("server", "status"),
                "run_name": ("worker", "trainer", "demo"),
                "keys_dir": ("server", "worker", "trainer", "demo", "keygen", "revoke")}
 # Why a role does not use a flag, where that is not plain
 _FREE_PORTS = "it picks free ports on localhost"
 _WHY_NOT = {("demo", "server_ip"): _FREE_PORTS, ("demo", "trainer_port"): _FREE_PORTS,
-            ("demo", "worker_port"): _FREE_PORTS,
+            ("demo", "worker_port"): _FREE_PORTS, ("demo", "status_port"): _FREE_PORTS,
             ("plot", "run_name"): "give the run as --plot RUN",
             ("server", "run_name"): "a server serves every run: its "
                                     "spool, server.spool_dir (default "

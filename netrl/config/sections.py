@@ -64,8 +64,9 @@ Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
 # sets). Messages that tell the user to change one of these keys name the flag too: the
 # user may have set it either way.
 FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
-             "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
-             "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
+             "worker_port": "network.worker_port", "status_port": "server.status_port", "run_name": "run_name",
+             "worker_id": "worker.worker_id", "wandb": "wandb.mode", "epochs": "trainer.epochs",
+             "total_frames": "trainer.total_frames", "keys_dir": "keys_dir"}
 
 
 def flag_for(key: str) -> str | None:
@@ -244,7 +245,9 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    epochs: int = _f(3, "epochs to train; a checkpoint is written after each", ge(1))
+    epochs: int | None = _f(None, "epochs to train, a checkpoint written after each (null: until "
+                                  "stopped, or until total_frames); an epoch is rounds x steps "
+                                  "training steps", optional(ge(1)))
     rounds: int = _f(4, "rounds per epoch; metrics are logged after each", ge(1))
     steps: int = _f(1000, "training steps per round", ge(1))
     update_model_interval: int = _f(20, "training steps between weight publications", ge(1))
@@ -289,7 +292,7 @@ class TrainerConfig:
     total_frames: int | None = _f(None, "training stops once this many env steps (samples) "
                                         "have arrived from all workers together, with a final "
                                         "checkpoint and policy and exit code 0 (TorchRL's "
-                                        "collectors' name; null: no limit, trainer.epochs decides)",
+                                        "collectors' name; null: no limit)",
                                   optional(ge(1)))
     collection: Literal["async", "sync"] = _f("async",
                                               "async: workers stream samples and the "
