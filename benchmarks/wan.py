@@ -70,6 +70,8 @@ class Settings:
     congestion: str | None = None  # TCP congestion control in both namespaces (None: inherited)
     minutes: float = 10.0  # each run over the path
     direct_minutes: float | None = None  # the direct run beside it: None, as long (at most 2)
+    weight_format: str | None = None  # network.weight_format (None: its default)
+    logs: str | None = None  # keep each run's folder (config, the roles' logs) here
 
     def __post_init__(self) -> None:
         positive("--minutes", self.minutes)
@@ -80,6 +82,8 @@ class Settings:
             raise ValueError(f"--one-way-ms must be delays >= 0 (got {self.one_way_ms})")
         if not self.loss or any(not 0 <= p < 1 for p in self.loss):
             raise ValueError(f"--loss must be probabilities in [0, 1) (got {self.loss})")
+        if self.logs is not None and Path(self.logs).exists():
+            raise ValueError(f"--logs {self.logs}: it exists already; name a new folder")
 
 
 QUICK = Settings(minutes=1.5, direct_minutes=1.0)
@@ -100,6 +104,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, help=f"each run over the path ({d.minutes:g})")
     p.add_argument("--direct-minutes", type=float,
                    help="the direct run beside them (default: as long, at most 2; 0: none)")
+    p.add_argument("--weight-format", type=str,
+                   help=f"network.weight_format (default: {Config().network.weight_format})")
+    p.add_argument("--logs", type=str, metavar="DIR",
+                   help="keep each run's folder (its config, the roles' logs, the server's at "
+                   "DEBUG) in DIR, a folder that does not exist yet (default: a temporary one, "
+                   "removed)")
 
 
 def complete(s: Settings) -> Settings:
@@ -141,6 +151,8 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
     data["server"]["status_port"] = free_port()
     data["trainer"]["epochs"] = 100_000
     data["wandb"]["mode"] = "disabled"
+    if s.weight_format is not None:
+        data["network"]["weight_format"] = s.weight_format
     day = datetime.now().strftime("%Y-%m-%d")
     load = os.getloadavg()[0]
     with contextlib.ExitStack() as stack:
@@ -158,7 +170,8 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
                 return spawn_role(role, config, *extra, log_level=level, stdout=logs[role])
             return _spawn_in(net, side, role, config, *extra, level=level, stdout=logs[role])
 
-        procs = [spawn("near", "server")]
+        # the server's DEBUG lines (each version it sends) only when its log is kept to be read
+        procs = [spawn("near", "server", level="DEBUG" if s.logs else "INFO")]
         try:
             _wait_for(folder / "server.log", "server listening", 30)
             procs.append(spawn("near", "trainer", level="DEBUG"))
@@ -237,7 +250,8 @@ def run(s: Settings) -> list[Row]:
     results = []
     print(f"wan: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())} "
           "(1 / 5 / 15 min) at the start", flush=True)
-    with tempfile.TemporaryDirectory(prefix="netrl-wan-") as tmp:
+    keep = contextlib.nullcontext(s.logs) if s.logs else None
+    with keep or tempfile.TemporaryDirectory(prefix="netrl-wan-") as tmp:
         if s.direct_minutes:
             results.append(measure("direct", s.direct_minutes, Path(tmp) / "direct", s, None))
             _report(results[-1])
