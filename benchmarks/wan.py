@@ -137,6 +137,13 @@ def _lines(text: str, pattern: str) -> list[tuple[str, re.Match[str]]]:
     return out
 
 
+def count_before(text: str, pattern: str, day: str, stop: float) -> int:
+    """Log lines of ``text`` matching ``pattern`` stamped before ``stop`` (a time.time()): losses
+    during the run, not at its end, where a worker's goodbye lost on the path shows on the server
+    as its connection closing."""
+    return sum(_time(line, day) < stop for line, _ in _lines(text, pattern))
+
+
 def measure(label: str, minutes: float, folder: Path, s: Settings,
             path: tuple[float, float] | None) -> dict[str, Any]:
     """One run of ``minutes``: the worker direct, or over a PacketPath of ``path`` (one way in ms,
@@ -186,6 +193,7 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
             tcp = net.tcp_counters("near") if net is not None else {}
             connections = net.stats.up.connections if net is not None else 0
         finally:
+            stopping = time.time()
             stop_processes(procs[:0:-1], timeout=20, then=procs[:1])  # the server last
     server, trainer, worker = (Path(folder / f"{r}.log").read_text(errors="replace")
                                for r in ("server", "trainer", "worker"))
@@ -202,8 +210,9 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
     result: dict[str, Any] = {
         "run": label, "minutes": minutes, "crashed": crashed,
         "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
-        "worker_reconnects": len(_lines(worker, r"lost the server at (?!.*said goodbye)")),
-        "server_lost_worker": len(_lines(server, r"worker 'far' .* lost")),
+        "worker_reconnects": count_before(worker, r"lost the server at (?!.*said goodbye)", day,
+                                          stopping),
+        "server_lost_worker": count_before(server, r"worker 'far' .* lost", day, stopping),
         "connect_s": connects[0] if connects else None,
         "published": len(published), "received": len(latencies),
         "latency_median_s": statistics.median(latencies) if latencies else None,
