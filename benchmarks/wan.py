@@ -11,7 +11,9 @@ Reports, per run:
   connect           the worker's first connection: HELLO to WELCOME, retries included
   version latency   for each weight version the worker got: the trainer's publish to the worker
                     having it loaded and ready for its next step (median, p90, max; both from the
-                    roles' logs, on one machine's clock)
+                    roles' logs, on one machine's clock); and the max of the versions published
+                    after the connection's first minute (its slow start and TCP's first, long
+                    retransmission timeouts apart)
   versions          versions the worker got of those the trainer published (a slow link skips
                     some: the newest wins)
   retransmitted     TCP segments the server's side sent again, of those it sent (its kernel's
@@ -22,6 +24,12 @@ Reports, per run:
 links.md is ``--one-way-ms 50,100,200 --loss 0.01,0.05 --minutes 2``). Target at 100 ms each way,
 5% loss, 10 Mbit/s: one TCP connection for the whole run, version latency median <= 1 s and max
 <= 3 s.
+
+How TCP meets the losses is the congestion control's choice, which both namespaces inherit from
+this machine unless ``--congestion`` names one (its figures print it): BBR barely slows down for
+random losses, while a loss-based one (reno; cubic, Linux's default, behaves like it at these
+windows) halves its window at each, so that a 270 KB float32 version takes seconds at 5% loss;
+``--weight-format auto`` lets the server send int8 deltas instead (docs/benchmarks/links.md).
 """
 
 from __future__ import annotations
@@ -218,6 +226,10 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
         "latency_median_s": statistics.median(latencies) if latencies else None,
         "latency_p90_s": latencies[int(0.9 * (len(latencies) - 1))] if latencies else None,
         "latency_max_s": latencies[-1] if latencies else None,
+        # the connection's first minute apart: its slow start and TCP's first, long timeouts
+        "latency_max_after_1min_s": max(
+            (ready[v] - published[v] for v in ready
+             if v in published and published[v] >= connected_at + 60), default=None),
         "samples_s": produced[0] / max(1e-9, end - connected_at) if produced else None,
     }
     if net is not None and path is not None:
@@ -298,7 +310,9 @@ def _report(r: dict[str, Any]) -> None:
           f"{r['server_lost_worker']} (server){over}, first connection "
           f"{num(r['connect_s'], '.2f')} s, version latency median / p90 / max "
           f"{num(r['latency_median_s'], '.2f')} / {num(r['latency_p90_s'], '.2f')} / "
-          f"{num(r['latency_max_s'], '.2f')} s, versions {r['received']} / {r['published']}, "
+          f"{num(r['latency_max_s'], '.2f')} s (max after the first minute "
+          f"{num(r['latency_max_after_1min_s'], '.2f')} s), versions {r['received']} / "
+          f"{r['published']}, "
           f"{num(r['samples_s'], ',.0f')} samples/s, load average {r['load_before']:.2f} -> "
           f"{r['load_after']:.2f}{', CRASHED: ' + ', '.join(r['crashed']) if r['crashed'] else ''}",
           flush=True)
