@@ -199,8 +199,8 @@ class TrainingOffline:
     # -- samples in, weights out -------------------------------------------------------------------
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
-        if self.ingester is not None:  # revocations heard of, and asked for
-            self.ingester.plausibility.exchange(source)
+        if self.ingester is not None:
+            self.ingester.plausibility.exchange(source)  # revocations heard of, and asked for
         return sum(self.add(buf) for buf in source.fetch())
 
     def add(self, buf: Buffer, new: bool = True) -> int:
@@ -228,8 +228,7 @@ class TrainingOffline:
             ahead = (s.max_policy_lag - 1) * self.update_model_interval
             fresh = math.floor((self.publisher.published_updates + ahead) / ratio)
             wanted = min(wanted, max(fresh, start, self.total_samples + 1))
-        total = s.total_frames
-        return wanted if total is None else min(wanted, total)  # none beyond the last
+        return wanted if s.total_frames is None else min(wanted, s.total_frames)  # none beyond
 
     def frames_done(self) -> bool:
         """Whether ``total_frames`` samples have arrived: training is over."""
@@ -403,7 +402,7 @@ class TrainingOffline:
         r, p = self._round, self.publisher
         returns = list(r.returns)
         return {"trained_steps": self.total_updates, "samples": self.total_samples,
-                "start_training": self.start_training, "memory_len": self._memory_len(),
+                "start_training": self.start_training, "memory_len": len(self.memory or ()),
                 "memory_size": self.settings.memory_size, "version": p.version if p else 0,
                 "model_versions": dict(p.model_versions) if p else {}, "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None,
@@ -443,11 +442,8 @@ class TrainingOffline:
     def _round_summary(self, rnd: int) -> dict[str, Any]:
         assert self.publisher is not None
         return {"epoch": self.epoch, "round": rnd, "trained_steps": self.total_updates,
-                "samples": self.total_samples, "memory_len": self._memory_len(),
+                "samples": self.total_samples, "memory_len": len(self.memory or ()),
                 "policy_version": self.publisher.version, **self._round.summary(),
                 **(self.sync.metrics() if self.sync is not None else {}),
                 **(self.safeguards.state() if self.safeguards else {}),
                 **(self.ingester.plausibility.metrics() if self.ingester else {})}
-
-    def _memory_len(self) -> int:
-        return len(self.memory) if self.memory is not None else 0
