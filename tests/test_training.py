@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -373,7 +374,8 @@ def test_every_setting_comes_from_its_config_key_and_goes_with_tmrls_parameters(
     assert (training.epochs, training.rounds, training.steps, training.update_model_interval,
             training.update_buffer_interval, training.max_training_steps_per_env_step,
             training.start_training, training.device) == (
-        t.epochs, t.rounds, t.steps, t.update_model_interval, t.update_buffer_interval,
+        math.inf if t.epochs is None else t.epochs,  # none set: until stopped, tmrl's np.inf
+        t.rounds, t.steps, t.update_model_interval, t.update_buffer_interval,
         t.max_training_steps_per_env_step, t.start_training, t.device)
 
 
