@@ -14,6 +14,9 @@ Rows: ``worker.num_envs`` = 1, 4, 16 in one worker process (``worker.vectorizati
 default), and 16 worker processes of one env each. Each row is measured ``--repeat`` times, the
 rows in turn; medians are reported. Targets: 16 envs in one worker >= 5x the steps/s of one env,
 and >= the steps/s of 16 one-env processes.
+
+``--watchdog`` measures instead what the env watchdog costs one standalone one-env worker, on
+Pendulum-v1 and CartPole-v1, against the same loop with no watchdog (benchmarks/watchdog.py).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Settings:
     repeat: int = 1  # measurements per row, in turns; medians
     train: bool = False  # let the trainer train (it competes for the cores)
     security: str = "curve"
+    watchdog: bool = False  # instead: one standalone worker with and without the env watchdog
 
     def __post_init__(self) -> None:
         positive("--envs", min(self.envs, default=0), 1, strict=False)
@@ -77,6 +81,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", action="store_true", default=None,
                    help="let the trainer train (it competes for the cores)")
     p.add_argument("--security", help=f"curve or none (default {d.security})")
+    p.add_argument("--watchdog", action="store_true", default=None,
+                   help="instead: a standalone one-env worker's steps/s with the env watchdog "
+                   "and without (Pendulum-v1, CartPole-v1; --seconds, --warmup, --repeat)")
 
 
 def bench_config(tmp: Path, num_envs: int, s: Settings) -> Config:
@@ -142,6 +149,10 @@ def run_row(tmp: Path, name: str, num_envs: int, processes: int, s: Settings) ->
 
 
 def run(s: Settings) -> list[Row]:
+    if s.watchdog:
+        from benchmarks import watchdog
+
+        return watchdog.run(s.warmup, s.seconds, s.repeat)
     rows = [(f"1 worker, {n} env{'s' if n > 1 else ''}", n, 1) for n in s.envs]
     if s.processes:
         rows.append((f"{s.processes} worker processes, 1 env each", 1, s.processes))

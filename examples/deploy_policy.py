@@ -2,7 +2,9 @@
 
 A trainer saves its policy to ``<run folder>/policy.pt`` (a ``state_dict``, read with ``torch.load(...,
 weights_only=True)``) and ``policy.pt.json`` (its version). Deployment needs only the env, the actor class and that
-file: no server, trainer or network. Usage::
+file: no server, trainer or network. The policy comes from a training run, which must come first:
+the demo (``python -m netrl --demo``) writes ``weights/pendulum-sac/policy.pt``,
+``tmrl_tutorial_learn.py`` writes ``weights/tutorial/policy.pt``. Usage::
 
     python examples/deploy_policy.py weights/tutorial/policy.pt                 # the drone of tmrl_tutorial.py
     python examples/deploy_policy.py weights/pendulum-sac/policy.pt --config config.json  # any python -m netrl run
@@ -91,6 +93,23 @@ def classes(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[..., 
     return module.env_cls, module.actor_module_cls, getattr(module, "obs_preprocessor", None)
 
 
+# the run each example's policy comes from: deploying needs that run first
+TRAINED_BY = {
+    "tutorial": "examples/tmrl_tutorial_learn.py --minutes 5 (or tmrl_tutorial.py's three roles)",
+    "pendulum-sac": "the demo, python -m netrl --demo (or ./scripts/demo.sh)",
+    "reach": "the custom pipeline's demo, python -m netrl --demo in examples/custom_pipeline"}
+
+
+def train_first(policy: Path) -> str:
+    """What to run before deploying ``policy``: a trainer writes its run folder's policy.pt after
+    every epoch and when it stops, so a policy exists only once a run has trained."""
+    run = TRAINED_BY.get(policy.parent.name, "a trainer (python -m netrl --demo, or --trainer with "
+                                             "a server and a worker) with the same run_name")
+    return (f"deploying needs a trained policy, so train one first: {run} writes {policy} after "
+            f"every epoch and when you stop it (Ctrl+C), relative to the folder it starts in "
+            f"(you are in {Path.cwd()})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("policy", help="the policy file, e.g. weights/tutorial/policy.pt")
@@ -105,8 +124,7 @@ def main() -> int:
     torch.set_num_threads(1)  # one observation at a time: more threads only add overhead
     policy = Path(args.policy)
     if not args.random and not policy.is_file():
-        p.error(f"{policy} does not exist: give the policy.pt of a run folder (the trainer writes it after every "
-                "epoch and when it stops)")
+        p.error(f"{policy} does not exist: {train_first(policy)}")
     env_cls, actor_module_cls, obs_preprocessor = classes(args)
     sidecar = policy.with_name(policy.name + ".json")
     version = json.loads(sidecar.read_text()).get("version") if sidecar.is_file() and not args.random else None

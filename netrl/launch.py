@@ -128,7 +128,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
     )
 
     # as the worker and the trainer will: a bad env.id is exit code 2 before anything starts
-    make_pipeline(cfg)
+    realtime = make_pipeline(cfg).realtime
     run_dir = cfg.run_dir
     # one demo per run folder, held before the folder is moved aside or its config rewritten
     # (the other demo's --status hint would point nowhere); the lock file sits next to the
@@ -139,10 +139,13 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
     lock.acquire()
     try:
         state = load_state(run_dir) if cfg.trainer.resume else None
-        # a finished demo: watch it learn again
-        if state is not None and state["epoch"] >= cfg.trainer.epochs:
-            _move_aside(run_dir, f"held a finished run ({state['epoch']} of "
-                                 f"{cfg.trainer.epochs} epochs)")
+        # a finished demo: watch it learn again (null epochs and total_frames: never finished)
+        t = cfg.trainer
+        if state is not None and t.epochs is not None and state["epoch"] >= t.epochs:
+            _move_aside(run_dir, f"held a finished run ({state['epoch']} of {t.epochs} epochs)")
+        elif state is not None and t.total_frames is not None and state.get("total_samples", 0) >= t.total_frames:
+            _move_aside(run_dir, f"held a finished run ({state.get('total_samples')} of "
+                                 f"trainer.total_frames {t.total_frames} env steps)")
         elif not cfg.trainer.resume and any((run_dir / name).exists() for name in _EARLIER_RUN):
             # the trainer refuses such a folder (it never overwrites a run), and the spool
             # would feed the old samples to the new run: resume false asks for a new
@@ -153,7 +156,7 @@ def run_demo(cfg: Config, config_path: str, stop: threading.Event, log_level: st
 
             if keygen(cfg.keys_dir):
                 log.info("demo: created CURVE keys in %s/ (first start)", cfg.keys_dir)
-        _run_demo(cfg, run_dir, stop, log_level)
+        _run_demo(cfg, run_dir, stop, log_level, realtime)
     finally:
         lock.release()
 
@@ -175,12 +178,18 @@ def _move_aside(run_dir: Path, why: str) -> None:
     log.info("demo: %s/ %s; moved it to %s/ and starting a new one", run_dir, why, old)
 
 
-def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str) -> None:
+def _run_demo(cfg: Config, run_dir: Path, stop: threading.Event, log_level: str, realtime: bool) -> None:
+    from netrl.worker.names import host_name
+
     ports = {"trainer_port": free_port(), "worker_port": free_port()}
+    # a real-time env never waits: the server exempts the demo's worker from pacing (its shared
+    # key; without CURVE, its name)
+    unpaced = ([] if not realtime else ["worker"] if cfg.security == "curve"
+               else [cfg.worker.worker_id or host_name()])
     # the spool lives in the run folder: a finished demo moved aside takes its samples with it
     demo_cfg = write_config(cfg, run_dir / "demo_config.json", network={**ports, "server_ip": "127.0.0.1"},
                             server={"bind_ip": "127.0.0.1", "status_port": free_port(),
-                                    "spool_dir": str(run_dir / "server-spool")})
+                                    "spool_dir": str(run_dir / "server-spool"), "unpaced_workers": unpaced})
     # a resumed demo keeps its earlier rounds (the trainer drops untrained ones)
     metrics = run_dir / "metrics.csv"
     # env.id is the gym pipeline's alone: the others name their own env, and "Pendulum-v1"

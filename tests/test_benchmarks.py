@@ -8,11 +8,13 @@ start the roles as processes or learn for tens of seconds run under ``-m slow``.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import importlib
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 import time
@@ -24,8 +26,9 @@ import numpy as np
 import pytest
 
 import benchmarks
-from benchmarks.learning import figures
-from benchmarks.learning.loop import Judge, Progress, medians, run_one
+from benchmarks.learning import figures, seed_list
+from benchmarks.learning.learners import diagnosis
+from benchmarks.learning.loop import Judge, Progress, medians, run_one, run_seeds
 from benchmarks.learning.rows import LearningRow
 from benchmarks.results import Row, number, table, write
 from benchmarks.run import FAMILIES
@@ -70,6 +73,15 @@ def test_a_fast_family_runs_its_smoke_setting(family: str, tmp_path: Path) -> No
 @pytest.mark.parametrize("family", sorted(SLOW))
 def test_a_slow_family_runs_its_smoke_setting(family: str, tmp_path: Path) -> None:
     smoke(family, SLOW[family], tmp_path, timeout=880)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_watchdog_figure_runs_its_smoke_setting(tmp_path: Path) -> None:
+    rows = smoke("throughput", ["--watchdog"], tmp_path, timeout=280)
+    labels = {r["row"] for r in rows if r["value"] is not None}
+    for env in ("Pendulum-v1", "CartPole-v1"):  # the three ways each, measured in the same process
+        assert {f"{env} standalone, watchdog {way}" for way in ("off", "main", "handed over")} <= labels, labels
 
 
 def test_every_family_module_is_on_the_entry_points_list() -> None:
@@ -205,3 +217,42 @@ def test_a_ratio_target_is_not_met_by_runs_that_never_got_there() -> None:
 
     assert verdict(500) is True
     assert verdict(None) is False  # 30 s against 40 s, but it never got there
+
+
+def test_seeds_take_ranges_and_a_backward_or_bad_one_is_refused() -> None:
+    assert seed_list("1-20") == tuple(range(1, 21))
+    assert seed_list("1-3,9,2") == (1, 2, 3, 9)
+    for bad in ("3-1", "1-x", "a"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(bad)):
+            seed_list(bad)
+
+
+def test_each_run_is_logged_as_it_ends_and_failures_are_counted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A long run stopped half way keeps its finished runs in the log; the summary counts the
+    seeds that never got there, and names them."""
+    judge = Judge(-200.0, window=1)
+
+    def variant(seed: int, folder: Path, max_steps: int) -> _Learner:
+        return _Learner(folder, [-100.0] if seed != 2 else [-900.0] * 3)
+
+    log = tmp_path / "runs.jsonl"
+    runs = run_seeds({"sac": variant}, (1, 2, 3), judge, 300, tmp_path, log=log)
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["seed"], r["steps"]) for r in logged] == [(1, 100), (2, None), (3, 100)]
+    assert logged == runs
+    row = LearningRow("test", judge, {}, max_steps=300)
+    figures("test", row, runs, (1, 2, 3), 300)
+    assert "failed 1 of 3 (seeds 2)" in capsys.readouterr().out
+
+
+def test_a_failed_run_says_which_weights_each_side_saved_and_its_last_metrics(
+        tmp_path: Path) -> None:
+    (tmp_path / "worker_policy_w.pt.json").write_text(json.dumps({"version": 50}))
+    (tmp_path / "policy.pt.json").write_text(json.dumps({"version": 4000}))
+    (tmp_path / "metrics.csv").write_text("trained_steps,q,dead_units,lag_max\n500,1.0,0.2,0\n"
+                                          "1000,3.5,1.0,0\n")
+    assert diagnosis(tmp_path, "w") == [
+        "worker_policy_w.pt: weights v50", "policy.pt: weights v4000",
+        "last metrics: trained_steps 1000, q 3.5, dead_units 1.0"]
+    assert diagnosis(tmp_path / "none", "w") == []

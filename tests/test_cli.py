@@ -190,7 +190,8 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert "--episodes is for --worker; --trainer does not use it" in err
     assert "--json is for --status; --trainer does not use it" in err
     assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
-    assert ("--trainer-port is for --server and --trainer; --demo does not use it (it picks free ports on localhost)"
+    assert ("--trainer-port is for --server, --trainer and --revoke; --demo does not use it (it picks free ports on "
+            "localhost)"
             in capsys.readouterr().err)
     # a server has no run: `--server --run-name expB` would serve run B the samples run A left in the server's spool
     assert main(["--server", "--config", str(ROOT / "config.json"), "--run-name", "expB"]) == 2
@@ -203,12 +204,14 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert main(["--status", "--config", str(ROOT / "config.json"), "--run-name", "x", "--keys-dir", "k"]) == 2
     err = capsys.readouterr().err
     assert "--run-name is for --worker, --trainer and --demo; --status does not use it\n" in err
-    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --status does not use it\n" in err
+    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen and --revoke; --status does not "
+            "use it\n") in err
     assert main(["--plot", str(ROOT), "--run-name", "x", "--keys-dir", "k"]) == 2
     err = capsys.readouterr().err
     assert ("--run-name is for --worker, --trainer and --demo; --plot does not use it (give the run as --plot RUN)\n"
             in err)
-    assert "--keys-dir is for --server, --worker, --trainer, --demo and --keygen; --plot does not use it\n" in err
+    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen and --revoke; --plot does not "
+            "use it\n") in err
 
 
 def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,3 +223,81 @@ def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.Cap
 
     with pytest.raises(ValueError, match="unknown role 'plot': run_role runs server, worker, trainer, demo"):
         run_role("plot", Config(), threading.Event())
+
+
+def test_every_port_has_a_flag_and_the_status_port_reaches_the_server_and_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # server.status_port had no flag: two servers on one machine needed two config files to be told apart
+    from netrl.config.sections import describe_fields, flag_for
+
+    ports = [key for key, _, _ in describe_fields() if key.endswith("_port")]
+    assert ports and all(flag_for(key) for key in ports), [key for key in ports if not flag_for(key)]
+    ran, asked = [], []
+    monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append((role, cfg)))
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)  # keep pytest's SIGINT
+    monkeypatch.setattr("netrl.monitor.status.query_status", lambda port, stop=None: asked.append(port) or {})
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--server", "--config", str(empty), "--status-port", "56001"]) == 0
+    assert [(role, cfg.server.status_port) for role, cfg in ran] == [("server", 56001)]
+    assert main(["--status", "--config", str(empty), "--status-port", "56001"]) == 0
+    assert asked == [56001]
+    capsys.readouterr()
+    assert main(["--server", "--config", str(empty), "--status-port", "70000"]) == 2
+    assert "--status-port must be a TCP port between 1 and 65535 (got 70000)" in capsys.readouterr().err
+    assert main(["--server", "--config", str(empty), "--status-port", "55556"]) == 2  # the clash names the key
+    assert "network.worker_port and server.status_port must differ (both 55556)" in capsys.readouterr().err
+    assert main(["--worker", "--config", str(empty), "--status-port", "56001"]) == 2
+    assert "--status-port is for --server and --status; --worker does not use it\n" in capsys.readouterr().err
+    assert main(["--demo", "--config", str(empty), "--status-port", "56001"]) == 2
+    assert ("--status-port is for --server and --status; --demo does not use it (it picks free ports on localhost)"
+            in capsys.readouterr().err)
+
+
+def test_training_runs_until_stopped_unless_epochs_or_total_frames_are_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The default config stopped training after 3 epochs x 4 rounds x 1,000 steps, whatever the env: a harder env
+    # stopped mid-learning. Now a trainer trains until stopped unless one of the two keys (or flags) says otherwise.
+    import math
+
+    from netrl.pipelines.make import make_pipeline
+    from netrl.trainer.trainer import Trainer
+
+    assert Config().trainer.epochs is None and Config().trainer.total_frames is None
+    assert load_config(ROOT / "config.json").trainer.epochs is None  # the shipped config.json too
+    unencrypted = Config(security="none", weights_folder=str(tmp_path / "weights"))
+    training = Trainer.from_config(unencrypted, make_pipeline(unencrypted)).training_cls()
+    assert training.epochs == math.inf and training.settings.total_frames is None
+    ran = []
+    monkeypatch.setattr("netrl.__main__.run_role", lambda role, cfg, *args: ran.append(cfg.trainer))
+    monkeypatch.setattr("netrl.__main__.install_stop_signals", lambda stop: None)
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["--trainer", "--config", str(empty), "--epochs", "5", "--total-frames", "20000"]) == 0
+    assert (ran[0].epochs, ran[0].total_frames) == (5, 20000)
+    assert main(["--trainer", "--config", str(empty), "--total-frames", "0"]) == 2
+    assert "--total-frames must be >= 1 (got 0)" in capsys.readouterr().err
+    assert main(["--worker", "--config", str(empty), "--total-frames", "10"]) == 2
+    assert "--total-frames is for --trainer and --demo; --worker does not use it" in capsys.readouterr().err
+
+
+def test_a_role_that_returned_leaves_its_objects_out_of_the_collection_at_exit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A demo's Ctrl+C took 6.4 s at load 10, 2 s of it after every role had said it stopped:
+    # Python's shutdown collected what torch and the role left (3 s for `import torch` alone
+    # beside two CPU hogs). program() freezes them once main() has returned; the shutdown's other
+    # steps (atexit hooks, thread joins) stay.
+    import gc
+    import signal
+
+    from netrl import __main__ as cli
+
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    previous = signal.getsignal(signal.SIGINT)
+    gc.unfreeze()
+    try:
+        assert cli.program() == 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        signal.signal(signal.SIGINT, previous)

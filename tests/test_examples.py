@@ -132,7 +132,7 @@ def test_the_tutorial_memory_rebuilds_every_observation_the_env_produced(monkeyp
 def test_a_custom_pipeline_module_runs_with_python_m_netrl_and_deploys(tmp_path: Path) -> None:
     folder = tmp_path / "custom_pipeline"  # as a user copies it
     folder.mkdir()
-    for name in ("reach.py", "config.json"):
+    for name in ("reach.py", "config.json", ".gitignore"):
         (folder / name).write_text((EXAMPLES / "custom_pipeline" / name).read_text())
     cfg = json.loads((folder / "config.json").read_text())
     cfg["trainer"].update(epochs=1, rounds=1, steps=10, start_training=100, update_model_interval=5,
@@ -147,6 +147,31 @@ def test_a_custom_pipeline_module_runs_with_python_m_netrl_and_deploys(tmp_path:
                        "--episodes", "2"], folder)
     summary = last_json(out)
     assert summary["episodes"] == 2 and summary["mean_return"] < 0 and summary["mean_length"] <= 50
+    # Run where it lies, it left an untracked weights/ folder in the checkout: what the runs wrote
+    # is ignored (a repository of its own here, as the folder is when copied to a machine).
+    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=folder,
+                            check=True, capture_output=True, text=True).stdout
+    untracked = sorted(line[3:] for line in status.splitlines())
+    assert untracked == [".gitignore", "config.json", "reach.py", "smoke.json"], status
+
+
+@pytest.mark.parametrize(("policy", "run"), [
+    ("weights/pendulum-sac/policy.pt", "the demo, python -m netrl --demo"),
+    ("weights/tutorial/policy.pt", "examples/tmrl_tutorial_learn.py --minutes 5"),
+    ("weights/mine/policy.pt", "a trainer (python -m netrl --demo, or --trainer")])
+def test_deploying_before_training_says_which_run_writes_the_policy(
+        tmp_path: Path, policy: str, run: str) -> None:
+    # Deploying the demo's policy needed the demo run first, and nothing said so: the error said
+    # only that the file did not exist.
+    path = os.pathsep.join([str(ROOT), str(EXAMPLES)])
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "deploy_policy.py"), policy],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert proc.returncode == 2, proc.stderr
+    needs = f"{policy} does not exist: deploying needs a trained policy, so train one first: {run}"
+    assert needs in proc.stderr
+    assert f"writes {policy} after every epoch and when you stop it (Ctrl+C)" in proc.stderr
 
 
 def test_every_example_is_linked_from_the_docs() -> None:

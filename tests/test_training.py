@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -347,11 +348,12 @@ SET = {"trainer": {"worker_lead": 7, "max_policy_lag": 3, "stale_sample_weight":
                    "max_abs_reward": 5.0, "max_nonfinite_steps": 4, "total_frames": 999,
                    "collection": "sync", "frames_per_batch": 64, "rollout_fragment_length": 16,
                    "batch_mode": "complete_episodes", "sync_timeout_s": 2.5, "prefetch": False,
-                   "compile": "compile"},
-       "memory": {"memory_size": 123, "batch_size": 9, "device": "cuda"},
+                   "compile": "compile", "implausible": "refuse", "implausible_factor": 50.0},
+       "memory": {"memory_size": 123, "batch_size": 9, "device": "cuda", "max_worker_share": 0.5,
+                  "min_worker_share": 0.2},
        "env": {"normalize_obs": True, "normalize_obs_clip": 3.0, "normalize_obs_every": 5}}
 SETTINGS = {**SET["trainer"], "memory_size": 123, "batch_size": 9, "memory_device": "cuda",
-            **SET["env"], "seed": 42}
+            "max_worker_share": 0.5, "min_worker_share": 0.2, **SET["env"], "seed": 42}
 
 
 def test_every_setting_comes_from_its_config_key_and_goes_with_tmrls_parameters() -> None:
@@ -372,7 +374,8 @@ def test_every_setting_comes_from_its_config_key_and_goes_with_tmrls_parameters(
     assert (training.epochs, training.rounds, training.steps, training.update_model_interval,
             training.update_buffer_interval, training.max_training_steps_per_env_step,
             training.start_training, training.device) == (
-        t.epochs, t.rounds, t.steps, t.update_model_interval, t.update_buffer_interval,
+        math.inf if t.epochs is None else t.epochs,  # none set: until stopped, tmrl's np.inf
+        t.rounds, t.steps, t.update_model_interval, t.update_buffer_interval,
         t.max_training_steps_per_env_step, t.start_training, t.device)
 
 

@@ -15,15 +15,20 @@ Rows (``--rows``, benchmarks/learning/rows.py says what each runs and why):
   drone, image  the drone and image pipelines trained for --minutes, then their policy against
                 random actions (benchmarks/learning/pipelines.py)
 
-Seeds: 1, 2, 3 (pendulum: 1). The rows against SB3 need ``pip install -e .[bench]``.
+Seeds: 1, 2, 3 (pendulum: 1); ``--seeds 1-20`` or ``1,4,7`` for others. With ``--out DIR`` each
+run keeps its folder under DIR, and each result is appended to DIR/runs.jsonl as the run ends (a
+long run that is stopped keeps what it measured). The rows against SB3 need
+``pip install -e .[bench]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,7 @@ from benchmarks.learning import pipelines
 from benchmarks.learning.loop import medians, run_seeds
 from benchmarks.learning.rows import LearningRow, Shape, rows, shaped
 from benchmarks.results import Row
-from benchmarks.settings import choose, ints, names, positive
+from benchmarks.settings import choose, names, positive
 
 SEQUENCES = ("pendulum", "cartpole", "ppo-cartpole", "ppo-pendulum", "nstep", "weights", "pomdp",
              "vector")
@@ -51,7 +56,7 @@ class Settings:
     eval_every: int | None = None  # None: each row's judge's
     eval_episodes: int | None = None  # None: each row's judge's (drone and image: 20)
     minutes: float = 10.0  # drone and image rows
-    out: Path | None = None  # drone and image rows: keep the run's folder here
+    out: Path | None = None  # keep the runs' folders (and runs.jsonl) here; None: a temporary one
 
     def __post_init__(self) -> None:
         choose(self.rows, (*SEQUENCES, *ALIASES, *TIMED), "--rows")
@@ -72,7 +77,8 @@ SMOKE = Settings(seeds=(1,), max_steps=600, start_training=200, eval_every=300, 
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=names, help="which rows (default pendulum; see above)")
-    p.add_argument("--seeds", type=ints, help="seeds (default: the row's; 1,2,3 but pendulum's 1)")
+    p.add_argument("--seeds", type=seed_list,
+                   help="seeds, e.g. 1,2,3 or 1-20 (default: the row's; 1,2,3 but pendulum's 1)")
     p.add_argument("--max-steps", type=int, help="give up after this many env steps (the row's)")
     p.add_argument("--variants", type=names, help="which of a row's variants (default: all)")
     p.add_argument("--num-envs", type=int, help="vector row: the worker's envs (default 8)")
@@ -81,7 +87,23 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, help="env steps between evaluations (the row's)")
     p.add_argument("--eval-episodes", type=int, help="episodes per evaluation (the row's)")
     p.add_argument("--minutes", type=float, help="drone and image rows: training time (10)")
-    p.add_argument("--out", type=Path, help="drone and image rows: keep the run's folder here")
+    p.add_argument("--out", type=Path,
+                   help="keep the runs' folders here, with each result in runs.jsonl")
+
+
+def seed_list(text: str) -> tuple[int, ...]:
+    """``"1-20"`` -> ``(1, ..., 20)``; ``"1,4,7"`` and ``"1-3,9"`` as they read."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        first, dash, last = part.partition("-")
+        try:
+            seeds += [int(part)] if not dash else list(range(int(first), int(last) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected seeds such as 1,2,3 or 1-20, got {text!r}") from None
+        if dash and int(last) < int(first):
+            raise argparse.ArgumentTypeError(f"seed range {part!r} runs backwards")
+    return tuple(dict.fromkeys(seeds))
 
 
 def complete(s: Settings) -> Settings:
@@ -116,10 +138,21 @@ def run(s: Settings) -> list[Row]:
         print(f"learning {name}: {row.what}; {row.judge.describe()}; variants "
               f"{', '.join(variants)}; seeds {', '.join(map(str, seeds))}; at most "
               f"{max_steps:,} env steps", flush=True)
-        with tempfile.TemporaryDirectory(prefix=f"netrl-bench-{name}-") as d:
-            runs = run_seeds(variants, seeds, row.judge, max_steps, Path(d))
+        with _folder(s.out, name) as d:
+            runs = run_seeds(variants, seeds, row.judge, max_steps, d, log=d / "runs.jsonl")
         out += figures(name, row, runs, seeds, max_steps)
     return out
+
+
+@contextlib.contextmanager
+def _folder(out: Path | None, row: str) -> Iterator[Path]:
+    """Where a row's runs keep their folders: under ``out`` (kept), or a temporary folder."""
+    if out is not None:
+        (out / row).mkdir(parents=True, exist_ok=True)
+        yield out / row
+        return
+    with tempfile.TemporaryDirectory(prefix=f"netrl-bench-{row}-") as d:
+        yield Path(d)
 
 
 def figures(name: str, row: LearningRow, runs: list[dict[str, Any]], seeds: tuple[int, ...],
@@ -134,8 +167,10 @@ def figures(name: str, row: LearningRow, runs: list[dict[str, Any]], seeds: tupl
         mine = [r for r in runs if r["variant"] == variant]
         per_seed = ", ".join(str(r["steps"]) if r["steps"] is not None else f">{max_steps}"
                              for r in mine)
-        print(f"  {name}: {variant:<24} median {m['steps']:>9,.0f} env steps, per seed {per_seed}",
-              flush=True)
+        failed = [r["seed"] for r in mine if r["steps"] is None]
+        print(f"  {name}: {variant:<24} median {m['steps']:>9,.0f} env steps, per seed {per_seed}; "
+              f"failed {len(failed)} of {len(mine)}"
+              + (f" (seeds {', '.join(map(str, failed))})" if failed else ""), flush=True)
         for kind in kinds:
             base = med[reference][kind] if reference is not None else None
             ratio = m[kind] / base if base else None

@@ -87,11 +87,40 @@ class Processes:
         return acting(self._actor)
 
     def problems(self) -> list[str]:
-        """The roles' warnings and errors (their log lines at W and E)."""
-        if not self.log.exists():
-            return []
-        return [line for line in self.log.read_text(errors="replace").splitlines()
-                if " W [" in line or " E [" in line]
+        """The roles' warnings and errors (their log lines at W and E), then what tells a
+        learning failure from a delivery one: the weight versions the worker and the trainer
+        last saved, and the trainer's last metrics (DQN's dead_units at 1: a dead network)."""
+        lines = []
+        if self.log.exists():
+            lines = [line for line in self.log.read_text(errors="replace").splitlines()
+                     if " W [" in line or " E [" in line]
+        return lines + diagnosis(self.cfg.run_dir, self.workers[0])
+
+
+METRICS = ("trained_steps", "samples", "policy_version", "return_mean", "epsilon", "q", "loss_q",
+           "grad_norm", "dead_units")
+
+
+def diagnosis(run_dir: Path, worker: str) -> list[str]:
+    """The versions of the weights the worker and the trainer last saved, and the trainer's
+    last metrics.csv line (the keys of METRICS it has)."""
+    import csv
+    import json
+
+    out = []
+    for name in (f"worker_policy_{worker}.pt", "policy.pt"):
+        meta = run_dir / f"{name}.json"
+        if meta.exists():
+            version = json.loads(meta.read_text()).get("version")
+            out.append(f"{name}: weights v{version}")
+    metrics = run_dir / "metrics.csv"
+    if metrics.exists():
+        with metrics.open(newline="") as f:
+            last = list(csv.DictReader(f))[-1:]
+        if last:
+            out.append("last metrics: " + ", ".join(f"{k} {last[0][k]}" for k in METRICS
+                                                     if last[0].get(k) not in (None, "")))
+    return out
 
 
 def acting(actor: Any) -> Act:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -126,11 +127,19 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
 
 
 def run_seeds(variants: Mapping[str, Variant], seeds: Iterable[int], judge: Judge, max_steps: int,
-              folder: Path) -> list[dict[str, Any]]:
-    """Every variant on every seed: seed by seed, the variants in turn."""
-    return [run_one(name, seed, make(seed, folder / f"{name}-seed{seed}", max_steps), judge,
-                    max_steps)
-            for seed in seeds for name, make in variants.items()]
+              folder: Path, log: Path | None = None) -> list[dict[str, Any]]:
+    """Every variant on every seed: seed by seed, the variants in turn. Each result is appended
+    to ``log`` (one JSON line) as its run ends, so a long run that is stopped keeps them."""
+    runs = []
+    for seed in seeds:
+        for name, make in variants.items():
+            result = run_one(name, seed, make(seed, folder / f"{name}-seed{seed}", max_steps),
+                             judge, max_steps)
+            if log is not None:
+                with log.open("a") as f:
+                    f.write(json.dumps(result) + "\n")
+            runs.append(result)
+    return runs
 
 
 def medians(runs: list[dict[str, Any]], max_steps: int) -> dict[str, dict[str, float]]:

@@ -11,8 +11,10 @@
   100,000, learning starts 1,000, gamma 0.99, net [256, 256], final epsilon 0.04 reached after
   8,000 env steps. SB3 trains 128 gradient steps every 256 env steps (an update-to-data ratio of
   0.5), which netrl's trainer spreads evenly; SB3 copies its target every 10 env steps but only
-  between bursts, which is a copy every 128 gradient steps. Targets: within 100,000 env steps and
-  1.5x SB3's.
+  between bursts, which is a copy every 128 gradient steps. SB3's ratio counts the env steps past
+  learning_starts, netrl's all of them: on its first 1,000 samples netrl trains 500 steps at once
+  (SB3 128), and it stays 384 gradient steps ahead. Targets: within 100,000 env steps and 1.5x
+  SB3's.
 * **ppo-cartpole**, **ppo-pendulum**: netrl's PPO with version-synced collection from 2 workers x
   8 envs (counted by the server), beside SB3's PPO with RL Zoo's hyperparameters; both use SB3's
   separate tanh MLPs of [64, 64]. CartPole-v1: 256 env steps per batch (SB3 8 x 32, netrl 16 x 16),

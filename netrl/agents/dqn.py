@@ -80,7 +80,14 @@ class DuelingQ(nn.Module):
         self.sizes = list(sizes)
 
     def forward(self, obs: Any) -> torch.Tensor:
-        h = self.trunk(self.encoder(obs))
+        return self.head(self.features(obs))
+
+    def features(self, obs: Any) -> torch.Tensor:
+        """The last hidden layer's output, ``(batch, hidden_sizes[-1])``."""
+        return self.trunk(self.encoder(obs))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """``Q(s, .)`` from :meth:`features`."""
         adv = self.advantage(h)
         if len(self.sizes) == 1:
             return self.value(h) + adv - adv.mean(-1, keepdim=True)
@@ -165,6 +172,7 @@ class DQNAgent(TrainingAgent):
         self.eps_steps = exploration_steps
         self.lr = lr
         self.sizes = self.actor.sizes
+        self.hidden = bool(hidden_sizes)  # (no hidden layer: no units to die)
         self.starts = torch.as_tensor(self.actor._starts, device=device)
         self.offsets = torch.as_tensor(np.cumsum([0, *self.sizes[:-1]]), device=device)
         # a tensor: a training step that goes non-finite undoes it
@@ -179,10 +187,12 @@ class DQNAgent(TrainingAgent):
 
     def loss(self, o: Any, a: torch.Tensor, r: torch.Tensor, o2: Any, terminated: torch.Tensor,
              weight: torch.Tensor | None, discount: torch.Tensor | float
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(Huber loss, mean Q of the actions taken, |TD error| per
-        sample)`` on one batch (what ``compile`` compiles). ``discount``: gamma, or each sample's
-        own gamma ** (steps to next_obs) in an n-step batch."""
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(Huber loss, mean Q of the actions taken, |TD error| per sample, share of dead
+        units)`` on one batch (what ``compile`` compiles). ``discount``: gamma, or each sample's
+        own gamma ** (steps to next_obs) in an n-step batch. A dead unit of the last hidden
+        layer is zero for every sample of the batch: when all are, Q no longer depends on the
+        observation and no gradient can revive them (a ReLU at zero passes none)."""
         n = r.shape[0]
         # stored actions are values; the heads index choices
         choice = a.reshape(n, -1).long() - self.starts
@@ -195,18 +205,21 @@ class DQNAgent(TrainingAgent):
             # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
             # still has a future.
             y = r + discount * (1.0 - terminated) * q2
-        q = pick(self.actor.q(o), choice, self.offsets)  # (batch, branches)
+        h = self.actor.q.features(o)
+        q = pick(self.actor.q.head(h), choice, self.offsets)  # (batch, branches)
         per_sample = F.smooth_l1_loss(q, y[:, None].expand_as(q), reduction="none").mean(-1)
         loss = (per_sample * weight).mean() if weight is not None else per_sample.mean()
-        return loss, q.detach().mean(), (q.detach() - y[:, None]).abs().mean(-1)
+        dead = (h.detach() <= 0).all(0).float().mean() if self.hidden else torch.zeros(())
+        return loss, q.detach().mean(), (q.detach() - y[:, None]).abs().mean(-1), dead
 
     def train(self, batch: Batch) -> dict[str, Any]:
         step_begin(self.compile)
-        loss, q_mean, priority = self._loss(batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated,
-                                            batch.weight, batch.extra.get("discount", self.gamma))
+        loss, q_mean, priority, dead = self._loss(
+            batch.obs, batch.act, batch.rew, batch.next_obs, batch.terminated, batch.weight,
+            batch.extra.get("discount", self.gamma))
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
-        nn.utils.clip_grad_norm_(self.actor.q.parameters(), MAX_GRAD_NORM)
+        grad_norm = nn.utils.clip_grad_norm_(self.actor.q.parameters(), MAX_GRAD_NORM)
         self.optimizer.step()
 
         self.steps += 1
@@ -216,7 +229,10 @@ class DQNAgent(TrainingAgent):
         # Linear decay over training steps; the workers see it with the next weight version.
         fraction = min(1.0, steps / self.eps_steps) if self.eps_steps > 0 else 1.0
         self.actor.epsilon.fill_(self.eps_initial + fraction * (self.eps_final - self.eps_initial))
-        metrics: dict[str, Any] = {**to_floats({"loss_q": loss, "q": q_mean}), "epsilon": float(self.actor.epsilon)}
+        # one device synchronisation for all four (to_floats)
+        metrics: dict[str, Any] = {**to_floats({"loss_q": loss, "q": q_mean, "grad_norm": grad_norm,
+                                                "dead_units": dead}),
+                                   "epsilon": float(self.actor.epsilon)}
         # from a prioritized memory: the new priorities (|TD|) of its samples
         if "index" in batch.extra:
             metrics["priority"] = priority

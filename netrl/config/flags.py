@@ -16,6 +16,7 @@ from typing import Any
 from netrl import __version__
 from netrl.config.load import check_value
 from netrl.config.sections import FLAG_KEYS, describe_fields
+from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 
 __all__ = ["flag_overrides", "misused_flags", "parse_args", "parser", "worker_names"]
 
@@ -47,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     role.add_argument("--status", action="store_const", const="status", dest="role",
                       help="print the snapshot of the server "
                            "running on this machine (--json for JSON)")
+    role.add_argument("--revoke", metavar="NAME",
+                      help="revoke worker key (or name) NAME on the running server: its "
+                           "connections are dropped, its HELLOs refused, its rows dropped by "
+                           "the trainer (uses the trainer's keys; --reason says why)")
     role.add_argument("--plot", metavar="RUN",
                       help="render run RUN's learning curve and throughput to a PNG")
     role.add_argument("--check-env", action="store_const", const="check_env", dest="role",
@@ -63,19 +68,26 @@ def parser() -> argparse.ArgumentParser:
                    help="server port for the trainer (network.trainer_port)")
     p.add_argument("--worker-port", type=int,
                    help="server port for workers (network.worker_port)")
+    p.add_argument("--status-port", type=int,
+                   help="loopback port the server answers --status on, and the port --status asks "
+                        "(server.status_port)")
     p.add_argument("--run-name", help="run name; outputs go to "
                                       "<weights_folder>/<run_name>/ (run_name)")
     p.add_argument("--worker-id", help="this worker's name in logs, status and its file "
                                        "names (worker.worker_id; default: the host name)")
     p.add_argument("--wandb", choices=["offline", "online", "disabled"],
                    help="wandb mode (wandb.mode)")
-    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs)")
+    p.add_argument("--epochs", type=int, help="epochs to train (trainer.epochs; default: "
+                                              "until stopped)")
+    p.add_argument("--total-frames", type=int, help="stop training once this many env steps "
+                                                    "have arrived (trainer.total_frames)")
     p.add_argument("--episodes", type=int, help="worker: run this many "
                                                 "training episodes, then stop")
     p.add_argument("--workers", default="",
                    help="keygen: comma-separated names of workers that get their own key")
     p.add_argument("--keys-dir", help="folder of CURVE keys (keys_dir)")
     p.add_argument("--json", action="store_true", help="status: print JSON instead of a table")
+    p.add_argument("--reason", default="", help="revoke: why, shown to the worker and logged")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="logging level (default INFO)")
@@ -90,6 +102,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # `--plot ""` (an unset shell variable) too, which would otherwise leave no role
     if args.plot is not None:
         args.role = "plot"
+    if args.revoke is not None:
+        args.role = "revoke"
     return args
 
 
@@ -97,15 +111,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # the user misled (a `--server --run-name B` is no server for run B: its spool, with run A's
 # samples, goes to run B's trainer).
 _FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",),
+               "reason": ("revoke",),
                "bind_ip": ("server",), "worker_id": ("worker",), "epochs": ("trainer", "demo"),
-               "wandb": ("trainer", "demo"), "server_ip": ("worker", "trainer"),
-               "trainer_port": ("server", "trainer"), "worker_port": ("server", "worker"),
+               "total_frames": ("trainer", "demo"), "wandb": ("trainer", "demo"),
+               "server_ip": ("worker", "trainer", "revoke"), "trainer_port": ("server", "trainer", "revoke"),
+               "worker_port": ("server", "worker"), "status_port": ("server", "status"),
                "run_name": ("worker", "trainer", "demo"),
-               "keys_dir": ("server", "worker", "trainer", "demo", "keygen")}
+               "keys_dir": ("server", "worker", "trainer", "demo", "keygen", "revoke")}
 # Why a role does not use a flag, where that is not plain
 _FREE_PORTS = "it picks free ports on localhost"
 _WHY_NOT = {("demo", "server_ip"): _FREE_PORTS, ("demo", "trainer_port"): _FREE_PORTS,
-            ("demo", "worker_port"): _FREE_PORTS,
+            ("demo", "worker_port"): _FREE_PORTS, ("demo", "status_port"): _FREE_PORTS,
             ("plot", "run_name"): "give the run as --plot RUN",
             ("server", "run_name"): "a server serves every run: its "
                                     "spool, server.spool_dir (default "
@@ -119,6 +135,10 @@ def misused_flags(args: argparse.Namespace) -> list[str]:
     if args.plot is not None and not args.plot.strip():
         problems.append(f"--plot needs a run name, a run folder or a "
                         f"CSV file (got {json.dumps(args.plot)})")
+    # a key's name, as the server's allow-lists and logs spell it
+    if args.revoke is not None and not PEER_NAME.fullmatch(args.revoke):
+        problems.append(f"--revoke {json.dumps(args.revoke)} is not a worker key or name "
+                        f"({PEER_NAME_RULE})")
     for flag, roles in _FLAG_ROLES.items():
         if getattr(args, flag) in (None, "", False) or args.role in roles:
             continue

@@ -64,8 +64,9 @@ Problem = tuple[tuple[str, ...], str]  # (the key paths involved, the message)
 # sets). Messages that tell the user to change one of these keys name the flag too: the
 # user may have set it either way.
 FLAG_KEYS = {"server_ip": "network.server_ip", "bind_ip": "server.bind_ip", "trainer_port": "network.trainer_port",
-             "worker_port": "network.worker_port", "run_name": "run_name", "worker_id": "worker.worker_id",
-             "wandb": "wandb.mode", "epochs": "trainer.epochs", "keys_dir": "keys_dir"}
+             "worker_port": "network.worker_port", "status_port": "server.status_port", "run_name": "run_name",
+             "worker_id": "worker.worker_id", "wandb": "wandb.mode", "epochs": "trainer.epochs",
+             "total_frames": "trainer.total_frames", "keys_dir": "keys_dir"}
 
 
 def flag_for(key: str) -> str | None:
@@ -177,6 +178,14 @@ class ServerConfig:
                                           "worker declares at HELLO (a worker's own bound is "
                                           "its worker.min_samples_per_worker_packet plus a few "
                                           "context rows); the trainer applies it too", ge(1))
+    unpaced_workers: list[str] = _f([], "worker keys exempt from the trainer's pacing (without "
+                                        "CURVE: worker names): real-time workers whose env "
+                                        "cannot wait (a robot, the drone pipeline); a HELLO "
+                                        "saying paced false is honoured for these alone (the "
+                                        "shared key's name, \"worker\", names every worker "
+                                        "using it)", lambda v: None if all(
+                                            PEER_NAME.fullmatch(n) for n in v) else
+                                        f"must list worker key names ({PEER_NAME_RULE})")
 
 
 @dataclass(frozen=True)
@@ -210,8 +219,9 @@ class WorkerConfig:
                                          "this multiple of the mean of earlier ones (and "
                                          "env_timeout_min_s) is reported, and the worker stops "
                                          "with exit code 1; a thread of the env that dies "
-                                         "stops it at once (0: no limit, and env calls run on the "
-                                         "worker's thread, for envs that step in microseconds)",
+                                         "stops it at once (time the process could not run "
+                                         "the call, stopped or starved of CPU, does not count; "
+                                         "0: no limit and no watchdog)",
                                    between(0.0, 1e6))
     env_timeout_min_s: float = _f(5.0, "no env call is declared hung sooner; the first reset "
                                        "and the first step may take env_timeout_factor times "
@@ -235,7 +245,9 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    epochs: int = _f(3, "epochs to train; a checkpoint is written after each", ge(1))
+    epochs: int | None = _f(None, "epochs to train, a checkpoint written after each (null: until "
+                                  "stopped, or until total_frames); an epoch is rounds x steps "
+                                  "training steps", optional(ge(1)))
     rounds: int = _f(4, "rounds per epoch; metrics are logged after each", ge(1))
     steps: int = _f(1000, "training steps per round", ge(1))
     update_model_interval: int = _f(20, "training steps between weight publications", ge(1))
@@ -252,15 +264,27 @@ class TrainerConfig:
                                      "restart rebuilds the replay memory")
     fsync: bool = _f(False, "fsync the sample log and checkpoints (survives power loss; slower)")
     max_policy_lag: int | None = _f(None, "samples older than this many weight "
-                                          "versions are stale (null: off)",
+                                          "versions are stale (null: off); throttled "
+                                          "workers are asked for none that would be",
                                     optional(ge(0)))
     stale_sample_weight: float = _f(0.0, "loss weight of stale samples (0: drop them)",
                                     between(0.0, 1.0))
     credit_window: int = _f(8, "bundles the server may send ahead of the training loop", ge(1))
-    max_abs_reward: float = _f(1e6, "packets with a reward beyond this magnitude are "
-                                    "refused (named and counted): far above the scales "
-                                    "SAC learns well at (about 1 to 100 per step), far "
-                                    "below what makes float32 values overflow", gt(0))
+    max_abs_reward: float | None = _f(None, "packets with a reward beyond this magnitude are "
+                                            "refused (named and counted); null: the env's "
+                                            "declared reward_range where it has one, else 1e6, "
+                                            "and trainer.implausible judges rewards by what "
+                                            "the workers send", optional(gt(0)))
+    implausible: Literal["warn", "quarantine", "refuse"] = _f(
+        "quarantine", "what a worker's packet of valid but implausible values gets (beyond "
+                      "trainer.implausible_factor, or outside the env's declared reward_range; "
+                      "counted and logged per worker): warn (trained on), quarantine (that "
+                      "worker's rows kept aside, never sampled, until lifted or the run ends), "
+                      "refuse (the trainer has the server revoke the worker's key)")
+    implausible_factor: float = _f(200.0, "a reward or small observation value is implausible "
+                                          "beyond this many robust scales (1.4826 MAD, at least "
+                                          "a tenth of the median's magnitude and 1) from the "
+                                          "median of recent rows", gt(1))
     max_nonfinite_steps: int = _f(100, "training steps in a row whose losses or weights are "
                                        "not finite (each one skipped and undone) before the "
                                        "trainer stops with exit code 1 (0: no such guard, "
@@ -268,7 +292,7 @@ class TrainerConfig:
     total_frames: int | None = _f(None, "training stops once this many env steps (samples) "
                                         "have arrived from all workers together, with a final "
                                         "checkpoint and policy and exit code 0 (TorchRL's "
-                                        "collectors' name; null: no limit, trainer.epochs decides)",
+                                        "collectors' name; null: no limit)",
                                   optional(ge(1)))
     collection: Literal["async", "sync"] = _f("async",
                                               "async: workers stream samples and the "
@@ -331,6 +355,15 @@ class MemoryConfig:
                                  "(1: single transitions)", ge(1))
     burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent "
                          "state, without gradient (R2D2); must be < sequence_length", ge(0))
+    max_worker_share: float = _f(0.0, "most of the replay memory's rows one worker key may hold "
+                                      "(a fraction; its packets beyond it are refused, counted "
+                                      "and logged). 0: an equal share of the workers that "
+                                      "stored packets in the last 30 s, plus a quarter, at "
+                                      "least min_worker_share",
+                                 between(0.0, 1.0))
+    min_worker_share: float = _f(0.05, "the least share of the replay memory a worker may hold "
+                                       "when max_worker_share is 0, however many workers there are",
+                                 between(0.0, 1.0))
 
     if not typing.TYPE_CHECKING:  # mypy still refuses unknown names; old ones read at run time
         def __getattr__(self, name: str) -> Any:

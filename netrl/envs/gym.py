@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from netrl.envs.realtime import rtgym_timeouts
 from netrl.errors import ConfigError
 from netrl.samples.columns import tree_map
 from netrl.samples.spaces import default_value
@@ -69,6 +70,9 @@ class GenericGymEnv(gymnasium.Wrapper):
                                              "(env.kwargs in config.json)") from None
         super().__init__(env)
         self.observation_space = float32_space(self.env.observation_space)
+        # rtgym warns once per late time step: counted and summarised instead (netrl.envs.realtime)
+        self._timeouts = (rtgym_timeouts() if type(env.unwrapped).__module__.startswith("rtgym")
+                          else None)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
@@ -77,6 +81,11 @@ class GenericGymEnv(gymnasium.Wrapper):
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, rew, terminated, truncated, info = self.env.step(action)
         return _copy_obs(obs), float(rew), bool(terminated), bool(truncated), info
+
+    def close(self) -> None:
+        super().close()
+        if self._timeouts is not None:
+            self._timeouts.flush()
 
     @property
     def default_action(self) -> np.ndarray:

@@ -15,20 +15,30 @@ machine too busy to wake them). It logs a one-line summary per episode (DEBUG) a
     ...
     env.summary()   # {"steps": 1200, "p50_ms": 50.0, "p99_ms": 50.9, "max_ms": 51.4,
                     #  "overruns": 0, "late_calls": 0}
+
+rtgym itself warns once per time step that times out ("Time-step timed out. Elapsed since last
+time-step: ..."), each message differing by its number, so Python's warning filters print every one:
+on a busy machine most of a worker's output. :func:`rtgym_timeouts` counts them instead, logs the
+first, then one summary line at most every 10 s and one when the env closes
+(:class:`~netrl.envs.gym.GenericGymEnv` installs it for rtgym envs).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import gymnasium
 import numpy as np
 
-__all__ = ["StepTimer", "period_stats"]
+__all__ = ["StepTimer", "TimeoutWarnings", "period_stats", "rtgym_timeouts"]
 
 log = logging.getLogger(__name__)
 
@@ -131,3 +141,99 @@ class StepTimer(gymnasium.Wrapper):
         """The wrapped env's default action (rtgym's), recorded with an episode's
         first observation."""
         return getattr(self.env, "default_action", None)
+
+
+_RTGYM_TIMEOUT = "Time-step timed out"
+
+
+class TimeoutWarnings:
+    """rtgym's "Time-step timed out" warnings, counted and summarised instead of printed one per
+    step: the first is logged (WARNING), then a summary line at most every ``every_s`` seconds
+    while they go on, and one by :meth:`flush` (an env's close). Every other warning goes on to the
+    ``warnings.showwarning`` found at :meth:`install`, and the warning filters still apply first
+    (``-W error`` or an ignore filter act as before).
+
+    It hooks ``warnings.showwarning``, the interface the warnings module offers for this (as
+    ``logging.captureWarnings`` does): rtgym warns from a thread of its own, which a
+    ``catch_warnings`` around ``step()`` would not see, and costs nothing on steps that keep time.
+    """
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.count = 0  # in all
+        self._pending, self._worst_s = 0, 0.0  # since the last line
+        self._logged_at = -math.inf
+        self._lock = threading.Lock()
+        self._previous: Callable[..., None] | None = None
+        self._passing = threading.local()  # a warning on its way to the previous hook
+
+    def install(self) -> None:
+        """Route warnings through :meth:`show`, again if another hook took its place since
+        (``catch_warnings`` puts back what it found)."""
+        with self._lock:
+            if warnings.showwarning != self.show:  # (a new bound method each time: not `is`)
+                self._previous = warnings.showwarning
+                warnings.showwarning = self.show
+
+    def show(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        text = str(message)
+        if text.startswith(_RTGYM_TIMEOUT) and "rtgym" in Path(filename).parts:
+            try:  # "... Elapsed since last time-step: 0.0123"
+                late_s = float(text.rpartition(":")[2])
+            except ValueError:
+                late_s = 0.0
+            self.note(late_s)
+        elif self._previous is None or getattr(self._passing, "on", False):
+            # a hook this one passed the warning to passed it back (each chained to the other):
+            # print it as Python does
+            (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno,
+                                                              line))
+        else:
+            self._passing.on = True
+            try:
+                self._previous(message, category, filename, lineno, file, line)
+            finally:
+                self._passing.on = False
+
+    def note(self, late_s: float) -> None:
+        """One more time step timed out, ``late_s`` seconds after it should have ended."""
+        with self._lock:
+            self.count += 1
+            self._pending += 1
+            self._worst_s = max(self._worst_s, late_s)
+            if self.count == 1:
+                log.warning("rtgym: a time step timed out, %.0f ms after it should have ended: "
+                            "step() came late (a busy machine, a slow policy), so rtgym "
+                            "restarted its clock; further timeouts are counted and summarised "
+                            "every %.0f s", late_s * 1000, self.every_s)
+                self._pending, self._worst_s, self._logged_at = 0, 0.0, self.clock()
+            elif self.clock() - self._logged_at >= self.every_s:
+                self._summary()
+
+    def flush(self) -> None:
+        """Log the timeouts not summarised yet, if any."""
+        with self._lock:
+            if self._pending:
+                self._summary()
+
+    def _summary(self) -> None:  # (under the lock)
+        now = self.clock()
+        since = "" if math.isinf(self._logged_at) else f" in the last {now - self._logged_at:.0f} s"
+        log.warning("rtgym: %d more time steps timed out%s (up to %.0f ms late); %d in all",
+                    self._pending, since, self._worst_s * 1000, self.count)
+        self._pending, self._worst_s, self._logged_at = 0, 0.0, now
+
+
+_timeouts: list[TimeoutWarnings] = []  # the process's one hook, made on first use
+_timeouts_lock = threading.Lock()
+
+
+def rtgym_timeouts() -> TimeoutWarnings:
+    """The process's :class:`TimeoutWarnings`, installed (warnings are process-wide: one hook)."""
+    with _timeouts_lock:
+        if not _timeouts:
+            _timeouts.append(TimeoutWarnings())
+        hook = _timeouts[0]
+    hook.install()
+    return hook

@@ -192,9 +192,13 @@ class WorkerIds:
             self.names.append(name)
         return np.full(n, self._ids[name], np.int32)
 
+    def id_of(self, name: str) -> int | None:
+        """``name``'s id, None for a name not seen yet."""
+        return self._ids.get(name)
+
     def named(self, ids: np.ndarray) -> list[str]:
         """The names of these ids, sorted, each once."""
-        return sorted(self.names[int(i)] or "(unnamed)" for i in np.unique(ids))
+        return sorted(self.names[int(i)] or "(unnamed)" for i in np.unique(ids) if i >= 0)
 
 
 def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
@@ -328,6 +332,21 @@ class MemoryDataloading(ABC):
         packets it stored lately)."""
         return None
 
+    # Each row's worker (netrl.memory.owners): the memories netrl ships keep track; one ported
+    # from tmrl does not, and says so.
+    def rows_of(self, worker: str) -> int:
+        """The rows of ``worker`` this memory holds."""
+        raise NotImplementedError(_untracked(self, "rows_of"))
+
+    def drop_worker(self, worker: str) -> int:
+        """Take ``worker``'s rows out of sampling for good; returns how many."""
+        raise NotImplementedError(_untracked(self, "drop_worker"))
+
+    def set_quarantined(self, worker: str, flag: bool) -> int:
+        """Keep ``worker``'s rows but never sample them while ``flag`` is on; returns the rows
+        whose state changed."""
+        raise NotImplementedError(_untracked(self, "set_quarantined"))
+
     def sample(self) -> Batch:
         """One batch on ``self.device``. This generic version calls ``get_transition`` per item."""
         items = []
@@ -366,6 +385,11 @@ class MemoryDataloading(ABC):
         train in float32 and workers send float32.
         """
         self.append_buffer(read_dataset(path))
+
+
+def _untracked(memory: MemoryDataloading, what: str) -> str:
+    return (f"{type(memory).__name__} does not keep each row's worker, so {what} cannot be done: "
+            f"derive it from netrl's ReplayMemory or HistoryMemory (netrl.memory.owners)")
 
 
 def _check_sample_preprocessor(fn: Callable[..., Any]) -> None:

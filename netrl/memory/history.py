@@ -34,7 +34,6 @@ import torch
 
 from netrl.memory.base import (
     MemoryDataloading,
-    WorkerIds,
     allocate_ring,
     check_columns,
     draw_ends,
@@ -43,6 +42,7 @@ from netrl.memory.base import (
     nth_end,
     run_sample_preprocessor,
 )
+from netrl.memory.owners import OwnedRows
 from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
@@ -67,7 +67,7 @@ def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
     return need.astype(np.uint8)
 
 
-class HistoryMemory(MemoryDataloading):
+class HistoryMemory(OwnedRows, MemoryDataloading):
     """Preallocated ring of rows with vectorised sampling of transitions whose
     declared views are still stored.
 
@@ -85,7 +85,12 @@ class HistoryMemory(MemoryDataloading):
     every batch carry ``Batch.weight``. A batch's tensors share memory with reused buffers (and
     with each other: a view's obs and next_obs sides are views of one tensor) and stay valid
     until the next :meth:`sample` call.
+
+    Each row's worker is kept: :meth:`rows_of`, :meth:`drop_worker` and :meth:`set_quarantined`
+    (:mod:`netrl.memory.owners`).
     """
+
+    _SAMPLING, _NONE = "need", NEVER
 
     def __init__(self, *args: Any, views: Sequence[View] = (), **kwargs: Any) -> None:
         self._cols: dict[str, np.ndarray] = {}
@@ -98,7 +103,7 @@ class HistoryMemory(MemoryDataloading):
         self._ordered: np.ndarray | None = None  # valid rows in logical order, for get_transition
         self._weighted = False  # True once a packet carried loss weights below 1 (stale samples)
         self.total_appended = 0
-        self._workers = WorkerIds()
+        self._owned_init()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         self.views: list[View] = []
         super().__init__(*args, **kwargs)
@@ -157,7 +162,9 @@ class HistoryMemory(MemoryDataloading):
         if not self._cols:
             self._check_layout(obs_spec, columns)
         columns.update(self._view_columns(buffer, columns))
-        columns["need"] = need = self._needs(buffer, columns)
+        columns["need"] = self._needs(buffer, columns)
+        self._owned_columns(buffer.worker, columns, n)
+        need = columns["need"]
         if self._cols and (act_spec != self._act_spec or obs_spec != self._obs_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from "
                              "the memory's; every worker must run the same pipeline")
@@ -174,10 +181,12 @@ class HistoryMemory(MemoryDataloading):
             n = cap
         idx = (self._pos + np.arange(n)) % cap
         filled = min(self._size + n, cap) - self._size  # rows landing in empty slots
+        evicted = self._cols["worker"][idx[filled:]]
         if n > filled:  # the others replace old rows: forget the transitions they ended
             self._ends -= int(np.count_nonzero(self._cols["need"][idx[filled:]] != NEVER))
         for name, col in columns.items():
             self._cols[name][idx] = col
+        self._owned_written(columns["worker"], evicted)
         self._ends += int(np.count_nonzero(columns["need"] != NEVER))
         self._pos = int((self._pos + n) % cap)
         self._size = min(self._size + n, cap)
@@ -225,6 +234,9 @@ class HistoryMemory(MemoryDataloading):
                                  f"previous row's shifted by one; a view's rule must slide at "
                                  f"every row that continues a trajectory (netrl.memory.views)")
         return need
+
+    def _sampling_changed(self, rows: np.ndarray, now: np.ndarray) -> None:
+        self._ordered = None
 
     # -- validity ----------------------------------------------------------------------------------
     @property

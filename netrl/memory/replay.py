@@ -11,7 +11,6 @@ import torch
 from netrl.memory.base import (
     MemoryDataloading,
     Transition,
-    WorkerIds,
     allocate_ring,
     check_columns,
     draw_ends,
@@ -23,6 +22,7 @@ from netrl.memory.base import (
 )
 from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_copy, write_rows
 from netrl.memory.nstep import nstep_windows
+from netrl.memory.owners import OwnedRows
 from netrl.memory.priority import Priorities
 from netrl.memory.sequences import check_sequence_args, sample_sequences
 from netrl.samples.batch import Batch
@@ -30,7 +30,7 @@ from netrl.samples.columns import Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
 
-class ReplayMemory(MemoryDataloading):
+class ReplayMemory(OwnedRows, MemoryDataloading):
     """A preallocated numpy ring buffer of rows with vectorised batch sampling.
 
     Rows are stored as the worker sent them (observations once, not twice per transition). A
@@ -57,7 +57,12 @@ class ReplayMemory(MemoryDataloading):
     ``storage_device`` (``memory.device``): None keeps every column in host memory; a torch device
     (``"cuda"``) keeps the columns batches are made of there (see :mod:`netrl.memory.device`),
     and gathers batches there.
+
+    Each row's worker is kept: :meth:`rows_of`, :meth:`drop_worker` and :meth:`set_quarantined`
+    (:mod:`netrl.memory.owners`).
     """
+
+    _SAMPLING, _NONE = "end", False
 
     def __init__(self, *args: Any, n_step: int = 1, gamma: float | None = None, prioritized: bool = False,
                  alpha: float = 0.6, beta: float = 0.4, beta_steps: int = 100_000, eps: float = 1e-6,
@@ -98,7 +103,7 @@ class ReplayMemory(MemoryDataloading):
         self._weighted = False
         # sampleable rows oldest first (_ordered_ends); reset on append
         self._ordered: np.ndarray | None = None
-        self._workers = WorkerIds()
+        self._owned_init()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
         if self.prioritized:
@@ -122,7 +127,7 @@ class ReplayMemory(MemoryDataloading):
         and dtype) and the rest."""
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
                  "policy_version": np.int64, "weight": np.float32, "worker": np.int32,
-                 "env": np.uint16}
+                 "env": np.uint16, "sent": np.bool_}
         rows = {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
                 for name, col in columns.items()}
         if self._storage is not None:
@@ -150,7 +155,8 @@ class ReplayMemory(MemoryDataloading):
                        truncated=np.asarray(buffer.truncated), end=buffer.transition_end,
                        policy_version=np.asarray(buffer.policy_version),
                        weight=np.ones(n, np.float32) if buffer.weight is None else np.asarray(buffer.weight),
-                       worker=self._workers.column(buffer.worker, n), env=env_column(buffer, n))
+                       env=env_column(buffer, n))
+        self._owned_columns(buffer.worker, columns, n)
         columns.update(extra_columns(buffer, self._cols))
         stored = self._cols or self._allocate(columns)
         # before any change: a refused packet must leave the memory as it was
@@ -164,9 +170,11 @@ class ReplayMemory(MemoryDataloading):
             n = self.memory_size
         idx = (self._pos + np.arange(n)) % self.memory_size
         filled = min(self._size + n, self.memory_size) - self._size  # rows landing in empty slots
+        evicted = self._cols["worker"][idx[filled:]]
         if n > filled:  # the others replace old rows: forget the transition ends they held
             self._ends -= int(self._cols["end"][idx[filled:]].sum())
         write_rows(self._cols, idx, columns)
+        self._owned_written(columns["worker"], evicted)
         self._ends += int(columns["end"].sum())
         self._pos = int((self._pos + n) % self.memory_size)
         self._size = min(self._size + n, self.memory_size)
@@ -174,6 +182,11 @@ class ReplayMemory(MemoryDataloading):
         self._ordered = None
         if self._priorities is not None:
             self._priorities.written(idx, columns["end"], self._pos if self._size == self.memory_size else 0)
+
+    def _sampling_changed(self, rows: np.ndarray, now: np.ndarray) -> None:
+        self._ordered = None
+        if self._priorities is not None:
+            self._priorities.written(rows, now, self._pos if self._size == self.memory_size else 0)
 
     # -- sampling ----------------------------------------------------------------------------------
     def _valid(self, idx: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
+from netrl.memory.owners import worker_key
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, flatten, row, unflatten
 
@@ -51,10 +52,40 @@ class RolloutMemory(MemoryDataloading):
         # next packet may continue it
         self._open: dict[tuple[str, int], tuple[int, int]] = {}
         self._workers = WorkerIds()
+        self._held: set[str] = set()  # quarantined worker names: their transitions stay out of batches
         super().__init__(*args, **kwargs)
 
     def __len__(self) -> int:
-        return self._n
+        if not self._held:
+            return self._n
+        return sum(int(np.count_nonzero(~self._of(c, self._held))) for c in self._chunks)
+
+    # -- each transition's worker (the API of netrl.memory.owners, for one batch) -----------------
+    def _of(self, chunk: dict[str, np.ndarray], names: set[str]) -> np.ndarray:
+        """Which of ``chunk``'s transitions come from the workers ``names`` (any session)."""
+        ids = [i for i, n in enumerate(self._workers.names) if worker_key(n) in names]
+        return np.isin(chunk["worker"], ids)
+
+    def rows_of(self, worker: str) -> int:
+        """The transitions of ``worker`` (a name, or ``name/session``) in the batch under
+        collection, quarantined or not."""
+        return sum(int(np.count_nonzero(self._of(c, {worker_key(worker)}))) for c in self._chunks)
+
+    def drop_worker(self, worker: str) -> int:
+        """Remove ``worker``'s transitions from the batch under collection; returns how many."""
+        dropped = self.rows_of(worker)
+        if dropped:
+            keep = [~self._of(c, {worker_key(worker)}) for c in self._chunks]
+            chunks = [{k: v[m] for k, v in c.items()} for c, m in zip(self._chunks, keep, strict=True)]
+            self._chunks = [c for c in chunks if len(c["worker"])]
+            self._n -= dropped
+        return dropped
+
+    def set_quarantined(self, worker: str, flag: bool) -> int:
+        """Keep ``worker``'s transitions (and those it sends while ``flag`` is on) out of
+        :meth:`sample`, or let them in again; returns how many it holds."""
+        (self._held.add if flag else self._held.discard)(worker_key(worker))
+        return self.rows_of(worker)
 
     def clear(self) -> None:
         """Empty the memory for the next batch."""
@@ -147,6 +178,9 @@ class RolloutMemory(MemoryDataloading):
         """All stored columns, each trajectory piece contiguous (pieces in
         order of their first row)."""
         cols = {k: np.concatenate([c[k] for c in self._chunks]) for k in self._chunks[0]}
+        if self._held:
+            keep = ~self._of(cols, self._held)
+            cols = {k: v[keep] for k, v in cols.items()}
         order = np.argsort(cols["traj_ids"], kind="stable")
         if (np.diff(order) != 1).any():
             cols = {k: v[order] for k, v in cols.items()}
@@ -155,8 +189,9 @@ class RolloutMemory(MemoryDataloading):
     def sample(self) -> Batch:
         """Every stored transition as one Batch on ``self.device`` (see the module docstring for the
         order), with the recorded extras and ``traj_ids`` . Raises ValueError when empty."""
-        if not self._n:
-            raise ValueError("RolloutMemory.sample(): the memory holds no transition")
+        if not len(self):
+            raise ValueError("RolloutMemory.sample(): the memory holds no transition"
+                             + (" outside quarantine" if self._n else ""))
         cols = self._columns()
         obs_names = [k for k in cols if k.startswith("obs")]
         o = unflatten(self._obs_spec, {k: cols["prev:" + k] for k in obs_names})
@@ -176,11 +211,11 @@ class RolloutMemory(MemoryDataloading):
 
     def policy_versions(self) -> np.ndarray:
         """The weight version of every stored transition, in :meth:`sample`'s order."""
-        return self._columns()["policy_version"] if self._n else np.zeros(0, np.int64)
+        return self._columns()["policy_version"] if len(self) else np.zeros(0, np.int64)
 
     def workers(self) -> list[str]:
         """The workers whose transitions the memory holds."""
-        if not self._n:
+        if not len(self):
             return []
         return sorted(set(self._workers.named(np.unique(self._columns()["worker"]))))
 
@@ -189,8 +224,8 @@ class RolloutMemory(MemoryDataloading):
 
     def get_transition(self, item: int) -> Transition:
         """The ``item``-th transition in :meth:`sample`'s order (for tests and tmrl-style code)."""
-        if not 0 <= item < self._n:
-            raise IndexError(f"transition {item} of {self._n}")
+        if not 0 <= item < len(self):
+            raise IndexError(f"transition {item} of {len(self)}")
         cols = self._columns()
         obs_names = [k for k in cols if k.startswith("obs")]
         last = unflatten(self._obs_spec, {k: cols["prev:" + k][item].copy() for k in obs_names})

@@ -114,6 +114,17 @@ def _server_drops(s: dict[str, Any]) -> str:
     return f", by the server (spooled under a larger network.max_message_bytes) {dropped:,}" if dropped else ""
 
 
+def _held(held: dict[str, Any]) -> str:
+    """The packets the trainer refused for their layout, kept for a trainer of theirs, by layout."""
+    layouts = held.get("layouts") or {}
+    if not layouts:
+        return ""
+    each = ", ".join(f"{tag}: {h['samples']:,} samples from {', '.join(h['workers'][:5]) or '-'}"
+                     for tag, h in list(layouts.items())[:5])
+    return (f"; held for another sample layout {held.get('samples', 0):,} samples in "
+            f"{held.get('packets', 0)} packets ({each}{', ...' if len(layouts) > 5 else ''})")
+
+
 def _ago(t: float | None, now: float) -> str:
     return "-" if not t else f"{now - t:.1f}s ago"
 
@@ -140,7 +151,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"{rates.get('samples_out', 0):,.0f}/s; queued {s.get('queued_samples', 0):,} "
         f"({s.get('queued_bytes', 0) / 2**20:.1f} MiB), in flight {s.get('inflight_samples', 0):,}",
         f"spool {spool.get('samples', 0):,} samples in {spool.get('packets', 0)} packets "
-        f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)",
+        f"({spool.get('bytes', 0) / 2**20:.1f} of {spool.get('max_bytes', 0) / 2**20:.0f} MiB)"
+        f"{_held(s.get('held') or {})}",
         f"rejected messages {s.get('rejected', 0):,}; samples dropped by workers (backlog "
         f"full) {s.get('dropped', 0):,}{_server_drops(s)}; samples refused by the spool "
         f"(full, or past the worker's share) {s.get('refused', 0):,}; packets refused beyond "

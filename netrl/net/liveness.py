@@ -31,6 +31,9 @@ class Liveness:
 
     RTT_FACTOR = 6.0
     MAX_STRETCH = 10.0
+    # round trips from a client's TCP connection to the server's WELCOME: CURVE's handshake, then
+    # HELLO and WELCOME
+    HANDSHAKE_ROUND_TRIPS = 6.0
 
     def __init__(self, interval: float, liveness: int) -> None:
         self.liveness = liveness
@@ -67,6 +70,17 @@ class Liveness:
         if self._peer_t is not None:
             body["echo"], body["held"] = self._peer_t[0], now - self._peer_t[1]
         return body
+
+    def handshake(self, seconds: float) -> None:
+        """A client's first round-trip estimate, until a heartbeat measures one: its TCP connection
+        took ``seconds`` to bring WELCOME (:data:`HANDSHAKE_ROUND_TRIPS`), as TCP takes its first
+        from the SYN. Over a long lossy link the first message after WELCOME (a weight version)
+        can take that long, with the server's heartbeats behind it in the same TCP stream; the
+        configured window alone expired there and dropped a healthy connection."""
+        if self.srtt is None and seconds > 0:
+            rtt = seconds / self.HANDSHAKE_ROUND_TRIPS
+            self.srtt, self.rttvar = rtt, rtt / 2
+            self._update_window()
 
     def on_heartbeat(self, body: dict[str, object]) -> None:
         """Take a received heartbeat's round-trip fields (a peer without them, or with nonsense,

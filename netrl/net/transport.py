@@ -107,6 +107,7 @@ class ClientLink:
                                              # retries included
         self._handshaking_since: float | None = None  # when the TCP connection whose handshake
                                                       # runs was made
+        self._tcp_connected_at: float | None = None  # when this socket's TCP connection was made
 
     def open(self) -> None:
         """Create the socket, connect and say HELLO."""
@@ -278,6 +279,9 @@ class ClientLink:
                         "%s's is %g s: using the server's; set the same value on every machine",
                         interval, self.role, self._liveness.interval)
             self._liveness.set_interval(interval)
+        self._check_handshakes()  # the TCP connection's time, if its event is still unread
+        if self._tcp_connected_at is not None:
+            self._liveness.handshake(time.monotonic() - self._tcp_connected_at)
         verb = "reconnected to" if self._was_ready else "connected to"
         self._was_ready = True
         if self._connecting_since is not None:
@@ -361,7 +365,7 @@ class ClientLink:
             # several round trips over a long link (7 with CURVE) must not make the link
             # give up on a server that answers.
             if event["event"] == zmq.EVENT_CONNECTED:
-                self._handshaking_since = time.monotonic()
+                self._handshaking_since = self._tcp_connected_at = time.monotonic()
                 self._liveness.heard()
                 continue
             self._handshaking_since = None
@@ -394,7 +398,7 @@ class ClientLink:
     def _close_socket(self) -> None:
         self.ready = False
         self._hello_at = None
-        self._handshaking_since = None
+        self._handshaking_since = self._tcp_connected_at = None
         if self.sock is not None:
             self.sock.disable_monitor()
             self.sock.close(linger=0)

@@ -37,12 +37,13 @@ MAX_POLICY_VERSION = 2**41
 # SCHEMA's extra leaves. A version-1 peer refuses these as malformed, so peers of different versions
 # are refused at HELLO instead. 3: several named models and compact weight formats: WEIGHTS' model,
 # format, base, encoded, crc, rank and budget_s, ACK's model, format and need_full, HELLO's models
-# and formats, WELCOME's models.
-PROTOCOL_VERSION = 3
+# and formats, WELCOME's models. 4: the trainer's ACK names the parts of its bundle it refused
+# (layout_refused, rejected), so that the server keeps the first for a trainer of their layout.
+PROTOCOL_VERSION = 4
 # What this netrl still reads from its own disk (the trainer's sample log, the server's spool),
 # never from a peer: every field versions 2 and 3 added is optional, so an older stored
 # message is a valid current one.
-STORED_VERSIONS = frozenset({1, 2, PROTOCOL_VERSION})
+STORED_VERSIONS = frozenset({1, 2, 3, PROTOCOL_VERSION})
 # the smallest network.max_message_bytes (netrl.config.sections checks the same bound)
 MIN_MESSAGE_BYTES = 1 << 16
 # the longest network interval or delay (netrl.config.sections too): ZeroMQ takes int32 milliseconds
@@ -71,7 +72,9 @@ class MsgType(str, enum.Enum):
     STATUS = "status"  # status tool <-> server (loopback status port): request, and
                        # the snapshot in reply
     NOTICE = "notice"  # server -> trainer: why workers' packets are refused that the trainer
-                       # can fix (its layout)
+                       # can fix (its layout); server -> a peer: why its message was refused
+    REVOKE = "revoke"  # trainer or --revoke -> server: revoke a worker key; server -> the revoker:
+                       # done (links dropped); server -> trainer: a worker revoked, drop its rows
 
 
 @dataclass
@@ -120,9 +123,11 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.BUNDLE: {"parts": ((list,), True)},
     # spooled: the server has the packets on disk, and the trainer not yet a worker's ACK of weights
     # names the model and format it took; need_full: it could not apply a delta (or a version failed
-    # its checks) and wants a full version next
+    # its checks) and wants a full version next. The trainer's ACK of one bundle: layout_refused,
+    # rejected: the indices of its parts refused for their sample layout, and for anything else
     MsgType.ACK: {"seqs": ((list,), True), "window": (_INT, False), "spooled": (_BOOL, False),
-                  "model": (_STR, False), "format": (_STR, False), "need_full": (_BOOL, False)},
+                  "model": (_STR, False), "format": (_STR, False), "need_full": (_BOOL, False),
+                  "layout_refused": ((list,), False), "rejected": ((list,), False)},
     # layout: the tag of the sample layout that refused the packets
     # (netrl.protocol.schema.SampleSchema.tag): the worker keeps them and sends them again once the
     # server's heartbeats name another layout
@@ -151,14 +156,20 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.SCHEMA: {"act": ((str, list, dict), True), "obs": ((str, list, dict), True), "leaves": ((list,), True),
                      "limits": ((dict,), False)},
     MsgType.STATUS: {"snapshot": ((dict,), False)},
-    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True)},
+    # refused: the peer's own message was refused (the reason names the field), not workers'
+    # packets for the trainer's layout
+    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True), "refused": (_BOOL, False)},
+    # worker: a worker key (CURVE) or name; links: the connections the server dropped; refused:
+    # the request was refused (the reason says why)
+    MsgType.REVOKE: {"worker": (_STR, True), "reason": (_STR, False), "links": (_INT, False),
+                     "refused": (_BOOL, False)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.
 ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
     "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
     "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
-                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE}),
+                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE, MsgType.REVOKE}),
 }
 
 
@@ -171,11 +182,12 @@ def check_body(mtype: MsgType, body: dict[str, Any]) -> None:
         if key not in schema:
             raise MalformedMessage(f"{mtype.value} body has unexpected field {key!r}")
         types, _ = schema[key]
+        # (short: a REJECT quoting it never outgrows the message it answers)
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise MalformedMessage(f"{mtype.value} body field {key!r} has "
-                                   f"the wrong type ({type(value).__name__})")
+            raise MalformedMessage(f"{mtype.value} {key!r} is a {type(value).__name__}, not a "
+                                   f"{' or '.join(t.__name__ for t in types)}")
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-            raise MalformedMessage(f"{mtype.value} body field {key!r} is out of range")
+            raise MalformedMessage(f"{mtype.value} {key!r} is out of range")
         if isinstance(value, float) and not math.isfinite(value):  # a NaN delay would never end
             raise MalformedMessage(f"{mtype.value} body field {key!r} is "
                                    f"{value}, not a finite number")
@@ -208,7 +220,7 @@ def _check_hello(body: dict[str, Any]) -> None:
                                f"not a version number")
     for key in ("max_rows", "max_bytes"):
         if key in body and body[key] < 1:
-            raise MalformedMessage(f"HELLO {key} {body[key]} is not a positive number")
+            raise MalformedMessage(f"hello {key!r} is {body[key]}, not >= 1")
 
 
 def _check_from_server(mtype: MsgType, body: dict[str, Any]) -> None:

@@ -113,6 +113,21 @@ class SampleSchema:
                 if name in raw and np.shape(raw[name]) == np.shape(v) and np.array_equal(raw[name], v)}
         return cls(act_spec, obs_spec, leaves, limits.only(kept) if limits is not None else ValueLimits())
 
+    @classmethod
+    def of_packet(cls, body: dict[str, Any], arrays: dict[str, np.ndarray]) -> SampleSchema:
+        """The layout a decoded SAMPLES packet has (no value bounds): its :attr:`tag` is that of
+        the trainers whose :meth:`check` takes it. Raises :class:`MalformedMessage` for a packet
+        whose act/obs trees do not name its arrays."""
+        try:
+            names = spec_leaves(body["act"]) + spec_leaves(body["obs"])
+            names += sorted(name for name in arrays if name.startswith("extra/"))
+            leaves = {name: (arrays[name].dtype.str, tuple(arrays[name].shape[1:]))
+                      for name in names}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedMessage(f"the packet's act/obs trees do not name its arrays "
+                                   f"({exc})") from None
+        return cls(body["act"], body["obs"], leaves)
+
     @functools.cached_property
     def tag(self) -> int:
         """A number for this layout (structure, dtypes and row shapes; not the value bounds),

@@ -37,20 +37,34 @@ class ServerCounters:
     refused_full: int = 0  # worker HELLOs refused because server.max_workers workers were connected
     rejected: int = 0  # messages rejected: malformed, from the wrong role, failing a check,
                        # bad status requests
+    replies_withheld: int = 0  # refusals left unanswered: their connection was answered within the
+                               # heartbeat interval, or no answer fits in the bytes it sent
+    revocations: int = 0  # worker keys or names revoked (--revoke, or the trainer's refuse)
+    revoked_links: int = 0  # worker connections dropped because their key or name was revoked
+    revoked_refused: int = 0  # worker HELLOs refused because their key or name was revoked
     resends_ignored: int = 0  # packets a worker sent again while the relay still held them
     samples_dropped: int = 0  # samples in spooled packets larger than the trainer takes,
                               # dropped from the spool
+    samples_held: int = 0  # samples the trainer refused for their sample layout, kept in the
+                           # spool's held folder for a trainer of theirs
+    samples_held_lost: int = 0  # samples the trainer refused for their layout that the held folder
+                                # could not keep (full, or the disk refusing): lost, and logged
     samples_in: int = 0  # samples accepted from workers (held in memory or spooled)
-    samples_out: int = 0  # samples the trainer acknowledged (once each, however
-                          # often they were sent)
+    samples_out: int = 0  # samples delivered: the trainer acknowledged their bundle and did not
+                          # refuse them (once each, however often they were sent)
     samples_refused: int = 0  # samples refused because memory and spool were full or failing
                               # (workers resend them)
+    samples_released: int = 0  # held samples moved back to the spool for a trainer of their layout
     samples_spooled: int = 0  # samples written to the spool
+    samples_trainer_rejected: int = 0  # samples the trainer refused for good (its checks: its log
+                                       # says why), not delivered
     send_full: int = 0  # sends refused because a peer's queue was full
     spool_errors: int = 0  # spool reads and writes that the disk refused
     spool_share_refusals: int = 0  # packets refused for the spool beyond their worker's share of it
     unknown_peer: int = 0  # messages from a connection that had not said HELLO (e.g.
                            # after a server restart)
+    unpaced_denied: int = 0  # worker HELLOs asking for paced false whose key
+                             # server.unpaced_workers does not name (they are paced)
     weights_in: int = 0  # complete weight versions received from the trainer
     weights_out: int = 0  # complete weight versions sent to a worker
     window_refusals: int = 0  # packets refused beyond their worker's window

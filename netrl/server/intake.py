@@ -8,13 +8,18 @@ and how much each worker may send.
                           another layout than the trainer's --> a NACK naming the layout: the
                               worker keeps the packet until the server names another
                               (heartbeats), and the trainer gets a NOTICE
-                          beyond the worker's share of the memory --> a NACK: resend later
+                          beyond the worker's share of the memory, or (while the trainer paces)
+                              beyond its PACE allowance in rows --> a NACK: resend later
     worker  --HEARTBEAT-> its counters (kept for --status if they are counts) and samples
                           produced (for pacing)
     trainer --SCHEMA-->   the layout packets are checked against (saved in the spool folder for a
                           restarted server)
     trainer --PROGRESS--> a PACE allowance per worker: the samples the trainer still wants, split
-                          between the workers that are producing
+                          between the workers that are producing; a worker may deliver the rows
+                          of those env steps, reset and context rows included (each takes a
+                          slot in the trainer's memory), at its own rows per step
+                          (netrl.server.peers.Peer.rows_per_step); server.unpaced_workers
+                          names the keys that are never held for it
     worker  <--ACK--      every ACK carries the worker's window: its share of the server's memory,
                           in the bytes of its packets (a packet takes FRAME_OVERHEAD per frame
                           beyond its bytes: a tiny one, many times)
@@ -38,7 +43,7 @@ from netrl.errors import ProtocolError, SampleRejected
 from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.schema import LayoutMismatch, SampleSchema, load_schema, save_schema
 from netrl.protocol.wire import BUNDLE_HEADER_ROOM, PacketLimits, PacketTooLarge, frames_nbytes, sample_row_bytes
-from netrl.server.admission import Admission
+from netrl.server.admission import UNDECLARED_ROWS, Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.peers import MAX_COUNT, MAX_REPORTED, Peer, PeerTable, QueuedPacket
 from netrl.server.relay import SampleRelay, memory_cost
@@ -121,6 +126,7 @@ class SampleIntake:
                                         f"{int(np.argmax(env >= peer.num_envs))}), but the "
                                         f"worker declared {peer.num_envs} envs at HELLO")
             return
+        rows = len(a["reset"])
         steps = int(np.count_nonzero(~(a["reset"] | a["context"])))
         # compressed arrays are declared-size stand-ins here
         inflated = sum(arr.nbytes for arr in a.values())
@@ -132,14 +138,15 @@ class SampleIntake:
         if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:
             self._over_window(peer, msg.seq, nbytes, held)
             return
-        if self._over_pace(peer, msg.seq, steps):
+        if self._over_pace(peer, msg.seq, rows):
             return
         peer.produced_up_to(msg.body["produced"])
         outcome = self.relay.accept(packet, self.peers.trainer is not None, spool_now=peer.flushing)
         if outcome in ("held", "spooled"):
             peer.samples += steps
+            peer.rows += rows
             peer.packets += 1
-            peer.pace_budget -= steps
+            peer.pace_budget -= rows
             self.stats.samples_in += steps
 
     def packet_limits(self, peer: Peer | None) -> PacketLimits:
@@ -151,6 +158,10 @@ class SampleIntake:
         if peer is not None and peer.max_rows:
             rows = min(rows, peer.max_rows)
             source = f"the worker declared {peer.max_rows} rows at HELLO; {source}"
+        elif rows > UNDECLARED_ROWS:  # its bytes follow from the layout, below
+            rows = UNDECLARED_ROWS
+            source = (f"no bound was declared at HELLO, so {UNDECLARED_ROWS} rows apply (netrl's "
+                      f"workers declare theirs); {source}")
         if peer is not None and peer.max_bytes:
             nbytes = min(nbytes, peer.max_bytes)
             source += f"; it declared {peer.max_bytes} bytes"
@@ -169,23 +180,29 @@ class SampleIntake:
         self.stats.oversized_packets += 1
         self._refuse(peer, exc.seq, str(exc))
 
-    def _over_pace(self, peer: Peer, seq: int, steps: int) -> bool:
-        """While the trainer paces, a packet beyond the samples its worker was allowed (PACE) is
-        held back with a NACK (the worker resends it once a PACE allows more): a worker that ignores
-        its allowance would otherwise take the other workers' share. Real-time workers (``paced``
-        false at HELLO) are never held."""
-        if (self.progress is None or not peer.paced or steps <= max(0, peer.pace_budget)
+    def _over_pace(self, peer: Peer, seq: int, rows: int) -> bool:
+        """While the trainer paces, a packet beyond the rows its worker was allowed (PACE) is held
+        back with a NACK (the worker resends it once a PACE allows more): a worker that ignores its
+        allowance, or sends rows that are no env steps (reset and context rows take slots in the
+        trainer's memory too), would otherwise take the other workers' share. Only the workers
+        whose key server.unpaced_workers names (real-time workers) are never held."""
+        if (self.progress is None or not peer.paced or rows <= max(0, peer.pace_budget)
                 or (peer.session, seq) in self.relay.held):
             return False
         peer.over_pace += 1
         self.stats.pace_refusals += 1
-        reason = (f"over this worker's PACE allowance: the trainer paces the samples it "
-                  f"takes, and this worker may deliver {max(0, peer.pace_budget)} more "
-                  f"(its allowance is {peer.allowance} samples produced in all), not the "
-                  f"{steps} of this packet; a throttled worker waits for its allowance")
+        reason = (f"over this worker's PACE allowance: the trainer paces the rows it takes "
+                  f"(env steps, reset and context rows alike), and this worker may deliver "
+                  f"{max(0, peer.pace_budget)} more (its allowance is {peer.allowance} env steps "
+                  f"produced in all, at {peer.rows_per_step():.2f} rows each), not the {rows} rows "
+                  f"of this packet; a throttled worker waits for its allowance")
+        if peer.asked_unpaced:
+            reason += (f" (its HELLO said paced false, but only the server's operator exempts a "
+                       f"worker from pacing: server.unpaced_workers does not name "
+                       f"{self.admission.unpaced_key(peer)!r})")
         if worth_logging(peer.over_pace, first=3):
-            log.warning("held back a packet of %d samples from %s, %s (%d held back so far)",
-                        steps, peer.label,
+            log.warning("held back a packet of %d rows from %s, %s (%d held back so far)",
+                        rows, peer.label,
                         reason, peer.over_pace)
         self.send(peer, Message(MsgType.NACK, "server", body={"seqs": [seq], "retry_s": 1.0, "reason": reason}))
         return True
@@ -283,13 +300,14 @@ class SampleIntake:
         try:
             schema = SampleSchema.from_wire(msg.body)
         except ProtocolError as exc:
-            self.admission.reject("trainer", peer.rid, peer, str(exc))
+            self.admission.reject("trainer", peer.rid, peer, str(exc), frames_nbytes(frames))
             return
         if schema != self.schema:
             self.schema = schema
             log.info("sample layout from the trainer: %d fields, checked on every packet",
                      len(schema.leaves))
             save_schema(self.schema_path, msg.body)
+        self.relay.trainer_layout(schema.tag)  # the packets held for this layout go to it
 
     # -- how much each worker may send -------------------------------------------------------------
     def window(self) -> int:
@@ -331,7 +349,8 @@ class SampleIntake:
         wrong = {k: v for k, v in msg.body.items() if not 0 <= v < MAX_COUNT}
         if wrong:  # check_body let through any int64: these feed the pacing arithmetic
             self.admission.reject("trainer", peer.rid, peer,
-                                  f"progress counts {wrong} are not between 0 and 2**53")
+                                  f"progress counts {wrong} are not between 0 and 2**53",
+                                  frames_nbytes(frames))
             return
         self.progress = dict(msg.body)
         self.pace()

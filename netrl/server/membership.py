@@ -51,14 +51,15 @@ class Membership:
         # found gone by a send, in this pass of the loop
         self.gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}
 
-    def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any) -> None:
-        """A HELLO: admitted (or refused) by :class:`Admission`, then welcomed with the server's
-        state."""
+    def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any,
+              received: int | None = None) -> None:
+        """A HELLO (of ``received`` bytes): admitted (or refused, and told why) by
+        :class:`Admission`, then welcomed with the server's state."""
         declared = _declared_weights(msg.body) if role == "worker" else ([], [])
         if isinstance(declared, str):
-            self.admission.refuse(role, rid, None, declared, declared)
+            self.admission.refuse(role, rid, None, declared, declared, received=received)
             return
-        peer = self.admission.hello(role, rid, msg, rid_frame)
+        peer = self.admission.hello(role, rid, msg, rid_frame, received)
         if peer is None:
             return
         if role == "worker":
@@ -176,7 +177,8 @@ def _declared_weights(body: dict[str, Any]) -> tuple[list[str], list[str]] | str
     for key, names, rule, limit in (("models", models, PEER_NAME, MAX_MODELS),
                                     ("formats", formats, FORMAT_NAME, MAX_DECLARED_FORMATS)):
         if len(names) > limit or not all(isinstance(n, str) and rule.fullmatch(n) for n in names):
-            return (f"worker HELLO {key} {str(names)[:120]} is not a list of at most {limit} valid "
-                    "names (a model: 1 to 64 letters, digits, '.', '_' or '-'; a format: a "
-                    "lower-case letter, then up to 31 lower-case letters, digits or _)")
+            # the field first: a REJECT quoting it may be cut short to the HELLO's size
+            return (f"hello {key!r} is not a list of at most {limit} valid names (a model: 1 to "
+                    "64 letters, digits, '.', '_' or '-'; a format: a lower-case letter, then up "
+                    f"to 31 lower-case letters, digits or _): {str(names)[:120]}")
     return list(models), list(formats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -11,7 +12,8 @@ from netrl.net.liveness import Liveness
 from netrl.server.weight_choice import LinkRate, WorkerModel
 from netrl.storage.segments import Position
 
-__all__ = ["MAX_COUNT", "MAX_REPORTED", "Peer", "PeerTable", "QueuedPacket", "is_count"]
+__all__ = ["MAX_COUNT", "MAX_REPORTED", "MAX_ROWS_PER_STEP", "Peer", "PeerTable", "QueuedPacket",
+           "is_count"]
 
 REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats,
                                                      # e.g. "dropped_samples"
@@ -20,6 +22,10 @@ MAX_REPORTED = 32  # counters kept per peer
 # counter): far beyond any run, exact as a float, and any sum of two still fits the wire's 64-bit
 # integers (a PACE allowance, say).
 MAX_COUNT = 2**53
+# PACE counts rows: each env step granted lets a worker deliver its own rows per step (reset and
+# context rows included), as its accepted packets show, at most this many: enough for tiny packets
+# with a frame stack's context rows, and all a worker of reset-only packets can get.
+MAX_ROWS_PER_STEP = 4
 
 
 def is_count(value: Any) -> bool:
@@ -66,14 +72,17 @@ class Peer:
     # a worker: whether a trainer is connected, and the tag of the sample layout packets are checked
     # against (0: none), as the server last told it
     told: tuple[int, int] | None = None
-    # a worker's HELLO: the largest packet it makes (0: not declared, the server's caps alone), and
-    # whether it keeps to PACE (a real-time worker does not: its packets are never held for pacing)
+    # a worker's HELLO: the largest packet it makes (0: not declared, small defaults apply), and
+    # whether it asked to be exempt from PACE (a real-time worker); it is exempt (``paced`` false:
+    # its packets never held for pacing) only if server.unpaced_workers names its key
     max_rows: int = 0
     max_bytes: int = 0
     paced: bool = True
+    asked_unpaced: bool = False
+    rows: int = 0  # rows of its accepted packets: env steps (``samples``), reset and context rows
     num_envs: int = 1  # envs it runs (worker.num_envs): its packets' env column stays below it
-    pace_budget: int = 0  # samples it may still deliver: PACE raises granted, less the
-                          # samples accepted since
+    pace_budget: int = 0  # rows it may still deliver: PACE raises granted (in its rows per
+                          # step), less the rows accepted since
     over_pace: int = 0  # packets refused because they went beyond its PACE allowance
     oversized: int = 0  # packets refused because they went beyond its declared
                         # bounds or the server's
@@ -103,11 +112,20 @@ class Peer:
         return ignored
 
     def granted(self, allowance: int) -> None:
-        """A PACE raising its allowance to ``allowance`` was sent: what that lets it produce
-        beyond what it had (or beyond its count, if it has used up its allowance) is
-        added to what it may deliver."""
-        self.pace_budget += max(0, allowance - max(self.allowance, self.produced))
+        """A PACE raising its allowance to ``allowance`` was sent: the env steps that lets it
+        produce beyond what it had (or beyond its count, if it has used up its allowance), in rows
+        (:meth:`rows_per_step`), are added to what it may deliver."""
+        steps = max(0, allowance - max(self.allowance, self.produced))
+        self.pace_budget += math.ceil(steps * self.rows_per_step())
         self.allowance = allowance
+
+    def rows_per_step(self) -> float:
+        """Rows its packets carry per env step (reset rows, each packet's context rows), as
+        its accepted packets show, within 1 to ``MAX_ROWS_PER_STEP``; the most before it
+        has delivered a step."""
+        if not self.samples:
+            return MAX_ROWS_PER_STEP
+        return min(MAX_ROWS_PER_STEP, max(1.0, self.rows / self.samples))
 
     def carry_over(self, old: Peer) -> None:
         """Its own session reconnecting (a network blip): keep what the server granted and
@@ -177,7 +195,8 @@ class Peer:
                                    # one it says it holds
             # (a restart)
             held = self.version if self.version >= 0 else int(self.reported.get("version", -1))
-            about.update(version=held, samples=self.samples, packets=self.packets, paced=self.paced,
+            about.update(version=held, samples=self.samples, rows=self.rows, packets=self.packets,
+                         paced=self.paced, asked_unpaced=self.asked_unpaced,
                          over_pace=self.over_pace, oversized=self.oversized, envs=self.num_envs,
                          models={name: st.describe() for name, st in self.models.items() if st.ever_sent},
                          link_rate=self.link.rate)
@@ -233,10 +252,13 @@ class PeerTable:
         produces or runs out of allowance."""
         workers = self.workers()
         now = time.monotonic()
-        busy = [w for w in workers if w.produced >= w.allowance or now - w.produced_at < idle_after_s] or workers
+        # (out of allowance: no room for a row of each of its envs, a step it cannot take in part)
+        busy = [w for w in workers if w.produced + w.num_envs > w.allowance
+                or now - w.produced_at < idle_after_s] or workers
         share = -(-min(max(0, wanted), MAX_COUNT) // max(1, len(busy)))
-        # clamped: always fits a PACE
-        raised = [(w, min(w.produced + share, MAX_COUNT)) for w in busy]
+        # a share of at least one step of every env (a vector worker never takes a step in part:
+        # less would leave it waiting, and the trainer with it); clamped: always fits a PACE
+        raised = [(w, min(w.produced + (share and max(share, w.num_envs)), MAX_COUNT)) for w in busy]
         return [(w, allowance) for w, allowance in raised if allowance > w.allowance]
 
     def session_problem(self, new: Peer) -> str | None:

@@ -21,6 +21,10 @@ trainer, who acknowledges it.
   them: a worker past its share spools only into room that the others' unused shares do not need, so
   one fast worker (a simulator beside robots) cannot fill the spool while the trainer is away and
   leave the others refused until it drains.
+* A packet the trainer refuses for its sample layout (its ACK names the bundle's parts) goes to
+  the spool's ``held`` folder (:mod:`netrl.server.layout_hold`), and back to the spool when a
+  trainer of its layout connects; one it refuses for anything else is refused for good. Neither
+  counts as delivered (``samples_out``).
 
 Bundles hold at least ``min_samples`` samples (or leave after ``max_delay_s``) and go out only
 while the trainer has credit, so a slow trainer never makes the server's memory grow. Beyond
@@ -44,6 +48,7 @@ from typing import Any, Literal
 from netrl.protocol.messages import MsgType
 from netrl.protocol.wire import encode_bundle, max_packet_bytes
 from netrl.server.counters import ServerCounters
+from netrl.server.layout_hold import LayoutHold
 from netrl.server.peers import QueuedPacket
 from netrl.server.spool import Spool, SpooledPacket
 from netrl.server.spool_gate import SpoolGate
@@ -102,6 +107,9 @@ class SampleRelay:
         self.gate = SpoolGate(spool, stats, workers)
         # spool_stale rests until then after keeping packets past their share
         self._stale_scan_at = 0.0
+        # packets the trainer refused for their layout, by layout (the server opens it)
+        self.hold = LayoutHold(spool.dir / "held", spool.max_bytes, stats, spool.fsync)
+        self.layout = 0  # the connected trainer's layout tag (SCHEMA; 0: none known)
 
     # -- packets in --------------------------------------------------------------------------------
     def accept(self, packet: QueuedPacket, trainer_connected: bool, spool_now: bool = False) -> Outcome:
@@ -144,10 +152,17 @@ class SampleRelay:
     def trainer_joined(self) -> None:
         self.credit = 0
 
+    def trainer_layout(self, tag: int) -> None:
+        """The connected trainer's sample layout (its SCHEMA): the packets held for it go back to
+        the spool, and from there to it."""
+        self.layout = tag
+        self.hold.release_to(self.layout, self.spool, self.gate)
+
     def trainer_left(self) -> None:
         """It left without acknowledging some bundles: their packets go back to the front,
         and the spool rewinds."""
         self.credit = 0
+        self.layout = 0
         for seq in sorted(self.inflight, reverse=True):
             for packet in reversed(self.inflight.pop(seq)):
                 if packet.spool_position is None:
@@ -159,13 +174,19 @@ class SampleRelay:
     def add_credit(self, bundles: int) -> None:
         self.credit = min(self.credit + max(0, bundles), 10_000)
 
-    def trainer_acked(self, bundle_seqs: list[int]) -> None:
-        """The trainer has these bundles (in its sample log): free them and
-        acknowledge their workers."""
+    def trainer_acked(self, bundle_seqs: list[int],
+                      refused: dict[str, list[int]] | None = None) -> None:
+        """The trainer has these bundles (in its sample log): free them and acknowledge their
+        workers. ``refused``: the parts of the first bundle the trainer refused, by why
+        (``layout_refused``, ``rejected``: its ACK's fields)."""
         acks: dict[str, list[int]] = collections.defaultdict(list)
         spooled_before = self.spool.packets
         for seq in bundle_seqs:
-            for packet in self.inflight.pop(seq, []):
+            packets = self.inflight.pop(seq, [])
+            if refused and packets:
+                packets = self._sort_out(packets, refused)
+                refused = None
+            for packet in packets:
                 self.inflight_steps -= packet.steps
                 self.stats.samples_out += packet.steps  # once delivered: resends count once
                 if packet.spool_position is not None:
@@ -178,6 +199,41 @@ class SampleRelay:
             log.info("spool drained: the trainer has every spooled packet")
         for session, seqs in acks.items():
             self.tell_worker(session, MsgType.ACK, {"seqs": seqs})
+
+    def _sort_out(self, packets: list[QueuedPacket],
+                  refused: dict[str, list[int]]) -> list[QueuedPacket]:
+        """Settle the packets of a bundle that the trainer refused; the others, to deliver. One
+        refused for its layout is held for a trainer of its layout; one in memory that cannot be
+        goes back to its worker (a NACK naming the layout, as the server's own check sends). One
+        refused for anything else is refused for good (a NACK, for one in memory)."""
+        layout, rejected = ({i for i in refused.get(why, ()) if type(i) is int}
+                            for why in ("layout_refused", "rejected"))
+        delivered = []
+        for i, packet in enumerate(packets):
+            if i not in layout and i not in rejected:
+                delivered.append(packet)
+                continue
+            self.inflight_steps -= packet.steps
+            problem = (self.hold.keep_packet(packet, self.layout, self.max_message_bytes)
+                       if i in layout else None)
+            if i not in layout:  # the trainer logged why; refused for good, as the server would
+                self.stats.samples_trainer_rejected += packet.steps
+            if packet.spool_position is not None:
+                self.inflight_spooled -= packet.steps
+                self.spool.ack(packet.spool_position)
+                if problem:
+                    self.hold.lost(packet, problem)
+                continue
+            self._release(packet)
+            if i in layout and not problem:  # on disk in the held folder: its worker may let it go
+                self.tell_worker(packet.session, MsgType.ACK, {"seqs": [packet.seq], "spooled": True})
+                continue
+            # refused for good (its worker counts it rejected), or kept by its worker for its layout
+            why = (f"for its sample layout, and {problem}" if problem else "(its log says why)")
+            self.tell_worker(packet.session, MsgType.NACK, {
+                "seqs": [packet.seq], "retry_s": 0, "reason": f"the trainer refused it {why}",
+                **({"layout": self.layout} if problem else {})})
+        return delivered
 
     # -- bundles out -------------------------------------------------------------------------------
     def next_deadline(self, trainer_connected: bool) -> float | None:
@@ -296,6 +352,10 @@ class SampleRelay:
         would wait ``spool_after_s`` for its ACKs, and give up on its last packets first."""
         # the head after the last acknowledgements, and the emptied segments off the disk
         self.spool.tick()
+        if self.hold.stores:  # (rarely: a pass of the server's loop pays one look when empty)
+            self.hold.tick()
+            if trainer_connected:
+                self.hold.release_to(self.layout, self.spool, self.gate)
         wait = self.spool_after if trainer_connected else 0.0
         if now - self.last_bundle_at < wait:
             return
@@ -370,7 +430,8 @@ class SampleRelay:
         return {"queued_samples": self.queued_steps, "queued_bytes": self.mem_bytes,
                 "inflight_samples": self.inflight_steps,
                 "spool": {"packets": spool.packets, "samples": spool.steps, "bytes": spool.bytes,
-                          "max_bytes": spool.max_bytes}}
+                          "max_bytes": spool.max_bytes},
+                "held": self.hold.describe()}
 
     def _warn_full(self, who: str) -> None:
         now = time.monotonic()

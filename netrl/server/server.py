@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from netrl.net.keys import ServerKeys, server_keys
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import PacketTooLarge, decode
+from netrl.protocol.wire import PacketTooLarge, decode, frames_nbytes
 from netrl.server.admission import Admission
 from netrl.server.counters import ServerCounters
 from netrl.server.intake import SampleIntake
@@ -54,6 +54,7 @@ from netrl.server.membership import Membership
 from netrl.server.outbound import Outbound
 from netrl.server.peers import Peer, PeerTable
 from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
+from netrl.server.revocation import Revocations
 from netrl.server.sockets import ServerSockets
 from netrl.server.spool import Spool
 from netrl.server.status import ServerStatus
@@ -88,6 +89,9 @@ class Server:
         max_weights_bytes: the largest weight version cached and relayed.
         max_workers: workers connected at once; a new one beyond it is refused.
         max_rows_per_packet: rows a sample packet may hold, whatever its worker declares.
+        unpaced_workers: the worker keys (without CURVE, names) exempt from PACE: real-time
+            workers whose env cannot wait; a HELLO saying ``paced`` false is honoured for these
+            alone.
     """
 
     @tmrl_arguments("Server", ("port", "password"), SERVER_ONLY,
@@ -101,7 +105,7 @@ class Server:
                  spool_max_bytes: int = 1 << 30, fsync: bool = False, keys: ServerKeys | None = None,
                  status_port: int | None = None, status_interval_s: float = 10.0,
                  max_weights_bytes: int = 1 << 30, max_workers: int = 1000,
-                 max_rows_per_packet: int = 65_536) -> None:
+                 max_rows_per_packet: int = 65_536, unpaced_workers: Collection[str] = ()) -> None:
         self.bind_ip = bind_ip
         self.trainer_port = trainer_port
         self.worker_port = worker_port
@@ -127,7 +131,8 @@ class Server:
                                 "spool folder (config.json: server.spool_dir)")
         # (the two callbacks reach self.members, made below from these parts among others)
         self.admission = Admission(self.net, self.sockets, self.peers, self.stats,
-                                   lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet)
+                                   lambda peer: self.members.forget(peer), max_workers, max_rows_per_packet,
+                                   unpaced_workers)
         self.out = Outbound(self.sockets, self.stats, self.weights,
                             lambda peer, why: self.members.lost_on_send(peer, why))
         self.spool = Spool(spool_dir, spool_max_bytes, fsync)
@@ -141,13 +146,16 @@ class Server:
                                    status_interval_s)
         self.members = Membership(self.net, self.session, self.sockets, self.peers, self.stats, self.admission,
                                   self.out, self.weights, self.intake, self.relay, self.status)
+        self.revocations = Revocations(spool_dir, self.peers, self.stats, self.admission,
+                                       lambda peer: self.members.forget(peer), self._tell_trainer)
+        self.admission.revoked = self.revocations.refusal
         # what the server does with each message a peer may send it after HELLO
         # (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
             MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
             MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
             MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
-            MsgType.BYE: self.members.on_bye}
+            MsgType.BYE: self.members.on_bye, MsgType.REVOKE: self.revocations.on_trainer}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -160,7 +168,7 @@ class Server:
                    spool_after_s=s.spool_after_s, spool_dir=spool_dir, spool_max_bytes=s.spool_max_bytes,
                    fsync=s.fsync, keys=keys, status_port=s.status_port, status_interval_s=cfg.status_interval_s,
                    max_weights_bytes=s.max_weights_bytes, max_workers=s.max_workers,
-                   max_rows_per_packet=s.max_rows_per_packet)
+                   max_rows_per_packet=s.max_rows_per_packet, unpaced_workers=s.unpaced_workers)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -172,10 +180,12 @@ class Server:
         self._lock.acquire()
         try:
             self.spool.open()
+            self.relay.hold.open()
         except BaseException:
             self._lock.release()
             raise
         self.intake.open()
+        self.revocations.open()
         self._opened = True
         self.sockets.open()
         self._listening = True
@@ -259,6 +269,7 @@ class Server:
         self.sockets.close()
         try:
             self.spool.close()
+            self.relay.hold.close()
         # the packets on disk stay; at worst some are sent again after a restart
         except OSError as exc:
             log.error("could not close the spool in %s cleanly: %s", self.spool_dir, exc)
@@ -266,13 +277,7 @@ class Server:
         # it never served (a port in use, a spool folder in use): the error says it all
         if not self._listening:
             return
-        log.info("server stopped: %d samples relayed (the trainer has them), %d messages "
-                 "rejected, %d samples spooled in all (%d packets still on disk), %d sample "
-                 "refusals while the spool was full or failing (workers keep refused samples "
-                 "and resend them, so one can be refused again), %d packets held in memory "
-                 "(their workers still have them)", self.stats.samples_out, self.stats.rejected,
-                 self.stats.samples_spooled, self.spool.packets, self.stats.samples_refused,
-                 self.relay.held_packets())
+        log.info("%s", self.status.stop_line())
 
     # -- receiving ---------------------------------------------------------------------------------
     # The stop event is seen only between polls (a SIGINT does not end one): waiting
@@ -319,7 +324,13 @@ class Server:
             # the trainer their contents
             msg = decode(frames[1:], self.net.max_message_bytes, inflate=False, limits=self.intake.packet_limits(peer))
             if msg.type is MsgType.HELLO:
-                self.members.hello(role, rid, msg, frames[0])
+                self.members.hello(role, rid, msg, frames[0], frames_nbytes(frames[1:]))
+                if role == "trainer" and (trainer := self.peers.get(role, rid)) is not None:
+                    self.revocations.trainer_joined(trainer)  # the rows it must not train on
+                return
+            # --revoke: on the trainer port (its keys' authority), without a HELLO of its own
+            if peer is None and role == "trainer" and msg.type is MsgType.REVOKE:
+                self.revocations.on_operator(rid, msg)
                 return
             # from a peer already forgotten: it is leaving anyway
             if peer is None and msg.type is MsgType.BYE:
@@ -332,27 +343,30 @@ class Server:
                                              f"a {msg.type.value} message before HELLO "
                                              f"(after a server restart, every client "
                                              f"sends one); asked it to say HELLO", first=1)
-                self.admission.reply(role, rid, "unknown peer: say HELLO")
+                self.admission.reply(role, rid, "unknown peer: say HELLO",
+                                     received=frames_nbytes(frames[1:]))
                 return
             check_role(peer.role, msg)
         except PacketTooLarge as exc:  # checked before inflating
             if peer is not None and peer.role == "worker":
                 self.intake.on_oversized(peer, exc)
             else:
-                self.admission.reject(role, rid, peer, str(exc))
+                self.admission.reject(role, rid, peer, str(exc), frames_nbytes(frames[1:]))
             return
         except VersionMismatch as exc:
             self.admission.refuse(role, rid, peer,
                                   f"{exc}; install the same netrl version on "
-                                  f"the server and the {role}", str(exc))
+                                  f"the server and the {role}", str(exc),
+                                  received=frames_nbytes(frames[1:]))
             return
-        except ProtocolError as exc:
-            self.admission.reject(role, rid, peer, str(exc))
+        except ProtocolError as exc:  # malformed, or outside its sender's role: told why
+            self.admission.reject(role, rid, peer, str(exc), frames_nbytes(frames[1:]))
             return
         peer.last_seen = time.time()
         handler = self.handlers.get(msg.type)
         if handler is None:
-            self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server")
+            self.admission.reject(role, rid, peer, f"{msg.type.value} is not handled by the server",
+                                  frames_nbytes(frames[1:]))
             return
         handler(peer, msg, frames[1:])
 
@@ -364,11 +378,13 @@ class Server:
             problem = peer.weights_acked(seqs, b.get("model", "policy"), b.get("format", "float32"),
                                          b.get("need_full", False))
             if problem:
-                self.admission.reject("worker", peer.rid, peer, problem)
+                self.admission.reject("worker", peer.rid, peer, problem, frames_nbytes(frames))
                 return
             self.out.stream_weights(peer)
             return
-        self.relay.trainer_acked(seqs)  # the trainer acknowledges bundles
+        # the trainer acknowledges bundles, naming the parts it refused
+        self.relay.trainer_acked(seqs, {k: v for k, v in msg.body.items()
+                                        if k in ("layout_refused", "rejected")})
 
     def _heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         peer.liveness.on_heartbeat(msg.body)  # the round trip, for the window that declares it lost
@@ -386,7 +402,7 @@ class Server:
         if isinstance(problem, LoggedProblem):
             self.stats.rejected += 1
         elif problem:
-            self.admission.reject("trainer", peer.rid, peer, problem)
+            self.admission.reject("trainer", peer.rid, peer, problem, frames_nbytes(frames))
         elif self.weights.completed > completed:
             log.debug("weights %s v%d%s from the trainer (%d parts)",
                       b.get("model", "policy"), msg.policy_version,
@@ -400,6 +416,10 @@ class Server:
     def _send_to_trainer(self, frames: list[Any]) -> bool:
         trainer = self.peers.trainer
         return trainer is not None and self.out.send_frames(trainer, frames) is True
+
+    def _tell_trainer(self, msg: Message) -> None:
+        if self.peers.trainer is not None:
+            self.out.must_send(self.peers.trainer, msg)
 
     def _tell_worker(self, session: str, kind: MsgType, body: dict[str, Any]) -> None:
         # (the intake is built after the relay, which it takes)

@@ -1,5 +1,5 @@
 """The server's account of itself: the snapshot that ``python -m netrl --status`` shows,
-and the status line it logs.
+the status line it logs, and its last line, which says where every sample it took is.
 
 :class:`ServerStatus` reads the server's parts (peers, weights cache, relay, counters) and changes
 none of them but the count of rejected messages. The server's loop calls :meth:`ServerStatus.answer`
@@ -46,7 +46,8 @@ def status_line(s: dict[str, Any]) -> str:
     return (f"status | {count_of(len(s['workers']), 'worker')} [{versions or '-'}] | trainer "
             f"{'connected' if s['trainer'] else 'absent'} | in {rates.get('samples_in', 0):.0f}/s "
             f"out {rates.get('samples_out', 0):.0f}/s | queued {s.get('queued_samples', 0)} | "
-            f"spool {s.get('spool', {}).get('samples', 0)} | rejected {s['rejected']}")
+            f"spool {s.get('spool', {}).get('samples', 0)} | "
+            f"held {s.get('held', {}).get('samples', 0)} | rejected {s['rejected']}")
 
 
 def answer_status(sock: zmq.Socket, snapshot: Callable[[], dict[str, Any]]) -> bool:
@@ -139,6 +140,25 @@ class ServerStatus:
             "stats": self.stats.as_dict(),  # every counter, at 0 until it counts: no key a script
                                             # reads goes missing
         }
+
+    def stop_line(self) -> str:
+        """The server's last line: where each sample it took is (delivered, spooled, held for
+        another layout, still in memory, or lost, and why)."""
+        relay, stats = self.intake.relay, self.stats
+        spool, held = relay.spool, relay.hold
+        memory = relay.queued_steps + relay.inflight_steps - relay.inflight_spooled
+        layouts = count_of(len(held.stores), "layout")
+        return (f"server stopped: {stats.samples_out} samples delivered to the trainer; "
+                f"{spool.steps} spooled for it ({spool.packets} packets); {held.steps} held for "
+                f"another sample layout ({held.packets} packets in {layouts}, in {held.dir}: sent "
+                f"when a trainer with theirs connects); {memory} in memory (their workers still "
+                f"have them); {stats.samples_trainer_rejected} refused by the trainer's checks (its "
+                f"log says why); lost: {stats.samples_held_lost} refused for their layout that the "
+                f"held folder could not keep, {stats.samples_dropped} spooled over the trainer's "
+                f"message limit (the log says which); {stats.samples_spooled} samples spooled in "
+                f"all, {stats.rejected} messages rejected, {stats.samples_refused} sample refusals "
+                f"while the spool was full or failing (workers keep refused samples and resend "
+                f"them, so one can be refused again)")
 
     def answer(self, sock: zmq.Socket) -> None:
         """Answer one ``--status`` request waiting on ``sock`` (a malformed one is

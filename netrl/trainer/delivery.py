@@ -11,6 +11,7 @@ acknowledged is never lost, and what was not is resent by the server.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from netrl.errors import NetrlError
 from netrl.storage.segments import Position, Record, SegmentLog, check_meta
 from netrl.util import worth_logging
 
-__all__ = ["Deliveries", "SampleLog"]
+__all__ = ["Deliveries", "SampleLog", "write_failed"]
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +149,14 @@ def _meta_problem(meta: Any) -> str | None:
 
 def _unreadable(directory: str | Path, exc: OSError) -> NetrlError:
     return NetrlError(f"cannot read the trainer's sample log in {directory}: {exc}")
+
+
+def write_failed(what: str, path: Path, exc: OSError) -> str:
+    """Advice for a failed write: the path, the OS error and what to do."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = ("free disk space there, or move the run folder to a "
+               "disk with room and point weights_folder at it")
+    else:
+        fix = ("check that this process can write there "
+               "(permissions, a read-only or failing disk, ulimit -n)")
+    return f"could not write {what} {path} ({exc}): {fix}"

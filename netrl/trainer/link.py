@@ -29,11 +29,9 @@ wording is :mod:`netrl.trainer.status_line`'s.
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,11 +44,11 @@ from netrl.net.keys import ClientKeys
 from netrl.net.thread import Command, NetThread, command_head, read_command
 from netrl.protocol.messages import MAX_POLICY_VERSION, Message, MsgType, printable
 from netrl.protocol.models import POLICY
-from netrl.protocol.schema import SampleSchema
+from netrl.protocol.schema import LayoutMismatch, SampleSchema
 from netrl.protocol.wire import PacketLimits, buffer_from_message, decode, encode
 from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
-from netrl.trainer.delivery import Deliveries, SampleLog
+from netrl.trainer.delivery import Deliveries, SampleLog, write_failed
 from netrl.trainer.encoding import WeightEncoder
 from netrl.trainer.outbox import Outboxes
 from netrl.trainer.status_line import status_line
@@ -66,20 +64,9 @@ KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a hear
 _SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these
                   # bits, the part below
 
-__all__ = ["TrainerLink", "write_failed"]
+__all__ = ["TrainerLink"]
 
 log = logging.getLogger(__name__)
-
-
-def write_failed(what: str, path: Path, exc: OSError) -> str:
-    """Advice for a failed write: the path, the OS error and what to do."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = ("free disk space there, or move the run folder to a "
-               "disk with room and point weights_folder at it")
-    else:
-        fix = ("check that this process can write there "
-               "(permissions, a read-only or failing disk, ulimit -n)")
-    return f"could not write {what} {path} ({exc}): {fix}"
 
 
 class TrainerLink(NetThread):
@@ -133,8 +120,12 @@ class TrainerLink(NetThread):
                                    self.encoder)
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
+        self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
                                               # trainer's layout
+        # workers the server revoked, for the loop; revocations the loop asks for, to send
+        self.revoked: collections.deque[str] = collections.deque()
+        self.revoke_requests: collections.deque[Message] = collections.deque()
 
     # -- SampleSource, called from the training thread ---------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -150,6 +141,16 @@ class TrainerLink(NetThread):
             # wake the network thread: it can grant the server new credit right away
             self.command([command_head(Command.CREDIT)])
         return out
+
+    def revocations(self) -> list[str]:
+        """Training thread: the workers the server revoked since the last call (drop their rows)."""
+        return [self.revoked.popleft() for _ in range(len(self.revoked))]
+
+    def revoke(self, worker: str, reason: str) -> None:
+        """Training thread: ask the server to revoke ``worker`` (trainer.implausible: refuse)."""
+        body = {"worker": worker, "reason": reason}
+        self.revoke_requests.append(Message(MsgType.REVOKE, self.link.name, body=body))
+        self.command([command_head(Command.CREDIT)])  # wakes the network thread
 
     def wait(self, timeout: float) -> None:
         self.new_data.wait(timeout)
@@ -313,6 +314,8 @@ class TrainerLink(NetThread):
         (kind, values), payload = read_command(frames[0]), frames[1:]
         if kind is Command.CREDIT:
             self._grant()
+            while self.revoke_requests and self.link.ready:
+                self.link.send(encode(self.revoke_requests.popleft()))
             return
         if kind is Command.WEIGHTS:
             slotted, version = values
@@ -336,8 +339,18 @@ class TrainerLink(NetThread):
     def on_message(self, msg: Message) -> None:
         if msg.type is MsgType.BUNDLE:
             self._take_bundle(msg)
+        elif msg.type is MsgType.NOTICE and msg.body.get("refused"):  # one of its own messages
+            self.refused_notices += 1
+            if worth_logging(self.refused_notices):
+                log.warning("the server refused a message of this trainer: %s (%d so far)",
+                            printable(msg.body["reason"]), self.refused_notices)
         elif msg.type is MsgType.NOTICE:
             self._notice(msg.body["cause"], msg.body["reason"])
+        elif msg.type is MsgType.REVOKE and not msg.body.get("refused"):
+            log.warning("the server revoked worker %s: %s", msg.body["worker"],
+                        printable(msg.body.get("reason", ""), 300))
+            self.revoked.append(msg.body["worker"])
+            self.new_data.set()
         else:
             log.debug("ignored a %s message from the server", msg.type.value)
 
@@ -346,6 +359,7 @@ class TrainerLink(NetThread):
         if self.error is not None:
             return
         bufs = []
+        refused: dict[str, list[int]] = {}  # the parts refused, told back in the ACK
         for i, part in enumerate(msg.parts):
             # a bundle of 4,096 packets can take seconds on a busy CPU
             if i % KEEPALIVE_PARTS == KEEPALIVE_PARTS - 1:
@@ -363,10 +377,7 @@ class TrainerLink(NetThread):
                                          f"trainer session never published; versions it did not "
                                          f"publish are taken only up to v{FOREIGN_VERSION_LIMIT}")
             except (ProtocolError, SampleRejected) as exc:
-                self.stats["rejected"] += 1
-                if worth_logging(self.stats["rejected"]):
-                    log.warning("rejected a sample packet in bundle %d (%d rejected): %s", msg.seq,
-                                self.stats["rejected"], exc)
+                self._refused(msg.seq, i, exc, refused)
                 continue
             # a version this session never published: another's
             if newest > max(self.version, self.taken):
@@ -396,7 +407,21 @@ class TrainerLink(NetThread):
         self.received += 1
         self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
         self.new_data.set()
-        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [msg.seq]})))
+        self.link.send(encode(Message(MsgType.ACK, self.link.name,
+                                      body={"seqs": [msg.seq], **refused})))
+
+    def _refused(self, bundle: int, part: int, exc: ProtocolError | SampleRejected,
+                 refused: dict[str, list[int]]) -> None:
+        """Count and log a packet of a bundle refused; its part goes back in the bundle's ACK, so
+        the server keeps one refused for its layout for a trainer of it and drops the others."""
+        why = "layout_refused" if isinstance(exc, LayoutMismatch) else "rejected"
+        refused.setdefault(why, []).append(part)
+        self.stats[why] += 1
+        if worth_logging(self.stats[why]):
+            held = why == "layout_refused"  # the server keeps it on disk for a trainer of its layout
+            log.warning("%s a sample packet in bundle %d (%d so far): %s%s", "refused" if held else
+                        "rejected", bundle, self.stats[why], exc, " (its layout; the server keeps "
+                        "it on disk for a trainer with that layout)" if held else "")
 
     def _notice(self, cause: str, reason: str) -> None:
         """The server refuses workers' packets for this trainer's sample layout: logged once per

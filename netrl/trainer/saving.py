@@ -28,7 +28,8 @@ from netrl.errors import CheckpointError, NetrlError
 from netrl.protocol.models import POLICY
 from netrl.storage import checkpoint
 from netrl.storage.weight_files import write_weights_file
-from netrl.trainer.link import TrainerLink, write_failed
+from netrl.trainer.delivery import write_failed
+from netrl.trainer.link import TrainerLink
 from netrl.trainer.resume import agent_state
 from netrl.training.loop import TrainingOffline
 

@@ -38,6 +38,11 @@ def status_line(name: str, s: dict[str, Any], rates: dict[str, float], server: s
         f", {m} v{v}" for m, v in s.get("model_versions", {}).items())
     memory = (f"{s['memory_len']:,} of {s['memory_size']:,} "
               f"({100 * s['memory_len'] / max(1, s['memory_size']):.1f}%)")
+    # workers whose values were implausible (netrl.training.plausibility), shown once there are any
+    odd = s.get("implausible") or {}
+    implausible = (f" | implausible packets {odd['implausible_packets']:,}, workers quarantined "
+                   f"{odd['quarantined_workers']}, revoked {odd['revoked_workers']}"
+                   if any(odd.values()) else "")
     return (f"status | {trainer_label(name)} | {rates['trained_steps']:.0f} training steps/s | "
             f"samples in {rates['samples']:.0f}/s | memory {memory} | weights {weights} | "
-            f"lag {lag} | return {ret} | server {server}{waiting}")
+            f"lag {lag} | return {ret} | server {server}{waiting}{implausible}")

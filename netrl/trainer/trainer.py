@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import threading
 from pathlib import Path
@@ -50,6 +51,22 @@ from netrl.util import partial
 __all__ = ["Trainer", "TrainerLink"]
 
 log = logging.getLogger(__name__)
+
+
+def finished(training: TrainingOffline) -> str:
+    """What ended a run that was not stopped, and how to train it longer: the key (and flag) that
+    ended it, since a run that stops mid-learning without a word leaves the user guessing."""
+    if training.frames_done():
+        return (f"trainer.total_frames reached ({training.total_samples} env steps arrived from all "
+                f"workers together, of {training.settings.total_frames}) after "
+                f"{training.total_updates} training steps. To train longer, raise "
+                f"trainer.total_frames (--total-frames; Python: TrainingOffline(total_frames=...)) "
+                f"and start the trainer again: it resumes")
+    return (f"trainer.epochs reached ({training.epoch} epochs of {training.rounds} rounds x "
+            f"{training.steps} steps: {training.total_updates} training steps, "
+            f"{training.total_samples} env steps arrived). To train longer, raise trainer.epochs "
+            f"(--epochs; Python: TrainingOffline(epochs=...)), or set it to null to train until "
+            f"stopped, and start the trainer again: it resumes")
 
 
 class Trainer:
@@ -159,7 +176,7 @@ class Trainer:
         t = cfg.trainer
         training_cls = partial(  # tmrl's parameters, then netrl's settings
             TrainingOffline, pipeline.env_cls, pipeline.memory_cls, pipeline.training_agent_cls,
-            epochs=t.epochs, rounds=t.rounds, steps=t.steps,
+            epochs=math.inf if t.epochs is None else t.epochs, rounds=t.rounds, steps=t.steps,
             update_model_interval=t.update_model_interval,
             update_buffer_interval=t.update_buffer_interval,
             max_training_steps_per_env_step=t.max_training_steps_per_env_step,
@@ -294,11 +311,8 @@ class Trainer:
                 self.metrics.log_round({**stats, "duplicates": net.stats["duplicates"], **net.weight_metrics()})
             if not stop.is_set():
                 self._save()
-        if training.frames_done() and not stop.is_set():  # (saved just above)
-            log.info("%s finished: trainer.total_frames reached (%d env steps arrived "
-                     "from all workers together, of %d) after %d training steps",
-                     trainer_label(self.name), training.total_samples,
-                     training.settings.total_frames, training.total_updates)
+        if not stop.is_set():  # (saved just above)
+            log.info("%s finished: %s", trainer_label(self.name), finished(training))
 
     def _restore(self, training: TrainingOffline, stop: threading.Event
                  ) -> tuple[Deliveries, SampleLog | None]:
@@ -383,13 +397,18 @@ class Trainer:
         guards = self.training.safeguards if self.training else None
         ingester = self.training.ingester if self.training else None
         unstored = ingester.unstored if ingester is not None else 0
+        over_share = sum(ingester.over_share.values()) if ingester is not None else 0
         log.info("trainer stopped%s; %s; %d sample packets rejected, %d the memory could "
                  "not store, %d malformed messages from the server, %d duplicate packets "
-                 "dropped, %d refused for their values, %d training steps undone (not finite)",
+                 "dropped, %d refused for their values, %d training steps undone (not finite), "
+                 "%d refused over their worker's share of the memory; "
+                 "%d packets refused for their sample layout (the server keeps them for a "
+                 "trainer with theirs where it can: its last line says where each is)",
                  " by KeyboardInterrupt (Ctrl+C)" if interrupted else " by the error that follows" if failing else "",
                  policy,
                  stats["rejected"], unstored, malformed, stats["duplicates"],
-                 guards.refused if guards else 0, guards.nonfinite_steps if guards else 0)
+                 guards.refused if guards else 0, guards.nonfinite_steps if guards else 0, over_share,
+                 stats["layout_refused"])
         if failed is not None and raise_errors:
             raise failed
 

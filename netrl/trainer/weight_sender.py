@@ -98,6 +98,9 @@ class WeightSender:
         snap = self.snapshots.take(layout, nbytes, keep)
         copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
         if self.encoder is not None:  # encoded and sent on the encoding thread
+            # the publish, as without an encoder (what a version's latency is measured from)
+            log.debug("published %s v%d, to be encoded",
+                      "weights" if model == POLICY else f"model {model!r}", version)
             snap.busy = True
             self.encoder.put(model, version, trained_steps, snap.flat, layout,
                              lambda out: self._send_encoded(model, slot, version, trained_steps,

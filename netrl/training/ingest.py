@@ -3,12 +3,20 @@
 In order, for each packet (:meth:`Ingester.add`):
 
 1. values beyond what the spaces and the config allow: the packet is refused whole (see
-   :mod:`netrl.training.safeguards`);
+   :mod:`netrl.training.safeguards`); values valid but implausible for this run, or a worker
+   quarantined or revoked: as :mod:`netrl.training.plausibility` says;
 2. with ``normalize_obs``, its observations are merged into the statistics, each row once;
 3. sync collection: the transitions of the batch's version go into the memory, the rest are late
    (:mod:`netrl.training.sync`); async: those of a policy more than ``max_policy_lag`` versions old
    get ``stale_sample_weight``, and the packet goes into the memory;
 4. the round's counts: env steps, policy lags, stale samples and episode returns.
+
+A packet that would give its worker more than its share of the memory's rows (every row counts,
+reset and context rows too) is refused before step 3, and counted per worker in ``over_share``
+(:meth:`Ingester.share_cap`): one worker key sending far more rows than the others would otherwise
+overwrite their rows in the ring. Its rows already stored stay; as the ring overwrites them, its
+packets are taken again. Memories that do not keep each row's worker (a tmrl memory, the sync
+loop's batch) are not capped.
 
 A packet the statistics or the memory cannot take (a ValueError, e.g. image bytes that do not
 decode) costs itself, not the run: skipped, logged and counted in ``unstored``. A packet replayed
@@ -19,13 +27,16 @@ were made when it first arrived.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
 from netrl.envs.normalize import ObsNormalizer
 from netrl.memory.base import MemoryDataloading
+from netrl.memory.owners import OwnedRows, worker_key
 from netrl.memory.prefetch import BatchesAhead
 from netrl.samples.columns import Buffer, tree_map
+from netrl.training.plausibility import Plausibility
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
 from netrl.training.settings import TrainingSettings
@@ -36,18 +47,34 @@ __all__ = ["Ingester"]
 
 log = logging.getLogger(__name__)
 
+# An equal share, plus a quarter: workers of about the same speed hold about an equal share each,
+# and exactly that as a cap would refuse one whenever the ring's oldest rows are another's.
+SHARE_HEADROOM = 1.25
+# A worker counts among those sharing the memory while a packet of its was stored this recently.
+# Not "while it holds rows": the rows of a worker that left sit at the ring's tail until others
+# overwrite them, and equal shares that counted it would forbid them to (no one could store).
+RECENT_S = 30.0
+
 
 class Ingester:
     """The loop's intake of packets (module docstring), made by ``TrainingOffline.build``."""
 
     def __init__(self, memory: MemoryDataloading, settings: TrainingSettings,
                  safeguards: Safeguards, obs_norm: ObsNormalizer | None,
-                 sync: SyncBatches | None) -> None:
+                 sync: SyncBatches | None, reward_range: tuple[float, float] | None = None) -> None:
         self.memory, self.safeguards, self.obs_norm, self.sync = memory, safeguards, obs_norm, sync
+        # values valid but implausible, quarantine and revocation
+        self.plausibility = Plausibility(settings.implausible, settings.implausible_factor,
+                                         reward_range, settings.memory_size or 1_000_000, self)
         self.max_policy_lag = settings.max_policy_lag
         self.stale_weight = np.float32(settings.stale_sample_weight)
         self.memory_size = settings.memory_size  # the memory's (build resolves it)
         self.unstored = 0  # packets skipped for a ValueError of the statistics or the memory
+        self.max_share, self.min_share = settings.max_worker_share, settings.min_worker_share
+        self.over_share: dict[str, int] = {}  # per worker name: packets refused over its share
+        self.owned = memory if isinstance(memory, OwnedRows) else None  # None: not capped
+        self.clock = time.monotonic
+        self._stored_at: dict[str, float] = {}  # per worker: when a packet of its was last stored
         # while an epoch runs: no gather may read what changes
         self.batches: BatchesAhead | None = None
 
@@ -58,6 +85,8 @@ class Ingester:
         log makes the same staleness decisions."""
         if self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
             return 0
+        if not self.plausibility.admit(buf, new):
+            return 0  # held in quarantine, or refused
         if self.obs_norm is not None and not self._learn_obs_stats(buf):
             return 0
         if self.sync is not None:
@@ -112,7 +141,58 @@ class Ingester:
             return False
         return True
 
+    def share_cap(self, worker: str) -> int:
+        """The most rows of the memory ``worker`` may hold: ``memory.max_worker_share`` of them,
+        or, when that is 0, an equal share of the workers sharing it (those with a packet stored
+        in the last :data:`RECENT_S` seconds, and ``worker``), plus a quarter, at least
+        ``memory.min_worker_share``."""
+        assert self.owned is not None
+        share = self.max_share
+        if not share:
+            share = max(SHARE_HEADROOM / len(self._recent() | {worker_key(worker)}), self.min_share)
+        return max(1, int(min(share, 1.0) * self.owned.memory_size))
+
+    def _recent(self) -> set[str]:
+        since = self.clock() - RECENT_S
+        self._stored_at = {w: t for w, t in self._stored_at.items() if t >= since}
+        return set(self._stored_at)
+
+    def _over_share(self, buf: Buffer) -> bool:
+        """Whether ``buf`` would take its worker over :meth:`share_cap` (counted and logged)."""
+        if self.owned is None:
+            return False
+        name = worker_key(buf.worker)  # every session of a worker: a restart starts a new one
+        cap, after = self.share_cap(name), self.owned.rows_after(name, len(buf))
+        if after <= cap:
+            self._stored_at[name] = self.clock()
+            return False
+        refused = self.over_share[name] = self.over_share.get(name, 0) + 1
+        if worth_logging(refused, first=3, every=100):
+            log.warning("packet %d of worker %s (%d rows) is refused: the worker would hold %d "
+                        "of the replay memory's %d rows, over its share of %d (memory."
+                        "max_worker_share %g, %d workers storing lately); %d of its packets "
+                        "refused so far", buf.seq, buf.worker or "(unnamed)", len(buf), after,
+                        self.owned.memory_size, cap, self.max_share,
+                        len(self._recent() | {name}), refused)
+        return True
+
+    def drop_worker(self, worker: str) -> int:
+        """The memory's :meth:`~netrl.memory.base.MemoryDataloading.drop_worker`, once no batch is
+        being gathered from it: the call for the training loop's own thread to make."""
+        if self.batches is not None:
+            self.batches.settle()
+        return self.memory.drop_worker(worker)
+
+    def set_quarantined(self, worker: str, flag: bool) -> int:
+        """The memory's :meth:`~netrl.memory.base.MemoryDataloading.set_quarantined`, once no
+        batch is being gathered from it."""
+        if self.batches is not None:
+            self.batches.settle()
+        return self.memory.set_quarantined(worker, flag)
+
     def _store(self, buf: Buffer, steps: int) -> bool:
+        if self._over_share(buf):
+            return False
         if self.batches is not None:
             self.batches.settle()  # no gather may read the memory while it changes
         try:

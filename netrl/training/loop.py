@@ -18,7 +18,10 @@ collection, ``sync`` (:mod:`netrl.training.sync`).
 Pacing (the update-to-data ratio): training pauses while ``trained_steps >=
 max_training_steps_per_env_step * samples`` (tmrl's meaning), and the loop tells the source how many
 samples it wants in total, ``max(start_training, trained_steps / ratio) + worker_lead``, so
-throttled workers run no further ahead.
+throttled workers run no further ahead. With ``max_policy_lag`` set, it wants no more than it
+trains on before it publishes ``max_policy_lag - 1`` more versions (yet one more than it holds), so
+a sample arrives before the policy moves ``max_policy_lag`` versions on (a worker's samples arrive
+in order, and its steps beyond the wish are fewer than a version's: a vector step is a row an env).
 
 With ``total_frames`` set (TorchRL's collectors' name), the loop stops once that many samples have
 arrived: an epoch cut short yields the round under way, and :meth:`TrainingOffline.frames_done`
@@ -56,6 +59,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer
 from netrl.training.ingest import Ingester
+from netrl.training.plausibility import declared_reward_range, reward_bound
 from netrl.training.publish import Publisher
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
@@ -118,6 +122,7 @@ class TrainingOffline:
         self.agent: TrainingAgent | None = None
         self.agent_has_state = False  # whether the agent has state_dict and load_state_dict
         self.observation_space: Any = None
+        self.reward_range: tuple[float, float] | None = None  # the env's, where it declares one
         self.action_space: Any = None
         self.obs_norm: ObsNormalizer | None = None  # published as the model "obs_norm"
         self.safeguards: Safeguards | None = None  # value limits, the undo of non-finite steps
@@ -133,6 +138,7 @@ class TrainingOffline:
             return self.env_cls
         env = self.env_cls()
         try:
+            self.reward_range = declared_reward_range(env)  # (trainer.max_abs_reward's default)
             return env.observation_space, env.action_space
         finally:
             env.close()
@@ -163,10 +169,11 @@ class TrainingOffline:
         self.agent = agent = self.training_agent_cls(
             observation_space=obs_space, action_space=act_space, device=device, **compiled)
         attach_views(memory, agent)  # what the agent's inputs need from earlier rows (views.py)
-        limits = value_limits(obs_space, act_space, s.max_abs_reward)
+        bound = reward_bound(s.max_abs_reward, self.reward_range)
+        limits = value_limits(obs_space, act_space, bound)
         self.safeguards = guards = Safeguards(limits, agent, s.max_nonfinite_steps)
         self.agent_has_state = has_state_dict(agent)
-        self.ingester = Ingester(memory, s, guards, self.obs_norm, self.sync)
+        self.ingester = Ingester(memory, s, guards, self.obs_norm, self.sync, self.reward_range)
         self.publisher = Publisher(agent, guards, self.update_model_interval, self.sync, memory)
         self.publisher.add_models(agent.extra_models(), f"{type(agent).__name__}.extra_models()")
         if self.obs_norm is not None:  # the workers normalise act's observations as published
@@ -192,6 +199,8 @@ class TrainingOffline:
     # -- samples in, weights out -------------------------------------------------------------------
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
+        if self.ingester is not None:
+            self.ingester.plausibility.exchange(source)  # revocations heard of, and asked for
         return sum(self.add(buf) for buf in source.fetch())
 
     def add(self, buf: Buffer, new: bool = True) -> int:
@@ -213,10 +222,13 @@ class TrainingOffline:
         """Total samples the trainer wants by now: the pacing target for throttled workers."""
         if self.sync is not None:  # the workers wait for each version: it asks for all they make
             return self.total_samples + (1 << 40)
-        paced = math.ceil(self.total_updates / self.max_training_steps_per_env_step)
-        wanted = max(self.start_training, paced) + self.settings.worker_lead
-        total = self.settings.total_frames
-        return wanted if total is None else min(wanted, total)  # none beyond the last
+        s, ratio, start = self.settings, self.max_training_steps_per_env_step, self.start_training
+        wanted = max(start, math.ceil(self.total_updates / ratio)) + s.worker_lead
+        if s.max_policy_lag is not None and self.publisher is not None:  # (module docstring)
+            ahead = (s.max_policy_lag - 1) * self.update_model_interval
+            fresh = math.floor((self.publisher.published_updates + ahead) / ratio)
+            wanted = min(wanted, max(fresh, start, self.total_samples + 1))
+        return wanted if s.total_frames is None else min(wanted, s.total_frames)  # none beyond
 
     def frames_done(self) -> bool:
         """Whether ``total_frames`` samples have arrived: training is over."""
@@ -390,11 +402,12 @@ class TrainingOffline:
         r, p = self._round, self.publisher
         returns = list(r.returns)
         return {"trained_steps": self.total_updates, "samples": self.total_samples,
-                "start_training": self.start_training, "memory_len": self._memory_len(),
+                "start_training": self.start_training, "memory_len": len(self.memory or ()),
                 "memory_size": self.settings.memory_size, "version": p.version if p else 0,
                 "model_versions": dict(p.model_versions) if p else {}, "lag": r.lag(),
                 "return_mean": float(np.mean(returns)) if returns else None,
-                "episodes": len(returns), **(self.sync.live() if self.sync is not None else {})}
+                "episodes": len(returns), **(self.sync.live() if self.sync is not None else {}),
+                "implausible": self.ingester.plausibility.metrics() if self.ingester else {}}
 
     def state(self) -> dict[str, Any]:
         """The loop's counters, for a checkpoint (after build)."""
@@ -404,7 +417,8 @@ class TrainingOffline:
                 "total_samples": self.total_samples, "version": p.version, "round": self.round,
                 "round_steps": self.round_steps, "model_versions": dict(p.model_versions),
                 "round_stats": self._round.to_state(),
-                **(self.safeguards.state() if self.safeguards else {})}
+                **(self.safeguards.state() if self.safeguards else {}),
+                **(self.ingester.plausibility.state() if self.ingester else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's :meth:`state` (after build)."""
@@ -418,6 +432,8 @@ class TrainingOffline:
             p.model_versions[name] = max(p.model_versions.get(name, 0), int(version))
         if self.safeguards is not None:
             self.safeguards.load_state(state)
+        if self.ingester is not None:
+            self.ingester.plausibility.load_state(state)
         if "round_stats" in state:  # what the round under way had counted, from before the stop
             self._round = RoundStats.from_state(state["round_stats"])
             # its clock runs on from when training does: rebuilding the memory is not its time
@@ -426,10 +442,8 @@ class TrainingOffline:
     def _round_summary(self, rnd: int) -> dict[str, Any]:
         assert self.publisher is not None
         return {"epoch": self.epoch, "round": rnd, "trained_steps": self.total_updates,
-                "samples": self.total_samples, "memory_len": self._memory_len(),
+                "samples": self.total_samples, "memory_len": len(self.memory or ()),
                 "policy_version": self.publisher.version, **self._round.summary(),
                 **(self.sync.metrics() if self.sync is not None else {}),
-                **(self.safeguards.state() if self.safeguards else {})}
-
-    def _memory_len(self) -> int:
-        return len(self.memory) if self.memory is not None else 0
+                **(self.safeguards.state() if self.safeguards else {}),
+                **(self.ingester.plausibility.metrics() if self.ingester else {})}

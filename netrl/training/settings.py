@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from netrl.training.plausibility import Implausible
 from netrl.training.sync import BatchMode
 from netrl.util import did_you_mean
 
@@ -41,8 +42,17 @@ class TrainingSettings:
     # places must agree. Once TrainingOffline.build() ran, its settings hold those the memory has.
     memory_size: int | None = None
     batch_size: int | None = None
+    # each worker's share of a ring memory's rows (training/ingest.py): 0 gives an equal share of
+    # the workers holding rows, with headroom, at least min_worker_share
+    max_worker_share: float = 0.0
+    min_worker_share: float = 0.05
     seed: int | None = None
-    max_abs_reward: float = 1e6  # packets with larger rewards are refused (training/safeguards.py)
+    # packets with larger rewards are refused (training/safeguards.py); None: the env's declared
+    # reward_range, else 1e6 (training/plausibility.py)
+    max_abs_reward: float | None = None
+    implausible: Implausible = "quarantine"  # what an implausible packet gets (plausibility.py)
+    implausible_factor: float = 200.0  # robust scales from the median beyond which a value is
+                                       # implausible
     max_nonfinite_steps: int = 100  # non-finite steps in a row (each undone) that stop it (0: off)
     total_frames: int | None = None  # stop once this many samples have arrived (None: epochs do)
     # "sync": every batch under one weight version, trained once, in a RolloutMemory
@@ -71,11 +81,13 @@ class TrainingSettings:
         return cls(
             worker_lead=t.worker_lead, max_policy_lag=t.max_policy_lag,
             stale_sample_weight=t.stale_sample_weight, max_abs_reward=t.max_abs_reward,
+            implausible=t.implausible, implausible_factor=t.implausible_factor,
             max_nonfinite_steps=t.max_nonfinite_steps, total_frames=t.total_frames,
             collection=t.collection, frames_per_batch=t.frames_per_batch,
             rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
             sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, compile=t.compile,
             memory_size=m.memory_size, batch_size=m.batch_size, memory_device=m.device,
+            max_worker_share=m.max_worker_share, min_worker_share=m.min_worker_share,
             normalize_obs=env.normalize_obs, normalize_obs_clip=env.normalize_obs_clip,
             normalize_obs_every=env.normalize_obs_every, seed=cfg.seed)
 

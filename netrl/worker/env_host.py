@@ -47,7 +47,7 @@ class EnvHost:
                                                            vectorization)
         self.timeout = (timeout_factor, timeout_min_s)
         self.on_failure = on_failure
-        # runs the env's calls on its own thread, under watch (open)
+        # runs the env's calls under watch (open)
         self.calls: EnvCaller | None = None
         self.env: Any = None
         # env calls that hung or met a dead thread, and were reset (on_failure "reset")
@@ -56,7 +56,9 @@ class EnvHost:
 
     def open(self) -> None:
         """Build the env (a new one after a stuck call)."""
-        self.calls = EnvCaller(self._make, f"worker {self.worker_id}", *self.timeout)
+        # on the worker's thread where it is the main one: no hand-over per call
+        self.calls = EnvCaller(self._make, f"worker {self.worker_id}", *self.timeout,
+                               same_thread=True)
         self.env = self.calls.env
 
     def close(self, forget: bool = False) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from netrl.config.sections import NetworkConfig
 from netrl.monitor.status import StatusClock
 from netrl.net.keys import ClientKeys
-from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.messages import Message, MsgType, printable
 from netrl.protocol.wire import encode
 from netrl.util import version_label, worth_logging
 from netrl.worker.announcement import check_announcement
@@ -79,18 +79,20 @@ class WorkerLink(BacklogThread):
         self.link.heartbeat_body = self._heartbeat_stats
 
     def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event,
-                      send: Callable[[], None], check: Callable[[], None]) -> None:
-        """Block the control path while the worker has ``produced`` as many samples as the trainer's
-        PACE allows: ``send`` first (the trainer may be waiting for exactly these rows), then
-        ``check`` the network as it waits."""
-        if produced() < self.allowance:
+                      send: Callable[[], None], check: Callable[[], None], rows: int = 1) -> None:
+        """Block the control path until the trainer's PACE allows the ``rows`` samples of the next
+        step beyond those ``produced``: ``send`` first (the trainer may be waiting for exactly
+        these rows), then ``check`` the network as it waits. A step is never taken in part, so a
+        vector step waits for room for every env's row: the server holds back any sample beyond
+        the allowance, and such a backlog reaches the trainer stale."""
+        if produced() + rows <= self.allowance:
             return
         send()
         waited = time.monotonic()
         self.waiting_for_pace = True  # the status line says why the worker makes no steps
         try:
             with self.pace_cond:
-                while produced() >= self.allowance and not stop.is_set():
+                while produced() + rows > self.allowance and not stop.is_set():
                     self.pace_cond.wait(0.05)
                     if time.monotonic() - waited > 10 and not self.paced:
                         log.info("worker %s is waiting for the trainer to "
@@ -194,6 +196,12 @@ class WorkerLink(BacklogThread):
                 self.trainer_samples = msg.body.get("trainer_samples", self.trainer_samples)
                 self.paced = True
                 self.pace_cond.notify_all()
+        elif msg.type is MsgType.NOTICE:  # the server refused one of its messages: why
+            self.counts["refused_notices"] += 1
+            if worth_logging(self.counts["refused_notices"]):
+                log.warning("worker %s: the server refused a message of this worker: %s (%d so "
+                            "far)", self.worker_id, printable(msg.body["reason"]),
+                            self.counts["refused_notices"])
         else:
             super().on_other_message(msg)
 

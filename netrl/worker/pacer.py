@@ -31,26 +31,27 @@ class Pacer:
     def connect(self, link: WorkerLink) -> None:
         self.link = self.sync.link = link
 
-    def pace(self, stop: threading.Event, collect: bool = True) -> bool:
-        """Before an env step: check the network thread and wait for the trainer's PACE if paced;
-        False on stop."""
+    def pace(self, stop: threading.Event, collect: bool = True, rows: int = 1) -> bool:
+        """Before an env step that records ``rows`` samples (a vector step: one per env that
+        collects): check the network thread and, if paced, wait until the trainer's PACE allows
+        them all; False on stop."""
         if stop.is_set():
             return False
         if self.link is None:  # standalone, single-process: nothing to wait for
             return True
         self.check_net()
         sync = self.sync
-        if collect and self.throttle and not sync.active:
-            self.wait_for_pace(stop)
+        if collect and rows and self.throttle and not sync.active:
+            self.wait_for_pace(stop, rows)
         if collect and sync.active:  # the wait for each version paces a sync worker; also when the
             return sync.before_step(stop)  # announcement came during the wait for PACE
         return not stop.is_set()
 
-    def wait_for_pace(self, stop: threading.Event) -> None:
-        """Block while the trainer's PACE allows no further sample (see
+    def wait_for_pace(self, stop: threading.Event, rows: int = 1) -> None:
+        """Block while the trainer's PACE does not allow ``rows`` further samples (see
         :meth:`WorkerLink.wait_for_pace`)."""
         if self.link is not None:
-            self.link.wait_for_pace(self.sink.count, stop, self.sink.send, self.check_net)
+            self.link.wait_for_pace(self.sink.count, stop, self.sink.send, self.check_net, rows)
 
     def check_net(self) -> None:
         """Raise NetrlError once the network thread cannot go on (e.g. the server refused this

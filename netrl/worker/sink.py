@@ -179,7 +179,8 @@ class PacketSink:
         self.samples_unacknowledged = unacked
         troubled = unacked or c["dropped_samples"] or c["rejected_samples"]
         spooled = (f"; {c['spooled_samples']} of the acknowledged samples are spooled at the "
-                   "server (safe on its disk: the trainer gets them when it catches up)"
+                   "server (safe on its disk until a trainer of their sample layout takes them: "
+                   "the server's --status and last line say where they are)"
                    ) if c["spooled_samples"] else ""
         log.log(logging.WARNING if troubled else logging.INFO,
                 "worker %s session %s: %d samples produced in %d packets; %d acknowledged, "

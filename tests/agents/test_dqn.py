@@ -54,7 +54,8 @@ def test_one_training_step_gives_finite_losses_moves_the_weights_and_decays_epsi
     agent = make_agent(exploration_steps=10, exploration_initial_eps=1.0, exploration_final_eps=0.1)
     before = {k: v.clone() for k, v in agent.actor.state_dict().items()}
     metrics = agent.train(batch())
-    assert set(metrics) == {"loss_q", "q", "epsilon"} and all(np.isfinite(v) for v in metrics.values())
+    assert set(metrics) == {"loss_q", "q", "epsilon", "grad_norm", "dead_units"}
+    assert all(np.isfinite(v) for v in metrics.values())
     after = agent.actor.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before if k != "epsilon")
     # epsilon is in the actor's state_dict: the workers get it with each weight version
@@ -62,6 +63,20 @@ def test_one_training_step_gives_finite_losses_moves_the_weights_and_decays_epsi
     for _ in range(20):
         agent.train(batch())
     assert agent.actor.state_dict()["epsilon"].item() == pytest.approx(0.1)
+
+
+def test_dead_units_and_the_gradient_norm_are_reported() -> None:
+    """A last hidden layer at zero for every sample (dying ReLUs) shows as dead_units 1: Q then no
+    longer depends on the observation, the greedy policy is one action everywhere."""
+    agent = make_agent()
+    metrics = agent.train(batch(64))
+    assert 0.0 <= metrics["dead_units"] < 1.0 and metrics["grad_norm"] > 0.0
+    last = [m for m in agent.actor.q.trunk if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.bias.fill_(-1e3)  # every unit of the last hidden layer below zero for any input
+    assert agent.train(batch(64))["dead_units"] == 1.0
+    q = agent.actor.q(torch.randn(32, 3))
+    assert torch.allclose(q, q[:1].expand_as(q))  # the same Q for every observation
 
 
 def test_truncation_bootstraps_but_termination_does_not() -> None:

@@ -103,7 +103,7 @@ def test_cross_field_problems_name_both_fields() -> None:
 
 def test_types_are_strict() -> None:
     assert problems({"trainer": {"epochs": 2.5, "start_training": True}, "network": "x"}) == [
-        "trainer.epochs must be an integer (got 2.5)",
+        "trainer.epochs must be an integer or null (got 2.5)",  # null: until stopped
         "trainer.start_training must be an integer (got true)",
         "network must be an object (got \"x\")",
     ]

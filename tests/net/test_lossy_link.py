@@ -60,3 +60,29 @@ def test_on_a_lan_the_window_stays_as_configured(make_server: MakeServer) -> Non
         assert peer.liveness.srtt is not None and peer.liveness.window == link.liveness.window
     finally:
         link.close()
+
+
+def test_the_window_follows_the_handshake_before_any_round_trip_is_measured(make_server: MakeServer) -> None:
+    # The first message after WELCOME may be a weight version that a loss-based TCP takes seconds to
+    # deliver, the server's heartbeats behind it: before a heartbeat measured the round trip, the
+    # configured window (0.5 s here) expired at 100 ms each way and 5% loss, and a healthy
+    # connection was dropped. The handshake's time now gives the first estimate.
+    srv, ctx = make_server(network=NET)
+    with WanLink(srv.worker_port, RTT_MS, 0.0, 10.0, seed=3) as wan:
+        link = ClientLink(ctx, NET, "worker", "far", "session3", wan.port)
+        at_welcome: list[tuple[float | None, float]] = []  # (srtt, window) as WELCOME is taken
+        link.on_ready = lambda: at_welcome.append((link.liveness.srtt, link.liveness.window))
+        link.open()
+        try:
+            deadline = time.monotonic() + 10
+            while not link.ready and time.monotonic() < deadline:
+                if link.sock is not None and link.sock.poll(10):
+                    link.receive()
+                link.maintain()
+            assert link.ready and at_welcome
+            srtt, window = at_welcome[0]
+            # a CURVE-less handshake and HELLO/WELCOME: a few round trips of 0.4 s
+            assert srtt is not None and RTT_MS / 1000 / 2 <= srtt <= 3 * RTT_MS / 1000, srtt
+            assert window > NET.heartbeat_interval_s * NET.heartbeat_liveness
+        finally:
+            link.close()

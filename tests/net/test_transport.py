@@ -63,7 +63,7 @@ def test_bind_failure_names_the_config_key() -> None:
         with pytest.raises(TransportError, match=r"is 192.0.2.1 an address of this machine\? change `server.bind_ip` "
                                                  r"\(or --bind-ip\)"):
             bind(second, "192.0.2.1", free_port(), "network.worker_port")  # TEST-NET-1: never this machine's
-        with pytest.raises(TransportError, match=r"change `server.status_port`$"):  # no flag sets this one
+        with pytest.raises(TransportError, match=r"change `server.status_port` \(or --status-port\)$"):
             bind(second, "127.0.0.1", port, "server.status_port", "server.status_port")
     finally:
         ctx.destroy(0)

@@ -131,7 +131,12 @@ def test_the_trainer_refuses_each_bad_extra_naming_the_worker_field_and_row(capl
         (kept,) = link.deliver(99, with_extras())
     finally:
         link.halt()
-    assert link.stats["rejected"] == len(BAD)
+    # the layout's four go back to the server for a trainer of theirs (the ACK names them), the NaN
+    # is refused for good
+    assert link.stats["layout_refused"] == len(BAD) - 1 and link.stats["rejected"] == 1
+    acks = [decode(frames).body for frames in link.sent[-len(BAD) - 1:]]
+    assert acks == [*({"seqs": [seq], "layout_refused": [0]} for seq in range(1, len(BAD))),
+                    {"seqs": [len(BAD)], "rejected": [0]}, {"seqs": [99]}]
     assert kept.extra is not None and (kept.extra["state_value"] == np.arange(10)).all()
 
 

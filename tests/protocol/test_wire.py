@@ -52,6 +52,7 @@ ALL_MESSAGES = [
     Message(MsgType.NACK, "server", body={"seqs": [4], "reason": "spool full", "retry_s": 1.0}),
     Message(MsgType.NACK, "server", body={"seqs": [5], "reason": "another layout", "retry_s": 0, "layout": 7}),
     Message(MsgType.NOTICE, "server", body={"cause": "field 'obs' has dtype <f8", "reason": "packet from w: ..."}),
+    Message(MsgType.REVOKE, "server", body={"worker": "w1", "reason": "revoked", "links": 1}),
     Message(MsgType.CREDIT, "trainer", body={"bundles": 4}),
     weights_message(9),
     Message(MsgType.PROGRESS, "trainer", body={"trained_steps": 1, "samples": 2, "wanted": 3}),

@@ -7,17 +7,27 @@ end-to-end case with a real Trainer and RolloutWorker is in tests/trainer/test_l
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import numpy as np
+import pytest
 import zmq
 
+from netrl.launch import free_port
+from netrl.monitor.status import format_status, query_status
 from netrl.net.thread import Command, command_head
+from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import decode, encode, frames_nbytes, samples_message, split_bundle
-from netrl.samples import flatten
+from netrl.samples import Buffer, flatten
 from netrl.server.server import Server
+from netrl.server.status import status_line
+from netrl.trainer.delivery import Deliveries
+from netrl.trainer.link import TrainerLink
 from netrl.worker.link import WorkerLink
-from tests.fakes import NET, Peer, sample_buffer, wait_until
+from tests.fakes import NET, Peer, running_server, sample_buffer, wait_until
 
 ROWS = 5  # rows per packet: an episode's first observation, then 4 transitions
 
@@ -121,3 +131,98 @@ def test_a_server_tells_the_trainer_each_cause_once_per_connection_and_other_ref
     trainer.take()
     assert [n["cause"] for n in trainer.notices] == ["field 'act' has dtype <f4 and row shape (2,); the trainer "
                                                      "expects <f8 and (2,)"]
+
+
+# -- packets the server spooled, refused by a trainer for their layout -----------------------------
+
+B = {"obs/1": ("<f4", (4,))}  # another layout: 4 floats in obs/1 instead of 2
+SAMPLES = ROWS - 1  # per packet
+
+
+def other_layout_buffer() -> Buffer:
+    """sample_buffer's packet in layout B."""
+    buf = sample_buffer(ROWS)
+    buf.obs = (buf.obs[0], np.zeros((ROWS, 4), np.float32))
+    return buf
+
+
+def spool_from(ctx: zmq.Context, srv: Server, name: str, buf: Buffer, packets: int) -> None:
+    """A worker that sends ``packets`` packets while no trainer is connected: each is spooled."""
+    worker = Peer(ctx, srv.worker_port, "worker", name)
+    assert worker.hello().type is MsgType.WELCOME
+    for seq in range(1, packets + 1):
+        worker.send(samples_message(buf, name, worker.session, seq, seq * SAMPLES))
+        ack = worker.expect(MsgType.ACK)
+        assert ack.body["seqs"] == [seq] and ack.body["spooled"] is True
+    worker.send(Message(MsgType.BYE, name))
+
+
+def trainer_link(srv: Server, schema: SampleSchema) -> TrainerLink:
+    """A real trainer's network thread of this layout: it checks each packet of a bundle."""
+    link = TrainerLink(NET, "trainer", new_session(), srv.trainer_port, 8, Deliveries(), None,
+                       schema)
+    link.start()
+    return link
+
+
+def got(link: TrainerLink) -> list[tuple[str, int]]:
+    """The packets a trainer took into its inbox: (worker, seq), sorted."""
+    return sorted((buf.worker.split("/")[0], buf.seq) for bufs, _ in list(link.inbox) for buf in bufs)
+
+
+def stop_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("server stopped")]
+
+
+def test_spooled_packets_refused_for_their_layout_wait_on_disk_for_a_trainer_of_theirs_across_a_restart(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The outside check's loss: packets spooled while no trainer was connected went to a trainer of
+    # another layout, which refused them; the server counted them as delivered and dropped them.
+    caplog.set_level(logging.INFO)
+    spool = tmp_path / "spool"
+    status_port = free_port()
+    settings = {"spool_dir": spool, "network": NET, "min_samples_per_server_packet": 1,
+                "status_port": status_port}
+    with running_server(**settings) as (srv, ctx):
+        spool_from(ctx, srv, "wa", sample_buffer(ROWS), 3)  # the first trainer's layout
+        spool_from(ctx, srv, "wb", other_layout_buffer(), 2)  # another one
+        assert srv.spool.packets == 5
+        first = trainer_link(srv, schema_of())
+        try:
+            wait_until(lambda: got(first) == [("wa", 1), ("wa", 2), ("wa", 3)], 10, "wa's packets",
+                       poll=0.01)
+            wait_until(lambda: srv.spool.packets == 0, 10, "the spool drained", poll=0.01)
+        finally:
+            first.halt()
+        assert first.stats["layout_refused"] == 2 and first.stats["rejected"] == 0
+        assert srv.stats["samples_out"] == 3 * SAMPLES  # delivered: wa's alone
+        assert srv.stats["samples_held"] == 2 * SAMPLES
+        tag = f"{schema_of(**B).tag:012x}"
+        snapshot = query_status(status_port)  # what --status gets
+        held = snapshot["held"]
+        assert held["packets"] == 2 and held["samples"] == 2 * SAMPLES
+        assert held["layouts"] == {tag: {"packets": 2, "samples": 2 * SAMPLES, "workers": ["wb"]}}
+        assert (f"; held for another sample layout {2 * SAMPLES} samples in 2 packets ({tag}: "
+                f"{2 * SAMPLES} samples from wb)") in format_status(snapshot)
+        assert f" | held {2 * SAMPLES} | " in status_line(snapshot)
+    [stop] = stop_lines(caplog)
+    assert stop.startswith(
+        f"server stopped: {3 * SAMPLES} samples delivered to the trainer; 0 spooled for it (0 "
+        f"packets); {2 * SAMPLES} held for another sample layout (2 packets in 1 layout, in "
+        f"{spool / 'held'}: sent when a trainer with theirs connects); 0 in memory"), stop
+
+    caplog.clear()
+    with running_server(**settings) as (srv, ctx):
+        assert srv.snapshot()["held"]["samples"] == 2 * SAMPLES  # from before the restart
+        other = trainer_link(srv, schema_of(**B))
+        try:
+            wait_until(lambda: got(other) == [("wb", 1), ("wb", 2)], 10, "wb's packets", poll=0.01)
+            wait_until(lambda: srv.stats["samples_out"] == 2 * SAMPLES, 10, "their ACK", poll=0.01)
+        finally:
+            other.halt()
+        assert other.stats["layout_refused"] == other.stats["rejected"] == 0
+        assert srv.snapshot()["held"] == {"packets": 0, "samples": 0, "bytes": 0, "layouts": {}}
+    assert not any((spool / "held").iterdir())  # the layout's folder went with its packets
+    [stop] = stop_lines(caplog)
+    assert stop.startswith(f"server stopped: {2 * SAMPLES} samples delivered to the trainer; 0 "
+                           f"spooled for it (0 packets); 0 held for another sample layout"), stop

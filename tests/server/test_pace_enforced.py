@@ -135,6 +135,7 @@ def test_a_worker_that_ignores_its_allowance_cannot_take_the_honest_workers_shar
         trainer.thread.join(5)
 
 
+@pytest.mark.server(unpaced_workers=["robot"])  # the operator names it (without CURVE, by its name)
 def test_a_real_time_worker_is_never_held_for_pacing(server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
     trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")

@@ -20,6 +20,7 @@ from netrl.memory.replay import ReplayMemory
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, encode, encode_bundle, samples_message
 from netrl.samples import Buffer
+from netrl.server.admission import UNDECLARED_ROWS
 from netrl.server.server import Server
 from netrl.training.loop import TrainingOffline
 from netrl.util import partial
@@ -60,14 +61,15 @@ def test_packets_beyond_the_servers_row_cap_are_refused_before_inflating_and_the
 
     monkeypatch.setattr(netrl.protocol.wire, "decompress", counting)
     worker = Peer(ctx, srv.worker_port, "worker", "evil")
-    assert worker.hello().type is MsgType.WELCOME  # declares nothing: the server's cap, 65,536 rows, applies
+    assert worker.hello().type is MsgType.WELCOME  # declares nothing: a small default applies, not the server's cap
     for seq in range(1, 6):
         frames = zero_rows("evil", worker.session, seq, 200_000)
         assert sum(len(f) for f in frames) < 100_000  # 200,000 rows in a few KB
         worker.sock.send_multipart(frames)
         nack = worker.expect(MsgType.NACK)
         assert nack.body["seqs"] == [seq] and nack.body["retry_s"] == 0  # never to be resent
-        assert "declares 200000 rows, over the bound of 65536 rows" in nack.body["reason"]
+        assert f"declares 200000 rows, over the bound of {UNDECLARED_ROWS} rows" in nack.body["reason"]
+        assert "no bound was declared at HELLO" in nack.body["reason"]
         assert "server.max_rows_per_packet" in nack.body["reason"]
     assert inflated == []  # not one byte inflated
     assert srv.stats["samples_in"] == 0 and srv.stats["oversized_packets"] == 5 and srv.stats["rejected"] == 5
@@ -111,8 +113,10 @@ def test_a_worker_declares_the_largest_packet_it_makes_and_whether_it_keeps_to_p
         worker.start()
         peer = wait_until(lambda: srv.peers.workers(), 5, "the worker's HELLO", poll=0.02)[0]
         # 7 rows, a context row and room for an episode's first observation; Pendulum's rows: 3 + 1 floats, plus
-        # at most 22 bytes of sample columns (the env column's 2 included)
-        assert (peer.max_rows, peer.max_bytes, peer.paced, peer.num_envs) == (10, 10 * (16 + 22), False, 1)
+        # at most 22 bytes of sample columns (the env column's 2 included); unthrottled, it asks to be exempt from
+        # pacing, which only server.unpaced_workers grants
+        assert (peer.max_rows, peer.max_bytes, peer.asked_unpaced, peer.num_envs) == (10, 10 * (16 + 22), True, 1)
+        assert peer.paced and srv.stats["unpaced_denied"] == 1
         worker.run_episode()
     finally:
         worker.close()

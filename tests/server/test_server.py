@@ -158,8 +158,14 @@ def test_messages_before_hello_get_a_reject_that_asks_for_hello(server: tuple[Se
     for _ in range(3):
         peer.send(Message(MsgType.HEARTBEAT, "w"))
         assert "say HELLO" in peer.expect(MsgType.REJECT).body["reason"]
+        time.sleep(NET.heartbeat_interval_s)  # a connection gets one answer per heartbeat interval
     assert srv.stats["unknown_peer"] == 3 and srv.stats["rejected"] == 0  # counted, and shown by --status
     assert "messages before HELLO 3" in format_status(srv.snapshot())
+    for _ in range(20):  # a burst: one answer, not twenty
+        peer.send(Message(MsgType.HEARTBEAT, "w"))
+    assert "say HELLO" in peer.expect(MsgType.REJECT).body["reason"]
+    assert peer.recv(NET.heartbeat_interval_s / 2) is None
+    wait_until(lambda: srv.stats["replies_withheld"] == 19, 5, "the burst counted", poll=0.02)
     logged = [r.getMessage() for r in caplog.records if "before HELLO" in r.getMessage()]
     assert len(logged) == 1 and "a heartbeat message before HELLO" in logged[0]  # once per connection
 

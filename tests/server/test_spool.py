@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -15,7 +16,11 @@ from netrl.config.sections import NetworkConfig
 from netrl.errors import FolderInUse
 from netrl.launch import free_port
 from netrl.protocol.messages import Message, MsgType
-from netrl.protocol.wire import PROTOCOL_VERSION, encode, samples_message
+from netrl.protocol.wire import PROTOCOL_VERSION, encode, frames_nbytes, samples_message
+from netrl.server.counters import ServerCounters
+from netrl.server.layout_hold import MAX_LAYOUTS, LayoutHold
+from netrl.server.peers import QueuedPacket
+from netrl.server.relay import SampleRelay
 from netrl.server.server import Server
 from netrl.server.spool import Spool
 from netrl.trainer.delivery import Deliveries
@@ -229,3 +234,121 @@ def test_packets_an_older_netrl_spooled_reach_an_upgraded_trainer(tmp_path: Path
             np.testing.assert_array_equal(getattr(buf, name), getattr(want, name))
         for got, expected in zip(buf.obs, want.obs, strict=True):
             np.testing.assert_array_equal(got, expected)
+
+
+# -- packets the trainer refused for their layout: the held folder --------------------------------
+
+def refusing_relay(tmp_path: Path, spool_bytes: int = 1 << 20) -> tuple[SampleRelay, list[Any]]:
+    """A relay whose trainer takes every bundle, and the list of what it told workers."""
+    told: list[Any] = []
+    relay = SampleRelay(Spool(tmp_path / "spool", spool_bytes).open(), 1, 1 << 20, 1 << 30, 10.0,
+                        max_queue_bytes=1 << 30, spool_after_s=60.0, stats=ServerCounters(),
+                        send_to_trainer=lambda frames: True,
+                        tell_worker=lambda *said: told.append(said), workers=lambda: ["wb"])
+    relay.hold.open()
+    relay.trainer_layout(TRAINERS)
+    return relay, told
+
+
+TRAINERS = 7  # the trainer's layout tag: no packet of sample_buffer's has it
+
+
+def layout_packet(seq: int) -> QueuedPacket:
+    """A packet of worker wb (session "sb") as the server holds it, in memory."""
+    frames = encode(samples_message(sample_buffer(5), "wb", "sb", seq, seq * 4))
+    return QueuedPacket("wb", "sb", seq, 4, frames, frames_nbytes(frames), 0.0)
+
+
+def test_a_packet_in_memory_refused_for_its_layout_is_held_on_disk_and_its_worker_told_so(
+        tmp_path: Path) -> None:
+    relay, told = refusing_relay(tmp_path)
+    for seq in (1, 2, 3):
+        assert relay.accept(layout_packet(seq), trainer_connected=True) == "held"
+    relay.add_credit(1)
+    relay.flush(now=0.0, trainer_connected=True)
+    assert len(relay.inflight[1]) == 3  # one bundle
+    relay.trainer_acked([1], {"layout_refused": [0], "rejected": [2]})
+    # 1 held (on disk: its worker may let it go), 2 delivered, 3 refused for good (the trainer
+    # said why): a NACK that its worker counts as rejected, never sent again
+    assert sorted((kind.value, body["seqs"], body.get("spooled"), body.get("retry_s"))
+                  for _, kind, body in told) == [
+        ("ack", [1], True, None), ("ack", [2], None, None), ("nack", [3], None, 0)]
+    [nack] = [body for _, kind, body in told if kind is MsgType.NACK]
+    assert nack["reason"] == "the trainer refused it (its log says why)" and "layout" not in nack
+    stats = relay.stats
+    assert (stats.samples_out, stats.samples_held, stats.samples_trainer_rejected) == (4, 4, 4)
+    assert relay.mem_bytes == 0 and not relay.held and relay.inflight_steps == 0
+    assert relay.snapshot()["held"]["samples"] == 4 and relay.on_the_way() == 0
+    layout = next(iter(relay.hold.stores))
+    relay.trainer_left()
+    relay.trainer_layout(layout)  # a trainer of its layout: the packet goes back to the spool
+    assert relay.spool.steps == 4 and relay.hold.steps == 0 and relay.stats.samples_released == 4
+    assert not (tmp_path / "spool" / "held" / f"{layout:012x}").exists()
+
+
+def test_a_refused_packet_the_held_folder_cannot_keep_goes_back_to_its_worker_or_is_counted_lost(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    one = layout_packet(1).nbytes
+    relay, told = refusing_relay(tmp_path, spool_bytes=2 * one)  # the held folder holds 2 as well
+    for seq in (1, 2):  # no trainer: spooled
+        assert relay.accept(layout_packet(seq), trainer_connected=False) == "spooled"
+    told.clear()
+    relay.add_credit(1)
+    relay.flush(now=0.0, trainer_connected=True)
+    relay.trainer_acked([1], {"layout_refused": [0, 1]})
+    assert relay.hold.packets == 2 and relay.stats.samples_held == 8 and not told
+    assert relay.accept(layout_packet(3), trainer_connected=True) == "held"  # memory this time
+    relay.add_credit(1)
+    relay.flush(now=0.0, trainer_connected=True)
+    relay.trainer_acked([2], {"layout_refused": [0]})
+    # the held folder is full: the worker keeps it, told why, until the layout changes
+    [(session, kind, body)] = told
+    assert (session, kind, body["seqs"], body["layout"]) == ("sb", MsgType.NACK, [3], TRAINERS)
+    assert "server.spool_max_bytes" in body["reason"] and relay.stats.samples_held_lost == 0
+    relay.accept(layout_packet(4), trainer_connected=False)  # spooled, then refused: nowhere to go
+    relay.add_credit(1)
+    with caplog.at_level(logging.ERROR, logger="netrl.server.layout_hold"):
+        relay.flush(now=0.0, trainer_connected=True)
+        relay.trainer_acked([3], {"layout_refused": [0]})
+    assert relay.stats.samples_held_lost == 4 and relay.spool.packets == 0
+    assert "lost spooled packet 4 of worker wb (4 samples)" in caplog.text
+    assert "raise server.spool_max_bytes" in caplog.text
+
+
+def test_held_packets_go_back_to_the_spool_as_its_room_allows(tmp_path: Path) -> None:
+    one = layout_packet(1).nbytes
+    hold = LayoutHold(tmp_path / "held", 1 << 20, ServerCounters())
+    hold.open()
+    for seq in (1, 2, 3):
+        assert hold.keep(5, layout_packet(seq).frames, {"worker": "wb", "session": "sb", "seq": seq,
+                                                        "steps": 4}) is None
+    hold.close()
+    again = LayoutHold(tmp_path / "held", 1 << 20, ServerCounters())
+    again.open()  # as after a restart
+    assert again.describe() == {"packets": 3, "samples": 12, "bytes": 3 * one,
+                                "layouts": {"000000000005": {"packets": 3, "samples": 12,
+                                                             "workers": ["wb"]}}}
+    spool = Spool(tmp_path / "spool", max_bytes=2 * one).open()
+    assert again.release(6, spool) == 0 and again.release(5, spool) == 8  # two fit
+    assert spool.packets == 2 and again.packets == 1
+    for sp in spool.take(lambda *_: True):
+        spool.ack(sp.position)
+    assert again.release(5, spool) == 4 and again.stores == {}
+    assert [sp.meta["seq"] for sp in spool.take(lambda *_: True)] == [3]
+    assert not (tmp_path / "held" / "000000000005").exists()
+
+
+def test_the_held_folder_keeps_packets_of_a_bounded_number_of_layouts(tmp_path: Path) -> None:
+    # a worker could make a new layout per packet, and each held layout keeps a file open
+    hold = LayoutHold(tmp_path / "held", 1 << 20, ServerCounters())
+    hold.open()
+    frames = layout_packet(1).frames
+    meta = {"worker": "wb", "session": "sb", "seq": 1, "steps": 4}
+    try:
+        assert all(hold.keep(tag, frames, meta) is None for tag in range(1, MAX_LAYOUTS + 1))
+        problem = hold.keep(MAX_LAYOUTS + 1, frames, meta)
+        assert problem is not None and f"packets of {MAX_LAYOUTS} other layouts" in problem
+        assert hold.keep(1, frames, meta) is None  # a layout already held takes more
+        assert len(hold.stores) == MAX_LAYOUTS and hold.packets == MAX_LAYOUTS + 1
+    finally:
+        hold.close()

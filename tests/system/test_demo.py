@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -258,3 +259,32 @@ def test_runs_moved_aside_within_one_second_get_folders_of_their_own(tmp_path: P
     assert not run.exists()
     assert [(tmp_path / name / "mark").read_text() for name in ("run-20261127-101010", "run-20261127-101010-2",
                                                                 "run-20261127-101010-3")] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize(("trainer", "state", "moved"), [
+    ({}, {"epoch": 10**6, "total_samples": 10**9}, None),  # the default trains until stopped: never finished
+    ({"epochs": 3}, {"epoch": 3, "total_samples": 10}, "held a finished run (3 of 3 epochs)"),
+    ({"total_frames": 500}, {"epoch": 0, "total_samples": 512},
+     "held a finished run (512 of trainer.total_frames 500 env steps)"),
+    ({"total_frames": 500}, {"epoch": 0, "total_samples": 499}, None)])
+def test_the_demo_starts_a_new_run_only_on_a_finished_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture, trainer: dict[str, int],
+                                                          state: dict[str, int], moved: str | None) -> None:
+    # With trainer.epochs null (the default), comparing the checkpoint's epoch with it raised TypeError; and a run
+    # its total_frames ended was resumed, so the trainer said "nothing to train" and the demo ended at once.
+    import threading
+
+    from netrl import launch
+    from netrl.config import load_config
+
+    cfg = load_config(small_config(tmp_path, trainer={"epochs": None, **trainer}, security="none"))
+    (cfg.run_dir / "checkpoint").mkdir(parents=True)
+    monkeypatch.setattr("netrl.storage.checkpoint.load_state", lambda run_dir: state)
+    monkeypatch.setattr(launch, "_run_demo", lambda *args: None)  # what follows the decision: the roles
+    with caplog.at_level(logging.INFO, "netrl.launch"):
+        launch.run_demo(cfg, str(tmp_path / "config.json"), threading.Event())
+    if moved is None:
+        assert "moved it to" not in caplog.text and (cfg.run_dir / "checkpoint").is_dir()
+    else:
+        assert f"demo: {cfg.run_dir}/ {moved}; moved it to" in caplog.text, caplog.text
+        assert not cfg.run_dir.exists()

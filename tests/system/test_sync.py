@@ -192,8 +192,14 @@ def test_a_worker_lost_mid_batch_stalls_the_trainer_only_until_sync_timeout_s(
     training = roles.trainer(frames_per_batch=80, sync_timeout_s=1.0).training
     roles.worker("stays")
     worker = roles.worker("leaves", delay=0.01)
-    wait_until(lambda: len(Recording.batches) >= 3, 30, "3 full batches")
-    assert all(len(b["versions"]) == 80 for b in Recording.batches[:3])
+    # With both workers, batches fill; on a loaded machine one may still be trained short after the
+    # 1 s timeout (a worker starved of CPU is a late worker): wait for 3 full ones, rather than take
+    # the first 3 to be full.
+    def full() -> int:
+        return sum(len(b["versions"]) == 80 for b in Recording.batches)
+
+    wait_until(lambda: full() >= 3, 60, "3 full batches")
+    assert full() >= 3
     stop = next(stop for _, stop, role in roles.threads if role is worker)
     stop.set()  # lost: it leaves mid-batch
     before = len(Recording.batches)
@@ -243,8 +249,14 @@ def test_the_batch_under_way_and_the_waits_show_in_the_status_and_the_metrics(ro
     for key in ("late_samples", "trainer_wait_s", "worker_wait_s", "batch_steps", "short_batches"):
         assert key in summary
     srv = roles.srv
-    reported = wait_until(lambda: [w["reported"] for w in srv.snapshot()["workers"]
-                                   if "worker_wait_s" in w["reported"]], 10, "the worker's waits in its heartbeats")
+    # The server holds what the worker's latest heartbeat said, a heartbeat (more on a loaded
+    # machine) behind: the first that carries waits may say 0 (a first version already there, a wait
+    # rounded to 0.000 s) and 0 fragments. Wait for the report to say so, not take the first one.
+    def waits() -> list[dict[str, Any]]:
+        return [r for w in srv.snapshot()["workers"]
+                if (r := w["reported"]).get("worker_wait_s", 0) > 0 and r.get("fragments", 0) >= 1]
+
+    reported = wait_until(waits, 30, "the worker's waits in its heartbeats")
     assert reported[0]["worker_wait_s"] > 0 and reported[0]["fragments"] >= 1
     text = format_status(srv.snapshot())
     assert "sync batch v" in text and "workers' waits for weights: w " in text

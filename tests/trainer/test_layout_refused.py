@@ -24,7 +24,7 @@ from netrl.trainer.trainer import Trainer
 from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
-from tests.fakes import NET, wait_until
+from tests.fakes import NET, running_server, wait_until
 from tests.reliability import delivered, worker_summary
 
 FIX = "Trainer(..., sample_compressor=...)"
@@ -118,3 +118,63 @@ def test_a_trainer_without_the_workers_compressor_hears_why_once_and_the_next_on
     assert sorted(seq for _, seq in got) == list(range(1, summary.packets + 1))  # none lost
     assert sum(got.values()) == summary.produced
     assert len(told_trainer(caplog)) == 1  # the fixed trainer was told nothing
+
+
+def last_line(caplog: pytest.LogCaptureFixture, start: str) -> str:
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+    return line
+
+
+def test_packets_spooled_while_no_trainer_ran_reach_the_trainer_of_their_layout_across_a_restart(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The outside check: packets spooled while no trainer was connected went to a trainer of another
+    # layout, which refused them, and were lost, while the server said "relayed (the trainer has
+    # them)". Here the first trainer takes w3's packets and refuses w2's; the server keeps those on
+    # disk, across its restart, for the second trainer, of their layout. Each stop line says so.
+    caplog.set_level(logging.INFO)
+    settings = {"spool_dir": tmp_path / "spool", "network": NET, "max_packet_delay_s": 0.01}
+    summaries = {}
+    with running_server(**settings) as (srv, _):
+        for name, compressor in (("w3", None), ("w2", first_two)):  # no trainer: all spooled
+            worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"),
+                                   partial(MLPActor, hidden_sizes=(8,)), compressor,
+                                   server_ip="127.0.0.1", server_port=srv.worker_port, network=NET,
+                                   min_samples_per_worker_packet=50, worker_id=name, seed=0,
+                                   throttle=False)
+            worker.run(nb_episodes=2)
+            line = last_line(caplog, f"worker {name} session")
+            summaries[name] = worker_summary(line)
+            assert f"{summaries[name].produced} of the acknowledged samples are spooled" in line
+        w3, w2 = summaries["w3"], summaries["w2"]
+        assert w3.produced == w2.produced == 400 and w3.acked == w3.produced and w2.unacked == 0
+        first = Running(trainer(tmp_path / "first", srv.trainer_port, None))
+        try:
+            wait_until(lambda: srv.stats["samples_held"] == w2.produced and not srv.spool.packets,
+                       60, "w2's packets held", poll=0.05)
+        finally:
+            first.end()
+    assert sum(delivered(tmp_path / "first").values()) == w3.produced  # w3's, once each
+    assert last_line(caplog, "trainer stopped").endswith(
+        f"; {w2.packets} packets refused for their sample layout (the server keeps them for a "
+        f"trainer with theirs where it can: its last line says where each is)")
+    assert last_line(caplog, "server stopped").startswith(
+        f"server stopped: {w3.produced} samples delivered to the trainer; 0 spooled for it (0 "
+        f"packets); {w2.produced} held for another sample layout ({w2.packets} packets in 1 layout")
+
+    caplog.clear()
+    with running_server(**settings) as (srv, _):  # restarted: the held packets are still there
+        second = Running(trainer(tmp_path / "second", srv.trainer_port, first_two))
+        try:
+            wait_until(lambda: sum(delivered(tmp_path / "second").values()) >= w2.produced, 60,
+                       "w2's packets at the trainer of their layout", poll=0.05)
+            wait_until(lambda: srv.stats["samples_out"] == w2.produced, 10, "their ACK", poll=0.05)
+        finally:
+            second.end()
+    got = delivered(tmp_path / "second")  # fails on a duplicate
+    assert sorted(got) == [(w2.session, seq) for seq in range(1, w2.packets + 1)]
+    assert last_line(caplog, "trainer stopped").endswith(
+        "; 0 packets refused for their sample layout (the server keeps them for a trainer with "
+        "theirs where it can: its last line says where each is)")
+    assert last_line(caplog, "server stopped").startswith(
+        f"server stopped: {w2.produced} samples delivered to the trainer; 0 spooled for it (0 "
+        f"packets); 0 held for another sample layout (0 packets in 0 layouts")

@@ -62,13 +62,20 @@ class VectorRunner(EnvRunner):
         """One vector step (None on stop), after a failed env call restarting every env if the
         pipeline allows it."""
         try:
-            out = self.step() if self.pacer.pace(stop) else None
+            out = self.step() if self._pace(stop) else None
         except EnvFailure as exc:
             self.host.failed(exc)
             self.restart()
             return None
         self.host.ok()
         return out
+
+    def _pace(self, stop: threading.Event) -> bool:
+        """Before a vector step: wait until PACE allows a row from every env that collects (a
+        step cannot be taken in part); False on stop."""
+        eps = self.episodes  # (no test episodes, the default: no count on the hot loop)
+        rows = self.n - int(np.count_nonzero(eps.test)) if eps.test_interval else self.n
+        return self.pacer.pace(stop, rows=rows)
 
     def restart(self) -> None:
         """After a failed env call: every env starts a new episode (its rows so far stay; a reset
@@ -88,7 +95,7 @@ class VectorRunner(EnvRunner):
 
     def _steps(self, stop: threading.Event) -> Generator[None, None, EpisodeStats | None]:
         while True:
-            if not self.pacer.pace(stop):
+            if not self._pace(stop):
                 return None
             ended = self.step()
             yield
