@@ -293,8 +293,8 @@ def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tu
 def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept_for_the_metrics(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
-    # (version, format, base, thread) of each encoding handed over, at its first part (a float32
-    # version of this actor, 16.6 KB, goes in two parts: part_bytes)
+    # (version, format, base, thread) of each encoding handed over, at its first part (an
+    # encoding may go in several parts: part_bytes)
     sent: list[tuple[int, str, int | None, str]] = []
 
     def command(frames: list[Any], track: bool = False) -> _Tracker:
