@@ -25,7 +25,7 @@ import zmq
 from netrl.errors import NetrlError
 from netrl.net.thread import Command, command_head
 from netrl.protocol.models import POLICY
-from netrl.protocol.weights import PART_BYTES, copy_tensors, flat_layout, flat_views
+from netrl.protocol.weights import copy_tensors, flat_layout, flat_views, part_bytes
 from netrl.protocol.wire import encode, weight_parts
 from netrl.trainer.encoding import Encoded, WeightEncoder
 
@@ -119,7 +119,7 @@ class WeightSender:
         """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy
         until sent)."""
         for msg in weight_parts(self.name, self.session, version, trained_steps, out.data,
-                                snap.layout, PART_BYTES, out.fields):
+                                snap.layout, part_bytes(out.data.nbytes), out.fields):
             if self.collect is not None and model == POLICY:
                 msg.body["collect"] = self.collect
             head = command_head(Command.WEIGHTS, slot | msg.body["part"], version)

@@ -15,12 +15,15 @@ from netrl.errors import MalformedMessage
 from netrl.net.thread import Command, command_head
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.weights import (
+    MIN_PART_BYTES,
     PART_BYTES,
+    PARTS_PER_VERSION,
     WeightAssembler,
     check_weights,
     flat_arrays,
     flat_layout,
     load_weights,
+    part_bytes,
     snapshot_into,
 )
 from netrl.protocol.wire import decode, encode, weight_parts
@@ -312,7 +315,38 @@ class TwoTensors(torch.nn.Module):
             setattr(self, name, torch.nn.Parameter(torch.randn(16 if name == "a" else n)))
 
 
-@pytest.mark.parametrize("n", [20, 300_001])  # a version in one part, and one in two; both with padding
+def test_a_small_version_leaves_the_trainer_in_small_parts_and_a_large_one_in_1_mib_parts() -> None:
+    """Each part that arrives is the server talking: a Pendulum actor's 270 KB float32 version, once
+    one message, took longer than the worker's liveness window over a lossy 200 ms link behind reno
+    (6 reconnects in 1.5 minutes, no version through: docs/benchmarks/links.md). It now leaves in
+    4 parts of at most 68 KiB, and a large version still in 1 MiB parts (few messages on a LAN)."""
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.link import TrainerLink
+
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None)  # never started: the test reads its pipe
+    try:
+        actor = TwoTensors("a", 67_500)  # 270 KB, as the default Pendulum actor
+        layout, nbytes = flat_layout(actor)
+        link.publish(actor, 1, 0)
+        flat, sizes = np.zeros(nbytes, np.uint8), []
+        for _ in range(-(-nbytes // part_bytes(nbytes))):
+            assert link._pipe_in.poll(5000), f"{len(sizes)} parts came"
+            msg = decode(link._pipe_in.recv_multipart()[1:])  # after the command head
+            chunk = msg.arrays["chunk"]
+            flat[msg.body["offset"]:msg.body["offset"] + chunk.nbytes] = chunk
+            sizes.append(chunk.nbytes)
+        assert msg.body["parts"] == len(sizes) == 4 and max(sizes) <= 68 << 10 and sum(sizes) == nbytes
+        assert not link._pipe_in.poll(100)  # nothing more
+        got = flat_arrays(flat, layout)
+        assert all(np.array_equal(got[k], t.numpy()) for k, t in actor.state_dict().items())
+    finally:
+        link.halt()
+    assert part_bytes(1) == MIN_PART_BYTES and part_bytes(40_000_000) == PART_BYTES == 1 << 20
+    for n in (MIN_PART_BYTES * PARTS_PER_VERSION + 1, 4_000_000, PART_BYTES * PARTS_PER_VERSION):
+        assert part_bytes(n) % 64 == 0 and -(-n // part_bytes(n)) <= PARTS_PER_VERSION
+
+
+@pytest.mark.parametrize("n", [20, 300_001])  # a version in one part, and one in several; both with padding
 def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout_anew(n: int) -> None:
     from netrl.trainer.delivery import Deliveries
     from netrl.trainer.link import TrainerLink
@@ -323,7 +357,7 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
         link.publish(actor, version, 0)
         layout, nbytes = flat_layout(actor)
         flat = np.zeros(nbytes, np.uint8)
-        for _ in range(-(-nbytes // PART_BYTES)):
+        for _ in range(-(-nbytes // part_bytes(nbytes))):
             frames = link._pipe_in.recv_multipart()  # a copy, as the network thread's send leaves the buffer
             msg = decode(frames[1:])  # after the command head
             flat[msg.body["offset"]:msg.body["offset"] + msg.arrays["chunk"].nbytes] = msg.arrays["chunk"]
@@ -345,7 +379,7 @@ def test_a_trainer_snapshot_reuses_its_buffer_and_views_and_views_another_layout
             ab.a.mul_(-2)
         published(ab, 2)
         assert link.sender.snapshots.held == [first]
-        assert len(first.trackers) == -(-first.flat.nbytes // PART_BYTES)
+        assert len(first.trackers) == -(-first.flat.nbytes // part_bytes(first.flat.nbytes))
         published(ba, 3)  # as many bytes in another layout: the buffer is viewed anew, not written by ab's views
         snap = link.sender.snapshots.held[-1]
         assert snap.flat is first.flat and snap.layout != flat_layout(ab)[0]

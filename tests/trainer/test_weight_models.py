@@ -293,11 +293,15 @@ def test_every_models_newest_version_reaches_a_worker_that_joins_late(server: tu
 def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept_for_the_metrics(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
-    sent: list[tuple[int, str, int | None, str]] = []  # (version, format, base, thread) of each part handed over
+    # (version, format, base, thread) of each encoding handed over, at its first part (an
+    # encoding may go in several parts: part_bytes)
+    sent: list[tuple[int, str, int | None, str]] = []
 
     def command(frames: list[Any], track: bool = False) -> _Tracker:
         msg = decode([bytes(f) for f in frames[1:]])
-        sent.append((msg.policy_version, msg.body["format"], msg.body.get("base"), threading.current_thread().name))
+        if msg.body["part"] == 0:
+            sent.append((msg.policy_version, msg.body["format"], msg.body.get("base"),
+                         threading.current_thread().name))
         return _Tracker()
 
     monkeypatch.setattr(link, "command", command)
