@@ -22,22 +22,6 @@ from tests.fakes import NET, MakeServer, Peer, small_config, wait_until
 from tests.server.test_fair_share import curve_peer
 
 
-def hello(peer: Peer) -> Message:
-    peer.send(
-        Message(
-            MsgType.HELLO,
-            peer.name,
-            body={
-                "role": peer.role,
-                "netrl_version": "0.1.0",
-                "worker_id": peer.name,
-                "session": peer.session,
-            },
-        )
-    )
-    return peer.expect(MsgType.WELCOME, MsgType.REJECT)
-
-
 def revoke(ctx: zmq.Context, srv: Server, worker: str, reason: str = "") -> Message:
     """``--revoke`` by hand: a connection to the trainer port that says no HELLO."""
     operator = Peer(ctx, srv.trainer_port, "trainer", "operator")
@@ -51,12 +35,12 @@ def test_a_revoked_worker_is_cut_off_within_a_heartbeat_and_refused_with_the_rea
 ) -> None:
     srv, ctx = server
     trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-    assert hello(trainer).type is MsgType.WELCOME
+    assert trainer.hello().type is MsgType.WELCOME
     bad, good = (
         Peer(ctx, srv.worker_port, "worker", "w1"),
         Peer(ctx, srv.worker_port, "worker", "w2"),
     )
-    assert hello(bad).type is MsgType.WELCOME and hello(good).type is MsgType.WELCOME
+    assert bad.hello().type is MsgType.WELCOME and good.hello().type is MsgType.WELCOME
     started = time.monotonic()
     answer = revoke(ctx, srv, "w1", "sent rewards of 1e5")
     assert answer.type is MsgType.REVOKE and answer.body["links"] == 1
@@ -69,7 +53,7 @@ def test_a_revoked_worker_is_cut_off_within_a_heartbeat_and_refused_with_the_rea
     told = trainer.expect(MsgType.REVOKE)  # the trainer drops w1's rows
     assert told.body["worker"] == "w1"
     again = Peer(ctx, srv.worker_port, "worker", "w1")  # a new session of it
-    refused = hello(again)
+    refused = again.hello()
     assert (
         refused.type is MsgType.REJECT
         and "'w1' was revoked by the operator" in refused.body["reason"]
@@ -82,9 +66,9 @@ def test_a_revoked_worker_is_cut_off_within_a_heartbeat_and_refused_with_the_rea
 def test_the_trainer_may_revoke_and_is_answered(server: tuple[Server, zmq.Context]) -> None:
     srv, ctx = server
     trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-    assert hello(trainer).type is MsgType.WELCOME
+    assert trainer.hello().type is MsgType.WELCOME
     bad = Peer(ctx, srv.worker_port, "worker", "w1")
-    assert hello(bad).type is MsgType.WELCOME
+    assert bad.hello().type is MsgType.WELCOME
     trainer.send(Message(MsgType.REVOKE, "trainer", body={"worker": "w1", "reason": "implausible"}))
     answer = trainer.expect(MsgType.REVOKE)
     assert answer.body["links"] == 1 and "by the trainer" in answer.body["reason"]
@@ -98,7 +82,7 @@ def test_a_worker_cannot_revoke(server: tuple[Server, zmq.Context]) -> None:
         Peer(ctx, srv.worker_port, "worker", "w1"),
         Peer(ctx, srv.worker_port, "worker", "w2"),
     )
-    assert hello(attacker).type is MsgType.WELCOME and hello(victim).type is MsgType.WELCOME
+    assert attacker.hello().type is MsgType.WELCOME and victim.hello().type is MsgType.WELCOME
     attacker.send(Message(MsgType.REVOKE, "w1", body={"worker": "w2"}))
     refused = attacker.expect(MsgType.NOTICE)
     assert "a worker may not send revoke messages" in refused.body["reason"]
@@ -130,12 +114,12 @@ def test_a_revocation_holds_across_a_server_restart(
     assert (spool / REVOKED_FILE).exists()
     srv.close()
     again, ctx2 = make_server(network=NET, spool_dir=spool)
-    refused = hello(Peer(ctx2, again.worker_port, "worker", "w1"))
+    refused = Peer(ctx2, again.worker_port, "worker", "w1").hello()
     assert refused.type is MsgType.REJECT and "stolen laptop" in refused.body["reason"]
-    assert hello(Peer(ctx2, again.worker_port, "worker", "w2")).type is MsgType.WELCOME
+    assert Peer(ctx2, again.worker_port, "worker", "w2").hello().type is MsgType.WELCOME
     # a trainer that connects later is told, so that it drops w1's rows from its sample log
     trainer = Peer(ctx2, again.trainer_port, "trainer", "trainer")
-    assert hello(trainer).type is MsgType.WELCOME
+    assert trainer.hello().type is MsgType.WELCOME
     assert trainer.expect(MsgType.REVOKE).body["worker"] == "w1"
 
 
@@ -159,7 +143,7 @@ def test_revoke_with_curve_takes_the_trainer_key_and_a_worker_key_gets_nowhere(
     robot = curve_peer(
         ctx, srv.worker_port, "worker", "robot-1", client_keys(keys, "worker", "robot-1")
     )
-    assert hello(robot).type is MsgType.WELCOME
+    assert robot.hello().type is MsgType.WELCOME
     answer = ask_revoke(
         "127.0.0.1",
         srv.trainer_port,
@@ -173,7 +157,7 @@ def test_revoke_with_curve_takes_the_trainer_key_and_a_worker_key_gets_nowhere(
     back = curve_peer(
         ctx, srv.worker_port, "worker", "robot-1", client_keys(keys, "worker", "robot-1")
     )
-    assert "'robot-1' was revoked" in hello(back).body["reason"]
+    assert "'robot-1' was revoked" in back.hello().body["reason"]
     with pytest.raises(NetrlError, match="refused to revoke"):
         ask_revoke(
             "127.0.0.1", srv.trainer_port, "bad name", "", client_keys(keys, "trainer", "trainer")
@@ -192,7 +176,7 @@ def test_the_command_line_revokes_with_the_trainers_key(
     robot = curve_peer(
         ctx, srv.worker_port, "worker", "w1", client_keys(cfg.keys_dir, "worker", "w1")
     )
-    assert hello(robot).type is MsgType.WELCOME
+    assert robot.hello().type is MsgType.WELCOME
     assert main(["--revoke", "w1", "--reason", "left the lab", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "revoked 'w1': 1 connection(s) dropped" in out and "left the lab" in out

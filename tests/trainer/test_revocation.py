@@ -8,7 +8,7 @@ from typing import Any
 
 import zmq
 
-from netrl.protocol.messages import Message, MsgType
+from netrl.protocol.messages import MsgType
 from netrl.protocol.wire import samples_message
 from netrl.server.revocation import ask_revoke
 from netrl.server.server import Server
@@ -16,22 +16,6 @@ from netrl.trainer.delivery import Deliveries
 from netrl.trainer.link import TrainerLink
 from tests.fakes import NET, Peer, wait_until
 from tests.training.test_plausibility import WARM, packet, training
-
-
-def hello(peer: Peer) -> Message:
-    peer.send(
-        Message(
-            MsgType.HELLO,
-            peer.name,
-            body={
-                "role": peer.role,
-                "netrl_version": "0.1.0",
-                "worker_id": peer.name,
-                "session": peer.session,
-            },
-        )
-    )
-    return peer.expect(MsgType.WELCOME, MsgType.REJECT)
 
 
 def test_the_trainer_hears_of_a_revocation_and_can_ask_for_one(
@@ -46,7 +30,7 @@ def test_the_trainer_hears_of_a_revocation_and_can_ask_for_one(
             Peer(ctx, srv.worker_port, "worker", "w1"),
             Peer(ctx, srv.worker_port, "worker", "w2"),
         )
-        assert hello(w1).type is MsgType.WELCOME and hello(w2).type is MsgType.WELCOME
+        assert w1.hello().type is MsgType.WELCOME and w2.hello().type is MsgType.WELCOME
         assert ask_revoke("127.0.0.1", srv.trainer_port, "w1", "by hand", None)["links"] == 1
         heard: list[str] = []
         wait_until(
@@ -142,7 +126,7 @@ def test_revoke_on_the_command_line_takes_the_workers_rows_out_of_a_running_trai
         wait_until(lambda: link.link.ready, 5, "the trainer connected", poll=0.02)
         workers = [Peer(ctx, srv.worker_port, "worker", name) for name in ("w1", "w2")]
         for worker in workers:
-            assert hello(worker).type is MsgType.WELCOME
+            assert worker.hello().type is MsgType.WELCOME
         for seq in range(1, WARM + 1):
             for worker in workers:
                 buf = packet(seq, worker.name)
