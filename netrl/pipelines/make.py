@@ -3,6 +3,7 @@ the user's own ``module:function``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from netrl.agents.registry import ALGORITHMS, Supports
 from netrl.config.algorithms import supports_problems
 from netrl.config.sections import Config
+from netrl.envs.transform_config import compose_from_config, transformed
 from netrl.errors import ConfigError
 from netrl.pipelines.base import Pipeline, rollout_memory
 from netrl.pipelines.replay_options import apply_replay_options
@@ -42,7 +44,16 @@ def make_pipeline(cfg: Config) -> Pipeline:
         pipeline = _own_pipeline(cfg)
     _check_agent(cfg, pipeline)
     _check_sequences(cfg, pipeline)
-    return apply_replay_options(cfg, pipeline)
+    return apply_replay_options(cfg, with_transforms(cfg, pipeline))
+
+
+def with_transforms(cfg: Config, pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` with its envs seen through ``env.transforms``: the worker, the trainer (the
+    spaces its memory and agent are built for) and --check-env all build the transformed env."""
+    transform = compose_from_config(cfg.env.transforms)
+    if transform is None:
+        return pipeline
+    return dataclasses.replace(pipeline, env_cls=transformed(pipeline.env_cls, transform))
 
 
 def _unwrapped(cls: Any) -> Any:
