@@ -1,6 +1,7 @@
 """Env transforms on the worker, with TorchRL's names and meanings: :class:`Resize`,
-:class:`GrayScale`, :class:`FrameSkipTransform`, :class:`RewardScaling`, :class:`RewardClipping`,
-:class:`ObservationNorm`, :class:`StepCounter`, composed by :class:`Compose`.
+:class:`GrayScale`, :class:`CatFrames`, :class:`FrameSkipTransform`, :class:`RewardScaling`,
+:class:`RewardClipping`, :class:`ObservationNorm`, :class:`StepCounter`, composed by
+:class:`Compose`.
 
 Calling sequence::
 
@@ -24,8 +25,7 @@ images stay integers (rounded half to even), so a replay stores the bytes the en
 
 from __future__ import annotations
 
-import abc
-import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -33,187 +33,22 @@ from typing import Any, Literal
 import gymnasium
 import numpy as np
 
-__all__ = ["Compose", "FrameSkipTransform", "GrayScale", "ObservationNorm", "Resize",
+from netrl.envs.transform_base import Compose, LeafTransform, Transform, TransformedEnv
+from netrl.envs.transform_config import check_options, is_synced, transform_problems
+
+__all__ = ["CatFrames", "Compose", "FrameSkipTransform", "GrayScale", "ObservationNorm", "Resize",
            "RewardClipping", "RewardScaling", "StepCounter", "Transform", "TransformedEnv",
-           "resize_matrix"]
+           "applies_transforms", "compose_from_config", "resize_matrix", "transformed"]
 
 Interpolation = Literal["bilinear", "nearest", "area"]
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2 luma)
 
 
-class Transform:
-    """One change to what an env shows. A subclass overrides what it changes: the observation
-    space and :meth:`observation`, :meth:`reward`, or the whole :meth:`reset` and :meth:`step`
-    (which call the env they wrap)."""
-
-    def transform_observation_space(self, space: Any) -> Any:
-        """The observation space after this transform (ValueError when it does not apply)."""
-        return space
-
-    def observation(self, obs: Any) -> Any:
-        return obs
-
-    def reward(self, reward: float) -> float:
-        return reward
-
-    def reset(self, env: Any, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        obs, info = env.reset(seed=seed, options=options)
-        return self.observation(obs), info
-
-    def step(self, env: Any, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        obs, rew, terminated, truncated, info = env.step(action)
-        return self.observation(obs), self.reward(rew), terminated, truncated, info
-
-    def wrap(self, env: Any) -> Any:
-        """``env`` seen through a copy of this transform."""
-        return _Layer(env, copy.deepcopy(self))
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__name__}({args})"
-
-
-_WRAP_FIRST = ("a Compose resets and steps through the layers it wraps an env in (each keeps its "
-               "transform's state): call reset and step on Compose(...).wrap(env)")
-
-
-class Compose(Transform):
-    """Transforms applied in order, the first next to the env (TorchRL's ``Compose``)."""
-
-    def __init__(self, *transforms: Transform) -> None:
-        for t in transforms:
-            if not isinstance(t, Transform):
-                raise TypeError(f"Compose takes netrl.envs.transforms.Transform objects "
-                                f"(got {t!r})")
-        self.transforms = list(transforms)
-
-    def transform_observation_space(self, space: Any) -> Any:
-        for t in self.transforms:
-            space = t.transform_observation_space(space)
-        return space
-
-    def observation(self, obs: Any) -> Any:
-        for t in self.transforms:
-            obs = t.observation(obs)
-        return obs
-
-    def reward(self, reward: float) -> float:
-        for t in self.transforms:
-            reward = t.reward(reward)
-        return reward
-
-    def reset(self, env: Any, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        raise TypeError(_WRAP_FIRST)
-
-    def step(self, env: Any, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        raise TypeError(_WRAP_FIRST)
-
-    def wrap(self, env: Any) -> Any:
-        for t in self.transforms:
-            env = t.wrap(env)
-        return env
-
-    def __repr__(self) -> str:
-        return f"Compose({', '.join(map(repr, self.transforms))})"
-
-
-def TransformedEnv(env: Any, transform: Transform) -> Any:  # TorchRL's name
-    """``env`` seen through ``transform`` (TorchRL's ``TransformedEnv(env, transform)``)."""
-    return transform.wrap(env)
-
-
-class _Layer(gymnasium.Wrapper):
-    """One transform around one env: its spaces, its reset and step."""
-
-    def __init__(self, env: Any, transform: Transform) -> None:
-        super().__init__(env)
-        self.transform = transform
-        self.observation_space = transform.transform_observation_space(env.observation_space)
-
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        return self.transform.reset(self.env, seed=seed, options=options)
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        return self.transform.step(self.env, action)
-
-    @property
-    def default_action(self) -> Any:
-        """The wrapped env's (rtgym's action of a reset row), which no transform changes."""
-        return getattr(self.env, "default_action", None)
-
-
-# -- observation transforms ------------------------------------------------------------------------
-def _map_tree(node: Any, name: str, fn: Callable[[str, Any], Any], spaces: bool) -> Any:
-    """``node`` (a space or an observation) with each leaf replaced by ``fn(name, leaf)``."""
-    if spaces and isinstance(node, gymnasium.spaces.Tuple):
-        return gymnasium.spaces.Tuple(tuple(_map_tree(s, f"{name}/{i}", fn, spaces)
-                                            for i, s in enumerate(node.spaces)))
-    if spaces and isinstance(node, gymnasium.spaces.Dict):
-        return gymnasium.spaces.Dict({k: _map_tree(s, f"{name}/{k}", fn, spaces)
-                                      for k, s in node.spaces.items()})
-    if not spaces and isinstance(node, (tuple, list)):
-        return type(node)(_map_tree(x, f"{name}/{i}", fn, spaces) for i, x in enumerate(node))
-    if not spaces and isinstance(node, dict):
-        return {k: _map_tree(x, f"{name}/{k}", fn, spaces) for k, x in node.items()}
-    return fn(name, node)
-
-
-class _LeafTransform(Transform, abc.ABC):
-    """A transform of some observation leaves: ``in_keys`` names them, or every leaf that
-    :meth:`fits` is taken."""
-
-    def __init__(self, in_keys: Sequence[str] | None) -> None:
-        self.in_keys = None if in_keys is None else tuple(in_keys)
-        self._leaves: set[str] = set()
-
-    @abc.abstractmethod
-    def fits(self, space: Any) -> str | None:
-        """Why this transform cannot apply to the leaf space ``space``, or None."""
-
-    @abc.abstractmethod
-    def leaf_space(self, name: str, space: Any) -> Any:
-        """The space of leaf ``name`` after the transform (noting what :meth:`leaf` needs)."""
-
-    @abc.abstractmethod
-    def leaf(self, name: str, x: np.ndarray) -> np.ndarray:
-        """Leaf ``name``'s value after the transform."""
-
-    def transform_observation_space(self, space: Any) -> Any:
-        found: dict[str, str | None] = {}
-
-        def one(name: str, leaf: Any) -> Any:
-            found[name] = self.fits(leaf)
-            take = found[name] is None if self.in_keys is None else name in self.in_keys
-            if not take:
-                return leaf
-            if found[name] is not None:
-                raise ValueError(f"{self!r} cannot apply to observation leaf {name} "
-                                 f"({leaf}): {found[name]}")
-            self._leaves.add(name)
-            return self.leaf_space(name, leaf)
-
-        out = _map_tree(space, "obs", one, spaces=True)
-        missing = sorted(set(self.in_keys or ()) - set(found))
-        if missing:
-            raise ValueError(f"{self!r}: the observation has no leaf {', '.join(missing)} (its "
-                             f"leaves: {', '.join(found)})")
-        if not self._leaves:
-            why = "; ".join(f"{n}: {w}" for n, w in found.items())
-            raise ValueError(f"{self!r} applies to no leaf of the observation space {space} "
-                             f"({why})")
-        return out
-
-    def observation(self, obs: Any) -> Any:
-        if not self._leaves:
-            raise RuntimeError(f"{self!r} has not seen an observation space: wrap an env with it "
-                               f"(transform.wrap(env)) or call transform_observation_space first")
-        if not isinstance(obs, (tuple, list, dict)):  # a Box observation, the common case
-            return self.leaf("obs", obs)
-        return _map_tree(obs, "obs", lambda n, x: self.leaf(n, x) if n in self._leaves else x,
-                         spaces=False)
+def _checked(name: str, **options: Any) -> None:
+    """ValueError naming every bad option (the checks config.json's entries get)."""
+    problems = check_options(name, options)
+    if problems:
+        raise ValueError(f"{name} {'; '.join(problems)}")
 
 
 def _box_bounds(space: Any, shape: tuple[int, ...]) -> Any:
@@ -252,19 +87,15 @@ def resize_matrix(n_in: int, n_out: int, interpolation: Interpolation) -> np.nda
     return m
 
 
-class Resize(_LeafTransform):
+class Resize(LeafTransform):
     """Resize images to ``h`` x ``w`` (TorchRL's ``Resize(w, h)``): the last two axes of each
     image leaf, ``(..., H, W) -> (..., h, w)``."""
 
     def __init__(self, w: int, h: int | None = None, interpolation: Interpolation = "bilinear",
                  in_keys: Sequence[str] | None = None) -> None:
         super().__init__(in_keys)
+        _checked("Resize", w=w, h=h, interpolation=interpolation, in_keys=in_keys)
         h = w if h is None else h
-        if not (isinstance(w, int) and isinstance(h, int) and w >= 1 and h >= 1):
-            raise ValueError(f"Resize needs w and h integers >= 1 (got w={w!r}, h={h!r})")
-        if interpolation not in ("bilinear", "nearest", "area"):
-            raise ValueError(f'Resize interpolation must be "bilinear", "nearest" or "area" '
-                             f"(got {interpolation!r})")
         self.w, self.h, self.interpolation = w, h, interpolation
         self._mats: dict[str, tuple[np.ndarray, np.ndarray, Any]] = {}
 
@@ -285,7 +116,7 @@ class Resize(_LeafTransform):
         return _mix(x, rows @ x.astype(np.float64) @ cols, space)
 
 
-class GrayScale(_LeafTransform):
+class GrayScale(LeafTransform):
     """RGB to luma (TorchRL's ``GrayScale``): ``(..., 3, H, W) -> (..., 1, H, W)``, as
     ``0.2989 R + 0.587 G + 0.114 B``."""
 
@@ -311,7 +142,7 @@ class GrayScale(_LeafTransform):
         return _mix(x, gray, self._spaces[name])
 
 
-class ObservationNorm(_LeafTransform):
+class ObservationNorm(LeafTransform):
     """Fixed affine normalisation of float leaves (TorchRL's ``ObservationNorm``):
     ``obs * scale + loc``, or ``(obs - loc) / scale`` with ``standard_normal``, in float32.
     ``loc`` and ``scale`` are numbers or nested lists that broadcast to the leaf's shape. The
@@ -322,12 +153,10 @@ class ObservationNorm(_LeafTransform):
     def __init__(self, loc: Any = 0.0, scale: Any = 1.0, standard_normal: bool = False,
                  in_keys: Sequence[str] | None = None) -> None:
         super().__init__(in_keys)
+        _checked("ObservationNorm", loc=np.asarray(loc).tolist(), scale=np.asarray(scale).tolist(),
+                 standard_normal=standard_normal, in_keys=in_keys)
         self.loc = np.asarray(loc, np.float32)
         self.scale = np.asarray(scale, np.float32)
-        if not (np.isfinite(self.loc).all() and np.isfinite(self.scale).all()) \
-                or (self.scale == 0).any():
-            raise ValueError(f"ObservationNorm needs finite loc and scale, scale never 0 "
-                             f"(got loc={loc!r}, scale={scale!r})")
         self.standard_normal = bool(standard_normal)
 
     def fits(self, space: Any) -> str | None:
@@ -359,16 +188,60 @@ class ObservationNorm(_LeafTransform):
         return self._apply(x)
 
 
-# -- reward and step transforms --------------------------------------------------------------------
+class CatFrames(LeafTransform):
+    """The last ``N`` observations of a leaf concatenated along ``dim`` (TorchRL's ``CatFrames``
+    with ``padding="same"``): at a reset, ``N`` copies of the first; newest last. After a
+    :class:`FrameSkipTransform`, the frames are those the agent saw, one per step."""
+
+    def __init__(self, N: int, dim: int = -3,  # TorchRL's N
+                 in_keys: Sequence[str] | None = None) -> None:
+        super().__init__(in_keys)
+        _checked("CatFrames", N=N, dim=dim, in_keys=in_keys)
+        self.N, self.dim = N, dim
+        self._frames: dict[str, np.ndarray] = {}
+        self._fresh = True
+
+    def fits(self, space: Any) -> str | None:
+        if not isinstance(space, gymnasium.spaces.Box) or len(space.shape) < -self.dim:
+            return f"not a Box with an axis {self.dim}"
+        return None
+
+    def leaf_space(self, name: str, space: Any) -> Any:
+        return gymnasium.spaces.Box(np.concatenate([space.low] * self.N, axis=self.dim),
+                                    np.concatenate([space.high] * self.N, axis=self.dim),
+                                    dtype=space.dtype)
+
+    def reset(self, env: Any, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = env.reset(seed=seed, options=options)
+        self._fresh = True
+        return self.observation(obs), info
+
+    def step(self, env: Any, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, rew, terminated, truncated, info = env.step(action)
+        self._fresh = False
+        return self.observation(obs), rew, terminated, truncated, info
+
+    def leaf(self, name: str, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
+        if self._fresh or name not in self._frames:
+            self._frames[name] = np.concatenate([x] * self.N, axis=self.dim)
+        else:  # shift the window by one frame along dim
+            stacked = np.moveaxis(self._frames[name], self.dim, 0)
+            size = x.shape[self.dim]
+            stacked[:-size] = stacked[size:].copy()
+            stacked[-size:] = np.moveaxis(x, self.dim, 0)
+        return self._frames[name].copy()
+
+
+# -- reward and step transforms ---------------------------------------------------------------
 class RewardScaling(Transform):
     """``reward * scale + loc``, or ``(reward - loc) / scale`` with ``standard_normal``
     (TorchRL's ``RewardScaling``)."""
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0,
                  standard_normal: bool = False) -> None:
-        if not (math.isfinite(loc) and math.isfinite(scale)) or scale == 0:
-            raise ValueError(f"RewardScaling needs finite loc and scale, scale not 0 "
-                             f"(got loc={loc!r}, scale={scale!r})")
+        _checked("RewardScaling", loc=loc, scale=scale, standard_normal=standard_normal)
         self.loc, self.scale, self.standard_normal = float(loc), float(scale), standard_normal
 
     def reward(self, reward: float) -> float:
@@ -382,11 +255,9 @@ class RewardClipping(Transform):
     left None does not clip)."""
 
     def __init__(self, clamp_min: float | None = None, clamp_max: float | None = None) -> None:
+        _checked("RewardClipping", clamp_min=clamp_min, clamp_max=clamp_max)
         lo = -math.inf if clamp_min is None else float(clamp_min)
         hi = math.inf if clamp_max is None else float(clamp_max)
-        if math.isnan(lo) or math.isnan(hi) or lo > hi:
-            raise ValueError(f"RewardClipping needs clamp_min <= clamp_max (got {clamp_min!r}, "
-                             f"{clamp_max!r})")
         self.clamp_min, self.clamp_max = clamp_min, clamp_max
         self._lo, self._hi = lo, hi
 
@@ -400,10 +271,12 @@ class FrameSkipTransform(Transform):
     and the repeats stop at the end of an episode."""
 
     def __init__(self, frame_skip: int = 1) -> None:
-        if not (isinstance(frame_skip, int) and frame_skip >= 1):
-            raise ValueError(f"FrameSkipTransform needs frame_skip an integer >= 1 "
-                             f"(got {frame_skip!r})")
+        _checked("FrameSkipTransform", frame_skip=frame_skip)
         self.frame_skip = frame_skip
+
+    def transform_reward_range(self, lo: float, hi: float) -> tuple[float, float]:
+        # a sum of 1 to frame_skip rewards (fewer at an episode's end)
+        return min(lo, lo * self.frame_skip), max(hi, hi * self.frame_skip)
 
     def step(self, env: Any, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         total = 0.0
@@ -420,9 +293,7 @@ class StepCounter(Transform):
     ``max_steps`` the episode truncated at that count."""
 
     def __init__(self, max_steps: int | None = None) -> None:
-        if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 1):
-            raise ValueError(f"StepCounter needs max_steps an integer >= 1 or None "
-                             f"(got {max_steps!r})")
+        _checked("StepCounter", max_steps=max_steps)
         self.max_steps = max_steps
         self._count = 0
 
@@ -438,3 +309,35 @@ class StepCounter(Transform):
         if self.max_steps is not None and self._count >= self.max_steps:
             truncated = True
         return obs, rew, terminated, bool(truncated), {**info, "step_count": self._count}
+
+
+# -- from config.json ------------------------------------------------------------------------------
+_CLASSES: dict[str, type[Transform]] = {c.__name__: c for c in (
+    Resize, GrayScale, CatFrames, FrameSkipTransform, RewardScaling, RewardClipping,
+    ObservationNorm, StepCounter)}
+
+
+def compose_from_config(entries: list[dict[str, Any]]) -> Compose | None:
+    """The :class:`Compose` of ``env.transforms`` (the synced ObservationNorm left out:
+    env.normalize_obs applies it), or None when there is nothing to apply around the env.
+    ValueError naming every bad entry."""
+    problems = transform_problems(entries)
+    if problems:
+        raise ValueError(f"env.transforms: {'; '.join(problems)}")
+    built = [_CLASSES[e["name"]](**{k: v for k, v in e.items() if k != "name"})
+             for e in entries if not is_synced(e)]
+    return Compose(*built) if built else None
+
+
+def _make(env_cls: Callable[[], Any], transform: Transform) -> Any:
+    return transform.wrap(env_cls())
+
+
+def transformed(env_cls: Callable[[], Any], transform: Transform) -> Callable[[], Any]:
+    """An env class whose envs are ``env_cls()``'s seen through ``transform`` (a copy each)."""
+    return functools.partial(_make, env_cls, transform)
+
+
+def applies_transforms(env_cls: Any) -> bool:
+    """Whether ``env_cls`` came from :func:`transformed` (a pipeline that applied them itself)."""
+    return isinstance(env_cls, functools.partial) and env_cls.func is _make
