@@ -98,7 +98,8 @@ class EnvConfig:
                                      "statistics (0: with every policy publication)", ge(0))
     transforms: list[dict[str, Any]] = _f(
         [], 'transforms around every env, in order, with TorchRL\'s names: objects such as '
-            '{"name": "Resize", "w": 84, "h": 84}; Resize, GrayScale, FrameSkipTransform, '
+            '{"name": "Resize", "w": 84, "h": 84}; Resize, PermuteTransform, GrayScale, '
+            'CatFrames, FrameSkipTransform, '
             'RewardScaling, RewardClipping, ObservationNorm (without loc and scale: the synced '
             'statistics, turns normalize_obs on), StepCounter (see docs/transforms.md)',
         env_transforms)

@@ -74,6 +74,13 @@ def _keys(v: Any) -> str | None:
     return None if ok else 'null or a list of observation leaf names ("obs", "obs/0"...)'
 
 
+def _permutation(v: Any) -> str | None:
+    ok = isinstance(v, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool)
+                                              for d in v) \
+        and sorted(v) == list(range(-len(v), 0)) and len(v) >= 1
+    return None if ok else "a reordering of -n ... -1, such as [-1, -3, -2]"
+
+
 def _interpolation(v: Any) -> str | None:
     return None if v in ("bilinear", "nearest", "area") else '"bilinear", "nearest" or "area"'
 
@@ -82,6 +89,7 @@ def _interpolation(v: Any) -> str | None:
 OPTIONS: dict[str, dict[str, Check]] = {
     "Resize": {"w": _int(1, 65536), "h": _optional(_int(1, 65536)),
                "interpolation": _interpolation, "in_keys": _keys},
+    "PermuteTransform": {"dims": _permutation, "in_keys": _keys},
     "GrayScale": {"in_keys": _keys},
     "CatFrames": {"N": _int(1, 1024), "dim": _int(-32, -1), "in_keys": _keys},
     "FrameSkipTransform": {"frame_skip": _int(1, 10_000)},
@@ -91,8 +99,8 @@ OPTIONS: dict[str, dict[str, Check]] = {
                         "standard_normal": _boolean, "in_keys": _keys},
     "StepCounter": {"max_steps": _optional(_int(1))},
 }
-REQUIRED = {"Resize": ("w",), "CatFrames": ("N",)}
-OBS_CHANGING = ("Resize", "GrayScale", "CatFrames", "ObservationNorm")
+REQUIRED = {"Resize": ("w",), "CatFrames": ("N",), "PermuteTransform": ("dims",)}
+OBS_CHANGING = ("Resize", "PermuteTransform", "GrayScale", "CatFrames", "ObservationNorm")
 
 
 def check_options(name: str, options: dict[str, Any]) -> list[str]:

@@ -1,7 +1,7 @@
 """Env transforms on the worker, with TorchRL's names and meanings: :class:`Resize`,
-:class:`GrayScale`, :class:`CatFrames`, :class:`FrameSkipTransform`, :class:`RewardScaling`,
-:class:`RewardClipping`, :class:`ObservationNorm`, :class:`StepCounter`, composed by
-:class:`Compose`.
+:class:`PermuteTransform`, :class:`GrayScale`, :class:`CatFrames`, :class:`FrameSkipTransform`,
+:class:`RewardScaling`, :class:`RewardClipping`, :class:`ObservationNorm`, :class:`StepCounter`,
+composed by :class:`Compose`.
 
 Calling sequence::
 
@@ -36,7 +36,8 @@ import numpy as np
 from netrl.envs.transform_base import Compose, LeafTransform, Transform, TransformedEnv
 from netrl.envs.transform_config import check_options, is_synced, transform_problems
 
-__all__ = ["CatFrames", "Compose", "FrameSkipTransform", "GrayScale", "ObservationNorm", "Resize",
+__all__ = ["CatFrames", "Compose", "FrameSkipTransform", "GrayScale", "ObservationNorm",
+           "PermuteTransform", "Resize",
            "RewardClipping", "RewardScaling", "StepCounter", "Transform", "TransformedEnv",
            "applies_transforms", "compose_from_config", "resize_matrix", "transformed"]
 
@@ -102,6 +103,10 @@ class Resize(LeafTransform):
     def fits(self, space: Any) -> str | None:
         if not isinstance(space, gymnasium.spaces.Box) or len(space.shape) < 2:
             return "not a Box of at least 2 dimensions (..., H, W)"
+        if len(space.shape) == 3 and space.shape[-1] in (1, 3, 4) and space.shape[0] > 4:
+            # resizing (W, C) as if it were (H, W) would be silent nonsense
+            return (f"its shape {space.shape} looks like a channels-last image (H, W, C): put a "
+                    f"PermuteTransform with dims [-1, -3, -2] before it")
         return None
 
     def leaf_space(self, name: str, space: Any) -> Any:
@@ -114,6 +119,34 @@ class Resize(LeafTransform):
     def leaf(self, name: str, x: np.ndarray) -> np.ndarray:
         rows, cols, space = self._mats[name]
         return _mix(x, rows @ x.astype(np.float64) @ cols, space)
+
+
+class PermuteTransform(LeafTransform):
+    """The last ``len(dims)`` axes of each leaf reordered (TorchRL's ``PermuteTransform``):
+    ``dims`` is a permutation of ``-len(dims) ... -1``; ``[-1, -3, -2]`` turns a channels-last
+    image ``(H, W, C)`` into ``(C, H, W)``, what :class:`Resize` and :class:`GrayScale` take."""
+
+    def __init__(self, dims: Sequence[int], in_keys: Sequence[str] | None = None) -> None:
+        super().__init__(in_keys)
+        _checked("PermuteTransform", dims=list(dims), in_keys=in_keys)
+        self.dims = tuple(int(d) for d in dims)
+
+    def fits(self, space: Any) -> str | None:
+        if not isinstance(space, gymnasium.spaces.Box) or len(space.shape) < len(self.dims):
+            return f"not a Box of at least {len(self.dims)} dimensions"
+        return None
+
+    def _axes(self, ndim: int) -> list[int]:
+        return list(range(ndim - len(self.dims))) + [ndim + d for d in self.dims]
+
+    def leaf_space(self, name: str, space: Any) -> Any:
+        axes = self._axes(len(space.shape))
+        return gymnasium.spaces.Box(space.low.transpose(axes), space.high.transpose(axes),
+                                    dtype=space.dtype)
+
+    def leaf(self, name: str, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
+        return np.ascontiguousarray(x.transpose(self._axes(x.ndim)))
 
 
 class GrayScale(LeafTransform):
@@ -313,7 +346,7 @@ class StepCounter(Transform):
 
 # -- from config.json ------------------------------------------------------------------------------
 _CLASSES: dict[str, type[Transform]] = {c.__name__: c for c in (
-    Resize, GrayScale, CatFrames, FrameSkipTransform, RewardScaling, RewardClipping,
+    Resize, PermuteTransform, GrayScale, CatFrames, FrameSkipTransform, RewardScaling, RewardClipping,
     ObservationNorm, StepCounter)}
 
 

@@ -16,6 +16,7 @@ from netrl.envs.transforms import (
     FrameSkipTransform,
     GrayScale,
     ObservationNorm,
+    PermuteTransform,
     Resize,
     applies_transforms,
     compose_from_config,
@@ -67,7 +68,7 @@ def with_transforms(cfg: Config, pipeline: Pipeline) -> Pipeline:
         # the memory rebuilds rtgym's action buffer from one recorded action per row: repeated
         # actions, or changed observation leaves, would make it rebuild what the actor never saw
         bad = [repr(t) for t in transform.transforms
-               if isinstance(t, (Resize, GrayScale, CatFrames, ObservationNorm))
+               if isinstance(t, (Resize, PermuteTransform, GrayScale, CatFrames, ObservationNorm))
                or (isinstance(t, FrameSkipTransform) and t.frame_skip > 1)]
         if bad:
             raise ConfigError([f"env.transforms holds {', '.join(bad)}, but env.pipeline "

@@ -17,6 +17,7 @@ from netrl.envs.transforms import (
     FrameSkipTransform,
     GrayScale,
     ObservationNorm,
+    PermuteTransform,
     Resize,
     RewardClipping,
     RewardScaling,
@@ -112,6 +113,28 @@ def test_resize_agrees_with_opencv_where_they_define_the_same_thing() -> None:
         np.testing.assert_allclose(t.observation(img)[0], cv2.resize(img[0], (w, h),
                                                                       interpolation=flag),
                                    atol=1e-5)
+
+
+def test_a_channels_last_image_is_permuted_then_resized_not_resized_as_w_by_c() -> None:
+    """A (96, 96, 3) camera (CarRacing's) resized as if its last two axes were H and W would give
+    (96, 84, 84) without a word: refused, naming the PermuteTransform that fixes it."""
+    space = gymnasium.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"channels-last image \(H, W, C\): put a "
+                                         r"PermuteTransform with dims \[-1, -3, -2\]"):
+        Resize(84).transform_observation_space(space)
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    env = TransformedEnv(Counting(space, lambda t: img), Compose(PermuteTransform([-1, -3, -2]),
+                                                                  GrayScale(), Resize(84)))
+    assert env.observation_space.shape == (1, 84, 84)
+    chw = PermuteTransform([-1, -3, -2])
+    chw.transform_observation_space(space)
+    moved = chw.observation(img)
+    assert moved.shape == (3, 96, 96) and moved.flags.c_contiguous
+    assert all(moved[c, i, j] == img[i, j, c] for c in range(3) for i in (0, 50, 95)
+               for j in (0, 7, 95))
+    with pytest.raises(ValueError, match=r"dims must be a reordering of -n \.\.\. -1"):
+        PermuteTransform([-1, -1, -2])
 
 
 # -- GrayScale, ObservationNorm, CatFrames -------------------------------------------------------
