@@ -179,6 +179,7 @@ class LeafTransform(Transform, abc.ABC):
 
     def transform_observation_space(self, space: Any) -> Any:
         found: dict[str, str | None] = {}
+        self._leaves = set()  # (a space seen before is forgotten)
 
         def one(name: str, leaf: Any) -> Any:
             found[name] = self.fits(leaf)
