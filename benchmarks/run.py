@@ -42,6 +42,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "wan": ("benchmarks.wan", "a worker over an emulated long lossy link"),
     "weights": ("benchmarks.weights", "weight versions over an emulated slow link, per format"),
     "server-memory": ("benchmarks.server_memory", "the server's memory with workers connected"),
+    "transforms": ("benchmarks.transforms", "the worker's step with and without env transforms"),
 }
 CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper
 

@@ -124,6 +124,14 @@ def hidden_indices(v: list[int]) -> str | None:
     return None
 
 
+def env_transforms(v: list[Any]) -> str | None:
+    """env.transforms: each entry a known transform with valid options (named by its place)."""
+    from netrl.envs.transform_config import transform_problems
+
+    problems = transform_problems(v)
+    return "; ".join(problems) if problems else None
+
+
 def optional(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
 

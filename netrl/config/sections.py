@@ -24,6 +24,7 @@ from netrl.config.agent import AgentConfig
 from netrl.config.build import setting as _f
 from netrl.config.checks import (
     between,
+    env_transforms,
     file_name,
     folder,
     ge,
@@ -39,6 +40,7 @@ from netrl.config.checks import (
     torch_device,
 )
 from netrl.config.renamed import old_attribute
+from netrl.envs.transform_config import synced_obs_norm
 from netrl.protocol.codecs import Codec
 from netrl.protocol.messages import MAX_SECONDS, MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
@@ -94,6 +96,19 @@ class EnvConfig:
                                    gt(0))
     normalize_obs_every: int = _f(0, "training steps between publications of the observation "
                                      "statistics (0: with every policy publication)", ge(0))
+    transforms: list[dict[str, Any]] = _f(
+        [], 'transforms around every env, in order, with TorchRL\'s names: objects such as '
+            '{"name": "Resize", "w": 84, "h": 84}; Resize, PermuteTransform, GrayScale, '
+            'CatFrames, FrameSkipTransform, '
+            'RewardScaling, RewardClipping, ObservationNorm (without loc and scale: the synced '
+            'statistics, turns normalize_obs on), StepCounter (see docs/transforms.md)',
+        env_transforms)
+
+    def __post_init__(self) -> None:
+        # an ObservationNorm of the synced statistics is env.normalize_obs, which the worker
+        # and the trainer read (frozen: set once, here)
+        if synced_obs_norm(self.transforms) and not self.normalize_obs:
+            object.__setattr__(self, "normalize_obs", True)
 
 
 def seconds(v: float) -> str | None:
