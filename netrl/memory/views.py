@@ -223,6 +223,14 @@ def declared_views(owner: Any) -> list[View]:
     if not isinstance(views, Sequence) or not all(isinstance(v, View) for v in views):
         raise TypeError(f"{name}.views() must return a list of "
                         f"netrl.memory.views.View (got {views!r:.80})")
+    get_actor = getattr(owner, "get_actor", None)
+    if get_actor is not None:  # an agent: its batches must hold what its actor acts on
+        actor = get_actor()
+        for view in declared_views(actor) if getattr(actor, "views", None) else ():
+            if view not in views:
+                raise ValueError(f"{name}.views() leaves out {type(actor).__name__}'s view "
+                                 f"{view.name!r}, which the workers build at act time: "
+                                 f"return the actor's views too (the default views() does)")
     return check_views(views, name)
 
 

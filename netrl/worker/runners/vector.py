@@ -143,6 +143,7 @@ class VectorRunner(EnvRunner):
                                   policy.version, i)
                      if term or trunc else None)
             ended_mask[i] = stats is not None
+            self._push(i, acts, last, rew)  # (an episode that ended starts its windows anew)
             # before the last row: they leave in the same packet
             if stats is not None and not self.standalone:
                 sink.episode_ended(stats, i)
@@ -197,9 +198,16 @@ class VectorRunner(EnvRunner):
         recorded."""
         if self.policy.recurrent is not None:
             self.policy.recurrent.reset(i)
+        if self.policy.views is not None:
+            self.policy.views.start(i, self.host.default_action(), obs)
         if self._collects(i):
             self.sink.record_env(i, self.host.default_action(), obs, 0.0, False, False, info,
                                  self.policy.version, reset=True)
+
+    def _push(self, i: int, acts: np.ndarray, last: Any, rew: np.ndarray) -> None:
+        """Env ``i``'s row of this step into the actor's views (:mod:`netrl.memory.act_views`)."""
+        if self.policy.views is not None:
+            self.policy.views.push(i, row(acts, i), last, float(rew[i]))
 
     def _collects(self, i: int) -> bool:
         return not self.episodes.test[i] and not self.standalone
@@ -208,6 +216,8 @@ class VectorRunner(EnvRunner):
         """All envs' actions, and the actor's extra outputs (None when it declares none): one
         batched call, or one per group when test and training episodes mix."""
         policy, test = self.policy, self.episodes.test
+        if policy.views is not None:  # views into the observation: their windows replace leaves
+            obs = policy.views.observe(obs, np.arange(self.n))
         if policy.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([policy.obs_preprocessor(row(obs, i)) for i in range(self.n)])
         obs = policy.obs(obs)  # env.normalize_obs
@@ -235,17 +245,18 @@ class VectorRunner(EnvRunner):
         random ones came first)."""
         policy = self.policy
         n = len(idx)
+        views = policy.views.extra(idx) if policy.views is not None else None
         acts = None if test else policy.random_actions(obs, n)
         if acts is not None:
             if policy.recurrent is not None:
-                chosen = policy.recurrent.act(policy.actor, obs, test, idx)[1]
+                chosen = policy.recurrent.act(policy.actor, obs, test, idx, views)[1]
                 return np.asarray(acts), policy.recurrent.random_extras(chosen)
             return np.asarray(acts), policy.zero_extras(n)
         extras = None
         if policy.recurrent is not None:
-            acts, extras = policy.recurrent.act(policy.actor, obs, test, idx)
+            acts, extras = policy.recurrent.act(policy.actor, obs, test, idx, views)
         else:
-            acts = policy.actor.act_(obs, test=test, batch=True)
+            acts = policy.actor.act_(obs, test=test, batch=True, views=views)
             if policy.extra_spec:
                 acts, extras = acts
         acts = np.asarray(acts)
