@@ -109,6 +109,17 @@ class ActViews:
             w[:-1] = w[1:]  # numpy copies overlapping slices safely
             w[-1] = found[view.source]
 
+    def push_many(self, idx: np.ndarray, acts: Any, obs: Any, rew: np.ndarray) -> None:
+        """The rows of envs ``idx`` at once: ``acts``, ``obs`` and ``rew`` are every env's
+        (a vector step's batches, leading dimension ``n``)."""
+        if not len(idx):
+            return
+        found = self._sources(acts, obs, rew)
+        for view in self.views:
+            w = self.windows[view.name]
+            w[idx, :-1] = w[idx, 1:]
+            w[idx, -1] = np.asarray(found[view.source])[idx]
+
     def observe(self, obs: Any, idx: np.ndarray | None = None) -> Any:
         """``obs`` with the leaves views go into (``into="obs"``) replaced by their windows:
         one env's observation (``idx`` None: env 0), or a batch of the envs ``idx`` (leading

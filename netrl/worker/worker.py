@@ -228,7 +228,7 @@ class RolloutWorker:
                               s.normalize_obs_clip if s.normalize_obs else None,
                               compressed=self.sample_compressor is not None)
         reach = max((v.max_reach for v in policy.views.views), default=0) if policy.views else 0
-        if reach >= s.overlap:  # a packet's first rows would lack the rows their views read
+        if reach >= s.overlap and not s.standalone:  # a packet's first rows would lack them
             log.warning("worker %s: the actor's views read up to %d rows back, but packets carry "
                         "%d context rows (Pipeline overlap): up to %d transitions at the start of each "
                         "packet cannot be sampled; set the pipeline's overlap to %d",

@@ -143,7 +143,6 @@ class VectorRunner(EnvRunner):
                                   policy.version, i)
                      if term or trunc else None)
             ended_mask[i] = stats is not None
-            self._push(i, acts, last, rew)  # (an episode that ended starts its windows anew)
             # before the last row: they leave in the same packet
             if stats is not None and not self.standalone:
                 sink.episode_ended(stats, i)
@@ -159,6 +158,8 @@ class VectorRunner(EnvRunner):
                     continue  # recorded once it is reset, below
                 self._start(i, row(obs, i), _env_info(info, i))
         self._checked = True
+        if policy.views is not None:  # the envs whose episodes go on: their rows slide the views
+            policy.views.push_many(np.flatnonzero(~ended_mask), acts, obs, rew)
         if cut_short.any():
             obs, info = calls.call("reset", env.reset, options={"reset_mask": cut_short})
             for i in np.flatnonzero(cut_short).tolist():
@@ -203,11 +204,6 @@ class VectorRunner(EnvRunner):
         if self._collects(i):
             self.sink.record_env(i, self.host.default_action(), obs, 0.0, False, False, info,
                                  self.policy.version, reset=True)
-
-    def _push(self, i: int, acts: np.ndarray, last: Any, rew: np.ndarray) -> None:
-        """Env ``i``'s row of this step into the actor's views (:mod:`netrl.memory.act_views`)."""
-        if self.policy.views is not None:
-            self.policy.views.push(i, row(acts, i), last, float(rew[i]))
 
     def _collects(self, i: int) -> bool:
         return not self.episodes.test[i] and not self.standalone
