@@ -86,7 +86,7 @@ class ActViews:
         self._into_obs = [v for v in self.views if v.into == "obs"]
         self._into_extra = [v for v in self.views if v.into == "extra"]
 
-    def _sources(self, act: Any, obs: Any, rew: float) -> dict[str, Any]:
+    def _sources(self, act: Any, obs: Any, rew: Any) -> dict[str, Any]:
         found: dict[str, Any] = {"rew": rew}
         if self._reads_act:
             found.update(flatten(act, "act")[1])

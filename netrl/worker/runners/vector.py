@@ -160,15 +160,23 @@ class VectorRunner(EnvRunner):
         self._checked = True
         if policy.views is not None:  # the envs whose episodes go on: their rows slide the views
             policy.views.push_many(np.flatnonzero(~ended_mask), acts, obs, rew)
-        if cut_short.any():
-            obs, info = calls.call("reset", env.reset, options={"reset_mask": cut_short})
-            for i in np.flatnonzero(cut_short).tolist():
-                self._start(i, row(obs, i), _env_info(info, i))
-        self.obs = obs
+        self.obs = self._reset_cut(cut_short, obs)
         sync.after_step(ended_mask)  # sync collection: the fragment may be complete, and leave
         if sink.due():
             sink.send()
         return ended
+
+    def _reset_cut(self, cut_short: np.ndarray, obs: Any) -> Any:
+        """The envs whose episodes ``max_samples_per_episode`` cut: reset, each a new episode;
+        every env's observations after it."""
+        if not cut_short.any():
+            return obs
+        calls = self.host.calls
+        assert calls is not None
+        obs, info = calls.call("reset", calls.env.reset, options={"reset_mask": cut_short})
+        for i in np.flatnonzero(cut_short).tolist():
+            self._start(i, row(obs, i), _env_info(info, i))
+        return obs
 
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs of ``mask`` (sync collection's parked envs): each starts a new episode,
