@@ -24,7 +24,7 @@ from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.envs.image import ENV_ID
 from netrl.memory.frames import FrameCodec, FrameStackCompressor, FrameStackMemory
-from netrl.pipelines.algorithms import sac_agent
+from netrl.pipelines.algorithms import Parts, recurrent_sac, sac_agent
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
@@ -41,14 +41,20 @@ ENCODER_HEAD: EncoderHead = "keypoints"  # "keypoints" (spatial softmax) or "lin
 def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, codec: FrameCodec = FRAME_CODEC,
                    quality: int = JPEG_QUALITY, env_kwargs: dict[str, Any] | None = None,
                    head: EncoderHead = ENCODER_HEAD) -> Pipeline:
-    """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs.image.ImageReachEnv`)."""
+    """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs.image.ImageReachEnv`):
+    CNN SAC, or with ``agent.recurrent`` the recurrent SAC with the CNN encoder before its core,
+    on sequences of ``memory.sequence_length`` rows."""
     hidden = tuple(cfg.agent.hidden_sizes)
     gym_kwargs = {"size": size, "stack": stack, **(env_kwargs or {})}
+    memory = partial(FrameStackMemory, stack=stack, frame_shape=(gym_kwargs["size"], gym_kwargs["size"]))
+    if cfg.agent.recurrent is not None:
+        parts = recurrent_sac(cfg, memory, encoder="cnn", head=head)
+    else:
+        parts = Parts(partial(CNNActor, hidden_sizes=hidden, head=head), memory,
+                      sac_agent(cfg, partial(CNNActorCritic, hidden_sizes=hidden, head=head)))
     return Pipeline(
         env_cls=partial(GenericGymEnv, id=f"netrl.envs.image:{ENV_ID}", gym_kwargs=gym_kwargs),
-        actor_module_cls=partial(CNNActor, hidden_sizes=hidden, head=head),
-        memory_cls=partial(FrameStackMemory, stack=stack, frame_shape=(gym_kwargs["size"], gym_kwargs["size"])),
-        training_agent_cls=sac_agent(cfg, partial(CNNActorCritic, hidden_sizes=hidden, head=head)),
+        **parts._asdict(),
         sample_compressor=FrameStackCompressor(codec, quality),
         overlap=stack,  # the first transition of a packet reads `stack` rows back
     )
