@@ -1,5 +1,5 @@
 """Declared views at act time: a real RolloutWorker builds the actor's views per env from the rows it records, and
-the HistoryMemory the trainer builds from the same declarations (the agent's default views() are its actor's)
+the HistoryMemory the trainer's loop builds from the same declarations (the agent's default views() are its actor's)
 gives, for every stored transition, bit-identical windows: ``extra[name]`` equals what the actor was given when it
 chose the transition's action, ``extra["next_" + name]`` what it was given at the next step, and a view into the
 observation replaces the leaf the same way on both sides."""
@@ -17,10 +17,11 @@ import torch
 from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
 from netrl.memory.act_views import ActViews
-from netrl.memory.history import HistoryMemory, attach_views
+from netrl.memory.history import HistoryMemory
 from netrl.memory.views import View, declared_views, last_observations, prev_actions, prev_rewards
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Batch
+from netrl.training.loop import TrainingOffline
 from netrl.worker.worker import RolloutWorker
 
 OBS_SPACE = gymnasium.spaces.Box(-1e6, 1e6, (2,), np.float32)
@@ -99,11 +100,15 @@ def test_the_actor_is_given_bit_for_bit_what_the_batch_holds_for_its_row(num_env
     worker.local_packets = []
     worker.run(0, nb_episodes=12 * num_envs)
     worker.sink.send()
-    memory = HistoryMemory(memory_size=10_000, batch_size=32)
-    attach_views(memory, Holder(OBS_SPACE, ACT_SPACE))  # the agent's default views(): its actor's
-    assert [v.name for v in memory.views] == [v.name for v in VIEWS]
+    # the trainer's loop builds the memory and adds the agent's views (its default views(): its actor's)
+    training = TrainingOffline(env_cls=(OBS_SPACE, ACT_SPACE), memory_cls=HistoryMemory, training_agent_cls=Holder,
+                               epochs=1, rounds=1, steps=1, start_training=10**9, memory_size=10_000, batch_size=32,
+                               seed=0, device="cpu")
+    training.build()
+    memory = training.memory
+    assert isinstance(memory, HistoryMemory) and [v.name for v in memory.views] == [v.name for v in VIEWS]
     for buf in worker.local_packets:  # through the wire, as the trainer gets them
-        memory.append_buffer(buffer_from_message(decode(encode(samples_message(buf, "w", "s", 1, 0)))))
+        training.add(buffer_from_message(decode(encode(samples_message(buf, "w", "s", 1, 0)))))
     # every transition is sampleable (overlap covers the views' reach) and is compared
     assert len(memory) == worker.produced > 30
     # per env, its calls in order: the next step's inputs of call c are those of the env's next call
