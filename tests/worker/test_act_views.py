@@ -170,6 +170,12 @@ def test_an_agent_that_leaves_out_its_actors_views_is_refused() -> None:
     with pytest.raises(ValueError, match="leaves out Recording's view 'prev_rewards'"):
         declared_views(Narrow(OBS_SPACE, ACT_SPACE))
 
+    class TmrlStyle:  # an agent of its own, without views(): its actor's are its batches' too
+        def get_actor(self) -> ActorModule:
+            return Recording(OBS_SPACE, ACT_SPACE)
+
+    assert declared_views(TmrlStyle()) == VIEWS
+
 
 def test_building_the_views_costs_the_control_loop_little() -> None:
     """The per-step work views add (push the row, gather the windows) against an MLP actor's act_: a few tens of
