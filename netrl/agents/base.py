@@ -78,7 +78,8 @@ class TrainingAgent(ABC):
         by a :class:`~netrl.memory.history.HistoryMemory`. By default the actor's
         (:meth:`~netrl.actor.ActorModule.views`), which the workers build at act time; an agent
         may add views for training only, but must keep its actor's."""
-        return list(self.get_actor().views())
+        method = getattr(self.get_actor(), "views", None)  # a tmrl-style actor may have none
+        return list(method()) if method is not None else []
 
     def extra_models(self) -> dict[str, ModelSpec]:
         """Further modules to sync to the workers, by name (a lower-case identifier of at most 24
