@@ -1,7 +1,9 @@
 """Recurrent SAC: a GRU or LSTM over an MLP encoder, trained on sequences,
 for partially observed envs.
 
-The actor reads each observation through an encoder and a recurrent core; its features ``z_t``
+The actor reads each observation through an encoder (an MLP over every leaf, tuples too: the
+drone's; or, with ``encoder="cnn"``, the CNN of :class:`~netrl.agents.common.encoders.ConvEncoder`
+over stacked frames: the image pipeline's) and a recurrent core; its features ``z_t``
 summarise every observation of the episode so far. The worker keeps the core's state per env
 and records the state that entered each step (:mod:`netrl.actor`), so a sampled sequence starts
 from the state the worker really had (R2D2, Kapturowski et al. 2019, "stored state"), and the
@@ -35,7 +37,7 @@ from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
 from netrl.agents.common.actors import add_gaussian_head, check_action_space
 from netrl.agents.common.distributions import squashed_gaussian
-from netrl.agents.common.encoders import flat_obs, obs_dim
+from netrl.agents.common.encoders import ConvEncoder, EncoderHead, flat_obs, obs_dim
 from netrl.agents.common.networks import TwinQ, mlp
 from netrl.agents.registry import RECURRENT_SAC
 from netrl.samples.batch import Batch
@@ -44,33 +46,40 @@ from netrl.samples.columns import ExtraSpec, tree_map
 __all__ = ["RecurrentActor", "RecurrentSACAgent"]
 
 Cell = Literal["gru", "lstm"]
+Encoder = Literal["mlp", "cnn"]
 
 
 class RecurrentActor(ActorModule):
     """Squashed Gaussian policy over a GRU or LSTM: encoder ``hidden_sizes[0]``, core of
     ``hidden_sizes[-1]`` units, head ``hidden_sizes[1:]``. Its state per env: ``recurrent_state``
     (GRU) or ``recurrent_state_h`` and ``recurrent_state_c`` (LSTM), each ``(1, hidden)``: TorchRL's
-    names and (layers, hidden) layout."""
+    names and (layers, hidden) layout. ``encoder``: ``"mlp"`` (every observation leaf flattened)
+    or ``"cnn"`` (a :class:`~netrl.agents.common.encoders.ConvEncoder` of ``hidden_sizes[0]``
+    features, ``head`` its head, over ``(stack, height, width)`` uint8 frames)."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
-                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru") -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", encoder: Encoder = "mlp",
+                 head: EncoderHead = "keypoints") -> None:
         super().__init__(observation_space, action_space)
         check_action_space(RECURRENT_SAC, action_space)
         if cell not in ("gru", "lstm"):
             raise ValueError(f'cell must be "gru" or "lstm" (got '
                              f'{cell!r}; config.json: agent.recurrent)')
-        self.cell = cell
+        if encoder not in ("mlp", "cnn"):
+            raise ValueError(f'encoder must be "mlp" or "cnn" (got {encoder!r})')
+        self.cell, self.conv = cell, encoder == "cnn"
         width, self.hidden = hidden_sizes[0], hidden_sizes[-1]
-        self.encoder = nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU())
+        self.encoder: nn.Module = (ConvEncoder(observation_space, width, head=head) if self.conv else
+                                   nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU()))
         self.core: nn.GRU | nn.LSTM = (nn.GRU if cell == "gru" else nn.LSTM)(width, self.hidden, batch_first=True)
-        head = list(hidden_sizes[1:]) or [self.hidden]
-        self.head = mlp([self.hidden, *head])
+        layers = list(hidden_sizes[1:]) or [self.hidden]
+        self.head = mlp([self.hidden, *layers])
         self.head.append(nn.ReLU())
         self.mu: nn.Linear
         self.log_std: nn.Linear
         self.act_scale: torch.Tensor
         self.act_bias: torch.Tensor
-        add_gaussian_head(self, head[-1], action_space)
+        add_gaussian_head(self, layers[-1], action_space)
 
     def recurrent_state(self) -> ExtraSpec:
         names = ["recurrent_state"] if self.cell == "gru" else ["recurrent_state_h", "recurrent_state_c"]
@@ -80,7 +89,8 @@ class RecurrentActor(ActorModule):
         """Features ``[B, T, hidden]`` for observations ``[B, T, ...]`` from ``state`` (leaves
         ``[B, 1, hidden]``), and the state after the last one."""
         b, t = _lead(obs)
-        x = self.encoder(flat_obs(tree_map(lambda o: o.reshape(b * t, *o.shape[2:]), obs))).reshape(b, t, -1)
+        rows = tree_map(lambda o: o.reshape(b * t, *o.shape[2:]), obs)
+        x = self.encoder(rows if self.conv else flat_obs(rows)).reshape(b, t, -1)
         if self.cell == "gru":
             z, h = self.core(x, state["recurrent_state"].transpose(0, 1).contiguous())
             return z, {"recurrent_state": h.transpose(0, 1)}
@@ -109,17 +119,18 @@ class RecurrentActor(ActorModule):
 
 class RecurrentSACAgent(TrainingAgent):
     """SAC v2 on sequences with a recurrent actor (see the module).
-    ``burn_in``: ``memory.burn_in``."""
+    ``burn_in``: ``memory.burn_in``; ``encoder``, ``head``: :class:`RecurrentActor`'s."""
 
     supports = RECURRENT_SAC
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
-                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", burn_in: int = 0, gamma: float = 0.99,
+                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", encoder: Encoder = "mlp",
+                 head: EncoderHead = "keypoints", burn_in: int = 0, gamma: float = 0.99,
                  polyak: float = 0.995, alpha: float = 0.2, lr_actor: float = 1e-3, lr_critic: float = 1e-3,
                  lr_entropy: float = 1e-3, learn_entropy_coef: bool = True,
                  target_entropy: float | None = None) -> None:
         super().__init__(observation_space, action_space, device)
-        self.actor = RecurrentActor(observation_space, action_space, hidden_sizes, cell).to(device)
+        self.actor = RecurrentActor(observation_space, action_space, hidden_sizes, cell, encoder, head).to(device)
         act_dim = int(np.prod(action_space.shape or ()))
         self.critic = TwinQ(self.actor.hidden + act_dim, hidden_sizes).to(device)
         # its encoder and core give target features
@@ -127,9 +138,9 @@ class RecurrentSACAgent(TrainingAgent):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.burn_in, self.gamma, self.polyak, self.learn_entropy_coef = burn_in, gamma, polyak, learn_entropy_coef
         shared = [*self.actor.encoder.parameters(), *self.actor.core.parameters()]
-        head = [*self.actor.head.parameters(), *self.actor.mu.parameters(), *self.actor.log_std.parameters()]
+        policy = [*self.actor.head.parameters(), *self.actor.mu.parameters(), *self.actor.log_std.parameters()]
         self.q_optimizer = torch.optim.Adam([*self.critic.parameters(), *shared], lr=lr_critic)
-        self.pi_optimizer = torch.optim.Adam(head, lr=lr_actor)
+        self.pi_optimizer = torch.optim.Adam(policy, lr=lr_actor)
         self.target_entropy = -float(act_dim) if target_entropy is None else float(target_entropy)
         self.log_alpha = torch.tensor([math.log(alpha)], device=device, requires_grad=learn_entropy_coef)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr_entropy)

@@ -213,16 +213,26 @@ def sliding_rows(view: View, off: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def declared_views(owner: Any) -> list[View]:
-    """What ``owner`` (an agent) declares with an optional ``views()`` method: a list of
-    :class:`View`; ``[]`` for one that has none. TypeError naming the owner for anything else."""
+    """What ``owner`` (an agent, or an actor) declares with an optional ``views()`` method: a list
+    of :class:`View`; for an agent without one, its actor's (``get_actor()``); ``[]`` for none.
+    TypeError naming the owner for anything else; ValueError for an agent whose views leave out
+    one of its actor's (the workers build those at act time, so its batches must hold them)."""
     method = getattr(owner, "views", None)
-    if method is None:
-        return []
+    get_actor = getattr(owner, "get_actor", None)
+    if method is None:  # an agent of its own (tmrl's style) without views(): its actor's
+        return declared_views(get_actor()) if get_actor is not None else []
     views = method()
     name = type(owner).__name__
     if not isinstance(views, Sequence) or not all(isinstance(v, View) for v in views):
         raise TypeError(f"{name}.views() must return a list of "
                         f"netrl.memory.views.View (got {views!r:.80})")
+    if get_actor is not None:  # an agent: its batches must hold what its actor acts on
+        actor = get_actor()
+        for view in declared_views(actor) if getattr(actor, "views", None) else ():
+            if view not in views:
+                raise ValueError(f"{name}.views() leaves out {type(actor).__name__}'s view "
+                                 f"{view.name!r}, which the workers build at act time: "
+                                 f"return the actor's views too (the default views() does)")
     return check_views(views, name)
 
 

@@ -29,7 +29,7 @@ from netrl.envs.image import ENV_ID
 from netrl.envs.transforms import CatFrames, Compose, compose_from_config, transformed
 from netrl.errors import ConfigError
 from netrl.memory.frames import FrameCodec, FrameStackCompressor, FrameStackMemory
-from netrl.pipelines.algorithms import sac_agent
+from netrl.pipelines.algorithms import Parts, recurrent_sac, sac_agent
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
@@ -46,7 +46,9 @@ ENCODER_HEAD: EncoderHead = "keypoints"  # "keypoints" (spatial softmax) or "lin
 def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, codec: FrameCodec = FRAME_CODEC,
                    quality: int = JPEG_QUALITY, env_kwargs: dict[str, Any] | None = None,
                    head: EncoderHead = ENCODER_HEAD) -> Pipeline:
-    """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs.image.ImageReachEnv`)."""
+    """Build the image pipeline (``env_kwargs`` go to :class:`~netrl.envs.image.ImageReachEnv`):
+    CNN SAC, or with ``agent.recurrent`` the recurrent SAC with the CNN encoder before its core,
+    on sequences of ``memory.sequence_length`` rows."""
     hidden = tuple(cfg.agent.hidden_sizes)
     # the env draws one frame a step; env.transforms (a Resize, a FrameSkipTransform...) see it,
     # then CatFrames stacks the frames the agent saw
@@ -58,11 +60,15 @@ def image_pipeline(cfg: Config, *, stack: int = STACK, size: int = FRAME_SIZE, c
     transform = Compose(*(user.transforms if user is not None else ()), CatFrames(stack, dim=-3))
     env_cls = transformed(partial(GenericGymEnv, id=f"netrl.envs.image:{ENV_ID}",
                                   gym_kwargs=gym_kwargs), transform)
+    memory = partial(FrameStackMemory, stack=stack, frame_shape=frame_shape)
+    if cfg.agent.recurrent is not None:
+        parts = recurrent_sac(cfg, memory, encoder="cnn", head=head)
+    else:
+        parts = Parts(partial(CNNActor, hidden_sizes=hidden, head=head), memory,
+                      sac_agent(cfg, partial(CNNActorCritic, hidden_sizes=hidden, head=head)))
     return Pipeline(
         env_cls=env_cls,
-        actor_module_cls=partial(CNNActor, hidden_sizes=hidden, head=head),
-        memory_cls=partial(FrameStackMemory, stack=stack, frame_shape=frame_shape),
-        training_agent_cls=sac_agent(cfg, partial(CNNActorCritic, hidden_sizes=hidden, head=head)),
+        **parts._asdict(),
         sample_compressor=FrameStackCompressor(codec, quality),
         overlap=stack,  # the first transition of a packet reads `stack` rows back
     )

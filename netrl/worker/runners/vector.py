@@ -158,15 +158,25 @@ class VectorRunner(EnvRunner):
                     continue  # recorded once it is reset, below
                 self._start(i, row(obs, i), _env_info(info, i))
         self._checked = True
-        if cut_short.any():
-            obs, info = calls.call("reset", env.reset, options={"reset_mask": cut_short})
-            for i in np.flatnonzero(cut_short).tolist():
-                self._start(i, row(obs, i), _env_info(info, i))
-        self.obs = obs
+        if policy.views is not None:  # the envs whose episodes go on: their rows slide the views
+            policy.views.push_many(np.flatnonzero(~ended_mask), acts, obs, rew)
+        self.obs = self._reset_cut(cut_short, obs)
         sync.after_step(ended_mask)  # sync collection: the fragment may be complete, and leave
         if sink.due():
             sink.send()
         return ended
+
+    def _reset_cut(self, cut_short: np.ndarray, obs: Any) -> Any:
+        """The envs whose episodes ``max_samples_per_episode`` cut: reset, each a new episode;
+        every env's observations after it."""
+        if not cut_short.any():
+            return obs
+        calls = self.host.calls
+        assert calls is not None
+        obs, info = calls.call("reset", calls.env.reset, options={"reset_mask": cut_short})
+        for i in np.flatnonzero(cut_short).tolist():
+            self._start(i, row(obs, i), _env_info(info, i))
+        return obs
 
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs of ``mask`` (sync collection's parked envs): each starts a new episode,
@@ -197,6 +207,8 @@ class VectorRunner(EnvRunner):
         recorded."""
         if self.policy.recurrent is not None:
             self.policy.recurrent.reset(i)
+        if self.policy.views is not None:
+            self.policy.views.start(i, self.host.default_action(), obs)
         if self._collects(i):
             self.sink.record_env(i, self.host.default_action(), obs, 0.0, False, False, info,
                                  self.policy.version, reset=True)
@@ -208,6 +220,8 @@ class VectorRunner(EnvRunner):
         """All envs' actions, and the actor's extra outputs (None when it declares none): one
         batched call, or one per group when test and training episodes mix."""
         policy, test = self.policy, self.episodes.test
+        if policy.views is not None:  # views into the observation: their windows replace leaves
+            obs = policy.views.observe(obs, np.arange(self.n))
         if policy.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([policy.obs_preprocessor(row(obs, i)) for i in range(self.n)])
         obs = policy.obs(obs)  # env.normalize_obs
@@ -235,17 +249,18 @@ class VectorRunner(EnvRunner):
         random ones came first)."""
         policy = self.policy
         n = len(idx)
+        views = policy.views.extra(idx) if policy.views is not None else None
         acts = None if test else policy.random_actions(obs, n)
         if acts is not None:
             if policy.recurrent is not None:
-                chosen = policy.recurrent.act(policy.actor, obs, test, idx)[1]
+                chosen = policy.recurrent.act(policy.actor, obs, test, idx, views)[1]
                 return np.asarray(acts), policy.recurrent.random_extras(chosen)
             return np.asarray(acts), policy.zero_extras(n)
         extras = None
         if policy.recurrent is not None:
-            acts, extras = policy.recurrent.act(policy.actor, obs, test, idx)
+            acts, extras = policy.recurrent.act(policy.actor, obs, test, idx, views)
         else:
-            acts = policy.actor.act_(obs, test=test, batch=True)
+            acts = policy.actor.act_(obs, test=test, batch=True, views=views)
             if policy.extra_spec:
                 acts, extras = acts
         acts = np.asarray(acts)
