@@ -132,7 +132,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
                 for name, col in columns.items()}
         if self._storage is not None:
             return allocate_tensor_ring(self.memory_size, rows, self._storage)
-        return allocate_ring(self.memory_size, rows)
+        return allocate_ring(self.memory_size, rows, self.ring_storage)
 
     def append_buffer(self, buffer: Buffer) -> None:
         """Store a packet's rows. A packet that does not fit (another structure, per-row shape or
