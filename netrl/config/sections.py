@@ -358,6 +358,10 @@ class MemoryConfig:
                                           "one trainer at a time; they are removed when the "
                                           "trainer stops (null: <weights_folder>/<run_name>/"
                                           "replay)", optional_folder, home)
+    storage_resident_mib: int = _f(1024, "memory.storage disk: MiB of the column files' pages the "
+                                         "trainer keeps mapped (they count in its resident "
+                                         "memory) before it unmaps them; they stay in the page "
+                                         "cache (0: no bound)", ge(0))
     sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent "
                                  "agents: batches are [batch_size, sequence_length] with a mask; a "
                                  "sequence stops at an episode's end and at a packet boundary, so "

@@ -11,7 +11,7 @@ from typing import Any
 from netrl.errors import ConfigError
 from netrl.memory.base import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_SIZE, MemoryDataloading
 from netrl.memory.device import storage_device
-from netrl.memory.disk import disk_ring
+from netrl.memory.disk import DEFAULT_RESIDENT_MIB, disk_ring
 from netrl.memory.history import HistoryMemory
 from netrl.memory.replay import ReplayMemory
 
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, steps: int, memory_size: int | None,
                  batch_size: int | None, seed: int | None, memory_device: str = "cpu", storage: str = "ram",
-                 storage_folder: str | None = None) -> tuple[MemoryDataloading, int, int]:
+                 storage_folder: str | None = None, resident_mib: int = DEFAULT_RESIDENT_MIB
+                 ) -> tuple[MemoryDataloading, int, int]:
     """``(memory, memory_size, batch_size)``: ``memory_cls(device=..., nb_steps=steps, ...)``
     and the sizes it has.
 
@@ -31,7 +32,7 @@ def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, s
     defaults; set in both places they must agree (ValueError otherwise). ``seed`` is passed
     only to a memory that takes it (tmrl's tutorial's does not). ``storage`` "disk"
     (``memory.storage``) gives the memory a :class:`~netrl.memory.disk.DiskRing` on
-    ``storage_folder``, locked from here on.
+    ``storage_folder``, locked from here on, which keeps ``resident_mib`` of its files mapped.
     """
     # a functools.partial's
     preset: dict[str, Any] = dict(getattr(memory_cls, "keywords", None) or {})
@@ -41,7 +42,8 @@ def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, s
     if memory_device != "cpu":
         kwargs["storage_device"] = storage_device(memory_device, device, name, takes)
     if storage != "ram":
-        kwargs["ring_storage"] = disk_ring(storage, storage_folder, memory_device, name, takes)
+        kwargs["ring_storage"] = disk_ring(storage, storage_folder, memory_device, name, takes,
+                                           resident_mib)
     sources: dict[str, str] = {}
     for key, ours in (("memory_size", memory_size), ("batch_size", batch_size)):
         theirs = preset.get(key)

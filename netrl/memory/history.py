@@ -283,6 +283,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         out = self._out.get((key, shape))
         if out is None or out.dtype != col.dtype:
             out = self._out[(key, shape)] = np.empty(shape, col.dtype)
+        if self.ring_storage is not None and self.ring_storage.gather(col, idx, out):
+            return out  # read from its file (memory.storage disk)
         if idx.size < 64:  # a few rows (get_transition): numpy has less overhead per call
             np.take(col, idx, axis=0, out=out)
             return out

@@ -1,4 +1,5 @@
-"""A trainer whose replay memory is on disk (memory.storage disk) resumes it exactly from the sample log."""
+"""A trainer whose replay memory is on disk (memory.storage disk) resumes it exactly from the
+sample log."""
 
 from __future__ import annotations
 
@@ -29,11 +30,23 @@ def links(monkeypatch: pytest.MonkeyPatch) -> type[FakeLink]:
 
 
 def trainer(run_dir: Path, epochs: int, **memory: Any) -> Trainer:
-    training_cls = partial(TrainingOffline, env_cls=(OBS, ACT), epochs=epochs, rounds=2, steps=10,
-                           training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
-                           update_model_interval=5, update_buffer_interval=2, start_training=10, worker_lead=10,
-                           memory_size=50, batch_size=8, seed=0, sleep_between_buffer_retrieval_attempts=0.01,
-                           **memory)
+    training_cls = partial(
+        TrainingOffline,
+        env_cls=(OBS, ACT),
+        epochs=epochs,
+        rounds=2,
+        steps=10,
+        training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(16,))),
+        update_model_interval=5,
+        update_buffer_interval=2,
+        start_training=10,
+        worker_lead=10,
+        memory_size=50,
+        batch_size=8,
+        seed=0,
+        sleep_between_buffer_retrieval_attempts=0.01,
+        **memory,
+    )
     return Trainer(training_cls, "127.0.0.1", run_dir=run_dir, wandb_mode="disabled")
 
 
@@ -44,7 +57,8 @@ def snapshot(memory: Any) -> list[list[torch.Tensor]]:
 
 
 def test_a_resumed_memory_on_disk_samples_the_batches_of_the_uninterrupted_one(
-        tmp_path: Path, links: type[FakeLink]) -> None:
+    tmp_path: Path, links: type[FakeLink]
+) -> None:
     folder = tmp_path / "replay"
     first = trainer(tmp_path / "run", epochs=1, memory_storage="disk", memory_folder=str(folder))
     first.run()
@@ -57,7 +71,9 @@ def test_a_resumed_memory_on_disk_samples_the_batches_of_the_uninterrupted_one(
 
     resumed: list[list[list[torch.Tensor]]] = []
 
-    def at_first_fetch(link: FakeLink) -> None:  # the memory rebuilt from the sample log, nothing new yet
+    def at_first_fetch(
+        link: FakeLink,
+    ) -> None:  # the memory rebuilt from the sample log, nothing new yet
         assert second.training is not None
         resumed.append(snapshot(second.training.memory))
 
@@ -71,11 +87,17 @@ def test_a_resumed_memory_on_disk_samples_the_batches_of_the_uninterrupted_one(
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
-def test_a_second_trainer_on_the_same_storage_folder_is_refused_naming_it(tmp_path: Path,
-                                                                         links: type[FakeLink]) -> None:
+def test_a_second_trainer_on_the_same_storage_folder_is_refused_naming_it(
+    tmp_path: Path, links: type[FakeLink]
+) -> None:
     held = DiskRing(tmp_path / "shared")  # another trainer's memory, with another run folder
     try:
         with pytest.raises(FolderInUse, match=r"replay memory folder .*shared is in use"):
-            trainer(tmp_path / "run", epochs=1, memory_storage="disk", memory_folder=str(tmp_path / "shared")).run()
+            trainer(
+                tmp_path / "run",
+                epochs=1,
+                memory_storage="disk",
+                memory_folder=str(tmp_path / "shared"),
+            ).run()
     finally:
         held.close()
