@@ -63,6 +63,7 @@ DISK_ROW_BYTES = 64  # a column of fewer bytes per row stays in RAM (2M rows of 
 DEFAULT_RESIDENT_MIB = 1024
 TRIM_INTERVAL_S = 0.05  # between reads of RssFile: rows written at 1 GB/s add 50 MB
 SUFFIX = ".ring"
+_PREADV = hasattr(os, "preadv")
 
 Rows = dict[str, tuple[tuple[int, ...], Any]]  # column name -> (per-row shape, numpy dtype)
 
@@ -110,7 +111,7 @@ class DiskRing:
         # the files go when the process ends without close() (not when it is killed: the next
         # memory on the folder then reuses them)
         self._finalizer = weakref.finalize(
-            self, _remove, self.paths, self._fds, self._lock, self._stop
+            self, _remove, self.paths, self._fds, self._lock, self._stop, os.getpid()
         )
 
     def allocate(self, memory_size: int, rows: Rows) -> dict[str, np.ndarray]:
@@ -191,8 +192,8 @@ class DiskRing:
         array. ``out`` is C-contiguous, of ``col``'s dtype and shape
         ``(*idx.shape, *col.shape[1:])`` (the memories' gather buffers)."""
         known = self._columns.get(id(col))
-        if known is None or known[0] is not col or not out.flags.c_contiguous:
-            return False  # (a non-contiguous out would be read into a copy)
+        if known is None or known[0] is not col or not out.flags.c_contiguous or not _PREADV:
+            return False  # (a non-contiguous out would be read into a copy; no preadv: Windows)
         _, fd, row = known
         flat = idx.reshape(-1)
         if flat.size == 0:
@@ -241,7 +242,11 @@ def _close_fds(fds: list[int]) -> None:
     fds.clear()
 
 
-def _remove(paths: list[Path], fds: list[int], lock: FolderLock, stop: threading.Event) -> None:
+def _remove(
+    paths: list[Path], fds: list[int], lock: FolderLock, stop: threading.Event, owner: int
+) -> None:
+    if os.getpid() != owner:  # a forked child that exits normally: the files are its parent's
+        return
     stop.set()
     _close_fds(fds)
     for path in paths:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -310,3 +311,20 @@ def test_the_settings_put_the_column_files_in_the_run_folder_unless_told(tmp_pat
     )
     path.write_text(f'{{"memory": {{"storage": "disk", "storage_folder": "{tmp_path / "big"}"}}}}')
     assert TrainingSettings.from_config(load_config(path)).memory_folder == str(tmp_path / "big")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_forked_child_that_exits_leaves_its_parents_files(tmp_path: Path) -> None:
+    storage = DiskRing(tmp_path)
+    ring = storage.allocate(10, {"obs": ((64,), np.uint8)})
+    pid = os.fork()
+    if pid == 0:  # an env's helper process, exiting through atexit (the finalizer's way)
+        storage._finalizer()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert (tmp_path / "obs.ring").exists()
+    ring["obs"][3] = 7
+    out = np.empty((1, 64), np.uint8)
+    assert storage.gather(ring["obs"], np.array([3]), out) and (out == 7).all()  # its fd still open
+    storage.close()
+    assert not (tmp_path / "obs.ring").exists()
