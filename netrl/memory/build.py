@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 
 
 def build_memory(memory_cls: Callable[..., MemoryDataloading], *, device: str, steps: int, memory_size: int | None,
-                 batch_size: int | None, seed: int | None, memory_device: str = "cpu", storage: str = "ram",
-                 storage_folder: str | None = None, resident_mib: int = DEFAULT_RESIDENT_MIB
-                 ) -> tuple[MemoryDataloading, int, int]:
+                 batch_size: int | None, seed: int | None, memory_device: str = "cpu",
+                 storage: str = "ram", storage_folder: str | None = None,
+                 resident_mib: int = DEFAULT_RESIDENT_MIB) -> tuple[MemoryDataloading, int, int]:
     """``(memory, memory_size, batch_size)``: ``memory_cls(device=..., nb_steps=steps, ...)``
     and the sizes it has.
 

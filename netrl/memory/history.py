@@ -169,8 +169,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
             raise ValueError("a packet's observation/action structure differs from "
                              "the memory's; every worker must run the same pipeline")
         cap = self.memory_size
-        stored = self._cols or allocate_ring(cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()},
-                                              self.ring_storage)
+        stored = self._cols or allocate_ring(
+            cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()}, self.ring_storage)
         # before any change: a refused packet must leave the memory as it was
         check_columns(columns, stored, n)
         if not self._cols:
