@@ -36,8 +36,8 @@ from benchmarks.settings import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = {f.name for f in dataclasses.fields(Row)}
-FAST = {"replay": [], "sequences": [], "trainer": [], "prefetch": [], "server-memory": [],
-        "pipelines": ["--parts", "wire,memory"], "transforms": []}
+FAST = {"replay": [], "replay_disk": [], "sequences": [], "trainer": [], "prefetch": [],
+        "server-memory": [], "pipelines": ["--parts", "wire,memory"], "transforms": []}
 SLOW = {"relay": [], "broadcast": [], "overhead": [], "pipelines": ["--parts", "jitter"],
         "learning": ["--rows", "pendulum,nstep,weights,pomdp,vector"], "throughput": [],
         "sync": [], "wan": [], "weights": []}

@@ -96,6 +96,11 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
                          f"trainer.start_training ({cfg.trainer.start_training}): "
                          f"training would stop before it starts"))
     problems += _cuda_problems(cfg) + _sequence_problems(cfg)
+    if cfg.memory.device == "cuda" and cfg.memory.storage == "disk":
+        problems.append((("memory.device", "memory.storage"),
+                         'memory.device "cuda" keeps the replay columns on the training device, '
+                         'and memory.storage "disk" keeps them in files: set one of them to its '
+                         'default ("cpu", "ram")'))
     if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline and by '

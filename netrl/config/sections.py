@@ -363,6 +363,20 @@ class MemoryConfig:
                                                "from page-locked buffers) or cuda (the training "
                                                "device's memory, if memory_size fits: packets "
                                                "are copied in once and batches gathered there)")
+    storage: Literal["ram", "disk"] = _f("ram", "where the replay memory's columns live: ram, or "
+                                                "disk (each column of more than one value per row, "
+                                                "camera frames above all, in a memory-mapped file "
+                                                "created sparse in storage_folder, so a replay "
+                                                "larger than RAM works; ReplayMemory, "
+                                                "HistoryMemory and the memories built on them)")
+    storage_folder: str | None = _f(None, "memory.storage disk: the folder of the column files, "
+                                          "one trainer at a time; they are removed when the "
+                                          "trainer stops (null: <weights_folder>/<run_name>/"
+                                          "replay)", optional_folder, home)
+    storage_resident_mib: int = _f(1024, "memory.storage disk: MiB of the column files' pages the "
+                                         "trainer keeps mapped (they count in its resident "
+                                         "memory) before it unmaps them; they stay in the page "
+                                         "cache (0: no bound)", ge(0))
     sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent "
                                  "agents: batches are [batch_size, sequence_length] with a mask; a "
                                  "sequence stops at an episode's end and at a packet boundary, so "

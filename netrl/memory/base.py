@@ -14,7 +14,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from netrl.memory.dataset import read_dataset
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, tree_map
 from netrl.util import takes_args
+
+if TYPE_CHECKING:
+    from netrl.memory.disk import DiskRing
 
 log = logging.getLogger(__name__)
 
@@ -201,14 +204,19 @@ class WorkerIds:
         return sorted(self.names[int(i)] or "(unnamed)" for i in np.unique(ids) if i >= 0)
 
 
-def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
-    """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``.
+def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]],
+                  storage: DiskRing | None = None) -> dict[str, np.ndarray]:
+    """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``: in
+    RAM, or with ``storage`` (a memory's ``ring_storage``, ``memory.storage`` disk) in files it
+    maps (:mod:`netrl.memory.disk`).
 
     Their size is known only when the first packet shows a row's shapes, long after the config was
     accepted and the trainer connected: a ``memory_size`` this machine cannot hold is reported
     here as the config problem it is, with the bytes it needs, and not as numpy's traceback
     (MemoryError; ValueError past numpy's largest array).
     """
+    if storage is not None:
+        return storage.allocate(memory_size, rows)
     import psutil  # here: only allocations need it
 
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in rows.values())
@@ -263,6 +271,10 @@ class MemoryDataloading(ABC):
             :func:`save_dataset` (see :meth:`load_dataset`). Unlike tmrl, not a folder
             holding a pickled ``data.pkl``.
 
+    ``ring_storage``: where :func:`allocate_ring` puts the columns of the memories that store rows
+    in a ring (ReplayMemory, HistoryMemory and those built on them): None, RAM; a
+    :class:`~netrl.memory.disk.DiskRing`, memory-mapped files (``memory.storage`` disk).
+
     ``obs_transform`` (an attribute, None by default): a callable applied to a batch's ``obs`` and
     ``next_obs`` (trees of tensors on ``device``) after they are gathered, before the batch is
     returned, so the memory keeps the observations as they arrived. The trainer sets it to its
@@ -271,11 +283,12 @@ class MemoryDataloading(ABC):
 
     # a class attribute: tmrl memories skip our __init__ too
     obs_transform: Callable[[Any], Any] | None = None
+    ring_storage: DiskRing | None = None
 
     def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
                  | None = None, sample_preprocessor: Callable[..., Any] | None = None,
                  memory_size: int = DEFAULT_MEMORY_SIZE, batch_size: int = DEFAULT_BATCH_SIZE, dataset_path: str = "",
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, ring_storage: DiskRing | None = None) -> None:
         problems = [f"{name} must be > 0 (got {value})" for name, value in
                     (("memory_size", memory_size), ("batch_size", batch_size)) if value <= 0]
         if problems:
@@ -289,6 +302,7 @@ class MemoryDataloading(ABC):
         self.memory_size = memory_size
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
+        self.ring_storage = ring_storage  # before a dataset is loaded into the ring
         self.data: Any = []  # tmrl memories keep their storage here
         if dataset_path:
             self.load_dataset(dataset_path)

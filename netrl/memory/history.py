@@ -169,7 +169,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
             raise ValueError("a packet's observation/action structure differs from "
                              "the memory's; every worker must run the same pipeline")
         cap = self.memory_size
-        stored = self._cols or allocate_ring(cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()})
+        stored = self._cols or allocate_ring(
+            cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()}, self.ring_storage)
         # before any change: a refused packet must leave the memory as it was
         check_columns(columns, stored, n)
         if not self._cols:
@@ -282,6 +283,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         out = self._out.get((key, shape))
         if out is None or out.dtype != col.dtype:
             out = self._out[(key, shape)] = np.empty(shape, col.dtype)
+        if self.ring_storage is not None and self.ring_storage.gather(col, idx, out):
+            return out  # read from its file (memory.storage disk)
         if idx.size < 64:  # a few rows (get_transition): numpy has less overhead per call
             np.take(col, idx, axis=0, out=out)
             return out

@@ -132,7 +132,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
                 for name, col in columns.items()}
         if self._storage is not None:
             return allocate_tensor_ring(self.memory_size, rows, self._storage)
-        return allocate_ring(self.memory_size, rows)
+        return allocate_ring(self.memory_size, rows, self.ring_storage)
 
     def append_buffer(self, buffer: Buffer) -> None:
         """Store a packet's rows. A packet that does not fit (another structure, per-row shape or
@@ -291,7 +291,9 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
             out = self._out[(self._slot, key)] = (
                 torch.empty(shape, dtype=torch.from_numpy(col[:0]).dtype, pin_memory=True).numpy() if self._pinned
                 else np.empty(shape, col.dtype))
-        np.take(col, idx, axis=0, out=out)
+        # memory.storage disk: read from its file
+        if self.ring_storage is None or not self.ring_storage.gather(col, idx, out):
+            np.take(col, idx, axis=0, out=out)
         return out
 
     def batch_workers(self) -> list[str] | None:

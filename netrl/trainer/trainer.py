@@ -30,6 +30,7 @@ from netrl.errors import NetrlError
 from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
 from netrl.lifecycle.torch_threads import apply_torch_threads
+from netrl.memory.disk import close_ring_storage
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
@@ -360,6 +361,8 @@ class Trainer:
                 self.net.sample_log.close()
             if self.metrics is not None:
                 self.metrics.close()
+            if self.training is not None:  # memory.storage disk: its files go, its folder is free
+                close_ring_storage(self.training.memory)
             self._lock.release()
 
     def _close_steps(self, raise_errors: bool, failing: bool, save: bool, interrupted: bool) -> None:

@@ -156,7 +156,9 @@ class TrainingOffline:
         # hold those the memory has
         memory, memory_size, batch_size = build_memory(
             self.memory_cls, device=device, steps=self.steps, memory_size=s.memory_size,
-            batch_size=s.batch_size, seed=s.seed, memory_device=s.memory_device)
+            batch_size=s.batch_size, seed=s.seed, memory_device=s.memory_device,
+            storage=s.memory_storage, storage_folder=s.memory_folder,
+            resident_mib=s.memory_resident_mib)
         self.memory = memory
         self.settings = s = dataclasses.replace(s, memory_size=memory_size, batch_size=batch_size)
         if s.normalize_obs:  # batches use the statistics current when they are gathered
