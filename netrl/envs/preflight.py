@@ -147,7 +147,9 @@ def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] |
     """Random actions for ``steps`` env steps, rows cut into packets as a worker
     does, each packet checked."""
     obs_space, act_space = env.observation_space, env.action_space
-    builder = BufferBuilder(PACKET_ROWS + overlap, overlap)
+    # one row more than a packet: a step may add two rows (an episode's first observation and
+    # the step after it), which one-step episodes (Blackjack) do on every step
+    builder = BufferBuilder(PACKET_ROWS + overlap + 1, overlap)
     builder.dtypes = {name: np.dtype(d) for name, (d, _) in expected.items()}
     memory = _memory(memory_cls, report)
     # the values' checks, where no wire route brings the trainer's (with a compressor, its schema

@@ -14,6 +14,7 @@ import pytest
 
 from netrl.__main__ import main
 from netrl.envs.checks import ACTION_MASK, check_action, check_observation, check_spaces, value_limits
+from netrl.envs.gym import GenericGymEnv
 from netrl.envs.preflight import preflight
 from netrl.memory.replay import ReplayMemory
 from netrl.protocol.schema import WireRoute
@@ -158,3 +159,13 @@ def test_check_env_on_the_command_line_exits_0_for_a_sound_env_and_2_listing_the
         out = capsys.readouterr().out
         assert out.startswith("env check passed" if fine else "env check found")
         assert fine or "observation_space['gear'] is 7, outside the Discrete's values 0..2" in out
+
+
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])
+def test_envs_of_short_episodes_pass_where_two_rows_a_step_once_overflowed_the_packet(env_id: str) -> None:
+    # an episode's end adds its step's row and the next episode's first row: with one-step
+    # episodes (Blackjack) every step does, and the builder once overflowed ("BufferBuilder is full")
+    report = preflight(partial(GenericGymEnv, id=env_id), memory_cls=ReplayMemory, steps=200,
+                       through_wire=route())
+    assert report.ok, report.format()
+    assert "200 env steps" in report.format() and "a batch of 16 was sampled" in report.format()
