@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium
+
 from netrl.config.sections import Config, NetworkConfig
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.pipelines.base import Pipeline
@@ -25,11 +27,24 @@ from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
 from netrl.util import did_you_mean
 from netrl.worker.names import default_worker_id
 
-__all__ = ["Vectorization", "WorkerSettings", "worker_seed"]
+__all__ = ["Vectorization", "WorkerSettings", "same_step_autoreset", "worker_seed"]
 
 log = logging.getLogger("netrl.worker.worker")
 
 Vectorization = Literal["sync", "async"]
+VECTOR_GYMNASIUM = "1.1"  # the first with vector envs' autoreset modes (pyproject.toml's minimum)
+
+
+def same_step_autoreset() -> Any:
+    """Gymnasium's ``AutoresetMode.SAME_STEP``, which vector workers (``num_envs`` > 1) need;
+    ValueError naming the installed gymnasium where it has no autoreset modes (before 1.1)."""
+    modes = getattr(gymnasium.vector, "AutoresetMode", None)
+    if modes is None:
+        raise ValueError(f"num_envs > 1 needs gymnasium >= {VECTOR_GYMNASIUM}, whose vector envs "
+                         f"autoreset in the same step; gymnasium {gymnasium.__version__} is "
+                         f"installed: pip install 'gymnasium>={VECTOR_GYMNASIUM}', or set "
+                         f"worker.num_envs to 1")
+    return modes.SAME_STEP
 
 
 def worker_seed(seed: int | None, worker_id: str) -> int | None:
@@ -135,6 +150,8 @@ class WorkerSettings:
         n = self.num_envs
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"num_envs must be an integer >= 1 (got {n!r})")
+        if n > 1:
+            same_step_autoreset()  # told here, before any env is built
         if self.vectorization not in ("sync", "async"):
             raise ValueError('vectorization must be "sync" or "async" (got '
                              f'{self.vectorization!r})')
