@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge",
-           "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder",
+           "gt", "hidden_indices", "home", "host", "info_keys", "nonempty", "optional", "optional_folder",
            "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
@@ -121,6 +121,17 @@ def sizes(v: list[int]) -> str | None:
 def hidden_indices(v: list[int]) -> str | None:
     if any(i < 0 for i in v) or len(set(v)) != len(v):
         return "must list distinct indices >= 0"
+    return None
+
+
+def info_keys(v: list[dict[str, Any]]) -> str | None:
+    """env.info_keys: each entry {"name", "dtype", "shape", "default"} (all but name optional)."""
+    from netrl.samples.info import check_info_keys  # numpy: loaded when the key is set
+
+    try:
+        check_info_keys(v, "the list")
+    except ValueError as exc:
+        return f"must list info keys ({exc})"
     return None
 
 

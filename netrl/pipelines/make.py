@@ -3,6 +3,7 @@ the user's own ``module:function``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from typing import Any
@@ -13,6 +14,7 @@ from netrl.config.sections import Config
 from netrl.errors import ConfigError
 from netrl.pipelines.base import Pipeline, rollout_memory
 from netrl.pipelines.replay_options import apply_replay_options
+from netrl.samples.info import InfoKey
 
 __all__ = ["make_pipeline"]
 
@@ -42,7 +44,19 @@ def make_pipeline(cfg: Config) -> Pipeline:
         pipeline = _own_pipeline(cfg)
     _check_agent(cfg, pipeline)
     _check_sequences(cfg, pipeline)
-    return apply_replay_options(cfg, pipeline)
+    return apply_replay_options(cfg, _with_info_keys(cfg, pipeline))
+
+
+def _with_info_keys(cfg: Config, pipeline: Pipeline) -> Pipeline:
+    """``env.info_keys`` added to the pipeline's own (any pipeline's: the key is read here)."""
+    if not cfg.env.info_keys:
+        return pipeline
+    try:
+        keys = (*pipeline.info_keys, *(InfoKey(**k) for k in cfg.env.info_keys))  # (checked)
+        return dataclasses.replace(pipeline, info_keys=keys)
+    except ValueError as exc:  # a name the pipeline declares already
+        raise ConfigError([f'env.info_keys: {exc} (env.pipeline "{cfg.env.pipeline}" declares '
+                           f"{[k.name for k in pipeline.info_keys]})"]) from None
 
 
 def _unwrapped(cls: Any) -> Any:
