@@ -245,14 +245,15 @@ class WireRoute:
     compressed) and as the trainer does (layout and values, with the bounds of the spaces), and
     decoded. Raises :class:`SampleRejected` naming the field, as they would refuse it."""
 
-    def __init__(self, compression: Codec, limits: Callable[[Any, Any], ValueLimits]) -> None:
-        self.compression, self.limits = compression, limits
+    def __init__(self, compression: Codec, limits: Callable[[Any, Any], ValueLimits],
+                 info: InfoSpec | None = None) -> None:
+        self.compression, self.limits, self.info = compression, limits, info  # info: the pipeline's
         self._schema: SampleSchema | None = None
 
     def __call__(self, buf: Buffer, observation_space: Any, action_space: Any, sample_compressor: Any) -> Buffer:
         if self._schema is None:
             self._schema = SampleSchema.from_spaces(observation_space, action_space, probe_copy(sample_compressor),
-                                                    self.limits(observation_space, action_space))
+                                                    self.limits(observation_space, action_space), info=self.info)
         frames = encode(samples_message(buf, "check-env", "check", 1, len(buf)), self.compression)
         at_server = decode(frames, inflate=False)
         self._schema.check(at_server.body, at_server.arrays, "check-env (at the server)")
