@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge",
-           "gt", "hidden_indices", "home", "host", "info_keys", "nonempty", "optional", "optional_folder",
-           "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
+           "gt", "hidden_indices", "home", "host", "info_keys", "nonempty", "optional",
+           "optional_folder", "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 

@@ -112,7 +112,8 @@ def preflight(env_cls: Callable[[], Any], sample_compressor: Callable[..., Any] 
         report.add(f"building the env failed: {type(exc).__name__}: {exc}")
         return report
     try:
-        _run(env, report, sample_compressor, memory_cls, overlap, steps, seed, through_wire, info_keys)
+        _run(env, report, sample_compressor, memory_cls, overlap, steps, seed, through_wire,
+             info_keys)
     finally:
         try:
             env.close()
@@ -142,7 +143,8 @@ def _run(env: Any, report: PreflightReport, compressor: Callable[..., Any] | Non
         return
     report.checked.append("leaves (dtype, shape per row): " + ", ".join(
         f"{name} {np.dtype(d).name} {s}" for name, (d, s) in expected.items()))
-    _rollout(env, report, compressor, memory_cls, overlap, steps, seed, through_wire, expected, info_keys)
+    _rollout(env, report, compressor, memory_cls, overlap, steps, seed, through_wire, expected,
+             info_keys)
 
 
 def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] | None,
@@ -268,12 +270,13 @@ def _observation(obs: Any, obs_space: gymnasium.Space, act_space: gymnasium.Spac
 
 
 def _add(builder: BufferBuilder, compressor: Callable[..., Any] | None, act: Any, obs: Any, rew: float,
-         terminated: bool, truncated: bool, info: Any, reset: bool, where: str, report: PreflightReport,
-         info_keys: tuple[InfoKey, ...] = ()) -> bool:
+         terminated: bool, truncated: bool, info: Any, reset: bool, where: str,
+         report: PreflightReport, info_keys: tuple[InfoKey, ...] = ()) -> bool:
     """One row through the compressor into the builder (as the worker's PacketMaker
     does); False on a problem."""
     try:
-        values = info_values(info_keys, info, "reset" if reset else "step") if info_keys else None
+        call = "reset" if reset else "step"
+        values = info_values(info_keys, info, call) if info_keys else None
     except ValueError as exc:
         report.add(str(exc), where)
         return False

@@ -28,7 +28,8 @@ from netrl.util import takes_args
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
-           "batch_key", "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "np_dtype", "nth_end",
+           "batch_key",
+           "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "np_dtype", "nth_end",
            "run_sample_preprocessor", "to_tensor"]
 
 Transition = tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]
@@ -160,8 +161,10 @@ def extra_columns(buffer: Buffer, stored: dict[str, np.ndarray]) -> dict[str, np
     ``stored`` columns hold (none yet: any), since a packet without one would leave old rows'
     values in its slots."""
     cols = {f"extra/{name}": np.asarray(col) for name, col in (getattr(buffer, "extra", None) or {}).items()}
-    cols.update((f"info/{name}", np.asarray(col)) for name, col in (getattr(buffer, "info", None) or {}).items())
-    for group, what, who in (("extra/", "extra outputs", "actor"), ("info/", "info keys", "pipeline")):
+    info = getattr(buffer, "info", None) or {}
+    cols.update((f"info/{name}", np.asarray(col)) for name, col in info.items())
+    for group, what, who in (("extra/", "extra outputs", "actor"),
+                             ("info/", "info keys", "pipeline")):
         have = sorted(n[len(group):] for n in stored if n.startswith(group))
         got = sorted(n[len(group):] for n in cols if n.startswith(group))
         if stored and got != have:

@@ -109,4 +109,5 @@ def read_dataset(path: str | os.PathLike[str]) -> Buffer:
     return Buffer(act=act, obs=obs, rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
                   reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
                   worker="dataset", extra={k[6:]: v for k, v in cols.items() if k.startswith("extra/")} or None,
-                  info={k[5:]: v for k, v in cols.items() if k.startswith("info/")} or None)
+                  info={k[5:]: v for k, v in cols.items()
+                        if k.startswith("info/")} or None)

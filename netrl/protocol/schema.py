@@ -253,7 +253,8 @@ class WireRoute:
     def __call__(self, buf: Buffer, observation_space: Any, action_space: Any, sample_compressor: Any) -> Buffer:
         if self._schema is None:
             self._schema = SampleSchema.from_spaces(observation_space, action_space, probe_copy(sample_compressor),
-                                                    self.limits(observation_space, action_space), info=self.info)
+                                                    self.limits(observation_space, action_space),
+                                                    info=self.info)
         frames = encode(samples_message(buf, "check-env", "check", 1, len(buf)), self.compression)
         at_server = decode(frames, inflate=False)
         self._schema.check(at_server.body, at_server.arrays, "check-env (at the server)")

@@ -221,7 +221,8 @@ class Buffer:
         for i in np.flatnonzero(~self.context).tolist():
             act, obs = row(self.act, i), row(self.obs, i)
             info = {name: col[i] for name, col in (self.info or {}).items()}
-            info.update(reset=bool(self.reset[i]), weight=1.0 if self.weight is None else float(self.weight[i]))
+            info["reset"] = bool(self.reset[i])
+            info["weight"] = 1.0 if self.weight is None else float(self.weight[i])
             rows.append((act, obs, float(self.rew[i]), bool(self.terminated[i]), bool(self.truncated[i]), info))
         return rows
 
@@ -443,6 +444,6 @@ def concat_segments(segments: list[tuple[int, Buffer]]) -> Buffer:
         env=cat(*(np.full(len(b), env, np.uint16) for env, b in segments)),
         extra={k: cat(*(b.extra[k] for b in bufs if b.extra is not None)) for k in bufs[0].extra} if bufs[0].extra
         else None,
-        info={k: cat(*(b.info[k] for b in bufs if b.info is not None)) for k in bufs[0].info} if bufs[0].info
-        else None,
+        info={k: cat(*(b.info[k] for b in bufs if b.info is not None))
+              for k in bufs[0].info} if bufs[0].info else None,
     )

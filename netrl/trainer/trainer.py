@@ -192,7 +192,8 @@ class Trainer:
                    run_name=cfg.run_name, wandb_mode=cfg.wandb.mode, wandb_project=cfg.wandb.project,
                    wandb_entity=cfg.wandb.entity, config=config_to_dict(cfg), credit_window=t.credit_window,
                    resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
-                   sample_compressor=pipeline.sample_compressor, info_keys=getattr(pipeline, "info_keys", ()),
+                   sample_compressor=pipeline.sample_compressor,
+                   info_keys=getattr(pipeline, "info_keys", ()),
                    keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None,
                    status_interval_s=cfg.status_interval_s, max_rows_per_packet=cfg.server.max_rows_per_packet,
                    torch_threads=cfg.torch_threads)

@@ -103,7 +103,8 @@ class PacketMaker:
         sample's size, which is checked against what the server relays. The sample compressor
         never sees the extras."""
         # the env's info as it came: a compressor may rebuild or drop it
-        values = info_values(self.info_keys, info, "reset" if reset else "step") if self.info_keys else None
+        values = (info_values(self.info_keys, info, "reset" if reset else "step")
+                  if self.info_keys else None)
         if self.sample_compressor is not None:
             act, obs, rew, terminated, truncated, info = self.sample_compressor(act, obs, rew, terminated,
                                                                                 truncated, info)

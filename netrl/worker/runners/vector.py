@@ -150,9 +150,9 @@ class VectorRunner(EnvRunner):
                 sink.episode_ended(stats, i)
             if self._collects(i):
                 extra = None if extras is None else {k: v[i] for k, v in extras.items()}
+                step_info = final_info if closed and final_info is not None else info
                 sink.record_env(i, row(acts, i), last, float(rew[i]), term, trunc,
-                                _env_info(final_info if closed and final_info is not None else info, i),
-                                version, extra=extra)
+                                _env_info(step_info, i), version, extra=extra)
             if stats is not None:
                 ended.append(stats)
                 eps.ended(stats, sink.produced, policy.version)
