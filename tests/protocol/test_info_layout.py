@@ -168,3 +168,10 @@ def test_info_round_trips_the_wire_and_a_packet_without_it_has_none() -> None:
     for name, col in back.info.items():
         assert col.dtype == buf.info[name].dtype and (col == buf.info[name]).all()  # type: ignore[index]
     assert buffer_from_message(decode(encode(samples_message(sample_buffer(4), "w", "s", 1, 0)))).info is None
+
+
+def test_the_wire_refuses_an_info_column_of_another_row_count() -> None:
+    msg = samples_message(with_info(), "robot-1", "s1", 4, 40)
+    msg.arrays["info/distance"] = np.zeros(3, np.float32)
+    with pytest.raises(MalformedMessage, match=r"samples leaf 'info/distance' must have 10 rows"):
+        decode(encode(msg))
