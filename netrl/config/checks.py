@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge",
-           "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder",
-           "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
+           "gt", "hidden_indices", "home", "host", "info_keys", "nonempty", "optional",
+           "optional_folder", "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -130,6 +130,17 @@ def env_transforms(v: list[Any]) -> str | None:
 
     problems = transform_problems(v)
     return "; ".join(problems) if problems else None
+
+
+def info_keys(v: list[dict[str, Any]]) -> str | None:
+    """env.info_keys: each entry {"name", "dtype", "shape", "default"} (all but name optional)."""
+    from netrl.samples.info import check_info_keys  # numpy: loaded when the key is set
+
+    try:
+        check_info_keys(v, "the list")
+    except ValueError as exc:
+        return f"must list info keys ({exc})"
+    return None
 
 
 def optional(check: Check) -> Check:

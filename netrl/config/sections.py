@@ -32,6 +32,7 @@ from netrl.config.checks import (
     hidden_indices,
     home,
     host,
+    info_keys,
     nonempty,
     optional,
     optional_folder,
@@ -88,6 +89,11 @@ class EnvConfig:
     hide_obs: list[int] = _f([], "gym pipeline: indices of the flat observation left out (a "
                                  "partially observed env, e.g. [2] hides Pendulum-v1's "
                                  "angular velocity; see netrl.envs.pomdp)", hidden_indices)
+    info_keys: list[dict[str, Any]] = _f(
+        [], "entries of the env's info the trainer's batches carry as "
+            'batch.extra["info/<name>"], each {"name", "dtype", "shape", "default"} (all but '
+            "name optional: float32, [], none; see docs/pipelines.md), added to the pipeline's",
+        info_keys)
     normalize_obs: bool = _f(False, "normalise each float Box leaf of the observation by "
                                     "running statistics of the samples the trainer receives, "
                                     "published to the workers as the model obs_norm "

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
+           "batch_key",
            "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "np_dtype", "nth_end",
            "run_sample_preprocessor", "to_tensor"]
 
@@ -158,18 +159,30 @@ DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
 
 
 def extra_columns(buffer: Buffer, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A packet's extra outputs as columns ``extra/<name>``; ValueError unless they are the ones
-    the memory's ``stored`` columns hold (none yet: any), since a packet without one would leave
-    old rows' values in its slots."""
+    """A packet's extra outputs as columns ``extra/<name>`` and its info entries as
+    ``info/<name>`` (:mod:`netrl.samples.info`); ValueError unless they are the ones the memory's
+    ``stored`` columns hold (none yet: any), since a packet without one would leave old rows'
+    values in its slots."""
     cols = {f"extra/{name}": np.asarray(col) for name, col in (getattr(buffer, "extra", None) or {}).items()}
-    if stored:
-        have = sorted(n[6:] for n in stored if n.startswith("extra/"))
-        if sorted(n[6:] for n in cols) != have:
+    info = getattr(buffer, "info", None) or {}
+    cols.update((f"info/{name}", np.asarray(col)) for name, col in info.items())
+    for group, what, who in (("extra/", "extra outputs", "actor"),
+                             ("info/", "info keys", "pipeline")):
+        have = sorted(n[len(group):] for n in stored if n.startswith(group))
+        got = sorted(n[len(group):] for n in cols if n.startswith(group))
+        if stored and got != have:
             raise ValueError(f"packet {buffer.seq} of worker "
-                             f"{buffer.worker or '(unnamed)'} carries the extra "
-                             f"outputs {sorted(n[6:] for n in cols)}; the memory "
-                             f"stores {have}: every worker must run the same actor")
+                             f"{buffer.worker or '(unnamed)'} carries the {what} {got}; the "
+                             f"memory stores {have}: every worker must run the same {who}")
     return cols
+
+
+def batch_key(column: str) -> str | None:
+    """The ``batch.extra`` key of a stored column: an extra output's name, an info entry's
+    ``info/<name>``; None for the other columns."""
+    if column.startswith("extra/"):
+        return column[6:]
+    return column if column.startswith("info/") else None
 
 
 def env_column(buffer: Buffer, n: int) -> np.ndarray:

@@ -35,6 +35,7 @@ import torch
 from netrl.memory.base import (
     MemoryDataloading,
     allocate_ring,
+    batch_key,
     check_columns,
     draw_ends,
     env_column,
@@ -348,7 +349,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
         weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
-        extra = {n[6:]: _tensor(self._take(n, c, idx), d) for n, c in self._cols.items() if n.startswith("extra/")}
+        extra = {k: _tensor(self._take(n, c, idx), d)
+                 for n, c in self._cols.items() if (k := batch_key(n))}
         for view in self.views:
             if view.into == "extra":
                 window = _tensor(windows[view.name], d)

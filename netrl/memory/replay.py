@@ -12,6 +12,7 @@ from netrl.memory.base import (
     MemoryDataloading,
     Transition,
     allocate_ring,
+    batch_key,
     check_columns,
     draw_ends,
     env_column,
@@ -339,7 +340,8 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         elif importance is not None:
             weight = importance if weight is None else importance * weight
         weight = to_tensor(weight, d) if weight is not None else None
-        extra = {n[6:]: to_tensor(self._gather(n, n, rows), d) for n in self._cols if n.startswith("extra/")}
+        extra = {k: to_tensor(self._gather(n, n, rows), d)
+                 for n in self._cols if (k := batch_key(n))}
         if steps is not None:
             extra["steps_to_next_obs"] = to_tensor(steps, d)
             extra["discount"] = to_tensor((self.gamma ** steps).astype(np.float32), d)

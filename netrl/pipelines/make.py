@@ -26,6 +26,7 @@ from netrl.errors import ConfigError
 from netrl.memory.action_buffer import ActionBufferCompressor
 from netrl.pipelines.base import Pipeline, rollout_memory
 from netrl.pipelines.replay_options import apply_replay_options
+from netrl.samples.info import InfoKey
 
 __all__ = ["make_pipeline"]
 
@@ -55,7 +56,7 @@ def make_pipeline(cfg: Config) -> Pipeline:
         pipeline = _own_pipeline(cfg)
     _check_agent(cfg, pipeline)
     _check_sequences(cfg, pipeline)
-    return apply_replay_options(cfg, with_transforms(cfg, pipeline))
+    return apply_replay_options(cfg, _with_info_keys(cfg, with_transforms(cfg, pipeline)))
 
 
 def with_transforms(cfg: Config, pipeline: Pipeline) -> Pipeline:
@@ -77,6 +78,18 @@ def with_transforms(cfg: Config, pipeline: Pipeline) -> Pipeline:
                                f"the reward transforms and StepCounter, or set rtgym's "
                                f"act_buf_len to 0 in a pipeline of your own"])
     return dataclasses.replace(pipeline, env_cls=transformed(pipeline.env_cls, transform))
+
+
+def _with_info_keys(cfg: Config, pipeline: Pipeline) -> Pipeline:
+    """``env.info_keys`` added to the pipeline's own (any pipeline's: the key is read here)."""
+    if not cfg.env.info_keys:
+        return pipeline
+    try:
+        keys = (*pipeline.info_keys, *(InfoKey(**k) for k in cfg.env.info_keys))  # (checked)
+        return dataclasses.replace(pipeline, info_keys=keys)
+    except ValueError as exc:  # a name the pipeline declares already
+        raise ConfigError([f'env.info_keys: {exc} (env.pipeline "{cfg.env.pipeline}" declares '
+                           f"{[k.name for k in pipeline.info_keys]})"]) from None
 
 
 def _unwrapped(cls: Any) -> Any:

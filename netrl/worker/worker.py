@@ -152,7 +152,7 @@ class RolloutWorker:
                                    s.init_random_frames, s.standalone, s.seed)
         self.sink = PacketSink(self.worker_id, self.session, s.min_samples_per_worker_packet,
                                s.overlap, s.max_packet_delay_s, s.compression,
-                               s.network.max_message_bytes, sample_compressor, n)
+                               s.network.max_message_bytes, sample_compressor, n, s.info_keys)
         self.pacer = Pacer(self.worker_id, s.throttle, n, self.policy, self.sink)
         self.sync = self.pacer.sync  # active while the trainer announces sync collection
         self.episodes = Episodes(self.worker_id, s.episode_log, n)

@@ -120,6 +120,7 @@ class VectorRunner(EnvRunner):
                 check_action(acts[i], space, f"{type(policy.actor).__name__} (env {i})")
         obs, rew, terminated, truncated, info = calls.call("step", env.step, acts)
         final, has_final = info.get("final_obs"), info.get("_final_obs")
+        final_info = info.get("final_info")  # the ending steps' infos (info: the resets')
         ended: list[EpisodeStats] = []
         cut_short = np.zeros(self.n, np.bool_)
         ended_mask = np.zeros(self.n, np.bool_)
@@ -132,7 +133,8 @@ class VectorRunner(EnvRunner):
                 continue
             term, trunc = bool(terminated[i]), bool(truncated[i])
             autoreset = term or trunc
-            last = final[i] if autoreset and has_final is not None and has_final[i] else row(obs, i)
+            closed = autoreset and has_final is not None and bool(has_final[i])  # reset in the step
+            last = final[i] if closed else row(obs, i)
             if not self._checked:
                 check_observation(last, self.host.observation_space,
                                   f"the observation from env {i}'s first " "step()", space, term)
@@ -148,8 +150,9 @@ class VectorRunner(EnvRunner):
                 sink.episode_ended(stats, i)
             if self._collects(i):
                 extra = None if extras is None else {k: v[i] for k, v in extras.items()}
+                step_info = final_info if closed and final_info is not None else info
                 sink.record_env(i, row(acts, i), last, float(rew[i]), term, trunc,
-                                _env_info(info, i), version, extra=extra)
+                                _env_info(step_info, i), version, extra=extra)
             if stats is not None:
                 ended.append(stats)
                 eps.ended(stats, sink.produced, policy.version)
