@@ -43,6 +43,7 @@ from netrl.memory.base import (
     run_sample_preprocessor,
 )
 from netrl.memory.owners import OwnedRows
+from netrl.memory.trajectories import TrajectoryLinks
 from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
@@ -104,6 +105,7 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         self._weighted = False  # True once a packet carried loss weights below 1 (stale samples)
         self.total_appended = 0
         self._owned_init()
+        self._links = TrajectoryLinks()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         self.views: list[View] = []
         super().__init__(*args, **kwargs)
@@ -164,6 +166,9 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         columns.update(self._view_columns(buffer, columns))
         columns["need"] = self._needs(buffer, columns)
         self._owned_columns(buffer.worker, columns, n)
+        linked = self._links.link(buffer, columns, self._cols, self.total_appended, self._size,
+                                  max(0, n - self.memory_size))
+        columns.update(linked.columns)
         need = columns["need"]
         if self._cols and (act_spec != self._act_spec or obs_spec != self._obs_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from "
@@ -191,6 +196,7 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         self._pos = int((self._pos + n) % cap)
         self._size = min(self._size + n, cap)
         self.total_appended += n
+        self._links.commit(linked, self._cols, self.total_appended, self._size)
         self._ordered = None
 
     def _check_layout(self, obs_spec: Spec, columns: dict[str, np.ndarray]) -> None:
@@ -346,6 +352,7 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         d = self.device
         weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
         extra = {n[6:]: _tensor(self._take(n, c, idx), d) for n, c in self._cols.items() if n.startswith("extra/")}
+        extra.update(traj=_tensor(self._cols["traj"][idx], d), episode=_tensor(self._cols["episode"][idx], d))
         for view in self.views:
             if view.into == "extra":
                 window = _tensor(windows[view.name], d)

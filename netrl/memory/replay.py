@@ -25,6 +25,7 @@ from netrl.memory.nstep import nstep_windows
 from netrl.memory.owners import OwnedRows
 from netrl.memory.priority import Priorities
 from netrl.memory.sequences import check_sequence_args, sample_sequences
+from netrl.memory.trajectories import LINK_COLUMNS, TrajectoryLinks
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, flatten, row, unflatten
 
@@ -104,6 +105,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         # sampleable rows oldest first (_ordered_ends); reset on append
         self._ordered: np.ndarray | None = None
         self._owned_init()
+        self._links = TrajectoryLinks()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
         if self.prioritized:
@@ -127,7 +129,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         and dtype) and the rest."""
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
                  "policy_version": np.int64, "weight": np.float32, "worker": np.int32,
-                 "env": np.uint16, "sent": np.bool_}
+                 "env": np.uint16, "sent": np.bool_, **LINK_COLUMNS}
         rows = {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
                 for name, col in columns.items()}
         if self._storage is not None:
@@ -158,6 +160,9 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
                        env=env_column(buffer, n))
         self._owned_columns(buffer.worker, columns, n)
         columns.update(extra_columns(buffer, self._cols))
+        linked = self._links.link(buffer, columns, self._cols, self.total_appended, self._size,
+                                  max(0, n - self.memory_size))
+        columns.update(linked.columns)
         stored = self._cols or self._allocate(columns)
         # before any change: a refused packet must leave the memory as it was
         check_columns(columns, stored, n)
@@ -179,6 +184,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         self._pos = int((self._pos + n) % self.memory_size)
         self._size = min(self._size + n, self.memory_size)
         self.total_appended += n
+        self._links.commit(linked, self._cols, self.total_appended, self._size)
         self._ordered = None
         if self._priorities is not None:
             self._priorities.written(idx, columns["end"], self._pos if self._size == self.memory_size else 0)
@@ -338,6 +344,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
             weight = importance if weight is None else importance * weight
         weight = to_tensor(weight, d) if weight is not None else None
         extra = {n[6:]: to_tensor(self._gather(n, n, rows), d) for n in self._cols if n.startswith("extra/")}
+        extra.update(traj=to_tensor(self._cols["traj"][idx], d), episode=to_tensor(self._cols["episode"][idx], d))
         if steps is not None:
             extra["steps_to_next_obs"] = to_tensor(steps, d)
             extra["discount"] = to_tensor((self.gamma ** steps).astype(np.float32), d)
