@@ -321,8 +321,8 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         prev = self._rows((idx - 1) % self.memory_size)
         nxt, r, steps = idx, None, None
         if self.n_step > 1:
-            oldest = self._pos if self._size == self.memory_size else 0
-            nxt, r, steps = nstep_windows(self._cols, idx, self.n_step, self.gamma, oldest, self._size)
+            nxt, r, steps = nstep_windows(self._cols, idx, self.n_step, self.gamma, self.total_appended,
+                                          self._size, lambda rows: self._cols["end"][rows])
         rows = self._rows(idx)
         nxt_rows = rows if steps is None else self._rows(nxt)
         leaves_now = {n: self._gather("now:" + n, n, nxt_rows) for n in self._cols if n.startswith("obs")}

@@ -3,13 +3,13 @@
 
 :class:`~netrl.memory.replay.ReplayMemory` with ``sequence_length`` L > 1 hands out ``batch_size`` B
 sequences, each of L consecutive transitions of one env, starting at uniformly drawn transition
-ends (TorchRL's ``SliceSampler``). A sequence going forward from transition k includes k+1 iff
-row k+1 continues row k (it ends a transition, and it is stored: never past the ring's newest
-row) and transition k neither terminated nor truncated. So a sequence never crosses an episode's
-end, another env's segment or a packet boundary (both start with context rows, which end no
-transition), a stale row (weight 0: no transition end) or the ring's write head. A sequence that
-stops early is padded with its last valid row and masked: ``batch.extra["mask"]`` is a bool tensor
-``[B, L]``, True at real steps.
+ends (TorchRL's ``SliceSampler``). A sequence follows its trajectory
+(:mod:`netrl.memory.trajectories`): from transition k it includes k's successor iff that row
+is still stored and ends a sampleable transition, and transition k neither terminated nor truncated. So a sequence crosses packet boundaries (the
+context rows repeated at a packet's start are skipped), but never an episode's end, a lost
+packet, a worker's restart, a stale row (weight 0), a dropped or quarantined worker's row, nor
+the ring's write head. A sequence that stops early is padded with its last valid row and
+masked: ``batch.extra["mask"]`` is a bool tensor ``[B, L]``, True at real steps.
 
 Every field of the batch has leading dimensions ``[B, L]``: ``obs`` leaves ``[B, L, ...]``,
 ``act [B, L, ...]``, ``rew``, ``terminated`` and ``truncated [B, L]``, ``weight`` (when some
@@ -19,17 +19,19 @@ wherever ``mask[:, j + 1]``. The actor's recurrent state is an extra (``recurren
 recurrent agent starts the sequence. ``burn_in`` steps at the start are the agent's to run without
 gradient (R2D2); the memory only checks that ``burn_in < L``.
 
-The index matrix is built with a few array operations over ``[B, L]``, and
-each column is gathered once.
+The index matrix is built with one vectorised pass over the batch per step, and each column is
+gathered once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from netrl.memory.trajectories import successors
 from netrl.samples.batch import Batch
 from netrl.samples.columns import tree_map
 
@@ -53,31 +55,34 @@ def check_sequence_args(sequence_length: int, burn_in: int, memory_size: int) ->
     return problems
 
 
-def sequence_index(starts: np.ndarray, length: int, end: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                   oldest: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Physical rows ``[B, length]`` of the sequences that start at transition ends
-    ``starts``, and their mask.
+def sequence_index(starts: np.ndarray, length: int, cols: dict[str, np.ndarray], total: int, size: int,
+                   joins: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Ring rows ``[B, length]`` of the sequences that start at transition ends ``starts``, and
+    their mask.
 
-    ``end``, ``terminated`` and ``truncated`` are the ring's columns; ``oldest`` its oldest row and
-    ``size`` the rows it stores. Masked steps repeat the sequence's last valid row.
+    Each step follows the previous row's successor (``cols["next"]``, :mod:`netrl.memory.
+    trajectories`) while it is stored (``total`` rows appended, ``size`` stored), ends a
+    sampleable transition (``joins(rows)``) and the previous transition neither terminated nor
+    truncated (``cols["terminated"]``, ``cols["truncated"]``). Masked steps repeat the sequence's
+    last valid row.
     """
-    capacity = len(end)
-    steps = np.arange(length)
-    rows = starts[:, None] + steps
-    rows[rows >= capacity] -= capacity  # the ring wraps (cheaper than %)
-    stop = terminated[rows]
-    stop |= truncated[rows]
-    continues = end[rows[:, 1:]] & ~stop[:, :-1]
-    logical = (starts - oldest) % capacity
-    # a sequence may reach the newest row: never read past it
-    if int(logical.max()) + length > size:
-        continues &= logical[:, None] + steps[1:] < size
-    mask = np.empty(rows.shape, np.bool_)
-    mask[:, 0] = True
-    # once broken, a sequence stays stopped
-    np.logical_and.accumulate(continues, axis=1, out=mask[:, 1:])
-    last = rows[np.arange(len(rows)), mask.sum(1) - 1]
-    return np.where(mask, rows, last[:, None]), mask
+    term, trunc, nxt_col = cols["terminated"], cols["truncated"], cols["next"]
+    rows = np.empty((len(starts), length), np.int64)
+    mask = np.zeros((len(starts), length), np.bool_)
+    cur = np.asarray(starts, np.int64)
+    rows[:, 0], mask[:, 0] = cur, True
+    going = ~(term[cur] | trunc[cur])
+    for j in range(1, length):
+        if not going.any():  # every sequence stopped: pad with the last rows
+            rows[:, j:] = cur[:, None]
+            break
+        nxt = successors(nxt_col, cur, total, size)
+        going &= nxt >= 0
+        going[going] = joins(nxt[going])
+        cur = np.where(going, nxt, cur)
+        rows[:, j], mask[:, j] = cur, going
+        going &= ~(term[cur] | trunc[cur])
+    return rows, mask
 
 
 def sample_sequences(memory: Any) -> Batch:
@@ -86,9 +91,8 @@ def sample_sequences(memory: Any) -> Batch:
     Any: it imports this module)."""
     cols = memory._cols
     starts = memory.sample_indices()
-    oldest = memory._pos if memory._size == memory.memory_size else 0
-    idx, mask = sequence_index(starts, memory.sequence_length, cols["end"], cols["terminated"], cols["truncated"],
-                               oldest, memory._size)
+    idx, mask = sequence_index(starts, memory.sequence_length, cols, memory.total_appended, memory._size,
+                               lambda rows: cols["end"][rows])
     memory._sampled = idx.reshape(-1)
     flat = memory._batch(memory._sampled)  # one gather per column, over all B * L rows
     lead = idx.shape
