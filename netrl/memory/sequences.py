@@ -5,8 +5,9 @@
 sequences, each of L consecutive transitions of one env, starting at uniformly drawn transition
 ends (TorchRL's ``SliceSampler``). A sequence follows its trajectory
 (:mod:`netrl.memory.trajectories`): from transition k it includes k's successor iff that row
-is still stored and ends a sampleable transition, and transition k neither terminated nor truncated. So a sequence crosses packet boundaries (the
-context rows repeated at a packet's start are skipped), but never an episode's end, a lost
+is still stored and ends a sampleable transition, and transition k neither terminated nor
+truncated. So a sequence crosses packet boundaries (the context rows repeated at a packet's
+start are skipped), but never an episode's end, a lost
 packet, a worker's restart, a stale row (weight 0), a dropped or quarantined worker's row, nor
 the ring's write head. A sequence that stops early is padded with its last valid row and
 masked: ``batch.extra["mask"]`` is a bool tensor ``[B, L]``, True at real steps.
