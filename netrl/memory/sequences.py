@@ -36,7 +36,7 @@ from netrl.memory.trajectories import successors
 from netrl.samples.batch import Batch
 from netrl.samples.columns import tree_map
 
-__all__ = ["check_sequence_args", "sample_sequences", "sequence_index"]
+__all__ = ["check_sequence_args", "sequence_batch", "sequence_index"]
 
 
 def check_sequence_args(sequence_length: int, burn_in: int, memory_size: int) -> list[str]:
@@ -86,22 +86,14 @@ def sequence_index(starts: np.ndarray, length: int, cols: dict[str, np.ndarray],
     return rows, mask
 
 
-def sample_sequences(memory: Any) -> Batch:
-    """A batch of ``memory.batch_size`` sequences of ``memory.sequence_length`` transitions
-    (see the module), from ``memory``, a :class:`~netrl.memory.replay.ReplayMemory` (typed
-    Any: it imports this module)."""
-    cols = memory._cols
-    starts = memory.sample_indices()
-    idx, mask = sequence_index(starts, memory.sequence_length, cols, memory.total_appended, memory._size,
-                               lambda rows: cols["end"][rows])
-    memory._sampled = idx.reshape(-1)
-    flat = memory._batch(memory._sampled)  # one gather per column, over all B * L rows
-    lead = idx.shape
+def sequence_batch(flat: Batch, mask: np.ndarray, device: Any) -> Batch:
+    """A batch of ``B * L`` steps gathered flat, shaped ``[B, L, ...]``, with ``extra["mask"]``."""
+    lead = mask.shape
 
     def shaped(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(*lead, *t.shape[1:])
 
     extra = {name: shaped(t) for name, t in flat.extra.items()}
-    extra["mask"] = torch.from_numpy(mask).to(memory.device)
+    extra["mask"] = torch.from_numpy(mask).to(device)
     fields = [tree_map(shaped, f) if f is not None else None for f in flat]
     return Batch(*fields, extra=extra)
