@@ -125,18 +125,15 @@ def _cuda_problems(cfg: Config) -> list[Problem]:
 
 
 def _sequence_problems(cfg: Config) -> list[Problem]:
-    """Sequences are sampled uniformly, one step at a time, from host columns."""
+    """Sequences follow trajectory links kept in host columns (n-step returns and priorities
+    compose with them)."""
     m = cfg.memory
-    if m.sequence_length < 2:
+    if m.sequence_length < 2 or m.device == "cpu":
         return []
-    clash = [(key, value) for key, value, on in (("memory.n_step", m.n_step, m.n_step > 1),
-                                                 ("memory.prioritized", m.prioritized, m.prioritized),
-                                                 ("memory.device", m.device, m.device != "cpu")) if on]
-    return [(("memory.sequence_length", key), f"memory.sequence_length ({m.sequence_length}) "
-                                              f"cannot be combined with {key} "
-                                              f"({json.dumps(value)}): sequences are sampled "
-                                              f"uniformly, one step at a time, from host memory")
-            for key, value in clash]
+    return [(("memory.sequence_length", "memory.device"), f"memory.sequence_length ({m.sequence_length}) "
+                                                         f"cannot be combined with memory.device "
+                                                         f"({json.dumps(m.device)}): sequences follow "
+                                                         f"links kept in host memory, step by step")]
 
 
 def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, role: str | None = None) -> Config:

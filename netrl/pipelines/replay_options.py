@@ -1,7 +1,11 @@
 """The replay keys of config.json (``memory.n_step``, ``memory.prioritized`` and its
-``priority_alpha``, ``priority_beta``, ``priority_beta_steps``, ``priority_eps``) applied to any
-pipeline's memory: a :class:`~netrl.memory.replay.ReplayMemory` gets them, with ``agent.gamma`` for
-the n-step returns; a pipeline whose memory cannot take them is refused, naming the key."""
+``priority_alpha``, ``priority_beta``, ``priority_beta_steps``, ``priority_eps``, and
+``memory.sequence_length`` with ``memory.burn_in``) applied to any pipeline's memory: both ring
+memory families (:class:`~netrl.memory.replay.ReplayMemory`, and
+:class:`~netrl.memory.history.HistoryMemory` with the drone pipeline's ActionBufferMemory and the
+image pipeline's FrameStackMemory) take every combination, with ``agent.gamma`` for the n-step
+returns; a pipeline whose memory is neither is refused, naming the keys and the reason. The
+sequence keys reach a memory only with ``agent.recurrent`` set (make.py refuses them otherwise)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 
 from netrl.config.sections import Config
 from netrl.errors import ConfigError
+from netrl.memory.history import HistoryMemory
 from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.base import Pipeline
 
@@ -19,24 +24,33 @@ __all__ = ["apply_replay_options"]
 
 def apply_replay_options(cfg: Config, pipeline: Pipeline) -> Pipeline:
     """``pipeline`` with its memory class given the replay keys, unchanged when they
-    are at their defaults."""
+    are at their defaults. A sequence length the pipeline already set is kept (make.py checks
+    that it is the config's)."""
     m = cfg.memory
-    keys = [k for k, on in (("memory.n_step", m.n_step != 1), ("memory.prioritized", m.prioritized)) if on]
+    given = getattr(pipeline.memory_cls, "keywords", None) or {}
+    # sequences only for a recurrent agent: a pipeline's MLP agent would get [B, L] batches
+    sequences = m.sequence_length > 1 and "sequence_length" not in given and cfg.agent.recurrent is not None
+    keys = [k for k, on in (("memory.n_step", m.n_step != 1), ("memory.prioritized", m.prioritized),
+                            ("memory.sequence_length", sequences)) if on]
     if not keys:
         return pipeline
     memory: Any = pipeline.memory_cls
     while isinstance(memory, functools.partial):
         memory = memory.func
-    if not (isinstance(memory, type) and issubclass(memory, ReplayMemory)):
+    if not (isinstance(memory, type) and issubclass(memory, (ReplayMemory, HistoryMemory))):
         name = getattr(memory, "__name__", repr(memory))
         named = " and ".join(keys)
-        raise ConfigError([f'{named} {"need" if len(keys) > 1 else "needs"} a ReplayMemory, '
-                           f'but env.pipeline "{cfg.env.pipeline}" trains with {name}, which '
-                           f"does not compute n-step returns or priorities: set {named} back to "
-                           f"the default (memory.n_step 1, memory.prioritized false), or use a "
-                           f'pipeline with a ReplayMemory (env.pipeline "gym" with SAC or DQN)'])
-    options: dict[str, Any] = {"n_step": m.n_step, "gamma": cfg.agent.gamma, "prioritized": m.prioritized}
+        raise ConfigError([f'{named} {"need" if len(keys) > 1 else "needs"} a ring memory (ReplayMemory '
+                           f'or HistoryMemory), but env.pipeline "{cfg.env.pipeline}" trains with {name}, '
+                           f"which does not follow trajectories to compute n-step returns, priorities or "
+                           f"sequences: set {named} back to the default, or build the pipeline's memory "
+                           f"on netrl.memory.ReplayMemory or HistoryMemory"])
+    options: dict[str, Any] = {}
+    if m.n_step != 1:
+        options.update(n_step=m.n_step, gamma=cfg.agent.gamma)
     if m.prioritized:
-        options.update(alpha=m.priority_alpha, beta=m.priority_beta,
+        options.update(prioritized=True, alpha=m.priority_alpha, beta=m.priority_beta,
                        beta_steps=m.priority_beta_steps, eps=m.priority_eps)
+    if sequences:
+        options.update(sequence_length=m.sequence_length, burn_in=m.burn_in)
     return dataclasses.replace(pipeline, memory_cls=functools.partial(pipeline.memory_cls, **options))
