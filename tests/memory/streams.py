@@ -45,7 +45,8 @@ def record(seed: int, *, workers: int = 3, envs: int = 2, rounds: int = 60, over
     """``rounds`` packets, each from a random worker; rounds in ``lose`` are built but not delivered; ``restart``
     maps a round to the worker that restarts before it. ``make_row(record, stream, uid) -> (act, obs)`` (the env's
     full observation; the row is in the record already) overrides the default rows; ``compressor`` is a pipeline's
-    sample compressor, applied as the worker applies it (a new one per env and session). Episodes end by termination or truncation with probability ``episode_end`` per step."""
+    sample compressor, applied as the worker applies it (a new one per env and session). Episodes end by
+    termination or truncation with probability ``episode_end`` per step."""
     rng = np.random.default_rng(seed)
     rec = Recording()
     sessions = {w: 0 for w in range(workers)}
