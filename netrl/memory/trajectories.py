@@ -62,15 +62,22 @@ class Linked:
 
     columns: dict[str, np.ndarray]
     relink: list[tuple[int, int]]  # (absolute tail row, absolute row that now follows it)
-    tails: dict[tuple[str, int], _Tail]
+    tails: dict[tuple[str, int], _Tail]  # the new tails of the streams this packet moves on
     next_traj: int
     next_episode: int
 
 
-def _host(col: Any, rows: np.ndarray) -> np.ndarray:
+def _same(stored: np.ndarray, sent: np.ndarray) -> bool:
+    # bytes: a few rows compare several times faster than with a ufunc
+    if stored.dtype == sent.dtype:
+        return stored.tobytes() == sent.tobytes()
+    return bool((stored == sent).all())
+
+
+def _host(col: Any, rows: Any) -> np.ndarray:
     if isinstance(col, torch.Tensor):  # a column on memory.device
-        return col[torch.from_numpy(rows).to(col.device)].cpu().numpy()
-    return np.asarray(col[rows])
+        return col[rows if isinstance(rows, slice) else torch.from_numpy(rows).to(col.device)].cpu().numpy()
+    return col[rows]
 
 
 class TrajectoryLinks:
@@ -93,17 +100,18 @@ class TrajectoryLinks:
         traj, episode, nxt = np.empty(n, np.int64), np.empty(n, np.int64), np.arange(1, n + 1, dtype=np.int64) + total
         reset, context = np.asarray(buffer.reset, bool), np.asarray(buffer.context, bool)
         env = buffer.envs
-        cuts = np.flatnonzero(env[1:] != env[:-1]) + 1
-        tails = dict(self._tails)
+        cuts = (np.flatnonzero(env[1:] != env[:-1]) + 1).tolist() if buffer.env is not None else []
+        tails: dict[tuple[str, int], _Tail] = {}  # the streams this packet moves on (merged at commit)
         relink: list[tuple[int, int]] = []
         next_traj, next_episode = self._next_traj, self._next_episode
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True):
+        names = [k for k in (*_SAME, *(k for k in columns if k.startswith(("obs", "act")))) if k in ring]
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
             key = (buffer.worker, int(env[a]))
             nxt[b - 1] = -1
             c = int(np.argmin(context[a:b])) if not context[a:b].all() else b - a  # leading context rows
-            tail = tails.get(key)
-            if tail is not None and c and self._continues(tail, columns, ring, a, c, now, size):
-                rows = (np.arange(tail.row - c + 1, tail.row + 1)) % len(ring["traj"])
+            tail = self._tails.get(key)
+            rows = self._stored(tail, c, ring, now, size)
+            if tail is not None and rows is not None and self._continues(tail, columns, ring, names, a, c, rows):
                 traj[a:a + c], episode[a:a + c] = ring["traj"][rows], ring["episode"][rows]
                 t, ep = tail.traj, tail.episode
                 first = a + c
@@ -117,24 +125,34 @@ class TrajectoryLinks:
                 continue
             if tail is not None and first > a:
                 relink.append((tail.row, total + first))
-            starts = np.cumsum(reset[first:b])
             traj[first:b] = t
-            episode[first:b] = np.where(starts == 0, ep, next_episode + starts - 1)
-            next_episode += int(starts[-1])
+            if not reset[first:b].any():  # as a rule: one episode goes on
+                episode[first:b] = ep
+            else:
+                starts = np.cumsum(reset[first:b])
+                episode[first:b] = np.where(starts == 0, ep, next_episode + starts - 1)
+                next_episode += int(starts[-1])
             tails[key] = _Tail(t, total + b - 1, int(episode[b - 1]))
         return Linked({"traj": traj, "episode": episode, "next": nxt}, relink, tails, next_traj, next_episode)
 
     @staticmethod
-    def _continues(tail: _Tail, columns: dict[str, np.ndarray], ring: dict[str, Any], a: int, c: int,
-                   total: int, size: int) -> bool:
-        """Whether the ``c`` context rows at ``a`` are the stream's last ``c`` stored rows."""
-        if not ring or tail.row - c + 1 < total - size:
-            return False  # (part of) the tail was overwritten
-        rows = np.arange(tail.row - c + 1, tail.row + 1) % len(ring["traj"])
+    def _stored(tail: _Tail | None, c: int, ring: dict[str, Any], total: int, size: int) -> Any:
+        """The ring rows of a stream's last ``c`` stored rows (a slice when they do not wrap), None
+        when there are none or (some of) them were overwritten."""
+        if tail is None or not c or not ring or tail.row - c + 1 < total - size:
+            return None
+        cap = len(ring["traj"])
+        lo = (tail.row - c + 1) % cap
+        return slice(lo, lo + c) if lo + c <= cap else np.arange(lo, lo + c) % cap
+
+    @staticmethod
+    def _continues(tail: _Tail, columns: dict[str, np.ndarray], ring: dict[str, Any], names: list[str], a: int,
+                   c: int, rows: Any) -> bool:
+        """Whether the ``c`` context rows at ``a`` are the stream's last ``c`` stored ``rows``: the
+        cheap columns first, then the observation and action leaves."""
         if not (ring["traj"][rows] == tail.traj).all():
             return False
-        names = [*_SAME, *(k for k in columns if k.startswith(("obs", "act")))]
-        return all(np.array_equal(_host(ring[k], rows), columns[k][a:a + c]) for k in names if k in ring)
+        return all(_same(_host(ring[k], rows), columns[k][a:a + c]) for k in names)
 
     def commit(self, linked: Linked, ring: dict[str, Any], total: int, size: int) -> None:
         """After the packet is written (``total`` rows appended now, ``size`` stored): relink the
@@ -143,6 +161,7 @@ class TrajectoryLinks:
         for tail, first in linked.relink:
             if tail >= total - size and first >= total - size:  # both still stored
                 ring["next"][tail % cap] = first
-        self._tails, self._next_traj, self._next_episode = linked.tails, linked.next_traj, linked.next_episode
+        self._tails.update(linked.tails)
+        self._next_traj, self._next_episode = linked.next_traj, linked.next_episode
         if len(self._tails) > MAX_STREAMS:  # forget streams whose tail is gone
             self._tails = {k: t for k, t in self._tails.items() if t.row >= total - size}
