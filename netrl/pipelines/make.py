@@ -25,8 +25,8 @@ def make_pipeline(cfg: Config) -> Pipeline:
     (:mod:`netrl.agents.registry`) and the config does not give it that (``trainer.collection``,
     ``worker.init_random_frames``), when an on-policy agent (``agent.algorithm`` "ppo", or an agent
     class that declares a rollout memory) comes with a memory that is not a RolloutMemory, and when
-    ``memory.n_step``, ``memory.prioritized`` or ``memory.sequence_length`` is set for a memory
-    that is not a ring memory (ReplayMemory, HistoryMemory)."""
+    ``memory.n_step`` or ``memory.prioritized`` is set for a memory that is not a ring memory
+    (ReplayMemory, HistoryMemory)."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
@@ -42,9 +42,8 @@ def make_pipeline(cfg: Config) -> Pipeline:
     else:
         pipeline = _own_pipeline(cfg)
     _check_agent(cfg, pipeline)
-    pipeline = apply_replay_options(cfg, pipeline)
-    _check_sequences(cfg, pipeline)  # a pipeline that set a sequence length of its own
-    return pipeline
+    _check_sequences(cfg, pipeline)
+    return apply_replay_options(cfg, pipeline)
 
 
 def _unwrapped(cls: Any) -> Any:
