@@ -20,8 +20,9 @@ and declare a view each.
 
 Rows of one packet are written contiguously, and a packet is self-contained (see
 :mod:`netrl.samples`), so a row and the rows it reads are always from the same packet, at
-fixed distances in the ring. Batches are gathered with a few fancy-indexing calls into reused
-buffers; nothing loops over items.
+fixed distances in the ring. n-step windows and sequences go forward along each row's trajectory,
+across packets (:mod:`netrl.memory.sampling`); views are assembled per step. Batches are gathered
+with a few fancy-indexing calls into reused buffers; nothing loops over items.
 """
 
 from __future__ import annotations
@@ -45,28 +46,20 @@ from netrl.memory.owners import OwnedRows
 from netrl.memory.sampling import Sampling
 from netrl.memory.sequences import sequence_batch
 from netrl.memory.trajectories import TrajectoryLinks
-from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
+from netrl.memory.views import (
+    MAX_NEED,
+    NEVER,
+    View,
+    check_views,
+    declared_views,
+    segment_offsets,
+    sliding_rows,
+    transition_needs,
+)
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
 
 __all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "attach_views", "transition_needs"]
-
-
-def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
-    """Rows back a transition ending at each row reads: its own observation's and, one
-    row further, the previous one.
-
-    ``row_needs[k]`` is how many rows back row ``k``'s observation reads (``NEVER`` if it cannot be
-    rebuilt). Rows that end no transition get ``NEVER``.
-    """
-    need = np.full(len(buffer), NEVER, np.int64)
-    ends = np.flatnonzero(buffer.transition_end)
-    ends = ends[ends > 0]  # a transition needs its previous row in the same packet
-    now, prev = row_needs[ends].astype(np.int64), row_needs[ends - 1].astype(np.int64) + 1
-    both = np.maximum(now, prev)
-    ok = (row_needs[ends] != NEVER) & (row_needs[ends - 1] != NEVER) & (both <= MAX_NEED)
-    need[ends[ok]] = both[ok]
-    return need.astype(np.uint8)
 
 
 class HistoryMemory(Sampling, OwnedRows, MemoryDataloading):
