@@ -117,3 +117,29 @@ def test_batches_carry_trajectory_and_episode_ids(memory_cls: Any) -> None:
     for b in range(64):
         r = where[int(batch.next_obs[b, 0])]
         assert traj[b] == memory._cols["traj"][r] and episode[b] == memory._cols["episode"][r]
+
+
+@pytest.mark.parametrize("memory_cls", MEMORIES)
+@pytest.mark.parametrize("how", ["quarantine", "drop"])
+def test_sequences_with_n_step_windows_never_hold_a_quarantined_or_dropped_workers_rows(memory_cls: Any,
+                                                                                        how: str) -> None:
+    # a trajectory is one worker's, so a walk from another worker's row never reaches w1's; stale rows inside a
+    # trajectory end walks (test_sequences.py, test_nstep.py)
+    rec = record(5, rounds=60, rows_max=5, episode_end=0.02)
+    memory = memory_cls(memory_size=5000, batch_size=64, seed=0, sequence_length=8, n_step=3, gamma=0.9)
+    fresh = append_all(memory, rec)
+    if how == "quarantine":
+        memory.set_quarantined("w1", True)
+    else:
+        memory.drop_worker("w1")
+    where = stored_rows(memory, fresh)
+    owner = {r: rec.rows[uid].stream[0] for uid, r in where.items()}
+    crossed = 0
+    for _ in range(5):
+        batch = memory.sample()
+        uid = batch.act.numpy()[..., 0].astype(np.int64)
+        mask = batch.extra["mask"].numpy()
+        steps = uid[mask]
+        assert not any(rec.rows[int(u)].stream[0].startswith("w1/") for u in steps)
+        crossed += int((mask.sum(1) > 6).sum())
+    assert crossed > 0 and any(o.startswith("w1/") for o in owner.values())
