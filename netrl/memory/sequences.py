@@ -20,8 +20,8 @@ wherever ``mask[:, j + 1]``. The actor's recurrent state is an extra (``recurren
 recurrent agent starts the sequence. ``burn_in`` steps at the start are the agent's to run without
 gradient (R2D2); the memory only checks that ``burn_in < L``.
 
-The index matrix is built with one vectorised pass over the batch per step, and each column is
-gathered once.
+The index matrix is built with array operations over ``[B, L]``, one pass per packet boundary a
+sequence crosses, and each column is gathered once.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.memory.trajectories import successors
 from netrl.samples.batch import Batch
 from netrl.samples.columns import tree_map
 
@@ -68,22 +67,32 @@ def sequence_index(starts: np.ndarray, length: int, cols: dict[str, np.ndarray],
     last valid row.
     """
     term, trunc, nxt_col = cols["terminated"], cols["truncated"], cols["next"]
-    rows = np.empty((len(starts), length), np.int64)
-    mask = np.zeros((len(starts), length), np.bool_)
-    cur = np.asarray(starts, np.int64)
-    rows[:, 0], mask[:, 0] = cur, True
-    going = ~(term[cur] | trunc[cur])
-    for j in range(1, length):
-        if not going.any():  # every sequence stopped: pad with the last rows
-            rows[:, j:] = cur[:, None]
+    cap, steps = len(nxt_col), np.arange(length)
+    starts = np.asarray(starts, np.int64)
+    # Runs, not steps: assume each sequence lies contiguous in the ring, then jump where a row's
+    # successor is elsewhere (a packet boundary: about length / packet rows jumps, not length).
+    rows = (starts[:, None] + steps) % cap
+    end = np.full(len(starts), length)  # each sequence's first step that has no successor to go to
+    for _ in range(length):
+        absolute = total - 1 - (total - 1 - rows[:, 1:]) % cap
+        broken = (nxt_col[rows[:, :-1]] != absolute) & (steps[1:] < end[:, None])
+        b = np.flatnonzero(broken.any(axis=1))
+        if not len(b):
             break
-        nxt = successors(nxt_col, cur, total, size)
-        going &= nxt >= 0
-        going[going] = joins(nxt[going])
-        cur = np.where(going, nxt, cur)
-        rows[:, j], mask[:, j] = cur, going
-        going &= ~(term[cur] | trunc[cur])
-    return rows, mask
+        j = broken[b].argmax(axis=1) + 1
+        want = nxt_col[rows[b, j - 1]]
+        jump = want >= total - size  # the successor is stored: go there, else the sequence ends
+        end[b[~jump]] = j[~jump]
+        b, j, want = b[jump], j[jump], want[jump]
+        rows[b] = np.where(steps >= j[:, None], (want[:, None] + steps - j[:, None]) % cap, rows[b])
+    stop = term[rows[:, :-1]] | trunc[rows[:, :-1]]
+    going = (steps[1:] < end[:, None]) & ~stop
+    going[going] = joins(rows[:, 1:][going])
+    mask = np.empty(rows.shape, np.bool_)
+    mask[:, 0] = True
+    np.logical_and.accumulate(going, axis=1, out=mask[:, 1:])  # once stopped, a sequence stays stopped
+    last = rows[np.arange(len(rows)), mask.sum(axis=1) - 1]
+    return np.where(mask, rows, last[:, None]), mask
 
 
 def sequence_batch(flat: Batch, mask: np.ndarray, device: Any) -> Batch:
