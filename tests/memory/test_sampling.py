@@ -47,9 +47,9 @@ def test_prioritized_sequences_are_drawn_by_their_start_rows_priority() -> None:
     assert share > 0.5 and abs((starts == favourite).mean() - share) < 0.15
 
 
-def config(tmp_path: Path, memory: dict[str, Any]) -> Any:
+def config(tmp_path: Path, memory: dict[str, Any], agent: dict[str, Any] | None = None) -> Any:
     return config_from_dict({"run_name": "t", "weights_folder": str(tmp_path), "security": "none",
-                             "agent": {"recurrent": "gru"}, "memory": memory})
+                             "agent": agent or {}, "memory": memory})
 
 
 def test_sequences_take_n_step_and_prioritized_replay_in_config(tmp_path: Path) -> None:
@@ -58,3 +58,9 @@ def test_sequences_take_n_step_and_prioritized_replay_in_config(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r'memory.sequence_length \(8\) cannot be combined with memory.device '
                                           r'\("cuda"\): sequences follow links kept in host memory'):
         config(tmp_path, {"sequence_length": 8, "device": "cuda"})
+    # the recurrent SAC would take summed n-step rewards with its one-step gamma: refused, naming both keys
+    with pytest.raises(ConfigError, match=r'agent.recurrent \("gru"\) cannot be combined with memory.n_step \(3\) '
+                                          r"yet: the recurrent SAC neither discounts"):
+        config(tmp_path, {"sequence_length": 8, "n_step": 3}, {"recurrent": "gru"})
+    with pytest.raises(ConfigError, match=r'agent.recurrent \("gru"\) cannot be combined with memory.prioritized'):
+        config(tmp_path, {"sequence_length": 8, "prioritized": True}, {"recurrent": "gru"})
