@@ -66,25 +66,33 @@ def sequence_index(starts: np.ndarray, length: int, cols: dict[str, np.ndarray],
     truncated (``cols["terminated"]``, ``cols["truncated"]``). Masked steps repeat the sequence's
     last valid row.
     """
-    term, trunc, nxt_col = cols["terminated"], cols["truncated"], cols["next"]
-    cap, steps = len(nxt_col), np.arange(length)
-    starts = np.asarray(starts, np.int64)
-    # Runs, not steps: assume each sequence lies contiguous in the ring, then jump where a row's
-    # successor is elsewhere (a packet boundary: about length / packet rows jumps, not length).
-    rows = (starts[:, None] + steps) % cap
-    end = np.full(len(starts), length)  # each sequence's first step that has no successor to go to
+    term, trunc, nxt_col, run = cols["terminated"], cols["truncated"], cols["next"], cols["run"]
+    cap, steps, batch = len(nxt_col), np.arange(length), len(starts)
+    # Runs, not steps: a row's packet segment follows it contiguously in the ring (``run`` rows),
+    # so a walk takes those at once and jumps only at a segment's end: one pass over the batch per
+    # packet boundary a sequence crosses, not per step.
+    pos = np.asarray(starts, np.int64) % cap
+    filled = np.zeros(batch, np.int64)  # steps placed so far
+    end = np.full(batch, length)  # each sequence's first step without a successor to go to
+    base = np.zeros((batch, length), np.int64)  # step j of a sequence is ring row base + j
+    going = np.ones(batch, np.bool_)
+    placed = np.zeros(batch, np.int64)  # base of the run placed last, per sequence
+    at = np.arange(batch)
     for _ in range(length):
-        absolute = total - 1 - (total - 1 - rows[:, 1:]) % cap
-        broken = (nxt_col[rows[:, :-1]] != absolute) & (steps[1:] < end[:, None])
-        b = np.flatnonzero(broken.any(axis=1))
-        if not len(b):
+        b = at[going]
+        base[b, filled[b]] += pos[b] - filled[b] - placed[b]  # a change point: cumsum below
+        placed[b] = pos[b] - filled[b]
+        filled[b] += np.minimum(run[pos[b]].astype(np.int64) + 1, length - filled[b])
+        more = b[filled[b] < length]
+        if not len(more):
             break
-        j = broken[b].argmax(axis=1) + 1
-        want = nxt_col[rows[b, j - 1]]
-        jump = want >= total - size  # the successor is stored: go there, else the sequence ends
-        end[b[~jump]] = j[~jump]
-        b, j, want = b[jump], j[jump], want[jump]
-        rows[b] = np.where(steps >= j[:, None], (want[:, None] + steps - j[:, None]) % cap, rows[b])
+        nxt = nxt_col[(placed[more] + filled[more] - 1) % cap]  # the successor of the run's last row
+        ok = nxt >= total - size  # the successor is stored: go there, else the sequence ends
+        end[more[~ok]] = filled[more[~ok]]
+        going[:] = False
+        going[more[ok]] = True
+        pos[more[ok]] = nxt[ok] % cap
+    rows = (np.cumsum(base, axis=1) + steps) % cap
     stop = term[rows[:, :-1]] | trunc[rows[:, :-1]]
     going = (steps[1:] < end[:, None]) & ~stop
     going[going] = joins(rows[:, 1:][going])

@@ -10,10 +10,12 @@ those context rows equal the stream's last stored rows (observation and action l
 flags, policy version), which are still in the ring; otherwise (a packet lost or refused in
 between, the tail overwritten, a new session, no context row) it starts a new trajectory.
 
-Three columns per row, written with the packet:
+Four columns per row, written with the packet:
 
 - ``traj`` (int64): the trajectory id, new for each stream start or break;
 - ``episode`` (int64): the episode id, new at each reset row and at a trajectory's first rows;
+- ``run`` (int32): the rows after it in its packet's env segment, which follow it contiguously in
+  the ring and in the trajectory: a walk jumps over them (:mod:`netrl.memory.sequences`);
 - ``next`` (int64): the *absolute* row number (rows appended before it) of the row that follows
   within the trajectory, -1 for none yet. The stored tail of a continued stream is relinked to the
   segment's first non-context row, so forward walks skip the context rows' duplicates (which stay
@@ -36,7 +38,7 @@ from netrl.samples.columns import Buffer
 
 __all__ = ["LINK_COLUMNS", "Linked", "TrajectoryLinks", "successors"]
 
-LINK_COLUMNS = {"traj": np.int64, "episode": np.int64, "next": np.int64}
+LINK_COLUMNS = {"traj": np.int64, "episode": np.int64, "next": np.int64, "run": np.int32}
 MAX_STREAMS = 4096  # streams remembered before those whose tail the ring overwrote are forgotten
 _SAME = ("rew", "terminated", "truncated", "policy_version")  # cheap columns compared first
 
@@ -98,6 +100,7 @@ class TrajectoryLinks:
         n = len(buffer)
         total, now = total - dropped, total
         traj, episode, nxt = np.empty(n, np.int64), np.empty(n, np.int64), np.arange(1, n + 1, dtype=np.int64) + total
+        run = np.empty(n, np.int32)
         reset, context = np.asarray(buffer.reset, bool), np.asarray(buffer.context, bool)
         env = buffer.envs
         cuts = (np.flatnonzero(env[1:] != env[:-1]) + 1).tolist() if buffer.env is not None else []
@@ -108,6 +111,7 @@ class TrajectoryLinks:
         for a, b in zip([0, *cuts], [*cuts, n], strict=True):
             key = (buffer.worker, int(env[a]))
             nxt[b - 1] = -1
+            run[a:b] = np.arange(b - a - 1, -1, -1)
             c = int(np.argmin(context[a:b])) if not context[a:b].all() else b - a  # leading context rows
             tail = self._tails.get(key)
             rows = self._stored(tail, c, ring, now, size)
@@ -133,7 +137,7 @@ class TrajectoryLinks:
                 episode[first:b] = np.where(starts == 0, ep, next_episode + starts - 1)
                 next_episode += int(starts[-1])
             tails[key] = _Tail(t, total + b - 1, int(episode[b - 1]))
-        return Linked({"traj": traj, "episode": episode, "next": nxt}, relink, tails, next_traj, next_episode)
+        return Linked({"traj": traj, "episode": episode, "next": nxt, "run": run}, relink, tails, next_traj, next_episode)
 
     @staticmethod
     def _stored(tail: _Tail | None, c: int, ring: dict[str, Any], total: int, size: int) -> Any:

@@ -144,7 +144,15 @@ def test_sequence_index_matches_a_step_by_step_walk_on_random_columns() -> None:
         # random links: forward to a stored row, to an overwritten one, or none
         nxt = rng.integers(low - 10, total, size=cap)
         nxt[rng.random(cap) < 0.2] = -1
-        cols = {"end": end, "terminated": term, "truncated": trunc, "next": nxt}
+        # runs: a row followed by its ring neighbour in its segment (links to the next absolute row)
+        run = np.zeros(cap, np.int32)
+        absolute = total - 1 - (total - 1 - np.arange(cap)) % cap
+        for r in rng.permutation(cap)[: cap // 2]:
+            nxt[r] = absolute[(r + 1) % cap] if absolute[(r + 1) % cap] == absolute[r] + 1 else nxt[r]
+        for r in range(cap - 1, -1, -1):  # rows after r that follow it contiguously
+            follows = absolute[r] >= low and nxt[r] == absolute[r] + 1 and (r + 1) % cap != total % cap
+            run[r] = run[(r + 1) % cap] + 1 if follows else 0
+        cols = {"end": end, "terminated": term, "truncated": trunc, "next": nxt, "run": run}
         starts = rng.integers(0, cap, size=100)
         idx, mask = sequence_index(starts, length, cols, total, size, lambda rows: end[rows])
         for k, s in enumerate(starts):
