@@ -137,7 +137,8 @@ class TrajectoryLinks:
                 episode[first:b] = np.where(starts == 0, ep, next_episode + starts - 1)
                 next_episode += int(starts[-1])
             tails[key] = _Tail(t, total + b - 1, int(episode[b - 1]))
-        return Linked({"traj": traj, "episode": episode, "next": nxt, "run": run}, relink, tails, next_traj, next_episode)
+        return Linked({"traj": traj, "episode": episode, "next": nxt, "run": run}, relink, tails, next_traj,
+                      next_episode)
 
     @staticmethod
     def _stored(tail: _Tail | None, c: int, ring: dict[str, Any], total: int, size: int) -> Any:
