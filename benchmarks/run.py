@@ -33,6 +33,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "replay": ("benchmarks.replay", "replay batches against tmrl's per-item loop; prioritized"),
     "sequences": ("benchmarks.sequences", "batches of sequences against item by item"),
     "replay_disk": ("benchmarks.replay_disk", "replay columns in memory-mapped files against RAM"),
+    "trajectories": ("benchmarks.trajectories", "sequences across packets; prioritized sequences"),
     "overhead": ("benchmarks.overhead", "the trainer's time outside agent.train"),
     "trainer": ("benchmarks.trainer", "SAC steps/s per trainer.compile mode, beside CleanRL's"),
     "prefetch": ("benchmarks.prefetch", "SAC steps/s with trainer.prefetch off and on"),

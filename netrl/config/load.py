@@ -130,18 +130,24 @@ def _cuda_problems(cfg: Config) -> list[Problem]:
 
 
 def _sequence_problems(cfg: Config) -> list[Problem]:
-    """Sequences are sampled uniformly, one step at a time, from host columns."""
-    m = cfg.memory
-    if m.sequence_length < 2:
-        return []
-    clash = [(key, value) for key, value, on in (("memory.n_step", m.n_step, m.n_step > 1),
-                                                 ("memory.prioritized", m.prioritized, m.prioritized),
-                                                 ("memory.device", m.device, m.device != "cpu")) if on]
-    return [(("memory.sequence_length", key), f"memory.sequence_length ({m.sequence_length}) "
-                                              f"cannot be combined with {key} "
-                                              f"({json.dumps(value)}): sequences are sampled "
-                                              f"uniformly, one step at a time, from host memory")
-            for key, value in clash]
+    """Sequences follow trajectory links kept in host columns; the memories compose them with
+    n-step returns and priorities, but the recurrent SAC uses neither yet."""
+    m, recurrent = cfg.memory, cfg.agent.recurrent
+    problems: list[Problem] = []
+    if m.sequence_length >= 2 and m.device != "cpu":
+        problems.append((("memory.sequence_length", "memory.device"),
+                         f"memory.sequence_length ({m.sequence_length}) cannot be combined with "
+                         f"memory.device ({json.dumps(m.device)}): sequences follow links kept in "
+                         f"host memory, step by step"))
+    for key, value, on in (("memory.n_step", m.n_step, m.n_step > 1), ("memory.prioritized", m.prioritized,
+                                                                       m.prioritized)):
+        if recurrent is not None and on:
+            problems.append((("agent.recurrent", key),
+                             f"agent.recurrent ({json.dumps(recurrent)}) cannot be combined with {key} "
+                             f"({json.dumps(value)}) yet: the recurrent SAC neither discounts by each "
+                             f"step's n-step discount nor returns priorities (a memory built in "
+                             f"Python takes both with sequences)"))
+    return problems
 
 
 def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, role: str | None = None) -> Config:

@@ -353,9 +353,10 @@ class MemoryConfig:
     batch_size: int = _f(256, "transitions per training batch", ge(1))
     n_step: int = _f(1, "n-step returns: each sampled transition sums up to this "
                         "many discounted rewards (agent.gamma) of its episode before "
-                        "bootstrapping (1: one-step; ReplayMemory only)", ge(1))
-    prioritized: bool = _f(False, "prioritized replay: transitions drawn by their agent's |TD "
-                                  "error|, with importance weights (ReplayMemory with SAC or DQN)")
+                        "bootstrapping (1: one-step; every pipeline, per step of a sequence "
+                        "too)", ge(1))
+    prioritized: bool = _f(False, "prioritized replay: transitions (or sequence starts, R2D2) "
+                                  "drawn by their agent's |TD error|, with importance weights")
     priority_alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully "
                                "by priority)", between(0.0, 1.0))
     priority_beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, "
@@ -385,9 +386,8 @@ class MemoryConfig:
                                          "cache (0: no bound)", ge(0))
     sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent "
                                  "agents: batches are [batch_size, sequence_length] with a mask; a "
-                                 "sequence stops at an episode's end and at a packet boundary, so "
-                                 "keep it well below worker.min_samples_per_worker_packet "
-                                 "(1: single transitions)", ge(1))
+                                 "sequence follows its trajectory across packets and stops at an "
+                                 "episode's end (1: single transitions)", ge(1))
     burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent "
                          "state, without gradient (R2D2); must be < sequence_length", ge(0))
     max_worker_share: float = _f(0.0, "most of the replay memory's rows one worker key may hold "

@@ -56,7 +56,7 @@ import numpy as np
 from netrl.samples.columns import Buffer, tree_map
 
 __all__ = ["MAX_NEED", "NEVER", "View", "ViewRule", "declared_views", "episode_offsets", "last_observations",
-           "prev_actions", "prev_rewards", "segment_offsets", "sliding_rows"]
+           "prev_actions", "prev_rewards", "segment_offsets", "sliding_rows", "transition_needs"]
 
 # stored offset of an entry that cannot be known; ``need`` of a row that
 # ends no sampleable transition
@@ -210,6 +210,23 @@ def sliding_rows(view: View, off: np.ndarray, ends: np.ndarray) -> np.ndarray:
     known = (now != NEVER).all(axis=1) & (prev != NEVER).all(axis=1)
     slides = (now[:, -1] == 0) & (now[:, :-1] == prev[:, 1:] + 1).all(axis=1)
     return ends[known & ~slides]
+
+
+def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
+    """Rows back a transition ending at each row reads: its own observation's and, one
+    row further, the previous one.
+
+    ``row_needs[k]`` is how many rows back row ``k``'s observation reads (``NEVER`` if it cannot be
+    rebuilt). Rows that end no transition get ``NEVER``.
+    """
+    need = np.full(len(buffer), NEVER, np.int64)
+    ends = np.flatnonzero(buffer.transition_end)
+    ends = ends[ends > 0]  # a transition needs its previous row in the same packet
+    now, prev = row_needs[ends].astype(np.int64), row_needs[ends - 1].astype(np.int64) + 1
+    both = np.maximum(now, prev)
+    ok = (row_needs[ends] != NEVER) & (row_needs[ends - 1] != NEVER) & (both <= MAX_NEED)
+    need[ends[ok]] = both[ok]
+    return need.astype(np.uint8)
 
 
 def declared_views(owner: Any) -> list[View]:

@@ -39,7 +39,8 @@ def make_pipeline(cfg: Config) -> Pipeline:
     (:mod:`netrl.agents.registry`) and the config does not give it that (``trainer.collection``,
     ``worker.init_random_frames``), when an on-policy agent (``agent.algorithm`` "ppo", or an agent
     class that declares a rollout memory) comes with a memory that is not a RolloutMemory, and when
-    ``memory.n_step`` or ``memory.prioritized`` is set for a memory that is not a ReplayMemory."""
+    ``memory.n_step`` or ``memory.prioritized`` is set for a memory that is not a ring memory
+    (ReplayMemory, HistoryMemory)."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
