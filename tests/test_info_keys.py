@@ -141,7 +141,7 @@ def test_the_trainers_batches_hold_each_transitions_env_info(server: tuple[Serve
     assert isinstance(agent, KeepingAgent) and len(agent.batches) == 6
     for batch in agent.batches:
         o2 = batch.next_obs.numpy()
-        assert set(batch.extra) == {"info/code", "info/t_sq", "info/hit"}
+        assert set(batch.extra) == {"info/code", "info/t_sq", "info/hit", "traj", "episode"}
         np.testing.assert_array_equal(batch.extra["info/code"].numpy(), code(o2))  # the step that ended it
         np.testing.assert_array_equal(batch.extra["info/t_sq"].numpy(), o2[:, 2] ** 2)
         np.testing.assert_array_equal(batch.extra["info/hit"].numpy(), o2[:, 2] % 2 == 0)

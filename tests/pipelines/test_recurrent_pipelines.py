@@ -3,9 +3,8 @@ runs the pipeline's env with the recurrent actor, the memory stores the state th
 agent trains a few steps from batches whose recorded state, run forward through the actor over the sequence's
 observations, gives the state recorded at the next step.
 
-The pipelines' own memories (ActionBufferMemory, FrameStackMemory) sample no sequences on this branch: building
-the recurrent pipeline is refused naming memory.sequence_length and the memory (strict xfail below, which fails
-once they do, so the marker goes); the rest runs the same parts on a ReplayMemory with sequences."""
+The recurrent SAC trains on the pipelines' own memories (ActionBufferMemory, FrameStackMemory, which sample
+sequences across packets), and its parts also on a ReplayMemory with sequences and no compressor."""
 
 from __future__ import annotations
 
@@ -98,8 +97,6 @@ def test_the_recurrent_sacs_parts_train_on_the_pipelines_env_and_the_state_reach
     train_a_few_steps(pipe)
 
 
-@pytest.mark.xfail(strict=True, raises=ConfigError,
-                   reason="ActionBufferMemory and FrameStackMemory sample no sequences yet (another branch)")
 @pytest.mark.parametrize("name", ["drone", "image"])
 def test_the_pipeline_builds_the_recurrent_sac_on_its_own_memory_and_trains_it(name: str) -> None:
     train_a_few_steps(pipelines(RECURRENT)[name]())
