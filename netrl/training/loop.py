@@ -126,7 +126,7 @@ class TrainingOffline:
         self.safeguards: Safeguards | None = None  # value limits, the undo of non-finite steps
         self.ingester: Ingester | None = None
         self.publisher: Publisher | None = None
-        self._profile: EpochProfile | None = None  # the epoch's, with profiling
+        self._profile: EpochProfile | None = None  # the epoch's (profiling): every step, sync too
         self._last_wanted, self._last_report_at = -1, 0.0
         self._round = RoundStats()
         self._resumed_elapsed: float | None = None  # a restored round's time, until its clock runs
@@ -275,7 +275,6 @@ class TrainingOffline:
         assert self.memory is not None
         if self.agent_scheduler is not None:
             self.agent_scheduler(agent, self.epoch)
-        # around each step trained, sync ones too (in _train)
         self._profile = profile = EpochProfile() if self.profiling else None
         guards.begin()  # the state a non-finite step goes back to (a checkpoint's, after build)
         if self._resumed_elapsed is not None:
