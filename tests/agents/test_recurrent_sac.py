@@ -116,11 +116,14 @@ def test_the_gym_pipeline_builds_the_recurrent_sac_and_refuses_sequences_it_cann
         make_pipeline(config_from_dict({"env": {"hide_obs": [3]}}))
 
 
-def test_the_recurrent_sac_trains_end_to_end_on_a_partially_observed_pendulum(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replay", [{}, {"n_step": 3, "prioritized": True}])
+def test_the_recurrent_sac_trains_end_to_end_on_a_partially_observed_pendulum(
+        tmp_path: Path, replay: dict[str, Any]) -> None:
     data: dict[str, Any] = {
         "run_name": "pomdp", "weights_folder": str(tmp_path), "seed": 0, "security": "none",
         "env": {"hide_obs": [2]}, "agent": {"recurrent": "gru", "hidden_sizes": [32, 32]},
-        "memory": {"sequence_length": 8, "burn_in": 2, "batch_size": 16, "memory_size": 5000},
+        "memory": {"sequence_length": 8, "burn_in": 2, "batch_size": 16, "memory_size": 5000,
+                   **replay},
         "worker": {"test_episode_interval": 0, "min_samples_per_worker_packet": 50, "max_samples_per_episode": 60},
         "trainer": {"epochs": 1, "rounds": 1, "steps": 10, "start_training": 100, "update_buffer_interval": 10,
                     "worker_lead": 100}, "wandb": {"mode": "disabled"}}
@@ -135,7 +138,12 @@ def test_the_recurrent_sac_trains_end_to_end_on_a_partially_observed_pendulum(tm
     batch = memory.sample()
     assert batch.obs.shape == (16, 8, 2) and batch.extra["recurrent_state"].shape == (16, 8, 1, 32)
     assert batch.extra["recurrent_state"][:, 1:].abs().sum() > 0  # the worker's real states, not zeros
-    assert all(np.isfinite(v) for v in agent.train(batch).values())
+    metrics = agent.train(batch)
+    assert all(np.isfinite(v) for k, v in metrics.items() if k != "priority")
+    if replay:  # the loop gave the sum tree the agent's priorities: not only 0 and the first (1)
+        assert memory.prioritized and memory._priorities is not None
+        tree = memory._priorities.tree.get(np.arange(len(memory)))
+        assert ((tree != 0) & (tree != 1)).any()
 
 
 # n-step sequences by hand: 4 sequences of L = 5 steps with n = 3 and gamma 0.9 over trajectories
