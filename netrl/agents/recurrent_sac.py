@@ -16,9 +16,16 @@ Design, as in SAC-AE / DrQ for a shared encoder:
 * target critics read the features of a target copy of the encoder and core (Polyak-averaged with
   the critics), unrolled from the same recorded state.
 
-A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``: ``obs[:, 0]``
-and the L ``next_obs`` form the L + 1 observations the core unrolls over. ``truncated``
-never stops bootstrapping.
+A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``. The core unrolls
+over L + n consecutive observations: the L of ``obs``, then those past the sequence, which are the
+``next_obs`` of its last steps (n = 1: ``next_obs[:, -1]``). With n-step returns
+(``memory.n_step``) step j's ``next_obs`` is m steps on (``extra["steps_to_next_obs"]``, m <= n <=
+L), so step j bootstraps from the features at j + m with ``extra["discount"]`` (gamma ** m) times
+1 - terminated, as :class:`~netrl.agents.sac.SACAgent` per transition; ``truncated`` never stops
+bootstrapping. Each step's loss is weighted by ``batch.weight`` (importance and stale weights),
+averaged over the real steps after the burn-in. From a prioritized memory (``extra["index"]``)
+``metrics["priority"]`` is each step's |TD error| ``[B, L]``, 0 at burn-in and padded steps; the
+memory mixes them into its start's priority as R2D2 does.
 """
 
 from __future__ import annotations
