@@ -290,3 +290,13 @@ def test_a_training_step_sets_the_priorities_of_the_sampled_sequence_starts() ->
     once = np.unique(starts, return_counts=True)[1][np.unique(starts, return_inverse=True)[1]] == 1
     assert once.sum() >= 8  # a start drawn twice holds one of its two updates
     np.testing.assert_allclose(after[once], mixed[once] + 1e-9, rtol=1e-5)
+
+
+def test_windows_longer_than_the_sequences_are_refused_naming_the_keys() -> None:
+    batch, _, _ = nstep_sequences()
+    steps = batch.extra["steps_to_next_obs"].clone()
+    steps[0, 0] = L_SEQ + 1  # a window that ends past the n observations after the sequence
+    agent = RecurrentSACAgent(OBS, ACT, hidden_sizes=(16, 8), burn_in=BURN_IN)
+    with pytest.raises(ValueError, match=r"n-step windows of 6 steps reach past sequences of 5: .*use "
+                                         r"memory.n_step <= memory.sequence_length"):
+        agent.train(batch._replace(extra={**batch.extra, "steps_to_next_obs": steps}))
