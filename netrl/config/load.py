@@ -131,7 +131,8 @@ def _cuda_problems(cfg: Config) -> list[Problem]:
 
 def _sequence_problems(cfg: Config) -> list[Problem]:
     """Sequences follow trajectory links kept in host columns; the memories compose them with
-    n-step returns and priorities, but the recurrent SAC uses neither yet."""
+    n-step returns and priorities, which the recurrent SAC takes with windows no longer than its
+    sequences."""
     m, recurrent = cfg.memory, cfg.agent.recurrent
     problems: list[Problem] = []
     if m.sequence_length >= 2 and m.device != "cpu":
@@ -139,14 +140,14 @@ def _sequence_problems(cfg: Config) -> list[Problem]:
                          f"memory.sequence_length ({m.sequence_length}) cannot be combined with "
                          f"memory.device ({json.dumps(m.device)}): sequences follow links kept in "
                          f"host memory, step by step"))
-    for key, value, on in (("memory.n_step", m.n_step, m.n_step > 1), ("memory.prioritized", m.prioritized,
-                                                                       m.prioritized)):
-        if recurrent is not None and on:
-            problems.append((("agent.recurrent", key),
-                             f"agent.recurrent ({json.dumps(recurrent)}) cannot be combined with {key} "
-                             f"({json.dumps(value)}) yet: the recurrent SAC neither discounts by each "
-                             f"step's n-step discount nor returns priorities (a memory built in "
-                             f"Python takes both with sequences)"))
+    if recurrent is not None and m.sequence_length >= 2 and m.n_step > m.sequence_length:
+        problems.append((("memory.n_step", "memory.sequence_length", "agent.recurrent"),
+                         f"memory.n_step ({m.n_step}) must be <= memory.sequence_length "
+                         f"({m.sequence_length}) with agent.recurrent ({json.dumps(recurrent)}): "
+                         f"the recurrent SAC unrolls its core over the observations up to each "
+                         f"step's n-step bootstrap, and past a sequence's end only the windows' "
+                         f"ends are in the batch; raise memory.sequence_length or lower "
+                         f"memory.n_step"))
     return problems
 
 

@@ -117,12 +117,14 @@ class Priorities:
         return int(rows.size)
 
 
-def sequence_priority(priority: np.ndarray, index: np.ndarray, eta: float) -> tuple[np.ndarray, np.ndarray]:
+def sequence_priority(priority: np.ndarray, index: np.ndarray, eta: float, burn_in: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """Sequences' start rows and priorities from a sequence batch's ``index`` (``[B, L]`` absolute
     rows, ``batch.extra["index"]``) and ``priority``: one per sequence (``[B]``), taken as it is,
     or one per step (``[B, L]``, each step's ``|td|``), mixed as R2D2 does: ``eta * max + (1 - eta)
-    * mean`` over the sequence's real steps. The padded steps after a sequence's end repeat its
-    last row, which is how they are told apart here (the mask need not come back)."""
+    * mean`` over the sequence's real steps after its first ``burn_in`` (which train nothing). The
+    padded steps after a sequence's end repeat its last row, which is how they are told apart here
+    (the mask need not come back); a sequence with no real step after its burn-in gets 0."""
     starts = index[:, 0]
     if priority.shape == starts.shape:
         return starts, priority
@@ -131,8 +133,9 @@ def sequence_priority(priority: np.ndarray, index: np.ndarray, eta: float) -> tu
                          f"{index.shape}: return one per sequence {starts.shape} or one per step")
     real = np.ones(index.shape, np.bool_)
     real[:, 1:] = index[:, 1:] != index[:, :-1]
+    real[:, :burn_in] = False
     td = np.where(real, np.abs(priority), 0.0)
-    mixed = eta * td.max(axis=1) + (1.0 - eta) * td.sum(axis=1) / real.sum(axis=1)
+    mixed = eta * td.max(axis=1) + (1.0 - eta) * td.sum(axis=1) / np.maximum(real.sum(axis=1), 1)
     return starts, mixed
 
 

@@ -168,7 +168,7 @@ class Sampling:
                 index = index.reshape(-1, self.sequence_length)
         index, priority = np.asarray(index, np.int64), np.asarray(priority, np.float64)
         if index.ndim == 2:  # sequences: their start rows get R2D2's mixture of their steps'
-            index, priority = sequence_priority(priority, index, self.priority_eta)
+            index, priority = sequence_priority(priority, index, self.priority_eta, self.burn_in)
         index, priority = index.reshape(-1), priority.reshape(-1)
         if priority.shape != index.shape:
             raise ValueError(f"priority has {priority.size} values for a batch of "

@@ -25,6 +25,12 @@ def test_a_sequences_priority_mixes_the_max_and_mean_of_its_real_steps() -> None
     assert sequence_priority(np.array([4.0, 5.0]), index, 0.9)[1].tolist() == [4.0, 5.0]  # one per sequence: as is
     with pytest.raises(ValueError, match=r"priority has shape \(3,\) for a batch of sequences \(2, 4\)"):
         sequence_priority(np.ones(3), index, 0.9)
+    # burn-in steps train nothing: they leave the mixture; with no real step after them, 0
+    td[0, 0], td[1, 0] = 50.0, 50.0
+    mixed = sequence_priority(td, index, 0.9, burn_in=1)[1]
+    np.testing.assert_allclose(mixed, [0.9 * 3 + 0.1 * 2.5, 0.9 * 5 + 0.1 * 7 / 3])
+    short = np.array([[10, 10, 10, 10]])
+    assert sequence_priority(np.full((1, 4), 9.0), short, 0.9, burn_in=2)[1].tolist() == [0.0]
 
 
 def test_prioritized_sequences_are_drawn_by_their_start_rows_priority() -> None:
@@ -58,9 +64,15 @@ def test_sequences_take_n_step_and_prioritized_replay_in_config(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r'memory.sequence_length \(8\) cannot be combined with memory.device '
                                           r'\("cuda"\): sequences follow links kept in host memory'):
         config(tmp_path, {"sequence_length": 8, "device": "cuda"})
-    # the recurrent SAC would take summed n-step rewards with its one-step gamma: refused, naming both keys
-    with pytest.raises(ConfigError, match=r'agent.recurrent \("gru"\) cannot be combined with memory.n_step \(3\) '
-                                          r"yet: the recurrent SAC neither discounts"):
-        config(tmp_path, {"sequence_length": 8, "n_step": 3}, {"recurrent": "gru"})
-    with pytest.raises(ConfigError, match=r'agent.recurrent \("gru"\) cannot be combined with memory.prioritized'):
-        config(tmp_path, {"sequence_length": 8, "prioritized": True}, {"recurrent": "gru"})
+    # the recurrent SAC takes both: n-step discounts per step, priorities per step
+    cfg = config(tmp_path, {"sequence_length": 8, "burn_in": 2, "n_step": 3, "prioritized": True},
+                 {"recurrent": "gru"})
+    assert (cfg.agent.recurrent, cfg.memory.n_step, cfg.memory.prioritized) == ("gru", 3, True)
+    short = {"sequence_length": 3, "n_step": 3}
+    assert config(tmp_path, short, {"recurrent": "gru"}).memory.n_step == 3
+    # windows longer than the sequences: the observations in between are in no step of the batch
+    with pytest.raises(ConfigError, match=r"memory.n_step \(4\) must be <= memory.sequence_length "
+                                          r'\(3\) with agent.recurrent \("gru"\)'):
+        config(tmp_path, {**short, "n_step": 4}, {"recurrent": "gru"})
+    # no recurrent agent to mind
+    assert config(tmp_path, {**short, "n_step": 4}).memory.n_step == 4

@@ -4,11 +4,13 @@ agent trains a few steps from batches whose recorded state, run forward through 
 observations, gives the state recorded at the next step.
 
 The recurrent SAC trains on the pipelines' own memories (ActionBufferMemory, FrameStackMemory, which sample
-sequences across packets), and its parts also on a ReplayMemory with sequences and no compressor."""
+sequences across packets), and its parts also on a ReplayMemory with sequences and no compressor;
+with n-step returns and prioritized sequences too, its per-step priorities reaching the memory."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -17,14 +19,18 @@ import torch
 
 from netrl.agents.common.encoders import ConvEncoder
 from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
+from netrl.config.load import config_from_dict
 from netrl.config.sections import Config
 from netrl.errors import ConfigError
 from netrl.memory.base import MemoryDataloading
+from netrl.memory.priority import pop_priority
 from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.algorithms import recurrent_sac, sequence_memory
 from netrl.pipelines.base import Pipeline
 from netrl.pipelines.drone import drone_pipeline
 from netrl.pipelines.image import image_pipeline
+from netrl.pipelines.make import make_pipeline
+from netrl.pipelines.replay_options import apply_replay_options
 from netrl.worker.worker import RolloutWorker
 from tests.recording import local_packets, over_the_wire
 
@@ -46,7 +52,7 @@ def pipelines(cfg: Config) -> dict[str, Any]:
             "image": lambda: image_pipeline(on("image"), size=32)}
 
 
-def train_a_few_steps(pipe: Pipeline) -> None:
+def train_a_few_steps(pipe: Pipeline) -> Any:
     torch.manual_seed(0)
     env = pipe.env_cls()
     obs_space, act_space = env.observation_space, env.action_space
@@ -65,17 +71,24 @@ def train_a_few_steps(pipe: Pipeline) -> None:
     assert state.shape == (8, 4, 1, 8) and state.abs().sum() > 0
     # the recorded state of step j + 1 is the actor's recurrence from step j's (same episode, unmasked)
     actor = agent.actor
+    nstep = "steps_to_next_obs" in batch.extra  # next_obs is n steps on: step j's is obs[:, j] only
     with torch.no_grad():
         for j in range(3):
-            _, after = actor.unroll(_step(batch.next_obs if j else batch.obs, j - 1 if j else 0),
-                                    {"recurrent_state": state[:, j]})
+            obs_j = _step(batch.obs, j) if j == 0 or nstep else _step(batch.next_obs, j - 1)
+            _, after = actor.unroll(obs_j, {"recurrent_state": state[:, j]})
             same_episode = (mask[:, j + 1] > 0) & (batch.terminated[:, j] == 0) & (batch.truncated[:, j] == 0)
             assert same_episode.any()
             torch.testing.assert_close(after["recurrent_state"][same_episode], state[same_episode, j + 1],
                                        rtol=1e-4, atol=1e-5)
     for _ in range(3):
-        metrics = agent.train(memory.sample())
+        batch = memory.sample()
+        metrics = agent.train(batch)
+        priority = pop_priority(metrics)
+        if getattr(memory, "prioritized", False):  # per-step |td| to the sum tree
+            assert priority is not None and priority.shape == (8, 4)
+            assert memory.update_priority(priority.numpy(), batch.extra["index"].numpy()) > 0
     assert all(np.isfinite(v) for v in metrics.values())
+    return memory
 
 
 def _step(obs: Any, j: int) -> Any:
@@ -110,3 +123,31 @@ def test_a_memory_without_sequences_is_refused_naming_the_key_and_the_memory() -
         sequence_memory(RECURRENT, Transitions)
     memory = sequence_memory(RECURRENT, ReplayMemory)
     assert memory.keywords == {"sequence_length": 4, "burn_in": 1}  # type: ignore[attr-defined]
+
+
+REPLAY = dataclasses.replace(RECURRENT, memory=dataclasses.replace(RECURRENT.memory, n_step=3,
+                                                                   prioritized=True))
+
+
+@pytest.mark.parametrize("name", ["drone", "image"])
+def test_the_recurrent_sac_trains_with_n_step_returns_and_prioritized_sequences(name: str) -> None:
+    cfg = config_from_dict({"env": {"pipeline": name}, "agent": {"recurrent": "gru"},
+                            "memory": {"sequence_length": 4, "burn_in": 1, "n_step": 3,
+                                       "prioritized": True}})
+    built = make_pipeline(cfg)  # what the trainer builds from config.json
+    memory_cls: Any = built.memory_cls
+    assert {"sequence_length": 4, "burn_in": 1, "n_step": 3, "prioritized": True}.items() <= \
+        _keywords(memory_cls).items()
+    # the same keys on a pipeline with a fast env clock and short episodes
+    pipe = apply_replay_options(REPLAY, pipelines(REPLAY)[name]())
+    memory = train_a_few_steps(pipe)
+    assert (memory.n_step, memory.prioritized, memory.sequence_length) == (3, True, 4)
+
+
+def _keywords(cls: Any) -> dict[str, Any]:
+    """The keywords of nested partials, outermost last."""
+    found: dict[str, Any] = {}
+    while isinstance(cls, functools.partial):
+        found = {**cls.keywords, **found}
+        cls = cls.func
+    return found
