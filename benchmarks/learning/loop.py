@@ -9,9 +9,13 @@ says when a run has got there, the same way for every variant of the row:
 * on the training returns (``every`` None): the mean return of the last ``window`` training
   episodes in the worker's episodes CSV first reaches ``threshold``; the run's env steps and wall
   time are that episode's;
-* on a frozen policy: once ``every`` more env steps have passed (counted as the row counts them),
-  the newest policy, loaded once and held fixed, plays ``episodes`` deterministic episodes on
-  seeds 1000.. of an env of the judge's own; the run is done when their mean reaches ``threshold``.
+* on a frozen policy: at the first report at or past each multiple of ``every`` env steps
+  (counted as the row counts them), the newest policy, loaded once and held fixed, plays
+  ``episodes`` deterministic episodes on seeds 1000.. of an env of the judge's own (``env_id``),
+  or, with ``env_id`` None, of the run's own pipeline (:attr:`Progress.env`: the drone's and the
+  image's envs are no Gymnasium ids); the run is done when their mean reaches ``threshold``. A
+  policy with a state (a recurrent actor) starts each episode from its initial state
+  (:meth:`reset`, where the policy has one). Every evaluation's env steps and mean are kept.
 
 Seeds run one after the other, the variants in turn on each (load from other processes falls on
 all alike). A run that never gets there within ``max_steps`` counts as ``max_steps`` in the median,
@@ -39,6 +43,7 @@ class Progress:
     steps: int  # env steps so far, as the row counts them
     policy: Callable[[], Act | None]  # the newest policy, loaded now and held fixed; None: none
     episodes: Path | None = None  # the worker's episodes CSV, for a judge of training returns
+    env: Callable[[], Any] | None = None  # the env the policy plays where the judge names none
 
 
 def no_policy() -> Act | None:
@@ -60,7 +65,7 @@ Variant = Callable[[int, Path, int], Learner]
 @dataclasses.dataclass(frozen=True)
 class Judge:
     threshold: float
-    env_id: str = "Pendulum-v1"  # the env a frozen policy is evaluated on
+    env_id: str | None = "Pendulum-v1"  # the env a frozen policy plays; None: the run's own
     every: int | None = None  # env steps between evaluations; None: judge the training returns
     episodes: int = 10  # deterministic episodes per evaluation
     window: int = 10  # training episodes averaged
@@ -70,7 +75,8 @@ class Judge:
             return (f"{measure} to a mean training return >= {self.threshold:g} (last "
                     f"{self.window} episodes)")
         return (f"{measure} to a deterministic mean >= {self.threshold:g} over {self.episodes} "
-                f"episodes (every {self.every:,} env steps)")
+                f"episodes (every {self.every:,} env steps"
+                + (", on the run's own env)" if self.env_id is None else ")"))
 
 
 def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
@@ -78,14 +84,17 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
     """One variant on one seed, until the judge says it got there or ``max_steps`` are spent."""
     import gymnasium
 
-    env = gymnasium.make(judge.env_id) if judge.every is not None else None
+    on_policy = judge.every is not None
+    env = gymnasium.make(judge.env_id) if on_policy and judge.env_id is not None else None
     t0 = time.time()
-    seen: dict[str, Any] = {"steps": 0, "next": judge.every, "reached": None, "episodes": None}
+    seen: dict[str, Any] = {"steps": 0, "next": judge.every, "reached": None, "episodes": None,
+                            "evaluations": []}
 
     def progress(p: Progress) -> bool:
+        nonlocal env
         seen["steps"], seen["episodes"] = p.steps, p.episodes
         every = judge.every
-        if env is None or every is None:  # on the training returns
+        if not on_policy or every is None:  # on the training returns
             found = crossing(p.episodes, judge.threshold, judge.window)
             if found is not None:
                 seen["reached"] = {"steps": found[0], "wall_s": round(found[1] - t0, 1)}
@@ -93,12 +102,20 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
             act = p.policy()
             if act is not None:  # (none before the worker's first weights)
                 wall = time.time() - t0
+                if env is None:
+                    if p.env is None:
+                        raise ValueError(f"{variant}: the judge plays the run's own env, but "
+                                         f"its learner gives none (Progress.env)")
+                    env = p.env()
                 score = evaluate(act, env, judge.episodes)
                 print(f"  {variant} seed {seed}: {p.steps} env steps, policy's mean {score:.1f}",
                       flush=True)
+                seen["evaluations"].append([p.steps, round(score, 2)])
                 if score >= judge.threshold:
                     seen["reached"] = {"steps": p.steps, "wall_s": round(wall, 1)}
-                seen["next"] = p.steps + every
+                # the next multiple: every variant is evaluated at the same env steps, as
+                # closely as its reports allow, however long an evaluation took
+                seen["next"] = (p.steps // every + 1) * every
         return seen["reached"] is not None or p.steps >= max_steps
 
     try:
@@ -111,9 +128,11 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
     result: dict[str, Any] = {"variant": variant, "seed": seed,
                               "steps": reached["steps"] if reached else None, "wall_s": wall,
                               "env_steps_run": seen["steps"]}
+    if on_policy:
+        result["evaluations"] = seen["evaluations"]  # [env steps, the policy's mean] each
     if seen["episodes"] is not None:
         result["best_mean_return"] = best_mean(seen["episodes"], judge.window)
-        if env is not None:  # judged on the policy: where the training returns got there too
+        if on_policy:  # judged on the policy: where the training returns got there too
             found = crossing(seen["episodes"], judge.threshold, judge.window)
             result["training_returns_steps"] = None if found is None else found[0]
     steps = result["steps"] if reached else f"> {max_steps}"
@@ -190,9 +209,13 @@ def best_mean(episodes_csv: Path, window: int = 10) -> float | None:
 
 
 def evaluate(act: Act, env: Any, episodes: int) -> float:
-    """Mean return of ``episodes`` deterministic episodes on seeds 1000..."""
+    """Mean return of ``episodes`` deterministic episodes on seeds 1000..; a policy with a
+    ``reset()`` (a recurrent actor's state) is reset before each."""
     returns = []
+    reset = getattr(act, "reset", None)
     for k in range(episodes):
+        if reset is not None:
+            reset()
         obs, _ = env.reset(seed=1000 + k)
         done, ret = False, 0.0
         while not done:
