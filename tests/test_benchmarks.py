@@ -84,6 +84,24 @@ def test_the_watchdog_figure_runs_its_smoke_setting(tmp_path: Path) -> None:
         assert {f"{env} standalone, watchdog {way}" for way in ("off", "main", "handed over")} <= labels, labels
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_drone_and_image_rows_by_env_steps_run_their_smoke_setting(tmp_path: Path) -> None:
+    """The rows of the drone without its action buffer and of the image pipeline's replay: each
+    variant runs through the three processes on its own pipeline's env and is judged on it."""
+    out = tmp_path / "runs"
+    rows = smoke("learning", ["--rows", "drone-pomdp,image-nstep-per", "--out", str(out)],
+                 tmp_path, timeout=580)
+    assert {r["row"] for r in rows} == {
+        "drone-pomdp: full-mlp", "drone-pomdp: pomdp-recurrent", "drone-pomdp: pomdp-mlp",
+        "image-nstep-per: plain", "image-nstep-per: nstep3-prioritized"}
+    assert all(r["params"]["config"]["env"]["pipeline"] for r in rows)  # what each ran with
+    for name in ("drone-pomdp", "image-nstep-per"):
+        runs = [json.loads(line) for line in (out / name / "runs.jsonl").read_text().splitlines()]
+        # each judged on its frozen policy at least once, with what its trainer did
+        assert all(r["evaluations"] and "trainer" in r for r in runs), runs
+
+
 def test_every_family_module_is_on_the_entry_points_list() -> None:
     listed = {module for module, _ in FAMILIES.values()}
     found = set()
@@ -315,6 +333,6 @@ def test_a_judge_without_an_env_id_plays_the_runs_own_env_at_each_multiple_of_ev
     got = run_one("recurrent", 1, Learner(), Judge(4.0, None, 500, 2), 10_000)
     # at the first report at or past 500, 1,000, 1,500 and 2,000 env steps; never reached 4
     assert got["evaluations"] == [[700, 3.0], [1100, 3.0], [2100, 3.0]] and got["steps"] is None
-    assert len(made) == 1  # one env for the run's evaluations
+    assert len(made) == 3  # a new env for each evaluation
     with pytest.raises(ValueError, match="gives none"):
         run_one("x", 1, _Learner(tmp_path / "a", [0.0] * 9), Judge(4.0, None, 100, 1), 900)

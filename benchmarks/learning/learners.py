@@ -93,6 +93,22 @@ class Processes:
         """A new env of the run's pipeline, as its worker builds it (for a judge that plays it)."""
         return self._pipeline().env_cls()
 
+    def trainer_summary(self) -> dict[str, float]:
+        """The trainer's last ``trained_steps`` and ``samples`` (metrics.csv) and their ratio:
+        a real-time env does not wait for a slow trainer, so variants may train unequally."""
+        import csv
+
+        metrics = self.cfg.run_dir / "metrics.csv"
+        if not metrics.exists():
+            return {}
+        with metrics.open(newline="") as f:
+            last = list(csv.DictReader(f))[-1:]
+        if not last:
+            return {}
+        trained, samples = float(last[0]["trained_steps"]), float(last[0]["samples"])
+        return {"trained_steps": trained, "samples": samples,
+                "steps_per_sample": round(trained / samples, 2) if samples else 0.0}
+
     def problems(self) -> list[str]:
         """The roles' warnings and errors (their log lines at W and E), then what tells a
         learning failure from a delivery one: the weight versions the worker and the trainer

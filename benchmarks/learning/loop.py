@@ -12,10 +12,11 @@ says when a run has got there, the same way for every variant of the row:
 * on a frozen policy: at the first report at or past each multiple of ``every`` env steps
   (counted as the row counts them), the newest policy, loaded once and held fixed, plays
   ``episodes`` deterministic episodes on seeds 1000.. of an env of the judge's own (``env_id``),
-  or, with ``env_id`` None, of the run's own pipeline (:attr:`Progress.env`: the drone's and the
-  image's envs are no Gymnasium ids); the run is done when their mean reaches ``threshold``. A
-  policy with a state (a recurrent actor) starts each episode from its initial state
-  (:meth:`reset`, where the policy has one). Every evaluation's env steps and mean are kept.
+  or, with ``env_id`` None, of a new env of the run's own pipeline for each evaluation
+  (:attr:`Progress.env`: the drone's and the image's envs are no Gymnasium ids); the run is
+  done when their mean reaches ``threshold``. A policy with a state (a recurrent actor) starts
+  each episode from its initial state (its ``reset()``). Every evaluation's env steps and mean
+  are kept.
 
 Seeds run one after the other, the variants in turn on each (load from other processes falls on
 all alike). A run that never gets there within ``max_steps`` counts as ``max_steps`` in the median,
@@ -91,7 +92,6 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
                             "evaluations": []}
 
     def progress(p: Progress) -> bool:
-        nonlocal env
         seen["steps"], seen["episodes"] = p.steps, p.episodes
         every = judge.every
         if not on_policy or every is None:  # on the training returns
@@ -102,12 +102,7 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
             act = p.policy()
             if act is not None:  # (none before the worker's first weights)
                 wall = time.time() - t0
-                if env is None:
-                    if p.env is None:
-                        raise ValueError(f"{variant}: the judge plays the run's own env, but "
-                                         f"its learner gives none (Progress.env)")
-                    env = p.env()
-                score = evaluate(act, env, judge.episodes)
+                score = evaluate(act, env, judge.episodes) if env is not None else own(p, act)
                 print(f"  {variant} seed {seed}: {p.steps} env steps, policy's mean {score:.1f}",
                       flush=True)
                 seen["evaluations"].append([p.steps, round(score, 2)])
@@ -117,6 +112,18 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
                 # closely as its reports allow, however long an evaluation took
                 seen["next"] = (p.steps // every + 1) * every
         return seen["reached"] is not None or p.steps >= max_steps
+
+    def own(p: Progress, act: Act) -> float:
+        """The policy's mean on a new env of the run's own, closed after: a real-time env (the
+        drone) would otherwise run on between evaluations, and its first step come late."""
+        if p.env is None:
+            raise ValueError(f"{variant}: the judge plays the run's own env, but its learner "
+                             f"gives none (Progress.env)")
+        own_env = p.env()
+        try:
+            return evaluate(act, own_env, judge.episodes)
+        finally:
+            own_env.close()
 
     try:
         learner.learn(progress)
@@ -128,13 +135,7 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
     result: dict[str, Any] = {"variant": variant, "seed": seed,
                               "steps": reached["steps"] if reached else None, "wall_s": wall,
                               "env_steps_run": seen["steps"]}
-    if on_policy:
-        result["evaluations"] = seen["evaluations"]  # [env steps, the policy's mean] each
-    if seen["episodes"] is not None:
-        result["best_mean_return"] = best_mean(seen["episodes"], judge.window)
-        if on_policy:  # judged on the policy: where the training returns got there too
-            found = crossing(seen["episodes"], judge.threshold, judge.window)
-            result["training_returns_steps"] = None if found is None else found[0]
+    result.update(_more(learner, judge, seen))
     steps = result["steps"] if reached else f"> {max_steps}"
     print(f"  {variant} seed {seed}: {steps} env steps ({result['wall_s']} s)", flush=True)
     if not reached:
@@ -143,6 +144,23 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
             print(f"  {variant} seed {seed}: not reached; its last warnings and errors:",
                   *problems[-20:], sep="\n    ", flush=True)
     return result
+
+
+def _more(learner: Learner, judge: Judge, seen: dict[str, Any]) -> dict[str, Any]:
+    """What a run's result keeps beside its figure: every evaluation, what its trainer did, and
+    how its training returns went."""
+    out: dict[str, Any] = {}
+    if judge.every is not None:
+        out["evaluations"] = seen["evaluations"]  # [env steps, the policy's mean] each
+    trainer = getattr(learner, "trainer_summary", None)
+    if trainer is not None:  # what the trainer did with the env steps (its update-to-data ratio)
+        out["trainer"] = trainer()
+    if seen["episodes"] is not None:
+        out["best_mean_return"] = best_mean(seen["episodes"], judge.window)
+        if judge.every is not None:  # judged on the policy: where the training returns got there
+            found = crossing(seen["episodes"], judge.threshold, judge.window)
+            out["training_returns_steps"] = None if found is None else found[0]
+    return out
 
 
 def run_seeds(variants: Mapping[str, Variant], seeds: Iterable[int], judge: Judge, max_steps: int,
