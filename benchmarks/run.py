@@ -32,6 +32,8 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "broadcast": ("benchmarks.broadcast", "a weight version to every worker, against raw ZeroMQ"),
     "replay": ("benchmarks.replay", "replay batches against tmrl's per-item loop; prioritized"),
     "sequences": ("benchmarks.sequences", "batches of sequences against item by item"),
+    "replay_disk": ("benchmarks.replay_disk", "replay columns in memory-mapped files against RAM"),
+    "trajectories": ("benchmarks.trajectories", "sequences across packets; prioritized sequences"),
     "overhead": ("benchmarks.overhead", "the trainer's time outside agent.train"),
     "trainer": ("benchmarks.trainer", "SAC steps/s per trainer.compile mode, beside CleanRL's"),
     "prefetch": ("benchmarks.prefetch", "SAC steps/s with trainer.prefetch off and on"),
@@ -42,6 +44,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "wan": ("benchmarks.wan", "a worker over an emulated long lossy link"),
     "weights": ("benchmarks.weights", "weight versions over an emulated slow link, per format"),
     "server-memory": ("benchmarks.server_memory", "the server's memory with workers connected"),
+    "transforms": ("benchmarks.transforms", "the worker's step with and without env transforms"),
 }
 CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper
 

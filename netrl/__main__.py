@@ -226,16 +226,17 @@ def run_check_env(cfg: Config) -> int:
     from netrl.envs.preflight import preflight
     from netrl.pipelines.make import make_pipeline
     from netrl.protocol.schema import WireRoute
+    from netrl.samples.info import info_spec
     from netrl.training.plausibility import reward_bound
 
     configure_torch(cfg, "worker")
     pipeline = make_pipeline(cfg)
     route = WireRoute(cfg.worker.compression,
                       lambda obs, act: value_limits(obs, act, reward_bound(
-                          cfg.trainer.max_abs_reward, None)))
+                          cfg.trainer.max_abs_reward, None)), info_spec(pipeline.info_keys))
     report = preflight(pipeline.env_cls, pipeline.sample_compressor, pipeline.memory_cls,
                        pipeline.overlap, seed=cfg.seed if cfg.seed is not None else 0,
-                       through_wire=route)
+                       through_wire=route, info_keys=pipeline.info_keys)
     print(report.format(), flush=True)
     return 0 if report.ok else 2
 

@@ -52,6 +52,23 @@ calls ``act_(obs, test, batch, state=...)``, which returns ``(actions, new_state
 travels with the step's row as extra outputs of the same names (:func:`declared_extras` adds
 them), so a memory stores it with each row, as R2D2 does, and a sampled sequence starts from
 the state the worker really had.
+
+Views at act time: an actor that acts on earlier rows (RLlib's ``prev_actions``, ``prev_rewards``,
+a stack of the last observations) declares them with :meth:`ActorModule.views` (the
+:class:`~netrl.memory.views.View` declarations of :mod:`netrl.memory.views`); its agent declares
+the same ones (:meth:`~netrl.agents.base.TrainingAgent.views` does by default), so a
+:class:`~netrl.memory.history.HistoryMemory` assembles them for training. The worker builds them
+per env from the rows it records (:mod:`netrl.memory.act_views`) and hands them to ``act`` in the
+form the agent sees them in a batch: a view into the observation replaces its leaf with the window
+``(B, length, *shape)``, and the views into ``batch.extra`` arrive as ``act(obs, test=False,
+views={name: tensor (B, length, *shape)})`` (``act_(..., views=...)`` with numpy windows, shaped
+``(length, *shape)`` for one observation)::
+
+    def views(self):
+        return [prev_actions(4), prev_rewards(4)]
+
+    def act(self, obs, test=False, views=None):  # views["prev_actions"]: (B, 4, *act_shape)
+        ...
 """
 
 from __future__ import annotations
@@ -63,6 +80,7 @@ import gymnasium
 import numpy as np
 import torch
 
+from netrl.memory.views import View
 from netrl.samples.columns import MAX_EXTRAS, ExtraSpec, check_extra_spec, tree_map
 
 __all__ = ["ActorModule", "declared_extras"]
@@ -94,6 +112,11 @@ class ActorModule(torch.nn.Module, ABC):
         module's docstring). None by default: ``act`` takes no state."""
         return {}
 
+    def views(self) -> list[View]:
+        """The views ``act`` reads besides the observation (see the module docstring): built per
+        env by the worker, identical to what the trainer's batch holds. None by default."""
+        return []
+
     @abstractmethod
     def act(self, obs: Any, test: bool = False) -> Any:
         """Compute actions from a batch of observations (tensors with a leading dimension ``B``).
@@ -110,7 +133,8 @@ class ActorModule(torch.nn.Module, ABC):
             ``(actions, {name: array shaped (B, *shape)})``.
         """
 
-    def act_(self, obs: Any, test: bool = False, batch: bool = False, state: dict[str, Any] | None = None) -> Any:
+    def act_(self, obs: Any, test: bool = False, batch: bool = False, state: dict[str, Any] | None = None,
+             views: dict[str, Any] | None = None) -> Any:
         """Collate raw observations to tensors on this module's device and call :meth:`act`.
 
         Args:
@@ -121,6 +145,9 @@ class ActorModule(torch.nn.Module, ABC):
             state: a recurrent actor's state (:meth:`recurrent_state`), arrays shaped
                 ``(N, *shape)`` for a batch and ``(*shape)`` for one observation;
                 None: the initial state.
+            views: the windows of the views into ``batch.extra`` (:meth:`views`), numpy arrays
+                shaped ``(N, length, *shape)`` for a batch and ``(length, *shape)`` for one
+                observation, passed to ``act`` as tensors (``act(..., views=...)``); None: none.
 
         Returns:
             one action shaped like the action space, or ``N`` actions shaped
@@ -134,21 +161,29 @@ class ActorModule(torch.nn.Module, ABC):
                 observation, or the extras are not the declared ones, in their declared shapes.
         """
         declared = self.extra_outputs()
+        kw = {} if views is None else {"views": self._view_tensors(views, batch)}
         if self.recurrent_state():
-            return self._act_recurrent(obs, test, batch, state, declared)
+            return self._act_recurrent(obs, test, batch, state, declared, kw)
         if declared:
-            return self._act_with_extras(obs, test, batch, declared)
-        return self._act_only(obs, test, batch)
+            return self._act_with_extras(obs, test, batch, declared, kw=kw)
+        return self._act_only(obs, test, batch, kw=kw)
 
-    def _act_only(self, obs: Any, test: bool, batch: bool, out: Any = None) -> Any:
-        """``act_`` for actions alone (``out``: what ``act`` already returned)."""
-        device = self.device
+    def _view_tensors(self, views: dict[str, Any], batch: bool) -> dict[str, torch.Tensor]:
+        """``act``'s ``views``: tensors on this module's device, with a leading dimension."""
+        out = {k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in views.items()}
+        return out if batch else {k: v.unsqueeze(0) for k, v in out.items()}
+
+    def _act_only(self, obs: Any, test: bool, batch: bool, out: Any = None,
+                  kw: dict[str, Any] | None = None) -> Any:
+        """``act_`` for actions alone (``out``: what ``act`` already returned; ``kw``: more
+        arguments for ``act``, its views)."""
+        device, kw = self.device, kw or {}
         shape = getattr(self.action_space, "shape", None)
         if not batch:
             if out is None:
                 batched = tree_map(lambda x: torch.as_tensor(np.asarray(x), device=device).unsqueeze(0), obs)
                 with torch.no_grad():
-                    out = self.act(batched, test=test)
+                    out = self.act(batched, test=test, **kw)
             if shape is not None and np.shape(out) == (1, *shape):
                 return np.asarray(out)[0]
             return out  # a tmrl-style actor's single action
@@ -156,7 +191,7 @@ class ActorModule(torch.nn.Module, ABC):
         if out is None:
             tensors = tree_map(lambda x: torch.as_tensor(np.asarray(x), device=device), obs)
             with torch.no_grad():
-                out = self.act(tensors, test=test)
+                out = self.act(tensors, test=test, **kw)
         if shape is not None and np.shape(out) != (n, *shape):
             raise ValueError(f"{type(self).__name__}.act returned an array of shape "
                              f"{np.shape(out)} for a batch of {n} observations; a worker "
@@ -165,9 +200,10 @@ class ActorModule(torch.nn.Module, ABC):
                              f"netrl.actor), or run this actor with worker.num_envs = 1")
         return np.asarray(out)
 
-    def _act_with_extras(self, obs: Any, test: bool, batch: bool, declared: ExtraSpec, out: Any = None) -> Any:
+    def _act_with_extras(self, obs: Any, test: bool, batch: bool, declared: ExtraSpec, out: Any = None,
+                         kw: dict[str, Any] | None = None) -> Any:
         """``act_`` for actions with extra outputs (``out``: what ``act`` already returned, as
-        (actions, extras))."""
+        (actions, extras); ``kw``: more arguments for ``act``)."""
         name = type(self).__name__
         spec = check_extra_spec(declared, name)
         if out is None:
@@ -175,7 +211,7 @@ class ActorModule(torch.nn.Module, ABC):
             if not batch:
                 tensors = tree_map(lambda t: t.unsqueeze(0), tensors)
             with torch.no_grad():
-                out = self.act(tensors, test=test)
+                out = self.act(tensors, test=test, **(kw or {}))
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             raise ValueError(f"{name} declares extra outputs {sorted(spec)}, so "
                              f"its act() must return (actions, {{name: "
@@ -198,7 +234,7 @@ class ActorModule(torch.nn.Module, ABC):
         return self._act_only(obs, test, batch, actions), checked
 
     def _act_recurrent(self, obs: Any, test: bool, batch: bool, state: dict[str, Any] | None,
-                       declared: ExtraSpec) -> Any:
+                       declared: ExtraSpec, kw: dict[str, Any]) -> Any:
         name = type(self).__name__
         spec = check_extra_spec(self.recurrent_state(), name)
         n = _rows(obs) if batch else 1
@@ -215,7 +251,7 @@ class ActorModule(torch.nn.Module, ABC):
             state_in = {k: v.unsqueeze(0) for k, v in state_in.items()}
         with torch.no_grad():
             # a recurrent act's form
-            out = self.act(tensors, state=state_in, test=test)  # type: ignore[call-arg]
+            out = self.act(tensors, state=state_in, test=test, **kw)  # type: ignore[call-arg]
         size = 3 if declared else 2
         if not (isinstance(out, tuple) and len(out) == size and isinstance(out[1], dict)):
             form = "(actions, new_state, extras)" if declared else "(actions, new_state)"

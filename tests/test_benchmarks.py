@@ -36,8 +36,8 @@ from benchmarks.settings import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = {f.name for f in dataclasses.fields(Row)}
-FAST = {"replay": [], "sequences": [], "trainer": [], "prefetch": [], "server-memory": [],
-        "pipelines": ["--parts", "wire,memory"]}
+FAST = {"replay": [], "replay_disk": [], "sequences": [], "trainer": [], "prefetch": [],
+        "server-memory": [], "pipelines": ["--parts", "wire,memory"], "transforms": []}
 SLOW = {"relay": [], "broadcast": [], "overhead": [], "pipelines": ["--parts", "jitter"],
         "learning": ["--rows", "pendulum,nstep,weights,pomdp,vector"], "throughput": [],
         "sync": [], "wan": [], "weights": []}
@@ -82,6 +82,24 @@ def test_the_watchdog_figure_runs_its_smoke_setting(tmp_path: Path) -> None:
     labels = {r["row"] for r in rows if r["value"] is not None}
     for env in ("Pendulum-v1", "CartPole-v1"):  # the three ways each, measured in the same process
         assert {f"{env} standalone, watchdog {way}" for way in ("off", "main", "handed over")} <= labels, labels
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_drone_and_image_rows_by_env_steps_run_their_smoke_setting(tmp_path: Path) -> None:
+    """The rows of the drone without its action buffer and of the image pipeline's replay: each
+    variant runs through the three processes on its own pipeline's env and is judged on it."""
+    out = tmp_path / "runs"
+    rows = smoke("learning", ["--rows", "drone-pomdp,image-nstep-per", "--out", str(out)],
+                 tmp_path, timeout=580)
+    assert {r["row"] for r in rows} == {
+        "drone-pomdp: full-mlp", "drone-pomdp: pomdp-recurrent", "drone-pomdp: pomdp-mlp",
+        "image-nstep-per: plain", "image-nstep-per: nstep3-prioritized"}
+    assert all(r["params"]["config"]["env"]["pipeline"] for r in rows)  # what each ran with
+    for name in ("drone-pomdp", "image-nstep-per"):
+        runs = [json.loads(line) for line in (out / name / "runs.jsonl").read_text().splitlines()]
+        # each judged on its frozen policy at least once, with what its trainer did
+        assert all(r["evaluations"] and "trainer" in r for r in runs), runs
 
 
 def test_every_family_module_is_on_the_entry_points_list() -> None:
@@ -256,3 +274,65 @@ def test_a_failed_run_says_which_weights_each_side_saved_and_its_last_metrics(
         "worker_policy_w.pt: weights v50", "policy.pt: weights v4000",
         "last metrics: trained_steps 1000, q 3.5, dead_units 1.0"]
     assert diagnosis(tmp_path / "none", "w") == []
+
+
+class _CountingActor:
+    """A recurrent actor whose action is the number of steps since its state was the initial
+    one: acting from the initial state at every step would play 0 for ever."""
+
+    def recurrent_state(self) -> dict[str, Any]:
+        return {"recurrent_state": ((1,), "float32")}
+
+    def act_(self, obs: Any, test: bool = False, state: dict[str, Any] | None = None) -> Any:
+        count = 0.0 if state is None else float(state["recurrent_state"][0])
+        return np.float32(count), {"recurrent_state": np.array([count + 1], np.float32)}
+
+
+class _RewardIsAction:
+    """An env of 3 steps whose reward is the action played."""
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.zeros(1, np.float32), float(action), False, self.t == 3, {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_recurrent_policy_is_judged_with_its_state_carried_and_reset_per_episode() -> None:
+    from benchmarks.learning.learners import Acting
+    from benchmarks.learning.loop import evaluate
+
+    # 0 + 1 + 2 in each episode: the state carried from step to step, reset before each episode
+    assert evaluate(Acting(_CountingActor()), _RewardIsAction(), 2) == 3.0
+
+
+def test_a_judge_without_an_env_id_plays_the_runs_own_env_at_each_multiple_of_every(
+        tmp_path: Path) -> None:
+    made: list[int] = []
+
+    def own_env() -> _RewardIsAction:
+        made.append(1)
+        return _RewardIsAction()
+
+    class Learner:
+        def learn(self, progress: Callable[[Progress], bool]) -> None:
+            for steps in (250, 700, 1100, 1450, 2100):  # reports come when they come
+                if progress(Progress(steps, lambda: Acting(_CountingActor()), None, own_env)):
+                    return
+
+        def problems(self) -> list[str]:
+            return []
+
+    from benchmarks.learning.learners import Acting
+
+    got = run_one("recurrent", 1, Learner(), Judge(4.0, None, 500, 2), 10_000)
+    # at the first report at or past 500, 1,000, 1,500 and 2,000 env steps; never reached 4
+    assert got["evaluations"] == [[700, 3.0], [1100, 3.0], [2100, 3.0]] and got["steps"] is None
+    assert len(made) == 3  # a new env for each evaluation
+    with pytest.raises(ValueError, match="gives none"):
+        run_one("x", 1, _Learner(tmp_path / "a", [0.0] * 9), Judge(4.0, None, 100, 1), 900)

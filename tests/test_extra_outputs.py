@@ -116,7 +116,7 @@ def test_every_stored_row_holds_the_extras_its_actor_computed_for_that_rows_acti
     assert (~ends & ~first).any()  # there were such context rows: packets cut mid-episode
     assert len(set(memory._cols["env"][:rows].tolist())) == num_envs
     batch = memory.sample()  # the agent's view: batch.extra, the actor's outputs for batch.obs
-    assert set(batch.extra) == {"action_log_prob", "state_value"}
+    assert set(batch.extra) == {"action_log_prob", "state_value", "traj", "episode"}  # and the trajectory ids
     np.testing.assert_array_equal(batch.extra["action_log_prob"].numpy(), log_prob(batch.obs.numpy()))
     np.testing.assert_array_equal(batch.extra["state_value"].numpy(), value(batch.obs.numpy()))
     assert batch.extra["state_value"].shape == (64, 2)

@@ -235,6 +235,18 @@ def test_a_workers_packets_wait_for_min_samples_as_in_tmrl(monkeypatch: pytest.M
         RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), MLPActor, max_packet_delay_s=0.0)
 
 
+def test_a_packet_leaves_at_min_samples_mid_episode_where_tmrl_waits_for_the_episode_end() -> None:
+    """docs/tmrl.md: tmrl hands rows over at episode ends only; netrl cuts a packet once it holds
+    min_samples_per_worker_packet rows, inside an episode too, and loses no row at the cut."""
+    worker = RolloutWorker(partial(GenericGymEnv, id="Pendulum-v1"), partial(MLPActor, hidden_sizes=(8,)),
+                           min_samples_per_worker_packet=8, max_samples_per_episode=30, seed=0)
+    bufs = list(local_packets(worker, [False]))
+    fresh = [int(np.count_nonzero(~buf.context)) for buf in bufs]
+    assert fresh == [8, 8, 8]  # of 31 rows (the reset row and 30 steps); 7 wait for the next packet
+    assert not any(buf.terminated[-1] or buf.truncated[-1] for buf in bufs)  # each left mid-episode
+    assert all(buf.context[0] for buf in bufs[1:])  # each later one repeats the row its transition starts from
+
+
 def test_buffer_memory_lists_each_row_once_across_packets() -> None:
     """tmrl's per-row view leaves out the context rows that start every packet after the first, so a memory that
     appends buffer.memory packet after packet (the tutorial's) holds each env step once and in order."""

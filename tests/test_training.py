@@ -350,10 +350,12 @@ SET = {"trainer": {"worker_lead": 7, "max_policy_lag": 3, "stale_sample_weight":
                    "batch_mode": "complete_episodes", "sync_timeout_s": 2.5, "prefetch": False,
                    "compile": "compile", "implausible": "refuse", "implausible_factor": 50.0},
        "memory": {"memory_size": 123, "batch_size": 9, "device": "cuda", "max_worker_share": 0.5,
-                  "min_worker_share": 0.2},
+                  "min_worker_share": 0.2, "storage": "disk", "storage_folder": "/replay/here",
+                  "storage_resident_mib": 64},
        "env": {"normalize_obs": True, "normalize_obs_clip": 3.0, "normalize_obs_every": 5}}
 SETTINGS = {**SET["trainer"], "memory_size": 123, "batch_size": 9, "memory_device": "cuda",
-            "max_worker_share": 0.5, "min_worker_share": 0.2, **SET["env"], "seed": 42}
+            "max_worker_share": 0.5, "min_worker_share": 0.2, "memory_storage": "disk",
+            "memory_folder": "/replay/here", "memory_resident_mib": 64, **SET["env"], "seed": 42}
 
 
 def test_every_setting_comes_from_its_config_key_and_goes_with_tmrls_parameters() -> None:

@@ -12,6 +12,10 @@ Rows (``--rows``, benchmarks/learning/rows.py says what each runs and why):
                 float32
   pomdp         Pendulum-v1 without its velocity, recurrent SAC beside the MLP SAC
   vector        Pendulum-v1, one worker of worker.num_envs 8 against one of a single env
+  drone-pomdp   the rtgym drone at 20 Hz without its action buffer (velocity unobserved),
+                recurrent SAC, against the MLP SAC with full observations, by env steps
+  image-nstep-per  the image pipeline with 3-step returns and prioritized replay against plain
+                replay, by env steps (both: benchmarks/learning/replay_rows.py)
   drone, image  the drone and image pipelines trained for --minutes, then their policy against
                 random actions (benchmarks/learning/pipelines.py)
 
@@ -39,7 +43,7 @@ from benchmarks.results import Row
 from benchmarks.settings import choose, names, positive
 
 SEQUENCES = ("pendulum", "cartpole", "ppo-cartpole", "ppo-pendulum", "nstep", "weights", "pomdp",
-             "vector")
+             "vector", "drone-pomdp", "image-nstep-per")
 TIMED = ("drone", "image")
 ALIASES = {"ppo": ("ppo-cartpole", "ppo-pendulum")}
 
@@ -138,6 +142,9 @@ def run(s: Settings) -> list[Row]:
         print(f"learning {name}: {row.what}; {row.judge.describe()}; variants "
               f"{', '.join(variants)}; seeds {', '.join(map(str, seeds))}; at most "
               f"{max_steps:,} env steps", flush=True)
+        for variant in (v for v in variants if v in row.params):
+            print(f"  {name}: {variant} sets {row.params[variant]} over the base config (each "
+                  f"run's config.json, kept with --out, has them all)", flush=True)
         with _folder(s.out, name) as d:
             runs = run_seeds(variants, seeds, row.judge, max_steps, d, log=d / "runs.jsonl")
         out += figures(name, row, runs, seeds, max_steps)
@@ -180,7 +187,8 @@ def figures(name: str, row: LearningRow, runs: list[dict[str, Any]], seeds: tupl
             out.append(Row("learning", f"{name}: {variant}", f"median {figure}", m[kind], unit,
                            base, reference or "", ratio, "x", target, met,
                            {"row": name, "variant": variant, "seeds": list(seeds),
-                            "max_steps": max_steps, "judge": dataclasses.asdict(row.judge)},
+                            "max_steps": max_steps, "judge": dataclasses.asdict(row.judge),
+                            **({"config": row.params[variant]} if variant in row.params else {})},
                            {"runs": mine}))
     return out
 

@@ -53,7 +53,7 @@ class Processes:
                 raise RuntimeError(f"a netrl process exited early; see {self.log}:\n"
                                    f"{self.log.read_text(errors='replace')[-3000:]}")
             steps = self._server_steps() if self.count == "server" else env_steps(self.episodes)
-            if progress(Progress(steps, self._policy, self.episodes)):
+            if progress(Progress(steps, self._policy, self.episodes, self._env)):
                 return
             time.sleep(POLL_S)
 
@@ -74,17 +74,40 @@ class Processes:
         if not self.policy_file.exists():
             return None
         if self._actor is None:
-            import gymnasium
-
-            from netrl.pipelines.make import make_pipeline
-
-            env = gymnasium.make(self.cfg.env.id)
-            pipe = make_pipeline(self.cfg)
+            # the pipeline's own env gives the spaces: hidden observation entries, an action
+            # buffer left out and env.transforms change them (and the drone is no env id)
+            env = self._env()
+            pipe = self._pipeline()
             self._actor = pipe.actor_module_cls(env.observation_space, env.action_space)
             env.close()
         state, _ = read_weights_file(self.policy_file)
         self._actor.load_state_dict(state)
-        return acting(self._actor)
+        return Acting(self._actor)
+
+    def _pipeline(self) -> Any:
+        from netrl.pipelines.make import make_pipeline
+
+        return make_pipeline(self.cfg)
+
+    def _env(self) -> Any:
+        """A new env of the run's pipeline, as its worker builds it (for a judge that plays it)."""
+        return self._pipeline().env_cls()
+
+    def trainer_summary(self) -> dict[str, float]:
+        """The trainer's last ``trained_steps`` and ``samples`` (metrics.csv) and their ratio:
+        a real-time env does not wait for a slow trainer, so variants may train unequally."""
+        import csv
+
+        metrics = self.cfg.run_dir / "metrics.csv"
+        if not metrics.exists():
+            return {}
+        with metrics.open(newline="") as f:
+            last = list(csv.DictReader(f))[-1:]
+        if not last:
+            return {}
+        trained, samples = float(last[0]["trained_steps"]), float(last[0]["samples"])
+        return {"trained_steps": trained, "samples": samples,
+                "steps_per_sample": round(trained / samples, 2) if samples else 0.0}
 
     def problems(self) -> list[str]:
         """The roles' warnings and errors (their log lines at W and E), then what tells a
@@ -123,14 +146,27 @@ def diagnosis(run_dir: Path, worker: str) -> list[str]:
     return out
 
 
-def acting(actor: Any) -> Act:
+class Acting:
     """One deterministic action of a netrl actor for one observation (an actor with extra outputs
-    returns them beside the action: only the action is played)."""
-    def act(obs: Any) -> Any:
-        out = actor.act_(obs, test=True)
-        return out[0] if isinstance(out, tuple) else out
+    returns them beside the action: only the action is played). A recurrent actor's state is
+    carried from step to step, as the worker carries it, and :meth:`reset` (before each episode)
+    starts it again from its initial state: called without its state, a recurrent actor would
+    act from the initial state at every step, a policy without memory."""
 
-    return act
+    def __init__(self, actor: Any) -> None:
+        self.actor, self.state = actor, None
+        self.recurrent = bool(actor.recurrent_state())
+
+    def reset(self) -> None:
+        self.state = None
+
+    def __call__(self, obs: Any) -> Any:
+        if self.recurrent:
+            out = self.actor.act_(obs, test=True, state=self.state)
+            self.state = out[1]
+            return out[0]
+        out = self.actor.act_(obs, test=True)
+        return out[0] if isinstance(out, tuple) else out
 
 
 class Local:

@@ -9,9 +9,14 @@ says when a run has got there, the same way for every variant of the row:
 * on the training returns (``every`` None): the mean return of the last ``window`` training
   episodes in the worker's episodes CSV first reaches ``threshold``; the run's env steps and wall
   time are that episode's;
-* on a frozen policy: once ``every`` more env steps have passed (counted as the row counts them),
-  the newest policy, loaded once and held fixed, plays ``episodes`` deterministic episodes on
-  seeds 1000.. of an env of the judge's own; the run is done when their mean reaches ``threshold``.
+* on a frozen policy: at the first report at or past each multiple of ``every`` env steps
+  (counted as the row counts them), the newest policy, loaded once and held fixed, plays
+  ``episodes`` deterministic episodes on seeds 1000.. of an env of the judge's own (``env_id``),
+  or, with ``env_id`` None, of a new env of the run's own pipeline for each evaluation
+  (:attr:`Progress.env`: the drone's and the image's envs are no Gymnasium ids); the run is
+  done when their mean reaches ``threshold``. A policy with a state (a recurrent actor) starts
+  each episode from its initial state (its ``reset()``). Every evaluation's env steps and mean
+  are kept.
 
 Seeds run one after the other, the variants in turn on each (load from other processes falls on
 all alike). A run that never gets there within ``max_steps`` counts as ``max_steps`` in the median,
@@ -39,6 +44,7 @@ class Progress:
     steps: int  # env steps so far, as the row counts them
     policy: Callable[[], Act | None]  # the newest policy, loaded now and held fixed; None: none
     episodes: Path | None = None  # the worker's episodes CSV, for a judge of training returns
+    env: Callable[[], Any] | None = None  # the env the policy plays where the judge names none
 
 
 def no_policy() -> Act | None:
@@ -60,7 +66,7 @@ Variant = Callable[[int, Path, int], Learner]
 @dataclasses.dataclass(frozen=True)
 class Judge:
     threshold: float
-    env_id: str = "Pendulum-v1"  # the env a frozen policy is evaluated on
+    env_id: str | None = "Pendulum-v1"  # the env a frozen policy plays; None: the run's own
     every: int | None = None  # env steps between evaluations; None: judge the training returns
     episodes: int = 10  # deterministic episodes per evaluation
     window: int = 10  # training episodes averaged
@@ -70,7 +76,8 @@ class Judge:
             return (f"{measure} to a mean training return >= {self.threshold:g} (last "
                     f"{self.window} episodes)")
         return (f"{measure} to a deterministic mean >= {self.threshold:g} over {self.episodes} "
-                f"episodes (every {self.every:,} env steps)")
+                f"episodes (every {self.every:,} env steps"
+                + (", on the run's own env)" if self.env_id is None else ")"))
 
 
 def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
@@ -78,14 +85,16 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
     """One variant on one seed, until the judge says it got there or ``max_steps`` are spent."""
     import gymnasium
 
-    env = gymnasium.make(judge.env_id) if judge.every is not None else None
+    on_policy = judge.every is not None
+    env = gymnasium.make(judge.env_id) if on_policy and judge.env_id is not None else None
     t0 = time.time()
-    seen: dict[str, Any] = {"steps": 0, "next": judge.every, "reached": None, "episodes": None}
+    seen: dict[str, Any] = {"steps": 0, "next": judge.every, "reached": None, "episodes": None,
+                            "evaluations": []}
 
     def progress(p: Progress) -> bool:
         seen["steps"], seen["episodes"] = p.steps, p.episodes
         every = judge.every
-        if env is None or every is None:  # on the training returns
+        if not on_policy or every is None:  # on the training returns
             found = crossing(p.episodes, judge.threshold, judge.window)
             if found is not None:
                 seen["reached"] = {"steps": found[0], "wall_s": round(found[1] - t0, 1)}
@@ -93,13 +102,28 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
             act = p.policy()
             if act is not None:  # (none before the worker's first weights)
                 wall = time.time() - t0
-                score = evaluate(act, env, judge.episodes)
+                score = evaluate(act, env, judge.episodes) if env is not None else own(p, act)
                 print(f"  {variant} seed {seed}: {p.steps} env steps, policy's mean {score:.1f}",
                       flush=True)
+                seen["evaluations"].append([p.steps, round(score, 2)])
                 if score >= judge.threshold:
                     seen["reached"] = {"steps": p.steps, "wall_s": round(wall, 1)}
-                seen["next"] = p.steps + every
+                # the next multiple: every variant is evaluated at the same env steps, as
+                # closely as its reports allow, however long an evaluation took
+                seen["next"] = (p.steps // every + 1) * every
         return seen["reached"] is not None or p.steps >= max_steps
+
+    def own(p: Progress, act: Act) -> float:
+        """The policy's mean on a new env of the run's own, closed after: a real-time env (the
+        drone) would otherwise run on between evaluations, and its first step come late."""
+        if p.env is None:
+            raise ValueError(f"{variant}: the judge plays the run's own env, but its learner "
+                             f"gives none (Progress.env)")
+        own_env = p.env()
+        try:
+            return evaluate(act, own_env, judge.episodes)
+        finally:
+            own_env.close()
 
     try:
         learner.learn(progress)
@@ -111,11 +135,7 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
     result: dict[str, Any] = {"variant": variant, "seed": seed,
                               "steps": reached["steps"] if reached else None, "wall_s": wall,
                               "env_steps_run": seen["steps"]}
-    if seen["episodes"] is not None:
-        result["best_mean_return"] = best_mean(seen["episodes"], judge.window)
-        if env is not None:  # judged on the policy: where the training returns got there too
-            found = crossing(seen["episodes"], judge.threshold, judge.window)
-            result["training_returns_steps"] = None if found is None else found[0]
+    result.update(_more(learner, judge, seen))
     steps = result["steps"] if reached else f"> {max_steps}"
     print(f"  {variant} seed {seed}: {steps} env steps ({result['wall_s']} s)", flush=True)
     if not reached:
@@ -124,6 +144,23 @@ def run_one(variant: str, seed: int, learner: Learner, judge: Judge,
             print(f"  {variant} seed {seed}: not reached; its last warnings and errors:",
                   *problems[-20:], sep="\n    ", flush=True)
     return result
+
+
+def _more(learner: Learner, judge: Judge, seen: dict[str, Any]) -> dict[str, Any]:
+    """What a run's result keeps beside its figure: every evaluation, what its trainer did, and
+    how its training returns went."""
+    out: dict[str, Any] = {}
+    if judge.every is not None:
+        out["evaluations"] = seen["evaluations"]  # [env steps, the policy's mean] each
+    trainer = getattr(learner, "trainer_summary", None)
+    if trainer is not None:  # what the trainer did with the env steps (its update-to-data ratio)
+        out["trainer"] = trainer()
+    if seen["episodes"] is not None:
+        out["best_mean_return"] = best_mean(seen["episodes"], judge.window)
+        if judge.every is not None:  # judged on the policy: where the training returns got there
+            found = crossing(seen["episodes"], judge.threshold, judge.window)
+            out["training_returns_steps"] = None if found is None else found[0]
+    return out
 
 
 def run_seeds(variants: Mapping[str, Variant], seeds: Iterable[int], judge: Judge, max_steps: int,
@@ -190,9 +227,13 @@ def best_mean(episodes_csv: Path, window: int = 10) -> float | None:
 
 
 def evaluate(act: Act, env: Any, episodes: int) -> float:
-    """Mean return of ``episodes`` deterministic episodes on seeds 1000..."""
+    """Mean return of ``episodes`` deterministic episodes on seeds 1000..; a policy with a
+    ``reset()`` (a recurrent actor's state) is reset before each."""
     returns = []
+    reset = getattr(act, "reset", None)
     for k in range(episodes):
+        if reset is not None:
+            reset()
         obs, _ = env.reset(seed=1000 + k)
         done, ret = False, 0.0
         while not done:

@@ -34,6 +34,8 @@
   SAC, one training step per two env steps from 2,000 samples, packets of 200 rows (a sequence
   stops at a packet boundary); to a mean training return >= -300; target: the recurrent SAC's
   median within 50,000 env steps.
+* **drone-pomdp**, **image-nstep-per**: the drone and image pipelines by env steps (issue 44's
+  learning claims): replay_rows.py says what each runs.
 * **vector**: the pendulum row with one worker of ``worker.num_envs`` 8 against one of a single
   env, judged on the worker's policy every 500 env steps (counted by the server): 8 envs end 8
   episodes together every 1,600 env steps, each under that stretch's policies, so training returns
@@ -71,6 +73,8 @@ class LearningRow:
     target_steps: int | None = None  # the median gets there within this many env steps
     all_reached: bool = False  # every run of a judged variant must get there
     compare: str = "steps"  # the figure the ratio target compares: steps or wall_s
+    # per variant, the config keys it sets over the base (printed, and kept with the figures)
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +200,10 @@ def _ppo(name: str, small: Changes) -> LearningRow:
 
 
 def rows(o: Shape) -> dict[str, Callable[[], LearningRow]]:
-    """Every learning row, shaped by the family's options."""
+    """Every learning row, shaped by the family's options (the drone and image pipelines' rows
+    by env steps: replay_rows.py)."""
+    from benchmarks.learning.replay_rows import pipeline_rows  # (it builds on this module)
+
     small: Changes = ({} if o.start_training is None
                       else {"trainer": {"start_training": o.start_training}})
     vector: Changes = {"worker": {"num_envs": o.num_envs, "vectorization": o.vectorization}}
@@ -240,6 +247,8 @@ def rows(o: Shape) -> dict[str, Callable[[], LearningRow]]:
             {"envs1": processes(PENDULUM, small, count="server"),
              f"envs{o.num_envs}": processes(PENDULUM, vector, small, count="server")},
             30_000, "envs1", judged=(f"envs{o.num_envs}",), target_ratio=1.3),
+        "drone-pomdp": lambda: pipeline_rows(small)["drone-pomdp"],
+        "image-nstep-per": lambda: pipeline_rows(small)["image-nstep-per"],
     }
 
 

@@ -15,6 +15,9 @@ Calling sequence, as the Trainer drives it::
     agent.state_tensors()                           # what a training step may change, for the loop
                                                     # to undo a step that went non-finite
                                                     # (netrl.agents.guard); found by default
+    agent.views()                                   # what its inputs read from earlier rows
+                                                    # (netrl.memory.views): by default its actor's,
+                                                    # which the workers build at act time
     agent.extra_models()                            # optional: {name: ModelSpec(module, every)},
                                                     # further modules synced to the workers besides
                                                     # the actor (default: none)
@@ -31,6 +34,7 @@ import torch
 from netrl.actor import ActorModule
 from netrl.agents.guard import find_state_tensors
 from netrl.agents.registry import Supports
+from netrl.memory.views import View
 from netrl.samples.batch import Batch
 
 __all__ = ["Batch", "ModelSpec", "TrainingAgent", "has_state_dict"]
@@ -68,6 +72,14 @@ class TrainingAgent(ABC):
     @abstractmethod
     def get_actor(self) -> ActorModule:
         """The current actor; the Trainer publishes its ``state_dict`` to the workers."""
+
+    def views(self) -> list[View]:
+        """What the batch's inputs read from earlier rows (:mod:`netrl.memory.views`), assembled
+        by a :class:`~netrl.memory.history.HistoryMemory`. By default the actor's
+        (:meth:`~netrl.actor.ActorModule.views`), which the workers build at act time; an agent
+        may add views for training only, but must keep its actor's."""
+        method = getattr(self.get_actor(), "views", None)  # a tmrl-style actor may have none
+        return list(method()) if method is not None else []
 
     def extra_models(self) -> dict[str, ModelSpec]:
         """Further modules to sync to the workers, by name (a lower-case identifier of at most 24

@@ -1,7 +1,9 @@
 """Recurrent SAC: a GRU or LSTM over an MLP encoder, trained on sequences,
 for partially observed envs.
 
-The actor reads each observation through an encoder and a recurrent core; its features ``z_t``
+The actor reads each observation through an encoder (an MLP over every leaf, tuples too: the
+drone's; or, with ``encoder="cnn"``, the CNN of :class:`~netrl.agents.common.encoders.ConvEncoder`
+over stacked frames: the image pipeline's) and a recurrent core; its features ``z_t``
 summarise every observation of the episode so far. The worker keeps the core's state per env
 and records the state that entered each step (:mod:`netrl.actor`), so a sampled sequence starts
 from the state the worker really had (R2D2, Kapturowski et al. 2019, "stored state"), and the
@@ -14,9 +16,16 @@ Design, as in SAC-AE / DrQ for a shared encoder:
 * target critics read the features of a target copy of the encoder and core (Polyak-averaged with
   the critics), unrolled from the same recorded state.
 
-A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``: ``obs[:, 0]``
-and the L ``next_obs`` form the L + 1 observations the core unrolls over. ``truncated``
-never stops bootstrapping.
+A batch is ``[B, L]`` (``memory.sequence_length`` L) with ``batch.extra["mask"]``. The core unrolls
+over L + n consecutive observations: the L of ``obs``, then those past the sequence, which are the
+``next_obs`` of its last steps (n = 1: ``next_obs[:, -1]``). With n-step returns
+(``memory.n_step``) step j's ``next_obs`` is m steps on (``extra["steps_to_next_obs"]``, m <= n <=
+L), so step j bootstraps from the features at j + m with ``extra["discount"]`` (gamma ** m) times
+1 - terminated, as :class:`~netrl.agents.sac.SACAgent` per transition; ``truncated`` never stops
+bootstrapping. Each step's loss is weighted by ``batch.weight`` (importance and stale weights),
+averaged over the real steps after the burn-in. From a prioritized memory (``extra["index"]``)
+``metrics["priority"]`` is each step's |TD error| ``[B, L]``, 0 at burn-in and padded steps; the
+memory mixes them into its start's priority as R2D2 does.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from netrl.actor import ActorModule
 from netrl.agents.base import TrainingAgent
 from netrl.agents.common.actors import add_gaussian_head, check_action_space
 from netrl.agents.common.distributions import squashed_gaussian
-from netrl.agents.common.encoders import flat_obs, obs_dim
+from netrl.agents.common.encoders import ConvEncoder, EncoderHead, flat_obs, obs_dim
 from netrl.agents.common.networks import TwinQ, mlp
 from netrl.agents.registry import RECURRENT_SAC
 from netrl.samples.batch import Batch
@@ -44,33 +53,40 @@ from netrl.samples.columns import ExtraSpec, tree_map
 __all__ = ["RecurrentActor", "RecurrentSACAgent"]
 
 Cell = Literal["gru", "lstm"]
+Encoder = Literal["mlp", "cnn"]
 
 
 class RecurrentActor(ActorModule):
     """Squashed Gaussian policy over a GRU or LSTM: encoder ``hidden_sizes[0]``, core of
     ``hidden_sizes[-1]`` units, head ``hidden_sizes[1:]``. Its state per env: ``recurrent_state``
     (GRU) or ``recurrent_state_h`` and ``recurrent_state_c`` (LSTM), each ``(1, hidden)``: TorchRL's
-    names and (layers, hidden) layout."""
+    names and (layers, hidden) layout. ``encoder``: ``"mlp"`` (every observation leaf flattened)
+    or ``"cnn"`` (a :class:`~netrl.agents.common.encoders.ConvEncoder` of ``hidden_sizes[0]``
+    features, ``head`` its head, over ``(stack, height, width)`` uint8 frames)."""
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
-                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru") -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", encoder: Encoder = "mlp",
+                 head: EncoderHead = "keypoints") -> None:
         super().__init__(observation_space, action_space)
         check_action_space(RECURRENT_SAC, action_space)
         if cell not in ("gru", "lstm"):
             raise ValueError(f'cell must be "gru" or "lstm" (got '
                              f'{cell!r}; config.json: agent.recurrent)')
-        self.cell = cell
+        if encoder not in ("mlp", "cnn"):
+            raise ValueError(f'encoder must be "mlp" or "cnn" (got {encoder!r})')
+        self.cell, self.conv = cell, encoder == "cnn"
         width, self.hidden = hidden_sizes[0], hidden_sizes[-1]
-        self.encoder = nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU())
+        self.encoder: nn.Module = (ConvEncoder(observation_space, width, head=head) if self.conv else
+                                   nn.Sequential(nn.Linear(obs_dim(observation_space), width), nn.ReLU()))
         self.core: nn.GRU | nn.LSTM = (nn.GRU if cell == "gru" else nn.LSTM)(width, self.hidden, batch_first=True)
-        head = list(hidden_sizes[1:]) or [self.hidden]
-        self.head = mlp([self.hidden, *head])
+        layers = list(hidden_sizes[1:]) or [self.hidden]
+        self.head = mlp([self.hidden, *layers])
         self.head.append(nn.ReLU())
         self.mu: nn.Linear
         self.log_std: nn.Linear
         self.act_scale: torch.Tensor
         self.act_bias: torch.Tensor
-        add_gaussian_head(self, head[-1], action_space)
+        add_gaussian_head(self, layers[-1], action_space)
 
     def recurrent_state(self) -> ExtraSpec:
         names = ["recurrent_state"] if self.cell == "gru" else ["recurrent_state_h", "recurrent_state_c"]
@@ -80,7 +96,8 @@ class RecurrentActor(ActorModule):
         """Features ``[B, T, hidden]`` for observations ``[B, T, ...]`` from ``state`` (leaves
         ``[B, 1, hidden]``), and the state after the last one."""
         b, t = _lead(obs)
-        x = self.encoder(flat_obs(tree_map(lambda o: o.reshape(b * t, *o.shape[2:]), obs))).reshape(b, t, -1)
+        rows = tree_map(lambda o: o.reshape(b * t, *o.shape[2:]), obs)
+        x = self.encoder(rows if self.conv else flat_obs(rows)).reshape(b, t, -1)
         if self.cell == "gru":
             z, h = self.core(x, state["recurrent_state"].transpose(0, 1).contiguous())
             return z, {"recurrent_state": h.transpose(0, 1)}
@@ -109,17 +126,18 @@ class RecurrentActor(ActorModule):
 
 class RecurrentSACAgent(TrainingAgent):
     """SAC v2 on sequences with a recurrent actor (see the module).
-    ``burn_in``: ``memory.burn_in``."""
+    ``burn_in``: ``memory.burn_in``; ``encoder``, ``head``: :class:`RecurrentActor`'s."""
 
     supports = RECURRENT_SAC
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, device: str = "cpu",
-                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", burn_in: int = 0, gamma: float = 0.99,
+                 hidden_sizes: Sequence[int] = (256, 256), cell: Cell = "gru", encoder: Encoder = "mlp",
+                 head: EncoderHead = "keypoints", burn_in: int = 0, gamma: float = 0.99,
                  polyak: float = 0.995, alpha: float = 0.2, lr_actor: float = 1e-3, lr_critic: float = 1e-3,
                  lr_entropy: float = 1e-3, learn_entropy_coef: bool = True,
                  target_entropy: float | None = None) -> None:
         super().__init__(observation_space, action_space, device)
-        self.actor = RecurrentActor(observation_space, action_space, hidden_sizes, cell).to(device)
+        self.actor = RecurrentActor(observation_space, action_space, hidden_sizes, cell, encoder, head).to(device)
         act_dim = int(np.prod(action_space.shape or ()))
         self.critic = TwinQ(self.actor.hidden + act_dim, hidden_sizes).to(device)
         # its encoder and core give target features
@@ -127,9 +145,9 @@ class RecurrentSACAgent(TrainingAgent):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.burn_in, self.gamma, self.polyak, self.learn_entropy_coef = burn_in, gamma, polyak, learn_entropy_coef
         shared = [*self.actor.encoder.parameters(), *self.actor.core.parameters()]
-        head = [*self.actor.head.parameters(), *self.actor.mu.parameters(), *self.actor.log_std.parameters()]
+        policy = [*self.actor.head.parameters(), *self.actor.mu.parameters(), *self.actor.log_std.parameters()]
         self.q_optimizer = torch.optim.Adam([*self.critic.parameters(), *shared], lr=lr_critic)
-        self.pi_optimizer = torch.optim.Adam(head, lr=lr_actor)
+        self.pi_optimizer = torch.optim.Adam(policy, lr=lr_actor)
         self.target_entropy = -float(act_dim) if target_entropy is None else float(target_entropy)
         self.log_alpha = torch.tensor([math.log(alpha)], device=device, requires_grad=learn_entropy_coef)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr_entropy)
@@ -155,11 +173,21 @@ class RecurrentSACAgent(TrainingAgent):
                              f"leave none after the burn-in of {self.burn_in} "
                              f"(memory.burn_in must be < memory.sequence_length)")
 
-    def train(self, batch: Batch) -> dict[str, float]:
+    def train(self, batch: Batch) -> dict[str, Any]:
         self._check(batch)
-        bi = self.burn_in
-        first = tree_map(lambda o: o[:, :1], batch.obs)
-        seq = _cat(first, batch.next_obs)  # the L + 1 observations: obs[:, j + 1] is next_obs[:, j]
+        bi, mask = self.burn_in, batch.extra["mask"]
+        length = mask.shape[1]
+        steps = batch.extra.get("steps_to_next_obs")  # n-step: each step's window length m
+        if steps is None:
+            steps = torch.ones_like(mask, dtype=torch.int64)
+        n = int(steps.max())
+        if n > length:
+            raise ValueError(f"n-step windows of {n} steps reach past sequences of {length}: the "
+                             f"observations in between are in no step of the batch; use "
+                             f"memory.n_step <= memory.sequence_length")
+        # step j bootstraps from the observation at stream position j + m (next_obs[:, j])
+        ends = torch.arange(length, device=steps.device) + steps
+        seq = _stream(batch.obs, batch.next_obs, mask, ends, n)  # [B, L + n, ...]
         state = {k: batch.extra[k][:, 0] for k in self.actor.recurrent_state()}
         target_state = state
         # R2D2's burn-in: the recorded state is refreshed by the current networks, without gradient
@@ -169,48 +197,56 @@ class RecurrentSACAgent(TrainingAgent):
                 _, state = self.actor.unroll(warm, state)
                 _, target_state = self.actor_target.unroll(warm, target_state)
             seq = tree_map(lambda o: o[:, bi:], seq)
-        weight = batch.extra["mask"][:, bi:].float()
-        if batch.weight is not None:
-            weight = weight * batch.weight[:, bi:]
-        total = weight.sum().clamp(min=1.0)
+        real = mask[:, bi:].float()
+        count = real.sum().clamp(min=1.0)
+        # importance (and stale-row) weights scale each step's loss, as SACAgent's: a mean over the
+        # real steps, not a weighted mean (that would undo the correction)
+        weight = real if batch.weight is None else real * batch.weight[:, bi:]
         act, rew, term = batch.act[:, bi:], batch.rew[:, bi:], batch.terminated[:, bi:]
+        discount: torch.Tensor | float = self.gamma  # gamma ** m per step in an n-step batch
+        if "discount" in batch.extra:
+            discount = batch.extra["discount"][:, bi:]
         alpha = self.log_alpha.detach().exp()
+        nxt = ends[:, bi:] - bi  # each step's bootstrap position in the unroll
 
-        # [B, T + 1, hidden]; gradient from the critic loss only
+        # [B, L - burn_in + n, hidden]; gradient from the critic loss only
         z, _ = self.actor.unroll(seq, state)
         with torch.no_grad():
             z_target, _ = self.actor_target.unroll(seq, target_state)
-            a2, logp_a2 = self.actor.policy(z[:, 1:])
+            a2, logp_a2 = self.actor.policy(_take(z, nxt))
             assert logp_a2 is not None
-            q_targ = self.critic_target(_pair(z_target[:, 1:], a2)).min(0).values.reshape(rew.shape)
-            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode
-            # still has a future.
-            backup = rew + self.gamma * (1.0 - term) * (q_targ - alpha * logp_a2)
+            q_targ = self.critic_target(_pair(_take(z_target, nxt), a2)).min(0).values
+            q_targ = q_targ.reshape(rew.shape)
+            # CRUCIAL: only `terminated` stops bootstrapping; a truncated episode still has a
+            # future. discount: gamma ** m for an n-step return over m rewards.
+            backup = rew + discount * (1.0 - term) * (q_targ - alpha * logp_a2)
 
-        q = self.critic(_pair(z[:, :-1], act))  # (2, B * T)
+        features = z[:, :length - bi]
+        q = self.critic(_pair(features, act))  # (2, B * T)
         td = ((q - backup.reshape(-1)) ** 2).sum(0)
-        loss_q = (td * weight.reshape(-1)).sum() / total
+        loss_q = (td * weight.reshape(-1)).sum() / count
         self.q_optimizer.zero_grad(set_to_none=True)
         loss_q.backward()
         self.q_optimizer.step()
 
         # the policy head learns on the features; they learn from the critic
-        features = z[:, :-1].detach()
+        features = features.detach()
         for p in self._q_params:
             p.requires_grad_(False)
         pi, logp_pi = self.actor.policy(features)
         assert logp_pi is not None
         q_pi = self.critic(_pair(features, pi)).min(0).values.reshape(logp_pi.shape)
-        loss_pi = ((alpha * logp_pi - q_pi) * weight).sum() / total
+        loss_pi = ((alpha * logp_pi - q_pi) * weight).sum() / count
         self.pi_optimizer.zero_grad(set_to_none=True)
         loss_pi.backward()
         self.pi_optimizer.step()
         for p in self._q_params:
             p.requires_grad_(True)
 
-        metrics = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(), "entropy_coef": alpha.item()}
+        metrics: dict[str, Any] = {"loss_critic": loss_q.item(), "loss_actor": loss_pi.item(),
+                                   "entropy_coef": alpha.item()}
         if self.learn_entropy_coef:
-            entropy_gap = ((logp_pi.detach() + self.target_entropy) * weight).sum() / total
+            entropy_gap = ((logp_pi.detach() + self.target_entropy) * real).sum() / count
             loss_alpha = -(self.log_alpha * entropy_gap).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
             # torch's stubs leave Tensor.backward untyped
@@ -220,6 +256,10 @@ class RecurrentSACAgent(TrainingAgent):
 
         with torch.no_grad():  # target <- polyak * target + (1 - polyak) * online
             torch._foreach_lerp_(self._targets, self._online, 1.0 - self.polyak)
+        if "index" in batch.extra:  # prioritized: each step's |td|, 0 at burn-in and padding
+            per_step = (q.detach() - backup.reshape(-1)).abs().mean(0).reshape(real.shape) * real
+            skipped = torch.zeros_like(mask[:, :bi], dtype=per_step.dtype)
+            metrics["priority"] = torch.cat([skipped, per_step], 1)
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
@@ -243,13 +283,38 @@ def _lead(obs: Any, dims: int = 2) -> tuple[int, ...]:
     return found[0]
 
 
-def _cat(a: Any, b: Any) -> Any:
-    """Two trees of tensors ``[B, T, ...]`` joined along T."""
+def _stream(obs: Any, next_obs: Any, mask: torch.Tensor, ends: torch.Tensor, n: int) -> Any:
+    """The L + n consecutive observations a sequence's core unrolls over, from trees ``[B, L]``:
+    position j < L is ``obs[:, j]``, and each real step j puts its ``next_obs`` at position
+    ``ends[:, j]`` (j + m, m its window's length). That overrides the padding after a sequence's end
+    (its last next_obs), and fills the n positions past L: when n <= L, each of them the core
+    reaches is the end of some real step's full window. Positions no real step ends at and the
+    core never needs hold the last step's next_obs."""
+    b, length = mask.shape
+    rows = torch.arange(b, device=mask.device)[:, None].expand(b, length)
+    slot = torch.where(mask, ends, length + n)  # padded steps write to a spare position, cut below
+
+    def build(o: torch.Tensor, o2: torch.Tensor) -> torch.Tensor:
+        tail = o2[:, -1:].expand(b, n + 1, *o2.shape[2:])
+        out = torch.cat([o, tail], 1)
+        out[rows, slot] = o2  # real steps with the same end hold the same observation
+        return out[:, :length + n]
+
+    return _zip_map(build, obs, next_obs)
+
+
+def _zip_map(fn: Any, a: Any, b: Any) -> Any:
+    """``fn`` over the paired leaves of two trees of tensors."""
     if isinstance(a, (tuple, list)):
-        return type(a)(_cat(x, y) for x, y in zip(a, b, strict=True))
+        return type(a)(_zip_map(fn, x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
-        return {k: _cat(a[k], b[k]) for k in a}
-    return torch.cat([a, b], 1)
+        return {k: _zip_map(fn, a[k], b[k]) for k in a}
+    return fn(a, b)
+
+
+def _take(z: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Features ``z[b, at[b, t]]``: ``[B, T, H]`` from ``z [B, T', H]`` and positions ``[B, T]``."""
+    return z.gather(1, at[..., None].expand(*at.shape, z.shape[-1]))
 
 
 def _pair(z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

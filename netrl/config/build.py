@@ -42,6 +42,8 @@ def _type_name(tp: Any) -> str:
     if origin is list:
         plural = {int: "integers", float: "finite numbers", str: "strings"}
         item = typing.get_args(tp)[0]
+        if typing.get_origin(item) is dict:
+            return "a list of objects"
         return f"a list of {plural[item]}" if item in plural else f"a list of {_type_name(item)}"
     if origin is dict:
         return "an object"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BUILT_IN_PIPELINES", "MAX_NAME_BYTES", "Check", "between", "file_name", "folder", "ge",
-           "gt", "hidden_indices", "home", "host", "nonempty", "optional", "optional_folder",
-           "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
+           "gt", "hidden_indices", "home", "host", "info_keys", "nonempty", "optional",
+           "optional_folder", "pipeline_name", "port", "sequence_problems", "sizes", "torch_device"]
 
 Check = Callable[[Any], "str | None"]
 
@@ -121,6 +121,25 @@ def sizes(v: list[int]) -> str | None:
 def hidden_indices(v: list[int]) -> str | None:
     if any(i < 0 for i in v) or len(set(v)) != len(v):
         return "must list distinct indices >= 0"
+    return None
+
+
+def env_transforms(v: list[Any]) -> str | None:
+    """env.transforms: each entry a known transform with valid options (named by its place)."""
+    from netrl.envs.transform_config import transform_problems
+
+    problems = transform_problems(v)
+    return "; ".join(problems) if problems else None
+
+
+def info_keys(v: list[dict[str, Any]]) -> str | None:
+    """env.info_keys: each entry {"name", "dtype", "shape", "default"} (all but name optional)."""
+    from netrl.samples.info import check_info_keys  # numpy: loaded when the key is set
+
+    try:
+        check_info_keys(v, "the list")
+    except ValueError as exc:
+        return f"must list info keys ({exc})"
     return None
 
 

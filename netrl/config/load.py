@@ -96,6 +96,11 @@ def _cross_checks(cfg: Config, role: str | None = None) -> list[Problem]:
                          f"trainer.start_training ({cfg.trainer.start_training}): "
                          f"training would stop before it starts"))
     problems += _cuda_problems(cfg) + _sequence_problems(cfg)
+    if cfg.memory.device == "cuda" and cfg.memory.storage == "disk":
+        problems.append((("memory.device", "memory.storage"),
+                         'memory.device "cuda" keeps the replay columns on the training device, '
+                         'and memory.storage "disk" keeps them in files: set one of them to its '
+                         'default ("cpu", "ram")'))
     if cfg.env.pipeline in ("drone", "image") and cfg.env.kwargs:
         problems.append((("env.pipeline", "env.kwargs"),
                          f'env.kwargs is only used by the "gym" pipeline and by '
@@ -125,18 +130,25 @@ def _cuda_problems(cfg: Config) -> list[Problem]:
 
 
 def _sequence_problems(cfg: Config) -> list[Problem]:
-    """Sequences are sampled uniformly, one step at a time, from host columns."""
-    m = cfg.memory
-    if m.sequence_length < 2:
-        return []
-    clash = [(key, value) for key, value, on in (("memory.n_step", m.n_step, m.n_step > 1),
-                                                 ("memory.prioritized", m.prioritized, m.prioritized),
-                                                 ("memory.device", m.device, m.device != "cpu")) if on]
-    return [(("memory.sequence_length", key), f"memory.sequence_length ({m.sequence_length}) "
-                                              f"cannot be combined with {key} "
-                                              f"({json.dumps(value)}): sequences are sampled "
-                                              f"uniformly, one step at a time, from host memory")
-            for key, value in clash]
+    """Sequences follow trajectory links kept in host columns; the memories compose them with
+    n-step returns and priorities, which the recurrent SAC takes with windows no longer than its
+    sequences."""
+    m, recurrent = cfg.memory, cfg.agent.recurrent
+    problems: list[Problem] = []
+    if m.sequence_length >= 2 and m.device != "cpu":
+        problems.append((("memory.sequence_length", "memory.device"),
+                         f"memory.sequence_length ({m.sequence_length}) cannot be combined with "
+                         f"memory.device ({json.dumps(m.device)}): sequences follow links kept in "
+                         f"host memory, step by step"))
+    if recurrent is not None and m.sequence_length >= 2 and m.n_step > m.sequence_length:
+        problems.append((("memory.n_step", "memory.sequence_length", "agent.recurrent"),
+                         f"memory.n_step ({m.n_step}) must be <= memory.sequence_length "
+                         f"({m.sequence_length}) with agent.recurrent ({json.dumps(recurrent)}): "
+                         f"the recurrent SAC unrolls its core over the observations up to each "
+                         f"step's n-step bootstrap, and past a sequence's end only the windows' "
+                         f"ends are in the batch; raise memory.sequence_length or lower "
+                         f"memory.n_step"))
+    return problems
 
 
 def _validate(data: Any, source: str, flagged: Mapping[str, Any] | None = None, role: str | None = None) -> Config:

@@ -24,6 +24,7 @@ from netrl.config.agent import AgentConfig
 from netrl.config.build import setting as _f
 from netrl.config.checks import (
     between,
+    env_transforms,
     file_name,
     folder,
     ge,
@@ -31,6 +32,7 @@ from netrl.config.checks import (
     hidden_indices,
     home,
     host,
+    info_keys,
     nonempty,
     optional,
     optional_folder,
@@ -39,6 +41,7 @@ from netrl.config.checks import (
     torch_device,
 )
 from netrl.config.renamed import old_attribute
+from netrl.envs.transform_config import synced_obs_norm
 from netrl.protocol.codecs import Codec
 from netrl.protocol.messages import MAX_SECONDS, MIN_MESSAGE_BYTES, PEER_NAME, PEER_NAME_RULE
 
@@ -86,6 +89,11 @@ class EnvConfig:
     hide_obs: list[int] = _f([], "gym pipeline: indices of the flat observation left out (a "
                                  "partially observed env, e.g. [2] hides Pendulum-v1's "
                                  "angular velocity; see netrl.envs.pomdp)", hidden_indices)
+    info_keys: list[dict[str, Any]] = _f(
+        [], "entries of the env's info the trainer's batches carry as "
+            'batch.extra["info/<name>"], each {"name", "dtype", "shape", "default"} (all but '
+            "name optional: float32, [], none; see docs/pipelines.md), added to the pipeline's",
+        info_keys)
     normalize_obs: bool = _f(False, "normalise each float Box leaf of the observation by "
                                     "running statistics of the samples the trainer receives, "
                                     "published to the workers as the model obs_norm "
@@ -94,6 +102,19 @@ class EnvConfig:
                                    gt(0))
     normalize_obs_every: int = _f(0, "training steps between publications of the observation "
                                      "statistics (0: with every policy publication)", ge(0))
+    transforms: list[dict[str, Any]] = _f(
+        [], 'transforms around every env, in order, with TorchRL\'s names: objects such as '
+            '{"name": "Resize", "w": 84, "h": 84}; Resize, PermuteTransform, GrayScale, '
+            'CatFrames, FrameSkipTransform, '
+            'RewardScaling, RewardClipping, ObservationNorm (without loc and scale: the synced '
+            'statistics, turns normalize_obs on), StepCounter (see docs/transforms.md)',
+        env_transforms)
+
+    def __post_init__(self) -> None:
+        # an ObservationNorm of the synced statistics is env.normalize_obs, which the worker
+        # and the trainer read (frozen: set once, here)
+        if synced_obs_norm(self.transforms) and not self.normalize_obs:
+            object.__setattr__(self, "normalize_obs", True)
 
 
 def seconds(v: float) -> str | None:
@@ -332,9 +353,10 @@ class MemoryConfig:
     batch_size: int = _f(256, "transitions per training batch", ge(1))
     n_step: int = _f(1, "n-step returns: each sampled transition sums up to this "
                         "many discounted rewards (agent.gamma) of its episode before "
-                        "bootstrapping (1: one-step; ReplayMemory only)", ge(1))
-    prioritized: bool = _f(False, "prioritized replay: transitions drawn by their agent's |TD "
-                                  "error|, with importance weights (ReplayMemory with SAC or DQN)")
+                        "bootstrapping (1: one-step; every pipeline, per step of a sequence "
+                        "too)", ge(1))
+    prioritized: bool = _f(False, "prioritized replay: transitions (or sequence starts, R2D2) "
+                                  "drawn by their agent's |TD error|, with importance weights")
     priority_alpha: float = _f(0.6, "prioritized replay: priority exponent (0: uniform, 1: fully "
                                "by priority)", between(0.0, 1.0))
     priority_beta: float = _f(0.4, "prioritized replay: importance-weight exponent at the start, "
@@ -348,11 +370,24 @@ class MemoryConfig:
                                                "from page-locked buffers) or cuda (the training "
                                                "device's memory, if memory_size fits: packets "
                                                "are copied in once and batches gathered there)")
+    storage: Literal["ram", "disk"] = _f("ram", "where the replay memory's columns live: ram, or "
+                                                "disk (each column of more than one value per row, "
+                                                "camera frames above all, in a memory-mapped file "
+                                                "created sparse in storage_folder, so a replay "
+                                                "larger than RAM works; ReplayMemory, "
+                                                "HistoryMemory and the memories built on them)")
+    storage_folder: str | None = _f(None, "memory.storage disk: the folder of the column files, "
+                                          "one trainer at a time; they are removed when the "
+                                          "trainer stops (null: <weights_folder>/<run_name>/"
+                                          "replay)", optional_folder, home)
+    storage_resident_mib: int = _f(1024, "memory.storage disk: MiB of the column files' pages the "
+                                         "trainer keeps mapped (they count in its resident "
+                                         "memory) before it unmaps them; they stay in the page "
+                                         "cache (0: no bound)", ge(0))
     sequence_length: int = _f(1, "consecutive transitions of one env per batch item, for recurrent "
                                  "agents: batches are [batch_size, sequence_length] with a mask; a "
-                                 "sequence stops at an episode's end and at a packet boundary, so "
-                                 "keep it well below worker.min_samples_per_worker_packet "
-                                 "(1: single transitions)", ge(1))
+                                 "sequence follows its trajectory across packets and stops at an "
+                                 "episode's end (1: single transitions)", ge(1))
     burn_in: int = _f(0, "first steps of each sequence that only warm up the recurrent "
                          "state, without gradient (R2D2); must be < sequence_length", ge(0))
     max_worker_share: float = _f(0.0, "most of the replay memory's rows one worker key may hold "

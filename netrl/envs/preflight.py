@@ -33,6 +33,7 @@ from netrl.envs.checks import (
     value_limits,
 )
 from netrl.samples.columns import Buffer, BufferBuilder, flatten
+from netrl.samples.info import InfoKey, info_spec, info_values
 from netrl.samples.spaces import carried_sample, default_value
 
 __all__ = ["PreflightReport", "WireCheck", "preflight", "random_action"]
@@ -95,13 +96,15 @@ def random_action(action_space: gymnasium.Space, obs: Any) -> Any:
 
 def preflight(env_cls: Callable[[], Any], sample_compressor: Callable[..., Any] | None = None,
               memory_cls: Callable[..., Any] | None = None, overlap: int = 1, steps: int = 200,
-              seed: int | None = 0, through_wire: WireCheck | None = None) -> PreflightReport:
+              seed: int | None = 0, through_wire: WireCheck | None = None,
+              info_keys: tuple[InfoKey, ...] = ()) -> PreflightReport:
     """Build ``env_cls()``, run ``steps`` env steps with random actions, and
     report every mismatch at once.
 
     ``memory_cls`` is built with ``device="cpu"`` (and a small ``memory_size`` and ``batch_size``
     where it takes them); ``through_wire`` (see :data:`WireCheck`) checks each packet as
-    the server and trainer would."""
+    the server and trainer would; ``info_keys``, the pipeline's, are recorded from each info as a
+    worker does (:mod:`netrl.samples.info`)."""
     report = PreflightReport()
     try:
         env = env_cls()
@@ -109,7 +112,8 @@ def preflight(env_cls: Callable[[], Any], sample_compressor: Callable[..., Any] 
         report.add(f"building the env failed: {type(exc).__name__}: {exc}")
         return report
     try:
-        _run(env, report, sample_compressor, memory_cls, overlap, steps, seed, through_wire)
+        _run(env, report, sample_compressor, memory_cls, overlap, steps, seed, through_wire,
+             info_keys)
     finally:
         try:
             env.close()
@@ -119,7 +123,8 @@ def preflight(env_cls: Callable[[], Any], sample_compressor: Callable[..., Any] 
 
 
 def _run(env: Any, report: PreflightReport, compressor: Callable[..., Any] | None, memory_cls: Callable[..., Any]
-         | None, overlap: int, steps: int, seed: int | None, through_wire: WireCheck | None) -> None:
+         | None, overlap: int, steps: int, seed: int | None, through_wire: WireCheck | None,
+         info_keys: tuple[InfoKey, ...]) -> None:
     obs_space, act_space = env.observation_space, env.action_space
     problems = space_problems(obs_space, act_space)
     for p in problems:
@@ -138,17 +143,22 @@ def _run(env: Any, report: PreflightReport, compressor: Callable[..., Any] | Non
         return
     report.checked.append("leaves (dtype, shape per row): " + ", ".join(
         f"{name} {np.dtype(d).name} {s}" for name, (d, s) in expected.items()))
-    _rollout(env, report, compressor, memory_cls, overlap, steps, seed, through_wire, expected)
+    _rollout(env, report, compressor, memory_cls, overlap, steps, seed, through_wire, expected,
+             info_keys)
 
 
 def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] | None,
              memory_cls: Callable[..., Any] | None, overlap: int, steps: int, seed: int | None,
-             through_wire: WireCheck | None, expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+             through_wire: WireCheck | None, expected: dict[str, tuple[str, tuple[int, ...]]],
+             info_keys: tuple[InfoKey, ...] = ()) -> None:
     """Random actions for ``steps`` env steps, rows cut into packets as a worker
     does, each packet checked."""
     obs_space, act_space = env.observation_space, env.action_space
-    builder = BufferBuilder(PACKET_ROWS + overlap, overlap)
+    # one row more than a packet: a step may add two rows (an episode's first observation and
+    # the step after it), which one-step episodes (Blackjack) do on every step
+    builder = BufferBuilder(PACKET_ROWS + overlap + 1, overlap)
     builder.dtypes = {name: np.dtype(d) for name, (d, _) in expected.items()}
+    builder.info = info_spec(info_keys)
     memory = _memory(memory_cls, report)
     # the values' checks, where no wire route brings the trainer's (with a compressor, its schema
     # knows which leaves keep the spaces' bounds)
@@ -171,7 +181,7 @@ def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] |
         where = f"the first observation of episode {episodes + 1} (env step {step})" if first else f"env step {step}"
         _observation(obs, obs_space, act_space, where, report, terminal=False)
         if first and not _add(builder, compressor, _placeholder(env, act_space), obs, 0.0, False, False, info,
-                              True, where, report):
+                              True, where, report, info_keys):
             return
         act = random_action(act_space, obs)
         try:
@@ -181,7 +191,7 @@ def _rollout(env: Any, report: PreflightReport, compressor: Callable[..., Any] |
             return
         step, rows, first = step + 1, rows + 1, False
         if not _add(builder, compressor, act, obs, rew, bool(terminated), bool(truncated), info, False,
-                    f"env step {step}", report):
+                    f"env step {step}", report, info_keys):
             return
         if terminated or truncated:
             _observation(obs, obs_space, act_space, f"env step {step}", report, terminal=bool(terminated))
@@ -260,9 +270,16 @@ def _observation(obs: Any, obs_space: gymnasium.Space, act_space: gymnasium.Spac
 
 
 def _add(builder: BufferBuilder, compressor: Callable[..., Any] | None, act: Any, obs: Any, rew: float,
-         terminated: bool, truncated: bool, info: Any, reset: bool, where: str, report: PreflightReport) -> bool:
+         terminated: bool, truncated: bool, info: Any, reset: bool, where: str,
+         report: PreflightReport, info_keys: tuple[InfoKey, ...] = ()) -> bool:
     """One row through the compressor into the builder (as the worker's PacketMaker
     does); False on a problem."""
+    try:
+        call = "reset" if reset else "step"
+        values = info_values(info_keys, info, call) if info_keys else None
+    except ValueError as exc:
+        report.add(str(exc), where)
+        return False
     if compressor is not None:
         try:
             act, obs, rew, terminated, truncated, info = compressor(act, obs, rew, terminated, truncated, info)
@@ -270,7 +287,7 @@ def _add(builder: BufferBuilder, compressor: Callable[..., Any] | None, act: Any
             report.add(f"the sample compressor failed: {type(exc).__name__}: {exc}", where)
             return False
     try:
-        builder.add(act, obs, float(rew), terminated, truncated, reset, 0)
+        builder.add(act, obs, float(rew), terminated, truncated, reset, 0, info=values)
     except (ValueError, TypeError) as exc:
         report.add(f"the packet builder refused its row: {exc}", where)
         return False

@@ -206,8 +206,8 @@ class ActionBufferMemory(HistoryMemory):
         src_row = np.where(before, 0, src_row)
         return src_row, known | before
 
-    def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray]) -> tuple[Any, Any]:
-        core, next_core = super()._observations(idx, windows)  # the stored leaves, as tuples
+    def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray], tag: str = "") -> tuple[Any, Any]:
+        core, next_core = super()._observations(idx, windows, tag)  # the stored leaves, as tuples
         buf = windows["act_buf"]  # (B, L + 1, *act_shape): the row before's buffer, then the row's
         n = self.act_buf_len
         return (*core, *(buf[:, j] for j in range(n))), (*next_core, *(buf[:, j + 1] for j in range(n)))

@@ -14,7 +14,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,9 +25,13 @@ from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, tree_map
 from netrl.util import takes_args
 
+if TYPE_CHECKING:
+    from netrl.memory.disk import DiskRing
+
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_SIZE", "MemoryDataloading", "Transition", "WorkerIds", "allocate_ring",
+           "batch_key",
            "check_columns", "collate", "draw_ends", "env_column", "extra_columns", "np_dtype", "nth_end",
            "run_sample_preprocessor", "to_tensor"]
 
@@ -155,18 +159,30 @@ DEFAULT_MEMORY_SIZE, DEFAULT_BATCH_SIZE = 1_000_000, 256
 
 
 def extra_columns(buffer: Buffer, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A packet's extra outputs as columns ``extra/<name>``; ValueError unless they are the ones
-    the memory's ``stored`` columns hold (none yet: any), since a packet without one would leave
-    old rows' values in its slots."""
+    """A packet's extra outputs as columns ``extra/<name>`` and its info entries as
+    ``info/<name>`` (:mod:`netrl.samples.info`); ValueError unless they are the ones the memory's
+    ``stored`` columns hold (none yet: any), since a packet without one would leave old rows'
+    values in its slots."""
     cols = {f"extra/{name}": np.asarray(col) for name, col in (getattr(buffer, "extra", None) or {}).items()}
-    if stored:
-        have = sorted(n[6:] for n in stored if n.startswith("extra/"))
-        if sorted(n[6:] for n in cols) != have:
+    info = getattr(buffer, "info", None) or {}
+    cols.update((f"info/{name}", np.asarray(col)) for name, col in info.items())
+    for group, what, who in (("extra/", "extra outputs", "actor"),
+                             ("info/", "info keys", "pipeline")):
+        have = sorted(n[len(group):] for n in stored if n.startswith(group))
+        got = sorted(n[len(group):] for n in cols if n.startswith(group))
+        if stored and got != have:
             raise ValueError(f"packet {buffer.seq} of worker "
-                             f"{buffer.worker or '(unnamed)'} carries the extra "
-                             f"outputs {sorted(n[6:] for n in cols)}; the memory "
-                             f"stores {have}: every worker must run the same actor")
+                             f"{buffer.worker or '(unnamed)'} carries the {what} {got}; the "
+                             f"memory stores {have}: every worker must run the same {who}")
     return cols
+
+
+def batch_key(column: str) -> str | None:
+    """The ``batch.extra`` key of a stored column: an extra output's name, an info entry's
+    ``info/<name>``; None for the other columns."""
+    if column.startswith("extra/"):
+        return column[6:]
+    return column if column.startswith("info/") else None
 
 
 def env_column(buffer: Buffer, n: int) -> np.ndarray:
@@ -201,14 +217,19 @@ class WorkerIds:
         return sorted(self.names[int(i)] or "(unnamed)" for i in np.unique(ids) if i >= 0)
 
 
-def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
-    """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``.
+def allocate_ring(memory_size: int, rows: dict[str, tuple[tuple[int, ...], Any]],
+                  storage: DiskRing | None = None) -> dict[str, np.ndarray]:
+    """Zeroed ring columns of ``memory_size`` rows, one per ``name: (per-row shape, dtype)``: in
+    RAM, or with ``storage`` (a memory's ``ring_storage``, ``memory.storage`` disk) in files it
+    maps (:mod:`netrl.memory.disk`).
 
     Their size is known only when the first packet shows a row's shapes, long after the config was
     accepted and the trainer connected: a ``memory_size`` this machine cannot hold is reported
     here as the config problem it is, with the bytes it needs, and not as numpy's traceback
     (MemoryError; ValueError past numpy's largest array).
     """
+    if storage is not None:
+        return storage.allocate(memory_size, rows)
     import psutil  # here: only allocations need it
 
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in rows.values())
@@ -263,6 +284,10 @@ class MemoryDataloading(ABC):
             :func:`save_dataset` (see :meth:`load_dataset`). Unlike tmrl, not a folder
             holding a pickled ``data.pkl``.
 
+    ``ring_storage``: where :func:`allocate_ring` puts the columns of the memories that store rows
+    in a ring (ReplayMemory, HistoryMemory and those built on them): None, RAM; a
+    :class:`~netrl.memory.disk.DiskRing`, memory-mapped files (``memory.storage`` disk).
+
     ``obs_transform`` (an attribute, None by default): a callable applied to a batch's ``obs`` and
     ``next_obs`` (trees of tensors on ``device``) after they are gathered, before the batch is
     returned, so the memory keeps the observations as they arrived. The trainer sets it to its
@@ -271,11 +296,12 @@ class MemoryDataloading(ABC):
 
     # a class attribute: tmrl memories skip our __init__ too
     obs_transform: Callable[[Any], Any] | None = None
+    ring_storage: DiskRing | None = None
 
     def __init__(self, device: str | torch.device = "cpu", nb_steps: int = 1, obs_preprocessor: Callable[..., Any]
                  | None = None, sample_preprocessor: Callable[..., Any] | None = None,
                  memory_size: int = DEFAULT_MEMORY_SIZE, batch_size: int = DEFAULT_BATCH_SIZE, dataset_path: str = "",
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, ring_storage: DiskRing | None = None) -> None:
         problems = [f"{name} must be > 0 (got {value})" for name, value in
                     (("memory_size", memory_size), ("batch_size", batch_size)) if value <= 0]
         if problems:
@@ -289,6 +315,7 @@ class MemoryDataloading(ABC):
         self.memory_size = memory_size
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
+        self.ring_storage = ring_storage  # before a dataset is loaded into the ring
         self.data: Any = []  # tmrl memories keep their storage here
         if dataset_path:
             self.load_dataset(dataset_path)

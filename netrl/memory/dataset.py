@@ -75,8 +75,8 @@ def save_dataset(path: str | os.PathLike[str], buffer: Buffer) -> None:
 
     Columns: ``act`` and ``obs`` (or ``act/0``, ``act/1``... for a tuple), ``rew``,
     ``terminated``, ``truncated``, ``reset``, ``context`` and ``policy_version``, as in
-    :class:`~netrl.samples.Buffer`, and ``extra/<name>`` for each of its extra outputs. numpy adds
-    ``.npz`` to a path without it.
+    :class:`~netrl.samples.Buffer`, ``extra/<name>`` for each of its extra outputs and
+    ``info/<name>`` for each of its info entries. numpy adds ``.npz`` to a path without it.
     """
     act_spec, act_leaves = flatten(buffer.act, "act")
     obs_spec, obs_leaves = flatten(buffer.obs, "obs")
@@ -87,6 +87,7 @@ def save_dataset(path: str | os.PathLike[str], buffer: Buffer) -> None:
                              f"nested as {spec!r}: flatten it into a tuple first")
     columns: dict[str, Any] = {**dict(act_leaves + obs_leaves), **{c: getattr(buffer, c) for c in _DATASET_COLUMNS}}
     columns.update((f"extra/{name}", col) for name, col in (buffer.extra or {}).items())
+    columns.update((f"info/{name}", col) for name, col in (buffer.info or {}).items())
     np.savez(path, **columns)
 
 
@@ -107,4 +108,6 @@ def read_dataset(path: str | os.PathLike[str]) -> Buffer:
     obs = unflatten(_spec_from_names([k for k in leaves if k.startswith("obs")], "obs"), leaves)
     return Buffer(act=act, obs=obs, rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
                   reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
-                  worker="dataset", extra={k[6:]: v for k, v in cols.items() if k.startswith("extra/")} or None)
+                  worker="dataset", extra={k[6:]: v for k, v in cols.items() if k.startswith("extra/")} or None,
+                  info={k[5:]: v for k, v in cols.items()
+                        if k.startswith("info/")} or None)

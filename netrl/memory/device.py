@@ -26,7 +26,7 @@ __all__ = ["HEADROOM", "HOST_COLUMNS", "allocate_tensor_ring", "check_storage_de
 log = logging.getLogger(__name__)
 
 # what rows are drawn and reported by
-HOST_COLUMNS = frozenset({"end", "sent", "worker", "policy_version", "env"})
+HOST_COLUMNS = frozenset({"end", "sent", "worker", "policy_version", "env", "traj", "episode", "next", "run"})
 HEADROOM = 0.8  # of a CUDA device's free memory: the agent, its optimisers and the
                 # batches need the rest
 

@@ -20,8 +20,9 @@ and declare a view each.
 
 Rows of one packet are written contiguously, and a packet is self-contained (see
 :mod:`netrl.samples`), so a row and the rows it reads are always from the same packet, at
-fixed distances in the ring. Batches are gathered with a few fancy-indexing calls into reused
-buffers; nothing loops over items.
+fixed distances in the ring. n-step windows and sequences go forward along each row's trajectory,
+across packets (:mod:`netrl.memory.sampling`); views are assembled per step. Batches are gathered
+with a few fancy-indexing calls into reused buffers; nothing loops over items.
 """
 
 from __future__ import annotations
@@ -35,39 +36,34 @@ import torch
 from netrl.memory.base import (
     MemoryDataloading,
     allocate_ring,
+    batch_key,
     check_columns,
-    draw_ends,
     env_column,
     extra_columns,
     nth_end,
     run_sample_preprocessor,
 )
 from netrl.memory.owners import OwnedRows
-from netrl.memory.views import MAX_NEED, NEVER, View, check_views, declared_views, segment_offsets, sliding_rows
+from netrl.memory.sampling import Sampling
+from netrl.memory.sequences import sequence_batch
+from netrl.memory.trajectories import TrajectoryLinks
+from netrl.memory.views import (
+    MAX_NEED,
+    NEVER,
+    View,
+    check_views,
+    declared_views,
+    segment_offsets,
+    sliding_rows,
+    transition_needs,
+)
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, Spec, flatten, row, spec_leaves, tree_map, unflatten
 
 __all__ = ["MAX_NEED", "NEVER", "HistoryMemory", "attach_views", "transition_needs"]
 
 
-def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
-    """Rows back a transition ending at each row reads: its own observation's and, one
-    row further, the previous one.
-
-    ``row_needs[k]`` is how many rows back row ``k``'s observation reads (``NEVER`` if it cannot be
-    rebuilt). Rows that end no transition get ``NEVER``.
-    """
-    need = np.full(len(buffer), NEVER, np.int64)
-    ends = np.flatnonzero(buffer.transition_end)
-    ends = ends[ends > 0]  # a transition needs its previous row in the same packet
-    now, prev = row_needs[ends].astype(np.int64), row_needs[ends - 1].astype(np.int64) + 1
-    both = np.maximum(now, prev)
-    ok = (row_needs[ends] != NEVER) & (row_needs[ends - 1] != NEVER) & (both <= MAX_NEED)
-    need[ends[ok]] = both[ok]
-    return need.astype(np.uint8)
-
-
-class HistoryMemory(OwnedRows, MemoryDataloading):
+class HistoryMemory(Sampling, OwnedRows, MemoryDataloading):
     """Preallocated ring of rows with vectorised sampling of transitions whose
     declared views are still stored.
 
@@ -92,7 +88,12 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
 
     _SAMPLING, _NONE = "need", NEVER
 
-    def __init__(self, *args: Any, views: Sequence[View] = (), **kwargs: Any) -> None:
+    def __init__(self, *args: Any, views: Sequence[View] = (), n_step: int = 1, gamma: float | None = None,
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, beta_steps: int = 100_000,
+                 eps: float = 1e-6, sequence_length: int = 1, burn_in: int = 0, priority_eta: float = 0.9,
+                 **kwargs: Any) -> None:
+        self._sampling_init(n_step, gamma, prioritized, alpha, beta, beta_steps, eps, sequence_length, burn_in,
+                            priority_eta)
         self._cols: dict[str, np.ndarray] = {}
         self._out: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
         self._act_spec: Any = None
@@ -104,9 +105,11 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         self._weighted = False  # True once a packet carried loss weights below 1 (stale samples)
         self.total_appended = 0
         self._owned_init()
+        self._links = TrajectoryLinks()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         self.views: list[View] = []
         super().__init__(*args, **kwargs)
+        self._sampling_setup()
         if self.obs_preprocessor is not None:
             raise ValueError(f"{type(self).__name__} rebuilds observations per batch and "
                              f"takes no obs_preprocessor; preprocess inside the model instead")
@@ -164,12 +167,16 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         columns.update(self._view_columns(buffer, columns))
         columns["need"] = self._needs(buffer, columns)
         self._owned_columns(buffer.worker, columns, n)
+        linked = self._links.link(buffer, columns, self._cols, self.total_appended, self._size,
+                                  max(0, n - self.memory_size))
+        columns.update(linked.columns)
         need = columns["need"]
         if self._cols and (act_spec != self._act_spec or obs_spec != self._obs_spec or set(columns) != set(self._cols)):
             raise ValueError("a packet's observation/action structure differs from "
                              "the memory's; every worker must run the same pipeline")
         cap = self.memory_size
-        stored = self._cols or allocate_ring(cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()})
+        stored = self._cols or allocate_ring(
+            cap, {k: (v.shape[1:], v.dtype) for k, v in columns.items()}, self.ring_storage)
         # before any change: a refused packet must leave the memory as it was
         check_columns(columns, stored, n)
         if not self._cols:
@@ -191,7 +198,11 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         self._pos = int((self._pos + n) % cap)
         self._size = min(self._size + n, cap)
         self.total_appended += n
+        self._links.commit(linked, self._cols, self.total_appended, self._size)
         self._ordered = None
+        if self._priorities is not None:
+            self._priorities.written(idx, columns["need"] != NEVER, self._oldest)
+            self._head_priorities()
 
     def _check_layout(self, obs_spec: Spec, columns: dict[str, np.ndarray]) -> None:
         """At the first packet: every view reads a stored column, fills an observation leaf that
@@ -237,12 +248,19 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
 
     def _sampling_changed(self, rows: np.ndarray, now: np.ndarray) -> None:
         self._ordered = None
+        if self._priorities is not None:
+            self._priorities.written(rows, now != NEVER, self._oldest)
+            self._head_priorities()
+
+    def _head_priorities(self) -> None:
+        """Priority 0 for the oldest rows whose views lost rows to the ring: never drawn."""
+        assert self._priorities is not None
+        head = (self._oldest + np.arange(min(self._size, MAX_NEED))) % self.memory_size
+        lost = head[(self._cols["need"][head] != NEVER) & ~self._valid(head)]
+        if len(lost):
+            self._priorities.tree.update(lost, 0.0)
 
     # -- validity ----------------------------------------------------------------------------------
-    @property
-    def _oldest(self) -> int:
-        return self._pos if self._size == self.memory_size else 0
-
     def _valid(self, idx: np.ndarray) -> np.ndarray:
         """Ring rows that end a transition whose whole history is still stored."""
         logical = (idx - self._oldest) % self.memory_size
@@ -257,11 +275,6 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         return self._ends - int(np.count_nonzero((need != NEVER) & ~self._valid(head)))
 
     # -- sampling ----------------------------------------------------------------------------------
-    def sample_indices(self) -> np.ndarray:
-        """Ring rows of ``batch_size`` transition ends, uniformly at random (see
-        :func:`~netrl.memory.base.draw_ends`)."""
-        return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends)
-
     def _ordered_ends(self) -> np.ndarray:
         """The ring rows where a sampleable transition ends, oldest first (computed
         once per append)."""
@@ -282,6 +295,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         out = self._out.get((key, shape))
         if out is None or out.dtype != col.dtype:
             out = self._out[(key, shape)] = np.empty(shape, col.dtype)
+        if self.ring_storage is not None and self.ring_storage.gather(col, idx, out):
+            return out  # read from its file (memory.storage disk)
         if idx.size < 64:  # a few rows (get_transition): numpy has less overhead per call
             np.take(col, idx, axis=0, out=out)
             return out
@@ -293,7 +308,7 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
             np.take(col, idx, axis=0, out=out)
         return out
 
-    def _windows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+    def _windows(self, idx: np.ndarray, tag: str = "") -> dict[str, np.ndarray]:
         """Per view, the ``length + 1`` values a transition ending at ring rows ``idx`` reads:
         ``(B, length + 1, ...)``, whose ``[:, :-1]`` is the observation's view and ``[:, 1:]``
         the next observation's."""
@@ -305,10 +320,10 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
             rows[:, 0] = prev - off[prev, 0]
             rows[:, 1:] = idx[:, None] - off[idx]
             rows %= self.memory_size
-            out[view.name] = self._take(f"view:{view.name}", self._cols[view.source], rows)
+            out[view.name] = self._take(f"{tag}view:{view.name}", self._cols[view.source], rows)
         return out
 
-    def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray]) -> tuple[Any, Any]:
+    def _observations(self, idx: np.ndarray, windows: dict[str, np.ndarray], tag: str = "") -> tuple[Any, Any]:
         """Batched ``(obs, next_obs)`` (numpy trees) for transitions ending at ring rows
         ``idx``: stored leaves at the row before and the row, views into the observation
         from their windows."""
@@ -320,8 +335,8 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
             if leaf in filled:
                 before[leaf], now[leaf] = windows[leaf][:, :-1], windows[leaf][:, 1:]
             else:
-                before[leaf] = self._take("prev:" + leaf, self._cols[leaf], prev)
-                now[leaf] = self._take("now:" + leaf, self._cols[leaf], idx)
+                before[leaf] = self._take(tag + "prev:" + leaf, self._cols[leaf], prev)
+                now[leaf] = self._take(tag + "now:" + leaf, self._cols[leaf], idx)
         return unflatten(self._obs_spec, before), unflatten(self._obs_spec, now)
 
     def _transitions(self, idx: np.ndarray) -> tuple[tuple[Any, Any, np.ndarray, Any, np.ndarray, np.ndarray],
@@ -339,21 +354,39 @@ class HistoryMemory(OwnedRows, MemoryDataloading):
         return None if self._sampled is None else self._workers.named(self._cols["worker"][self._sampled])
 
     def sample(self) -> Batch:
-        idx = self._sampled = self.sample_indices()
+        rows, mask, importance = self._walk()
+        idx = rows.reshape(-1)  # a sequence's B * L steps gathered flat, shaped [B, L] at the end
         (o, a, r, o2, term, trunc), windows = self._transitions(idx)
+        nxt_windows, steps = windows, None
+        if self.n_step > 1:  # the next observation, its views and flags where each window ends
+            last, r, steps = self._nstep(idx)
+            nxt_windows = self._windows(last, "n:")
+            o2 = self._observations(last, nxt_windows, "n:")[1]
+            term = self._take("n:terminated", self._cols["terminated"], last).astype(np.float32)
+            trunc = self._take("n:truncated", self._cols["truncated"], last).astype(np.float32)
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
-        weight = _tensor(self._take("weight", self._cols["weight"], idx), d) if self._weighted else None
-        extra = {n[6:]: _tensor(self._take(n, c, idx), d) for n, c in self._cols.items() if n.startswith("extra/")}
+        weight = self._take("weight", self._cols["weight"], idx) if self._weighted else None
+        if importance is not None:
+            weight = importance.reshape(-1) * (1.0 if weight is None else weight)
+        extra = {k: _tensor(self._take(n, c, idx), d) for n, c in self._cols.items() if (k := batch_key(n))}
+        extra.update(traj=_tensor(self._cols["traj"][idx], d), episode=_tensor(self._cols["episode"][idx], d))
         for view in self.views:
             if view.into == "extra":
-                window = _tensor(windows[view.name], d)
-                extra[view.name], extra["next_" + view.name] = window[:, :-1], window[:, 1:]
+                extra[view.name] = _tensor(windows[view.name], d)[:, :-1]
+                extra["next_" + view.name] = _tensor(nxt_windows[view.name], d)[:, 1:]
+        if steps is not None:
+            extra["steps_to_next_obs"] = _tensor(steps, d)
+            extra["discount"] = _tensor((self.gamma ** steps).astype(np.float32), d)
+        if importance is not None:
+            extra["index"] = _tensor(self._absolute(idx), d)
         o, o2 = _tensor(o, d), _tensor(o2, d)
         if self.obs_transform is not None:  # new tensors: the stored rows stay raw
             o, o2 = self.obs_transform(o), self.obs_transform(o2)
-        return Batch(o, _tensor(a, d), _tensor(r, d), o2, _tensor(term, d), _tensor(trunc, d), weight, extra=extra)
+        batch = Batch(o, _tensor(a, d), _tensor(r, d), o2, _tensor(term, d), _tensor(trunc, d),
+                      None if weight is None else _tensor(np.asarray(weight, np.float32), d), extra=extra)
+        return batch if mask is None else sequence_batch(batch, mask, d)
 
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for

@@ -13,6 +13,11 @@ Batches name their rows by *absolute* row number (rows appended before them,
 overwritten since it was sampled is ignored, so priorities computed from a batch prepared
 ahead can never land on other data.
 
+Sequences (R2D2, Kapturowski et al. 2019): the priority of a row is that of the sequence starting
+there, drawn the same way; ``extra["index"]`` is ``[B, L]`` and the agent returns one priority per
+step (``[B, L]`` |td|: the memory mixes them, :func:`sequence_priority`) or one per sequence
+(``[B]``, mixed by the agent). Every step of a sequence carries its importance weight.
+
 The training loop calls :func:`update_from_metrics` after each accepted step: an agent's
 ``train()`` may return ``metrics["priority"]``, one value per sample (its absolute TD errors,
 say); it is never logged as a metric.
@@ -28,7 +33,8 @@ import numpy as np
 from netrl.memory.sumtree import SumTree
 from netrl.util import worth_logging
 
-__all__ = ["PRIORITY_KEY", "Priorities", "check_priority_args", "pop_priority", "update_from_metrics"]
+__all__ = ["PRIORITY_KEY", "Priorities", "check_priority_args", "pop_priority", "sequence_priority",
+           "update_from_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +115,28 @@ class Priorities:
         if p.size:
             self.max_priority = max(self.max_priority, float(p.max()))
         return int(rows.size)
+
+
+def sequence_priority(priority: np.ndarray, index: np.ndarray, eta: float, burn_in: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences' start rows and priorities from a sequence batch's ``index`` (``[B, L]`` absolute
+    rows, ``batch.extra["index"]``) and ``priority``: one per sequence (``[B]``), taken as it is,
+    or one per step (``[B, L]``, each step's ``|td|``), mixed as R2D2 does: ``eta * max + (1 - eta)
+    * mean`` over the sequence's real steps after its first ``burn_in`` (which train nothing). The
+    padded steps after a sequence's end repeat its last row, which is how they are told apart here
+    (the mask need not come back); a sequence with no real step after its burn-in gets 0."""
+    starts = index[:, 0]
+    if priority.shape == starts.shape:
+        return starts, priority
+    if priority.shape != index.shape:
+        raise ValueError(f"{PRIORITY_KEY} has shape {priority.shape} for a batch of sequences "
+                         f"{index.shape}: return one per sequence {starts.shape} or one per step")
+    real = np.ones(index.shape, np.bool_)
+    real[:, 1:] = index[:, 1:] != index[:, :-1]
+    real[:, :burn_in] = False
+    td = np.where(real, np.abs(priority), 0.0)
+    mixed = eta * td.max(axis=1) + (1.0 - eta) * td.sum(axis=1) / np.maximum(real.sum(axis=1), 1)
+    return starts, mixed
 
 
 def pop_priority(metrics: dict[str, Any]) -> Any:

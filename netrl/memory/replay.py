@@ -12,8 +12,8 @@ from netrl.memory.base import (
     MemoryDataloading,
     Transition,
     allocate_ring,
+    batch_key,
     check_columns,
-    draw_ends,
     env_column,
     extra_columns,
     nth_end,
@@ -21,16 +21,16 @@ from netrl.memory.base import (
     to_tensor,
 )
 from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_copy, write_rows
-from netrl.memory.nstep import nstep_windows
 from netrl.memory.owners import OwnedRows
-from netrl.memory.priority import Priorities
-from netrl.memory.sequences import check_sequence_args, sample_sequences
+from netrl.memory.sampling import Sampling
+from netrl.memory.sequences import sequence_batch
+from netrl.memory.trajectories import LINK_COLUMNS, TrajectoryLinks
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, flatten, row, unflatten
 
 __all__ = ["ReplayMemory"]
 
-class ReplayMemory(OwnedRows, MemoryDataloading):
+class ReplayMemory(Sampling, OwnedRows, MemoryDataloading):
     """A preallocated numpy ring buffer of rows with vectorised batch sampling.
 
     Rows are stored as the worker sent them (observations once, not twice per transition). A
@@ -49,10 +49,11 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
     priorities of a batch's samples.
 
     ``sequence_length`` L > 1 makes every batch ``batch_size`` sequences of L consecutive
-    transitions of one env, fields shaped ``[B, L, ...]`` with ``batch.extra["mask"]``,
+    transitions of one trajectory, fields shaped ``[B, L, ...]`` with ``batch.extra["mask"]``,
     for recurrent agents; ``burn_in`` (< L) is what the agent runs without gradient
-    (see :mod:`netrl.memory.sequences`). Sequences take neither n-step returns nor
-    priorities, and need host columns.
+    (see :mod:`netrl.memory.sequences`). Each step of a sequence takes n-step returns, and
+    ``prioritized`` draws sequence starts by priority (R2D2's ``priority_eta`` mixture,
+    :func:`~netrl.memory.priority.sequence_priority`). Sequences need host columns.
 
     ``storage_device`` (``memory.device``): None keeps every column in host memory; a torch device
     (``"cuda"``) keeps the columns batches are made of there (see :mod:`netrl.memory.device`),
@@ -67,28 +68,17 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
     def __init__(self, *args: Any, n_step: int = 1, gamma: float | None = None, prioritized: bool = False,
                  alpha: float = 0.6, beta: float = 0.4, beta_steps: int = 100_000, eps: float = 1e-6,
                  storage_device: str | None = None, sequence_length: int = 1, burn_in: int = 0,
-                 **kwargs: Any) -> None:
-        if not isinstance(n_step, int) or n_step < 1:
-            raise ValueError(f"memory.n_step must be an integer >= 1 "
-                             f"(got {n_step!r}); 1: one-step transitions")
-        if n_step > 1 and (gamma is None or not 0.0 <= gamma <= 1.0):
-            raise ValueError(f"ReplayMemory(n_step={n_step}) needs gamma, the agent's "
-                             f"discount (agent.gamma), within [0, 1] (got {gamma!r}): "
-                             f"the n-step return discounts each reward with it")
+                 priority_eta: float = 0.9, **kwargs: Any) -> None:
         if n_step > 1 and storage_device is not None:
             raise ValueError(f"memory.n_step {n_step} with memory.device "
                              f"{storage_device!r}: n-step returns are summed from host "
                              f'columns; set memory.device to "cpu" or memory.n_step to 1')
-        if sequence_length > 1 and (n_step > 1 or prioritized or storage_device is not None):
-            raise ValueError(f"memory.sequence_length {sequence_length} takes neither "
-                             f"memory.n_step > 1 (got {n_step}), memory.prioritized "
-                             f"(got {prioritized}) nor memory.device cuda (got "
-                             f"{storage_device!r}): sequences are sampled "
-                             f"uniformly from host columns, one step at a time")
-        self.n_step, self.gamma = n_step, 1.0 if gamma is None else float(gamma)
-        self.prioritized = bool(prioritized)
-        self._priority_args = (alpha, beta, beta_steps, eps)
-        self._priorities: Priorities | None = None
+        if sequence_length > 1 and storage_device is not None:
+            raise ValueError(f"memory.sequence_length {sequence_length} with memory.device "
+                             f"{storage_device!r}: sequences follow links kept in host columns "
+                             f'step by step; set memory.device to "cpu" or memory.sequence_length to 1')
+        self._sampling_init(n_step, gamma, prioritized, alpha, beta, beta_steps, eps, sequence_length, burn_in,
+                            priority_eta)
         self._cols: dict[str, Any] = {}  # numpy arrays; tensors on storage_device for
                                          # the batch columns
         self._out: dict[tuple[int, str], Any] = {}  # (slot, key) -> gather buffer
@@ -104,22 +94,15 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         # sampleable rows oldest first (_ordered_ends); reset on append
         self._ordered: np.ndarray | None = None
         self._owned_init()
+        self._links = TrajectoryLinks()
         self._sampled: np.ndarray | None = None  # the rows of the last batch
         super().__init__(*args, **kwargs)
-        if self.prioritized:
-            self._priorities = Priorities(self.memory_size, *self._priority_args)
-        if n_step > self.memory_size:
-            raise ValueError(f"memory.n_step ({n_step}) must be <= "
-                             f"memory.memory_size ({self.memory_size})")
+        self._sampling_setup()
         if self._storage is not None and self.sample_preprocessor is not None:
             raise ValueError(f"{type(self).__name__}: sample_preprocessor runs on numpy "
                              f"batches, and with storage_device {self._storage!r} "
                              f"(memory.device) batches are gathered on the device: set "
                              f'memory.device to "cpu" to keep the sample_preprocessor')
-        problems = check_sequence_args(sequence_length, burn_in, self.memory_size)
-        if problems:
-            raise ValueError(f"{type(self).__name__}: {'; '.join(problems)}")
-        self.sequence_length, self.burn_in = sequence_length, burn_in
 
     # -- storage -----------------------------------------------------------------------------------
     def _allocate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -127,12 +110,12 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         and dtype) and the rest."""
         fixed = {"rew": np.float32, "terminated": np.bool_, "truncated": np.bool_, "end": np.bool_,
                  "policy_version": np.int64, "weight": np.float32, "worker": np.int32,
-                 "env": np.uint16, "sent": np.bool_}
+                 "env": np.uint16, "sent": np.bool_, **LINK_COLUMNS}
         rows = {name: ((), fixed[name]) if name in fixed else (col.shape[1:], col.dtype)
                 for name, col in columns.items()}
         if self._storage is not None:
             return allocate_tensor_ring(self.memory_size, rows, self._storage)
-        return allocate_ring(self.memory_size, rows)
+        return allocate_ring(self.memory_size, rows, self.ring_storage)
 
     def append_buffer(self, buffer: Buffer) -> None:
         """Store a packet's rows. A packet that does not fit (another structure, per-row shape or
@@ -158,6 +141,9 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
                        env=env_column(buffer, n))
         self._owned_columns(buffer.worker, columns, n)
         columns.update(extra_columns(buffer, self._cols))
+        linked = self._links.link(buffer, columns, self._cols, self.total_appended, self._size,
+                                  max(0, n - self.memory_size))
+        columns.update(linked.columns)
         stored = self._cols or self._allocate(columns)
         # before any change: a refused packet must leave the memory as it was
         check_columns(columns, stored, n)
@@ -179,6 +165,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         self._pos = int((self._pos + n) % self.memory_size)
         self._size = min(self._size + n, self.memory_size)
         self.total_appended += n
+        self._links.commit(linked, self._cols, self.total_appended, self._size)
         self._ordered = None
         if self._priorities is not None:
             self._priorities.written(idx, columns["end"], self._pos if self._size == self.memory_size else 0)
@@ -207,58 +194,6 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
             logical = (np.arange(self._size) + (self._pos if self._size == self.memory_size else 0)) % self.memory_size
             self._ordered = logical[self._valid(logical)] if self._cols else logical
         return self._ordered
-
-    def sample_indices(self) -> np.ndarray:
-        """Physical rows of ``batch_size`` transition ends, uniformly at random (see
-        :func:`draw_ends`), or by priority."""
-        return self._draw()[0]
-
-    def _draw(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """Rows of a batch, and their importance weights when prioritized."""
-        if self._priorities is None:
-            return draw_ends(self.rng, self.batch_size, self._size, len(self), self._valid, self._ordered_ends), None
-        if len(self) == 0:
-            raise RuntimeError("the replay memory holds no complete transition yet")
-        return self._priorities.draw(self.rng, self.batch_size, len(self))
-
-    @property
-    def training_steps(self) -> int:
-        """The training steps beta has annealed over (prioritized): the training loop sets it,
-        else each batch counts one."""
-        return self._priorities.training_steps if self._priorities is not None else 0
-
-    @training_steps.setter
-    def training_steps(self, steps: int) -> None:
-        if self._priorities is not None:
-            self._priorities.training_steps = steps
-
-    def _absolute(self, rows: np.ndarray) -> np.ndarray:
-        """Physical rows -> absolute row numbers (rows appended before each), which a
-        later overwrite changes."""
-        return self.total_appended - 1 - (self._pos - 1 - rows) % self.memory_size
-
-    def update_priority(self, priority: Any, index: Any = None) -> int:
-        """New priorities (``|td|``: one per sample) for the rows of batch ``index`` (its
-        ``extra["index"]``, absolute row numbers), by default the last batch sampled. Rows
-        overwritten since, or no longer sampleable, keep theirs. Returns how many rows were
-        updated (0 when any priority is not finite: the update is skipped)."""
-        if self._priorities is None:
-            raise RuntimeError("update_priority needs ReplayMemory(prioritized=True) "
-                               "(config.json: memory.prioritized)")
-        if index is None:
-            if self._sampled is None:
-                raise RuntimeError("update_priority before any batch "
-                                   "was sampled: nothing to update")
-            index = self._absolute(self._sampled)
-        index = np.asarray(index, np.int64).reshape(-1)
-        priority = np.asarray(priority, np.float64).reshape(-1)
-        if priority.shape != index.shape:
-            raise ValueError(f"priority has {priority.size} values for a batch of "
-                             f"{index.size}: return one per sample, in the batch's order")
-        rows = index % self.memory_size
-        keep = (index >= self.total_appended - self.memory_size) & (index < self.total_appended)
-        keep[keep] = self._valid(rows[keep])
-        return self._priorities.update(rows[keep], priority[keep])
 
     def keep_batches(self, count: int, pinned: bool = False) -> bool:
         """Gather into ``count`` sets of buffers in turn (page-locked ones with ``pinned``,
@@ -291,7 +226,9 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
             out = self._out[(self._slot, key)] = (
                 torch.empty(shape, dtype=torch.from_numpy(col[:0]).dtype, pin_memory=True).numpy() if self._pinned
                 else np.empty(shape, col.dtype))
-        np.take(col, idx, axis=0, out=out)
+        # memory.storage disk: read from its file
+        if self.ring_storage is None or not self.ring_storage.gather(col, idx, out):
+            np.take(col, idx, axis=0, out=out)
         return out
 
     def batch_workers(self) -> list[str] | None:
@@ -299,15 +236,12 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
 
     def sample(self) -> Batch:
         self._slot = (self._slot + 1) % self._slots
-        if self.sequence_length > 1:
-            return sample_sequences(self)
-        # sample_indices is the hook a subclass may override for uniform draws
-        idx, importance = self._draw() if self._priorities is not None else (self.sample_indices(), None)
-        self._sampled = idx
-        if self._priorities is not None:
-            # the training loop sets the true count after each step
-            self._priorities.training_steps += 1
-        return self._batch(idx, importance)
+        rows, mask, importance = self._walk()
+        if mask is None:
+            return self._batch(rows, importance)
+        # one gather per column, over all B * L rows, then shaped [B, L]
+        flat = self._batch(rows.reshape(-1), None if importance is None else importance.reshape(-1))
+        return sequence_batch(flat, mask, self.device)
 
     def _batch(self, idx: np.ndarray, importance: np.ndarray | None = None) -> Batch:
         """The transitions that end at physical rows ``idx`` (1-D), one gather per column;
@@ -315,8 +249,7 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         prev = self._rows((idx - 1) % self.memory_size)
         nxt, r, steps = idx, None, None
         if self.n_step > 1:
-            oldest = self._pos if self._size == self.memory_size else 0
-            nxt, r, steps = nstep_windows(self._cols, idx, self.n_step, self.gamma, oldest, self._size)
+            nxt, r, steps = self._nstep(idx)
         rows = self._rows(idx)
         nxt_rows = rows if steps is None else self._rows(nxt)
         leaves_now = {n: self._gather("now:" + n, n, nxt_rows) for n in self._cols if n.startswith("obs")}
@@ -337,7 +270,8 @@ class ReplayMemory(OwnedRows, MemoryDataloading):
         elif importance is not None:
             weight = importance if weight is None else importance * weight
         weight = to_tensor(weight, d) if weight is not None else None
-        extra = {n[6:]: to_tensor(self._gather(n, n, rows), d) for n in self._cols if n.startswith("extra/")}
+        extra = {k: to_tensor(self._gather(n, n, rows), d) for n in self._cols if (k := batch_key(n))}
+        extra.update(traj=to_tensor(self._cols["traj"][idx], d), episode=to_tensor(self._cols["episode"][idx], d))
         if steps is not None:
             extra["steps_to_next_obs"] = to_tensor(steps, d)
             extra["discount"] = to_tensor((self.gamma ** steps).astype(np.float32), d)

@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from netrl.memory.base import MemoryDataloading, Transition, WorkerIds, env_column, run_sample_preprocessor, to_tensor
+from netrl.memory.base import (
+    MemoryDataloading,
+    Transition,
+    WorkerIds,
+    batch_key,
+    env_column,
+    run_sample_preprocessor,
+    to_tensor,
+)
 from netrl.memory.owners import worker_key
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, flatten, row, unflatten
@@ -127,6 +135,8 @@ class RolloutMemory(MemoryDataloading):
         # the actor's extra outputs, per row
         for name, values in (getattr(buffer, "extra", None) or {}).items():
             cols["extra/" + name] = np.asarray(values)[idx]
+        for name, values in (getattr(buffer, "info", None) or {}).items():  # the env's, per row
+            cols["info/" + name] = np.asarray(values)[idx]
         cols.update(rew=np.asarray(buffer.rew, np.float32)[idx], terminated=np.asarray(buffer.terminated)[idx],
                     truncated=np.asarray(buffer.truncated)[idx], policy_version=np.asarray(buffer.policy_version)[idx],
                     worker=self._workers.column(buffer.worker, len(idx)), env=env[idx])
@@ -202,7 +212,7 @@ class RolloutMemory(MemoryDataloading):
         if self.sample_preprocessor is not None:
             o, a, r, o2, term, trunc = run_sample_preprocessor(self.sample_preprocessor, (o, a, r, o2, term, trunc))
         d = self.device
-        extra = {k[len("extra/"):]: to_tensor(v, d) for k, v in cols.items() if k.startswith("extra/")}
+        extra = {key: to_tensor(v, d) for k, v in cols.items() if (key := batch_key(k))}
         extra["traj_ids"] = to_tensor(cols["traj_ids"], d)
         o, o2 = to_tensor(o, d), to_tensor(o2, d)
         if self.obs_transform is not None:  # new tensors: the stored rows stay raw

@@ -3,13 +3,14 @@
 
 :class:`~netrl.memory.replay.ReplayMemory` with ``sequence_length`` L > 1 hands out ``batch_size`` B
 sequences, each of L consecutive transitions of one env, starting at uniformly drawn transition
-ends (TorchRL's ``SliceSampler``). A sequence going forward from transition k includes k+1 iff
-row k+1 continues row k (it ends a transition, and it is stored: never past the ring's newest
-row) and transition k neither terminated nor truncated. So a sequence never crosses an episode's
-end, another env's segment or a packet boundary (both start with context rows, which end no
-transition), a stale row (weight 0: no transition end) or the ring's write head. A sequence that
-stops early is padded with its last valid row and masked: ``batch.extra["mask"]`` is a bool tensor
-``[B, L]``, True at real steps.
+ends (TorchRL's ``SliceSampler``). A sequence follows its trajectory
+(:mod:`netrl.memory.trajectories`): from transition k it includes k's successor iff that row
+is still stored and ends a sampleable transition, and transition k neither terminated nor
+truncated. So a sequence crosses packet boundaries (the context rows repeated at a packet's
+start are skipped), but never an episode's end, a lost
+packet, a worker's restart, a stale row (weight 0), a dropped or quarantined worker's row, nor
+the ring's write head. A sequence that stops early is padded with its last valid row and
+masked: ``batch.extra["mask"]`` is a bool tensor ``[B, L]``, True at real steps.
 
 Every field of the batch has leading dimensions ``[B, L]``: ``obs`` leaves ``[B, L, ...]``,
 ``act [B, L, ...]``, ``rew``, ``terminated`` and ``truncated [B, L]``, ``weight`` (when some
@@ -19,12 +20,13 @@ wherever ``mask[:, j + 1]``. The actor's recurrent state is an extra (``recurren
 recurrent agent starts the sequence. ``burn_in`` steps at the start are the agent's to run without
 gradient (R2D2); the memory only checks that ``burn_in < L``.
 
-The index matrix is built with a few array operations over ``[B, L]``, and
-each column is gathered once.
+The index matrix is built with array operations over ``[B, L]``, one pass per packet boundary a
+sequence crosses, and each column is gathered once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,7 @@ import torch
 from netrl.samples.batch import Batch
 from netrl.samples.columns import tree_map
 
-__all__ = ["check_sequence_args", "sample_sequences", "sequence_index"]
+__all__ = ["check_sequence_args", "sequence_batch", "sequence_index"]
 
 
 def check_sequence_args(sequence_length: int, burn_in: int, memory_size: int) -> list[str]:
@@ -53,50 +55,62 @@ def check_sequence_args(sequence_length: int, burn_in: int, memory_size: int) ->
     return problems
 
 
-def sequence_index(starts: np.ndarray, length: int, end: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                   oldest: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Physical rows ``[B, length]`` of the sequences that start at transition ends
-    ``starts``, and their mask.
+def sequence_index(starts: np.ndarray, length: int, cols: dict[str, np.ndarray], total: int, size: int,
+                   joins: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Ring rows ``[B, length]`` of the sequences that start at transition ends ``starts``, and
+    their mask.
 
-    ``end``, ``terminated`` and ``truncated`` are the ring's columns; ``oldest`` its oldest row and
-    ``size`` the rows it stores. Masked steps repeat the sequence's last valid row.
+    Each step follows the previous row's successor (``cols["next"]``, :mod:`netrl.memory.
+    trajectories`) while it is stored (``total`` rows appended, ``size`` stored), ends a
+    sampleable transition (``joins(rows)``) and the previous transition neither terminated nor
+    truncated (``cols["terminated"]``, ``cols["truncated"]``). Masked steps repeat the sequence's
+    last valid row.
     """
-    capacity = len(end)
-    steps = np.arange(length)
-    rows = starts[:, None] + steps
-    rows[rows >= capacity] -= capacity  # the ring wraps (cheaper than %)
-    stop = terminated[rows]
-    stop |= truncated[rows]
-    continues = end[rows[:, 1:]] & ~stop[:, :-1]
-    logical = (starts - oldest) % capacity
-    # a sequence may reach the newest row: never read past it
-    if int(logical.max()) + length > size:
-        continues &= logical[:, None] + steps[1:] < size
+    term, trunc, nxt_col, run = cols["terminated"], cols["truncated"], cols["next"], cols["run"]
+    cap, steps, batch = len(nxt_col), np.arange(length), len(starts)
+    # Runs, not steps: a row's packet segment follows it contiguously in the ring (``run`` rows),
+    # so a walk takes those at once and jumps only at a segment's end: one pass over the batch per
+    # packet boundary a sequence crosses, not per step.
+    pos = np.asarray(starts, np.int64) % cap
+    filled = np.zeros(batch, np.int64)  # steps placed so far
+    end = np.full(batch, length)  # each sequence's first step without a successor to go to
+    base = np.zeros((batch, length), np.int64)  # step j of a sequence is ring row base + j
+    going = np.ones(batch, np.bool_)
+    placed = np.zeros(batch, np.int64)  # base of the run placed last, per sequence
+    at = np.arange(batch)
+    for _ in range(length):
+        b = at[going]
+        base[b, filled[b]] += pos[b] - filled[b] - placed[b]  # a change point: cumsum below
+        placed[b] = pos[b] - filled[b]
+        filled[b] += np.minimum(run[pos[b]].astype(np.int64) + 1, length - filled[b])
+        more = b[filled[b] < length]
+        if not len(more):
+            break
+        nxt = nxt_col[(placed[more] + filled[more] - 1) % cap]  # the successor of the run's last row
+        ok = nxt >= total - size  # the successor is stored: go there, else the sequence ends
+        end[more[~ok]] = filled[more[~ok]]
+        going[:] = False
+        going[more[ok]] = True
+        pos[more[ok]] = nxt[ok] % cap
+    rows = (np.cumsum(base, axis=1) + steps) % cap
+    stop = term[rows[:, :-1]] | trunc[rows[:, :-1]]
+    going = (steps[1:] < end[:, None]) & ~stop
+    going[going] = joins(rows[:, 1:][going])
     mask = np.empty(rows.shape, np.bool_)
     mask[:, 0] = True
-    # once broken, a sequence stays stopped
-    np.logical_and.accumulate(continues, axis=1, out=mask[:, 1:])
-    last = rows[np.arange(len(rows)), mask.sum(1) - 1]
+    np.logical_and.accumulate(going, axis=1, out=mask[:, 1:])  # once stopped, a sequence stays stopped
+    last = rows[np.arange(len(rows)), mask.sum(axis=1) - 1]
     return np.where(mask, rows, last[:, None]), mask
 
 
-def sample_sequences(memory: Any) -> Batch:
-    """A batch of ``memory.batch_size`` sequences of ``memory.sequence_length`` transitions
-    (see the module), from ``memory``, a :class:`~netrl.memory.replay.ReplayMemory` (typed
-    Any: it imports this module)."""
-    cols = memory._cols
-    starts = memory.sample_indices()
-    oldest = memory._pos if memory._size == memory.memory_size else 0
-    idx, mask = sequence_index(starts, memory.sequence_length, cols["end"], cols["terminated"], cols["truncated"],
-                               oldest, memory._size)
-    memory._sampled = idx.reshape(-1)
-    flat = memory._batch(memory._sampled)  # one gather per column, over all B * L rows
-    lead = idx.shape
+def sequence_batch(flat: Batch, mask: np.ndarray, device: Any) -> Batch:
+    """A batch of ``B * L`` steps gathered flat, shaped ``[B, L, ...]``, with ``extra["mask"]``."""
+    lead = mask.shape
 
     def shaped(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(*lead, *t.shape[1:])
 
     extra = {name: shaped(t) for name, t in flat.extra.items()}
-    extra["mask"] = torch.from_numpy(mask).to(memory.device)
+    extra["mask"] = torch.from_numpy(mask).to(device)
     fields = [tree_map(shaped, f) if f is not None else None for f in flat]
     return Batch(*fields, extra=extra)

@@ -56,7 +56,7 @@ import numpy as np
 from netrl.samples.columns import Buffer, tree_map
 
 __all__ = ["MAX_NEED", "NEVER", "View", "ViewRule", "declared_views", "episode_offsets", "last_observations",
-           "prev_actions", "prev_rewards", "segment_offsets", "sliding_rows"]
+           "prev_actions", "prev_rewards", "segment_offsets", "sliding_rows", "transition_needs"]
 
 # stored offset of an entry that cannot be known; ``need`` of a row that
 # ends no sampleable transition
@@ -212,17 +212,44 @@ def sliding_rows(view: View, off: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return ends[known & ~slides]
 
 
+def transition_needs(buffer: Buffer, row_needs: np.ndarray) -> np.ndarray:
+    """Rows back a transition ending at each row reads: its own observation's and, one
+    row further, the previous one.
+
+    ``row_needs[k]`` is how many rows back row ``k``'s observation reads (``NEVER`` if it cannot be
+    rebuilt). Rows that end no transition get ``NEVER``.
+    """
+    need = np.full(len(buffer), NEVER, np.int64)
+    ends = np.flatnonzero(buffer.transition_end)
+    ends = ends[ends > 0]  # a transition needs its previous row in the same packet
+    now, prev = row_needs[ends].astype(np.int64), row_needs[ends - 1].astype(np.int64) + 1
+    both = np.maximum(now, prev)
+    ok = (row_needs[ends] != NEVER) & (row_needs[ends - 1] != NEVER) & (both <= MAX_NEED)
+    need[ends[ok]] = both[ok]
+    return need.astype(np.uint8)
+
+
 def declared_views(owner: Any) -> list[View]:
-    """What ``owner`` (an agent) declares with an optional ``views()`` method: a list of
-    :class:`View`; ``[]`` for one that has none. TypeError naming the owner for anything else."""
+    """What ``owner`` (an agent, or an actor) declares with an optional ``views()`` method: a list
+    of :class:`View`; for an agent without one, its actor's (``get_actor()``); ``[]`` for none.
+    TypeError naming the owner for anything else; ValueError for an agent whose views leave out
+    one of its actor's (the workers build those at act time, so its batches must hold them)."""
     method = getattr(owner, "views", None)
-    if method is None:
-        return []
+    get_actor = getattr(owner, "get_actor", None)
+    if method is None:  # an agent of its own (tmrl's style) without views(): its actor's
+        return declared_views(get_actor()) if get_actor is not None else []
     views = method()
     name = type(owner).__name__
     if not isinstance(views, Sequence) or not all(isinstance(v, View) for v in views):
         raise TypeError(f"{name}.views() must return a list of "
                         f"netrl.memory.views.View (got {views!r:.80})")
+    if get_actor is not None:  # an agent: its batches must hold what its actor acts on
+        actor = get_actor()
+        for view in declared_views(actor) if getattr(actor, "views", None) else ():
+            if view not in views:
+                raise ValueError(f"{name}.views() leaves out {type(actor).__name__}'s view "
+                                 f"{view.name!r}, which the workers build at act time: "
+                                 f"return the actor's views too (the default views() does)")
     return check_views(views, name)
 
 

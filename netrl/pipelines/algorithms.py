@@ -1,23 +1,29 @@
 """How the gym pipeline builds each algorithm of the table (:mod:`netrl.agents.registry`, which
 names these functions): its actor, its memory and its agent, from the keys of its section of
-config.json. The drone and image pipelines build their SAC with :func:`sac_agent`.
+config.json. The drone and image pipelines build their SAC with :func:`sac_agent`, and their
+recurrent SAC (``agent.recurrent``) with :func:`recurrent_sac` on their own memory, which must
+store sequences (:func:`sequence_memory`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from netrl.agents.common.encoders import EncoderHead
 from netrl.agents.dqn import DQNActor, DQNAgent
 from netrl.agents.ppo import PPOActor, PPOAgent
-from netrl.agents.recurrent_sac import RecurrentActor, RecurrentSACAgent
+from netrl.agents.recurrent_sac import Encoder, RecurrentActor, RecurrentSACAgent
 from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
 from netrl.config.sections import Config
+from netrl.errors import ConfigError
 from netrl.memory.replay import ReplayMemory
 from netrl.pipelines.base import rollout_memory
 from netrl.util import partial
 
-__all__ = ["Parts", "dqn", "ppo", "recurrent_sac", "sac", "sac_agent"]
+__all__ = ["Parts", "dqn", "ppo", "recurrent_sac", "sac", "sac_agent", "sequence_memory"]
 
 
 class Parts(NamedTuple):
@@ -47,13 +53,35 @@ def sac(cfg: Config) -> Parts:
                  sac_agent(cfg, partial(MLPActorCritic, hidden_sizes=hidden)))
 
 
-def recurrent_sac(cfg: Config) -> Parts:
+def recurrent_sac(cfg: Config, memory_cls: Callable[..., Any] = ReplayMemory, encoder: Encoder = "mlp",
+                  head: EncoderHead = "keypoints") -> Parts:
+    """The recurrent SAC (``agent.recurrent``) on ``memory_cls`` given ``memory.sequence_length``
+    and ``memory.burn_in`` (:func:`sequence_memory`); ``encoder``, ``head``: the actor's."""
     a, m = cfg.agent, cfg.memory
     hidden = tuple(a.hidden_sizes)
-    return Parts(partial(RecurrentActor, hidden_sizes=hidden, cell=a.recurrent),
-                 partial(ReplayMemory, sequence_length=m.sequence_length, burn_in=m.burn_in),
-                 partial(RecurrentSACAgent, hidden_sizes=hidden, cell=a.recurrent,
-                         burn_in=m.burn_in, **_sac_keywords(cfg)))
+    nets = {"hidden_sizes": hidden, "cell": a.recurrent, "encoder": encoder, "head": head}
+    return Parts(partial(RecurrentActor, **nets), sequence_memory(cfg, memory_cls),
+                 partial(RecurrentSACAgent, **nets, burn_in=m.burn_in, **_sac_keywords(cfg)))
+
+
+def sequence_memory(cfg: Config, memory_cls: Callable[..., Any]) -> Callable[..., Any]:
+    """``memory_cls`` given ``memory.sequence_length`` and ``memory.burn_in``. ConfigError naming
+    the key and the class when no ``__init__`` of the class takes ``sequence_length``: it would
+    refuse the keyword, or train a recurrent agent on single transitions."""
+    m = cfg.memory
+    cls: Any = memory_cls
+    while isinstance(cls, functools.partial):
+        cls = cls.func
+    mro = cls.__mro__ if isinstance(cls, type) else (cls,)
+    if not any("sequence_length" in inspect.signature(c).parameters for c in mro
+               if c is not object and callable(c)):
+        name = getattr(cls, "__name__", repr(cls))
+        raise ConfigError([f'memory.sequence_length is {m.sequence_length} for agent.recurrent '
+                           f'"{cfg.agent.recurrent}", but env.pipeline "{cfg.env.pipeline}" '
+                           f"stores its rows in {name}, which does not sample sequences: set "
+                           f"agent.recurrent to null (and memory.sequence_length to 1), or use "
+                           f'env.pipeline "gym"'])
+    return partial(memory_cls, sequence_length=m.sequence_length, burn_in=m.burn_in)
 
 
 def dqn(cfg: Config) -> Parts:

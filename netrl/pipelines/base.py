@@ -2,7 +2,8 @@
 (:func:`netrl.pipelines.make.make_pipeline` builds the one config names).
 
 A pipeline bundles what tmrl users pass to ``RolloutWorker`` and ``TrainingOffline``: the env class,
-the actor class, the sample compressor, the memory class and the training agent class.
+the actor class, the sample compressor, the memory class and the training agent class; and the env
+``info`` entries the trainer's batches carry (``info_keys``, see :mod:`netrl.samples.info`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from netrl.samples.info import InfoKey, check_info_keys
 
 __all__ = ["Pipeline", "rollout_memory"]
 
@@ -28,6 +31,12 @@ class Pipeline:
     # exit code 1, or "reset": start a new episode, on a new env if the old one is stuck (three
     # failures in a row still stop it).
     on_env_failure: Literal["stop", "reset"] = "stop"
+    # info[name] of every env step, recorded by the workers as a column and carried by the trainer's
+    # batches as batch.extra["info/<name>"]: InfoKeys (or tuples or dicts of their fields)
+    info_keys: tuple[InfoKey, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "info_keys", check_info_keys(self.info_keys, "Pipeline.info_keys"))
 
 
 def rollout_memory() -> Any:

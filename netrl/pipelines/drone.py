@@ -31,7 +31,7 @@ from netrl.config.sections import Config
 from netrl.envs.gym import GenericGymEnv
 from netrl.envs.realtime import StepTimer
 from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory, act_buf_settings
-from netrl.pipelines.algorithms import sac_agent
+from netrl.pipelines.algorithms import Parts, recurrent_sac, sac_agent
 from netrl.pipelines.base import Pipeline
 from netrl.util import partial
 
@@ -119,16 +119,21 @@ def drone_env(env_id: str = ENV_ID, rtgym_config: dict[str, Any] | None = None) 
 def drone_pipeline(cfg: Config, *, time_step: float = TIME_STEP, act_buf_len: int = ACT_BUF_LEN,
                    ep_max_length: int = EP_MAX_LENGTH, reset_act_buf: bool = False, last_act_on_reset: bool = False,
                    env_id: str = ENV_ID) -> Pipeline:
-    """Build the drone pipeline. Its sample compressor is stateful: build
+    """Build the drone pipeline: SAC, or with ``agent.recurrent`` the recurrent SAC on
+    sequences of ``memory.sequence_length`` rows. Its sample compressor is stateful: build
     one pipeline per worker."""
     rtgym_config = drone_rtgym_config(time_step, act_buf_len, ep_max_length, reset_act_buf, last_act_on_reset)
     settings = act_buf_settings(rtgym_config)
     hidden = tuple(cfg.agent.hidden_sizes)
+    memory = partial(ActionBufferMemory, **settings)
+    if cfg.agent.recurrent is not None:  # the tuple observation, flattened, into the core
+        parts = recurrent_sac(cfg, memory)
+    else:
+        parts = Parts(partial(MLPActor, hidden_sizes=hidden), memory,
+                      sac_agent(cfg, partial(MLPActorCritic, hidden_sizes=hidden)))
     return Pipeline(
         env_cls=partial(drone_env, env_id, rtgym_config),
-        actor_module_cls=partial(MLPActor, hidden_sizes=hidden),
-        memory_cls=partial(ActionBufferMemory, **settings),
-        training_agent_cls=sac_agent(cfg, partial(MLPActorCritic, hidden_sizes=hidden)),
+        **parts._asdict(),
         sample_compressor=ActionBufferCompressor(**settings),
         # a reset row skips one action: a buffer reaches 2L - 1 rows back
         overlap=2 * act_buf_len - 1,

@@ -3,6 +3,7 @@ the user's own ``module:function``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from typing import Any
@@ -10,9 +11,22 @@ from typing import Any
 from netrl.agents.registry import ALGORITHMS, Supports
 from netrl.config.algorithms import supports_problems
 from netrl.config.sections import Config
+from netrl.envs.transforms import (
+    CatFrames,
+    FrameSkipTransform,
+    GrayScale,
+    ObservationNorm,
+    PermuteTransform,
+    Resize,
+    applies_transforms,
+    compose_from_config,
+    transformed,
+)
 from netrl.errors import ConfigError
+from netrl.memory.action_buffer import ActionBufferCompressor
 from netrl.pipelines.base import Pipeline, rollout_memory
 from netrl.pipelines.replay_options import apply_replay_options
+from netrl.samples.info import InfoKey
 
 __all__ = ["make_pipeline"]
 
@@ -25,7 +39,8 @@ def make_pipeline(cfg: Config) -> Pipeline:
     (:mod:`netrl.agents.registry`) and the config does not give it that (``trainer.collection``,
     ``worker.init_random_frames``), when an on-policy agent (``agent.algorithm`` "ppo", or an agent
     class that declares a rollout memory) comes with a memory that is not a RolloutMemory, and when
-    ``memory.n_step`` or ``memory.prioritized`` is set for a memory that is not a ReplayMemory."""
+    ``memory.n_step`` or ``memory.prioritized`` is set for a memory that is not a ring memory
+    (ReplayMemory, HistoryMemory)."""
     if cfg.env.pipeline == "gym":
         from netrl.pipelines.gym import gym_pipeline
 
@@ -42,7 +57,40 @@ def make_pipeline(cfg: Config) -> Pipeline:
         pipeline = _own_pipeline(cfg)
     _check_agent(cfg, pipeline)
     _check_sequences(cfg, pipeline)
-    return apply_replay_options(cfg, pipeline)
+    return apply_replay_options(cfg, _with_info_keys(cfg, with_transforms(cfg, pipeline)))
+
+
+def with_transforms(cfg: Config, pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` with its envs seen through ``env.transforms``: the worker, the trainer (the
+    spaces its memory and agent are built for) and --check-env all build the transformed env."""
+    transform = compose_from_config(cfg.env.transforms)
+    if transform is None or applies_transforms(pipeline.env_cls):
+        return pipeline  # (the image pipeline applies them itself, to size its memory's frames)
+    if isinstance(pipeline.sample_compressor, ActionBufferCompressor):
+        # the memory rebuilds rtgym's action buffer from one recorded action per row: repeated
+        # actions, or changed observation leaves, would make it rebuild what the actor never saw
+        bad = [repr(t) for t in transform.transforms
+               if isinstance(t, (Resize, PermuteTransform, GrayScale, CatFrames, ObservationNorm))
+               or (isinstance(t, FrameSkipTransform) and t.frame_skip > 1)]
+        if bad:
+            raise ConfigError([f"env.transforms holds {', '.join(bad)}, but env.pipeline "
+                               f'"{cfg.env.pipeline}" drops rtgym\'s action buffer on the worker '
+                               f"and rebuilds it in the memory from one action per row: keep "
+                               f"the reward transforms and StepCounter, or set rtgym's "
+                               f"act_buf_len to 0 in a pipeline of your own"])
+    return dataclasses.replace(pipeline, env_cls=transformed(pipeline.env_cls, transform))
+
+
+def _with_info_keys(cfg: Config, pipeline: Pipeline) -> Pipeline:
+    """``env.info_keys`` added to the pipeline's own (any pipeline's: the key is read here)."""
+    if not cfg.env.info_keys:
+        return pipeline
+    try:
+        keys = (*pipeline.info_keys, *(InfoKey(**k) for k in cfg.env.info_keys))  # (checked)
+        return dataclasses.replace(pipeline, info_keys=keys)
+    except ValueError as exc:  # a name the pipeline declares already
+        raise ConfigError([f'env.info_keys: {exc} (env.pipeline "{cfg.env.pipeline}" declares '
+                           f"{[k.name for k in pipeline.info_keys]})"]) from None
 
 
 def _unwrapped(cls: Any) -> Any:

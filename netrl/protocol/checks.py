@@ -31,6 +31,7 @@ from netrl.protocol.messages import (
     Message,
 )
 from netrl.samples.columns import EXTRA_NAME, MAX_EXTRAS, spec_leaves
+from netrl.samples.info import MAX_INFO_KEYS
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -258,8 +259,8 @@ _SAMPLE_COLUMNS = {"rew": "f", "terminated": "b", "truncated": "b", "reset": "b"
 
 
 def check_samples(msg: Message) -> None:
-    """A SAMPLES message: its columns, its act/obs leaves and extra outputs, all with one row per
-    sample, the env column's segments, and its episodes."""
+    """A SAMPLES message: its columns, its act/obs leaves, extra outputs and info entries, all
+    with one row per sample, the env column's segments, and its episodes."""
     body, arrays = msg.body, msg.arrays
     n = body["n"]
     if not 1 <= n <= 1 << 24:
@@ -286,6 +287,15 @@ def check_samples(msg: Message) -> None:
                                   "lowercase identifier of at most 32 characters"
                                   if bad is not None else
                                   f"{len(extras)} extra outputs, over {MAX_EXTRAS}"))
+    infos = [name for name in arrays if name.startswith("info/")]
+    bad = next((name for name in infos if not EXTRA_NAME.fullmatch(name[5:])), None)
+    if bad is not None or len(infos) > MAX_INFO_KEYS:
+        raise MalformedMessage(f"samples packet {msg.seq} from {_short(msg.sender)}: "
+                               + (f"array {_short(bad)} names an info key that is not a "
+                                  "lowercase identifier of at most 32 characters"
+                                  if bad is not None else
+                                  f"{len(infos)} info keys, over {MAX_INFO_KEYS}"))
+    extras += infos
     columns = set(arrays) - {"env", *extras}
     if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != columns:
         raise MalformedMessage("samples arrays do not match the act/obs specs and the sample "

@@ -39,11 +39,12 @@ MAX_POLICY_VERSION = 2**41
 # format, base, encoded, crc, rank and budget_s, ACK's model, format and need_full, HELLO's models
 # and formats, WELCOME's models. 4: the trainer's ACK names the parts of its bundle it refused
 # (layout_refused, rejected), so that the server keeps the first for a trainer of their layout.
-PROTOCOL_VERSION = 4
+# 5: info/<name> sample arrays and the SCHEMA's info leaves (env info to the trainer).
+PROTOCOL_VERSION = 5
 # What this netrl still reads from its own disk (the trainer's sample log, the server's spool),
-# never from a peer: every field versions 2 and 3 added is optional, so an older stored
+# never from a peer: every field versions 2 to 5 added is optional, so an older stored
 # message is a valid current one.
-STORED_VERSIONS = frozenset({1, 2, 3, PROTOCOL_VERSION})
+STORED_VERSIONS = frozenset({1, 2, 3, 4, PROTOCOL_VERSION})
 # the smallest network.max_message_bytes (netrl.config.sections checks the same bound)
 MIN_MESSAGE_BYTES = 1 << 16
 # the longest network interval or delay (netrl.config.sections too): ZeroMQ takes int32 milliseconds

@@ -2,9 +2,10 @@
 the server and the trainer.
 
 The trainer derives a :class:`SampleSchema` from its observation and action spaces, passed
-through the pipeline's sample compressor, and from the extra outputs its actor declares (leaves
-``extra/<name>``), and sends it to the server (SCHEMA message). Both check every packet against
-it: the act/obs trees, the extra outputs (none missing, none undeclared), each leaf's dtype and
+through the pipeline's sample compressor, from the extra outputs its actor declares (leaves
+``extra/<name>``) and from the env info entries its pipeline declares (leaves ``info/<name>``), and
+sends it to the server (SCHEMA message). Both check every packet against it: the act/obs trees, the
+extra outputs and info entries (none missing, none undeclared), each leaf's dtype and
 per-row shape, and the values (:class:`~netrl.samples.value_limits.ValueLimits`): floating-point
 data (observations, actions, rewards, extra outputs) finite, float leaves within the bounds of the
 spaces, rewards within ``trainer.max_abs_reward``. A packet that fails names the worker, the field,
@@ -38,6 +39,7 @@ from netrl.samples.columns import (
     flatten,
     spec_leaves,
 )
+from netrl.samples.info import MAX_INFO_KEYS, InfoSpec
 from netrl.samples.spaces import carried_sample
 from netrl.samples.value_limits import ValueLimits
 
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 # the workers' sample compressor
 _SAME_ACTOR = (" (ActorModule.extra_outputs() declares them: do the "
                "worker and the trainer run the same actor class?)")
+_SAME_INFO = (" (the pipeline's info_keys declare them: do the worker and the trainer run "
+              "the same pipeline, with the same env.info_keys?)")
 _SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline "
                     "and sample compressor? In Python, give the Trainer the "
                     "workers' compressor: Trainer(..., sample_compressor=...))")
@@ -91,7 +95,8 @@ class SampleSchema:
     @classmethod
     def from_spaces(cls, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                     sample_compressor: Callable[..., Any] | None = None,
-                    limits: ValueLimits | None = None, extra: ExtraSpec | None = None) -> SampleSchema:
+                    limits: ValueLimits | None = None, extra: ExtraSpec | None = None,
+                    info: InfoSpec | None = None) -> SampleSchema:
         """The layout of rows a worker produces for these spaces, in the dtypes leaves travel in
         (:func:`netrl.samples.spaces.storage_dtype`: a Discrete action is a scalar of the smallest
         integer dtype that holds its values), after ``sample_compressor``, if any, called once
@@ -99,7 +104,8 @@ class SampleSchema:
         the ones before should neither check nor count it). ``limits`` (the spaces' bounds)
         are kept for the leaves the compressor returns as it got them: one that rescales or
         re-encodes a leaf makes its bounds meaningless. ``extra``: the actor's extra outputs
-        (:func:`netrl.actor.declared_extras`), leaves ``extra/<name>``."""
+        (:func:`netrl.actor.declared_extras`), leaves ``extra/<name>``; ``info``: the pipeline's
+        info keys (:func:`netrl.samples.info.info_spec`), leaves ``info/<name>``."""
         act, obs = carried_sample(action_space), carried_sample(observation_space)
         raw = dict(flatten(act, "act")[1] + flatten(obs, "obs")[1])
         if sample_compressor is not None:
@@ -109,6 +115,8 @@ class SampleSchema:
         leaves = {name: (np.asarray(v).dtype.str, tuple(np.asarray(v).shape)) for name, v in act_leaves + obs_leaves}
         leaves.update((f"extra/{name}", (dtype.str, shape))
                       for name, (shape, dtype) in check_extra_spec(extra or {}, "the actor").items())
+        leaves.update((f"info/{name}", (dtype.str, shape)) for name, (shape, dtype)
+                      in check_extra_spec(info or {}, "the pipeline's info_keys").items())
         kept = {name for name, v in act_leaves + obs_leaves
                 if name in raw and np.shape(raw[name]) == np.shape(v) and np.array_equal(raw[name], v)}
         return cls(act_spec, obs_spec, leaves, limits.only(kept) if limits is not None else ValueLimits())
@@ -120,7 +128,7 @@ class SampleSchema:
         whose act/obs trees do not name its arrays."""
         try:
             names = spec_leaves(body["act"]) + spec_leaves(body["obs"])
-            names += sorted(name for name in arrays if name.startswith("extra/"))
+            names += sorted(name for name in arrays if name.startswith(("extra/", "info/")))
             leaves = {name: (arrays[name].dtype.str, tuple(arrays[name].shape[1:]))
                       for name in names}
         except (KeyError, TypeError, ValueError) as exc:
@@ -150,7 +158,9 @@ class SampleSchema:
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"schema is malformed ({exc})") from None
         extras = [n for n in parsed if n.startswith("extra/") and EXTRA_NAME.fullmatch(n[6:])]
-        if (sorted(names + extras) != sorted(parsed) or len(extras) > MAX_EXTRAS
+        infos = [n for n in parsed if n.startswith("info/") and EXTRA_NAME.fullmatch(n[5:])]
+        if (sorted(names + extras + infos) != sorted(parsed) or len(extras) > MAX_EXTRAS
+                or len(infos) > MAX_INFO_KEYS
                 or any(len(s) > 8 or min(s, default=0) < 0 for _, s in parsed.values())):
             raise MalformedMessage("schema leaves do not match its act/obs specs")
         floats = {n: v for n, v in parsed.items() if n in set(names) and v[0].lstrip("<>|=")[:1] == "f"}
@@ -176,13 +186,23 @@ class SampleSchema:
                            if missing else f"it carries the extra output {undeclared[0][6:]!r}, "
                                            f"which the trainer's actor does not declare",
                            _SAME_ACTOR)
+        sent = {name for name in arrays if name.startswith("info/")}
+        infos = {name for name in self.leaves if name.startswith("info/")}
+        if sent != infos:
+            missing, undeclared = sorted(infos - sent), sorted(sent - infos)
+            self._mismatch(worker, f"it lacks the info key {missing[0][5:]!r}, which the "
+                                   f"trainer's pipeline declares"
+                           if missing else f"it carries the info key {undeclared[0][5:]!r}, "
+                                           f"which the trainer's pipeline does not declare",
+                           _SAME_INFO)
         for name, (dtype, shape) in self.leaves.items():
             arr = arrays[name]
             if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
                 self._mismatch(worker, f"field {name!r} has dtype {arr.dtype.str} and "
                                        f"row shape {tuple(arr.shape[1:])}; the "
                                        f"trainer expects {dtype} and {shape}",
-                               _SAME_ACTOR if name in declared else _SAME_COMPRESSOR)
+                               _SAME_ACTOR if name in declared else _SAME_INFO if name in infos
+                               else _SAME_COMPRESSOR)
         # float leaves only: the server's relay-only decode leaves compressed
         # integer arrays compressed
         floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}
@@ -225,14 +245,16 @@ class WireRoute:
     compressed) and as the trainer does (layout and values, with the bounds of the spaces), and
     decoded. Raises :class:`SampleRejected` naming the field, as they would refuse it."""
 
-    def __init__(self, compression: Codec, limits: Callable[[Any, Any], ValueLimits]) -> None:
-        self.compression, self.limits = compression, limits
+    def __init__(self, compression: Codec, limits: Callable[[Any, Any], ValueLimits],
+                 info: InfoSpec | None = None) -> None:
+        self.compression, self.limits, self.info = compression, limits, info  # info: the pipeline's
         self._schema: SampleSchema | None = None
 
     def __call__(self, buf: Buffer, observation_space: Any, action_space: Any, sample_compressor: Any) -> Buffer:
         if self._schema is None:
             self._schema = SampleSchema.from_spaces(observation_space, action_space, probe_copy(sample_compressor),
-                                                    self.limits(observation_space, action_space))
+                                                    self.limits(observation_space, action_space),
+                                                    info=self.info)
         frames = encode(samples_message(buf, "check-env", "check", 1, len(buf)), self.compression)
         at_server = decode(frames, inflate=False)
         self._schema.check(at_server.body, at_server.arrays, "check-env (at the server)")

@@ -17,8 +17,8 @@ Nothing else knows this layout.
               zstd/lz4 compression when "codec" says so ("nbytes" is always the raw size).
 
 A SAMPLES message's arrays are its act/obs leaves (``act``, ``obs/0``...), the sample columns
-(``rew``, the flags, ``policy_version``, ``env``) and the actor's extra outputs (``extra/<name>``),
-all with one row per sample.
+(``rew``, the flags, ``policy_version``, ``env``), the actor's extra outputs (``extra/<name>``) and
+the env info entries the pipeline declares (``info/<name>``), all with one row per sample.
 
 A server BUNDLE carries several worker SAMPLES messages unchanged: its header lists how
 many frames each part has (``body.parts``) and the parts' frames follow, so the relay never
@@ -332,6 +332,8 @@ def samples_message(buf: Buffer, sender: str, session: str, seq: int, produced: 
         arrays["env"] = buf.env
     if buf.extra:
         arrays.update((f"extra/{name}", col) for name, col in buf.extra.items())
+    if buf.info:
+        arrays.update((f"info/{name}", col) for name, col in buf.info.items())
     body = {"n": len(buf), "act": act_spec, "obs": obs_spec, "produced": produced, "session": session,
             "episodes": [[float(e.ret), int(e.length), bool(e.test), int(e.policy_version), int(e.env)]
                          for e in buf.episodes]}
@@ -347,5 +349,6 @@ def buffer_from_message(msg: Message) -> Buffer:
         truncated=a["truncated"], reset=a["reset"], context=a["context"], policy_version=a["policy_version"],
         worker=f"{msg.sender}/{b['session']}", seq=msg.seq, env=a.get("env"),
         extra={name[6:]: arr for name, arr in a.items() if name.startswith("extra/")} or None,
+        info={name[5:]: arr for name, arr in a.items() if name.startswith("info/")} or None,
         episodes=[EpisodeStats(float(e[0]), e[1], e[2], e[3], e[4] if len(e) > 4 else 0) for e in b["episodes"]],
     )

@@ -25,8 +25,8 @@ exactly as a one-env packet's are, and each env's trajectory is contiguous in a 
 
 Observations and actions may be nested tuples, lists or dicts of arrays (rtgym's Tuple spaces);
 they travel as flat named leaves (``obs/0``, ``obs/1``, ...) plus a small *spec* that rebuilds
-the nesting. ``info`` stays on the worker: put anything the trainer needs into the observation or
-the sample compressor's output.
+the nesting. Of ``info``, the entries a pipeline declares (``Buffer.info``, see
+:mod:`netrl.samples.info`) travel as leaves ``info/<name>``; the rest stays on the worker.
 
 *Extra outputs* (``Buffer.extra``): named per-row arrays an actor returns with its actions, as its
 ``ActorModule.extra_outputs()`` declares them (an :data:`ExtraSpec`), e.g. ``action_log_prob`` and
@@ -38,12 +38,14 @@ it. Reset rows, random actions and the worker's default action hold zeros. They 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from netrl.samples.info import EXTRA_NAME as EXTRA_NAME  # (its home before info keys)
+from netrl.samples.info import store_info
 
 __all__ = ["Buffer", "BufferBuilder", "EpisodeStats", "ExtraSpec", "Spec", "check_extra_spec",
            "concat_segments", "flatten", "row", "tree_map", "unflatten"]
@@ -53,7 +55,6 @@ MAX_TREE_LEAVES = 64
 MAX_TREE_DEPTH = 8
 ExtraSpec = dict[str, tuple[tuple[int, ...], str]]  # extra output name -> (per-row shape, numpy
                                                     # dtype string)
-EXTRA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,31}")  # a lowercase identifier of at most 32 characters
 MAX_EXTRAS = 16
 _EXTRA_KINDS = "biuf"  # numbers and flags: what the wire carries
 
@@ -189,6 +190,8 @@ class Buffer:
                                    # every row is env 0's
     extra: dict[str, np.ndarray] | None = None  # the actor's extra outputs per row (module
                                                 # docstring); None: none
+    info: dict[str, np.ndarray] | None = None  # the declared info entries per row
+                                               # (netrl.samples.info); None: none
 
     @property
     def envs(self) -> np.ndarray:
@@ -213,11 +216,13 @@ class Buffer:
         Context rows are left out: they repeat rows of the previous packet, so a memory that appends
         these rows one packet after another holds each worker's rows once and in order, as in tmrl.
         ``info["reset"]`` marks an episode's first observation, and ``info["weight"]`` is the row's
-        loss weight (0: a stale transition)."""
+        loss weight (0: a stale transition); the declared info entries follow, by name."""
         rows = []
         for i in np.flatnonzero(~self.context).tolist():
             act, obs = row(self.act, i), row(self.obs, i)
-            info = {"reset": bool(self.reset[i]), "weight": 1.0 if self.weight is None else float(self.weight[i])}
+            info = {name: col[i] for name, col in (self.info or {}).items()}
+            info["reset"] = bool(self.reset[i])
+            info["weight"] = 1.0 if self.weight is None else float(self.weight[i])
             rows.append((act, obs, float(self.rew[i]), bool(self.terminated[i]), bool(self.truncated[i]), info))
         return rows
 
@@ -254,7 +259,7 @@ class BufferBuilder:
             stack length for memories that rebuild frame stacks).
         extra: the extra outputs every row carries (:data:`ExtraSpec`, from the actor's
             ``extra_outputs()``); set it, or :attr:`extra`, before the first row. A row added
-            without them holds zeros.
+            without them holds zeros. :attr:`info`, the info entries (the pipeline's), likewise.
     """
 
     def __init__(self, capacity: int, overlap: int = 1, extra: ExtraSpec | None = None) -> None:
@@ -263,8 +268,10 @@ class BufferBuilder:
         self.capacity = capacity
         self.overlap = overlap
         self.extra: ExtraSpec = dict(extra or {})
-        # name -> column (views of self._cols' "extra/<name>")
+        self.info: ExtraSpec = {}
+        # name -> column (views of self._cols' "extra/<name>", "info/<name>")
         self._extra_cols: dict[str, np.ndarray] = {}
+        self._info_cols: dict[str, np.ndarray] = {}
         # Leaf dtypes the packets must carry (e.g. the spaces' float32, for an env that returns
         # float64): a leaf that casts to its dtype within its kind is stored as that dtype; others
         # keep their own (and are refused later).
@@ -293,13 +300,16 @@ class BufferBuilder:
         cols["policy_version"] = np.empty(self.capacity, np.int64)
         for name, (shape, dtype) in check_extra_spec(self.extra, "the actor").items():
             cols[f"extra/{name}"] = self._extra_cols[name] = np.zeros((self.capacity, *shape), dtype)
+        for name, (shape, dtype) in check_extra_spec(self.info, "the pipeline's info keys").items():
+            cols[f"info/{name}"] = self._info_cols[name] = np.zeros((self.capacity, *shape), dtype)
         self._cols = cols
 
     def add(self, act: Any, obs: Any, rew: float, terminated: bool, truncated: bool, reset: bool,
-            policy_version: int, extra: dict[str, Any] | None = None) -> None:
+            policy_version: int, extra: dict[str, Any] | None = None,
+            info: dict[str, Any] | None = None) -> None:
         """Append one row. Leaves are copied: envs such as rtgym reuse their arrays between
         steps. ``extra``: the row's extra outputs, exactly those declared (None: zeros, as for a
-        reset row or a random action)."""
+        reset row or a random action); ``info``: its info entries, likewise."""
         if not self._cols:
             self._allocate(act, obs)
         if self._n >= self.capacity:
@@ -329,6 +339,8 @@ class BufferBuilder:
         cols["policy_version"][i] = policy_version
         if extra is not None or self._extra_cols:
             self._add_extra(i, extra)
+        if info is not None or self._info_cols:
+            store_info(self._info_cols, i, info)
         self._n += 1
         self._fresh += 1
 
@@ -382,6 +394,7 @@ class BufferBuilder:
             rew=cols["rew"], terminated=cols["terminated"], truncated=cols["truncated"],
             reset=cols["reset"], context=cols["context"], policy_version=cols["policy_version"],
             extra={name: cols[f"extra/{name}"] for name in self._extra_cols} or None,
+            info={name: cols[f"info/{name}"] for name in self._info_cols} or None,
         )
         # Keep the tail as context for the next packet, even after an episode ended: some
         # observations (rtgym's action buffer without reset_act_buf) carry history across a reset.
@@ -431,4 +444,6 @@ def concat_segments(segments: list[tuple[int, Buffer]]) -> Buffer:
         env=cat(*(np.full(len(b), env, np.uint16) for env, b in segments)),
         extra={k: cat(*(b.extra[k] for b in bufs if b.extra is not None)) for k in bufs[0].extra} if bufs[0].extra
         else None,
+        info={k: cat(*(b.info[k] for b in bufs if b.info is not None))
+              for k in bufs[0].info} if bufs[0].info else None,
     )

@@ -169,11 +169,12 @@ class ValueLimits:
                 f"outside {b.space}'s bounds {b.describe(element)}: {fix}")
 
     def buffer_problem(self, buf: Buffer) -> str | None:
-        """:meth:`problem` for a packet's columns, its extra outputs included
-        (``extra[<name>]``: finite)."""
+        """:meth:`problem` for a packet's columns, its extra outputs and info entries included
+        (``extra[<name>]``, ``info[<name>]``: finite)."""
         _, act = flatten(buf.act, "act")
         _, obs = flatten(buf.obs, "obs")
         extra = [(f"extra/{name}", col) for name, col in buf.extra.items()] if buf.extra else []
+        extra += [(f"info/{name}", col) for name, col in (getattr(buf, "info", None) or {}).items()]
         return self.problem(dict(act + obs + extra), buf.rew, buf.reset)
 
     # -- the SCHEMA message ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from netrl.errors import NetrlError
 from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import TMRL_ONLY, is_path, is_text, tmrl_arguments
 from netrl.lifecycle.torch_threads import apply_torch_threads
+from netrl.memory.disk import close_ring_storage
 from netrl.monitor.metrics import MetricsLogger, WandbMode
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.net.transport import new_session
@@ -37,6 +38,7 @@ from netrl.protocol.models import check_model_names, version_columns
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.protocol.weight_formats import formats_for
 from netrl.protocol.wire import PacketLimits, sample_row_bytes
+from netrl.samples.info import check_info_keys, info_spec
 from netrl.storage.folderlock import FolderLock
 from netrl.storage.weight_files import remove_stale_temps
 from netrl.trainer.delivery import Deliveries, SampleLog
@@ -105,6 +107,9 @@ class Trainer:
             agent's ``extra_models()`` come too): each published every ``ModelSpec.every`` training
             steps under a version counter of its own, loaded by the workers into their target of the
             same name, and recorded in every sample row as ``batch.extra["<name>_version"]``.
+        info_keys: the env info entries the workers record (the pipeline's, see
+            :mod:`netrl.samples.info`), expected in every packet and carried by the batches as
+            ``batch.extra["info/<name>"]``.
     """
 
     @tmrl_arguments("Trainer", ("training_cls", "server_ip", "server_port", "password"), TMRL_ONLY,
@@ -120,12 +125,13 @@ class Trainer:
                  keys: ClientKeys | None = None, status_interval_s: float = 10.0,
                  max_rows_per_packet: int = 65_536, torch_threads: int | None = 1,
                  models: dict[str, ModelSpec] | None = None, weight_format: str | None = None,
-                 weight_budget_s: float | None = None) -> None:
+                 weight_budget_s: float | None = None, info_keys: Any = ()) -> None:
         if torch_threads is not None and not 1 <= torch_threads <= 1024:
             raise ValueError(f"torch_threads must be between 1 and 1024, or None to "
                              f"leave torch's setting (got {torch_threads!r})")
         if sample_compressor is not None:
             check_sample_compressor(sample_compressor)
+        self.info_keys = check_info_keys(info_keys, "Trainer(info_keys=...)")
         self.models = dict(models or {})
         check_model_names(self.models, "Trainer(models=...)")
         self.training_cls = training_cls
@@ -188,6 +194,7 @@ class Trainer:
                    wandb_entity=cfg.wandb.entity, config=config_to_dict(cfg), credit_window=t.credit_window,
                    resume=t.resume, persist_samples=t.persist_samples, fsync=t.fsync,
                    sample_compressor=pipeline.sample_compressor,
+                   info_keys=getattr(pipeline, "info_keys", ()),
                    keys=client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None,
                    status_interval_s=cfg.status_interval_s, max_rows_per_packet=cfg.server.max_rows_per_packet,
                    torch_threads=cfg.torch_threads)
@@ -282,7 +289,8 @@ class Trainer:
                                           self.sample_compressor if probe is None else probe,
                                           guards.limits if guards is not None else None,
                                           {**declared_extras(training.agent.get_actor() if training.agent else None),
-                                           **version_columns(publisher.models)})
+                                           **version_columns(publisher.models)},
+                                          info_spec(self.info_keys))
         # bounds only where the workers' compressor sends leaves as the spaces describe them
         if guards is not None:
             guards.limits = schema.limits
@@ -360,6 +368,8 @@ class Trainer:
                 self.net.sample_log.close()
             if self.metrics is not None:
                 self.metrics.close()
+            if self.training is not None:  # memory.storage disk: its files go, its folder is free
+                close_ring_storage(self.training.memory)
             self._lock.release()
 
     def _close_steps(self, raise_errors: bool, failing: bool, save: bool, interrupted: bool) -> None:

@@ -30,12 +30,9 @@ tells the caller to save and finish.
 
 from __future__ import annotations
 
-import cProfile
 import dataclasses
-import io
 import logging
 import math
-import pstats
 import re
 import threading
 import time
@@ -60,6 +57,7 @@ from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer
 from netrl.training.ingest import Ingester
 from netrl.training.plausibility import declared_reward_range, reward_bound
+from netrl.training.profiling import EpochProfile
 from netrl.training.publish import Publisher
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
@@ -128,6 +126,7 @@ class TrainingOffline:
         self.safeguards: Safeguards | None = None  # value limits, the undo of non-finite steps
         self.ingester: Ingester | None = None
         self.publisher: Publisher | None = None
+        self._profile: EpochProfile | None = None  # the epoch's (profiling): every step, sync too
         self._last_wanted, self._last_report_at = -1, 0.0
         self._round = RoundStats()
         self._resumed_elapsed: float | None = None  # a restored round's time, until its clock runs
@@ -156,7 +155,9 @@ class TrainingOffline:
         # hold those the memory has
         memory, memory_size, batch_size = build_memory(
             self.memory_cls, device=device, steps=self.steps, memory_size=s.memory_size,
-            batch_size=s.batch_size, seed=s.seed, memory_device=s.memory_device)
+            batch_size=s.batch_size, seed=s.seed, memory_device=s.memory_device,
+            storage=s.memory_storage, storage_folder=s.memory_folder,
+            resident_mib=s.memory_resident_mib)
         self.memory = memory
         self.settings = s = dataclasses.replace(s, memory_size=memory_size, batch_size=batch_size)
         if s.normalize_obs:  # batches use the statistics current when they are gathered
@@ -274,7 +275,7 @@ class TrainingOffline:
         assert self.memory is not None
         if self.agent_scheduler is not None:
             self.agent_scheduler(agent, self.epoch)
-        profiler = cProfile.Profile() if self.profiling else None
+        self._profile = profile = EpochProfile() if self.profiling else None
         guards.begin()  # the state a non-finite step goes back to (a checkpoint's, after build)
         if self._resumed_elapsed is not None:
             self._round.started = time.monotonic() - self._resumed_elapsed
@@ -296,11 +297,7 @@ class TrainingOffline:
                     self._round = RoundStats()
                     return
                 publisher.publish_due(source, self.total_updates)
-                if profiler:
-                    profiler.enable()
                 batch, metrics = self._train(draw)  # gathered while the last step trained
-                if profiler:
-                    profiler.disable()
                 self.round_steps += 1  # a step undone takes its place in the round, trains nothing
                 priority = pop_priority(metrics)  # per sample, not a metric
                 if not guards.accept(metrics, batches, self.total_updates + 1):
@@ -315,14 +312,15 @@ class TrainingOffline:
             yield self._round_summary(rnd)
             self._round = RoundStats()  # after the round: the first keeps what arrived before it
         self.epoch, self.round, self.round_steps = self.epoch + 1, 0, 0
-        if profiler:
-            out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(20)
-            log.info("profile of epoch %d:\n%s", self.epoch, out.getvalue())
+        if profile:
+            log.info("%s", profile.report(self.epoch))
 
     def _train(self, draw: Callable[[], Batch]) -> tuple[Batch, dict[str, Any]]:
         """Draw a batch and train the agent on it, timing both for the round."""
         assert self.agent is not None
+        profile = self._profile
+        if profile:
+            profile.enable()
         t0 = time.perf_counter()
         batch = draw()
         t1 = time.perf_counter()
@@ -331,6 +329,9 @@ class TrainingOffline:
         except ValueError as e:
             _note_batch_unpacking(e, self.agent)
             raise
+        finally:
+            if profile:
+                profile.disable()
         self._round.train_s += time.perf_counter() - t1
         self._round.sample_s += t1 - t0
         return batch, metrics

@@ -64,6 +64,11 @@ class TrainingSettings:
     sync_timeout_s: float = 30.0
     prefetch: bool = True  # gather batch k+1 while the agent trains on batch k (memory/prefetch.py)
     memory_device: str = "cpu"  # "cuda": the replay columns live on the (CUDA) training device
+    # "disk": the ring columns of more than one value per row in files of memory_folder
+    # (memory/disk.py); memory_folder must then be given (from_config: <run folder>/replay)
+    memory_storage: str = "ram"
+    memory_folder: str | None = None
+    memory_resident_mib: int = 1024  # file pages kept mapped before they are unmapped (0: no bound)
     compile: str = "none"  # "none", "compile" or "cudagraphs", given to the agent (compiled.py)
     normalize_obs: bool = False  # the loop's obs_norm learns from every packet; batches normalised
     normalize_obs_clip: float = 10.0
@@ -87,6 +92,8 @@ class TrainingSettings:
             rollout_fragment_length=t.rollout_fragment_length, batch_mode=t.batch_mode,
             sync_timeout_s=t.sync_timeout_s, prefetch=t.prefetch, compile=t.compile,
             memory_size=m.memory_size, batch_size=m.batch_size, memory_device=m.device,
+            memory_storage=m.storage, memory_folder=m.storage_folder or str(cfg.run_dir / "replay"),
+            memory_resident_mib=m.storage_resident_mib,
             max_worker_share=m.max_worker_share, min_worker_share=m.min_worker_share,
             normalize_obs=env.normalize_obs, normalize_obs_clip=env.normalize_obs_clip,
             normalize_obs_every=env.normalize_obs_every, seed=cfg.seed)

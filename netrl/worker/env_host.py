@@ -19,7 +19,7 @@ import gymnasium
 from netrl.envs.guard import EnvCaller
 from netrl.errors import EnvFailure
 from netrl.samples.spaces import default_value
-from netrl.worker.settings import Vectorization
+from netrl.worker.settings import Vectorization, same_step_autoreset
 
 __all__ = ["EnvHost", "make_vector_env"]
 
@@ -29,7 +29,7 @@ log = logging.getLogger("netrl.worker.worker")  # the worker's own lines, under 
 def make_vector_env(env_cls: Callable[[], Any], num_envs: int, vectorization: Vectorization) -> Any:
     """``num_envs`` envs from ``env_cls`` in one Gymnasium vector env that autoresets in the same
     step."""
-    mode = gymnasium.vector.AutoresetMode.SAME_STEP
+    mode = same_step_autoreset()
     fns = [env_cls] * num_envs
     if vectorization == "async":
         return gymnasium.vector.AsyncVectorEnv(fns, autoreset_mode=mode)

@@ -32,6 +32,7 @@ from netrl.protocol.wire import (
     samples_message,
 )
 from netrl.samples.columns import Buffer, BufferBuilder, EpisodeStats, ExtraSpec
+from netrl.samples.info import InfoKey, info_spec, info_values
 
 __all__ = ["PacketMaker"]
 
@@ -48,11 +49,13 @@ class PacketMaker:
             are stored as they are).
         envs: the worker's envs, whose segments share each packet (see :mod:`netrl.worker.sink`):
             the size check counts them all.
+        info_keys: the env info entries each row records, from the env's info as it came
+            (before the sample compressor; :mod:`netrl.samples.info`).
     """
 
     def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int, max_delay_s: float | None,
                  compression: Codec, max_message_bytes: int, sample_compressor: Callable[..., Any] | None,
-                 envs: int = 1) -> None:
+                 envs: int = 1, info_keys: tuple[InfoKey, ...] = ()) -> None:
         self.worker_id, self.session = worker_id, session
         self.min_samples, self.overlap = min_samples, overlap
         # None: wait for min_samples rows
@@ -65,6 +68,8 @@ class PacketMaker:
         self.pending_episodes: list[EpisodeStats] = []  # finished since the previous packet:
                                                         # they go with the next
         self._builder = BufferBuilder(min_samples + overlap + 2, overlap)
+        self.info_keys = info_keys
+        self._builder.info = info_spec(info_keys)
         # adds the models' versions
         self.stamp: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None
         self._first_unsent = 0.0
@@ -97,6 +102,9 @@ class PacketMaker:
         extra outputs with it, None for zeros). The first row of a ``networked`` worker shows a
         sample's size, which is checked against what the server relays. The sample compressor
         never sees the extras."""
+        # the env's info as it came: a compressor may rebuild or drop it
+        values = (info_values(self.info_keys, info, "reset" if reset else "step")
+                  if self.info_keys else None)
         if self.sample_compressor is not None:
             act, obs, rew, terminated, truncated, info = self.sample_compressor(act, obs, rew, terminated,
                                                                                 truncated, info)
@@ -104,7 +112,7 @@ class PacketMaker:
             self._first_unsent = time.monotonic()
         if self.stamp is not None:
             extra = self.stamp(extra)
-        self._builder.add(act, obs, rew, terminated, truncated, reset, version, extra)
+        self._builder.add(act, obs, rew, terminated, truncated, reset, version, extra, values)
         if not self._size_checked:
             self._size_checked = True
             if networked:

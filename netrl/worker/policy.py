@@ -1,6 +1,7 @@
 """What a worker acts with: its actor and the version of its weights, swapped between two env steps.
 
-Besides the actor, acting takes: an obs_preprocessor, the trainer's observation statistics
+Besides the actor, acting takes: the views it declares, built per env
+(:mod:`netrl.memory.act_views`), an obs_preprocessor, the trainer's observation statistics
 (``env.normalize_obs``), a recurrent actor's per-env state, random actions while the trainer holds
 fewer than ``init_random_frames`` samples, and the further models synced from the trainer
 (:mod:`netrl.worker.models`). The network thread loads each received version into a spare actor
@@ -19,6 +20,8 @@ import torch
 from netrl.actor import declared_extras
 from netrl.envs.checks import check_action
 from netrl.envs.normalize import ObsNormalizer
+from netrl.memory.act_views import ActViews
+from netrl.memory.views import declared_views
 from netrl.samples.columns import ExtraSpec, check_extra_spec, tree_map
 from netrl.worker.link import WorkerLink
 from netrl.worker.models import ExtraModels
@@ -57,6 +60,8 @@ class PolicyHandle:
         # the actor's extra outputs
         self.extra_spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
         self.recurrent: RecurrentStates | None = None  # a recurrent actor's per-env states (build)
+        # the views the actor declares, per env (build); the runners start and push their rows
+        self.views: ActViews | None = None
         # the actor's first action was checked (random ones may come first)
         self.actor_checked = False
         self.action_space: Any = None
@@ -68,11 +73,23 @@ class PolicyHandle:
         self.random_frames: RandomFrames | None = None
 
     def build(self, actor: Any, observation_space: Any, action_space: Any,
-              normalize_obs_clip: float | None) -> ExtraSpec:
+              normalize_obs_clip: float | None, compressed: bool = False) -> ExtraSpec:
         """Take ``actor`` (with the env's spaces; ``normalize_obs_clip``: env.normalize_obs's clip,
-        None when off); what every row carries besides the sample: the actor's extra outputs and
-        each model's version."""
+        None when off; ``compressed``: a sample compressor changes the rows); what every row
+        carries besides the sample: the actor's extra outputs and each model's version.
+        ValueError naming the view for views the worker cannot build as the memory does."""
         self.actor, self.action_space = actor, action_space
+        views = declared_views(actor)
+        if views:
+            name = type(actor).__name__
+            into_obs = [v.name for v in views if v.into == "obs"]
+            if into_obs and (normalize_obs_clip is not None or self.obs_preprocessor is not None):
+                raise ValueError(f"{name}: the view {into_obs[0]!r} goes into the observation, "
+                                 f"which env.normalize_obs or an obs_preprocessor would change "
+                                 f"at act time but not in the memory's batches: declare it "
+                                 f'with into="extra", or turn those off')
+            self.views = ActViews(views, self.num_envs, observation_space, action_space, name,
+                                  compressed)
         if normalize_obs_clip is not None:  # mean 0, var 1 until the trainer's statistics arrive
             self.obs_norm = ObsNormalizer(observation_space, normalize_obs_clip)
             # the trainer's versions replace it
@@ -129,18 +146,22 @@ class PolicyHandle:
         random while ``init_random_frames`` asks (never in a test episode), else the actor's, whose
         first action is checked against ``check_space``."""
         act = None if test else self.random_actions(obs)
+        views = self.views.extra() if self.views is not None else None
+        if self.views is not None:
+            obs = self.views.observe(obs)
         if act is not None:
             if self.recurrent is None:
                 return act, None  # a random action's extra outputs are zeros
             # the state advances under random actions too, and is recorded
-            _, chosen = self.recurrent.act(self.actor, self.obs(self._preprocessed(obs)), test)
+            _, chosen = self.recurrent.act(self.actor, self.obs(self._preprocessed(obs)), test,
+                                           views=views)
             return act, self.recurrent.random_extras(chosen)
         o = self.obs(self._preprocessed(obs))
         extra = None
         if self.recurrent is not None:
-            act, extra = self.recurrent.act(self.actor, o, test)
+            act, extra = self.recurrent.act(self.actor, o, test, views=views)
         else:
-            act = self.actor.act_(o, test=test)
+            act = self.actor.act_(o, test=test, views=views)
             if self.extra_spec:
                 act, extra = act
         if not self.actor_checked:

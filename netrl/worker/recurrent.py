@@ -27,18 +27,19 @@ class RecurrentStates:
         for v in self.values.values():
             v[i] = 0
 
-    def act(self, actor: ActorModule, obs: Any, test: bool,
-            idx: np.ndarray | None = None) -> tuple[Any, dict[str, Any]]:
+    def act(self, actor: ActorModule, obs: Any, test: bool, idx: np.ndarray | None = None,
+            views: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         """The actions for ``obs`` (one env's observation when ``idx`` is None, else the batch of
-        envs ``idx``), and each row's extras: the actor's own, and the state that entered the
-        step. The envs' states advance."""
+        envs ``idx``; ``views``: their windows, :mod:`netrl.memory.act_views`), and each row's
+        extras: the actor's own, and the state that entered the step. The envs' states
+        advance."""
         rows = np.zeros(1, np.intp) if idx is None else idx
         # copies: the rows' record keeps them
         entering = {k: v[rows] for k, v in self.values.items()}
         if idx is None:
-            out = actor.act_(obs, test=test, state={k: v[0] for k, v in entering.items()})
+            out = actor.act_(obs, test=test, state={k: v[0] for k, v in entering.items()}, views=views)
         else:
-            out = actor.act_(obs, test=test, batch=True, state=entering)
+            out = actor.act_(obs, test=test, batch=True, state=entering, views=views)
         actions, new_state = out[0], out[1]
         extras = dict(out[2]) if self.own_extras else {}
         for k, v in self.values.items():

@@ -17,19 +17,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium
+
 from netrl.config.sections import Config, NetworkConfig
 from netrl.net.keys import ClientKeys, client_keys
 from netrl.pipelines.base import Pipeline
 from netrl.protocol.codecs import Codec
 from netrl.protocol.messages import PEER_NAME, PEER_NAME_RULE
+from netrl.samples.info import InfoKey, check_info_keys
 from netrl.util import did_you_mean
 from netrl.worker.names import default_worker_id
 
-__all__ = ["Vectorization", "WorkerSettings", "worker_seed"]
+__all__ = ["Vectorization", "WorkerSettings", "same_step_autoreset", "worker_seed"]
 
 log = logging.getLogger("netrl.worker.worker")
 
 Vectorization = Literal["sync", "async"]
+VECTOR_GYMNASIUM = "1.1"  # the first with vector envs' autoreset modes (pyproject.toml's minimum)
+
+
+def same_step_autoreset() -> Any:
+    """Gymnasium's ``AutoresetMode.SAME_STEP``, which vector workers (``num_envs`` > 1) need;
+    ValueError naming the installed gymnasium where it has no autoreset modes (before 1.1)."""
+    modes = getattr(gymnasium.vector, "AutoresetMode", None)
+    if modes is None:
+        raise ValueError(f"num_envs > 1 needs gymnasium >= {VECTOR_GYMNASIUM}, whose vector envs "
+                         f"autoreset in the same step; gymnasium {gymnasium.__version__} is "
+                         f"installed: pip install 'gymnasium>={VECTOR_GYMNASIUM}', or set "
+                         f"worker.num_envs to 1")
+    return modes.SAME_STEP
 
 
 def worker_seed(seed: int | None, worker_id: str) -> int | None:
@@ -97,6 +113,8 @@ class WorkerSettings:
         normalize_obs, normalize_obs_clip: ``env.normalize_obs``: ``act`` gets observations
             normalised by the trainer's statistics as last received
             (:meth:`netrl.worker.policy.PolicyHandle.obs`).
+        info_keys: the env info entries every row records (the pipeline's, see
+            :mod:`netrl.samples.info`); the trainer must declare the same.
     """
 
     device: str = "cpu"
@@ -130,11 +148,14 @@ class WorkerSettings:
     torch_threads: int | None = 1
     normalize_obs: bool = False
     normalize_obs_clip: float = 10.0
+    info_keys: tuple[InfoKey, ...] = ()
 
     def __post_init__(self) -> None:
         n = self.num_envs
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"num_envs must be an integer >= 1 (got {n!r})")
+        if n > 1:
+            same_step_autoreset()  # told here, before any env is built
         if self.vectorization not in ("sync", "async"):
             raise ValueError('vectorization must be "sync" or "async" (got '
                              f'{self.vectorization!r})')
@@ -152,6 +173,7 @@ class WorkerSettings:
         if self.worker_id is not None and not PEER_NAME.fullmatch(self.worker_id):
             raise ValueError(f"worker_id {self.worker_id!r} is not a valid name: use "
                              f"{PEER_NAME_RULE}")
+        object.__setattr__(self, "info_keys", check_info_keys(self.info_keys, "info_keys"))
         if self.init_random_frames < 0:
             raise ValueError(f"init_random_frames must be >= 0 (got {self.init_random_frames})")
 
@@ -207,7 +229,7 @@ class WorkerSettings:
             num_envs=w.num_envs, vectorization=w.vectorization,
             init_random_frames=w.init_random_frames, run_dir=cfg.run_dir,
             torch_threads=cfg.torch_threads, normalize_obs=cfg.env.normalize_obs,
-            normalize_obs_clip=cfg.env.normalize_obs_clip)
+            normalize_obs_clip=cfg.env.normalize_obs_clip, info_keys=pipeline.info_keys)
 
     def resolved(self) -> WorkerSettings:
         """These settings with what they leave open filled in: the worker's name, and its files in

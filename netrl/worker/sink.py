@@ -20,6 +20,7 @@ from netrl.errors import NetrlError
 from netrl.protocol.codecs import Codec
 from netrl.protocol.schema import SampleSchema, probe_copy
 from netrl.samples.columns import Buffer, EpisodeStats, ExtraSpec, concat_segments
+from netrl.samples.info import InfoKey, info_spec
 from netrl.worker.link import WorkerLink
 from netrl.worker.packets import PacketMaker
 
@@ -37,19 +38,23 @@ class PacketSink:
             :class:`~netrl.worker.packets.PacketMaker`.
         sample_compressor: applied to each row before it is stored (each env has its own copy).
         num_envs: the worker's envs.
+        info_keys: the env info entries every row records (:mod:`netrl.samples.info`).
     """
 
     def __init__(self, worker_id: str, session: str, min_samples: int, overlap: int,
                  max_delay_s: float | None, compression: Codec, max_message_bytes: int,
-                 sample_compressor: Callable[..., Any] | None, num_envs: int) -> None:
+                 sample_compressor: Callable[..., Any] | None, num_envs: int,
+                 info_keys: tuple[InfoKey, ...] = ()) -> None:
         self.worker_id, self.session = worker_id, session
         self.sample_compressor = sample_compressor
+        self.info_keys = info_keys
         self.packets = PacketMaker(worker_id, session, min_samples, overlap, max_delay_s,
-                                   compression, max_message_bytes, sample_compressor)
+                                   compression, max_message_bytes, sample_compressor,
+                                   info_keys=info_keys)
         # several envs: their rows go to per-env makers; self.packets only numbers and encodes
         self.env_makers = [PacketMaker(worker_id, session, min_samples, overlap, max_delay_s,
                                        compression, max_message_bytes,
-                                       _own_copy(sample_compressor, i), num_envs)
+                                       _own_copy(sample_compressor, i), num_envs, info_keys)
                            for i in range(num_envs)] if num_envs > 1 else None
         self.makers = self.env_makers or [self.packets]  # the makers rows go to
         self.produced = 0  # env steps recorded for training
@@ -80,7 +85,8 @@ class PacketSink:
         # it cannot be copied: the env's dtypes
         if compressor is None and self.sample_compressor is not None:
             return
-        schema = SampleSchema.from_spaces(observation_space, action_space, compressor, extra=extras)
+        schema = SampleSchema.from_spaces(observation_space, action_space, compressor, extra=extras,
+                                          info=info_spec(self.info_keys))
         self.packets.follow(schema)
         for maker in self.env_makers or ():
             maker.follow(schema)

@@ -152,7 +152,7 @@ class RolloutWorker:
                                    s.init_random_frames, s.standalone, s.seed)
         self.sink = PacketSink(self.worker_id, self.session, s.min_samples_per_worker_packet,
                                s.overlap, s.max_packet_delay_s, s.compression,
-                               s.network.max_message_bytes, sample_compressor, n)
+                               s.network.max_message_bytes, sample_compressor, n, s.info_keys)
         self.pacer = Pacer(self.worker_id, s.throttle, n, self.policy, self.sink)
         self.sync = self.pacer.sync  # active while the trainer announces sync collection
         self.episodes = Episodes(self.worker_id, s.episode_log, n)
@@ -225,7 +225,14 @@ class RolloutWorker:
         actor = self.actor_module_cls(obs_space, act_space).to(s.device)
         actor.eval()
         extras = policy.build(actor, obs_space, act_space,
-                              s.normalize_obs_clip if s.normalize_obs else None)
+                              s.normalize_obs_clip if s.normalize_obs else None,
+                              compressed=self.sample_compressor is not None)
+        reach = max((v.max_reach for v in policy.views.views), default=0) if policy.views else 0
+        if reach >= s.overlap and not s.standalone:  # a packet's first rows would lack them
+            log.warning("worker %s: the actor's views read up to %d rows back, but packets carry "
+                        "%d context rows (Pipeline overlap): up to %d transitions at the start of each "
+                        "packet cannot be sampled; set the pipeline's overlap to %d",
+                        self.worker_id, reach, s.overlap, reach + 1 - s.overlap, reach + 1)
         self.sink.follow(obs_space, act_space, extras,
                          policy.models.stamp if policy.models else None)
         version = self.files.load(actor, s.standalone)

@@ -14,10 +14,12 @@ import pytest
 
 from netrl.__main__ import main
 from netrl.envs.checks import ACTION_MASK, check_action, check_observation, check_spaces, value_limits
+from netrl.envs.gym import GenericGymEnv
 from netrl.envs.preflight import preflight
 from netrl.memory.replay import ReplayMemory
 from netrl.protocol.schema import WireRoute
 from netrl.samples import BufferBuilder
+from netrl.samples.info import InfoKey, info_spec
 from netrl.util import partial
 
 S = gymnasium.spaces
@@ -158,3 +160,62 @@ def test_check_env_on_the_command_line_exits_0_for_a_sound_env_and_2_listing_the
         out = capsys.readouterr().out
         assert out.startswith("env check passed" if fine else "env check found")
         assert fine or "observation_space['gear'] is 7, outside the Discrete's values 0..2" in out
+
+
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])
+def test_envs_of_short_episodes_pass_where_two_rows_a_step_once_overflowed_the_packet(env_id: str) -> None:
+    # an episode's end adds its step's row and the next episode's first row: with one-step
+    # episodes (Blackjack) every step does, and the builder once overflowed ("BufferBuilder is full")
+    report = preflight(partial(GenericGymEnv, id=env_id), memory_cls=ReplayMemory, steps=200,
+                       through_wire=route())
+    assert report.ok, report.format()
+    assert "200 env steps" in report.format() and "a batch of 16 was sampled" in report.format()
+
+
+class Tracked(Broken):
+    """A sound env whose step info holds the distance travelled; ``forget`` leaves it out from step 4 on."""
+
+    def __init__(self, forget: bool = False) -> None:
+        super().__init__(fine=True)
+        self.forget = forget
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, rew, term, trunc, _ = super().step(action)
+        return obs, rew, term, trunc, {} if self.forget and self.t >= 4 else {"distance": 0.5 * self.t}
+
+
+def test_the_info_keys_go_through_the_builder_and_the_wire_and_a_missing_one_is_reported() -> None:
+    keys = (InfoKey("distance", "float32", (), 0.0),)
+    spec = info_spec(keys)
+    report = preflight(Tracked, memory_cls=ReplayMemory, steps=60, info_keys=keys,
+                       through_wire=WireRoute("zstd", value_limits, spec))
+    assert report.ok, report.format()
+    # a trainer that does not declare them refuses every packet: the route says so
+    report = preflight(Tracked, steps=60, through_wire=route(), info_keys=keys)
+    assert "it carries the info key 'distance', which the trainer's pipeline does not declare" in report.problems[0]
+    strict = (InfoKey("distance"),)  # no default: the reset's info lacks it
+    report = preflight(Tracked, memory_cls=ReplayMemory, steps=60, info_keys=strict,
+                       through_wire=WireRoute("zstd", value_limits, info_spec(strict)))
+    assert [p.split(":")[0] for p in report.problems] == ["the first observation of episode 1 (env step 0)"]
+    assert "the env's reset() returned an info without 'distance'" in report.problems[0]
+    report = preflight(partial(Tracked, forget=True), steps=60, info_keys=keys,
+                       through_wire=WireRoute("zstd", value_limits, spec))
+    assert report.ok, report.format()  # the default stands in from step 4
+
+
+def test_check_env_records_the_info_keys_config_json_declares(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tracked_envs.py").write_text(
+        "from netrl.memory import ReplayMemory\nfrom netrl.pipelines.base import Pipeline\n"
+        "from tests.envs.test_preflight import Tracked\n\n"
+        "def build(cfg):\n    return Pipeline(env_cls=Tracked, actor_module_cls=None, memory_cls=ReplayMemory, "
+        "training_agent_cls=None)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "config.json"
+    for default, code in ((0.0, 0), (None, 2)):
+        entry = {"name": "distance", **({"default": default} if default is not None else {})}
+        config.write_text(json.dumps({"security": "none", "env": {"pipeline": "tracked_envs:build",
+                                                                  "info_keys": [entry]}}))
+        assert main(["--check-env", "--config", str(config)]) == code
+        out = capsys.readouterr().out
+        assert code == 0 or "the env's reset() returned an info without 'distance'" in out, out

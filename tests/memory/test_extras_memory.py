@@ -86,7 +86,7 @@ def test_memories_hand_each_transition_the_extras_of_its_own_action(memory_cls: 
         _o, a, *_, info = memory.get_transition(k)
         assert info["extra"] == {"state_value": 10 * a[0], "action_log_prob": -a[0]}
     batch = memory.sample()
-    assert set(batch.extra) == {"state_value", "action_log_prob"}
+    assert set(batch.extra) == {"state_value", "action_log_prob", "traj", "episode"}
     torch.testing.assert_close(batch.extra["state_value"], 10 * batch.act[:, 0])
     torch.testing.assert_close(batch.extra["action_log_prob"], -batch.act[:, 0])
     if memory_cls is FrameStackMemory:  # and the stacks are the ones before the action
@@ -105,7 +105,7 @@ def test_a_packet_whose_extras_differ_from_the_memorys_is_refused_and_leaves_it_
     assert len(memory) == before and memory.sample().extra["state_value"].abs().max() <= 90
     plain = memory_cls(memory_size=40, batch_size=8, seed=0, **kwargs)
     plain.append_buffer(packet(10, 0, extra=False))
-    assert plain.sample().extra == {}
+    assert set(plain.sample().extra) == {"traj", "episode"}  # the trajectory ids only
     with pytest.raises(ValueError, match=r"carries the extra outputs \['action_log_prob', 'state_value'\]; the memory "
                                          r"stores \[\]"):
         plain.append_buffer(packet(10, 10))

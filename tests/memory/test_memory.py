@@ -535,7 +535,7 @@ def test_a_memory_size_the_machine_cannot_hold_is_a_config_error_naming_the_key(
     mem = memory_cls(memory_size=size)
     image = isinstance(mem, FrameStackMemory)
     with pytest.raises(ConfigError, match=rf"memory.memory_size is {size}: the replay memory needs [\d,.]+ GiB for it "
-                                          rf"\({40 if image else 46} bytes per row\).*lower memory.memory_size"):
+                                          rf"\({68 if image else 74} bytes per row\).*lower memory.memory_size"):
         mem.append_buffer(packet(4, obs=np.zeros((4, 2, 2), np.uint8)) if image else packet(4))
     assert len(mem) == 0
 
@@ -548,9 +548,10 @@ def test_a_memory_size_over_the_memory_available_is_warned_of_at_allocation(
 
     import psutil
 
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=46 * 1000))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=74 * 1000))
     with caplog.at_level(logging.WARNING, logger="netrl.memory.base"):
-        ReplayMemory(memory_size=999).append_buffer(packet(4))  # 46 bytes per row: 45,954 bytes fit
+        ReplayMemory(memory_size=999).append_buffer(packet(4))  # 74 bytes per row (28 of them the
+        # trajectory links): 73,926 bytes fit
         assert not caplog.records
         ReplayMemory(memory_size=2000).append_buffer(packet(4))
     assert len(caplog.records) == 1 and "memory.memory_size 2000 needs" in caplog.text

@@ -227,17 +227,39 @@ def test_sac_trains_with_3_step_prioritized_replay_from_a_workers_packets(tmp_pa
     assert "priority" not in training._round_summary(0)  # never logged as a metric
 
 
+class TmrlStyleMemory:
+    """A memory ported from tmrl: not a ring memory, so it follows no trajectories."""
+
+
+def own_pipeline(cfg: Any) -> Any:
+    import dataclasses
+
+    from netrl.pipelines.gym import gym_pipeline
+
+    return dataclasses.replace(gym_pipeline(cfg), memory_cls=TmrlStyleMemory)
+
+
 @pytest.mark.parametrize("sections, message", [
-    ({"env": {"pipeline": "drone"}, "memory": {"n_step": 3}},
-     'memory.n_step needs a ReplayMemory, but env.pipeline "drone" trains with ActionBufferMemory'),
-    ({"env": {"pipeline": "image"}, "memory": {"n_step": 2, "prioritized": True}},
-     'memory.n_step and memory.prioritized need a ReplayMemory, but env.pipeline "image" trains with '
-     "FrameStackMemory"),
+    ({"env": {"pipeline": "tests.memory.test_priority:own_pipeline"}, "memory": {"n_step": 3}},
+     'memory.n_step needs a ring memory \\(ReplayMemory or HistoryMemory\\), but env.pipeline '
+     '"tests.memory.test_priority:own_pipeline" trains with TmrlStyleMemory, which does not follow trajectories'),
+    ({"env": {"pipeline": "tests.memory.test_priority:own_pipeline"}, "memory": {"n_step": 2, "prioritized": True}},
+     "memory.n_step and memory.prioritized need a ring memory"),
 ])
 def test_a_pipeline_whose_memory_cannot_take_the_keys_is_refused_naming_them(
         tmp_path: Path, sections: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         make_pipeline(config(tmp_path, **sections))
+
+
+@pytest.mark.parametrize(("pipeline", "memory_name"), [("drone", "ActionBufferMemory"), ("image", "FrameStackMemory")])
+def test_the_drone_and_image_pipelines_take_n_step_and_prioritized_replay(tmp_path: Path, pipeline: str,
+                                                                           memory_name: str) -> None:
+    # they were refused before: their HistoryMemory took neither
+    pipe = make_pipeline(config(tmp_path, env={"pipeline": pipeline}, memory={"n_step": 3, "prioritized": True}))
+    memory = pipe.memory_cls(memory_size=100, batch_size=8)
+    assert type(memory).__name__ == memory_name
+    assert (memory.n_step, memory.prioritized, memory.gamma) == (3, True, 0.99)
 
 
 @pytest.mark.parametrize("memory, message", [

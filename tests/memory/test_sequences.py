@@ -71,8 +71,8 @@ def expected(start: int, length: int, rows: dict[int, Row]) -> tuple[list[int], 
         last, nxt = rows[seq[-1]], rows.get(seq[-1] + 1)
         if last.terminated or last.truncated:
             return seq, "episode end"
-        if nxt is None or nxt.packet != last.packet:
-            return seq, "packet boundary"  # the next packet starts with a context row
+        if nxt is None:
+            return seq, "newest row"
         if nxt.weight == 0:
             return seq, "stale row"
         seq.append(seq[-1] + 1)
@@ -80,7 +80,7 @@ def expected(start: int, length: int, rows: dict[int, Row]) -> tuple[list[int], 
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sequences_never_cross_an_episode_env_packet_or_stale_row_and_are_padded_and_masked(seed: int) -> None:
+def test_sequences_cross_packets_but_never_an_episode_env_or_stale_row_and_are_padded_and_masked(seed: int) -> None:
     packets, rows = generate(seed)
     length, batch = 6, 128
     memory = ReplayMemory(memory_size=301, batch_size=batch, sequence_length=length, burn_in=2, seed=seed)
@@ -110,7 +110,9 @@ def test_sequences_never_cross_an_episode_env_packet_or_stale_row_and_are_padded
             np.testing.assert_array_equal(b.terminated.numpy()[k], [float(rows[u].terminated) for u in padded])
             np.testing.assert_array_equal(b.truncated.numpy()[k], [float(rows[u].truncated) for u in padded])
             np.testing.assert_array_equal(b.weight.numpy()[k], [rows[u].weight for u in padded])
-    assert set(why) == {"episode end", "packet boundary", "stale row", "full"}, why  # every way a sequence stops
+            why["crossed a packet"] += rows[padded[-1]].packet != rows[start].packet
+    # every way a sequence stops, and sequences follow their env's trajectory across packets
+    assert set(why) == {"episode end", "newest row", "stale row", "full", "crossed a packet"}, why
 
 
 def test_a_sequence_stops_at_the_ring_write_head_and_never_reads_the_old_rows_beyond_it() -> None:
@@ -137,16 +139,30 @@ def test_sequence_index_matches_a_step_by_step_walk_on_random_columns() -> None:
     rng = np.random.default_rng(5)
     cap, length = 50, 7
     end, term, trunc = (rng.random(cap) < p for p in (0.8, 0.1, 0.1))
-    for size, oldest in ((50, 17), (31, 0)):
+    for size, total in ((50, 117), (31, 31)):
+        low = total - size
+        # random links: forward to a stored row, to an overwritten one, or none
+        nxt = rng.integers(low - 10, total, size=cap)
+        nxt[rng.random(cap) < 0.2] = -1
+        # runs: a row followed by its ring neighbour in its segment (links to the next absolute row)
+        run = np.zeros(cap, np.int32)
+        absolute = total - 1 - (total - 1 - np.arange(cap)) % cap
+        for r in rng.permutation(cap)[: cap // 2]:
+            nxt[r] = absolute[(r + 1) % cap] if absolute[(r + 1) % cap] == absolute[r] + 1 else nxt[r]
+        for r in range(cap - 1, -1, -1):  # rows after r that follow it contiguously
+            follows = absolute[r] >= low and nxt[r] == absolute[r] + 1 and (r + 1) % cap != total % cap
+            run[r] = run[(r + 1) % cap] + 1 if follows else 0
+        cols = {"end": end, "terminated": term, "truncated": trunc, "next": nxt, "run": run}
         starts = rng.integers(0, cap, size=100)
-        idx, mask = sequence_index(starts, length, end, term, trunc, oldest, size)
+        idx, mask = sequence_index(starts, length, cols, total, size, lambda rows: end[rows])
         for k, s in enumerate(starts):
             walk = [int(s)]
             while len(walk) < length:
-                cur, nxt = walk[-1], (walk[-1] + 1) % cap
-                if (cur - oldest) % cap + 1 >= size or not end[nxt] or term[cur] or trunc[cur]:
+                cur = walk[-1]
+                a = int(nxt[cur])
+                if a < low or not end[a % cap] or term[cur] or trunc[cur]:
                     break
-                walk.append(nxt)
+                walk.append(a % cap)
             assert idx[k].tolist() == walk + [walk[-1]] * (length - len(walk))
             assert int(mask[k].sum()) == len(walk)
 

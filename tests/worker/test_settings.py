@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
+import gymnasium
 import pytest
 
 from netrl.agents.sac import MLPActor
@@ -13,7 +15,7 @@ from netrl.config.load import config_from_dict
 from netrl.envs.gym import GenericGymEnv
 from netrl.pipelines.make import make_pipeline
 from netrl.util import partial
-from netrl.worker.settings import WorkerSettings
+from netrl.worker.settings import VECTOR_GYMNASIUM, WorkerSettings
 from netrl.worker.worker import RolloutWorker
 
 ENV = partial(GenericGymEnv, id="Pendulum-v1")
@@ -64,3 +66,20 @@ def test_bad_settings_are_refused_naming_the_setting(keywords: dict[str, object]
                                                      message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         WorkerSettings.from_keywords(**keywords)
+
+
+def test_vector_workers_on_a_gymnasium_without_autoreset_modes_are_told_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # gymnasium 1.0 has no vector.AutoresetMode: a vector worker once died on an AttributeError
+    # when it built its env, though pyproject.toml allowed 1.0
+    monkeypatch.delattr(gymnasium.vector, "AutoresetMode")
+    monkeypatch.setattr(gymnasium, "__version__", "1.0.0")
+    with pytest.raises(ValueError, match=r"num_envs > 1 needs gymnasium >= 1\.1, .*gymnasium 1\.0\.0 is "
+                                         r"installed: pip install 'gymnasium>=1\.1', or set worker\.num_envs to 1"):
+        WorkerSettings.from_keywords(num_envs=2)
+    assert WorkerSettings.from_keywords(num_envs=1).num_envs == 1  # one env needs no vector env
+
+
+def test_pyproject_requires_the_gymnasium_that_vector_workers_need() -> None:
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert re.search(r'"gymnasium>=([0-9.]+)"', text)[1] == VECTOR_GYMNASIUM  # type: ignore[index]

@@ -53,6 +53,9 @@ class OneEnvRunner(EnvRunner):
                         policy.version)
         if policy.recurrent is not None:
             policy.recurrent.reset(0)
+        views = policy.views  # the actor's declared views (netrl.memory.act_views)
+        if views is not None:
+            views.start(0, self.host.default_action(), obs)
         pace, act_space, max_samples = self.pacer.pace, env.action_space, self.max_samples
         ret, length = 0.0, 0
         while True:
@@ -84,6 +87,8 @@ class OneEnvRunner(EnvRunner):
                 sink.send()
             if terminated or truncated:
                 break
+            if views is not None:  # the row just recorded (or not, in a test episode)
+                views.push(0, act, obs, rew)
             yield
         assert stats is not None  # the loop ends only with an episode's end
         self.episodes.ended(stats, sink.produced, policy.version)

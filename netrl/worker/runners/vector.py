@@ -120,6 +120,7 @@ class VectorRunner(EnvRunner):
                 check_action(acts[i], space, f"{type(policy.actor).__name__} (env {i})")
         obs, rew, terminated, truncated, info = calls.call("step", env.step, acts)
         final, has_final = info.get("final_obs"), info.get("_final_obs")
+        final_info = info.get("final_info")  # the ending steps' infos (info: the resets')
         ended: list[EpisodeStats] = []
         cut_short = np.zeros(self.n, np.bool_)
         ended_mask = np.zeros(self.n, np.bool_)
@@ -132,7 +133,8 @@ class VectorRunner(EnvRunner):
                 continue
             term, trunc = bool(terminated[i]), bool(truncated[i])
             autoreset = term or trunc
-            last = final[i] if autoreset and has_final is not None and has_final[i] else row(obs, i)
+            closed = autoreset and has_final is not None and bool(has_final[i])  # reset in the step
+            last = final[i] if closed else row(obs, i)
             if not self._checked:
                 check_observation(last, self.host.observation_space,
                                   f"the observation from env {i}'s first " "step()", space, term)
@@ -148,8 +150,9 @@ class VectorRunner(EnvRunner):
                 sink.episode_ended(stats, i)
             if self._collects(i):
                 extra = None if extras is None else {k: v[i] for k, v in extras.items()}
+                step_info = final_info if closed and final_info is not None else info
                 sink.record_env(i, row(acts, i), last, float(rew[i]), term, trunc,
-                                _env_info(info, i), version, extra=extra)
+                                _env_info(step_info, i), version, extra=extra)
             if stats is not None:
                 ended.append(stats)
                 eps.ended(stats, sink.produced, policy.version)
@@ -158,15 +161,25 @@ class VectorRunner(EnvRunner):
                     continue  # recorded once it is reset, below
                 self._start(i, row(obs, i), _env_info(info, i))
         self._checked = True
-        if cut_short.any():
-            obs, info = calls.call("reset", env.reset, options={"reset_mask": cut_short})
-            for i in np.flatnonzero(cut_short).tolist():
-                self._start(i, row(obs, i), _env_info(info, i))
-        self.obs = obs
+        if policy.views is not None:  # the envs whose episodes go on: their rows slide the views
+            policy.views.push_many(np.flatnonzero(~ended_mask), acts, obs, rew)
+        self.obs = self._reset_cut(cut_short, obs)
         sync.after_step(ended_mask)  # sync collection: the fragment may be complete, and leave
         if sink.due():
             sink.send()
         return ended
+
+    def _reset_cut(self, cut_short: np.ndarray, obs: Any) -> Any:
+        """The envs whose episodes ``max_samples_per_episode`` cut: reset, each a new episode;
+        every env's observations after it."""
+        if not cut_short.any():
+            return obs
+        calls = self.host.calls
+        assert calls is not None
+        obs, info = calls.call("reset", calls.env.reset, options={"reset_mask": cut_short})
+        for i in np.flatnonzero(cut_short).tolist():
+            self._start(i, row(obs, i), _env_info(info, i))
+        return obs
 
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs of ``mask`` (sync collection's parked envs): each starts a new episode,
@@ -197,6 +210,8 @@ class VectorRunner(EnvRunner):
         recorded."""
         if self.policy.recurrent is not None:
             self.policy.recurrent.reset(i)
+        if self.policy.views is not None:
+            self.policy.views.start(i, self.host.default_action(), obs)
         if self._collects(i):
             self.sink.record_env(i, self.host.default_action(), obs, 0.0, False, False, info,
                                  self.policy.version, reset=True)
@@ -208,6 +223,8 @@ class VectorRunner(EnvRunner):
         """All envs' actions, and the actor's extra outputs (None when it declares none): one
         batched call, or one per group when test and training episodes mix."""
         policy, test = self.policy, self.episodes.test
+        if policy.views is not None:  # views into the observation: their windows replace leaves
+            obs = policy.views.observe(obs, np.arange(self.n))
         if policy.obs_preprocessor is not None:  # it takes one observation, as in tmrl
             obs = _stack([policy.obs_preprocessor(row(obs, i)) for i in range(self.n)])
         obs = policy.obs(obs)  # env.normalize_obs
@@ -235,17 +252,18 @@ class VectorRunner(EnvRunner):
         random ones came first)."""
         policy = self.policy
         n = len(idx)
+        views = policy.views.extra(idx) if policy.views is not None else None
         acts = None if test else policy.random_actions(obs, n)
         if acts is not None:
             if policy.recurrent is not None:
-                chosen = policy.recurrent.act(policy.actor, obs, test, idx)[1]
+                chosen = policy.recurrent.act(policy.actor, obs, test, idx, views)[1]
                 return np.asarray(acts), policy.recurrent.random_extras(chosen)
             return np.asarray(acts), policy.zero_extras(n)
         extras = None
         if policy.recurrent is not None:
-            acts, extras = policy.recurrent.act(policy.actor, obs, test, idx)
+            acts, extras = policy.recurrent.act(policy.actor, obs, test, idx, views)
         else:
-            acts = policy.actor.act_(obs, test=test, batch=True)
+            acts = policy.actor.act_(obs, test=test, batch=True, views=views)
             if policy.extra_spec:
                 acts, extras = acts
         acts = np.asarray(acts)
