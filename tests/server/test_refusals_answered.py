@@ -108,7 +108,10 @@ def test_a_worker_logs_the_notice_of_a_refused_message(caplog: pytest.LogCapture
     link = WorkerLink(NET, "w", "s", 1, None, 1 << 20, 1 << 20)
     notice = Message(MsgType.NOTICE, "server", body={
         "cause": "refused", "reason": "heartbeat 'held' is a str", "refused": True})
-    with caplog.at_level(logging.WARNING, logger="netrl.worker.link"):
-        link.on_other_message(notice)
+    try:
+        with caplog.at_level(logging.WARNING, logger="netrl.worker.link"):
+            link.on_other_message(notice)
+    finally:  # a link never halted leaves its context to the garbage collector, whose term() can
+        link.halt()  # hang a later test
     assert "the server refused a message of this worker: heartbeat 'held' is a str" in caplog.text
     assert link.counts["refused_notices"] == 1
