@@ -11,8 +11,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["cached_property", "count_of", "did_you_mean", "lazy_exports", "partial", "prod", "takes_args",
-           "version_label", "worth_logging"]
+__all__ = ["cached_property", "count_of", "declared_reward_range", "did_you_mean", "lazy_exports", "partial", "prod",
+           "takes_args", "version_label", "worth_logging"]
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -83,3 +83,17 @@ def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
     none is near: the hint that config keys and the roles' keyword arguments give alike."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f' (did you mean "{prefix}{close[0]}"?)' if close else ""
+
+
+def declared_reward_range(env: Any, finite: bool = True) -> tuple[float, float] | None:
+    """The ``reward_range`` ``env`` (or the env it wraps) declares (gymnasium envs may; 1.x has no
+    default), or None; with ``finite``, only a finite one (the trainer's bound on rewards)."""
+    for obj in (env, getattr(env, "unwrapped", None)):
+        declared = getattr(obj, "reward_range", None)
+        try:
+            lo, hi = float(declared[0]), float(declared[1])  # type: ignore[index]
+        except (TypeError, ValueError, IndexError):
+            continue
+        if lo <= hi and (not finite or (math.isfinite(lo) and math.isfinite(hi))):
+            return lo, hi
+    return None

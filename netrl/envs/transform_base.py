@@ -13,6 +13,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from netrl.util import declared_reward_range
+
 __all__ = ["Compose", "LeafTransform", "Transform", "TransformedEnv"]
 
 
@@ -112,7 +114,7 @@ class _Layer(gymnasium.Wrapper):
         super().__init__(env)
         self.transform = transform
         self.observation_space = transform.transform_observation_space(env.observation_space)
-        declared = _declared_range(env)
+        declared = declared_reward_range(env, finite=False)
         if declared is not None:
             self.reward_range = transform.transform_reward_range(*declared)
 
@@ -127,19 +129,6 @@ class _Layer(gymnasium.Wrapper):
     def default_action(self) -> Any:
         """The wrapped env's (rtgym's action of a reset row), which no transform changes."""
         return getattr(self.env, "default_action", None)
-
-
-def _declared_range(env: Any) -> tuple[float, float] | None:
-    """The reward range ``env`` (or the env it wraps) declares, as the trainer reads it."""
-    for obj in (env, getattr(env, "unwrapped", None)):
-        declared = getattr(obj, "reward_range", None)
-        try:
-            lo, hi = float(declared[0]), float(declared[1])  # type: ignore[index]
-        except (TypeError, ValueError, IndexError):
-            continue
-        if lo <= hi:
-            return lo, hi
-    return None
 
 
 def _map_tree(node: Any, name: str, fn: Callable[[str, Any], Any], spaces: bool) -> Any:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from netrl.samples.columns import Buffer, flatten
-from netrl.util import worth_logging
+from netrl.util import declared_reward_range, worth_logging
 
 __all__ = ["DEFAULT_MAX_ABS_REWARD", "Implausible", "Plausibility", "declared_reward_range",
            "reward_bound", "worker_name"]
@@ -62,20 +62,6 @@ def _memory_name(rows: Any) -> str:
 def worker_name(worker: str) -> str:
     """A packet's worker (``name/session``) as the server's keys and revocations name it."""
     return worker.split("/", 1)[0]
-
-
-def declared_reward_range(env: Any) -> tuple[float, float] | None:
-    """The env's finite ``reward_range`` (gymnasium envs may declare one; 1.x has no default),
-    or None."""
-    for obj in (env, getattr(env, "unwrapped", None)):
-        declared = getattr(obj, "reward_range", None)
-        try:
-            lo, hi = float(declared[0]), float(declared[1])  # type: ignore[index]
-        except (TypeError, ValueError, IndexError):
-            continue
-        if math.isfinite(lo) and math.isfinite(hi) and lo <= hi:
-            return lo, hi
-    return None
 
 
 def reward_bound(setting: float | None, declared: tuple[float, float] | None) -> float:
