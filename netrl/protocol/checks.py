@@ -279,23 +279,17 @@ def check_samples(msg: Message) -> None:
         if not names or not all(x == key or x.startswith(key + "/") for x in names):
             raise MalformedMessage(f"samples {key} spec must name leaves {key} or {key}/...")
         leaves += names
-    extras = [name for name in arrays if name.startswith("extra/")]
-    bad = next((name for name in extras if not EXTRA_NAME.fullmatch(name[6:])), None)
-    if bad is not None or len(extras) > MAX_EXTRAS:
-        raise MalformedMessage(f"samples packet {msg.seq} from {_short(msg.sender)}: "
-                               + (f"array {_short(bad)} names an extra output that is not a "
-                                  "lowercase identifier of at most 32 characters"
-                                  if bad is not None else
-                                  f"{len(extras)} extra outputs, over {MAX_EXTRAS}"))
-    infos = [name for name in arrays if name.startswith("info/")]
-    bad = next((name for name in infos if not EXTRA_NAME.fullmatch(name[5:])), None)
-    if bad is not None or len(infos) > MAX_INFO_KEYS:
-        raise MalformedMessage(f"samples packet {msg.seq} from {_short(msg.sender)}: "
-                               + (f"array {_short(bad)} names an info key that is not a "
-                                  "lowercase identifier of at most 32 characters"
-                                  if bad is not None else
-                                  f"{len(infos)} info keys, over {MAX_INFO_KEYS}"))
-    extras += infos
+    extras: list[str] = []  # the extra outputs' and info keys' columns
+    for prefix, one, many, most in (("extra/", "an extra output", "extra outputs", MAX_EXTRAS),
+                                    ("info/", "an info key", "info keys", MAX_INFO_KEYS)):
+        named = [name for name in arrays if name.startswith(prefix)]
+        bad = next((name for name in named if not EXTRA_NAME.fullmatch(name[len(prefix):])), None)
+        if bad is not None or len(named) > most:
+            raise MalformedMessage(f"samples packet {msg.seq} from {_short(msg.sender)}: "
+                                   + (f"array {_short(bad)} names {one} that is not a "
+                                      "lowercase identifier of at most 32 characters"
+                                      if bad is not None else f"{len(named)} {many}, over {most}"))
+        extras += named
     columns = set(arrays) - {"env", *extras}
     if len(set(leaves)) != len(leaves) or set(leaves) | set(_SAMPLE_COLUMNS) != columns:
         raise MalformedMessage("samples arrays do not match the act/obs specs and the sample "

@@ -60,6 +60,9 @@ _SAME_INFO = (" (the pipeline's info_keys declare them: do the worker and the tr
 _SAME_COMPRESSOR = (" (do the worker and the trainer use the same pipeline "
                     "and sample compressor? In Python, give the Trainer the "
                     "workers' compressor: Trainer(..., sample_compressor=...))")
+# the columns a packet carries because the trainer's side declares them: (prefix, what one is, who
+# declares them, the hint when they differ)
+_DECLARED = (("extra/", "extra output", "actor", _SAME_ACTOR), ("info/", "info key", "pipeline", _SAME_INFO))
 
 
 class LayoutMismatch(SampleRejected):
@@ -177,32 +180,23 @@ class SampleSchema:
             if body[key] != spec:
                 self._mismatch(worker, f"the {key} structure {body[key]!r} differs "
                                        f"from the trainer's {spec!r}")
-        sent = {name for name in arrays if name.startswith("extra/")}
-        declared = {name for name in self.leaves if name.startswith("extra/")}
-        if sent != declared:
-            missing, undeclared = sorted(declared - sent), sorted(sent - declared)
-            self._mismatch(worker, f"it lacks the extra output {missing[0][6:]!r}, "
-                                   f"which the trainer's actor declares"
-                           if missing else f"it carries the extra output {undeclared[0][6:]!r}, "
-                                           f"which the trainer's actor does not declare",
-                           _SAME_ACTOR)
-        sent = {name for name in arrays if name.startswith("info/")}
-        infos = {name for name in self.leaves if name.startswith("info/")}
-        if sent != infos:
-            missing, undeclared = sorted(infos - sent), sorted(sent - infos)
-            self._mismatch(worker, f"it lacks the info key {missing[0][5:]!r}, which the "
-                                   f"trainer's pipeline declares"
-                           if missing else f"it carries the info key {undeclared[0][5:]!r}, "
-                                           f"which the trainer's pipeline does not declare",
-                           _SAME_INFO)
+        for prefix, what, owner, hint in _DECLARED:
+            sent = {name for name in arrays if name.startswith(prefix)}
+            declared = {name for name in self.leaves if name.startswith(prefix)}
+            if sent != declared:
+                missing, undeclared = sorted(declared - sent), sorted(sent - declared)
+                name = (missing or undeclared)[0][len(prefix):]
+                self._mismatch(worker, f"it lacks the {what} {name!r}, which the trainer's {owner} declares"
+                               if missing else
+                               f"it carries the {what} {name!r}, which the trainer's {owner} does not declare",
+                               hint)
         for name, (dtype, shape) in self.leaves.items():
             arr = arrays[name]
             if arr.dtype.str != dtype or tuple(arr.shape[1:]) != shape:
                 self._mismatch(worker, f"field {name!r} has dtype {arr.dtype.str} and "
                                        f"row shape {tuple(arr.shape[1:])}; the "
                                        f"trainer expects {dtype} and {shape}",
-                               _SAME_ACTOR if name in declared else _SAME_INFO if name in infos
-                               else _SAME_COMPRESSOR)
+                               next((h for p, _, _, h in _DECLARED if name.startswith(p)), _SAME_COMPRESSOR))
         # float leaves only: the server's relay-only decode leaves compressed
         # integer arrays compressed
         floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}

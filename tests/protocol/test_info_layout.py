@@ -137,6 +137,8 @@ def test_the_trainer_refuses_each_bad_info_column_naming_the_worker_and_field(
                 assert link.deliver(seq, buf) == []
                 assert "'robot-1' (via the server)" in caplog.records[-1].getMessage()
                 assert reason in caplog.records[-1].getMessage()
+                if reason.startswith(("it ", "field")):  # a column of the info keys: their hint
+                    assert "the pipeline's info_keys declare them" in caplog.records[-1].getMessage()
         (kept,) = link.deliver(99, with_info())
     finally:
         link.halt()
