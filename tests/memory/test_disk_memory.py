@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -234,58 +235,16 @@ def test_trim_unmaps_the_pages_and_keeps_what_was_written(tmp_path: Path) -> Non
     storage.close()
 
 
-def test_build_memory_refuses_disk_where_it_cannot_serve_and_frees_the_folder(
-    tmp_path: Path,
-) -> None:
-    with pytest.raises(
-        ConfigError, match=r"RolloutMemory keeps its rows its own way.*memory.storage to \"ram\""
-    ):
-        build_memory(
-            RolloutMemory,
-            device="cpu",
-            steps=1,
-            memory_size=10,
-            batch_size=2,
-            seed=0,
-            storage="disk",
-            storage_folder=str(tmp_path),
-        )
+def test_build_memory_refuses_disk_where_it_cannot_serve_and_frees_the_folder(tmp_path: Path) -> None:
+    build = functools.partial(build_memory, device="cpu", steps=1, memory_size=10, batch_size=2, seed=0)
+    with pytest.raises(ConfigError, match=r"RolloutMemory keeps its rows its own way.*memory.storage to \"ram\""):
+        build(RolloutMemory, storage="disk", storage_folder=str(tmp_path))
     with pytest.raises(ConfigError, match=r'memory.storage must be "ram" or "disk" \(got "tape"\)'):
-        build_memory(
-            ReplayMemory,
-            device="cpu",
-            steps=1,
-            memory_size=10,
-            batch_size=2,
-            seed=0,
-            storage="tape",
-            storage_folder=str(tmp_path),
-        )
+        build(ReplayMemory, storage="tape", storage_folder=str(tmp_path))
     with pytest.raises(ValueError, match=r"needs memory_folder"):
-        build_memory(
-            ReplayMemory,
-            device="cpu",
-            steps=1,
-            memory_size=10,
-            batch_size=2,
-            seed=0,
-            storage="disk",
-        )
-    memory, _, _ = build_memory(
-        ReplayMemory,
-        device="cpu",
-        steps=1,
-        memory_size=10,
-        batch_size=2,
-        seed=0,
-        storage="disk",
-        storage_folder=str(tmp_path),
-        resident_mib=64,
-    )  # free again
-    assert (
-        isinstance(memory.ring_storage, DiskRing)
-        and memory.ring_storage.resident_bytes == 64 * 2**20
-    )
+        build(ReplayMemory, storage="disk")
+    memory, _, _ = build(ReplayMemory, storage="disk", storage_folder=str(tmp_path), resident_mib=64)  # free again
+    assert isinstance(memory.ring_storage, DiskRing) and memory.ring_storage.resident_bytes == 64 * 2**20
     memory.ring_storage.close()
 
 
