@@ -6,24 +6,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
 
-from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.net.transport import new_session
-from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer
 from netrl.samples.value_limits import ValueLimits
-from netrl.trainer.delivery import Deliveries
-from netrl.trainer.link import TrainerLink
 from netrl.training.safeguards import Safeguards
-from tests.fakes import MakeServer, Peer, sample_buffer, wait_until
+from tests.fakes import MakeServer, sample_buffer
+from tests.protocol.layout_cases import SilentLink, server_nacks
 
 DECLARED = {"action_log_prob": ((), "float32"), "state_value": ((), "float32")}
 # sample_buffer's layout: act 2 floats, obs a tuple of 3 and 2 floats
@@ -78,48 +73,14 @@ def test_the_schema_lists_the_extras_as_leaves_and_survives_the_wire() -> None:
 
 
 def test_the_server_refuses_each_bad_extra_naming_the_worker_field_and_row(make_server: MakeServer) -> None:
-    srv, ctx = make_server()
-    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-    trainer.hello()
-    trainer.send(Message(MsgType.SCHEMA, "trainer", body=SCHEMA.to_wire()))
-    wait_until(lambda: srv.schema is not None, 5, "the schema", poll=0.02)
-    trainer.send(Message(MsgType.BYE, "trainer"))  # the server keeps its schema, and spools (and acknowledges) at once
-    wait_until(lambda: srv.peers.trainer is None, 5, "the trainer gone", poll=0.02)
-    worker = Peer(ctx, srv.worker_port, "worker", "robot-1")
-    worker.hello()
-    for seq, (spoil, reason) in enumerate(BAD, 1):
-        buf = with_extras()
-        spoil(buf)
-        worker.send(samples_message(buf, "robot-1", worker.session, seq, seq * 10))
-        nack = worker.expect(MsgType.NACK)
-        assert nack.body["seqs"] == [seq] and nack.body["retry_s"] == 0
-        assert "robot-1" in nack.body["reason"] and reason in nack.body["reason"], nack.body["reason"]
+    for (spoil, _), nack in zip(BAD, server_nacks(make_server, SCHEMA, BAD, with_extras), strict=True):
         # another layout than the trainer's is the trainer's to fix: the NACK names the layout, and the worker keeps
         # the packet for a trainer with its own; bad values are refused for good
-        assert ("layout" in nack.body) == (spoil is not nan_in_row_6), nack.body
-    worker.send(samples_message(with_extras(), "robot-1", worker.session, 99, 999))
-    assert worker.expect(MsgType.ACK).body["seqs"] == [99]  # the server carries on, and takes a packet that fits
-    assert (srv.stats["layout_refusals"], srv.stats["rejected"]) == (len(BAD) - 1, 1)
-
-
-class SilentLink(TrainerLink):
-    """A TrainerLink fed bundles by hand: what it would send to the server is kept, not sent."""
-
-    def __init__(self) -> None:
-        super().__init__(NetworkConfig(), "trainer", new_session(), 1, 8, Deliveries(), None, SCHEMA, None, 0.0,
-                         dict)
-        self.sent: list[Any] = []
-        self.link.send = self.sent.append  # type: ignore[method-assign,assignment]
-
-    def deliver(self, seq: int, buf: Buffer) -> list[Buffer]:
-        part = [bytes(f) for f in encode(samples_message(buf, "robot-1", "s1", seq, seq * 10))]
-        self.on_message(Message(MsgType.BUNDLE, "server", seq=seq, parts=[part]))
-        bufs, _ = self.inbox.pop()
-        return bufs  # type: ignore[no-any-return]
+        assert ("layout" in nack) == (spoil is not nan_in_row_6), nack
 
 
 def test_the_trainer_refuses_each_bad_extra_naming_the_worker_field_and_row(caplog: pytest.LogCaptureFixture) -> None:
-    link = SilentLink()
+    link = SilentLink(SCHEMA)
     try:
         with caplog.at_level(logging.WARNING, logger="netrl.trainer.link"):
             for seq, (spoil, reason) in enumerate(BAD, 1):

@@ -12,17 +12,13 @@ import gymnasium
 import numpy as np
 import pytest
 
-from netrl.config.sections import NetworkConfig
 from netrl.errors import MalformedMessage
-from netrl.net.transport import new_session
-from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.schema import SampleSchema
 from netrl.protocol.wire import buffer_from_message, decode, encode, samples_message
 from netrl.samples import Buffer
 from netrl.samples.info import InfoKey, check_info_keys, info_spec
-from netrl.trainer.delivery import Deliveries
-from netrl.trainer.link import TrainerLink
-from tests.fakes import MakeServer, Peer, sample_buffer, wait_until
+from tests.fakes import MakeServer, sample_buffer
+from tests.protocol.layout_cases import SilentLink, server_nacks
 
 KEYS = check_info_keys([InfoKey("distance", "float32"), InfoKey("is_success", "bool"),
                         InfoKey("contacts", "int16", (2,))], "test")
@@ -86,49 +82,15 @@ def _decoded(buf: Buffer) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 
 def test_the_server_refuses_each_bad_info_column_naming_the_worker_and_field(make_server: MakeServer) -> None:
-    srv, ctx = make_server()
-    trainer = Peer(ctx, srv.trainer_port, "trainer", "trainer")
-    trainer.hello()
-    trainer.send(Message(MsgType.SCHEMA, "trainer", body=SCHEMA.to_wire()))
-    wait_until(lambda: srv.schema is not None, 5, "the schema", poll=0.02)
-    trainer.send(Message(MsgType.BYE, "trainer"))  # the server keeps its schema, and spools (and acknowledges) at once
-    wait_until(lambda: srv.peers.trainer is None, 5, "the trainer gone", poll=0.02)
-    worker = Peer(ctx, srv.worker_port, "worker", "robot-1")
-    worker.hello()
-    for seq, (spoil, reason) in enumerate(BAD, 1):
-        buf = with_info()
-        spoil(buf)
-        worker.send(samples_message(buf, "robot-1", worker.session, seq, seq * 10))
-        nack = worker.expect(MsgType.NACK)
-        assert nack.body["seqs"] == [seq] and nack.body["retry_s"] == 0
-        assert "robot-1" in nack.body["reason"] and reason in nack.body["reason"], nack.body["reason"]
-        assert ("layout" in nack.body) == (spoil is not nan_in_row_4), nack.body
+    for (spoil, _), nack in zip(BAD, server_nacks(make_server, SCHEMA, BAD, with_info), strict=True):
+        assert ("layout" in nack) == (spoil is not nan_in_row_4), nack
         if spoil in (missing, undeclared):
-            assert "same pipeline, with the same env.info_keys" in nack.body["reason"]
-    worker.send(samples_message(with_info(), "robot-1", worker.session, 99, 999))
-    assert worker.expect(MsgType.ACK).body["seqs"] == [99]  # the server carries on, and takes a packet that fits
-    assert (srv.stats["layout_refusals"], srv.stats["rejected"]) == (len(BAD) - 1, 1)
-
-
-class SilentLink(TrainerLink):
-    """A TrainerLink fed bundles by hand: what it would send to the server is kept, not sent."""
-
-    def __init__(self) -> None:
-        super().__init__(NetworkConfig(), "trainer", new_session(), 1, 8, Deliveries(), None, SCHEMA, None, 0.0,
-                         dict)
-        self.sent: list[Any] = []
-        self.link.send = self.sent.append  # type: ignore[method-assign,assignment]
-
-    def deliver(self, seq: int, buf: Buffer) -> list[Buffer]:
-        part = [bytes(f) for f in encode(samples_message(buf, "robot-1", "s1", seq, seq * 10))]
-        self.on_message(Message(MsgType.BUNDLE, "server", seq=seq, parts=[part]))
-        bufs, _ = self.inbox.pop()
-        return bufs  # type: ignore[no-any-return]
+            assert "same pipeline, with the same env.info_keys" in nack["reason"]
 
 
 def test_the_trainer_refuses_each_bad_info_column_naming_the_worker_and_field(
         caplog: pytest.LogCaptureFixture) -> None:
-    link = SilentLink()
+    link = SilentLink(SCHEMA)
     try:
         with caplog.at_level(logging.WARNING, logger="netrl.trainer.link"):
             for seq, (spoil, reason) in enumerate(BAD, 1):
