@@ -1,7 +1,7 @@
 """Every sampler with every transform, in both memory families: memories as the built-in pipelines build them (gym:
 ReplayMemory; drone: ActionBufferMemory with its compressor; image: FrameStackMemory with its compressor, small frames;
 a user's own: HistoryMemory with prev_actions and prev_rewards views) x {uniform, prioritized} x {none, 3-step returns}
-x {transitions, sequences of 8 with burn-in 2}.
+x {transitions, sequences of 8 with burn-in 2} x {columns in RAM, on disk (memory.storage)}.
 
 Packets come from three interleaved workers with two envs each, built with the real BufferBuilder (and the pipeline's
 compressor), small packets, a lost packet and a worker restart in the stream. Each batch is checked item by item, step
@@ -10,13 +10,16 @@ streams.py), never the memory's link columns."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from netrl.memory import disk
 from netrl.memory.action_buffer import ActionBufferCompressor, ActionBufferMemory
+from netrl.memory.disk import DiskRing, close_ring_storage
 from netrl.memory.frames import FrameStackCompressor, FrameStackMemory
 from netrl.memory.history import HistoryMemory
 from netrl.memory.replay import ReplayMemory
@@ -175,12 +178,14 @@ def check_batch(rec: Recording, memory: Any, kind: str, n_step: int, sequences: 
     return steps
 
 
+@pytest.mark.parametrize("storage", ["ram", "disk"])
 @pytest.mark.parametrize("sequences", [False, True], ids=["transitions", "sequences"])
 @pytest.mark.parametrize("n_step", [1, 3], ids=["1-step", "3-step"])
 @pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
 @pytest.mark.parametrize("kind", list(MEMORIES))
 def test_every_sampler_and_transform_matches_a_brute_force_walk(kind: str, prioritized: bool, n_step: int,
-                                                                sequences: bool) -> None:
+                                                                sequences: bool, storage: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     spec = MEMORIES[kind]
     make_row = spec["make_row"]() if "make_row" in spec else None
     rec = record(7, rounds=70, overlap=spec["overlap"], rows_max=5, lose=(12, 40), restart={25: 1},
@@ -188,12 +193,20 @@ def test_every_sampler_and_transform_matches_a_brute_force_walk(kind: str, prior
     options: dict[str, Any] = {"prioritized": prioritized, "n_step": n_step, "gamma": GAMMA}
     if sequences:
         options.update(sequence_length=LENGTH, burn_in=BURN_IN)
+    if storage == "disk":  # memory.storage disk: the ring's columns in memory-mapped files, here
+        monkeypatch.setattr(disk, "DISK_ROW_BYTES", 1)  # every one (the wide ones only, by default)
+        options["ring_storage"] = DiskRing(tmp_path / "replay")
     memory = spec["cls"](memory_size=5000, batch_size=BATCH, seed=1, **spec.get("kwargs", {}), **options)
-    for buf in rec.packets:
-        memory.append_buffer(buf)
-    torch.manual_seed(0)
-    checked = sum(check_batch(rec, memory, kind, n_step, sequences, prioritized) for _ in range(3))
+    try:
+        for buf in rec.packets:
+            memory.append_buffer(buf)
+        torch.manual_seed(0)
+        checked = sum(check_batch(rec, memory, kind, n_step, sequences, prioritized) for _ in range(3))
+        in_files = len(memory.ring_storage.paths) if storage == "disk" else 0
+    finally:
+        close_ring_storage(memory)
     assert checked == 3 * BATCH * (LENGTH if sequences else 1)
+    assert (in_files > 5) == (storage == "disk")  # observations, actions, rewards, links...
 
 
 def test_sequences_in_a_memory_on_a_device_are_refused_naming_both_keys() -> None:
