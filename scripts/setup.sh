@@ -39,5 +39,6 @@ PY
     rm -f "$report"
   fi
 fi
-"${PIP[@]}" install --quiet -e ".[dev]"
+# NETRL_EXTRAS: the optional extras to install too (scripts/test.sh adds torchrl, whose tests run in CI)
+"${PIP[@]}" install --quiet -e ".[${NETRL_EXTRAS:-dev}]"
 .venv/bin/python -c "import torch, netrl; print(f'setup: netrl {netrl.__version__} with torch {torch.__version__} in .venv/')"

@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -m slow for the long learning runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+NETRL_EXTRAS=dev,torchrl ./scripts/setup.sh
 .venv/bin/ruff check netrl tests scripts benchmarks
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"
