@@ -136,3 +136,10 @@ def write_rows(ring: dict[str, Any], idx: np.ndarray, columns: dict[str, np.ndar
 def row_copy(col: Any, i: int) -> np.ndarray:
     """Row ``i`` of a ring column as a numpy array of its own."""
     return col[i].cpu().numpy().copy() if isinstance(col, torch.Tensor) else np.array(col[i], copy=True)
+
+
+def row_entries(cols: dict[str, Any], i: int, prefix: str) -> dict[str, np.ndarray]:
+    """Row ``i`` of every column named ``<prefix>/<name>`` (the actor's ``extra`` outputs, the env's
+    ``info`` entries), by name, as copies: what ``get_transition`` puts in its ``info``."""
+    start = len(prefix) + 1
+    return {n[start:]: row_copy(c, i) for n, c in cols.items() if n.startswith(prefix + "/")}

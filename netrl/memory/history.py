@@ -43,6 +43,7 @@ from netrl.memory.base import (
     nth_end,
     run_sample_preprocessor,
 )
+from netrl.memory.device import row_entries
 from netrl.memory.owners import OwnedRows
 from netrl.memory.sampling import Sampling
 from netrl.memory.sequences import sequence_batch
@@ -391,19 +392,22 @@ class HistoryMemory(Sampling, OwnedRows, MemoryDataloading):
     def get_transition(self, item: int) -> tuple[Any, Any, float, Any, bool, bool, dict[str, Any]]:
         """The ``item``-th sampleable transition, oldest first, as copies (per-item access, for
         tests and tmrl-style code). ``info["extra"]`` holds the actor's extra outputs recorded
-        with the action and the views that go into ``batch.extra``, if any. Raises IndexError
+        with the action and the views that go into ``batch.extra``, ``info["info"]`` the env's
+        declared info entries, if any. Raises IndexError
         unless ``0 <= item < len()``."""
         i = nth_end(self._ordered_ends(), item)
         transition, windows = self._transitions(np.array([i]))
         o, a, r, o2, term, trunc = (tree_map(np.copy, x) for x in transition)
         info: dict[str, Any] = {"policy_version": int(self._cols["policy_version"][i])}
-        extra = {n[6:]: c[i].copy() for n, c in self._cols.items() if n.startswith("extra/")}
+        extra = row_entries(self._cols, i, "extra")
         for view in self.views:
             if view.into == "extra":
                 window = windows[view.name][0]
                 extra[view.name], extra["next_" + view.name] = window[:-1].copy(), window[1:].copy()
         if extra:
             info["extra"] = extra
+        if env_info := row_entries(self._cols, i, "info"):
+            info["info"] = env_info
         return (row(o, 0), row(a, 0), float(r[0]), row(o2, 0), bool(term[0]), bool(trunc[0]), info)
 
     def policy_versions(self, idx: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from netrl.memory.base import (
     run_sample_preprocessor,
     to_tensor,
 )
-from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_copy, write_rows
+from netrl.memory.device import allocate_tensor_ring, check_storage_device, row_copy, row_entries, write_rows
 from netrl.memory.owners import OwnedRows
 from netrl.memory.sampling import Sampling
 from netrl.memory.sequences import sequence_batch
@@ -290,7 +290,8 @@ class ReplayMemory(Sampling, OwnedRows, MemoryDataloading):
 
         The arrays are copies, which later packets do not change. The observations are as stored:
         after ``obs_preprocessor``, which this memory applies on append. ``info["extra"]``
-        holds the actor's extra outputs recorded with the action, if any. Raises IndexError
+        holds the actor's extra outputs recorded with the action, ``info["info"]`` the env's
+        declared info entries (:mod:`netrl.samples.info`), if any. Raises IndexError
         unless ``0 <= item < len()``.
         """
         i = nth_end(self._ordered_ends(), item)
@@ -301,9 +302,9 @@ class ReplayMemory(Sampling, OwnedRows, MemoryDataloading):
         new_obs = unflatten(self._obs_spec, {n: row_copy(c, i) for n, c in obs.items()})
         act = unflatten(self._act_spec, {n: row_copy(c, i) for n, c in cols.items() if n.startswith("act")})
         info: dict[str, Any] = {"policy_version": int(cols["policy_version"][i])}
-        extra = {n[6:]: row_copy(c, i) for n, c in cols.items() if n.startswith("extra/")}
-        if extra:
-            info["extra"] = extra
+        for prefix in ("extra", "info"):
+            if entries := row_entries(cols, i, prefix):
+                info[prefix] = entries
         return (last_obs, act, float(cols["rew"][i]), new_obs, bool(cols["terminated"][i]),
                 bool(cols["truncated"][i]), info)
 

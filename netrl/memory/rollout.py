@@ -35,6 +35,7 @@ from netrl.memory.base import (
     run_sample_preprocessor,
     to_tensor,
 )
+from netrl.memory.device import row_entries
 from netrl.memory.owners import worker_key
 from netrl.samples.batch import Batch
 from netrl.samples.columns import Buffer, flatten, row, unflatten
@@ -233,7 +234,9 @@ class RolloutMemory(MemoryDataloading):
         return self.workers() or None
 
     def get_transition(self, item: int) -> Transition:
-        """The ``item``-th transition in :meth:`sample`'s order (for tests and tmrl-style code)."""
+        """The ``item``-th transition in :meth:`sample`'s order (for tests and tmrl-style code);
+        ``info`` holds its policy version, trajectory, and the ``extra`` outputs and env ``info``
+        entries recorded with it, if any."""
         if not 0 <= item < len(self):
             raise IndexError(f"transition {item} of {len(self)}")
         cols = self._columns()
@@ -241,9 +244,13 @@ class RolloutMemory(MemoryDataloading):
         last = unflatten(self._obs_spec, {k: cols["prev:" + k][item].copy() for k in obs_names})
         new = unflatten(self._obs_spec, {k: cols[k][item].copy() for k in obs_names})
         act = unflatten(self._act_spec, {k: cols[k][item].copy() for k in cols if k.startswith("act")})
+        info: dict[str, Any] = {"policy_version": int(cols["policy_version"][item]),
+                                "traj_id": int(cols["traj_ids"][item])}
+        for prefix in ("extra", "info"):
+            if entries := row_entries(cols, item, prefix):
+                info[prefix] = entries
         return (last, act, float(cols["rew"][item]), new, bool(cols["terminated"][item]),
-                bool(cols["truncated"][item]), {"policy_version": int(cols["policy_version"][item]),
-                                                "traj_id": int(cols["traj_ids"][item])})
+                bool(cols["truncated"][item]), info)
 
 
 def _stack(rows: list[Any]) -> Any:

@@ -88,3 +88,16 @@ def test_a_dataset_keeps_the_info(tmp_path: Path) -> None:
     memory = ReplayMemory(memory_size=40, batch_size=16, seed=0, dataset_path=str(tmp_path / "d.npz"))
     batch = memory.sample()
     assert (batch.extra["info/t_sq"] == batch.act[:, 0].long() ** 2).all()
+
+
+@pytest.mark.parametrize("name", ["replay", "frames", "history", "rollout"])
+def test_get_transition_hands_over_the_info_of_the_row_it_ends_at(name: str) -> None:
+    memory = RolloutMemory() if name == "rollout" else MEMORIES[name](batch_size=8, seed=0)
+    memory.append_buffer(packet(10, 0))
+    assert len(memory) > 3
+    for k in range(len(memory)):
+        _o, a, _r, _o2, _term, _trunc, info = memory.get_transition(k)
+        row = int(np.asarray(a).ravel()[0])  # the row the transition ends at
+        assert set(info["info"]) == {"t_sq", "hit", "pair"}
+        assert info["info"]["t_sq"] == row ** 2 and bool(info["info"]["hit"]) == (row % 3 == 0)
+        np.testing.assert_array_equal(info["info"]["pair"], np.array([row, -row], np.float32))
