@@ -78,7 +78,9 @@ class LocalSource:
 def run_local(training: TrainingOffline, worker: RolloutWorker, stop: threading.Event,
               on_round: Any = None) -> None:
     """Train ``training`` on samples from ``worker`` in this thread until its epochs
-    are done or ``stop``."""
+    are done or ``stop``. Closes the worker; ``training`` stays the caller's, memory included
+    (with ``memory.storage`` disk, :func:`netrl.memory.disk.close_ring_storage` removes its files
+    once the caller is done reading it)."""
     source = LocalSource(worker)
     training.start(source)
     try:

@@ -181,6 +181,7 @@ class Local:
         import torch
 
         from netrl.local import run_local
+        from netrl.memory.disk import close_ring_storage
         from netrl.pipelines.make import make_pipeline
         from netrl.trainer.trainer import Trainer
         from netrl.worker.worker import RolloutWorker
@@ -198,7 +199,10 @@ class Local:
             if progress(Progress(worker.produced, no_policy, episodes)):
                 stop.set()
 
-        run_local(training, worker, stop, on_round)
+        try:
+            run_local(training, worker, stop, on_round)
+        finally:  # memory.storage disk: the files go now, not whenever the memory is collected
+            close_ring_storage(training.memory)
 
     def problems(self) -> list[str]:
         return []
