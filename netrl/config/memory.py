@@ -44,7 +44,7 @@ class MemoryConfig:
     storage: Literal["ram", "disk"] = _f("ram", "where the replay memory's columns live: ram, or "
                                                 "disk (each column of more than one value per row, "
                                                 "camera frames above all, in a memory-mapped file "
-                                                "created sparse in storage_folder, so a replay "
+                                                "with its blocks reserved in storage_folder, so a replay "
                                                 "larger than RAM works; ReplayMemory, "
                                                 "HistoryMemory and the memories built on them)")
     storage_folder: str | None = _f(None, "memory.storage disk: the folder of the column files, "

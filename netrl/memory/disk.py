@@ -11,7 +11,7 @@ them so; they gather a batch's rows through :meth:`DiskRing.gather`, which reads
 The files::
 
     <folder>/LOCK             one live memory per folder (netrl.storage.folderlock)
-    <folder>/<column>.ring    one per column, created sparse: blocks come as rows are written
+    <folder>/<column>.ring    one per column, its blocks reserved when it is made (fallocate)
 
 Files left by a process that crashed are truncated and reused by the next memory on the folder;
 :meth:`DiskRing.close` (the trainer's close, or the process's exit) removes them. Nothing in them
@@ -31,6 +31,7 @@ no disk read while the page cache holds them). The sampling code itself is uncha
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -117,8 +118,10 @@ class DiskRing:
     def allocate(self, memory_size: int, rows: Rows) -> dict[str, np.ndarray]:
         """Zeroed columns of ``memory_size`` rows: arrays over files for the columns of more
         than one value per row, RAM arrays for the others. ConfigError with the bytes needed
-        when the folder's disk has no room for the files (sparse files would otherwise fail,
-        with SIGBUS, as the ring fills). Each call replaces the files of the one before (a
+        when the folder's disk has no room for the files. The files' blocks are reserved now
+        (``posix_fallocate``, no bytes written), so a disk that fills later cannot fail a write
+        into the map (SIGBUS, the trainer gone); where the file system cannot reserve, they stay
+        sparse and a warning says so. Each call replaces the files of the one before (a
         memory allocates again when its first packet was refused)."""
         on_disk = {
             n: s
@@ -146,7 +149,7 @@ class DiskRing:
                 ]
             )
         log.info(
-            "replay memory on disk in %s: %d columns, %s for %d rows (files created sparse), "
+            "replay memory on disk in %s: %d columns, %s for %d rows (blocks reserved), "
             "resident file pages kept under %s",
             self.folder,
             len(on_disk),
@@ -178,7 +181,8 @@ class DiskRing:
         size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._fds.append(fd)
-        os.ftruncate(fd, size)  # sparse: no block is written until a row is
+        os.ftruncate(fd, size)
+        _reserve(fd, size, path)
         mapped = mmap.mmap(fd, size)
         self.paths.append(path)
         self._maps.append(mapped)
@@ -234,6 +238,24 @@ def _size(nbytes: int) -> str:
 def _nbytes(memory_size: int, spec: tuple[tuple[int, ...], Any]) -> int:
     shape, dtype = spec
     return memory_size * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _reserve(fd: int, size: int, path: Path) -> None:
+    """Reserve ``size`` bytes of blocks for ``fd``: ConfigError if the disk has no room left (it
+    filled since the check), a warning where the file system cannot (the file stays sparse)."""
+    reserve = getattr(os, "posix_fallocate", None)  # none on macOS and Windows
+    try:
+        if reserve is None:
+            raise OSError(errno.EOPNOTSUPP, "no posix_fallocate on this system")
+        reserve(fd, 0, size)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise ConfigError([f"memory.storage is disk: {path} could not reserve {size:,} bytes, "
+                               f"its disk is full: set memory.storage_folder to a disk with room, "
+                               f"or lower memory.memory_size"]) from None
+        log.warning("replay memory on disk: %s stays sparse, its blocks could not be reserved "
+                    "(%s): if its disk fills up, a write into it kills the trainer (SIGBUS)",
+                    path, e)
 
 
 def _close_fds(fds: list[int]) -> None:

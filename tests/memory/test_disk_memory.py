@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -88,13 +90,45 @@ def test_a_memory_on_disk_holds_and_samples_what_one_in_ram_does_through_wraparo
     storage.close()  # idempotent
 
 
-def test_the_column_files_are_created_sparse(tmp_path: Path) -> None:
+def test_the_column_files_blocks_are_reserved_when_they_are_made(tmp_path: Path) -> None:
+    """A disk that fills after the memory was made cannot fail a write into the map (SIGBUS)."""
     storage = DiskRing(tmp_path)
     memory = FrameStackMemory(memory_size=20_000, batch_size=8, stack=4, ring_storage=storage)
     memory.append_buffer(packet(40, (84, 84), 0))
     st = (tmp_path / "frame.ring").stat()
     assert st.st_size == 20_000 * 84 * 84
+    assert st.st_blocks * 512 >= st.st_size  # every block, not just the 40 rows' written
+    storage.close()
+
+
+def test_a_disk_that_filled_since_the_check_is_a_config_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_module.os, "posix_fallocate", full, raising=False)
+    storage = DiskRing(tmp_path)
+    memory = FrameStackMemory(memory_size=1000, batch_size=8, stack=4, ring_storage=storage)
+    with pytest.raises(ConfigError, match=r"frame.ring could not reserve 7,056,000 bytes, its disk is "
+                                          r"full: set memory.storage_folder"):
+        memory.append_buffer(packet(5, (84, 84), 0))
+    assert len(memory) == 0
+    storage.close()
+
+
+def test_where_blocks_cannot_be_reserved_the_files_stay_sparse_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delattr(disk_module.os, "posix_fallocate", raising=False)  # as on macOS
+    storage = DiskRing(tmp_path)
+    memory = FrameStackMemory(memory_size=20_000, batch_size=8, stack=4, ring_storage=storage)
+    with caplog.at_level("WARNING", logger="netrl.memory.disk"):
+        memory.append_buffer(packet(40, (84, 84), 0))
+    assert re.search(r"frame.ring stays sparse.*SIGBUS", caplog.text)
+    st = (tmp_path / "frame.ring").stat()
     assert st.st_blocks * 512 < st.st_size / 20  # 40 rows' blocks written, not 20,000
+    assert len(memory) > 0 and memory.sample().obs.shape[0] == 8  # and it serves
     storage.close()
 
 
