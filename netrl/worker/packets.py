@@ -76,6 +76,17 @@ class PacketMaker:
         self._size_checked = False  # the packet size was checked against the server's limit
         self._row_bytes = 0  # the most one row takes, from the spaces (0: not known, see follow)
 
+    def widen(self, overlap: int) -> None:
+        """Carry ``overlap`` context rows per packet (the actor's views read that far back), if
+        more than now: before the first row."""
+        if overlap <= self.overlap:
+            return
+        assert len(self._builder) == 0, "widen() after rows were recorded"
+        info = self._builder.info
+        self.overlap = overlap
+        self._builder = BufferBuilder(self.min_samples + overlap + 2, overlap)
+        self._builder.info = info
+
     def bounds(self) -> dict[str, int]:
         """The largest packet this worker makes, as its HELLO declares it: the rows of one block of
         columns (a packet is cut before they overflow, context rows included) and, once the

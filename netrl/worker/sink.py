@@ -91,6 +91,11 @@ class PacketSink:
         for maker in self.env_makers or ():
             maker.follow(schema)
 
+    def widen(self, overlap: int) -> None:
+        """At least ``overlap`` context rows in every packet: before the first row."""
+        for maker in {id(m): m for m in (self.packets, *self.makers)}.values():
+            maker.widen(overlap)
+
     def bounds(self) -> dict[str, int]:
         """HELLO's packet bounds: one env's, times the envs (a packet holds a segment of each)."""
         if self.env_makers is None:

@@ -229,10 +229,10 @@ class RolloutWorker:
                               compressed=self.sample_compressor is not None)
         reach = max((v.max_reach for v in policy.views.views), default=0) if policy.views else 0
         if reach >= s.overlap and not s.standalone:  # a packet's first rows would lack them
-            log.warning("worker %s: the actor's views read up to %d rows back, but packets carry "
-                        "%d context rows (Pipeline overlap): up to %d transitions at the start of each "
-                        "packet cannot be sampled; set the pipeline's overlap to %d",
-                        self.worker_id, reach, s.overlap, reach + 1 - s.overlap, reach + 1)
+            self.sink.widen(reach + 1)
+            log.info("worker %s: the actor's views read up to %d rows back: packets carry %d "
+                     "context rows, not the pipeline's overlap of %d", self.worker_id, reach,
+                     reach + 1, s.overlap)
         self.sink.follow(obs_space, act_space, extras,
                          policy.models.stamp if policy.models else None)
         version = self.files.load(actor, s.standalone)

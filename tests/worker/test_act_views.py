@@ -92,11 +92,12 @@ def identical(a: Any, b: np.ndarray, what: str) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), (what, a, b)
 
 
-@pytest.mark.parametrize("num_envs", [1, 3])
-def test_the_actor_is_given_bit_for_bit_what_the_batch_holds_for_its_row(num_envs: int) -> None:
+@pytest.mark.parametrize(("num_envs", "overlap"), [(1, 4), (3, 4), (1, 1), (3, 1)])
+def test_the_actor_is_given_bit_for_bit_what_the_batch_holds_for_its_row(num_envs: int, overlap: int) -> None:
+    """With the pipeline's overlap short of the views' reach (1), the worker widens its packets' context by itself."""
     Recording.log, Walk.made = [], 0
     worker = RolloutWorker(Walk, Recording, num_envs=num_envs, seed=0, min_samples_per_worker_packet=5,
-                           overlap=4, worker_id="w")
+                           overlap=overlap, worker_id="w")
     worker.local_packets = []
     worker.run(0, nb_episodes=12 * num_envs)
     worker.sink.send()
