@@ -11,8 +11,11 @@
     ("next", "done")                       terminated | truncated           [..., 1] bool
     ("next", "terminated"), ("next", "truncated")                           [..., 1] bool
     "priority_weight"                      batch.weight (importance x staleness), when there is one
-    ("collector", "traj_ids")              extra["traj"] (ring memories), ["traj_ids"] (rollout)
-    ("collector", "episode_ids")           extra["episode"]
+    ("collector", "traj_ids")              extra["episode"] (ring memories), ["traj_ids"] (rollout):
+                                           new at each reset and each break in a worker's stream,
+                                           as a collector's trajectory ids are new at each reset
+    ("collector", "netrl_traj_ids")        extra["traj"]: a worker env's unbroken stream of rows,
+                                           across its episodes (TorchRL has no such key)
     "index"                                extra["index"]: absolute rows, for a priority update
     "mask"                                 extra["mask"]: a sequence's real steps      [B, T] bool
     "steps_to_next_obs", "gamma"           extra["steps_to_next_obs"], extra["discount"] (n-step;
@@ -61,9 +64,9 @@ ENCODINGS: tuple[DiscreteEncoding, ...] = ("one_hot", "categorical")
 _TAKEN_ROOT = frozenset({"observation", "action", "next", "priority_weight", "collector"})
 _TAKEN_NEXT = frozenset({"observation", "reward", "done", "terminated", "truncated"})
 _RENAMED: dict[str, str | tuple[str, str]] = {
-    "traj": ("collector", "traj_ids"),
+    "traj": ("collector", "netrl_traj_ids"),
     "traj_ids": ("collector", "traj_ids"),
-    "episode": ("collector", "episode_ids"),
+    "episode": ("collector", "traj_ids"),
     "discount": "gamma",
 }
 _TRAILING_ONE = frozenset(

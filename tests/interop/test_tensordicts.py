@@ -51,7 +51,9 @@ def check_transition_keys(td: Any, batch: Batch) -> None:
         td["collector", "traj_ids"].dtype == torch.int64
         and td["collector", "traj_ids"].shape == size
     )
-    assert td["collector", "episode_ids"].shape == size
+    if "episode" in batch.extra:  # a ring memory's: TorchRL's trajectories are its episodes
+        assert (td["collector", "traj_ids"] == batch.extra["episode"]).all()
+        assert (td["collector", "netrl_traj_ids"] == batch.extra["traj"]).all()
 
 
 def test_a_vector_batch_has_torchrls_keys_and_shares_the_batchs_tensors() -> None:
@@ -92,7 +94,10 @@ def test_a_vector_batch_has_torchrls_keys_and_shares_the_batchs_tensors() -> Non
     torch.testing.assert_close(td["next", "reward"][:, 0], row.float() / 8)
     torch.testing.assert_close(td["action_log_prob"], -row.float() / 10)
     assert td["state_value"].shape == (256, 1) and (td["next", "hits"] == row * 3).all()
-    assert (td["collector", "traj_ids"] == batch.extra["traj"]).all()
+    # a collector's trajectory ends where its episode does: equal ids, one episode
+    traj = td["collector", "traj_ids"]
+    episode = row.div(7, rounding_mode="floor")
+    assert all(len(set(episode[traj == t].tolist())) == 1 for t in traj.unique())
     # placed, not copied: the tensors are the batch's (the reward a view of it)
     assert td["observation"].data_ptr() == batch.obs.data_ptr()
     assert td["next", "observation"].data_ptr() == batch.next_obs.data_ptr()
@@ -232,7 +237,7 @@ def test_a_rollout_batch_carries_its_trajectory_ids_as_the_collectors() -> None:
         td.batch_size == batch.rew.shape
         and (td["collector", "traj_ids"] == batch.extra["traj_ids"]).all()
     )
-    assert "episode_ids" not in td["collector"].keys()
+    assert set(td["collector"].keys()) == {"traj_ids"}
 
 
 def test_an_extra_that_would_overwrite_a_transition_key_is_refused_by_name() -> None:
