@@ -325,6 +325,7 @@ def test_a_pendulum_run_trains_a_torchrl_sac_loss_and_a_workers_actor_loads_its_
         np.isfinite(r[k]) for r in losses for k in ("loss_actor", "loss_qvalue", "loss_alpha")
     )
     # the worker acted with published versions: its actor holds weights it did not start with
+    assert rounds[-1]["trained_steps"] == 320 and worker.version > 1
     assert isinstance(worker.actor, TensorDictActor)
     assert any(not torch.equal(initial[k], v) for k, v in worker.actor.state_dict().items())
     # and the newest weights load into a fresh worker-side actor, which then acts as the trainer's
