@@ -19,7 +19,7 @@
     "index"                                extra["index"]: absolute rows, for a priority update
     "mask"                                 extra["mask"]: a sequence's real steps      [B, T] bool
     "steps_to_next_obs", "gamma"           extra["steps_to_next_obs"], extra["discount"] (n-step;
-                                           TorchRL's MultiStep's keys)      [..., 1]
+                                           TorchRL's MultiStep's keys and shape)        [...]
     ("next", <name>)                       extra["info/<name>"] (an info entry of the step's result)
                                            extra["next_<name>"] (a view's window for next_obs)
     <name>                                 every other extra, as named: the actor's extra outputs
@@ -29,9 +29,8 @@
 
 TorchRL 0.14's losses read importance weights from ``"priority_weight"`` (older TorchRL wrote
 ``"_weight"``) and write their TD errors to ``"td_error"``. Tensors are placed, not copied: the
-observations, actions (Box), extras and weights are the batch's own tensors, the reward and the
-``[..., 1]`` columns views of them; only the flags (float in a Batch, bool here) and encoded
-discrete actions are new.
+observations, actions (Box), extras and weights are the batch's own tensors, the reward a view of
+its own; only the flags (float in a Batch, bool here) and encoded discrete actions are new.
 """
 
 from __future__ import annotations
@@ -69,9 +68,6 @@ _RENAMED: dict[str, str | tuple[str, str]] = {
     "episode": ("collector", "traj_ids"),
     "discount": "gamma",
 }
-_TRAILING_ONE = frozenset(
-    {"steps_to_next_obs", "discount"}
-)  # shaped like the reward, as MultiStep's
 
 
 def to_tensordict(
@@ -110,9 +106,8 @@ def to_tensordict(
     if batch.weight is not None:
         out["priority_weight"] = batch.weight
     collector: dict[str, Any] = {}
-    for name, key, trailing_one in _layout(tuple(batch.extra)):
+    for name, key in _layout(tuple(batch.extra)):
         value = batch.extra[name]
-        value = value.unsqueeze(-1) if trailing_one else value
         if isinstance(key, str):
             out[key] = value
         else:
@@ -136,10 +131,10 @@ def extra_key(name: str, names: frozenset[str] = frozenset()) -> str | tuple[str
 
 
 @functools.lru_cache(maxsize=64)
-def _layout(names: tuple[str, ...]) -> list[tuple[str, Any, bool]]:
-    """(extra name, key, unsqueezed to [..., 1]) for a batch's extras, checked once per set of
-    names: a batch's extras are the same from one batch to the next."""
-    layout: list[tuple[str, Any, bool]] = []
+def _layout(names: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(extra name, key) for a batch's extras, checked once per set of names: a batch's extras
+    are the same from one batch to the next."""
+    layout: list[tuple[str, Any]] = []
     seen: dict[Any, str] = {}
     given = frozenset(names)
     for name in names:
@@ -160,7 +155,7 @@ def _layout(names: tuple[str, ...]) -> list[tuple[str, Any, bool]]:
                 f"rename that extra output or info entry"
             )
         seen[key] = name
-        layout.append((name, key, name in _TRAILING_ONE))
+        layout.append((name, key))
     return layout
 
 

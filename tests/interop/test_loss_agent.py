@@ -17,6 +17,7 @@ pytest.importorskip("torchrl")
 
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.postprocs import MultiStep
 from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import DQNLoss, HardUpdate, SACLoss, SoftUpdate
 
@@ -72,11 +73,12 @@ def dqn_loss(observation_space: Any, action_space: Any) -> DQNLoss:
     return loss
 
 
-def collected(rows: int, act: Any, action_space: Any) -> ReplayBuffer:
+def collected(rows: int, act: Any, action_space: Any, multi_step: Any = None) -> ReplayBuffer:
     """The feed's transitions in TorchRL's own replay buffer, laid out as its collectors lay out a
     rollout (``[T]`` steps of one env per episode, with ``("collector", "traj_ids")``), extended
-    episode by episode."""
+    episode by episode; through ``multi_step`` (TorchRL's ``MultiStep``) first if given."""
     rb = ReplayBuffer(storage=LazyTensorStorage(rows))
+    post = (lambda td: td) if multi_step is None else (lambda td: multi_step(td[None])[0])
     for start in range(0, rows, EPISODE):
         ks = range(
             start + 1, min(start + EPISODE, rows)
@@ -89,20 +91,26 @@ def collected(rows: int, act: Any, action_space: Any) -> ReplayBuffer:
                 action.long() - action_space.start, int(action_space.n)
             )
         rb.extend(
-            TensorDict(
-                {
-                    "observation": torch.stack([torch.as_tensor(vector_obs(k - 1)) for k in ks]),
-                    "action": action,
-                    "next": {
-                        "observation": torch.stack([torch.as_tensor(vector_obs(k)) for k in ks]),
-                        "reward": torch.tensor([[k / 8] for k in ks], dtype=torch.float32),
-                        "done": end,
-                        "terminated": end & ~trunc,
-                        "truncated": trunc,
+            post(
+                TensorDict(
+                    {
+                        "observation": torch.stack(
+                            [torch.as_tensor(vector_obs(k - 1)) for k in ks]
+                        ),
+                        "action": action,
+                        "next": {
+                            "observation": torch.stack(
+                                [torch.as_tensor(vector_obs(k)) for k in ks]
+                            ),
+                            "reward": torch.tensor([[k / 8] for k in ks], dtype=torch.float32),
+                            "done": end,
+                            "terminated": end & ~trunc,
+                            "truncated": trunc,
+                        },
+                        "collector": {"traj_ids": torch.full((len(ks),), start // EPISODE)},
                     },
-                    "collector": {"traj_ids": torch.full((len(ks),), start // EPISODE)},
-                },
-                batch_size=[len(ks)],
+                    batch_size=[len(ks)],
+                )
             )
         )
     return rb
@@ -165,6 +173,38 @@ def test_a_torchrl_loss_gives_the_same_values_on_a_netrl_batch_as_on_torchrls_re
     )
     for key in values[0].keys():
         torch.testing.assert_close(values[0][key], values[1][key], rtol=0, atol=0)
+
+
+def test_n_step_windows_are_torchrls_multistep_ones_and_give_the_same_loss_where_flags_agree() -> (
+    None
+):
+    rows = 140
+    memory = feed(
+        ReplayMemory(memory_size=200, batch_size=128, n_step=3, gamma=0.9, seed=3), rows=rows
+    )
+    rb = collected(rows, box_act, BOX, multi_step=MultiStep(gamma=0.9, n_steps=3))
+    batch = memory.sample()
+    k = stream_row(batch, False)
+    theirs, ours = rb[k - k // EPISODE - 1], to_tensordict(batch, OBS, BOX)
+    for key in ("observation", "action", ("next", "observation"), "steps_to_next_obs"):
+        assert ours[key].shape == theirs[key].shape and torch.equal(ours[key], theirs[key]), key
+    assert (ours["steps_to_next_obs"] > 1).any() and (ours["steps_to_next_obs"] < 3).any()
+    torch.testing.assert_close(ours["gamma"], theirs["gamma"])  # gamma ** steps_to_next_obs
+    torch.testing.assert_close(
+        ours["next", "reward"], theirs["next", "reward"]
+    )  # netrl sums in float64
+    # TorchRL 0.14's MultiStep keeps each first step's flags; netrl's window takes those of its last
+    # row, so that a window ending in a termination does not bootstrap past it
+    agree = (ours["next", "terminated"] == theirs["next", "terminated"])[:, 0]
+    assert not agree.all() and agree.sum() > 64
+    assert (ours["next", "terminated"][~agree]).all()  # the windows that end in a termination
+    loss = sac_loss(OBS, BOX)
+    values = []
+    for td in (ours[agree], theirs[agree]):
+        torch.manual_seed(1)
+        values.append(loss(td.clone()))
+    for key in values[0].keys():
+        torch.testing.assert_close(values[0][key], values[1][key])
 
 
 def sac_agent(**kwargs: Any) -> TorchRLAgent:

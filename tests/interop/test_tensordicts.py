@@ -212,8 +212,8 @@ def test_a_sequence_batch_is_b_by_t_with_its_mask_weights_indices_and_n_step_key
         and td["priority_weight"].data_ptr() == batch.weight.data_ptr()
     )
     assert td["index"].shape == (8, 4) and (td["index"] == batch.extra["index"]).all()
-    # TorchRL's MultiStep's keys, shaped like the reward; "gamma" is gamma ** steps_to_next_obs
-    assert td["steps_to_next_obs"].shape == td["gamma"].shape == (8, 4, 1)
+    # TorchRL's MultiStep's keys, shaped as it shapes them; "gamma" is gamma ** steps_to_next_obs
+    assert td["steps_to_next_obs"].shape == td["gamma"].shape == (8, 4)
     torch.testing.assert_close(td["gamma"], 0.9 ** td["steps_to_next_obs"].float())
     assert td["state_value"].shape == (8, 4, 1)
 
