@@ -16,17 +16,19 @@ from torch import nn
 pytest.importorskip("torchrl")
 
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ReplayBuffer
+from tensordict.nn import TensorDictSequential
+from torchrl.data import LazyTensorStorage, OneHot, ReplayBuffer
 from torchrl.data.postprocs import MultiStep
-from torchrl.modules import MLP, ValueOperator
+from torchrl.modules import MLP, EGreedyModule, ValueOperator
 from torchrl.objectives import DQNLoss, HardUpdate, SACLoss, SoftUpdate
 
+from netrl.agents.guard import StateGuard
 from netrl.envs.gym import GenericGymEnv
 from netrl.interop.loss_agent import TorchRLAgent
 from netrl.interop.policies import TensorDictActor
 from netrl.interop.tensordicts import to_tensordict
 from netrl.local import run_local
-from netrl.memory.priority import pop_priority
+from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
 from netrl.protocol.weights import load_weights, state_arrays
 from netrl.training.loop import TrainingOffline
@@ -376,3 +378,59 @@ def test_a_pendulum_run_trains_a_torchrl_sac_loss_and_a_workers_actor_loads_its_
         fresh.act_(obs, test=True, batch=True)[0],
         agent.get_actor().act_(obs, test=True, batch=True)[0],
     )
+
+
+def test_a_step_that_goes_non_finite_is_undone_by_the_loops_guard() -> None:
+    torch.manual_seed(0)
+    agent = sac_agent()
+    batch = feed(ReplayMemory(memory_size=200, batch_size=16, seed=0)).sample()
+    guard = StateGuard(agent)
+    guard.begin()
+    assert guard.accept(agent.train(batch))
+    kept = {k: v.clone() for k, v in agent.loss.state_dict().items()}
+    assert any(k.startswith("target_") for k in kept) and guard.tensors > len(
+        kept
+    )  # + optimiser state
+    metrics = agent.train(batch._replace(rew=torch.full_like(batch.rew, float("nan"))))
+    assert not guard.accept(metrics)
+    after = agent.loss.state_dict()
+    assert all(torch.equal(kept[k], after[k]) for k in kept)
+
+
+def test_a_sequence_batch_trains_and_its_priorities_come_back_per_step() -> None:
+    torch.manual_seed(0)
+    agent = sac_agent()
+    memory = feed(
+        ReplayMemory(memory_size=200, batch_size=8, sequence_length=4, prioritized=True, seed=0)
+    )
+    batch = memory.sample()
+    metrics = agent.train(batch)
+    priority = pop_priority(metrics)
+    assert priority.shape == (8, 4) and all(np.isfinite(v) for v in metrics.values())
+    tree = memory._priorities.tree
+    total = tree.total
+    update_from_metrics(memory, batch, priority, training_steps=1)  # as the loop gives them back
+    assert (
+        memory._priorities.refused == 0 and tree.total != total
+    )  # the sequences' priorities moved
+
+
+def test_an_exploration_policy_around_the_loss_network_is_what_the_workers_run() -> None:
+    torch.manual_seed(0)
+    greedy_then_random = partial(
+        TorchRLAgent,
+        loss=dqn_loss,
+        optimizer=lambda loss: torch.optim.Adam(loss.parameters(), 1e-3),
+        policy=lambda loss: TensorDictSequential(
+            loss.value_network, EGreedyModule(OneHot(4), eps_init=1.0)
+        ),
+    )
+    agent = greedy_then_random(observation_space=OBS, action_space=DISCRETE, device="cpu")
+    actor = agent.get_actor()
+    obs = np.zeros((64, 3), np.float32)
+    explored, _ = actor.act_(obs, test=False, batch=True)
+    greedy, _ = actor.act_(obs, test=True, batch=True)
+    assert len(set(explored.tolist())) > 1 and len(set(greedy.tolist())) == 1  # eps 1 explores
+    # what is published holds the Q network's own tensors (and the exploration's eps)
+    q = {p.data_ptr() for p in agent.loss.value_network.parameters()}
+    assert q and q <= {t.data_ptr() for t in actor.state_dict().values()}
