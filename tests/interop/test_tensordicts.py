@@ -251,3 +251,32 @@ def test_an_extra_that_would_overwrite_a_transition_key_is_refused_by_name() -> 
     ):
         to_tensordict(memory.sample(), VECTOR, BOX_ACT)
     assert box_act(100)[0] == 1.0  # rows_of reads actions as k / 100
+
+
+def test_recurrent_state_goes_under_torchrls_names_with_each_step_of_a_sequence() -> None:
+    state = {"recurrent_state_h": ((1, 4), "float32"), "recurrent_state_c": ((1, 4), "float32")}
+    memory = feed(
+        ReplayMemory(memory_size=80, batch_size=8, sequence_length=5, seed=0),
+        extra=state,
+        extras=lambda k: {name: np.full((1, 4), k, np.float32) for name in state},
+    )
+    batch = memory.sample()
+    td = to_tensordict(batch, VECTOR, BOX_ACT)
+    assert td.batch_size == (8, 5)
+    for name in state:  # the state that entered each step, as TorchRL's LSTMModule reads it
+        assert td[name].shape == (8, 5, 1, 4)
+        live = td["mask"]
+        assert (td[name][..., 0, 0][live] == rows_of(td)[live].float()).all()
+
+
+def test_a_tuple_observation_is_nested_by_position() -> None:
+    space = gymnasium.spaces.Tuple((VECTOR, gymnasium.spaces.Box(0, 255, (2,), np.uint8)))
+    memory = feed(
+        ReplayMemory(memory_size=60, batch_size=8, seed=0),
+        obs=lambda k: (np.full(3, k, np.float32), np.full(2, k % 256, np.uint8)),
+    )
+    batch = memory.sample()
+    td = to_tensordict(batch, space, BOX_ACT)
+    assert set(td["observation"].keys()) == {"0", "1"} == set(td["next", "observation"].keys())
+    assert td["observation", "1"].dtype == torch.uint8
+    assert (td["next", "observation", "0"][:, 0].long() == rows_of(td)).all()
