@@ -66,8 +66,8 @@ class TorchRLAgent(TrainingAgent):
             (:class:`~netrl.interop.policies.TensorDictActor`'s); None: all.
 
     Raises:
-        ValueError: an optimiser dict names a term the loss does not return, or the loss has no
-            policy to publish and none is given.
+        ValueError: a trainable parameter of the loss is no optimiser's, an optimiser dict names a
+            term the loss does not return, or the loss has no policy to publish and none is given.
     """
 
     def __init__(
@@ -94,6 +94,7 @@ class TorchRLAgent(TrainingAgent):
         self.optimizers: dict[str, torch.optim.Optimizer] = (
             dict(built) if isinstance(built, dict) else {"all": built}
         )
+        _check_optimised(self.loss, self.optimizers)
         self.updater = (
             updater
             if updater is None or isinstance(updater, TargetNetUpdater)
@@ -116,15 +117,14 @@ class TorchRLAgent(TrainingAgent):
             self._check_terms(terms)
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
-        torch.autograd.backward(sum(t.sum() for t in terms.values()))  # disjoint parameters: each
-        for opt in self.optimizers.values():  # term's own gradients
+        # one backward for all terms: over disjoint parameters, each gets its own term's gradient
+        torch.autograd.backward(sum(t.sum() for t in terms.values()))
+        for opt in self.optimizers.values():
             opt.step()
         if self.updater is not None:
             self.updater.step()
         metrics: dict[str, Any] = to_floats({k: v for k, v in out.items() if v.numel() == 1})
-        if (
-            "index" in batch.extra
-        ):  # a prioritized memory's batch: the new priorities of its samples
+        if "index" in batch.extra:  # a prioritized memory's batch: its samples' new priorities
             priority = td.get(self.priority_key, None)
             if priority is None:
                 raise ValueError(
@@ -160,13 +160,12 @@ class TorchRLAgent(TrainingAgent):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loss.load_state_dict(state["loss"])
-        missing = sorted(set(self.optimizers) ^ set(state["optimizers"]))
-        if missing:
+        if set(self.optimizers) != set(state["optimizers"]):  # checked before anything is loaded
             raise ValueError(
                 f"the checkpoint's optimisers {sorted(state['optimizers'])} are not "
                 f"this agent's {sorted(self.optimizers)}"
             )
+        self.loss.load_state_dict(state["loss"])
         for k, opt in self.optimizers.items():
             opt.load_state_dict(state["optimizers"][k])
         if self.updater is not None and "updater" in state:
@@ -181,6 +180,19 @@ def _is_optimizers(value: Any) -> bool:
         isinstance(value, dict)
         and all(isinstance(v, torch.optim.Optimizer) for v in value.values())
     )
+
+
+def _check_optimised(loss: LossModule, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    """Every trainable parameter of the loss is some optimiser's: one left out would take
+    gradients and never move (a dict that forgot ``loss_alpha``, say)."""
+    stepped = {id(p) for opt in optimizers.values() for g in opt.param_groups for p in g["params"]}
+    left = [n for n, p in loss.named_parameters() if p.requires_grad and id(p) not in stepped]
+    if left:
+        shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+        raise ValueError(
+            f"no optimiser steps the parameters {shown} of {type(loss).__name__}: give them one "
+            f"(or set requires_grad False on those meant to stay fixed)"
+        )
 
 
 def _loss_policy(loss: LossModule) -> torch.nn.Module:

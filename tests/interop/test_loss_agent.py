@@ -259,6 +259,20 @@ def test_a_prioritized_memorys_batch_gets_its_td_errors_back_as_priorities() -> 
         wrong.train(batch)
 
 
+def test_a_parameter_no_optimiser_steps_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"no optimiser steps the parameters log_alpha of SACLoss"):
+        TorchRLAgent(
+            OBS,
+            BOX,
+            "cpu",
+            loss=sac_loss,
+            optimizer=lambda loss: {
+                "loss_actor": torch.optim.Adam(loss.actor_network_params.flatten_keys().values()),
+                "loss_qvalue": torch.optim.Adam(loss.qvalue_network_params.flatten_keys().values()),
+            },
+        )
+
+
 def test_optimisers_keyed_by_a_term_the_loss_does_not_return_are_refused_by_name() -> None:
     agent = TorchRLAgent(
         OBS,
