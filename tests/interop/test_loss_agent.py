@@ -11,7 +11,6 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("torchrl")
 
@@ -19,8 +18,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
 from torchrl.data import LazyTensorStorage, OneHot, ReplayBuffer
 from torchrl.data.postprocs import MultiStep
-from torchrl.modules import MLP, EGreedyModule, ValueOperator
-from torchrl.objectives import DQNLoss, HardUpdate, SACLoss, SoftUpdate
+from torchrl.modules import EGreedyModule
+from torchrl.objectives import HardUpdate, SoftUpdate
 
 from netrl.agents.guard import StateGuard
 from netrl.envs.gym import GenericGymEnv
@@ -34,8 +33,8 @@ from netrl.protocol.weights import load_weights, state_arrays
 from netrl.training.loop import TrainingOffline
 from netrl.util import partial
 from netrl.worker.worker import RolloutWorker
+from tests.interop.nets import dqn_loss, sac_loss, tanh_normal_policy
 from tests.interop.rows import box_act, feed, vector_obs
-from tests.interop.test_policies import q_policy, tanh_normal_policy
 
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 BOX = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
@@ -45,34 +44,6 @@ EPISODE = 7
 
 def discrete_act(k: int) -> np.int64:
     return np.int64(1 + k % 4)
-
-
-class QNet(nn.Module):
-    def __init__(self, n_obs: int, n_act: int) -> None:
-        super().__init__()
-        self.net = MLP(in_features=n_obs + n_act, out_features=1, num_cells=[32])
-
-    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([obs, act], -1))  # type: ignore[no-any-return]
-
-
-def sac_loss(observation_space: Any, action_space: Any) -> SACLoss:
-    n_obs, n_act = int(observation_space.shape[0]), int(action_space.shape[0])
-    qvalue = ValueOperator(QNet(n_obs, n_act), in_keys=["observation", "action"])
-    loss = SACLoss(
-        tanh_normal_policy(observation_space, action_space),
-        qvalue,
-        num_qvalue_nets=2,
-        target_entropy=-float(n_act),
-    )
-    loss.make_value_estimator(gamma=0.9)
-    return loss
-
-
-def dqn_loss(observation_space: Any, action_space: Any) -> DQNLoss:
-    loss = DQNLoss(q_policy(observation_space, action_space), delay_value=True)
-    loss.make_value_estimator(gamma=0.9)
-    return loss
 
 
 def collected(rows: int, act: Any, action_space: Any, multi_step: Any = None) -> ReplayBuffer:

@@ -15,44 +15,16 @@ from torch import nn
 
 pytest.importorskip("torchrl")
 
-from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
-from torchrl.data import OneHot
-from torchrl.modules import ProbabilisticActor, QValueActor, TanhNormal
+from tensordict.nn import TensorDictModule, TensorDictSequential
 
 from netrl.actor import declared_extras
 from netrl.interop.policies import TensorDictActor
 from netrl.protocol.weights import load_weights, state_arrays
 from netrl.util import partial
+from tests.interop.nets import q_policy, tanh_normal_policy
 
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACT = gymnasium.spaces.Box(-2.0, 2.0, (1,), np.float32)
-
-
-def tanh_normal_policy(observation_space: Any, action_space: Any, hidden: int = 16) -> nn.Module:
-    """TorchRL's SAC actor, as its examples build it."""
-    n_act = int(action_space.shape[0])
-    net = nn.Sequential(
-        nn.Linear(int(observation_space.shape[0]), hidden),
-        nn.Tanh(),
-        nn.Linear(hidden, 2 * n_act),
-        NormalParamExtractor(),
-    )
-    low, high = float(action_space.low[0]), float(action_space.high[0])
-    return ProbabilisticActor(
-        TensorDictModule(net, ["observation"], ["loc", "scale"]),
-        in_keys=["loc", "scale"],
-        distribution_class=TanhNormal,
-        distribution_kwargs={"low": low, "high": high},
-        return_log_prob=True,
-    )
-
-
-def q_policy(observation_space: Any, action_space: Any) -> nn.Module:
-    return QValueActor(
-        nn.Linear(int(observation_space.shape[0]), int(action_space.n)),
-        in_keys=["observation"],
-        spec=OneHot(int(action_space.n)),
-    )
 
 
 def test_a_tanh_normal_policy_acts_with_its_log_prob_and_params_as_extra_outputs() -> None:
