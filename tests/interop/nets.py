@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
-from torchrl.data import OneHot
+from torchrl.data import Categorical, OneHot
 from torchrl.modules import MLP, ProbabilisticActor, QValueActor, TanhNormal, ValueOperator
 from torchrl.objectives import DQNLoss, SACLoss
 
@@ -32,11 +32,13 @@ def tanh_normal_policy(observation_space: Any, action_space: Any, hidden: int = 
     )
 
 
-def q_policy(observation_space: Any, action_space: Any) -> nn.Module:
+def q_policy(observation_space: Any, action_space: Any, categorical: bool = False) -> nn.Module:
+    """TorchRL's DQN actor; ``categorical``: acting with the index, not a one-hot."""
+    n = int(action_space.n)
     return QValueActor(
-        nn.Linear(int(observation_space.shape[0]), int(action_space.n)),
+        nn.Linear(int(observation_space.shape[0]), n),
         in_keys=["observation"],
-        spec=OneHot(int(action_space.n)),
+        spec=Categorical(n) if categorical else OneHot(n),
     )
 
 
@@ -62,7 +64,7 @@ def sac_loss(observation_space: Any, action_space: Any) -> SACLoss:
     return loss
 
 
-def dqn_loss(observation_space: Any, action_space: Any) -> DQNLoss:
-    loss = DQNLoss(q_policy(observation_space, action_space), delay_value=True)
+def dqn_loss(observation_space: Any, action_space: Any, categorical: bool = False) -> DQNLoss:
+    loss = DQNLoss(q_policy(observation_space, action_space, categorical), delay_value=True)
     loss.make_value_estimator(gamma=0.9)
     return loss

@@ -25,7 +25,7 @@ from netrl.agents.guard import StateGuard
 from netrl.envs.gym import GenericGymEnv
 from netrl.interop.loss_agent import TorchRLAgent
 from netrl.interop.policies import TensorDictActor
-from netrl.interop.tensordicts import to_tensordict
+from netrl.interop.tensordicts import DiscreteEncoding, to_tensordict
 from netrl.local import run_local
 from netrl.memory.priority import pop_priority, update_from_metrics
 from netrl.memory.replay import ReplayMemory
@@ -46,7 +46,9 @@ def discrete_act(k: int) -> np.int64:
     return np.int64(1 + k % 4)
 
 
-def collected(rows: int, act: Any, action_space: Any, multi_step: Any = None) -> ReplayBuffer:
+def collected(
+    rows: int, act: Any, action_space: Any, multi_step: Any = None, discrete: str = "one_hot"
+) -> ReplayBuffer:
     """The feed's transitions in TorchRL's own replay buffer, laid out as its collectors lay out a
     rollout (``[T]`` steps of one env per episode, with ``("collector", "traj_ids")``), extended
     episode by episode; through ``multi_step`` (TorchRL's ``MultiStep``) first if given."""
@@ -59,10 +61,10 @@ def collected(rows: int, act: Any, action_space: Any, multi_step: Any = None) ->
         end = torch.tensor([k % EPISODE == EPISODE - 1 for k in ks]).unsqueeze(-1)
         trunc = end & ((start // EPISODE) % 3 == 2)
         action = torch.stack([torch.as_tensor(act(k)) for k in ks])
-        if isinstance(action_space, gymnasium.spaces.Discrete):  # GymEnv's OneHot action spec
-            action = torch.nn.functional.one_hot(
-                action.long() - action_space.start, int(action_space.n)
-            )
+        if isinstance(action_space, gymnasium.spaces.Discrete):  # GymEnv's OneHot or Categorical
+            action = action.long() - action_space.start
+            if discrete == "one_hot":
+                action = torch.nn.functional.one_hot(action, int(action_space.n))
         rb.extend(
             post(
                 TensorDict(
@@ -94,28 +96,28 @@ def stream_row(batch: Any, discrete: bool) -> torch.Tensor:
     return (batch.act.long() - 1) if discrete else (batch.act[:, 0] * 100).round().long()
 
 
-@pytest.mark.parametrize("algorithm", ["sac", "dqn"])
+@pytest.mark.parametrize("algorithm", ["sac", "dqn", "dqn categorical"])
 def test_a_torchrl_loss_gives_the_same_values_on_a_netrl_batch_as_on_torchrls_replay_buffer(
     algorithm: str,
 ) -> None:
-    discrete = algorithm == "dqn"
+    discrete = algorithm.startswith("dqn")
+    encoding: DiscreteEncoding = "categorical" if algorithm.endswith("categorical") else "one_hot"
     space, act, make_loss = (
-        (DISCRETE, discrete_act, dqn_loss) if discrete else (BOX, box_act, sac_loss)
+        (DISCRETE, discrete_act, partial(dqn_loss, categorical=encoding == "categorical"))
+        if discrete
+        else (BOX, box_act, sac_loss)
     )
     rows = 140  # 20 episodes: the ring holds them all
     memory = feed(
         ReplayMemory(memory_size=200, batch_size=64, seed=3), rows=rows, act=act, episode=EPISODE
     )
-    rb = collected(rows, act, space)
+    rb = collected(rows, act, space, discrete=encoding)
     batch = memory.sample()
-    k = stream_row(batch, discrete) if not discrete else None
-    if (
-        discrete
-    ):  # the action says k % 4 only: find each transition by its next observation [k, -k, k % 5]
-        k = batch.next_obs[:, 0].long()
+    # each transition's row: its next observation is [k, -k, k % 5]
+    k = batch.next_obs[:, 0].long()
     index = k - k // EPISODE - 1  # the buffer holds 6 transitions per 7 rows
     theirs = rb[index]
-    ours = to_tensordict(batch, OBS, space)
+    ours = to_tensordict(batch, OBS, space, discrete=encoding)
     for key in (
         "observation",
         "action",
