@@ -72,9 +72,15 @@ def test_a_worker_actor_loads_the_trainer_actors_weights_and_then_acts_the_same(
     )
 
 
-def test_a_q_value_actor_returns_netrl_discrete_actions_from_its_one_hot() -> None:
+@pytest.mark.parametrize("discrete", ["one_hot", "categorical"])
+def test_a_q_value_actor_returns_netrl_discrete_actions_from_its_one_hot_or_index(
+    discrete: Any,
+) -> None:
     space = gymnasium.spaces.Discrete(4, start=2)
-    actor = TensorDictActor(OBS, space, policy=q_policy, extra_keys=["action_value"])
+    policy = partial(q_policy, categorical=discrete == "categorical")
+    actor = TensorDictActor(
+        OBS, space, policy=policy, discrete=discrete, extra_keys=["action_value"]
+    )
     assert actor.extra_outputs() == {"action_value": ((4,), "float32")}
     obs = np.random.default_rng(1).normal(size=(6, 3)).astype(np.float32)
     actions, extras = actor.act_(obs, test=True, batch=True)
