@@ -84,7 +84,7 @@ def test_the_state_in_the_trainers_batch_is_the_one_the_worker_held_at_each_step
             states.reset(0)
         else:
             actions[k], held[k] = states.act(actor, vector_obs(k - 1), test=False)
-    spec = {k: (s, d.str) for k, (s, d) in actor.recurrent_state().items()}
+    spec = actor.recurrent_state()
     memory = feed(
         ReplayMemory(memory_size=200, batch_size=16, sequence_length=5, seed=0),
         rows=120,
