@@ -34,7 +34,8 @@ trainer's batch under the same keys, where a recurrent loss starts each sequence
 Exploration schedules: an ``EGreedyModule``'s epsilon or an ``AdditiveGaussianModule``'s sigma
 anneals with ``.step(frames)``, which TorchRL's scripts call with the frames their collector
 produced. Here the worker does: each training act steps them by the env steps it acted for (test
-episodes do not count), so epsilon after N env steps is TorchRL's after ``step(N)``. The
+episodes do not count), so epsilon after N env steps is TorchRL's after ``step(N)`` (within
+float32 rounding: the linear schedule is set at once, not looped frame by frame). The
 annealed value is the worker's own and stays out of :meth:`state_dict`, so the trainer's weights
 do not reset it each version; the copies a worker loads versions into share the count. Each
 worker anneals over its own env steps (give ``annealing_num_steps`` per worker). An
@@ -175,17 +176,24 @@ class TensorDictActor(ActorModule):
         return self._frames.n if self._schedules else 0
 
     def _anneal(self, frames: int) -> None:
-        """Count ``frames`` more env steps and step the schedules to the count, as TorchRL's
-        scripts call ``step(frames)``; none once all are annealed (step() is a no-op then)."""
+        """Count ``frames`` more env steps and set the schedules to the count: the linear
+        schedule ``step(n)`` follows, computed at once (``step`` loops per frame, 50 µs each on
+        this machine: 0.8 ms per act of 16 envs), so it equals TorchRL's within float32 rounding;
+        nothing once a schedule has reached its end."""
         self._frames.n += frames
-        behind = self._frames.n - self._applied
-        if behind <= 0:
+        count = self._frames.n
+        if count == self._applied:
             return
         for module in self._schedules:
-            left = int(module.annealing_num_steps) - self._applied
-            if left > 0:
-                module.step(min(behind, left))
-        self._applied = self._frames.n
+            steps = int(module.annealing_num_steps)
+            if self._applied >= steps:
+                continue
+            name = _ANNEALED[type(module)]
+            init = float(getattr(module, f"{name}_init"))
+            end = float(getattr(module, f"{name}_end"))
+            value = end if count >= steps else max(end, init - count * (init - end) / steps)
+            getattr(module, name).fill_(value)
+        self._applied = count
 
     def _run(
         self, obs: Any, exploration: ExplorationType, state: dict[str, Any] | None = None
