@@ -4,6 +4,7 @@ worker held at each step is what the trainer's sequence batch holds."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import gymnasium
@@ -15,14 +16,22 @@ pytest.importorskip("torchrl")
 
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
+from torchrl.data import OneHot
 from torchrl.envs import Compose, GymEnv, InitTracker, StepCounter, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules import GRUModule, QValueModule
+from torchrl.modules import EGreedyModule, GRUModule, QValueModule
+from torchrl.objectives import DQNLoss, SoftUpdate
 
+from netrl.envs.gym import GenericGymEnv
+from netrl.interop.loss_agent import TorchRLAgent
 from netrl.interop.policies import TensorDictActor
 from netrl.interop.tensordicts import to_tensordict
+from netrl.local import run_local
 from netrl.memory.replay import ReplayMemory
+from netrl.training.loop import TrainingOffline
+from netrl.util import partial
 from netrl.worker.recurrent import RecurrentStates
+from netrl.worker.worker import RolloutWorker
 from tests.interop.nets import lstm_q_policy
 from tests.interop.rows import feed, vector_obs
 
@@ -100,3 +109,64 @@ def test_the_state_in_the_trainers_batch_is_the_one_the_worker_held_at_each_step
         assert td[name].shape == (16, 5, 1, 8)
         expected = torch.stack([torch.as_tensor(held[int(k)][name]) for k in row[live]])
         assert torch.equal(td[name][live], expected)
+
+
+def test_a_cartpole_run_trains_a_recurrent_dqn_on_sequences_a_worker_collected_with_its_state() -> (
+    None
+):
+    def make_loss(observation_space: Any, action_space: Any) -> DQNLoss:
+        loss = DQNLoss(
+            lstm_q_policy(observation_space, action_space), delay_value=True, action_space="one-hot"
+        )
+        loss.make_value_estimator(gamma=0.99)
+        return loss
+
+    def exploring(network: torch.nn.Module) -> torch.nn.Module:
+        return TensorDictSequential(
+            network, EGreedyModule(OneHot(2), eps_init=1.0, eps_end=0.1, annealing_num_steps=200)
+        )
+
+    env_cls = partial(GenericGymEnv, id="CartPole-v1")
+    agent_cls = partial(
+        TorchRLAgent,
+        loss=make_loss,
+        optimizer=lambda loss: torch.optim.Adam(loss.parameters(), 1e-3),
+        updater=partial(SoftUpdate, tau=0.05),
+        policy=lambda loss: exploring(loss.value_network),
+        extra_keys=[],
+        burn_in=2,
+    )
+    actor_cls = partial(
+        TensorDictActor, policy=lambda o, a: exploring(lstm_q_policy(o, a)), extra_keys=[]
+    )
+    torch.manual_seed(0)
+    training = TrainingOffline(
+        env_cls=env_cls,
+        memory_cls=partial(ReplayMemory, sequence_length=6, burn_in=2),
+        training_agent_cls=agent_cls,
+        epochs=1,
+        rounds=4,
+        steps=20,
+        update_model_interval=10,
+        update_buffer_interval=5,
+        start_training=100,
+        memory_size=2000,
+        batch_size=16,
+        seed=0,
+        max_training_steps_per_env_step=1.0,
+    )
+    worker = RolloutWorker(env_cls, actor_cls, min_samples_per_worker_packet=4, seed=0)
+    rounds: list[dict[str, Any]] = []
+    run_local(training, worker, threading.Event(), rounds.append)
+    trained = [r for r in rounds if "loss" in r]
+    assert trained and all(np.isfinite(r["loss"]) for r in trained)
+    assert worker.version > 1 and training.total_samples >= 100
+    # the worker annealed by the env steps it acted for, and new versions did not reset it
+    actor = worker.actor
+    assert isinstance(actor, TensorDictActor) and actor.schedule_frames() > 100
+    assert float(actor.module[1].eps) < 1.0
+    # the trainer's sequences start from the state the worker held: zeros at an episode's
+    # first step, the LSTM's own afterwards
+    td = to_tensordict(training.memory.sample(), training.observation_space, TWO)
+    h = td["recurrent_state_h"]
+    assert h.shape == (16, 6, 1, 8) and h[td["mask"]].abs().sum() > 0
