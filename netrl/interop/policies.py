@@ -66,8 +66,8 @@ from netrl.actor import ActorModule
 from netrl.interop.tensordicts import (
     DiscreteEncoding,
     ObservationKey,
-    _observation_layout,
     decode_action,
+    observation_layout,
     place_observation,
 )
 from netrl.samples.columns import ExtraSpec, check_extra_spec, tree_map
@@ -134,7 +134,7 @@ class TensorDictActor(ActorModule):
             else policy(observation_space, action_space)
         )
         self.discrete = discrete
-        self._obs_keys = _observation_layout(observation_key, observation_space)
+        self._obs_keys = observation_layout(observation_key, observation_space)
         self._state = _state_spec(self.module)
         self._schedules = _schedules(self)
         self._frames, self._applied = _Frames(), 0

@@ -57,6 +57,8 @@ __all__ = [
     "encode_action",
     "extra_key",
     "observation_entries",
+    "observation_layout",
+    "place_observation",
     "to_tensordict",
 ]
 
@@ -102,7 +104,7 @@ def to_tensordict(
             space is one the encoding cannot take, or ``observation_key`` is not one a batch of
             this observation space can take.
     """
-    obs_keys = _observation_layout(observation_key, observation_space)
+    obs_keys = observation_layout(observation_key, observation_space)
     size = batch.rew.shape
     term, trunc = batch.terminated.bool(), batch.truncated.bool()
     nxt: dict[str, Any] = {
@@ -177,9 +179,9 @@ def _layout(names: tuple[str, ...], obs_keys: tuple[str, ...] = ()) -> list[tupl
     return layout
 
 
-def _observation_layout(key: ObservationKey, space: gymnasium.Space) -> dict[str, str]:
+def observation_layout(key: ObservationKey, space: gymnasium.Space) -> dict[str, str]:
     """``{entry: root key}`` for ``observation_key`` (``{"": key}``: the whole observation under
-    one key), checked; cached per (key, space) by the callers that run per step."""
+    one key), checked: ValueError naming what cannot hold the observation."""
     if isinstance(key, str):
         if key in _TAKEN_ROOT - {"observation"} or not key:
             raise ValueError(
@@ -209,7 +211,7 @@ def _observation_layout(key: ObservationKey, space: gymnasium.Space) -> dict[str
 
 def place_observation(obs: Any, keys: Mapping[str, str]) -> dict[str, Any]:
     """The observation's root entries: ``{key: obs}`` (nested for a Dict), or each Dict entry
-    under its own key (``keys`` from :func:`_observation_layout`)."""
+    under its own key (``keys`` from :func:`observation_layout`)."""
     if "" in keys:
         return {keys[""]: observation_entries(obs)}
     return {key: observation_entries(obs[entry]) for entry, key in keys.items()}
