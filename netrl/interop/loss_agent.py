@@ -178,6 +178,9 @@ class TorchRLAgent(TrainingAgent):
                 full = torch.zeros(batch.rew.shape, dtype=priority.dtype, device=priority.device)
                 full[mask] = priority.reshape(-1)
                 priority = full
+            elif self.recurrent:  # a step that took no loss term gives no priority either
+                learn = td.get(("collector", "mask"))
+                priority = torch.where(learn, priority.reshape(learn.shape), 0.0)
             metrics[PRIORITY_KEY] = priority.reshape(batch.rew.shape)
         return metrics
 

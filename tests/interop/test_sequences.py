@@ -189,6 +189,24 @@ def test_a_recurrent_loss_learns_nothing_from_burn_in_steps_but_runs_through_the
     assert loss_of(agent, where(batch, burn_in, 0.0))["loss"] != base["loss"]  # its inputs count
 
 
+def test_a_recurrent_losss_priorities_come_only_from_the_steps_it_learned_from() -> None:
+    memory = feed(
+        ReplayMemory(memory_size=200, batch_size=16, sequence_length=5, prioritized=True, seed=0),
+        act=discrete_act,
+        extra=STATE,
+        extras=stored_state,
+    )
+    batch = memory.sample()
+    mask = batch.extra["mask"]
+    torch.manual_seed(0)
+    priority = recurrent_dqn(burn_in=1).train(batch)["priority"]
+    learned = mask.clone()
+    learned[:, :1] = False
+    learned[~mask[:, 1]] = False  # one-step sequences: no stored next state
+    assert priority.shape == mask.shape
+    assert (priority[~learned] == 0).all() and (priority[learned] != 0).all()
+
+
 def test_a_recurrent_loss_refuses_a_batch_of_single_transitions() -> None:
     memory = feed(
         ReplayMemory(memory_size=200, batch_size=8, seed=0),
