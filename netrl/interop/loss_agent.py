@@ -35,8 +35,9 @@ first ``burn_in`` steps, ``"is_init"`` is False (a netrl sequence never crosses 
 and a stored state is already zeros there), and ``("next", <state>)`` at step t is the state
 stored with step t + 1 (where a value network reads the next observations from). A sequence with a
 single real step has no stored next state: it is left out of the loss and counted
-(``recurrent_steps_left_out``). TorchRL's losses have no burn-in of their own: here the burn-in
-steps run through the recurrent modules with gradient, and only their loss terms are masked.
+(``recurrent_steps_left_out``); its priorities are the TD errors of the steps learned from, zeros
+elsewhere. TorchRL's losses have no burn-in of their own: here the burn-in steps run through the
+recurrent modules with gradient, and only their loss terms are masked.
 """
 
 from __future__ import annotations
