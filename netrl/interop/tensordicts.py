@@ -4,7 +4,9 @@
 ``[B]``, or ``[B, T]`` for a memory's sequences)::
 
     "observation"                          batch.obs (a Dict/Tuple observation: one nested key per
-                                           entry, ("observation", "pos"); a Tuple's: "0", "1"...)
+                                           entry, ("observation", "pos"); a Tuple's: "0", "1"...);
+                                           ``observation_key`` names another key ("pixels"), or
+                                           maps a Dict's entries to root keys of their own
     "action"                               batch.act; Discrete/MultiDiscrete encoded (``discrete``)
     ("next", "observation")                batch.next_obs, laid out as "observation"
     ("next", "reward")                     batch.rew                        [..., 1] float
@@ -17,7 +19,9 @@
     ("collector", "netrl_traj_ids")        extra["traj"]: a worker env's unbroken stream of rows,
                                            across its episodes (TorchRL has no such key)
     "index"                                extra["index"]: absolute rows, for a priority update
-    "mask"                                 extra["mask"]: a sequence's real steps      [B, T] bool
+    "mask", ("collector", "mask")          extra["mask"]: a sequence's real steps      [B, T] bool
+                                           (the second, SliceSampler's key, masks TorchRL's
+                                           losses' reductions: LossModule.loss_mask_key "auto")
     "steps_to_next_obs", "gamma"           extra["steps_to_next_obs"], extra["discount"] (n-step;
                                            TorchRL's MultiStep's keys and shape)        [...]
     ("next", <name>)                       extra["info/<name>"] (an info entry of the step's result)
@@ -36,6 +40,7 @@ its own; only the flags (float in a Batch, bool here) and encoded discrete actio
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import gymnasium
@@ -47,10 +52,13 @@ from netrl.samples.spaces import space_kind
 
 __all__ = [
     "DiscreteEncoding",
+    "ObservationKey",
     "decode_action",
     "encode_action",
     "extra_key",
     "observation_entries",
+    "observation_layout",
+    "place_observation",
     "to_tensordict",
 ]
 
@@ -61,6 +69,8 @@ ENCODINGS: tuple[DiscreteEncoding, ...] = ("one_hot", "categorical")
 
 # the keys of a transition itself: an extra placed there would overwrite one
 _TAKEN_ROOT = frozenset({"observation", "action", "next", "priority_weight", "collector"})
+# where the observation goes: one key (nested for a Dict), or a Dict's entries -> root keys
+ObservationKey = str | Mapping[str, str]
 _TAKEN_NEXT = frozenset({"observation", "reward", "done", "terminated", "truncated"})
 _RENAMED: dict[str, str | tuple[str, str]] = {
     "traj": ("collector", "netrl_traj_ids"),
@@ -75,6 +85,7 @@ def to_tensordict(
     observation_space: gymnasium.Space,
     action_space: gymnasium.Space,
     discrete: DiscreteEncoding = "one_hot",
+    observation_key: ObservationKey = "observation",
 ) -> TensorDict:
     """``batch`` in TorchRL's layout (the module docstring's table), on the batch's device.
 
@@ -84,34 +95,41 @@ def to_tensordict(
         action_space: the env's; says how Discrete and MultiDiscrete actions are encoded.
         discrete: ``"one_hot"`` (TorchRL's default) or ``"categorical"`` (the action's index,
             ``start`` subtracted).
+        observation_key: the key the observation goes under (``"pixels"`` for TorchRL's pixel
+            envs and CNN policies), or for a Dict observation a mapping ``{entry: key}`` placing
+            each entry at a root key of its own (``{"image": "pixels", "speed": "observation"}``).
 
     Raises:
-        ValueError: an extra's name would land on a key of the transition itself, or the action
-            space is one the encoding cannot take.
+        ValueError: an extra's name would land on a key of the transition itself, the action
+            space is one the encoding cannot take, or ``observation_key`` is not one a batch of
+            this observation space can take.
     """
+    obs_keys = observation_layout(observation_key, observation_space)
     size = batch.rew.shape
     term, trunc = batch.terminated.bool(), batch.truncated.bool()
     nxt: dict[str, Any] = {
-        "observation": observation_entries(batch.next_obs),
+        **place_observation(batch.next_obs, obs_keys),
         "reward": batch.rew.unsqueeze(-1),
         "done": (term | trunc).unsqueeze(-1),
         "terminated": term.unsqueeze(-1),
         "truncated": trunc.unsqueeze(-1),
     }
     out: dict[str, Any] = {
-        "observation": observation_entries(batch.obs),
+        **place_observation(batch.obs, obs_keys),
         "action": encode_action(batch.act, action_space, discrete),
         "next": nxt,
     }
     if batch.weight is not None:
         out["priority_weight"] = batch.weight
     collector: dict[str, Any] = {}
-    for name, key in _layout(tuple(batch.extra)):
+    for name, key in _layout(tuple(batch.extra), tuple(obs_keys.values())):
         value = batch.extra[name]
         if isinstance(key, str):
             out[key] = value
         else:
             (collector if key[0] == "collector" else nxt)[key[1]] = value
+    if "mask" in batch.extra:  # SliceSampler's key too: TorchRL's losses reduce over it
+        collector["mask"] = batch.extra["mask"]
     if collector:
         out["collector"] = collector
     return TensorDict(out, batch_size=size, device=batch.rew.device)
@@ -131,18 +149,20 @@ def extra_key(name: str, names: frozenset[str] = frozenset()) -> str | tuple[str
 
 
 @functools.lru_cache(maxsize=64)
-def _layout(names: tuple[str, ...]) -> list[tuple[str, Any]]:
+def _layout(names: tuple[str, ...], obs_keys: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
     """(extra name, key) for a batch's extras, checked once per set of names: a batch's extras
-    are the same from one batch to the next."""
+    are the same from one batch to the next. ``obs_keys``: the observation's root keys."""
     layout: list[tuple[str, Any]] = []
     seen: dict[Any, str] = {}
     given = frozenset(names)
+    taken_root = _TAKEN_ROOT | set(obs_keys)
+    taken_next = _TAKEN_NEXT | set(obs_keys)
     for name in names:
         key = extra_key(name, given)
         taken = (
-            key in _TAKEN_ROOT
+            key in taken_root
             if isinstance(key, str)
-            else key[0] == "next" and key[1] in _TAKEN_NEXT
+            else key[0] == "next" and key[1] in taken_next
         )
         if taken or key in seen:
             what = (
@@ -157,6 +177,44 @@ def _layout(names: tuple[str, ...]) -> list[tuple[str, Any]]:
         seen[key] = name
         layout.append((name, key))
     return layout
+
+
+def observation_layout(key: ObservationKey, space: gymnasium.Space) -> dict[str, str]:
+    """``{entry: root key}`` for ``observation_key`` (``{"": key}``: the whole observation under
+    one key), checked: ValueError naming what cannot hold the observation."""
+    if isinstance(key, str):
+        if key in _TAKEN_ROOT - {"observation"} or not key:
+            raise ValueError(
+                f"observation_key {key!r} is a key of the transition itself: name another"
+            )
+        return {"": key}
+    if not isinstance(space, gymnasium.spaces.Dict):
+        raise ValueError(
+            f"observation_key maps Dict entries to keys ({dict(key)}), but the observation "
+            f"space is {space}: pass one key"
+        )
+    entries = {str(k) for k in space.spaces}
+    if set(key) != entries:
+        raise ValueError(
+            f"observation_key maps the entries {sorted(key)}; the observation space's are "
+            f"{sorted(entries)}: map each exactly once"
+        )
+    values = list(key.values())
+    bad = sorted({v for v in values if v in _TAKEN_ROOT - {"observation"} or not v})
+    if bad or len(set(values)) != len(values):
+        raise ValueError(
+            f"observation_key {dict(key)} puts an entry on a transition key {bad} or two "
+            f"entries on one key: give each entry a key of its own"
+        )
+    return dict(key)
+
+
+def place_observation(obs: Any, keys: Mapping[str, str]) -> dict[str, Any]:
+    """The observation's root entries: ``{key: obs}`` (nested for a Dict), or each Dict entry
+    under its own key (``keys`` from :func:`observation_layout`)."""
+    if "" in keys:
+        return {keys[""]: observation_entries(obs)}
+    return {key: observation_entries(obs[entry]) for entry, key in keys.items()}
 
 
 def observation_entries(obs: Any) -> Any:

@@ -6,10 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict.nn import NormalParamExtractor, TensorDictModule
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import Categorical, OneHot
-from torchrl.modules import MLP, ProbabilisticActor, QValueActor, TanhNormal, ValueOperator
+from torchrl.modules import (
+    MLP,
+    LSTMModule,
+    ProbabilisticActor,
+    QValueActor,
+    QValueModule,
+    TanhNormal,
+    ValueOperator,
+)
 from torchrl.objectives import DQNLoss, SACLoss
 
 
@@ -40,6 +48,19 @@ def q_policy(observation_space: Any, action_space: Any, categorical: bool = Fals
         in_keys=["observation"],
         spec=Categorical(n) if categorical else OneHot(n),
     )
+
+
+def lstm_q_policy(observation_space: Any, action_space: Any, hidden: int = 8) -> nn.Module:
+    """TorchRL's recurrent DQN policy, as its LSTM tutorial builds it: an LSTMModule over the
+    observation, a linear head, a QValueModule (one-hot actions)."""
+    lstm = LSTMModule(
+        input_size=int(observation_space.shape[0]),
+        hidden_size=hidden,
+        in_key="observation",
+        out_key="embed",
+    )
+    head = TensorDictModule(nn.Linear(hidden, int(action_space.n)), ["embed"], ["action_value"])
+    return TensorDictSequential(lstm, head, QValueModule(spec=OneHot(int(action_space.n))))
 
 
 class QNet(nn.Module):

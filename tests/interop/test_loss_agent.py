@@ -418,6 +418,6 @@ def test_an_exploration_policy_around_the_loss_network_is_what_the_workers_run()
     explored, _ = actor.act_(obs, test=False, batch=True)
     greedy, _ = actor.act_(obs, test=True, batch=True)
     assert len(set(explored.tolist())) > 1 and len(set(greedy.tolist())) == 1  # eps 1 explores
-    # what is published holds the Q network's own tensors (and the exploration's eps)
+    # what is published holds the Q network's own tensors (the annealed eps stays the worker's)
     q = {p.data_ptr() for p in agent.loss.value_network.parameters()}
     assert q and q <= {t.data_ptr() for t in actor.state_dict().values()}

@@ -207,6 +207,8 @@ def test_a_sequence_batch_is_b_by_t_with_its_mask_weights_indices_and_n_step_key
     check_transition_keys(td, batch)
     assert td.batch_size == (8, 4) and td["observation"].shape == (8, 4, 3)
     assert td["mask"].dtype == torch.bool and td["mask"].shape == (8, 4)
+    # also under SliceSampler's key, which TorchRL's losses reduce over: the same tensor
+    assert td["collector", "mask"].data_ptr() == batch.extra["mask"].data_ptr()
     assert (
         td["priority_weight"].shape == (8, 4)
         and td["priority_weight"].data_ptr() == batch.weight.data_ptr()
