@@ -6,6 +6,7 @@ the learning row's (``python -m benchmarks learning --rows torchrl-sac``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -67,3 +68,42 @@ def test_the_same_script_trains_on_torchrls_own_collector_and_replay_buffer(
     # one gradient step per frame past init_random_frames (200), from the batch that reaches it
     assert result["trained_steps"] == 220, result
     assert all(math.isfinite(result[k]) for k in LOSSES), result
+
+
+@pytest.mark.parametrize("start_training", [None, 200])
+def test_the_learning_rows_two_sides_run_the_scripts_hyperparameters(
+        tmp_path: Path, start_training: int | None) -> None:
+    from benchmarks.learning.torchrl_sac import PIPELINE, torchrl_sac_row
+    from examples.torchrl_sac import HP
+
+    row = torchrl_sac_row(start_training)
+    netrl = row.variants["netrl"](1, tmp_path, row.max_steps)
+    torchrl = row.variants["torchrl"](1, tmp_path, row.max_steps)
+    random_frames = HP.init_random_frames if start_training is None else start_training
+    assert torchrl.hp == dataclasses.replace(HP, init_random_frames=random_frames)
+    cfg = netrl.cfg
+    assert cfg.env.pipeline == PIPELINE and cfg.seed == 1
+    assert (cfg.memory.batch_size, cfg.memory.memory_size) == (HP.batch_size, HP.buffer_size)
+    assert cfg.worker.init_random_frames == cfg.trainer.start_training == random_frames
+    assert cfg.trainer.max_training_steps_per_env_step == HP.utd_ratio
+    assert cfg.worker.min_samples_per_worker_packet == HP.frames_per_batch
+    assert cfg.trainer.update_model_interval == cfg.trainer.update_buffer_interval == 20
+    assert (row.reference, row.judged, row.target_ratio) == ("torchrl", ("netrl",), 1.2)
+    assert (row.judge.threshold, row.judge.env_id, row.judge.every) == (-200.0, "Pendulum-v1", 500)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_learning_row_runs_its_smoke_setting(tmp_path: Path) -> None:
+    """Both sides learn for 600 env steps and are judged on their frozen policies."""
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "learning", "--smoke", "--rows",
+                           "torchrl-sac", "--out", str(out), "--json", str(tmp_path / "rows.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert {r["row"] for r in rows} == {"torchrl-sac: netrl", "torchrl-sac: torchrl"}
+    runs = [json.loads(line) for line in (out / "torchrl-sac" / "runs.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in runs} == {"netrl", "torchrl"}
+    # each judged on its frozen policy (every 300 env steps; netrl's once its worker has weights)
+    assert all(r["evaluations"] for r in runs), runs
