@@ -13,14 +13,17 @@ workers act with the actor through ``TensorDictActor``. The same script also run
     python examples/torchrl_sac.py --smoke                # a few seconds of training: does it run?
     python examples/torchrl_sac.py --collector torchrl    # the same SAC on TorchRL's Collector
 
-The run folder (``--run-dir``, default weights/torchrl-sac) gets the config the roles share, the
-trainer's checkpoint and metrics.csv, and the worker's episodes CSV. To run the roles yourself,
-on one machine or several, start each from this folder with that config (``pipeline`` names
-this module, which netrl imports from the folder it starts in)::
+The run folder (``--run-dir``, default weights/torchrl-sac) gets the config the roles share
+(config.json), the trainer's checkpoint and metrics.csv, and the worker's episodes CSV; a run that
+was stopped resumes. To start the roles yourself, on one machine or several, write the config and
+start each role from the folder that holds this script (netrl imports ``env.pipeline``'s module,
+``torchrl_sac``, from the folder it starts in)::
 
-    python -m netrl --server  --config weights/torchrl-sac/demo_config.json
-    python -m netrl --trainer --config weights/torchrl-sac/demo_config.json
-    python -m netrl --worker  --config weights/torchrl-sac/demo_config.json
+    cd examples
+    python torchrl_sac.py --config-only      # writes weights/torchrl-sac/config.json, runs nothing
+    python -m netrl --server  --config weights/torchrl-sac/config.json
+    python -m netrl --trainer --config weights/torchrl-sac/config.json
+    python -m netrl --worker  --config weights/torchrl-sac/config.json
 
 Needs the ``torchrl`` extra (``pip install -e ".[torchrl]"``).
 """
@@ -176,12 +179,10 @@ def netrl_settings(hp: Hyper, pipeline: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def run_netrl(hp: Hyper, frames: int, run_dir: Path, seed: int) -> dict[str, Any]:
-    """Server, trainer and worker as processes on this machine, until the trainer has trained
-    on ``frames`` env steps; what the run did, from its files."""
+def netrl_config(hp: Hyper, frames: int, run_dir: Path, seed: int) -> Any:
+    """netrl's config for the run: its defaults, TorchRL's settings, a budget of ``frames``."""
     from netrl.config.load import config_from_dict, config_to_dict
     from netrl.config.sections import Config
-    from netrl.launch import run_demo, write_config
 
     data = config_to_dict(Config())
     data.update(run_name=run_dir.name, weights_folder=str(run_dir.parent), seed=seed,
@@ -189,14 +190,21 @@ def run_netrl(hp: Hyper, frames: int, run_dir: Path, seed: int) -> dict[str, Any
     for section, keys in netrl_settings(hp, "torchrl_sac:sac_pipeline").items():
         data[section].update(keys)
     data["worker"].update(worker_id="sac", test_episode_interval=0)
-    data["trainer"].update(total_frames=frames, rounds=1, steps=max(1, min(500, frames // 4)),
-                           resume=False)
+    data["trainer"].update(total_frames=frames, rounds=1, steps=max(1, min(500, frames // 4)))
     data["wandb"]["mode"] = "disabled"
+    return config_from_dict(data)
+
+
+def run_netrl(cfg: Any) -> dict[str, Any]:
+    """Server, trainer and worker as processes on this machine, until the trainer has trained
+    on ``trainer.total_frames`` env steps; what the run did, from its files."""
+    from netrl.launch import run_demo, write_config
+
     # the roles import this module by env.pipeline's name, from this folder
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE),
                                                              os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(HERE))
-    cfg = config_from_dict(data)
+    run_dir = cfg.run_dir
     run_demo(cfg, str(write_config(cfg, run_dir / "config.json")), threading.Event())
     with (run_dir / "metrics.csv").open(newline="") as f:
         last = list(csv.DictReader(f))[-1]
@@ -251,13 +259,27 @@ def main(argv: list[str] | None = None) -> None:
                    help="netrl's run folder (weights/torchrl-sac)")
     p.add_argument("--smoke", action="store_true",
                    help="a few seconds: 400 env steps, training from 200 on batches of 64")
+    p.add_argument("--config-only", action="store_true",
+                   help="write the run folder's config.json for the roles, and run nothing")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname).1s %(message)s")
     hp, frames = (SMOKE, 400) if a.smoke else (HP, a.frames)
     if frames <= hp.init_random_frames:
         p.error(f"--frames {frames} must exceed init_random_frames ({hp.init_random_frames})")
-    result = (run_netrl(hp, frames, a.run_dir, a.seed) if a.collector == "netrl"
-              else run_torchrl(hp, frames, a.seed))
+    if a.collector == "torchrl" and not a.config_only:
+        result = run_torchrl(hp, frames, a.seed)
+    else:
+        cfg = netrl_config(hp, frames, a.run_dir, a.seed)
+        if a.config_only:
+            from netrl.launch import write_config
+            from netrl.net.keys import keygen
+
+            keygen(cfg.keys_dir)  # the roles' CURVE keys (the one-command run makes its own)
+            path = write_config(cfg, a.run_dir / "config.json")
+            print(f"wrote {path}: from {HERE}, python -m netrl --server (then --trainer, "
+                  f"--worker) --config {path}")
+            return
+        result = run_netrl(cfg)
     finite = all(math.isfinite(v) for k, v in result.items() if k.startswith("loss_"))
     print(json.dumps({**result, "losses_finite": finite}), flush=True)
 

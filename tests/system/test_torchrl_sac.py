@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,24 @@ def test_the_same_script_trains_on_torchrls_own_collector_and_replay_buffer(
     # one gradient step per frame past init_random_frames (200), from the batch that reaches it
     assert result["trained_steps"] == 220, result
     assert all(math.isfinite(result[k]) for k in LOSSES), result
+
+
+def test_its_config_runs_the_roles_one_by_one_from_the_scripts_folder(tmp_path: Path) -> None:
+    """--config-only writes the config and keys the roles need; a role started in the script's
+    folder builds the script's pipeline from it (``--check-env`` runs its env through it)."""
+    shutil.copy(EXAMPLE, tmp_path / EXAMPLE.name)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
+                                                            os.environ.get("PYTHONPATH", "")])}
+    written = subprocess.run([sys.executable, EXAMPLE.name, "--config-only"], cwd=tmp_path,
+                             env=environ, capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stdout + written.stderr
+    config = Path("weights/torchrl-sac/config.json")
+    assert f"--config {config}" in written.stdout
+    assert (tmp_path / "weights" / "keys").is_dir()
+    assert not (tmp_path / "weights" / "torchrl-sac" / "metrics.csv").exists()  # nothing ran
+    check = subprocess.run([sys.executable, "-m", "netrl", "--check-env", "--config", str(config)],
+                           cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
 
 
 @pytest.mark.parametrize("start_training", [None, 200])
