@@ -8,9 +8,9 @@ workers act with the actor through ``TensorDictActor``. The same script also run
 ``Collector`` and ``ReplayBuffer`` (``--collector torchrl``), which is what netrl is compared with
 (``python -m benchmarks learning --rows torchrl-sac``)::
 
-    python examples/torchrl_sac.py                        # server, trainer and worker on this machine
+    python examples/torchrl_sac.py                        # server, trainer, worker: this machine
     python examples/torchrl_sac.py --frames 3000          # a shorter run (env steps)
-    python examples/torchrl_sac.py --smoke                # a few seconds of training: does it run?
+    python examples/torchrl_sac.py --smoke                # 600 env steps: does it run?
     python examples/torchrl_sac.py --collector torchrl    # the same SAC on TorchRL's Collector
 
 The run folder (``--run-dir``, default weights/torchrl-sac) gets the config the roles share
@@ -78,7 +78,7 @@ HP = Hyper()
 SMOKE = dataclasses.replace(HP, batch_size=64, init_random_frames=200)
 
 
-# -- the models, as TorchRL's SAC builds them -------------------------------------------------------
+# -- the models, as TorchRL's SAC builds them ------------------------------------------------
 # netrl builds them in every role from the env's Gymnasium spaces, hence the factories' arguments.
 def make_actor(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> nn.Module:
     low, high = torch.as_tensor(action_space.low), torch.as_tensor(action_space.high)
@@ -258,12 +258,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run-dir", type=Path, default=Path("weights/torchrl-sac"),
                    help="netrl's run folder (weights/torchrl-sac)")
     p.add_argument("--smoke", action="store_true",
-                   help="a few seconds: 400 env steps, training from 200 on batches of 64")
+                   help="a short run: 600 env steps, training from 200 on batches of 64")
     p.add_argument("--config-only", action="store_true",
                    help="write the run folder's config.json for the roles, and run nothing")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname).1s %(message)s")
-    hp, frames = (SMOKE, 400) if a.smoke else (HP, a.frames)
+    hp, frames = (SMOKE, 600) if a.smoke else (HP, a.frames)
     if frames <= hp.init_random_frames:
         p.error(f"--frames {frames} must exceed init_random_frames ({hp.init_random_frames})")
     if a.collector == "torchrl" and not a.config_only:

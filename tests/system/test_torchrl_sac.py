@@ -1,5 +1,5 @@
 """examples/torchrl_sac.py as a user runs it: TorchRL's SAC trained through netrl's three processes
-(real processes on free ports, a few seconds of training), and the same script on TorchRL's own
+(real processes on free ports, 600 env steps), and the same script on TorchRL's own
 Collector and ReplayBuffer, which the learning row ``torchrl-sac`` compares with. These check that
 it trains (finite losses, the trainer's weights reaching the worker), not that it learns: that is
 the learning row's (``python -m benchmarks learning --rows torchrl-sac``)."""
@@ -39,7 +39,8 @@ def run_example(args: list[str], cwd: Path, timeout: float) -> tuple[dict[str, A
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{EXAMPLE.name} {' '.join(args)} did not finish in {timeout} s:\n{out[-4000:]}")
+        pytest.fail(f"{EXAMPLE.name} {' '.join(args)} did not finish in {timeout} s:\n"
+                    f"{out[-4000:]}")
     assert proc.returncode == 0, f"{EXAMPLE.name} exited {proc.returncode}:\n{out[-4000:]}"
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1]), out
 
@@ -49,10 +50,11 @@ def test_the_example_trains_torchrls_sac_through_netrls_three_processes(tmp_path
     result, out = run_example(["--smoke", "--run-dir", "run/sac"], tmp_path, timeout=280)
     assert "exit codes worker/trainer/server: [0, 0, 0]" in out, out[-3000:]
     assert result["collector"] == "netrl" and result["losses_finite"], result
-    assert result["trained_steps"] > 0 and result["frames"] >= 400, result
+    # the worker is paced to one gradient step per env step: 600 env steps need ~300 steps
+    assert result["trained_steps"] >= 200 and result["frames"] >= 600, result
     assert all(math.isfinite(result[k]) for k in LOSSES), result
-    # the trainer's weights reached the worker: it saved a version past its initial one
-    assert result["worker_weights_version"] >= 2, result
+    # the trainer's weights reached the worker as it trained (a version every 20 steps)
+    assert result["worker_weights_version"] >= 5, result
     config = json.loads((tmp_path / "run" / "sac" / "config.json").read_text())
     assert config["env"]["pipeline"] == "torchrl_sac:sac_pipeline"
     assert config["worker"]["init_random_frames"] == config["trainer"]["start_training"] == 200
@@ -65,9 +67,9 @@ def test_the_same_script_trains_on_torchrls_own_collector_and_replay_buffer(
         tmp_path: Path) -> None:
     result, _ = run_example(["--smoke", "--collector", "torchrl"], tmp_path, timeout=280)
     assert result["collector"] == "torchrl" and result["losses_finite"], result
-    assert result["frames"] == 400, result
+    assert result["frames"] == 600, result
     # one gradient step per frame past init_random_frames (200), from the batch that reaches it
-    assert result["trained_steps"] == 220, result
+    assert result["trained_steps"] == 420, result
     assert all(math.isfinite(result[k]) for k in LOSSES), result
 
 
@@ -122,7 +124,8 @@ def test_the_learning_row_runs_its_smoke_setting(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert {r["row"] for r in rows} == {"torchrl-sac: netrl", "torchrl-sac: torchrl"}
-    runs = [json.loads(line) for line in (out / "torchrl-sac" / "runs.jsonl").read_text().splitlines()]
+    lines = (out / "torchrl-sac" / "runs.jsonl").read_text().splitlines()
+    runs = [json.loads(line) for line in lines]
     assert {r["variant"] for r in runs} == {"netrl", "torchrl"}
     # each judged on its frozen policy (every 300 env steps; netrl's once its worker has weights)
     assert all(r["evaluations"] for r in runs), runs
