@@ -153,18 +153,20 @@ class Ingester:
             return False
         return True
 
-    def share_cap(self, worker: str) -> int:
+    def share_cap(self, worker: str, recent: set[str] | None = None) -> int:
         """The most rows of the memory ``worker`` may hold: ``memory.max_worker_share`` of them,
         or, when that is 0, an equal share of the workers sharing it (those with a packet stored
         in the last :data:`RECENT_S` seconds, and ``worker``), plus a quarter, at least
-        ``memory.min_worker_share``."""
+        ``memory.min_worker_share``. ``recent``: those workers, when the caller has them."""
         assert self.owned is not None
         share = self.max_share
         if not share:
-            share = max(SHARE_HEADROOM / len(self._recent() | {worker_key(worker)}), self.min_share)
+            recent = self.recent_workers() if recent is None else recent
+            share = max(SHARE_HEADROOM / len(recent | {worker_key(worker)}), self.min_share)
         return max(1, int(min(share, 1.0) * self.owned.memory_size))
 
-    def _recent(self) -> set[str]:
+    def recent_workers(self) -> set[str]:
+        """The workers with a packet stored in the last :data:`RECENT_S` seconds."""
         since = self.clock() - RECENT_S
         self._stored_at = {w: t for w, t in self._stored_at.items() if t >= since}
         return set(self._stored_at)
@@ -186,7 +188,7 @@ class Ingester:
                         "max_worker_share %g, %d workers storing lately); %d of its packets "
                         "refused so far", buf.seq, buf.worker or "(unnamed)", len(buf), after,
                         self.owned.memory_size, cap, self.max_share,
-                        len(self._recent() | {name}), refused)
+                        len(self.recent_workers() | {name}), refused)
         return True
 
     def drop_worker(self, worker: str) -> int:

@@ -70,8 +70,10 @@ class Standing:
             return {}, quarantined
         rows = ing.owned.worker_rows()
         names = sorted(set(rows) | set(ing.over_share), key=lambda n: -rows.get(n, 0))
-        workers = {name: [rows.get(name, 0), ing.share_cap(name), ing.over_share.get(name, 0),
-                          ing.over_share_rows.get(name, 0)] for name in names[:MAX_REPORTED]}
+        recent = ing.recent_workers()  # once, not once a worker
+        workers = {name: [rows.get(name, 0), ing.share_cap(name, recent),
+                          ing.over_share.get(name, 0), ing.over_share_rows.get(name, 0)]
+                   for name in names[:MAX_REPORTED]}
         return workers, quarantined
 
     def lift(self, name: str, add: Callable[[Buffer], int]) -> tuple[dict[str, Any], int]:
