@@ -50,6 +50,7 @@ from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog, write_failed
 from netrl.trainer.encoding import WeightEncoder
+from netrl.trainer.operator import OperatorBox
 from netrl.trainer.outbox import Outboxes
 from netrl.trainer.status_line import status_line
 from netrl.trainer.weight_sender import WeightSender
@@ -123,9 +124,8 @@ class TrainerLink(NetThread):
         self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
                                               # trainer's layout
-        # workers the server revoked, for the loop; revocations the loop asks for, to send
-        self.revoked: collections.deque[str] = collections.deque()
-        self.revoke_requests: collections.deque[Message] = collections.deque()
+        # revocations and lifts heard of, for the loop; its revocations, answers and report, to send
+        self.operator = OperatorBox(name, lambda: self.wake(), self.new_data.set)
 
     # -- SampleSource, called from the training thread ---------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -144,13 +144,11 @@ class TrainerLink(NetThread):
 
     def revocations(self) -> list[str]:
         """Training thread: the workers the server revoked since the last call (drop their rows)."""
-        return [self.revoked.popleft() for _ in range(len(self.revoked))]
+        return self.operator.revocations()
 
     def revoke(self, worker: str, reason: str) -> None:
         """Training thread: ask the server to revoke ``worker`` (trainer.implausible: refuse)."""
-        body = {"worker": worker, "reason": reason}
-        self.revoke_requests.append(Message(MsgType.REVOKE, self.link.name, body=body))
-        self.command([command_head(Command.CREDIT)])  # wakes the network thread
+        self.operator.revoke(worker, reason)
 
     def wait(self, timeout: float) -> None:
         self.new_data.wait(timeout)
@@ -166,6 +164,10 @@ class TrainerLink(NetThread):
         (sync mode, its fragment length and batch mode; see :mod:`netrl.worker.runners.sync`): the
         worker config does not repeat them, so the two cannot disagree."""
         self.sender.collect = dict(collect)
+
+    def wake(self) -> None:
+        """Wake the network thread (it sends what waits: credit, revocations, lift answers)."""
+        self.command([command_head(Command.CREDIT)])
 
     def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:
         with self._command_lock:
@@ -221,7 +223,8 @@ class TrainerLink(NetThread):
 
     def progress(self, trained_steps: int, samples: int, wanted: int, batch: tuple[int, int] | None = None) -> None:
         """``batch``: sync collection's batch under way, (its version, env steps so far)."""
-        body = {"trained_steps": trained_steps, "samples": samples, "wanted": wanted}
+        body = {"trained_steps": trained_steps, "samples": samples, "wanted": wanted,
+                **self.operator.take_report()}  # the workers' standing, once a second
         if batch is not None and batch[0] >= 0:
             body["batch_version"], body["batch_steps"] = batch
         msg = Message(MsgType.PROGRESS, self.link.name, body=body)
@@ -314,8 +317,8 @@ class TrainerLink(NetThread):
         (kind, values), payload = read_command(frames[0]), frames[1:]
         if kind is Command.CREDIT:
             self._grant()
-            while self.revoke_requests and self.link.ready:
-                self.link.send(encode(self.revoke_requests.popleft()))
+            while self.operator.outgoing and self.link.ready:
+                self.link.send(encode(self.operator.outgoing.popleft()))
             return
         if kind is Command.WEIGHTS:
             slotted, version = values
@@ -346,12 +349,7 @@ class TrainerLink(NetThread):
                             printable(msg.body["reason"]), self.refused_notices)
         elif msg.type is MsgType.NOTICE:
             self._notice(msg.body["cause"], msg.body["reason"])
-        elif msg.type is MsgType.REVOKE and not msg.body.get("refused"):
-            log.warning("the server revoked worker %s: %s", msg.body["worker"],
-                        printable(msg.body.get("reason", ""), 300))
-            self.revoked.append(msg.body["worker"])
-            self.new_data.set()
-        else:
+        elif not self.operator.on_message(msg):  # REVOKE and LIFT
             log.debug("ignored a %s message from the server", msg.type.value)
 
     def _take_bundle(self, msg: Message) -> None:

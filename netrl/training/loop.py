@@ -200,9 +200,9 @@ class TrainingOffline:
     # -- samples in, weights out -------------------------------------------------------------------
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
-        if self.ingester is not None:
-            self.ingester.plausibility.exchange(source)  # revocations heard of, and asked for
-        return sum(self.add(buf) for buf in source.fetch())
+        # revocations and lifts heard of, revocations asked for, the workers' standing reported
+        steps = self.ingester.exchange(source, self.add) if self.ingester is not None else 0
+        return steps + sum(self.add(buf) for buf in source.fetch())
 
     def add(self, buf: Buffer, new: bool = True) -> int:
         """Take one packet (:meth:`Ingester.add`); ``new=False`` replays a packet that was already
