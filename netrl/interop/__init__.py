@@ -1,0 +1,1 @@
+"""Interop with other RL libraries (TorchRL): loaded only when used, never by the core."""

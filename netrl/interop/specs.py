@@ -1,0 +1,287 @@
+"""TorchRL specs as Gymnasium spaces, and a TorchRL env's tensordicts checked against its specs.
+
+The mapping, leaf by leaf (a leaf's TorchRL key becomes a Dict space's key; nested Composites
+become nested Dicts)::
+
+    Bounded, Unbounded (float or int)    Box (float64 narrowed to float32, as GenericGymEnv)
+    Unbounded, Bounded of bool           MultiBinary
+    Categorical, shape () or (1,)        Discrete(n)
+    Categorical, other shapes            MultiDiscrete (n everywhere)
+    OneHot(n)                            Discrete(n)        (the one-hot vector <-> its index)
+    MultiCategorical(nvec)               MultiDiscrete(nvec)
+    MultiOneHot(nvec)                    MultiDiscrete(nvec) (each one-hot block <-> its index)
+    Binary(n)                            MultiBinary(n)
+    Composite                            Dict
+
+Anything else (NonTensor, Stacked, Choice...) is refused with a ValueError naming its key and
+spec. :func:`check_tensordict` checks what TorchRL's ``check_env_specs`` checks of a rollout:
+every key the specs declare is there, no key is there that none declares, and each has the
+spec's shape (after the env's batch dims) and dtype; a ValueError names the key.
+
+Each :class:`Leaf` converts whole batches: values keep any leading batch dims (one env: none).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+import torch
+from torchrl.data import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    MultiOneHot,
+    OneHot,
+    Unbounded,
+)
+from torchrl.envs import Transform
+
+__all__ = ["Expected", "Leaf", "SpecCheck", "action_leaf", "check_tensordict", "expected",
+           "key_label", "leaves", "spec_label"]
+
+Key = tuple[str, ...]
+
+
+class Leaf(NamedTuple):
+    """One spec leaf: its key, spec, Gymnasium space, and its values converted both ways (batched:
+    any leading dims are kept)."""
+
+    key: Key
+    spec: Any
+    space: gymnasium.Space
+    to_numpy: Callable[[torch.Tensor], np.ndarray]
+    to_tensor: Callable[[Any, tuple[int, ...]], torch.Tensor]
+
+
+def key_label(key: Key) -> str:
+    """A key as TorchRL users write it: ``"observation"``, ``("next", "reward")``."""
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+def spec_label(spec: Any) -> str:
+    return f"{type(spec).__name__}(shape={list(spec.shape)}, dtype={spec.dtype})"
+
+
+def _np_dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype(torch.empty((), dtype=dtype).numpy().dtype)
+
+
+def _as_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
+    def convert(value: Any, batch: tuple[int, ...]) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(value)).to(dtype).reshape((*batch, *shape))
+
+    return convert
+
+
+def _binary(shape: tuple[int, ...]) -> gymnasium.spaces.MultiBinary:
+    return gymnasium.spaces.MultiBinary(shape[0] if len(shape) == 1 else list(shape) or 1)
+
+
+def _box(spec: Any, key: Key) -> Leaf:
+    dtype = _np_dtype(spec.dtype)
+    shape = tuple(spec.shape)
+    if dtype.kind == "b":
+        return Leaf(key, spec, _binary(shape),
+                    lambda t: t.numpy().astype(np.int8), _as_tensor(spec.dtype, shape))
+    narrow = dtype == np.float64  # netrl's actors and GenericGymEnv use float32
+    out = np.dtype(np.float32) if narrow else dtype
+    if isinstance(spec, Bounded):
+        low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
+    elif dtype.kind == "f":
+        low, high = np.full(shape, -np.inf), np.full(shape, np.inf)
+    else:
+        info = np.iinfo(dtype)
+        low, high = np.full(shape, info.min), np.full(shape, info.max)
+    space = gymnasium.spaces.Box(np.broadcast_to(low, shape).astype(out),
+                                 np.broadcast_to(high, shape).astype(out), shape, out)
+    to_numpy = ((lambda t: t.numpy().astype(np.float32)) if narrow else (lambda t: t.numpy()))
+    return Leaf(key, spec, space, to_numpy, _as_tensor(spec.dtype, shape))
+
+
+def _one_hot(spec: Any, key: Key, nvec: list[int]) -> Leaf:
+    """A OneHot (one block) or MultiOneHot: an index per block."""
+    bounds = np.cumsum([0, *nvec])
+    eyes = [torch.eye(n, dtype=spec.dtype) for n in nvec]
+
+    def to_numpy(t: torch.Tensor) -> np.ndarray:
+        idx = [t[..., a:b].to(torch.uint8).argmax(-1) for a, b in itertools.pairwise(bounds)]
+        return torch.stack(idx, -1).numpy() if len(nvec) > 1 else idx[0].numpy()
+
+    def to_tensor(value: Any, batch: tuple[int, ...]) -> torch.Tensor:
+        idx = torch.as_tensor(np.asarray(value), dtype=torch.int64).reshape((*batch, len(nvec)))
+        return torch.cat([eye[idx[..., i]] for i, eye in enumerate(eyes)], -1)
+
+    if len(nvec) == 1:
+        space: gymnasium.Space = gymnasium.spaces.Discrete(nvec[0])
+    else:
+        space = gymnasium.spaces.MultiDiscrete(nvec)
+    return Leaf(key, spec, space, to_numpy, to_tensor)
+
+
+def _categorical(spec: Any, key: Key) -> Leaf:
+    shape = tuple(spec.shape)
+    if isinstance(spec, MultiCategorical):
+        nvec = spec.nvec.cpu().numpy().astype(np.int64)
+        space: gymnasium.Space = gymnasium.spaces.MultiDiscrete(nvec.reshape(shape))
+        return Leaf(key, spec, space, lambda t: t.numpy().astype(np.int64),
+                    _as_tensor(spec.dtype, shape))
+    n = int(spec.space.n)
+    if shape in ((), (1,)):
+        return Leaf(key, spec, gymnasium.spaces.Discrete(n),
+                    lambda t: t.numpy().astype(np.int64).reshape(t.shape[:t.dim() - len(shape)]),
+                    _as_tensor(spec.dtype, shape))
+    return Leaf(key, spec, gymnasium.spaces.MultiDiscrete(np.full(shape, n, np.int64)),
+                lambda t: t.numpy().astype(np.int64), _as_tensor(spec.dtype, shape))
+
+
+def leaf(spec: Any, key: Key, role: str = "observation") -> Leaf:
+    """The Gymnasium leaf of one TorchRL spec leaf; ValueError naming ``key`` and the spec where
+    there is none."""
+    # the order matters: Binary and MultiCategorical are Categoricals, MultiOneHot a OneHot
+    if isinstance(spec, Binary):
+        shape = tuple(spec.shape)
+        return Leaf(key, spec, _binary(shape),
+                    lambda t: t.numpy().astype(np.int8), _as_tensor(spec.dtype, shape))
+    if isinstance(spec, MultiOneHot):
+        return _one_hot(spec, key, [int(n) for n in spec.nvec])
+    if isinstance(spec, OneHot):
+        return _one_hot(spec, key, [int(spec.space.n)])
+    if isinstance(spec, Categorical):
+        return _categorical(spec, key)
+    if isinstance(spec, (Bounded, Unbounded)) and type(spec).__name__ != "NonTensor":
+        return _box(spec, key)
+    raise ValueError(f"the TorchRL env's {role} key {key_label(key)} has the spec "
+                     f"{spec_label(spec)}, which has no Gymnasium space netrl carries (Bounded, "
+                     f"Unbounded, Categorical, OneHot, MultiCategorical, MultiOneHot, Binary "
+                     f"within Composites): drop the key (ExcludeTransform) or turn it into one "
+                     f"of them")
+
+
+def leaves(spec: Any, skip: Iterable[Key] = (), role: str = "observation") -> list[Leaf]:
+    """The leaves of a Composite (its nested Composites walked), but the keys of ``skip``."""
+    skipped = set(skip)
+    out: list[Leaf] = []
+
+    def walk(node: Any, prefix: Key) -> None:
+        for name, child in node.items():
+            key = (*prefix, name)
+            if isinstance(child, Composite):
+                walk(child, key)
+            elif key not in skipped:
+                out.append(leaf(child, key, role))
+
+    walk(spec, ())
+    return out
+
+
+def action_leaf(spec: Any) -> Leaf:
+    """The one leaf of an env's full action spec; ValueError where it has several (netrl's
+    actions are one array)."""
+    found = leaves(spec, role="action")
+    if len(found) != 1:
+        names = ", ".join(key_label(x.key) for x in found) or "none"
+        raise ValueError(f"the TorchRL env has {len(found)} action keys ({names}): netrl's workers "
+                         f"send one action array per step; give the env one action key")
+    return found[0]
+
+
+def _present(td: Any) -> set[Key]:
+    keys = td.keys(include_nested=True, leaves_only=True)
+    return {(k,) if isinstance(k, str) else tuple(k) for k in keys}
+
+
+def check_tensordict(td: Any, specs: dict[Key, Any], batch: tuple[int, ...], where: str,
+                     allowed: Iterable[Key] = ()) -> None:
+    """``td`` holds every key of ``specs`` with its spec's shape (after ``batch``) and dtype, and
+    no key but those and ``allowed``; ValueError naming the key and ``where`` (e.g. "step()'s
+    ("next", ...)") otherwise."""
+    present = _present(td)
+    for key, spec in specs.items():
+        if key not in present:
+            raise ValueError(f"{where} has no key {key_label(key)}, which the env's specs declare "
+                             f"({spec_label(spec)}): return it from _reset/_step, or drop it "
+                             f"from the spec")
+        value = td.get(key)
+        shape = (*batch, *spec.shape)
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{where}'s {key_label(key)} has shape {list(value.shape)}, but its "
+                             f"spec says {list(shape)} (batch {list(batch)} + "
+                             f"{spec_label(spec)}): fix the env's output or its spec")
+        if value.dtype != spec.dtype:
+            raise ValueError(f"{where}'s {key_label(key)} has dtype {value.dtype}, but its spec "
+                             f"says {spec.dtype} ({spec_label(spec)}): fix the env's output or "
+                             f"its spec")
+    extra = present - set(specs) - set(allowed)
+    if extra:
+        names = ", ".join(sorted(key_label(k) for k in extra))
+        raise ValueError(f"{where} holds {names}, which none of the env's specs declares: add "
+                         f"it to the observation_spec, or drop it")
+
+
+class Expected(NamedTuple):
+    """What one env's tensordicts hold: a reset's keys and specs, a step's ("next"), and the state
+    keys either may hold."""
+
+    reset: dict[Key, Any]
+    step: dict[Key, Any]
+    state: list[Key]
+
+
+def _keys(keys: Iterable[Any]) -> list[Key]:
+    return [(k,) if isinstance(k, str) else tuple(k) for k in keys]
+
+
+def _flat(spec: Any) -> dict[Key, Any]:
+    return {k: spec[k] for k in _keys(spec.keys(True, True))}
+
+
+def expected(env: Any, one: Callable[[Any], Any] = lambda spec: spec) -> Expected:
+    """What ``env``'s tensordicts hold, its specs seen through ``one`` (a batched env's: one env's
+    spec)."""
+    reset = {**_flat(one(env.full_observation_spec)), **_flat(one(env.full_done_spec))}
+    return Expected(reset, {**reset, **_flat(one(env.full_reward_spec))},
+                    _keys(env.full_state_spec.keys(True, True)))
+
+
+def check_reset(td: Any, want: Expected, batch: tuple[int, ...], where: str) -> None:
+    check_tensordict(td, want.reset, batch, where, allowed=[*want.state, ("_reset",)])
+
+
+def check_step(td: Any, want: Expected, batch: tuple[int, ...], where: str) -> None:
+    """A step's output (the ``next`` of what ``env.step`` returns)."""
+    check_tensordict(td, want.step, batch, f"{where}'s 'next'", allowed=want.state)
+
+
+class SpecCheck(Transform):  # type: ignore[misc]
+    """The checks on each env of a batch, inside the batch (a ``SerialEnv`` or ``ParallelEnv``
+    writes its envs' outputs into buffers of the specs' dtypes, so a wrong dtype would be cast
+    without a word): every reset, and the first ``steps`` steps."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+        self._want: Expected | None = None
+
+    def _where(self) -> tuple[Expected, str]:
+        env = self.parent
+        if self._want is None:
+            self._want = expected(env)
+        return self._want, f"TorchRL env {type(env.base_env).__name__}: "
+
+    def _reset(self, tensordict: Any, tensordict_reset: Any) -> Any:
+        want, where = self._where()
+        check_reset(tensordict_reset, want, (), f"{where}reset()")
+        return tensordict_reset
+
+    def _step(self, tensordict: Any, next_tensordict: Any) -> Any:
+        if self.steps:  # the first steps only
+            want, where = self._where()
+            check_step(next_tensordict, want, (), f"{where}step()")
+            self.steps -= 1
+        return next_tensordict
