@@ -27,6 +27,7 @@ alone, so a real-time env stays real time.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Literal
@@ -36,8 +37,10 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase, ParallelEnv, SerialEnv
-from torchrl.envs.utils import step_mdp
 
+from netrl.agents.registry import choose, either, entries
+from netrl.config.sections import Config
+from netrl.errors import ConfigError
 from netrl.interop.specs import (
     Key,
     Leaf,
@@ -49,10 +52,13 @@ from netrl.interop.specs import (
     key_label,
     leaves,
 )
+from netrl.pipelines.algorithms import Parts
+from netrl.pipelines.base import Pipeline
 from netrl.samples.columns import row
 from netrl.samples.info import InfoKey, check_info_keys
 
-__all__ = ["TorchRLEnv", "TorchRLEnvFactory", "TorchRLVectorEnv", "torchrl_env"]
+__all__ = ["TorchRLEnv", "TorchRLEnvFactory", "TorchRLVectorEnv", "torchrl_env",
+           "torchrl_pipeline"]
 
 
 class _Layout:
@@ -212,7 +218,7 @@ class TorchRLEnv(_Adapter, gymnasium.Env):
         term, trunc = self.layout.flags(nxt)
         obs, info = self.layout.observation(nxt), self.layout.infos(nxt, ())
         reward = float(nxt.get(self.layout.reward))
-        self._td = step_mdp(td)
+        self._td = self.torchrl_env.step_mdp(td)  # its precomputed keys: the fast path
         return obs, reward, bool(term[0]), bool(trunc[0]), info
 
 
@@ -304,8 +310,10 @@ class TorchRLEnvFactory:
 
     def make_vector_env(self, num_envs: int,
                         vectorization: Literal["sync", "async"]) -> TorchRLVectorEnv:
-        # each env checked inside the batch, whose buffers would cast a wrong dtype
-        make = partial(checked, self.make, self.check_steps)
+        # each env checked inside the batch, whose buffers would cast a wrong dtype and keep zeros
+        # for a missing key; the wrapper costs every step (docs/torchrl_envs.md), check_steps=0
+        # drops it
+        make = partial(checked, self.make, self.check_steps) if self.check_steps else self.make
         if self.batch is not None:
             env = self.batch(num_envs, make)
         elif vectorization == "async":
@@ -332,3 +340,35 @@ def torchrl_env(make: Callable[[], EnvBase], info_keys: Iterable[Any] = (),
                 check_steps: int = 3) -> TorchRLEnvFactory:
     """``env_cls`` for a pipeline or a RolloutWorker: the TorchRL envs ``make`` builds."""
     return TorchRLEnvFactory(make, info_keys, check_steps)
+
+
+def torchrl_pipeline(cfg: Config, make: Callable[[], EnvBase], info_keys: Iterable[Any] = (),
+                     check_steps: int = 3,
+                     batch: Callable[[int, Callable[[], EnvBase]], EnvBase] | None = None
+                     ) -> Pipeline:
+    """The gym pipeline's agent (``agent.algorithm``; "auto": the one the action space needs) on
+    the TorchRL envs ``make`` builds; for ``env.pipeline`` "module:function" with ``function(cfg)``
+    returning it. ``info_keys`` (and config.json's ``env.info_keys``) are read from the env's
+    tensordicts. ConfigError when the agent cannot take the env's actions."""
+    declared = check_info_keys(info_keys, "info_keys")
+    from_config = tuple(InfoKey(**k) for k in cfg.env.info_keys)  # make_pipeline adds them
+    env_cls = TorchRLEnvFactory(make, (*declared, *from_config), check_steps, batch)
+    env = env_cls()  # once, to see its action space (and that its specs map)
+    try:
+        actions = env.action_space
+    finally:
+        env.close()
+    name, recurrent = cfg.agent.algorithm, cfg.agent.recurrent is not None
+    algorithm = choose(name, recurrent, actions)
+    if algorithm is None:
+        takes = either([a.supports.spaces_text() for a in entries(name, recurrent)])
+        raise ConfigError([f'agent.algorithm "{name}" needs {takes} actions, but the TorchRL '
+                           f"env has {actions} (from its action_spec): choose another "
+                           "agent.algorithm, or another action spec"])
+    if cfg.memory.sequence_length > 1 and algorithm.supports.memory != "sequences":
+        raise ConfigError([f"memory.sequence_length is {cfg.memory.sequence_length}, but "
+                           f"{algorithm.supports.label} learns from single transitions: set "
+                           "agent.recurrent, or memory.sequence_length to 1"])
+    module_name, _, function = algorithm.build.partition(":")
+    parts: Parts = getattr(importlib.import_module(module_name), function)(cfg)
+    return Pipeline(env_cls=env_cls, info_keys=declared, **parts._asdict())

@@ -35,7 +35,14 @@ from torchrl.envs import (  # noqa: E402
     TransformedEnv,
 )
 
-from netrl.interop.envs import TorchRLEnv, TorchRLEnvFactory, TorchRLVectorEnv, torchrl_env  # noqa: E402
+from netrl.errors import ConfigError  # noqa: E402
+from netrl.interop.envs import (  # noqa: E402
+    TorchRLEnv,
+    TorchRLEnvFactory,
+    TorchRLVectorEnv,
+    torchrl_env,
+    torchrl_pipeline,
+)
 from netrl.interop.specs import leaf, leaves  # noqa: E402
 from netrl.samples.info import InfoKey  # noqa: E402
 from netrl.worker.worker import RolloutWorker  # noqa: E402
@@ -345,3 +352,37 @@ def test_the_worker_hook_refuses_a_vector_env_of_another_size_or_autoreset_mode(
     one_more = TorchRLEnvFactory(Ticks, batch=lambda n, make: SerialEnv(n + 1, make))
     with pytest.raises(ValueError, match=r"batch\(2, make\) returned SerialEnv with batch_size \[3\], not \[2\]"):
         one_more.make_vector_env(2, "sync")
+
+
+# -- how a user configures it: env.pipeline "module:function" returning torchrl_pipeline(cfg, make=...) --------
+
+
+def cartpole_pipeline(cfg: Any) -> Any:
+    return torchrl_pipeline(cfg, make=lambda: cartpole().append_transform(StepCounter()), info_keys=STEPS)
+
+
+def test_a_torchrl_pipeline_picks_the_agent_for_the_envs_actions_and_its_worker_records_the_info() -> None:
+    from netrl.agents.dqn import DQNActor
+    from netrl.config.load import config_from_dict
+    from netrl.pipelines.make import make_pipeline
+
+    cfg = config_from_dict({"env": {"pipeline": "tests.interop.test_envs:cartpole_pipeline"}})
+    pipeline = make_pipeline(cfg)
+    assert isinstance(pipeline.env_cls, TorchRLEnvFactory) and pipeline.info_keys == tuple(STEPS)
+    assert pipeline.actor_module_cls.func is DQNActor  # CartPole's OneHot actions: Discrete(2), DQN's
+    worker = RolloutWorker(pipeline.env_cls, pipeline.actor_module_cls, info_keys=pipeline.info_keys, num_envs=2,
+                           seed=0, run_dir=None)
+    worker.local_packets = []
+    worker.start()
+    try:
+        worker.run(0, nb_episodes=2)
+        worker.sink.send()
+    finally:
+        worker.close()
+    bufs = worker.local_packets
+    assert bufs and all(b.info is not None and (b.info["step_count"][b.reset] == 0).all() for b in bufs)
+    assert max(int(b.info["step_count"].max()) for b in bufs if b.info is not None) >= 8
+    with pytest.raises(ConfigError, match=r'agent.algorithm "sac" needs Box actions, but the TorchRL env has '
+                                          r"Discrete\(2\)"):
+        make_pipeline(config_from_dict({"env": {"pipeline": "tests.interop.test_envs:cartpole_pipeline"},
+                                        "agent": {"algorithm": "sac"}}))
