@@ -4,7 +4,9 @@ env     CartPole-v1, --steps steps per run (random actions drawn beforehand), th
         GenericGymEnv (plain Gymnasium, the reference), TorchRL's GymEnv stepped as TorchRL
         users do (``env.step`` then ``env.step_mdp``), and that GymEnv through TorchRLEnv (the
         worker's env: actions and observations converted, flags and info read). Median over
-        --repeats runs of each. The figure is what the adapter adds to TorchRL's own step.
+        --repeats runs of each. The figure is what the adapter adds to TorchRL's own step; on
+        a loaded machine the difference of two ~100 us steps is noisy, so the adapter's own
+        work is also timed alone, on one step's tensordict.
 vector  --envs CartPole-v1 envs in one batch, --steps / --envs batched steps per run: Gymnasium's
         SyncVectorEnv of GenericGymEnv (same-step autoreset), TorchRL's SerialEnv stepped with
         ``step_and_maybe_reset``, and that SerialEnv through TorchRLVectorEnv: as the worker
@@ -108,6 +110,29 @@ def adapter_us(steps: int) -> float:
     return took / steps * 1e6
 
 
+def conversion_us(steps: int) -> float:
+    """The adapter's own work per step, on one step's tensordict: the action in, the observation,
+    reward, flags and info out (what TorchRLEnv.step does beside TorchRL's step and step_mdp)."""
+    from netrl.interop.envs import torchrl_env
+
+    env = torchrl_env(torchrl_cartpole)()
+    env.reset(seed=0)
+    layout, td = env.layout, env._td
+    assert td is not None
+    nxt = env.torchrl_env.step(td.set("action", torch.tensor(0))).get("next")
+    action = np.int64(1)
+    start = time.perf_counter()
+    for _ in range(steps):
+        td.set(layout.action.key, layout.action.to_tensor(action, ()))
+        layout.flags(nxt)
+        layout.observation(nxt)
+        layout.infos(nxt, ())
+        float(nxt.get(layout.reward))
+    took = time.perf_counter() - start
+    env.close()
+    return took / steps * 1e6
+
+
 def vector_us(kind: str, steps: int, n: int) -> float:
     """Microseconds per env step (a batched step over ``n``)."""
     rounds = max(steps // n, 1)
@@ -152,10 +177,12 @@ def alternate(conditions: dict[str, Callable[[], float]], repeats: int) -> dict[
 def run(s: Settings) -> list[Row]:
     torch.set_num_threads(1)
     one = alternate({"gymnasium": lambda: gym_us(s.steps), "torchrl": lambda: torchrl_us(s.steps),
-                     "adapter": lambda: adapter_us(s.steps)}, s.repeats)
+                     "adapter": lambda: adapter_us(s.steps),
+                     "conversion": lambda: conversion_us(s.steps)}, s.repeats)
     added = one["adapter"] - one["torchrl"]
     print(f"env step: {one['gymnasium']:.1f} us Gymnasium, {one['torchrl']:.1f} us TorchRL's "
-          f"GymEnv, {one['adapter']:.1f} us through TorchRLEnv ({added:+.1f} us)", flush=True)
+          f"GymEnv, {one['adapter']:.1f} us through TorchRLEnv ({added:+.1f} us; the conversion "
+          f"alone {one['conversion']:.1f} us)", flush=True)
     vec = alternate({kind: (lambda kind=kind: vector_us(kind, s.steps, s.envs))  # type: ignore[misc]
                      for kind in ("gymnasium", "torchrl", "adapter", UNCHECKED)}, s.repeats)
     vec_added = vec["adapter"] - vec["torchrl"]
@@ -171,6 +198,9 @@ def run(s: Settings) -> list[Row]:
         Row("torchrl-envs", "CartPole-v1, TorchRL GymEnv through TorchRLEnv", "time per step",
             one["adapter"], "us", one["torchrl"], "TorchRL's own step + env.step_mdp", added,
             "us added", target, added < limit, params=params, detail=one),
+        Row("torchrl-envs", "CartPole-v1, TorchRLEnv's conversion alone", "time per step",
+            one["conversion"], "us", None, "", None, "x", target,
+            one["conversion"] < limit, params=params, detail=one),
         Row("torchrl-envs", "CartPole-v1, TorchRLEnv against plain Gymnasium", "time per step",
             one["adapter"], "us", one["gymnasium"], "GenericGymEnv",
             one["adapter"] / one["gymnasium"], "x", params=params, detail=one),

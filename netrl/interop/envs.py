@@ -344,12 +344,14 @@ def torchrl_env(make: Callable[[], EnvBase], info_keys: Iterable[Any] = (),
 
 def torchrl_pipeline(cfg: Config, make: Callable[[], EnvBase], info_keys: Iterable[Any] = (),
                      check_steps: int = 3,
-                     batch: Callable[[int, Callable[[], EnvBase]], EnvBase] | None = None
-                     ) -> Pipeline:
+                     batch: Callable[[int, Callable[[], EnvBase]], EnvBase] | None = None,
+                     realtime: bool = False) -> Pipeline:
     """The gym pipeline's agent (``agent.algorithm``; "auto": the one the action space needs) on
     the TorchRL envs ``make`` builds; for ``env.pipeline`` "module:function" with ``function(cfg)``
     returning it. ``info_keys`` (and config.json's ``env.info_keys``) are read from the env's
-    tensordicts. ConfigError when the agent cannot take the env's actions."""
+    tensordicts; ``realtime`` marks an env that runs in real time (a robot, rtgym): the worker
+    never pauses it (``worker.throttle`` is ignored). ConfigError when the agent cannot take the
+    env's actions."""
     declared = check_info_keys(info_keys, "info_keys")
     from_config = tuple(InfoKey(**k) for k in cfg.env.info_keys)  # make_pipeline adds them
     env_cls = TorchRLEnvFactory(make, (*declared, *from_config), check_steps, batch)
@@ -371,4 +373,4 @@ def torchrl_pipeline(cfg: Config, make: Callable[[], EnvBase], info_keys: Iterab
                            "agent.recurrent, or memory.sequence_length to 1"])
     module_name, _, function = algorithm.build.partition(":")
     parts: Parts = getattr(importlib.import_module(module_name), function)(cfg)
-    return Pipeline(env_cls=env_cls, info_keys=declared, **parts._asdict())
+    return Pipeline(env_cls=env_cls, info_keys=declared, realtime=realtime, **parts._asdict())

@@ -4,6 +4,7 @@ or a batch of them (SerialEnv, ParallelEnv) in its vector runner."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -45,6 +46,7 @@ from netrl.interop.envs import (  # noqa: E402
 )
 from netrl.interop.specs import leaf, leaves  # noqa: E402
 from netrl.samples.info import InfoKey  # noqa: E402
+from netrl.worker.settings import WorkerSettings  # noqa: E402
 from netrl.worker.worker import RolloutWorker  # noqa: E402
 from tests.fakes import TagActor  # noqa: E402
 from tests.recording import local_packets  # noqa: E402
@@ -57,6 +59,7 @@ class Ticks(EnvBase):  # type: ignore[misc]
 
     LENGTHS = (3, 5, 4)
     made = 0
+    strict = True  # refuse an action that is not the tag (False: take any, for random actions)
 
     def __init__(self) -> None:
         super().__init__(batch_size=torch.Size([]))
@@ -78,7 +81,7 @@ class Ticks(EnvBase):  # type: ignore[misc]
 
     def _step(self, td: Any) -> TensorDict:
         action = td.get("action")
-        assert action.shape == (1,) and action[0] == self.tag, (action, self.tag)
+        assert action.shape == (1,) and (action[0] == self.tag or not self.strict), (action, self.tag)
         self.t += 1
         end = torch.tensor([self.t >= self.length])
         return TensorDict(observation=self._obs(), reward=torch.ones(1), done=end.clone(), terminated=end)
@@ -382,7 +385,47 @@ def test_a_torchrl_pipeline_picks_the_agent_for_the_envs_actions_and_its_worker_
     bufs = worker.local_packets
     assert bufs and all(b.info is not None and (b.info["step_count"][b.reset] == 0).all() for b in bufs)
     assert max(int(b.info["step_count"].max()) for b in bufs if b.info is not None) >= 8
+    realtime = torchrl_pipeline(cfg, make=cartpole, realtime=True)  # a robot's: never paused by the trainer's pace
+    throttled = dataclasses.replace(cfg, worker=dataclasses.replace(cfg.worker, throttle=True), security="none")
+    settings = WorkerSettings.from_config(throttled, realtime, "w")
+    assert realtime.realtime and not settings.throttle
     with pytest.raises(ConfigError, match=r'agent.algorithm "sac" needs Box actions, but the TorchRL env has '
                                           r"Discrete\(2\)"):
         make_pipeline(config_from_dict({"env": {"pipeline": "tests.interop.test_envs:cartpole_pipeline"},
                                         "agent": {"algorithm": "sac"}}))
+
+
+def test_the_docs_example_builds_a_pipeline_whose_worker_runs() -> None:
+    import re
+    from pathlib import Path
+
+    from netrl.agents.sac import MLPActor
+    from netrl.config.load import config_from_dict
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "torchrl_envs.md").read_text()
+    example = re.search(r"```python\n(.*?)```", page, re.S)
+    assert example is not None
+    scope: dict[str, Any] = {}
+    exec(compile(example.group(1), "docs/torchrl_envs.md", "exec"), scope)
+    pipeline = scope["pipeline"](config_from_dict({}))
+    assert pipeline.actor_module_cls.func is MLPActor  # Pendulum's Box actions: SAC's
+    worker = RolloutWorker(pipeline.env_cls, pipeline.actor_module_cls, info_keys=pipeline.info_keys, seed=0,
+                           run_dir=None)
+    bufs = list(local_packets(worker, [False]))
+    assert sum(int((~b.reset & ~b.context).sum()) for b in bufs) == 200  # StepCounter's cut, a truncation
+    assert any(b.truncated.any() for b in bufs) and not any(b.terminated.any() for b in bufs)
+    assert max(int(b.info["step_count"].max()) for b in bufs if b.info is not None) == 200
+
+
+def test_check_env_runs_a_torchrl_env_and_reports_a_broken_one_naming_the_key() -> None:
+    from netrl.envs.preflight import preflight
+
+    report = preflight(torchrl_env(lambda: cartpole().append_transform(StepCounter()), info_keys=STEPS), steps=60,
+                       info_keys=tuple(STEPS))
+    assert report.ok, report.format()
+
+    class AnyAction(WrongDtype):
+        strict = False
+
+    report = preflight(torchrl_env(AnyAction), steps=20)
+    assert not report.ok and "'observation' has dtype torch.float64, but its spec says torch.float32" in report.format()
