@@ -9,9 +9,8 @@ env     CartPole-v1, --steps steps per run (random actions drawn beforehand), th
         work is also timed alone, on one step's tensordict.
 vector  --envs CartPole-v1 envs in one batch, --steps / --envs batched steps per run: Gymnasium's
         SyncVectorEnv of GenericGymEnv (same-step autoreset), TorchRL's SerialEnv stepped with
-        ``step_and_maybe_reset``, and that SerialEnv through TorchRLVectorEnv: as the worker
-        builds it (each env wrapped in the spec check that runs inside the batch), and with
-        ``check_steps=0`` (no wrapper: the conversion alone).
+        ``step_and_maybe_reset``, and that SerialEnv through TorchRLVectorEnv, as the worker
+        builds it (each env's first steps checked from inside the batch).
 
 Target: the adapter adds under 1% of a 20 Hz real-time step (0.5 ms) to TorchRL's own step.
 Needs the torchrl extra (pip install -e ".[torchrl]").
@@ -37,7 +36,6 @@ from netrl.envs.gym import GenericGymEnv
 PERIOD_US = 50_000.0  # a 20 Hz loop
 TARGET_SHARE = 0.01  # of its period
 ENV_ID = "CartPole-v1"
-UNCHECKED = "adapter, check_steps=0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +146,10 @@ def vector_us(kind: str, steps: int, n: int) -> float:
         took = time.perf_counter() - start
         env.close()
         return took / (rounds * n) * 1e6
-    if kind.startswith("adapter"):
+    if kind == "adapter":
         from netrl.interop.envs import torchrl_env
 
-        checks = 0 if kind == "adapter, check_steps=0" else 3
-        vec: Any = torchrl_env(torchrl_cartpole, check_steps=checks).make_vector_env(n, "sync")
+        vec: Any = torchrl_env(torchrl_cartpole).make_vector_env(n, "sync")
     else:
         mode = gymnasium.vector.AutoresetMode.SAME_STEP
         vec = gymnasium.vector.SyncVectorEnv([lambda: GenericGymEnv(ENV_ID)] * n, autoreset_mode=mode)
@@ -184,13 +181,11 @@ def run(s: Settings) -> list[Row]:
           f"GymEnv, {one['adapter']:.1f} us through TorchRLEnv ({added:+.1f} us; the conversion "
           f"alone {one['conversion']:.1f} us)", flush=True)
     vec = alternate({kind: (lambda kind=kind: vector_us(kind, s.steps, s.envs))  # type: ignore[misc]
-                     for kind in ("gymnasium", "torchrl", "adapter", UNCHECKED)}, s.repeats)
+                     for kind in ("gymnasium", "torchrl", "adapter")}, s.repeats)
     vec_added = vec["adapter"] - vec["torchrl"]
-    conversion = vec[UNCHECKED] - vec["torchrl"]
     print(f"vector of {s.envs}, per env step: {vec['gymnasium']:.1f} us SyncVectorEnv, "
           f"{vec['torchrl']:.1f} us SerialEnv, {vec['adapter']:.1f} us through "
-          f"TorchRLVectorEnv ({vec_added:+.1f} us), {vec[UNCHECKED]:.1f} us with "
-          f"check_steps=0 ({conversion:+.1f} us)", flush=True)
+          f"TorchRLVectorEnv ({vec_added:+.1f} us)", flush=True)
     target = f"adds < {TARGET_SHARE:.0%} of a 20 Hz step ({PERIOD_US * TARGET_SHARE:g} us)"
     limit = PERIOD_US * TARGET_SHARE
     params = dataclasses.asdict(s)
@@ -207,9 +202,5 @@ def run(s: Settings) -> list[Row]:
         Row("torchrl-envs", f"{s.envs} CartPole-v1, SerialEnv through TorchRLVectorEnv",
             "time per env step", vec["adapter"], "us", vec["torchrl"],
             "SerialEnv.step_and_maybe_reset", vec_added, "us added", target, vec_added < limit,
-            params=params, detail=vec),
-        Row("torchrl-envs", f"{s.envs} CartPole-v1, TorchRLVectorEnv with check_steps=0",
-            "time per env step", vec[UNCHECKED], "us", vec["torchrl"],
-            "SerialEnv.step_and_maybe_reset", conversion, "us added", target, conversion < limit,
             params=params, detail=vec),
     ]

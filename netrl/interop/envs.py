@@ -44,13 +44,13 @@ from netrl.errors import ConfigError
 from netrl.interop.specs import (
     Key,
     Leaf,
-    SpecCheck,
     action_leaf,
     check_reset,
     check_step,
     expected,
     key_label,
     leaves,
+    watch_from_inside,
 )
 from netrl.pipelines.algorithms import Parts
 from netrl.pipelines.base import Pipeline
@@ -311,9 +311,8 @@ class TorchRLEnvFactory:
     def make_vector_env(self, num_envs: int,
                         vectorization: Literal["sync", "async"]) -> TorchRLVectorEnv:
         # each env checked inside the batch, whose buffers would cast a wrong dtype and keep zeros
-        # for a missing key; the wrapper costs every step (docs/torchrl_envs.md), check_steps=0
-        # drops it
-        make = partial(checked, self.make, self.check_steps) if self.check_steps else self.make
+        # for a missing key
+        make = partial(checked, self.make, self.check_steps)
         if self.batch is not None:
             env = self.batch(num_envs, make)
         elif vectorization == "async":
@@ -332,8 +331,9 @@ class TorchRLEnvFactory:
 
 
 def checked(make: Callable[[], EnvBase], steps: int) -> EnvBase:
-    """``make()``'s env with its resets and first ``steps`` steps checked against its specs."""
-    return make().append_transform(SpecCheck(steps))
+    """``make()``'s env with its resets and first ``steps`` steps checked against its specs from
+    inside a batch."""
+    return watch_from_inside(make(), steps)
 
 
 def torchrl_env(make: Callable[[], EnvBase], info_keys: Iterable[Any] = (),

@@ -40,10 +40,11 @@ from torchrl.data import (
     OneHot,
     Unbounded,
 )
-from torchrl.envs import Transform
 
-__all__ = ["Expected", "Leaf", "SpecCheck", "action_leaf", "check_tensordict", "expected",
-           "key_label", "leaves", "spec_label"]
+__all__ = ["Expected", "Leaf", "action_leaf", "check_reset", "check_step", "check_tensordict",
+           "expected", "key_label", "leaves", "spec_label", "watch_from_inside"]
+
+_DONE = [("done",), ("terminated",), ("truncated",)]
 
 Key = tuple[str, ...]
 
@@ -225,12 +226,14 @@ def check_tensordict(td: Any, specs: dict[Key, Any], batch: tuple[int, ...], whe
 
 
 class Expected(NamedTuple):
-    """What one env's tensordicts hold: a reset's keys and specs, a step's ("next"), and the state
-    keys either may hold."""
+    """What one env's tensordicts hold: a reset's keys and specs, a step's ("next"), the state
+    keys either may hold, and the action keys a reset may give back (a batch's reset passes its
+    input through)."""
 
     reset: dict[Key, Any]
     step: dict[Key, Any]
     state: list[Key]
+    action: list[Key]
 
 
 def _keys(keys: Iterable[Any]) -> list[Key]:
@@ -246,11 +249,13 @@ def expected(env: Any, one: Callable[[Any], Any] = lambda spec: spec) -> Expecte
     spec)."""
     reset = {**_flat(one(env.full_observation_spec)), **_flat(one(env.full_done_spec))}
     return Expected(reset, {**reset, **_flat(one(env.full_reward_spec))},
-                    _keys(env.full_state_spec.keys(True, True)))
+                    _keys(env.full_state_spec.keys(True, True)),
+                    _keys(env.full_action_spec.keys(True, True)))
 
 
 def check_reset(td: Any, want: Expected, batch: tuple[int, ...], where: str) -> None:
-    check_tensordict(td, want.reset, batch, where, allowed=[*want.state, ("_reset",)])
+    check_tensordict(td, want.reset, batch, where,
+                     allowed=[*want.state, *want.action, ("_reset",)])
 
 
 def check_step(td: Any, want: Expected, batch: tuple[int, ...], where: str) -> None:
@@ -258,30 +263,37 @@ def check_step(td: Any, want: Expected, batch: tuple[int, ...], where: str) -> N
     check_tensordict(td, want.step, batch, f"{where}'s 'next'", allowed=want.state)
 
 
-class SpecCheck(Transform):  # type: ignore[misc]
-    """The checks on each env of a batch, inside the batch (a ``SerialEnv`` or ``ParallelEnv``
-    writes its envs' outputs into buffers of the specs' dtypes, so a wrong dtype would be cast
-    without a word): every reset, and the first ``steps`` steps."""
+def watch_from_inside(env: Any, steps: int) -> Any:
+    """``env`` (one env of a ``SerialEnv`` or ``ParallelEnv``) with its resets and first ``steps``
+    steps checked from inside the batch, which writes its envs' outputs into buffers of the specs'
+    dtypes: a wrong dtype would be cast, and a missing key read as zeros, without a word.
 
-    def __init__(self, steps: int) -> None:
-        super().__init__()
-        self.steps = steps
-        self._want: Expected | None = None
+    The checks sit on the env object itself, not in a wrapper (a ``TransformedEnv`` costs every
+    step): its own ``_step``, which a batch calls, until ``steps`` steps are checked, then the
+    class's again; and ``reset``. The done keys may be missing here: TorchRL completes them
+    outside ``_step`` (the batch's own checks see them)."""
+    want = expected(env)
+    step_specs = {k: v for k, v in want.step.items() if k not in _DONE}
+    where = f"TorchRL env {type(getattr(env, 'base_env', env)).__name__}: "
+    own_reset, own_step = env.reset, env._step
+    left = steps
 
-    def _where(self) -> tuple[Expected, str]:
-        env = self.parent
-        if self._want is None:
-            self._want = expected(env)
-        return self._want, f"TorchRL env {type(env.base_env).__name__}: "
+    def reset(*args: Any, **kwargs: Any) -> Any:
+        out = own_reset(*args, **kwargs)
+        check_reset(out, want, (), f"{where}reset()")
+        return out
 
-    def _reset(self, tensordict: Any, tensordict_reset: Any) -> Any:
-        want, where = self._where()
-        check_reset(tensordict_reset, want, (), f"{where}reset()")
-        return tensordict_reset
+    def step(td: Any) -> Any:
+        nonlocal left
+        out = own_step(td)
+        check_tensordict(out, step_specs, (), f"{where}step()'s 'next'",
+                         allowed=[*want.state, *_DONE])
+        left -= 1
+        if left <= 0:
+            del env._step  # the class's own from here on: no cost per step
+        return out
 
-    def _step(self, tensordict: Any, next_tensordict: Any) -> Any:
-        if self.steps:  # the first steps only
-            want, where = self._where()
-            check_step(next_tensordict, want, (), f"{where}step()")
-            self.steps -= 1
-        return next_tensordict
+    env.reset = reset
+    if steps:
+        env._step = step
+    return env

@@ -202,6 +202,11 @@ class MissingKey(Ticks):
         return super()._reset(td).exclude("observation")
 
 
+class MissingStepKey(Ticks):  # a batch's buffers would read the missing observation as zeros
+    def _step(self, td: Any) -> TensorDict:
+        return super()._step(td).exclude("observation")
+
+
 class UndeclaredKey(Ticks):
     def _step(self, td: Any) -> TensorDict:
         return super()._step(td).set("speed", torch.ones(1))
@@ -211,6 +216,7 @@ class UndeclaredKey(Ticks):
     (WrongDtype, r"step\(\)'s 'next''s 'observation' has dtype torch.float64, but its spec says torch.float32"),
     (WrongShape, r"step\(\)'s 'next''s 'observation' has shape \[4\], but its spec says \[3\]"),
     (MissingKey, r"reset\(\) has no key 'observation', which the env's specs declare"),
+    (MissingStepKey, r"step\(\)'s 'next' has no key 'observation', which the env's specs declare"),
     (UndeclaredKey, r"step\(\)'s 'next' holds 'speed', which none of the env's specs declares"),
 ])
 @pytest.mark.parametrize("num_envs", [1, 2])
@@ -236,6 +242,18 @@ def test_only_the_first_check_steps_steps_are_checked() -> None:
     with pytest.raises(ValueError, match=r"dtype torch\.float64"):
         env.step(obs[:1])
     env.close()
+
+
+def test_the_checks_inside_a_batch_leave_the_env_after_check_steps_steps() -> None:
+    from netrl.interop.specs import watch_from_inside
+
+    env = watch_from_inside(Ticks(), 2)
+    td = env.reset()
+    assert "_step" in vars(env)  # checking
+    for _ in range(2):
+        td = env.step_mdp(env.step(td.set("action", torch.zeros(1))))
+    assert "_step" not in vars(env)  # the class's own step again: nothing added per step
+    env.step(td.set("action", torch.zeros(1)))
 
 
 def test_a_batched_env_given_as_one_env_is_refused_saying_how_to_batch() -> None:
