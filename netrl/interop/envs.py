@@ -71,7 +71,7 @@ class _Layout:
 
         obs_spec = one(env.full_observation_spec)
         known = {k for k in _keys(obs_spec.keys(True, True))}
-        self.info: list[tuple[InfoKey, Key]] = []
+        self.info: list[tuple[InfoKey, str]] = []
         for info in info_keys:
             key = (info.name,)
             if key not in known:
@@ -85,37 +85,40 @@ class _Layout:
                                  f"{info.shape}, but the env's spec of it is "
                                  f"{list(obs_spec[info.name].shape)}: declare a shape of "
                                  f"{numel} values")
-            self.info.append((info, key))
-        self.obs = leaves(obs_spec, skip=[k for _, k in self.info])
+            self.info.append((info, info.name))
+        self.obs = leaves(obs_spec, skip=[(k,) for _, k in self.info])
+        # tensordict's get is quicker with a string than with a 1-tuple: the keys as it takes them
+        self.obs_keys = [_td_key(leaf.key) for leaf in self.obs]
         if not self.obs:
             raise ValueError("the TorchRL env has no observation key but the info keys: netrl's "
                              "actors need an observation")
         self.plain = len(self.obs) == 1 and self.obs[0].key == ("observation",)
         self.observation_space = self.obs[0].space if self.plain else _dict_space(self.obs)
         self.action: Leaf = action_leaf(one(env.full_action_spec))
+        self.action_key = _td_key(self.action.key)
         rewards = _keys(env.reward_keys)
         if len(rewards) != 1:
             raise ValueError(f"the TorchRL env has {len(rewards)} reward keys "
                              f"({', '.join(key_label(k) for k in rewards)}): netrl records one reward "
                              "per step")
-        self.reward = rewards[0]
+        self.reward = _td_key(rewards[0])
         done = {k for k in _keys(env.done_keys)}
         if ("done",) not in done:
             raise ValueError(f"the TorchRL env has no root 'done' key (its done keys: "
                              f"{', '.join(sorted(key_label(k) for k in done))}): netrl runs one agent per env")
-        self.terminated = ("terminated",) if ("terminated",) in done else ("done",)
-        self.truncated = ("truncated",) if ("truncated",) in done else None
+        self.terminated = "terminated" if ("terminated",) in done else "done"
+        self.truncated = "truncated" if ("truncated",) in done else None
         self.expected = expected(env, one)
 
     def observation(self, td: TensorDictBase) -> Any:
         if self.plain:
-            return self.obs[0].to_numpy(td.get(self.obs[0].key))
+            return self.obs[0].to_numpy(td.get(self.obs_keys[0]))
         out: dict[str, Any] = {}
-        for leaf in self.obs:
+        for leaf, key in zip(self.obs, self.obs_keys, strict=True):
             node = out
             for name in leaf.key[:-1]:
                 node = node.setdefault(name, {})
-            node[leaf.key[-1]] = leaf.to_numpy(td.get(leaf.key))
+            node[leaf.key[-1]] = leaf.to_numpy(td.get(key))
         return out
 
     def infos(self, td: TensorDictBase, batch: tuple[int, ...]) -> dict[str, Any]:
@@ -129,6 +132,10 @@ class _Layout:
             return term, td.get(self.truncated).reshape(-1).numpy()
         return term, td.get("done").reshape(-1).numpy() & ~term
 
+
+
+def _td_key(key: Key) -> str | Key:
+    return key[0] if len(key) == 1 else key
 
 
 def _keys(keys: Iterable[Any]) -> list[Key]:
@@ -176,7 +183,7 @@ class _Adapter:
         td = self._td
         if td is None:
             raise RuntimeError(f"step() before reset() on the TorchRL env {self.name}")
-        td.set(self.layout.action.key, self.layout.action.to_tensor(action, self.batch))
+        td.set(self.layout.action_key, self.layout.action.to_tensor(action, self.batch))
         return td
 
     def _checked(self, td: TensorDictBase) -> None:
@@ -247,7 +254,7 @@ class TorchRLVectorEnv(_Adapter, gymnasium.vector.VectorEnv):
         mask = (options or {}).get("reset_mask")
         td = None
         if mask is not None and self._td is not None:  # the envs of the mask only
-            td = self._td.exclude(self.layout.action.key).clone()
+            td = self._td.exclude(self.layout.action_key).clone()
             td.set("_reset", torch.as_tensor(np.asarray(mask, np.bool_)).reshape(*self.batch, 1))
         td = self._reset(seed, td)
         td.pop("_reset", None)
