@@ -447,3 +447,31 @@ def test_check_env_runs_a_torchrl_env_and_reports_a_broken_one_naming_the_key() 
 
     report = preflight(torchrl_env(AnyAction), steps=20)
     assert not report.ok and "'observation' has dtype torch.float64, but its spec says torch.float32" in report.format()
+
+
+def test_a_batch_with_dict_observations_autoresets_in_the_same_step_with_each_final_observation() -> None:
+    def stacked() -> EnvBase:
+        env = TransformedEnv(Ticks(), CatFrames(2, dim=-1, in_keys=["observation"], out_keys=["stacked"]))
+        return env.append_transform(StepCounter(max_steps=2))
+
+    Ticks.strict = False
+    try:
+        vec = torchrl_env(stacked, info_keys=STEPS).make_vector_env(2, "sync")
+        assert vec.single_observation_space == gymnasium.spaces.Dict(
+            {"observation": gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+             "stacked": gymnasium.spaces.Box(-np.inf, np.inf, (6,), np.float32)})
+        obs, info = vec.reset(seed=0)
+        assert obs["observation"].shape == (2, 3) and np.array_equal(info["step_count"], [0, 0])
+        first, _, term, trunc, info = vec.step(np.zeros((2, 1), np.float32))
+        assert "final_obs" not in info and not (term | trunc).any()
+        obs, _, term, trunc, info = vec.step(np.zeros((2, 1), np.float32))
+        assert trunc.all() and not term.any() and info["_final_obs"].all()
+        for i in range(2):  # the final observation: step 2 of the episode, stacked on step 1; then a new episode
+            final = info["final_obs"][i]
+            assert final["observation"][2] == 2 and np.array_equal(final["stacked"][:3], first["observation"][i])
+            assert obs["observation"][i][2] == 0 and obs["observation"][i][1] == final["observation"][1] + 1
+        assert np.array_equal(info["final_info"]["step_count"], [2, 2]) and np.array_equal(info["step_count"], [0, 0])
+        vec.close()
+        vec.close()  # idempotent
+    finally:
+        Ticks.strict = True
