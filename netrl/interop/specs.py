@@ -16,7 +16,8 @@ become nested Dicts)::
 Anything else (NonTensor, Stacked, Choice...) is refused with a ValueError naming its key and
 spec. :func:`check_tensordict` checks what TorchRL's ``check_env_specs`` checks of a rollout:
 every key the specs declare is there, no key is there that none declares, and each has the
-spec's shape (after the env's batch dims) and dtype; a ValueError names the key.
+spec's shape (after the env's batch dims) and dtype and values within it; a ValueError names the
+key.
 
 Each :class:`Leaf` converts whole batches: values keep any leading batch dims (one env: none).
 """
@@ -192,6 +193,19 @@ def action_leaf(spec: Any) -> Leaf:
     return found[0]
 
 
+def _short(value: torch.Tensor) -> str:
+    return str(value.flatten()[:6].tolist())[:-1] + (", ...]" if value.numel() > 6 else "]")
+
+
+def _bounds(spec: Any) -> str:
+    space = getattr(spec, "space", None)
+    low, high = getattr(space, "low", None), getattr(space, "high", None)
+    if low is None or high is None:
+        n = getattr(space, "n", None)
+        return "" if n is None else f", n={n}"
+    return f", low {_short(low)}, high {_short(high)}"
+
+
 def _present(td: Any) -> set[Key]:
     keys = td.keys(include_nested=True, leaves_only=True)
     return {(k,) if isinstance(k, str) else tuple(k) for k in keys}
@@ -218,6 +232,10 @@ def check_tensordict(td: Any, specs: dict[Key, Any], batch: tuple[int, ...], whe
             raise ValueError(f"{where}'s {key_label(key)} has dtype {value.dtype}, but its spec "
                              f"says {spec.dtype} ({spec_label(spec)}): fix the env's output or "
                              f"its spec")
+        if not spec.is_in(value):
+            raise ValueError(f"{where}'s {key_label(key)} holds {_short(value)}, outside its spec "
+                             f"({spec_label(spec)}{_bounds(spec)}): fix the env's output or its "
+                             f"spec")
     extra = present - set(specs) - set(allowed)
     if extra:
         names = ", ".join(sorted(key_label(k) for k in extra))

@@ -207,6 +207,13 @@ class MissingStepKey(Ticks):  # a batch's buffers would read the missing observa
         return super()._step(td).exclude("observation")
 
 
+class OutOfBounds(Ticks):  # t beyond 1.5 from the second step
+    def __init__(self) -> None:
+        super().__init__()
+        high = torch.tensor([1e6, 1e6, 1.5])
+        self.observation_spec = Composite(observation=Bounded(-high, high, (3,), dtype=torch.float32))
+
+
 class UndeclaredKey(Ticks):
     def _step(self, td: Any) -> TensorDict:
         return super()._step(td).set("speed", torch.ones(1))
@@ -218,6 +225,9 @@ class UndeclaredKey(Ticks):
     (MissingKey, r"reset\(\) has no key 'observation', which the env's specs declare"),
     (MissingStepKey, r"step\(\)'s 'next' has no key 'observation', which the env's specs declare"),
     (UndeclaredKey, r"step\(\)'s 'next' holds 'speed', which none of the env's specs declares"),
+    (OutOfBounds, r"step\(\)'s 'next''s 'observation' holds \[\d\.0, \d\.0, 2\.0\], outside its spec "
+                  r"\(BoundedContinuous\(shape=\[3\], dtype=torch.float32\), low \[-1000000\.0, -1000000\.0, -1\.5\], "
+                  r"high \[1000000\.0, 1000000\.0, 1\.5\]\)"),
 ])
 @pytest.mark.parametrize("num_envs", [1, 2])
 def test_a_broken_env_stops_the_worker_at_start_with_an_error_naming_the_key(
