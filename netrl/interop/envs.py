@@ -19,10 +19,10 @@ tensordict, so a transform's key such as ``StepCounter``'s ``"step_count"`` trav
 column. ``terminated`` and ``truncated`` are netrl's flags (an env without ``truncated``:
 ``done and not terminated``).
 
-What ``check_env_specs`` checks is checked on the env's own steps, never with random actions (a
-robot must not get them): every reset, and the first ``check_steps`` steps, against the specs
-(keys, shapes, dtypes), with a ValueError naming the key. Afterwards a step costs the conversion
-alone, so a real-time env stays real time.
+What ``check_env_specs`` checks is checked on the env's own calls, never with random actions (a
+robot must not get them): the first reset, and the first ``check_steps`` steps with the resets
+among them, against the specs (keys, shapes, dtypes, values), with a ValueError naming the key.
+Afterwards a step costs the conversion alone, so a real-time env stays real time.
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ class _Adapter:
         self.layout = _Layout(env, check_info_keys(info_keys, "info_keys"), batch)
         self.name = type(env).__name__
         self._checks_left = check_steps
+        self._reset_checked = False
         self._td: TensorDictBase | None = None
         self._closed = False
 
@@ -175,7 +176,9 @@ class _Adapter:
         if seed is not None:
             self.torchrl_env.set_seed(seed)
         td = self.torchrl_env.reset(td)
-        check_reset(td, self.layout.expected, self.batch, f"TorchRL env {self.name}: reset()")
+        if self._checks_left or not self._reset_checked:  # at start, as the steps
+            check_reset(td, self.layout.expected, self.batch, f"TorchRL env {self.name}: reset()")
+            self._reset_checked = True
         self._td = td
         return td
 
@@ -289,7 +292,8 @@ class TorchRLEnvFactory:
     Args:
         make: builds one unbatched TorchRL env.
         info_keys: the pipeline's info keys, read from the env's tensordicts.
-        check_steps: steps checked against the specs after each start (resets: always).
+        check_steps: steps checked against the specs at start (and the resets among them; the
+            first reset always).
         batch: ``batch(num_envs, make)`` builds the batched env (default: ``SerialEnv`` for
             ``worker.vectorization`` "sync", ``ParallelEnv`` for "async"), e.g. to put a
             transform over the batch.

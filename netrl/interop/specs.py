@@ -282,13 +282,14 @@ def check_step(td: Any, want: Expected, batch: tuple[int, ...], where: str) -> N
 
 
 def watch_from_inside(env: Any, steps: int) -> Any:
-    """``env`` (one env of a ``SerialEnv`` or ``ParallelEnv``) with its resets and first ``steps``
-    steps checked from inside the batch, which writes its envs' outputs into buffers of the specs'
-    dtypes: a wrong dtype would be cast, and a missing key read as zeros, without a word.
+    """``env`` (one env of a ``SerialEnv`` or ``ParallelEnv``) with its first reset and first
+    ``steps`` steps (and the resets among them) checked from inside the batch, which writes its
+    envs' outputs into buffers of the specs' dtypes: a wrong dtype would be cast, and a missing key
+    read as zeros, without a word.
 
     The checks sit on the env object itself, not in a wrapper (a ``TransformedEnv`` costs every
-    step): its own ``_step``, which a batch calls, until ``steps`` steps are checked, then the
-    class's again; and ``reset``. The done keys may be missing here: TorchRL completes them
+    step): on its ``reset`` and its own ``_step``, which a batch calls, until the checks are done;
+    then the class's methods run again. The done keys may be missing here: TorchRL completes them
     outside ``_step`` (the batch's own checks see them)."""
     want = expected(env)
     step_specs = {k: v for k, v in want.step.items() if k not in _DONE}
@@ -296,9 +297,16 @@ def watch_from_inside(env: Any, steps: int) -> Any:
     own_reset, own_step = env.reset, env._step
     left = steps
 
+    def done() -> None:  # the class's own methods from here on: no cost per call
+        del env.reset
+        if "_step" in vars(env):
+            del env._step
+
     def reset(*args: Any, **kwargs: Any) -> Any:
         out = own_reset(*args, **kwargs)
         check_reset(out, want, (), f"{where}reset()")
+        if left <= 0:
+            done()
         return out
 
     def step(td: Any) -> Any:
@@ -308,7 +316,7 @@ def watch_from_inside(env: Any, steps: int) -> Any:
                          allowed=[*want.state, *_DONE])
         left -= 1
         if left <= 0:
-            del env._step  # the class's own from here on: no cost per step
+            done()
         return out
 
     env.reset = reset

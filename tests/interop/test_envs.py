@@ -262,8 +262,30 @@ def test_the_checks_inside_a_batch_leave_the_env_after_check_steps_steps() -> No
     assert "_step" in vars(env)  # checking
     for _ in range(2):
         td = env.step_mdp(env.step(td.set("action", torch.zeros(1))))
-    assert "_step" not in vars(env)  # the class's own step again: nothing added per step
+    assert "_step" not in vars(env) and "reset" not in vars(env)  # the class's own again: nothing added per call
     env.step(td.set("action", torch.zeros(1)))
+
+
+class LaterBadReset(Ticks):  # its third episode starts outside the spec
+    def _reset(self, td: Any) -> TensorDict:
+        out = super()._reset(td)
+        return out.set("observation", out["observation"].double()) if self.ep == 2 else out
+
+
+def test_resets_after_the_checked_steps_are_not_checked_as_a_gymnasium_envs_are_not() -> None:
+    env = torchrl_env(LaterBadReset, check_steps=3)()  # tag 0: episodes of 3 steps
+    obs, _ = env.reset()
+    for _ in range(3):
+        env.step(obs[:1])
+    env.reset()  # the second episode's, after the checked steps: unchecked (and fine)
+    assert env.reset()[0].dtype == np.float64  # the third: what the env gave, unchecked
+    env.close()
+    early = torchrl_env(LaterBadReset, check_steps=20)()
+    for _ in range(2):
+        early.reset()
+    with pytest.raises(ValueError, match=r"reset\(\)'s 'observation' has dtype torch\.float64"):
+        early.reset()  # still among the checked calls
+    early.close()
 
 
 def test_a_batched_env_given_as_one_env_is_refused_saying_how_to_batch() -> None:
