@@ -1,1 +1,1 @@
-"""Interop with other RL libraries (TorchRL): loaded only when used, never by the core."""
+"""TorchRL interop: netrl batches, actors and agents in TorchRL's terms (the ``torchrl`` extra)."""
