@@ -452,11 +452,11 @@ def test_the_docs_example_builds_a_pipeline_whose_worker_runs() -> None:
     from netrl.agents.sac import MLPActor
     from netrl.config.load import config_from_dict
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "torchrl_envs.md").read_text()
-    example = re.search(r"```python\n(.*?)```", page, re.S)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "torchrl.md").read_text()
+    example = re.search(r"```python\n(# my_torchrl\.py.*?)```", page, re.S)
     assert example is not None
     scope: dict[str, Any] = {}
-    exec(compile(example.group(1), "docs/torchrl_envs.md", "exec"), scope)
+    exec(compile(example.group(1), "docs/torchrl.md", "exec"), scope)
     pipeline = scope["pipeline"](config_from_dict({}))
     assert pipeline.actor_module_cls.func is MLPActor  # Pendulum's Box actions: SAC's
     worker = RolloutWorker(pipeline.env_cls, pipeline.actor_module_cls, info_keys=pipeline.info_keys, seed=0,
