@@ -1,6 +1,7 @@
-"""The three roles as processes with a TorchRL env on the worker: a pipeline of torchrl_pipeline (env.pipeline
-"tests.interop.pipelines:pendulum"), the worker stepping two of its envs in a SerialEnv. Samples with the env's
-info column reach the trainer, which trains; the server loads neither torch nor torchrl."""
+"""The three roles as processes with a TorchRL env on the worker, the worker stepping two of its envs in a
+SerialEnv: a pipeline of torchrl_pipeline (netrl's SAC), and TorchRL all through (a TorchRL policy acting on the
+worker, TorchRL's SACLoss training it). Samples with the env's info column, and the policy's out_keys as extra
+outputs, reach the trainer, which trains; the server loads no torch."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from tests.conftest import Procs
 from tests.fakes import small_config
 
 
-def test_a_worker_steps_a_batch_of_torchrl_envs_for_a_trainer_in_three_processes(tmp_path: Path,
-                                                                                  procs: Procs) -> None:
-    config = small_config(tmp_path, env={"pipeline": "tests.interop.pipelines:pendulum"},
+@pytest.mark.parametrize("pipeline", ["pendulum", "torchrl_sac"])
+def test_a_worker_steps_a_batch_of_torchrl_envs_for_a_trainer_in_three_processes(tmp_path: Path, procs: Procs,
+                                                                                  pipeline: str) -> None:
+    config = small_config(tmp_path, env={"pipeline": f"tests.interop.pipelines:{pipeline}"},
                           worker={"num_envs": 2, "vectorization": "sync"},
                           trainer={"epochs": 1000, "rounds": 1, "steps": 40})
     server = procs.spawn("server", config)
@@ -39,7 +41,10 @@ def test_a_worker_steps_a_batch_of_torchrl_envs_for_a_trainer_in_three_processes
         assert worker.poll() is None and trainer.poll() is None, procs.log(worker)[-3000:] + procs.log(trainer)[-3000:]
         time.sleep(0.3)
     assert len(rounds) >= 2 and int(rounds[-1]["samples"]) > 0, procs.log(trainer)[-3000:]
-    # the packets hold the info column the trainer's layout declares: none was refused for it
+    if pipeline == "torchrl_sac":  # TorchRL's loss trained on them (its terms are the round's metrics)
+        assert any(r.get("loss_qvalue") not in (None, "") for r in rounds), rounds[-1]
+    # the packets hold the info column (and the policy's extra outputs) the trainer's layout declares: none was
+    # refused for it
     assert "refused a packet" not in procs.log(server)
     # the server relays the info column; it never loads torch (torchrl needs it), which the worker has loaded
     server_maps = Path(f"/proc/{server.pid}/maps")
