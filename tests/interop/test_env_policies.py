@@ -13,10 +13,12 @@ import pytest
 
 torchrl = pytest.importorskip("torchrl")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
-from torchrl.envs import GymEnv, StepCounter, TransformedEnv  # noqa: E402
+from tensordict.nn import TensorDictModule  # noqa: E402
+from torchrl.envs import CatFrames, GymEnv, StepCounter, TransformedEnv  # noqa: E402
 
 from netrl.actor import ActorModule  # noqa: E402
 from netrl.agents.base import TrainingAgent  # noqa: E402
@@ -31,7 +33,8 @@ from netrl.training.loop import TrainingOffline  # noqa: E402
 from netrl.util import partial  # noqa: E402
 from netrl.worker.worker import RolloutWorker  # noqa: E402
 from tests.fakes import NET, wait_until  # noqa: E402
-from tests.interop.nets import tanh_normal_policy  # noqa: E402
+from tests.interop.nets import q_policy, tanh_normal_policy  # noqa: E402
+from tests.recording import local_packets  # noqa: E402
 
 STEPS = (InfoKey("step_count", "int64"),)
 EXTRAS = {"action_log_prob", "loc", "scale"}
@@ -105,3 +108,50 @@ def test_a_torchrl_policys_out_keys_reach_the_trainer_as_extra_columns(server: t
         torch.testing.assert_close(batch.extra["scale"], td["scale"])
         torch.testing.assert_close(batch.extra["action_log_prob"], log_prob, atol=1e-4, rtol=1e-4)
         assert (batch.extra["info/step_count"] >= 1).all() and (batch.extra["info/step_count"] <= 20).all()
+
+
+def cartpole(categorical: bool) -> Any:
+    return GymEnv("CartPole-v1", categorical_action_encoding=categorical)
+
+
+@pytest.mark.parametrize("discrete", ["one_hot", "categorical"])
+def test_a_q_value_actor_drives_a_gymenv_whose_actions_are_one_hot_or_indices(discrete: str) -> None:
+    """GymEnv's OneHot actions (its default) go with a one-hot QValueActor, categorical_action_encoding=True with an
+    index-writing one: the worker's Discrete index is encoded back for the env either way."""
+    categorical = discrete == "categorical"
+    env_cls = torchrl_env(partial(cartpole, categorical))
+    actor_cls = partial(TensorDictActor, policy=partial(q_policy, categorical=categorical), discrete=discrete)
+    worker = RolloutWorker(env_cls, actor_cls, seed=0, num_envs=2, min_samples_per_worker_packet=8)
+    worker.local_packets = []
+    worker.start()
+    try:
+        worker.run(0, nb_episodes=2)
+        worker.sink.send()
+    finally:
+        worker.close()
+    bufs = worker.local_packets
+    rows = sum(int((~b.reset & ~b.context).sum()) for b in bufs)
+    assert rows > 10 and all(set(np.unique(b.act).tolist()) <= {0, 1} for b in bufs)
+    for b in bufs:  # the greedy action of training episodes' epsilon-free QValueActor: its action_value's argmax
+        step = ~b.reset & ~b.context
+        assert b.extra is not None and np.array_equal(b.act[step], b.extra["action_value"][step].argmax(-1))
+
+
+def test_a_policy_reads_a_dict_observations_entries_under_observation() -> None:
+    """Several observation keys make a Dict observation, which TensorDictActor lays out under "observation" (as
+    netrl's batches are laid out): the policy reads ("observation", "stacked"), not the env's own "stacked"."""
+    def stacked() -> Any:
+        return TransformedEnv(GymEnv("Pendulum-v1"), CatFrames(2, dim=-1, in_keys=["observation"],
+                                                               out_keys=["stacked"]))
+
+    def policy(observation_space: Any, action_space: Any) -> torch.nn.Module:
+        return TensorDictModule(lambda s: s[..., 3:4].clamp(-2, 2), [("observation", "stacked")], ["action"])
+
+    worker = RolloutWorker(torchrl_env(stacked), partial(TensorDictActor, policy=policy), seed=0,
+                           max_samples_per_episode=10)
+    bufs = list(local_packets(worker, [False]))
+    step = np.concatenate([~b.reset & ~b.context for b in bufs])
+    acts = np.concatenate([b.act for b in bufs])
+    # each action is the first entry of the observation it was chosen from, the row before (clamped to the space)
+    seen = np.concatenate([b.obs["stacked"] for b in bufs])
+    assert step.sum() == 10 and np.allclose(acts[1:][step[1:]][:, 0], seen[:-1][step[1:]][:, 3].clip(-2, 2))
