@@ -50,6 +50,7 @@ from netrl.interop.specs import (
     expected,
     key_label,
     leaves,
+    spec_label,
     watch_from_inside,
 )
 from netrl.pipelines.algorithms import Parts
@@ -101,6 +102,10 @@ class _Layout:
             raise ValueError(f"the TorchRL env has {len(rewards)} reward keys "
                              f"({', '.join(key_label(k) for k in rewards)}): netrl records one reward "
                              "per step")
+        reward_spec = one(env.full_reward_spec)[rewards[0]]
+        if int(np.prod(reward_spec.shape)) != 1:
+            raise ValueError(f"the TorchRL env's reward {key_label(rewards[0])} has the spec "
+                             f"{spec_label(reward_spec)}: netrl records one number per step")
         self.reward = _td_key(rewards[0])
         done = {k for k in _keys(env.done_keys)}
         if ("done",) not in done:
@@ -317,7 +322,11 @@ class TorchRLEnvFactory:
                              f"{list(env.batch_size)}: give make for one unbatched env; netrl "
                              "batches it with worker.num_envs (SerialEnv for "
                              "worker.vectorization \"sync\", ParallelEnv for \"async\")")
-        return TorchRLEnv(env, self.info_keys, self.check_steps)
+        try:
+            return TorchRLEnv(env, self.info_keys, self.check_steps)
+        except BaseException:  # specs without a mapping: the env is let go of, closed
+            env.close(raise_if_closed=False)
+            raise
 
     def make_vector_env(self, num_envs: int,
                         vectorization: Literal["sync", "async"]) -> TorchRLVectorEnv:
@@ -335,7 +344,11 @@ class TorchRLEnvFactory:
             raise ValueError(f"batch({num_envs}, make) returned {type(env).__name__} with "
                              f"batch_size {list(env.batch_size)}, not [{num_envs}] "
                              "(worker.num_envs)")
-        return TorchRLVectorEnv(env, self.info_keys, self.check_steps)
+        try:
+            return TorchRLVectorEnv(env, self.info_keys, self.check_steps)
+        except BaseException:
+            env.close(raise_if_closed=False)
+            raise
 
     def __repr__(self) -> str:
         return f"TorchRLEnvFactory({getattr(self.make, '__name__', self.make)!r})"

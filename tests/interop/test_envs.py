@@ -176,6 +176,25 @@ def test_terminated_and_truncated_map_to_netrls_flags_and_step_count_travels_as_
     env.close()
 
 
+class TwoRewards(Ticks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reward_spec = Unbounded((2,), dtype=torch.float32)
+
+
+def test_a_reward_of_more_than_one_number_is_refused_naming_it_and_the_env_is_closed() -> None:
+    made: list[EnvBase] = []
+
+    def make() -> EnvBase:
+        made.append(TwoRewards())
+        return made[-1]
+
+    with pytest.raises(ValueError, match=r"reward 'reward' has the spec UnboundedContinuous\(shape=\[2\], "
+                                         r"dtype=torch.float32\): netrl records one number per step"):
+        torchrl_env(make)()
+    assert made[0].is_closed
+
+
 def test_an_info_key_the_env_does_not_have_or_of_another_size_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"info key 'speed' is declared, but the TorchRL env's observation_spec has no "
                                          r"key 'speed' \(it has 'observation', 'step_count'\)"):
