@@ -336,6 +336,11 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
             return None
     st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
     st.ever_sent = True
+    # once per version and worker: what a slow link's figures are made of (docs/benchmarks/links.md)
+    log.debug("%s is sent %s %s, %d bytes (%d in flight; link %s, budget %s)", worker.label,
+              name, st.streaming.label, st.streaming.nbytes, len(st.inflight),
+              "unmeasured" if worker.link.rate is None else f"{worker.link.rate / 1e3:.1f} KB/s",
+              "default" if model.budget_s is None else f"{model.budget_s:g} s")
     return st.streaming
 
 
@@ -345,10 +350,12 @@ def drains_in_time(st: WorkerModel, rate: float | None, budget_s: float | None) 
     pipelined deltas would queue up and the worker would only ever get old versions; waiting for the
     ACKs lets it skip to the newest instead."""
     queued = sum(sent.nbytes for sent in st.inflight)
-    if queued <= MIN_RATE_BYTES:  # too little to hold a newer version back for long, on any link
-        return True
+    if rate is None:  # unmeasured: a little may queue, too little to hold a newer version back long
+        return queued <= MIN_RATE_BYTES
     budget = budget_s if budget_s is not None else DEFAULT_BUDGET_S
-    return rate is not None and queued <= rate * budget
+    # small deltas too: 3 int8 deltas of 13 KB queued behind a 35 KB/s link made each arrive 1.5 s
+    # late (docs/benchmarks/links.md)
+    return queued <= rate * budget
 
 
 def candidates(model: ModelCache, holds: tuple[str, int] | None, decodes: list[str]) -> list[Candidate] | None:

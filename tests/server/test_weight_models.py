@@ -339,6 +339,19 @@ def test_the_link_rate_is_smoothed_and_ignores_small_versions() -> None:
     assert link.rate == 200_000.0 and link.samples == 2
 
 
+def test_small_messages_add_up_to_a_rate_sample_so_a_worker_fed_deltas_has_its_rate_kept_current() -> None:
+    # int8 deltas of 13 KB: the rate stayed that of the first full version, 47.5 KB/s, while the
+    # link carried 30 KB/s, and deltas queued behind it
+    link = LinkRate()
+    for _ in range(3):
+        link.measured(MIN_RATE_BYTES // 4, 1.0)
+    assert link.rate is None  # 3/4 of MIN_RATE_BYTES so far: too little to say
+    link.measured(MIN_RATE_BYTES // 4, 1.0)
+    assert link.rate == MIN_RATE_BYTES / 4.0 and link.samples == 1
+    link.measured(MIN_RATE_BYTES * 2, 1.0)  # a large one is a sample of its own, as before
+    assert link.rate == 0.5 * MIN_RATE_BYTES * 2 + 0.5 * MIN_RATE_BYTES / 4.0 and link.samples == 2
+
+
 # -- pipelined deltas ------------------------------------------------------------------------------------------------
 def delta_version(trainer: Peer, version: int, nbytes: int = 64, delta_bytes: int = 8) -> None:
     """``delta``: a float32 full version, and from v2 on a delta from the version before."""
@@ -546,3 +559,18 @@ def test_deltas_queue_behind_the_message_in_flight_only_while_the_link_drains_it
     small = WorkerModel()
     small.inflight.append(Sent(1, "int8", 0, None, MIN_RATE_BYTES))
     assert drains_in_time(small, None, 0.5)  # too little to hold a newer version back: pipelined on any link
+
+
+def test_small_deltas_queue_only_as_far_as_the_measured_link_drains_them_in_the_budget() -> None:
+    # three int8 deltas of 13 KB queued behind a 35 KB/s link (reno, 100 ms each way, 5% loss):
+    # each arrived 1.5 s late, and the versions behind them later still
+    from netrl.server.weight_cache import drains_in_time
+    from netrl.server.weight_choice import Sent, WorkerModel
+
+    st = WorkerModel()
+    st.inflight.append(Sent(1, "int8", 0, None, 13_000))
+    assert drains_in_time(st, 35_000, 0.38)  # 0.37 s of link: the next may queue behind it
+    st.inflight.append(Sent(2, "int8", 1, None, 13_000))
+    assert not drains_in_time(st, 35_000, 0.38)  # 0.74 s: the next waits for an ACK
+    assert drains_in_time(st, None, 0.38)  # unmeasured: under MIN_RATE_BYTES may queue
+    assert drains_in_time(st, 10_000_000, 0.38)  # a fast link drains them at once

@@ -364,6 +364,37 @@ def test_auto_budgets_each_version_the_time_since_the_one_before_and_sends_the_s
     assert {e.fields["budget_s"] for e in WeightEncoder("auto", 2.0).encode("policy", 1, flat, layout, 0.5)} == {2.0}
 
 
+def test_auto_budgets_by_the_pace_of_publication_not_by_the_warm_up_before_the_second_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # v1 at start, v2 12 s later (the trainer's warm-up), then one every 0.3 s: v2's budget of
+    # 12 s let the server send it in float16 (135 KB, 2.9 s over a lossy link) in place of int8
+    import netrl.trainer.encoding as encoding
+    from netrl.protocol.weights import flat_layout, snapshot_into
+
+    actor = MLPActor(gymnasium.spaces.Box(-1, 1, (8,), np.float32), gymnasium.spaces.Box(-1, 1, (2,), np.float32),
+                     (64, 64))
+    layout, nbytes = flat_layout(actor)
+    encoder = encoding.WeightEncoder("auto", 0.0)
+    budgets: dict[int, set[float | None]] = {}
+    clock = iter([100.0, 112.0, 112.3, 112.5, 130.0])
+    monkeypatch.setattr(encoding.time, "monotonic", lambda: next(clock))
+    try:
+        for version in range(1, 6):
+            flat = np.zeros(nbytes, np.uint8)
+            snapshot_into(actor, layout, flat)
+
+            def done(out: list[Any], v: int = version) -> None:
+                budgets[v] = {e.fields.get("budget_s") for e in out}
+
+            encoder.put("policy", version, 0, flat, layout, done, lambda: None)
+            assert encoder.wait(10)
+    finally:
+        encoder.close()
+    # v2: the warm-up alone says nothing of the pace (the server's default applies);
+    # then the smaller of the last two intervals, so a pause is no budget either
+    assert budgets == {1: {None}, 2: {None}, 3: {0.3}, 4: {0.2}, 5: {0.2}}
+
+
 def test_observation_statistics_travel_in_float32_whatever_the_setting() -> None:
     # the worker and the memory must normalise with the same numbers for one statistics version
     from netrl.envs.normalize import ObsNormalizer
