@@ -13,7 +13,9 @@ Reports, per run:
                     having it loaded and ready for its next step (median, p90, max; both from the
                     roles' logs, on one machine's clock); and the max of the versions published
                     after the connection's first minute (its slow start and TCP's first, long
-                    retransmission timeouts apart)
+                    retransmission timeouts apart); and the max with the versions published
+                    before the worker connected counted from its connection (the handshake's
+                    time apart)
   versions          versions the worker got of those the trainer published (a slow link skips
                     some: the newest wins)
   retransmitted     TCP segments the server's side sent again, of those it sent (its kernel's
@@ -230,6 +232,11 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
         "latency_max_after_1min_s": max(
             (ready[v] - published[v] for v in ready
              if v in published and published[v] >= connected_at + 60), default=None),
+        # a version published before the worker connected counted from the connection: the
+        # handshake's time apart (the first version: published before the worker is there)
+        "latency_max_from_connection_s": max(
+            (ready[v] - max(published[v], connected_at) for v in ready if v in published),
+            default=None),
         "samples_s": produced[0] / max(1e-9, end - connected_at) if produced else None,
     }
     if net is not None and path is not None:
@@ -310,7 +317,8 @@ def _report(r: dict[str, Any]) -> None:
           f"{r['server_lost_worker']} (server){over}, first connection "
           f"{num(r['connect_s'], '.2f')} s, version latency median / p90 / max "
           f"{num(r['latency_median_s'], '.2f')} / {num(r['latency_p90_s'], '.2f')} / "
-          f"{num(r['latency_max_s'], '.2f')} s (max after the first minute "
+          f"{num(r['latency_max_s'], '.2f')} s (max from the connection "
+          f"{num(r['latency_max_from_connection_s'], '.2f')} s, after the first minute "
           f"{num(r['latency_max_after_1min_s'], '.2f')} s), versions {r['received']} / "
           f"{r['published']}, "
           f"{num(r['samples_s'], ',.0f')} samples/s, load average {r['load_before']:.2f} -> "

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from netrl.protocol.wire import MAX_MODELS
@@ -289,6 +289,23 @@ class WeightCache:
                     done += 1
                     progressed = True
         return done
+
+    def slow_workers(self, workers: Iterable[Peer]) -> int:
+        """Workers whose measured link rate does not carry a model's float32 version within its
+        budget (``network.weight_format`` adaptive: while there is one, the trainer sends the
+        compact formats too, and the server picks per worker as under auto)."""
+        slow = 0
+        for worker in workers:
+            rate = worker.link.rate
+            if rate is None:
+                continue
+            for name, model in self.models.items():
+                full = model.fulls.get("float32")
+                budget = model.budget_s if model.budget_s is not None else DEFAULT_BUDGET_S
+                if name in worker.wants and full is not None and full.nbytes > rate * budget:
+                    slow += 1
+                    break
+        return slow
 
     def describe(self) -> dict[str, Any]:
         """--status: per model, its newest version and the formats and deltas

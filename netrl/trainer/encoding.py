@@ -96,7 +96,7 @@ class WeightEncoder:
         self.formats = formats_for(setting)  # FormatError for an unknown setting
         self.deltas = sends_deltas(setting)
         # auto only; 0: each model's time between publications (see the module docstring)
-        self.budget_s = budget_s if setting == "auto" else None
+        self.budget_s = budget_s if setting in ("auto", "adaptive") else None
         self._published: dict[str, float] = {}  # model -> time.monotonic() of its last publication
         # model -> the time between its last two publications
         self._intervals: dict[str, float | None] = {}
@@ -112,20 +112,25 @@ class WeightEncoder:
         self._thread: threading.Thread | None = None
 
     # -- the training thread -----------------------------------------------------------------------
+    def published(self, model: str) -> float | None:
+        """Note a publication of ``model`` (encoded or not: adaptive sends float32 alone while no
+        worker is slow); returns its pace, the smaller of its last two intervals (None: under two
+        known). The first interval alone spans the trainer's warm-up: 12 s before its second
+        version over a slow link, which let the server send that version in float16, twice
+        int8's bytes, for a budget of 12 s."""
+        now = time.monotonic()
+        last, self._published[model] = self._published.get(model), now
+        interval = None if last is None else now - last
+        before, self._intervals[model] = self._intervals.get(model), interval
+        return None if interval is None or before is None else min(interval, before)
+
     def put(self, model: str, version: int, trained_steps: int, flat: np.ndarray, layout: list[list[Any]],
             done: Callable[[list[Encoded]], None], release: Callable[[], None], exact: bool = False) -> None:
         """Encode ``flat`` (a snapshot, read-only until ``done`` or ``release`` is called) on the
         encoding thread; ``release`` frees a snapshot whose version a newer one replaced before it
         was encoded. ``exact``: the model travels in float32 whatever the setting (its module's
         ``exact_weights``: the observation statistics)."""
-        now = time.monotonic()
-        last, self._published[model] = self._published.get(model), now
-        interval = None if last is None else now - last
-        before, self._intervals[model] = self._intervals.get(model), interval
-        # the smaller of the last two intervals: the first alone spans the trainer's warm-up (12 s
-        # before its second version over a slow link, which let the server send that version in
-        # float16, twice int8's bytes, for a budget of 12 s)
-        pace = None if interval is None or before is None else min(interval, before)
+        pace = self.published(model)
         with self._cond:
             old = self._jobs.pop(model, None)
             self._jobs[model] = _Job(model, version, trained_steps, flat, layout, done, release,

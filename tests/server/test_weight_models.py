@@ -352,6 +352,35 @@ def test_small_messages_add_up_to_a_rate_sample_so_a_worker_fed_deltas_has_its_r
     assert link.rate == 0.5 * MIN_RATE_BYTES * 2 + 0.5 * MIN_RATE_BYTES / 4.0 and link.samples == 2
 
 
+def slow_workers_told(trainer: Peer, timeout: float = 3.0) -> list[int]:
+    """The ``slow_workers`` counts of the server's heartbeats to ``trainer`` within ``timeout``."""
+    told: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        trainer.send(Message(MsgType.HEARTBEAT, trainer.name, body={}))
+        msg = trainer.recv(0.1)
+        if msg is not None and msg.type is MsgType.HEARTBEAT and "stats" in msg.body:
+            told.append(msg.body["stats"]["slow_workers"])
+    return told
+
+
+def test_the_trainer_hears_how_many_workers_cannot_get_float32_in_the_budget(
+        server: tuple[Server, zmq.Context]) -> None:
+    # network.weight_format adaptive: the trainer adds the compact formats only while one is slow
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    assert slow_workers_told(trainer, 0.3)[-1:] == [0]  # its rate unknown: not slow
+    publish(trainer, 1, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
+    got = received(worker)  # (0.4 s)
+    ack(worker, got[0])  # 128 KiB in 0.4 s or more: at most 33 KiB in the 0.1 s budget
+    wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [1], 5, "a slow worker told")
+    # the same link, a budget it keeps (10 s: a trainer publishing every 10 s)
+    publish(trainer, 2, nbytes=2 * MIN_RATE_BYTES, budget_s=10.0, part_bytes=64 << 10)
+    wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [0], 5, "no slow worker told")
+
+
 # -- pipelined deltas ------------------------------------------------------------------------------------------------
 def delta_version(trainer: Peer, version: int, nbytes: int = 64, delta_bytes: int = 8) -> None:
     """``delta``: a float32 full version, and from v2 on a delta from the version before."""
