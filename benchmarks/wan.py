@@ -185,7 +185,7 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
         def spawn(side: Side, role: str, *extra: str, level: str = "INFO") -> Any:
             if net is None:
                 return spawn_role(role, config, *extra, log_level=level, stdout=logs[role])
-            return _spawn_in(net, side, role, config, *extra, level=level, stdout=logs[role])
+            return spawn_in(net, side, role, config, *extra, level=level, stdout=logs[role])
 
         # the server's DEBUG lines (each version it sends) only when its log is kept to be read
         procs = [spawn("near", "server", level="DEBUG" if s.logs else "INFO")]
@@ -250,7 +250,7 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
     return result
 
 
-def _spawn_in(net: PacketPath, side: Side, role: str, config: Path, *extra: str, level: str,
+def spawn_in(net: PacketPath, side: Side, role: str, config: Path, *extra: str, level: str,
               stdout: IO[bytes]) -> subprocess.Popen[bytes]:
     """:func:`netrl.launch.spawn_role`, in the namespace of ``side``."""
     cmd = [sys.executable, "-m", "netrl", f"--{role}", "--config", str(config),
