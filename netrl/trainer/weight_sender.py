@@ -25,7 +25,14 @@ import zmq
 from netrl.errors import NetrlError
 from netrl.net.thread import Command, command_head
 from netrl.protocol.models import POLICY
-from netrl.protocol.weights import copy_tensors, flat_layout, flat_views, part_bytes
+from netrl.protocol.weights import (
+    MIN_COMPACT_PART_BYTES,
+    MIN_PART_BYTES,
+    copy_tensors,
+    flat_layout,
+    flat_views,
+    part_bytes,
+)
 from netrl.protocol.wire import encode, weight_parts
 from netrl.trainer.encoding import Encoded, WeightEncoder
 
@@ -137,9 +144,12 @@ class WeightSender:
     def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int,
                        snap: Snapshot) -> None:
         """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy
-        until sent)."""
+        until sent); a compact one (all but float32's full version) in smaller parts, for the slow
+        links it goes to."""
+        compact = out.fields.get("format", "float32") != "float32" or "base" in out.fields
+        smallest = MIN_COMPACT_PART_BYTES if compact else MIN_PART_BYTES
         for msg in weight_parts(self.name, self.session, version, trained_steps, out.data,
-                                snap.layout, part_bytes(out.data.nbytes), out.fields):
+                                snap.layout, part_bytes(out.data.nbytes, smallest), out.fields):
             if self.collect is not None and model == POLICY:
                 msg.body["collect"] = self.collect
             head = command_head(Command.WEIGHTS, slot | msg.body["part"], version)

@@ -601,5 +601,13 @@ def test_small_deltas_queue_only_as_far_as_the_measured_link_drains_them_in_the_
     assert drains_in_time(st, 35_000, 0.38)  # 0.37 s of link: the next may queue behind it
     st.inflight.append(Sent(2, "int8", 1, None, 13_000))
     assert not drains_in_time(st, 35_000, 0.38)  # 0.74 s: the next waits for an ACK
+    # one small message always queues behind the one in flight, so the link stays busy while the
+    # ACK comes back: 9 KB deltas, one per round trip behind a link measured at 20 KB/s with a
+    # budget of 0.24 s, left the worker 8 versions behind
+    one = WorkerModel()
+    one.inflight.append(Sent(1, "int8", 0, None, 9_000))
+    assert drains_in_time(one, 20_000, 0.24)
+    one.inflight.append(Sent(2, "int8", 1, None, 9_000))
+    assert not drains_in_time(one, 20_000, 0.24)
     assert drains_in_time(st, None, 0.38)  # unmeasured: under MIN_RATE_BYTES may queue
     assert drains_in_time(st, 10_000_000, 0.38)  # a fast link drains them at once
