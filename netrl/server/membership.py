@@ -162,7 +162,7 @@ class Membership:
         # link is slow (counted once per heartbeat interval, not on every pass of the loop)
         if now >= self._slow_at:
             self._slow_at = now + self.net.heartbeat_interval_s
-            self._slow = self.weights.slow_workers(self.peers.workers())
+            self._slow = self.weights.slow_workers(self.peers.workers(), now)
         for peer in self.peers.values():
             if peer.liveness.expired(now) and not unread[peer.role]:
                 self.lost(peer, f"no message for {peer.liveness.window:.1f} s")

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 MAX_FORMATS = 4  # per model: auto sends three
 KNOWN_VERSIONS = 64  # versions of a (model, format) remembered as bases a delta may continue
+MAX_SLOW_SESSIONS = 256  # worker sessions remembered as slow across their reconnects
 
 class ModelCache:
     """One model's encodings: a full :class:`Encoding` and a :class:`DeltaChain` per format."""
@@ -154,6 +155,8 @@ class WeightCache:
         self._refused_models: set[str] = set()  # models beyond MAX_MODELS, logged once per session
         # per model: what the last session sent of a version
         self._expected: dict[str, set[tuple[str, bool]]] = {}
+        # sessions of workers found slow before their rate was measured (slow_workers)
+        self._slow_sessions: dict[str, None] = {}
 
     # -- today's single cache: the policy's float32 full encoding ----------------------------------
     @property
@@ -290,22 +293,41 @@ class WeightCache:
                     progressed = True
         return done
 
-    def slow_workers(self, workers: Iterable[Peer]) -> int:
-        """Workers whose measured link rate does not carry a model's float32 version within its
-        budget (``network.weight_format`` adaptive: while there is one, the trainer sends the
-        compact formats too, and the server picks per worker as under auto)."""
+    def slow_workers(self, workers: Iterable[Peer], now: float) -> int:
+        """Workers whose link does not carry a model's float32 version within its budget
+        (``network.weight_format`` adaptive: while there is one, the trainer sends the compact
+        formats too, and the server picks per worker as under auto): by its measured rate; before
+        any is measured, by a message on its way to it for over twice the budget (a 4 MB float32
+        version behind reno at 1% loss never arrived: the worker reconnected during each of its
+        1 MiB parts, so no rate was ever measured). A worker so found is remembered by its session,
+        across its reconnects, until its rate is measured."""
         slow = 0
         for worker in workers:
-            rate = worker.link.rate
-            if rate is None:
-                continue
-            for name, model in self.models.items():
-                full = model.fulls.get("float32")
-                budget = model.budget_s if model.budget_s is not None else DEFAULT_BUDGET_S
-                if name in worker.wants and full is not None and full.nbytes > rate * budget:
-                    slow += 1
-                    break
+            if self._slow(worker, now):
+                slow += 1
+                self._slow_sessions[worker.session] = None
+                while len(self._slow_sessions) > MAX_SLOW_SESSIONS:
+                    del self._slow_sessions[next(iter(self._slow_sessions))]
+            elif worker.link.rate is not None:
+                self._slow_sessions.pop(worker.session, None)
         return slow
+
+    def _slow(self, worker: Peer, now: float) -> bool:
+        rate = worker.link.rate
+        for name, model in self.models.items():
+            if name not in worker.wants:
+                continue
+            budget = model.budget_s if model.budget_s is not None else DEFAULT_BUDGET_S
+            if rate is not None:
+                full = model.fulls.get("float32")
+                if full is not None and full.nbytes > rate * budget:
+                    return True
+                continue
+            st = worker.models.get(name)
+            sent = (st.inflight[0] if st.inflight else st.streaming) if st else None
+            if sent is not None and sent.started and now - sent.started > 2 * budget:
+                return True
+        return rate is None and worker.session in self._slow_sessions
 
     def describe(self) -> dict[str, Any]:
         """--status: per model, its newest version and the formats and deltas

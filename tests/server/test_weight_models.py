@@ -381,6 +381,31 @@ def test_the_trainer_hears_how_many_workers_cannot_get_float32_in_the_budget(
     wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [0], 5, "no slow worker told")
 
 
+def test_a_worker_whose_first_version_never_arrives_is_slow_and_stays_so_across_its_reconnect(
+        server: tuple[Server, zmq.Context]) -> None:
+    # a 4 MB float32 version behind reno at 1% loss: the worker reconnected during each 1 MiB part,
+    # no ACK came, no rate was measured, and adaptive never turned to the compact formats
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    publish(trainer, 1, nbytes=4 * MIN_RATE_BYTES, budget_s=0.2, part_bytes=64 << 10)
+    assert received(worker, 0.2)  # on its way (never acknowledged)
+    assert slow_workers_told(trainer, 0.2)[-1:] == [0]  # not yet twice the budget
+    wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [1], 5, "a slow worker told")
+    worker.sock.close()
+    again = Peer(ctx, srv.worker_port, "worker", "w")
+    again.session = worker.session  # the same process, on a new connection
+    worker_hello(again)
+    wait_until(lambda: [p.session for p in srv.peers.workers()] == [again.session], 5, "the worker reconnected")
+    # remembered at once, before anything on its way to the new connection could say so: nothing measured since
+    assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1
+    other = Peer(ctx, srv.worker_port, "worker", "other")
+    worker_hello(other)
+    wait_until(lambda: srv.peers.worker_count() == 2, 5, "another worker")
+    assert srv.weights.slow_workers([p for p in srv.peers.workers() if p.name == "other"], time.monotonic()) == 0
+
+
 # -- pipelined deltas ------------------------------------------------------------------------------------------------
 def delta_version(trainer: Peer, version: int, nbytes: int = 64, delta_bytes: int = 8) -> None:
     """``delta``: a float32 full version, and from v2 on a delta from the version before."""
