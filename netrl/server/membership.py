@@ -50,6 +50,8 @@ class Membership:
         self.intake, self.relay, self.status = intake, relay, status
         # found gone by a send, in this pass of the loop
         self.gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}
+        self._slow = 0  # workers whose link cannot carry float32 in the budget (WeightCache)
+        self._slow_at = 0.0  # monotonic time to count them again
 
     def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any,
               received: int | None = None) -> None:
@@ -156,6 +158,11 @@ class Membership:
         # it in its PACEs)
         if self.intake.progress is not None:
             news["trainer_samples"] = self.intake.progress["samples"]
+        # network.weight_format adaptive: the trainer adds the compact formats while a worker's
+        # link is slow (counted once per heartbeat interval, not on every pass of the loop)
+        if now >= self._slow_at:
+            self._slow_at = now + self.net.heartbeat_interval_s
+            self._slow = self.weights.slow_workers(self.peers.workers(), now)
         for peer in self.peers.values():
             if peer.liveness.expired(now) and not unread[peer.role]:
                 self.lost(peer, f"no message for {peer.liveness.window:.1f} s")
@@ -165,6 +172,12 @@ class Membership:
                 body = {"stats": news, **peer.liveness.stamp()}
                 if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
                     peer.told = told
+            elif peer.role == "trainer" and (peer.liveness.heartbeat_due(now)
+                                             or peer.told != (self._slow, 0)):
+                # a trainer's link is busy with samples: told when the count changes
+                body = {"stats": {"slow_workers": self._slow}, **peer.liveness.stamp()}
+                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
+                    peer.told = (self._slow, 0)
             elif peer.liveness.heartbeat_due(now):
                 heartbeat = Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp())
                 self.out.send(peer, heartbeat)

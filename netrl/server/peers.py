@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -14,6 +15,8 @@ from netrl.storage.segments import Position
 
 __all__ = ["MAX_COUNT", "MAX_REPORTED", "MAX_ROWS_PER_STEP", "Peer", "PeerTable", "QueuedPacket",
            "is_count"]
+
+log = logging.getLogger(__name__)
 
 REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats,
                                                      # e.g. "dropped_samples"
@@ -180,6 +183,8 @@ class Peer:
             # a pipelined message's bytes went after those of the one before: its wait
             # behind them is no slowness
             self.link.measured(sent.nbytes, now - max(sent.started, st.acked_at))
+            log.debug("%s acknowledged %s %s %.2f s after its first part was sent", self.label,
+                      model, sent.label, now - sent.started)
             if model == "policy":
                 self.version = sent.version
         st.acked_at = now

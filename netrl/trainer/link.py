@@ -119,6 +119,8 @@ class TrainerLink(NetThread):
         # self.command as it is when called: a test may replace it on the instance)
         self.sender = WeightSender(name, session, lambda frames, track=False: self.command(frames, track),
                                    self.encoder)
+        if weight_format == "adaptive":  # the compact formats while the server counts a slow worker
+            self.sender.compact = lambda: bool(self.link.server_stats.get("slow_workers"))
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
         self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
