@@ -25,7 +25,7 @@ class Pacer:
         self.throttle = throttle  # (the single-process mode turns it off)
         self.sink = sink
         self.policy = policy
-        self.version = -1  # the version of its latest step, as it paced it
+        self.version = -1  # the newest version it had received at its latest step
         self.link: WorkerLink | None = None  # (connect)
         # active while the trainer announces sync collection
         self.sync = SyncFragments(worker_id, num_envs, policy, sink, self.check_net)
@@ -44,11 +44,12 @@ class Pacer:
         self.check_net()
         sync = self.sync
         if collect and rows and self.throttle and not sync.active:
-            if self.policy.version != self.version:  # (an attribute read: the hot loop)
-                # a new version came in at the last step: send the old one's rows now, not when the
-                # packet fills. With several workers the trainer trains on the others' samples
-                # meanwhile, so rows held back for a packet would arrive beyond max_policy_lag.
-                self.version = self.policy.version
+            newest = self.policy.newest()  # (two attribute reads: the hot loop)
+            if newest != self.version:
+                # a new version came in: send the old one's rows now, not when the packet fills.
+                # With several workers the trainer trains on the others' samples meanwhile, so rows
+                # held back for a packet would arrive beyond max_policy_lag.
+                self.version = newest
                 self.sink.send()
             self.wait_for_pace(stop, rows)
         if collect and sync.active:  # the wait for each version paces a sync worker; also when the
