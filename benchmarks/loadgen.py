@@ -65,6 +65,11 @@ class SimWorker:
     sent: int = 0  # packets the link took
     refused: int = 0  # packets the link refused (not connected): a real worker keeps them
     acked: int = 0  # packets the server acknowledged
+    nacked: int = 0  # refusals for now (the server's memory share full): sent again, as a worker does
+    rejected: int = 0  # refusals for good (none expected: counted, never sent again)
+    # seq -> frames, until acknowledged; and when a refused one goes again
+    pending: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    retry: dict[int, float] = dataclasses.field(default_factory=dict)
     weights: dict[int, float] = dataclasses.field(default_factory=dict)  # version -> time.time()
 
     @property
@@ -135,6 +140,8 @@ class LoadGenerator:
                 w.next_send += self.period
                 if w.next_send < now:  # fell behind (a loaded machine): no burst to catch up
                     w.next_send = now + self.period
+            if w.retry:
+                self._resend(w, now)
             w.link.maintain()
 
     def _send(self, w: SimWorker) -> None:
@@ -143,12 +150,31 @@ class LoadGenerator:
         frames = encode(samples_message(w.packet, w.link.name, w.link.session, w.seq, w.produced))
         if w.link.send(frames):
             w.sent += 1
+            w.pending[w.seq] = frames
         else:
             w.refused += 1
 
+    def _resend(self, w: SimWorker, now: float) -> None:
+        for seq, due in list(w.retry.items()):
+            if now >= due and seq in w.pending and w.link.send(w.pending[seq]):
+                del w.retry[seq]
+
     def _handle(self, w: SimWorker, msg: Message) -> None:
         if msg.type is MsgType.ACK:
-            w.acked += sum(isinstance(s, int) for s in msg.body["seqs"])
+            for seq in msg.body["seqs"]:
+                if isinstance(seq, int) and w.pending.pop(seq, None) is not None:
+                    w.acked += 1
+        elif msg.type is MsgType.NACK:
+            retry_s = float(msg.body["retry_s"])
+            for seq in msg.body["seqs"]:
+                if not isinstance(seq, int) or seq not in w.pending:
+                    continue
+                if retry_s <= 0 or msg.body.get("layout") is not None:
+                    w.rejected += 1
+                    del w.pending[seq]
+                else:
+                    w.nacked += 1
+                    w.retry[seq] = time.monotonic() + min(max(retry_s, 0.05), 30.0)
         elif msg.type is MsgType.WEIGHTS:
             if msg.body["part"] == msg.body["parts"] - 1:  # the whole version is here
                 w.weights.setdefault(msg.policy_version, time.time())
@@ -162,6 +188,8 @@ class LoadGenerator:
                 "sent": sum(w.sent for w in self.workers),
                 "refused": sum(w.refused for w in self.workers),
                 "acked": sum(w.acked for w in self.workers),
+                "nacked": sum(w.nacked for w in self.workers),
+                "rejected": sum(w.rejected for w in self.workers),
                 "reconnects": sum(w.reconnects for w in self.workers),
                 "cpu_s": time.process_time() - self.cpu_start}
 

@@ -48,6 +48,7 @@ from netrl.launch import free_port, spawn_role, stop_processes, write_config
 from netrl.monitor.status import query_status
 from netrl.net.keys import keygen
 
+DRAIN_S = 30.0  # longest wait, once the workers stop sending, for every packet's ACK
 HIDDEN_1M = 997  # MLP actor 3 -> 997 -> 997 -> 1 (x2 for mean and log-std heads): about 1M params
 
 
@@ -191,9 +192,12 @@ def measure(workers: int, s: Settings) -> dict[str, Any]:
         status = query_status(cfg.server.status_port, timeout_s=10)
         status_s = time.monotonic() - t
         gen.sending = False
-        drain = time.monotonic() + 3 * s.period + 2  # the packets in flight reach the trainer
-        while time.monotonic() < drain:
+        # the packets in flight reach the trainer and their ACKs come back (or DRAIN_S passes)
+        drain = time.monotonic() + DRAIN_S
+        while time.monotonic() < drain and gen.totals()["acked"] < gen.totals()["sent"]:
             gen.step(0.01)
+        drain_s = DRAIN_S - max(0.0, drain - time.monotonic())
+        gen.step(0.6)  # the trainer's next count (it prints one every 0.5 s)
         final = gen.totals()
     finally:
         gen.close()
@@ -220,7 +224,8 @@ def measure(workers: int, s: Settings) -> dict[str, Any]:
         "latency_p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else None,
         "packets_sent": final["sent"], "packets_refused": final["refused"],
         "packets_acked": final["acked"], "packets_to_trainer": taken["packets"],
-        "status_ms": 1000 * status_s,
+        "packets_nacked": final["nacked"], "packets_rejected": final["rejected"],
+        "status_ms": 1000 * status_s, "drain_s": drain_s,
     }
     shutil.rmtree(work, ignore_errors=True)
     return result
@@ -241,8 +246,9 @@ def run(s: Settings) -> list[Row]:
               f"{_ms(r['fanout_max_ms'])}, {r['versions_everywhere']}/{r['versions']} versions "
               f"everywhere) | latency p50 {_ms(r['latency_p50_ms'])} p99 "
               f"{_ms(r['latency_p99_ms'])} | packets sent {r['packets_sent']} acked "
-              f"{r['packets_acked']} to trainer {r['packets_to_trainer']} | status "
-              f"{r['status_ms']:.0f} ms", flush=True)
+              f"{r['packets_acked']} to trainer {r['packets_to_trainer']}, refused for now "
+              f"{r['packets_nacked']}, for good {r['packets_rejected']} (drained in "
+              f"{r['drain_s']:.1f} s) | status {r['status_ms']:.0f} ms", flush=True)
         params = {**dataclasses.asdict(s), "workers": workers, "format": "int8",
                   "hz": s.rows / s.period}
         name = f"{workers} workers at {s.rows / s.period:g} Hz"
