@@ -59,6 +59,7 @@ class Settings:
     rows: int = 10  # rows per packet
     period: float = 0.5  # seconds between a worker's packets (rows / period = its env rate)
     publish: float = 3.0  # seconds between weight versions
+    restart: bool = False  # then restart the server and time every worker's return
 
     def __post_init__(self) -> None:
         positive("--workers", min(self.workers, default=0), 1, strict=False)
@@ -79,6 +80,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, help=f"rows per packet ({d.rows})")
     p.add_argument("--period", type=float, help=f"seconds between a worker's packets ({d.period:g})")
     p.add_argument("--publish", type=float, help=f"seconds between weight versions ({d.publish:g})")
+    p.add_argument("--restart", action="store_true", default=None,
+                   help="then restart the server and time every worker's return")
 
 
 def child_trainer(cfg_path: str, hidden: str, publish_s: str) -> None:
@@ -186,6 +189,7 @@ def measure(workers: int, s: Settings) -> dict[str, Any]:
         while time.monotonic() - wall0 < s.seconds:
             gen.step(0.01)
         wall, cpu = time.monotonic() - wall0, sum(proc.cpu_times()[:2]) - cpu0
+        window_end = time.time()  # versions published later (drain, restart) are not counted
         after = gen.totals()
         rss = proc.memory_info().rss
         t = time.monotonic()
@@ -199,10 +203,13 @@ def measure(workers: int, s: Settings) -> dict[str, Any]:
         drain_s = DRAIN_S - max(0.0, drain - time.monotonic())
         gen.step(0.6)  # the trainer's next count (it prints one every 0.5 s)
         final = gen.totals()
+        restart = _restart(server, cfg_path, work, gen, workers) if s.restart else {}
+        server = restart.pop("server", server)
     finally:
         gen.close()
         stop_processes([trainer], timeout=10, then=[server])
-    published = {line["v"]: line["t0"] for line in lines if "t0" in line}
+    published = {line["v"]: line["t0"] for line in lines
+                 if "t0" in line and line["t0"] <= window_end}
     taken = max((line for line in lines if "packets" in line), key=lambda line: line["packets"],
                 default={"packets": 0, "rows": 0})
     latencies, fanout = [], []
@@ -225,10 +232,35 @@ def measure(workers: int, s: Settings) -> dict[str, Any]:
         "packets_sent": final["sent"], "packets_refused": final["refused"],
         "packets_acked": final["acked"], "packets_to_trainer": taken["packets"],
         "packets_nacked": final["nacked"], "packets_rejected": final["rejected"],
-        "status_ms": 1000 * status_s, "drain_s": drain_s,
+        "status_ms": 1000 * status_s, "drain_s": drain_s, **restart,
     }
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _restart(server: Any, cfg_path: Path, work: Path, gen: LoadGenerator,
+             workers: int) -> dict[str, Any]:
+    """Stop the server (its BYE tells every worker), start it again, and time every worker's
+    return: the reconnection storm, CURVE handshakes included."""
+    stop_processes([server], timeout=10)
+    down = time.monotonic()
+    log = work / "server-restarted.log"
+    with log.open("wb") as out:
+        server = spawn_role("server", cfg_path, stdout=out)
+    while "server listening" not in log.read_text(errors="replace"):
+        gen.step(0.01)  # the workers go on trying, as they would
+        if server.poll() is not None or time.monotonic() - down > 60:
+            raise SystemExit(f"the server did not restart:\n{log.read_text()[-3000:]}")
+    up, proc = time.monotonic(), psutil.Process(server.pid)
+    cpu0 = sum(proc.cpu_times()[:2])
+    while gen.totals()["connected"] < workers and time.monotonic() - up < 120:
+        gen.step(0.01)
+    back = time.monotonic()
+    print(f"  restart: {gen.totals()['connected']} of {workers} workers back "
+          f"{back - up:.1f} s after the new server listened ({up - down:.1f} s down)", flush=True)
+    return {"server": server, "restart_down_s": up - down, "restart_back_s": back - up,
+            "restart_back": gen.totals()["connected"],
+            "restart_server_cpu_share": (sum(proc.cpu_times()[:2]) - cpu0) / max(back - up, 1e-3)}
 
 
 def _ms(value: float | None) -> str:
