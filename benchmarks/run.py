@@ -46,6 +46,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "server-memory": ("benchmarks.server_memory", "the server's memory with workers connected"),
     "transforms": ("benchmarks.transforms", "the worker's step with and without env transforms"),
     "torchrl-envs": ("benchmarks.torchrl_envs", "a TorchRL env's step through netrl's adapter"),
+    "server_scale": ("benchmarks.server_scale", "one server with up to 1,024 simulated workers"),
 }
 CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper
 

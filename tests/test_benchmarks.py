@@ -40,7 +40,7 @@ FAST = {"replay": [], "replay_disk": [], "sequences": [], "trainer": [], "prefet
         "server-memory": [], "pipelines": ["--parts", "wire,memory"], "transforms": [], "torchrl-envs": []}
 SLOW = {"relay": [], "broadcast": [], "overhead": [], "pipelines": ["--parts", "jitter"],
         "learning": ["--rows", "pendulum,nstep,weights,pomdp,vector"], "throughput": [],
-        "sync": [], "wan": [], "weights": []}
+        "sync": [], "wan": [], "weights": [], "server_scale": []}
 
 
 def run_benchmarks(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 # A worker that reports no new samples for this many heartbeat intervals while it has allowance left
 # takes no share of the trainer's wish (a producing worker reports its count in every heartbeat).
 IDLE_HEARTBEATS = 4
+# a window told may exceed the worker's share by 1/8 of it until its next ACK: the shares are half
+# of server.max_queue_bytes, the other half room for such slack
+WINDOW_SLACK = 8
 # causes of layout refusals told to one trainer connection (a worker could make endless causes)
 MAX_NOTICES = 16
 
@@ -340,7 +343,9 @@ class SampleIntake:
             return
         self.workers_joined = False
         for worker in self.peers.workers():
-            if worker.window != self.window_for(worker):
+            # told only once its window shrank by over 1/WINDOW_SLACK (its ACKs carry the exact
+            # one): an ACK to every worker at each join was N^2 messages while N workers joined
+            if worker.window > self.window_for(worker) * (WINDOW_SLACK + 1) // WINDOW_SLACK:
                 self.tell_worker(worker.session, MsgType.ACK, {"seqs": []})
         self.pace()
 
