@@ -11,6 +11,7 @@ client's by :class:`~netrl.net.transport.ClientLink`.
 from __future__ import annotations
 
 import errno
+import logging
 import resource
 
 import zmq
@@ -19,8 +20,10 @@ from netrl.config.sections import flag_for
 from netrl.errors import TransportError
 from netrl.net.keys import ClientKeys
 
-__all__ = ["FD_MARGIN", "HANDSHAKE_EVENTS", "bind", "handshake_failure", "new_socket",
-           "open_files_for"]
+log = logging.getLogger(__name__)
+
+__all__ = ["FD_MARGIN", "HANDSHAKE_EVENTS", "allow_connections", "bind", "handshake_failure",
+           "new_socket", "open_files_for"]
 
 # descriptors beside the connections: ZeroMQ's own (its threads' mailboxes, the sockets), the log,
 # the spool's files, the status port, the key folder's reads
@@ -97,6 +100,15 @@ def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None
     return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's "
             "public key (copy it from the server's keys/server/server.key), or the server runs "
             "with \"security\": \"none\" (set the same security on both)")
+
+
+def allow_connections(connections: int) -> None:
+    """:func:`open_files_for` ``connections``, logged: a warning when they still do not fit."""
+    files, short = open_files_for(connections)
+    if short is not None:
+        log.warning("%s", short)
+    else:
+        log.debug("open files allowed: %s", files)
 
 
 def open_files_for(connections: int) -> tuple[int, str | None]:

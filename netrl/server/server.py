@@ -43,7 +43,6 @@ from netrl.errors import NetrlError, ProtocolError, VersionMismatch
 from netrl.lifecycle.runs import Runs, ctrl_c_stops
 from netrl.lifecycle.tmrl_args import SERVER_ONLY, is_count, tmrl_arguments
 from netrl.net.keys import ServerKeys, server_keys
-from netrl.net.sockets import open_files_for
 from netrl.net.transport import new_session
 from netrl.protocol.messages import Message, MsgType, check_role
 from netrl.protocol.schema import SampleSchema
@@ -195,13 +194,7 @@ class Server:
         self.intake.open()
         self.revocations.open()
         self._opened = True
-        # a connection per worker (and the trainer): a soft limit of 1,024 would refuse some
-        files, short = open_files_for(self.admission.max_workers + 1)
-        if short is not None:
-            log.warning("%s", short)
-        else:
-            log.debug("open files allowed: %s", files)
-        self.sockets.open()
+        self.sockets.open(connections=self.admission.max_workers + 1)  # and the trainer
         self._listening = True
         keys = self.sockets.keys
         log.info("server listening on %s (trainer port %d, "
