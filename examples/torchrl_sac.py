@@ -45,6 +45,7 @@ from typing import Any
 
 import gymnasium
 import torch
+from gymnasium.spaces import Box
 from tensordict import TensorDict
 from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
@@ -81,6 +82,7 @@ SMOKE = dataclasses.replace(HP, batch_size=64, init_random_frames=200)
 # -- the models, as TorchRL's SAC builds them ------------------------------------------------
 # netrl builds them in every role from the env's Gymnasium spaces, hence the factories' arguments.
 def make_actor(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> nn.Module:
+    assert isinstance(observation_space, Box) and isinstance(action_space, Box)  # SAC: vectors in, out
     low, high = torch.as_tensor(action_space.low), torch.as_tensor(action_space.high)
     action_spec = Bounded(low, high, low.shape)
     net = nn.Sequential(
@@ -99,6 +101,7 @@ def make_actor(observation_space: gymnasium.Space, action_space: gymnasium.Space
 
 
 def make_qvalue(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> nn.Module:
+    assert isinstance(observation_space, Box) and isinstance(action_space, Box)
     net = MLP(in_features=observation_space.shape[0] + action_space.shape[0],
               num_cells=list(HP.hidden), out_features=1, activation_class=nn.ReLU)
     return ValueOperator(net, in_keys=["action", "observation"])  # Q(s, a): a and s concatenated
