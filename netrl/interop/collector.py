@@ -242,14 +242,14 @@ class RemoteCollector:
         self.link.done(repeated)  # settled before this collector started: acknowledged again
 
     def _progress(self) -> None:
+        """Tell the server how far the workers may run ahead: three batches past the frames
+        yielded (the pacing counts rows, a few more than frames: reset and context rows). The
+        server counts frames as on the way until their bundle is acknowledged: those yielded
+        already are added back (:attr:`CollectorLink.yielded_unacked`)."""
         assert self.link is not None
-        held = self.queue.frames_out + self.queue.queued
-        wanted = self.queue.frames_out + 2 * self.frames_per_batch
-        if self.total_frames > 0:
-            wanted = min(wanted, self.total_frames)
-        # (no batch under way: a worker joining mid-batch helps fill it, where netrl's sync trainer,
-        # which trains a short batch after sync_timeout_s, has it wait for the next version)
-        self.link.progress(self.batches, held, max(wanted, self.init_random_frames))
+        out = self.queue.frames_out
+        wanted = out + self.link.yielded_unacked + 3 * self.frames_per_batch
+        self.link.progress(self.batches, out, max(wanted, self.init_random_frames))
 
     def _next_batch(self) -> Batch:
         link = self.link

@@ -39,10 +39,14 @@ class CollectorLink(TrainerLink):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._done: collections.deque[list[PacketKey]] = collections.deque()  # collector -> here
-        self._held: set[PacketKey] = set()  # received, not yet yielded
-        self._waiting: dict[int, tuple[set[PacketKey], dict[str, list[int]]]] = {}  # bundle ->
-        # (its packets not yet yielded, its refused parts)
-        self.acked = self.held_bundles = 0
+        self._held: dict[PacketKey, int] = {}  # received, not yet yielded: its frames
+        # bundle -> its packets not yet yielded, its refused parts, its frames yielded so far
+        self._waiting: dict[int, tuple[set[PacketKey], dict[str, list[int]], list[int]]] = {}
+        self.acked = 0  # bundles acknowledged
+        # Frames yielded whose bundles wait for others: the server counts them on the way to
+        # the collector still, and the collector's PROGRESS adds them back to what it wants, or
+        # the workers' pacing would stall on frames already yielded.
+        self.yielded_unacked = 0
 
     # -- collector thread --------------------------------------------------------------------------
     def done(self, keys: list[PacketKey]) -> None:
@@ -54,13 +58,12 @@ class CollectorLink(TrainerLink):
     # -- network thread ----------------------------------------------------------------------------
     def _acknowledge(self, bundle: int, refused: dict[str, list[int]], bufs: list[Buffer],
                      duplicates: list[PacketKey]) -> None:
-        keys = {(b.worker, b.seq) for b in bufs}
-        self._held |= keys
+        for b in bufs:
+            self._held[(b.worker, b.seq)] = int((~(b.reset | b.context)).sum())
         # a resend of a packet the collector still holds waits for it
-        wait = keys | {k for k in duplicates if k in self._held}
+        wait = {(b.worker, b.seq) for b in bufs} | {k for k in duplicates if k in self._held}
         if wait:
-            self._waiting[bundle] = (wait, refused)
-            self.held_bundles = len(self._waiting)
+            self._waiting[bundle] = (wait, refused, [0])
         else:
             self._ack(bundle, refused)
 
@@ -71,17 +74,23 @@ class CollectorLink(TrainerLink):
     def on_command(self, frames: list[Any]) -> None:
         super().on_command(frames)
         while self._done:
-            keys = set(self._done.popleft())
-            self._held -= keys
-            for bundle, (wait, refused) in list(self._waiting.items()):
-                wait -= keys
+            keys = self._done.popleft()
+            frames_of = {k: self._held.pop(k, 0) for k in keys}
+            for bundle, (wait, refused, yielded) in list(self._waiting.items()):
+                for k in wait & frames_of.keys():
+                    wait.discard(k)
+                    yielded[0] += frames_of[k]
                 if not wait:
                     del self._waiting[bundle]
                     self._ack(bundle, refused)
-        self.held_bundles = len(self._waiting)
+            self.yielded_unacked = sum(y[0] for _, _, y in self._waiting.values())
+
+    @property
+    def held_bundles(self) -> int:
+        return len(self._waiting)
 
     def on_ready(self) -> None:
         # another connection (maybe another server process): its bundle numbers are new
         self._waiting.clear()
-        self.held_bundles = 0
+        self.yielded_unacked = 0
         super().on_ready()

@@ -65,3 +65,53 @@ def test_sync_batches_hold_one_version_each_and_total_frames_ends_the_iteration(
     assert [set(v.tolist()) for v in seen] == [{seen[0][0]}, {seen[0][0] + 1}, {seen[0][0] + 2}]
     assert collector.queue.frames_out == 300 and set(collector.frames_by_worker) and len(collector.frames_by_worker) == 2
     assert stop_processes(workers, then=[server]) == [0, 0, 0]
+
+
+def settled_packets(state: dict[str, Any]) -> dict[str, list[list[int]]]:
+    return state["queue"]["settled"]
+
+
+@pytest.mark.timeout(150)  # about 20 s; a frame lost hangs the iteration
+def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(tmp_path: Path, procs: Procs) -> None:
+    """Async: 2 workers x 4 episodes x 200 steps. The server is killed (SIGKILL) after 4 batches and started again
+    on its spool; after 8, the collector shuts down with frames in hand and a new one resumes from its state_dict.
+    Every worker's frames arrive exactly once: counts per worker stream against the workers' own summaries, and
+    every packet 1..n settled."""
+    config, (server, *workers) = start(procs, tmp_path, episodes=4, throttle=True, flush_timeout_s=60)
+    cfg = load_config(config)
+    make = lambda: RemoteCollector(cfg, policy_of(cfg), frames_per_batch=100, total_frames=1600,  # noqa: E731
+                                   sync=False)
+    collector = make()
+    got: dict[str, int] = {}
+    versions = []
+    for i, batch in enumerate(collector.iter_batches()):
+        versions.append(batch.extra["policy_version"])
+        if i == 3:
+            server.send_signal(signal.SIGKILL)
+            server.wait()
+            time.sleep(0.5)
+            server = procs.spawn("server", config)  # same spool folder
+        if i == 7:
+            break
+    assert collector.queue.frames_out == 800
+    state = collector.state_dict()
+    first = dict(collector.frames_by_worker)
+    collector.shutdown()
+    collector.shutdown()  # idempotent
+    resumed = make()
+    resumed.load_state_dict(state)
+    batches = list(resumed.iter_batches())
+    assert len(batches) == 8 and resumed.queue.frames_out == 1600  # total_frames counts across the restart
+    for stream in {*first, *resumed.frames_by_worker}:
+        got[stream] = first.get(stream, 0) + resumed.frames_by_worker[stream]
+    for w in workers:
+        assert w.wait(timeout=60) == 0, procs.log(w)[-3000:]
+    summaries = [worker_summary(procs.log(w)) for w in workers]
+    for s in summaries:
+        assert s.produced == 4 * EPISODE and s.unacked == s.dropped == s.rejected == 0, s
+        stream = next(k for k in got if k.endswith("/" + s.session))
+        assert got[stream] == s.produced, f"{s.name}: {got[stream]} frames yielded, {s.produced} produced"
+        assert settled_packets(resumed.state_dict())[stream] == [[1, s.packets]]
+    assert "reconnect" in procs.log(workers[0]) or "HELLO again" in procs.log(workers[0])
+    resumed.shutdown()
+    assert stop_processes([], then=[server]) == [0]
