@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from netrl.config.load import load_config
 from netrl.interop.collector import RemoteCollector
@@ -114,3 +116,30 @@ def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(tm
     assert "reconnect" in procs.log(workers[0]) or "HELLO again" in procs.log(workers[0])
     resumed.shutdown()
     assert stop_processes([], then=[server]) == [0]
+
+
+def pinned(policy: Any, action: float) -> Any:
+    """The actor made to choose (almost exactly) ``action`` in every state: zero weights into its heads, the mean's
+    bias far into tanh's saturation, the smallest std. Random actions (uniform on [-2, 2]) are told apart from it."""
+    with torch.no_grad():
+        for head in (policy.mu, policy.log_std):
+            head.weight.zero_()
+        policy.mu.bias.fill_(10.0 if action > 0 else -10.0)
+        policy.log_std.bias.fill_(-20.0)
+    return policy
+
+
+def test_init_random_frames_random_actions_first_then_the_policy(tmp_path: Path, procs: Procs) -> None:
+    """The workers (worker.init_random_frames 300, as the collector's) act at random until the collector holds 300
+    frames, as the server tells them, then with the published policy: here one that always chooses +2."""
+    config, (server, *workers) = start(procs, tmp_path, episodes=100, throttle=True, init_random_frames=300)
+    cfg = load_config(config)
+    collector = RemoteCollector(cfg, pinned(policy_of(cfg), 2.0), frames_per_batch=100, total_frames=1000,
+                                init_random_frames=300, sync=False)
+    with collector:
+        actions = np.concatenate([b.act.numpy()[:, 0] for b in collector.iter_batches()])
+    assert len(actions) == 1000
+    policy = actions > 1.99
+    assert policy[:300].mean() < 0.2  # random (0.25 % of uniform draws land there)
+    assert policy[-300:].all()  # the policy's, once the workers heard the collector holds 300
+    assert stop_processes(workers, then=[server]) == [0, 0, 0]
