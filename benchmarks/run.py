@@ -45,6 +45,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "weights": ("benchmarks.weights", "weight versions over an emulated slow link, per format"),
     "server-memory": ("benchmarks.server_memory", "the server's memory with workers connected"),
     "transforms": ("benchmarks.transforms", "the worker's step with and without env transforms"),
+    "collector": ("benchmarks.collector", "netrl's RemoteCollector against TorchRL's MultiSyncCollector"),
 }
 CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper
 
