@@ -1,1 +1,1 @@
-"""TorchRL interop: TensorDict batches, TorchRL envs, policies and losses, netrl as a collector."""
+"""TorchRL interop: netrl batches, actors and agents in TorchRL's terms (the ``torchrl`` extra)."""
