@@ -48,12 +48,12 @@ class Settings:
     security: str = "curve"
 
     def __post_init__(self) -> None:
-        positive("--workers", self.workers, 1)
-        positive("--envs", self.envs, 1)
-        positive("--frames-per-batch", self.frames_per_batch, 1)
+        positive("--workers", self.workers, 1, strict=False)
+        positive("--envs", self.envs, 1, strict=False)
+        positive("--frames-per-batch", self.frames_per_batch, 1, strict=False)
         positive("--seconds", self.seconds)
         positive("--warmup", self.warmup, strict=False)
-        positive("--repeat", self.repeat, 1)
+        positive("--repeat", self.repeat, 1, strict=False)
         choose((self.security,), ("curve", "none"), "--security")
 
 
@@ -133,8 +133,10 @@ def torchrl_policy(env: str, hidden: tuple[int, ...]) -> Any:
     from torchrl.envs import GymEnv
     from torchrl.modules import MLP, QValueModule
 
-    spec = GymEnv(env).action_spec
-    net = MLP(out_features=spec.shape[-1], num_cells=list(hidden))
+    probe = GymEnv(env)
+    spec = probe.action_spec
+    net = MLP(in_features=probe.observation_spec["observation"].shape[-1], out_features=spec.shape[-1],
+              num_cells=list(hidden))  # not lazy: it is sent to the worker processes
     return TensorDictSequential(TensorDictModule(net, ["observation"], ["action_value"]),
                                 QValueModule(spec=spec))
 
