@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netrl.actor import declared_extras
+from netrl.actor import ActorModule, declared_extras
 from netrl.config.sections import Config
 from netrl.errors import NetrlError
 from netrl.interop.collector_link import CollectorLink
@@ -100,8 +100,10 @@ class RemoteCollector:
         config: the netrl config (a :class:`~netrl.config.Config`) the server and the workers run
             with: the server's address and trainer port, the keys (``security: curve``), and the
             pipeline (spaces, sample compressor, info keys) the workers run.
-        policy: the module whose weights the workers load (its ``state_dict`` is the workers'
-            actor's); None: the workers act with what they hold (random, a policy file).
+        policy: what the workers act with: a TorchRL policy (a ``TensorDictModule``; the workers
+            run it as a :class:`~netrl.interop.policies.TensorDictActor`), or an
+            :class:`~netrl.actor.ActorModule` of the workers' pipeline; its weights are published.
+            None (async only): the workers act with what they hold.
         frames_per_batch: frames (env steps, all workers together) in each batch yielded.
         total_frames: frames after which iteration ends; -1: until :meth:`shutdown`.
         init_random_frames: see the module docstring.
@@ -129,7 +131,7 @@ class RemoteCollector:
                              "('collector', 'traj_ids') naming each one's trajectory")
         from netrl.pipelines.make import make_pipeline  # builds the env's spaces: not at import
 
-        self.config, self.policy, self.name = config, policy, name
+        self.config, self.name = config, name
         self.frames_per_batch, self.total_frames = int(frames_per_batch), int(total_frames)
         self.init_random_frames, self.sync = int(init_random_frames), bool(sync)
         self.fragment, self.wait_warning_s = int(fragment), float(wait_warning_s)
@@ -138,6 +140,7 @@ class RemoteCollector:
         self.observation_space, self.action_space = env.observation_space, env.action_space
         if hasattr(env, "close"):
             env.close()
+        self.policy = self._actor(policy)
         self.queue = FrameQueue()
         self.version = -1  # the newest weight version this collector published
         self.batch_version = -1  # sync: the version the batch under collection takes
@@ -164,7 +167,7 @@ class RemoteCollector:
         """Publish ``policy``'s weights (None: the collector's policy, trained in place) as a new
         version: the workers act with them from their next step (sync: from the next batch)."""
         if policy is not None:
-            self.policy = policy
+            self.policy = self._actor(policy)
         if self.policy is None:
             raise ValueError("update_policy_weights_(): this collector has no policy; pass "
                              "policy=... here or to RemoteCollector(...)")
@@ -200,6 +203,15 @@ class RemoteCollector:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    def _actor(self, policy: torch.nn.Module | None) -> torch.nn.Module | None:
+        """A TorchRL policy (a TensorDictModule) as the workers' TensorDictActor holds it, whose
+        weights are the ones the workers load; an ActorModule as it is."""
+        if policy is None or isinstance(policy, ActorModule):
+            return policy
+        from netrl.interop.policies import TensorDictActor  # tensordict: only for such a policy
+
+        return TensorDictActor(self.observation_space, self.action_space, policy)
 
     # -- the link ----------------------------------------------------------------------------------
     def _start(self) -> None:
