@@ -1,5 +1,5 @@
-"""netrl as a remote collector: frames/s that a TorchRL training loop receives, against TorchRL's own
-``MultiSyncCollector``.
+"""netrl as a remote collector: frames/s that a TorchRL training loop receives, against
+TorchRL's own ``MultiSyncCollector``.
 
 netrl row: a server and ``--workers`` worker processes (``python -m netrl``, CURVE on, the gym
 pipeline's actor for ``--env``, ``worker.num_envs`` = ``--envs``) and a
@@ -69,16 +69,26 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, help=f"measurement window per row ({d.seconds:g})")
     p.add_argument("--warmup", type=int, help=f"batches before the window ({d.warmup})")
     p.add_argument("--repeat", type=int, help=f"measurements per row, alternating ({d.repeat})")
-    p.add_argument("--sync", action="store_true", default=None,
-                   help="netrl collects synchronously (one weight version per batch)")
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        default=None,
+        help="netrl collects synchronously (one weight version per batch)",
+    )
     p.add_argument("--security", help=f"curve or none (default {d.security})")
 
 
 def bench_config(tmp: Path, s: Settings) -> Config:
     data = config_to_dict(Config())
     keygen(tmp / "keys")
-    data.update(run_name="collector", weights_folder=str(tmp), seed=1, keys_dir=str(tmp / "keys"),
-                security=s.security, status_interval_s=0)
+    data.update(
+        run_name="collector",
+        weights_folder=str(tmp),
+        seed=1,
+        keys_dir=str(tmp / "keys"),
+        security=s.security,
+        status_interval_s=0,
+    )
     data["env"].update(id=s.env)
     data["network"].update(trainer_port=free_port(), worker_port=free_port())
     data["server"]["status_port"] = free_port()
@@ -106,15 +116,21 @@ def netrl_row(tmp: Path, s: Settings) -> float:
     path = write_config(cfg, tmp / "config.json")
     logs = (tmp / "roles.log").open("wb")
     server = spawn_role("server", path, stdout=logs, log_level="WARNING")
-    workers = [spawn_role("worker", path, "--worker-id", f"w{i}", stdout=logs, log_level="WARNING")
-               for i in range(s.workers)]
+    workers = [
+        spawn_role("worker", path, "--worker-id", f"w{i}", stdout=logs, log_level="WARNING")
+        for i in range(s.workers)
+    ]
     try:
         pipeline = make_pipeline(cfg)
         env = pipeline.env_cls()
         policy = pipeline.actor_module_cls(env.observation_space, env.action_space)
-        with RemoteCollector(cfg, policy, frames_per_batch=s.frames_per_batch, sync=s.sync,
-                             rollout_fragment_length=max(1, s.frames_per_batch // (s.workers * s.envs))
-                             ) as collector:
+        with RemoteCollector(
+            cfg,
+            policy,
+            frames_per_batch=s.frames_per_batch,
+            sync=s.sync,
+            rollout_fragment_length=max(1, s.frames_per_batch // (s.workers * s.envs)),
+        ) as collector:
             return window(collector, s)
     finally:
         stop_processes(workers, then=[server])
@@ -135,18 +151,26 @@ def torchrl_policy(env: str, hidden: tuple[int, ...]) -> Any:
 
     probe = GymEnv(env)
     spec = probe.action_spec
-    net = MLP(in_features=probe.observation_spec["observation"].shape[-1], out_features=spec.shape[-1],
-              num_cells=list(hidden))  # not lazy: it is sent to the worker processes
-    return TensorDictSequential(TensorDictModule(net, ["observation"], ["action_value"]),
-                                QValueModule(spec=spec))
+    net = MLP(
+        in_features=probe.observation_spec["observation"].shape[-1],
+        out_features=spec.shape[-1],
+        num_cells=list(hidden),
+    )  # not lazy: it is sent to the worker processes
+    return TensorDictSequential(
+        TensorDictModule(net, ["observation"], ["action_value"]), QValueModule(spec=spec)
+    )
 
 
 def torchrl_row(s: Settings, hidden: tuple[int, ...]) -> float:
     from torchrl.collectors import MultiSyncCollector
 
     make = functools.partial(serial_env, s.env, s.envs)
-    collector = MultiSyncCollector([make] * s.workers, torchrl_policy(s.env, hidden),
-                                   frames_per_batch=s.frames_per_batch, total_frames=-1)
+    collector = MultiSyncCollector(
+        [make] * s.workers,
+        torchrl_policy(s.env, hidden),
+        frames_per_batch=s.frames_per_batch,
+        total_frames=-1,
+    )
     try:
         return window(collector, s)
     finally:
@@ -161,12 +185,38 @@ def run(s: Settings) -> list[Row]:
             measured["netrl"].append(netrl_row(Path(d) / f"r{r}", s))
             print(f"netrl RemoteCollector: {measured['netrl'][-1]:,.0f} frames/s", flush=True)
             measured["torchrl"].append(torchrl_row(s, hidden))
-            print(f"TorchRL MultiSyncCollector: {measured['torchrl'][-1]:,.0f} frames/s", flush=True)
+            print(
+                f"TorchRL MultiSyncCollector: {measured['torchrl'][-1]:,.0f} frames/s", flush=True
+            )
     value, base = statistics.median(measured["netrl"]), statistics.median(measured["torchrl"])
     ratio = value / base if base else None
-    params = {"env": s.env, "workers": s.workers, "envs": s.envs, "frames_per_batch": s.frames_per_batch,
-              "sync": s.sync, "security": s.security, "seconds": s.seconds, "warmup": s.warmup,
-              "repeat": s.repeat, "hidden_sizes": list(hidden), "cores": os.cpu_count()}
-    return [Row("collector", f"{s.workers} workers x {s.envs} envs, {s.env}", "frames/s received",
-                value, "frames/s", base, "TorchRL MultiSyncCollector, same processes and envs", ratio,
-                "x", ">= 3x", ratio >= 3 if ratio is not None else None, params, measured)]
+    params = {
+        "env": s.env,
+        "workers": s.workers,
+        "envs": s.envs,
+        "frames_per_batch": s.frames_per_batch,
+        "sync": s.sync,
+        "security": s.security,
+        "seconds": s.seconds,
+        "warmup": s.warmup,
+        "repeat": s.repeat,
+        "hidden_sizes": list(hidden),
+        "cores": os.cpu_count(),
+    }
+    return [
+        Row(
+            "collector",
+            f"{s.workers} workers x {s.envs} envs, {s.env}",
+            "frames/s received",
+            value,
+            "frames/s",
+            base,
+            "TorchRL MultiSyncCollector, same processes and envs",
+            ratio,
+            "x",
+            ">= 3x",
+            ratio >= 3 if ratio is not None else None,
+            params,
+            measured,
+        )
+    ]

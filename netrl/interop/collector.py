@@ -66,28 +66,46 @@ MAX_FRAMES_PER_BATCH = 1 << 24  # 16 M frames in one TensorDict: beyond it, a mi
 STATE_VERSION = 1
 
 
-def check_collector_args(frames_per_batch: Any, total_frames: Any, init_random_frames: Any,
-                         rollout_fragment_length: Any, wait_warning_s: Any) -> None:
+def check_collector_args(
+    frames_per_batch: Any,
+    total_frames: Any,
+    init_random_frames: Any,
+    rollout_fragment_length: Any,
+    wait_warning_s: Any,
+) -> None:
     """ValueError naming every argument out of range, with its value."""
+
     def whole(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, np.integer))
 
     problems = []
     if not (whole(frames_per_batch) and 1 <= frames_per_batch <= MAX_FRAMES_PER_BATCH):
-        problems.append(f"frames_per_batch must be an integer between 1 and {MAX_FRAMES_PER_BATCH} "
-                        f"(got {frames_per_batch!r})")
+        problems.append(
+            f"frames_per_batch must be an integer between 1 and {MAX_FRAMES_PER_BATCH} "
+            f"(got {frames_per_batch!r})"
+        )
     if not (whole(total_frames) and (total_frames == -1 or total_frames >= 1)):
-        problems.append(f"total_frames must be an integer >= 1, or -1 to collect until stopped "
-                        f"(got {total_frames!r})")
+        problems.append(
+            f"total_frames must be an integer >= 1, or -1 to collect until stopped "
+            f"(got {total_frames!r})"
+        )
     elif whole(frames_per_batch) and total_frames > 0 and 1 <= frames_per_batch > total_frames:
-        problems.append(f"frames_per_batch ({frames_per_batch}) is more than total_frames "
-                        f"({total_frames}): not one batch would be yielded")
+        problems.append(
+            f"frames_per_batch ({frames_per_batch}) is more than total_frames "
+            f"({total_frames}): not one batch would be yielded"
+        )
     if not (whole(init_random_frames) and init_random_frames >= 0):
         problems.append(f"init_random_frames must be an integer >= 0 (got {init_random_frames!r})")
     if not (whole(rollout_fragment_length) and 1 <= rollout_fragment_length <= 1 << 30):
-        problems.append(f"rollout_fragment_length must be an integer between 1 and 2**30 "
-                        f"(got {rollout_fragment_length!r})")
-    if not (isinstance(wait_warning_s, (int, float)) and math.isfinite(wait_warning_s) and wait_warning_s > 0):
+        problems.append(
+            f"rollout_fragment_length must be an integer between 1 and 2**30 "
+            f"(got {rollout_fragment_length!r})"
+        )
+    if not (
+        isinstance(wait_warning_s, (int, float))
+        and math.isfinite(wait_warning_s)
+        and wait_warning_s > 0
+    ):
         problems.append(f"wait_warning_s must be a number of seconds > 0 (got {wait_warning_s!r})")
     if problems:
         raise ValueError("RemoteCollector: " + "; ".join(problems))
@@ -115,20 +133,39 @@ class RemoteCollector:
             which trajectory each is of).
     """
 
-    def __init__(self, config: Config, policy: torch.nn.Module | None = None, *, frames_per_batch: int,
-                 total_frames: int = -1, init_random_frames: int = 0, sync: bool = True,
-                 rollout_fragment_length: int | None = None, wait_warning_s: float = 30.0,
-                 split_trajs: bool = False, name: str = "collector") -> None:
-        fragment = (config.trainer.rollout_fragment_length if rollout_fragment_length is None
-                    else rollout_fragment_length)
-        check_collector_args(frames_per_batch, total_frames, init_random_frames, fragment, wait_warning_s)
+    def __init__(
+        self,
+        config: Config,
+        policy: torch.nn.Module | None = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        init_random_frames: int = 0,
+        sync: bool = True,
+        rollout_fragment_length: int | None = None,
+        wait_warning_s: float = 30.0,
+        split_trajs: bool = False,
+        name: str = "collector",
+    ) -> None:
+        fragment = (
+            config.trainer.rollout_fragment_length
+            if rollout_fragment_length is None
+            else rollout_fragment_length
+        )
+        check_collector_args(
+            frames_per_batch, total_frames, init_random_frames, fragment, wait_warning_s
+        )
         if sync and policy is None:
-            raise ValueError("RemoteCollector: sync=True needs a policy: each batch is collected "
-                             "with weights of its own, which the collector publishes; pass "
-                             "policy=..., or sync=False")
+            raise ValueError(
+                "RemoteCollector: sync=True needs a policy: each batch is collected "
+                "with weights of its own, which the collector publishes; pass "
+                "policy=..., or sync=False"
+            )
         if split_trajs:
-            raise ValueError("RemoteCollector: split_trajs=True is not supported: frames come flat, with "
-                             "('collector', 'traj_ids') naming each one's trajectory")
+            raise ValueError(
+                "RemoteCollector: split_trajs=True is not supported: frames come flat, with "
+                "('collector', 'traj_ids') naming each one's trajectory"
+            )
         from netrl.pipelines.make import make_pipeline  # builds the env's spaces: not at import
 
         self.config, self.name = config, name
@@ -160,7 +197,9 @@ class RemoteCollector:
         """As iterating, as netrl :class:`~netrl.samples.Batch` es (``extra``: ``traj_ids``,
         ``policy_version``, the actor's extra outputs and the info entries)."""
         self._start()
-        while not self._closed and (self.total_frames < 0 or self.queue.frames_out < self.total_frames):
+        while not self._closed and (
+            self.total_frames < 0 or self.queue.frames_out < self.total_frames
+        ):
             yield self._next_batch()
 
     def update_policy_weights_(self, policy: torch.nn.Module | None = None) -> None:
@@ -169,8 +208,10 @@ class RemoteCollector:
         if policy is not None:
             self.policy = self._actor(policy)
         if self.policy is None:
-            raise ValueError("update_policy_weights_(): this collector has no policy; pass "
-                             "policy=... here or to RemoteCollector(...)")
+            raise ValueError(
+                "update_policy_weights_(): this collector has no policy; pass "
+                "policy=... here or to RemoteCollector(...)"
+            )
         if self.link is not None and not self.sync:  # sync: with the next batch
             self._publish()
 
@@ -185,16 +226,22 @@ class RemoteCollector:
     def state_dict(self) -> dict[str, Any]:
         """The position in the stream (JSON-serialisable): a new collector given it by
         :meth:`load_state_dict` yields every frame after the last one yielded, once."""
-        return {"v": STATE_VERSION, "queue": self.queue.state_dict(), "version": self.version,
-                "batches": self.batches}
+        return {
+            "v": STATE_VERSION,
+            "queue": self.queue.state_dict(),
+            "version": self.version,
+            "batches": self.batches,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`'s position; before iterating."""
         if self.link is not None:
             raise NetrlError("load_state_dict(): call it before iterating, on a new collector")
         if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
-            raise ValueError(f"load_state_dict(): not a RemoteCollector state of version "
-                             f"{STATE_VERSION} (got {str(state)[:80]!r})")
+            raise ValueError(
+                f"load_state_dict(): not a RemoteCollector state of version "
+                f"{STATE_VERSION} (got {str(state)[:80]!r})"
+            )
         self.queue = FrameQueue(state["queue"])
         self.version, self.batches = int(state["version"]), int(state["batches"])
 
@@ -216,25 +263,45 @@ class RemoteCollector:
     # -- the link ----------------------------------------------------------------------------------
     def _start(self) -> None:
         if self._closed:
-            raise NetrlError("this RemoteCollector was shut down: create a new one (load_state_dict "
-                             "resumes from where it stopped)")
+            raise NetrlError(
+                "this RemoteCollector was shut down: create a new one (load_state_dict "
+                "resumes from where it stopped)"
+            )
         if self.link is not None:
             return
         cfg = self.config
         probe = probe_copy(self.pipeline.sample_compressor)
-        schema = SampleSchema.from_spaces(self.observation_space, self.action_space,
-                                          self.pipeline.sample_compressor if probe is None else probe,
-                                          None, declared_extras(self.policy), info_spec(self.pipeline.info_keys))
+        schema = SampleSchema.from_spaces(
+            self.observation_space,
+            self.action_space,
+            self.pipeline.sample_compressor if probe is None else probe,
+            None,
+            declared_extras(self.policy),
+            info_spec(self.pipeline.info_keys),
+        )
         keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
-        self.link = link = CollectorLink(cfg.network, self.name, new_session(), cfg.network.trainer_port,
-                                         cfg.trainer.credit_window, Deliveries(self.queue.settled.streams()),
-                                         None, schema, keys)
+        self.link = link = CollectorLink(
+            cfg.network,
+            self.name,
+            new_session(),
+            cfg.network.trainer_port,
+            cfg.trainer.credit_window,
+            Deliveries(self.queue.settled.streams()),
+            None,
+            schema,
+            keys,
+        )
         rows = cfg.server.max_rows_per_packet
-        link.packet_limits = PacketLimits(rows, min(cfg.network.max_message_bytes,
-                                                    rows * sample_row_bytes(schema.leaves)),
-                                          f"server.max_rows_per_packet is {rows}")
-        link.announce({"mode": "sync", "fragment": self.fragment, "batch_mode": "truncate_episodes"}
-                      if self.sync else {"mode": "async"})
+        link.packet_limits = PacketLimits(
+            rows,
+            min(cfg.network.max_message_bytes, rows * sample_row_bytes(schema.leaves)),
+            f"server.max_rows_per_packet is {rows}",
+        )
+        link.announce(
+            {"mode": "sync", "fragment": self.fragment, "batch_mode": "truncate_episodes"}
+            if self.sync
+            else {"mode": "async"}
+        )
         link.version = max(self.version, 0)
         link.start()
         if self.policy is not None and not self.sync:
@@ -281,12 +348,20 @@ class RemoteCollector:
             link.wait(0.05)
             if time.monotonic() - warned >= self.wait_warning_s:
                 warned = time.monotonic()
-                log.warning("%s: %d of frames_per_batch %d frames%s after %.0f s: are workers "
-                            "connected to the server at %s?%s", self.name, self.queue.available(version),
-                            self.frames_per_batch, f" of v{version}" if version is not None else "",
-                            warned - started, self.config.network.server_ip,
-                            " (sync: a batch takes one version's frames, and the workers "
-                            "collect workers x envs x rollout_fragment_length of each)" if self.sync else "")
+                log.warning(
+                    "%s: %d of frames_per_batch %d frames%s after %.0f s: are workers "
+                    "connected to the server at %s?%s",
+                    self.name,
+                    self.queue.available(version),
+                    self.frames_per_batch,
+                    f" of v{version}" if version is not None else "",
+                    warned - started,
+                    self.config.network.server_ip,
+                    " (sync: a batch takes one version's frames, and the workers "
+                    "collect workers x envs x rollout_fragment_length of each)"
+                    if self.sync
+                    else "",
+                )
         frames, settled = self.queue.take(self.frames_per_batch, version)
         link.done(settled)
         self.batches += 1
@@ -302,10 +377,20 @@ class RemoteCollector:
         obs = unflatten(frames[0].obs_spec, {k: t[k] for k in obs_names})
         next_obs = unflatten(frames[0].obs_spec, {k: t["next:" + k] for k in obs_names})
         act = unflatten(frames[0].act_spec, {k: t[k] for k in cols if k.startswith("act")})
-        extra = {k.split("/", 1)[1] if k.startswith("extra/") else k: v for k, v in t.items()
-                 if k.startswith(("extra/", "info/")) or k in ("traj_ids", "policy_version")}
-        return Batch(obs, act, t["rew"], next_obs, t["terminated"].float(), t["truncated"].float(),
-                     extra=extra)
+        extra = {
+            k.split("/", 1)[1] if k.startswith("extra/") else k: v
+            for k, v in t.items()
+            if k.startswith(("extra/", "info/")) or k in ("traj_ids", "policy_version")
+        }
+        return Batch(
+            obs,
+            act,
+            t["rew"],
+            next_obs,
+            t["terminated"].float(),
+            t["truncated"].float(),
+            extra=extra,
+        )
 
 
 def load(path: str | Path) -> Config:

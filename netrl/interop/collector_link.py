@@ -56,8 +56,13 @@ class CollectorLink(TrainerLink):
             self.command([command_head(Command.CREDIT)])  # wakes the network thread
 
     # -- network thread ----------------------------------------------------------------------------
-    def _acknowledge(self, bundle: int, refused: dict[str, list[int]], bufs: list[Buffer],
-                     duplicates: list[PacketKey]) -> None:
+    def _acknowledge(
+        self,
+        bundle: int,
+        refused: dict[str, list[int]],
+        bufs: list[Buffer],
+        duplicates: list[PacketKey],
+    ) -> None:
         for b in bufs:
             self._held[(b.worker, b.seq)] = int((~(b.reset | b.context)).sum())
         # a resend of a packet the collector still holds waits for it
@@ -68,7 +73,9 @@ class CollectorLink(TrainerLink):
             self._ack(bundle, refused)
 
     def _ack(self, bundle: int, refused: dict[str, list[int]]) -> None:
-        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [bundle], **refused})))
+        self.link.send(
+            encode(Message(MsgType.ACK, self.link.name, body={"seqs": [bundle], **refused}))
+        )
         self.acked += 1
 
     def on_command(self, frames: list[Any]) -> None:

@@ -63,8 +63,10 @@ def packet_frames(buf: Buffer, traj: Trajectories) -> Frames:
     act_spec, act_leaves = flatten(buf.act, "act")
     idx = np.flatnonzero(~(np.asarray(buf.reset) | np.asarray(buf.context)))
     if len(idx) and idx[0] == 0:
-        raise ValueError(f"packet {buf.seq} of worker {buf.worker}: its first row ends a "
-                         f"transition, but the row before it is in another packet")
+        raise ValueError(
+            f"packet {buf.seq} of worker {buf.worker}: its first row ends a "
+            f"transition, but the row before it is in another packet"
+        )
     cols: dict[str, np.ndarray] = {}
     for name, leaf in obs_leaves:
         arr = np.asarray(leaf)
@@ -102,7 +104,9 @@ class Trajectories:
             held = self.open.get(key)
             if held is None and not reset[lo]:  # no trajectory to continue
                 held, self.next_id = self.next_id, self.next_id + 1
-            ids[lo:hi] = np.where(count == 0, -1 if held is None else held, self.next_id + count - 1)
+            ids[lo:hi] = np.where(
+                count == 0, -1 if held is None else held, self.next_id + count - 1
+            )
             self.next_id += int(count[-1])
             self.open[key] = int(ids[hi - 1])
         return ids
@@ -121,7 +125,9 @@ class FrameQueue:
     def __init__(self, state: dict[str, Any] | None = None) -> None:
         state = state or {}
         self.settled = Deliveries(state.get("settled"))
-        self.partial: dict[PacketKey, int] = {(s, int(q)): int(k) for s, q, k in state.get("partial", [])}
+        self.partial: dict[PacketKey, int] = {
+            (s, int(q)): int(k) for s, q, k in state.get("partial", [])
+        }
         self.frames_out = int(state.get("frames", 0))  # yielded
         self.late = int(state.get("late", 0))  # left out as late (sync)
         self.traj = Trajectories(int(state.get("next_traj", 0)), state.get("open_traj"))
@@ -143,7 +149,9 @@ class FrameQueue:
         """Frames queued (of ``version`` only, when given)."""
         if version is None:
             return self.queued
-        return sum(int((p.frames.cols["policy_version"][p.start:] == version).sum()) for p in self._queue)
+        return sum(
+            int((p.frames.cols["policy_version"][p.start :] == version).sum()) for p in self._queue
+        )
 
     def take(self, n: int, version: int | None = None) -> tuple[list[Frames], list[PacketKey]]:
         """Up to ``n`` frames from the front (of ``version`` only: the others before the last one
@@ -156,15 +164,21 @@ class FrameQueue:
             cols, total = piece.frames.cols, len(piece.frames)
             rest = np.arange(piece.start, total)
             if version is not None:
-                rest = rest[cols["policy_version"][piece.start:] == version]
+                rest = rest[cols["policy_version"][piece.start :] == version]
             chosen = rest[:want]
             stop = int(chosen[-1]) + 1 if len(chosen) and len(chosen) == want else total
             late = stop - piece.start - len(chosen)
             if late:
                 self._late(piece, late, version)
             if len(chosen):
-                out.append(Frames({k: v[chosen] for k, v in cols.items()}, piece.frames.obs_spec,
-                                  piece.frames.act_spec, piece.frames.worker))
+                out.append(
+                    Frames(
+                        {k: v[chosen] for k, v in cols.items()},
+                        piece.frames.obs_spec,
+                        piece.frames.act_spec,
+                        piece.frames.worker,
+                    )
+                )
             want -= len(chosen)
             self.queued -= stop - piece.start
             piece.start = stop
@@ -186,12 +200,23 @@ class FrameQueue:
     def _late(self, piece: _Piece, count: int, version: int | None) -> None:
         self.late += count
         if worth_logging(self.late, first=5, every=100):
-            log.info("%d late frames of worker %s left out of the batch of v%s, which takes v%s "
-                     "only (%d late in all)", count, piece.frames.worker, version, version, self.late)
+            log.info(
+                "%d late frames of worker %s left out of the batch of v%s, which takes v%s "
+                "only (%d late in all)",
+                count,
+                piece.frames.worker,
+                version,
+                version,
+                self.late,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the stream (see the module docstring); JSON-serialisable."""
-        return {"settled": self.settled.to_json(),
-                "partial": [[s, q, k] for (s, q), k in sorted(self.partial.items())],
-                "frames": self.frames_out, "late": self.late, "next_traj": self.traj.next_id,
-                "open_traj": dict(self.traj.open)}
+        return {
+            "settled": self.settled.to_json(),
+            "partial": [[s, q, k] for (s, q), k in sorted(self.partial.items())],
+            "frames": self.frames_out,
+            "late": self.late,
+            "next_traj": self.traj.next_id,
+            "open_traj": dict(self.traj.open),
+        }

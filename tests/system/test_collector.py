@@ -1,7 +1,7 @@
-"""netrl as a remote collector, with real processes on 127.0.0.1: a server and two workers (``python -m
-netrl``), the RemoteCollector in the test process. Frames are counted per worker by their packets' sequence
-numbers, against the workers' own summaries: nothing lost, nothing twice, across a server kill -9 and a collector
-restarted from its state."""
+"""netrl as a remote collector, with real processes on 127.0.0.1: a server and two workers (``python
+-m netrl``), the RemoteCollector in the test process. Frames are counted per worker by their
+packets' sequence numbers, against the workers' own summaries: nothing lost, nothing twice, across a
+server kill -9 and a collector restarted from its state."""
 
 from __future__ import annotations
 
@@ -26,16 +26,22 @@ from tests.reliability import worker_summary
 EPISODE = 200  # Pendulum-v1's episodes: 200 steps each, so every run's frame count is known
 
 
-def start(procs: Procs, tmp_path: Path, workers: int = 2, episodes: int = 4, **worker: Any) -> tuple[Any, list[Any]]:
+def start(
+    procs: Procs, tmp_path: Path, workers: int = 2, episodes: int = 4, **worker: Any
+) -> tuple[Any, list[Any]]:
     config = small_config(tmp_path, worker={"min_samples_per_worker_packet": 25, **worker})
     server = procs.spawn("server", config)
     procs.wait_for(server, "server listening")
-    ws = [procs.spawn("worker", config, "--episodes", str(episodes), "--worker-id", f"w{i}") for i in range(workers)]
+    ws = [
+        procs.spawn("worker", config, "--episodes", str(episodes), "--worker-id", f"w{i}")
+        for i in range(workers)
+    ]
     return config, [server, *ws]
 
 
 def policy_of(cfg: Any) -> Any:
-    """The workers' actor (the gym pipeline's, for Pendulum-v1): its weights are what the collector publishes."""
+    """The workers' actor (the gym pipeline's, for Pendulum-v1): its weights are what the collector
+    publishes."""
     pipeline = make_pipeline(cfg)
     env = pipeline.env_cls()
     return pipeline.actor_module_cls(env.observation_space, env.action_space)
@@ -48,23 +54,38 @@ def collect(collector: RemoteCollector, batches: int | None = None) -> Iterator[
             return
 
 
-def test_sync_batches_hold_one_version_each_and_total_frames_ends_the_iteration(tmp_path: Path,
-                                                                                 procs: Procs) -> None:
+def test_sync_batches_hold_one_version_each_and_total_frames_ends_the_iteration(
+    tmp_path: Path, procs: Procs
+) -> None:
     config, (server, *workers) = start(procs, tmp_path, episodes=100)
     cfg = load_config(config)
-    collector = RemoteCollector(cfg, policy_of(cfg), frames_per_batch=100, total_frames=300, sync=True,
-                                rollout_fragment_length=50)
+    collector = RemoteCollector(
+        cfg,
+        policy_of(cfg),
+        frames_per_batch=100,
+        total_frames=300,
+        sync=True,
+        rollout_fragment_length=50,
+    )
     seen = []
     with collector:
         for batch in collector.iter_batches():
             versions = batch.extra["policy_version"].numpy()
             seen.append(versions)
-            assert len(batch.rew) == 100 and batch.obs.shape == (100, 3) and batch.next_obs.shape == (100, 3)
+            assert (
+                len(batch.rew) == 100
+                and batch.obs.shape == (100, 3)
+                and batch.next_obs.shape == (100, 3)
+            )
             assert batch.extra["traj_ids"].shape == (100,)
             collector.update_policy_weights_()
     assert len(seen) == 3  # total_frames: 300 frames, then the iteration ends
     assert [set(v.tolist()) for v in seen] == [{seen[0][0]}, {seen[0][0] + 1}, {seen[0][0] + 2}]
-    assert collector.queue.frames_out == 300 and set(collector.frames_by_worker) and len(collector.frames_by_worker) == 2
+    assert (
+        collector.queue.frames_out == 300
+        and set(collector.frames_by_worker)
+        and len(collector.frames_by_worker) == 2
+    )
     assert stop_processes(workers, then=[server]) == [0, 0, 0]
 
 
@@ -73,20 +94,23 @@ def settled_packets(state: dict[str, Any]) -> dict[str, list[list[int]]]:
 
 
 @pytest.mark.timeout(150)  # about 20 s; a frame lost hangs the iteration
-def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(tmp_path: Path, procs: Procs) -> None:
-    """Async: 2 workers x 4 episodes x 200 steps. The server is killed (SIGKILL) after 4 batches and started again
-    on its spool; after 8, the collector shuts down with frames in hand and a new one resumes from its state_dict.
-    Every worker's frames arrive exactly once: counts per worker stream against the workers' own summaries, and
-    every packet 1..n settled."""
-    config, (server, *workers) = start(procs, tmp_path, episodes=4, throttle=True, flush_timeout_s=60)
+def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """Async: 2 workers x 4 episodes x 200 steps. The server is killed (SIGKILL) after 4 batches and
+    started again on its spool; after 8, the collector shuts down with frames in hand and a new one
+    resumes from its state_dict. Every worker's frames arrive exactly once: counts per worker stream
+    against the workers' own summaries, and every packet 1..n settled."""
+    config, (server, *workers) = start(
+        procs, tmp_path, episodes=4, throttle=True, flush_timeout_s=60
+    )
     cfg = load_config(config)
-    make = lambda: RemoteCollector(cfg, policy_of(cfg), frames_per_batch=100, total_frames=1600,  # noqa: E731
-                                   sync=False)
+    def make() -> RemoteCollector:
+        return RemoteCollector(cfg, policy_of(cfg), frames_per_batch=100, total_frames=1600, sync=False)
+
     collector = make()
     got: dict[str, int] = {}
-    versions = []
-    for i, batch in enumerate(collector.iter_batches()):
-        versions.append(batch.extra["policy_version"])
+    for i, _ in enumerate(collector.iter_batches()):
         if i == 3:
             server.send_signal(signal.SIGKILL)
             server.wait()
@@ -102,7 +126,9 @@ def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(tm
     resumed = make()
     resumed.load_state_dict(state)
     batches = list(resumed.iter_batches())
-    assert len(batches) == 8 and resumed.queue.frames_out == 1600  # total_frames counts across the restart
+    assert (
+        len(batches) == 8 and resumed.queue.frames_out == 1600
+    )  # total_frames counts across the restart
     for stream in {*first, *resumed.frames_by_worker}:
         got[stream] = first.get(stream, 0) + resumed.frames_by_worker[stream]
     for w in workers:
@@ -111,7 +137,9 @@ def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(tm
     for s in summaries:
         assert s.produced == 4 * EPISODE and s.unacked == s.dropped == s.rejected == 0, s
         stream = next(k for k in got if k.endswith("/" + s.session))
-        assert got[stream] == s.produced, f"{s.name}: {got[stream]} frames yielded, {s.produced} produced"
+        assert got[stream] == s.produced, (
+            f"{s.name}: {got[stream]} frames yielded, {s.produced} produced"
+        )
         assert settled_packets(resumed.state_dict())[stream] == [[1, s.packets]]
     assert "reconnect" in procs.log(workers[0]) or "HELLO again" in procs.log(workers[0])
     resumed.shutdown()
@@ -119,8 +147,9 @@ def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(tm
 
 
 def pinned(policy: Any, action: float) -> Any:
-    """The actor made to choose (almost exactly) ``action`` in every state: zero weights into its heads, the mean's
-    bias far into tanh's saturation, the smallest std. Random actions (uniform on [-2, 2]) are told apart from it."""
+    """The actor made to choose (almost exactly) ``action`` in every state: zero weights into its
+    heads, the mean's bias far into tanh's saturation, the smallest std. Random actions (uniform on
+    [-2, 2]) are told apart from it."""
     with torch.no_grad():
         for head in (policy.mu, policy.log_std):
             head.weight.zero_()
@@ -129,13 +158,24 @@ def pinned(policy: Any, action: float) -> Any:
     return policy
 
 
-def test_init_random_frames_random_actions_first_then_the_policy(tmp_path: Path, procs: Procs) -> None:
-    """The workers (worker.init_random_frames 300, as the collector's) act at random until the collector holds 300
-    frames, as the server tells them, then with the published policy: here one that always chooses +2."""
-    config, (server, *workers) = start(procs, tmp_path, episodes=100, throttle=True, init_random_frames=300)
+def test_init_random_frames_random_actions_first_then_the_policy(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """The workers (worker.init_random_frames 300, as the collector's) act at random until the
+    collector holds 300 frames, as the server tells them, then with the published policy: here one
+    that always chooses +2."""
+    config, (server, *workers) = start(
+        procs, tmp_path, episodes=100, throttle=True, init_random_frames=300
+    )
     cfg = load_config(config)
-    collector = RemoteCollector(cfg, pinned(policy_of(cfg), 2.0), frames_per_batch=100, total_frames=1000,
-                                init_random_frames=300, sync=False)
+    collector = RemoteCollector(
+        cfg,
+        pinned(policy_of(cfg), 2.0),
+        frames_per_batch=100,
+        total_frames=1000,
+        init_random_frames=300,
+        sync=False,
+    )
     with collector:
         actions = np.concatenate([b.act.numpy()[:, 0] for b in collector.iter_batches()])
     assert len(actions) == 1000
