@@ -66,3 +66,65 @@ def test_a_sync_run_yields_tensordicts_of_frames_per_batch_that_extend_a_replay_
         "collector", "traj_ids"
     ].shape == (32,)
     assert stop_processes(workers, then=[server]) == [0, 0, 0]
+
+
+MY_POLICY = '''
+import dataclasses
+
+from torchrl.data import OneHot
+from torchrl.modules import MLP, QValueActor
+
+from netrl.interop.policies import TensorDictActor
+from netrl.pipelines import gym_pipeline
+from netrl.util import partial
+
+
+def make_policy(observation_space, action_space):
+    n = int(action_space.n)
+    return QValueActor(MLP(in_features=observation_space.shape[0], out_features=n, num_cells=[64, 64]),
+                       in_keys=["observation"], spec=OneHot(n))
+
+
+def build(cfg):
+    return dataclasses.replace(gym_pipeline(cfg), actor_module_cls=partial(TensorDictActor, policy=make_policy))
+'''
+
+
+def test_the_docs_script_trains_a_torchrl_policy_that_the_workers_run(
+    tmp_path: Path, procs: Procs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/torchrl.md's netrl script, shortened: a TorchRL QValueActor given to the collector as to TorchRL's own,
+    the workers running it as a TensorDictActor (my_policy.py's pipeline), DQNLoss on a ReplayBuffer, and each
+    update_policy_weights_() loaded by the workers (their frames carry the new versions)."""
+    import gymnasium
+    from torchrl.objectives import DQNLoss
+
+    (Path.cwd() / "my_policy.py").write_text(MY_POLICY)  # the workers run in this folder too
+    monkeypatch.syspath_prepend(str(Path.cwd()))
+    from my_policy import make_policy  # type: ignore[import-not-found]
+
+    config, (server, *workers) = start(
+        procs, tmp_path, episodes=1000, env={"pipeline": "my_policy:build", "id": "CartPole-v1"}
+    )
+    spaces = gymnasium.make("CartPole-v1")
+    policy = make_policy(spaces.observation_space, spaces.action_space)
+    collector = RemoteCollector(
+        load_config(config), policy, frames_per_batch=64, total_frames=256, rollout_fragment_length=32
+    )
+    loss = DQNLoss(policy, action_space="one-hot", delay_value=False)
+    loss.make_value_estimator(gamma=0.99)
+    optim = torch.optim.Adam(loss.parameters(), 1e-3)
+    buffer = ReplayBuffer(storage=LazyTensorStorage(10_000))
+    versions = []
+    for data in collector:
+        assert data["action"].shape == (64, 2) and data["action"].sum(-1).eq(1).all()  # one-hot
+        versions.append(int(data["policy_version"].unique().item()))
+        buffer.extend(data)
+        for _ in range(2):
+            loss(buffer.sample(32))["loss"].backward()
+            optim.step()
+            optim.zero_grad()
+        collector.update_policy_weights_()
+    collector.shutdown()
+    assert versions == [versions[0] + k for k in range(4)]
+    assert stop_processes(workers, then=[server]) == [0, 0, 0]

@@ -27,9 +27,12 @@ EPISODE = 200  # Pendulum-v1's episodes: 200 steps each, so every run's frame co
 
 
 def start(
-    procs: Procs, tmp_path: Path, workers: int = 2, episodes: int = 4, **worker: Any
+    procs: Procs, tmp_path: Path, workers: int = 2, episodes: int = 4,
+    env: dict[str, Any] | None = None, **worker: Any,
 ) -> tuple[Any, list[Any]]:
-    config = small_config(tmp_path, worker={"min_samples_per_worker_packet": 25, **worker})
+    """A server and ``workers`` worker processes (``worker`` settings over small_config's)."""
+    sections: dict[str, Any] = {"env": env} if env else {}
+    config = small_config(tmp_path, worker={"min_samples_per_worker_packet": 25, **worker}, **sections)
     server = procs.spawn("server", config)
     procs.wait_for(server, "server listening")
     ws = [
