@@ -184,6 +184,7 @@ class RemoteCollector:
         self.batches = 0  # yielded
         self.frames_by_worker: Counter[str] = Counter()  # yielded, per worker stream
         self.link: CollectorLink | None = None
+        self._reported = (-1, -1, 0.0)  # the last PROGRESS: frames yielded, wanted, when
         self._closed = False
 
     # -- TorchRL's collector API -------------------------------------------------------------------
@@ -324,11 +325,16 @@ class RemoteCollector:
         """Tell the server how far the workers may run ahead: three batches past the frames
         yielded (the pacing counts rows, a few more than frames: reset and context rows). The
         server counts frames as on the way until their bundle is acknowledged: those yielded
-        already are added back (:attr:`CollectorLink.yielded_unacked`)."""
+        already (:attr:`CollectorLink.yielded_unacked`) and those in the queue are added back."""
         assert self.link is not None
         out = self.queue.frames_out
-        wanted = out + self.link.yielded_unacked + 3 * self.frames_per_batch
-        self.link.progress(self.batches, out, max(wanted, self.init_random_frames))
+        held = self.link.yielded_unacked + self.queue.queued  # on the way, for the server
+        wanted = max(out + held + 3 * self.frames_per_batch, self.init_random_frames)
+        now = time.monotonic()
+        # as the training loop reports: on a change, and once a second (a wait polls at 20 Hz)
+        if (out, wanted) != self._reported[:2] or now - self._reported[2] >= 1.0:
+            self._reported = (out, wanted, now)
+            self.link.progress(self.batches, out, wanted)
 
     def _next_batch(self) -> Batch:
         link = self.link

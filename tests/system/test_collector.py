@@ -92,59 +92,61 @@ def test_sync_batches_hold_one_version_each_and_total_frames_ends_the_iteration(
     assert stop_processes(workers, then=[server]) == [0, 0, 0]
 
 
-def settled_packets(state: dict[str, Any]) -> dict[str, list[list[int]]]:
-    return state["queue"]["settled"]
+def check_exactly_once(got: dict[str, int], settled: dict[str, list[list[int]]], procs: Procs,
+                       workers: list[Any]) -> None:
+    """Every worker's frames yielded once: counted per worker stream against the workers' own summaries,
+    and every packet sequence number 1..n settled."""
+    for w in workers:
+        assert w.wait(timeout=60) == 0, procs.log(w)[-3000:]
+    for s in (worker_summary(procs.log(w)) for w in workers):
+        assert s.produced == 4 * EPISODE and s.unacked == s.dropped == s.rejected == 0, s
+        stream = next(k for k in got if k.endswith("/" + s.session))
+        assert got[stream] == s.produced, f"{s.name}: {got[stream]} frames yielded, {s.produced} made"
+        assert settled[stream] == [[1, s.packets]]
+
+
+def async_collector(cfg: Any) -> RemoteCollector:
+    return RemoteCollector(cfg, policy_of(cfg), frames_per_batch=100, total_frames=1600, sync=False)
 
 
 @pytest.mark.timeout(150)  # about 20 s; a frame lost hangs the iteration
-def test_a_server_kill9_and_a_collector_restart_lose_no_frame_and_repeat_none(
-    tmp_path: Path, procs: Procs
-) -> None:
-    """Async: 2 workers x 4 episodes x 200 steps. The server is killed (SIGKILL) after 4 batches and
-    started again on its spool; after 8, the collector shuts down with frames in hand and a new one
-    resumes from its state_dict. Every worker's frames arrive exactly once: counts per worker stream
-    against the workers' own summaries, and every packet 1..n settled."""
-    config, (server, *workers) = start(
-        procs, tmp_path, episodes=4, throttle=True, flush_timeout_s=60
-    )
+def test_a_server_kill9_mid_stream_loses_no_frame_and_repeats_none(tmp_path: Path, procs: Procs) -> None:
+    """Async: 2 throttled workers x 4 episodes x 200 steps; the server is killed (SIGKILL) after 2
+    batches and started again on its spool, the collector and the workers carry on."""
+    config, (server, *workers) = start(procs, tmp_path, episodes=4, throttle=True, flush_timeout_s=60)
     cfg = load_config(config)
-    def make() -> RemoteCollector:
-        return RemoteCollector(cfg, policy_of(cfg), frames_per_batch=100, total_frames=1600, sync=False)
+    with async_collector(cfg) as collector:
+        for i, _ in enumerate(collector.iter_batches()):
+            if i == 1:
+                server.send_signal(signal.SIGKILL)
+                server.wait()
+                time.sleep(0.5)  # an outage: the workers keep what they cannot send
+                server = procs.spawn("server", config)  # same spool folder
+        assert collector.queue.frames_out == 1600
+        check_exactly_once(dict(collector.frames_by_worker), collector.state_dict()["queue"]["settled"],
+                           procs, workers)
+    assert stop_processes([], then=[server]) == [0]
 
-    collector = make()
-    got: dict[str, int] = {}
+
+@pytest.mark.timeout(150)
+def test_a_collector_restarted_from_its_state_loses_no_frame_and_repeats_none(tmp_path: Path,
+                                                                                procs: Procs) -> None:
+    """After 8 batches the collector shuts down with frames in hand (unacknowledged: the server and
+    the workers keep them); a new one resumes from its state_dict and yields the rest, once."""
+    config, (server, *workers) = start(procs, tmp_path, episodes=4, throttle=True, flush_timeout_s=60)
+    cfg = load_config(config)
+    collector = async_collector(cfg)
     for i, _ in enumerate(collector.iter_batches()):
-        if i == 3:
-            server.send_signal(signal.SIGKILL)
-            server.wait()
-            time.sleep(0.5)
-            server = procs.spawn("server", config)  # same spool folder
         if i == 7:
             break
-    assert collector.queue.frames_out == 800
-    state = collector.state_dict()
-    first = dict(collector.frames_by_worker)
+    state, first = collector.state_dict(), dict(collector.frames_by_worker)
     collector.shutdown()
     collector.shutdown()  # idempotent
-    resumed = make()
+    resumed = async_collector(cfg)
     resumed.load_state_dict(state)
-    batches = list(resumed.iter_batches())
-    assert (
-        len(batches) == 8 and resumed.queue.frames_out == 1600
-    )  # total_frames counts across the restart
-    for stream in {*first, *resumed.frames_by_worker}:
-        got[stream] = first.get(stream, 0) + resumed.frames_by_worker[stream]
-    for w in workers:
-        assert w.wait(timeout=60) == 0, procs.log(w)[-3000:]
-    summaries = [worker_summary(procs.log(w)) for w in workers]
-    for s in summaries:
-        assert s.produced == 4 * EPISODE and s.unacked == s.dropped == s.rejected == 0, s
-        stream = next(k for k in got if k.endswith("/" + s.session))
-        assert got[stream] == s.produced, (
-            f"{s.name}: {got[stream]} frames yielded, {s.produced} produced"
-        )
-        assert settled_packets(resumed.state_dict())[stream] == [[1, s.packets]]
-    assert "reconnect" in procs.log(workers[0]) or "HELLO again" in procs.log(workers[0])
+    assert len(list(resumed.iter_batches())) == 8  # total_frames counts across the restart
+    got = {k: first.get(k, 0) + resumed.frames_by_worker[k] for k in {*first, *resumed.frames_by_worker}}
+    check_exactly_once(got, resumed.state_dict()["queue"]["settled"], procs, workers)
     resumed.shutdown()
     assert stop_processes([], then=[server]) == [0]
 
