@@ -62,8 +62,7 @@ from netrl.util import worth_logging
 FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
 MAX_LAYOUT_CAUSES = 64  # of the server's NOTICEs, logged once each
 KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
-_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these
-                  # bits, the part below
+_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above, the part below
 
 __all__ = ["TrainerLink"]
 
@@ -85,11 +84,9 @@ class TrainerLink(NetThread):
         # any other setting is encoded on a thread of its own (netrl.trainer.encoding).
         # FormatError for an unknown setting.
         self.encoder = None if weight_format == "float32" else WeightEncoder(weight_format, weight_budget_s)
-        self._command_lock = threading.Lock()  # the training and the encoding threads share
-                                               # the pipe's socket
+        self._command_lock = threading.Lock()  # training and encoding threads share the pipe
         self.live = live  # TrainingOffline.live
-        self.record_version = record_version  # notes a version on disk before it is
-                                              # sent (RunSaver.record_version)
+        self.record_version = record_version  # a version noted on disk before it is sent
         self._status = StatusClock(status_interval_s)
         self.schema = schema
         # checked on every packet before it is inflated
@@ -112,8 +109,7 @@ class TrainerLink(NetThread):
         self.server_session = ""  # the server process that sent the last WELCOME
         # log end of fetched packets
         self.ingested: Position | None = sample_log.end() if sample_log else None
-        self.granted = 0  # credits granted on the current connection
-        self.received = 0  # bundles received on the current connection
+        self.granted = self.received = 0  # credits granted, bundles received: this connection
         self.last_progress: list[Any] | None = None
         # the training thread's side of publishing: snapshots, encodings, WEIGHTS commands (through
         # self.command as it is when called: a test may replace it on the instance)
@@ -123,7 +119,7 @@ class TrainerLink(NetThread):
             self.sender.compact = lambda: bool(self.link.server_stats.get("slow_workers"))
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
-        self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
+        self.refused_notices = 0  # the server's NOTICEs that it refused our messages
         self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
                                               # trainer's layout
         # revocations and lifts heard of, for the loop; its revocations, answers and report, to send
@@ -359,6 +355,7 @@ class TrainerLink(NetThread):
         if self.error is not None:
             return
         bufs = []
+        duplicates: list[tuple[str, int]] = []  # (stream, seq) already taken
         refused: dict[str, list[int]] = {}  # the parts refused, told back in the ACK
         for i, part in enumerate(msg.parts):
             # a bundle of 4,096 packets can take seconds on a busy CPU
@@ -393,6 +390,7 @@ class TrainerLink(NetThread):
             with self.lock:
                 if self.deliveries.seen(buf.worker, buf.seq):
                     self.stats["duplicates"] += 1  # resent after a reconnect or a server restart
+                    duplicates.append((buf.worker, buf.seq))
                     continue
                 if self.sample_log is not None:  # on disk before it is acknowledged
                     try:
@@ -407,8 +405,12 @@ class TrainerLink(NetThread):
         self.received += 1
         self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
         self.new_data.set()
-        self.link.send(encode(Message(MsgType.ACK, self.link.name,
-                                      body={"seqs": [msg.seq], **refused})))
+        self._acknowledge(msg.seq, refused, bufs, duplicates)
+
+    def _acknowledge(self, bundle: int, refused: dict[str, list[int]], bufs: list[Buffer],
+                     duplicates: list[tuple[str, int]]) -> None:
+        """At once (logged, queued); netrl.interop's collector: once it has yielded them."""
+        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [bundle], **refused})))
 
     def _refused(self, bundle: int, part: int, exc: ProtocolError | SampleRejected,
                  refused: dict[str, list[int]]) -> None:
