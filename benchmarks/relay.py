@@ -216,6 +216,10 @@ def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir:
                        cfg.trainer.credit_window, Deliveries(), sample_log, schema(kind), keys,
                        check_values=False)  # as a Trainer's: its training loop checks values
     link.start()
+    connected = time.monotonic() + 60
+    while not link.link.ready and time.monotonic() < connected:
+        time.sleep(0.01)
+    print("ready", flush=True)  # the parent starts the sources only now (see relay_netrl)
     samples = nbytes = packets = 0
     t_start = t_end = None
     deadline = time.monotonic() + 60
@@ -351,7 +355,12 @@ def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float
     server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
     time.sleep(0.8)
     sink = child(child_sink, str(cfg_path), kind, str(warmup), str(seconds), str(run))
-    time.sleep(2.0)  # the sink (trainer) connects first: this measures the live relay, not a spool
+    # The sink (trainer) connects first, whatever its imports take on a loaded machine: sources
+    # started before would fill the server's spool, and the figure would be the spool's replay.
+    assert sink.stdout is not None
+    if sink.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"the relay sink did not start (exit code {sink.poll()})")
+    time.sleep(0.2)  # its SCHEMA reaches the server before the first packet
     go = run / "go"
     sources = [child(child_source, str(cfg_path), kind, f"{kind}{workers}{security}-w{i}", str(go))
                for i in range(workers)]

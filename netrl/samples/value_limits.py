@@ -34,6 +34,10 @@ RTOL = 1e-5
 MAX_WIRE_ELEMENTS = 4096
 
 
+_MIN, _MAX, _GE, _LE = np.minimum.reduce, np.maximum.reduce, np.greater_equal, np.less_equal
+_ALL = np.logical_and.reduce
+
+
 def field_label(name: str) -> str:
     """How messages name a leaf: ``obs/1/speed`` -> ``obs[1][speed]``."""
     head, *rest = name.split("/")
@@ -157,8 +161,9 @@ class ValueLimits:
                     and arr.shape[1:] == b.shape):
                 if not b.finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
                     return False  # an infinite bound lets an infinite value through min and max
-                if arr.shape[0] and not ((arr.min(axis=0) >= b.lo).all()
-                                         and (arr.max(axis=0) <= b.hi).all()):
+                # the ufuncs themselves: ndarray.min and .all add a Python layer each, per leaf
+                if arr.shape[0] and not (_ALL(_GE(_MIN(arr, 0), b.lo))
+                                         and _ALL(_LE(_MAX(arr, 0), b.hi))):
                     return False
             elif arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
                 return False
