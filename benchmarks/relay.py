@@ -213,8 +213,7 @@ def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir:
     # run has filled its memory.
     sample_log = SampleLog(Path(log_dir) / "samples", keep_rows=20_000)
     link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port,
-                       cfg.trainer.credit_window, Deliveries(), sample_log, schema(kind), keys,
-                       check_values=False)  # as a Trainer's: its training loop checks values
+                       cfg.trainer.credit_window, Deliveries(), sample_log, schema(kind), keys)
     link.start()
     connected = time.monotonic() + 60
     while not link.link.ready and time.monotonic() < connected:

@@ -78,7 +78,7 @@ class TrainerLink(NetThread):
                  keys: ClientKeys | None = None, status_interval_s: float = 0.0,
                  live: Callable[[], dict[str, Any]] | None = None,
                  record_version: Callable[[int, str], None] | None = None, weight_format: str = "float32",
-                 weight_budget_s: float = 0.0, check_values: bool = True) -> None:
+                 weight_budget_s: float = 0.0) -> None:
         super().__init__(net, "trainer", name, session, port, keys=keys)
         # network.weight_format: float32 alone is sent as today, from the training thread;
         # any other setting is encoded on a thread of its own (netrl.trainer.encoding).
@@ -91,7 +91,7 @@ class TrainerLink(NetThread):
                                               # sent (RunSaver.record_version)
         self._status = StatusClock(status_interval_s)
         self.schema = schema
-        self.check_values = check_values  # False: the training loop checks values, once
+        self.value_limits = schema and schema.limits  # checked on arrival, every leaf
         # checked on every packet before it is inflated
         self.packet_limits: PacketLimits | None = None
         self.credit_window = credit_window
@@ -371,7 +371,7 @@ class TrainerLink(NetThread):
                     raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
                 if self.schema is not None:
                     self.schema.check(sample_msg.body, sample_msg.arrays,
-                                      f"{sample_msg.sender!r} (via the server)", self.check_values)
+                                      f"{sample_msg.sender!r} (via the server)", inflated=True)
                 buf = buffer_from_message(sample_msg)
                 newest = int(buf.policy_version.max(initial=-1))
                 if newest > max(self.version, self.taken, FOREIGN_VERSION_LIMIT):

@@ -298,7 +298,7 @@ class Trainer:
                                      self.credit_window, deliveries, sample_log, schema, self.keys,
                                      self.status_interval, training.live,
                                      self._saver.record_version, self.weight_format,
-                                     self.weight_budget_s, check_values=guards is None)
+                                     self.weight_budget_s)
         net.version = publisher.version
         rows = self.max_rows_per_packet
         net.packet_limits = PacketLimits(rows, min(self.network.max_message_bytes, rows * sample_row_bytes(

@@ -1,63 +1,55 @@
-"""A packet's values are checked once on the trainer: by its training loop (every packet, those
-replayed from the sample log included), not also by its network thread."""
+"""A packet's values are checked once on the trainer: on arrival, by its network thread, which
+never logs or keeps a packet it refuses; the training loop checks only what no one checked with
+its limits (packets replayed from the sample log, other sources)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
+from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 
-from netrl.config.sections import NetworkConfig
 from netrl.envs.checks import value_limits
-from netrl.protocol.messages import Message, MsgType
+from netrl.errors import SampleRejected
 from netrl.protocol.schema import SampleSchema
-from netrl.protocol.wire import decode, encode
-from netrl.trainer.delivery import Deliveries
-from netrl.trainer.link import TrainerLink
-from tests.trainer.test_trainer import ACT, OBS, FakeLink, Links, make_trainer, packet
+from netrl.protocol.wire import decode, encode, samples_message
+from netrl.samples import BufferBuilder
+from netrl.samples.value_limits import ValueLimits
+from tests.trainer.test_trainer import Links, make_trainer
 from tests.trainer.test_trainer import links as links  # the fixture
 
-BAD = "obs row 2, element 1 is 3e+38, outside observation_space's bounds [-1, 1]"
 
+def test_a_trainer_checks_each_live_packets_values_once_and_each_replayed_one_again(
+        tmp_path: Path, links: type[Links], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    problem = ValueLimits.problem
 
-def extreme(session: str, seq: int, version: int) -> list[bytes]:
-    """A packet that fits the layout, with one observation of 3e38."""
-    msg = decode(packet(session, seq, version))
-    msg.arrays = {name: np.array(arr) for name, arr in msg.arrays.items()}
-    msg.arrays["obs"][2, 1] = 3e38
-    return [bytes(f) for f in encode(msg)]
+    def counted(self: ValueLimits, *args: Any, **kwargs: Any) -> str | None:
+        calls.append(1)
+        return problem(self, *args, **kwargs)
 
-
-def test_a_trainers_link_leaves_values_to_its_loop_which_refuses_a_bad_packet_by_name(
-        tmp_path: Path, links: type[Links], caplog: pytest.LogCaptureFixture) -> None:
-    def send_bad(link: FakeLink) -> None:
-        link.bundles += 1
-        parts = [extreme(link.worker_session, link.bundles, link.version)]
-        link.on_message(Message(MsgType.BUNDLE, "server", seq=link.bundles, parts=parts))
-
-    links.at[3] = send_bad
-    trainer = make_trainer(tmp_path, epochs=1)
-    with caplog.at_level(logging.WARNING):
-        trainer.run()
+    monkeypatch.setattr(ValueLimits, "problem", counted)
+    make_trainer(tmp_path, epochs=1).run()
     (link,) = links.made
-    assert not link.check_values and link.stats["rejected"] == 0  # not checked twice
-    assert trainer.training is not None and trainer.training.safeguards is not None
-    assert trainer.training.safeguards.refused == 1
-    assert BAD in caplog.text
+    assert link.bundles > 3 and len(calls) == link.bundles  # once each, on arrival
+    calls.clear()
+    make_trainer(tmp_path, epochs=2).run()  # replays the sample log: checked again, then live ones
+    replayed_and_live = link.bundles + links.made[1].bundles
+    assert len(calls) == replayed_and_live
 
 
-def test_a_link_without_a_loop_behind_it_still_checks_values(caplog: pytest.LogCaptureFixture) -> None:
-    schema = SampleSchema.from_spaces(OBS, ACT, limits=value_limits(OBS, ACT))
-    link = TrainerLink(NetworkConfig(), "trainer", "t" * 16, 1, 8, Deliveries(), None, schema)
-    sent: list[Message] = []
-    link.link.send = lambda frames: sent.append(decode(frames)) or True  # type: ignore[method-assign]
-    try:
-        with caplog.at_level(logging.WARNING):
-            link.on_message(Message(MsgType.BUNDLE, "server", seq=1,
-                                    parts=[extreme("s" * 16, 1, 0)]))
-    finally:
-        link.halt()
-    assert link.check_values and link.stats["rejected"] == 1 and BAD in caplog.text
-    assert sent[0].body["rejected"] == [0]  # told back in the bundle's ACK
+def test_the_trainers_arrival_check_covers_integer_leaves_the_servers_leaves_to_it() -> None:
+    obs, act = gymnasium.spaces.Box(-1, 1, (3,), np.float32), gymnasium.spaces.Discrete(3)
+    schema = SampleSchema.from_spaces(obs, act, limits=value_limits(obs, act))
+    b = BufferBuilder(4, 1)
+    b.add(np.zeros((), np.uint8), np.zeros(3, np.float32), 0.0, False, False, True, 0)
+    for a in (1, 7, 2):  # action 7 of a Discrete(3)
+        b.add(np.array(a, np.uint8), np.zeros(3, np.float32), 0.0, False, False, False, 0)
+    buf = b.cut()
+    assert buf is not None
+    msg = decode([bytes(f) for f in encode(samples_message(buf, "w", "s" * 16, 1, 3))])
+    schema.check(msg.body, msg.arrays, "w")  # the server's: integer arrays may arrive compressed
+    with pytest.raises(SampleRejected, match=r"act row 2 is 7, outside action_space's bounds"):
+        schema.check(msg.body, msg.arrays, "w", inflated=True)
