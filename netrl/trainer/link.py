@@ -89,6 +89,7 @@ class TrainerLink(NetThread):
         self.record_version = record_version  # a version noted on disk before it is sent
         self._status = StatusClock(status_interval_s)
         self.schema = schema
+        self.value_limits = schema and schema.limits  # checked on arrival, every leaf
         # checked on every packet before it is inflated
         self.packet_limits: PacketLimits | None = None
         self.credit_window = credit_window
@@ -366,7 +367,8 @@ class TrainerLink(NetThread):
                 if sample_msg.type is not MsgType.SAMPLES:
                     raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
                 if self.schema is not None:
-                    self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
+                    self.schema.check(sample_msg.body, sample_msg.arrays,
+                                      f"{sample_msg.sender!r} (via the server)", inflated=True)
                 buf = buffer_from_message(sample_msg)
                 newest = int(buf.policy_version.max(initial=-1))
                 if newest > max(self.version, self.taken, FOREIGN_VERSION_LIMIT):

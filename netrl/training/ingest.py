@@ -90,12 +90,13 @@ class Ingester:
         self.plausibility.exchange(source)
         return self.standing.exchange(source, add)
 
-    def add(self, buf: Buffer, new: bool, version: int, counts: RoundStats) -> int:
+    def add(self, buf: Buffer, new: bool, version: int, counts: RoundStats,
+            checked: bool = False) -> int:
         """Take one packet; returns its env steps (0 when refused or skipped). ``version`` is the
         actor's newest published version, ``counts`` the round's. Policy lag is measured against the
         trainer's version when the packet *arrived* (``buf.recv_version``), so replaying the sample
         log makes the same staleness decisions."""
-        if self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
+        if self.safeguards.refuse(buf, new, checked):  # values beyond the spaces or the config
             return 0
         if not self.plausibility.admit(buf, new):
             return 0  # held in quarantine, or refused
