@@ -153,7 +153,7 @@ class SampleIntake:
             if resend:
                 peer.resends_left -= 1
             else:
-                peer.pace_budget -= rows
+                peer.charged(msg.body["produced"], rows)
             self.stats.samples_in += steps
 
     def packet_limits(self, peer: Peer | None) -> PacketLimits:

@@ -29,6 +29,8 @@ MAX_COUNT = 2**53
 # context rows included), as its accepted packets show, at most this many: enough for tiny packets
 # with a frame stack's context rows, and all a worker of reset-only packets can get.
 MAX_ROWS_PER_STEP = 4
+# packets remembered before a worker's first heartbeat (Peer.charged_early): its window bounds them
+MAX_EARLY = 4096
 
 
 def is_count(value: Any) -> bool:
@@ -93,6 +95,9 @@ class Peer:
     # has finished (its count no longer rising) would be held for good.
     made_before: int = -1
     resends_left: int = 0
+    # packets accepted before that heartbeat, charged: (its count when made, rows), refunded then
+    # if they prove resends (they come at once on connecting, the heartbeat a moment later)
+    charged_early: list[tuple[int, int]] = field(default_factory=list)
     oversized: int = 0  # packets refused because they went beyond its declared
                         # bounds or the server's
     layout_refusals: int = 0  # packets refused for another sample layout than the trainer's
@@ -154,6 +159,17 @@ class Peer:
         self.made_before = produced if type(produced) is int else 0
         self.resends_left = min(MAX_COUNT, sum(v for k in ("backlog_packets", "held_packets")
                                                if type(v := got.get(k)) is int))
+        for made, rows in self.charged_early:
+            if self.resend(made, False):
+                self.resends_left -= 1
+                self.pace_budget += rows
+        self.charged_early = []
+
+    def charged(self, produced: int, rows: int) -> None:
+        """A packet of ``rows`` accepted and charged to its allowance, made at count ``produced``."""
+        self.pace_budget -= rows
+        if self.made_before < 0 and len(self.charged_early) < MAX_EARLY:
+            self.charged_early.append((produced, rows))
 
     def resend(self, produced: int, key_held: bool) -> bool:
         """Whether a packet made when its count was ``produced`` is a resend no PACE of this
