@@ -166,7 +166,7 @@ class Peer:
         self.charged_early = []
 
     def charged(self, produced: int, rows: int) -> None:
-        """A packet of ``rows`` accepted and charged to its allowance, made at count ``produced``."""
+        """A packet of ``rows`` accepted, charged to its allowance, made at count ``produced``."""
         self.pace_budget -= rows
         if self.made_before < 0 and len(self.charged_early) < MAX_EARLY:
             self.charged_early.append((produced, rows))
