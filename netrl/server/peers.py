@@ -159,10 +159,9 @@ class Peer:
         self.made_before = produced if type(produced) is int else 0
         self.resends_left = min(MAX_COUNT, sum(v for k in ("backlog_packets", "held_packets")
                                                if type(v := got.get(k)) is int))
-        for made, rows in self.charged_early:
-            if self.resend(made, False):
-                self.resends_left -= 1
-                self.pace_budget += rows
+        # (not counted against resends_left: the heartbeat's backlog no longer names those the
+        # server has acknowledged since, spooled or delivered)
+        self.pace_budget += sum(rows for made, rows in self.charged_early if made <= self.made_before)
         self.charged_early = []
 
     def charged(self, produced: int, rows: int) -> None:
