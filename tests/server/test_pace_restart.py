@@ -13,6 +13,7 @@ import zmq
 
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, samples_message, split_bundle
+from netrl.server.peers import Peer as PeerEntry
 from netrl.server.server import Server
 from tests.fakes import Peer, sample_buffer
 
@@ -75,3 +76,20 @@ def test_a_finished_workers_resends_to_a_restarted_server_are_not_held_for_pacin
                 nacks.append(reply.body["reason"])
     assert len(got) == PACKETS, (len(got), srv.stats["pace_refusals"], nacks[-1:])
     assert acked == set(range(1, PACKETS + 1))
+
+
+def test_rows_charged_before_the_first_heartbeat_are_given_back_if_they_were_resends() -> None:
+    """The backlog goes at once on connecting, the first heartbeat a moment later: packets accepted
+    meanwhile were charged; those made before the heartbeat's count are given back, also when the
+    server has acknowledged them since (spooled), so that the heartbeat's backlog omits them."""
+    peer = PeerEntry(b"r", "worker", "w", "s", "127.0.0.1", None)  # type: ignore[arg-type]
+    peer.pace_budget = 10
+    for made in (150, 160, 260):  # two of the backlog, one made after the heartbeat's count
+        peer.charged(made, 5)
+    assert peer.pace_budget == -5
+    peer.report({"produced": 200, "backlog_packets": 0, "held_packets": 0})
+    peer.first_report()
+    assert peer.pace_budget == 5  # the two resends' 10 rows back, not the new packet's
+    assert not peer.resend(190, False)  # its backlog was empty: nothing after it goes unpaced
+    peer.charged(300, 5)
+    assert peer.pace_budget == 0 and peer.charged_early == []  # charged once known, kept no more
