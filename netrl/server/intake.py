@@ -141,7 +141,8 @@ class SampleIntake:
         if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:
             self._over_window(peer, msg.seq, nbytes, held)
             return
-        if self._over_pace(peer, msg.seq, rows):
+        resend = peer.resend(msg.body["produced"], (peer.session, msg.seq) in self.relay.held)
+        if not resend and self._over_pace(peer, msg.seq, rows):
             return
         peer.produced_up_to(msg.body["produced"])
         outcome = self.relay.accept(packet, self.peers.trainer is not None, spool_now=peer.flushing)
@@ -149,7 +150,10 @@ class SampleIntake:
             peer.samples += steps
             peer.rows += rows
             peer.packets += 1
-            peer.pace_budget -= rows
+            if resend:
+                peer.resends_left -= 1
+            else:
+                peer.charged(msg.body["produced"], rows)
             self.stats.samples_in += steps
 
     def packet_limits(self, peer: Peer | None) -> PacketLimits:
@@ -282,6 +286,7 @@ class SampleIntake:
         if not isinstance(stats, dict):
             return
         ignored = peer.report(stats)
+        peer.first_report()
         if ignored:
             peer.bad_reports += 1
             if worth_logging(peer.bad_reports, first=3):
