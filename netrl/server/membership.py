@@ -52,6 +52,9 @@ class Membership:
         # found gone by a send, in this pass of the loop
         self.gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}
         self._slow = 0  # workers whose link cannot carry float32 in the budget (WeightCache)
+        # workers whose link rate is not measured yet: the trainer sends small parts for them (a
+        # 1 MiB part could outlive a slow link's liveness window before it is found slow)
+        self._unmeasured = 0
         self._slow_at = 0.0  # monotonic time to count them again
         # heartbeats(): when the next scan of every peer is due, and the news it told
         self._next_scan, self._scanned_news = 0.0, (-1, -1)
@@ -173,6 +176,7 @@ class Membership:
         if now >= self._slow_at:
             self._slow_at = now + self.net.heartbeat_interval_s
             self._slow = self.weights.slow_workers(self.peers.workers(), now)
+            self._unmeasured = sum(w.link.rate is None for w in self.peers.workers())
         for peer in self.peers.values():
             if peer.liveness.expired(now) and not unread[peer.role]:
                 self.lost(peer, f"no message for {peer.liveness.window:.1f} s")
@@ -183,11 +187,12 @@ class Membership:
                 if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
                     peer.told = told
             elif peer.role == "trainer" and (peer.liveness.heartbeat_due(now)
-                                             or peer.told != (self._slow, 0)):
-                # a trainer's link is busy with samples: told when the count changes
-                body = {"stats": {"slow_workers": self._slow}, **peer.liveness.stamp()}
+                                             or peer.told != (self._slow, self._unmeasured)):
+                # a trainer's link is busy with samples: told when a count changes
+                counts = {"slow_workers": self._slow, "unmeasured_workers": self._unmeasured}
+                body = {"stats": counts, **peer.liveness.stamp()}
                 if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
-                    peer.told = (self._slow, 0)
+                    peer.told = (self._slow, self._unmeasured)
             elif peer.liveness.heartbeat_due(now):
                 heartbeat = Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp())
                 self.out.send(peer, heartbeat)

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 MAX_FORMATS = 4  # per model: auto sends three
 KNOWN_VERSIONS = 64  # versions of a (model, format) remembered as bases a delta may continue
 MAX_SLOW_SESSIONS = 256  # worker sessions remembered as slow across their reconnects
+# a slow worker counts as fast again only after this many rate samples since it was last found
+# slow, none of them slow: a link near the threshold would flip the trainer's encoding on and off
+FAST_SAMPLES = 3
 
 class ModelCache:
     """One model's encodings: a full :class:`Encoding` and a :class:`DeltaChain` per format."""
@@ -155,8 +158,8 @@ class WeightCache:
         self._refused_models: set[str] = set()  # models beyond MAX_MODELS, logged once per session
         # per model: what the last session sent of a version
         self._expected: dict[str, set[tuple[str, bool]]] = {}
-        # sessions of workers found slow before their rate was measured (slow_workers)
-        self._slow_sessions: dict[str, None] = {}
+        # sessions of workers found slow (slow_workers): the link's rate samples when last found so
+        self._slow_sessions: dict[str, int] = {}
 
     # -- today's single cache: the policy's float32 full encoding ----------------------------------
     @property
@@ -300,16 +303,23 @@ class WeightCache:
         any is measured, by a message on its way to it for over twice the budget (a 4 MB float32
         version behind reno at 1% loss never arrived: the worker reconnected during each of its
         1 MiB parts, so no rate was ever measured). A worker so found is remembered by its session,
-        across its reconnects, until its rate is measured."""
+        across its reconnects, and stays slow until :data:`FAST_SAMPLES` rate samples since say it
+        is not (hysteresis: a link near the threshold does not flip the trainer's encoding)."""
         slow = 0
         for worker in workers:
+            since = worker.link.samples - self._slow_sessions.get(worker.session, 0)
             if self._slow(worker, now):
                 slow += 1
-                self._slow_sessions[worker.session] = None
+                self._slow_sessions.pop(worker.session, None)  # (to the end: the newest)
+                self._slow_sessions[worker.session] = worker.link.samples
                 while len(self._slow_sessions) > MAX_SLOW_SESSIONS:
                     del self._slow_sessions[next(iter(self._slow_sessions))]
-            elif worker.link.rate is not None:
-                self._slow_sessions.pop(worker.session, None)
+            elif worker.session not in self._slow_sessions:
+                continue
+            elif worker.link.rate is not None and since >= FAST_SAMPLES:
+                del self._slow_sessions[worker.session]
+            else:
+                slow += 1
         return slow
 
     def _slow(self, worker: Peer, now: float) -> bool:
@@ -327,7 +337,7 @@ class WeightCache:
             sent = (st.inflight[0] if st.inflight else st.streaming) if st else None
             if sent is not None and sent.started and now - sent.started > 2 * budget:
                 return True
-        return rate is None and worker.session in self._slow_sessions
+        return False
 
     def describe(self) -> dict[str, Any]:
         """--status: per model, its newest version and the formats and deltas

@@ -116,7 +116,9 @@ class TrainerLink(NetThread):
         # self.command as it is when called: a test may replace it on the instance)
         self.sender = WeightSender(name, session, lambda frames, track=False: self.command(frames, track),
                                    self.encoder)
-        if weight_format == "adaptive":  # the compact formats while the server counts a slow worker
+        # the server's counts of slow and unmeasured workers: small parts; adaptive: compact ones
+        self.sender.server_stats = lambda: self.link.server_stats
+        if weight_format == "adaptive":
             self.sender.compact = lambda: bool(self.link.server_stats.get("slow_workers"))
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)

@@ -97,6 +97,9 @@ class WeightSender:
         # alone, from the training thread as without an encoder, otherwise. None: always encode
         self.compact: Callable[[], bool] | None = None
         self._compacting = False
+        # the stats of the server's last heartbeat: while they count a worker whose link is slow or
+        # not measured yet, every encoding goes in small parts (any format)
+        self.server_stats: Callable[[], dict[str, Any]] = dict
 
     def send(self, actor: torch.nn.Module, model: str, slot: int, version: int, trained_steps: int,
              keep: int) -> None:
@@ -145,11 +148,15 @@ class WeightSender:
                        snap: Snapshot) -> None:
         """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy
         until sent); a compact one (all but float32's full version) in smaller parts, for the slow
-        links it goes to."""
+        links it goes to; every one in small parts while the server counts a slow worker or one
+        whose link is not measured yet."""
         compact = out.fields.get("format", "float32") != "float32" or "base" in out.fields
         smallest = MIN_COMPACT_PART_BYTES if compact else MIN_PART_BYTES
+        stats = self.server_stats()
+        slow = bool(stats.get("slow_workers") or stats.get("unmeasured_workers"))
+        size = part_bytes(out.data.nbytes, smallest, slow)
         for msg in weight_parts(self.name, self.session, version, trained_steps, out.data,
-                                snap.layout, part_bytes(out.data.nbytes, smallest), out.fields):
+                                snap.layout, size, out.fields):
             if self.collect is not None and model == POLICY:
                 msg.body["collect"] = self.collect
             head = command_head(Command.WEIGHTS, slot | msg.body["part"], version)

@@ -15,7 +15,7 @@ from netrl.monitor.status import format_status
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import MAX_MODELS, weight_parts
 from netrl.server.server import Server
-from netrl.server.weight_cache import MAX_DELTAS
+from netrl.server.weight_cache import FAST_SAMPLES, MAX_DELTAS
 from netrl.server.weight_choice import MIN_RATE_BYTES, Candidate, LinkRate, choose
 from tests.fakes import Peer, wait_until
 
@@ -376,9 +376,51 @@ def test_the_trainer_hears_how_many_workers_cannot_get_float32_in_the_budget(
     got = received(worker)  # (0.4 s)
     ack(worker, got[0])  # 128 KiB in 0.4 s or more: at most 33 KiB in the 0.1 s budget
     wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [1], 5, "a slow worker told")
-    # the same link, a budget it keeps (10 s: a trainer publishing every 10 s)
-    publish(trainer, 2, nbytes=2 * MIN_RATE_BYTES, budget_s=10.0, part_bytes=64 << 10)
+    # the same link, a budget it keeps (10 s: a trainer publishing every 10 s), measured so often
+    # enough for the hysteresis
+    for version in range(2, 2 + FAST_SAMPLES):
+        fast_sample(srv, trainer, worker, version)
     wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [0], 5, "no slow worker told")
+
+
+def fast_sample(srv: Server, trainer: Peer, worker: Peer, version: int) -> None:
+    """Publish ``version`` with a budget of 10 s (one the link keeps) and ACK it: one more rate
+    sample of the worker's link, a fast one."""
+    samples = srv.peers.workers()[0].link.samples
+    publish(trainer, version, nbytes=2 * MIN_RATE_BYTES, budget_s=10.0, part_bytes=64 << 10)
+    got: list[Got] = []
+    deadline = time.monotonic() + 5  # (a loaded machine; each look is a heartbeat: silent, it is lost)
+    while not any(g[1] == version for g in got) and time.monotonic() < deadline:
+        got += received(worker)
+    assert got and got[-1][1] == version
+    ack(worker, got[-1])
+    wait_until(lambda: srv.peers.workers()[0].link.samples == samples + 1, 5, f"v{version} measured",
+               poll=0.02)
+
+
+def test_a_slow_worker_counts_as_fast_again_only_after_several_fast_rate_samples(
+        server: tuple[Server, zmq.Context]) -> None:
+    # hysteresis: a link near the threshold must not flip the trainer's encoding on and off with
+    # each rate sample (adaptive: float32 alone, then every format, then float32 alone...)
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    publish(trainer, 1, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
+    ack(worker, received(worker)[0])  # 128 KiB in 0.4 s or more: slow in a 0.1 s budget
+    wait_until(lambda: srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1, 5,
+               "the worker slow")
+    for version in range(2, 2 + FAST_SAMPLES):
+        fast_sample(srv, trainer, worker, version)
+        fast = version - 1
+        assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == (fast < FAST_SAMPLES), fast
+    # slow again at one slow sample (a 0.1 s budget), and again only fast after FAST_SAMPLES more
+    publish(trainer, 2 + FAST_SAMPLES, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
+    ack(worker, received(worker)[-1])
+    wait_until(lambda: srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1, 5,
+               "the worker slow again")
+    fast_sample(srv, trainer, worker, 3 + FAST_SAMPLES)
+    assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1
 
 
 def test_a_worker_whose_first_version_never_arrives_is_slow_and_stays_so_across_its_reconnect(
