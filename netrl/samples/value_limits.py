@@ -162,8 +162,8 @@ class ValueLimits:
                 if not b.finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
                     return False  # an infinite bound lets an infinite value through min and max
                 # the ufuncs themselves: ndarray.min and .all add a Python layer each, per leaf
-                if arr.shape[0] and not (_ALL(_GE(_MIN(arr, 0), b.lo))
-                                         and _ALL(_LE(_MAX(arr, 0), b.hi))):
+                if arr.shape[0] and not (_ALL(_GE(_MIN(arr, 0), b.lo), None)
+                                         and _ALL(_LE(_MAX(arr, 0), b.hi), None)):
                     return False
             elif arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
                 return False

@@ -61,3 +61,14 @@ def test_honest_packets_pass_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(limits()._passes(p[0], p[1]) for p in packets)  # the fast pass decides them all
     monkeypatch.setattr(ValueLimits, "_passes", lambda *_: False)
     assert all(limits().problem(*p) is None for p in packets)
+
+
+@pytest.mark.parametrize("value", [0.5, 3.0])
+def test_leaves_of_several_dimensions_per_row_are_judged_as_the_full_checks_judge_them(value: float) -> None:
+    """A Box of shape (2, 3): the fast pass reduced the rows' minimum and maximum over the first axis only, and
+    asked an array for its truth value."""
+    lim = ValueLimits({"obs": Bounds(np.zeros((2, 3)), np.ones((2, 3)), "observation_space")}, 100.0)
+    obs = np.full((ROWS, 2, 3), 0.25, np.float32)
+    obs[4, 1, 2] = value
+    got = lim.problem({"obs": obs}, np.zeros(ROWS, np.float32), np.zeros(ROWS, bool))
+    assert (got is None) == (value <= 1) and (got is None or "row 4" in got)
