@@ -90,8 +90,7 @@ class TrainerLink(NetThread):
         self._status = StatusClock(status_interval_s)
         self.schema = schema
         self.value_limits = schema and schema.limits  # checked on arrival, every leaf
-        # checked on every packet before it is inflated
-        self.packet_limits: PacketLimits | None = None
+        self.packet_limits: PacketLimits | None = None  # checked on every packet, before inflating
         self.credit_window = credit_window
         self.deliveries = deliveries
         self.sample_log = sample_log
@@ -123,8 +122,7 @@ class TrainerLink(NetThread):
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
         self.refused_notices = 0  # the server's NOTICEs that it refused our messages
-        self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
-                                              # trainer's layout
+        self.layout_causes: set[str] = set()  # why the server refused packets for our layout
         # revocations and lifts heard of, for the loop; its revocations, answers and report, to send
         self.operator = OperatorBox(name, lambda: self.wake(), self.new_data.set)
 
@@ -402,8 +400,7 @@ class TrainerLink(NetThread):
                     except OSError as exc:
                         self._stop_after_failed_write(exc)
                         return  # no ACK: the server and the worker keep this bundle's packets
-                self.deliveries.add(buf.worker, buf.seq)  # only once it is on disk: a checkpoint
-                                                          # may save this
+                self.deliveries.add(buf.worker, buf.seq)  # once on disk: a checkpoint may save it
             bufs.append(buf)
         self.stats["bundles"] += 1
         self.received += 1
@@ -442,8 +439,7 @@ class TrainerLink(NetThread):
                   "and pipeline (config.json: the same env.pipeline)", printable(reason))
 
     def _stop_after_failed_write(self, exc: OSError) -> None:
-        """End this thread cleanly; the training loop raises the advice at
-        its next fetch or wait."""
+        """End this thread cleanly; the training loop raises the advice at its next fetch or wait."""
         assert self.sample_log is not None
         advice = write_failed("the sample log in", self.sample_log.log.dir, exc)
         self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes "
