@@ -439,7 +439,7 @@ class TrainerLink(NetThread):
                   "and pipeline (config.json: the same env.pipeline)", printable(reason))
 
     def _stop_after_failed_write(self, exc: OSError) -> None:
-        """End this thread cleanly; the training loop raises the advice at its next fetch or wait."""
+        """End this thread cleanly; the training loop raises the advice at its next fetch."""
         assert self.sample_log is not None
         advice = write_failed("the sample log in", self.sample_log.log.dir, exc)
         self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes "
