@@ -383,17 +383,23 @@ def test_the_trainer_hears_how_many_workers_cannot_get_float32_in_the_budget(
     wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [0], 5, "no slow worker told")
 
 
+def arrival(worker: Peer, version: int) -> Got:
+    """Part 0 of ``version`` once it reaches ``worker``: looked for up to 5 s (a loaded machine; each
+    look is a heartbeat: a silent worker is lost)."""
+    got: list[Got] = []
+    deadline = time.monotonic() + 5
+    while not any(g[1] == version for g in got) and time.monotonic() < deadline:
+        got += received(worker)
+    assert any(g[1] == version for g in got), (version, got)
+    return next(g for g in got if g[1] == version)
+
+
 def fast_sample(srv: Server, trainer: Peer, worker: Peer, version: int) -> None:
     """Publish ``version`` with a budget of 10 s (one the link keeps) and ACK it: one more rate
     sample of the worker's link, a fast one."""
     samples = srv.peers.workers()[0].link.samples
     publish(trainer, version, nbytes=2 * MIN_RATE_BYTES, budget_s=10.0, part_bytes=64 << 10)
-    got: list[Got] = []
-    deadline = time.monotonic() + 5  # (a loaded machine; each look is a heartbeat: silent, it is lost)
-    while not any(g[1] == version for g in got) and time.monotonic() < deadline:
-        got += received(worker)
-    assert got and got[-1][1] == version
-    ack(worker, got[-1])
+    ack(worker, arrival(worker, version))
     wait_until(lambda: srv.peers.workers()[0].link.samples == samples + 1, 5, f"v{version} measured",
                poll=0.02)
 
@@ -407,7 +413,7 @@ def test_a_slow_worker_counts_as_fast_again_only_after_several_fast_rate_samples
     worker = Peer(ctx, srv.worker_port, "worker", "w")
     worker_hello(worker)
     publish(trainer, 1, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
-    ack(worker, received(worker)[0])  # 128 KiB in 0.4 s or more: slow in a 0.1 s budget
+    ack(worker, arrival(worker, 1))  # 128 KiB in 0.4 s or more: slow in a 0.1 s budget
     wait_until(lambda: srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1, 5,
                "the worker slow")
     for version in range(2, 2 + FAST_SAMPLES):
@@ -416,7 +422,7 @@ def test_a_slow_worker_counts_as_fast_again_only_after_several_fast_rate_samples
         assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == (fast < FAST_SAMPLES), fast
     # slow again at one slow sample (a 0.1 s budget), and again only fast after FAST_SAMPLES more
     publish(trainer, 2 + FAST_SAMPLES, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
-    ack(worker, received(worker)[-1])
+    ack(worker, arrival(worker, 2 + FAST_SAMPLES))
     wait_until(lambda: srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1, 5,
                "the worker slow again")
     fast_sample(srv, trainer, worker, 3 + FAST_SAMPLES)
