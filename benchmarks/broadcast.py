@@ -50,6 +50,7 @@ class Settings:
     security: tuple[str, ...] = ("curve", "none")
     versions: int = 20  # measured per figure: small versions swing most and cost least
     versions_10m: int = 8  # measured per figure of a 10M-parameter actor
+    weight_format: str | None = None  # network.weight_format (None: its default)
 
     def __post_init__(self) -> None:
         choose(self.sizes, SIZES, "--sizes")
@@ -70,6 +71,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--versions", type=int, help=f"versions measured per figure ({d.versions})")
     p.add_argument("--versions-10m", type=int,
                    help=f"versions measured per figure of the 10M actor ({d.versions_10m})")
+    p.add_argument("--weight-format", type=str,
+                   help=f"network.weight_format (default: {Config().network.weight_format})")
 
 
 def _actor(hidden: int) -> Any:
@@ -122,7 +125,8 @@ def child_publisher(cfg_path: str, hidden: str, versions: str, interval: str) ->
     cfg = load_config(cfg_path)
     keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
     link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port, 8,
-                       Deliveries(), None, None, keys)
+                       Deliveries(), None, None, keys, weight_format=cfg.network.weight_format,
+                       weight_budget_s=cfg.network.weight_budget_s)
     link.start()
     actor = _actor(int(hidden))
     while not link.link.ready:
@@ -192,8 +196,10 @@ def _wait_ready(reports: list[list[dict[str, Any]]], timeout: float) -> None:
 
 
 def broadcast_netrl(tmp: Path, hidden: int, workers: int, security: str, versions: int,
-                    interval: float) -> dict[int, float]:
+                    interval: float, weight_format: str | None = None) -> dict[int, float]:
     data = config_to_dict(Config())
+    if weight_format is not None:
+        data["network"]["weight_format"] = weight_format
     data.update(weights_folder=str(tmp / "w"), keys_dir=str(tmp / "keys"), security=security)
     data["network"].update(trainer_port=free_port(), worker_port=free_port(),
                            heartbeat_interval_s=1.0, heartbeat_liveness=30)
@@ -285,7 +291,8 @@ def run(s: Settings) -> list[Row]:
                 interval = {"0.1M": 0.3, "1M": 0.5, "10M": 1.0 + 0.15 * workers}[size]
                 versions = WARMUP + (s.versions_10m if size == "10M" else s.versions)
                 for security in s.security:
-                    got = broadcast_netrl(tmp, hidden, workers, security, versions, interval)
+                    got = broadcast_netrl(tmp, hidden, workers, security, versions, interval,
+                                          s.weight_format)
                     raw = broadcast_raw(hidden, workers, security, versions, interval)
                     fwd = broadcast_raw(hidden, workers, security, versions, interval,
                                         forwarded=True)
@@ -307,5 +314,7 @@ def run(s: Settings) -> list[Row]:
                         net_ms / fwd_ms <= 2,
                         {"params": size, "workers": workers, "security": security,
                          "versions": versions - WARMUP, "warmup_versions": WARMUP,
-                         "interval_s": interval}, detail))
+                         "interval_s": interval,
+                         "weight_format": s.weight_format or Config().network.weight_format},
+                        detail))
     return rows

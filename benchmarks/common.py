@@ -24,11 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository: where `python -
 
 
 def child(function: Callable[..., None], *args: str, stdin: bool = False,
-          log: IO[Any] | None = None) -> subprocess.Popen[str]:
+          log: IO[Any] | None = None,
+          wrap: Callable[[list[str]], list[str]] | None = None) -> subprocess.Popen[str]:
     """``function(*args)`` in a process of its own and its own process group, stdout captured (or,
-    with ``log``, written there with stderr), and stdin a pipe with ``stdin``."""
+    with ``log``, written there with stderr), and stdin a pipe with ``stdin``; ``wrap`` turns the
+    command into another (a network namespace's: benchmarks.packet_link.PacketPath.command)."""
     target = f"{function.__module__}.{function.__name__}"
-    return subprocess.Popen([sys.executable, "-m", "benchmarks", "_child", target, *args], cwd=ROOT,
+    argv = [sys.executable, "-m", "benchmarks", "_child", target, *args]
+    return subprocess.Popen(wrap(argv) if wrap else argv, cwd=ROOT,
                             stdin=subprocess.PIPE if stdin else None,
                             stdout=log if log is not None else subprocess.PIPE,
                             stderr=subprocess.STDOUT if log is not None else None, text=True,

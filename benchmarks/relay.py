@@ -56,7 +56,15 @@ KINDS: dict[str, dict[str, Any]] = {  # rows per packet, one row's layout, the w
     # image rows as a camera makes them (ImageReach's noisy frame stacks), sent as a worker does
     "camera": {"rows": 100, "obs": ((4, 64, 64), np.uint8), "act": ((2,), np.float32),
                "codec": "zstd"},
+    # a real-time worker's packet: 10 Pendulum rows (about 20 Hz with the default delay), where
+    # per-packet work, not bytes, bounds the relay (issue 47, item 4)
+    "pendulum": {"rows": 10, "obs": ((3,), np.float32), "act": ((1,), np.float32),
+                 "codec": "zstd"},
 }
+# The raw baselines' queue limit per pipe: ZeroMQ's default (1,000 messages) for packets of a few
+# hundred bytes, where a limit of 16 would stall every pipe and flatter netrl's ratio; 16 for
+# megabyte packets (see _bounded).
+SMALL_PACKET_ROWS = 10
 SECURITY = ("curve", "none")
 
 
@@ -102,8 +110,11 @@ def packet(kind: str) -> Buffer:
     rng = np.random.default_rng(0)
     (obs_shape, obs_dtype), (act_shape, act_dtype) = spec["obs"], spec["act"]
     obs = (_camera_frames(n) if kind == "camera"
+           else rng.uniform(-1, 1, (n, *obs_shape)).astype(obs_dtype) if kind == "pendulum"
            else rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype))
-    return Buffer(act=rng.normal(size=(n, *act_shape)).astype(act_dtype), obs=obs,
+    act = (rng.uniform(-1, 1, (n, *act_shape)) if kind == "pendulum"
+           else rng.normal(size=(n, *act_shape))).astype(act_dtype)
+    return Buffer(act=act, obs=obs,
                   rew=rng.normal(size=n).astype(np.float32), terminated=np.zeros(n, bool),
                   truncated=np.zeros(n, bool), reset=np.arange(n) == 0, context=np.zeros(n, bool),
                   policy_version=np.zeros(n, np.int64))
@@ -127,6 +138,14 @@ def _camera_frames(n: int) -> np.ndarray:
 def schema(kind: str) -> SampleSchema:
     import gymnasium
 
+    from netrl.envs.checks import value_limits
+
+    if kind == "pendulum":  # Pendulum-v1's spaces, with the value limits a trainer checks
+        obs_space = gymnasium.spaces.Box(np.array([-1, -1, -8], np.float32),
+                                         np.array([1, 1, 8], np.float32))
+        act_space = gymnasium.spaces.Box(-2, 2, (1,), np.float32)
+        return SampleSchema.from_spaces(obs_space, act_space,
+                                        limits=value_limits(obs_space, act_space, 100.0))
     spec = KINDS[kind]
     (obs_shape, obs_dtype), (act_shape, _) = spec["obs"], spec["act"]
     high = 255 if obs_dtype == np.uint8 else 1.0
@@ -196,7 +215,11 @@ def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir:
     link = TrainerLink(cfg.network, "trainer", new_session(), cfg.network.trainer_port,
                        cfg.trainer.credit_window, Deliveries(), sample_log, schema(kind), keys)
     link.start()
-    samples = nbytes = 0
+    connected = time.monotonic() + 60
+    while not link.link.ready and time.monotonic() < connected:
+        time.sleep(0.01)
+    print("ready", flush=True)  # the parent starts the sources only now (see relay_netrl)
+    samples = nbytes = packets = 0
     t_start = t_end = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -206,6 +229,7 @@ def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir:
         if got and t_start is None:
             t_start = now + warmup
         if t_start is not None and now >= t_start:
+            packets += len(got)
             samples += sum(int(np.count_nonzero(b.transition_end)) for b in got)
             nbytes += sum(_buffer_bytes(b) for b in got)
             if now >= t_start + seconds:
@@ -214,6 +238,7 @@ def child_sink(cfg_path: str, kind: str, warmup_s: str, seconds_s: str, log_dir:
     link.halt(2.0)
     elapsed = (t_end or time.monotonic()) - (t_start or time.monotonic())
     print(json.dumps({"samples_s": samples / max(elapsed, 1e-9),
+                      "packets_s": packets / max(elapsed, 1e-9),
                       "mb_s": nbytes / max(elapsed, 1e-9) / 1e6}))
 
 
@@ -225,7 +250,7 @@ def _buffer_bytes(b: Buffer) -> int:
 
 def child_raw_source(endpoint: str, kind: str, server_public: str, go: str) -> None:
     ctx = zmq.Context()
-    sock = _bounded(ctx.socket(zmq.PUSH))
+    sock = _bounded(ctx.socket(zmq.PUSH), kind)
     if server_public:
         public, secret = zmq.curve_keypair()
         sock.curve_publickey, sock.curve_secretkey = public, secret
@@ -240,11 +265,12 @@ def child_raw_source(endpoint: str, kind: str, server_public: str, go: str) -> N
         pass
 
 
-def _bounded(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
-    """Queues of a few messages per pipe, as anyone moving megabyte messages would set (ZeroMQ's
-    default of 1,000 queues gigabytes of fresh memory, which this machine fills at a fraction of
-    its copy speed)."""
-    sock.sndhwm = sock.rcvhwm = 16
+def _bounded(sock: zmq.Socket[Any], kind: str) -> zmq.Socket[Any]:
+    """Queues of a few messages per pipe for large packets, as anyone moving megabyte messages
+    would set (ZeroMQ's default of 1,000 queues gigabytes of fresh memory, which this machine fills
+    at a fraction of its copy speed); ZeroMQ's default for small packets, whose queues cost
+    nothing and whose rate a short queue would cap."""
+    sock.sndhwm = sock.rcvhwm = 1000 if int(KINDS[kind]["rows"]) <= SMALL_PACKET_ROWS else 16
     return sock
 
 
@@ -254,11 +280,11 @@ def _curve_server(sock: zmq.Socket[Any], server_secret: str, server_public: str)
         sock.curve_secretkey, sock.curve_publickey = server_secret.encode(), server_public.encode()
 
 
-def child_raw_forwarder(in_port: str, out_port: str, server_secret: str,
+def child_raw_forwarder(in_port: str, out_port: str, kind: str, server_secret: str,
                         server_public: str) -> None:
     """The raw stand-in for the server: frames in on PULL, out on PUSH, never copied in Python."""
     ctx = zmq.Context()
-    pull, push = _bounded(ctx.socket(zmq.PULL)), _bounded(ctx.socket(zmq.PUSH))
+    pull, push = _bounded(ctx.socket(zmq.PULL), kind), _bounded(ctx.socket(zmq.PUSH), kind)
     for sock, port in ((pull, in_port), (push, out_port)):
         _curve_server(sock, server_secret, server_public)
         sock.bind(f"tcp://127.0.0.1:{port}")
@@ -271,7 +297,7 @@ def child_raw_sink(where: str, kind: str, warmup_s: str, seconds_s: str, server_
     forwarder's endpoint."""
     warmup, seconds = float(warmup_s), float(seconds_s)
     ctx = zmq.Context()
-    sock = _bounded(ctx.socket(zmq.PULL))
+    sock = _bounded(ctx.socket(zmq.PULL), kind)
     if where.startswith("tcp://"):
         if server_public:  # the forwarder is the CURVE server; the sink is its client
             public, secret = zmq.curve_keypair()
@@ -295,7 +321,8 @@ def child_raw_sink(where: str, kind: str, warmup_s: str, seconds_s: str, server_
             if now >= t_start + seconds:
                 break
     elapsed = time.monotonic() - t_start
-    print(json.dumps({"samples_s": packets * rows / elapsed, "mb_s": nbytes / elapsed / 1e6}))
+    print(json.dumps({"samples_s": packets * rows / elapsed, "packets_s": packets / elapsed,
+                      "mb_s": nbytes / elapsed / 1e6}))
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -327,7 +354,12 @@ def relay_netrl(tmp: Path, kind: str, workers: int, security: str, warmup: float
     server = spawn_role("server", cfg_path, log_level="WARNING", stdout=subprocess.DEVNULL)
     time.sleep(0.8)
     sink = child(child_sink, str(cfg_path), kind, str(warmup), str(seconds), str(run))
-    time.sleep(2.0)  # the sink (trainer) connects first: this measures the live relay, not a spool
+    # The sink (trainer) connects first, whatever its imports take on a loaded machine: sources
+    # started before would fill the server's spool, and the figure would be the spool's replay.
+    assert sink.stdout is not None
+    if sink.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"the relay sink did not start (exit code {sink.poll()})")
+    time.sleep(0.2)  # its SCHEMA reaches the server before the first packet
     go = run / "go"
     sources = [child(child_source, str(cfg_path), kind, f"{kind}{workers}{security}-w{i}", str(go))
                for i in range(workers)]
@@ -347,7 +379,7 @@ def relay_raw(tmp: Path, kind: str, workers: int, security: str, warmup: float, 
     helpers = []
     if forwarded:
         out_port = free_port()
-        helpers.append(child(child_raw_forwarder, str(port), str(out_port), *keys))
+        helpers.append(child(child_raw_forwarder, str(port), str(out_port), kind, *keys))
         time.sleep(0.5)
         sink = child(child_raw_sink, f"tcp://127.0.0.1:{out_port}", kind, str(warmup), str(seconds),
                      *keys)
@@ -374,6 +406,8 @@ def measure(tmp: Path, kind: str, workers: int, security: str, s: Settings) -> d
         raw = relay_raw(tmp, kind, workers, security, s.warmup_s, s.seconds, forwarded=False)
         fwd = relay_raw(tmp, kind, workers, security, s.warmup_s, s.seconds, forwarded=True)
         runs.append({"netrl_samples_s": got["samples_s"], "netrl_mb_s": got["mb_s"],
+                     "netrl_packets_s": got["packets_s"], "raw_packets_s": raw["packets_s"],
+                     "raw_forwarded_packets_s": fwd["packets_s"],
                      "raw_samples_s": raw["samples_s"], "raw_mb_s": raw["mb_s"],
                      "raw_forwarded_samples_s": fwd["samples_s"],
                      "raw_forwarded_mb_s": fwd["mb_s"],
@@ -385,7 +419,9 @@ def measure(tmp: Path, kind: str, workers: int, security: str, s: Settings) -> d
           f"{row['raw_samples_s']:>11,.0f} samples/s {row['raw_mb_s']:>8.1f} MB/s | "
           f"{row['ratio']:.0%} | raw through a forwarder {row['raw_forwarded_samples_s']:>11,.0f} "
           f"samples/s | {row['ratio_forwarded']:.0%}"
-          f"{f' (medians of {s.repeat})' if s.repeat > 1 else ''}", flush=True)
+          f"{f' (medians of {s.repeat})' if s.repeat > 1 else ''}; packets/s: netrl "
+          f"{row['netrl_packets_s']:,.0f}, raw {row['raw_packets_s']:,.0f}, raw through a "
+          f"forwarder {row['raw_forwarded_packets_s']:,.0f}", flush=True)
     return {**row, "runs": runs}
 
 

@@ -45,6 +45,9 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (module, what it measures): 
     "weights": ("benchmarks.weights", "weight versions over an emulated slow link, per format"),
     "server-memory": ("benchmarks.server_memory", "the server's memory with workers connected"),
     "transforms": ("benchmarks.transforms", "the worker's step with and without env transforms"),
+    "torchrl-envs": ("benchmarks.torchrl_envs", "a TorchRL env's step through netrl's adapter"),
+    "server_scale": ("benchmarks.server_scale", "one server with up to 1,024 simulated workers"),
+    "collector": ("benchmarks.collector", "netrl's RemoteCollector against TorchRL's MultiSyncCollector"),
 }
 CHILD = "_child"  # python -m benchmarks _child <module>.child_<name> <args>: a family's helper
 

@@ -13,7 +13,9 @@ Reports, per run:
                     having it loaded and ready for its next step (median, p90, max; both from the
                     roles' logs, on one machine's clock); and the max of the versions published
                     after the connection's first minute (its slow start and TCP's first, long
-                    retransmission timeouts apart)
+                    retransmission timeouts apart); and the max with the versions published
+                    before the worker connected counted from its connection (the handshake's
+                    time apart)
   versions          versions the worker got of those the trainer published (a slow link skips
                     some: the newest wins)
   retransmitted     TCP segments the server's side sent again, of those it sent (its kernel's
@@ -183,7 +185,7 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
         def spawn(side: Side, role: str, *extra: str, level: str = "INFO") -> Any:
             if net is None:
                 return spawn_role(role, config, *extra, log_level=level, stdout=logs[role])
-            return _spawn_in(net, side, role, config, *extra, level=level, stdout=logs[role])
+            return spawn_in(net, side, role, config, *extra, level=level, stdout=logs[role])
 
         # the server's DEBUG lines (each version it sends) only when its log is kept to be read
         procs = [spawn("near", "server", level="DEBUG" if s.logs else "INFO")]
@@ -230,6 +232,11 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
         "latency_max_after_1min_s": max(
             (ready[v] - published[v] for v in ready
              if v in published and published[v] >= connected_at + 60), default=None),
+        # a version published before the worker connected counted from the connection: the
+        # handshake's time apart (the first version: published before the worker is there)
+        "latency_max_from_connection_s": max(
+            (ready[v] - max(published[v], connected_at) for v in ready if v in published),
+            default=None),
         "samples_s": produced[0] / max(1e-9, end - connected_at) if produced else None,
     }
     if net is not None and path is not None:
@@ -243,7 +250,7 @@ def measure(label: str, minutes: float, folder: Path, s: Settings,
     return result
 
 
-def _spawn_in(net: PacketPath, side: Side, role: str, config: Path, *extra: str, level: str,
+def spawn_in(net: PacketPath, side: Side, role: str, config: Path, *extra: str, level: str,
               stdout: IO[bytes]) -> subprocess.Popen[bytes]:
     """:func:`netrl.launch.spawn_role`, in the namespace of ``side``."""
     cmd = [sys.executable, "-m", "netrl", f"--{role}", "--config", str(config),
@@ -310,7 +317,8 @@ def _report(r: dict[str, Any]) -> None:
           f"{r['server_lost_worker']} (server){over}, first connection "
           f"{num(r['connect_s'], '.2f')} s, version latency median / p90 / max "
           f"{num(r['latency_median_s'], '.2f')} / {num(r['latency_p90_s'], '.2f')} / "
-          f"{num(r['latency_max_s'], '.2f')} s (max after the first minute "
+          f"{num(r['latency_max_s'], '.2f')} s (max from the connection "
+          f"{num(r['latency_max_from_connection_s'], '.2f')} s, after the first minute "
           f"{num(r['latency_max_after_1min_s'], '.2f')} s), versions {r['received']} / "
           f"{r['published']}, "
           f"{num(r['samples_s'], ',.0f')} samples/s, load average {r['load_before']:.2f} -> "

@@ -8,19 +8,14 @@ an MLP actor (observation 64 -> 960 -> 960 -> mean and log-std of 8 actions: 1,0
 see ``--hidden``) every ``--interval`` s, and between two publications trains it for real
 (``--steps`` Adam steps, lr 3e-4, on a synthetic regression loss), so consecutive versions differ as
 in training and deltas are measured on real changes; and a RolloutWorker (a still env with those
-spaces, never stepped) whose network thread checks each version and loads it into a spare actor. The
-worker reaches the server's worker port only through :class:`benchmarks.wan_link.WanLink` (10
-Mbit/s, 100 ms round trip, 1% loss by default), which runs in a thread of this process, so its CPU
-is apart from the roles' (reported).
-
-What the forwarder models and what it does not (its docstring has the details): a token bucket per
-direction at the bandwidth, half the round trip each way, a lost segment arriving one retransmission
-timeout later with everything behind it waiting (head-of-line blocking, as TCP shows loss to the
-application), and a 4 MiB buffer on the path. It does not shrink a congestion window after a loss,
-reorder, duplicate or corrupt segments, share the link with other traffic, or model slow start: on a
-real lossy path of this kind TCP's throughput is lower (one stream keeps about ``MSS / RTT * 1.22 /
-sqrt(loss)``: 1.4 Mbit/s at 100 ms and 1%), so the times here are lower bounds, the more so for
-formats that send more bytes.
+spaces, never stepped) whose network thread checks each version and loads it into a spare actor.
+The server and the trainer run in one network namespace, the worker in another, and the worker's
+only way to the server is the emulated path of :class:`benchmarks.packet_link.PacketPath` (10
+Mbit/s, 100 ms round trip, 1% of the IP packets lost each way, a drop-tail queue of 100 ms by
+default; the wan family's path): the kernels' TCP meets real losses, retransmits and, with a
+loss-based congestion control (``--congestion reno``), shrinks its window. The forwarder runs in a
+thread of this process, so its CPU is apart from the roles' (reported). It needs root and
+/dev/net/tun.
 
 Reported per format (``--formats``): versions published and applied (a version published while
 another is on its way waits, and a newer one replaces it: only the newest is sent), the time from
@@ -33,8 +28,9 @@ half), bytes the link carried from server to worker per applied version (heartbe
 connections through the link (1: the worker never reconnected), and the forwarder's CPU time.
 
 Baseline, "raw ZeroMQ, one hop": the same float32 bytes with no netrl code, PAIR to PAIR (CURVE on)
-through a WanLink with the same settings, on the same schedule and with the same rule (one version
-in flight, the newest published waits; the receiver's arrival time comes back on the same link).
+over a path of the same settings (the sender on the near side, the receiver on the far side), on the
+same schedule and with the same rule (one version in flight, the newest published waits; the
+receiver's arrival time comes back over the same path).
 
 Target: ``auto`` at least 4x faster than ``float32`` (median publish -> loaded), lag bounded.
 """
@@ -44,11 +40,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,13 +52,22 @@ import numpy as np
 import zmq
 
 from benchmarks.common import child, json_lines
+from benchmarks.packet_link import NEAR_IP, PacketPath
 from benchmarks.results import Row
 from benchmarks.settings import names, positive
-from benchmarks.wan_link import WanLink
-from benchmarks.weights_roles import ACT, OBS, actor, child_trainer, child_worker
+from benchmarks.wan import spawn_in
+from benchmarks.weights_roles import (
+    ACT,
+    OBS,
+    actor,
+    child_raw_receiver,
+    child_raw_sender,
+    child_trainer,
+    child_worker,
+)
 from netrl.config.load import config_to_dict
 from netrl.config.sections import Config
-from netrl.launch import free_port, spawn_role, stop_processes, write_config
+from netrl.launch import free_port, stop_processes, write_config
 from netrl.net.keys import keygen
 
 FORMATS = ("float32", "float16", "bfloat16", "int8", "delta", "auto")
@@ -81,8 +84,10 @@ class Settings:
     hidden: int = 960  # hidden width of the actor (64 -> h -> h -> 2x8)
     budget_s: float = 0.0  # network.weight_budget_s; 0: the time between publications
     bandwidth_mbit: float = 10.0  # each way
-    rtt_ms: float = 100.0  # round trip of the emulated link
-    loss: float = 0.01  # segment loss probability (see wan_link.py)
+    rtt_ms: float = 100.0  # round trip of the emulated path (half of it each way)
+    loss: float = 0.01  # IP packet loss probability, each way
+    queue_ms: float = 100.0  # the path's drop-tail queue, in time at the rate
+    congestion: str | None = None  # TCP congestion control of both sides (None: this machine's)
     raw: bool = True  # the raw ZeroMQ baseline row
 
     def __post_init__(self) -> None:
@@ -112,7 +117,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="network.weight_budget_s (0, the default: the time between publications)")
     p.add_argument("--bandwidth-mbit", type=float, help=f"each way, Mbit/s ({d.bandwidth_mbit:g})")
     p.add_argument("--rtt-ms", type=float, help=f"round trip of the link ({d.rtt_ms:g})")
-    p.add_argument("--loss", type=float, help=f"segment loss probability ({d.loss:g})")
+    p.add_argument("--loss", type=float, help=f"IP packet loss probability, each way ({d.loss:g})")
+    p.add_argument("--queue-ms", type=float,
+                   help=f"the path's drop-tail queue, ms at the rate ({d.queue_ms:g})")
+    p.add_argument("--congestion", type=str,
+                   help="TCP congestion control of both sides (default: this machine's)")
     p.add_argument("--no-raw", dest="raw", action="store_false", default=None,
                    help="skip the raw ZeroMQ baseline row")
 
@@ -169,34 +178,48 @@ def _summary(ev: _Events, down_bytes: int, connections: int, cpu_s: float,
     }
 
 
+def _path(s: Settings) -> PacketPath:
+    return PacketPath(s.rtt_ms / 2, s.loss, s.bandwidth_mbit, s.queue_ms, s.congestion)
+
+
+def _cpu() -> float:
+    """This process's CPU time: the path's forwarder (a thread of it) is what works in it."""
+    return time.process_time()
+
+
 def run_netrl(fmt: str, s: Settings, tmp: Path) -> dict[str, Any]:
     folder = tmp / fmt
     data = config_to_dict(Config())
     data.update(run_name="link", weights_folder=str(folder / "weights"), keys_dir=str(tmp / "keys"))
-    data["network"].update(trainer_port=free_port(), worker_port=free_port())
-    if fmt != "float32":
-        data["network"]["weight_format"] = fmt  # the same setting in the config the roles read
-    data["server"].update(status_port=free_port())
+    data["network"].update(trainer_port=free_port(), worker_port=free_port(), weight_format=fmt,
+                           server_ip=NEAR_IP)
+    data["server"].update(status_port=free_port(), bind_ip=NEAR_IP)
     cfg = write_config(data, folder / "config.json")
     log = (folder / "server.log").open("wb")
-    server = spawn_role("server", cfg, log_level="WARNING", stdout=log)
     procs: dict[str, subprocess.Popen[str]] = {}
+    server: Any = None
     try:
-        with WanLink(data["network"]["worker_port"], s.rtt_ms, s.loss, s.bandwidth_mbit) as wan:
+        with _path(s) as net:
+            # the server and the trainer on the near side, the worker on the far side: the
+            # path is the worker's only way to the server
+            server = spawn_in(net, "near", "server", cfg, level="WARNING", stdout=log)
             trainer_out: list[dict[str, Any]] = []
             worker_out: list[dict[str, Any]] = []
             trainer = child(child_trainer, str(cfg), str(s.hidden), fmt, str(s.budget_s),
-                            str(s.interval), str(s.seconds), str(s.steps), stdin=True)
-            worker = child(child_worker, str(cfg), str(s.hidden), str(wan.port))
+                            str(s.interval), str(s.seconds), str(s.steps), stdin=True,
+                            wrap=lambda argv: net.command("near", argv))
+            worker = child(child_worker, str(cfg), str(s.hidden), NEAR_IP,
+                           str(data["network"]["worker_port"]),
+                           wrap=lambda argv: net.command("far", argv))
             procs = {"worker": worker, "trainer": trainer}
             json_lines(trainer, trainer_out)
             json_lines(worker, worker_out)
             _wait("the trainer's and the worker's connections",
                   lambda: (any("ready" in r for r in trainer_out)
                            and any("ready" in r for r in worker_out)), 120, procs)
-            time.sleep(1.0)  # the worker's first heartbeats and ACK window settle over the link
+            time.sleep(1.0)  # the worker's first heartbeats and ACK window settle over the path
             # the measured window starts
-            down0, cpu0, wall0 = wan.stats.bytes["down"], wan.cpu_s(), time.monotonic()
+            down0, cpu0, wall0 = net.stats.down.bytes_delivered, _cpu(), time.monotonic()
             assert trainer.stdin is not None
             trainer.stdin.write("go\n")
             trainer.stdin.flush()
@@ -208,13 +231,15 @@ def run_netrl(fmt: str, s: Settings, tmp: Path) -> dict[str, Any]:
             with contextlib.suppress(SystemExit):  # still on its way after the grace: missing
                 _wait("the newest version's arrival",
                       lambda: any(r.get("v") == newest for r in worker_out), GRACE_S, procs)
-            down = wan.stats.bytes["down"] - down0
-            cpu, wall = wan.cpu_s() - cpu0, time.monotonic() - wall0
-            connections = wan.stats.connections
+            down = net.stats.down.bytes_delivered - down0
+            cpu, wall = _cpu() - cpu0, time.monotonic() - wall0
+            connections = net.stats.up.connections
             trainer.stdin.write("stop\n")
             trainer.stdin.flush()
+            # inside the path's with: the roles' goodbyes still cross it
+            stop_processes(list(procs.values()), timeout=5, then=[server])
     finally:
-        stop_processes(list(procs.values()), timeout=5, then=[server])
+        stop_processes(list(procs.values()), timeout=5, then=[server] if server else [])
         log.close()
     loaded = {r["v"]: r["t"] for r in worker_out if "t" in r and r["v"] in published}
     events = _Events(published, loaded, min(published.values()), end)
@@ -226,75 +251,49 @@ def run_netrl(fmt: str, s: Settings, tmp: Path) -> dict[str, Any]:
 
 
 def run_raw(s: Settings) -> dict[str, Any]:
-    """The same float32 bytes, PAIR to PAIR through a WanLink of the same settings, on the same
-    schedule."""
-    import torch
-
-    with torch.no_grad():
-        state = actor(s.hidden).state_dict().values()
-        payload = np.concatenate([t.numpy().ravel() for t in state]).tobytes()
+    """The same float32 bytes, PAIR to PAIR over a path of the same settings, on the same
+    schedule (the sender on the near side, the receiver on the far side, a process each)."""
     public, secret = zmq.curve_keypair()
-    ctx = zmq.Context()
-    sender, receiver = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    sender.curve_server, sender.curve_secretkey, sender.curve_publickey = True, secret, public
-    port = sender.bind_to_random_port("tcp://127.0.0.1")
-    published: dict[int, float] = {}
-    loaded: dict[int, float] = {}
+    port = free_port()
+    procs: list[subprocess.Popen[str]] = []
     try:
-        with WanLink(port, s.rtt_ms, s.loss, s.bandwidth_mbit) as wan:
-            rpublic, rsecret = zmq.curve_keypair()
-            receiver.curve_publickey, receiver.curve_secretkey = rpublic, rsecret
-            receiver.curve_serverkey = public
-            receiver.connect(f"tcp://127.0.0.1:{wan.port}")
-
-            def receive() -> None:  # the far end: note the arrival, say so back over the link
-                while not done.is_set():
-                    if receiver.poll(50):
-                        frames = receiver.recv_multipart(copy=False)
-                        receiver.send(json.dumps([int(frames[0].bytes), time.time()]).encode())
-
-            done = threading.Event()
-            far = threading.Thread(target=receive, daemon=True)
-            far.start()
-            # the connection and CURVE handshake, before the clock starts
-            sender.send_multipart([b"0", b"hello"])
-            sender.recv()
-            down0, cpu0, wall0 = wan.stats.bytes["down"], wan.cpu_s(), time.monotonic()
-            start = time.time()
-            # the newest version sent (its arrival is awaited before another is sent), published
-            sent = version = 0
-            while True:
-                now = time.time()
-                if now < start + s.seconds and now >= start + version * s.interval:
-                    version += 1
-                    published[version] = now
-                if version > sent and (sent == 0 or sent in loaded):
-                    sent = version
-                    sender.send_multipart([str(version).encode(), payload], copy=False)
-                if sender.poll(5):
-                    v, t = json.loads(sender.recv())
-                    loaded[v] = t
-                over = now - start - s.seconds
-                if over > 0 and ((sent == version and sent in loaded) or over > GRACE_S):
-                    break
-            # the receiver is the link's client: "down" runs from the sender to it, as from the
+        with _path(s) as net:
+            sent_out: list[dict[str, Any]] = []
+            sender = child(child_raw_sender, public.decode(), secret.decode(), NEAR_IP, str(port),
+                           str(s.hidden), str(s.seconds), str(s.interval), str(GRACE_S),
+                           wrap=lambda argv: net.command("near", argv))
+            procs.append(sender)
+            json_lines(sender, sent_out)
+            _wait("the raw baseline's sender", lambda: any("bound" in r for r in sent_out), 60,
+                  {"sender": sender})
+            receiver = child(child_raw_receiver, public.decode(), NEAR_IP, str(port),
+                             wrap=lambda argv: net.command("far", argv))
+            procs.append(receiver)
+            _wait("the raw baseline's connection", lambda: any("ready" in r for r in sent_out), 60,
+                  {"sender": sender, "receiver": receiver})
+            # the receiver is the path's far end: "down" runs from the sender to it, as from the
             # server to a worker
-            down = wan.stats.bytes["down"] - down0
-            cpu, wall = wan.cpu_s() - cpu0, time.monotonic() - wall0
-            connections = wan.stats.connections
-            done.set()
-            far.join(5)  # a socket is closed by the thread that used it last, never under another
+            down0, cpu0, wall0 = net.stats.down.bytes_delivered, _cpu(), time.monotonic()
+            _wait("the raw baseline's versions", lambda: any("loaded" in r for r in sent_out),
+                  s.seconds + GRACE_S + 60, {"sender": sender})
+            down = net.stats.down.bytes_delivered - down0
+            cpu, wall = _cpu() - cpu0, time.monotonic() - wall0
+            connections = net.stats.up.connections
     finally:
-        ctx.destroy(0)
-    events = _Events(published, loaded, start, max(published.values()))
+        stop_processes(procs, timeout=5)
+    got = next(r for r in sent_out if "loaded" in r)
+    published = {int(v): t for v, t in got["published"].items()}
+    loaded = {int(v): t for v, t in got["loaded"].items()}
+    events = _Events(published, loaded, got["start"], max(published.values()))
     out = _summary(events, down, connections, cpu, wall)
-    return {"run": "raw ZeroMQ, one hop (float32)", **out, "payload_bytes": len(payload)}
+    return {"run": "raw ZeroMQ, one hop (float32)", **out, "payload_bytes": got["payload_bytes"]}
 
 
 def run(s: Settings) -> list[Row]:
     params = sum(p.numel() for p in actor(s.hidden).parameters())
     print(f"weights: actor {OBS} -> {s.hidden} -> {s.hidden} -> 2x{ACT}, {params:,} parameters; "
-          f"link {s.bandwidth_mbit:g} Mbit/s, {s.rtt_ms:g} ms round trip, {s.loss:.0%} loss; a "
+          f"path {s.bandwidth_mbit:g} Mbit/s, {s.rtt_ms:g} ms round trip, {s.loss:.0%} of the IP "
+          f"packets lost each way, TCP {s.congestion or 'as this machine'}; a "
           f"version every {s.interval:g} s for {s.seconds:g} s per format", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="netrl-wlink-") as d:
@@ -337,5 +336,5 @@ def _report(r: dict[str, Any]) -> None:
           f"publish -> loaded median / p90 / max {num(r['median_s'], '.2f')} / "
           f"{num(r['p90_s'], '.2f')} / {num(r['max_s'], '.2f')} s, version lag median / max "
           f"{r['lag_median']:g} / {r['lag_max']} (max in 1st / 2nd half {r['lag_max_halves'][0]} / "
-          f"{r['lag_max_halves'][1]}), {r['tcp_connections']} TCP connection(s), forwarder CPU "
+          f"{r['lag_max_halves'][1]}), {r['tcp_connections']} TCP connection(s), path forwarder CPU "
           f"{r['forwarder_cpu_s']:.1f} s ({r['forwarder_cpu_share']:.0%})", flush=True)

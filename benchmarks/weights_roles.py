@@ -107,9 +107,9 @@ class StillEnv:
         pass
 
 
-def child_worker(cfg_path: str, hidden: str, port: str) -> None:
-    """A real RolloutWorker connected through the link (``port``), printing when each weight
-    version is loaded."""
+def child_worker(cfg_path: str, hidden: str, host: str, port: str) -> None:
+    """A real RolloutWorker connected through the link (the server at ``host``:``port``), printing
+    when each weight version is loaded."""
     import torch
 
     from netrl.agents.sac import MLPActor
@@ -123,10 +123,69 @@ def child_worker(cfg_path: str, hidden: str, port: str) -> None:
     keys = client_keys(cfg.keys_dir, "worker", "far") if cfg.security == "curve" else None
     # no weights file (run_dir None): the figure is the time to a loaded actor
     worker = RolloutWorker(StillEnv, partial(MLPActor, hidden_sizes=(int(hidden), int(hidden))),
-                           server_ip="127.0.0.1", server_port=int(port), worker_id="far",
+                           server_ip=host, server_port=int(port), worker_id="far",
                            network=cfg.network, keys=keys, run_dir=None)
     worker.start()
     assert worker.net is not None and worker.weights is not None
     while not worker.net.link.ready:
         time.sleep(0.01)
     report_loaded(worker, 0.01)  # polling faster only loads the machine
+
+
+def child_raw_receiver(server_public: str, host: str, port: str) -> None:
+    """The raw baseline's far end: a PAIR socket (CURVE) that answers each version with its number
+    and arrival time, over the same link."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    sock.curve_serverkey = server_public.encode()
+    sock.connect(f"tcp://{host}:{port}")
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            frames = sock.recv_multipart(copy=False)
+            sock.send(json.dumps([int(frames[0].bytes), time.time()]).encode())
+
+
+def child_raw_sender(server_public: str, server_secret: str, host: str, port: str, hidden: str,
+                     seconds: str, interval: str, grace: str) -> None:
+    """The raw baseline's near end: the actor's float32 bytes, PAIR to PAIR, a version every
+    ``interval`` s for ``seconds`` s, the newest published sent once the one before arrived; prints
+    the publications and arrivals as JSON."""
+    import torch
+    import zmq
+
+    with torch.no_grad():
+        state = actor(int(hidden)).state_dict().values()
+        payload = np.concatenate([t.numpy().ravel() for t in state]).tobytes()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.curve_server = True
+    sock.curve_secretkey, sock.curve_publickey = server_secret.encode(), server_public.encode()
+    sock.bind(f"tcp://{host}:{port}")
+    print(json.dumps({"bound": True}), flush=True)  # the receiver connects once: one SYN
+    sock.send_multipart([b"0", b"hello"])  # the connection and CURVE handshake, before the clock
+    sock.recv()
+    print(json.dumps({"ready": True}), flush=True)
+    published: dict[int, float] = {}
+    loaded: dict[int, float] = {}
+    start = time.time()
+    sent = version = 0
+    while True:
+        now = time.time()
+        if now < start + float(seconds) and now >= start + version * float(interval):
+            version += 1
+            published[version] = now
+        if version > sent and (sent == 0 or sent in loaded):
+            sent = version
+            sock.send_multipart([str(version).encode(), payload], copy=False)
+        if sock.poll(5):
+            v, t = json.loads(sock.recv())
+            loaded[v] = t
+        over = now - start - float(seconds)
+        if over > 0 and ((sent == version and sent in loaded) or over > float(grace)):
+            break
+    print(json.dumps({"start": start, "published": published, "loaded": loaded,
+                      "payload_bytes": len(payload)}), flush=True)
+    ctx.destroy(0)

@@ -218,6 +218,29 @@ def run_revoke(cfg: Config, stop: threading.Event, name: str, reason: str) -> No
           f"{answer.get('reason', '')}", flush=True)
 
 
+def run_operator(cfg: Config, stop: threading.Event, what: str, name: str, reason: str) -> int:
+    """``--unrevoke NAME`` (the server lifts a revocation) or ``--lift NAME`` (the trainer ends a
+    quarantine, through the server), with the trainer's keys; the answer is printed. 0 when it was
+    done, 1 when NAME was not revoked or quarantined."""
+    from netrl.net.keys import client_keys
+    from netrl.protocol.messages import Message, MsgType
+    from netrl.server.revocation import ask_operator, ask_revoke
+    from netrl.server.standing import LIFT_TIMEOUT_S
+
+    keys = client_keys(cfg.keys_dir, "trainer", "trainer") if cfg.security == "curve" else None
+    net = cfg.network
+    if what == "unrevoke":
+        answer = ask_revoke(net.server_ip, net.trainer_port, name, reason, keys, stop=stop,
+                            undo=True)
+    else:
+        body = {"worker": name, "reason": reason} if reason else {"worker": name}
+        answer = ask_operator(net.server_ip, net.trainer_port,
+                              Message(MsgType.LIFT, "operator", body=body), keys,
+                              timeout_s=LIFT_TIMEOUT_S + 5.0, stop=stop)
+    print(answer.get("reason", ""), flush=True)
+    return 0 if answer.get("was") else 1
+
+
 def run_check_env(cfg: Config) -> int:
     """``--check-env``: the pipeline's env through everything its samples meet (see
     :mod:`netrl.envs.preflight`); the report goes to stdout. 0 when nothing is wrong, else 2 (a
@@ -284,7 +307,8 @@ def _main(argv: Sequence[str] | None) -> int:
         for error in errors:
             print(f"netrl: {error}", file=sys.stderr)
         return 2
-    setup_logging(args.role, "WARNING" if args.role in ("status", "revoke") else args.log_level)
+    quiet = ("status", "revoke", "unrevoke", "lift")  # their answer is what they print
+    setup_logging(args.role, "WARNING" if args.role in quiet else args.log_level)
     stop = threading.Event()
     install_stop_signals(stop)
     watch_launcher(stop, grace_s=3.0 if args.role == "server" else 0.0)
@@ -295,6 +319,8 @@ def _main(argv: Sequence[str] | None) -> int:
             run_status(cfg, stop, args.config, args.json)
         elif args.role == "revoke":
             run_revoke(cfg, stop, args.revoke, args.reason)
+        elif args.role in ("unrevoke", "lift"):
+            return run_operator(cfg, stop, args.role, getattr(args, args.role), args.reason)
         elif args.role == "check_env":
             return run_check_env(cfg)
         elif args.role == "plot":

@@ -3,6 +3,7 @@ one rejection each), so a fuzz test can compare what it sent with the receiver's
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -21,16 +22,26 @@ OBS_DIM, ACT_DIM = 3, 1  # the Pendulum layout the test trainer expects
 
 
 def valid_packet(session: str, seq: int, rows: int = 6, sender: str = "fuzz") -> list[bytes]:
-    """A well-formed SAMPLES message with the Pendulum layout, its values within Pendulum's spaces."""
+    """A well-formed SAMPLES message with the Pendulum layout, its values within Pendulum's spaces. The values are
+    drawn once per session, rows and sender; each seq rewrites only the header's seq and produced: building and
+    encoding a packet for each of thousands of examples took a fifth of the fuzz tests' generation."""
+    frames = list(_valid_frames(session, rows, sender))
+    header = msgpack.unpackb(frames[0])
+    header["seq"], header["body"]["produced"] = seq, seq * rows
+    return [msgpack.packb(header), *frames[1:]]
+
+
+@functools.lru_cache(maxsize=64)
+def _valid_frames(session: str, rows: int, sender: str) -> tuple[bytes, ...]:
     b = BufferBuilder(rows + 2, 1)
-    rng = np.random.default_rng(seq)
+    rng = np.random.default_rng(rows)
     b.add(np.zeros(ACT_DIM, np.float32), rng.uniform(-1, 1, OBS_DIM).astype(np.float32), 0.0, False, False, True, 1)
     for _ in range(rows - 1):
         b.add(rng.uniform(-1, 1, ACT_DIM).astype(np.float32), rng.uniform(-1, 1, OBS_DIM).astype(np.float32),
               float(rng.normal()), False, False, False, 1)
     buf = b.cut()
     assert buf is not None
-    return [bytes(f) for f in encode(samples_message(buf, sender, session, seq, seq * rows))]
+    return tuple(bytes(f) for f in encode(samples_message(buf, sender, session, 1, rows)))
 
 
 def _header(frames: list[bytes]) -> dict[str, Any]:

@@ -178,7 +178,8 @@ RL_ENTRY_POINTS = ["netrl.training", "netrl.training.loop", "netrl.memory", "net
 
 def loaded_after_import(module: str) -> list[str]:
     code = (f"import sys, {module}; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'zmq', 'msgpack', 'torch', 'gymnasium'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'zmq', 'msgpack', 'torch', 'gymnasium', "
+            "'tensordict', 'torchrl'}))")
     return ast.literal_eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                            check=True).stdout)
 
@@ -208,3 +209,53 @@ def test_the_server_code_never_imports_torch_or_gymnasium() -> None:
         assert heavy not in reach, sorted(m for m in reach if heavy in RUNTIME_GRAPH.get(m, set()))
     # nor gymnasium: the server checks packets against the trainer's schema, and needs no spaces (10 MiB less)
     assert loaded_after_import("netrl.server.server") == ["msgpack", "zmq"]
+
+
+# TorchRL interop (netrl/interop/) is optional: only it imports tensordict or torchrl, and only
+# its users load them
+TORCHRL = ("tensordict", "torchrl")
+CORE_ENTRY_POINTS = ["netrl", "netrl.server.server", "netrl.worker", "netrl.trainer",
+                     *RL_ENTRY_POINTS]
+
+
+def test_only_the_interop_package_imports_tensordict_or_torchrl() -> None:
+    found = arrows(GRAPH, ["netrl"], TORCHRL)
+    assert found and all(a.startswith("netrl.interop.") for a in found), found
+
+
+@pytest.mark.parametrize("module", CORE_ENTRY_POINTS)
+def test_the_core_and_the_roles_load_neither_tensordict_nor_torchrl(module: str) -> None:
+    assert not set(loaded_after_import(module)) & set(TORCHRL)
+
+
+def test_the_torchrl_check_sees_what_the_interop_loads() -> None:
+    pytest.importorskip("torchrl")
+    assert set(TORCHRL) <= set(loaded_after_import("netrl.interop.policies"))
+
+
+RUN_WITHOUT_INTEROP = """
+import sys, threading
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.envs.gym import GenericGymEnv
+from netrl.local import run_local
+from netrl.memory.replay import ReplayMemory
+from netrl.training.loop import TrainingOffline
+from netrl.util import partial
+from netrl.worker.worker import RolloutWorker
+env_cls = partial(GenericGymEnv, id="Pendulum-v1")
+agent = partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(8,)))
+training = TrainingOffline(env_cls=env_cls, memory_cls=ReplayMemory, training_agent_cls=agent, epochs=1,
+                           rounds=1, steps=5, update_model_interval=5, update_buffer_interval=5,
+                           start_training=20, worker_lead=10, memory_size=100, batch_size=4, seed=0)
+worker = RolloutWorker(env_cls, partial(MLPActor, hidden_sizes=(8,)), min_samples_per_worker_packet=4, seed=0)
+run_local(training, worker, threading.Event())
+assert training.total_samples > 0
+print(sorted({m.split('.')[0] for m in sys.modules} & {'tensordict', 'torchrl'}))
+"""
+
+
+def test_a_worker_and_a_training_loop_that_run_without_interop_load_neither() -> None:
+    """Not only their imports: a worker stepping an env and a loop training on its samples."""
+    out = subprocess.run([sys.executable, "-c", RUN_WITHOUT_INTEROP], capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []

@@ -37,10 +37,10 @@ from benchmarks.settings import resolve
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = {f.name for f in dataclasses.fields(Row)}
 FAST = {"replay": [], "replay_disk": [], "sequences": [], "trainer": [], "prefetch": [],
-        "server-memory": [], "pipelines": ["--parts", "wire,memory"], "transforms": []}
+        "server-memory": [], "pipelines": ["--parts", "wire,memory"], "transforms": [], "torchrl-envs": []}
 SLOW = {"relay": [], "broadcast": [], "overhead": [], "pipelines": ["--parts", "jitter"],
         "learning": ["--rows", "pendulum,nstep,weights,pomdp,vector"], "throughput": [],
-        "sync": [], "wan": [], "weights": []}
+        "sync": [], "wan": [], "weights": [], "server_scale": []}
 
 
 def run_benchmarks(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

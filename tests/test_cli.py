@@ -190,8 +190,8 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert "--episodes is for --worker; --trainer does not use it" in err
     assert "--json is for --status; --trainer does not use it" in err
     assert main(["--demo", "--config", str(ROOT / "config.json"), "--trainer-port", "56555"]) == 2
-    assert ("--trainer-port is for --server, --trainer and --revoke; --demo does not use it (it picks free ports on "
-            "localhost)"
+    assert ("--trainer-port is for --server, --trainer, --revoke, --unrevoke and --lift; --demo does not use it "
+            "(it picks free ports on localhost)"
             in capsys.readouterr().err)
     # a server has no run: `--server --run-name expB` would serve run B the samples run A left in the server's spool
     assert main(["--server", "--config", str(ROOT / "config.json"), "--run-name", "expB"]) == 2
@@ -204,14 +204,14 @@ def test_a_flag_the_chosen_role_does_not_use_is_an_error_not_ignored(capsys: pyt
     assert main(["--status", "--config", str(ROOT / "config.json"), "--run-name", "x", "--keys-dir", "k"]) == 2
     err = capsys.readouterr().err
     assert "--run-name is for --worker, --trainer and --demo; --status does not use it\n" in err
-    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen and --revoke; --status does not "
-            "use it\n") in err
+    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen, --revoke, --unrevoke and "
+            "--lift; --status does not use it\n") in err
     assert main(["--plot", str(ROOT), "--run-name", "x", "--keys-dir", "k"]) == 2
     err = capsys.readouterr().err
     assert ("--run-name is for --worker, --trainer and --demo; --plot does not use it (give the run as --plot RUN)\n"
             in err)
-    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen and --revoke; --plot does not "
-            "use it\n") in err
+    assert ("--keys-dir is for --server, --worker, --trainer, --demo, --keygen, --revoke, --unrevoke and "
+            "--lift; --plot does not use it\n") in err
 
 
 def test_plot_of_an_empty_name_is_a_usage_error_not_a_trainer(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,8 @@ Rows (``--rows``, benchmarks/learning/rows.py says what each runs and why):
                 float32
   pomdp         Pendulum-v1 without its velocity, recurrent SAC beside the MLP SAC
   vector        Pendulum-v1, one worker of worker.num_envs 8 against one of a single env
+  torchrl-sac   Pendulum-v1, TorchRL's SACLoss through the three processes against TorchRL's own
+                Collector and ReplayBuffer, the same script (needs the torchrl extra)
   drone-pomdp   the rtgym drone at 20 Hz without its action buffer (velocity unobserved),
                 recurrent SAC, against the MLP SAC with full observations, by env steps
   image-nstep-per  the image pipeline with 3-step returns and prioritized replay against plain
@@ -43,7 +45,7 @@ from benchmarks.results import Row
 from benchmarks.settings import choose, names, positive
 
 SEQUENCES = ("pendulum", "cartpole", "ppo-cartpole", "ppo-pendulum", "nstep", "weights", "pomdp",
-             "vector", "drone-pomdp", "image-nstep-per")
+             "vector", "torchrl-sac", "drone-pomdp", "image-nstep-per")
 TIMED = ("drone", "image")
 ALIASES = {"ppo": ("ppo-cartpole", "ppo-pendulum")}
 

@@ -34,6 +34,8 @@
   SAC, one training step per two env steps from 2,000 samples, packets of 200 rows (a sequence
   stops at a packet boundary); to a mean training return >= -300; target: the recurrent SAC's
   median within 50,000 env steps.
+* **torchrl-sac**: TorchRL's SAC script (examples/torchrl_sac.py) through the three processes
+  against the same script on TorchRL's own Collector and ReplayBuffer: torchrl_sac.py says how.
 * **drone-pomdp**, **image-nstep-per**: the drone and image pipelines by env steps (issue 44's
   learning claims): replay_rows.py says what each runs.
 * **vector**: the pendulum row with one worker of ``worker.num_envs`` 8 against one of a single
@@ -202,7 +204,8 @@ def _ppo(name: str, small: Changes) -> LearningRow:
 def rows(o: Shape) -> dict[str, Callable[[], LearningRow]]:
     """Every learning row, shaped by the family's options (the drone and image pipelines' rows
     by env steps: replay_rows.py)."""
-    from benchmarks.learning.replay_rows import pipeline_rows  # (it builds on this module)
+    from benchmarks.learning.replay_rows import pipeline_rows  # (they build on this module)
+    from benchmarks.learning.torchrl_sac import torchrl_sac_row
 
     small: Changes = ({} if o.start_training is None
                       else {"trainer": {"start_training": o.start_training}})
@@ -247,6 +250,7 @@ def rows(o: Shape) -> dict[str, Callable[[], LearningRow]]:
             {"envs1": processes(PENDULUM, small, count="server"),
              f"envs{o.num_envs}": processes(PENDULUM, vector, small, count="server")},
             30_000, "envs1", judged=(f"envs{o.num_envs}",), target_ratio=1.3),
+        "torchrl-sac": lambda: torchrl_sac_row(o.start_training),
         "drone-pomdp": lambda: pipeline_rows(small)["drone-pomdp"],
         "image-nstep-per": lambda: pipeline_rows(small)["image-nstep-per"],
     }

@@ -52,6 +52,13 @@ def parser() -> argparse.ArgumentParser:
                       help="revoke worker key (or name) NAME on the running server: its "
                            "connections are dropped, its HELLOs refused, its rows dropped by "
                            "the trainer (uses the trainer's keys; --reason says why)")
+    role.add_argument("--unrevoke", metavar="NAME",
+                      help="lift the revocation of worker key (or name) NAME on the running "
+                           "server: it may connect again (uses the trainer's keys)")
+    role.add_argument("--lift", metavar="NAME",
+                      help="end worker NAME's quarantine on the running trainer (through the "
+                           "server): its rows kept aside go into the replay memory (uses the "
+                           "trainer's keys)")
     role.add_argument("--plot", metavar="RUN",
                       help="render run RUN's learning curve and throughput to a PNG")
     role.add_argument("--check-env", action="store_const", const="check_env", dest="role",
@@ -87,7 +94,8 @@ def parser() -> argparse.ArgumentParser:
                    help="keygen: comma-separated names of workers that get their own key")
     p.add_argument("--keys-dir", help="folder of CURVE keys (keys_dir)")
     p.add_argument("--json", action="store_true", help="status: print JSON instead of a table")
-    p.add_argument("--reason", default="", help="revoke: why, shown to the worker and logged")
+    p.add_argument("--reason", default="", help="revoke, unrevoke, lift: why, logged (and, for "
+                                                 "revoke, shown to the worker)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="logging level (default INFO)")
@@ -102,22 +110,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # `--plot ""` (an unset shell variable) too, which would otherwise leave no role
     if args.plot is not None:
         args.role = "plot"
-    if args.revoke is not None:
-        args.role = "revoke"
+    for operator in ("revoke", "unrevoke", "lift"):  # each takes the worker's name
+        if getattr(args, operator) is not None:
+            args.role = operator
     return args
 
 
+# The operator's commands on a running server: they ask on its trainer port, with the trainer's keys
+_OPERATOR = ("revoke", "unrevoke", "lift")
 # Flags that only some roles use: given to another, they would be ignored without a word, and
 # the user misled (a `--server --run-name B` is no server for run B: its spool, with run A's
 # samples, goes to run B's trainer).
 _FLAG_ROLES = {"episodes": ("worker",), "workers": ("keygen",), "json": ("status",),
-               "reason": ("revoke",),
+               "reason": _OPERATOR,
                "bind_ip": ("server",), "worker_id": ("worker",), "epochs": ("trainer", "demo"),
                "total_frames": ("trainer", "demo"), "wandb": ("trainer", "demo"),
-               "server_ip": ("worker", "trainer", "revoke"), "trainer_port": ("server", "trainer", "revoke"),
+               "server_ip": ("worker", "trainer", *_OPERATOR),
+               "trainer_port": ("server", "trainer", *_OPERATOR),
                "worker_port": ("server", "worker"), "status_port": ("server", "status"),
                "run_name": ("worker", "trainer", "demo"),
-               "keys_dir": ("server", "worker", "trainer", "demo", "keygen", "revoke")}
+               "keys_dir": ("server", "worker", "trainer", "demo", "keygen", *_OPERATOR)}
 # Why a role does not use a flag, where that is not plain
 _FREE_PORTS = "it picks free ports on localhost"
 _WHY_NOT = {("demo", "server_ip"): _FREE_PORTS, ("demo", "trainer_port"): _FREE_PORTS,
@@ -136,9 +148,11 @@ def misused_flags(args: argparse.Namespace) -> list[str]:
         problems.append(f"--plot needs a run name, a run folder or a "
                         f"CSV file (got {json.dumps(args.plot)})")
     # a key's name, as the server's allow-lists and logs spell it
-    if args.revoke is not None and not PEER_NAME.fullmatch(args.revoke):
-        problems.append(f"--revoke {json.dumps(args.revoke)} is not a worker key or name "
-                        f"({PEER_NAME_RULE})")
+    for operator in _OPERATOR:
+        name = getattr(args, operator)
+        if name is not None and not PEER_NAME.fullmatch(name):
+            problems.append(f"--{operator} {json.dumps(name)} is not a worker key or name "
+                            f"({PEER_NAME_RULE})")
     for flag, roles in _FLAG_ROLES.items():
         if getattr(args, flag) in (None, "", False) or args.role in roles:
             continue

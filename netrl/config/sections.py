@@ -149,19 +149,25 @@ class NetworkConfig:
     handshake_timeout_s: float = _f(10.0, "seconds a new connection has to finish "
                                           "its handshake before it is closed (bounds "
                                           "what half-open connections hold)", seconds)
-    weight_format: str = _f("float32", "how the trainer sends weights: float32 (exact), float16, "
-                                       "bfloat16, int8, delta (float32 plus the difference to "
-                                       "the version before, compressed: exact), auto (float32, "
-                                       "float16 and int8, each with deltas; the server picks "
-                                       "per worker by its link rate), or a format registered "
-                                       "with netrl.protocol.weight_formats.register_format",
+    weight_format: str = _f("adaptive", "how the trainer sends weights: float32 (exact), float16, "
+                                        "bfloat16, int8, delta (float32 plus the difference to "
+                                        "the version before, compressed: exact), auto (float32, "
+                                        "float16 and int8, each with deltas; the server picks "
+                                        "per worker by its link rate), adaptive (float32 alone, "
+                                        "as fast as float32 on a fast link, and auto's formats "
+                                        "while the server measures a worker's link too slow to "
+                                        "carry float32 within weight_budget_s: what a lossy link "
+                                        "behind a loss-based TCP needs, docs/benchmarks/links.md), "
+                                        "or a format registered with "
+                                        "netrl.protocol.weight_formats.register_format",
                             lambda v: None if _WEIGHT_FORMAT.fullmatch(v) else
                             "must be float32, float16, bfloat16, int8, "
-                            "delta, auto or a registered format's name")
-    weight_budget_s: float = _f(0.0, "weight_format auto: the time one version may take to reach a "
-                                     "worker (the server sends each worker the most exact format "
-                                     "its measured link rate allows in it); 0: the time between "
-                                     "two publications of the model, so that workers keep up",
+                            "delta, auto, adaptive or a registered format's name")
+    weight_budget_s: float = _f(0.0, "weight_format auto and adaptive: the time one version may "
+                                     "take to reach a worker (the server sends each worker the "
+                                     "most exact format its measured link rate allows in it); 0: "
+                                     "the time between publications of the model, so that "
+                                     "workers keep up (1 s until it is known)",
                                 between(0.0, 3600))
 
 

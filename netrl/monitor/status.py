@@ -197,7 +197,42 @@ def format_status(s: dict[str, Any]) -> str:
                      f"{env_cell}{w['samples']:>10,} {reported.get('backlog_packets', 0):>8} "
                      f"{reported.get('dropped_samples', 0):>8} {_ago(w.get('last_seen'), now):>10}")
     lines += _weight_lines(s.get("models") or {}, workers, name_w)
+    lines += _trust_lines(s, now)
     return "\n".join(lines)
+
+
+def _trust_lines(s: dict[str, Any], now: float) -> list[str]:
+    """The revocations in force, the workers the trainer quarantined, and each worker's rows in
+    the replay memory against its share, with what was refused over it and held back for PACE."""
+    lines = []
+    revoked = s.get("revoked") or []
+    stats = s.get("stats", {})
+    lines.append(f"revoked worker keys: {len(revoked)}" + ("" if revoked else " (none)")
+                 + (f", {stats['unrevocations']} revocations lifted" if stats.get("unrevocations")
+                    else ""))
+    for r in revoked:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.get("at", 0)))
+        lines.append(f"  {r['worker']} since {at} ({_ago(r.get('at'), now)}), by the "
+                     f"{r.get('by', '?')}: {r.get('reason') or 'no reason given'}")
+    held = s.get("quarantined") or {}
+    reported = s.get("reported_at")
+    lines.append(f"quarantined by the trainer: {len(held)}"
+                 + ("" if reported else " (no report from a trainer yet)"))
+    for name, q in sorted(held.items()):
+        lines.append(f"  {name}: {q.get('rows', 0):,} rows kept aside; {q.get('reason') or '-'}")
+    replay = s.get("replay") or {}
+    if not replay:
+        return lines
+    over_pace = {w["name"]: w.get("over_pace", 0) for w in s.get("workers", [])}
+    name_w = max([20, *(len(n) for n in replay)])
+    lines.append(f"replay memory per worker (the trainer's report, {_ago(reported, now)}):")
+    lines.append(f"  {'worker':<{name_w}} {'rows':>10} {'share':>10} {'refused over share':>22} "
+                 f"{'held for PACE':>13}")
+    for name, r in sorted(replay.items(), key=lambda kv: -kv[1]["rows"]):
+        refused = f"{r['refused_packets']:,} ({r['refused_rows']:,} rows)"
+        lines.append(f"  {name:<{name_w}} {r['rows']:>10,} {r['cap']:>10,} {refused:>22} "
+                     f"{over_pace.get(name, '-'):>13}")
+    return lines
 
 
 def _weight_lines(models: dict[str, Any], workers: list[dict[str, Any]], name_w: int) -> list[str]:

@@ -127,3 +127,13 @@ class Backoff:
 
     def reset(self) -> None:
         self.delay = self.initial
+
+    # ZeroMQ retries a refused TCP connection on its own, every RECONNECT_IVL (100 ms by default,
+    # the same for every socket): after a server restart a thousand workers' CURVE handshakes
+    # came within 100 ms of its bind. Each socket gets an interval of its own in
+    # [initial, STAGGER * initial], so their retries fall at different phases.
+    STAGGER = 4.0
+
+    def socket_interval(self) -> float:
+        """The seconds between a new socket's own connection retries (ZeroMQ's RECONNECT_IVL)."""
+        return self.initial * self._rng.uniform(1.0, self.STAGGER)

@@ -11,6 +11,8 @@ client's by :class:`~netrl.net.transport.ClientLink`.
 from __future__ import annotations
 
 import errno
+import logging
+import resource
 
 import zmq
 
@@ -18,7 +20,14 @@ from netrl.config.sections import flag_for
 from netrl.errors import TransportError
 from netrl.net.keys import ClientKeys
 
-__all__ = ["HANDSHAKE_EVENTS", "bind", "handshake_failure", "new_socket"]
+log = logging.getLogger(__name__)
+
+__all__ = ["FD_MARGIN", "HANDSHAKE_EVENTS", "allow_connections", "bind", "handshake_failure",
+           "new_socket", "open_files_for"]
+
+# descriptors beside the connections: ZeroMQ's own (its threads' mailboxes, the sockets), the log,
+# the spool's files, the status port, the key folder's reads
+FD_MARGIN = 256
 
 # what a client's socket monitor reports: a connection made, and its handshake's outcome
 HANDSHAKE_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -91,3 +100,39 @@ def handshake_failure(event: int, value: int, role: str, keys: ClientKeys | None
     return (f"the CURVE handshake failed: either {keys.folder}/server.key is not this server's "
             "public key (copy it from the server's keys/server/server.key), or the server runs "
             "with \"security\": \"none\" (set the same security on both)")
+
+
+def allow_connections(connections: int) -> None:
+    """:func:`open_files_for` ``connections``, logged: a warning when they still do not fit."""
+    files, short = open_files_for(connections)
+    if short is not None:
+        log.warning("%s", short)
+    else:
+        log.debug("open files allowed: %s", files)
+
+
+def open_files_for(connections: int) -> tuple[int, str | None]:
+    """Raise this process's soft limit on open files (RLIMIT_NOFILE) so that ``connections`` TCP
+    connections fit beside :data:`FD_MARGIN`, up to the hard limit. Returns the soft limit now
+    and, when it is still too low, what to do (None when it fits).
+
+    Every connection holds a descriptor; past the limit ZeroMQ cannot accept another and the
+    client only sees its handshake time out. Many systems start processes at a soft limit of
+    1,024, which a server with ``server.max_workers`` 1,000 passes: the soft limit may be raised
+    up to the hard one without privileges."""
+    needed = connections + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # a platform that refuses: the limit stays, and is named
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft, None
+    return soft, (f"this process may open {soft} files (RLIMIT_NOFILE, hard limit {hard}), too "
+                  f"few for {connections} connections and {FD_MARGIN} more descriptors: "
+                  f"connections beyond about {max(0, soft - FD_MARGIN)} would fail their "
+                  f"handshake. Raise the limit (`ulimit -n {needed}` before starting, or "
+                  f"LimitNOFILE= in a systemd unit), or lower server.max_workers")

@@ -124,6 +124,8 @@ class ClientLink:
             except zmq.ZMQError:
                 self._close_socket()
                 raise
+        # retries spread over the fleet (Backoff.socket_interval), at a fixed rate: no doubling
+        sock.setsockopt(zmq.RECONNECT_IVL, max(1, int(1000 * self._backoff.socket_interval())))
         # to explain a failed handshake, and to wait for one
         self._monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
         try:

@@ -39,12 +39,14 @@ MAX_POLICY_VERSION = 2**41
 # format, base, encoded, crc, rank and budget_s, ACK's model, format and need_full, HELLO's models
 # and formats, WELCOME's models. 4: the trainer's ACK names the parts of its bundle it refused
 # (layout_refused, rejected), so that the server keeps the first for a trainer of their layout.
-# 5: info/<name> sample arrays and the SCHEMA's info leaves (env info to the trainer).
-PROTOCOL_VERSION = 5
+# 5: info/<name> sample arrays and the SCHEMA's info leaves (env info to the trainer). 6: LIFT,
+# REVOKE's undo, PROGRESS's workers and quarantined, NOTICE's packets and rows (what an operator
+# sees of quarantine, revocation and the replay share, and share refusals told to the worker).
+PROTOCOL_VERSION = 6
 # What this netrl still reads from its own disk (the trainer's sample log, the server's spool),
-# never from a peer: every field versions 2 to 5 added is optional, so an older stored
+# never from a peer: every field versions 2 to 6 added is optional, so an older stored
 # message is a valid current one.
-STORED_VERSIONS = frozenset({1, 2, 3, 4, PROTOCOL_VERSION})
+STORED_VERSIONS = frozenset({1, 2, 3, 4, 5, PROTOCOL_VERSION})
 # the smallest network.max_message_bytes (netrl.config.sections checks the same bound)
 MIN_MESSAGE_BYTES = 1 << 16
 # the longest network interval or delay (netrl.config.sections too): ZeroMQ takes int32 milliseconds
@@ -76,6 +78,9 @@ class MsgType(str, enum.Enum):
                        # can fix (its layout); server -> a peer: why its message was refused
     REVOKE = "revoke"  # trainer or --revoke -> server: revoke a worker key; server -> the revoker:
                        # done (links dropped); server -> trainer: a worker revoked, drop its rows
+                       # (undo: the revocation lifted, both ways: --unrevoke)
+    LIFT = "lift"  # --lift -> server -> trainer: end a worker's quarantine; the trainer's answer
+                   # (what was released) -> server -> the operator
 
 
 @dataclass
@@ -149,8 +154,11 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     # batch_version, batch_steps: sync collection's batch under way (netrl.training.sync); a
     # WELCOME's batch_steps are those of the batch of its weights_version, so that a worker joining
     # mid-batch waits for the next version
+    # workers: name -> [rows in replay, its share's cap, packets and rows refused over it];
+    # quarantined: name -> [rows kept aside, why] (at most once a second, for --status)
     MsgType.PROGRESS: {"trained_steps": (_INT, True), "samples": (_INT, True), "wanted": (_INT, True),
-                       "batch_version": (_INT, False), "batch_steps": (_INT, False)},
+                       "batch_version": (_INT, False), "batch_steps": (_INT, False),
+                       "workers": ((dict,), False), "quarantined": ((dict,), False)},
     # trainer_samples: what the trainer holds as the allowance rises (a worker acts at
     # random until it holds enough)
     MsgType.PACE: {"allowance": (_INT, True), "trainer_samples": (_INT, False)},
@@ -159,18 +167,27 @@ BODY_SCHEMA: dict[MsgType, dict[str, tuple[tuple[type, ...], bool]]] = {
     MsgType.STATUS: {"snapshot": ((dict,), False)},
     # refused: the peer's own message was refused (the reason names the field), not workers'
     # packets for the trainer's layout
-    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True), "refused": (_BOOL, False)},
+    # packets, rows: those refused since the last such NOTICE (cause "replay_share")
+    MsgType.NOTICE: {"cause": (_STR, True), "reason": (_STR, True), "refused": (_BOOL, False),
+                     "packets": (_INT, False), "rows": (_INT, False)},
     # worker: a worker key (CURVE) or name; links: the connections the server dropped; refused:
     # the request was refused (the reason says why)
     MsgType.REVOKE: {"worker": (_STR, True), "reason": (_STR, False), "links": (_INT, False),
-                     "refused": (_BOOL, False)},
+                     "refused": (_BOOL, False), "undo": (_BOOL, False), "was": (_BOOL, False)},
+    # ask: the server's number for the operator's request, echoed by the trainer's answer; was:
+    # the worker was quarantined; packets, rows: those kept aside, now ingested; hidden: its rows
+    # in replay sampled again; gone: rows it sent while quarantined dropped beyond the hold
+    MsgType.LIFT: {"worker": (_STR, True), "reason": (_STR, False), "ask": (_INT, False),
+                   "refused": (_BOOL, False), "was": (_BOOL, False), "packets": (_INT, False),
+                   "rows": (_INT, False), "hidden": (_INT, False), "gone": (_INT, False)},
 }
 
 # Which message types each role may send. The server drops anything else and logs a RoleViolation.
 ALLOWED_FROM: dict[str, frozenset[MsgType]] = {
     "worker": frozenset({MsgType.HELLO, MsgType.SAMPLES, MsgType.HEARTBEAT, MsgType.BYE, MsgType.ACK}),
     "trainer": frozenset({MsgType.HELLO, MsgType.WEIGHTS, MsgType.ACK, MsgType.CREDIT, MsgType.PROGRESS,
-                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE, MsgType.REVOKE}),
+                          MsgType.SCHEMA, MsgType.HEARTBEAT, MsgType.BYE, MsgType.REVOKE,
+                          MsgType.LIFT}),
 }
 
 

@@ -173,9 +173,12 @@ class SampleSchema:
             raise MalformedMessage(f"schema limits are malformed ({exc})") from None
         return cls(act, obs, parsed, limits)
 
-    def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str) -> None:
+    def check(self, body: dict[str, Any], arrays: dict[str, np.ndarray], worker: str,
+              inflated: bool = False) -> None:
         """Raise :class:`SampleRejected` naming ``worker`` and the field unless the packet fits this
-        schema (:class:`LayoutMismatch` when its layout is not this one's)."""
+        schema (:class:`LayoutMismatch` when its layout is not this one's). ``inflated``: every
+        array was decoded in full (the trainer's), so integer leaves' values are checked too, and
+        the check is the one the training loop would make (it skips such packets)."""
         for key, spec in (("act", self.act_spec), ("obs", self.obs_spec)):
             if body[key] != spec:
                 self._mismatch(worker, f"the {key} structure {body[key]!r} differs "
@@ -199,7 +202,8 @@ class SampleSchema:
                                next((h for p, _, _, h in _DECLARED if name.startswith(p)), _SAME_COMPRESSOR))
         # float leaves only: the server's relay-only decode leaves compressed
         # integer arrays compressed
-        floats = {name: arrays[name] for name in self.leaves if arrays[name].dtype.kind == "f"}
+        floats = {name: arrays[name] for name in self.leaves
+                  if inflated or arrays[name].dtype.kind == "f"}
         problem = self.limits.problem(floats, arrays["rew"], arrays.get("reset"))
         if problem:
             raise SampleRejected(f"packet from {worker}: {problem}")

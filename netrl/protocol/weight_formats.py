@@ -45,7 +45,9 @@ __all__ = ["EXACT_BELOW", "FORMAT_NAME", "Encoder", "FormatError", "WeightFormat
            "register_format", "sends_deltas"]
 
 # network.weight_format beyond a name
-_SETTINGS = {"delta": ["float32"], "auto": ["float32", "float16", "int8"]}
+# (adaptive: auto's formats, while a worker's link is measured slow; float32 alone otherwise)
+_SETTINGS = {"delta": ["float32"], "auto": ["float32", "float16", "int8"],
+             "adaptive": ["float32", "float16", "int8"]}
 _BUILTIN: dict[str, WeightFormat] = {f.name: f for f in BUILTIN_FORMATS}
 _formats: dict[str, WeightFormat] = dict(_BUILTIN)
 _lock = threading.Lock()

@@ -19,7 +19,9 @@ import torch
 from netrl.errors import NetrlError
 from netrl.protocol.checks import ALLOWED_DTYPES, check_layout
 
-__all__ = ["MIN_PART_BYTES", "PARTS_PER_VERSION", "PART_BYTES", "KnownLayout", "WeightAssembler", "WeightSpecs",
+__all__ = ["MAX_SLOW_PARTS", "MIN_COMPACT_PART_BYTES", "MIN_PART_BYTES", "PARTS_PER_VERSION", "PART_BYTES",
+           "SLOW_PART_BYTES", "KnownLayout",
+           "WeightAssembler", "WeightSpecs",
            "all_finite", "check_weights", "copy_tensors", "flat_arrays", "flat_layout", "flat_views", "load_weights",
            "part_bytes", "snapshot_into", "state_arrays", "sum_is_finite", "tensor_views", "weight_specs"]
 
@@ -152,6 +154,18 @@ PART_BYTES = 1 << 20
 # broadcast from 4 to 8 ms); from 4 MiB up, 1 MiB parts as before (the server's per-part
 # bookkeeping stays within its room: weight_encodings.OVERHEAD_ROOM_BYTES).
 MIN_PART_BYTES = 64 << 10
+# The compact encodings (float16, int8, deltas) go to the workers whose link is slow, where one part
+# of 64 KiB took longer than the liveness window: an int8 version of the Pendulum actor (69 KB, a
+# 64 KiB part first) at 20 KB/s behind reno, 100 ms each way and 5% loss, and the worker dropped a
+# healthy connection (docs/benchmarks/links.md). They go in parts of at least 16 KiB.
+MIN_COMPACT_PART_BYTES = 16 << 10
+# While the server counts a worker whose link is slow, every encoding (float32 too) goes in parts of
+# SLOW_PART_BYTES, so that each takes a fraction of the liveness window there: a float32 version of
+# a 1M-parameter actor in 1 MiB parts never arrived behind reno at 100 ms each way, 1% loss (a part
+# took longer than the window: 10 reconnects in 10 s). At most MAX_SLOW_PARTS parts (the server's
+# bookkeeping per part); fast links keep the parts above while no worker is slow.
+SLOW_PART_BYTES = 16 << 10
+MAX_SLOW_PARTS = 1024
 PARTS_PER_VERSION = 4
 _PART_STEP = 4096  # part sizes are multiples of this (and so of _ALIGN)
 _ALIGN = 64
@@ -159,12 +173,18 @@ _ALIGN = 64
 _FRAME_ALIGN = 16
 
 
-def part_bytes(nbytes: int) -> int:
+def part_bytes(nbytes: int, smallest: int = MIN_PART_BYTES, slow: bool = False) -> int:
     """The size of each part (the last may be shorter) a ``nbytes``-byte version or encoding is
-    sent in: about :data:`PARTS_PER_VERSION` parts, each of :data:`MIN_PART_BYTES` to
-    :data:`PART_BYTES`."""
+    sent in: about :data:`PARTS_PER_VERSION` parts, each of ``smallest`` (:data:`MIN_PART_BYTES`,
+    or :data:`MIN_COMPACT_PART_BYTES` for a compact encoding) to :data:`PART_BYTES`; ``slow`` (a
+    worker's link is): at most :data:`SLOW_PART_BYTES`, unless that makes over
+    :data:`MAX_SLOW_PARTS` parts."""
     share = -(-nbytes // PARTS_PER_VERSION)
-    return min(PART_BYTES, max(MIN_PART_BYTES, -(-share // _PART_STEP) * _PART_STEP))
+    size = min(PART_BYTES, max(smallest, -(-share // _PART_STEP) * _PART_STEP))
+    if slow:
+        fewest = -(-nbytes // MAX_SLOW_PARTS)
+        size = min(size, max(SLOW_PART_BYTES, -(-fewest // _PART_STEP) * _PART_STEP))
+    return size
 
 
 def flat_layout(module: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[list[list[Any]], int]:

@@ -180,7 +180,8 @@ _ARRAY_KEYS = frozenset({"name", "dtype", "shape", "codec", "nbytes"})
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 
 
-def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) -> tuple[str, np.ndarray]:
+def _array(spec: Any, frame: memoryview, budget: int, max_bytes: int,
+           inflate: bool) -> tuple[str, np.ndarray]:
     # On the hot path of every relayed packet: plain type checks (`type(x) is
     # int` also refuses bools).
     if type(spec) is not dict or spec.keys() != _ARRAY_KEYS:
@@ -208,7 +209,7 @@ def _array(spec: Any, frame: Any, budget: int, max_bytes: int, inflate: bool) ->
     if expected > budget:
         raise MalformedMessage(f"array {name!r} needs {expected} bytes: with the arrays before "
                                f"it, the message would take over the {max_bytes}-byte limit")
-    data = _buf(frame)
+    data = frame  # decode() made the view
     if codec != "none" and not inflate and dtype.kind in "iu":
         check_declared_size(name, codec, data, expected)
         # read-only zeros: shape and dtype only
@@ -250,10 +251,11 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     """
     if not frames:
         raise MalformedMessage("empty message")
-    head = _buf(frames[0])
+    views = [_buf(f) for f in frames]  # once per frame: the packet's arrays view them
+    head = views[0]
     if head.nbytes > MAX_HEADER_BYTES:
         raise MalformedMessage(f"header of {head.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
-    total = sum(_buf(f).nbytes for f in frames)
+    total = sum(v.nbytes for v in views)
     if total > max_bytes:
         raise MalformedMessage(f"message of {total} bytes exceeds the {max_bytes}-byte limit")
     header = _unpack_header(head)
@@ -278,7 +280,7 @@ def decode(frames: Sequence[Any], max_bytes: int = 256 * 2**20, inflate: bool = 
     budget = max_bytes
     if mtype is MsgType.SAMPLES and limits is not None:
         budget = min(budget, check_packet_limits(msg, specs, limits))
-    for spec, frame in zip(specs, frames[1:], strict=True):
+    for spec, frame in zip(specs, views[1:], strict=True):
         name, arr = _array(spec, frame, budget, max_bytes, inflate)
         if name in msg.arrays:
             raise MalformedMessage(f"array {name!r} appears twice")

@@ -34,6 +34,10 @@ RTOL = 1e-5
 MAX_WIRE_ELEMENTS = 4096
 
 
+_MIN, _MAX, _GE, _LE = np.minimum.reduce, np.maximum.reduce, np.greater_equal, np.less_equal
+_ALL = np.logical_and.reduce
+
+
 def field_label(name: str) -> str:
     """How messages name a leaf: ``obs/1/speed`` -> ``obs[1][speed]``."""
     head, *rest = name.split("/")
@@ -58,6 +62,8 @@ class Bounds:
     exact: bool = False
     lo: np.ndarray = field(init=False, repr=False)  # with the margin
     hi: np.ndarray = field(init=False, repr=False)
+    # both bounds finite everywhere: a leaf within them is finite too (see ValueLimits._passes)
+    finite: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         low, high = np.asarray(self.low, np.float64), np.asarray(self.high, np.float64)
@@ -65,6 +71,7 @@ class Bounds:
         object.__setattr__(self, "high", high)
         object.__setattr__(self, "lo", low if self.exact else low - _margin(low))
         object.__setattr__(self, "hi", high if self.exact else high + _margin(high))
+        object.__setattr__(self, "finite", bool(np.isfinite(low).all() and np.isfinite(high).all()))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -121,6 +128,8 @@ class ValueLimits:
 
         ``reset`` marks rows whose action is a placeholder (an episode's first observation): their
         actions must be finite but need not be within the action space."""
+        if self._passes(leaves, rew):
+            return None
         for name, arr in leaves.items():
             found = self._leaf_problem(name, np.asarray(arr), reset)
             if found:
@@ -138,6 +147,32 @@ class ValueLimits:
                     f"env's reward, or raise trainer.max_abs_reward if rewards "
                     f"this large are meant (scaling them down trains better)")
         return None
+
+    def _passes(self, leaves: Mapping[str, np.ndarray], rew: np.ndarray) -> bool:
+        """True if every leaf and reward is surely within the limits, in two reductions per leaf:
+        the common case, on every packet of the relay and the trainer. False sends the packet
+        through the full checks, which find and name the problem (or pass it: a reset row's
+        action outside the space). Equivalent because a row within finite bounds is finite, and a
+        NaN fails every comparison (np.min and np.max propagate it)."""
+        for name, leaf in leaves.items():
+            arr = np.asarray(leaf)
+            b = self.bounds.get(name)
+            if (b is not None and arr.dtype.kind in "fiu" and arr.ndim >= 1
+                    and arr.shape[1:] == b.shape):
+                if not b.finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                    return False  # an infinite bound lets an infinite value through min and max
+                # the ufuncs themselves: ndarray.min and .all add a Python layer each, per leaf
+                if arr.shape[0] and not (_ALL(_GE(_MIN(arr, 0), b.lo), None)
+                                         and _ALL(_LE(_MAX(arr, 0), b.hi), None)):
+                    return False
+            elif arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
+                return False
+        rew = np.asarray(rew)
+        if not rew.size:
+            return True
+        if math.isinf(self.max_abs_reward):
+            return rew.dtype.kind not in "fc" or bool(np.isfinite(rew).all())
+        return float(np.max(np.abs(rew))) <= self.max_abs_reward
 
     def _leaf_problem(self, name: str, arr: np.ndarray, reset: np.ndarray | None) -> str | None:
         if arr.ndim == 0 or arr.shape[0] == 0:

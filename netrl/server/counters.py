@@ -28,6 +28,7 @@ class ServerCounters:
                               # and logged (bugs)
     layout_refusals: int = 0  # packets refused for another sample layout than the trainer's
                               # (their workers keep them)
+    lifts: int = 0  # --lift requests relayed to the trainer (its answers go to the operator)
     oversized_packets: int = 0  # packets refused before inflating: more rows or bytes than
                                 # their worker declared
     pace_refusals: int = 0  # packets held back (NACK) beyond their worker's PACE allowance
@@ -59,12 +60,15 @@ class ServerCounters:
     samples_trainer_rejected: int = 0  # samples the trainer refused for good (its checks: its log
                                        # says why), not delivered
     send_full: int = 0  # sends refused because a peer's queue was full
+    share_notices: int = 0  # NOTICEs telling a worker the trainer refused its packets over its
+                            # share of the replay memory (at most one a trainer report)
     spool_errors: int = 0  # spool reads and writes that the disk refused
     spool_share_refusals: int = 0  # packets refused for the spool beyond their worker's share of it
     unknown_peer: int = 0  # messages from a connection that had not said HELLO (e.g.
                            # after a server restart)
     unpaced_denied: int = 0  # worker HELLOs asking for paced false whose key
                              # server.unpaced_workers does not name (they are paced)
+    unrevocations: int = 0  # revocations lifted (--unrevoke)
     weights_in: int = 0  # complete weight versions received from the trainer
     weights_out: int = 0  # complete weight versions sent to a worker
     window_refusals: int = 0  # packets refused beyond their worker's window

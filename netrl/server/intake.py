@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 # A worker that reports no new samples for this many heartbeat intervals while it has allowance left
 # takes no share of the trainer's wish (a producing worker reports its count in every heartbeat).
 IDLE_HEARTBEATS = 4
+# a window told may exceed the worker's share by 1/8 of it until its next ACK: the shares are half
+# of server.max_queue_bytes, the other half room for such slack
+WINDOW_SLACK = 8
 # causes of layout refusals told to one trainer connection (a worker could make endless causes)
 MAX_NOTICES = 16
 
@@ -138,7 +141,8 @@ class SampleIntake:
         if held and held + cost > self.window() and (peer.session, msg.seq) not in self.relay.held:
             self._over_window(peer, msg.seq, nbytes, held)
             return
-        if self._over_pace(peer, msg.seq, rows):
+        resend = peer.resend(msg.body["produced"], (peer.session, msg.seq) in self.relay.held)
+        if not resend and self._over_pace(peer, msg.seq, rows):
             return
         peer.produced_up_to(msg.body["produced"])
         outcome = self.relay.accept(packet, self.peers.trainer is not None, spool_now=peer.flushing)
@@ -146,7 +150,10 @@ class SampleIntake:
             peer.samples += steps
             peer.rows += rows
             peer.packets += 1
-            peer.pace_budget -= rows
+            if resend:
+                peer.resends_left -= 1
+            else:
+                peer.charged(msg.body["produced"], rows)
             self.stats.samples_in += steps
 
     def packet_limits(self, peer: Peer | None) -> PacketLimits:
@@ -279,6 +286,7 @@ class SampleIntake:
         if not isinstance(stats, dict):
             return
         ignored = peer.report(stats)
+        peer.first_report()
         if ignored:
             peer.bad_reports += 1
             if worth_logging(peer.bad_reports, first=3):
@@ -340,7 +348,9 @@ class SampleIntake:
             return
         self.workers_joined = False
         for worker in self.peers.workers():
-            if worker.window != self.window_for(worker):
+            # told only once its window shrank by over 1/WINDOW_SLACK (its ACKs carry the exact
+            # one): an ACK to every worker at each join was N^2 messages while N workers joined
+            if worker.window > self.window_for(worker) * (WINDOW_SLACK + 1) // WINDOW_SLACK:
                 self.tell_worker(worker.session, MsgType.ACK, {"seqs": []})
         self.pace()
 

@@ -37,6 +37,7 @@ __all__ = ["MAX_DECLARED_FORMATS", "Membership"]
 log = logging.getLogger(__name__)
 
 MAX_DECLARED_FORMATS = 64  # weight formats a worker may say it decodes
+SCAN_FRACTION = 0.1  # of the heartbeat interval: how often heartbeats() visits every peer
 
 
 class Membership:
@@ -50,6 +51,13 @@ class Membership:
         self.intake, self.relay, self.status = intake, relay, status
         # found gone by a send, in this pass of the loop
         self.gone: dict[tuple[str, bytes], tuple[Peer, str]] = {}
+        self._slow = 0  # workers whose link cannot carry float32 in the budget (WeightCache)
+        # workers whose link rate is not measured yet: the trainer sends small parts for them (a
+        # 1 MiB part could outlive a slow link's liveness window before it is found slow)
+        self._unmeasured = 0
+        self._slow_at = 0.0  # monotonic time to count them again
+        # heartbeats(): when the next scan of every peer is due, and the news it told
+        self._next_scan, self._scanned_news = 0.0, (-1, -1)
 
     def hello(self, role: str, rid: bytes, msg: Message, rid_frame: Any,
               received: int | None = None) -> None:
@@ -152,10 +160,23 @@ class Membership:
         # changes
         news: dict[str, int] = {"trainer_connected": connected, "layout": self.intake.layout_tag}
         told = (connected, news["layout"])
+        # The scan below visits every peer: run on every pass of the loop, it made each message
+        # cost O(peers) (1,024 workers: a millisecond a pass). A tenth of the interval delays a
+        # heartbeat, or a loss, by that much at most; news goes out at the next pass.
+        if now < self._next_scan and told == self._scanned_news:
+            return
+        self._next_scan = now + SCAN_FRACTION * self.net.heartbeat_interval_s
+        self._scanned_news = told
         # a worker acts at random until it holds worker.init_random_frames (a busy worker hears
         # it in its PACEs)
         if self.intake.progress is not None:
             news["trainer_samples"] = self.intake.progress["samples"]
+        # network.weight_format adaptive: the trainer adds the compact formats while a worker's
+        # link is slow (counted once per heartbeat interval, not on every pass of the loop)
+        if now >= self._slow_at:
+            self._slow_at = now + self.net.heartbeat_interval_s
+            self._slow = self.weights.slow_workers(self.peers.workers(), now)
+            self._unmeasured = sum(w.link.rate is None for w in self.peers.workers())
         for peer in self.peers.values():
             if peer.liveness.expired(now) and not unread[peer.role]:
                 self.lost(peer, f"no message for {peer.liveness.window:.1f} s")
@@ -165,6 +186,13 @@ class Membership:
                 body = {"stats": news, **peer.liveness.stamp()}
                 if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
                     peer.told = told
+            elif peer.role == "trainer" and (peer.liveness.heartbeat_due(now)
+                                             or peer.told != (self._slow, self._unmeasured)):
+                # a trainer's link is busy with samples: told when a count changes
+                counts = {"slow_workers": self._slow, "unmeasured_workers": self._unmeasured}
+                body = {"stats": counts, **peer.liveness.stamp()}
+                if self.out.send(peer, Message(MsgType.HEARTBEAT, "server", body=body)):
+                    peer.told = (self._slow, self._unmeasured)
             elif peer.liveness.heartbeat_due(now):
                 heartbeat = Message(MsgType.HEARTBEAT, "server", body=peer.liveness.stamp())
                 self.out.send(peer, heartbeat)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -15,6 +16,8 @@ from netrl.storage.segments import Position
 __all__ = ["MAX_COUNT", "MAX_REPORTED", "MAX_ROWS_PER_STEP", "Peer", "PeerTable", "QueuedPacket",
            "is_count"]
 
+log = logging.getLogger(__name__)
+
 REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a counter in a heartbeat's stats,
                                                      # e.g. "dropped_samples"
 MAX_REPORTED = 32  # counters kept per peer
@@ -26,6 +29,8 @@ MAX_COUNT = 2**53
 # context rows included), as its accepted packets show, at most this many: enough for tiny packets
 # with a frame stack's context rows, and all a worker of reset-only packets can get.
 MAX_ROWS_PER_STEP = 4
+# packets remembered before a worker's first heartbeat (Peer.charged_early): its window bounds them
+MAX_EARLY = 4096
 
 
 def is_count(value: Any) -> bool:
@@ -84,6 +89,15 @@ class Peer:
     pace_budget: int = 0  # rows it may still deliver: PACE raises granted (in its rows per
                           # step), less the rows accepted since
     over_pace: int = 0  # packets refused because they went beyond its PACE allowance
+    # Its first heartbeat on a connection this server process had not seen: the env steps it had
+    # made before (-1 until then) and its unacknowledged packets. No PACE of this server granted
+    # them (a restarted server): their resends are not charged to its allowance, or a worker that
+    # has finished (its count no longer rising) would be held for good.
+    made_before: int = -1
+    resends_left: int = 0
+    # packets accepted before that heartbeat, charged: (its count when made, rows), refunded then
+    # if they prove resends (they come at once on connecting, the heartbeat a moment later)
+    charged_early: list[tuple[int, int]] = field(default_factory=list)
     oversized: int = 0  # packets refused because they went beyond its declared
                         # bounds or the server's
     layout_refusals: int = 0  # packets refused for another sample layout than the trainer's
@@ -133,6 +147,33 @@ class Peer:
         lets it take more than its share."""
         self.produced, self.produced_at, self.allowance = old.produced, old.produced_at, old.allowance
         self.pace_budget, self.over_pace, self.oversized = old.pace_budget, old.over_pace, old.oversized
+        # this server granted what it sent so far: its resends are paced (or held ones, free)
+        self.made_before, self.resends_left = max(0, old.made_before), old.resends_left
+
+    def first_report(self) -> None:
+        """Its first heartbeat here (see ``made_before``): what it had made and not delivered."""
+        if self.role != "worker" or self.made_before >= 0:
+            return
+        got = self.reported
+        produced = got.get("produced")
+        self.made_before = produced if type(produced) is int else 0
+        self.resends_left = min(MAX_COUNT, sum(v for k in ("backlog_packets", "held_packets")
+                                               if type(v := got.get(k)) is int))
+        # (not counted against resends_left: the heartbeat's backlog no longer names those the
+        # server has acknowledged since, spooled or delivered)
+        self.pace_budget += sum(rows for made, rows in self.charged_early if made <= self.made_before)
+        self.charged_early = []
+
+    def charged(self, produced: int, rows: int) -> None:
+        """A packet of ``rows`` accepted, charged to its allowance, made at count ``produced``."""
+        self.pace_budget -= rows
+        if self.made_before < 0 and len(self.charged_early) < MAX_EARLY:
+            self.charged_early.append((produced, rows))
+
+    def resend(self, produced: int, key_held: bool) -> bool:
+        """Whether a packet made when its count was ``produced`` is a resend no PACE of this
+        server granted (``key_held``: one held here already passes anyway)."""
+        return not key_held and self.resends_left > 0 and produced <= self.made_before
 
     def produced_up_to(self, produced: int) -> None:
         """The worker says it has produced this many env steps (a packet's or a
@@ -180,6 +221,8 @@ class Peer:
             # a pipelined message's bytes went after those of the one before: its wait
             # behind them is no slowness
             self.link.measured(sent.nbytes, now - max(sent.started, st.acked_at))
+            log.debug("%s acknowledged %s %s %.2f s after its first part was sent", self.label,
+                      model, sent.label, now - sent.started)
             if model == "policy":
                 self.version = sent.version
         st.acked_at = now

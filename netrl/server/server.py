@@ -57,6 +57,7 @@ from netrl.server.relay import MAX_BUNDLES_PER_PASS, SampleRelay
 from netrl.server.revocation import Revocations
 from netrl.server.sockets import ServerSockets
 from netrl.server.spool import Spool
+from netrl.server.standing import Standing
 from netrl.server.status import ServerStatus
 from netrl.server.weight_cache import LoggedProblem, WeightCache
 from netrl.storage.folderlock import FolderLock
@@ -149,13 +150,19 @@ class Server:
         self.revocations = Revocations(spool_dir, self.peers, self.stats, self.admission,
                                        lambda peer: self.members.forget(peer), self._tell_trainer)
         self.admission.revoked = self.revocations.refusal
+        self.standing = Standing(self.peers, self.stats,
+                                 lambda rid, msg: self.admission.send("trainer", rid, msg),
+                                 self.out.must_send)  # the trainer's report, --lift
+        self.status.extra += [lambda: {"revoked": self.revocations.describe()},
+                              self.standing.describe]
         # what the server does with each message a peer may send it after HELLO
         # (check_role has let it through)
         self.handlers: dict[MsgType, Callable[[Peer, Message, list[Any]], None]] = {
             MsgType.SAMPLES: self.intake.on_samples, MsgType.HEARTBEAT: self._heartbeat,
-            MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self.intake.on_progress,
+            MsgType.SCHEMA: self.intake.on_schema, MsgType.PROGRESS: self._progress,
             MsgType.ACK: self._take_acks, MsgType.CREDIT: self._add_credit, MsgType.WEIGHTS: self._cache_weights,
-            MsgType.BYE: self.members.on_bye, MsgType.REVOKE: self.revocations.on_trainer}
+            MsgType.BYE: self.members.on_bye, MsgType.REVOKE: self.revocations.on_trainer,
+            MsgType.LIFT: self.standing.on_trainer}
 
     @classmethod
     def from_config(cls, cfg: Config) -> Server:
@@ -187,7 +194,7 @@ class Server:
         self.intake.open()
         self.revocations.open()
         self._opened = True
-        self.sockets.open()
+        self.sockets.open(connections=self.admission.max_workers + 1)  # and the trainer
         self._listening = True
         keys = self.sockets.keys
         log.info("server listening on %s (trainer port %d, "
@@ -238,7 +245,8 @@ class Server:
         relay, trainer = self.relay, self.peers.trainer is not None
         steps: list[Callable[[], None]] = [self.out.retry, lambda: relay.flush(now, trainer, MAX_BUNDLES_PER_PASS),
                                            lambda: relay.spool_stale(now, trainer), self.intake.after_joins,
-                                           lambda: self.members.heartbeats(now), lambda: self.status.tick(now)]
+                                           lambda: self.members.heartbeats(now), lambda: self.status.tick(now),
+                                           lambda: self.standing.expire(now)]
         for step in steps:
             self._guarded(step, now)
 
@@ -327,10 +335,12 @@ class Server:
                 self.members.hello(role, rid, msg, frames[0], frames_nbytes(frames[1:]))
                 if role == "trainer" and (trainer := self.peers.get(role, rid)) is not None:
                     self.revocations.trainer_joined(trainer)  # the rows it must not train on
+                    self.standing.trainer_joined()
                 return
-            # --revoke: on the trainer port (its keys' authority), without a HELLO of its own
-            if peer is None and role == "trainer" and msg.type is MsgType.REVOKE:
-                self.revocations.on_operator(rid, msg)
+            # --revoke, --unrevoke, --lift: on the trainer port (its keys' authority), no HELLO
+            if peer is None and role == "trainer" and msg.type in (MsgType.REVOKE, MsgType.LIFT):
+                (self.revocations.on_operator if msg.type is MsgType.REVOKE
+                 else self.standing.on_operator)(rid, msg)
                 return
             # from a peer already forgotten: it is leaving anyway
             if peer is None and msg.type is MsgType.BYE:
@@ -385,6 +395,10 @@ class Server:
         # the trainer acknowledges bundles, naming the parts it refused
         self.relay.trainer_acked(seqs, {k: v for k, v in msg.body.items()
                                         if k in ("layout_refused", "rejected")})
+
+    def _progress(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
+        self.standing.on_progress(msg.body)  # its report of the workers, off the pacing's counts
+        self.intake.on_progress(peer, msg, frames)
 
     def _heartbeat(self, peer: Peer, msg: Message, frames: list[Any]) -> None:
         peer.liveness.on_heartbeat(msg.body)  # the round trip, for the window that declares it lost

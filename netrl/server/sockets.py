@@ -15,7 +15,7 @@ from zmq.utils.monitor import recv_monitor_message
 from netrl.config.sections import NetworkConfig
 from netrl.errors import TransportError
 from netrl.net.keys import ServerAuth, ServerKeys
-from netrl.net.sockets import bind, new_socket
+from netrl.net.sockets import allow_connections, bind, new_socket
 
 __all__ = ["ServerSockets"]
 
@@ -62,9 +62,12 @@ class ServerSockets:
         self.monitors: dict[str, zmq.Socket] = {}  # role -> the monitor of that port's socket
         self.status: zmq.Socket | None = None
 
-    def open(self) -> None:
+    def open(self, connections: int = 0) -> None:
         """Bind both ports (TransportError names the config key to change) and, if it is
-        free, the status port."""
+        free, the status port; first allow ``connections`` open connections (a process's soft
+        limit of 1,024 open files would refuse some of 1,000 workers)."""
+        if connections:
+            allow_connections(connections)
         self.ctx = zmq.Context()
         if self.keys is not None:
             self.auth = ServerAuth(self.ctx, self.keys)

@@ -100,6 +100,8 @@ class ServerStatus:
         # that the total never falls
         self._departed: dict[str, int] = {}
         self._departed_folded = 0  # those of the sessions forgotten beyond MAX_DEPARTED
+        # more of the snapshot, from parts made after this one (revocations, the trainer's report)
+        self.extra: list[Callable[[], dict[str, Any]]] = []
 
     MAX_DEPARTED = 10_000
 
@@ -139,6 +141,7 @@ class ServerStatus:
             "dropped": by_workers,  # refused samples are not lost: their workers resend them
             "stats": self.stats.as_dict(),  # every counter, at 0 until it counts: no key a script
                                             # reads goes missing
+            **{k: v for part in self.extra for k, v in part().items()},
         }
 
     def stop_line(self) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from netrl.protocol.wire import MAX_MODELS
@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 MAX_FORMATS = 4  # per model: auto sends three
 KNOWN_VERSIONS = 64  # versions of a (model, format) remembered as bases a delta may continue
+MAX_SLOW_SESSIONS = 256  # worker sessions remembered as slow across their reconnects
+# a slow worker counts as fast again only after this many rate samples since it was last found
+# slow, none of them slow: a link near the threshold would flip the trainer's encoding on and off
+FAST_SAMPLES = 3
 
 class ModelCache:
     """One model's encodings: a full :class:`Encoding` and a :class:`DeltaChain` per format."""
@@ -154,6 +158,8 @@ class WeightCache:
         self._refused_models: set[str] = set()  # models beyond MAX_MODELS, logged once per session
         # per model: what the last session sent of a version
         self._expected: dict[str, set[tuple[str, bool]]] = {}
+        # sessions of workers found slow (slow_workers): the link's rate samples when last found so
+        self._slow_sessions: dict[str, int] = {}
 
     # -- today's single cache: the policy's float32 full encoding ----------------------------------
     @property
@@ -290,6 +296,49 @@ class WeightCache:
                     progressed = True
         return done
 
+    def slow_workers(self, workers: Iterable[Peer], now: float) -> int:
+        """Workers whose link does not carry a model's float32 version within its budget
+        (``network.weight_format`` adaptive: while there is one, the trainer sends the compact
+        formats too, and the server picks per worker as under auto): by its measured rate; before
+        any is measured, by a message on its way to it for over twice the budget (a 4 MB float32
+        version behind reno at 1% loss never arrived: the worker reconnected during each of its
+        1 MiB parts, so no rate was ever measured). A worker so found is remembered by its session,
+        across its reconnects, and stays slow until :data:`FAST_SAMPLES` rate samples since say it
+        is not (hysteresis: a link near the threshold does not flip the trainer's encoding)."""
+        slow = 0
+        for worker in workers:
+            since = worker.link.samples - self._slow_sessions.get(worker.session, 0)
+            if self._slow(worker, now):
+                slow += 1
+                self._slow_sessions.pop(worker.session, None)  # (to the end: the newest)
+                self._slow_sessions[worker.session] = worker.link.samples
+                while len(self._slow_sessions) > MAX_SLOW_SESSIONS:
+                    del self._slow_sessions[next(iter(self._slow_sessions))]
+            elif worker.session not in self._slow_sessions:
+                continue
+            elif worker.link.rate is not None and since >= FAST_SAMPLES:
+                del self._slow_sessions[worker.session]
+            else:
+                slow += 1
+        return slow
+
+    def _slow(self, worker: Peer, now: float) -> bool:
+        rate = worker.link.rate
+        for name, model in self.models.items():
+            if name not in worker.wants:
+                continue
+            budget = model.budget_s if model.budget_s is not None else DEFAULT_BUDGET_S
+            if rate is not None:
+                full = model.fulls.get("float32")
+                if full is not None and full.nbytes > rate * budget:
+                    return True
+                continue
+            st = worker.models.get(name)
+            sent = (st.inflight[0] if st.inflight else st.streaming) if st else None
+            if sent is not None and sent.started and now - sent.started > 2 * budget:
+                return True
+        return False
+
     def describe(self) -> dict[str, Any]:
         """--status: per model, its newest version and the formats and deltas
         cached, with their bytes."""
@@ -336,6 +385,11 @@ def next_sent(worker: Peer, name: str, model: ModelCache) -> Sent | None:
             return None
     st.streaming = Sent(pick.version, pick.format, pick.base, pick.first, pick.first.nbytes)
     st.ever_sent = True
+    # once per version and worker: what a slow link's figures are made of (docs/benchmarks/links.md)
+    log.debug("%s is sent %s %s, %d bytes (%d in flight; link %s, budget %s)", worker.label,
+              name, st.streaming.label, st.streaming.nbytes, len(st.inflight),
+              "unmeasured" if worker.link.rate is None else f"{worker.link.rate / 1e3:.1f} KB/s",
+              "default" if model.budget_s is None else f"{model.budget_s:g} s")
     return st.streaming
 
 
@@ -345,10 +399,17 @@ def drains_in_time(st: WorkerModel, rate: float | None, budget_s: float | None) 
     pipelined deltas would queue up and the worker would only ever get old versions; waiting for the
     ACKs lets it skip to the newest instead."""
     queued = sum(sent.nbytes for sent in st.inflight)
-    if queued <= MIN_RATE_BYTES:  # too little to hold a newer version back for long, on any link
+    if rate is None:  # unmeasured: a little may queue, too little to hold a newer version back long
+        return queued <= MIN_RATE_BYTES
+    if len(st.inflight) == 1 and queued <= MIN_RATE_BYTES:
+        # one small message may always queue behind the one in flight: the link stays busy while its
+        # ACK comes back (without, int8 deltas of 9 KB went one per round trip behind a link
+        # measured at 20 KB/s with a 0.24 s budget, and the worker fell 8 versions behind)
         return True
     budget = budget_s if budget_s is not None else DEFAULT_BUDGET_S
-    return rate is not None and queued <= rate * budget
+    # small deltas too: 3 int8 deltas of 13 KB queued behind a 35 KB/s link made each arrive 1.5 s
+    # late (docs/benchmarks/links.md)
+    return queued <= rate * budget
 
 
 def candidates(model: ModelCache, holds: tuple[str, int] | None, decodes: list[str]) -> list[Candidate] | None:

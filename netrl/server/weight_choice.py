@@ -7,8 +7,9 @@ acknowledged yet (oldest first), and the one whose parts are being sent. Deltas 
 messages of a model are in flight to a worker, the next one may go when it is a delta whose base is
 the newest in flight, in the same format (the worker receives them in order over one connection and
 applies each to the version it just took), at most :data:`MAX_PIPELINE` messages of a model sent or
-being sent and not acknowledged, and only while what is in flight is under :data:`MIN_RATE_BYTES` or
-the worker's measured link rate carries it within the budget (behind a link that cannot keep
+being sent and not acknowledged, and only while the worker's measured link rate carries what is in
+flight within the budget (or, while the rate is unknown, that is under :data:`MIN_RATE_BYTES`)
+(behind a link that cannot keep
 up, queued deltas would only ever bring old versions: the newest then goes after the ACKs, as a
 chain or in full); a full version waits for every ACK (sent behind a delta it would waste the
 link). So a chain ``b -> ... -> v`` streams back to back, not one delta per round trip. ACKs come in
@@ -25,7 +26,7 @@ link rate, else the one with the fewest bytes; the fewest bytes too while the ra
 :class:`LinkRate` measures the rate from complete versions of at least :data:`MIN_RATE_BYTES`:
 bytes / (ACK time - time its first part was sent, or the time the message before it was
 acknowledged if later: a pipelined message's wait behind the one before is no slowness of
-the link), smoothed (EWMA 0.5).
+the link), smaller ones taken together until they reach that size, smoothed (EWMA 0.5).
 """
 
 from __future__ import annotations
@@ -119,15 +120,27 @@ class WorkerModel:
 
 @dataclass
 class LinkRate:
-    """A worker's measured link rate in bytes/s (None until a version of at least
-    MIN_RATE_BYTES came back ACKed)."""
+    """A worker's measured link rate in bytes/s (None until MIN_RATE_BYTES came back ACKed, in
+    one version or in smaller messages taken together)."""
 
     rate: float | None = None
     samples: int = 0
+    # small messages (int8 deltas of 13 KB) add up to a sample: without them a worker that only
+    # gets small ones kept the rate of its first full version, and deltas queued for a link
+    # that had become slower
+    small_bytes: int = 0
+    small_seconds: float = 0.0
 
     def measured(self, nbytes: int, seconds: float) -> None:
-        if nbytes < MIN_RATE_BYTES or seconds <= 0:
+        if seconds <= 0:
             return
+        if nbytes < MIN_RATE_BYTES:
+            self.small_bytes += nbytes
+            self.small_seconds += seconds
+            if self.small_bytes < MIN_RATE_BYTES:
+                return
+            nbytes, seconds = self.small_bytes, self.small_seconds
+            self.small_bytes, self.small_seconds = 0, 0.0
         sample = nbytes / seconds
         self.rate = sample if self.rate is None else RATE_EWMA * sample + (1 - RATE_EWMA) * self.rate
         self.samples += 1

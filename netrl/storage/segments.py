@@ -50,6 +50,18 @@ __all__ = ["Position", "Record", "SegmentLog", "check_meta"]
 
 log = logging.getLogger(__name__)
 
+
+def _flat(frame: Any) -> Any:
+    """A frame as writev and crc32c take it, len() its size: bytes and a zmq.Frame's buffer (a
+    flat byte view already) as they are, no new view per frame on every append; anything else
+    viewed as bytes."""
+    if type(frame) is bytes:
+        return frame
+    view = getattr(frame, "buffer", frame)
+    if type(view) is memoryview and view.ndim == 1 and view.format == "B":
+        return view
+    return memoryview(view).cast("B")
+
 class Position(NamedTuple):
     """Where a record starts: (segment number, byte offset). Orders like the log."""
 
@@ -232,9 +244,9 @@ class SegmentLog:
         """Write one record and flush it; returns its position."""
         if self.readonly:
             raise OSError(f"{self.dir} was opened read-only")
-        views = [memoryview(getattr(f, "buffer", f)).cast("B") for f in frames]
-        header = msgpack.packb({"m": meta, "l": [v.nbytes for v in views]})
-        data_len = sum(v.nbytes for v in views)
+        views = [_flat(f) for f in frames]
+        header = msgpack.packb({"m": meta, "l": [len(v) for v in views]})
+        data_len = sum(len(v) for v in views)
         if self._end > 0 and self._end + HEAD.size + len(header) + data_len > self.segment_bytes:
             self._roll()
         crc = crc32c.crc32c(header, crc32c.crc32c(SEG.pack(self._segment)))
@@ -243,7 +255,7 @@ class SegmentLog:
         fd = self._open_current()
         pos = Position(self._segment, self._end)
         parts = [HEAD.pack(MAGIC, crc, self._segment, len(header), data_len), header, *views]
-        total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        total = len(parts[0]) + len(header) + data_len
         try:
             written = os.writev(fd, parts)
             # a short write (rare: disk full, signals): finish it, or fail loudly

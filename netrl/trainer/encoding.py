@@ -6,9 +6,10 @@ The training thread only snapshots a model into a flat buffer
 WEIGHTS messages, one set per format (see :mod:`netrl.protocol.weight_formats`):
 
 - a full version: the format's encoding, with ``format``, ``encoded`` (its size), ``crc`` and
-  ``rank`` (and ``budget_s`` under ``auto``: ``network.weight_budget_s``, or with 0 the time
-  between the model's last two publications, so that the server picks formats with which a
-  worker keeps up with the trainer);
+  ``rank`` (and ``budget_s`` under ``auto``: ``network.weight_budget_s``, or with 0 the smaller of
+  the model's last two intervals between publications, so that the server picks formats with
+  which a worker keeps up with the trainer; none before the third version: the first interval
+  spans the trainer's warm-up, not its pace);
 - for settings that send deltas, also a delta against the version of the same model and format
   encoded just before (``base``): the worker applies it to the encoding it holds and checks the
   crc, so float32's stay bit-exact.
@@ -66,7 +67,8 @@ class _Job:
     done: Callable[[list[Encoded]], None]  # sends them (on the encoding thread) and releases
                                            # the snapshot
     release: Callable[[], None]  # releases the snapshot of a version replaced before it was encoded
-    interval_s: float | None = None  # time since the model's publication before (None: its first)
+    # the smaller of the model's last two intervals between publications (None: under two known)
+    interval_s: float | None = None
     exact: bool = False  # float32 only, whatever the setting
 
 
@@ -94,8 +96,10 @@ class WeightEncoder:
         self.formats = formats_for(setting)  # FormatError for an unknown setting
         self.deltas = sends_deltas(setting)
         # auto only; 0: each model's time between publications (see the module docstring)
-        self.budget_s = budget_s if setting == "auto" else None
+        self.budget_s = budget_s if setting in ("auto", "adaptive") else None
         self._published: dict[str, float] = {}  # model -> time.monotonic() of its last publication
+        # model -> the time between its last two publications
+        self._intervals: dict[str, float | None] = {}
         self.max_errors: dict[str, float] = {}  # format -> the newest lossy version's
                                                 # measured error
         self.counts: collections.Counter[str] = collections.Counter()
@@ -108,18 +112,29 @@ class WeightEncoder:
         self._thread: threading.Thread | None = None
 
     # -- the training thread -----------------------------------------------------------------------
+    def published(self, model: str) -> float | None:
+        """Note a publication of ``model`` (encoded or not: adaptive sends float32 alone while no
+        worker is slow); returns its pace, the smaller of its last two intervals (None: under two
+        known). The first interval alone spans the trainer's warm-up: 12 s before its second
+        version over a slow link, which let the server send that version in float16, twice
+        int8's bytes, for a budget of 12 s."""
+        now = time.monotonic()
+        last, self._published[model] = self._published.get(model), now
+        interval = None if last is None else now - last
+        before, self._intervals[model] = self._intervals.get(model), interval
+        return None if interval is None or before is None else min(interval, before)
+
     def put(self, model: str, version: int, trained_steps: int, flat: np.ndarray, layout: list[list[Any]],
             done: Callable[[list[Encoded]], None], release: Callable[[], None], exact: bool = False) -> None:
         """Encode ``flat`` (a snapshot, read-only until ``done`` or ``release`` is called) on the
         encoding thread; ``release`` frees a snapshot whose version a newer one replaced before it
         was encoded. ``exact``: the model travels in float32 whatever the setting (its module's
         ``exact_weights``: the observation statistics)."""
-        now = time.monotonic()
-        last, self._published[model] = self._published.get(model), now
+        pace = self.published(model)
         with self._cond:
             old = self._jobs.pop(model, None)
             self._jobs[model] = _Job(model, version, trained_steps, flat, layout, done, release,
-                                     None if last is None else now - last, exact)
+                                     pace, exact)
             self._cond.notify_all()
         if old is not None:
             self.counts["encodings_superseded"] += 1
@@ -170,7 +185,7 @@ class WeightEncoder:
         """The messages of one version in every format: deltas first (small, and most workers
         take them), then the full encodings, each kind smallest first: the server streams to an
         idle worker what it has, and one whose link rate it does not know yet gets the fewest
-        bytes. ``interval_s``: the time since the model's publication before, auto's budget
+        bytes. ``interval_s``: the model's pace of publication (:meth:`put`), auto's budget
         when ``network.weight_budget_s`` is 0."""
         budget = self.budget_s
         if budget == 0:

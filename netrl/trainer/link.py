@@ -50,6 +50,7 @@ from netrl.samples.columns import Buffer
 from netrl.storage.segments import Position
 from netrl.trainer.delivery import Deliveries, SampleLog, write_failed
 from netrl.trainer.encoding import WeightEncoder
+from netrl.trainer.operator import OperatorBox
 from netrl.trainer.outbox import Outboxes
 from netrl.trainer.status_line import status_line
 from netrl.trainer.weight_sender import WeightSender
@@ -61,8 +62,7 @@ from netrl.util import worth_logging
 FOREIGN_VERSION_LIMIT = MAX_POLICY_VERSION // 2
 MAX_LAYOUT_CAUSES = 64  # of the server's NOTICEs, logged once each
 KEEPALIVE_PARTS = 256  # packets of a bundle between two looks at whether a heartbeat is due
-_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above these
-                  # bits, the part below
+_SLOT_SHIFT = 24  # a WEIGHTS command's part number: the model's slot above, the part below
 
 __all__ = ["TrainerLink"]
 
@@ -84,15 +84,13 @@ class TrainerLink(NetThread):
         # any other setting is encoded on a thread of its own (netrl.trainer.encoding).
         # FormatError for an unknown setting.
         self.encoder = None if weight_format == "float32" else WeightEncoder(weight_format, weight_budget_s)
-        self._command_lock = threading.Lock()  # the training and the encoding threads share
-                                               # the pipe's socket
+        self._command_lock = threading.Lock()  # training and encoding threads share the pipe
         self.live = live  # TrainingOffline.live
-        self.record_version = record_version  # notes a version on disk before it is
-                                              # sent (RunSaver.record_version)
+        self.record_version = record_version  # a version noted on disk before it is sent
         self._status = StatusClock(status_interval_s)
         self.schema = schema
-        # checked on every packet before it is inflated
-        self.packet_limits: PacketLimits | None = None
+        self.value_limits = schema and schema.limits  # checked on arrival, every leaf
+        self.packet_limits: PacketLimits | None = None  # checked on every packet, before inflating
         self.credit_window = credit_window
         self.deliveries = deliveries
         self.sample_log = sample_log
@@ -111,21 +109,22 @@ class TrainerLink(NetThread):
         self.server_session = ""  # the server process that sent the last WELCOME
         # log end of fetched packets
         self.ingested: Position | None = sample_log.end() if sample_log else None
-        self.granted = 0  # credits granted on the current connection
-        self.received = 0  # bundles received on the current connection
+        self.granted = self.received = 0  # credits granted, bundles received: this connection
         self.last_progress: list[Any] | None = None
         # the training thread's side of publishing: snapshots, encodings, WEIGHTS commands (through
         # self.command as it is when called: a test may replace it on the instance)
         self.sender = WeightSender(name, session, lambda frames, track=False: self.command(frames, track),
                                    self.encoder)
+        # the server's counts of slow and unmeasured workers: small parts; adaptive: compact ones
+        self.sender.server_stats = lambda: self.link.server_stats
+        if weight_format == "adaptive":
+            self.sender.compact = lambda: bool(self.link.server_stats.get("slow_workers"))
         self.stats: collections.Counter[str] = collections.Counter()
         self.outboxes = Outboxes(self.stats)  # model -> its newest version's parts (network thread)
-        self.refused_notices = 0  # NOTICEs of the server that it refused one of our messages
-        self.layout_causes: set[str] = set()  # why the server refused workers' packets for this
-                                              # trainer's layout
-        # workers the server revoked, for the loop; revocations the loop asks for, to send
-        self.revoked: collections.deque[str] = collections.deque()
-        self.revoke_requests: collections.deque[Message] = collections.deque()
+        self.refused_notices = 0  # the server's NOTICEs that it refused our messages
+        self.layout_causes: set[str] = set()  # why the server refused packets for our layout
+        # revocations and lifts heard of, for the loop; its revocations, answers and report, to send
+        self.operator = OperatorBox(name, lambda: self.wake(), self.new_data.set)
 
     # -- SampleSource, called from the training thread ---------------------------------------------
     def fetch(self) -> list[Buffer]:
@@ -144,13 +143,11 @@ class TrainerLink(NetThread):
 
     def revocations(self) -> list[str]:
         """Training thread: the workers the server revoked since the last call (drop their rows)."""
-        return [self.revoked.popleft() for _ in range(len(self.revoked))]
+        return self.operator.revocations()
 
     def revoke(self, worker: str, reason: str) -> None:
         """Training thread: ask the server to revoke ``worker`` (trainer.implausible: refuse)."""
-        body = {"worker": worker, "reason": reason}
-        self.revoke_requests.append(Message(MsgType.REVOKE, self.link.name, body=body))
-        self.command([command_head(Command.CREDIT)])  # wakes the network thread
+        self.operator.revoke(worker, reason)
 
     def wait(self, timeout: float) -> None:
         self.new_data.wait(timeout)
@@ -166,6 +163,10 @@ class TrainerLink(NetThread):
         (sync mode, its fragment length and batch mode; see :mod:`netrl.worker.runners.sync`): the
         worker config does not repeat them, so the two cannot disagree."""
         self.sender.collect = dict(collect)
+
+    def wake(self) -> None:
+        """Wake the network thread (it sends what waits: credit, revocations, lift answers)."""
+        self.command([command_head(Command.CREDIT)])
 
     def command(self, frames: Any, track: bool = False) -> zmq.MessageTracker | None:
         with self._command_lock:
@@ -221,7 +222,8 @@ class TrainerLink(NetThread):
 
     def progress(self, trained_steps: int, samples: int, wanted: int, batch: tuple[int, int] | None = None) -> None:
         """``batch``: sync collection's batch under way, (its version, env steps so far)."""
-        body = {"trained_steps": trained_steps, "samples": samples, "wanted": wanted}
+        body = {"trained_steps": trained_steps, "samples": samples, "wanted": wanted,
+                **self.operator.take_report()}  # the workers' standing, once a second
         if batch is not None and batch[0] >= 0:
             body["batch_version"], body["batch_steps"] = batch
         msg = Message(MsgType.PROGRESS, self.link.name, body=body)
@@ -314,8 +316,8 @@ class TrainerLink(NetThread):
         (kind, values), payload = read_command(frames[0]), frames[1:]
         if kind is Command.CREDIT:
             self._grant()
-            while self.revoke_requests and self.link.ready:
-                self.link.send(encode(self.revoke_requests.popleft()))
+            while self.operator.outgoing and self.link.ready:
+                self.link.send(encode(self.operator.outgoing.popleft()))
             return
         if kind is Command.WEIGHTS:
             slotted, version = values
@@ -346,12 +348,7 @@ class TrainerLink(NetThread):
                             printable(msg.body["reason"]), self.refused_notices)
         elif msg.type is MsgType.NOTICE:
             self._notice(msg.body["cause"], msg.body["reason"])
-        elif msg.type is MsgType.REVOKE and not msg.body.get("refused"):
-            log.warning("the server revoked worker %s: %s", msg.body["worker"],
-                        printable(msg.body.get("reason", ""), 300))
-            self.revoked.append(msg.body["worker"])
-            self.new_data.set()
-        else:
+        elif not self.operator.on_message(msg):  # REVOKE and LIFT
             log.debug("ignored a %s message from the server", msg.type.value)
 
     def _take_bundle(self, msg: Message) -> None:
@@ -359,6 +356,7 @@ class TrainerLink(NetThread):
         if self.error is not None:
             return
         bufs = []
+        duplicates: list[tuple[str, int]] = []  # (stream, seq) already taken
         refused: dict[str, list[int]] = {}  # the parts refused, told back in the ACK
         for i, part in enumerate(msg.parts):
             # a bundle of 4,096 packets can take seconds on a busy CPU
@@ -369,7 +367,8 @@ class TrainerLink(NetThread):
                 if sample_msg.type is not MsgType.SAMPLES:
                     raise ProtocolError(f"bundle part is a {sample_msg.type.value} message")
                 if self.schema is not None:
-                    self.schema.check(sample_msg.body, sample_msg.arrays, f"{sample_msg.sender!r} (via the server)")
+                    self.schema.check(sample_msg.body, sample_msg.arrays,
+                                      f"{sample_msg.sender!r} (via the server)", inflated=True)
                 buf = buffer_from_message(sample_msg)
                 newest = int(buf.policy_version.max(initial=-1))
                 if newest > max(self.version, self.taken, FOREIGN_VERSION_LIMIT):
@@ -393,6 +392,7 @@ class TrainerLink(NetThread):
             with self.lock:
                 if self.deliveries.seen(buf.worker, buf.seq):
                     self.stats["duplicates"] += 1  # resent after a reconnect or a server restart
+                    duplicates.append((buf.worker, buf.seq))
                     continue
                 if self.sample_log is not None:  # on disk before it is acknowledged
                     try:
@@ -400,15 +400,18 @@ class TrainerLink(NetThread):
                     except OSError as exc:
                         self._stop_after_failed_write(exc)
                         return  # no ACK: the server and the worker keep this bundle's packets
-                self.deliveries.add(buf.worker, buf.seq)  # only once it is on disk: a checkpoint
-                                                          # may save this
+                self.deliveries.add(buf.worker, buf.seq)  # once on disk: a checkpoint may save it
             bufs.append(buf)
         self.stats["bundles"] += 1
         self.received += 1
         self.inbox.append((bufs, self.sample_log.end() if self.sample_log else None))
         self.new_data.set()
-        self.link.send(encode(Message(MsgType.ACK, self.link.name,
-                                      body={"seqs": [msg.seq], **refused})))
+        self._acknowledge(msg.seq, refused, bufs, duplicates)
+
+    def _acknowledge(self, bundle: int, refused: dict[str, list[int]], bufs: list[Buffer],
+                     duplicates: list[tuple[str, int]]) -> None:
+        """At once (logged, queued); netrl.interop's collector: once it has yielded them."""
+        self.link.send(encode(Message(MsgType.ACK, self.link.name, body={"seqs": [bundle], **refused})))
 
     def _refused(self, bundle: int, part: int, exc: ProtocolError | SampleRejected,
                  refused: dict[str, list[int]]) -> None:
@@ -436,8 +439,7 @@ class TrainerLink(NetThread):
                   "and pipeline (config.json: the same env.pipeline)", printable(reason))
 
     def _stop_after_failed_write(self, exc: OSError) -> None:
-        """End this thread cleanly; the training loop raises the advice at
-        its next fetch or wait."""
+        """End this thread cleanly; the training loop raises the advice at its next fetch."""
         assert self.sample_log is not None
         advice = write_failed("the sample log in", self.sample_log.log.dir, exc)
         self.error = NetrlError(f"{advice}; then start the trainer again, and it resumes "

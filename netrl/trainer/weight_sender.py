@@ -25,7 +25,14 @@ import zmq
 from netrl.errors import NetrlError
 from netrl.net.thread import Command, command_head
 from netrl.protocol.models import POLICY
-from netrl.protocol.weights import copy_tensors, flat_layout, flat_views, part_bytes
+from netrl.protocol.weights import (
+    MIN_COMPACT_PART_BYTES,
+    MIN_PART_BYTES,
+    copy_tensors,
+    flat_layout,
+    flat_views,
+    part_bytes,
+)
 from netrl.protocol.wire import encode, weight_parts
 from netrl.trainer.encoding import Encoded, WeightEncoder
 
@@ -86,6 +93,13 @@ class WeightSender:
         self.snapshots = SnapshotPool()  # reusable flat buffers
         # sync collection's announcement, sent with every policy version
         self.collect: dict[str, Any] | None = None
+        # network.weight_format adaptive: whether to encode (a worker's link is slow); float32
+        # alone, from the training thread as without an encoder, otherwise. None: always encode
+        self.compact: Callable[[], bool] | None = None
+        self._compacting = False
+        # the stats of the server's last heartbeat: while they count a worker whose link is slow or
+        # not measured yet, every encoding goes in small parts (any format)
+        self.server_stats: Callable[[], dict[str, Any]] = dict
 
     def send(self, actor: torch.nn.Module, model: str, slot: int, version: int, trained_steps: int,
              keep: int) -> None:
@@ -97,7 +111,7 @@ class WeightSender:
         layout, nbytes = flat_layout(state)
         snap = self.snapshots.take(layout, nbytes, keep)
         copy_tensors(snap.views, list(state.values()))  # the views were made for this very layout
-        if self.encoder is not None:  # encoded and sent on the encoding thread
+        if self.encoder is not None and self._encode():  # encoded and sent on the encoding thread
             # the publish, as without an encoder (what a version's latency is measured from)
             log.debug("published %s v%d, to be encoded",
                       "weights" if model == POLICY else f"model {model!r}", version)
@@ -108,18 +122,41 @@ class WeightSender:
                              lambda: setattr(snap, "busy", False),
                              exact=getattr(actor, "exact_weights", False))
             return
+        if self.encoder is not None:  # (adaptive) its pace, for the versions it encodes later
+            self.encoder.published(model)
         fields = {} if model == POLICY else {"model": model}
         self._send_encoding(Encoded(snap.flat, fields, True), model, slot, version, trained_steps,
                             snap)
         log.debug("published %s v%d in %d parts",
                   "weights" if model == POLICY else f"model {model!r}", version, len(snap.trackers))
 
+    def _encode(self) -> bool:
+        """Whether this version goes through the encoder (adaptive: while a worker is slow)."""
+        if self.compact is None:
+            return True
+        compact = self.compact()
+        if compact != self._compacting:
+            self._compacting = compact
+            log.info("%s", "a worker's link is too slow for float32 weights: they go in float16 "
+                     "and int8 too, with deltas, and the server picks per worker "
+                     "(network.weight_format adaptive)" if compact else
+                     "no worker's link is slow any more: weights go in float32 alone "
+                     "(network.weight_format adaptive)")
+        return compact
+
     def _send_encoding(self, out: Encoded, model: str, slot: int, version: int, trained_steps: int,
                        snap: Snapshot) -> None:
         """Hand one encoding's WEIGHTS parts to the network thread (zero-copy: a snapshot stays busy
-        until sent)."""
+        until sent); a compact one (all but float32's full version) in smaller parts, for the slow
+        links it goes to; every one in small parts while the server counts a slow worker or one
+        whose link is not measured yet."""
+        compact = out.fields.get("format", "float32") != "float32" or "base" in out.fields
+        smallest = MIN_COMPACT_PART_BYTES if compact else MIN_PART_BYTES
+        stats = self.server_stats()
+        slow = bool(stats.get("slow_workers") or stats.get("unmeasured_workers"))
+        size = part_bytes(out.data.nbytes, smallest, slow)
         for msg in weight_parts(self.name, self.session, version, trained_steps, out.data,
-                                snap.layout, part_bytes(out.data.nbytes), out.fields):
+                                snap.layout, size, out.fields):
             if self.collect is not None and model == POLICY:
                 msg.body["collect"] = self.collect
             head = command_head(Command.WEIGHTS, slot | msg.body["part"], version)

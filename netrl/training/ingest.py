@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from netrl.training.plausibility import Plausibility
 from netrl.training.rounds import RoundStats
 from netrl.training.safeguards import Safeguards
 from netrl.training.settings import TrainingSettings
+from netrl.training.standing import Standing
 from netrl.training.sync import SyncBatches
 from netrl.util import worth_logging
 
@@ -72,18 +74,29 @@ class Ingester:
         self.unstored = 0  # packets skipped for a ValueError of the statistics or the memory
         self.max_share, self.min_share = settings.max_worker_share, settings.min_worker_share
         self.over_share: dict[str, int] = {}  # per worker name: packets refused over its share
+        self.over_share_rows: dict[str, int] = {}  # and their rows
         self.owned = memory if isinstance(memory, OwnedRows) else None  # None: not capped
         self.clock = time.monotonic
         self._stored_at: dict[str, float] = {}  # per worker: when a packet of its was last stored
         # while an epoch runs: no gather may read what changes
         self.batches: BatchesAhead | None = None
+        self.standing = Standing(self)  # what the operator sees and asks (--status, --lift)
 
-    def add(self, buf: Buffer, new: bool, version: int, counts: RoundStats) -> int:
+    def exchange(self, source: object, add: Callable[[Buffer], int]) -> int:
+        """The loop's ingest, first: revocations heard of and asked for
+        (:meth:`Plausibility.exchange`), then lifts and the workers' standing
+        (:meth:`Standing.exchange`, which ingests released packets with ``add``); the env steps
+        added."""
+        self.plausibility.exchange(source)
+        return self.standing.exchange(source, add)
+
+    def add(self, buf: Buffer, new: bool, version: int, counts: RoundStats,
+            checked: bool = False) -> int:
         """Take one packet; returns its env steps (0 when refused or skipped). ``version`` is the
         actor's newest published version, ``counts`` the round's. Policy lag is measured against the
         trainer's version when the packet *arrived* (``buf.recv_version``), so replaying the sample
         log makes the same staleness decisions."""
-        if self.safeguards.refuse(buf, new):  # values beyond the spaces or the config
+        if self.safeguards.refuse(buf, new, checked):  # values beyond the spaces or the config
             return 0
         if not self.plausibility.admit(buf, new):
             return 0  # held in quarantine, or refused
@@ -141,18 +154,20 @@ class Ingester:
             return False
         return True
 
-    def share_cap(self, worker: str) -> int:
+    def share_cap(self, worker: str, recent: set[str] | None = None) -> int:
         """The most rows of the memory ``worker`` may hold: ``memory.max_worker_share`` of them,
         or, when that is 0, an equal share of the workers sharing it (those with a packet stored
         in the last :data:`RECENT_S` seconds, and ``worker``), plus a quarter, at least
-        ``memory.min_worker_share``."""
+        ``memory.min_worker_share``. ``recent``: those workers, when the caller has them."""
         assert self.owned is not None
         share = self.max_share
         if not share:
-            share = max(SHARE_HEADROOM / len(self._recent() | {worker_key(worker)}), self.min_share)
+            recent = self.recent_workers() if recent is None else recent
+            share = max(SHARE_HEADROOM / len(recent | {worker_key(worker)}), self.min_share)
         return max(1, int(min(share, 1.0) * self.owned.memory_size))
 
-    def _recent(self) -> set[str]:
+    def recent_workers(self) -> set[str]:
+        """The workers with a packet stored in the last :data:`RECENT_S` seconds."""
         since = self.clock() - RECENT_S
         self._stored_at = {w: t for w, t in self._stored_at.items() if t >= since}
         return set(self._stored_at)
@@ -167,13 +182,14 @@ class Ingester:
             self._stored_at[name] = self.clock()
             return False
         refused = self.over_share[name] = self.over_share.get(name, 0) + 1
+        self.over_share_rows[name] = self.over_share_rows.get(name, 0) + len(buf)
         if worth_logging(refused, first=3, every=100):
             log.warning("packet %d of worker %s (%d rows) is refused: the worker would hold %d "
                         "of the replay memory's %d rows, over its share of %d (memory."
                         "max_worker_share %g, %d workers storing lately); %d of its packets "
                         "refused so far", buf.seq, buf.worker or "(unnamed)", len(buf), after,
                         self.owned.memory_size, cap, self.max_share,
-                        len(self._recent() | {name}), refused)
+                        len(self.recent_workers() | {name}), refused)
         return True
 
     def drop_worker(self, worker: str) -> int:

@@ -200,15 +200,15 @@ class TrainingOffline:
     # -- samples in, weights out -------------------------------------------------------------------
     def ingest(self, source: SampleSource) -> int:
         """Move received packets into the memory; returns the number of new env steps."""
-        if self.ingester is not None:
-            self.ingester.plausibility.exchange(source)  # revocations heard of, and asked for
-        return sum(self.add(buf) for buf in source.fetch())
+        checked = self.safeguards is not None and self.safeguards.checked_by(source)
+        # revocations and lifts heard of, revocations asked for, the workers' standing reported
+        steps = self.ingester.exchange(source, self.add) if self.ingester is not None else 0
+        return steps + sum(self.add(buf, checked=checked) for buf in source.fetch())
 
-    def add(self, buf: Buffer, new: bool = True) -> int:
-        """Take one packet (:meth:`Ingester.add`); ``new=False`` replays a packet that was already
-        counted (a restart, from the sample log). Returns its env steps."""
+    def add(self, buf: Buffer, new: bool = True, checked: bool = False) -> int:
+        """One packet in (:meth:`Ingester.add`; ``new=False``: a replay, counted before)."""
         assert self.ingester is not None and self.publisher is not None
-        steps = self.ingester.add(buf, new, self.publisher.version, self._round)
+        steps = self.ingester.add(buf, new, self.publisher.version, self._round, checked)
         if new:
             self.total_samples += steps
         return steps

@@ -81,6 +81,8 @@ class _Worker:
     revoked: bool = False
     held: collections.deque[Buffer] = field(default_factory=collections.deque)
     held_rows: int = 0
+    reason: str = ""  # why it was quarantined
+    gone: int = 0  # rows it sent while quarantined, dropped beyond hold_rows
 
 
 class Plausibility:
@@ -99,6 +101,8 @@ class Plausibility:
         self.workers: dict[str, _Worker] = {}
         self.requests: list[tuple[str, str]] = []  # (worker, why): revocations to ask the server
         self.counts = collections.Counter[str]()
+        # packets a lift released, by id (kept, so no other takes the id): taken unjudged, once
+        self._vouched: dict[int, Buffer] = {}
         self._ring: np.ndarray | None = None
         self._names: list[str] = []
         self._layout: tuple[Any, ...] | None = None
@@ -118,6 +122,9 @@ class Plausibility:
         """True: ``buf`` goes into the memory; False: it is held (quarantine) or refused."""
         name = worker_name(buf.worker)
         worker = self.workers.get(name)
+        if self._vouched and self._vouched.get(id(buf)) is buf:  # the operator lifted its quarantine
+            del self._vouched[id(buf)]
+            return True
         if worker is not None and worker.revoked:
             self.counts["revoked_packets"] += 1
             return False
@@ -270,7 +277,7 @@ class Plausibility:
         worker = self.workers.setdefault(name, _Worker())
         if worker.quarantined:
             return
-        worker.quarantined = True
+        worker.quarantined, worker.reason = True, why
         hidden = self._in_memory("set_quarantined", name, True)
         log.warning("worker %s is quarantined: its rows are kept aside, never sampled, until the "
                     "run ends or it is lifted (%s); %s", name, why,
@@ -279,15 +286,34 @@ class Plausibility:
 
     def lift(self, name: str) -> list[Buffer]:
         """End ``name``'s quarantine; its held packets, to be ingested (the caller's)."""
+        released = self.release(name)
+        return released[0] if released is not None else []
+
+    def release(self, name: str) -> tuple[list[Buffer], int | None, int] | None:
+        """End ``name``'s quarantine (``--lift``): its held packets, to be ingested (the
+        caller's), its rows in the memory sampled again (None: the memory cannot tell), and the
+        rows it sent while quarantined that were dropped beyond ``hold_rows`` (gone); None when it
+        is not quarantined."""
         worker = self.workers.get(name)
         if worker is None or not worker.quarantined:
-            return []
-        worker.quarantined = False
-        self._in_memory("set_quarantined", name, False)
+            return None
+        worker.quarantined, worker.reason = False, ""
+        hidden = self._in_memory("set_quarantined", name, False)
         held, worker.held, worker.held_rows = list(worker.held), collections.deque(), 0
-        log.info("quarantine of worker %s lifted: %d packets it held go into the memory", name,
-                 len(held))
-        return held
+        gone, worker.gone = worker.gone, 0
+        self._vouched = {id(buf): buf for buf in held}  # not judged again: the operator let them in
+        log.info("quarantine of worker %s lifted: %d packets it held go into the memory, %s of "
+                 "its rows there are sampled again, %d rows it sent were dropped beyond the "
+                 "hold", name, len(held), "?" if hidden is None else hidden, gone)
+        return held, hidden, gone
+
+    def unrevoked(self, name: str) -> None:
+        """The server lifted ``name``'s revocation (``--unrevoke``): its packets are taken again
+        (its rows dropped before stay dropped)."""
+        worker = self.workers.get(name)
+        if worker is not None and worker.revoked:
+            worker.revoked = False
+            log.warning("worker %s is no longer revoked: its packets are taken again", name)
 
     def revoked(self, name: str) -> int:
         """The server revoked ``name`` (or this trainer asked it to): its rows in the memory are
@@ -328,6 +354,7 @@ class Plausibility:
         while worker.held_rows > self.hold_rows and len(worker.held) > 1:
             gone = worker.held.popleft()
             worker.held_rows -= len(gone)
+            worker.gone += len(gone)
             self.counts["quarantine_dropped_rows"] += len(gone)
             if worth_logging(self.counts["quarantine_dropped_rows"], first=1, every=100):
                 log.warning("worker %s is quarantined beyond %d rows: its oldest held rows are "

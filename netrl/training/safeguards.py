@@ -65,12 +65,18 @@ class Safeguards:
         self._warned = False
 
     # -- packets -----------------------------------------------------------------------------------
-    def refuse(self, buf: Buffer, new: bool) -> bool:
+    def checked_by(self, source: Any) -> bool:
+        """True if ``source`` checks every packet's values with these very limits as it takes
+        it (the trainer's link: on arrival, so that it never logs or keeps a refused packet):
+        its packets need no second check."""
+        return self.limits is not None and getattr(source, "value_limits", None) is self.limits
+
+    def refuse(self, buf: Buffer, new: bool, checked: bool = False) -> bool:
         """True if ``buf`` breaks the value limits: then it is logged (rate-limited)
-        and, if ``new``, counted."""
+        and, if ``new``, counted. ``checked``: its source checked them already (False)."""
         if self.limits is None:
             return False
-        problem = self.limits.buffer_problem(buf)
+        problem = None if checked else self.limits.buffer_problem(buf)
         if problem is None:
             self._recent.pop(buf.worker, None)
             self._recent[buf.worker] = None

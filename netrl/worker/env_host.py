@@ -28,8 +28,18 @@ log = logging.getLogger("netrl.worker.worker")  # the worker's own lines, under 
 
 def make_vector_env(env_cls: Callable[[], Any], num_envs: int, vectorization: Vectorization) -> Any:
     """``num_envs`` envs from ``env_cls`` in one Gymnasium vector env that autoresets in the same
-    step."""
+    step; an ``env_cls`` with a ``make_vector_env(num_envs, vectorization)`` of its own batches its
+    envs itself (TorchRL's batched envs, :mod:`netrl.interop.envs`)."""
     mode = same_step_autoreset()
+    own = getattr(env_cls, "make_vector_env", None)
+    if own is not None:
+        env = own(num_envs, vectorization)
+        if env.num_envs != num_envs or env.metadata.get("autoreset_mode") != mode:
+            raise ValueError(f"{env_cls!r}.make_vector_env({num_envs}, {vectorization!r}) "
+                             f"returned {env.num_envs} envs autoresetting in mode "
+                             f"{env.metadata.get('autoreset_mode')}: a worker needs "
+                             f"{num_envs} (worker.num_envs) in {mode}")
+        return env
     fns = [env_cls] * num_envs
     if vectorization == "async":
         return gymnasium.vector.AsyncVectorEnv(fns, autoreset_mode=mode)

@@ -30,6 +30,10 @@ __all__ = ["WorkerLink"]
 
 log = logging.getLogger(__name__)
 
+# Replay-share NOTICEs this far apart are two spells of refusals, each logged once: the trainer
+# reports once a second, so a worker refused steadily gets one line, not one a second.
+SHARE_SPELL_GAP_S = 30.0
+
 
 class WorkerLink(BacklogThread):
     """The worker's network thread: packets out, weights and pace in.
@@ -77,6 +81,7 @@ class WorkerLink(BacklogThread):
         self.waiting_for_pace = False  # set by the control path while it waits for a
                                        # larger allowance
         self.link.heartbeat_body = self._heartbeat_stats
+        self._share_notice_at = -SHARE_SPELL_GAP_S  # the last replay-share NOTICE (monotonic)
 
     def wait_for_pace(self, produced: Callable[[], int], stop: threading.Event,
                       send: Callable[[], None], check: Callable[[], None], rows: int = 1) -> None:
@@ -155,6 +160,11 @@ class WorkerLink(BacklogThread):
                         "are sent again once a trainer with their layout connects",
                         self.worker_id, len(self.held),
                         sum(self.backlog[s].steps for s in self.held), self.last_held_reason)
+        if self.counts["share_refused_packets"]:
+            log.warning("status | worker %s | %d packets (%d rows) refused by the trainer over "
+                        "this worker's share of its replay memory, in %d spell(s)",
+                        self.worker_id, self.counts["share_refused_packets"],
+                        self.counts["share_refused_rows"], self.counts["share_refusal_spells"])
         # e.g. a packet beyond the spaces' bounds: refused for good
         if self.counts["rejected_samples"]:
             log.warning("status | worker %s | %d samples REJECTED in all, the newest because: %s",
@@ -196,6 +206,8 @@ class WorkerLink(BacklogThread):
                 self.trainer_samples = msg.body.get("trainer_samples", self.trainer_samples)
                 self.paced = True
                 self.pace_cond.notify_all()
+        elif msg.type is MsgType.NOTICE and msg.body["cause"] == "replay_share":
+            self._share_refused(msg.body)
         elif msg.type is MsgType.NOTICE:  # the server refused one of its messages: why
             self.counts["refused_notices"] += 1
             if worth_logging(self.counts["refused_notices"]):
@@ -204,6 +216,19 @@ class WorkerLink(BacklogThread):
                             self.counts["refused_notices"])
         else:
             super().on_other_message(msg)
+
+    def _share_refused(self, body: dict[str, Any]) -> None:
+        """The trainer refused packets of this worker over its share of the replay memory (the
+        server tells it at most once a trainer report): counted, and logged once per spell, a
+        first notice or one after :data:`SHARE_SPELL_GAP_S` without any, not per packet."""
+        now = time.monotonic()
+        self.counts["share_refused_packets"] += body.get("packets", 0)
+        self.counts["share_refused_rows"] += body.get("rows", 0)
+        if now - self._share_notice_at > SHARE_SPELL_GAP_S:
+            self.counts["share_refusal_spells"] += 1
+            log.warning("worker %s: %s (logged once per spell of such refusals; the status line "
+                        "counts them)", self.worker_id, printable(body["reason"]))
+        self._share_notice_at = now
 
     def _collect(self, msg: Message) -> None:
         """Take the collection mode a version announces (``collect`` in its WEIGHTS body)."""

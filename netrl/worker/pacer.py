@@ -24,6 +24,8 @@ class Pacer:
         self.worker_id = worker_id
         self.throttle = throttle  # (the single-process mode turns it off)
         self.sink = sink
+        self.policy = policy
+        self.version = -1  # the newest version it had received at its latest step
         self.link: WorkerLink | None = None  # (connect)
         # active while the trainer announces sync collection
         self.sync = SyncFragments(worker_id, num_envs, policy, sink, self.check_net)
@@ -42,6 +44,13 @@ class Pacer:
         self.check_net()
         sync = self.sync
         if collect and rows and self.throttle and not sync.active:
+            newest = self.policy.newest()  # (two attribute reads: the hot loop)
+            if newest != self.version:
+                # a new version came in: send the old one's rows now, not when the packet fills.
+                # With several workers the trainer trains on the others' samples meanwhile, so rows
+                # held back for a packet would arrive beyond max_policy_lag.
+                self.version = newest
+                self.sink.send()
             self.wait_for_pace(stop, rows)
         if collect and sync.active:  # the wait for each version paces a sync worker; also when the
             return sync.before_step(stop)  # announcement came during the wait for PACE

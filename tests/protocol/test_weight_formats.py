@@ -332,7 +332,8 @@ def test_registry_names_settings_and_errors(monkeypatch: pytest.MonkeyPatch) -> 
     assert [wf.sends_deltas(s) for s in ("delta", "auto", "float32", "float16", "int8")] == [True, True] + [False] * 3
     with pytest.raises(FormatError, match="unknown weight format 'int4'; known formats: float32, float16, bfloat"):
         wf.get_format("int4")
-    with pytest.raises(FormatError, match=r"network.weight_format is 'int4'; choose one of delta, auto, float32"):
+    with pytest.raises(FormatError,
+                       match=r"network.weight_format is 'int4'; choose one of delta, auto, adaptive, float32"):
         wf.formats_for("int4")
 
     def named(name: Any, **attrs: Any) -> WeightFormat:

@@ -520,3 +520,58 @@ def test_a_slow_disk_never_holds_the_network_thread_and_only_the_newest_waiting_
     assert receiver.saved()
     receiver.close()
     assert saved == [(1, 1.0), (3, 3.0)]  # v2 was replaced while it waited; each file holds its own version
+
+
+def test_compact_encodings_leave_in_parts_of_16_kib_for_the_slow_links_they_go_to() -> None:
+    """An int8 version of the Pendulum actor (69 KB) went as a 64 KiB part and a small one: at the
+    20 KB/s reno leaves at 100 ms each way and 5% loss, the first part took longer than the worker's
+    liveness window, and the worker dropped a healthy connection. Compact encodings (all but
+    float32's full version) now go in about 4 parts of at least 16 KiB; float32's are unchanged."""
+    from netrl.protocol.weights import MIN_COMPACT_PART_BYTES
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.link import TrainerLink
+
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="auto")
+    sizes: dict[str, list[int]] = {}
+    try:
+        link.publish(TwoTensors("a", 67_500), 1, 0)  # 270 KB in float32, as the Pendulum actor
+        while link._pipe_in.poll(2000):
+            msg = decode(link._pipe_in.recv_multipart()[1:])
+            sizes.setdefault(msg.body.get("format", "float32"), []).append(msg.arrays["chunk"].nbytes)
+    finally:
+        link.halt()
+    assert len(sizes["float32"]) == 4 and max(sizes["float32"]) <= 68 << 10  # as before
+    for fmt in ("float16", "int8"):
+        assert len(sizes[fmt]) == 4 and max(sizes[fmt]) <= 36 << 10, (fmt, sizes[fmt])
+    assert max(sizes["int8"]) <= 20 << 10  # 69 KB: each part under a second at 20 KB/s
+    assert part_bytes(1, MIN_COMPACT_PART_BYTES) == MIN_COMPACT_PART_BYTES == 16 << 10
+
+
+def test_every_format_leaves_in_small_parts_while_the_server_counts_a_slow_worker() -> None:
+    """A 1M-parameter actor's float32 version (4 MB, parts of 1 MiB) never arrived behind reno at
+    100 ms each way and 1% loss with ``weight_format float32``: a part took longer than the worker's
+    liveness window, and it reconnected 10 times in 10 s. While the server's heartbeats count a slow
+    worker, or one whose rate is not measured yet (the first 1 MiB part outlived the window before
+    the worker was found slow), every encoding now leaves in parts of 16 KiB; with none, as before."""
+    from netrl.protocol.weights import MAX_SLOW_PARTS, SLOW_PART_BYTES
+    from netrl.trainer.delivery import Deliveries
+    from netrl.trainer.link import TrainerLink
+
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="float32")
+    sizes: dict[int, list[int]] = {}
+    try:
+        for version, slow, unmeasured in ((1, 0, 0), (2, 1, 0), (3, 0, 1)):
+            link.link.server_stats = {"slow_workers": slow, "unmeasured_workers": unmeasured}
+            link.publish(TwoTensors("a", 1_000_000), version, 0)  # 4 MB in float32
+            while link._pipe_in.poll(2000):
+                msg = decode(link._pipe_in.recv_multipart()[1:])
+                sizes.setdefault(msg.policy_version, []).append(msg.arrays["chunk"].nbytes)
+    finally:
+        link.halt()
+    assert len(sizes[1]) == 4 and max(sizes[1]) > 900 << 10  # no slow worker: as before
+    total = sum(sizes[1])
+    assert max(sizes[2]) == SLOW_PART_BYTES == 16 << 10 and len(sizes[2]) == -(-total // (16 << 10))
+    assert sizes[3] == sizes[2]  # a worker whose rate is not measured yet may be on a slow link
+    # a version too large for MAX_SLOW_PARTS of 16 KiB: larger parts, the server's bookkeeping bounded
+    assert -(-(1 << 30) // part_bytes(1 << 30, slow=True)) <= MAX_SLOW_PARTS
+    assert part_bytes(100_000, slow=True) == SLOW_PART_BYTES and part_bytes(100_000) == 64 << 10

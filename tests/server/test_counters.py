@@ -13,12 +13,13 @@ from netrl.server.server import Server
 
 # What `python -m netrl --status --json` lists under "stats": scripts read these keys.
 STATUS_KEYS = ("bundles_out", "failed_handshakes_trainer", "failed_handshakes_worker", "internal_errors",
-               "layout_refusals", "oversized_packets", "pace_refusals", "peers_lost", "refused_full", "rejected",
+               "layout_refusals", "lifts", "oversized_packets", "pace_refusals", "peers_lost", "refused_full",
+               "rejected",
                "replies_withheld", "revocations", "revoked_links", "revoked_refused", "resends_ignored",
                "samples_dropped", "samples_held", "samples_held_lost", "samples_in", "samples_out",
                "samples_refused", "samples_released", "samples_spooled", "samples_trainer_rejected",
-               "send_full", "spool_errors", "spool_share_refusals", "unknown_peer", "unpaced_denied", "weights_in",
-               "weights_out", "window_refusals")
+               "send_full", "share_notices", "spool_errors", "spool_share_refusals", "unknown_peer",
+               "unpaced_denied", "unrevocations", "weights_in", "weights_out", "window_refusals")
 
 
 def test_a_counter_not_declared_is_refused_at_the_increment() -> None:

@@ -184,4 +184,4 @@ def test_the_command_line_revokes_with_the_trainers_key(
     assert main(["--revoke", "w 1", "--config", str(config)]) == 2  # a usage error, named
     assert '--revoke "w 1" is not a worker key or name' in capsys.readouterr().err
     assert main(["--status", "--reason", "x", "--config", str(config)]) == 2
-    assert "--reason is for --revoke; --status does not use it" in capsys.readouterr().err
+    assert "--reason is for --revoke, --unrevoke and --lift; --status does not use it" in capsys.readouterr().err

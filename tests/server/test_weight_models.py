@@ -15,7 +15,7 @@ from netrl.monitor.status import format_status
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import MAX_MODELS, weight_parts
 from netrl.server.server import Server
-from netrl.server.weight_cache import MAX_DELTAS
+from netrl.server.weight_cache import FAST_SAMPLES, MAX_DELTAS
 from netrl.server.weight_choice import MIN_RATE_BYTES, Candidate, LinkRate, choose
 from tests.fakes import Peer, wait_until
 
@@ -339,6 +339,121 @@ def test_the_link_rate_is_smoothed_and_ignores_small_versions() -> None:
     assert link.rate == 200_000.0 and link.samples == 2
 
 
+def test_small_messages_add_up_to_a_rate_sample_so_a_worker_fed_deltas_has_its_rate_kept_current() -> None:
+    # int8 deltas of 13 KB: the rate stayed that of the first full version, 47.5 KB/s, while the
+    # link carried 30 KB/s, and deltas queued behind it
+    link = LinkRate()
+    for _ in range(3):
+        link.measured(MIN_RATE_BYTES // 4, 1.0)
+    assert link.rate is None  # 3/4 of MIN_RATE_BYTES so far: too little to say
+    link.measured(MIN_RATE_BYTES // 4, 1.0)
+    assert link.rate == MIN_RATE_BYTES / 4.0 and link.samples == 1
+    link.measured(MIN_RATE_BYTES * 2, 1.0)  # a large one is a sample of its own, as before
+    assert link.rate == 0.5 * MIN_RATE_BYTES * 2 + 0.5 * MIN_RATE_BYTES / 4.0 and link.samples == 2
+
+
+def slow_workers_told(trainer: Peer, timeout: float = 3.0) -> list[int]:
+    """The ``slow_workers`` counts of the server's heartbeats to ``trainer`` within ``timeout``."""
+    told: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        trainer.send(Message(MsgType.HEARTBEAT, trainer.name, body={}))
+        msg = trainer.recv(0.1)
+        if msg is not None and msg.type is MsgType.HEARTBEAT and "stats" in msg.body:
+            told.append(msg.body["stats"]["slow_workers"])
+    return told
+
+
+def test_the_trainer_hears_how_many_workers_cannot_get_float32_in_the_budget(
+        server: tuple[Server, zmq.Context]) -> None:
+    # network.weight_format adaptive: the trainer adds the compact formats only while one is slow
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    assert slow_workers_told(trainer, 0.3)[-1:] == [0]  # its rate unknown: not slow
+    publish(trainer, 1, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
+    got = received(worker)  # (0.4 s)
+    ack(worker, got[0])  # 128 KiB in 0.4 s or more: at most 33 KiB in the 0.1 s budget
+    wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [1], 5, "a slow worker told")
+    # the same link, a budget it keeps (10 s: a trainer publishing every 10 s), measured so often
+    # enough for the hysteresis
+    for version in range(2, 2 + FAST_SAMPLES):
+        fast_sample(srv, trainer, worker, version)
+    wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [0], 5, "no slow worker told")
+
+
+def arrival(worker: Peer, version: int) -> Got:
+    """Part 0 of ``version`` once it reaches ``worker``: looked for up to 5 s (a loaded machine; each
+    look is a heartbeat: a silent worker is lost)."""
+    got: list[Got] = []
+    deadline = time.monotonic() + 5
+    while not any(g[1] == version for g in got) and time.monotonic() < deadline:
+        got += received(worker)
+    assert any(g[1] == version for g in got), (version, got)
+    return next(g for g in got if g[1] == version)
+
+
+def fast_sample(srv: Server, trainer: Peer, worker: Peer, version: int) -> None:
+    """Publish ``version`` with a budget of 10 s (one the link keeps) and ACK it: one more rate
+    sample of the worker's link, a fast one."""
+    samples = srv.peers.workers()[0].link.samples
+    publish(trainer, version, nbytes=2 * MIN_RATE_BYTES, budget_s=10.0, part_bytes=64 << 10)
+    ack(worker, arrival(worker, version))
+    wait_until(lambda: srv.peers.workers()[0].link.samples == samples + 1, 5, f"v{version} measured",
+               poll=0.02)
+
+
+def test_a_slow_worker_counts_as_fast_again_only_after_several_fast_rate_samples(
+        server: tuple[Server, zmq.Context]) -> None:
+    # hysteresis: a link near the threshold must not flip the trainer's encoding on and off with
+    # each rate sample (adaptive: float32 alone, then every format, then float32 alone...)
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    publish(trainer, 1, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
+    ack(worker, arrival(worker, 1))  # 128 KiB in 0.4 s or more: slow in a 0.1 s budget
+    wait_until(lambda: srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1, 5,
+               "the worker slow")
+    for version in range(2, 2 + FAST_SAMPLES):
+        fast_sample(srv, trainer, worker, version)
+        fast = version - 1
+        assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == (fast < FAST_SAMPLES), fast
+    # slow again at one slow sample (a 0.1 s budget), and again only fast after FAST_SAMPLES more
+    publish(trainer, 2 + FAST_SAMPLES, nbytes=2 * MIN_RATE_BYTES, budget_s=0.1, part_bytes=64 << 10)
+    ack(worker, arrival(worker, 2 + FAST_SAMPLES))
+    wait_until(lambda: srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1, 5,
+               "the worker slow again")
+    fast_sample(srv, trainer, worker, 3 + FAST_SAMPLES)
+    assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1
+
+
+def test_a_worker_whose_first_version_never_arrives_is_slow_and_stays_so_across_its_reconnect(
+        server: tuple[Server, zmq.Context]) -> None:
+    # a 4 MB float32 version behind reno at 1% loss: the worker reconnected during each 1 MiB part,
+    # no ACK came, no rate was measured, and adaptive never turned to the compact formats
+    srv, ctx = server
+    trainer = connect(srv, ctx)
+    worker = Peer(ctx, srv.worker_port, "worker", "w")
+    worker_hello(worker)
+    publish(trainer, 1, nbytes=4 * MIN_RATE_BYTES, budget_s=0.2, part_bytes=64 << 10)
+    assert received(worker, 0.2)  # on its way (never acknowledged)
+    assert slow_workers_told(trainer, 0.2)[-1:] == [0]  # not yet twice the budget
+    wait_until(lambda: slow_workers_told(trainer, 0.3)[-1:] == [1], 5, "a slow worker told")
+    worker.sock.close()
+    again = Peer(ctx, srv.worker_port, "worker", "w")
+    again.session = worker.session  # the same process, on a new connection
+    worker_hello(again)
+    wait_until(lambda: [p.session for p in srv.peers.workers()] == [again.session], 5, "the worker reconnected")
+    # remembered at once, before anything on its way to the new connection could say so: nothing measured since
+    assert srv.weights.slow_workers(srv.peers.workers(), time.monotonic()) == 1
+    other = Peer(ctx, srv.worker_port, "worker", "other")
+    worker_hello(other)
+    wait_until(lambda: srv.peers.worker_count() == 2, 5, "another worker")
+    assert srv.weights.slow_workers([p for p in srv.peers.workers() if p.name == "other"], time.monotonic()) == 0
+
+
 # -- pipelined deltas ------------------------------------------------------------------------------------------------
 def delta_version(trainer: Peer, version: int, nbytes: int = 64, delta_bytes: int = 8) -> None:
     """``delta``: a float32 full version, and from v2 on a delta from the version before."""
@@ -546,3 +661,26 @@ def test_deltas_queue_behind_the_message_in_flight_only_while_the_link_drains_it
     small = WorkerModel()
     small.inflight.append(Sent(1, "int8", 0, None, MIN_RATE_BYTES))
     assert drains_in_time(small, None, 0.5)  # too little to hold a newer version back: pipelined on any link
+
+
+def test_small_deltas_queue_only_as_far_as_the_measured_link_drains_them_in_the_budget() -> None:
+    # three int8 deltas of 13 KB queued behind a 35 KB/s link (reno, 100 ms each way, 5% loss):
+    # each arrived 1.5 s late, and the versions behind them later still
+    from netrl.server.weight_cache import drains_in_time
+    from netrl.server.weight_choice import Sent, WorkerModel
+
+    st = WorkerModel()
+    st.inflight.append(Sent(1, "int8", 0, None, 13_000))
+    assert drains_in_time(st, 35_000, 0.38)  # 0.37 s of link: the next may queue behind it
+    st.inflight.append(Sent(2, "int8", 1, None, 13_000))
+    assert not drains_in_time(st, 35_000, 0.38)  # 0.74 s: the next waits for an ACK
+    # one small message always queues behind the one in flight, so the link stays busy while the
+    # ACK comes back: 9 KB deltas, one per round trip behind a link measured at 20 KB/s with a
+    # budget of 0.24 s, left the worker 8 versions behind
+    one = WorkerModel()
+    one.inflight.append(Sent(1, "int8", 0, None, 9_000))
+    assert drains_in_time(one, 20_000, 0.24)
+    one.inflight.append(Sent(2, "int8", 1, None, 9_000))
+    assert not drains_in_time(one, 20_000, 0.24)
+    assert drains_in_time(st, None, 0.38)  # unmeasured: under MIN_RATE_BYTES may queue
+    assert drains_in_time(st, 10_000_000, 0.38)  # a fast link drains them at once

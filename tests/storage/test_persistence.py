@@ -613,3 +613,20 @@ def test_damage_anywhere_loses_only_the_records_it_touches(tmp_path_factory: pyt
     assert [i for i, _ in read] == sorted(i for i, _ in read)  # in order, each once
     assert all(payload == written[i][1] for i, payload in read)  # never a damaged or invented record
     assert {i for i, _ in written} - touched <= {i for i, _ in read}  # every untouched record is still there
+
+
+def test_a_log_appends_bytes_zmq_frames_and_typed_views_as_their_bytes(tmp_path: Path) -> None:
+    # append() views a frame only when it must: bytes and a zmq.Frame's buffer go to writev as they
+    # are; a view of floats is cast to bytes, so its size is its bytes, not its elements
+    import numpy as np
+    import zmq
+
+    from netrl.storage.segments import SegmentLog
+
+    floats = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frames = [b"head", zmq.Frame(b"frame-bytes"), memoryview(floats), b""]
+    log = SegmentLog(tmp_path / "log")
+    log.append(frames, {"n": 1})
+    (record,) = list(log.read())
+    log.close()
+    assert [bytes(f) for f in record.frames] == [b"head", b"frame-bytes", floats.tobytes(), b""]

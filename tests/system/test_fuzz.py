@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 
@@ -30,11 +32,53 @@ from tests.reliability import delivered
 ATTACK = settings(max_examples=6000, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
 
+# UNCLOSED: a test that fails before its own ctx.destroy() still closes its context: left to the garbage
+# collector, its term() hung pytest's exit (until killed at 600 s, beside CPU hogs, after the relay test hit pytest's
+# limit).
 
-def test_server_survives_thousands_of_hostile_messages_and_keeps_relaying(tmp_path: Path, procs: Procs) -> None:
+# The good worker's pipeline: an env that keeps a clock (a step every 20 ms, as a real-time env does) and a trainer
+# that trains one step per 20 env steps. The attack is what these tests time; the good roles only have to keep
+# streaming. Paced to each other on Pendulum, a worker and a trainer run flat out: they took as much CPU as the
+# attack's own generation (the trainer 14 s against the test's 13 s on a quiet machine, 56 s against 15 s beside
+# three CPU hogs), so on a loaded machine the test ran past pytest's 120 s; and the timeout's exception, raised
+# inside a hypothesis draw, came out as FlakyStrategyDefinition when hypothesis replayed that draw without it.
+STEADY_PIPELINE = """
+import time
+import gymnasium, numpy as np
+from netrl.agents.sac import MLPActor, MLPActorCritic, SACAgent
+from netrl.memory import ReplayMemory
+from netrl.pipelines.base import Pipeline
+from netrl.util import partial
+
+
+class Steady(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-10, 10, (3,), np.float32)
+    action_space = gymnasium.spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        time.sleep(0.02)
+        self.t += 1
+        return np.full(3, self.t % 7, np.float32), -float(abs(action[0])), False, self.t >= 200, {}
+
+
+def build(cfg):
+    return Pipeline(env_cls=Steady, actor_module_cls=partial(MLPActor, hidden_sizes=(8,)), memory_cls=ReplayMemory,
+                    training_agent_cls=partial(SACAgent, model_cls=partial(MLPActorCritic, hidden_sizes=(8,))))
+"""
+
+
+def test_server_survives_thousands_of_hostile_messages_and_keeps_relaying(
+        tmp_path: Path, procs: Procs, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     status_port = free_port()
+    (tmp_path / "steady_pipeline.py").write_text(STEADY_PIPELINE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
     # The attacker sends no heartbeats, and a pause in generation (a slow CI machine) must not get it forgotten.
-    config = small_config(tmp_path, trainer=FAST_TRAINER, server={"status_port": status_port},
+    config = small_config(tmp_path, trainer={**FAST_TRAINER, "max_training_steps_per_env_step": 0.05},
+                          env={"pipeline": "steady_pipeline:build"}, server={"status_port": status_port},
                           network={"heartbeat_liveness": 100})
     run_dir = tmp_path / "weights" / "test"
     server = procs.spawn("server", config)
@@ -47,6 +91,7 @@ def test_server_survives_thousands_of_hostile_messages_and_keeps_relaying(tmp_pa
     keys = client_keys(tmp_path / "keys", "worker", "worker")
     port = int(re.search(r"worker port (\d+)", procs.log(server)).group(1))  # type: ignore[union-attr]
     ctx = zmq.Context()
+    request.addfinalizer(lambda: ctx.destroy(0))  # (UNCLOSED, above)
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = keys.public, keys.secret, keys.server_public
@@ -81,17 +126,24 @@ def test_server_survives_thousands_of_hostile_messages_and_keeps_relaying(tmp_pa
     assert all(session != "hostile" for session, _ in delivered(run_dir))
 
 
-def test_trainer_survives_a_compromised_server(tmp_path: Path, procs: Procs) -> None:
+def test_trainer_survives_a_compromised_server(tmp_path: Path, procs: Procs, request: pytest.FixtureRequest) -> None:
     trainer_port = free_port()
     # The fake server sends no heartbeats: a pause in generation (a slow CI machine) must not make the trainer
     # reconnect, which would send the rest of the attack to a socket that is gone.
-    config = small_config(tmp_path, trainer=FAST_TRAINER, network={"trainer_port": trainer_port,
-                                                                   "heartbeat_liveness": 100})
+    # The trainer stores what it is sent and never trains (what it must survive is its decoders' work): training on
+    # the valid packets as they came took as much CPU as the attack's generation (18 s each), and under load ran the
+    # test past pytest's limit.
+    config = small_config(tmp_path, trainer={**FAST_TRAINER, "start_training": 10**9},
+                          network={"trainer_port": trainer_port, "heartbeat_liveness": 100})
     run_dir = tmp_path / "weights" / "test"
     keys = server_keys(tmp_path / "keys")
     ctx = zmq.Context()
+    request.addfinalizer(lambda: ctx.destroy(0))  # (UNCLOSED, above)
     fake = ctx.socket(zmq.ROUTER)
     fake.setsockopt(zmq.LINGER, 0)
+    # A ROUTER drops what is beyond its high-water mark without a word: a trainer starved of CPU would lose valid
+    # packets, and the test would wait for them. Nothing is dropped, however far behind the trainer falls.
+    fake.setsockopt(zmq.SNDHWM, 0)
     fake.curve_server, fake.curve_secretkey, fake.curve_publickey = True, keys.secret, keys.public
     fake.bind(f"tcp://127.0.0.1:{trainer_port}")
     trainer = procs.spawn("trainer", config)

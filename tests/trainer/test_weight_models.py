@@ -329,8 +329,8 @@ def test_lossy_versions_are_encoded_off_the_training_thread_and_their_error_kept
 
 
 def test_an_unknown_weight_format_is_refused_at_start_naming_the_known_ones() -> None:
-    with pytest.raises(FormatError, match=r"network.weight_format is 'float8'; choose one of delta, auto, float32, "
-                                          r"float16, bfloat16, int8"):
+    with pytest.raises(FormatError, match=r"network.weight_format is 'float8'; choose one of delta, auto, adaptive, "
+                                          r"float32, float16, bfloat16, int8"):
         Trainer(weight_format="float8")
     with pytest.raises(ValueError, match=r"weight_budget_s must be between 0 \(the time between publications\) and "
                                          r"3600 s \(got -1\)"):
@@ -362,6 +362,67 @@ def test_auto_budgets_each_version_the_time_since_the_one_before_and_sends_the_s
     assert {e.fields["budget_s"] for e in encoder.encode("policy", 3, flat, layout, 0.001)} == {MIN_BUDGET_S}
     assert all("budget_s" not in e.fields for e in WeightEncoder("int8", 0.0).encode("policy", 1, flat, layout, 0.5))
     assert {e.fields["budget_s"] for e in WeightEncoder("auto", 2.0).encode("policy", 1, flat, layout, 0.5)} == {2.0}
+
+
+def test_auto_budgets_by_the_pace_of_publication_not_by_the_warm_up_before_the_second_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # v1 at start, v2 12 s later (the trainer's warm-up), then one every 0.3 s: v2's budget of
+    # 12 s let the server send it in float16 (135 KB, 2.9 s over a lossy link) in place of int8
+    import netrl.trainer.encoding as encoding
+    from netrl.protocol.weights import flat_layout, snapshot_into
+
+    actor = MLPActor(gymnasium.spaces.Box(-1, 1, (8,), np.float32), gymnasium.spaces.Box(-1, 1, (2,), np.float32),
+                     (64, 64))
+    layout, nbytes = flat_layout(actor)
+    encoder = encoding.WeightEncoder("auto", 0.0)
+    budgets: dict[int, set[float | None]] = {}
+    clock = iter([100.0, 112.0, 112.3, 112.5, 130.0])
+    monkeypatch.setattr(encoding.time, "monotonic", lambda: next(clock))
+    try:
+        for version in range(1, 6):
+            flat = np.zeros(nbytes, np.uint8)
+            snapshot_into(actor, layout, flat)
+
+            def done(out: list[Any], v: int = version) -> None:
+                budgets[v] = {e.fields.get("budget_s") for e in out}
+
+            encoder.put("policy", version, 0, flat, layout, done, lambda: None)
+            assert encoder.wait(10)
+    finally:
+        encoder.close()
+    # v2: the warm-up alone says nothing of the pace (the server's default applies);
+    # then the smaller of the last two intervals, so a pause is no budget either
+    assert budgets == {1: {None}, 2: {None}, 3: {0.3}, 4: {0.2}, 5: {0.2}}
+
+
+def test_adaptive_sends_float32_alone_until_the_server_counts_a_slow_worker_then_auto_s_formats(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # the default: as fast as float32 on a fast link (auto's encodings cost a 1M-parameter actor's
+    # broadcast 145 against 14 ms), the compact formats only where a link needs them
+    link = TrainerLink(PATIENT_NET, "trainer", "s", 1, 8, Deliveries(), None, weight_format="adaptive")
+    sent: list[tuple[int, str, bool]] = []
+    link.sender._send_encoding = (  # type: ignore
+        lambda encoded, model, slot, version, *_: sent.append((version, encoded.fields.get("format", "float32"),
+                                                                "base" in encoded.fields)))
+    actor = torch.nn.Linear(64, 64)
+    try:
+        with caplog.at_level(logging.INFO, "netrl.trainer.weight_sender"):
+            link.publish(actor, 1, 0)
+            link.link.server_stats = {"slow_workers": 1}  # as the server's heartbeat says
+            link.publish(actor, 2, 0)
+            link.publish(actor, 3, 0)
+            assert link.encoder is not None and link.encoder.wait(5)
+            link.link.server_stats = {"slow_workers": 0}
+            link.publish(actor, 4, 0)
+    finally:
+        link.halt()
+    assert sent[0] == (1, "float32", False)  # no worker slow: float32 alone, no encoding
+    assert sorted(f for v, f, delta in sent if v == 2) == ["float16", "float32", "int8"]  # all in full
+    assert sorted((f, delta) for v, f, delta in sent if v == 3) == sorted(
+        (f, d) for f in ("float16", "float32", "int8") for d in (False, True))  # deltas too
+    assert [s for s in sent if s[0] == 4] == [(4, "float32", False)]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("too slow for float32" in m for m in said) and any("float32 alone" in m for m in said)
 
 
 def test_observation_statistics_travel_in_float32_whatever_the_setting() -> None:

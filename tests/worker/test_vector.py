@@ -216,7 +216,9 @@ def test_the_episodes_csv_names_each_episodes_env_and_status_shows_the_envs(tmp_
     assert [(r["env"], r["length"]) for r in rows][:3] == [("0", "3"), ("1", "5"), ("0", "3")]  # steps 3, 5, 6
     steps = [int(r["env_steps"]) for r in rows]
     assert steps == sorted(steps) and steps[-1] <= worker.produced  # env steps of all envs together
-    header, row = [line.split() for line in table.splitlines()[-2:]]
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if "envs" in line.split())  # the workers' table, then its row
+    header, row = lines[at].split(), lines[at + 1].split()
     # counted from the right: the key column is blank without CURVE; then samples, backlog, dropped, "last seen"
     assert header[-6] == "envs" and row[0] == "vec" and row[-6] == "2"
 
