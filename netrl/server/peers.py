@@ -29,7 +29,8 @@ MAX_COUNT = 2**53
 # context rows included), as its accepted packets show, at most this many: enough for tiny packets
 # with a frame stack's context rows, and all a worker of reset-only packets can get.
 MAX_ROWS_PER_STEP = 4
-# packets remembered before a worker's first heartbeat (Peer.charged_early): its window bounds them
+# packets remembered before a worker's first heartbeat (Peer.charged_early), and the most resends
+# its first heartbeat may claim free of PACE (Peer.resends_left)
 MAX_EARLY = 4096
 
 
@@ -157,7 +158,9 @@ class Peer:
         got = self.reported
         produced = got.get("produced")
         self.made_before = produced if type(produced) is int else 0
-        self.resends_left = min(MAX_COUNT, sum(v for k in ("backlog_packets", "held_packets")
+        # a claim: bounded as the packets remembered before it are, so a worker that inflates it
+        # skips PACE for at most that many packets (its replay share still caps what it holds)
+        self.resends_left = min(MAX_EARLY, sum(v for k in ("backlog_packets", "held_packets")
                                                if type(v := got.get(k)) is int))
         # (not counted against resends_left: the heartbeat's backlog no longer names those the
         # server has acknowledged since, spooled or delivered)

@@ -13,6 +13,7 @@ import zmq
 
 from netrl.protocol.messages import Message, MsgType
 from netrl.protocol.wire import decode, samples_message, split_bundle
+from netrl.server.peers import MAX_EARLY
 from netrl.server.peers import Peer as PeerEntry
 from netrl.server.server import Server
 from tests.fakes import Peer, sample_buffer
@@ -93,3 +94,12 @@ def test_rows_charged_before_the_first_heartbeat_are_given_back_if_they_were_res
     assert not peer.resend(190, False)  # its backlog was empty: nothing after it goes unpaced
     peer.charged(300, 5)
     assert peer.pace_budget == 0 and peer.charged_early == []  # charged once known, kept no more
+
+
+def test_a_first_heartbeat_claiming_a_huge_backlog_skips_pace_for_at_most_max_early_packets() -> None:
+    """The resend exemption rests on the worker's own counts: a worker that inflates them must not get an unpaced
+    flood out of it (its replay share caps what it holds besides)."""
+    peer = PeerEntry(b"r", "worker", "w", "s", "127.0.0.1", None)  # type: ignore[arg-type]
+    peer.report({"produced": 10**12, "backlog_packets": 10**12, "held_packets": 10**12})
+    peer.first_report()
+    assert peer.resends_left == MAX_EARLY
