@@ -67,7 +67,12 @@ def torchrl_cartpole() -> Any:
 
 
 def gym_us(steps: int) -> float:
-    env = GenericGymEnv(ENV_ID)
+    return _gymnasium_loop_us(GenericGymEnv(ENV_ID), steps)
+
+
+def _gymnasium_loop_us(env: Any, steps: int) -> float:
+    """Microseconds per step of a Gymnasium-style env, random CartPole actions, reset at episode
+    ends; closes ``env``."""
     actions = np.random.default_rng(0).integers(0, 2, steps)
     env.reset(seed=0)
     start = time.perf_counter()
@@ -96,16 +101,7 @@ def torchrl_us(steps: int) -> float:
 def adapter_us(steps: int) -> float:
     from netrl.interop.envs import torchrl_env
 
-    env = torchrl_env(torchrl_cartpole)()
-    actions = np.random.default_rng(0).integers(0, 2, steps)
-    env.reset(seed=0)
-    start = time.perf_counter()
-    for a in actions:
-        if any(env.step(a)[2:4]):
-            env.reset()
-    took = time.perf_counter() - start
-    env.close()
-    return took / steps * 1e6
+    return _gymnasium_loop_us(torchrl_env(torchrl_cartpole)(), steps)
 
 
 def conversion_us(steps: int) -> float:
